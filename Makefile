@@ -1,0 +1,61 @@
+# IdeGym — the README's two commands are `make demo` and `make test`.
+# Everything they need is installed here, so they work on a fresh machine.
+
+PYTHON     ?= python3.11
+VENV       := .venv
+CLIENT_VENV:= .venv-client
+PY         := $(VENV)/bin/python
+PIP        := $(PY) -m pip --quiet --disable-pip-version-check
+EXTRAS     ?= dev,kubernetes,openenv,ray
+# The published idegym-client 0.13.1 needs Python >= 3.12; pyenv keeps one off PATH.
+PYTHON312  ?= $(shell command -v python3.12 >/dev/null 2>&1 && python3.12 -c pass 2>/dev/null && echo python3.12 || ls -1d $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 2>/dev/null | head -n1)
+
+.PHONY: help demo test test-all test-slow bench system-deps venv client-venv clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+system-deps:  ## Debian packages: bubblewrap (sandbox isolation), util-linux, iproute2
+	@if ! command -v bwrap >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing bubblewrap (apt-get)"; \
+	    (apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+	     (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null)) || \
+	     echo "WARNING: could not install bubblewrap; sandboxes will run WITHOUT isolation"; \
+	  else echo "WARNING: bwrap not found and apt-get unavailable; sandboxes will run WITHOUT isolation"; fi; \
+	fi
+
+$(VENV)/.stamp: pyproject.toml
+	@echo "creating $(VENV) and installing idegym[$(EXTRAS)] (first run takes a few minutes)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PIP) install --upgrade pip setuptools wheel
+	@# RLlib needs torch; this pin takes the CPU build that lies on disk instead of a multi-GB CUDA download.
+	@case ",$(EXTRAS)," in *,ray,*) $(PIP) install torch==2.13.0 ;; esac
+	@$(PIP) install -e '.[$(EXTRAS)]'
+	@touch $@
+
+venv: system-deps $(VENV)/.stamp  ## create .venv with everything the tests need
+
+$(CLIENT_VENV)/.stamp:
+	@test -n "$(PYTHON312)" || { echo "ERROR: Python 3.12 not found (needed for the published idegym-client)"; exit 1; }
+	@echo "creating $(CLIENT_VENV) with idegym-client==0.13.1 on $(PYTHON312)"
+	@test -x $(CLIENT_VENV)/bin/python || $(PYTHON312) -m venv $(CLIENT_VENV)
+	@$(CLIENT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check idegym-client==0.13.1
+	@touch $@
+
+client-venv: $(CLIENT_VENV)/.stamp  ## Python 3.12 venv with the published idegym-client
+
+demo: venv  ## run real episodes end to end on the embedded local control plane
+	@$(VENV)/bin/idegym demo
+
+test: venv client-venv  ## the test suite (everything but `slow`)
+	@$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
+
+test-slow: venv client-venv  ## only the long-running tests
+	@$(VENV)/bin/pytest -m slow $(PYTEST_ARGS)
+
+bench: venv client-venv  ## the benchmark suite; writes benchmarks/results/
+	@$(PY) -m benchmarks $(BENCH)
+
+clean:  ## remove the virtual environments
+	rm -rf $(VENV) $(CLIENT_VENV)

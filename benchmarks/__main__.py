@@ -1,0 +1,37 @@
+"""``python -m benchmarks [name ...]``: run the named benchmarks (all by default)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+
+BENCHMARKS = ["bash_roundtrip"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Run IdeGym's benchmarks. Each prints a table next to its baseline and writes "
+                    "benchmarks/results/<name>.json. Set BENCH_N to change repetitions.",
+    )
+    parser.add_argument("names", nargs="*", choices=[[]] + BENCHMARKS if False else None,
+                        help=f"benchmarks to run (default all): {', '.join(BENCHMARKS)}")
+    args = parser.parse_args()
+    names = args.names or BENCHMARKS
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    for i, name in enumerate(names, 1):
+        print(f"\n=== [{i}/{len(names)}] {name} ===", flush=True)
+        started = time.monotonic()
+        module = importlib.import_module(f"benchmarks.{name}")
+        result = module.run()
+        path = result.write()
+        print(f"--- {name}: {time.monotonic() - started:.1f}s, results in {path}", flush=True)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

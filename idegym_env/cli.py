@@ -1,0 +1,40 @@
+"""The ``idegym`` command: one entry point, one subcommand per job."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="idegym",
+        description="IdeGym: disposable coding sandboxes as reinforcement-learning environments.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sandbox = sub.add_parser("sandbox", help="the in-sandbox server", description="The in-sandbox server.")
+    sandbox_sub = sandbox.add_subparsers(dest="sandbox_command", required=True, metavar="COMMAND")
+    serve = sandbox_sub.add_parser("serve", help="run the sandbox server (tools, rewards, reset, code runner)",
+                                   description="Run the sandbox server: bash and file tools, rewards, project "
+                                               "reset and a code runner over HTTP.")
+    from sandbox_server.cli import add_serve_arguments
+
+    add_serve_arguments(serve)
+
+    sub.add_parser("demo", help="run a short real session end to end and print what happened",
+                   description="Run a short real session end to end and print what happened.")
+
+    args = parser.parse_args(argv)
+    if args.command == "sandbox":
+        from sandbox_server.cli import run_serve
+
+        run_serve(args)
+    elif args.command == "demo":
+        from .demo import main as demo
+
+        sys.exit(demo())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,389 @@
+"""The in-sandbox server: aiohttp app factory, routes and handlers.
+
+Routes are declared once in ``ROUTES``; the router and ``GET /openapi.json`` both come from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+from . import __version__
+from .config import ServerConfig
+from .errors import BadRequest, Forbidden, Unprocessable
+from .files import FileTools
+from .http import error_middleware, json_response, read_model
+from .junit import find_reports, parse_report
+from .models import (
+    BashCommandRequest,
+    BashCommandResponse,
+    CapabilitiesResponse,
+    CheckResult,
+    CompilationRequest,
+    CreateFileRequest,
+    DownloadFileChunkRequest,
+    DownloadFileChunkResponse,
+    EditFileRequest,
+    ExecuteRequest,
+    ExecuteResponse,
+    FileResult,
+    HealthResponse,
+    LanguagesResponse,
+    PatchFileRequest,
+    ResetRequest,
+    ResetResult,
+    SetupRequest,
+    Status,
+    TestReport,
+    TestRequest,
+    TestScores,
+    UploadFileChunkRequest,
+    UploadFileChunkResponse,
+)
+from .openapi import Route, build_openapi
+from .process import ProcessResult, Supervisor, UserSpec
+from .project import CopyProject, OverlayProject, Project, prepare_pristine
+from .runner import CodeRunner
+
+log = logging.getLogger(__name__)
+
+CONFIG = web.AppKey("config", ServerConfig)
+STATE = web.AppKey("state", "SandboxState")
+
+
+@dataclass
+class SandboxState:
+    config: ServerConfig
+    supervisor: Supervisor
+    user: UserSpec
+    base_env: dict[str, str]
+    files: FileTools
+    runner: CodeRunner
+    project: Project | None = None
+    reset_lock: asyncio.Lock | None = None
+
+    def env_for(self, user: UserSpec) -> dict[str, str]:
+        env = dict(self.base_env)
+        env.update(HOME=user.home, USER=user.name, LOGNAME=user.name, SHELL=user.shell)
+        return env
+
+    def resolve_user(self, name: str | None) -> UserSpec:
+        if name is None:
+            return self.user
+        try:
+            user = UserSpec.lookup(name)
+        except KeyError:
+            raise Unprocessable.field(
+                ["body", "user"], f"unknown user {name!r}: no such user in the sandbox", name
+            ) from None
+        if user.uid != os.geteuid() and os.geteuid() != 0:
+            raise Forbidden(
+                f"cannot run as {name!r}: the server runs as uid {os.geteuid()}, not root; "
+                "start it as root (run_as_root) or leave 'user' unset"
+            )
+        return user
+
+    def resolve_cwd(self, cwd: str | None) -> str:
+        path = self.config.project if cwd is None else self.config.project / cwd
+        if not path.is_dir():
+            raise BadRequest(f"working directory {cwd!r} does not exist in the sandbox (resolved to {path})")
+        return str(path)
+
+    async def run_script(
+        self, script: str, timeout: float, grace: float, *, user: UserSpec | None = None,
+        cwd: str | None = None, env: dict[str, str] | None = None, max_output: int | None = 1 << 20,
+    ) -> ProcessResult:
+        who = user or self.user
+        run_env = self.env_for(who)
+        if env:
+            run_env.update(env)
+        return await self.supervisor.run(
+            ["bash", "-c", script],
+            cwd=self.resolve_cwd(cwd),
+            env=run_env,
+            user=who,
+            timeout=min(timeout, self.config.max_timeout),
+            grace=min(grace, 60.0),
+            max_output=max_output,
+        )
+
+
+def _state(request: web.Request) -> SandboxState:
+    return request.app[STATE]
+
+
+# -- tools ----------------------------------------------------------------------------------------
+
+
+async def bash(request: web.Request) -> web.Response:
+    req = await read_model(request, BashCommandRequest)
+    if not req.command.strip():
+        raise Unprocessable.field(["body", "command"], "command is empty: there is nothing to run", req.command)
+    state = _state(request)
+    result = await state.run_script(
+        req.command, req.timeout, req.graceful_termination_timeout, user=state.resolve_user(req.user),
+        cwd=req.cwd, env=req.env, max_output=req.max_output_bytes,
+    )
+    return json_response(BashCommandResponse(
+        stdout=result.stdout.text(req.strip_output),
+        stderr=result.stderr.text(req.strip_output),
+        exit_code=result.exit_code,
+        timed_out=result.timed_out,
+        duration_seconds=round(result.duration, 4),
+    ))
+
+
+async def create_file(request: web.Request) -> web.Response:
+    req = await read_model(request, CreateFileRequest)
+    _state(request).files.create(req.file_path, req.content)
+    return json_response(FileResult(status=Status.SUCCESS))
+
+
+async def edit_file(request: web.Request) -> web.Response:
+    req = await read_model(request, EditFileRequest)
+    _state(request).files.edit(req.file_path, req.start_line, req.end_line, req.new_content)
+    return json_response(FileResult(status=Status.SUCCESS))
+
+
+async def patch_file(request: web.Request) -> web.Response:
+    req = await read_model(request, PatchFileRequest)
+    _state(request).files.patch(req.file_path, req.patch)
+    return json_response(FileResult(status=Status.SUCCESS))
+
+
+async def upload_file(request: web.Request) -> web.Response:
+    req = await read_model(request, UploadFileChunkRequest)
+    written, size = _state(request).files.upload(req.file_path, req.content_base64, req.offset, req.truncate)
+    return json_response(UploadFileChunkResponse(file_path=req.file_path, bytes_written=written, size=size))
+
+
+async def download_file(request: web.Request) -> web.Response:
+    req = await read_model(request, DownloadFileChunkRequest)
+    data, size = _state(request).files.download(req.file_path, req.offset, req.length)
+    return json_response(DownloadFileChunkResponse(
+        file_path=req.file_path,
+        offset=req.offset,
+        content_base64=base64.b64encode(data).decode("ascii"),
+        bytes_read=len(data),
+        size=size,
+        eof=req.offset + len(data) >= size,
+    ))
+
+
+# -- rewards -------------------------------------------------------------------------------------
+
+
+def _failure_output(result: ProcessResult, what: str, timeout: float) -> str:
+    text = f"stdout:\n{result.stdout.text(True)}\n\nstderr:\n{result.stderr.text(True)}"
+    if result.timed_out:
+        return f"{what} timed out after {timeout:g} seconds (processes killed).\n{text}"
+    return text
+
+
+async def setup_reward(request: web.Request) -> web.Response:
+    req = await read_model(request, SetupRequest)
+    result = await _state(request).run_script(req.setup_check_script, req.timeout, req.graceful_termination_timeout)
+    ok = result.exit_code == 0 and not result.timed_out
+    return json_response(CheckResult(
+        status=Status.SUCCESS if ok else Status.FAILURE,
+        output="" if ok else _failure_output(result, "setup check", req.timeout),
+        exit_code=result.exit_code, timed_out=result.timed_out,
+    ))
+
+
+async def compilation_reward(request: web.Request) -> web.Response:
+    req = await read_model(request, CompilationRequest)
+    result = await _state(request).run_script(req.compilation_script, req.timeout, req.graceful_termination_timeout)
+    ok = result.exit_code == 0 and not result.timed_out
+    output = ""
+    if not ok:
+        stderr = result.stderr.text(True)
+        # Kotlin's compiler marks errors with "e:"; other compilers get their whole output.
+        marked = [line for line in stderr.splitlines() if line.startswith("e:")]
+        output = "\n".join(marked) if marked and not result.timed_out else _failure_output(
+            result, "compilation", req.timeout
+        )
+    return json_response(CheckResult(
+        status=Status.SUCCESS if ok else Status.FAILURE, output=output,
+        exit_code=result.exit_code, timed_out=result.timed_out,
+    ))
+
+
+async def test_reward(request: web.Request) -> web.Response:
+    req = await read_model(request, TestRequest)
+    state = _state(request)
+    root = state.config.project
+    loop = asyncio.get_running_loop()
+    before = await loop.run_in_executor(None, find_reports, root, req.report_glob)
+    result = await state.run_script(req.test_script, req.timeout, req.graceful_termination_timeout)
+    after = await loop.run_in_executor(None, find_reports, root, req.report_glob)
+    # Only reports this run wrote count: a file left from before (or planted) is ignored.
+    fresh = sorted(p for p, stamp in after.items() if before.get(p) != stamp)
+    scores, notes, used = TestScores(), [], []
+    for path in fresh:
+        try:
+            counts = parse_report(path)
+        except (ValueError, OSError) as exc:
+            notes.append(f"ignored report {path}: {exc}")
+            continue
+        used.append(str(path.relative_to(root)) if path.is_relative_to(root) else str(path))
+        scores.total += counts.total
+        scores.passed += counts.passed
+        scores.failed += counts.failed
+        scores.skipped += counts.skipped
+    ok = result.exit_code == 0 and not result.timed_out
+    output = "" if ok else _failure_output(result, "test script", req.timeout)
+    if not fresh:
+        notes.append(f"the test script wrote no report matching {req.report_glob!r} under {root}")
+    if notes:
+        output = (output + "\n" if output else "") + "\n".join(notes)
+    return json_response(TestReport(
+        status=Status.SUCCESS if ok else Status.FAILURE, scores=scores, output=output,
+        exit_code=result.exit_code, timed_out=result.timed_out, reports=used,
+    ))
+
+
+# -- project, actuator ---------------------------------------------------------------------------
+
+
+async def reset_project(request: web.Request) -> web.Response:
+    req = await read_model(request, ResetRequest)
+    state = _state(request)
+    started = time.perf_counter()
+    assert state.reset_lock is not None
+    async with state.reset_lock:
+        killed = await state.supervisor.kill_descendants(min(req.graceful_termination_timeout, 60.0))
+        if state.project is None:
+            return json_response(ResetResult(
+                status=Status.FAILURE, output="Can not reset project without an archive!", killed_processes=killed,
+            ))
+        try:
+            restored = await asyncio.get_running_loop().run_in_executor(None, state.project.reset)
+        except Exception as exc:  # noqa: BLE001 - reported to the caller, who decides
+            log.exception("project reset failed")
+            return json_response(ResetResult(
+                status=Status.FAILURE, output=f"reset failed: {type(exc).__name__}: {exc}", killed_processes=killed,
+            ))
+    return json_response(ResetResult(
+        status=Status.SUCCESS,
+        output=f"Reset project in {time.perf_counter() - started:.3f} seconds.",
+        killed_processes=killed,
+        restored_entries=restored,
+    ))
+
+
+async def health(request: web.Request) -> web.Response:
+    return json_response(HealthResponse())
+
+
+async def capabilities(request: web.Request) -> web.Response:
+    return json_response(CapabilitiesResponse(plugins=list(request.app[CONFIG].plugins)))
+
+
+async def execute(request: web.Request) -> web.Response:
+    req = await read_model(request, ExecuteRequest)
+    return json_response(await _state(request).runner.execute(req))
+
+
+async def languages(request: web.Request) -> web.Response:
+    return json_response(LanguagesResponse(languages=await _state(request).runner.languages()))
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(request.app[OPENAPI])
+
+
+OPENAPI = web.AppKey("openapi", dict)
+
+ROUTES: tuple[Route, ...] = (
+    Route("POST", "/api/tools/bash", bash, "Execute Bash Script", "execute_bash_script_api_tools_bash_post",
+          BashCommandRequest, BashCommandResponse),
+    Route("POST", "/api/tools/file/create", create_file, "Create File", "create_file_api_tools_file_create_post",
+          CreateFileRequest, FileResult),
+    Route("POST", "/api/tools/file/edit", edit_file, "Replace Lines", "replace_lines_api_tools_file_edit_post",
+          EditFileRequest, FileResult),
+    Route("POST", "/api/tools/file/patch", patch_file, "Patch File", "patch_file_api_tools_file_patch_post",
+          PatchFileRequest, FileResult),
+    Route("POST", "/api/tools/file/upload", upload_file, "Upload File Chunk",
+          "upload_file_chunk_api_tools_file_upload_post", UploadFileChunkRequest, UploadFileChunkResponse),
+    Route("POST", "/api/tools/file/download", download_file, "Download File Chunk",
+          "download_file_chunk_api_tools_file_download_post", DownloadFileChunkRequest, DownloadFileChunkResponse),
+    Route("POST", "/api/rewards/compilation", compilation_reward, "Compilation Reward",
+          "compilation_reward_api_rewards_compilation_post", CompilationRequest, CheckResult),
+    Route("POST", "/api/rewards/setup", setup_reward, "Setup Reward", "setup_reward_api_rewards_setup_post",
+          SetupRequest, CheckResult),
+    Route("POST", "/api/rewards/test", test_reward, "Unit Test Reward", "unit_test_reward_api_rewards_test_post",
+          TestRequest, TestReport),
+    Route("POST", "/api/project/reset", reset_project, "Reset Project", "reset_project_api_project_reset_post",
+          ResetRequest, ResetResult),
+    Route("GET", "/api/health", health, "Health", "health_api_health_get", None, HealthResponse),
+    Route("GET", "/api/capabilities", capabilities, "Capabilities", "capabilities_api_capabilities_get",
+          None, CapabilitiesResponse),
+    Route("POST", "/execute", execute, "Run code in a sandboxed container", "execute", ExecuteRequest,
+          ExecuteResponse),
+    Route("GET", "/execute/languages", languages, "Available languages", "languages", None, LanguagesResponse),
+)
+
+
+# -- factory -------------------------------------------------------------------------------------
+
+
+def _lifecycle(state: SandboxState) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        state.supervisor.start()
+        state.reset_lock = asyncio.Lock()
+        state.project = await asyncio.get_running_loop().run_in_executor(None, _open_project, state.config)
+        state.runner.start()
+        yield
+        await state.runner.stop()
+        await state.supervisor.kill_descendants(1.0)
+        state.supervisor.stop()
+        if isinstance(state.project, OverlayProject):
+            state.project.close()
+
+    return ctx
+
+
+def _open_project(config: ServerConfig) -> Project:
+    config.project.mkdir(parents=True, exist_ok=True)
+    if config.overlay_lower is not None and config.overlay_layer is not None:
+        return OverlayProject(config.project, config.overlay_lower, config.overlay_layer)
+    private = config.state_dir or Path(os.environ.get("TMPDIR", "/tmp")) / f"idegym-sandbox-{os.getpid()}"
+    pristine, identical = prepare_pristine(config.project_source, config.project, private)
+    return CopyProject(config.project, pristine, identical)
+
+
+def create_app(config: ServerConfig) -> web.Application:
+    """Build the sandbox server. Nothing runs until the app is started (cleanup context)."""
+    config.project = config.project.absolute()
+    user = UserSpec.lookup(config.tool_user) if config.tool_user else UserSpec.current()
+    base_env = config.tool_environment()
+    supervisor = Supervisor()
+    roots = config.file_roots or [config.project]
+    state = SandboxState(
+        config=config,
+        supervisor=supervisor,
+        user=user,
+        base_env=base_env,
+        files=FileTools(config.project, roots, user),
+        runner=CodeRunner(supervisor, user, base_env, config.runner_concurrency),
+    )
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[error_middleware("sandbox server")])
+    app[CONFIG] = config
+    app[STATE] = state
+    app[OPENAPI] = build_openapi(ROUTES, title="IdeGym sandbox server", version=__version__)
+    app.cleanup_ctx.append(_lifecycle(state))
+    for route in ROUTES:
+        app.router.add_route(route.method, route.path, route.handler)
+    app.router.add_get("/openapi.json", openapi)
+    return app
+
+
+__all__ = ["create_app", "ROUTES", "SandboxState", "CONFIG", "STATE"]

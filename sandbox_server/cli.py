@@ -1,0 +1,147 @@
+"""``idegym sandbox serve`` (also ``idegym-sandbox serve`` / ``python -m sandbox_server serve``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from .config import ServerConfig
+from .http import setup_logging
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    parser.add_argument("--project", type=Path, default=Path(env("IDEGYM_PROJECT_PATH", ".project")),
+                        help="project directory: default cwd of tools and base of relative paths "
+                             "[$IDEGYM_PROJECT_PATH, default .project]")
+    parser.add_argument("--project-source", type=Path,
+                        default=env("IDEGYM_PROJECT_ARCHIVE") or env("IDEGYM_PROJECT_ARCHIVE_PATH") or None,
+                        help="pristine project: a directory or .tar.gz/.zip archive; an empty project is "
+                             "populated from it and reset restores it [$IDEGYM_PROJECT_ARCHIVE]. Without it, "
+                             "the project's content at start-up is the pristine state")
+    parser.add_argument("--overlay-lower", type=Path, help="reset by overlay remount: read-only pristine tree")
+    parser.add_argument("--overlay-layer", type=Path, help="reset by overlay remount: directory for the writes")
+    parser.add_argument("--state-dir", type=Path, help="private directory for the pristine copy")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--port", type=int, default=int(env("IDEGYM_SERVER_PORT", "8000")),
+                       help="TCP port [$IDEGYM_SERVER_PORT, default 8000]")
+    where.add_argument("--unix-socket", type=Path, default=env("IDEGYM_SERVER_UNIX_SOCKET") or None,
+                       help="listen on this Unix socket instead of TCP [$IDEGYM_SERVER_UNIX_SOCKET]")
+    parser.add_argument("--host", default=env("IDEGYM_SERVER_HOST", "127.0.0.1"),
+                        help="TCP address [$IDEGYM_SERVER_HOST, default 127.0.0.1; pods use 0.0.0.0]")
+    parser.add_argument("--tool-user", default=env("IDEGYM_TOOL_USER") or None,
+                        help="user that tools run as when a request names none (default: the server's user)")
+    parser.add_argument("--file-root", type=Path, action="append", default=[],
+                        help="directory the file tools may touch (repeatable; default: the project)")
+    parser.add_argument("--tool-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="environment variable for every tool process (repeatable)")
+    parser.add_argument("--no-inherit-env", action="store_true",
+                        help="tools start from a minimal environment instead of the server's")
+    parser.add_argument("--max-body-bytes", type=int, default=256 << 20, help="largest accepted request body")
+    parser.add_argument("--runner-concurrency", type=int, default=os.cpu_count() or 2,
+                        help="code-runner programs running at once; more requests wait in a queue")
+    parser.add_argument("--ready-fd", type=int, help="write 'ready\\n' to this file descriptor once listening")
+    parser.add_argument("--log-json", action="store_true", default=bool(env("IDEGYM_LOG_JSON")),
+                        help="one JSON object per log line [$IDEGYM_LOG_JSON]")
+    parser.add_argument("--log-level", default=env("IDEGYM_LOG_LEVEL", "WARNING"),
+                        help="WARNING (default), INFO logs one line per request [$IDEGYM_LOG_LEVEL]")
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    tool_env = {}
+    for item in args.tool_env:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--tool-env {item!r}: expected NAME=VALUE")
+        tool_env[name] = value
+    return ServerConfig(
+        project=args.project,
+        project_source=args.project_source,
+        overlay_lower=args.overlay_lower,
+        overlay_layer=args.overlay_layer,
+        state_dir=args.state_dir,
+        host=args.host,
+        port=args.port,
+        unix_socket=args.unix_socket,
+        tool_user=args.tool_user,
+        file_roots=list(args.file_root),
+        max_body_bytes=args.max_body_bytes,
+        runner_concurrency=args.runner_concurrency,
+        tool_env=tool_env,
+        inherit_env=not args.no_inherit_env,
+        log_json=args.log_json,
+        ready_fd=args.ready_fd,
+    )
+
+
+async def serve(config: ServerConfig) -> None:
+    from .app import create_app
+
+    if os.geteuid() == 0:
+        os.setgroups([])  # file tools switch fsuid/fsgid; stray root groups would leak access
+    app = create_app(config)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    if config.unix_socket is not None:
+        if config.unix_socket.exists():
+            config.unix_socket.unlink()
+        site: web.BaseSite = web.UnixSite(runner, str(config.unix_socket))
+    else:
+        site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+    await site.start()
+    if config.unix_socket is not None:
+        os.chmod(config.unix_socket, 0o600)
+    if config.ready_fd is not None:
+        os.write(config.ready_fd, b"ready\n")
+        os.close(config.ready_fd)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="idegym-sandbox",
+        description="IdeGym's in-sandbox server: bash and file tools, rewards, project reset and a "
+                    "code runner over HTTP. Normally started by the control plane inside a sandbox.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve_parser = sub.add_parser("serve", help="run the server", description="Run the sandbox server.")
+    add_serve_arguments(serve_parser)
+    args = parser.parse_args(argv)
+    run_serve(args)
+
+
+def _run(coro) -> None:
+    """Run on uvloop when it is installed (a faster event loop), else on asyncio's own."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro)
+        return
+    uvloop.run(coro)
+
+
+def run_serve(args: argparse.Namespace) -> None:
+    config = config_from_args(args)
+    setup_logging(config.log_json, args.log_level)
+    from .project import ProjectError
+
+    try:
+        _run(serve(config))
+    except ProjectError as exc:
+        print(f"idegym-sandbox: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    except OSError as exc:
+        where = config.unix_socket or f"{config.host}:{config.port}"
+        print(f"idegym-sandbox: cannot serve on {where}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc

@@ -1,0 +1,56 @@
+"""Server configuration: CLI flags with ``IDEGYM_*`` environment-variable fallbacks."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Variables the server uses for itself; tools never see them.
+PRIVATE_ENV_PREFIXES = ("IDEGYM_",)
+PRIVATE_ENV = {"PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "PYTHONSAFEPATH", "PYTHONNOUSERSITE"}
+
+
+@dataclass
+class ServerConfig:
+    project: Path = field(default_factory=lambda: Path(os.environ.get("IDEGYM_PROJECT_PATH", ".project")))
+    # A directory or archive with the pristine project; reset restores it.
+    project_source: Path | None = field(
+        default_factory=lambda: _opt_path(
+            os.environ.get("IDEGYM_PROJECT_ARCHIVE") or os.environ.get("IDEGYM_PROJECT_ARCHIVE_PATH")
+        )
+    )
+    # Overlay reset: the read-only lower tree and a directory for the writable layer.
+    overlay_lower: Path | None = None
+    overlay_layer: Path | None = None
+    state_dir: Path | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    unix_socket: Path | None = None
+    tool_user: str | None = None
+    file_roots: list[Path] = field(default_factory=list)
+    max_body_bytes: int = 256 << 20
+    max_timeout: float = 24 * 3600.0
+    runner_concurrency: int = field(default_factory=lambda: os.cpu_count() or 2)
+    plugins: tuple[str, ...] = ("tools", "rewards", "project", "code-runner")
+    tool_env: dict[str, str] = field(default_factory=dict)
+    inherit_env: bool = True
+    log_json: bool = False
+    ready_fd: int | None = None
+
+    def tool_environment(self) -> dict[str, str]:
+        """The base environment of every tool process: no variable of the server's own."""
+        base = dict(os.environ) if self.inherit_env else {"PATH": os.environ.get("PATH", os.defpath)}
+        env = {
+            k: v
+            for k, v in base.items()
+            if k not in PRIVATE_ENV and not k.startswith(PRIVATE_ENV_PREFIXES)
+        }
+        env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        env.setdefault("LANG", "C.UTF-8")
+        env.update(self.tool_env)
+        return env
+
+
+def _opt_path(value: str | None) -> Path | None:
+    return Path(value) if value else None

@@ -1,0 +1,288 @@
+"""Wire shapes of the sandbox server, defined once.
+
+Requests follow ``seeds/sandbox-server-api.yaml`` and ``seeds/code-runner-api.json``; responses
+follow the wire contract (§7–§9). Requests ignore unknown keys and accept ``null`` for every
+optional field, because the published client sends both.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, field_validator
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+DEFAULT_TIMEOUT = 600.0
+DEFAULT_GRACE = 2.0
+DEFAULT_MAX_OUTPUT = 1_048_576
+DEFAULT_CHUNK = 1_048_576
+
+
+class Status(StrEnum):
+    SUCCESS = "success"
+    FAILURE = "failure"
+    IN_PROGRESS = "in_progress"
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Response(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _not_negative(value: float) -> float:
+    if value < 0:
+        raise ValueError("must be zero or more seconds")
+    return value
+
+
+# Checked after parsing, so the published schema stays the seed's plain "number".
+Seconds = Annotated[float, AfterValidator(_not_negative)]
+
+
+class TimedRequest(Request):
+    timeout: Seconds = Field(DEFAULT_TIMEOUT, description="Timeout in seconds")
+    graceful_termination_timeout: Seconds = Field(
+        DEFAULT_GRACE, description="Timeout in seconds for graceful process termination"
+    )
+
+
+# --- tools -----------------------------------------------------------------------------------
+
+
+class BashCommandRequest(TimedRequest):
+    command: str = Field(description="Command to execute as a bash script")
+    cwd: str | None = Field(
+        None,
+        description="Working directory for the command. Defaults to the server's project directory. "
+        "A relative path is resolved against it.",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables added to the command's environment, overriding inherited ones.",
+    )
+    user: str | None = Field(None, description="Run the command as this user (the server must run as root).")
+    timeout: Seconds = Field(DEFAULT_TIMEOUT, description="Timeout for the command execution in seconds")
+    max_output_bytes: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        DEFAULT_MAX_OUTPUT,
+        description="Maximum retained bytes for each output stream; null retains complete output",
+    )
+    strip_output: bool = Field(False, description="Trim leading and trailing whitespace from stdout and stderr.")
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_none_is_empty(cls, value: Any) -> Any:
+        return {} if value is None else value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, val in value.items():
+            if not ENV_NAME.match(name):
+                raise ValueError(f"invalid environment variable name {name!r}: use [A-Za-z_][A-Za-z0-9_]*")
+            if "\x00" in val:
+                raise ValueError(f"environment variable {name!r} contains a NUL byte")
+        return value
+
+
+class BashCommandResponse(Response):
+    stdout: str
+    stderr: str
+    exit_code: int
+    timed_out: bool = False
+    duration_seconds: float | None = None
+
+
+class CreateFileRequest(Request):
+    file_path: str
+    content: str
+
+
+class EditFileRequest(Request):
+    file_path: str
+    start_line: int = Field(ge=0)
+    end_line: int = Field(ge=0)
+    new_content: str
+
+
+class PatchFileRequest(Request):
+    """Applies a diff-match-patch patch text (``patch_toText(patch_make(old, new))``)."""
+
+    file_path: str
+    patch: str
+
+
+class FileResult(Response):
+    status: Status
+
+
+class UploadFileChunkRequest(Request):
+    file_path: str
+    content_base64: str = Field(description="Base64-encoded bytes to write at 'offset'")
+    offset: int = Field(0, ge=0, description="Byte offset in the file at which to write this chunk")
+    truncate: bool = Field(True, description="Cut the file off at the end of this chunk once it is written")
+
+
+class UploadFileChunkResponse(Response):
+    file_path: str
+    bytes_written: int
+    size: int
+
+
+class DownloadFileChunkRequest(Request):
+    file_path: str
+    offset: int = Field(0, ge=0, description="Byte offset in the file to read from")
+    length: int = Field(DEFAULT_CHUNK, ge=1, description="Maximum number of raw bytes to read")
+
+
+class DownloadFileChunkResponse(Response):
+    file_path: str
+    offset: int
+    content_base64: str
+    bytes_read: int
+    size: int
+    eof: bool
+
+
+# --- rewards ---------------------------------------------------------------------------------
+
+
+class SetupRequest(TimedRequest):
+    setup_check_script: str = "true"
+    timeout: Seconds = Field(DEFAULT_TIMEOUT, description="Timeout for the setup in seconds")
+
+
+class CompilationRequest(TimedRequest):
+    compilation_script: str = "./gradlew assemble"
+    timeout: Seconds = Field(DEFAULT_TIMEOUT, description="Timeout for the compilation in seconds")
+
+
+class TestRequest(TimedRequest):
+    __test__ = False  # not a pytest class
+    test_script: str = "python -m pytest --junitxml=test-results.xml"
+    timeout: Seconds = Field(DEFAULT_TIMEOUT, description="Timeout for the test in seconds")
+    report_glob: str = Field(
+        "test-*.xml",
+        description="Case-insensitive file-name pattern of the JUnit XML reports to read (IdeGym extension)",
+    )
+
+
+class CheckResult(Response):
+    """Result of the setup and compilation checks."""
+
+    status: Status
+    output: str
+    exit_code: int | None = None
+    timed_out: bool = False
+
+
+class TestScores(Response):
+    __test__ = False
+    total: int = 0
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+
+
+class TestReport(Response):
+    __test__ = False
+    status: Status
+    scores: TestScores
+    output: str = ""
+    exit_code: int | None = None
+    timed_out: bool = False
+    reports: list[str] = Field(default_factory=list)
+
+
+# --- project, actuator -----------------------------------------------------------------------
+
+
+class ResetRequest(TimedRequest):
+    pass
+
+
+class ResetResult(Response):
+    status: Status
+    output: str
+    killed_processes: int = 0
+    restored_entries: int | None = None
+
+
+class CapabilitiesResponse(Response):
+    plugins: list[str]
+
+
+class HealthResponse(Response):
+    status: str = "healthy"
+
+
+# --- code runner -----------------------------------------------------------------------------
+
+
+class SourceFile(Request):
+    path: str
+    content: str
+
+
+class ExecuteRequest(Request):
+    language: str = Field(description="the programming language to run (see GET /execute/languages)")
+    code: str = Field(description="pure source code only")
+    args: list[str] = Field(default_factory=list)
+    files: list[SourceFile] = Field(default_factory=list)
+    stdin: str = Field("", description="text fed to the program's standard input (IdeGym extension)")
+    timeout: float = Field(10.0, gt=0, le=300, description="run-time limit in seconds (IdeGym extension)")
+
+    @field_validator("args", "files", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: Any) -> Any:
+        return [] if value is None else value
+
+
+class ExecuteResponse(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+    stdout: str
+    stderr: str
+    exit_code: int = Field(alias="exitCode")
+    timed_out: bool = Field(alias="timedOut")
+    stage: str = Field("run", description="'compile' when compilation failed, else 'run'")
+    duration_seconds: float = Field(0.0, alias="durationSeconds")
+
+
+class LanguageInfo(Response):
+    language: str
+    version: str
+    aliases: list[str] = Field(default_factory=list)
+    compiled: bool
+
+
+class LanguagesResponse(Response):
+    languages: list[LanguageInfo]
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+class ValidationErrorItem(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+    input: Any = None
+    ctx: dict[str, Any] | None = None
+
+
+class HTTPValidationError(BaseModel):
+    detail: list[ValidationErrorItem]
+    message: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """Body of every non-422 error answered by the sandbox server."""
+
+    error: str
+    message: str
+    timestamp: str
+    details: dict[str, Any] | None = None

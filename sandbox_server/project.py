@@ -1,0 +1,232 @@
+"""The project directory and its pristine copy: populate at start, restore on reset.
+
+Two ways to restore, picked at start-up:
+
+* ``OverlayProject`` — the project is an overlay mount whose lower layer is the pristine tree;
+  reset unmounts, empties the upper layer and mounts again. Cost follows what the agent changed.
+  Needs mount rights (root, or root in the sandbox's user namespace).
+* ``CopyProject`` — anywhere else. A manifest records each entry's (inode, ctime) after the
+  last restore; ctime cannot be set from user space, so an entry whose pair is unchanged is
+  byte-identical, and only the others are copied back. Exact, and cheap when little changed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import stat
+import subprocess
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Protocol
+
+MNT_DETACH = 2
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class ProjectError(Exception):
+    pass
+
+
+class Project(Protocol):
+    path: Path
+
+    def reset(self) -> int:
+        """Restore the project to its pristine state; returns how many entries were restored."""
+
+
+def prepare_pristine(source: Path | None, project: Path, private_dir: Path) -> tuple[Path, bool]:
+    """Return a pristine tree for ``project`` and whether ``project`` now equals it.
+
+    ``project`` is populated from ``source`` when it is empty.
+
+    ``source`` may be a directory, a ``.tar(.gz|.bz2|.xz)``/``.tgz`` or a ``.zip`` archive (a single
+    top-level directory in an archive is stripped, as the original image builder does). Without a
+    source, the current content of ``project`` becomes the pristine copy.
+    """
+    project.mkdir(parents=True, exist_ok=True)
+    if source is not None and not source.exists():
+        raise ProjectError(f"project source {source} does not exist; pass a directory or a .tar.gz/.zip archive")
+    if source is None:
+        pristine = private_dir / "pristine"
+        _copy_tree(project, pristine)
+        return pristine, True
+    if source.is_dir():
+        pristine = source
+    else:
+        pristine = private_dir / "pristine"
+        _extract(source, pristine)
+    if any(project.iterdir()):
+        return pristine, False
+    _copy_tree(pristine, project)
+    return pristine, True
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.exists():
+        shutil.rmtree(dst)
+    # cp keeps modes, times, symlinks and uses reflinks where the filesystem has them.
+    subprocess.run(["cp", "-a", "--reflink=auto", f"{src}/.", str(dst)], check=True, capture_output=True)
+
+
+def _extract(archive: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dst.parent))
+    try:
+        name = archive.name.lower()
+        if name.endswith(".zip"):
+            with zipfile.ZipFile(archive) as zf:
+                zf.extractall(tmp)
+        elif name.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")):
+            with tarfile.open(archive) as tf:
+                tf.extractall(tmp, filter="data")
+        else:
+            raise ProjectError(f"{archive}: unknown archive type; use .tar.gz, .tgz, .tar or .zip")
+        entries = list(tmp.iterdir())
+        root = entries[0] if len(entries) == 1 and entries[0].is_dir() else tmp
+        if dst.exists():
+            shutil.rmtree(dst)
+        root.rename(dst)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# -- copy-based restore ---------------------------------------------------------------------------
+
+Stamp = tuple[int, int, int]  # (inode, ctime_ns, mode)
+
+
+def _scan(root: Path) -> dict[str, Stamp]:
+    found: dict[str, Stamp] = {}
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        with os.scandir(root / rel if rel else root) as it:
+            for entry in it:
+                st = entry.stat(follow_symlinks=False)
+                key = f"{rel}/{entry.name}" if rel else entry.name
+                found[key] = (st.st_ino, st.st_ctime_ns, st.st_mode)
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(key)
+    return found
+
+
+class CopyProject:
+    def __init__(self, path: Path, pristine: Path, identical: bool = True) -> None:
+        self.path = path
+        self.pristine = pristine
+        self._pristine_entries = _scan(pristine)
+        # Only entries known to equal the pristine copy may be skipped by the first reset.
+        self._manifest = _scan(path) if identical else {}
+        self._root_stamp = _root_stamp(path)
+
+    def reset(self) -> int:
+        root = self.path
+        if not root.is_dir() or root.is_symlink():
+            _remove(root)
+            _copy_tree(self.pristine, root)
+            self._manifest, self._root_stamp = _scan(root), _root_stamp(root)
+            return len(self._manifest)
+        pst = self.pristine.stat()
+        if self._root_stamp != _root_stamp(root):
+            os.chmod(root, stat.S_IMODE(pst.st_mode))
+        current = _scan(root)
+        restored = 0
+        # Remove what is new or changed (deepest first), then copy back what is missing.
+        for rel in sorted(current, key=lambda r: r.count("/"), reverse=True):
+            stamp = current[rel]
+            want = self._pristine_entries.get(rel)
+            unchanged = self._manifest.get(rel) == stamp and want is not None
+            if unchanged:
+                continue
+            if want is not None and stat.S_ISDIR(stamp[2]) and stat.S_ISDIR(want[2]):
+                # A directory whose own entry changed (a file added or removed in it): its
+                # children are handled one by one; only its mode needs restoring.
+                os.chmod(root / rel, stat.S_IMODE(want[2]))
+                continue
+            _remove(root / rel)
+            restored += 1
+        for rel in sorted(self._pristine_entries, key=lambda r: r.count("/")):
+            target = root / rel
+            if os.path.lexists(target):
+                continue
+            _copy_entry(self.pristine / rel, target)
+            restored += 1
+        self._manifest = _scan(root)
+        self._root_stamp = _root_stamp(root)
+        return restored
+
+
+def _root_stamp(path: Path) -> tuple[int, int]:
+    st = path.lstat()
+    return (st.st_ino, st.st_mode)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+
+
+def _copy_entry(src: Path, dst: Path) -> None:
+    st = src.lstat()
+    if stat.S_ISDIR(st.st_mode):
+        dst.mkdir()
+        shutil.copystat(src, dst, follow_symlinks=False)
+    elif stat.S_ISLNK(st.st_mode):
+        os.symlink(os.readlink(src), dst)
+    else:
+        shutil.copy2(src, dst, follow_symlinks=False)
+    if os.geteuid() == 0:
+        os.lchown(dst, st.st_uid, st.st_gid)
+
+
+# -- overlay restore --------------------------------------------------------------------------------
+
+
+class OverlayProject:
+    """The project as an overlay mount over a read-only pristine tree."""
+
+    def __init__(self, path: Path, lower: Path, layer: Path) -> None:
+        self.path = path
+        self.lower = lower
+        self.layer = layer
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._mount()
+
+    def _options(self) -> str:
+        opts = f"lowerdir={self.lower},upperdir={self.layer}/upper,workdir={self.layer}/work"
+        return opts + (",userxattr" if _in_child_userns() else "")
+
+    def _mount(self) -> None:
+        for sub in ("upper", "work"):
+            (self.layer / sub).mkdir(parents=True, exist_ok=True)
+        if _libc.mount(b"overlay", str(self.path).encode(), b"overlay", 0, self._options().encode()) != 0:
+            err = ctypes.get_errno()
+            raise ProjectError(f"cannot mount the project overlay on {self.path}: {os.strerror(err)}")
+
+    def reset(self) -> int:
+        upper = self.layer / "upper"
+        changed = sum(1 for _ in upper.rglob("*")) if upper.exists() else 0
+        if _libc.umount2(str(self.path).encode(), MNT_DETACH) != 0:
+            err = ctypes.get_errno()
+            raise ProjectError(f"cannot unmount the project overlay: {os.strerror(err)}")
+        for sub in ("upper", "work"):
+            shutil.rmtree(self.layer / sub, ignore_errors=True)
+        self._mount()
+        return changed
+
+    def close(self) -> None:
+        _libc.umount2(str(self.path).encode(), MNT_DETACH)
+
+
+def _in_child_userns() -> bool:
+    try:
+        return Path("/proc/self/uid_map").read_text().split() != ["0", "0", "4294967295"]
+    except OSError:
+        return False

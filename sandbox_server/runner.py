@@ -1,0 +1,208 @@
+"""The code runner (``POST /execute``): compile and run a program in a fresh temporary directory.
+
+Languages are found on the machine (or in the sandbox image) at start-up, in the background;
+``GET /execute/languages`` lists them with their versions. Runs are bounded by a semaphore:
+extra requests wait their turn instead of failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from .errors import BadRequest, Unprocessable
+from .models import ExecuteRequest, ExecuteResponse, LanguageInfo
+from .output import BoundedOutput
+from .process import Supervisor, UserSpec
+
+MAX_OUTPUT = 1 << 20
+COMPILE_TIMEOUT = 60.0
+
+
+def _java_main(code: str) -> str:
+    match = re.search(r"public\s+(?:final\s+|abstract\s+)*class\s+([A-Za-z_$][\w$]*)", code)
+    return match.group(1) if match else "Main"
+
+
+@dataclass(frozen=True)
+class Language:
+    name: str
+    binary: str
+    version_argv: tuple[str, ...]
+    source: Callable[[str], str]
+    compile: Callable[[str], list[str]] | None
+    run: Callable[[str], list[str]]
+    aliases: tuple[str, ...] = ()
+    version_pattern: str = r"(\d+(?:\.\d+)+)"
+
+
+def _const(name: str) -> Callable[[str], str]:
+    return lambda _code: name
+
+
+LANGUAGES: tuple[Language, ...] = (
+    Language("python", "python3", ("python3", "--version"), _const("main.py"), None,
+             lambda src: ["python3", "-u", src], ("py", "python3")),
+    Language("javascript", "node", ("node", "--version"), _const("main.js"), None,
+             lambda src: ["node", src], ("js", "node", "nodejs")),
+    Language("typescript", "tsx", ("tsx", "--version"), _const("main.ts"), None,
+             lambda src: ["tsx", src], ("ts",)),
+    Language("c", "gcc", ("gcc", "-dumpfullversion"), _const("main.c"),
+             lambda src: ["gcc", "-O2", "-std=gnu17", "-o", "main", src, "-lm"], lambda _s: ["./main"], ("gcc",)),
+    Language("cpp", "g++", ("g++", "-dumpfullversion"), _const("main.cpp"),
+             lambda src: ["g++", "-O2", "-std=gnu++17", "-o", "main", src], lambda _s: ["./main"],
+             ("c++", "g++", "cxx")),
+    Language("java", "javac", ("javac", "-version"), lambda code: f"{_java_main(code)}.java",
+             lambda src: ["javac", "-encoding", "UTF-8", "-d", ".", src],
+             lambda src: ["java", "-Xss64m", "-cp", ".", PurePosixPath(src).stem], ()),
+    Language("rust", "rustc", ("rustc", "--version"), _const("main.rs"),
+             lambda src: ["rustc", "-O", "-o", "main", src], lambda _s: ["./main"], ("rs",)),
+    Language("go", "go", ("go", "version"), _const("main.go"),
+             lambda src: ["go", "build", "-o", "main", src], lambda _s: ["./main"], ("golang",)),
+    Language("bash", "bash", ("bash", "--version"), _const("main.sh"), None,
+             lambda src: ["bash", src], ("sh", "shell")),
+    Language("perl", "perl", ("perl", "-e", "print $^V"), _const("main.pl"), None,
+             lambda src: ["perl", src], ("pl",)),
+    Language("ruby", "ruby", ("ruby", "--version"), _const("main.rb"), None,
+             lambda src: ["ruby", src], ("rb",)),
+    Language("php", "php", ("php", "--version"), _const("main.php"), None,
+             lambda src: ["php", src], ()),
+)
+
+
+@dataclass
+class CodeRunner:
+    supervisor: Supervisor
+    user: UserSpec | None
+    env: Mapping[str, str]
+    concurrency: int
+    workdir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()))
+    available: dict[str, tuple[Language, str]] = field(default_factory=dict)
+    _slots: asyncio.Semaphore | None = None
+    _detected: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._slots = asyncio.Semaphore(max(self.concurrency, 1))
+        self._detected = asyncio.ensure_future(self._detect())
+
+    async def stop(self) -> None:
+        if self._detected is not None and not self._detected.done():
+            self._detected.cancel()
+
+    async def _detect(self) -> None:
+        path = self.env.get("PATH", os.defpath)
+
+        async def probe(lang: Language) -> None:
+            if shutil.which(lang.binary, path=path) is None:
+                return
+            result = await self.supervisor.run(
+                lang.version_argv, cwd="/", env=self.env, user=self.user, timeout=20, grace=1,
+                max_output=4096,
+            )
+            text = result.stdout.text() + result.stderr.text()
+            match = re.search(lang.version_pattern, text)
+            if result.exit_code == 0 or match:
+                self.available[lang.name] = (lang, match.group(1) if match else text.strip()[:40])
+
+        await asyncio.gather(*(probe(lang) for lang in LANGUAGES), return_exceptions=True)
+
+    async def languages(self) -> list[LanguageInfo]:
+        if self._detected is not None:
+            await asyncio.shield(self._detected)
+        return [
+            LanguageInfo(language=name, version=version, aliases=list(lang.aliases), compiled=lang.compile is not None)
+            for name, (lang, version) in sorted(self.available.items())
+        ]
+
+    async def _lookup(self, name: str) -> Language:
+        if self._detected is not None:
+            await asyncio.shield(self._detected)
+        key = name.strip().lower()
+        for lang, _version in self.available.values():
+            if key == lang.name or key in lang.aliases:
+                return lang
+        known = ", ".join(sorted(self.available)) or "none"
+        raise Unprocessable.field(
+            ["body", "language"], f"unknown or unavailable language {name!r}; available: {known}", name
+        )
+
+    async def execute(self, req: ExecuteRequest) -> ExecuteResponse:
+        lang = await self._lookup(req.language)
+        source_name = lang.source(req.code)
+        files = [(source_name, req.code)] + [(f.path, f.content) for f in req.files]
+        checked = [(_safe_relative(p, i), content) for i, (p, content) in enumerate(files)]
+        assert self._slots is not None
+        async with self._slots:
+            return await self._run_in_tempdir(lang, source_name, checked, req)
+
+    async def _run_in_tempdir(
+        self, lang: Language, source_name: str, files: list[tuple[PurePosixPath, str]], req: ExecuteRequest
+    ) -> ExecuteResponse:
+        started = time.monotonic()
+        tmp = Path(tempfile.mkdtemp(prefix="idegym-run-", dir=self.workdir))
+        try:
+            for rel, content in files:
+                target = tmp / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(content, encoding="utf-8")
+            if self.user is not None and os.geteuid() == 0:
+                for path in [tmp, *tmp.rglob("*")]:
+                    os.lchown(path, self.user.uid, self.user.gid)
+            env = dict(self.env, HOME=str(tmp), TMPDIR=str(tmp), **_toolchain_homes(self.env))
+            if lang.compile is not None:
+                built = await self.supervisor.run(
+                    lang.compile(source_name), cwd=str(tmp), env=env, user=self.user,
+                    timeout=COMPILE_TIMEOUT, grace=1.0, max_output=MAX_OUTPUT,
+                )
+                if built.exit_code != 0:
+                    return _response(built.stdout, built.stderr, built.exit_code, built.timed_out,
+                                     "compile", started)
+            ran = await self.supervisor.run(
+                lang.run(source_name) + list(req.args), cwd=str(tmp), env=env, user=self.user,
+                timeout=req.timeout, grace=0.5, max_output=MAX_OUTPUT,
+                stdin=req.stdin.encode("utf-8") if req.stdin else None,
+            )
+            return _response(ran.stdout, ran.stderr, ran.exit_code, ran.timed_out, "run", started)
+        except OSError as exc:
+            raise BadRequest(f"could not prepare the run directory: {exc}") from exc
+        finally:
+            await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, tmp, True)
+
+
+def _toolchain_homes(env: Mapping[str, str]) -> dict[str, str]:
+    """rustup finds its toolchains through $HOME; keep them reachable with HOME moved."""
+    home = env.get("HOME", "")
+    found = {}
+    for var, sub in (("RUSTUP_HOME", ".rustup"), ("CARGO_HOME", ".cargo")):
+        if env.get(var):
+            found[var] = env[var]
+        elif home and os.path.isdir(os.path.join(home, sub)):
+            found[var] = os.path.join(home, sub)
+    return found
+
+
+def _response(out: BoundedOutput, err: BoundedOutput, code: int, timed_out: bool, stage: str,
+              started: float) -> ExecuteResponse:
+    return ExecuteResponse(
+        stdout=out.text(), stderr=err.text(), exitCode=code, timedOut=timed_out, stage=stage,
+        durationSeconds=round(time.monotonic() - started, 4),
+    )
+
+
+def _safe_relative(path: str, index: int) -> PurePosixPath:
+    loc: list[str | int] = ["body", "files", index - 1, "path"] if index else ["body", "code"]
+    if not path or "\x00" in path:
+        raise Unprocessable.field(loc, "file path must be a non-empty string without NUL bytes", path)
+    pure = PurePosixPath(path)
+    if pure.is_absolute() or ".." in pure.parts or pure.parts[:1] == (".",) and len(pure.parts) == 1:
+        raise Unprocessable.field(
+            loc, f"file path {path!r} must stay inside the run directory: relative, without '..'", path
+        )
+    return pure

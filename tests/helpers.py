@@ -1,0 +1,108 @@
+"""Test helpers: real server processes on real sockets, and leak checks."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+SEEDS = REPO.parent / "shared" / "seeds"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SandboxProcess:
+    """``python -m sandbox_server serve`` in its own process group, ready when it says so."""
+
+    def __init__(self, project: Path, transport: str, tmp: Path, extra: Sequence[str] = (),
+                 env: dict[str, str] | None = None) -> None:
+        self.project = project
+        self.transport = transport
+        self.socket_path = tmp / "sandbox.sock"
+        self.port = free_port()
+        self.log_path = tmp / "server.log"
+        read_fd, write_fd = os.pipe()
+        where = ["--unix-socket", str(self.socket_path)] if transport == "unix" else ["--port", str(self.port)]
+        argv = [sys.executable, "-m", "sandbox_server", "serve", "--project", str(project),
+                "--state-dir", str(tmp / "state"), "--ready-fd", str(write_fd), *where, *extra]
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(argv, pass_fds=(write_fd,), stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, env=env)
+        os.close(write_fd)
+        ready, _, _ = select.select([read_fd], [], [], 30)
+        line = os.read(read_fd, 16) if ready else b""
+        os.close(read_fd)
+        if line != b"ready\n":
+            self.stop()
+            raise RuntimeError(f"sandbox server did not start: {self.log_path.read_text()}")
+        if transport == "unix":
+            self.client = httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket_path)),
+                                       base_url="http://sandbox", timeout=120)
+        else:
+            self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=120)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def post(self, path: str, body: dict | None = None, **kw) -> httpx.Response:
+        return self.client.post(path, json=body if body is not None else {}, **kw)
+
+    def bash(self, command: str, **fields) -> dict:
+        resp = self.post("/api/tools/bash", {"command": command, **fields})
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    def stop(self) -> None:
+        if getattr(self, "client", None) is not None:
+            self.client.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._log.close()
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:
+    """Poll ``predicate`` until true or ``timeout``; a bounded wait on an observable condition."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def rss_peak_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmHWM")
