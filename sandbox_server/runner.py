@@ -1,6 +1,6 @@
 """The code runner (``POST /execute``): compile and run a program in a fresh temporary directory.
 
-Languages are found on the machine (or in the sandbox image) at start-up, in the background;
+Languages are found on the machine (or in the sandbox image) when first needed;
 ``GET /execute/languages`` lists them with their versions. Runs are bounded by a semaphore:
 extra requests wait their turn instead of failing.
 """
@@ -90,7 +90,12 @@ class CodeRunner:
 
     def start(self) -> None:
         self._slots = asyncio.Semaphore(max(self.concurrency, 1))
-        self._detected = asyncio.ensure_future(self._detect())
+
+    def _detection(self) -> asyncio.Task:
+        # Probed on first use, not at start-up: a dozen version probes would slow a cold start.
+        if self._detected is None:
+            self._detected = asyncio.ensure_future(self._detect())
+        return self._detected
 
     async def stop(self) -> None:
         if self._detected is not None and not self._detected.done():
@@ -114,16 +119,14 @@ class CodeRunner:
         await asyncio.gather(*(probe(lang) for lang in LANGUAGES), return_exceptions=True)
 
     async def languages(self) -> list[LanguageInfo]:
-        if self._detected is not None:
-            await asyncio.shield(self._detected)
+        await asyncio.shield(self._detection())
         return [
             LanguageInfo(language=name, version=version, aliases=list(lang.aliases), compiled=lang.compile is not None)
             for name, (lang, version) in sorted(self.available.items())
         ]
 
     async def _lookup(self, name: str) -> Language:
-        if self._detected is not None:
-            await asyncio.shield(self._detected)
+        await asyncio.shield(self._detection())
         key = name.strip().lower()
         for lang, _version in self.available.values():
             if key == lang.name or key in lang.aliases:

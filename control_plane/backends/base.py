@@ -1,0 +1,240 @@
+"""The contract between the control plane and the places sandboxes live.
+
+A backend creates, observes, restarts, snapshots and deletes *sandboxes*: one sandbox server
+each (``sandbox_server`` for ``idegym`` servers, any HTTP/WebSocket app for ``openenv`` ones).
+The routes never know which backend they talk to. Everything a backend needs to find a sandbox
+again after a control-plane restart is in its ``SandboxHandle`` (persisted as JSON).
+
+    Backend
+    ├── backends.local.LocalBackend        processes on this host (bubblewrap, overlayfs, cgroups)
+    └── backends.kubernetes.K8sBackend     Deployment + Service + PodDisruptionBudget per server
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..models import KubernetesResources, ServerKind, StartServerRequest
+from ..quantities import cpu_millicores, memory_bytes
+
+
+class BackendError(Exception):
+    """A backend operation failed; ``status`` is the HTTP-equivalent code for the client."""
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class ImageNotFound(BackendError):
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 404)
+
+
+class SnapshotsUnsupported(BackendError):
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 400)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resources a sandbox is held to (the limit, else the request); ``None`` means unbounded."""
+
+    cpu_millicores: int | None = None
+    memory_bytes: int | None = None
+    storage_bytes: int | None = None
+
+    @classmethod
+    def from_request(cls, resources: KubernetesResources | None) -> Limits:
+        if resources is None:
+            return cls()
+        cpu = resources.effective("cpu")
+        mem = resources.effective("memory")
+        storage = resources.effective("ephemeral_storage")
+        return cls(
+            cpu_millicores=cpu_millicores(cpu) if cpu else None,
+            memory_bytes=memory_bytes(mem) if mem else None,
+            storage_bytes=memory_bytes(storage) if storage else None,
+        )
+
+
+@dataclass
+class SandboxSpec:
+    """What to run: derived from a ``StartServerRequest`` plus the server's identity."""
+
+    server_id: int
+    generated_name: str
+    namespace: str
+    image_tag: str
+    server_kind: ServerKind
+    run_as_root: bool
+    runtime_class_name: str | None
+    container_port: int
+    service_port: int
+    limits: Limits
+    max_restarts: int = 0
+    snapshot_source: str | None = None  # a snapshot id to restore the filesystem from
+    request: StartServerRequest | None = None  # the full request, for backends that use more of it
+
+    @classmethod
+    def from_request(cls, req: StartServerRequest, server_id: int, generated_name: str,
+                     snapshot_source: str | None = None) -> SandboxSpec:
+        return cls(
+            server_id=server_id,
+            generated_name=generated_name,
+            namespace=req.namespace,
+            image_tag=req.image_tag,
+            server_kind=req.server_kind,
+            run_as_root=req.run_as_root,
+            runtime_class_name=req.runtime_class_name,
+            container_port=req.container_port,
+            service_port=req.service_port,
+            limits=Limits.from_request(req.resources),
+            max_restarts=req.max_restarts,
+            snapshot_source=snapshot_source,
+            request=req,
+        )
+
+    def pool_key(self) -> tuple:
+        """Sandboxes with the same key are interchangeable before they are bound to a server."""
+        return (self.image_tag, self.server_kind.value, self.run_as_root, self.runtime_class_name,
+                self.container_port, self.limits, self.snapshot_source)
+
+
+@dataclass
+class Endpoint:
+    """How to reach a sandbox's HTTP server: a Unix socket, or a base URL."""
+
+    base_url: str
+    unix_socket: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SandboxHandle:
+    """A backend's record of one sandbox; persisted so a restarted control plane can adopt it."""
+
+    backend: str
+    name: str
+    endpoint: Endpoint
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"backend": self.backend, "name": self.name, "endpoint": self.endpoint.to_json(), "data": self.data}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> SandboxHandle:
+        return cls(raw["backend"], raw["name"], Endpoint(**raw["endpoint"]), raw.get("data", {}))
+
+
+@dataclass
+class Observation:
+    """What a backend sees of a sandbox right now."""
+
+    exists: bool
+    running: bool
+    ready: bool
+    restarts: int = 0
+    phase: str | None = None  # e.g. Running, Pending, Failed (the pod phase on Kubernetes)
+    reason: str | None = None  # why it is not running/ready, in the backend's words
+
+
+@dataclass
+class SnapshotInfo:
+    snapshot_id: str
+    snapshot_tag: str | None
+    size_bytes: int | None = None
+
+
+class Backend(abc.ABC):
+    """Where sandboxes live. All methods are coroutines unless stated; all are idempotent where
+    the name says delete/close."""
+
+    name: str = "abstract"
+
+    async def start(self) -> None:
+        """Prepare (directories, clients). Called once before any other method."""
+
+    async def close(self) -> None:
+        """Release the backend's own resources. Sandboxes stay: they outlive the control plane."""
+
+    @abc.abstractmethod
+    async def create(self, spec: SandboxSpec, timeout: float) -> SandboxHandle:
+        """Create a sandbox and return once its server answers health checks.
+
+        Raises ``ImageNotFound`` for an unknown image, ``BackendError`` (with the backend's own
+        reason: image pull error, unschedulable, crash…) when it does not become ready in time.
+        A failed create leaves nothing behind.
+        """
+
+    @abc.abstractmethod
+    async def delete(self, handle: SandboxHandle) -> None:
+        """Remove the sandbox and everything it holds (processes, mounts, files, cgroups)."""
+
+    @abc.abstractmethod
+    async def observe(self, handle: SandboxHandle) -> Observation:
+        """Current state, cheaply (the watcher calls this every few seconds for every sandbox)."""
+
+    async def restart(self, handle: SandboxHandle, spec: SandboxSpec, timeout: float) -> SandboxHandle:
+        """Make the sandbox as fresh as a new one from its image (files, processes, /tmp), keeping
+        the server identity. The default replaces it: create a new one, then delete the old."""
+        fresh = await self.create(spec, timeout)
+        await self.delete(handle)
+        return fresh
+
+    @abc.abstractmethod
+    async def list_names(self) -> set[str]:
+        """Names of every sandbox this backend currently has (for the orphan sweep)."""
+
+    @abc.abstractmethod
+    async def delete_name(self, name: str) -> None:
+        """Remove a sandbox known only by name (an orphan with no database row)."""
+
+    async def snapshot(self, handle: SandboxHandle, group: str) -> SnapshotInfo:
+        """Capture the sandbox's filesystem state; ``group`` is the snapshot group (a server id)."""
+        raise SnapshotsUnsupported(f"the {self.name} backend cannot take snapshots")
+
+    async def snapshot_exists(self, snapshot_id: str) -> bool:
+        return False
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Remove one snapshot (no-op when it does not exist)."""
+
+    def supports_snapshots(self) -> bool:
+        return False
+
+    def endpoint(self, handle: SandboxHandle) -> Endpoint:
+        return handle.endpoint
+
+
+# -- images --------------------------------------------------------------------------------------
+
+
+@dataclass
+class ImageDefinition:
+    """One entry of the ``images:`` list of a build YAML (see ``control_plane.images``)."""
+
+    tag: str
+    base: str
+    project: dict[str, Any] | None = None
+    commands: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    network: bool = False
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+class ImageBuilder(abc.ABC):
+    """Builds images for one backend. ``log`` receives progress lines for the job's details."""
+
+    @abc.abstractmethod
+    async def build(self, definition: ImageDefinition, log: Any) -> str:
+        """Build and store the image; return its tag. Raise ``BackendError`` with a reason."""
+
+    @abc.abstractmethod
+    async def exists(self, tag: str) -> bool:
+        """Whether ``tag`` names an image this backend can start."""
