@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
-SEEDS = REPO.parent / "shared" / "seeds"
+SEEDS = REPO / "specs"  # the seed API specs, vendored
 
 
 def free_port() -> int:
