@@ -40,7 +40,7 @@ $(CLIENT_VENV)/.stamp:
 	@test -n "$(PYTHON312)" || { echo "ERROR: Python 3.12 not found (needed for the published idegym-client)"; exit 1; }
 	@echo "creating $(CLIENT_VENV) with idegym-client==0.13.1 on $(PYTHON312)"
 	@test -x $(CLIENT_VENV)/bin/python || $(PYTHON312) -m venv $(CLIENT_VENV)
-	@$(CLIENT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check idegym-client==0.13.1
+	@$(CLIENT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check idegym-client==0.13.1 diff-match-patch==20241021
 	@touch $@
 
 client-venv: $(CLIENT_VENV)/.stamp  ## Python 3.12 venv with the published idegym-client

@@ -1,3 +1,29 @@
-"""IdeGym: disposable coding sandboxes as reinforcement-learning environments."""
+"""IdeGym: disposable coding sandboxes as reinforcement-learning environments.
+
+    import gymnasium as gym
+    import idegym_env  # registers IdeGym-v0
+
+    env = gym.make("IdeGym-v0")                      # a bundled task, embedded control plane
+    env = gym.make("IdeGym-v0", task="js-query-string", control_plane_url="http://cp:8000")
+"""
+
+import gymnasium as _gym
 
 __version__ = "0.1.0"
+
+ENV_ID = "IdeGym-v0"
+
+if ENV_ID not in _gym.registry:
+    _gym.register(id=ENV_ID, entry_point="idegym_env.env:IdeGymEnv")
+
+
+def __getattr__(name: str):
+    # Heavy modules load on first use, so `import idegym_env` stays cheap.
+    if name == "IdeGymEnv":
+        from .env import IdeGymEnv
+
+        return IdeGymEnv
+    raise AttributeError(name)
+
+
+__all__ = ["ENV_ID", "IdeGymEnv", "__version__"]

@@ -22,6 +22,16 @@ def main(argv: list[str] | None = None) -> None:
 
     add_serve_arguments(serve)
 
+    cp = sub.add_parser("control-plane", help="the orchestrator (clients, servers, forwarding…)",
+                        description="The IdeGym control plane.")
+    cp_sub = cp.add_subparsers(dest="cp_command", required=True, metavar="COMMAND")
+    cp_serve = cp_sub.add_parser("serve", help="run the control plane (local backend by default)",
+                                 description="Run the control plane. With no options it runs on this machine: "
+                                             "sandboxes are local processes isolated with bubblewrap.")
+    from control_plane.cli import add_serve_arguments as add_cp_arguments
+
+    add_cp_arguments(cp_serve)
+
     sub.add_parser("demo", help="run a short real session end to end and print what happened",
                    description="Run a short real session end to end and print what happened.")
 
@@ -30,6 +40,10 @@ def main(argv: list[str] | None = None) -> None:
         from sandbox_server.cli import run_serve
 
         run_serve(args)
+    elif args.command == "control-plane":
+        from control_plane.cli import run_serve as run_cp
+
+        run_cp(args)
     elif args.command == "demo":
         from .demo import main as demo
 

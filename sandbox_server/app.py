@@ -43,6 +43,8 @@ from .models import (
     Status,
     TestReport,
     TestRequest,
+    TerminateRequest,
+    TerminateResult,
     TestScores,
     UploadFileChunkRequest,
     UploadFileChunkResponse,
@@ -279,6 +281,14 @@ async def reset_project(request: web.Request) -> web.Response:
     ))
 
 
+async def terminate_processes(request: web.Request) -> web.Response:
+    """End every process a tool started, leaving the files alone (e.g. before a check runs, so no
+    leftover daemon can touch what the check reads)."""
+    req = await read_model(request, TerminateRequest)
+    killed = await _state(request).supervisor.kill_descendants(min(req.graceful_termination_timeout, 60.0))
+    return json_response(TerminateResult(killed_processes=killed))
+
+
 async def health(request: web.Request) -> web.Response:
     return json_response(HealthResponse())
 
@@ -323,6 +333,8 @@ ROUTES: tuple[Route, ...] = (
           TestRequest, TestReport),
     Route("POST", "/api/project/reset", reset_project, "Reset Project", "reset_project_api_project_reset_post",
           ResetRequest, ResetResult),
+    Route("POST", "/api/processes/terminate", terminate_processes, "Terminate Tool Processes",
+          "terminate_processes_api_processes_terminate_post", TerminateRequest, TerminateResult),
     Route("GET", "/api/health", health, "Health", "health_api_health_get", None, HealthResponse),
     Route("GET", "/api/capabilities", capabilities, "Capabilities", "capabilities_api_capabilities_get",
           None, CapabilitiesResponse),

@@ -12,7 +12,7 @@ from pathlib import Path
 from aiohttp import web
 
 from .config import ServerConfig
-from .http import setup_logging
+from .http import run_loop, setup_logging
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,23 +121,13 @@ def main(argv: list[str] | None = None) -> None:
     run_serve(args)
 
 
-def _run(coro) -> None:
-    """Run on uvloop when it is installed (a faster event loop), else on asyncio's own."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(coro)
-        return
-    uvloop.run(coro)
-
-
 def run_serve(args: argparse.Namespace) -> None:
     config = config_from_args(args)
     setup_logging(config.log_json, args.log_level)
     from .project import ProjectError
 
     try:
-        _run(serve(config))
+        run_loop(serve(config))
     except ProjectError as exc:
         print(f"idegym-sandbox: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc

@@ -80,6 +80,7 @@ def error_response(status: int, kind: str, message: str, details: dict[str, Any]
     body: dict[str, Any] = {
         "error": kind,
         "message": message,
+        "detail": message,  # where FastAPI-style clients look
         "timestamp": datetime.now(timezone.utc).isoformat(),
     }
     if details:
@@ -98,8 +99,12 @@ _HTTP_HINTS = {
 }
 
 
-def error_middleware(service: str) -> Callable:
-    """Turn every failure into a JSON error; log one line per request (never bodies)."""
+def error_middleware(service: str, errors: tuple[type[Exception], ...] = (SandboxServerError,)) -> Callable:
+    """Turn every failure into a JSON error; log one line per request (never bodies).
+
+    ``errors`` are the service's own error classes: each has ``status``, ``kind``, ``message`` and
+    ``details`` and becomes a JSON body with that status.
+    """
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -112,9 +117,9 @@ def error_middleware(service: str) -> Callable:
         except Unprocessable as exc:
             status = 422
             return validation_response(exc)
-        except SandboxServerError as exc:
-            status = exc.status
-            return error_response(exc.status, exc.kind, exc.message, exc.details)
+        except errors as exc:
+            status = exc.status  # type: ignore[attr-defined]
+            return error_response(status, exc.kind, exc.message, exc.details)  # type: ignore[attr-defined]
         except web.HTTPException as exc:
             status = exc.status
             if exc.status < 400:
@@ -179,3 +184,15 @@ def setup_logging(json_lines: bool, level: str = "WARNING") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+def run_loop(coro: Any) -> None:
+    """Run a server coroutine on uvloop when it is installed (a faster event loop), else asyncio."""
+    try:
+        import uvloop
+    except ImportError:
+        import asyncio
+
+        asyncio.run(coro)
+        return
+    uvloop.run(coro)

@@ -212,6 +212,14 @@ class ResetResult(Response):
     restored_entries: int | None = None
 
 
+class TerminateRequest(Request):
+    graceful_termination_timeout: Seconds = Field(DEFAULT_GRACE, description="SIGTERM→SIGKILL grace in seconds")
+
+
+class TerminateResult(Response):
+    killed_processes: int
+
+
 class CapabilitiesResponse(Response):
     plugins: list[str]
 
@@ -284,5 +292,6 @@ class ErrorBody(BaseModel):
 
     error: str
     message: str
+    detail: str
     timestamp: str
     details: dict[str, Any] | None = None

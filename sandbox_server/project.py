@@ -204,8 +204,19 @@ class OverlayProject:
         return opts + (",userxattr" if _in_child_userns() else "")
 
     def _mount(self) -> None:
+        upper = self.layer / "upper"
+        fresh = not upper.exists()
         for sub in ("upper", "work"):
             (self.layer / sub).mkdir(parents=True, exist_ok=True)
+        if fresh:
+            # The overlay's root directory takes its owner and mode from the upper directory: a
+            # new upper must look like the pristine root, or a root-run server would hand the
+            # project root to root after a reset.
+            st = self.lower.stat()
+            if os.geteuid() == 0:
+                os.chown(upper, st.st_uid, st.st_gid)
+            os.chmod(upper, stat.S_IMODE(st.st_mode))
+            os.utime(upper, ns=(st.st_atime_ns, st.st_mtime_ns))
         if _libc.mount(b"overlay", str(self.path).encode(), b"overlay", 0, self._options().encode()) != 0:
             err = ctypes.get_errno()
             raise ProjectError(f"cannot mount the project overlay on {self.path}: {os.strerror(err)}")

@@ -40,3 +40,13 @@ def any_server(project: Path, tmp_path: Path, transport: str) -> Iterator[Sandbo
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+
+
+@pytest.fixture
+def cp(tmp_path: Path) -> Iterator["ControlPlaneProcess"]:
+    """A control plane on the local backend with a fast watcher and a small warm pool."""
+    from tests.cp_helpers import ControlPlaneProcess
+
+    proc = ControlPlaneProcess(tmp_path / "state", ["--warm-pool", "1", "--ephemeral"])
+    yield proc
+    proc.stop()

@@ -1,0 +1,659 @@
+"""The control plane's HTTP API: app factory, routes and thin handlers.
+
+Handlers validate (422 in the seed's shape), check ownership (404) and usability (410)
+synchronously, then either answer or hand the work to an asynchronous operation (202 with its
+id). Forwards also honour ``Prefer: wait=<seconds>`` (RFC 7240): the sandbox's answer comes back
+in the same response, and the call is still recorded as an operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+from uuid import UUID
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from sandbox_server.errors import Unprocessable
+from sandbox_server.http import error_middleware, json_response, read_model, summarize, validation_items
+from sandbox_server.models import ExecuteRequest
+from sandbox_server.openapi import Route, build_openapi
+
+from . import __version__
+from .backends.base import Backend, BackendError, Limits, SandboxSpec
+from .config import ControlPlaneConfig
+from .errors import BadRequest, ControlPlaneError, NotFound, Unauthorized, Unavailable
+from .forwarding import FORWARD_FAILED, ForwardError
+from .jobs import ImageJobs, SnapshotJobs
+from .metrics import Metrics
+from .models import (
+    AsyncOperationStatus,
+    AsyncOperationStatusResponse,
+    AsyncOperationType,
+    BuildFromYamlRequest,
+    BuildFromYamlResponse,
+    CreateSnapshotRequest,
+    CreateSnapshotResponse,
+    FinishClientRequest,
+    FinishServerRequest,
+    ForwardRequestResponse,
+    HealthCheckResponse,
+    JobStatusResponse,
+    KeepaliveServerRequest,
+    KeepaliveServerResponse,
+    ListServersResponse,
+    PrepareSnapshotsRequest,
+    PrepareSnapshotsResponse,
+    PrepareSnapshotsStatusResponse,
+    RegisterClientRequest,
+    RegisteredClientResponse,
+    RestartServerRequest,
+    SendClientHeartbeatRequest,
+    ServerActionResponse,
+    ServerKind,
+    ServerStatusResponse,
+    SnapshotExistsRequest,
+    SnapshotExistsResponse,
+    SnapshotJobStatusResponse,
+    StartServerRequest,
+    StartServerResponse,
+    Status,
+    StopClientRequest,
+    StopClientResponse,
+    StopServerRequest,
+)
+from .operations import Outcome
+from .service import ControlPlane
+from .store import SQLiteStore, StoreError
+from .watcher import Watcher
+
+log = logging.getLogger(__name__)
+
+CP = web.AppKey("control_plane", ControlPlane)
+WATCHER = web.AppKey("watcher", Watcher)
+IMAGES = web.AppKey("images", ImageJobs)
+SNAPSHOTS = web.AppKey("snapshots", SnapshotJobs)
+METRICS = web.AppKey("metrics", Metrics)
+OPENAPI = web.AppKey("openapi", dict)
+RUNNER = web.AppKey("runner", "CodeRunnerPool")
+
+PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
+MAX_WAIT = 3600.0
+STORED_BODY_LIMIT = 64 << 10
+SANDBOX_HEADER = "X-IdeGym-Forwarded"
+OPERATION_HEADER = "X-IdeGym-Operation-Id"
+
+
+def _cp(request: web.Request) -> ControlPlane:
+    return request.app[CP]
+
+
+def _query_model(request: web.Request, model: type[BaseModel]) -> Any:
+    try:
+        return model.model_validate(dict(request.query))
+    except ValidationError as exc:
+        items = validation_items(exc, prefix="query")
+        raise Unprocessable(summarize(items), items) from exc
+
+
+def _path_int(request: web.Request, name: str) -> int:
+    raw = request.match_info[name]
+    try:
+        return int(raw)
+    except ValueError:
+        raise Unprocessable.field(["path", name], "must be an integer", raw, "int_parsing") from None
+
+
+def _path_uuid(request: web.Request, name: str) -> UUID:
+    raw = request.match_info[name]
+    try:
+        return UUID(raw)
+    except ValueError:
+        raise Unprocessable.field(["path", name], "must be a UUID", raw, "uuid_parsing") from None
+
+
+def _query_client(request: web.Request) -> UUID:
+    raw = request.query.get("client_id")
+    if raw is None:
+        raise Unprocessable.field(["query", "client_id"], "Field required", None, "missing")
+    try:
+        return UUID(raw)
+    except ValueError:
+        raise Unprocessable.field(["query", "client_id"], "must be a UUID", raw, "uuid_parsing") from None
+
+
+def _accepted(model: BaseModel) -> web.Response:
+    return json_response(model, status=202)
+
+
+async def _accepted_or_wait(request: web.Request, op_id: int, model: BaseModel) -> web.Response:
+    """202 with the operation id; with ``Prefer: wait=N``, the operation's own result once it ends
+    (its success model, or its error status with the ``ErrorResponse`` body)."""
+    wait = _prefer_wait(request)
+    cp = _cp(request)
+    if wait is None or not await cp.ops.wait(op_id, wait):
+        return _accepted(model)
+    row = cp.store.get_operation(op_id)
+    assert row is not None and row.result is not None
+    headers = {OPERATION_HEADER: str(op_id), "Preference-Applied": f"wait={wait:g}"}
+    if row.status == AsyncOperationStatus.SUCCEEDED:
+        return web.Response(text=row.result, content_type="application/json", headers=headers)
+    error = json.loads(row.result)
+    body = error.get("body") or ""
+    return web.json_response({"error": "OperationFailed", "message": body, "detail": body},
+                             status=error.get("status_code") or 500, headers=headers)
+
+
+# -- clients --------------------------------------------------------------------------------------
+
+
+async def health(request: web.Request) -> web.Response:
+    return json_response(HealthCheckResponse(status="healthy", message=f"idegym control plane {__version__}"))
+
+
+async def register_client(request: web.Request) -> web.Response:
+    req = await read_model(request, RegisterClientRequest)
+    cp = _cp(request)
+    row = cp.register_client(req.name, req.namespace, req.nodes_count)
+    return json_response(cp.client_response(row))
+
+
+async def heartbeat(request: web.Request) -> web.Response:
+    req = await read_model(request, SendClientHeartbeatRequest)
+    cp = _cp(request)
+    return json_response(cp.client_response(cp.heartbeat(req.client_id, req.availability)))
+
+
+async def finish_client(request: web.Request) -> web.Response:
+    req = await read_model(request, FinishClientRequest)
+    cp = _cp(request)
+    return json_response(cp.client_response(cp.finish_client(req.client_id)))
+
+
+async def stop_client(request: web.Request) -> web.Response:
+    req = await read_model(request, StopClientRequest)
+    cp = _cp(request)
+    row = cp.client(req.client_id)
+    op = cp.ops.submit(AsyncOperationType.STOP_CLIENT, req.model_dump_json(), lambda: cp.stop_client(row.id),
+                       client_id=row.id)
+    return await _accepted_or_wait(request, op, StopClientResponse(operation_id=op))
+
+
+# -- servers --------------------------------------------------------------------------------------
+
+
+async def start_server(request: web.Request) -> web.Response:
+    req = await read_model(request, StartServerRequest)
+    cp = _cp(request)
+    client = cp.check_can_start(req)
+    op = cp.ops.submit(AsyncOperationType.START_SERVER, req.model_dump_json(),
+                       lambda: cp.start_server(req, client), client_id=client.id)
+    return await _accepted_or_wait(request, op, StartServerResponse(namespace=req.namespace,
+                                                                   client_id=req.client_id, operation_id=op))
+
+
+async def stop_server(request: web.Request) -> web.Response:
+    req = await read_model(request, StopServerRequest)
+    cp = _cp(request)
+    row = cp.owned_server(req.client_id, req.server_id)
+    op = cp.ops.submit(AsyncOperationType.STOP_SERVER, req.model_dump_json(), lambda: cp.stop_server(row),
+                       client_id=row.client_id, server_id=row.id)
+    return await _accepted_or_wait(request, op, ServerActionResponse(
+        server_name=row.generated_name, message=f"Stop initiated for {row.generated_name}", operation_id=op))
+
+
+async def finish_server(request: web.Request) -> web.Response:
+    req = await read_model(request, FinishServerRequest)
+    cp = _cp(request)
+    return json_response(cp.finish_server(cp.owned_server(req.client_id, req.server_id)))
+
+
+async def restart_server(request: web.Request) -> web.Response:
+    req = await read_model(request, RestartServerRequest)
+    cp = _cp(request)
+    row = cp.usable_server(req.client_id, req.server_id)
+    op = cp.ops.submit(AsyncOperationType.RESTART_SERVER, req.model_dump_json(),
+                       lambda: cp.restart_server(row, req.server_start_wait_timeout_in_seconds),
+                       client_id=row.client_id, server_id=row.id)
+    return await _accepted_or_wait(request, op, ServerActionResponse(
+        server_name=row.generated_name, message=f"Restart initiated for {row.generated_name}", operation_id=op))
+
+
+async def keepalive(request: web.Request) -> web.Response:
+    req = await read_model(request, KeepaliveServerRequest)
+    cp = _cp(request)
+    until, minutes = cp.keepalive(cp.owned_server(req.client_id, req.server_id), req.minutes)
+    return json_response(KeepaliveServerResponse(server_id=req.server_id, keepalive_until=until, minutes=minutes))
+
+
+async def list_servers(request: web.Request) -> web.Response:
+    client_id = _query_client(request)
+    include = request.query.get("include_terminal", "false").lower() in ("true", "1", "yes")
+    servers = _cp(request).list_servers(client_id, include)
+    return json_response(ListServersResponse(client_id=client_id, servers=servers))
+
+
+async def server_status(request: web.Request) -> web.Response:
+    cp = _cp(request)
+    row = cp.owned_server(_query_client(request), _path_int(request, "server_id"))
+    return json_response(await cp.status(row))
+
+
+async def capabilities(request: web.Request) -> web.Response:
+    cp = _cp(request)
+    row = cp.usable_server(_query_client(request), _path_int(request, "server_id"))
+    try:
+        reply = await cp.forwarder.request(cp.endpoint_of(row), "GET", "api/capabilities", timeout=30)
+    except ForwardError as exc:
+        return web.json_response({"error": "Forward", "message": exc.body, "detail": exc.body},
+                                 status=exc.status_code)
+    return web.Response(body=reply.body, status=reply.status, content_type="application/json")
+
+
+async def snapshot_server(request: web.Request) -> web.Response:
+    req = await read_model(request, CreateSnapshotRequest)
+    cp = _cp(request)
+    row = cp.usable_server(req.client_id, req.server_id)
+    if not cp.backend.supports_snapshots():
+        raise BadRequest(f"Pod snapshot feature is not enabled on the {cp.backend.name} backend")
+    op = cp.ops.submit(AsyncOperationType.SNAPSHOT_SERVER, req.model_dump_json(), lambda: cp.snapshot_server(row),
+                       client_id=row.client_id, server_id=row.id)
+    return await _accepted_or_wait(request, op, CreateSnapshotResponse(server_id=row.id, server_name=row.generated_name,
+                                                                      operation_id=op))
+
+
+# -- operations, jobs, snapshots ------------------------------------------------------------------
+
+
+async def operation_status(request: web.Request) -> web.Response:
+    op_id = _path_int(request, "operation_id")
+    row = _cp(request).store.get_operation(op_id)
+    if row is None:
+        raise NotFound(f"operation {op_id} not found (operations are kept for the configured retention)")
+    return json_response(AsyncOperationStatusResponse(
+        id=row.id, request_type=row.request_type, status=row.status, request=row.request, result=row.result,
+        client_id=UUID(row.client_id) if row.client_id else None, server_id=row.server_id,
+        orchestrator_pod=row.orchestrator_pod, scheduled_at=row.scheduled_at, started_at=row.started_at,
+        finished_at=row.finished_at,
+    ))
+
+
+async def build_images(request: web.Request) -> web.Response:
+    req = await read_model(request, BuildFromYamlRequest)
+    return json_response(BuildFromYamlResponse(job_names=request.app[IMAGES].submit(req.yaml_content)))
+
+
+async def job_status(request: web.Request) -> web.Response:
+    name = request.match_info["job_name"]
+    job = _cp(request).store.get_job(name)
+    if job is None:
+        raise NotFound(f"job {name!r} not found; POST /api/build-push-images returns job names")
+    return json_response(JobStatusResponse(id=job.id, job_name=job.job_name, status=Status(job.status),
+                                           created_at=job.created_at, updated_at=job.updated_at,
+                                           details=job.details, tag=job.tag, request_id=job.request_id))
+
+
+async def prepare_snapshots(request: web.Request) -> web.Response:
+    req = await read_model(request, PrepareSnapshotsRequest)
+    return _accepted(PrepareSnapshotsResponse(request_id=request.app[SNAPSHOTS].submit(req.requests)))
+
+
+async def prepare_status(request: web.Request) -> web.Response:
+    status = request.app[SNAPSHOTS].status(request.match_info["request_id"])
+    if status is None:
+        raise NotFound(f"snapshot preparation {request.match_info['request_id']!r} not found")
+    return json_response(status)
+
+
+async def snapshot_job(request: web.Request) -> web.Response:
+    job = request.app[SNAPSHOTS].job(request.match_info["job_id"])
+    if job is None:
+        raise NotFound(f"snapshot job {request.match_info['job_id']!r} not found")
+    return json_response(job)
+
+
+async def snapshot_exists(request: web.Request) -> web.Response:
+    q = _query_model(request, SnapshotExistsRequest)
+    snap = _cp(request).store.find_snapshot(q.namespace, q.image_tag, q.server_name, q.runtime_class_name,
+                                            q.run_as_root, q.server_kind.value)
+    if snap is None:
+        return json_response(SnapshotExistsResponse(exists=False))
+    return json_response(SnapshotExistsResponse(exists=True, snapshot_name=snap.group_id, snapshot_tag=snap.tag))
+
+
+# -- forwarding -----------------------------------------------------------------------------------
+
+
+def _forward_record(request: web.Request, path: str, body: bytes, target: str, server_id: int) -> str:
+    text = body.decode("utf-8", errors="replace")
+    if path.rstrip("/").endswith("api/tools/bash") and text:
+        try:  # env values are secrets: never stored
+            data = json.loads(text)
+            if isinstance(data, dict) and isinstance(data.get("env"), dict):
+                data["env"] = {k: "***" for k in data["env"]}
+                text = json.dumps(data)
+        except ValueError:
+            pass
+    if len(text) > STORED_BODY_LIMIT:
+        text = text[:STORED_BODY_LIMIT] + f"... [{len(body)} bytes; truncated in the request history]"
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in ("authorization", "cookie", "host")}
+    return json.dumps({"method": request.method, "path": path, "headers": headers, "body": text,
+                       "target_url": target, "server_id": server_id})
+
+
+async def forward(request: web.Request) -> web.StreamResponse:
+    cp = _cp(request)
+    client_id = _path_uuid(request, "client_id")
+    server_id = _path_int(request, "server_id")
+    path = request.match_info["path"]
+    if request.query_string:
+        path = f"{path}?{request.query_string}"
+    row = cp.usable_server(client_id, server_id)
+    endpoint = cp.endpoint_of(row)
+    body = await request.read()
+    headers = dict(request.headers)
+    record = _forward_record(request, path, body, endpoint.base_url, server_id)
+    metrics = request.app[METRICS]
+
+    async def work(inline: bool = False) -> Outcome | tuple:
+        started = time.perf_counter()
+        try:
+            reply = await cp.forwarder.request(endpoint, request.method, path, headers, body)
+        except ForwardError as exc:
+            metrics.forward(exc.status_code, time.perf_counter() - started)
+            if exc.status_code == 410:
+                cp.spawn(cp.check_sandbox(row))  # find out now whether the sandbox crashed
+            return exc if inline else Outcome.failure(exc.status_code, exc.body)
+        metrics.forward(reply.status, time.perf_counter() - started)
+        touch = server_id if reply.status < 500 else None
+        if inline:
+            return reply, touch
+        if reply.status < 400:
+            return Outcome.success(ForwardRequestResponse(status_code=reply.status, headers=reply.headers,
+                                                          body=reply.text()), touch)
+        return Outcome.failure(reply.status, reply.text(), reply.headers, touch)
+
+    wait = _prefer_wait(request)
+    if wait is None:
+        op = cp.ops.submit(AsyncOperationType.FORWARD_REQUEST, record, work, client_id=str(client_id),
+                           server_id=server_id)
+        return _accepted(ForwardRequestResponse(async_operation_id=op))
+    return await _forward_inline(request, cp, record, work, wait, client_id, server_id)
+
+
+def _prefer_wait(request: web.Request) -> float | None:
+    prefer = request.headers.get("Prefer")
+    if not prefer:
+        return None
+    match = PREFER_WAIT.search(prefer)
+    return min(float(match.group(1)), MAX_WAIT) if match else None
+
+
+async def _forward_inline(request: web.Request, cp: ControlPlane, record: str, work, wait: float,
+                          client_id: UUID, server_id: int) -> web.StreamResponse:
+    """Answer with the sandbox's own response once the forward ends (or 202 if it takes longer
+    than the preferred wait). The call is recorded as an operation either way."""
+    op_id = cp.store.add_operation(AsyncOperationType.FORWARD_REQUEST, record, str(client_id), server_id,
+                                   AsyncOperationStatus.IN_PROGRESS, cp.config.pod_name)
+    task = asyncio.ensure_future(work(inline=True))
+    done, _ = await asyncio.wait({task}, timeout=wait)
+    limit = cp.config.inline_result_limit
+
+    def record_outcome(value: Any, answered_inline: bool) -> None:
+        if isinstance(value, ForwardError):
+            outcome = Outcome.failure(value.status_code, value.body)
+        else:
+            reply, touch = value
+            text = reply.text()
+            if answered_inline and len(text) > limit:
+                text = f"[{len(reply.body)} bytes answered inline; not kept in the request history]"
+            if reply.status < 400:
+                outcome = Outcome.success(ForwardRequestResponse(status_code=reply.status, headers=reply.headers,
+                                                                 body=text), touch)
+            else:
+                outcome = Outcome.failure(reply.status, text, reply.headers, touch)
+        cp.store.finish_operation(op_id, outcome.status, outcome.result, outcome.touch_server)
+
+    if not done:  # slower than the client wants to wait: fall back to the polling protocol
+        task.add_done_callback(lambda t: record_outcome(t.result(), False) if not t.cancelled() else
+                               cp.store.finish_operation(op_id, AsyncOperationStatus.CANCELLED,
+                                                         Outcome.failure(499, "cancelled").result))
+        return _accepted(ForwardRequestResponse(async_operation_id=op_id))
+    value = task.result()
+    record_outcome(value, True)
+    extra = {OPERATION_HEADER: str(op_id), "Preference-Applied": f"wait={wait:g}"}
+    if isinstance(value, ForwardError):
+        return web.json_response({"error": "Forward", "message": value.body, "detail": value.body},
+                                 status=value.status_code, headers=extra)
+    reply, _ = value
+    headers = {k: v for k, v in reply.headers.items() if k != "content-type"}
+    headers.update(extra)
+    headers[SANDBOX_HEADER] = "sandbox"
+    return web.Response(body=reply.body, status=reply.status, headers=headers,
+                        content_type=reply.headers.get("content-type", "application/json").split(";")[0])
+
+
+async def ws_forward(request: web.Request) -> web.StreamResponse:
+    from .ws import relay
+
+    cp = _cp(request)
+    row = cp.usable_server(_path_uuid(request, "client_id"), _path_int(request, "server_id"))
+    return await relay(request, cp, row)
+
+
+# -- code runner ------------------------------------------------------------------------------------
+
+
+class CodeRunnerPool:
+    """``POST /execute`` on the control plane: each request runs in a fresh sandbox claimed from
+    the warm pool and thrown away afterwards, so no request sees another's files or processes."""
+
+    def __init__(self, cp: ControlPlane, image: str, concurrency: int) -> None:
+        self.cp = cp
+        self.spec = SandboxSpec(
+            server_id=0, generated_name="runner", namespace="idegym", image_tag=image, server_kind=ServerKind.IDEGYM,
+            run_as_root=False, runtime_class_name=None, container_port=8000, service_port=80, limits=Limits(),
+        )
+        self._slots = asyncio.Semaphore(concurrency)
+        self._languages: bytes | None = None
+
+    async def run(self, method: str, path: str, body: bytes) -> web.Response:
+        async with self._slots:
+            try:
+                handle, _warm = await self.cp.pool.acquire(self.spec, 120)
+            except BackendError as exc:
+                raise Unavailable(f"no sandbox for the code runner: {exc.message}") from exc
+            try:
+                reply = await self.cp.forwarder.request(self.cp.backend.endpoint(handle), method, path,
+                                                        {"Content-Type": "application/json"}, body)
+            except ForwardError as exc:
+                raise ControlPlaneError(f"{FORWARD_FAILED}: the code-runner sandbox failed: {exc.body}") from exc
+            finally:
+                self.cp.spawn(self.cp._delete_handle(handle))
+        return web.Response(body=reply.body, status=reply.status, content_type="application/json")
+
+
+async def execute(request: web.Request) -> web.Response:
+    body = await request.read()
+    from sandbox_server.http import parse_model
+
+    parse_model(body, ExecuteRequest)  # 422 here, before a sandbox is spent on it
+    return await request.app[RUNNER].run("POST", "execute", body)
+
+
+async def languages(request: web.Request) -> web.Response:
+    runner = request.app[RUNNER]
+    if runner._languages is None:
+        response = await runner.run("GET", "execute/languages", b"")
+        if response.status != 200:
+            return response
+        runner._languages = response.body
+    return web.Response(body=runner._languages, content_type="application/json")
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(request.app[OPENAPI])
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return request.app[METRICS].render(request.app[CP])
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/health", health, "Health", "health_health_get", None, HealthCheckResponse),
+    Route("POST", "/api/clients", register_client, "Register Client", "register_client_api_clients_post",
+          RegisterClientRequest, RegisteredClientResponse),
+    Route("POST", "/api/clients/heartbeat", heartbeat, "Send Heartbeat", "send_heartbeat_api_clients_heartbeat_post",
+          SendClientHeartbeatRequest, RegisteredClientResponse),
+    Route("DELETE", "/api/clients", stop_client, "Stop Client", "stop_client_api_clients_delete",
+          StopClientRequest, StopClientResponse, async_operation=True),
+    Route("POST", "/api/clients/finish", finish_client, "Finish Client", "finish_client_api_clients_finish_post",
+          FinishClientRequest, RegisteredClientResponse),
+    Route("POST", "/api/idegym-servers", start_server, "Start Server", "start_server_api_idegym_servers_post",
+          StartServerRequest, StartServerResponse, async_operation=True),
+    Route("DELETE", "/api/idegym-servers", stop_server, "Stop Server", "stop_server_api_idegym_servers_delete",
+          StopServerRequest, ServerActionResponse, async_operation=True),
+    Route("GET", "/api/idegym-servers", list_servers, "List Servers", "list_servers_api_idegym_servers_get",
+          None, ListServersResponse),
+    Route("POST", "/api/idegym-servers/finish", finish_server, "Finish Server",
+          "finish_server_api_idegym_servers_finish_post", FinishServerRequest, ServerActionResponse),
+    Route("GET", "/api/idegym-servers/{server_id}/capabilities", capabilities, "Capabilities",
+          "capabilities_api_idegym_servers__server_id__capabilities_get", None, None),
+    Route("POST", "/api/idegym-servers/keepalive", keepalive, "Keepalive",
+          "keepalive_api_idegym_servers_keepalive_post", KeepaliveServerRequest, KeepaliveServerResponse),
+    Route("GET", "/api/idegym-servers/{server_id}/status", server_status, "Server Status",
+          "server_status_api_idegym_servers__server_id__status_get", None, ServerStatusResponse),
+    Route("POST", "/api/idegym-servers/restart", restart_server, "Restart Server",
+          "restart_server_api_idegym_servers_restart_post", RestartServerRequest, ServerActionResponse,
+          async_operation=True),
+    Route("POST", "/api/idegym-servers/snapshot", snapshot_server, "Create Snapshot",
+          "create_snapshot_api_idegym_servers_snapshot_post", CreateSnapshotRequest, CreateSnapshotResponse,
+          async_operation=True),
+    Route("POST", "/api/build-push-images", build_images, "Build And Push", "build_and_push_api_build_push_images_post",
+          BuildFromYamlRequest, BuildFromYamlResponse),
+    Route("GET", "/api/jobs/status/{job_name}", job_status, "Job Status", "job_status_api_jobs_status__job_name__get",
+          None, JobStatusResponse),
+    Route("GET", "/api/operations/status/{operation_id}", operation_status, "Operation Status",
+          "get_operation_status_api_operations_status__operation_id__get", None, AsyncOperationStatusResponse),
+    Route("POST", "/api/snapshots/prepare", prepare_snapshots, "Prepare Snapshots",
+          "prepare_snapshots_api_snapshots_prepare_post", PrepareSnapshotsRequest, PrepareSnapshotsResponse,
+          async_operation=True),
+    Route("GET", "/api/snapshots/prepare/{request_id}", prepare_status, "Prepare Snapshots Status",
+          "prepare_status_api_snapshots_prepare__request_id__get", None, PrepareSnapshotsStatusResponse),
+    Route("GET", "/api/snapshots/jobs/{job_id}", snapshot_job, "Get Snapshot Job Status",
+          "snapshot_job_api_snapshots_jobs__job_id__get", None, SnapshotJobStatusResponse),
+    Route("GET", "/api/snapshots/exists", snapshot_exists, "Snapshot Exists", "snapshot_exists_api_snapshots_exists_get",
+          None, SnapshotExistsResponse),
+    Route("POST", "/execute", execute, "Run code in a fresh sandbox", "execute", ExecuteRequest, None),
+    Route("GET", "/execute/languages", languages, "Available languages", "languages", None, None),
+)
+
+FORWARD_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
+
+
+# -- middlewares and factory ----------------------------------------------------------------------
+
+
+def auth_middleware(credentials: tuple[str, str]):
+    user, password = credentials
+    expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        if request.path == "/health":
+            return await handler(request)
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            raise Unauthorized("missing or wrong credentials: send HTTP Basic auth (IDEGYM_AUTH_USERNAME / "
+                               "IDEGYM_AUTH_PASSWORD for idegym-client)")
+        return await handler(request)
+
+    return middleware
+
+
+def _store_errors_middleware():
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        try:
+            return await handler(request)
+        except StoreError as exc:
+            raise Unavailable(str(exc)) from exc
+
+    return middleware
+
+
+def _lifecycle(cp: ControlPlane, watcher: Watcher, images: ImageJobs):
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        await cp.backend.start()
+        failed = cp.ops.recover()
+        images.recover()
+        if failed:
+            log.warning("failed %d operations cut off by a previous run", failed)
+        await cp.pool.adopt()
+        await watcher.check_crashes()  # adopt live sandboxes: crashed ones are marked now
+        for image in cp.config.pool_images:
+            cp.pool.watch(SandboxSpec(0, "pool", "idegym", image, ServerKind.IDEGYM, False, None, 8000, 80, Limits()))
+        watcher.start()
+        yield
+        await watcher.stop()
+        await cp.close()
+        await cp.backend.close()
+        cp.store.close()
+
+    return ctx
+
+
+def make_backend(config: ControlPlaneConfig) -> Backend:
+    if config.backend == "local":
+        from .backends.local import LocalBackend
+
+        return LocalBackend(config.state_dir, isolation=config.isolation, network=config.network)
+    if config.backend == "kubernetes":
+        from .backends.kubernetes import KubernetesBackend
+
+        return KubernetesBackend(**config.kubernetes)
+    raise ValueError(f"unknown backend {config.backend!r}: use 'local' or 'kubernetes'")
+
+
+def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> web.Application:
+    """Build the control plane. Nothing runs until the app is started (cleanup context)."""
+    from .images import builder_for, parse_build_yaml
+
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    backend = backend or make_backend(config)
+    store = SQLiteStore(config.db_path)
+    cp = ControlPlane(config, store, backend)
+    watcher = Watcher(cp, config.watcher)
+    images = ImageJobs(cp, builder_for(backend), parse_build_yaml)
+    middlewares = [error_middleware("control plane", (ControlPlaneError,)), _store_errors_middleware()]
+    if config.auth:
+        middlewares.insert(1, auth_middleware(config.auth))
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
+    app[CP] = cp
+    app[WATCHER] = watcher
+    app[IMAGES] = images
+    app[SNAPSHOTS] = SnapshotJobs(cp)
+    app[METRICS] = Metrics()
+    app[RUNNER] = CodeRunnerPool(cp, config.runner_image, config.runner_concurrency)
+    app[OPENAPI] = build_openapi(ROUTES, title="IdeGym control plane", version=__version__)
+    app.cleanup_ctx.append(_lifecycle(cp, watcher, images))
+    app.middlewares.append(app[METRICS].middleware())
+    for route in ROUTES:
+        app.router.add_route(route.method, route.path, route.handler)
+    for method in FORWARD_METHODS:
+        app.router.add_route(method, "/api/forward/{client_id}/{server_id}/{path:.*}", forward)
+    app.router.add_get("/api/ws-forward/{client_id}/{server_id}/ws", ws_forward)
+    app.router.add_get("/openapi.json", openapi)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+__all__ = ["create_app", "ROUTES", "CP"]

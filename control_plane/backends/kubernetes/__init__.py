@@ -1,0 +1,23 @@
+"""The Kubernetes backend: every server of the control plane as pods on a cluster.
+
+    manifests   StartServerRequest/SandboxSpec → Deployment (or Pod), Service, PodDisruptionBudget
+    backend     KubernetesBackend (the ``Backend`` contract) and KubernetesConfig
+    podstate    readiness, restarts and failure reasons read from a pod
+    informer    one pod list+watch per namespace, shared by every wait and observation
+    relay       in-process ``kubectl proxy`` for the api-proxy addressing mode
+    snapshots   GKE pod snapshots (podsnapshot.gke.io/v1 custom resources)
+    builds      image builds as Jobs running an in-cluster builder (Kaniko)
+
+Needs the ``kubernetes`` extra (``pip install idegym[kubernetes]``).
+"""
+
+from .backend import KubernetesBackend, KubernetesConfig
+from .builds import BuildStatus, KubernetesImageBuilder, parse_build_yaml
+from .manifests import ManifestSettings, ServerManifests, build_server_manifests, deep_merge
+
+K8sBackend = KubernetesBackend  # the name base.py's overview uses
+
+__all__ = [
+    "BuildStatus", "K8sBackend", "KubernetesBackend", "KubernetesConfig", "KubernetesImageBuilder",
+    "ManifestSettings", "ServerManifests", "build_server_manifests", "deep_merge", "parse_build_yaml",
+]

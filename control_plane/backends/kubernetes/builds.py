@@ -1,0 +1,255 @@
+"""Image builds as Kubernetes Jobs running an in-cluster image builder (Kaniko by default).
+
+One image of the build YAML becomes a ConfigMap holding the rendered build context (a
+Dockerfile) and a Job whose single pod runs the builder with that ConfigMap mounted at
+``/workspace`` and pushes to the image's tag. The Job is the durable record: its status, read
+back by name, is what ``/api/jobs/status/{job_name}`` reports, so a restarted control plane
+still knows how a build ended (until the Job's TTL removes it).
+
+``parse_build_yaml`` is a minimal reader of the ``images:`` YAML; the local backend's parser
+will replace it (same ``ImageDefinition`` output).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from ...models import OCI_IMAGE, Status
+from ..base import BackendError, ImageBuilder, ImageDefinition
+from . import kube
+from .manifests import GROUP, managed_labels, owner_reference
+
+if TYPE_CHECKING:
+    from .backend import KubernetesBackend
+
+IMAGE_TAG_ANNOTATION = f"{GROUP}/image-tag"
+CONTEXT_MOUNT = "/workspace"
+
+
+# -- the YAML -----------------------------------------------------------------------------------
+
+
+def parse_build_yaml(text: str, registry: str | None = None) -> list[ImageDefinition]:
+    """``images:`` entries → ``ImageDefinition``s. An entry needs ``base`` and either ``tag`` or
+    ``name`` (then tagged ``[registry/]name:<12 hex of the entry>``, so an unchanged entry keeps its
+    tag). Raises ``ValueError`` with the entry's position for anything unusable."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"build YAML does not parse: {exc}") from exc
+    entries = doc.get("images") if isinstance(doc, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError("build YAML needs a non-empty top-level 'images:' list")
+    out = []
+    for index, entry in enumerate(entries):
+        where = f"images[{index}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("base"), str) or not entry["base"]:
+            raise ValueError(f"{where}: needs a 'base' image")
+        commands = entry.get("commands") or []
+        if not isinstance(commands, list) or not all(isinstance(c, str) for c in commands):
+            raise ValueError(f"{where}: 'commands' must be a list of strings")
+        env = entry.get("env") or {}
+        if not isinstance(env, dict):
+            raise ValueError(f"{where}: 'env' must be a mapping")
+        tag = entry.get("tag")
+        if not tag:
+            name = entry.get("name")
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"{where}: needs a 'name' or a 'tag'")
+            version = hashlib.sha256(json.dumps(entry, sort_keys=True, default=str).encode()).hexdigest()[:12]
+            tag = f"{registry.rstrip('/')}/{name}:{version}" if registry else f"{name}:{version}"
+        if not isinstance(tag, str) or not OCI_IMAGE.match(tag) or len(tag) > 383:
+            raise ValueError(f"{where}: tag {tag!r} is not a valid lowercase OCI image reference")
+        out.append(ImageDefinition(tag=tag, base=entry["base"], project=entry.get("project"), commands=commands,
+                                   env={str(k): str(v) for k, v in env.items()},
+                                   network=bool(entry.get("network", True)), raw=entry))
+    return out
+
+
+def render_dockerfile(definition: ImageDefinition) -> str:
+    lines = [f"FROM {definition.base}", f'LABEL {IMAGE_TAG_ANNOTATION}="{definition.tag}"']
+    for key, value in definition.env.items():
+        lines.append(f"ENV {key}={json.dumps(value)}")
+    project = definition.project or {}
+    if isinstance(project, dict) and project.get("url"):
+        lines.append(f"ADD {project['url']} /home/appuser/work/")
+    lines += [f"RUN {command}" for command in definition.commands]
+    lines.append("WORKDIR /home/appuser/work")
+    return "\n".join(lines) + "\n"
+
+
+# -- the Job ------------------------------------------------------------------------------------
+
+
+@dataclass
+class BuildStatus:
+    job_name: str
+    status: Status
+    tag: str | None = None
+    details: str | None = None
+
+
+def build_job(job_name: str, namespace: str, definition: ImageDefinition, backend: KubernetesBackend
+              ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Job and its ConfigMap (the ConfigMap's ownerReference is added once the Job exists)."""
+    cfg = backend.config
+    labels = managed_labels(job_name, backend.settings, component="image-build")
+    args = [f"--dockerfile={CONTEXT_MOUNT}/Dockerfile", f"--context=dir://{CONTEXT_MOUNT}",
+            f"--destination={definition.tag}", *cfg.builder_args]
+    if cfg.insecure_registry:
+        args.append("--insecure")
+    mounts = [{"name": "context", "mountPath": CONTEXT_MOUNT, "readOnly": True}]
+    volumes: list[dict[str, Any]] = [{"name": "context", "configMap": {"name": f"{job_name}-context"}}]
+    if cfg.registry_secret:  # a kubernetes.io/dockerconfigjson Secret, as Kaniko reads it
+        mounts.append({"name": "registry", "mountPath": "/kaniko/.docker", "readOnly": True})
+        volumes.append({"name": "registry", "secret": {
+            "secretName": cfg.registry_secret, "items": [{"key": ".dockerconfigjson", "path": "config.json"}]}})
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": job_name, "namespace": namespace, "labels": labels,
+                     "annotations": {IMAGE_TAG_ANNOTATION: definition.tag}},
+        "spec": {
+            "backoffLimit": 0,
+            "ttlSecondsAfterFinished": cfg.build_ttl_seconds,
+            "activeDeadlineSeconds": int(cfg.build_timeout),
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "containers": [{
+                        "name": "builder",
+                        "image": cfg.builder_image,
+                        "args": args,
+                        "volumeMounts": mounts,
+                        "terminationMessagePolicy": "FallbackToLogsOnError",
+                    }],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"{job_name}-context", "namespace": namespace, "labels": labels},
+        "data": {"Dockerfile": render_dockerfile(definition)},
+    }
+    return job, configmap
+
+
+def _log_sink(log: Any) -> Callable[[str], None]:
+    if log is None:
+        return lambda line: None
+    if callable(log):
+        return log
+    for attr in ("append", "write", "info"):
+        if hasattr(log, attr):
+            return getattr(log, attr)
+    return lambda line: None
+
+
+class KubernetesImageBuilder(ImageBuilder):
+    """Runs builds as Jobs in the backend's namespace; ``build`` waits, ``submit``/``status``
+    let a control plane report a running build by its Job name."""
+
+    def __init__(self, backend: KubernetesBackend, poll_interval: float = 1.0) -> None:
+        self.backend = backend
+        self.poll_interval = poll_interval
+
+    @property
+    def namespace(self) -> str:
+        return self.backend.config.namespace
+
+    async def submit(self, definition: ImageDefinition) -> str:
+        backend = self.backend
+        slug = re.sub(r"[^a-z0-9-]", "-", definition.tag.rsplit("/", 1)[-1].split(":")[0].lower())[:30].strip("-")
+        job_name = f"idegym-build-{slug or 'image'}-{secrets.token_hex(4)}"
+        job, configmap = build_job(job_name, self.namespace, definition, backend)
+        try:
+            created = await kube.call(backend.batch.create_namespaced_job, self.namespace, job)
+            configmap["metadata"]["ownerReferences"] = [owner_reference(created)]
+            await kube.call(backend.core.create_namespaced_config_map, self.namespace, configmap)
+        except ApiException as exc:
+            await kube.delete_quietly(backend.batch.delete_namespaced_job, job_name, self.namespace,
+                                      body={"propagationPolicy": "Background"})
+            raise BackendError(f"could not start the build of {definition.tag}: {kube.error_text(exc)}",
+                               exc.status if exc.status in (400, 403, 409, 422) else 500) from exc
+        return job_name
+
+    async def status(self, job_name: str) -> BuildStatus:
+        job = await kube.call_or_none(self.backend.batch.read_namespaced_job, job_name, self.namespace)
+        if job is None:
+            raise BackendError(f"build job {job_name!r} not found", 404)
+        tag = (job["metadata"].get("annotations") or {}).get(IMAGE_TAG_ANNOTATION)
+        conditions = {c.get("type"): c for c in (job.get("status") or {}).get("conditions") or []
+                      if c.get("status") == "True"}
+        if "Complete" in conditions:
+            return BuildStatus(job_name, Status.SUCCESS, tag, f"built and pushed {tag}")
+        if "Failed" in conditions:
+            reason = conditions["Failed"].get("message") or conditions["Failed"].get("reason") or "failed"
+            detail = await self._pod_failure(job_name)
+            return BuildStatus(job_name, Status.FAILURE, tag, f"{reason}: {detail}" if detail else reason)
+        return BuildStatus(job_name, Status.IN_PROGRESS, tag, None)
+
+    async def _job_pods(self, job_name: str) -> list[dict[str, Any]]:
+        data = await kube.call(self.backend.core.list_namespaced_pod, self.namespace,
+                               label_selector=f"batch.kubernetes.io/job-name={job_name}")
+        return data.get("items") or []
+
+    async def _pod_failure(self, job_name: str) -> str | None:
+        for pod in await self._job_pods(job_name):
+            for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                term = (status.get("state") or {}).get("terminated") or {}
+                if term.get("exitCode"):
+                    message = (term.get("message") or "").strip()
+                    return f"builder exited with code {term['exitCode']}" + (f": {message[-1000:]}" if message else "")
+        return None
+
+    async def logs(self, job_name: str, tail_lines: int = 200) -> str:
+        for pod in await self._job_pods(job_name):
+            try:
+                return await asyncio.to_thread(self.backend.core.read_namespaced_pod_log, pod["metadata"]["name"],
+                                               self.namespace, tail_lines=tail_lines)
+            except ApiException:
+                continue
+        return ""
+
+    async def wait(self, job_name: str, timeout: float | None = None) -> BuildStatus:
+        deadline = time.monotonic() + (timeout or self.backend.config.build_timeout)
+        while True:
+            status = await self.status(job_name)
+            if status.status != Status.IN_PROGRESS:
+                return status
+            if time.monotonic() >= deadline:
+                return BuildStatus(job_name, Status.FAILURE, status.tag, "timed out waiting for the build job")
+            await asyncio.sleep(self.poll_interval)  # builds take minutes; a Job poll per second is cheap
+
+    async def build(self, definition: ImageDefinition, log: Any) -> str:
+        sink = _log_sink(log)
+        job_name = await self.submit(definition)
+        sink(f"build job {job_name} started for {definition.tag}")
+        result = await self.wait(job_name)
+        for line in (await self.logs(job_name)).splitlines():
+            sink(line)
+        if result.status != Status.SUCCESS:
+            raise BackendError(f"build of {definition.tag} failed ({job_name}): {result.details}")
+        return definition.tag
+
+    async def exists(self, tag: str) -> bool:
+        # A cluster pulls from registries the control plane cannot list; a missing image shows up
+        # as the pod's ErrImagePull (reported as ImageNotFound, 404) when a server starts.
+        return True

@@ -1,0 +1,239 @@
+"""``LocalImageBuilder``: build an ``ImageDefinition`` into the local image store.
+
+A build starts a sandbox from the base image (as root, with network only when the definition
+asks for it) whose project is the definition's project, runs the ``commands`` in it as one
+``set -eux`` script, exports the project and then takes the sandbox's upper layers as the new
+image's layers: an image on top of another stacks layers, nothing is copied from the base.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import shutil
+import stat
+import subprocess
+import tarfile
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from ..base import BackendError, ImageBuilder, ImageDefinition, ImageNotFound, Limits
+from .images import APPUSER, BUILTIN_IMAGE, TREES, ImageError, check_tag, chown_tree, copy_tree, local_notes
+
+if TYPE_CHECKING:
+    from .backend import LocalBackend
+
+log = logging.getLogger(__name__)
+
+# Public base images an upstream YAML may name; locally the host's userland stands in for them.
+DISTRO_BASES = {"debian", "ubuntu", "python", "node", "eclipse-temurin", "openjdk", "rust", "gcc", "golang",
+                "buildpack-deps", "amazoncorretto", "maven", "gradle"}
+
+
+class LocalImageBuilder(ImageBuilder):
+    def __init__(self, backend: LocalBackend, *, command_timeout: float = 3600.0, start_timeout: float = 120.0) -> None:
+        self.backend = backend
+        self.command_timeout = command_timeout
+        self.start_timeout = start_timeout
+
+    async def exists(self, tag: str) -> bool:
+        return self.backend.store.exists(tag)
+
+    async def build(self, definition: ImageDefinition, log: Any = None) -> str:
+        emit = _emitter(log)
+        backend = self.backend
+        backend._check_started()
+        try:
+            check_tag(definition.tag)
+        except ImageError as exc:
+            raise BackendError(str(exc), 400) from exc
+        started = time.monotonic()
+        notes = _notes(definition.raw)
+        for note in notes:
+            emit(f"note: {note}")
+        base_tag = definition.base or BUILTIN_IMAGE
+        if not backend.store.exists(base_tag):
+            family = base_tag.split("/")[-1].split(":")[0].split("@")[0]
+            if "/" in base_tag or family not in DISTRO_BASES:
+                raise ImageNotFound(f"base image {base_tag!r} is not in the local image store; build or register it "
+                                    f"first, or use {BUILTIN_IMAGE!r}")
+            emit(f"note: base {base_tag!r} is not a local image; building on {BUILTIN_IMAGE} (the host's userland)")
+            base_tag = BUILTIN_IMAGE
+        base = backend.store.resolve(base_tag)
+        assert base is not None and backend.builds is not None
+        build_id = secrets.token_hex(5)
+        work = backend.state_dir / "builds" / "work" / build_id
+        work.mkdir(parents=True)
+        name = f"build-{build_id}"
+        handle = None
+        tmp_image: Path | None = None
+        loop = asyncio.get_running_loop()
+        try:
+            project = base.project
+            if definition.project:
+                emit(f"fetching the project from {_describe(definition.project)}")
+                project = str(await loop.run_in_executor(None, _fetch_project, definition.project, work))
+            export = work / "export"
+            export.mkdir(mode=0o700)
+            env = {**base.env, **definition.env}
+            network = definition.network or backend.network
+            emit(f"starting a build sandbox from {base_tag} (network {'on' if network else 'off'})")
+            handle = await backend._create(name, backend.builds, base, run_as_root=True, network=network,
+                                           limits=Limits(), env=env, timeout=self.start_timeout,
+                                           project_lower=project, export=export)
+            socket = handle.data["socket"]
+            if definition.commands:
+                script = "set -eux\n" + "\n".join(definition.commands)
+                emit(f"running {len(definition.commands)} command(s) as root")
+                result = await _bash(socket, script, self.command_timeout, definition.env)
+                for stream in ("stdout", "stderr"):
+                    text = result.get(stream, "").rstrip()
+                    if text:
+                        emit(f"--- {stream} ---\n{_last(text, 200)}")
+                if result.get("exit_code") != 0:
+                    raise BackendError(f"build command failed with exit code {result.get('exit_code')}"
+                                       f"{' (timed out)' if result.get('timed_out') else ''}:\n"
+                                       f"{_last(result.get('stderr', '') or result.get('stdout', ''), 30)}", 400)
+            result = await _bash(socket, "mkdir /opt/idegym/export/project && "
+                                         "cp -a /home/appuser/work/. /opt/idegym/export/project/", 600, {})
+            if result.get("exit_code") != 0:
+                raise BackendError(f"exporting the project failed: {result.get('stderr')}")
+            await loop.run_in_executor(None, backend._kill_sync, name, backend.builds, handle.data)
+            tmp_image = backend.store.new_image_dir(definition.tag)
+            layers = Path(handle.data["dir"]) / "layers"
+            for tree in TREES:
+                upper = layers / tree / "upper"
+                if upper.is_dir() and any(upper.iterdir()):
+                    upper.rename(tmp_image / "layers" / tree)
+            if not stat.S_ISDIR(os.lstat(export / "project").st_mode):
+                raise BackendError("the build replaced the exported project with a non-directory")
+            (export / "project").rename(tmp_image / "project")
+            backend.store.commit(tmp_image, definition.tag, base_id=base.id, base=base_tag, env=definition.env,
+                                 network=definition.network, notes=notes)
+            tmp_image = None
+            emit(f"built {definition.tag} in {time.monotonic() - started:.1f} s")
+            return definition.tag
+        except ImageError as exc:
+            raise BackendError(str(exc), 400) from exc
+        finally:
+            if handle is not None:
+                try:
+                    await backend._delete(name, backend.builds, handle.data)
+                except BackendError as exc:
+                    emit(f"warning: {exc.message}")
+            if tmp_image is not None:
+                shutil.rmtree(tmp_image, ignore_errors=True)
+            await loop.run_in_executor(None, shutil.rmtree, work, True)
+
+
+def _notes(raw: dict[str, Any]) -> list[str]:
+    """Notes a parser attached (``_notes``, from ``control_plane.images``) or our own."""
+    attached = raw.get("_notes")
+    if isinstance(attached, list):
+        return [str(n) for n in attached]
+    return local_notes(raw)
+
+
+def _emitter(sink: Any):
+    def emit(line: str) -> None:
+        log.info("image build: %s", line)
+        if sink is None:
+            return
+        if callable(sink):
+            sink(line)
+        elif hasattr(sink, "append"):
+            sink.append(line)
+        elif hasattr(sink, "write"):
+            sink.write(line + "\n")
+
+    return emit
+
+
+def _describe(project: dict[str, Any]) -> str:
+    if "git" in project:
+        return f"git {project['git']} at {project.get('ref', 'HEAD')}"
+    return f"{'archive' if 'archive' in project else 'directory'} {project.get('archive') or project.get('path')}"
+
+
+def _last(text: str, lines: int) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+async def _bash(socket: str, command: str, timeout: float, env: dict[str, str]) -> dict[str, Any]:
+    body = {"command": command, "timeout": timeout, "env": {**env, "IDEGYM_PROJECT_ROOT": "/home/appuser/work"},
+            "max_output_bytes": 1 << 20}
+    connector = aiohttp.UnixConnector(path=socket)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async with session.post("http://sandbox/api/tools/bash", json=body,
+                                timeout=aiohttp.ClientTimeout(total=timeout + 60)) as resp:
+            data = await resp.json()
+            if resp.status != 200:
+                raise BackendError(f"the build sandbox refused the command ({resp.status}): {data}")
+            return data
+
+
+def _fetch_project(project: dict[str, Any], work: Path) -> Path:
+    dest = work / "project"
+    if "path" in project:
+        src = Path(project["path"]).expanduser()
+        if not src.is_dir():
+            raise BackendError(f"project path {src} is not a directory", 400)
+        copy_tree(src, dest)
+    elif "git" in project:
+        clone = work / "clone"
+        env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+        ref = str(project.get("ref") or "HEAD")
+        steps = [["git", "clone", "--quiet", str(project["git"]), str(clone)]]
+        if ref != "HEAD":
+            steps.append(["git", "-C", str(clone), "checkout", "--quiet", ref])
+        for argv in steps:
+            proc = subprocess.run(argv, capture_output=True, env=env, timeout=1800)
+            if proc.returncode != 0:
+                raise BackendError(f"{' '.join(argv[:2])} failed: {proc.stderr.decode(errors='replace')[-2000:]}", 400)
+        shutil.rmtree(clone / ".git", ignore_errors=True)  # like the upstream archive: no history
+        src = clone / project["subdir"] if project.get("subdir") else clone
+        if not src.is_dir():
+            raise BackendError(f"{project.get('subdir')!r} is not a directory of {project['git']}", 400)
+        src.rename(dest)
+    elif "archive" in project:
+        _extract(Path(project["archive"]).expanduser(), dest)
+    else:
+        raise BackendError("a project needs `path`, `git` or `archive`", 400)
+    if project.get("subdir") and "git" not in project:
+        sub = dest / project["subdir"]
+        if not sub.is_dir():
+            raise BackendError(f"{project['subdir']!r} is not a directory of the project", 400)
+        sub.rename(work / "project-sub")
+        shutil.rmtree(dest)
+        (work / "project-sub").rename(dest)
+    chown_tree(dest, APPUSER[1], APPUSER[2])
+    return dest
+
+
+def _extract(archive: Path, dest: Path) -> None:
+    if not archive.is_file():
+        raise BackendError(f"project archive {archive} does not exist", 400)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent))
+    name = archive.name.lower()
+    if name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as zf:
+            zf.extractall(tmp)
+    elif name.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")):
+        with tarfile.open(archive) as tf:
+            tf.extractall(tmp, filter="data")
+    else:
+        raise BackendError(f"{archive}: unknown archive type; use .tar.gz, .tgz, .tar or .zip", 400)
+    entries = list(tmp.iterdir())
+    root = entries[0] if len(entries) == 1 and entries[0].is_dir() else tmp
+    root.rename(dest)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+__all__ = ["LocalImageBuilder"]

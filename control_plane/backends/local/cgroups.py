@@ -1,0 +1,219 @@
+"""Resource limits through cgroup v1 (memory, pids, cpu) and the freezer.
+
+Each sandbox gets ``<controller mount>/<parent>/<sandbox name>`` in every controller the host
+mounts; ``parent`` is derived from the backend's state directory so that two backends never
+share groups and an orphan sweep finds exactly its own. The sandbox's first process is moved in
+before it runs anything, so everything it starts inherits the groups.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+from . import linux
+
+log = logging.getLogger(__name__)
+
+CONTROLLERS = ("memory", "pids", "cpu", "freezer")
+CFS_PERIOD_US = 100_000
+
+
+def controller_mounts() -> dict[str, Path]:
+    """Mount point of each cgroup v1 controller we use (co-mounted ones share a directory)."""
+    found: dict[str, Path] = {}
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                pre, _, post = line.partition(" - ")
+                parts = post.split()
+                if len(parts) < 3 or parts[0] != "cgroup":
+                    continue
+                options = set(parts[2].split(","))
+                point = Path(pre.split()[4])
+                for ctrl in CONTROLLERS:
+                    if ctrl in options:
+                        found.setdefault(ctrl, point)
+    except OSError:
+        pass
+    return found
+
+
+class Cgroups:
+    """The cgroup v1 groups of one backend (``available`` is False when the host has none)."""
+
+    def __init__(self, parent: str) -> None:
+        self.parent = parent.strip("/")
+        self.mounts = controller_mounts() if os.geteuid() == 0 else {}
+        self.reason = ""
+        if os.geteuid() != 0:
+            self.reason = "the control plane does not run as root"
+        elif not self.mounts:
+            self.reason = "no cgroup v1 controller (memory, pids, cpu, freezer) is mounted"
+        else:
+            for ctrl, point in list(self.mounts.items()):
+                if not os.access(point, os.W_OK):
+                    del self.mounts[ctrl]
+            if not self.mounts:
+                self.reason = "the cgroup v1 hierarchies are not writable"
+
+    @property
+    def available(self) -> bool:
+        return bool(self.mounts)
+
+    def paths(self, name: str) -> dict[str, str]:
+        return {ctrl: str(point / self.parent / name) for ctrl, point in self.mounts.items()}
+
+    def create(self, name: str, *, memory: int | None, pids: int | None, cpu_millicores: int | None) -> dict[str, str]:
+        paths = self.paths(name)
+        for path in paths.values():
+            try:
+                os.makedirs(path, exist_ok=True)
+            except FileNotFoundError:  # a parent was just removed by a concurrent delete
+                os.makedirs(path, exist_ok=True)
+        if memory and "memory" in paths:
+            _write(paths["memory"], "memory.limit_in_bytes", str(memory))
+            # No swap either, where the kernel accounts it (fails harmlessly when it does not).
+            _write(paths["memory"], "memory.memsw.limit_in_bytes", str(memory), quiet=True)
+        if pids and "pids" in paths:
+            _write(paths["pids"], "pids.max", str(pids))
+        if cpu_millicores and "cpu" in paths:
+            _write(paths["cpu"], "cpu.cfs_period_us", str(CFS_PERIOD_US))
+            _write(paths["cpu"], "cpu.cfs_quota_us", str(max(cpu_millicores * CFS_PERIOD_US // 1000, 1000)))
+        return paths
+
+    # -- operations on recorded paths (work after a control-plane restart) ----------------------
+
+    @staticmethod
+    def attach(paths: dict[str, str], pid: int) -> None:
+        try:
+            with open(f"/proc/{pid}/cgroup") as fh:
+                current = {ctrl: line.rstrip("\n").split(":", 2)[2] for line in fh
+                           for ctrl in line.split(":", 2)[1].split(",")}
+        except (OSError, IndexError):
+            current = {}
+        for ctrl, path in paths.items():
+            if path.endswith(current.get(ctrl, "\0")):
+                continue  # already there (inherited): skip the costly move
+            _write(path, "cgroup.procs", str(pid))
+
+    @staticmethod
+    def procs(paths: dict[str, str]) -> set[int]:
+        found: set[int] = set()
+        for path in paths.values():
+            try:
+                with open(os.path.join(path, "cgroup.procs")) as fh:
+                    found.update(int(p) for p in fh.read().split())
+            except OSError:
+                continue
+        return found
+
+    @staticmethod
+    def freeze(paths: dict[str, str], timeout: float = 2.0) -> bool:
+        path = paths.get("freezer")
+        if not path or not os.path.isdir(path):
+            return False
+        _write(path, "freezer.state", "FROZEN")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if _read(path, "freezer.state") == "FROZEN":
+                return True
+            time.sleep(0.002)
+        return False
+
+    @staticmethod
+    def thaw(paths: dict[str, str]) -> None:
+        path = paths.get("freezer")
+        if path and os.path.isdir(path):
+            _write(path, "freezer.state", "THAWED", quiet=True)
+
+    @staticmethod
+    def oom_kills(paths: dict[str, str]) -> int:
+        path = paths.get("memory")
+        if not path:
+            return 0
+        for line in _read(path, "memory.oom_control").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    @classmethod
+    def kill_all(cls, paths: dict[str, str], timeout: float = 5.0) -> list[int]:
+        """SIGKILL every process in the groups (frozen first, so nothing forks meanwhile)."""
+        frozen = cls.freeze(paths, 0.5)
+        victims = cls.procs(paths)
+        for pid in victims:
+            linux.kill(pid, signal.SIGKILL)
+        if frozen:
+            cls.thaw(paths)  # killed tasks only die once thawed
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            left = cls.procs(paths)
+            if not left:
+                return []
+            for pid in left:
+                linux.kill(pid, signal.SIGKILL)
+                linux.reap(pid)
+            time.sleep(0.005)
+        return sorted(cls.procs(paths))
+
+    @staticmethod
+    def remove(paths: dict[str, str], timeout: float = 2.0) -> list[str]:
+        """rmdir every group; returns those that could not be removed."""
+        left = []
+        for path in paths.values():
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY or time.monotonic() >= deadline:
+                        left.append(path)
+                        break
+                    time.sleep(0.005)
+        return left
+
+    def names(self) -> set[str]:
+        found: set[str] = set()
+        for point in self.mounts.values():
+            try:
+                found.update(e.name for e in os.scandir(point / self.parent) if e.is_dir())
+            except OSError:
+                continue
+        return found
+
+    def remove_parent_if_empty(self) -> None:
+        """Remove our (and the shared top) group when no sandbox is left in it."""
+        for point in self.mounts.values():
+            path = point / self.parent
+            while path != point:
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    break
+                path = path.parent
+
+
+def _write(path: str, name: str, value: str, quiet: bool = False) -> None:
+    try:
+        with open(os.path.join(path, name), "w") as fh:
+            fh.write(value)
+    except OSError:
+        if not quiet:
+            raise
+
+
+def _read(path: str, name: str) -> str:
+    try:
+        with open(os.path.join(path, name)) as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""

@@ -1,0 +1,617 @@
+"""The local image store: the built-in image, registered projects, built images.
+
+An image is a directory ``<state>/images/data/<id>/`` holding ``image.json``, the layers it adds
+to each root tree (``layers/usr``, ``layers/etc``… — overlayfs upper directories, whiteouts
+included) and its full project (``project/``). A tag points at an id through
+``images/refs/<slug>.json``; ids never change once written, so re-registering a tag never alters
+a running sandbox or an image built on the old one (an image records its base by *id*).
+
+The built-in image (``idegym/builtin:latest``) is the host's own userland: the host's ``/usr`` as
+its lowest layer, plus a sanitized ``/etc`` (no shadow, sudoers, ssh host keys, nothing that is
+not world-readable; ``root``, ``appuser`` (1000) and ``nobody`` as users), a ``/var`` skeleton with
+the dpkg/apt databases, and small ``/opt``, ``/root`` and ``/home`` skeletons. It is generated
+once per state directory.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import stat
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..base import ImageDefinition
+
+log = logging.getLogger(__name__)
+
+BUILTIN_IMAGE = "idegym/builtin:latest"
+BUILTIN_ID = "builtin-v1"
+TAG_RE = re.compile(r"^[a-z0-9._/:@-]+$")
+TREES = ("usr", "etc", "var", "opt", "root", "home")
+APPUSER = ("appuser", 1000, 1000, "/home/appuser")
+HOSTNAME = "sandbox"
+# Mount points the backend binds its runtime on (created in the built-in /opt layer).
+OPT_SKELETON = (
+    "idegym/python", "idegym/src", "idegym/site/0", "idegym/site/1", "idegym/site/2", "idegym/site/3",
+    "idegym/toolchains/rustup", "idegym/toolchains/cargo", "idegym/image/project", "idegym/layer",
+    "idegym/export",
+)
+# Never copied from the host's /etc, whatever their mode.
+ETC_DENY = {
+    "shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "sudoers.d", ".pwd.lock", "security/opasswd",
+    "subuid", "subuid-", "subgid", "subgid-", "machine-id", "hostname", "hosts", "passwd", "passwd-",
+    "group", "group-", "resolv.conf", "idegym",
+}
+ETC_DENY_PATTERNS = (re.compile(r"^ssh/ssh_host_.*"), re.compile(r".*\.(key|pem)$"))
+
+
+class ImageError(Exception):
+    pass
+
+
+def check_tag(tag: str) -> str:
+    if not tag or len(tag) > 383 or not TAG_RE.match(tag):
+        raise ImageError(f"invalid image tag {tag!r}: tags must match {TAG_RE.pattern} (lowercase)")
+    return tag
+
+
+def slug(tag: str) -> str:
+    return re.sub(r"[^a-z0-9._-]+", "_", tag)[:60] + "-" + hashlib.sha1(tag.encode()).hexdigest()[:8]
+
+
+@dataclass(frozen=True)
+class ResolvedImage:
+    """An image with its whole base chain resolved to directories (top layer first)."""
+
+    tag: str
+    id: str
+    lowers: dict[str, tuple[str, ...]]
+    project: str
+    env: dict[str, str] = field(default_factory=dict)
+    network: bool = False
+
+
+class ImageStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.refs = root / "refs"
+        self.data = root / "data"
+        self._cache: dict[str, ResolvedImage] = {}
+
+    # -- lookup ----------------------------------------------------------------------------------
+
+    def ensure(self) -> None:
+        """Create the store and the built-in image (once per state directory)."""
+        self.refs.mkdir(parents=True, exist_ok=True)
+        self.data.mkdir(parents=True, exist_ok=True)
+        if (self.data / BUILTIN_ID / "image.json").exists():
+            return
+        with self._lock():
+            if (self.data / BUILTIN_ID / "image.json").exists():
+                return
+            started = time.monotonic()
+            tmp = self.data / f".tmp-{BUILTIN_ID}-{secrets.token_hex(4)}"
+            try:
+                _build_builtin(tmp)
+                tmp.rename(self.data / BUILTIN_ID)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            self._write_ref(BUILTIN_IMAGE, BUILTIN_ID)
+            log.info("generated the built-in image in %.0f ms", (time.monotonic() - started) * 1000)
+
+    def image_id(self, tag: str) -> str | None:
+        try:
+            return json.loads((self.refs / f"{slug(tag)}.json").read_text())["id"]
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def exists(self, tag: str) -> bool:
+        ident = self.image_id(tag)
+        return ident is not None and (self.data / ident / "image.json").exists()
+
+    def tags(self) -> list[str]:
+        out = []
+        for ref in self.refs.glob("*.json"):
+            try:
+                out.append(json.loads(ref.read_text())["tag"])
+            except (OSError, ValueError, KeyError):
+                continue
+        return sorted(out)
+
+    def resolve(self, tag: str) -> ResolvedImage | None:
+        ident = self.image_id(tag)
+        if ident is None:
+            return None
+        cached = self._cache.get(ident)
+        if cached is not None and cached.tag == tag:
+            return cached
+        resolved = self.resolve_id(ident, tag)
+        self._cache[ident] = resolved
+        return resolved
+
+    def resolve_id(self, ident: str, tag: str | None = None) -> ResolvedImage:
+        lowers: dict[str, list[str]] = {t: [] for t in TREES}
+        env: dict[str, str] = {}
+        network = False
+        project: str | None = None
+        chain = []
+        current: str | None = ident
+        while current is not None:
+            meta = self._meta(current)
+            chain.append(meta)
+            current = meta.get("base_id")
+            if len(chain) > 64:
+                raise ImageError(f"image {ident}: base chain too deep (a loop?)")
+        for meta in chain:
+            d = self.data / meta["id"]
+            for tree in TREES:
+                layer = d / "layers" / tree
+                if tree in meta.get("layers", []):
+                    lowers[tree].append(str(layer))
+            if meta.get("host_usr"):
+                lowers["usr"].append("/usr")
+            if project is None and (d / "project").is_dir():
+                project = str(d / "project")
+        for meta in reversed(chain):  # the top image's values win
+            env.update(meta.get("env", {}))
+            network = network or bool(meta.get("network"))
+        if project is None:
+            raise ImageError(f"image {ident} has no project directory")
+        return ResolvedImage(tag or chain[0]["tag"], ident, {t: tuple(v) for t, v in lowers.items()},
+                             project, env, network)
+
+    def _meta(self, ident: str) -> dict[str, Any]:
+        try:
+            return json.loads((self.data / ident / "image.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise ImageError(f"image data {ident} is missing or damaged: {exc}") from exc
+
+    # -- adding images ---------------------------------------------------------------------------
+
+    def new_image_dir(self, tag: str) -> Path:
+        path = self.data / f".tmp-{slug(tag)}.{secrets.token_hex(4)}"
+        (path / "layers").mkdir(parents=True)
+        return path
+
+    def commit(self, tmp: Path, tag: str, base: str | None, *, base_id: str | None = None,
+               env: dict[str, str] | None = None, network: bool = False, notes: list[str] | None = None) -> str:
+        """Turn a directory prepared by ``new_image_dir`` into the image ``tag``; returns its id."""
+        check_tag(tag)
+        if base is not None and base_id is None:
+            base_id = self.image_id(base)
+            if base_id is None:
+                raise ImageError(f"base image {base!r} is not in the local image store")
+        ident = tmp.name.removeprefix(".tmp-")
+        layers = [t for t in TREES if (tmp / "layers" / t).is_dir() and any((tmp / "layers" / t).iterdir())]
+        for tree in TREES:
+            if tree not in layers and (tmp / "layers" / tree).exists():
+                shutil.rmtree(tmp / "layers" / tree)
+        meta = {"tag": tag, "id": ident, "base": base, "base_id": base_id, "layers": layers,
+                "env": env or {}, "network": network, "created": time.time(), "notes": notes or []}
+        (tmp / "image.json").write_text(json.dumps(meta, indent=1))
+        tmp.rename(self.data / ident)
+        self._write_ref(tag, ident)
+        return ident
+
+    def register_project(self, tag: str, directory: Path, base: str = BUILTIN_IMAGE) -> str:
+        check_tag(tag)
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise ImageError(f"project directory {directory} does not exist")
+        if not self.exists(base):
+            raise ImageError(f"base image {base!r} is not in the local image store")
+        tmp = self.new_image_dir(tag)
+        try:
+            copy_tree(directory, tmp / "project")
+            chown_tree(tmp / "project", APPUSER[1], APPUSER[2])
+            self.commit(tmp, tag, base)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return tag
+
+    def _write_ref(self, tag: str, ident: str) -> None:
+        ref = self.refs / f"{slug(tag)}.json"
+        tmp = ref.with_suffix(f".{secrets.token_hex(4)}.tmp")
+        tmp.write_text(json.dumps({"tag": tag, "id": ident}))
+        tmp.replace(ref)
+
+    def _lock(self):
+        return _FileLock(self.root / ".lock")
+
+
+class _FileLock:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+# -- copying helpers ---------------------------------------------------------------------------------
+
+
+def copy_tree(src: Path, dst: Path, *, hardlink: bool = False) -> None:
+    """``cp -a`` (modes, owners, times, xattrs incl. overlay whiteouts); ``hardlink`` links files.
+
+    ``src`` itself must be a real directory, never a symlink: a sandbox can replace directories
+    it can see (e.g. its project layer's ``upper``) with a link to anywhere on the host, so the
+    source is opened with O_NOFOLLOW and copied through that descriptor.
+    """
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ImageError(f"cannot copy {src}: not a directory ({exc.strerror})") from exc
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if dst.exists():
+            shutil.rmtree(dst)
+        st = os.fstat(fd)
+        dst.mkdir()
+        os.chmod(dst, stat.S_IMODE(st.st_mode))
+        if os.geteuid() == 0:
+            os.chown(dst, st.st_uid, st.st_gid)
+        args = ["cp", "-a", "-l" if hardlink else "--reflink=auto", f"/proc/self/fd/{fd}/.", str(dst)]
+        proc = subprocess.run(args, capture_output=True, pass_fds=(fd,))
+        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+    finally:
+        os.close(fd)
+    if proc.returncode != 0:
+        if hardlink:  # e.g. across filesystems: fall back to a real copy
+            shutil.rmtree(dst, ignore_errors=True)
+            copy_tree(src, dst)
+            return
+        raise ImageError(f"copying {src} to {dst} failed: {proc.stderr.decode(errors='replace').strip()}")
+
+
+def chown_tree(root: Path, uid: int, gid: int) -> None:
+    if os.geteuid() != 0:
+        return
+    os.lchown(root, uid, gid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), uid, gid)
+
+
+# -- the built-in image ---------------------------------------------------------------------------
+
+
+def _build_builtin(dest: Path) -> None:
+    layers = dest / "layers"
+    for tree in TREES:
+        if tree != "usr":
+            (layers / tree).mkdir(parents=True)
+    _sanitized_etc(Path("/etc"), layers / "etc")
+    _var_skeleton(layers / "var")
+    for rel in OPT_SKELETON:
+        (layers / "opt" / rel).mkdir(parents=True, exist_ok=True)
+    os.chmod(layers / "opt" / "idegym" / "layer", 0o700)
+    os.chmod(layers / "opt" / "idegym" / "export", 0o700)
+    _skel(layers / "root", 0, 0, 0o700)
+    home = layers / "home" / "appuser"
+    _skel(home, APPUSER[1], APPUSER[2], 0o755)
+    (home / "work").mkdir()
+    _own(home / "work", APPUSER[1], APPUSER[2])
+    (dest / "project").mkdir()
+    _own(dest / "project", APPUSER[1], APPUSER[2])
+    os.chmod(dest / "project", 0o755)
+    meta = {"tag": BUILTIN_IMAGE, "id": BUILTIN_ID, "base": None, "base_id": None,
+            "layers": [t for t in TREES if t != "usr"], "host_usr": True, "env": {}, "network": False,
+            "created": time.time(), "notes": ["the host's /usr, a sanitized /etc, an empty project"]}
+    (dest / "image.json").write_text(json.dumps(meta, indent=1))
+
+
+def _own(path: Path, uid: int, gid: int) -> None:
+    if os.geteuid() == 0:
+        os.lchown(path, uid, gid)
+
+
+def _skel(target: Path, uid: int, gid: int, mode: int) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    skel = Path("/etc/skel")
+    if skel.is_dir():
+        for entry in skel.iterdir():
+            if entry.is_file() and not entry.is_symlink() and os.access(entry, os.R_OK):
+                shutil.copy2(entry, target / entry.name)
+                _own(target / entry.name, uid, gid)
+    os.chmod(target, mode)
+    _own(target, uid, gid)
+
+
+def _etc_denied(rel: str) -> bool:
+    return rel in ETC_DENY or rel.split("/", 1)[0] in ETC_DENY or any(p.match(rel) for p in ETC_DENY_PATTERNS)
+
+
+def _sanitized_etc(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copystat(src, dst)
+    for dirpath, dirnames, filenames in os.walk(src):
+        rel_dir = os.path.relpath(dirpath, src)
+        rel_dir = "" if rel_dir == "." else rel_dir
+        keep = []
+        for name in dirnames:
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            full = os.path.join(dirpath, name)
+            st = os.lstat(full)
+            if _etc_denied(rel):
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(full), dst / rel)
+                continue
+            if st.st_mode & 0o005 != 0o005:  # not world-readable and searchable
+                continue
+            (dst / rel).mkdir()
+            shutil.copystat(full, dst / rel, follow_symlinks=False)
+            _own(dst / rel, st.st_uid, st.st_gid)
+            keep.append(name)
+        dirnames[:] = keep
+        for name in filenames:
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            full = os.path.join(dirpath, name)
+            if _etc_denied(rel):
+                continue
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(full), dst / rel)
+            elif stat.S_ISREG(st.st_mode) and st.st_mode & 0o004:
+                shutil.copy2(full, dst / rel, follow_symlinks=False)
+                _own(dst / rel, st.st_uid, st.st_gid)
+    _write_accounts(src, dst)
+    (dst / "hostname").write_text(HOSTNAME + "\n")
+    (dst / "hosts").write_text(
+        f"127.0.0.1\tlocalhost\n127.0.1.1\t{HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+        "ff02::1\tip6-allnodes\nff02::2\tip6-allrouters\n"
+    )
+    try:  # name resolution for sandboxes with network; the content, never a link to the host's
+        resolv = Path("/etc/resolv.conf").read_text()
+    except OSError:
+        resolv = ""
+    (dst / "resolv.conf").write_text(resolv or "nameserver 127.0.0.1\n")
+    (dst / "machine-id").write_text(secrets.token_hex(16) + "\n")
+    for name in ("hostname", "hosts", "resolv.conf", "machine-id"):
+        os.chmod(dst / name, 0o644)
+
+
+def _parse_db(path: Path) -> list[list[str]]:
+    try:
+        return [line.split(":") for line in path.read_text().splitlines() if line and not line.startswith("#")]
+    except OSError:
+        return []
+
+
+def _write_accounts(src: Path, dst: Path) -> None:
+    """passwd/group with the host's system accounts (uid < 1000), appuser (1000) and nobody."""
+    name, uid, gid, home = APPUSER
+    users = [u for u in _parse_db(src / "passwd") if len(u) == 7 and u[2].isdigit() and int(u[2]) < 1000
+             and u[0] != name]
+    if not any(u[0] == "root" for u in users):
+        users.insert(0, ["root", "x", "0", "0", "root", "/root", "/bin/bash"])
+    users = [["root", "x", "0", "0", "root", "/root", "/bin/bash"] if u[0] == "root" else u for u in users]
+    users.append([name, "x", str(uid), str(gid), "", home, "/bin/bash"])
+    users.append(["nobody", "x", "65534", "65534", "nobody", "/nonexistent", "/usr/sbin/nologin"])
+    known = {u[0] for u in users}
+    groups = []
+    for g in _parse_db(src / "group"):
+        if len(g) != 4 or not g[2].isdigit() or int(g[2]) >= 1000 or g[0] == name:
+            continue
+        g[1] = "x"
+        g[3] = ",".join(m for m in g[3].split(",") if m in known)
+        groups.append(g)
+    groups.append([name, "x", str(gid), ""])
+    if not any(g[0] == "nogroup" for g in groups):
+        groups.append(["nogroup", "x", "65534", ""])
+    (dst / "passwd").write_text("".join(":".join(u) + "\n" for u in users))
+    (dst / "group").write_text("".join(":".join(g) + "\n" for g in groups))
+    # Locked entries only: tools such as useradd/passwd expect the files to exist.
+    (dst / "shadow").write_text("".join(f"{u[0]}:*:19000:0:99999:7:::\n" for u in users))
+    (dst / "gshadow").write_text("".join(f"{g[0]}:*::{g[3]}\n" for g in groups))
+    for fname, mode in (("passwd", 0o644), ("group", 0o644), ("shadow", 0o640), ("gshadow", 0o640)):
+        os.chmod(dst / fname, mode)
+    shadow_gid = next((int(g[2]) for g in groups if g[0] == "shadow"), 0)
+    for fname in ("shadow", "gshadow"):
+        _own(dst / fname, 0, shadow_gid)
+
+
+def _var_skeleton(dst: Path) -> None:
+    for rel, mode in (("backups", 0o755), ("cache", 0o755), ("cache/apt/archives/partial", 0o755),
+                      ("cache/debconf", 0o755), ("lib", 0o755), ("lib/misc", 0o755), ("local", 0o755),
+                      ("log", 0o755), ("mail", 0o755), ("opt", 0o755), ("spool", 0o755), ("tmp", 0o1777)):
+        (dst / rel).mkdir(parents=True, exist_ok=True)
+        os.chmod(dst / rel, mode)
+    os.symlink("/run/lock", dst / "lock")
+    os.symlink("/run", dst / "run")
+    for rel in ("lib/dpkg", "lib/apt"):
+        src = Path("/var") / rel
+        if src.is_dir():
+            copy_tree(src, dst / rel)
+    for name in ("config.dat", "templates.dat"):  # never passwords.dat
+        src = Path("/var/cache/debconf") / name
+        if src.is_file():
+            shutil.copy2(src, dst / "cache" / "debconf" / name)
+
+
+# -- the build YAML ---------------------------------------------------------------------------------
+
+DEFAULT_NAME = "idegym-image"
+_IGNORED_TOP = {
+    "runtime_class_name": "sandboxes run under bubblewrap locally, not a container runtime",
+    "resources": "limits come from each server request's `resources`",
+    "platforms": "local images are built for this host only",
+    "base_image": None,
+}
+
+
+def parse_images_yaml(text: str) -> list[ImageDefinition]:
+    """The ``images:`` list of a build YAML as ``ImageDefinition``s with deterministic tags.
+
+    Accepts the upstream fields (``name``, ``base``, ``plugins`` — ``project``, ``permissions``,
+    ``user`` become local equivalents —, ``commands`` as a list or a Dockerfile-ish string,
+    ``runtime_class_name``, ``resources``…) plus local ones (``tag``, ``project: {path|git|archive}``,
+    ``env``, ``network``). What does not apply locally is listed by ``local_notes`` for the job log.
+    Raises ``ValueError`` with a readable message on malformed input.
+    """
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"the build YAML does not parse: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("images"), list) or not doc["images"]:
+        raise ValueError("the build YAML must have a non-empty top-level `images:` list")
+    out = []
+    for index, entry in enumerate(doc["images"]):
+        if not isinstance(entry, dict):
+            raise ValueError(f"images[{index}] must be a mapping, not {type(entry).__name__}")
+        out.append(_definition(entry, index))
+    return out
+
+
+def _definition(entry: dict[str, Any], index: int) -> ImageDefinition:
+    where = f"images[{index}]"
+    content_hash = hashlib.sha256(json.dumps(entry, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    tag = entry.get("tag")
+    if tag is None:
+        name = str(entry.get("name") or DEFAULT_NAME).lower()
+        tag = f"{name}:{content_hash}"
+    tag = str(tag)
+    if not TAG_RE.match(tag):
+        raise ValueError(f"{where}: image tag {tag!r} is invalid; tags must match {TAG_RE.pattern}")
+    base = str(entry.get("base") or BUILTIN_IMAGE)
+    project = _project(entry.get("project"), where)
+    commands: list[str] = []
+    for p_index, plugin in enumerate(entry.get("plugins") or []):
+        if not isinstance(plugin, dict) or "type" not in plugin:
+            raise ValueError(f"{where}.plugins[{p_index}] must be a mapping with a `type`")
+        kind = plugin["type"]
+        if kind == "project":
+            if project is not None:
+                raise ValueError(f"{where}: only one project is supported")
+            project = _project_plugin(plugin, f"{where}.plugins[{p_index}]")
+        elif kind == "permissions":
+            commands.extend(_permission_commands(plugin.get("paths") or {}))
+        elif kind == "user":
+            commands.extend(_user_commands(plugin))
+    commands.extend(_commands(entry.get("commands"), where))
+    env = entry.get("env") or {}
+    if not isinstance(env, dict):
+        raise ValueError(f"{where}.env must be a mapping of names to values")
+    return ImageDefinition(tag=tag, base=base, project=project, commands=commands,
+                           env={str(k): str(v) for k, v in env.items()}, network=bool(entry.get("network", False)),
+                           raw=entry)
+
+
+def _project(value: Any, where: str) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}.project must be a mapping")
+    if any(k in value for k in ("path", "git", "archive")):
+        return {k: value[k] for k in ("path", "git", "archive", "ref", "subdir") if k in value}
+    repo = value.get("repository")
+    if isinstance(repo, dict) and {"owner", "name"} <= repo.keys():
+        server = repo.get("server", "github.com")
+        return {"git": f"https://{server}/{repo['owner']}/{repo['name']}.git",
+                "ref": str(value.get("reference") or "HEAD"),
+                **({"subdir": value["path"]} if value.get("path") else {})}
+    raise ValueError(f"{where}.project needs `path`, `git` or `archive` (or an upstream `repository`)")
+
+
+def _project_plugin(plugin: dict[str, Any], where: str) -> dict[str, Any]:
+    source = plugin.get("source")
+    if source == "local":
+        return {"path": plugin.get("path") or "."}
+    if source in ("git", "git-clone", "resource"):
+        if not plugin.get("url"):
+            raise ValueError(f"{where}: a {source} project needs `url`")
+        out = {"git": plugin["url"], "ref": str(plugin.get("ref") or "HEAD")}
+        if source == "resource" and plugin.get("path"):
+            out["subdir"] = plugin["path"]
+        return out
+    if source == "archive":
+        return {"archive": plugin.get("path") or plugin.get("url")}
+    raise ValueError(f"{where}: unknown project source {source!r} (local, git, git-clone, resource, archive)")
+
+
+def _permission_commands(paths: dict[str, Any]) -> list[str]:
+    import shlex
+
+    out = []
+    for path, conf in paths.items():
+        conf = conf or {}
+        owner, group, mode = conf.get("owner"), conf.get("group") or conf.get("owner"), conf.get("mode")
+        if owner:
+            out.append(f"chown -R {owner}:{group} {shlex.quote(path)}")
+        elif group:
+            out.append(f"chgrp -R {group} {shlex.quote(path)}")
+        if mode:
+            out.append(f"chmod -R {mode} {shlex.quote(path)}")
+    return out
+
+
+def _user_commands(plugin: dict[str, Any]) -> list[str]:
+    import shlex
+
+    name = str(plugin.get("username", ""))
+    uid = int(plugin.get("uid", 1000))
+    if not name or name == APPUSER[0] or uid == APPUSER[1]:
+        return []  # appuser (uid 1000) always exists locally
+    shell = shlex.quote(str(plugin.get("shell", "/bin/bash")))
+    gid = int(plugin.get("gid", uid))
+    group = str(plugin.get("group") or name)
+    return [f"getent group {group} >/dev/null || groupadd -g {gid} {group}",
+            f"id -u {name} >/dev/null 2>&1 || useradd -m -u {uid} -g {group} -s {shell} {name}"]
+
+
+def _commands(value: Any, where: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        text = value.replace("\\\n", " ")
+        lines = [re.sub(r"^\s*RUN\s+", "", line) for line in text.splitlines()]
+        return [line for line in lines if line.strip()]
+    if isinstance(value, list) and all(isinstance(c, str) for c in value):
+        return [c for c in value if c.strip()]
+    raise ValueError(f"{where}.commands must be a list of strings or a string")
+
+
+def local_notes(raw: dict[str, Any]) -> list[str]:
+    """What a build YAML entry asks for that the local backend ignores or translates."""
+    notes = []
+    for key, why in _IGNORED_TOP.items():  # noqa: B007
+        if key in raw and why:
+            notes.append(f"`{key}` ignored: {why}")
+    for plugin in raw.get("plugins") or []:
+        kind = plugin.get("type") if isinstance(plugin, dict) else None
+        if kind == "base-system":
+            notes.append("plugin `base-system` ignored: the built-in image uses the host's installed packages "
+                         "(install more with `commands` and `network: true`)")
+        elif kind == "user":
+            if str(plugin.get("username")) == APPUSER[0] or int(plugin.get("uid", 1000)) == APPUSER[1]:
+                notes.append("plugin `user` ignored: `appuser` (uid 1000) always exists locally")
+            else:
+                notes.append(f"plugin `user` translated to useradd commands for {plugin.get('username')!r}")
+            if plugin.get("sudo"):
+                notes.append("`sudo: true` ignored: sandboxes run with no_new_privs; use run_as_root instead")
+        elif kind == "idegym-server":
+            notes.append("plugin `idegym-server` ignored: the local backend injects its own sandbox server")
+        elif kind in ("pycharm", "idea", "mcp-upstream"):
+            notes.append(f"plugin `{kind}` ignored: not available in local images")
+        elif kind == "permissions":
+            notes.append("plugin `permissions` translated to chown/chmod commands")
+        elif kind not in ("project", None):
+            notes.append(f"plugin `{kind}` ignored: unknown to the local backend")
+    return notes

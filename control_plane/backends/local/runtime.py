@@ -1,0 +1,131 @@
+"""How the sandbox server's own Python runtime and the host's toolchains appear in a sandbox.
+
+Everything is bound read-only at neutral paths under ``/opt/idegym`` so that no host home
+directory is ever visible: the interpreter's prefix (``sys.base_prefix``) at
+``/opt/idegym/python``, each site-packages directory at ``/opt/idegym/site/<n>``, a compiled copy
+of the ``sandbox_server`` package (when it is not inside a site-packages directory, e.g. an
+editable install) at ``/opt/idegym/src``, and rustup/cargo at ``/opt/idegym/toolchains/...``.
+The server starts with ``python -I -c <bootstrap>``, which adds exactly those paths.
+"""
+
+from __future__ import annotations
+
+import compileall
+import hashlib
+import os
+import shutil
+import site
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+INSIDE = "/opt/idegym"
+TOOL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+BOOTSTRAP = (
+    "import sys, site\n"
+    "sys.path[:0] = {src!r}\n"
+    "for p in {sites!r}:\n"
+    "    site.addsitedir(p)\n"
+    "from sandbox_server.cli import main\n"
+    "main(sys.argv[1:])\n"
+)
+
+
+@dataclass
+class Runtime:
+    python: str  # the interpreter's path inside the sandbox
+    binds: list[tuple[str, str]] = field(default_factory=list)  # (host path, path inside), read-only
+    server_env: dict[str, str] = field(default_factory=dict)
+    tool_env: dict[str, str] = field(default_factory=dict)
+    bootstrap: str = ""
+    host_python: str = sys.executable
+
+    def argv(self) -> list[str]:
+        return [self.python, "-I", "-c", self.bootstrap]
+
+
+def _under(path: Path, parent: str) -> bool:
+    return path == Path(parent) or Path(parent) in path.parents
+
+
+def detect(state_dir: Path) -> Runtime:
+    binds: list[tuple[str, str]] = []
+    # The server makes no TLS connections; an empty CA store spares it the ~40 ms aiohttp spends
+    # loading the system's certificates at import time. Tools never see these variables.
+    server_env = {"PATH": TOOL_PATH, "LANG": "C.UTF-8", "HOME": "/root",
+                  "SSL_CERT_FILE": "/dev/null", "SSL_CERT_DIR": "/nonexistent"}
+    base = Path(sys.base_prefix).resolve()
+    exe = Path(os.path.realpath(sys.executable))
+    if _under(base, "/usr"):
+        python = str(exe)
+    else:
+        binds.append((str(base), f"{INSIDE}/python"))
+        python = f"{INSIDE}/python/{exe.relative_to(base)}" if _under(exe, str(base)) else str(exe)
+        libdir = base / "lib"
+        if any(libdir.glob("libpython*.so*")):
+            server_env["LD_LIBRARY_PATH"] = f"{INSIDE}/python/lib"
+    sites: list[str] = []
+    site_dirs = [Path(p).resolve() for p in site.getsitepackages() if Path(p).is_dir()]
+    for index, path in enumerate(site_dirs):
+        if _under(path, "/usr") or _under(path, str(base)):
+            inside = str(path) if _under(path, "/usr") else f"{INSIDE}/python/{path.relative_to(base)}"
+        else:
+            inside = f"{INSIDE}/site/{index}"
+            binds.append((str(path), inside))
+        sites.append(inside)
+    src: list[str] = []
+    import sandbox_server
+
+    package = Path(sandbox_server.__file__).resolve().parent
+    if not any(_under(package, str(d)) for d in site_dirs):
+        copy = sync_package(package, state_dir / "runtime" / "src")
+        binds.append((str(copy), f"{INSIDE}/src"))
+        src.append(f"{INSIDE}/src")
+    tool_env = {"PATH": TOOL_PATH, "LANG": "C.UTF-8"}
+    home = Path(os.path.expanduser("~"))
+    rustup = Path(os.environ.get("RUSTUP_HOME") or home / ".rustup")
+    cargo = Path(os.environ.get("CARGO_HOME") or home / ".cargo")
+    if rustup.is_dir() and (cargo / "bin").is_dir():
+        binds.append((str(rustup.resolve()), f"{INSIDE}/toolchains/rustup"))
+        binds.append((str(cargo.resolve()), f"{INSIDE}/toolchains/cargo"))
+        tool_env.update(RUSTUP_HOME=f"{INSIDE}/toolchains/rustup", CARGO_HOME=f"{INSIDE}/toolchains/cargo",
+                        PATH=f"{TOOL_PATH}:{INSIDE}/toolchains/cargo/bin")
+    bootstrap = BOOTSTRAP.format(src=src, sites=sites)
+    return Runtime(python=python, binds=binds, server_env=server_env, tool_env=tool_env, bootstrap=bootstrap)
+
+
+def sync_package(package: Path, dest_root: Path) -> Path:
+    """A compiled copy of the ``sandbox_server`` package (refreshed when the sources change).
+
+    Bound read-only, the package could not cache its bytecode; compiling it once here saves
+    every sandbox start the compile time.
+    """
+    files = sorted(p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                   and p.suffix not in (".pyc", ".pyo"))
+    digest = hashlib.sha256()
+    for path in files:
+        st = path.stat()
+        digest.update(f"{path.relative_to(package)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    stamp = digest.hexdigest()[:16]
+    dest = dest_root / stamp
+    if (dest / ".complete").exists():
+        return dest
+    tmp = dest_root / f".tmp-{stamp}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    target = tmp / package.name
+    for path in files:
+        out = target / path.relative_to(package)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, out)
+    compileall.compile_dir(str(target), quiet=2)
+    (tmp / ".complete").write_text(stamp)
+    for mode_dir in [tmp, *tmp.rglob("*")]:
+        if mode_dir.is_dir():
+            os.chmod(mode_dir, 0o755)
+    try:
+        tmp.rename(dest)
+    except OSError:  # another backend won the race
+        shutil.rmtree(tmp, ignore_errors=True)
+    # Older copies stay: running sandboxes have them bound (they are a few hundred KiB).
+    return dest

@@ -1,0 +1,128 @@
+"""``idegym control-plane serve``: run the control plane (embedded local backend by default)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from sandbox_server.http import run_loop, setup_logging
+
+from .config import ControlPlaneConfig, WatcherConfig, default_state_dir
+
+log = logging.getLogger(__name__)
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"IDEGYM_CONTROL_PLANE_{name}", default)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state-dir", type=Path, default=Path(_env("STATE_DIR") or default_state_dir()),
+                        help="database, images, sandboxes and snapshots [$IDEGYM_CONTROL_PLANE_STATE_DIR, "
+                             "default ~/.local/state/idegym]")
+    parser.add_argument("--host", default=_env("HOST", "127.0.0.1"),
+                        help="address to listen on [$IDEGYM_CONTROL_PLANE_HOST, default 127.0.0.1]")
+    parser.add_argument("--port", type=int, default=int(_env("PORT", "8000") or 8000),
+                        help="TCP port; 0 picks a free one [$IDEGYM_CONTROL_PLANE_PORT, default 8000]")
+    parser.add_argument("--unix-socket", type=Path, default=_env("UNIX_SOCKET"),
+                        help="also listen on this Unix socket")
+    parser.add_argument("--auth", default=_env("AUTH"), metavar="USER:PASSWORD",
+                        help="require HTTP Basic auth on every route but /health [$IDEGYM_CONTROL_PLANE_AUTH]")
+    parser.add_argument("--backend", choices=["local", "kubernetes"], default=_env("BACKEND", "local"),
+                        help="where sandboxes live [default local]")
+    parser.add_argument("--isolation", choices=["auto", "bwrap", "none"], default=_env("ISOLATION", "auto"),
+                        help="local backend: bubblewrap sandboxes (auto uses them when available)")
+    parser.add_argument("--network", action="store_true", default=bool(_env("NETWORK")),
+                        help="local backend: give sandboxes network access (off by default)")
+    parser.add_argument("--warm-pool", type=int, default=int(_env("WARM_POOL", "2") or 2),
+                        help="spare sandboxes kept ready per image in use (grows with demand)")
+    parser.add_argument("--warm-pool-max", type=int, default=int(_env("WARM_POOL_MAX", "8") or 8),
+                        help="ceiling of the warm pool per image")
+    parser.add_argument("--pool-image", action="append", default=[],
+                        help="keep this image warm from start-up (repeatable)")
+    parser.add_argument("--max-servers", type=int, default=int(_env("MAX_SERVERS", "200") or 200),
+                        help="live servers allowed at once; more starts get 429 (the client retries)")
+    parser.add_argument("--watch-interval", type=float, default=float(_env("WATCH_INTERVAL", "5") or 5),
+                        help="seconds between watcher passes")
+    parser.add_argument("--inactive-timeout", type=float, default=float(_env("INACTIVE_TIMEOUT", "600") or 600),
+                        help="reap ALIVE servers idle this many seconds (keepalive extends)")
+    parser.add_argument("--finished-timeout", type=float, default=float(_env("FINISHED_TIMEOUT", "300") or 300),
+                        help="reap FINISHED servers not reused within this many seconds")
+    parser.add_argument("--heartbeat-timeout", type=float, default=float(_env("HEARTBEAT_TIMEOUT", "600") or 600),
+                        help="reap clients silent this many seconds")
+    parser.add_argument("--operation-retention", type=float, default=float(_env("RETENTION", str(14 * 86400))),
+                        help="seconds of request history kept")
+    parser.add_argument("--ephemeral", action="store_true",
+                        help="delete every sandbox on shutdown (for embedded use)")
+    parser.add_argument("--ready-fd", type=int, help="write 'ready <port>\\n' to this fd once listening")
+    parser.add_argument("--log-json", action="store_true", default=bool(os.environ.get("IDEGYM_LOG_JSON")),
+                        help="one JSON object per log line")
+    parser.add_argument("--log-level", default=os.environ.get("IDEGYM_LOG_LEVEL", "WARNING"),
+                        help="WARNING (default); INFO logs every request")
+
+
+def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
+    auth = None
+    if args.auth:
+        user, sep, password = args.auth.partition(":")
+        if not sep or not user:
+            raise SystemExit("--auth: expected USER:PASSWORD")
+        auth = (user, password)
+    return ControlPlaneConfig(
+        state_dir=args.state_dir, host=args.host, port=args.port, unix_socket=args.unix_socket, auth=auth,
+        backend=args.backend, isolation=args.isolation, network=args.network, warm_pool=args.warm_pool,
+        warm_pool_max=args.warm_pool_max, pool_images=list(args.pool_image), max_servers=args.max_servers,
+        ephemeral=args.ephemeral,
+        watcher=WatcherConfig(interval=args.watch_interval, inactive_timeout=args.inactive_timeout,
+                              finished_timeout=args.finished_timeout, heartbeat_timeout=args.heartbeat_timeout,
+                              operation_retention=args.operation_retention),
+    )
+
+
+async def serve(config: ControlPlaneConfig, ready_fd: int | None = None) -> None:
+    from .app import create_app
+
+    app = create_app(config)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1] if site._server else config.port  # type: ignore[union-attr]
+    if config.unix_socket is not None:
+        if config.unix_socket.exists():
+            config.unix_socket.unlink()
+        await web.UnixSite(runner, str(config.unix_socket)).start()
+    log.warning("IdeGym control plane listening on http://%s:%s (state in %s)", config.host, port, config.state_dir)
+    if ready_fd is not None:
+        os.write(ready_fd, f"ready {port}\n".encode())
+        os.close(ready_fd)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+
+
+def run_serve(args: argparse.Namespace) -> None:
+    setup_logging(args.log_json, args.log_level)
+    config = config_from_args(args)
+    try:
+        run_loop(serve(config, args.ready_fd))
+    except OSError as exc:
+        print(f"idegym control-plane: cannot serve on {config.host}:{config.port}: {exc}; "
+              "choose another --port or stop what uses it", file=sys.stderr)
+        raise SystemExit(2) from exc
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="idegym-control-plane", description="Run the IdeGym control plane.")
+    add_serve_arguments(parser)
+    run_serve(parser.parse_args(argv))

@@ -1,0 +1,51 @@
+"""Control-plane configuration: CLI flags with ``IDEGYM_*`` environment-variable fallbacks."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "idegym"
+
+
+@dataclass
+class WatcherConfig:
+    interval: float = 5.0  # seconds between watcher passes
+    inactive_timeout: float = 600.0  # ALIVE/REUSED servers idle this long are reaped (keepalive extends)
+    finished_timeout: float = 300.0  # FINISHED servers wait this long for reuse
+    heartbeat_timeout: float = 600.0  # clients silent this long are reaped
+    operation_retention: float = 14 * 86400.0  # request history kept this long
+    stale_operation: float = 86400.0  # an operation in progress this long is failed
+
+
+@dataclass
+class ControlPlaneConfig:
+    state_dir: Path = field(default_factory=default_state_dir)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    unix_socket: Path | None = None
+    auth: tuple[str, str] | None = None  # HTTP Basic credentials; None = no auth
+    backend: str = "local"  # local | kubernetes
+    isolation: str = "auto"  # local backend: auto | bwrap | none
+    network: bool = False  # local backend: sandboxes get the host network unless their image says otherwise
+    warm_pool: int = 2  # spare sandboxes kept ready per image in use (upper bound learned from demand)
+    warm_pool_max: int = 8
+    pool_images: list[str] = field(default_factory=list)  # images to keep warm from start-up
+    max_servers: int = 200  # live servers (quota); more starts fail with 429 and the client retries
+    client_request_timeout: float = 3600.0  # read timeout control plane → sandbox
+    max_body_bytes: int = 256 << 20
+    inline_result_limit: int = 256 << 10  # results answered inline (Prefer: wait) are stored up to this
+    runner_image: str = "idegym/builtin:latest"  # image of the code runner's sandboxes (POST /execute)
+    runner_concurrency: int = field(default_factory=lambda: max(os.cpu_count() or 2, 2))
+    ephemeral: bool = False  # delete every sandbox and the state on shutdown (embedded mode)
+    pod_name: str | None = field(default_factory=lambda: os.environ.get("POD_NAME") or os.environ.get("HOSTNAME"))
+    watcher: WatcherConfig = field(default_factory=WatcherConfig)
+    kubernetes: dict = field(default_factory=dict)  # kubernetes backend settings
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "control-plane.db"

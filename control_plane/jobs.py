@@ -1,0 +1,169 @@
+"""Background jobs that are not async operations: image builds and snapshot preparation.
+
+Both answer at once with names to poll (``/api/jobs/status/{job_name}``,
+``/api/snapshots/prepare/{request_id}``) and record their progress in the store, so a restart
+of the control plane fails them visibly instead of leaving them "in progress" forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import secrets
+from collections.abc import Callable
+
+from .backends.base import BackendError, ImageBuilder, ImageDefinition, SandboxSpec
+from .errors import BadRequest
+from .models import (
+    PrepareSnapshotsStatusResponse,
+    SnapshotJobResult,
+    SnapshotJobStatusResponse,
+    StartServerRequest,
+    Status,
+)
+from .pool import new_sandbox_name
+from .service import ControlPlane
+from .store import SnapshotRow, now_ms
+
+log = logging.getLogger(__name__)
+
+MAX_DETAILS = 16_000
+
+
+class ImageJobs:
+    def __init__(self, cp: ControlPlane, builder: ImageBuilder | None,
+                 parse: Callable[[str], list[ImageDefinition]]) -> None:
+        self.cp = cp
+        self.builder = builder
+        self.parse = parse
+
+    def recover(self) -> None:
+        for job in self.cp.store.jobs("in_progress"):
+            self.cp.store.update_job(job.job_name, "failure",
+                                     (job.details or "") + "\nthe control plane restarted during the build; rebuild")
+
+    def submit(self, yaml_content: str) -> list[str]:
+        if self.builder is None:
+            raise BadRequest(f"the {self.cp.backend.name} backend cannot build images")
+        try:
+            definitions = self.parse(yaml_content)
+        except ValueError as exc:
+            raise BadRequest(f"invalid image YAML: {exc}") from exc
+        if not definitions:
+            raise BadRequest("the YAML defines no images: add an 'images:' list")
+        names = []
+        request_id = secrets.token_hex(6)
+        for definition in definitions:
+            name = f"build-{secrets.token_hex(4)}"
+            self.cp.store.add_job(name, request_id, f"queued: build {definition.tag}")
+            self.cp.spawn(self._run(name, definition))
+            names.append(name)
+        return names
+
+    async def _run(self, job_name: str, definition: ImageDefinition) -> None:
+        lines: list[str] = [f"building {definition.tag} from {definition.base}"]
+
+        def log_line(text: str) -> None:
+            lines.append(str(text))
+            details = "\n".join(lines)
+            self.cp.store.update_job(job_name, "in_progress", details[-MAX_DETAILS:])
+
+        assert self.builder is not None
+        try:
+            if not definition.raw.get("rebuild") and await self.builder.exists(definition.tag):
+                # tags are content-addressed (or chosen by the user): same tag, same image
+                lines.append(f"{definition.tag} is already built; set 'rebuild: true' to build it again")
+                self.cp.store.update_job(job_name, "success", "\n".join(lines), tag=definition.tag)
+                return
+            tag = await self.builder.build(definition, log_line)
+        except BackendError as exc:
+            lines.append(f"FAILED: {exc.message}")
+            self.cp.store.update_job(job_name, "failure", "\n".join(lines)[-MAX_DETAILS:])
+        except Exception as exc:  # noqa: BLE001 - a build failure is reported, never raised
+            log.exception("image build %s failed", job_name)
+            lines.append(f"FAILED: {type(exc).__name__}: {exc}")
+            self.cp.store.update_job(job_name, "failure", "\n".join(lines)[-MAX_DETAILS:])
+        else:
+            lines.append(f"done: {tag}")
+            self.cp.store.update_job(job_name, "success", "\n".join(lines)[-MAX_DETAILS:], tag=tag)
+
+
+def request_hash(req: StartServerRequest) -> str:
+    payload = req.model_dump(mode="json", exclude={"client_id"})
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+class SnapshotJobs:
+    """``/api/snapshots/prepare``: start each request's sandbox, snapshot it, throw it away."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+
+    def submit(self, requests: list[StartServerRequest]) -> str:
+        if not self.cp.backend.supports_snapshots():
+            raise BadRequest(f"Pod snapshot feature is not enabled: the {self.cp.backend.name} backend has none")
+        request_id = f"prep-{secrets.token_hex(6)}"
+        self.cp.store.add_batch(request_id, len(requests))
+        for index, req in enumerate(requests):
+            self.cp.spawn(self._prepare(request_id, index, req))
+        return request_id
+
+    async def _prepare(self, request_id: str, index: int, req: StartServerRequest) -> None:
+        digest = request_hash(req)
+        group = f"prepared-{digest[:16]}"
+        result = {"job_id": f"{request_id}-{index}", "request_hash": digest, "status": Status.FAILURE.value,
+                  "snapshot_name": None, "snapshot_tag": None, "details": None}
+        handle = None
+        try:
+            spec = SandboxSpec.from_request(req, 0, new_sandbox_name("prep"))
+            handle = await self.cp.backend.create(spec, req.server_start_wait_timeout_in_seconds or 300)
+            info = await self.cp.backend.snapshot(handle, group)
+            self.cp.store.add_snapshot(SnapshotRow(
+                id=info.snapshot_id, group_id=group, server_id=None, namespace=req.namespace,
+                image_tag=req.image_tag, server_name=req.server_name, runtime_class_name=req.runtime_class_name,
+                run_as_root=req.run_as_root, server_kind=req.server_kind.value,
+                tag=info.snapshot_tag or info.snapshot_id, created_at=now_ms(),
+            ))
+            result.update(status=Status.SUCCESS.value, snapshot_name=group,
+                          snapshot_tag=info.snapshot_tag or info.snapshot_id)
+        except BackendError as exc:
+            result["details"] = exc.message
+        except Exception as exc:  # noqa: BLE001
+            log.exception("snapshot preparation failed")
+            result["details"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            if handle is not None:
+                try:
+                    await self.cp.backend.delete(handle)
+                except Exception:  # noqa: BLE001
+                    log.exception("could not delete snapshot preparation sandbox")
+            self.cp.store.batch_add_result(request_id, result)
+
+    def status(self, request_id: str) -> PrepareSnapshotsStatusResponse | None:
+        batch = self.cp.store.get_batch(request_id)
+        if batch is None:
+            return None
+        total, results = batch
+        done = len(results) >= total
+        return PrepareSnapshotsStatusResponse(
+            request_id=request_id, status="READY" if done else "IN_PROGRESS", total_requested=total,
+            succeeded=sum(r["status"] == Status.SUCCESS.value for r in results),
+            failed=sum(r["status"] != Status.SUCCESS.value for r in results),
+            results=[SnapshotJobResult(**{k: v for k, v in r.items() if k != "job_id"}) for r in results]
+            if done else None,
+        )
+
+    def job(self, job_id: str) -> SnapshotJobStatusResponse | None:
+        request_id, _, index = job_id.rpartition("-")
+        batch = self.cp.store.get_batch(request_id)
+        if batch is None or not index.isdigit() or int(index) >= batch[0]:
+            return None
+        for r in batch[1]:
+            if r["job_id"] == job_id:
+                return SnapshotJobStatusResponse(job_id=job_id, status=Status(r["status"]),
+                                                 snapshot_name=r["snapshot_name"], snapshot_tag=r["snapshot_tag"],
+                                                 details=r["details"])
+        return SnapshotJobStatusResponse(job_id=job_id, status=Status.IN_PROGRESS)
+

@@ -1,0 +1,136 @@
+"""Asynchronous operations: the 202-and-poll protocol of the wire contract (§4).
+
+An operation is a database row (the request history) and, while it runs, an asyncio task. It
+ends SUCCEEDED with the serialized success model, or FAILED/CANCELLED with a serialized
+``ErrorResponse`` — never with a null result, and never parked in FINISHED_BY_WATCHER (the
+published client would poll it until its deadline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from .models import AsyncOperationStatus, AsyncOperationType, ErrorResponse
+from .store import SQLiteStore, StoreError
+
+log = logging.getLogger(__name__)
+
+RESTART_MESSAGE = (
+    "the control plane restarted while this operation was in progress; it was cut off and did not "
+    "finish. Check the server's status and retry the request."
+)
+
+
+class OperationFailed(Exception):
+    """Raised by operation work to end it FAILED with an ``ErrorResponse``."""
+
+    def __init__(self, status_code: int, body: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(body)
+        self.status_code = status_code
+        self.body = body
+        self.headers = headers or {}
+
+    def error(self) -> ErrorResponse:
+        return ErrorResponse(status_code=self.status_code, headers=self.headers, body=self.body)
+
+
+@dataclass
+class Outcome:
+    status: AsyncOperationStatus
+    result: str
+    touch_server: int | None = None
+
+    @classmethod
+    def success(cls, model: BaseModel, touch_server: int | None = None) -> Outcome:
+        return cls(AsyncOperationStatus.SUCCEEDED, model.model_dump_json(), touch_server)
+
+    @classmethod
+    def failure(cls, status_code: int, body: str, headers: dict[str, str] | None = None,
+                touch_server: int | None = None) -> Outcome:
+        status = AsyncOperationStatus.CANCELLED if status_code == 499 else AsyncOperationStatus.FAILED
+        return cls(status, ErrorResponse(status_code=status_code, headers=headers or {}, body=body).model_dump_json(),
+                   touch_server)
+
+
+Work = Callable[[], Awaitable[BaseModel | Outcome]]
+
+
+class Operations:
+    def __init__(self, store: SQLiteStore, pod_name: str | None) -> None:
+        self.store = store
+        self.pod_name = pod_name
+        self._events: dict[int, asyncio.Event] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    def recover(self) -> int:
+        """Fail every operation a previous run left unfinished. Returns how many."""
+        rows = self.store.unfinished_operations()
+        for row in rows:
+            self.store.finish_operation(
+                row.id, AsyncOperationStatus.FAILED,
+                ErrorResponse(status_code=500, headers={}, body=RESTART_MESSAGE).model_dump_json(),
+            )
+        return len(rows)
+
+    def submit(self, kind: AsyncOperationType, request: str | None, work: Work, *, client_id: str | None = None,
+               server_id: int | None = None) -> int:
+        """Record a SCHEDULED operation and run ``work`` in the background. Returns its id."""
+        op_id = self.store.add_operation(kind, request, client_id, server_id, AsyncOperationStatus.SCHEDULED,
+                                         self.pod_name)
+        self._events[op_id] = asyncio.Event()
+        task = asyncio.create_task(self._run(op_id, work), name=f"operation-{op_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return op_id
+
+    async def _run(self, op_id: int, work: Work) -> None:
+        outcome: Outcome
+        try:
+            self.store.start_operation(op_id)
+            value = await work()
+            outcome = value if isinstance(value, Outcome) else Outcome.success(value)
+        except OperationFailed as exc:
+            outcome = Outcome.failure(exc.status_code, exc.body, exc.headers)
+        except asyncio.CancelledError:
+            outcome = Outcome.failure(499, "the operation was cancelled (control plane shutting down)")
+            self._finish(op_id, outcome)
+            raise
+        except Exception as exc:  # a bug: record it instead of leaving the operation hanging
+            log.exception("operation %s failed unexpectedly", op_id)
+            outcome = Outcome.failure(500, f"internal error: {type(exc).__name__}: {exc}")
+        self._finish(op_id, outcome)
+
+    def _finish(self, op_id: int, outcome: Outcome) -> None:
+        try:
+            self.store.finish_operation(op_id, outcome.status, outcome.result, outcome.touch_server)
+        except StoreError:
+            log.exception("could not record the end of operation %s", op_id)
+        event = self._events.pop(op_id, None)
+        if event is not None:
+            event.set()
+
+    async def wait(self, op_id: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a running operation; True once it has ended."""
+        event = self._events.get(op_id)
+        if event is None:
+            return True
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def shutdown(self, grace: float = 5.0) -> None:
+        """Let running operations finish for ``grace`` seconds, then cancel the rest (CANCELLED)."""
+        if not self._tasks:
+            return
+        _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5)

@@ -1,0 +1,172 @@
+"""Warm pool: spare sandboxes kept ready per image, so that a start is a claim, not a boot.
+
+Each pool key (image, kind, root, runtime class, port, limits) keeps ``target`` sandboxes ready.
+The target starts at the configured floor for keys in use and grows with demand (claims in the
+last minute), up to a ceiling; keys nobody asked for in a while shrink back to nothing. Members
+are recorded in the store, so a restarted control plane adopts them instead of leaking them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from collections import deque
+from dataclasses import replace
+
+from .backends.base import Backend, BackendError, SandboxHandle, SandboxSpec
+from .store import SQLiteStore
+
+log = logging.getLogger(__name__)
+
+DEMAND_WINDOW = 60.0
+IDLE_KEY_TTL = 600.0
+
+
+def new_sandbox_name(prefix: str = "sbx") -> str:
+    return f"{prefix}-{secrets.token_hex(5)}"
+
+
+class WarmPool:
+    def __init__(self, backend: Backend, store: SQLiteStore, floor: int, ceiling: int,
+                 create_timeout: float = 120.0, parallel: int = 2) -> None:
+        self.backend = backend
+        self.store = store
+        self.floor = floor
+        self.ceiling = max(ceiling, floor)
+        self.create_timeout = create_timeout
+        self._ready: dict[tuple, deque[SandboxHandle]] = {}
+        self._templates: dict[tuple, SandboxSpec] = {}
+        self._filling: dict[tuple, int] = {}
+        self._demand: dict[tuple, deque[float]] = {}
+        self._last_used: dict[tuple, float] = {}
+        self._failures: dict[tuple, int] = {}
+        self._slots = asyncio.Semaphore(parallel)
+        self._tasks: set[asyncio.Task] = set()
+        self._closed = False
+
+    # -- claiming ---------------------------------------------------------------------------
+
+    def template(self, spec: SandboxSpec) -> SandboxSpec:
+        return replace(spec, server_id=0, generated_name="pool", request=None)
+
+    def watch(self, spec: SandboxSpec) -> None:
+        """Keep this kind of sandbox warm from now on (without claiming one)."""
+        key = spec.pool_key()
+        self._templates.setdefault(key, self.template(spec))
+        self._last_used[key] = time.monotonic()
+        self._refill(key)
+
+    async def acquire(self, spec: SandboxSpec, timeout: float) -> tuple[SandboxHandle, bool]:
+        """A ready sandbox for ``spec`` (warm=True), or a freshly created one (warm=False)."""
+        key = spec.pool_key()
+        now = time.monotonic()
+        self._templates.setdefault(key, self.template(spec))
+        self._demand.setdefault(key, deque()).append(now)
+        self._last_used[key] = now
+        ready = self._ready.get(key)
+        while ready:
+            handle = ready.popleft()
+            self.store.remove_pool_member(handle.name)
+            observed = await self.backend.observe(handle)
+            if observed.running and observed.ready:
+                self._refill(key)
+                return handle, True
+            self._spawn(self._discard(handle))  # died while waiting: never hand it out
+        self._refill(key)
+        named = replace(spec, generated_name=new_sandbox_name())
+        return await self.backend.create(named, timeout), False
+
+    def target(self, key: tuple) -> int:
+        demand = self._demand.get(key, deque())
+        cutoff = time.monotonic() - DEMAND_WINDOW
+        while demand and demand[0] < cutoff:
+            demand.popleft()
+        if time.monotonic() - self._last_used.get(key, 0.0) > IDLE_KEY_TTL:
+            return 0
+        if self._failures.get(key, 0) >= 3:
+            return 0  # this image does not start; stop burning CPU on it
+        return min(self.ceiling, max(self.floor, len(demand) // 2))
+
+    def sizes(self) -> dict[str, int]:
+        return {self._templates[k].image_tag: len(v) for k, v in self._ready.items() if k in self._templates}
+
+    # -- filling ------------------------------------------------------------------------------
+
+    def _refill(self, key: tuple) -> None:
+        if self._closed:
+            return
+        have = len(self._ready.get(key, ())) + self._filling.get(key, 0)
+        for _ in range(self.target(key) - have):
+            self._filling[key] = self._filling.get(key, 0) + 1
+            self._spawn(self._fill_one(key))
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _fill_one(self, key: tuple) -> None:
+        try:
+            async with self._slots:
+                if self._closed:
+                    return
+                spec = replace(self._templates[key], generated_name=new_sandbox_name("pool"))
+                handle = await self.backend.create(spec, self.create_timeout)
+            if self._closed:
+                await self.backend.delete(handle)
+                return
+            self.store.add_pool_member(handle.name, json.dumps(list(map(str, key))), json.dumps(handle.to_json()))
+            self._ready.setdefault(key, deque()).append(handle)
+            self._failures[key] = 0
+        except BackendError as exc:
+            self._failures[key] = self._failures.get(key, 0) + 1
+            log.warning("warm pool could not create a %s sandbox: %s", self._templates[key].image_tag, exc.message)
+        except Exception:
+            self._failures[key] = self._failures.get(key, 0) + 1
+            log.exception("warm pool fill failed")
+        finally:
+            self._filling[key] = self._filling.get(key, 1) - 1
+
+    async def _discard(self, handle: SandboxHandle) -> None:
+        try:
+            await self.backend.delete(handle)
+        except Exception:
+            log.exception("could not delete pool sandbox %s", handle.name)
+
+    async def maintain(self) -> None:
+        """Refill every key to its target and shed members of keys nobody wants any more."""
+        for key in list(self._templates):
+            want = self.target(key)
+            ready = self._ready.get(key, deque())
+            while len(ready) > want:
+                handle = ready.pop()
+                self.store.remove_pool_member(handle.name)
+                self._spawn(self._discard(handle))
+            self._refill(key)
+
+    # -- restart and shutdown -------------------------------------------------------------------
+
+    def member_names(self) -> set[str]:
+        return {h.name for q in self._ready.values() for h in q}
+
+    async def adopt(self) -> None:
+        """Delete the pool a previous run left: its keys' templates are not known to this run."""
+        for row in self.store.pool_members():
+            self.store.remove_pool_member(row.name)
+            await self._discard(SandboxHandle.from_json(json.loads(row.handle)))
+
+    async def close(self, delete_members: bool = True) -> None:
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=10)
+        if delete_members:
+            handles = [h for q in self._ready.values() for h in q]
+            self._ready.clear()
+            for handle in handles:
+                self.store.remove_pool_member(handle.name)
+            await asyncio.gather(*(self._discard(h) for h in handles))

@@ -1,0 +1,379 @@
+"""The control plane's behaviour, independent of HTTP: clients, servers, reuse, lifecycle.
+
+Routes (``app.py``) validate and translate; everything that changes state happens here, and
+every availability change goes through the store's lifecycle-guarded compare-and-set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import replace
+
+from . import lifecycle
+from .backends.base import Backend, BackendError, Endpoint, ImageNotFound, SandboxHandle, SandboxSpec
+from .config import ControlPlaneConfig
+from .errors import Gone, NotFound
+from .forwarding import Forwarder
+from .models import (
+    AvailabilityStatus as A,
+)
+from .models import (
+    CreateSnapshotResponse,
+    RegisteredClientResponse,
+    ServerActionResponse,
+    ServerKind,
+    ServerReuseStrategy,
+    ServerStatusResponse,
+    ServerSummary,
+    StartServerRequest,
+    StartServerResponse,
+)
+from .operations import OperationFailed, Operations
+from .pool import WarmPool, new_sandbox_name
+from .store import ClientRow, ServerRow, SnapshotRow, SQLiteStore, now_ms
+
+log = logging.getLogger(__name__)
+
+
+class ControlPlane:
+    def __init__(self, config: ControlPlaneConfig, store: SQLiteStore, backend: Backend) -> None:
+        self.config = config
+        self.store = store
+        self.backend = backend
+        self.ops = Operations(store, config.pod_name)
+        self.forwarder = Forwarder(config.client_request_timeout)
+        self.pool = WarmPool(backend, store, config.warm_pool, config.warm_pool_max)
+        self._background: set[asyncio.Task] = set()
+        self._provisioning = 0  # sandboxes being created for servers right now (sweep guard)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def client(self, client_id: uuid.UUID | str) -> ClientRow:
+        row = self.store.get_client(client_id)
+        if row is None:
+            raise NotFound(f"client {client_id} is not registered; register it with POST /api/clients")
+        return row
+
+    def owned_server(self, client_id: uuid.UUID | str, server_id: int) -> ServerRow:
+        self.client(client_id)
+        row = self.store.get_server(server_id)
+        if row is None or row.client_id != str(client_id):
+            raise NotFound(f"server {server_id} not found for client {client_id}")
+        return row
+
+    def usable_server(self, client_id: uuid.UUID | str, server_id: int) -> ServerRow:
+        row = self.owned_server(client_id, server_id)
+        if not lifecycle.is_usable(row.availability) or not row.handle:
+            detail = f": {row.details}" if row.details else ""
+            raise Gone(f"server {server_id} is {row.availability.value}, not usable{detail}")
+        return row
+
+    def endpoint_of(self, row: ServerRow) -> Endpoint:
+        assert row.handle
+        return self.backend.endpoint(SandboxHandle.from_json(json.loads(row.handle)))
+
+    @staticmethod
+    def summary(row: ServerRow) -> dict:
+        return dict(
+            server_id=row.id, server_name=row.server_name, generated_name=row.generated_name,
+            namespace=row.namespace, availability=row.availability, usable=lifecycle.is_usable(row.availability),
+            image_tag=row.image_tag, created_at=row.created_at, last_activity_at=row.last_activity_at,
+            keepalive_until=row.keepalive_until, details=row.details,
+        )
+
+    @staticmethod
+    def client_response(row: ClientRow, operation_id: int | None = None) -> RegisteredClientResponse:
+        return RegisteredClientResponse(
+            id=uuid.UUID(row.id), name=row.name, nodes_count=row.nodes_count, namespace=row.namespace,
+            last_heartbeat_time=row.last_heartbeat_time, availability=row.availability,
+            created_at=row.created_at, operation_id=operation_id,
+        )
+
+    # -- clients ------------------------------------------------------------------------------
+
+    def register_client(self, name: str, namespace: str, nodes_count: int) -> ClientRow:
+        now = now_ms()
+        row = ClientRow(str(uuid.uuid4()), name, namespace, nodes_count, A.ALIVE, now, now)
+        self.store.add_client(row)
+        return row
+
+    def heartbeat(self, client_id: uuid.UUID, availability: A) -> ClientRow:
+        row = self.client(client_id)
+        if not lifecycle.is_terminal(row.availability):
+            self.store.set_client_status(row.id, availability if availability in (A.ALIVE, A.FINISHED) else
+                                         row.availability, heartbeat=now_ms())
+        return self.client(client_id)
+
+    def finish_client(self, client_id: uuid.UUID) -> ClientRow:
+        row = self.client(client_id)
+        for server in self.store.servers(client_id=row.id, availability=lifecycle.USABLE):
+            self.store.set_server_status(server.id, A.FINISHED)
+        self.store.set_client_status(row.id, A.FINISHED)
+        return self.client(client_id)
+
+    async def stop_client(self, client_id: str) -> RegisteredClientResponse:
+        servers = self.store.servers(client_id=client_id, availability=lifecycle.USABLE)
+        results = await asyncio.gather(*(self._stop(s, A.STOPPED, "stopped with its client") for s in servers),
+                                       return_exceptions=True)
+        failed = [s.id for s, r in zip(servers, results) if isinstance(r, BaseException) or r is False]
+        target = A.DELETION_FAILED if failed else A.STOPPED
+        self.store.set_client_status(client_id, target)
+        if failed:
+            raise OperationFailed(500, f"could not delete servers {failed} of client {client_id}")
+        return self.client_response(self.client(client_id))
+
+    # -- starting -------------------------------------------------------------------------------
+
+    def check_can_start(self, req: StartServerRequest) -> ClientRow:
+        row = self.client(req.client_id)
+        if lifecycle.is_terminal(row.availability):
+            raise Gone(f"client {req.client_id} is {row.availability.value}; register a new client")
+        return row
+
+    async def start_server(self, req: StartServerRequest, client: ClientRow) -> StartServerResponse:
+        base = dict(namespace=req.namespace, client_id=req.client_id, image_tag=req.image_tag,
+                    server_name=req.server_name)
+        if req.reuse_strategy != ServerReuseStrategy.NONE and req.snapshot is None:
+            claimed = self.store.claim_finished(client.id, client.name, req.reuse_key())
+            if claimed is not None:
+                return await self._reuse(claimed, req, base)
+        if len(self.store.servers(availability=lifecycle.LIVE)) >= self.config.max_servers:
+            raise OperationFailed(429, f"Resource limit exceeded: {self.config.max_servers} live servers; "
+                                       "finish or stop servers, or retry later")
+        snapshot_source = self._resolve_snapshot(req) if req.snapshot else None
+        now = now_ms()
+        server_id = self.store.add_server(ServerRow(
+            id=0, client_id=client.id, client_name=client.name, server_name=req.server_name, generated_name="",
+            namespace=req.namespace, image_tag=req.image_tag, runtime_class_name=req.runtime_class_name,
+            run_as_root=req.run_as_root, server_kind=req.server_kind.value, service_port=req.service_port,
+            container_port=req.container_port, availability=A.ALIVE, details="starting", created_at=now,
+            last_activity_at=now, keepalive_until=None, max_restarts=req.max_restarts, restarts=0,
+            request=req.model_dump_json(), handle=None,
+        ))
+        row = self.store.get_server(server_id)
+        assert row is not None
+        spec = SandboxSpec.from_request(req, server_id, row.generated_name, snapshot_source)
+        try:
+            handle = await self._provision(spec, req.server_start_wait_timeout_in_seconds)
+        except BackendError as exc:
+            self.store.set_server_status(server_id, A.FAILED_TO_START, exc.message)
+            raise OperationFailed(exc.status if exc.status != 500 else 500,
+                                  f"Error creating IdeGym server {row.generated_name}: {exc.message}") from exc
+        except asyncio.CancelledError:
+            self.store.set_server_status(server_id, A.FAILED_TO_START, "start cancelled")
+            raise
+        if not self.store.set_server_status(server_id, A.ALIVE, "", handle=json.dumps(handle.to_json()),
+                                            last_activity_at=now_ms()):
+            # stopped while starting (its client went away): do not leak the sandbox
+            self.spawn(self._delete_handle(handle))
+            raise OperationFailed(410, f"server {server_id} was stopped while it was starting")
+        return StartServerResponse(**base, server_id=server_id, generated_name=row.generated_name,
+                                   service_name=handle.name, reused=False, need_to_reset=False)
+
+    async def _provision(self, spec: SandboxSpec, timeout: float) -> SandboxHandle:
+        """A sandbox for ``spec``: claimed from the warm pool when one is ready."""
+        self._provisioning += 1
+        try:
+            if spec.snapshot_source is not None:
+                return await self.backend.create(replace(spec, generated_name=new_sandbox_name()), timeout or 300)
+            handle, _warm = await self.pool.acquire(spec, timeout or 300)
+            return handle
+        finally:
+            self._provisioning -= 1
+
+    async def _reuse(self, row: ServerRow, req: StartServerRequest, base: dict) -> StartServerResponse:
+        """RESTART swaps in a fresh sandbox; RESET hands the server over as it is and asks the client
+        to reset the project (an OpenEnv server has no project: it is taken over as it is)."""
+        if req.reuse_strategy == ServerReuseStrategy.RESTART:
+            await self._restart(row, req.server_start_wait_timeout_in_seconds, reuse=True)
+        elif req.server_kind == ServerKind.OPENENV:
+            self.store.set_server_status(row.id, A.ALIVE, "", only_from=[A.REUSED])
+        need_reset = req.reuse_strategy == ServerReuseStrategy.RESET and req.server_kind == ServerKind.IDEGYM
+        fresh = self.store.get_server(row.id)
+        assert fresh is not None and fresh.handle
+        handle = SandboxHandle.from_json(json.loads(fresh.handle))
+        return StartServerResponse(**base, server_id=row.id, generated_name=row.generated_name,
+                                   service_name=handle.name, reused=True, need_to_reset=need_reset)
+
+    def _resolve_snapshot(self, req: StartServerRequest) -> str:
+        assert req.snapshot is not None
+        candidates = self.store.snapshots(group_id=req.snapshot.id)
+        if req.snapshot.tag:
+            candidates = [s for s in candidates if s.tag == req.snapshot.tag or s.id == req.snapshot.tag]
+        if not candidates:
+            which = f"tag {req.snapshot.tag!r} in group" if req.snapshot.tag else "group"
+            raise OperationFailed(404, f"no snapshot for {which} {req.snapshot.id!r}; take one with "
+                                       "POST /api/idegym-servers/snapshot first")
+        return candidates[0].id
+
+    # -- restart, stop, finish ------------------------------------------------------------------
+
+    async def restart_server(self, row: ServerRow, timeout: int) -> ServerActionResponse:
+        await self._restart(row, timeout, reuse=False)
+        return ServerActionResponse(server_name=row.generated_name, message=f"Restarted {row.generated_name}")
+
+    async def _restart(self, row: ServerRow, timeout: int, reuse: bool) -> None:
+        """As fresh as a new sandbox from the image, same server id: swap in a new sandbox."""
+        req = StartServerRequest.model_validate_json(row.request)
+        spec = SandboxSpec.from_request(req, row.id, row.generated_name)
+        old = SandboxHandle.from_json(json.loads(row.handle)) if row.handle else None
+        try:
+            if old is not None and not getattr(self.backend, "restart_by_replacement", True):
+                handle = await self.backend.restart(old, spec, timeout or 300)
+                old = None
+            else:
+                handle = await self._provision(spec, timeout or 300)
+        except BackendError as exc:
+            self.store.set_server_status(row.id, A.RESTART_FAILED, exc.message)
+            if old is not None:
+                self.spawn(self._delete_handle(old))
+            raise OperationFailed(500, f"Restarting {row.generated_name} failed: {exc.message}") from exc
+        sources = [A.REUSED] if reuse else [A.ALIVE, A.REUSED]
+        if not self.store.set_server_status(row.id, A.ALIVE, "", only_from=sources,
+                                            handle=json.dumps(handle.to_json()), last_activity_at=now_ms()):
+            self.spawn(self._delete_handle(handle))
+            raise OperationFailed(410, f"server {row.id} stopped while it was restarting")
+        if old is not None:
+            self.spawn(self._delete_handle(old))
+
+    async def stop_server(self, row: ServerRow) -> ServerActionResponse:
+        if lifecycle.is_terminal(row.availability):
+            return ServerActionResponse(server_name=row.generated_name,
+                                        message=f"{row.generated_name} is already {row.availability.value}")
+        await self._stop(row, A.STOPPED, "stopped by its client")
+        fresh = self.store.get_server(row.id)
+        assert fresh is not None
+        if fresh.availability == A.DELETION_FAILED:
+            raise OperationFailed(500, f"Stopping {row.generated_name} failed: {fresh.details}")
+        return ServerActionResponse(server_name=row.generated_name, message=f"Stopped {row.generated_name}")
+
+    async def _stop(self, row: ServerRow, target: A, details: str) -> bool:
+        """Delete the sandbox, then record ``target`` (or DELETION_FAILED: never claim a stop that
+        did not happen)."""
+        if row.handle:
+            try:
+                await self._delete_handle(SandboxHandle.from_json(json.loads(row.handle)), raise_errors=True)
+            except Exception as exc:  # noqa: BLE001
+                self.store.set_server_status(row.id, A.DELETION_FAILED, f"deletion failed: {exc}")
+                return False
+        return self.store.set_server_status(row.id, target, details)
+
+    async def _delete_handle(self, handle: SandboxHandle, raise_errors: bool = False) -> None:
+        try:
+            await self.forwarder.forget(self.backend.endpoint(handle))
+            await self.backend.delete(handle)
+        except Exception:
+            if raise_errors:
+                raise
+            log.exception("could not delete sandbox %s", handle.name)
+
+    def finish_server(self, row: ServerRow) -> ServerActionResponse:
+        if not self.store.set_server_status(row.id, A.FINISHED, "", only_from=lifecycle.USABLE,
+                                            last_activity_at=now_ms()):
+            raise Gone(f"server {row.id} is {row.availability.value}; only ALIVE or REUSED servers can be finished")
+        return ServerActionResponse(server_name=row.generated_name,
+                                    message=f"{row.generated_name} finished; it can be reused")
+
+    def keepalive(self, row: ServerRow, minutes: float) -> tuple[int, float]:
+        if not lifecycle.is_usable(row.availability) and row.availability != A.FINISHED:
+            raise Gone(f"server {row.id} is {row.availability.value}")
+        now = now_ms()
+        until = self.store.extend_keepalive(row.id, now + int(minutes * 60_000))
+        return until, max(until - now, 0) / 60_000
+
+    async def status(self, row: ServerRow) -> ServerStatusResponse:
+        phase = ready = None
+        if row.handle and row.availability in lifecycle.LIVE:
+            try:
+                seen = await self.backend.observe(SandboxHandle.from_json(json.loads(row.handle)))
+                phase, ready = seen.phase or ("Running" if seen.running else "Failed"), seen.ready
+            except Exception as exc:  # noqa: BLE001 - status must answer even when the backend cannot
+                phase = f"Unknown ({exc})"
+        idle = max(time.time() * 1000 - row.last_activity_at, 0) / 1000
+        return ServerStatusResponse(**self.summary(row), idle_seconds=idle, pod_phase=phase, pod_ready=ready,
+                                    restarts=row.restarts, max_restarts=row.max_restarts)
+
+    def list_servers(self, client_id: uuid.UUID, include_terminal: bool) -> list[ServerSummary]:
+        row = self.client(client_id)
+        servers = self.store.servers(client_id=row.id)
+        return [ServerSummary(**self.summary(s)) for s in servers
+                if include_terminal or not lifecycle.is_terminal(s.availability)]
+
+    # -- snapshots -----------------------------------------------------------------------------
+
+    async def snapshot_server(self, row: ServerRow) -> CreateSnapshotResponse:
+        assert row.handle
+        handle = SandboxHandle.from_json(json.loads(row.handle))
+        group = str(row.id)
+        try:
+            info = await self.backend.snapshot(handle, group)
+        except BackendError as exc:
+            raise OperationFailed(exc.status, f"Snapshotting {row.generated_name} failed: {exc.message}") from exc
+        tag = info.snapshot_tag or info.snapshot_id
+        self.store.add_snapshot(SnapshotRow(
+            id=info.snapshot_id, group_id=group, server_id=row.id, namespace=row.namespace,
+            image_tag=row.image_tag, server_name=row.server_name, runtime_class_name=row.runtime_class_name,
+            run_as_root=row.run_as_root, server_kind=row.server_kind, tag=tag, created_at=now_ms(),
+        ))
+        return CreateSnapshotResponse(server_id=row.id, server_name=row.generated_name, snapshot_id=group,
+                                      snapshot_tag=tag)
+
+    # -- crash handling (watcher and forward failures) --------------------------------------------
+
+    async def check_sandbox(self, row: ServerRow) -> None:
+        """Look at a live server's sandbox; restart it within ``max_restarts`` or mark it CRASHED."""
+        if not row.handle or row.availability not in lifecycle.LIVE:
+            return
+        handle = SandboxHandle.from_json(json.loads(row.handle))
+        try:
+            seen = await self.backend.observe(handle)
+        except Exception:  # noqa: BLE001 - an unobservable backend is not a crashed sandbox
+            log.exception("could not observe sandbox of server %s", row.id)
+            return
+        restarts = max(row.restarts, seen.restarts)
+        if seen.running and restarts <= row.max_restarts:
+            if seen.restarts > row.restarts:
+                self.store.update_server(row.id, restarts=seen.restarts)
+            return
+        reason = seen.reason or ("the sandbox is gone" if not seen.exists else "the sandbox server stopped")
+        if not seen.running and restarts < row.max_restarts and row.availability != A.FINISHED:
+            self.store.update_server(row.id, restarts=restarts + 1, details=f"restarted after a crash: {reason}")
+            try:
+                fresh = await self._provision(
+                    SandboxSpec.from_request(StartServerRequest.model_validate_json(row.request), row.id,
+                                             row.generated_name), 300)
+            except BackendError as exc:
+                reason = f"{reason}; restart failed: {exc.message}"
+            else:
+                if self.store.set_server_status(row.id, row.availability, None, only_from=[row.availability],
+                                                handle=json.dumps(fresh.to_json())):
+                    self.spawn(self._delete_handle(handle))
+                    return
+                self.spawn(self._delete_handle(fresh))
+                return
+        details = f"crashed: {reason} (restarts {restarts}, max_restarts {row.max_restarts})"
+        if self.store.set_server_status(row.id, A.CRASHED, details):
+            log.warning("server %s %s", row.id, details)
+            self.spawn(self._delete_handle(handle))
+
+    # -- shutdown -------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        await self.ops.shutdown()
+        await self.pool.close(delete_members=True)
+        if self.config.ephemeral:
+            live = self.store.servers(availability=lifecycle.LIVE)
+            await asyncio.gather(*(self._stop(s, A.STOPPED, "control plane shut down") for s in live),
+                                 return_exceptions=True)
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=30)
+        await self.forwarder.close()

@@ -1,0 +1,465 @@
+"""Durable state: clients, servers, operations, jobs, snapshots and the warm pool.
+
+``Store`` is the interface; ``SQLiteStore`` keeps it in one SQLite file in WAL mode (a commit
+survives a SIGKILL of the control plane; ``synchronous=NORMAL`` trades the last commits on power
+loss for speed). Status changes are compare-and-set against the statuses the lifecycle allows,
+so two concurrent claims of one FINISHED server cannot both succeed, even across replicas that
+share a database.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from . import lifecycle
+from .models import AsyncOperationStatus, AsyncOperationType, AvailabilityStatus
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class ClientRow:
+    id: str
+    name: str
+    namespace: str
+    nodes_count: int
+    availability: AvailabilityStatus
+    created_at: int
+    last_heartbeat_time: int
+
+
+@dataclass
+class ServerRow:
+    id: int
+    client_id: str
+    client_name: str
+    server_name: str
+    generated_name: str
+    namespace: str
+    image_tag: str
+    runtime_class_name: str | None
+    run_as_root: bool
+    server_kind: str
+    service_port: int
+    container_port: int
+    availability: AvailabilityStatus
+    details: str | None
+    created_at: int
+    last_activity_at: int
+    keepalive_until: int | None
+    max_restarts: int
+    restarts: int
+    request: str
+    handle: str | None
+
+    @property
+    def handle_json(self) -> dict[str, Any] | None:
+        return json.loads(self.handle) if self.handle else None
+
+
+@dataclass
+class OperationRow:
+    id: int
+    request_type: AsyncOperationType
+    status: AsyncOperationStatus
+    request: str | None
+    result: str | None
+    client_id: str | None
+    server_id: int | None
+    orchestrator_pod: str | None
+    scheduled_at: int
+    started_at: int | None
+    finished_at: int | None
+
+
+@dataclass
+class JobRow:
+    id: int
+    job_name: str
+    status: str
+    created_at: int
+    updated_at: int
+    details: str | None
+    tag: str | None
+    request_id: str | None
+
+
+@dataclass
+class SnapshotRow:
+    id: str
+    group_id: str
+    server_id: int | None
+    namespace: str
+    image_tag: str
+    server_name: str
+    runtime_class_name: str | None
+    run_as_root: bool
+    server_kind: str
+    tag: str | None
+    created_at: int
+
+
+@dataclass
+class PoolRow:
+    name: str
+    pool_key: str
+    handle: str
+    created_at: int
+
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS clients (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL, namespace TEXT NOT NULL, nodes_count INTEGER NOT NULL,
+    availability TEXT NOT NULL, created_at INTEGER NOT NULL, last_heartbeat_time INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS clients_name ON clients(name);
+CREATE TABLE IF NOT EXISTS servers (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, client_id TEXT NOT NULL, client_name TEXT NOT NULL,
+    server_name TEXT NOT NULL, generated_name TEXT NOT NULL, namespace TEXT NOT NULL, image_tag TEXT NOT NULL,
+    runtime_class_name TEXT, run_as_root INTEGER NOT NULL, server_kind TEXT NOT NULL,
+    service_port INTEGER NOT NULL, container_port INTEGER NOT NULL, availability TEXT NOT NULL,
+    details TEXT, created_at INTEGER NOT NULL, last_activity_at INTEGER NOT NULL, keepalive_until INTEGER,
+    max_restarts INTEGER NOT NULL, restarts INTEGER NOT NULL DEFAULT 0, request TEXT NOT NULL, handle TEXT);
+CREATE INDEX IF NOT EXISTS servers_client ON servers(client_id);
+CREATE INDEX IF NOT EXISTS servers_reuse ON servers(availability, client_name, image_tag);
+CREATE TABLE IF NOT EXISTS operations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, request_type TEXT NOT NULL, status TEXT NOT NULL, request TEXT,
+    result TEXT, client_id TEXT, server_id INTEGER, orchestrator_pod TEXT, scheduled_at INTEGER NOT NULL,
+    started_at INTEGER, finished_at INTEGER);
+CREATE INDEX IF NOT EXISTS operations_status ON operations(status);
+CREATE INDEX IF NOT EXISTS operations_scheduled ON operations(scheduled_at);
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, job_name TEXT UNIQUE NOT NULL, status TEXT NOT NULL,
+    created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, details TEXT, tag TEXT, request_id TEXT);
+CREATE TABLE IF NOT EXISTS snapshots (
+    id TEXT PRIMARY KEY, group_id TEXT NOT NULL, server_id INTEGER, namespace TEXT NOT NULL,
+    image_tag TEXT NOT NULL, server_name TEXT NOT NULL, runtime_class_name TEXT, run_as_root INTEGER NOT NULL,
+    server_kind TEXT NOT NULL, tag TEXT, created_at INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS snapshots_group ON snapshots(group_id);
+CREATE TABLE IF NOT EXISTS snapshot_batches (
+    request_id TEXT PRIMARY KEY, created_at INTEGER NOT NULL, total INTEGER NOT NULL, results TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS pool (
+    name TEXT PRIMARY KEY, pool_key TEXT NOT NULL, handle TEXT NOT NULL, created_at INTEGER NOT NULL);
+"""
+
+
+def _row(cls: type, row: sqlite3.Row) -> Any:
+    values = {f.name: row[f.name] for f in fields(cls)}
+    if "availability" in values:
+        values["availability"] = AvailabilityStatus(values["availability"])
+    if "run_as_root" in values:
+        values["run_as_root"] = bool(values["run_as_root"])
+    if cls is OperationRow:
+        values["request_type"] = AsyncOperationType(values["request_type"])
+        values["status"] = AsyncOperationStatus(values["status"])
+    return cls(**values)
+
+
+class StoreError(Exception):
+    """The database could not be written (disk full, read-only…); the message says what to do."""
+
+
+class SQLiteStore:
+    """All state in one SQLite database file (WAL)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+        self._db.row_factory = sqlite3.Row
+        self._lock = threading.RLock()
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE: writers queue instead of failing)."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise StoreError(f"cannot write the state database {self.path}: {exc}") from exc
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                self._db.execute("ROLLBACK")
+                raise StoreError(
+                    f"cannot commit to the state database {self.path}: {exc}; free disk space and retry"
+                ) from exc
+
+    def _query(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, tuple(args)).fetchall()
+
+    def _write(self, sql: str, args: Iterable[Any] = ()) -> sqlite3.Cursor:
+        with self.tx() as db:
+            try:
+                return db.execute(sql, tuple(args))
+            except sqlite3.OperationalError as exc:
+                raise StoreError(f"cannot write the state database {self.path}: {exc}") from exc
+
+    # -- clients ------------------------------------------------------------------------------
+
+    def add_client(self, client: ClientRow) -> None:
+        self._write(
+            "INSERT INTO clients VALUES (?,?,?,?,?,?,?)",
+            (client.id, client.name, client.namespace, client.nodes_count, client.availability.value,
+             client.created_at, client.last_heartbeat_time),
+        )
+
+    def get_client(self, client_id: UUID | str) -> ClientRow | None:
+        rows = self._query("SELECT * FROM clients WHERE id=?", (str(client_id),))
+        return _row(ClientRow, rows[0]) if rows else None
+
+    def clients(self, availability: Iterable[AvailabilityStatus] | None = None) -> list[ClientRow]:
+        if availability is None:
+            rows = self._query("SELECT * FROM clients")
+        else:
+            wanted = [a.value for a in availability]
+            rows = self._query(f"SELECT * FROM clients WHERE availability IN ({','.join('?' * len(wanted))})",
+                               wanted)
+        return [_row(ClientRow, r) for r in rows]
+
+    def set_client_status(self, client_id: str, target: AvailabilityStatus, heartbeat: int | None = None) -> bool:
+        sources = [s.value for s in lifecycle.client_sources(target)]
+        sets, args = ["availability=?"], [target.value]
+        if heartbeat is not None:
+            sets.append("last_heartbeat_time=?")
+            args.append(heartbeat)
+        cur = self._write(
+            f"UPDATE clients SET {', '.join(sets)} WHERE id=? AND availability IN ({','.join('?' * len(sources))})",
+            [*args, client_id, *sources],
+        )
+        return cur.rowcount == 1
+
+    # -- servers ------------------------------------------------------------------------------
+
+    def add_server(self, server: ServerRow) -> int:
+        with self.tx() as db:
+            cur = db.execute(
+                "INSERT INTO servers (client_id, client_name, server_name, generated_name, namespace, image_tag, "
+                "runtime_class_name, run_as_root, server_kind, service_port, container_port, availability, details, "
+                "created_at, last_activity_at, keepalive_until, max_restarts, restarts, request, handle) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (server.client_id, server.client_name, server.server_name, "", server.namespace, server.image_tag,
+                 server.runtime_class_name, int(server.run_as_root), server.server_kind, server.service_port,
+                 server.container_port, server.availability.value, server.details, server.created_at,
+                 server.last_activity_at, server.keepalive_until, server.max_restarts, server.restarts,
+                 server.request, server.handle),
+            )
+            server_id = int(cur.lastrowid)
+            db.execute("UPDATE servers SET generated_name=? WHERE id=?", (f"{server.server_name}-{server_id}", server_id))
+        return server_id
+
+    def get_server(self, server_id: int) -> ServerRow | None:
+        rows = self._query("SELECT * FROM servers WHERE id=?", (server_id,))
+        return _row(ServerRow, rows[0]) if rows else None
+
+    def servers(self, *, client_id: str | None = None,
+                availability: Iterable[AvailabilityStatus] | None = None) -> list[ServerRow]:
+        sql, args = "SELECT * FROM servers WHERE 1=1", []
+        if client_id is not None:
+            sql += " AND client_id=?"
+            args.append(client_id)
+        if availability is not None:
+            wanted = [a.value for a in availability]
+            sql += f" AND availability IN ({','.join('?' * len(wanted))})"
+            args += wanted
+        return [_row(ServerRow, r) for r in self._query(sql + " ORDER BY id DESC", args)]
+
+    def set_server_status(self, server_id: int, target: AvailabilityStatus, details: str | None = None,
+                          *, only_from: Iterable[AvailabilityStatus] | None = None, **extra: Any) -> bool:
+        """Move a server to ``target`` if the lifecycle allows it from its current status (CAS).
+
+        Returns False, changing nothing, when it does not (e.g. the server is already terminal)."""
+        sources = set(lifecycle.server_sources(target))
+        if only_from is not None:
+            sources &= set(only_from)
+        if not sources:
+            return False
+        sets, args = ["availability=?"], [target.value]
+        if details is not None:
+            sets.append("details=?")
+            args.append(details)
+        for column, value in extra.items():
+            sets.append(f"{column}=?")
+            args.append(value)
+        src = [s.value for s in sources]
+        cur = self._write(
+            f"UPDATE servers SET {', '.join(sets)} WHERE id=? AND availability IN ({','.join('?' * len(src))})",
+            [*args, server_id, *src],
+        )
+        return cur.rowcount == 1
+
+    def claim_finished(self, client_id: str, client_name: str, key: tuple) -> ServerRow | None:
+        """Atomically take the newest FINISHED server matching ``key`` for ``client_id``: → REUSED."""
+        image_tag, runtime, root, kind, server_name = key
+        with self.tx() as db:
+            row = db.execute(
+                "SELECT id FROM servers WHERE availability=? AND client_name=? AND image_tag=? "
+                "AND runtime_class_name IS ? AND run_as_root=? AND server_kind=? AND server_name=? "
+                "ORDER BY last_activity_at DESC, id DESC LIMIT 1",
+                (AvailabilityStatus.FINISHED.value, client_name, image_tag, runtime, int(root), kind, server_name),
+            ).fetchone()
+            if row is None:
+                return None
+            cur = db.execute(
+                "UPDATE servers SET availability=?, client_id=?, last_activity_at=?, keepalive_until=NULL, "
+                "details=NULL WHERE id=? AND availability=?",
+                (AvailabilityStatus.REUSED.value, client_id, now_ms(), row["id"], AvailabilityStatus.FINISHED.value),
+            )
+            if cur.rowcount != 1:
+                return None
+        return self.get_server(int(row["id"]))
+
+    def update_server(self, server_id: int, **values: Any) -> None:
+        sets = ", ".join(f"{k}=?" for k in values)
+        self._write(f"UPDATE servers SET {sets} WHERE id=?", [*values.values(), server_id])
+
+    def touch_server(self, server_id: int, when: int) -> None:
+        """Record activity; a REUSED server that is used again becomes ALIVE."""
+        self._write(
+            "UPDATE servers SET last_activity_at=MAX(last_activity_at, ?), "
+            "availability=CASE availability WHEN 'REUSED' THEN 'ALIVE' ELSE availability END "
+            "WHERE id=? AND availability IN ('ALIVE','REUSED')",
+            (when, server_id),
+        )
+
+    def extend_keepalive(self, server_id: int, until: int) -> int:
+        with self.tx() as db:
+            db.execute("UPDATE servers SET keepalive_until=MAX(COALESCE(keepalive_until, 0), ?) WHERE id=?",
+                       (until, server_id))
+            return int(db.execute("SELECT keepalive_until FROM servers WHERE id=?", (server_id,)).fetchone()[0])
+
+    # -- operations ---------------------------------------------------------------------------
+
+    def add_operation(self, request_type: AsyncOperationType, request: str | None, client_id: str | None,
+                      server_id: int | None, status: AsyncOperationStatus, pod: str | None) -> int:
+        now = now_ms()
+        started = now if status == AsyncOperationStatus.IN_PROGRESS else None
+        cur = self._write(
+            "INSERT INTO operations (request_type, status, request, client_id, server_id, orchestrator_pod, "
+            "scheduled_at, started_at) VALUES (?,?,?,?,?,?,?,?)",
+            (request_type.value, status.value, request, client_id, server_id, pod, now, started),
+        )
+        return int(cur.lastrowid)
+
+    def start_operation(self, op_id: int) -> None:
+        self._write("UPDATE operations SET status=?, started_at=? WHERE id=? AND status=?",
+                    (AsyncOperationStatus.IN_PROGRESS.value, now_ms(), op_id, AsyncOperationStatus.SCHEDULED.value))
+
+    def finish_operation(self, op_id: int, status: AsyncOperationStatus, result: str,
+                         touch_server: int | None = None) -> None:
+        now = now_ms()
+        with self.tx() as db:
+            db.execute(
+                "UPDATE operations SET status=?, result=?, finished_at=?, started_at=COALESCE(started_at, ?) "
+                "WHERE id=? AND status IN ('SCHEDULED','IN_PROGRESS')",
+                (status.value, result, now, now, op_id),
+            )
+            if touch_server is not None:
+                db.execute(
+                    "UPDATE servers SET last_activity_at=MAX(last_activity_at, ?), "
+                    "availability=CASE availability WHEN 'REUSED' THEN 'ALIVE' ELSE availability END "
+                    "WHERE id=? AND availability IN ('ALIVE','REUSED')",
+                    (now, touch_server),
+                )
+
+    def get_operation(self, op_id: int) -> OperationRow | None:
+        rows = self._query("SELECT * FROM operations WHERE id=?", (op_id,))
+        return _row(OperationRow, rows[0]) if rows else None
+
+    def unfinished_operations(self) -> list[OperationRow]:
+        rows = self._query("SELECT * FROM operations WHERE status IN ('SCHEDULED','IN_PROGRESS')")
+        return [_row(OperationRow, r) for r in rows]
+
+    def purge_operations(self, older_than_ms: int) -> int:
+        cur = self._write(
+            "DELETE FROM operations WHERE scheduled_at < ? AND status NOT IN ('SCHEDULED','IN_PROGRESS')",
+            (older_than_ms,),
+        )
+        return cur.rowcount
+
+    # -- jobs -----------------------------------------------------------------------------------
+
+    def add_job(self, job_name: str, request_id: str | None, details: str) -> None:
+        now = now_ms()
+        self._write("INSERT INTO jobs (job_name, status, created_at, updated_at, details, request_id) "
+                    "VALUES (?,?,?,?,?,?)", (job_name, "in_progress", now, now, details, request_id))
+
+    def update_job(self, job_name: str, status: str, details: str | None = None, tag: str | None = None) -> None:
+        self._write("UPDATE jobs SET status=?, updated_at=?, details=COALESCE(?, details), tag=COALESCE(?, tag) "
+                    "WHERE job_name=?", (status, now_ms(), details, tag, job_name))
+
+    def get_job(self, job_name: str) -> JobRow | None:
+        rows = self._query("SELECT * FROM jobs WHERE job_name=?", (job_name,))
+        return _row(JobRow, rows[0]) if rows else None
+
+    def jobs(self, status: str | None = None) -> list[JobRow]:
+        rows = self._query("SELECT * FROM jobs" + (" WHERE status=?" if status else ""), (status,) if status else ())
+        return [_row(JobRow, r) for r in rows]
+
+    # -- snapshots ------------------------------------------------------------------------------
+
+    def add_snapshot(self, snap: SnapshotRow) -> None:
+        self._write("INSERT INTO snapshots VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                    (snap.id, snap.group_id, snap.server_id, snap.namespace, snap.image_tag, snap.server_name,
+                     snap.runtime_class_name, int(snap.run_as_root), snap.server_kind, snap.tag, snap.created_at))
+
+    def snapshots(self, group_id: str | None = None) -> list[SnapshotRow]:
+        sql = "SELECT * FROM snapshots" + (" WHERE group_id=?" if group_id else "") + " ORDER BY created_at DESC"
+        return [_row(SnapshotRow, r) for r in self._query(sql, (group_id,) if group_id else ())]
+
+    def find_snapshot(self, namespace: str, image_tag: str, server_name: str, runtime: str | None, root: bool,
+                      kind: str) -> SnapshotRow | None:
+        rows = self._query(
+            "SELECT * FROM snapshots WHERE namespace=? AND image_tag=? AND server_name=? AND runtime_class_name IS ? "
+            "AND run_as_root=? AND server_kind=? ORDER BY created_at DESC LIMIT 1",
+            (namespace, image_tag, server_name, runtime, int(root), kind),
+        )
+        return _row(SnapshotRow, rows[0]) if rows else None
+
+    def add_batch(self, request_id: str, total: int) -> None:
+        self._write("INSERT INTO snapshot_batches VALUES (?,?,?,?)", (request_id, now_ms(), total, "[]"))
+
+    def batch_add_result(self, request_id: str, result: dict[str, Any]) -> None:
+        with self.tx() as db:
+            row = db.execute("SELECT results FROM snapshot_batches WHERE request_id=?", (request_id,)).fetchone()
+            results = json.loads(row["results"]) + [result]
+            db.execute("UPDATE snapshot_batches SET results=? WHERE request_id=?", (json.dumps(results), request_id))
+
+    def get_batch(self, request_id: str) -> tuple[int, list[dict[str, Any]]] | None:
+        rows = self._query("SELECT total, results FROM snapshot_batches WHERE request_id=?", (request_id,))
+        return (int(rows[0]["total"]), json.loads(rows[0]["results"])) if rows else None
+
+    # -- warm pool ----------------------------------------------------------------------------
+
+    def add_pool_member(self, name: str, key: str, handle: str) -> None:
+        self._write("INSERT OR REPLACE INTO pool VALUES (?,?,?,?)", (name, key, handle, now_ms()))
+
+    def remove_pool_member(self, name: str) -> bool:
+        return self._write("DELETE FROM pool WHERE name=?", (name,)).rowcount == 1
+
+    def pool_members(self) -> list[PoolRow]:
+        return [_row(PoolRow, r) for r in self._query("SELECT * FROM pool ORDER BY created_at")]

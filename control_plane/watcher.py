@@ -1,0 +1,137 @@
+"""The watcher: reaps idle servers and silent clients, catches crashes, sweeps orphans.
+
+One pass every ``interval`` seconds:
+
+* ALIVE/REUSED servers idle longer than ``inactive_timeout`` are deleted → KILLED, unless a
+  keepalive window holds them (windows only ever extend); FINISHED ones wait ``finished_timeout``
+  for reuse. Status reads are not activity; forwarded calls are.
+* Clients whose heartbeat stopped for ``heartbeat_timeout`` → KILLED, with their usable servers.
+* Every live sandbox is observed: a crashed one is restarted while ``max_restarts`` allows,
+  else the server becomes CRASHED with the reason in ``details``.
+* Backend resources with no database row (and no pool membership) are deleted once they have
+  been seen orphaned on two consecutive passes, so a sandbox being created is never swept.
+* Operations older than the retention are purged; one stuck in progress too long is failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from . import lifecycle
+from .backends.base import SandboxHandle
+from .config import WatcherConfig
+from .models import AsyncOperationStatus
+from .models import AvailabilityStatus as A
+from .models import ErrorResponse
+from .service import ControlPlane
+from .store import now_ms
+
+log = logging.getLogger(__name__)
+
+
+class Watcher:
+    def __init__(self, cp: ControlPlane, config: WatcherConfig) -> None:
+        self.cp = cp
+        self.config = config
+        self._suspects: set[str] = set()
+        self._task: asyncio.Task | None = None
+        self.passes = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="watcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.interval)
+            try:
+                await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the watcher must survive anything a pass meets
+                log.exception("watcher pass failed")
+
+    async def run_once(self) -> None:
+        await self.reap_idle()
+        await self.reap_clients()
+        await self.check_crashes()
+        await self.cp.pool.maintain()
+        await self.sweep_orphans()
+        self.purge_operations()
+        self.passes += 1
+
+    async def reap_idle(self) -> None:
+        now = now_ms()
+        doomed = []
+        for row in self.cp.store.servers(availability=lifecycle.LIVE):
+            if row.keepalive_until is not None and now < row.keepalive_until:
+                continue
+            timeout = self.config.finished_timeout if row.availability == A.FINISHED else self.config.inactive_timeout
+            idle = (now - row.last_activity_at) / 1000
+            if idle > timeout:
+                state = "finished and not reused" if row.availability == A.FINISHED else "idle"
+                doomed.append((row, f"killed by the watcher: {state} for {idle:.0f} s (limit {timeout:g} s)"))
+        await asyncio.gather(*(self.cp._stop(row, A.KILLED, why) for row, why in doomed))
+
+    async def reap_clients(self) -> None:
+        cutoff = now_ms() - self.config.heartbeat_timeout * 1000
+        for client in self.cp.store.clients([A.ALIVE, A.FINISHED]):
+            if client.last_heartbeat_time >= cutoff:
+                continue
+            if self.cp.store.set_client_status(client.id, A.KILLED):
+                servers = self.cp.store.servers(client_id=client.id, availability=lifecycle.USABLE)
+                await asyncio.gather(*(
+                    self.cp._stop(s, A.KILLED, "killed by the watcher: its client stopped sending heartbeats")
+                    for s in servers))
+
+    async def check_crashes(self) -> None:
+        rows = [r for r in self.cp.store.servers(availability=lifecycle.LIVE) if r.handle]
+        slots = asyncio.Semaphore(16)
+
+        async def check(row) -> None:
+            async with slots:
+                await self.cp.check_sandbox(row)
+
+        await asyncio.gather(*(check(r) for r in rows))
+
+    async def sweep_orphans(self) -> None:
+        try:
+            present = await self.cp.backend.list_names()
+        except Exception:  # noqa: BLE001
+            log.exception("could not list backend resources")
+            return
+        known = set(self.cp.pool.member_names())
+        for row in self.cp.store.servers():
+            if row.handle and not lifecycle.is_terminal(row.availability):
+                known.add(SandboxHandle.from_json(json.loads(row.handle)).name)
+        for member in self.cp.store.pool_members():
+            known.add(member.name)
+        orphans = present - known
+        confirmed = orphans & self._suspects
+        self._suspects = orphans - confirmed
+        for name in confirmed:
+            log.warning("deleting orphaned sandbox %s (no server or pool record)", name)
+            try:
+                await self.cp.backend.delete_name(name)
+            except Exception:  # noqa: BLE001
+                log.exception("could not delete orphan %s", name)
+
+    def purge_operations(self) -> None:
+        now = now_ms()
+        self.cp.store.purge_operations(now - int(self.config.operation_retention * 1000))
+        stale_before = now - int(self.config.stale_operation * 1000)
+        for op in self.cp.store.unfinished_operations():
+            if (op.started_at or op.scheduled_at) < stale_before:
+                self.cp.store.finish_operation(op.id, AsyncOperationStatus.FAILED, ErrorResponse(
+                    status_code=504, headers={},
+                    body=f"failed by the watcher: in progress for more than {self.config.stale_operation:g} s",
+                ).model_dump_json())

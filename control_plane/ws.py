@@ -1,0 +1,62 @@
+"""WebSocket relay for OpenEnv servers (wire contract §5.20): frames both ways, activity counted."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+from aiohttp import web
+
+from .service import ControlPlane
+from .store import ServerRow, now_ms
+
+log = logging.getLogger(__name__)
+
+
+async def relay(request: web.Request, cp: ControlPlane, row: ServerRow) -> web.StreamResponse:
+    endpoint = cp.endpoint_of(row)
+    connector = aiohttp.UnixConnector(path=endpoint.unix_socket) if endpoint.unix_socket else None
+    session = aiohttp.ClientSession(connector=connector)
+    url = endpoint.base_url.rstrip("/") + "/ws"
+    if request.query_string:
+        url += f"?{request.query_string}"
+    try:
+        upstream = await session.ws_connect(url, max_msg_size=0, autoping=True)
+    except Exception as exc:  # noqa: BLE001 - refused before the upgrade: the client gets a status
+        await session.close()
+        cp.spawn(cp.check_sandbox(row))
+        raise web.HTTPGone(text=f"Failed to forward request: cannot open {url}: {type(exc).__name__} ({exc})")
+    downstream = web.WebSocketResponse(max_msg_size=0, autoping=True)
+    await downstream.prepare(request)
+    cp.store.touch_server(row.id, now_ms())
+
+    async def pump(src, dst, count_activity: bool) -> None:
+        async for msg in src:
+            if msg.type == aiohttp.WSMsgType.TEXT:
+                await dst.send_str(msg.data)
+            elif msg.type == aiohttp.WSMsgType.BINARY:
+                await dst.send_bytes(msg.data)
+            elif msg.type == aiohttp.WSMsgType.ERROR:
+                break
+            if count_activity:
+                cp.store.touch_server(row.id, now_ms())
+
+    to_client = asyncio.ensure_future(pump(upstream, downstream, True))
+    to_server = asyncio.ensure_future(pump(downstream, upstream, True))
+    try:
+        await asyncio.wait({to_client, to_server}, return_when=asyncio.FIRST_COMPLETED)
+    except Exception:  # noqa: BLE001
+        log.exception("websocket relay failed")
+        await downstream.close(code=aiohttp.WSCloseCode.INTERNAL_ERROR)
+    finally:
+        for task in (to_client, to_server):
+            task.cancel()
+        code = upstream.close_code or aiohttp.WSCloseCode.OK
+        if not downstream.closed:
+            await downstream.close(code=code if code != aiohttp.WSCloseCode.ABNORMAL_CLOSURE
+                                   else aiohttp.WSCloseCode.INTERNAL_ERROR)
+        if not upstream.closed:
+            await upstream.close()
+        await session.close()
+    return downstream

@@ -1,0 +1,182 @@
+"""The client's protocol, written once and without I/O.
+
+Every API call is a *plan*: a generator that yields ``Call`` (an HTTP request) or ``Sleep``
+instructions and receives ``Reply`` objects, then returns the typed result. ``_sync.py`` and
+``_async.py`` only drive plans with httpx — so the sync and async clients cannot drift apart.
+
+Calls through the control plane send ``Prefer: wait=<seconds>`` and so take one round trip; when
+the control plane answers 202 instead (the call outlived the wait, or an older server ignores
+the preference), the plan polls the operation like the published client does.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from control_plane.models import AsyncOperationStatusResponse, ErrorResponse, ForwardRequestResponse
+
+from ._exceptions import APIError, TimeoutError, error_for
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+SANDBOX_HEADER = "x-idegym-forwarded"
+FORWARD_FAILED = "Failed to forward request"
+# Seconds added to a call's own timeout before the client gives up waiting for the answer.
+SLACK = 30.0
+
+
+@dataclass
+class Call:
+    method: str
+    path: str
+    json: Any = None
+    params: dict[str, str] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout: float | None = 60.0
+
+
+@dataclass
+class Sleep:
+    seconds: float
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: Mapping[str, str]
+    content: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.content) if self.content else {}
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+
+Plan = Generator["Call | Sleep", "Reply | None", T]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a sandbox's API is: directly at a sandbox server, or behind the control plane."""
+
+    prefix: str  # "" (direct) or "/api/forward/<client>/<server>/"
+    via_control_plane: bool
+
+    @classmethod
+    def direct(cls) -> Target:
+        return cls("/", False)
+
+    @classmethod
+    def forwarded(cls, client_id: str, server_id: int) -> Target:
+        return cls(f"/api/forward/{client_id}/{server_id}/", True)
+
+
+def _check(reply: Reply, origin: str) -> Reply:
+    if reply.status >= 400:
+        raise error_for(reply.status, reply.text, origin)
+    return reply
+
+
+def poll_operation(op_id: int, timeout: float) -> Plan[AsyncOperationStatusResponse]:
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        reply = _check((yield Call("GET", f"/api/operations/status/{op_id}")), "control-plane")
+        op = AsyncOperationStatusResponse.model_validate(reply.json())
+        if op.status in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            return op
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"operation {op_id} did not finish within {timeout:g} s (still {op.status})")
+        yield Sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
+        delay = min(delay * 1.5, 1.0)
+
+
+def _failed_operation(op: AsyncOperationStatusResponse, forwarded: bool) -> APIError:
+    error = ErrorResponse.model_validate_json(op.result or "{}")
+    status = error.status_code or 500
+    body = error.body or ""
+    ours = status in (410, 499) or (status == 500 and body.startswith(FORWARD_FAILED)) or error.status_code is None
+    return error_for(status, body, "sandbox" if forwarded and not ours else "control-plane")
+
+
+def sandbox_call(target: Target, method: str, path: str, body: Any = None, timeout: float = 600.0) -> Plan[Reply]:
+    """One call to the sandbox API (``path`` like ``api/tools/bash``); raises on HTTP errors."""
+    url = target.prefix + path
+    if not target.via_control_plane:
+        return _check((yield Call(method, url, json=body, timeout=timeout + SLACK)), "sandbox")
+    wait = timeout + SLACK
+    reply = yield Call(method, url, json=body, headers={"Prefer": f"wait={wait:g}"}, timeout=wait + SLACK)
+    if reply.status == 202:
+        op = yield from poll_operation(int(reply.json()["async_operation_id"]), wait + SLACK)
+        if op.status != "SUCCEEDED":
+            raise _failed_operation(op, forwarded=True)
+        result = ForwardRequestResponse.model_validate_json(op.result or "{}")
+        return Reply(result.status_code or 200, result.headers or {}, (result.body or "").encode())
+    origin = "sandbox" if reply.headers.get(SANDBOX_HEADER) == "sandbox" else "control-plane"
+    return _check(reply, origin)
+
+
+def sandbox_model(target: Target, path: str, body: Any, model: type[M], timeout: float = 600.0) -> Plan[M]:
+    reply = yield from sandbox_call(target, "POST", path, body, timeout)
+    return model.model_validate(reply.json())
+
+
+def cp_call(method: str, path: str, body: Any = None, params: dict[str, str] | None = None,
+            timeout: float | None = 60.0) -> Plan[Reply]:
+    return _check((yield Call(method, path, json=body, params=params, timeout=timeout)), "control-plane")
+
+
+def cp_operation(method: str, path: str, body: Any, model: type[M], timeout: float) -> Plan[M]:
+    """An asynchronous control-plane operation, awaited in one round trip when the server can."""
+    reply = _check((yield Call(method, path, json=body, headers={"Prefer": f"wait={timeout:g}"},
+                               timeout=timeout + SLACK)), "control-plane")
+    if reply.status != 202:
+        return model.model_validate(reply.json())
+    data = reply.json()
+    op_id = data.get("operation_id") or data.get("async_operation_id")
+    op = yield from poll_operation(int(op_id), timeout + SLACK)
+    if op.status != "SUCCEEDED":
+        raise _failed_operation(op, forwarded=False)
+    return model.model_validate_json(op.result or "{}")
+
+
+# -- chunked transfer -----------------------------------------------------------------------------
+
+
+def upload(target: Target, path: str, data: bytes, chunk: int) -> Plan[int]:
+    if chunk < 1:
+        raise ValueError("chunk must be at least 1 byte")
+    offset = 0
+    while True:
+        piece = data[offset: offset + chunk]
+        reply = yield from sandbox_call(target, "POST", "api/tools/file/upload", {
+            "file_path": path, "content_base64": base64.b64encode(piece).decode("ascii"), "offset": offset,
+            "truncate": True}, timeout=120)
+        body = reply.json()
+        offset += int(body["bytes_written"])
+        if offset >= len(data):
+            return int(body["size"])
+
+
+def download(target: Target, path: str, chunk: int) -> Plan[bytes]:
+    parts: list[bytes] = []
+    offset = 0
+    while True:
+        reply = yield from sandbox_call(target, "POST", "api/tools/file/download",
+                                        {"file_path": path, "offset": offset, "length": chunk}, timeout=120)
+        body = reply.json()
+        piece = base64.b64decode(body["content_base64"], validate=True)
+        parts.append(piece)
+        offset += len(piece)
+        if body["eof"] or not piece:
+            return b"".join(parts)

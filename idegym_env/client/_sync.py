@@ -1,0 +1,276 @@
+"""The synchronous client: ``IdeGymClient`` (a control-plane session) and ``Sandbox`` (one server)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from control_plane.models import (
+    CreateSnapshotResponse,
+    JobStatusResponse,
+    KeepaliveServerResponse,
+    ServerActionResponse,
+    ServerReuseStrategy,
+    ServerStatusResponse,
+    ServerSummary,
+    StartServerRequest,
+    StartServerResponse,
+)
+from sandbox_server.models import BashCommandResponse, CheckResult, ExecuteResponse, ResetResult, TestReport
+
+from . import _plans
+from ._exceptions import ServerError, TimeoutError, TransportError
+from ._protocol import Call, Plan, Reply, Sleep, T, Target, download, sandbox_call, upload
+from ._settings import BUILTIN_IMAGE, Settings
+
+
+def _send(http: httpx.Client, call: Call) -> Reply:
+    try:
+        resp = http.request(call.method, call.path, json=call.json, params=call.params, headers=call.headers,
+                            timeout=httpx.Timeout(call.timeout, connect=10.0))
+    except httpx.TimeoutException as exc:
+        raise TimeoutError(f"{call.method} {call.path}: no answer within {call.timeout} s") from exc
+    except httpx.TransportError as exc:
+        raise TransportError(f"{call.method} {call.path}: {type(exc).__name__}: {exc}") from exc
+    return Reply(resp.status_code, resp.headers, resp.content)
+
+
+def drive(http: httpx.Client, plan: Plan[T]) -> T:
+    try:
+        step = next(plan)
+        while True:
+            if isinstance(step, Sleep):
+                time.sleep(step.seconds)
+                step = plan.send(None)
+            else:
+                step = plan.send(_send(http, step))
+    except StopIteration as done:
+        return done.value
+
+
+class Sandbox:
+    """One sandbox: its tools, checks, reset and life cycle.
+
+    Get one from ``IdeGymClient.start(...)``, or connect straight to a sandbox server with
+    ``Sandbox.connect(url)`` / ``Sandbox.connect(unix_socket=...)`` (no control plane: life-cycle
+    calls then raise). Used as a context manager it finishes the server on exit (reusable)."""
+
+    def __init__(self, http: httpx.Client, target: Target, client: IdeGymClient | None = None,
+                 info: StartServerResponse | None = None) -> None:
+        self._http = http
+        self._target = target
+        self._client = client
+        self.info = info
+
+    @classmethod
+    def connect(cls, url: str = "http://sandbox", *, unix_socket: str | None = None,
+                timeout: float = 60.0) -> Sandbox:
+        transport = httpx.HTTPTransport(uds=unix_socket) if unix_socket else None
+        return cls(httpx.Client(base_url=url, transport=transport, timeout=timeout), Target.direct())
+
+    @property
+    def server_id(self) -> int | None:
+        return self.info.server_id if self.info else None
+
+    def _run(self, plan: Plan[T]) -> T:
+        return drive(self._http, plan)
+
+    # -- tools --------------------------------------------------------------------------------
+
+    def bash(self, command: str, *, timeout: float = 600.0, cwd: str | None = None,
+             env: dict[str, str] | None = None, user: str | None = None,
+             max_output_bytes: int | None = 1_048_576, strip_output: bool = False,
+             graceful_termination_timeout: float = 2.0) -> BashCommandResponse:
+        """Run a bash script; a non-zero exit is a result (``exit_code``), not an exception."""
+        return self._run(_plans.bash(self._target, command, timeout, cwd, env, user, max_output_bytes, strip_output,
+                                     graceful_termination_timeout))
+
+    def write_file(self, path: str, content: str) -> None:
+        self._run(_plans.write_file(self._target, path, content))
+
+    def read_file(self, path: str) -> str:
+        return self.download(path).decode("utf-8", errors="replace")
+
+    def edit(self, path: str, start_line: int, end_line: int, new_content: str) -> None:
+        self._run(_plans.edit(self._target, path, start_line, end_line, new_content))
+
+    def patch(self, path: str, patch_text: str) -> None:
+        """Apply diff-match-patch patch text; raises ``Conflict`` naming hunks that did not apply."""
+        self._run(_plans.patch(self._target, path, patch_text))
+
+    def upload(self, path: str, data: bytes, chunk: int = 1 << 20) -> int:
+        return self._run(upload(self._target, path, data, chunk))
+
+    def download(self, path: str, chunk: int = 1 << 20) -> bytes:
+        return self._run(download(self._target, path, chunk))
+
+    # -- checks ---------------------------------------------------------------------------------
+
+    def setup_check(self, script: str, timeout: float = 600.0) -> CheckResult:
+        return self._run(_plans.check(self._target, "setup", script, timeout))
+
+    def compile(self, script: str, timeout: float = 600.0) -> CheckResult:
+        return self._run(_plans.check(self._target, "compilation", script, timeout))
+
+    def run_tests(self, script: str, timeout: float = 600.0, report_glob: str = "test-*.xml") -> TestReport:
+        return self._run(_plans.run_tests(self._target, script, timeout, report_glob))
+
+    def execute(self, language: str, code: str, *, args: list[str] | None = None,
+                files: list[dict[str, str]] | None = None, stdin: str = "", timeout: float = 10.0) -> ExecuteResponse:
+        return self._run(_plans.execute(self._target, language, code, args, files, stdin, timeout))
+
+    def request(self, method: str, path: str, body: Any = None, timeout: float = 600.0) -> Any:
+        """Any sandbox endpoint (``path`` like ``/api/tools/bash``); returns the JSON answer."""
+        reply = self._run(sandbox_call(self._target, method, path.lstrip("/"), body, timeout))
+        return reply.json()
+
+    def terminate_processes(self, grace: float = 2.0) -> int:
+        """End every process a tool started (files stay); returns how many there were."""
+        result = self.request("POST", "/api/processes/terminate", {"graceful_termination_timeout": grace}, 60)
+        return int(result["killed_processes"])
+
+    def capabilities(self) -> list[str]:
+        return self._run(_plans.capabilities(self._target))
+
+    def reset(self, timeout: float = 600.0) -> ResetResult:
+        """Project back to the image byte for byte; every process a tool started ends."""
+        return self._run(_plans.reset(self._target, timeout))
+
+    # -- life cycle (through the control plane) ----------------------------------------------
+
+    def _owner(self) -> IdeGymClient:
+        if self._client is None or self.server_id is None:
+            raise RuntimeError("this sandbox was connected directly; life-cycle calls need the control plane")
+        return self._client
+
+    def restart(self, timeout: int = 300) -> ServerActionResponse:
+        """As fresh as a new sandbox from the image, same server id."""
+        c = self._owner()
+        return c._run(_plans.server_action("POST", "/api/idegym-servers/restart", c.client_id, self.server_id,
+                                           c.namespace, {"server_start_wait_timeout_in_seconds": timeout},
+                                           timeout + 60))
+
+    def snapshot(self) -> CreateSnapshotResponse:
+        c = self._owner()
+        return c._run(_plans.snapshot(c.client_id, self.server_id, c.namespace))
+
+    def keepalive(self, minutes: float = 15.0) -> KeepaliveServerResponse:
+        c = self._owner()
+        return c._run(_plans.keepalive(c.client_id, self.server_id, c.namespace, minutes))
+
+    def status(self) -> ServerStatusResponse:
+        c = self._owner()
+        return c._run(_plans.status(c.client_id, self.server_id))
+
+    def finish(self) -> ServerActionResponse:
+        """Hand the server back for reuse (FINISHED)."""
+        c = self._owner()
+        return c._run(_plans.server_action("POST", "/api/idegym-servers/finish", c.client_id, self.server_id,
+                                           c.namespace))
+
+    def stop(self) -> ServerActionResponse:
+        """Delete the server and its sandbox (STOPPED)."""
+        c = self._owner()
+        return c._run(_plans.server_action("DELETE", "/api/idegym-servers", c.client_id, self.server_id,
+                                           c.namespace))
+
+    def close(self) -> None:
+        if self._client is None:
+            self._http.close()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._client is not None and self.server_id is not None:
+            self.finish()
+        else:
+            self.close()
+
+
+class IdeGymClient:
+    """A session with a control plane: registers on enter, heartbeats, stops on exit.
+
+    ``url`` defaults to ``$IDEGYM_URL``; credentials to ``$IDEGYM_AUTH_USERNAME``/``PASSWORD``.
+    """
+
+    def __init__(self, url: str | None = None, *, name: str = "idegym", namespace: str = "idegym",
+                 unix_socket: str | None = None, auth: tuple[str, str] | None = None,
+                 heartbeat_interval: float = 60.0, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings.resolve(url, unix_socket, auth)
+        self.name = name
+        self.namespace = namespace
+        self.heartbeat_interval = heartbeat_interval
+        transport = httpx.HTTPTransport(uds=self.settings.unix_socket) if self.settings.unix_socket else None
+        self._http = httpx.Client(base_url=self.settings.url, transport=transport, auth=self.settings.auth,
+                                  timeout=60.0, limits=httpx.Limits(max_keepalive_connections=32))
+        self._client_id: str | None = None
+        self._stop_heartbeat = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    def _run(self, plan: Plan[T]) -> T:
+        return drive(self._http, plan)
+
+    @property
+    def client_id(self) -> str:
+        if self._client_id is None:
+            raise RuntimeError("not registered: use the client as a context manager or call register()")
+        return self._client_id
+
+    def register(self) -> str:
+        self._client_id = str(self._run(_plans.register(self.name, self.namespace)).id)
+        self._stop_heartbeat.clear()
+        self._heartbeat = threading.Thread(target=self._beat, name="idegym-heartbeat", daemon=True)
+        self._heartbeat.start()
+        return self._client_id
+
+    def _beat(self) -> None:
+        while not self._stop_heartbeat.wait(self.heartbeat_interval):
+            try:
+                self._run(_plans.heartbeat(self.client_id))
+            except Exception:  # noqa: BLE001 - a missed heartbeat is retried next interval
+                pass
+
+    def start(self, image_tag: str = BUILTIN_IMAGE, *, server_name: str = "default-idegym-server",
+              reuse: ServerReuseStrategy | str = ServerReuseStrategy.RESET, run_as_root: bool = False,
+              timeout: int = 300, **fields: Any) -> Sandbox:
+        """Start a server (or reuse a FINISHED one) and return its sandbox handle."""
+        req = StartServerRequest(client_id=self.client_id, namespace=self.namespace, image_tag=image_tag,
+                                 server_name=server_name, reuse_strategy=ServerReuseStrategy(reuse),
+                                 run_as_root=run_as_root, server_start_wait_timeout_in_seconds=timeout, **fields)
+        info = self._run(_plans.start(req))
+        return Sandbox(self._http, Target.forwarded(self.client_id, int(info.server_id or 0)), self, info)
+
+    def build_images(self, yaml_text: str, timeout: float = 3600.0) -> list[JobStatusResponse]:
+        """Build the images of a build YAML (see ``control_plane.images``); waits for every job and
+        raises ``ServerError`` naming the failed ones."""
+        names = self._run(_plans.build_images(yaml_text, self.namespace))
+        jobs = [self._run(_plans.wait_job(name, timeout)) for name in names]
+        failed = [j for j in jobs if j.status != "success"]
+        if failed:
+            raise ServerError(500, "image build failed: " + "; ".join(f"{j.job_name}: {j.details}" for j in failed),
+                              "", "control-plane")
+        return jobs
+
+    def sandboxes(self, include_terminal: bool = False) -> list[ServerSummary]:
+        return self._run(_plans.list_servers(self.client_id, include_terminal)).servers
+
+    def close(self, stop: bool = True) -> None:
+        """Stop heartbeats and, with ``stop``, every server this client still owns."""
+        self._stop_heartbeat.set()
+        try:
+            if stop and self._client_id is not None:
+                self._run(_plans.stop_client(self._client_id, self.namespace))
+        finally:
+            self._client_id = None
+            self._http.close()
+
+    def __enter__(self) -> IdeGymClient:
+        self.register()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,97 @@
+"""The embedded control plane: started on demand when no URL is given, gone when done.
+
+It runs as a child process (``idegym control-plane serve --ephemeral``) with its own state
+directory, so an interpreter that crashes cannot corrupt anybody else's state; ``close()`` (or
+interpreter exit) stops it, and ``--ephemeral`` makes it delete every sandbox it created.
+One instance is shared by every environment of the process (``shared()``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+START_TIMEOUT = 60.0
+
+
+class EmbeddedControlPlane:
+    def __init__(self, *, warm_pool: int = 2, extra_args: list[str] | None = None,
+                 state_dir: Path | None = None) -> None:
+        self._owns_state = state_dir is None
+        self.state_dir = state_dir or Path(tempfile.mkdtemp(prefix="idegym-embedded-"))
+        self.log_path = self.state_dir / "control-plane.log"
+        read_fd, write_fd = os.pipe()
+        argv = [sys.executable, "-m", "control_plane", "--port", "0", "--state-dir", str(self.state_dir),
+                "--ephemeral", "--warm-pool", str(warm_pool), "--ready-fd", str(write_fd), *(extra_args or [])]
+        self._log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(argv, pass_fds=(write_fd,), stdout=self._log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        os.close(write_fd)
+        try:
+            ready, _, _ = select.select([read_fd], [], [], START_TIMEOUT)
+            line = os.read(read_fd, 64).decode() if ready else ""
+        finally:
+            os.close(read_fd)
+        if not line.startswith("ready "):
+            self.close()
+            log = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
+            raise RuntimeError(f"the embedded control plane did not start within {START_TIMEOUT:g} s:\n{log}")
+        self.port = int(line.split()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._closed = False
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """Stop the control plane (it deletes its sandboxes) and remove its state."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._log.close()
+        if self._owns_state:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedControlPlane:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_shared: EmbeddedControlPlane | None = None
+_users = 0
+_lock = threading.Lock()
+
+
+def acquire() -> EmbeddedControlPlane:
+    """The process-wide embedded control plane, started on first use."""
+    global _shared, _users
+    with _lock:
+        if _shared is None or _shared._closed or _shared.process.poll() is not None:
+            _shared = EmbeddedControlPlane()
+        _users += 1
+        return _shared
+
+
+def release() -> None:
+    """Drop one user; the last one stops the embedded control plane."""
+    global _shared, _users
+    with _lock:
+        _users = max(_users - 1, 0)
+        if _users == 0 and _shared is not None:
+            _shared.close()
+            _shared = None

@@ -1,0 +1,317 @@
+"""``IdeGymEnv`` — ``gym.make("IdeGym-v0", task=...)``: one coding task per episode, in a sandbox.
+
+Episode
+    ``reset()`` gets a sandbox for the task and returns the task's instruction. Between episodes
+    the env keeps its sandbox and makes it fresh with the ``reuse`` strategy: ``"RESTART"``
+    (default; nothing of the previous episode survives), ``"RESET"`` (project restored and
+    tool processes ended; the rest of the filesystem stays) or ``"NONE"`` (a new server). The
+    first ``reset()`` takes over a FINISHED server of the same task when one is free.
+
+    ``step(action)`` runs one tool call and returns its result as text. An action is a tool
+    call dict ``{"tool": ..., "arguments": {...}}`` (see ``spaces.ToolCallSpace``) or the JSON /
+    tool-call shape an LLM emits. A malformed action does not crash the episode: the
+    observation explains what is wrong and the reward is ``-invalid_action_penalty``.
+
+    ``{"tool": "submit"}`` runs the task's checks (protected files restored first, leftover
+    processes ended) and terminates with the task's reward. Running out of ``max_steps``
+    truncates — and the checks run then too, so the last reward is meaningful.
+
+    ``close()`` finishes the sandbox (reusable by the next env of the same task) and, when the
+    env started the embedded control plane, stops it once no env uses it.
+
+``info`` carries the structured details: ``tool``, ``exit_code``, ``timed_out``, ``seconds``,
+``error``, and after grading ``checks`` and ``reward_components``. ``render_mode="ansi"``
+renders the transcript.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from pathlib import Path
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+
+from . import embedded
+from .client import APIError, BadRequest, Conflict, IdeGymClient, NotFound, Sandbox, SandboxGone, Unauthorized
+from .rewards import RewardFunction, reward_components
+from .spaces import InvalidAction, ToolCallSpace, UnicodeText
+from .spaces.tool_call import ReadFileCall, SubmitCall, ToolCall
+from .tasks import Task, bundled_tasks, load_task
+
+DEFAULT_TASK = "python-roman-numerals"
+ENV_CLIENT_NAME = "idegym-env"
+
+
+def resolve_task(task: Task | str | Path | None) -> Task:
+    if isinstance(task, Task):
+        return task
+    if task is None:
+        task = DEFAULT_TASK
+    return load_task(task)
+
+
+def task_image_tag(task: Task) -> str:
+    return f"idegym-task/{task.id}:{task.content_hash()[:12]}"
+
+
+class IdeGymEnv(gym.Env[str, dict]):
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+
+    def __init__(
+        self,
+        task: Task | str | Path | None = None,
+        *,
+        control_plane_url: str | None = None,
+        reward_fn: RewardFunction | None = None,
+        reuse: str = "RESTART",
+        max_steps: int | None = None,
+        max_observation_chars: int = 16_384,
+        invalid_action_penalty: float = 0.0,
+        bash_timeout: float = 120.0,
+        render_mode: str | None = None,
+        client: IdeGymClient | None = None,
+    ) -> None:
+        self.task = resolve_task(task)
+        if reuse.upper() not in ("RESTART", "RESET", "NONE"):
+            raise ValueError(f"reuse must be RESTART, RESET or NONE, not {reuse!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None")
+        self.reuse = reuse.upper()
+        self.reward_fn = reward_fn or self.task.reward_function()
+        self.max_steps = max_steps or self.task.max_steps
+        self.invalid_action_penalty = invalid_action_penalty
+        self.bash_timeout = bash_timeout
+        self.render_mode = render_mode
+        self.action_space: ToolCallSpace = self.task.action_space()
+        self.observation_space = UnicodeText(max_length=max_observation_chars)
+        self._embedded = False
+        self._owns_client = client is None
+        if client is None:
+            url = control_plane_url
+            if url is None:
+                url = embedded.acquire().url
+                self._embedded = True
+            client = IdeGymClient(url, name=ENV_CLIENT_NAME)
+            client.register()
+        self.client = client
+        self.image = self._ensure_image()
+        self.sandbox: Sandbox | None = None
+        self._steps = 0
+        self._transcript: list[str] = []
+        self._closed = False
+
+    # -- set-up -----------------------------------------------------------------------------------
+
+    def _ensure_image(self) -> str:
+        if self.task.image:
+            return self.task.image
+        assert self.task.project is not None
+        tag = task_image_tag(self.task)
+        doc = {"images": [{"tag": tag, "project": {"path": str(self.task.project.resolve())}}]}
+        self.client.build_images(json.dumps(doc), timeout=600)
+        return tag
+
+    def _acquire(self) -> tuple[Sandbox, dict[str, Any]]:
+        """A fresh sandbox for a new episode, and how it was obtained."""
+        started = time.perf_counter()
+        how: str
+        if self.sandbox is None:
+            reuse = "RESET" if self.reuse == "RESET" else ("RESTART" if self.reuse == "RESTART" else "NONE")
+            self.sandbox = self.client.start(self.image, server_name=_server_name(self.task), reuse=reuse)
+            how = "reused" if self.sandbox.info and self.sandbox.info.reused else "started"
+        elif self.reuse == "RESTART":
+            self.sandbox.restart()
+            how = "restarted"
+        elif self.reuse == "RESET":
+            self.sandbox.reset()
+            how = "reset"
+        else:
+            old, self.sandbox = self.sandbox, None
+            old.stop()
+            self.sandbox = self.client.start(self.image, server_name=_server_name(self.task), reuse="NONE")
+            how = "started"
+        return self.sandbox, {"sandbox": how, "server_id": self.sandbox.server_id,
+                              "reset_seconds": time.perf_counter() - started}
+
+    # -- the Env API --------------------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        super().reset(seed=seed)
+        if self._closed:
+            raise RuntimeError("the environment is closed")
+        try:
+            _, info = self._acquire()
+        except SandboxGone:
+            self.sandbox = None  # it died between episodes: get another one
+            _, info = self._acquire()
+        self._steps = 0
+        observation = self.observation_space.fit(self.task.instruction)
+        self._transcript = [f"# task {self.task.id}\n{self.task.instruction}"]
+        info.update(task_id=self.task.id, max_steps=self.max_steps)
+        return observation, info
+
+    def step(self, action: Any) -> tuple[str, SupportsFloat, bool, bool, dict]:
+        if self.sandbox is None:
+            raise RuntimeError("call reset() before step()")
+        self._steps += 1
+        info: dict[str, Any] = {"step": self._steps}
+        started = time.perf_counter()
+        try:
+            call = self.action_space.parse(action)
+        except InvalidAction as exc:
+            info.update(invalid_action=True, error=exc.reason)
+            self._log(f"$ <invalid action> {str(action)[:200]}", str(exc))
+            return self._after(str(exc), -self.invalid_action_penalty if self.invalid_action_penalty else 0.0,
+                               info, started)
+        info["tool"] = call.tool
+        if isinstance(call, SubmitCall):
+            return self._finish(info, started, submitted=True)
+        try:
+            text = self._run_tool(call, info)
+        except SandboxGone as exc:
+            info.update(error=f"the sandbox is gone: {exc.message}", sandbox_lost=True)
+            self._log(self._describe(call), info["error"])
+            self.sandbox = None
+            info["seconds"] = time.perf_counter() - started
+            return self.observation_space.fit(info["error"]), 0.0, False, True, info
+        self._log(self._describe(call), text)
+        return self._after(self.observation_space.fit(text), 0.0, info, started)
+
+    def _after(self, observation: str, reward: float, info: dict, started: float
+               ) -> tuple[str, SupportsFloat, bool, bool, dict]:
+        if self._steps >= self.max_steps:
+            info["truncated_by"] = "max_steps"
+            return self._finish(info, started, submitted=False, observation=observation)
+        info["seconds"] = time.perf_counter() - started
+        return observation, reward, False, False, info
+
+    def render(self) -> str | None:
+        if self.render_mode == "ansi":
+            return "\n\n".join(self._transcript) + "\n"
+        return None
+
+    def close(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        try:
+            if self.sandbox is not None:
+                try:
+                    self.sandbox.finish()
+                except APIError:
+                    pass  # already gone: nothing to hand back
+            if self._owns_client:
+                self.client.close(stop=True)
+        finally:
+            self.sandbox = None
+            if self._embedded:
+                embedded.release()
+                self._embedded = False
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finaliser
+            pass
+
+    # -- tools and grading -----------------------------------------------------------------------
+
+    def _run_tool(self, call: ToolCall, info: dict[str, Any]) -> str:
+        assert self.sandbox is not None
+        request = call.sandbox_request()
+        assert request is not None
+        body = dict(request.body)
+        if call.tool == "bash":
+            body.setdefault("timeout", self.bash_timeout)
+        try:
+            answer = self.sandbox.request("POST", request.path, body, timeout=float(body.get("timeout", 120)) + 5)
+        except (BadRequest, NotFound, Conflict, Unauthorized) as exc:
+            info["error"] = exc.message
+            return f"error: {exc.message}"
+        if call.tool == "bash":
+            info.update(exit_code=answer["exit_code"], timed_out=answer.get("timed_out", False))
+            return _format_bash(answer)
+        if isinstance(call, ReadFileCall):
+            data = base64.b64decode(answer["content_base64"])
+            info.update(bytes_read=answer["bytes_read"], size=answer["size"], eof=answer["eof"])
+            text = data.decode("utf-8", errors="replace")
+            return text if answer["eof"] else text + f"\n[... file continues: {answer['size']} bytes in all]"
+        return f"ok: {call.tool} {getattr(call.arguments, 'path', '')}".rstrip()
+
+    def _finish(self, info: dict[str, Any], started: float, *, submitted: bool,
+                observation: str | None = None) -> tuple[str, SupportsFloat, bool, bool, dict]:
+        results, checks, errors = self._grade(submitted)
+        reward = float(self.reward_fn(results))
+        info.update(checks=checks, reward_components=reward_components(results), grading_errors=errors,
+                    submitted=submitted, seconds=time.perf_counter() - started)
+        summary = _format_checks(checks, reward)
+        self._log("$ submit" if submitted else "$ <out of steps>", summary)
+        text = summary if observation is None else f"{observation}\n\n{summary}"
+        return self.observation_space.fit(text), reward, submitted, not submitted, info
+
+    def _grade(self, submitted: bool) -> tuple[Any, dict[str, Any], list[str]]:
+        assert self.sandbox is not None
+        errors: list[str] = []
+        responses: dict[str, Any] = {}
+        try:
+            self.sandbox.terminate_processes()
+            for req in self.task.restore_requests():
+                answer = self.sandbox.request("POST", req.path, req.body, timeout=120)
+                if "exit_code" in answer and answer["exit_code"] != 0:
+                    errors.append(f"restoring protected files failed: {answer.get('stderr', '')[-500:]}")
+            for check in self.task.check_requests():
+                answer = self.sandbox.request("POST", check.path, check.body,
+                                              timeout=float(check.body.get("timeout", 600)) + 10)
+                responses[check.stage] = answer
+                if check.stage in ("setup", "compilation") and answer.get("status") != "success":
+                    break
+        except APIError as exc:
+            errors.append(f"grading failed: {exc.message}")
+        results = self.task.check_results(responses, steps=self._steps, submitted=submitted, errors=errors)
+        return results, responses, errors
+
+    # -- transcript ----------------------------------------------------------------------------------
+
+    def _describe(self, call: ToolCall) -> str:
+        if call.tool == "bash":
+            return f"$ {call.arguments.command}"  # type: ignore[attr-defined]
+        return f"$ {call.tool} {json.dumps(call.arguments.model_dump(exclude_none=True))[:300]}"
+
+    def _log(self, command: str, output: str) -> None:
+        self._transcript.append(f"{command}\n{output}")
+
+
+def _server_name(task: Task) -> str:
+    name = "task-" + "".join(c if c.isalnum() else "-" for c in task.id.lower())
+    return name[:63].rstrip("-")
+
+
+def _format_bash(answer: dict[str, Any]) -> str:
+    parts = []
+    if answer.get("stdout"):
+        parts.append(answer["stdout"].rstrip("\n"))
+    if answer.get("stderr"):
+        parts.append("[stderr]\n" + answer["stderr"].rstrip("\n"))
+    status = f"[exit code {answer['exit_code']}" + (", timed out" if answer.get("timed_out") else "") + "]"
+    parts.append(status)
+    return "\n".join(parts)
+
+
+def _format_checks(checks: dict[str, Any], reward: float) -> str:
+    lines = ["[checks]"]
+    for stage, answer in checks.items():
+        if stage == "tests":
+            s = answer.get("scores", {})
+            lines.append(f"tests: {answer.get('status')} — {s.get('passed', 0)}/{s.get('total', 0)} passed, "
+                         f"{s.get('failed', 0)} failed, {s.get('skipped', 0)} skipped")
+        else:
+            lines.append(f"{stage}: {answer.get('status')}")
+    lines.append(f"reward: {reward:.3f}")
+    return "\n".join(lines)
+
+
+def available_tasks() -> list[str]:
+    return [t.id for t in bundled_tasks()]

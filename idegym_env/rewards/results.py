@@ -1,0 +1,74 @@
+"""``CheckResults``: everything a reward function may look at when an episode ends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandbox_server.models import CheckResult, Status, TestReport, TestScores
+
+
+class CheckResults(BaseModel):
+    """The outcome of one episode's checks, as the sandbox server reported them.
+
+    ``setup`` and ``compilation`` are the ``CheckResult`` bodies of ``POST /api/rewards/setup`` and
+    ``/api/rewards/compilation``; ``tests`` is the ``TestReport`` of ``/api/rewards/test``. A field
+    is ``None`` when the task has no such check, or when it was not run because an earlier stage
+    failed (the reward functions treat both alike, see below). ``errors`` lists checks that could
+    not be run at all (HTTP error, lost sandbox); any error voids every check-based reward.
+
+    The checks form a pipeline, setup → compilation → tests: a failed stage fails every later one,
+    and a missing stage counts as passed. ``expected_tests`` (from the task) is the number of tests
+    the suite is known to have; fewer reported tests count the missing ones as failed, so deleting
+    tests does not raise the pass fraction.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    setup: CheckResult | None = None
+    compilation: CheckResult | None = None
+    tests: TestReport | None = None
+    expected_tests: int | None = Field(None, ge=1)
+    steps: int = Field(0, ge=0, description="tool calls the agent made in the episode")
+    max_steps: int | None = Field(None, ge=1)
+    submitted: bool = Field(False, description="the agent ended the episode with submit (not truncated)")
+    errors: list[str] = Field(default_factory=list)
+
+    @classmethod
+    def from_responses(
+        cls,
+        *,
+        setup: dict[str, Any] | None = None,
+        compilation: dict[str, Any] | None = None,
+        tests: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> CheckResults:
+        """Build from the sandbox server's JSON response bodies (``None`` = not run)."""
+        return cls(
+            setup=None if setup is None else CheckResult.model_validate(setup),
+            compilation=None if compilation is None else CheckResult.model_validate(compilation),
+            tests=None if tests is None else TestReport.model_validate(tests),
+            **fields,
+        )
+
+    # -- the pipeline ------------------------------------------------------------------------------
+
+    @property
+    def setup_ok(self) -> bool:
+        """No infrastructure error, and setup passed or the task has none."""
+        return not self.errors and (self.setup is None or self.setup.status == Status.SUCCESS)
+
+    @property
+    def compiled(self) -> bool:
+        """Setup ok, and compilation passed or the task has none."""
+        return self.setup_ok and (self.compilation is None or self.compilation.status == Status.SUCCESS)
+
+    @property
+    def test_denominator(self) -> int:
+        """Number of tests the pass fraction is taken over: reported, or expected if more."""
+        reported = self.tests.scores.total if self.tests is not None else 0
+        return max(reported, self.expected_tests or 0)
+
+
+__all__ = ["CheckResults", "CheckResult", "TestReport", "TestScores", "Status"]

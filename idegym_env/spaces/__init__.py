@@ -1,0 +1,35 @@
+"""Action and observation spaces: tool calls (actions) and unrestricted text (observations)."""
+
+from .text import UnicodeText
+from .tool_call import (
+    TOOL_NAMES,
+    TOOLS,
+    AnyToolCall,
+    BashCall,
+    CreateFileCall,
+    EditFileCall,
+    InvalidAction,
+    PatchFileCall,
+    ReadFileCall,
+    SandboxRequest,
+    SubmitCall,
+    ToolCall,
+    ToolCallSpace,
+)
+
+__all__ = [
+    "UnicodeText",
+    "ToolCallSpace",
+    "ToolCall",
+    "AnyToolCall",
+    "BashCall",
+    "CreateFileCall",
+    "EditFileCall",
+    "PatchFileCall",
+    "ReadFileCall",
+    "SubmitCall",
+    "InvalidAction",
+    "SandboxRequest",
+    "TOOLS",
+    "TOOL_NAMES",
+]

@@ -1,0 +1,47 @@
+import unittest
+
+from roman import from_roman, to_roman
+
+
+class ToRomanTest(unittest.TestCase):
+    def test_single_symbols(self):
+        self.assertEqual([to_roman(n) for n in (1, 5, 10, 50, 100, 500, 1000)],
+                         ["I", "V", "X", "L", "C", "D", "M"])
+
+    def test_additive(self):
+        self.assertEqual(to_roman(3), "III")
+        self.assertEqual(to_roman(8), "VIII")
+        self.assertEqual(to_roman(2023), "MMXXIII")
+
+    def test_subtractive_four_and_nine(self):
+        self.assertEqual(to_roman(4), "IV")
+        self.assertEqual(to_roman(9), "IX")
+
+    def test_subtractive_tens_and_hundreds(self):
+        self.assertEqual(to_roman(40), "XL")
+        self.assertEqual(to_roman(90), "XC")
+        self.assertEqual(to_roman(400), "CD")
+        self.assertEqual(to_roman(900), "CM")
+
+    def test_mixed(self):
+        self.assertEqual(to_roman(1994), "MCMXCIV")
+        self.assertEqual(to_roman(3999), "MMMCMXCIX")
+
+    def test_out_of_range(self):
+        for bad in (0, -1, 4000, 2.5, "7"):
+            with self.assertRaises(ValueError):
+                to_roman(bad)
+
+
+class FromRomanTest(unittest.TestCase):
+    def test_parses_subtractive(self):
+        self.assertEqual(from_roman("XIV"), 14)
+        self.assertEqual(from_roman("MCMXCIV"), 1994)
+
+    def test_round_trip(self):
+        for n in range(1, 4000):
+            self.assertEqual(from_roman(to_roman(n)), n, n)
+
+
+if __name__ == "__main__":
+    unittest.main()

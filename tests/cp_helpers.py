@@ -1,0 +1,112 @@
+"""A real control plane process for tests, and raw-HTTP helpers for the wire protocol."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+FAST_WATCHER = ["--watch-interval", "0.3"]
+
+
+class ControlPlaneProcess:
+    """``python -m control_plane`` on a free port with its own state directory."""
+
+    def __init__(self, state_dir: Path, extra: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
+        self.state_dir = state_dir
+        self.extra = list(extra)
+        self.env = env
+        self.log_path = state_dir.parent / f"{state_dir.name}.log"
+        self.port: int | None = None
+        self.start()
+
+    def start(self) -> None:
+        read_fd, write_fd = os.pipe()
+        port_args = ["--port", str(self.port)] if self.port else ["--port", "0"]
+        argv = [sys.executable, "-m", "control_plane", "--state-dir", str(self.state_dir), *port_args,
+                "--ready-fd", str(write_fd), *FAST_WATCHER, *self.extra]
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(argv, pass_fds=(write_fd,), stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, env=self.env)
+        os.close(write_fd)
+        ready, _, _ = select.select([read_fd], [], [], 60)
+        line = os.read(read_fd, 64).decode() if ready else ""
+        os.close(read_fd)
+        if not line.startswith("ready"):
+            self.kill()
+            raise RuntimeError(f"control plane did not start:\n{self.log_path.read_text()[-3000:]}")
+        self.port = int(line.split()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.http = httpx.Client(base_url=self.url, timeout=120)
+
+    def kill(self) -> None:
+        """SIGKILL: what a crash looks like."""
+        if getattr(self, "http", None) is not None:
+            self.http.close()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self._log.close()
+
+    def stop(self) -> None:
+        if getattr(self, "http", None) is not None:
+            self.http.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+    # -- raw wire helpers -------------------------------------------------------------------
+
+    def register(self, name: str = "tester") -> str:
+        resp = self.http.post("/api/clients", json={"name": name, "nodes_count": 0, "namespace": "idegym"})
+        assert resp.status_code == 200, resp.text
+        return resp.json()["id"]
+
+    def wait_op(self, op_id: int, timeout: float = 120) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            body = self.http.get(f"/api/operations/status/{op_id}").json()
+            if body["status"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                return body
+            time.sleep(0.02)
+        raise AssertionError(f"operation {op_id} did not end in {timeout} s")
+
+    def start_server(self, client_id: str, **fields: Any) -> dict[str, Any]:
+        body = {"client_id": client_id, "image_tag": "idegym/builtin:latest", **fields}
+        resp = self.http.post("/api/idegym-servers", json=body)
+        assert resp.status_code == 202, resp.text
+        op = self.wait_op(resp.json()["operation_id"])
+        assert op["status"] == "SUCCEEDED", op
+        import json
+
+        return json.loads(op["result"])
+
+    def forward(self, client_id: str, server_id: int, path: str, body: Any = None, method: str = "POST",
+                wait: float | None = 120) -> httpx.Response:
+        headers = {"Prefer": f"wait={wait}"} if wait is not None else {}
+        return self.http.request(method, f"/api/forward/{client_id}/{server_id}/{path}", json=body, headers=headers)
+
+    def bash(self, client_id: str, server_id: int, command: str, **fields: Any) -> dict[str, Any]:
+        resp = self.forward(client_id, server_id, "api/tools/bash", {"command": command, **fields})
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    def status(self, client_id: str, server_id: int) -> dict[str, Any]:
+        resp = self.http.get(f"/api/idegym-servers/{server_id}/status", params={"client_id": client_id})
+        assert resp.status_code == 200, resp.text
+        return resp.json()

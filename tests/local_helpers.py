@@ -1,0 +1,151 @@
+"""Helpers for the local backend tests: a loop thread, specs, Unix-socket clients, leak checks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from control_plane.backends.base import Limits, SandboxHandle, SandboxSpec
+from control_plane.backends.local import BUILTIN_IMAGE
+from control_plane.models import ServerKind
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    """One event loop for a whole module, so a module-scoped backend keeps working across tests."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="local-backend-tests", daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 120) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+def spec(name: str, image: str = BUILTIN_IMAGE, *, root: bool = False, limits: Limits | None = None,
+         snapshot: str | None = None) -> SandboxSpec:
+    return SandboxSpec(server_id=1, generated_name=name, namespace="idegym", image_tag=image,
+                       server_kind=ServerKind.IDEGYM, run_as_root=root, runtime_class_name=None,
+                       container_port=8000, service_port=80, limits=limits or Limits(), snapshot_source=snapshot)
+
+
+def client(handle: SandboxHandle, timeout: float = 120) -> httpx.Client:
+    assert handle.endpoint.unix_socket
+    return httpx.Client(transport=httpx.HTTPTransport(uds=handle.endpoint.unix_socket),
+                        base_url="http://sandbox", timeout=timeout)
+
+
+def bash(handle: SandboxHandle, command: str, **fields: Any) -> dict[str, Any]:
+    with client(handle) as c:
+        resp = c.post("/api/tools/bash", json={"command": command, **fields})
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def ok(handle: SandboxHandle, command: str, **fields: Any) -> str:
+    result = bash(handle, command, **fields)
+    assert result["exit_code"] == 0, result
+    return result["stdout"]
+
+
+def ns_members(ns_link: str) -> list[int]:
+    """Host pids of the processes in the pid namespace ``ns_link`` (e.g. ``pid:[4026532…]``)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry.name}/ns/pid") == ns_link:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def leftovers(handle: SandboxHandle, pid_ns: str | None = None) -> list[str]:
+    """Everything of a sandbox still on the host: processes, mounts, cgroups, directories."""
+    data = handle.data
+    found = []
+    for key in ("monitor", "init", "server"):
+        rec = data.get(key)
+        if rec and _alive(rec[0], rec[1]):
+            found.append(f"{key} process {rec[0]} alive")
+    if pid_ns:
+        members = ns_members(pid_ns)
+        if members:
+            detail = []
+            for pid in members:
+                try:
+                    detail.append(Path(f"/proc/{pid}/stat").read_text()[:120])
+                except OSError:
+                    pass
+            found.append(f"processes {members} still in the sandbox's pid namespace: {detail}")
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if data["dir"].encode() + b"/" in cmd:
+                found.append(f"process {entry.name} mentions the sandbox dir")
+    mountinfo = Path("/proc/self/mountinfo").read_text()
+    mount_out = subprocess.run(["mount"], capture_output=True, text=True).stdout
+    for where in (data["dir"], data["run_dir"]):
+        if where in mountinfo:
+            found.append(f"a mount under {where} in /proc/self/mountinfo")
+        if where in mount_out:
+            found.append(f"a mount under {where} in `mount`")
+        if os.path.exists(where):
+            found.append(f"{where} exists")
+    for path in (data.get("cgroups") or {}).values():
+        if os.path.exists(path):
+            found.append(f"cgroup {path} exists")
+    return found
+
+
+def _alive(pid: int, started: int) -> bool:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] not in (b"Z", b"X") and int(fields[19]) == started
+
+
+def wait_for(predicate, timeout: float = 5.0, interval: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
+def tree_digest(root: Path) -> dict[str, tuple]:
+    """Every entry of a tree with its type, mode, owner and content (for byte-identity checks)."""
+    out: dict[str, tuple] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            full = os.path.join(dirpath, name)
+            st = os.lstat(full)
+            rel = os.path.relpath(full, root)
+            if os.path.islink(full):
+                out[rel] = ("l", os.readlink(full))
+            elif os.path.isdir(full):
+                out[rel] = ("d", st.st_mode, st.st_uid)
+            else:
+                out[rel] = ("f", st.st_mode, st.st_uid, Path(full).read_bytes())
+    return out
