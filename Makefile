@@ -10,7 +10,7 @@ EXTRAS     ?= dev,kubernetes,openenv,ray
 # The published idegym-client 0.13.1 needs Python >= 3.12; pyenv keeps one off PATH.
 PYTHON312  ?= $(shell command -v python3.12 >/dev/null 2>&1 && python3.12 -c pass 2>/dev/null && echo python3.12 || ls -1d $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 2>/dev/null | head -n1)
 
-.PHONY: help demo test test-all test-slow bench system-deps venv client-venv clean
+.PHONY: help demo test test-all test-slow bench system-deps venv client-venv gym-versions clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -45,17 +45,26 @@ $(CLIENT_VENV)/.stamp:
 
 client-venv: $(CLIENT_VENV)/.stamp  ## Python 3.12 venv with the published idegym-client
 
+# Gymnasium at both ends of the supported range, beside the venv's own (Ray pins 1.2.2): the tests
+# run the env against each by putting one of these first on PYTHONPATH.
+GYM_VERSIONS := 1.0.0 1.4.0
+.gym-versions/%/.stamp:
+	@$(PIP) install --no-deps --target .gym-versions/$* gymnasium==$*
+	@touch $@
+
+gym-versions: $(foreach v,$(GYM_VERSIONS),.gym-versions/$(v)/.stamp)
+
 demo: venv  ## run real episodes end to end on the embedded local control plane
 	@$(VENV)/bin/idegym demo
 
-test: venv client-venv  ## the test suite (everything but `slow`)
+test: venv client-venv gym-versions  ## the test suite (everything but `slow`)
 	@$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
 
-test-slow: venv client-venv  ## only the long-running tests
+test-slow: venv client-venv gym-versions  ## only the long-running tests
 	@$(VENV)/bin/pytest -m slow $(PYTEST_ARGS)
 
 bench: venv client-venv  ## the benchmark suite; writes benchmarks/results/
 	@$(PY) -m benchmarks $(BENCH)
 
 clean:  ## remove the virtual environments
-	rm -rf $(VENV) $(CLIENT_VENV)
+	rm -rf $(VENV) $(CLIENT_VENV) .gym-versions

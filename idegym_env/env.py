@@ -19,8 +19,10 @@ Episode
     ``close()`` finishes the sandbox (reusable by the next env of the same task) and, when the
     env started the embedded control plane, stops it once no env uses it.
 
-``info`` carries the structured details: ``tool``, ``exit_code``, ``timed_out``, ``seconds``,
-``error``, and after grading ``checks`` and ``reward_components``. ``render_mode="ansi"``
+``info`` carries the structured details: ``tool``, ``exit_code``, ``timed_out``, ``seconds``
+(wall time of the step), ``error``, and after grading ``checks`` and ``reward_components``.
+``info_timing=False`` leaves the wall times out (``last_step_seconds`` still has them): two runs
+then give identical infos, which Gymnasium's ``check_env`` demands. ``render_mode="ansi"``
 renders the transcript.
 """
 
@@ -72,6 +74,7 @@ class IdeGymEnv(gym.Env[str, dict]):
         invalid_action_penalty: float = 0.0,
         bash_timeout: float = 120.0,
         render_mode: str | None = None,
+        info_timing: bool = True,
         client: IdeGymClient | None = None,
     ) -> None:
         self.task = resolve_task(task)
@@ -85,6 +88,8 @@ class IdeGymEnv(gym.Env[str, dict]):
         self.invalid_action_penalty = invalid_action_penalty
         self.bash_timeout = bash_timeout
         self.render_mode = render_mode
+        self.info_timing = info_timing
+        self.last_step_seconds = 0.0
         self.action_space: ToolCallSpace = self.task.action_space()
         self.observation_space = UnicodeText(max_length=max_observation_chars)
         self._embedded = False
@@ -133,8 +138,10 @@ class IdeGymEnv(gym.Env[str, dict]):
             old.stop()
             self.sandbox = self.client.start(self.image, server_name=_server_name(self.task), reuse="NONE")
             how = "started"
-        return self.sandbox, {"sandbox": how, "server_id": self.sandbox.server_id,
-                              "reset_seconds": time.perf_counter() - started}
+        info: dict[str, Any] = {"sandbox": how, "server_id": self.sandbox.server_id}
+        if self.info_timing:
+            info["reset_seconds"] = time.perf_counter() - started
+        return self.sandbox, info
 
     # -- the Env API --------------------------------------------------------------------------------
 
@@ -175,7 +182,7 @@ class IdeGymEnv(gym.Env[str, dict]):
             info.update(error=f"the sandbox is gone: {exc.message}", sandbox_lost=True)
             self._log(self._describe(call), info["error"])
             self.sandbox = None
-            info["seconds"] = time.perf_counter() - started
+            self._timed(info, started)
             return self.observation_space.fit(info["error"]), 0.0, False, True, info
         self._log(self._describe(call), text)
         return self._after(self.observation_space.fit(text), 0.0, info, started)
@@ -185,8 +192,13 @@ class IdeGymEnv(gym.Env[str, dict]):
         if self._steps >= self.max_steps:
             info["truncated_by"] = "max_steps"
             return self._finish(info, started, submitted=False, observation=observation)
-        info["seconds"] = time.perf_counter() - started
+        self._timed(info, started)
         return observation, reward, False, False, info
+
+    def _timed(self, info: dict[str, Any], started: float) -> None:
+        self.last_step_seconds = time.perf_counter() - started
+        if self.info_timing:
+            info["seconds"] = self.last_step_seconds
 
     def render(self) -> str | None:
         if self.render_mode == "ansi":
@@ -246,7 +258,8 @@ class IdeGymEnv(gym.Env[str, dict]):
         results, checks, errors = self._grade(submitted)
         reward = float(self.reward_fn(results))
         info.update(checks=checks, reward_components=reward_components(results), grading_errors=errors,
-                    submitted=submitted, seconds=time.perf_counter() - started)
+                    submitted=submitted)
+        self._timed(info, started)
         summary = _format_checks(checks, reward)
         self._log("$ submit" if submitted else "$ <out of steps>", summary)
         text = summary if observation is None else f"{observation}\n\n{summary}"

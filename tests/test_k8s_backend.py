@@ -75,6 +75,22 @@ def run(scenario: Callable[[KubernetesBackend], Awaitable[None]], config: Kubern
     asyncio.run(main())
 
 
+class Inspector:
+    """The tests' own view of the cluster: a separate client (default user agent), so the RBAC
+    test below sees only the backend's calls."""
+
+    def __init__(self, backend: KubernetesBackend) -> None:
+        api = k8s.ApiClient(backend.api.configuration)
+        self.core, self.apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)
+        self.policy, self.custom = k8s.PolicyV1Api(api), k8s.CustomObjectsApi(api)
+
+
+def inspect(backend: KubernetesBackend) -> Inspector:
+    if not hasattr(backend, "_inspector"):
+        backend._inspector = Inspector(backend)  # type: ignore[attr-defined]
+    return backend._inspector  # type: ignore[attr-defined]
+
+
 async def bash(backend: KubernetesBackend, handle: Any, command: str) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=30) as http:
         resp = await http.post(backend.endpoint(handle).base_url + "/api/tools/bash", json={"command": command})
@@ -86,10 +102,11 @@ async def leftovers(backend: KubernetesBackend, name: str) -> list[str]:
     """Every object of server ``name`` still in the cluster (any kind we create)."""
     ns, sel = backend.config.namespace, f"app={name}"
     found = []
-    for label, fn in (("deployment", backend.apps.list_namespaced_deployment),
-                      ("pod", backend.core.list_namespaced_pod),
-                      ("service", backend.core.list_namespaced_service),
-                      ("pdb", backend.policy.list_namespaced_pod_disruption_budget)):
+    look = inspect(backend)
+    for label, fn in (("deployment", look.apps.list_namespaced_deployment),
+                      ("pod", look.core.list_namespaced_pod),
+                      ("service", look.core.list_namespaced_service),
+                      ("pdb", look.policy.list_namespaced_pod_disruption_budget)):
         items = (await asyncio.to_thread(fn, ns, label_selector=sel)).items
         found += [f"{label}/{o.metadata.name}" for o in items]
     return found
@@ -391,13 +408,13 @@ def test_create_ready_bash_through_the_api_server_proxy_and_delete_leaves_nothin
         result = await bash(backend, handle, "echo hello from $POD_NAME; id -u")
         assert result["exit_code"] == 0 and result["stdout"].startswith(f"hello from {spec.generated_name}-")
         # the typed client reads the simulator's objects (the protocol, not only our dicts)
-        pods = (await asyncio.to_thread(backend.core.list_namespaced_pod, "idegym",
+        pods = (await asyncio.to_thread(inspect(backend).core.list_namespaced_pod, "idegym",
                                         label_selector=f"app={spec.generated_name}")).items
         assert len(pods) == 1 and pods[0].status.pod_ip.startswith("127.77.")
         assert {c.type: c.status for c in pods[0].status.conditions}["Ready"] == "True"
         assert pods[0].metadata.labels["team"] == "research"
         assert pods[0].metadata.annotations["example.com/task"] == "t-1"
-        svc = await asyncio.to_thread(backend.core.read_namespaced_service, spec.generated_name, "idegym")
+        svc = await asyncio.to_thread(inspect(backend).core.read_namespaced_service, spec.generated_name, "idegym")
         assert svc.metadata.owner_references[0].kind == "Deployment"
         obs = await backend.observe(handle)
         assert obs.exists and obs.ready and obs.running and obs.phase == "Running" and obs.restarts == 0
@@ -439,7 +456,7 @@ def test_pod_ip_addressing_and_restart_gives_a_fresh_pod(k8s_sim: SimulatorProce
     run(scenario, k8s_sim.backend_config(addressing="pod-ip"))
 
 
-def test_service_dns_addressing_names_the_service(k8s_config: KubernetesConfig) -> None:
+def test_service_dns_addressing_names_the_service() -> None:
     backend = KubernetesBackend(KubernetesConfig(addressing="service-dns", namespace="sandboxes",
                                                  cluster_domain="cluster.local"))
     from control_plane.backends.base import Endpoint, SandboxHandle
@@ -516,15 +533,15 @@ def test_orphan_sweep_finds_our_objects_by_label_only(k8s_sim: SimulatorProcess,
         # leaked objects: a server whose database row is gone, and a half-created one (Service only)
         leaked = spec_for(request())
         manifests = build_server_manifests(leaked, backend.settings, namespace="idegym")
-        await asyncio.to_thread(backend.apps.create_namespaced_deployment, "idegym", manifests.workload)
-        await asyncio.to_thread(backend.core.create_namespaced_service, "idegym", manifests.service)
+        await asyncio.to_thread(inspect(backend).apps.create_namespaced_deployment, "idegym", manifests.workload)
+        await asyncio.to_thread(inspect(backend).core.create_namespaced_service, "idegym", manifests.service)
         half = spec_for(request())
-        await asyncio.to_thread(backend.core.create_namespaced_service, "idegym",
+        await asyncio.to_thread(inspect(backend).core.create_namespaced_service, "idegym",
                                 build_server_manifests(half, backend.settings, namespace="idegym").service)
         # someone else's objects with the same shape but another control plane's label
         foreign_settings = ManifestSettings(instance="someone-else")
         foreign = spec_for(request())
-        await asyncio.to_thread(backend.core.create_namespaced_service, "idegym",
+        await asyncio.to_thread(inspect(backend).core.create_namespaced_service, "idegym",
                                 build_server_manifests(foreign, foreign_settings, namespace="idegym").service)
 
         names = await backend.list_names()
@@ -536,9 +553,9 @@ def test_orphan_sweep_finds_our_objects_by_label_only(k8s_sim: SimulatorProcess,
         assert await leftovers(backend, leaked.generated_name) == []
         assert (await backend.observe(kept)).ready
         await backend.delete_name(foreign.generated_name)  # not ours: untouched
-        svc = await asyncio.to_thread(backend.core.read_namespaced_service, foreign.generated_name, "idegym")
+        svc = await asyncio.to_thread(inspect(backend).core.read_namespaced_service, foreign.generated_name, "idegym")
         assert svc.metadata.name == foreign.generated_name
-        await asyncio.to_thread(backend.core.delete_namespaced_service, foreign.generated_name, "idegym")
+        await asyncio.to_thread(inspect(backend).core.delete_namespaced_service, foreign.generated_name, "idegym")
         await backend.delete(kept)
 
     run(scenario, k8s_config)
@@ -596,10 +613,10 @@ def test_snapshot_create_and_restore_by_group_and_by_tag(k8s_sim: SimulatorProce
         second = await backend.snapshot(source, group)
         assert second.snapshot_tag != first.snapshot_tag
         assert await backend.snapshot_exists(group) and await backend.snapshot_exists(first.snapshot_id)
-        ps = await asyncio.to_thread(backend.snapshots.custom.get_namespaced_custom_object, "podsnapshot.gke.io",
+        ps = await asyncio.to_thread(inspect(backend).custom.get_namespaced_custom_object, "podsnapshot.gke.io",
                                      "v1", "idegym", "podsnapshots", first.snapshot_id)
         assert ps["metadata"]["labels"]["idegym.jetbrains.com/snapshot-id"] == group
-        assert not (await asyncio.to_thread(backend.snapshots.custom.list_namespaced_custom_object,
+        assert not (await asyncio.to_thread(inspect(backend).custom.list_namespaced_custom_object,
                                             "podsnapshot.gke.io", "v1", "idegym",
                                             "podsnapshotmanualtriggers"))["items"]  # triggers cleaned up
 
@@ -680,7 +697,7 @@ images:
         good_job = await builder.submit(good)
         status = await builder.status(good_job)
         assert status.status in (Status.IN_PROGRESS, Status.SUCCESS) and status.tag == good.tag
-        configmap = await asyncio.to_thread(backend.core.read_namespaced_config_map, f"{good_job}-context", "idegym")
+        configmap = await asyncio.to_thread(inspect(backend).core.read_namespaced_config_map, f"{good_job}-context", "idegym")
         assert configmap.data["Dockerfile"].startswith("FROM python:3.12-slim")
         assert configmap.metadata.owner_references[0].name == good_job
         done = await builder.wait(good_job, timeout=30)
@@ -750,7 +767,7 @@ def test_the_documented_role_grants_every_call_the_backend_made(k8s_sim: Simulat
     the simulator must be granted by the Role in docs/kubernetes.md (services/proxy is the
     documented extra for api-proxy addressing), and the Role grants nothing unused."""
     docs = (REPO / "docs" / "kubernetes.md").read_text()
-    role = next(doc for block in re.findall(r"```yaml\n(.*?)```", docs, re.S)
+    role = next(doc for block in re.findall(r"```yaml\n(.*?)```", docs, re.DOTALL)
                 for doc in yaml.safe_load_all(block) if doc.get("kind") == "Role")
     granted = {(verb, group, resource) for rule in role["rules"] for group in rule["apiGroups"]
                for resource in rule["resources"] for verb in rule["verbs"]}
@@ -759,4 +776,7 @@ def test_the_documented_role_grants_every_call_the_backend_made(k8s_sim: Simulat
     proxied = {u for u in used if u[2] == "services/proxy"}
     assert used - proxied <= granted, sorted(used - proxied - granted)
     assert proxied and {v for v, _, _ in proxied} <= {"get", "create", "update", "patch", "delete"}
-    assert granted - used <= {("update", "", "services/proxy")}, sorted(granted - used)
+    # granted for paths these tests do not take: cleaning up a build whose ConfigMap could not be
+    # created, and observing a bare-Pod server whose pod left the informer's cache
+    rarely = {("delete", "batch", "jobs"), ("get", "", "pods")}
+    assert granted - used <= rarely, sorted(granted - used - rarely)

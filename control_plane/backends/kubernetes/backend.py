@@ -44,8 +44,8 @@ from .builds import KubernetesImageBuilder
 from .informer import PodInformer
 from .manifests import (
     RESTARTED_AT,
-    api_version_label,
     ManifestSettings,
+    api_version_label,
     build_node_holder,
     build_server_manifests,
     instance_selector,

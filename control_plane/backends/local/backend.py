@@ -161,6 +161,7 @@ class LocalBackend(Backend):
         self.builds: _Space | None = None
         self._launcher: concurrent.futures.ThreadPoolExecutor | None = None
         self._children: dict[int, subprocess.Popen] = {}
+        self._creating: set[str] = set()  # in flight here: never reported as orphans
         self._usr_links: list[str] = []
         self._started = False
 
@@ -311,6 +312,15 @@ class LocalBackend(Backend):
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         deadline = time.monotonic() + timeout
+        self._creating.add(name)
+        try:
+            return await self._launch(plan, data, loop, started, deadline, timeout)
+        finally:
+            self._creating.discard(name)
+
+    async def _launch(self, plan: _Plan, data: dict[str, Any], loop: asyncio.AbstractEventLoop, started: float,
+                      deadline: float, timeout: float) -> SandboxHandle:
+        name, space, sb = plan.name, plan.space, plan.sb
         try:
             await loop.run_in_executor(None, self._prepare, plan, data)
             prepared = time.perf_counter()
@@ -749,6 +759,9 @@ class LocalBackend(Backend):
         return await asyncio.get_running_loop().run_in_executor(None, self._names, self.sandboxes)
 
     def _names(self, space: _Space) -> set[str]:
+        return self._all_names(space) - self._creating
+
+    def _all_names(self, space: _Space) -> set[str]:
         names = {e.name for e in os.scandir(space.root) if e.is_dir() and NAME_RE.match(e.name)}
         names |= {n for n in space.cgroups.names() if NAME_RE.match(n)}
         prefix = str(space.root) + "/"

@@ -1,0 +1,226 @@
+"""The Gymnasium environment: contract, episodes on every bundled task, reuse, robustness, cleanup."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import idegym_env
+from idegym_env.embedded import EmbeddedControlPlane
+from idegym_env.env import IdeGymEnv
+from idegym_env.tasks import bundled_tasks
+from tests.helpers import REPO, wait_until
+
+PY_TASK = "python-roman-numerals"
+
+
+@pytest.fixture(scope="module")
+def control_plane() -> Iterator[EmbeddedControlPlane]:
+    cp = EmbeddedControlPlane(warm_pool=1)
+    yield cp
+    cp.close()
+
+
+@pytest.fixture
+def env(control_plane: EmbeddedControlPlane) -> Iterator[IdeGymEnv]:
+    e = IdeGymEnv(PY_TASK, control_plane_url=control_plane.url, render_mode="ansi")
+    yield e
+    e.close()
+
+
+def test_check_env_passes_on_the_unwrapped_env(control_plane: EmbeddedControlPlane) -> None:
+    # check_env demands identical infos for identical seeds and actions: wall times cannot be.
+    env = IdeGymEnv(PY_TASK, control_plane_url=control_plane.url, render_mode="ansi", info_timing=False)
+    try:
+        check_env(env, skip_render_check=False)
+    finally:
+        env.close()
+
+
+def test_make_and_make_vec_sync(control_plane: EmbeddedControlPlane) -> None:
+    env = gym.make("IdeGym-v0", task=PY_TASK, control_plane_url=control_plane.url)
+    try:
+        obs, info = env.reset(seed=0)
+        assert "Roman" in obs and info["task_id"] == PY_TASK
+        obs, reward, terminated, truncated, info = env.step({"tool": "bash", "arguments": {"command": "echo hi"}})
+        assert obs.startswith("hi") and info["exit_code"] == 0 and not terminated
+    finally:
+        env.close()
+    vec = gym.make_vec("IdeGym-v0", num_envs=2, vectorization_mode="sync", task=PY_TASK,
+                       control_plane_url=control_plane.url)
+    try:
+        obs, infos = vec.reset(seed=1)
+        assert len(obs) == 2 and all("Roman" in o for o in obs)
+        actions = tuple({"tool": "bash", "arguments": {"command": f"echo env{i}"}} for i in range(2))
+        obs, rewards, terminated, truncated, infos = vec.step(actions)
+        assert [o.split("\n")[0] for o in obs] == ["env0", "env1"]
+    finally:
+        vec.close()
+
+
+GYM_SCRIPT = r"""
+import json, sys, gymnasium as gym
+from gymnasium.utils.env_checker import check_env
+import idegym_env
+from idegym_env.env import IdeGymEnv
+url = sys.argv[1]
+env = IdeGymEnv("python-roman-numerals", control_plane_url=url, info_timing=False)
+check_env(env)
+env.close()
+vec = gym.make_vec("IdeGym-v0", num_envs=2, vectorization_mode="sync", task="python-roman-numerals",
+                   control_plane_url=url)
+obs, _ = vec.reset(seed=0)
+vec.step(tuple({"tool": "submit", "arguments": {}} for _ in range(2)))
+vec.close()
+print(json.dumps({"gymnasium": gym.__version__, "ok": True}))
+"""
+
+
+@pytest.mark.parametrize("version", ["1.0.0", "1.4.0"])
+def test_other_gymnasium_versions(control_plane: EmbeddedControlPlane, version: str) -> None:
+    """Both ends of the range: 1.0.0 (oldest Ray allows) and 1.4 (newest); the venv has 1.2.2."""
+    target = REPO / ".gym-versions" / version
+    assert (target / "gymnasium").is_dir(), f"{target} missing: `make test` installs it (make gym-versions)"
+    env = dict(os.environ, PYTHONPATH=str(target))
+    proc = subprocess.run([sys.executable, "-c", GYM_SCRIPT, control_plane.url], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"gymnasium": version, "ok": True}
+
+
+@pytest.mark.parametrize("task", [t.id for t in bundled_tasks()])
+def test_every_bundled_task_is_solvable_and_untouched_is_not(control_plane: EmbeddedControlPlane,
+                                                             task: str) -> None:
+    env = IdeGymEnv(task, control_plane_url=control_plane.url)
+    try:
+        env.reset(seed=0)
+        _, untouched, terminated, _, info = env.step({"tool": "submit", "arguments": {}})
+        assert terminated and untouched < 1.0, info
+        env.reset()
+        for call in env.task.solution:
+            obs, _, terminated, truncated, info = env.step(call.to_action())
+            assert "error" not in info, (call, obs)
+            assert not terminated and not truncated
+        _, solved, terminated, _, info = env.step({"tool": "submit", "arguments": {}})
+        assert terminated and solved == 1.0, info
+    finally:
+        env.close()
+
+
+def _trace_commands() -> str:
+    return ("echo leftover > /tmp/trace; echo leftover > ~/trace; echo leftover > trace.txt; "
+            "echo 'echo hacked' >> ~/.bashrc; mkdir -p .git/hooks; nohup sleep 600 >/dev/null 2>&1 &")
+
+
+def test_restart_reuse_leaves_no_trace_of_the_previous_episode(env: IdeGymEnv) -> None:
+    env.reset(seed=0)
+    server = env.sandbox.server_id
+    env.step({"tool": "bash", "arguments": {"command": _trace_commands()}})
+    _, info = env.reset()
+    assert info["sandbox"] == "restarted" and env.sandbox.server_id == server
+    obs, *_ = env.step({"tool": "bash", "arguments": {"command": "ls /tmp/trace ~/trace trace.txt 2>&1; "
+                                                                 "grep -c hacked ~/.bashrc; pgrep -c sleep"}})
+    assert obs.count("No such file") == 3 and "\n0\n0\n" in obs + "\n", obs
+
+
+def test_reset_reuse_restores_the_project_and_ends_processes(control_plane: EmbeddedControlPlane) -> None:
+    env = IdeGymEnv(PY_TASK, control_plane_url=control_plane.url, reuse="RESET")
+    try:
+        env.reset(seed=0)
+        env.step({"tool": "bash", "arguments": {"command": _trace_commands()}})
+        _, info = env.reset()
+        assert info["sandbox"] == "reset"
+        obs, *_ = env.step({"tool": "bash", "arguments": {"command": "ls trace.txt 2>&1; pgrep -c sleep"}})
+        assert "No such file" in obs and obs.splitlines()[1] == "0", obs
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("action", [
+    "not json at all", '{"tool": "bash"}', {"tool": "rm_rf"}, {"tool": "bash", "arguments": {"command": 3}},
+    {"tool": "edit_file", "arguments": {"path": "roman.py", "start_line": 0, "end_line": 1, "new_content": ""}},
+    None, 42, ["bash"], "x" * 100_000,
+])
+def test_malformed_actions_explain_instead_of_crashing(control_plane: EmbeddedControlPlane, action) -> None:
+    env = IdeGymEnv(PY_TASK, control_plane_url=control_plane.url, invalid_action_penalty=0.1)
+    try:
+        env.reset(seed=0)
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert info["invalid_action"] is True and reward == -0.1 and not terminated and not truncated
+        assert "valid" in obs.lower() and env.observation_space.contains(obs)
+        obs, *_ = env.step({"tool": "bash", "arguments": {"command": "echo still-here"}})
+        assert obs.startswith("still-here")
+    finally:
+        env.close()
+
+
+def test_sandbox_errors_become_observations(env: IdeGymEnv) -> None:
+    env.reset(seed=0)
+    obs, _, terminated, _, info = env.step({"tool": "read_file", "arguments": {"path": "missing.txt"}})
+    assert "error" in info and "missing.txt" in obs and not terminated
+    obs, _, _, _, info = env.step({"tool": "patch_file", "arguments": {"path": "roman.py",
+                                                                      "patch": "@@ -1,3 +1,3 @@\n-zzz\n+yyy\n"}})
+    assert "did not apply" in obs
+
+
+def test_step_budget_truncates_and_grades(control_plane: EmbeddedControlPlane) -> None:
+    env = IdeGymEnv(PY_TASK, control_plane_url=control_plane.url, max_steps=2)
+    try:
+        env.reset(seed=0)
+        _, _, terminated, truncated, _ = env.step({"tool": "bash", "arguments": {"command": "true"}})
+        assert not terminated and not truncated
+        obs, reward, terminated, truncated, info = env.step({"tool": "bash", "arguments": {"command": "true"}})
+        assert truncated and not terminated and "reward:" in obs
+        assert info["checks"]["tests"]["scores"]["total"] == 8 and 0 < reward < 1
+    finally:
+        env.close()
+
+
+def test_planted_reports_and_edited_tests_do_not_change_the_reward(env: IdeGymEnv) -> None:
+    env.reset(seed=0)
+    env.step({"tool": "bash", "arguments": {"command":
+             "printf 'import sys\\nsys.exit(0)\\n' > tests/run_tests.py; "
+             "echo '<testsuite tests=\"8\"><testcase name=\"x\"/></testsuite>' > test-results.xml; "
+             "(while true; do echo '<testsuite tests=\"8\"/>' > test-results.xml; sleep 0.01; done) &"}})
+    _, reward, terminated, _, info = env.step({"tool": "submit", "arguments": {}})
+    assert terminated and reward == pytest.approx(0.625), info
+
+
+def test_render_ansi_shows_the_transcript(env: IdeGymEnv) -> None:
+    env.reset(seed=0)
+    env.step({"tool": "bash", "arguments": {"command": "echo transcript-line"}})
+    text = env.render()
+    assert "task python-roman-numerals" in text and "$ echo transcript-line" in text
+
+
+def _sandbox_processes() -> set[int]:
+    found = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"sandbox_server" in cmd or b"bwrap" in cmd or b"control_plane" in cmd:
+                found.add(int(entry.name))
+    return found
+
+
+def test_default_make_and_close_leave_no_process() -> None:
+    before = _sandbox_processes()
+    env = gym.make("IdeGym-v0")
+    env.reset(seed=0)
+    env.step({"tool": "bash", "arguments": {"command": "nohup sleep 300 >/dev/null 2>&1 &"}})
+    during = _sandbox_processes() - before
+    assert during, "the embedded control plane and a sandbox should be running"
+    env.close()
+    assert wait_until(lambda: not (during & _sandbox_processes()), 30), during & _sandbox_processes()
+    assert idegym_env.ENV_ID == "IdeGym-v0"
