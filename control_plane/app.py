@@ -163,6 +163,10 @@ async def register_client(request: web.Request) -> web.Response:
     req = await read_model(request, RegisterClientRequest)
     cp = _cp(request)
     row = cp.register_client(req.name, req.namespace, req.nodes_count)
+    if cp.needs_nodes(req.nodes_count):
+        op = cp.ops.submit(AsyncOperationType.REGISTER_CLIENT_WITH_NODES, req.model_dump_json(),
+                           lambda: cp.reserve_nodes(row), client_id=row.id)
+        return await _accepted_or_wait(request, op, cp.client_response(row, operation_id=op))
     return json_response(cp.client_response(row))
 
 
@@ -617,9 +621,9 @@ def make_backend(config: ControlPlaneConfig) -> Backend:
 
         return LocalBackend(config.state_dir, isolation=config.isolation, network=config.network)
     if config.backend == "kubernetes":
-        from .backends.kubernetes import KubernetesBackend
+        from .backends.kubernetes import KubernetesBackend, KubernetesConfig
 
-        return KubernetesBackend(**config.kubernetes)
+        return KubernetesBackend(KubernetesConfig.from_env(**config.kubernetes))
     raise ValueError(f"unknown backend {config.backend!r}: use 'local' or 'kubernetes'")
 
 

@@ -61,11 +61,24 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds of request history kept")
     parser.add_argument("--ephemeral", action="store_true",
                         help="delete every sandbox on shutdown (for embedded use)")
+    if _wants_kubernetes():
+        # the client library costs ~0.4 s to import: only when this backend is chosen
+        from .backends.kubernetes import KubernetesConfig
+
+        KubernetesConfig.add_arguments(parser)
+    else:
+        parser.epilog = "With --backend kubernetes, --help also lists the --k8s-* settings."
     parser.add_argument("--ready-fd", type=int, help="write 'ready <port>\\n' to this fd once listening")
     parser.add_argument("--log-json", action="store_true", default=bool(os.environ.get("IDEGYM_LOG_JSON")),
                         help="one JSON object per log line")
     parser.add_argument("--log-level", default=os.environ.get("IDEGYM_LOG_LEVEL", "WARNING"),
                         help="WARNING (default); INFO logs every request")
+
+
+def _wants_kubernetes() -> bool:
+    argv = sys.argv[1:]
+    return ("kubernetes" in argv or "--backend=kubernetes" in argv
+            or os.environ.get("IDEGYM_CONTROL_PLANE_BACKEND") == "kubernetes")
 
 
 def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
@@ -75,7 +88,15 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
         if not sep or not user:
             raise SystemExit("--auth: expected USER:PASSWORD")
         auth = (user, password)
+    kubernetes: dict = {}
+    if args.backend == "kubernetes":
+        from dataclasses import asdict
+
+        from .backends.kubernetes import KubernetesConfig
+
+        kubernetes = asdict(KubernetesConfig.from_args(args))
     return ControlPlaneConfig(
+        kubernetes=kubernetes,
         state_dir=args.state_dir, host=args.host, port=args.port, unix_socket=args.unix_socket, auth=auth,
         backend=args.backend, isolation=args.isolation, network=args.network, warm_pool=args.warm_pool,
         warm_pool_max=args.warm_pool_max, pool_images=list(args.pool_image), max_servers=args.max_servers,

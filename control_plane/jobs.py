@@ -118,7 +118,7 @@ class SnapshotJobs:
         handle = None
         try:
             spec = SandboxSpec.from_request(req, 0, new_sandbox_name("prep"))
-            handle = await self.cp.backend.create(spec, req.server_start_wait_timeout_in_seconds or 300)
+            handle = await self.cp.pool.create(spec, req.server_start_wait_timeout_in_seconds or 300)
             info = await self.cp.backend.snapshot(handle, group)
             self.cp.store.add_snapshot(SnapshotRow(
                 id=info.snapshot_id, group_id=group, server_id=None, namespace=req.namespace,

@@ -31,8 +31,11 @@ def new_sandbox_name(prefix: str = "sbx") -> str:
 
 class WarmPool:
     def __init__(self, backend: Backend, store: SQLiteStore, floor: int, ceiling: int,
-                 create_timeout: float = 120.0, parallel: int = 2) -> None:
+                 create_timeout: float = 120.0, parallel: int = 2, creating: set[str] | None = None) -> None:
         self.backend = backend
+        # names of sandboxes being created right now (shared with the control plane): the
+        # orphan sweep must never take one of them for a leak
+        self.creating = creating if creating is not None else set()
         self.store = store
         self.floor = floor
         self.ceiling = max(ceiling, floor)
@@ -77,7 +80,14 @@ class WarmPool:
             self._spawn(self._discard(handle))  # died while waiting: never hand it out
         self._refill(key)
         named = replace(spec, generated_name=new_sandbox_name())
-        return await self.backend.create(named, timeout), False
+        return await self.create(named, timeout), False
+
+    async def create(self, spec: SandboxSpec, timeout: float) -> SandboxHandle:
+        self.creating.add(spec.generated_name)
+        try:
+            return await self.backend.create(spec, timeout)
+        finally:
+            self.creating.discard(spec.generated_name)
 
     def target(self, key: tuple) -> int:
         demand = self._demand.get(key, deque())
@@ -114,7 +124,7 @@ class WarmPool:
                 if self._closed:
                     return
                 spec = replace(self._templates[key], generated_name=new_sandbox_name("pool"))
-                handle = await self.backend.create(spec, self.create_timeout)
+                handle = await self.create(spec, self.create_timeout)
             if self._closed:
                 await self.backend.delete(handle)
                 return

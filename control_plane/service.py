@@ -7,10 +7,12 @@ every availability change goes through the store's lifecycle-guarded compare-and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import replace
 
 from . import lifecycle
@@ -46,11 +48,24 @@ class ControlPlane:
         self.backend = backend
         self.ops = Operations(store, config.pod_name)
         self.forwarder = Forwarder(config.client_request_timeout)
-        self.pool = WarmPool(backend, store, config.warm_pool, config.warm_pool_max)
+        self.creating: set[str] = set()  # sandbox names being created (the sweep leaves them alone)
+        self.pool = WarmPool(backend, store, config.warm_pool, config.warm_pool_max, creating=self.creating)
         self._background: set[asyncio.Task] = set()
-        self._provisioning = 0  # sandboxes being created for servers right now (sweep guard)
+        self._busy: dict[int, int] = {}  # servers with a life-cycle change under way
 
     # -- helpers ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def busy(self, server_id: int) -> Iterator[None]:
+        """Mark a server as changing (stop, restart…): the crash check leaves it alone meanwhile,
+        since a sandbox being replaced or deleted looks exactly like one that died."""
+        self._busy[server_id] = self._busy.get(server_id, 0) + 1
+        try:
+            yield
+        finally:
+            self._busy[server_id] -= 1
+            if not self._busy[server_id]:
+                del self._busy[server_id]
 
     def spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -106,6 +121,27 @@ class ControlPlane:
         self.store.add_client(row)
         return row
 
+    def needs_nodes(self, nodes_count: int) -> bool:
+        return nodes_count > 0 and hasattr(self.backend, "reserve_nodes")
+
+    async def reserve_nodes(self, row: ClientRow) -> RegisteredClientResponse:
+        """Provision ``nodes_count`` nodes for the client's name (backends that schedule on nodes)."""
+        try:
+            await self.backend.reserve_nodes(row.name, row.nodes_count)  # type: ignore[attr-defined]
+        except BackendError as exc:
+            raise OperationFailed(exc.status, f"reserving {row.nodes_count} nodes failed: {exc.message}") from exc
+        return self.client_response(self.client(row.id))
+
+    async def _release_nodes(self, row: ClientRow) -> None:
+        if not self.needs_nodes(row.nodes_count):
+            return
+        others = [c.nodes_count for c in self.store.clients([A.ALIVE, A.FINISHED])
+                  if c.name == row.name and c.id != row.id]
+        try:
+            await self.backend.release_nodes(row.name, max(others, default=0))  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - a failed release is retried by the next client stop
+            log.exception("could not release nodes of %s", row.name)
+
     def heartbeat(self, client_id: uuid.UUID, availability: A) -> ClientRow:
         row = self.client(client_id)
         if not lifecycle.is_terminal(row.availability):
@@ -127,6 +163,7 @@ class ControlPlane:
         failed = [s.id for s, r in zip(servers, results) if isinstance(r, BaseException) or r is False]
         target = A.DELETION_FAILED if failed else A.STOPPED
         self.store.set_client_status(client_id, target)
+        await self._release_nodes(self.client(client_id))
         if failed:
             raise OperationFailed(500, f"could not delete servers {failed} of client {client_id}")
         return self.client_response(self.client(client_id))
@@ -163,7 +200,8 @@ class ControlPlane:
         assert row is not None
         spec = SandboxSpec.from_request(req, server_id, row.generated_name, snapshot_source)
         try:
-            handle = await self._provision(spec, req.server_start_wait_timeout_in_seconds)
+            with self.busy(server_id):
+                handle = await self._provision(spec, req.server_start_wait_timeout_in_seconds)
         except BackendError as exc:
             self.store.set_server_status(server_id, A.FAILED_TO_START, exc.message)
             raise OperationFailed(exc.status if exc.status != 500 else 500,
@@ -181,14 +219,14 @@ class ControlPlane:
 
     async def _provision(self, spec: SandboxSpec, timeout: float) -> SandboxHandle:
         """A sandbox for ``spec``: claimed from the warm pool when one is ready."""
-        self._provisioning += 1
-        try:
-            if spec.snapshot_source is not None:
-                return await self.backend.create(replace(spec, generated_name=new_sandbox_name()), timeout or 300)
-            handle, _warm = await self.pool.acquire(spec, timeout or 300)
-            return handle
-        finally:
-            self._provisioning -= 1
+        if not getattr(self.backend, "warm_pool", True):
+            # e.g. Kubernetes: objects carry the request's labels, volumes, overrides… and the
+            # server's own name, so nothing pre-made can stand in for them
+            return await self.pool.create(spec, timeout or 300)
+        if spec.snapshot_source is not None:
+            return await self.pool.create(replace(spec, generated_name=new_sandbox_name()), timeout or 300)
+        handle, _warm = await self.pool.acquire(spec, timeout or 300)
+        return handle
 
     async def _reuse(self, row: ServerRow, req: StartServerRequest, base: dict) -> StartServerResponse:
         """RESTART swaps in a fresh sandbox; RESET hands the server over as it is and asks the client
@@ -223,6 +261,10 @@ class ControlPlane:
 
     async def _restart(self, row: ServerRow, timeout: int, reuse: bool) -> None:
         """As fresh as a new sandbox from the image, same server id: swap in a new sandbox."""
+        with self.busy(row.id):
+            await self._restart_unguarded(row, timeout, reuse)
+
+    async def _restart_unguarded(self, row: ServerRow, timeout: int, reuse: bool) -> None:
         req = StartServerRequest.model_validate_json(row.request)
         spec = SandboxSpec.from_request(req, row.id, row.generated_name)
         old = SandboxHandle.from_json(json.loads(row.handle)) if row.handle else None
@@ -259,6 +301,10 @@ class ControlPlane:
     async def _stop(self, row: ServerRow, target: A, details: str) -> bool:
         """Delete the sandbox, then record ``target`` (or DELETION_FAILED: never claim a stop that
         did not happen)."""
+        with self.busy(row.id):
+            return await self._stop_unguarded(row, target, details)
+
+    async def _stop_unguarded(self, row: ServerRow, target: A, details: str) -> bool:
         if row.handle:
             try:
                 await self._delete_handle(SandboxHandle.from_json(json.loads(row.handle)), raise_errors=True)
@@ -331,7 +377,7 @@ class ControlPlane:
 
     async def check_sandbox(self, row: ServerRow) -> None:
         """Look at a live server's sandbox; restart it within ``max_restarts`` or mark it CRASHED."""
-        if not row.handle or row.availability not in lifecycle.LIVE:
+        if not row.handle or row.availability not in lifecycle.LIVE or row.id in self._busy:
             return
         handle = SandboxHandle.from_json(json.loads(row.handle))
         try:
@@ -339,6 +385,8 @@ class ControlPlane:
         except Exception:  # noqa: BLE001 - an unobservable backend is not a crashed sandbox
             log.exception("could not observe sandbox of server %s", row.id)
             return
+        if row.id in self._busy:
+            return  # a stop or restart began while we looked
         restarts = max(row.restarts, seen.restarts)
         if seen.running and restarts <= row.max_restarts:
             if seen.restarts > row.restarts:

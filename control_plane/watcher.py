@@ -115,6 +115,7 @@ class Watcher:
                 known.add(SandboxHandle.from_json(json.loads(row.handle)).name)
         for member in self.cp.store.pool_members():
             known.add(member.name)
+        known |= self.cp.creating
         orphans = present - known
         confirmed = orphans & self._suspects
         self._suspects = orphans - confirmed

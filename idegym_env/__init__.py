@@ -14,7 +14,8 @@ __version__ = "0.1.0"
 ENV_ID = "IdeGym-v0"
 
 if ENV_ID not in _gym.registry:
-    _gym.register(id=ENV_ID, entry_point="idegym_env.env:IdeGymEnv")
+    _gym.register(id=ENV_ID, entry_point="idegym_env.env:IdeGymEnv",
+                  vector_entry_point="idegym_env.vector:RayVectorEnv")
 
 
 def __getattr__(name: str):

@@ -35,6 +35,15 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("demo", help="run a short real session end to end and print what happened",
                    description="Run a short real session end to end and print what happened.")
 
+    from .eval.cli import DESCRIPTION as EVAL_DESCRIPTION
+    from .eval.cli import EPILOG as EVAL_EPILOG
+    from .eval.cli import add_eval_arguments
+
+    evaluate = sub.add_parser("eval", help="run an agent on a set of tasks and report the pass rate",
+                              description=EVAL_DESCRIPTION, epilog=EVAL_EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_eval_arguments(evaluate)
+
     args = parser.parse_args(argv)
     if args.command == "sandbox":
         from sandbox_server.cli import run_serve
@@ -48,6 +57,10 @@ def main(argv: list[str] | None = None) -> None:
         from .demo import main as demo
 
         sys.exit(demo())
+    elif args.command == "eval":
+        from .eval.cli import run_eval
+
+        sys.exit(run_eval(args))
 
 
 if __name__ == "__main__":

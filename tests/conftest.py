@@ -42,11 +42,36 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
 
 
-@pytest.fixture
-def cp(tmp_path: Path) -> Iterator["ControlPlaneProcess"]:
-    """A control plane on the local backend with a fast watcher and a small warm pool."""
+pytest_plugins = ["tests.k8s_sim.fixtures"]
+
+
+def _control_plane(tmp_path: Path, backend: str, request: pytest.FixtureRequest):
     from tests.cp_helpers import ControlPlaneProcess
 
-    proc = ControlPlaneProcess(tmp_path / "state", ["--warm-pool", "1", "--ephemeral"])
+    if backend == "local":
+        return ControlPlaneProcess(tmp_path / "state", ["--warm-pool", "1", "--ephemeral"], backend="local")
+    sim = request.getfixturevalue("k8s_sim")
+    config = sim.backend_config()
+    env = dict(os.environ, IDEGYM_CONTROL_PLANE_BACKEND="kubernetes")
+    for key, value in (("KUBECONFIG", config.kubeconfig), ("IN_CLUSTER", "false"),
+                       ("ADDRESSING", config.addressing), ("NAMESPACE", config.namespace),
+                       ("INSTANCE", config.instance), ("READINESS_PERIOD_SECONDS", "1")):
+        env[f"IDEGYM_K8S_{key}"] = str(value)
+    return ControlPlaneProcess(tmp_path / "state", ["--backend", "kubernetes", "--ephemeral"], env=env,
+                               backend="kubernetes")
+
+
+@pytest.fixture(params=["local", pytest.param("kubernetes", marks=pytest.mark.kubernetes)])
+def cp(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator["ControlPlaneProcess"]:
+    """A control plane with a fast watcher, on each backend (Kubernetes: the API simulator)."""
+    proc = _control_plane(tmp_path, request.param, request)
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def cp_local(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator["ControlPlaneProcess"]:
+    """A control plane on the local backend, for what only real isolation can show."""
+    proc = _control_plane(tmp_path, "local", request)
     yield proc
     proc.stop()

@@ -20,7 +20,9 @@ FAST_WATCHER = ["--watch-interval", "0.3"]
 class ControlPlaneProcess:
     """``python -m control_plane`` on a free port with its own state directory."""
 
-    def __init__(self, state_dir: Path, extra: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
+    def __init__(self, state_dir: Path, extra: Sequence[str] = (), env: dict[str, str] | None = None,
+                 backend: str = "local") -> None:
+        self.backend = backend
         self.state_dir = state_dir
         self.extra = list(extra)
         self.env = env

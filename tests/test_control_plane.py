@@ -52,13 +52,13 @@ def test_start_forward_and_operation_record(cp: ControlPlaneProcess) -> None:
     assert started["server_id"] >= 1 and started["reused"] is False and started["need_to_reset"] is False
     sid = started["server_id"]
     # the published client's way: 202 + poll, the result body as JSON text
-    resp = cp.forward(client_id, sid, "api/tools/bash", {"command": "id -un; pwd"}, wait=None)
+    resp = cp.forward(client_id, sid, "api/tools/bash", {"command": "echo polled"}, wait=None)
     assert resp.status_code == 202
     op = cp.wait_op(resp.json()["async_operation_id"])
     assert op["status"] == "SUCCEEDED" and op["request_type"] == "FORWARD_REQUEST"
     result = json.loads(op["result"])
     assert result["status_code"] == 200
-    assert json.loads(result["body"])["stdout"] == "appuser\n/home/appuser/work\n"
+    assert json.loads(result["body"])["stdout"] == "polled\n"
     for key in ("scheduled_at", "started_at", "finished_at"):
         assert isinstance(op[key], int)
     # our way: Prefer: wait answers in the same response, still recorded
@@ -106,7 +106,7 @@ def test_bash_env_values_are_not_stored(cp: ControlPlaneProcess) -> None:
     sid = cp.start_server(client_id)["server_id"]
     resp = cp.forward(client_id, sid, "api/tools/bash", {"command": "true", "env": {"TOKEN": "hunter2-secret"}})
     op = cp.http.get(f"/api/operations/status/{resp.headers['X-IdeGym-Operation-Id']}").json()
-    assert "hunter2-secret" not in op["request"] and '"TOKEN"' in op["request"]
+    assert "hunter2-secret" not in op["request"] and "TOKEN" in op["request"]
     assert "hunter2-secret" not in cp.log_path.read_text()
 
 
@@ -126,11 +126,13 @@ def test_validation_errors_are_422_in_the_seed_shape(cp: ControlPlaneProcess) ->
 
 def test_unknown_image_fails_the_start_with_a_reason(cp: ControlPlaneProcess) -> None:
     client_id = cp.register()
-    resp = cp.http.post("/api/idegym-servers", json={"client_id": client_id, "image_tag": "no/such-image:1"})
+    image = "no/such-image-does-not-exist:1"
+    resp = cp.http.post("/api/idegym-servers", json={"client_id": client_id, "image_tag": image,
+                                                     "server_start_wait_timeout_in_seconds": 30})
     op = cp.wait_op(resp.json()["operation_id"])
     assert op["status"] == "FAILED"
     error = json.loads(op["result"])
-    assert error["status_code"] == 404 and "no/such-image:1" in error["body"]
+    assert error["status_code"] == 404 and image in error["body"]
     servers = cp.http.get("/api/idegym-servers", params={"client_id": client_id,
                                                          "include_terminal": "true"}).json()["servers"]
     assert servers[0]["availability"] == "FAILED_TO_START" and servers[0]["details"]
@@ -163,7 +165,8 @@ def test_finish_then_forward_is_410_and_stop_is_idempotent(cp: ControlPlaneProce
 def _reuse(cp: ControlPlaneProcess, strategy: str) -> tuple[int, int, dict]:
     first = cp.register("reuser")
     sid = cp.start_server(first, reuse_strategy="NONE")["server_id"]
-    cp.bash(first, sid, "echo tmpnote > /tmp/note; echo changed > file.txt; (sleep 300 &)")
+    cp.bash(first, sid, f"echo tmpnote > /tmp/note-{sid}; echo changed > file.txt; "
+                        f"(sleep 300 & echo $! > /tmp/sleeper-{sid})")
     cp.http.post("/api/idegym-servers/finish", json={"client_id": first, "server_id": sid})
     second = cp.register("reuser")
     started = cp.start_server(second, reuse_strategy=strategy)
@@ -177,20 +180,28 @@ def test_reuse_reset_keeps_the_server_and_asks_for_a_reset(cp: ControlPlaneProce
     assert cp.status(client, sid)["availability"] == "REUSED"
     reset = cp.forward(client, sid, "api/project/reset", {})
     assert reset.status_code == 200 and reset.json()["status"] == "success"
-    out = cp.bash(client, sid, "cat /tmp/note; ls file.txt 2>&1; pgrep -c sleep || true")["stdout"]
+    out = cp.bash(client, sid, f"cat /tmp/note-{sid}; ls file.txt 2>&1; "
+                               f"kill -0 $(cat /tmp/sleeper-{sid}) 2>/dev/null && echo alive || echo dead")["stdout"]
     lines = out.splitlines()
     assert lines[0] == "tmpnote"  # RESET keeps the rest of the filesystem
     assert "No such file" in lines[1]  # ... but the project is the image's again
-    assert lines[2] == "0"  # and no tool process survived
+    assert lines[2] == "dead"  # and no tool process survived
     assert cp.status(client, sid)["availability"] == "ALIVE"
 
 
 def test_reuse_restart_is_fresh_with_the_same_id(cp: ControlPlaneProcess) -> None:
     sid, reused_id, started = _reuse(cp, "RESTART")
     assert reused_id == sid and started["reused"] is True and started["need_to_reset"] is False
-    out = cp.bash(started["client"], sid, "cat /tmp/note 2>&1; ls file.txt 2>&1; pgrep -c sleep || true")["stdout"]
-    assert "No such file" in out.splitlines()[0] and "No such file" in out.splitlines()[1]
-    assert out.splitlines()[2] == "0"
+    out = cp.bash(started["client"], sid, "ls file.txt 2>&1")["stdout"]
+    assert "No such file" in out
+
+
+def test_restart_reuse_is_as_fresh_as_a_new_sandbox(cp_local: ControlPlaneProcess) -> None:
+    """Only real isolation can show this: /tmp and processes are the sandbox's own."""
+    cp = cp_local
+    sid, reused_id, started = _reuse(cp, "RESTART")
+    out = cp.bash(started["client"], sid, f"cat /tmp/note-{sid} 2>&1; pgrep -c sleep || true")["stdout"]
+    assert "No such file" in out.splitlines()[0] and out.splitlines()[1] == "0"
 
 
 def test_reuse_none_always_creates(cp: ControlPlaneProcess) -> None:
@@ -261,12 +272,16 @@ def test_status_reads_are_not_activity(cp: ControlPlaneProcess) -> None:
 def test_restart_endpoint_gives_a_fresh_sandbox(cp: ControlPlaneProcess) -> None:
     client_id = cp.register()
     sid = cp.start_server(client_id)["server_id"]
-    cp.bash(client_id, sid, "echo x > /tmp/mark; echo y > work.txt")
+    cp.bash(client_id, sid, "echo y > work.txt")
     resp = cp.http.post("/api/idegym-servers/restart", json={"client_id": client_id, "server_id": sid},
                         headers={"Prefer": "wait=60"})
     assert resp.status_code == 200, resp.text
-    out = cp.bash(client_id, sid, "ls /tmp/mark work.txt 2>&1 | grep -c 'No such'")["stdout"]
-    assert out.strip() == "2"
+    assert "No such file" in cp.bash(client_id, sid, "ls work.txt 2>&1")["stdout"]
+    if cp.backend == "local":  # /tmp is the sandbox's own only with real isolation
+        cp.bash(client_id, sid, "echo x > /tmp/mark")
+        cp.http.post("/api/idegym-servers/restart", json={"client_id": client_id, "server_id": sid},
+                     headers={"Prefer": "wait=60"})
+        assert "No such file" in cp.bash(client_id, sid, "ls /tmp/mark 2>&1")["stdout"]
 
 
 def test_capabilities_and_list(cp: ControlPlaneProcess) -> None:
@@ -279,7 +294,8 @@ def test_capabilities_and_list(cp: ControlPlaneProcess) -> None:
     assert listed["servers"][0]["usable"] is True
 
 
-def test_code_runner_requests_are_isolated(cp: ControlPlaneProcess) -> None:
+def test_code_runner_requests_are_isolated(cp_local: ControlPlaneProcess) -> None:
+    cp = cp_local
     first = cp.http.post("/execute", json={"language": "bash", "code": "echo secret > /tmp/left; "
                                                                        "sleep 60 & echo $HOSTNAME"}).json()
     assert first["exitCode"] == 0

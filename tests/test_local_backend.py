@@ -347,16 +347,21 @@ def test_delete_leaves_nothing(loop: LoopThread, backend: LocalBackend) -> None:
     h = loop.run(backend.create(spec("sb-delete", root=True, limits=Limits(memory_bytes=512 * MiB,
                                                                           storage_bytes=64 * MiB,
                                                                           cpu_millicores=500)), 60))
-    ok(h, "(setsid nohup sleep 1000 >/dev/null 2>&1 &); (sleep 999 &); mkdir -p /mnt/x "
-          "&& mount -t tmpfs inner /mnt/x && echo data > /mnt/x/f && echo file > /usr/file")
+    # A stopped process too: it must not keep the freezer from letting the kill through.
+    ok(h, "(setsid nohup sleep 1000 >/dev/null 2>&1 &); (sleep 999 &); (sleep 998 & kill -STOP $!); "
+          "mkdir -p /mnt/x && mount -t tmpfs inner /mnt/x && echo data > /mnt/x/f && echo file > /usr/file")
+    freezer = h.data["cgroups"]["freezer"]
     server = h.data["server"][0]
     pid_ns = os.readlink(f"/proc/{server}/ns/pid")
     assert len([p for p in os.scandir("/proc") if p.name.isdigit() and _in_ns(p.name, pid_ns)]) >= 4
     assert Path(h.data["dir"], "layers").is_mount()
     assert all(os.path.isdir(p) for p in h.data["cgroups"].values())
     assert h.data["dir"] in Path("/proc/self/mountinfo").read_text()  # the storage-bounded tmpfs
+    started = time.monotonic()
     loop.run(backend.delete(h))
+    assert time.monotonic() - started < 5
     assert leftovers(h, pid_ns) == []
+    assert not os.path.exists(freezer)
     loop.run(backend.delete(h))  # idempotent
     assert "sb-delete" not in loop.run(backend.list_names())
 
@@ -463,7 +468,9 @@ def test_snapshot_and_restore(loop: LoopThread, backend: LocalBackend, calc_imag
     try:
         ok(h, "echo snap > snap.txt && rm src/calc.py && echo lib > /usr/local/lib/snap-lib "
               "&& rm /etc/debian_version && mkdir -p /home/appuser/.cache && echo c > /home/appuser/.cache/c")
+        ok(h, "(sleep 1000 & kill -STOP $!)")  # a stopped task keeps the freezer from completing
         info = loop.run(backend.snapshot(h, "7"))
+        assert Path(h.data["cgroups"]["freezer"], "freezer.state").read_text().strip() == "THAWED"
         assert info.snapshot_id.startswith("7-") and info.snapshot_tag == calc_image
         assert loop.run(backend.snapshot_exists(info.snapshot_id))
         assert ok(h, "echo still running") == "still running\n"  # thawed after the copy

@@ -13,7 +13,8 @@ CLIENT_PYTHON = REPO / ".venv-client" / "bin" / "python"
 SCRIPT = Path(__file__).with_name("published_client_lifecycle.py")
 
 
-def test_published_client_whole_life_cycle(cp: ControlPlaneProcess) -> None:
+def test_published_client_whole_life_cycle(cp_local: ControlPlaneProcess) -> None:
+    cp = cp_local
     # Fails (not skips) without the client venv: `make test` creates it.
     assert CLIENT_PYTHON.exists(), f"{CLIENT_PYTHON} is missing: run `make client-venv`"
     deps = subprocess.run([str(CLIENT_PYTHON), "-c", "import idegym.client, diff_match_patch"],

@@ -297,7 +297,7 @@ class LocalBackend(Backend):
         if not NAME_RE.match(name):
             raise BackendError(f"invalid sandbox name {name!r}: use letters, digits, '-', '_', '.'", 400)
         sb = space.root / name
-        if sb.exists():
+        if sb.exists() or name in self._creating:
             raise BackendError(f"a sandbox named {name!r} already exists in {space.root}", 409)
         plan = _Plan(name=name, space=space, sb=sb, run=self.run_dir(name, space), image=image,
                      project_lower=project_lower or image.project, run_as_root=run_as_root, network=network,
@@ -343,11 +343,12 @@ class LocalBackend(Backend):
             _write_meta(sb, name, data)
         except BaseException as exc:
             detail = linux.tail(plan.log, 30).strip()
-            cleanup = asyncio.ensure_future(loop.run_in_executor(None, self._destroy_sync, name, space, data))
-            try:
-                await asyncio.shield(cleanup)
-            except BaseException:  # noqa: BLE001 - cancelled again while cleaning: let it finish
-                pass
+            if data.get("owned"):  # never clean up a same-named sandbox we did not make
+                cleanup = asyncio.ensure_future(loop.run_in_executor(None, self._destroy_sync, name, space, data))
+                try:
+                    await asyncio.shield(cleanup)
+                except BaseException:  # noqa: BLE001 - cancelled again, or cleanup trouble: it was tried
+                    log.warning("cleaning up the failed sandbox %s left something behind", name, exc_info=True)
             if not isinstance(exc, Exception):
                 raise
             message = exc.message if isinstance(exc, BackendError) else f"{type(exc).__name__}: {exc}"
@@ -360,7 +361,11 @@ class LocalBackend(Backend):
     def _prepare(self, plan: _Plan, data: dict[str, Any]) -> None:
         """Directories, layers (size-bounded when storage is limited), cgroups: all on the host."""
         plan.space.root.mkdir(parents=True, exist_ok=True)
-        plan.sb.mkdir(mode=0o700)
+        try:
+            plan.sb.mkdir(mode=0o700)
+        except FileExistsError:
+            raise BackendError(f"a sandbox named {plan.name!r} already exists", 409) from None
+        data["owned"] = True
         _write_meta(plan.sb, plan.name, data)
         for attempt in range(3):  # a concurrent delete may remove an empty run root meanwhile
             self._run_root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -377,6 +382,9 @@ class LocalBackend(Backend):
             linux.mount("idegym-layers", layers, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV,
                         f"size={plan.limits.storage_bytes},mode=0700")
             data["layers_tmpfs"] = True
+        elif plan.limits.storage_bytes:
+            _say_once("storage-ignored", logging.WARNING,
+                      "local backend: ephemeral-storage limits are not enforced without isolation")
         plan.log.touch(mode=0o600)
         if self.isolation == "bwrap":
             for tree in (*TREES, "project"):
@@ -731,11 +739,15 @@ class LocalBackend(Backend):
             family = set(victims)
             for pid in victims:
                 family.update(linux.descendants(pid, tree))
-            for pid in family:  # stop first so that nothing forks or re-parents meanwhile
-                linux.kill(pid, signal.SIGSTOP)
+            if not cgroups.get("freezer"):
+                # No freezer: stop them first so that nothing forks or re-parents meanwhile.
+                # (Never combined with the freezer: a stopped task keeps a group FREEZING.)
+                for pid in family:
+                    linux.kill(pid, signal.SIGSTOP)
             victims = family
         if cgroups:
-            Cgroups.kill_all(cgroups)
+            victims |= Cgroups.procs(cgroups)
+            Cgroups.kill_all(cgroups, extra=victims)  # frozen, killed, thawed
         for pid in victims:
             linux.kill(pid, signal.SIGKILL)
         left = linux.wait_gone(victims, 10.0)
@@ -814,7 +826,8 @@ class LocalBackend(Backend):
         sb = Path(data["dir"])
         tmp = self.snapshots_dir / f".tmp-{snapshot_id}"
         tmp.mkdir(parents=True)
-        frozen = Cgroups.freeze(data["cgroups"]) if data.get("cgroups") else False
+        freezing = Cgroups.freeze(data["cgroups"]) if data.get("cgroups") else None
+        frozen = bool(freezing)
         try:
             if data["isolation"] == "bwrap":
                 for tree in TREES:
@@ -834,7 +847,7 @@ class LocalBackend(Backend):
                 raise BackendError(f"snapshot of {data['dir']} failed: {exc}", 409) from exc
             raise
         finally:
-            if frozen:
+            if freezing is not None:  # thawed even when freezing did not complete in time
                 Cgroups.thaw(data["cgroups"])
         size = sum(e.stat(follow_symlinks=False).st_size for e in tmp.rglob("*"))
         meta = {"id": snapshot_id, "group": group, "image": data["image"], "image_id": data["image_id"],

@@ -182,7 +182,7 @@ async def _bash(socket: str, command: str, timeout: float, env: dict[str, str]) 
 def _fetch_project(project: dict[str, Any], work: Path) -> Path:
     dest = work / "project"
     if "path" in project:
-        src = Path(project["path"]).expanduser()
+        src = Path(project["path"]).expanduser().resolve()
         if not src.is_dir():
             raise BackendError(f"project path {src} is not a directory", 400)
         copy_tree(src, dest)

@@ -113,10 +113,12 @@ class Cgroups:
         return found
 
     @staticmethod
-    def freeze(paths: dict[str, str], timeout: float = 2.0) -> bool:
+    def freeze(paths: dict[str, str], timeout: float = 2.0) -> bool | None:
+        """Freeze the group: True once frozen, False if still freezing at the deadline, None
+        without a freezer. Whenever it returns non-None, the caller must ``thaw`` afterwards."""
         path = paths.get("freezer")
         if not path or not os.path.isdir(path):
-            return False
+            return None
         _write(path, "freezer.state", "FROZEN")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -143,14 +145,15 @@ class Cgroups:
         return 0
 
     @classmethod
-    def kill_all(cls, paths: dict[str, str], timeout: float = 5.0) -> list[int]:
-        """SIGKILL every process in the groups (frozen first, so nothing forks meanwhile)."""
-        frozen = cls.freeze(paths, 0.5)
-        victims = cls.procs(paths)
-        for pid in victims:
-            linux.kill(pid, signal.SIGKILL)
-        if frozen:
-            cls.thaw(paths)  # killed tasks only die once thawed
+    def kill_all(cls, paths: dict[str, str], timeout: float = 5.0, extra: set[int] = frozenset()) -> list[int]:
+        """SIGKILL every process in the groups (and ``extra``), frozen first so nothing forks."""
+        freezing = cls.freeze(paths, 1.0)
+        try:
+            for pid in cls.procs(paths) | set(extra):
+                linux.kill(pid, signal.SIGKILL)
+        finally:
+            if freezing is not None:
+                cls.thaw(paths)  # frozen tasks only die once thawed: never leave the group frozen
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             left = cls.procs(paths)

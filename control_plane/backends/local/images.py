@@ -37,7 +37,7 @@ from ..base import ImageDefinition
 log = logging.getLogger(__name__)
 
 BUILTIN_IMAGE = "idegym/builtin:latest"
-BUILTIN_ID = "builtin-v1"
+BUILTIN_ID = "builtin-v2"
 TAG_RE = re.compile(r"^[a-z0-9._/:@-]+$")
 TREES = ("usr", "etc", "var", "opt", "root", "home")
 APPUSER = ("appuser", 1000, 1000, "/home/appuser")
@@ -54,7 +54,7 @@ ETC_DENY = {
     "subuid", "subuid-", "subgid", "subgid-", "machine-id", "hostname", "hosts", "passwd", "passwd-",
     "group", "group-", "resolv.conf", "idegym",
 }
-ETC_DENY_PATTERNS = (re.compile(r"^ssh/ssh_host_.*"), re.compile(r".*\.(key|pem)$"))
+ETC_DENY_PATTERNS = (re.compile(r"^ssh/ssh_host_.*"), re.compile(r".*\.key$"), re.compile(r"^ssl/private(/|$)"))
 
 
 class ImageError(Exception):
@@ -207,7 +207,7 @@ class ImageStore:
 
     def register_project(self, tag: str, directory: Path, base: str = BUILTIN_IMAGE) -> str:
         check_tag(tag)
-        directory = Path(directory)
+        directory = Path(directory).resolve()
         if not directory.is_dir():
             raise ImageError(f"project directory {directory} does not exist")
         if not self.exists(base):
@@ -439,7 +439,10 @@ def _var_skeleton(dst: Path) -> None:
     for rel in ("lib/dpkg", "lib/apt"):
         src = Path("/var") / rel
         if src.is_dir():
-            copy_tree(src, dst / rel)
+            try:
+                copy_tree(src, dst / rel)
+            except ImageError as exc:  # e.g. unreadable parts when not root: apt/dpkg just see less
+                log.warning("built-in image: could not copy /var/%s: %s", rel, exc)
     for name in ("config.dat", "templates.dat"):  # never passwords.dat
         src = Path("/var/cache/debconf") / name
         if src.is_file():

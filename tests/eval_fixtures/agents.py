@@ -1,0 +1,55 @@
+"""Agents for the ``idegym eval`` tests, loaded by the CLI as ``tests.eval_fixtures.agents:NAME``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from idegym_env.eval.agents import SUBMIT, OracleAgent
+from idegym_env.tasks import Task
+
+
+class CrashOn(OracleAgent):
+    """The oracle, except on task ``task`` where it raises after its first tool call."""
+
+    def __init__(self, task: str) -> None:
+        super().__init__()
+        self.crash_task = task
+        self.calls = 0
+        self.current = ""
+
+    def reset(self, task: Task, *, seed: int | None = None) -> None:
+        super().reset(task, seed=seed)
+        self.current = task.id
+
+    def __call__(self, observation: str, info: dict[str, Any]) -> Any:
+        self.calls += 1
+        if self.current == self.crash_task and self.calls > 1:
+            raise RuntimeError(f"agent bug: cannot handle {self.current}")
+        return super().__call__(observation, info)
+
+
+class HangOnFirstAttempt(OracleAgent):
+    """The oracle, except that attempt 0 of every task never returns from its first step."""
+
+    def __call__(self, observation: str, info: dict[str, Any]) -> Any:
+        if info.get("attempt") == 0:
+            time.sleep(3600)
+        return super().__call__(observation, info)
+
+
+class SlowOracle(OracleAgent):
+    """The oracle, a little slower, so that a test can interrupt a run in the middle."""
+
+    def __init__(self, delay: float = 0.3) -> None:
+        super().__init__()
+        self.delay = delay
+
+    def __call__(self, observation: str, info: dict[str, Any]) -> Any:
+        time.sleep(self.delay)
+        return super().__call__(observation, info)
+
+
+def submit_now(observation: str, info: dict[str, Any]) -> dict[str, Any]:
+    """A stateless agent given as a plain function: it shares nothing, so one serves every episode."""
+    return SUBMIT
