@@ -376,8 +376,19 @@ class ControlPlane:
     # -- crash handling (watcher and forward failures) --------------------------------------------
 
     async def check_sandbox(self, row: ServerRow) -> None:
-        """Look at a live server's sandbox; restart it within ``max_restarts`` or mark it CRASHED."""
-        if not row.handle or row.availability not in lifecycle.LIVE or row.id in self._busy:
+        """Look at a live server's sandbox; restart it within ``max_restarts`` or mark it CRASHED.
+
+        One check per server at a time (the watcher and a failed forward may both ask), and
+        none while a stop or restart is under way."""
+        if row.id in self._busy:
+            return
+        with self.busy(row.id):
+            fresh = self.store.get_server(row.id)  # the caller's row may be stale
+            if fresh is not None:
+                await self._check_sandbox(fresh)
+
+    async def _check_sandbox(self, row: ServerRow) -> None:
+        if not row.handle or row.availability not in lifecycle.LIVE:
             return
         handle = SandboxHandle.from_json(json.loads(row.handle))
         try:
@@ -385,7 +396,7 @@ class ControlPlane:
         except Exception:  # noqa: BLE001 - an unobservable backend is not a crashed sandbox
             log.exception("could not observe sandbox of server %s", row.id)
             return
-        if row.id in self._busy:
+        if self._busy.get(row.id, 0) > 1:
             return  # a stop or restart began while we looked
         restarts = max(row.restarts, seen.restarts)
         if seen.running and restarts <= row.max_restarts:

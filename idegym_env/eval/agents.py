@@ -102,14 +102,20 @@ def _import(module_name: str) -> Any:
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[name]
+            raise AgentSpecError(f"loading agent file {module_name!r} failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
         return module
     if str(Path.cwd()) not in sys.path and "" not in sys.path:
         sys.path.insert(0, str(Path.cwd()))  # `idegym eval --agent mymodule:Agent` from the project dir
     try:
         return importlib.import_module(module_name)
-    except ImportError as exc:
-        raise AgentSpecError(f"cannot import agent module {module_name!r}: {exc}") from exc
+    except Exception as exc:
+        raise AgentSpecError(f"cannot import agent module {module_name!r}: "
+                             f"{type(exc).__name__}: {exc}") from exc
 
 
 class _Shared:

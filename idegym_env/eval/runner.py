@@ -31,7 +31,7 @@ from typing import Any
 
 from ..tasks import Task
 from .agents import FILE_MODULE_PREFIX, AgentFactory, agent_source, agent_usage, reset_agent
-from .manifest import build_manifest, check_same_run, episode_seed, image_of, now
+from .manifest import ManifestMismatch, build_manifest, check_same_run, episode_seed, image_of, now
 from .progress import Progress
 from .records import ResultsDir, latest, new_record
 from .summary import markdown, summarize, table, to_json
@@ -168,7 +168,7 @@ class Episode:
         try:
             self.agent = agent_factory()
             reset_agent(self.agent, self.task, self.seed)
-        except Exception as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - even SystemExit: the agent's failure, not ours
             raise _AgentFailed(exc) from exc
         observation, info = env.reset(seed=self.seed)
         with self.lock:
@@ -178,7 +178,7 @@ class Episode:
         while not self.abandoned:
             try:
                 action = self.agent(observation, info)
-            except Exception as exc:  # noqa: BLE001
+            except BaseException as exc:  # noqa: BLE001
                 raise _AgentFailed(exc) from exc
             if self.abandoned:
                 return
@@ -369,9 +369,9 @@ class Runner:
         old = self.results.read_manifest()
         if old is None:
             if self.results.episodes.exists() and self.results.load():
-                raise RuntimeError(f"{self.results.episodes} exists but {self.results.manifest_path} does "
-                                   "not: cannot tell which run those episodes belong to; use another --out "
-                                   "directory or --overwrite")
+                raise ManifestMismatch(
+                    f"{self.results.episodes} exists but {self.results.manifest_path} does not: cannot tell "
+                    "which run those episodes belong to; use another --out directory or --overwrite")
             self.results.write_manifest(manifest)
             return manifest
         check_same_run(old, manifest, self.results.root)

@@ -15,7 +15,14 @@ One sandbox = one ``sandbox_server`` process (plus the tools it starts) inside b
   mount is *locked* in the sandbox: root inside cannot remount the read-only ones writable.
 * **project** at ``/home/appuser/work``: an overlay the server mounts itself (``userxattr``) over
   the image's project, so a reset is an in-sandbox remount.
-* **pid, ipc, uts, cgroup and (unless allowed) network namespaces**; cgroup v1 limits.
+* **pid, ipc, uts, cgroup and network namespaces**; cgroup v1 limits (memory, pids — 1024 by
+  default —, cpu), ``ephemeral-storage`` as a size-bounded tmpfs under the layers and ``/tmp``.
+* **network** only when the backend (``network=True``) or the image (``network: true``) allows
+  it, by sharing the host's network namespace. CAVEAT: such a sandbox can then reach every
+  service listening on the host's loopback and abstract Unix sockets; allow it for trusted images.
+* **endpoint**: the server listens on ``/run/idegym/server.sock`` (a per-sandbox host directory);
+  once it is ready the socket is hard-linked to ``<run root>/<name>.sock``, outside the sandbox's
+  reach, so root inside cannot redirect the control plane to another sandbox's socket.
 
 Sandboxes outlive the control plane: no ``--die-with-parent``, their own session, and every pid
 recorded with its start time in ``SandboxHandle.data`` (and ``sandbox.json`` in the sandbox

@@ -2,8 +2,9 @@
 
 Each sandbox gets ``<controller mount>/<parent>/<sandbox name>`` in every controller the host
 mounts; ``parent`` is derived from the backend's state directory so that two backends never
-share groups and an orphan sweep finds exactly its own. The sandbox's first process is moved in
-before it runs anything, so everything it starts inherits the groups.
+share groups and an orphan sweep finds exactly its own. The sandbox's init and server are moved
+in while the server imports (each move costs an RCU grace period, ~3 ms per controller), before
+it can start any tool, so everything the tools start inherits the groups.
 """
 
 from __future__ import annotations

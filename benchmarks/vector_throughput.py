@@ -1,0 +1,260 @@
+"""Vector-env throughput: environment steps per second against the number of sub-envs.
+
+Measured in one run, against one embedded control plane on the local backend, for 1, 2, 4, 8 and
+16 sub-envs:
+
+* ``RayVectorEnv``: one Ray actor and one sandbox per sub-env, all stepped at once;
+* ``SyncVectorEnv``: gymnasium's own, ``n`` ``IdeGymEnv`` stepped one after the other in this
+  process (the baseline a user gets from ``gym.make_vec(..., vectorization_mode="sync")``);
+* raw calls, the ceiling: ``n`` threads, each with its own client and sandbox, calling
+  ``sandbox.bash`` in a loop as fast as it answers — no env, no Ray, no lockstep.
+
+Every sub-env runs the same bash action (``echo hello``), and no episode ends during a
+measurement (the step budget is out of reach), so the numbers are tool-call throughput. The
+three are measured in alternating rounds (``BENCH_ROUNDS``, ``BENCH_SECONDS`` each) so that
+load from elsewhere hits all of them alike; the median round counts. Ray runs with
+``num_cpus=2`` (the actors reserve none). Target: at 8 sub-envs RayVectorEnv reaches at least
+80 % of the raw-call ceiling. Writes ``results/vector_throughput.json`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from ._common import RESULTS, Progress, Result, Stats, check_target, table
+
+SIZES = [int(s) for s in os.environ.get("BENCH_SIZES", "1,2,4,8,16").split(",")]
+SECONDS = float(os.environ.get("BENCH_SECONDS", "3"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+TASK = "python-roman-numerals"
+COMMAND = "echo hello"
+ACTION = {"tool": "bash", "arguments": {"command": COMMAND}}
+NO_END = 10**9  # step budget: no episode ends (and gets graded) during a measurement
+METHODS = ["RayVectorEnv", "SyncVectorEnv", "raw calls (ceiling)"]
+TARGET_AT = 8
+TARGET_RATIO = 0.80
+
+
+class Round:
+    """One measurement: ``steps`` env steps in ``seconds``, and the latency of each call or vector step."""
+
+    def __init__(self, steps: int, seconds: float, latencies: list[float]) -> None:
+        self.steps, self.seconds, self.latencies = steps, seconds, latencies
+
+    @property
+    def rate(self) -> float:
+        return self.steps / self.seconds
+
+
+def run_vector(env: gym.vector.VectorEnv, n: int, seconds: float) -> Round:
+    actions = np.empty(n, dtype=object)
+    for i in range(n):
+        actions[i] = ACTION
+    latencies = []
+    started = time.perf_counter()
+    deadline = started + seconds
+    steps = 0
+    while True:
+        t = time.perf_counter()
+        if t >= deadline:
+            break
+        env.step(actions)
+        latencies.append(time.perf_counter() - t)
+        steps += n
+    return Round(steps, time.perf_counter() - started, latencies)
+
+
+class RawCalls:
+    """``n`` clients with a sandbox each, called from ``n`` threads."""
+
+    def __init__(self, url: str, image: str, n: int) -> None:
+        from idegym_env.client import IdeGymClient
+
+        self.clients = []
+        self.sandboxes = []
+        for _ in range(n):
+            client = IdeGymClient(url, name="bench-raw")
+            client.register()
+            self.clients.append(client)
+            self.sandboxes.append(client.start(image, server_name="bench-raw"))
+        for sandbox in self.sandboxes:
+            sandbox.bash(COMMAND)
+
+    def run(self, seconds: float) -> Round:
+        n = len(self.sandboxes)
+        counts = [0] * n
+        latencies: list[list[float]] = [[] for _ in range(n)]
+        ends = [0.0] * n
+        gate = threading.Barrier(n + 1)
+        deadline = [0.0]
+
+        def loop(i: int) -> None:
+            sandbox = self.sandboxes[i]
+            gate.wait()
+            while True:
+                t = time.perf_counter()
+                if t >= deadline[0]:
+                    break
+                result = sandbox.bash(COMMAND)
+                assert result.exit_code == 0
+                latencies[i].append(time.perf_counter() - t)
+                counts[i] += 1
+            ends[i] = time.perf_counter()
+
+        threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(n)]
+        for th in threads:
+            th.start()
+        started = time.perf_counter()
+        deadline[0] = started + seconds
+        gate.wait()
+        for th in threads:
+            th.join()
+        return Round(sum(counts), max(ends) - started, [x for lat in latencies for x in lat])
+
+    def close(self) -> None:
+        for client in self.clients:
+            try:
+                client.close(stop=True)
+            except Exception:  # noqa: BLE001 - the ephemeral control plane removes them anyway
+                pass
+
+
+def measure_size(url: str, image: str, n: int) -> dict[str, list[Round]]:
+    from idegym_env.env import IdeGymEnv
+    from idegym_env.vector import RayVectorEnv
+
+    print(f"\n{n} sub-env{'s' if n > 1 else ''}: starting {n} actors, {n} envs and {n} raw sandboxes ...", flush=True)
+    ray_env = RayVectorEnv(n, task=TASK, control_plane_url=url, max_steps=NO_END)
+    sync_env = gym.vector.SyncVectorEnv(
+        [lambda: IdeGymEnv(TASK, control_plane_url=url, max_steps=NO_END) for _ in range(n)])
+    raw = RawCalls(url, image, n)
+    try:
+        for env in (ray_env, sync_env):
+            env.reset(seed=0)
+            run_vector(env, n, 0.5)  # warm-up: connections, caches
+        raw.run(0.5)
+        runs: dict[str, Callable[[], Round]] = {
+            "RayVectorEnv": lambda: run_vector(ray_env, n, SECONDS),
+            "SyncVectorEnv": lambda: run_vector(sync_env, n, SECONDS),
+            "raw calls (ceiling)": lambda: raw.run(SECONDS),
+        }
+        rounds: dict[str, list[Round]] = {m: [] for m in METHODS}
+        progress = Progress(f"n={n}: {ROUNDS} rounds x {len(METHODS)} x {SECONDS:g} s", ROUNDS * len(METHODS))
+        for _ in range(ROUNDS):
+            for method in METHODS:
+                rounds[method].append(runs[method]())
+                progress.step()
+        return rounds
+    finally:
+        ray_env.close()
+        sync_env.close()
+        raw.close()
+
+
+def median_rate(rounds: list[Round]) -> float:
+    return statistics.median(r.rate for r in rounds)
+
+
+def plot(rates: dict[str, dict[int, float]], ratio_at_target: float | None, path: Any) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    styles = {"RayVectorEnv": ("o-", "tab:blue"), "SyncVectorEnv": ("s--", "tab:orange"),
+              "raw calls (ceiling)": ("^:", "tab:gray")}
+    for method, by_n in rates.items():
+        xs = sorted(by_n)
+        marker, color = styles.get(method, ("o-", None))
+        ax.plot(xs, [by_n[x] for x in xs], marker, color=color, label=method)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(SIZES)
+    ax.set_xticklabels([str(s) for s in SIZES])
+    ax.set_xlabel("sub-envs")
+    ax.set_ylabel(f"env steps per second ({COMMAND!r})")
+    title = f"IdeGym vector env throughput, {os.cpu_count()} CPUs"
+    if ratio_at_target is not None:
+        title += f"\nRayVectorEnv at {TARGET_AT} = {ratio_at_target:.0%} of the raw-call ceiling"
+    ax.set_title(title)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def run() -> Result:
+    import ray
+
+    from idegym_env.embedded import EmbeddedControlPlane
+    from idegym_env.env import IdeGymEnv
+
+    result = Result("vector_throughput", "Vector env steps/s: RayVectorEnv vs SyncVectorEnv vs raw sandbox calls")
+    started_ray = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        started_ray = True
+    rates: dict[str, dict[int, float]] = {m: {} for m in METHODS}
+    try:
+        with EmbeddedControlPlane(warm_pool=2) as cp:
+            probe = IdeGymEnv(TASK, control_plane_url=cp.url)  # builds the task's image once
+            image = probe.image
+            probe.close()
+            for n in SIZES:
+                rounds = measure_size(cp.url, image, n)
+                for method in METHODS:
+                    rates[method][n] = median_rate(rounds[method])
+                    result.stats.append(Stats.of(f"{method} n={n}: latency per "
+                                                 f"{'call' if method.startswith('raw') else 'vector step'}",
+                                                 [x for r in rounds[method] for x in r.latencies]))
+                print("  " + "  ".join(f"{m}: {rates[m][n]:.1f}/s" for m in METHODS), flush=True)
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+    raw = rates["raw calls (ceiling)"]
+    rows = []
+    for n in SIZES:
+        rows.append([n, rates["RayVectorEnv"][n], rates["SyncVectorEnv"][n], raw[n],
+                     f"{rates['RayVectorEnv'][n] / raw[n]:.0%}", f"{rates['SyncVectorEnv'][n] / raw[n]:.0%}"])
+    print(f"\nenv steps per second ({COMMAND!r}, median of {ROUNDS} rounds of {SECONDS:g} s):")
+    print(table(["sub-envs", "RayVectorEnv", "SyncVectorEnv", "raw calls", "Ray / raw", "Sync / raw"], rows))
+
+    result.figures["steps_per_second"] = {m: {str(n): round(v, 2) for n, v in by_n.items()} for m, by_n in rates.items()}
+    result.figures["ray_over_raw"] = {str(n): round(rates["RayVectorEnv"][n] / raw[n], 4) for n in SIZES}
+    result.figures["sync_over_raw"] = {str(n): round(rates["SyncVectorEnv"][n] / raw[n], 4) for n in SIZES}
+    result.figures["ray_over_sync"] = {str(n): round(rates["RayVectorEnv"][n] / rates["SyncVectorEnv"][n], 3)
+                                       for n in SIZES}
+    result.figures["settings"] = {"command": COMMAND, "task": TASK, "seconds_per_round": SECONDS, "rounds": ROUNDS,
+                                  "ray_num_cpus": 2, "actor_num_cpus": 0}
+    ratio = None
+    if TARGET_AT in SIZES:
+        ratio = rates["RayVectorEnv"][TARGET_AT] / raw[TARGET_AT]
+        target = check_target(f"RayVectorEnv / raw-call ceiling at {TARGET_AT} sub-envs", ratio * 100,
+                              TARGET_RATIO * 100, unit="%", lower_is_better=False)
+        result.targets["ray_vs_raw_at_8"] = target
+        print("\n" + target["text"])
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    png = RESULTS / "vector_throughput.png"
+    if plot(rates, ratio, png):
+        result.figures["plot"] = str(png.relative_to(RESULTS.parent.parent))
+        print(f"plot: {png}")
+    return result
+
+
+if __name__ == "__main__":
+    run().write()
