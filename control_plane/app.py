@@ -475,14 +475,22 @@ class CodeRunnerPool:
                 handle, _warm = await self.cp.pool.acquire(self.spec, 120)
             except BackendError as exc:
                 raise Unavailable(f"no sandbox for the code runner: {exc.message}") from exc
+            self.cp.leased.add(handle.name)  # bound to no server, yet no orphan either
             try:
                 reply = await self.cp.forwarder.request(self.cp.backend.endpoint(handle), method, path,
                                                         {"Content-Type": "application/json"}, body)
             except ForwardError as exc:
                 raise ControlPlaneError(f"{FORWARD_FAILED}: the code-runner sandbox failed: {exc.body}") from exc
             finally:
-                self.cp.spawn(self.cp._delete_handle(handle))
+                self.cp.spawn(self._discard(handle))
         return web.Response(body=reply.body, status=reply.status, content_type="application/json")
+
+
+    async def _discard(self, handle) -> None:
+        try:
+            await self.cp._delete_handle(handle)
+        finally:
+            self.cp.leased.discard(handle.name)
 
 
 async def execute(request: web.Request) -> web.Response:
@@ -636,7 +644,8 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     store = SQLiteStore(config.db_path)
     cp = ControlPlane(config, store, backend)
     watcher = Watcher(cp, config.watcher)
-    images = ImageJobs(cp, builder_for(backend), parse_build_yaml)
+    builder = builder_for(backend)
+    images = ImageJobs(cp, builder, getattr(builder, "parse_yaml", None) or parse_build_yaml)
     middlewares = [error_middleware("control plane", (ControlPlaneError,)), _store_errors_middleware()]
     if config.auth:
         middlewares.insert(1, auth_middleware(config.auth))

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -68,6 +69,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         KubernetesConfig.add_arguments(parser)
     else:
         parser.epilog = "With --backend kubernetes, --help also lists the --k8s-* settings."
+    parser.add_argument("--remove-state", action="store_true",
+                        help="with --ephemeral: also remove the state directory on shutdown")
+    parser.add_argument("--parent-pid", type=int,
+                        help="shut down (cleanly) when this process exits: embedded use never outlives its owner")
     parser.add_argument("--ready-fd", type=int, help="write 'ready <port>\\n' to this fd once listening")
     parser.add_argument("--log-json", action="store_true", default=bool(os.environ.get("IDEGYM_LOG_JSON")),
                         help="one JSON object per log line")
@@ -107,7 +112,19 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
     )
 
 
-async def serve(config: ControlPlaneConfig, ready_fd: int | None = None) -> None:
+async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            log.warning("parent process %d is gone: shutting down", pid)
+            stop.set()
+            return
+        await asyncio.sleep(0.5)
+
+
+async def serve(config: ControlPlaneConfig, ready_fd: int | None = None, parent_pid: int | None = None,
+                remove_state: bool = False) -> None:
     from .app import create_app
 
     app = create_app(config)
@@ -128,15 +145,20 @@ async def serve(config: ControlPlaneConfig, ready_fd: int | None = None) -> None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    watcher = asyncio.ensure_future(_watch_parent(parent_pid, stop)) if parent_pid else None
     await stop.wait()
+    if watcher is not None:
+        watcher.cancel()
     await runner.cleanup()
+    if config.ephemeral and remove_state:
+        shutil.rmtree(config.state_dir, ignore_errors=True)
 
 
 def run_serve(args: argparse.Namespace) -> None:
     setup_logging(args.log_json, args.log_level)
     config = config_from_args(args)
     try:
-        run_loop(serve(config, args.ready_fd))
+        run_loop(serve(config, args.ready_fd, args.parent_pid, args.remove_state))
     except OSError as exc:
         print(f"idegym control-plane: cannot serve on {config.host}:{config.port}: {exc}; "
               "choose another --port or stop what uses it", file=sys.stderr)

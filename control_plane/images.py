@@ -10,16 +10,17 @@
           path: ./calc                   #   a directory on the control plane's host
           # git: https://…   ref: main   #   a git repository (needs git, and network for remote URLs)
           # archive: ./calc.tar.gz       #   a .tar.gz / .zip archive
-        commands:                        # run as root in a build sandbox, in order
+        commands:                        # run as root in a build sandbox, in order (set -eux)
           - pip install pytest
         env: {PYTHONDONTWRITEBYTECODE: "1"}
         network: true                    # the build (and sandboxes of this image) may use the network
         rebuild: false                   # an existing tag is not built again unless this is true
 
-The upstream format's fields are accepted too: ``plugins`` (a ``project`` plugin supplies the
-project; other plugin types do not apply to a local image and are noted in the job log),
-``runtime_class_name``, ``resources``, ``platforms``. Upstream base names such as
-``debian-bookworm-20250520-slim`` map to the built-in image, since no registry is reachable.
+The upstream format's fields are accepted too: ``plugins`` (``project`` supplies the project,
+``permissions`` and ``user`` become commands; other types are noted in the job log),
+``commands`` as a Dockerfile-ish string, ``runtime_class_name``, ``resources``, ``platforms``.
+Each backend's builder says what it makes of the rest (the local one maps public distribution
+bases such as ``debian`` to the built-in image, since no registry is reachable here).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shlex
 from typing import Any
 
 import yaml
@@ -34,79 +36,139 @@ import yaml
 from .backends.base import Backend, ImageBuilder, ImageDefinition
 
 BUILTIN_IMAGE = "idegym/builtin:latest"
-TAG = re.compile(r"^[a-z0-9._/:@-]+$")
-NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$")
-UPSTREAM_BASES = {"debian-bookworm-20250520-slim", "ubuntu-jammy-20250530", "debian", "ubuntu", "default"}
-PROJECT_KEYS = ("path", "git", "archive")
+TAG_RE = re.compile(r"^[a-z0-9._/:@-]+$")
+APPUSER = ("appuser", 1000)
+
+DEFAULT_NAME = "idegym-image"
 
 
-def _project(entry: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
-    project = entry.get("project")
-    for plugin in entry.get("plugins") or []:
-        if not isinstance(plugin, dict):
-            raise ValueError(f"plugins entries must be mappings, got {plugin!r}")
-        kind = plugin.get("type")
-        if kind == "project":
-            source = plugin.get("source") if isinstance(plugin.get("source"), dict) else plugin
-            project = {k: v for k, v in source.items() if k in (*PROJECT_KEYS, "ref", "url")}
-            if "url" in project and "git" not in project and "archive" not in project:
-                url = project.pop("url")
-                project["archive" if str(url).endswith((".zip", ".tar.gz", ".tgz")) else "git"] = url
-        else:
-            notes.append(f"plugin {kind!r} does not apply to a local image; ignored")
-    if project is None:
-        return None
-    if not isinstance(project, dict) or sum(k in project for k in PROJECT_KEYS) != 1:
-        raise ValueError(f"project must have exactly one of {', '.join(PROJECT_KEYS)}; got {project!r}")
-    return project
+def parse_build_yaml(text: str, registry: str | None = None) -> list[ImageDefinition]:
+    """The ``images:`` list of a build YAML as ``ImageDefinition``s with deterministic tags.
 
-
-def parse_build_yaml(text: str) -> list[ImageDefinition]:
-    """Parse the build YAML. Raises ``ValueError`` with a message naming the faulty entry."""
+    Accepts the upstream fields (``name``, ``base``, ``plugins`` — ``project``, ``permissions``,
+    ``user`` become local equivalents —, ``commands`` as a list or a Dockerfile-ish string,
+    ``runtime_class_name``, ``resources``…) plus local ones (``tag``, ``project: {path|git|archive}``,
+    ``env``, ``network``). What does not apply locally is listed by ``local_notes`` for the job log.
+    Raises ``ValueError`` with a readable message on malformed input.
+    """
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ValueError(f"not valid YAML: {exc}") from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
-        raise ValueError("expected a mapping with an 'images:' list")
-    definitions = []
+        raise ValueError(f"the build YAML does not parse: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("images"), list) or not doc["images"]:
+        raise ValueError("the build YAML must have a non-empty top-level `images:` list")
+    out = []
     for index, entry in enumerate(doc["images"]):
-        where = f"images[{index}]"
         if not isinstance(entry, dict):
-            raise ValueError(f"{where}: expected a mapping")
-        notes: list[str] = []
-        base = str(entry.get("base") or BUILTIN_IMAGE)
-        if base in UPSTREAM_BASES:
-            notes.append(f"base {base!r} maps to {BUILTIN_IMAGE} (the host's toolchains)")
-            base = BUILTIN_IMAGE
-        commands = entry.get("commands") or []
-        if not isinstance(commands, list) or not all(isinstance(c, str) for c in commands):
-            raise ValueError(f"{where}.commands: expected a list of strings")
-        env = entry.get("env") or {}
-        if not isinstance(env, dict):
-            raise ValueError(f"{where}.env: expected a mapping")
-        try:
-            project = _project(entry, notes)
-        except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from exc
-        for ignored in ("runtime_class_name", "resources", "platforms"):
-            if entry.get(ignored) is not None:
-                notes.append(f"{ignored} is set per server at start time; ignored here")
-        content = {"base": base, "project": project, "commands": commands, "env": env,
-                   "network": bool(entry.get("network", False))}
-        tag = entry.get("tag")
-        if tag is None:
-            name = entry.get("name")
-            if not isinstance(name, str) or not NAME.match(name):
-                raise ValueError(f"{where}: give a 'name' (lowercase letters, digits, '.', '_', '-') or a 'tag'")
-            digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
-            tag = f"{name}:{digest}"
-        if not isinstance(tag, str) or not TAG.match(tag) or len(tag) > 383:
-            raise ValueError(f"{where}: tag {tag!r} must match ^[a-z0-9._/:@-]+$ (lowercase)")
-        definitions.append(ImageDefinition(tag=tag, base=base, project=project, commands=list(commands),
-                                           env={str(k): str(v) for k, v in env.items()},
-                                           network=content["network"], raw={**entry, "_notes": notes}))
-    return definitions
+            raise ValueError(f"images[{index}] must be a mapping, not {type(entry).__name__}")
+        out.append(_definition(entry, index, registry))
+    return out
+
+
+def _definition(entry: dict[str, Any], index: int, registry: str | None = None) -> ImageDefinition:
+    where = f"images[{index}]"
+    content_hash = hashlib.sha256(json.dumps(entry, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    tag = entry.get("tag")
+    if tag is None:
+        name = str(entry.get("name") or DEFAULT_NAME).lower()
+        tag = f"{registry.rstrip('/')}/{name}:{content_hash}" if registry else f"{name}:{content_hash}"
+    tag = str(tag)
+    if not TAG_RE.match(tag):
+        raise ValueError(f"{where}: image tag {tag!r} is invalid; tags must match {TAG_RE.pattern}")
+    base = str(entry.get("base") or BUILTIN_IMAGE)
+    project = _project(entry.get("project"), where)
+    commands: list[str] = []
+    for p_index, plugin in enumerate(entry.get("plugins") or []):
+        if not isinstance(plugin, dict) or "type" not in plugin:
+            raise ValueError(f"{where}.plugins[{p_index}] must be a mapping with a `type`")
+        kind = plugin["type"]
+        if kind == "project":
+            if project is not None:
+                raise ValueError(f"{where}: only one project is supported")
+            project = _project_plugin(plugin, f"{where}.plugins[{p_index}]")
+        elif kind == "permissions":
+            commands.extend(_permission_commands(plugin.get("paths") or {}))
+        elif kind == "user":
+            commands.extend(_user_commands(plugin))
+    commands.extend(_commands(entry.get("commands"), where))
+    env = entry.get("env") or {}
+    if not isinstance(env, dict):
+        raise ValueError(f"{where}.env must be a mapping of names to values")
+    return ImageDefinition(tag=tag, base=base, project=project, commands=commands,
+                           env={str(k): str(v) for k, v in env.items()}, network=bool(entry.get("network", False)),
+                           raw=entry)
+
+
+def _project(value: Any, where: str) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}.project must be a mapping")
+    if any(k in value for k in ("path", "git", "archive")):
+        return {k: value[k] for k in ("path", "git", "archive", "ref", "subdir") if k in value}
+    repo = value.get("repository")
+    if isinstance(repo, dict) and {"owner", "name"} <= repo.keys():
+        server = repo.get("server", "github.com")
+        return {"git": f"https://{server}/{repo['owner']}/{repo['name']}.git",
+                "ref": str(value.get("reference") or "HEAD"),
+                **({"subdir": value["path"]} if value.get("path") else {})}
+    raise ValueError(f"{where}.project needs `path`, `git` or `archive` (or an upstream `repository`)")
+
+
+def _project_plugin(plugin: dict[str, Any], where: str) -> dict[str, Any]:
+    source = plugin.get("source")
+    if source == "local":
+        return {"path": plugin.get("path") or "."}
+    if source in ("git", "git-clone", "resource"):
+        if not plugin.get("url"):
+            raise ValueError(f"{where}: a {source} project needs `url`")
+        out = {"git": plugin["url"], "ref": str(plugin.get("ref") or "HEAD")}
+        if source == "resource" and plugin.get("path"):
+            out["subdir"] = plugin["path"]
+        return out
+    if source == "archive":
+        return {"archive": plugin.get("path") or plugin.get("url")}
+    raise ValueError(f"{where}: unknown project source {source!r} (local, git, git-clone, resource, archive)")
+
+
+def _permission_commands(paths: dict[str, Any]) -> list[str]:
+    out = []
+    for path, conf in paths.items():
+        conf = conf or {}
+        owner, group, mode = conf.get("owner"), conf.get("group") or conf.get("owner"), conf.get("mode")
+        if owner:
+            out.append(f"chown -R {owner}:{group} {shlex.quote(path)}")
+        elif group:
+            out.append(f"chgrp -R {group} {shlex.quote(path)}")
+        if mode:
+            out.append(f"chmod -R {mode} {shlex.quote(path)}")
+    return out
+
+
+def _user_commands(plugin: dict[str, Any]) -> list[str]:
+    name = str(plugin.get("username", ""))
+    uid = int(plugin.get("uid", 1000))
+    if not name or name == APPUSER[0] or uid == APPUSER[1]:
+        return []  # appuser (uid 1000) always exists locally
+    shell = shlex.quote(str(plugin.get("shell", "/bin/bash")))
+    gid = int(plugin.get("gid", uid))
+    group = str(plugin.get("group") or name)
+    return [f"getent group {group} >/dev/null || groupadd -g {gid} {group}",
+            f"id -u {name} >/dev/null 2>&1 || useradd -m -u {uid} -g {group} -s {shell} {name}"]
+
+
+def _commands(value: Any, where: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        text = value.replace("\\\n", " ")
+        lines = [re.sub(r"^\s*RUN\s+", "", line) for line in text.splitlines()]
+        return [line for line in lines if line.strip()]
+    if isinstance(value, list) and all(isinstance(c, str) for c in value):
+        return [c for c in value if c.strip()]
+    raise ValueError(f"{where}.commands must be a list of strings or a string")
+
+
 
 
 def builder_for(backend: Backend) -> ImageBuilder | None:

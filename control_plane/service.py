@@ -49,6 +49,7 @@ class ControlPlane:
         self.ops = Operations(store, config.pod_name)
         self.forwarder = Forwarder(config.client_request_timeout)
         self.creating: set[str] = set()  # sandbox names being created (the sweep leaves them alone)
+        self.leased: set[str] = set()  # sandboxes in use outside any server (the code runner's)
         self.pool = WarmPool(backend, store, config.warm_pool, config.warm_pool_max, creating=self.creating)
         self._background: set[asyncio.Task] = set()
         self._busy: dict[int, int] = {}  # servers with a life-cycle change under way

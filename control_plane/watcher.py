@@ -115,7 +115,7 @@ class Watcher:
                 known.add(SandboxHandle.from_json(json.loads(row.handle)).name)
         for member in self.cp.store.pool_members():
             known.add(member.name)
-        known |= self.cp.creating
+        known |= self.cp.creating | self.cp.leased
         orphans = present - known
         confirmed = orphans & self._suspects
         self._suspects = orphans - confirmed

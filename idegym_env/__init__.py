@@ -24,7 +24,15 @@ def __getattr__(name: str):
         from .env import IdeGymEnv
 
         return IdeGymEnv
+    if name == "evaluate":
+        from .eval import evaluate
+
+        return evaluate
+    if name == "RayVectorEnv":
+        from .vector import RayVectorEnv
+
+        return RayVectorEnv
     raise AttributeError(name)
 
 
-__all__ = ["ENV_ID", "IdeGymEnv", "__version__"]
+__all__ = ["ENV_ID", "IdeGymEnv", "RayVectorEnv", "evaluate", "__version__"]

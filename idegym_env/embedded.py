@@ -2,7 +2,8 @@
 
 It runs as a child process (``idegym control-plane serve --ephemeral``) with its own state
 directory, so an interpreter that crashes cannot corrupt anybody else's state; ``close()`` (or
-interpreter exit) stops it, and ``--ephemeral`` makes it delete every sandbox it created.
+interpreter exit) stops it, and ``--ephemeral`` makes it delete every sandbox it created. It
+watches its parent: if this process is killed outright, it still shuts down and cleans up.
 One instance is shared by every environment of the process (``shared()``).
 """
 
@@ -30,7 +31,9 @@ class EmbeddedControlPlane:
         self.log_path = self.state_dir / "control-plane.log"
         read_fd, write_fd = os.pipe()
         argv = [sys.executable, "-m", "control_plane", "--port", "0", "--state-dir", str(self.state_dir),
-                "--ephemeral", "--warm-pool", str(warm_pool), "--ready-fd", str(write_fd), *(extra_args or [])]
+                "--ephemeral", "--warm-pool", str(warm_pool), "--ready-fd", str(write_fd),
+                "--parent-pid", str(os.getpid()), *(["--remove-state"] if state_dir is None else []),
+                *(extra_args or [])]
         self._log = open(self.log_path, "ab")
         self.process = subprocess.Popen(argv, pass_fds=(write_fd,), stdout=self._log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True)

@@ -387,11 +387,13 @@ class RayVectorEnv(gym.vector.VectorEnv):
 
     def _gather(self, refs: list[Any], timeout: float | None) -> list[Any]:
         """Results in order; a failed slot's entry is a :class:`SlotFailure`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             return ray.get(refs, timeout=timeout)  # the common case: one round of waiting
         except (RayError, GetTimeoutError):
             pass
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=remaining)
         done = set(ready)
         out: list[Any] = []
         for ref in refs:

@@ -9,6 +9,8 @@ import asyncio
 import base64
 import logging
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -85,6 +87,11 @@ class SandboxState:
             raise Unprocessable.field(
                 ["body", "user"], f"unknown user {name!r}: no such user in the sandbox", name
             ) from None
+        if user.uid == 0 and not self.config.root_tools:
+            raise Forbidden(
+                f"cannot run as {name!r}: this sandbox does not give tools root (start the server with "
+                "run_as_root to have it)"
+            )
         if user.uid != os.geteuid() and os.geteuid() != 0:
             raise Forbidden(
                 f"cannot run as {name!r}: the server runs as uid {os.geteuid()}, not root; "
@@ -359,6 +366,8 @@ def _lifecycle(state: SandboxState) -> Callable[[web.Application], AsyncIterator
         state.supervisor.stop()
         if isinstance(state.project, OverlayProject):
             state.project.close()
+        if state.config.owns_state_dir and state.config.state_dir is not None:
+            shutil.rmtree(state.config.state_dir, ignore_errors=True)
 
     return ctx
 
@@ -367,8 +376,10 @@ def _open_project(config: ServerConfig) -> Project:
     config.project.mkdir(parents=True, exist_ok=True)
     if config.overlay_lower is not None and config.overlay_layer is not None:
         return OverlayProject(config.project, config.overlay_lower, config.overlay_layer)
-    private = config.state_dir or Path(os.environ.get("TMPDIR", "/tmp")) / f"idegym-sandbox-{os.getpid()}"
-    pristine, identical = prepare_pristine(config.project_source, config.project, private)
+    if config.state_dir is None:  # a private directory of our own, removed at shutdown
+        config.state_dir = Path(tempfile.mkdtemp(prefix="idegym-sandbox-"))
+        config.owns_state_dir = True
+    pristine, identical = prepare_pristine(config.project_source, config.project, config.state_dir)
     return CopyProject(config.project, pristine, identical)
 
 

@@ -37,6 +37,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="TCP address [$IDEGYM_SERVER_HOST, default 127.0.0.1; pods use 0.0.0.0]")
     parser.add_argument("--tool-user", default=env("IDEGYM_TOOL_USER") or None,
                         help="user that tools run as when a request names none (default: the server's user)")
+    parser.add_argument("--no-root-tools", action="store_true",
+                        help="refuse to run tools as root, whatever a request's 'user' says (the server may "
+                             "still run as root to switch to other users)")
     parser.add_argument("--file-root", type=Path, action="append", default=[],
                         help="directory the file tools may touch (repeatable; default: the project)")
     parser.add_argument("--tool-env", action="append", default=[], metavar="NAME=VALUE",
@@ -70,6 +73,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         port=args.port,
         unix_socket=args.unix_socket,
         tool_user=args.tool_user,
+        root_tools=not args.no_root_tools,
         file_roots=list(args.file_root),
         max_body_bytes=args.max_body_bytes,
         runner_concurrency=args.runner_concurrency,

@@ -24,10 +24,12 @@ class ServerConfig:
     overlay_lower: Path | None = None
     overlay_layer: Path | None = None
     state_dir: Path | None = None
+    owns_state_dir: bool = False  # created by the server itself: removed at shutdown
     host: str = "127.0.0.1"
     port: int = 8000
     unix_socket: Path | None = None
     tool_user: str | None = None
+    root_tools: bool = True  # False: no tool runs as uid 0, whatever a request's `user` says
     file_roots: list[Path] = field(default_factory=list)
     max_body_bytes: int = 256 << 20
     max_timeout: float = 24 * 3600.0

@@ -224,3 +224,20 @@ def test_default_make_and_close_leave_no_process() -> None:
     env.close()
     assert wait_until(lambda: not (during & _sandbox_processes()), 30), during & _sandbox_processes()
     assert idegym_env.ENV_ID == "IdeGym-v0"
+
+
+def test_embedded_control_plane_does_not_outlive_a_killed_owner(tmp_path: Path) -> None:
+    """SIGKILL the process that started the embedded control plane: it still cleans up."""
+    script = ("from idegym_env.embedded import EmbeddedControlPlane\n"
+              "import sys, time\ncp = EmbeddedControlPlane(warm_pool=1)\n"
+              "print(cp.process.pid, cp.state_dir, flush=True)\ntime.sleep(600)\n")
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        pid, state_dir = owner.stdout.readline().split()
+    finally:
+        owner.kill()
+        owner.wait()
+    from tests.helpers import process_alive
+
+    assert wait_until(lambda: not process_alive(int(pid)), 30), "the embedded control plane outlived its owner"
+    assert wait_until(lambda: not Path(state_dir).exists(), 10)

@@ -205,3 +205,18 @@ def test_log_lines_are_json(project: Path, tmp_path: Path) -> None:
         proc.stop()
     lines = [json.loads(line) for line in proc.log_path.read_text().splitlines() if line.startswith("{")]
     assert any(entry.get("path") == "/api/tools/bash" and entry.get("status") == 200 for entry in lines)
+
+
+def test_root_can_be_refused_to_tools(project: Path, tmp_path: Path) -> None:
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to switch users")
+    proc = SandboxProcess(project, "tcp", tmp_path, extra=["--tool-user", "nobody", "--no-root-tools"])
+    try:
+        for user in ("root", "0"):
+            resp = proc.post("/api/tools/bash", {"command": "id -u", "user": user})
+            assert resp.status_code == 403 and "root" in resp.json()["message"]
+        assert proc.bash("id -un")["stdout"] == "nobody\n"
+    finally:
+        proc.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-BUILTIN_IMAGE = "idegym/builtin:latest"
+from control_plane.images import BUILTIN_IMAGE  # noqa: F401 - re-exported
 
 
 @dataclass(frozen=True)

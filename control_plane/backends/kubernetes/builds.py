@@ -6,8 +6,8 @@ Dockerfile) and a Job whose single pod runs the builder with that ConfigMap moun
 back by name, is what ``/api/jobs/status/{job_name}`` reports, so a restarted control plane
 still knows how a build ended (until the Job's TTL removes it).
 
-``parse_build_yaml`` is a minimal reader of the ``images:`` YAML; the local backend's parser
-will replace it (same ``ImageDefinition`` output).
+``parse_build_yaml`` reads the shared build YAML (``control_plane.images``) with the cluster's
+rules on top; ``KubernetesImageBuilder.parse_yaml`` applies the configured registry to tags.
 """
 
 from __future__ import annotations
@@ -41,40 +41,22 @@ CONTEXT_MOUNT = "/workspace"
 
 
 def parse_build_yaml(text: str, registry: str | None = None) -> list[ImageDefinition]:
-    """``images:`` entries → ``ImageDefinition``s. An entry needs ``base`` and either ``tag`` or
-    ``name`` (then tagged ``[registry/]name:<12 hex of the entry>``, so an unchanged entry keeps its
-    tag). Raises ``ValueError`` with the entry's position for anything unusable."""
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"build YAML does not parse: {exc}") from exc
-    entries = doc.get("images") if isinstance(doc, dict) else None
-    if not isinstance(entries, list) or not entries:
-        raise ValueError("build YAML needs a non-empty top-level 'images:' list")
-    out = []
-    for index, entry in enumerate(entries):
-        where = f"images[{index}]"
-        if not isinstance(entry, dict) or not isinstance(entry.get("base"), str) or not entry["base"]:
-            raise ValueError(f"{where}: needs a 'base' image")
-        commands = entry.get("commands") or []
-        if not isinstance(commands, list) or not all(isinstance(c, str) for c in commands):
-            raise ValueError(f"{where}: 'commands' must be a list of strings")
-        env = entry.get("env") or {}
-        if not isinstance(env, dict):
-            raise ValueError(f"{where}: 'env' must be a mapping")
-        tag = entry.get("tag")
-        if not tag:
-            name = entry.get("name")
-            if not isinstance(name, str) or not name:
-                raise ValueError(f"{where}: needs a 'name' or a 'tag'")
-            version = hashlib.sha256(json.dumps(entry, sort_keys=True, default=str).encode()).hexdigest()[:12]
-            tag = f"{registry.rstrip('/')}/{name}:{version}" if registry else f"{name}:{version}"
-        if not isinstance(tag, str) or not OCI_IMAGE.match(tag) or len(tag) > 383:
-            raise ValueError(f"{where}: tag {tag!r} is not a valid lowercase OCI image reference")
-        out.append(ImageDefinition(tag=tag, base=entry["base"], project=entry.get("project"), commands=commands,
-                                   env={str(k): str(v) for k, v in env.items()},
-                                   network=bool(entry.get("network", True)), raw=entry))
-    return out
+    """The shared build YAML (``control_plane.images``), with what a cluster needs on top: every
+    entry names a real ``base`` image (there is no built-in image on a cluster) and builds may use
+    the network unless an entry says otherwise."""
+    import yaml
+
+    from ...images import BUILTIN_IMAGE
+    from ...images import parse_build_yaml as parse_shared
+
+    definitions = parse_shared(text, registry)
+    for index, definition in enumerate(definitions):
+        if "base" not in definition.raw or definition.base == BUILTIN_IMAGE:
+            raise ValueError(f"images[{index}]: needs a 'base' image to build from on Kubernetes")
+        if "network" not in definition.raw:
+            definition.network = True
+    del yaml
+    return definitions
 
 
 def render_dockerfile(definition: ImageDefinition) -> str:
@@ -237,6 +219,10 @@ class KubernetesImageBuilder(ImageBuilder):
             if time.monotonic() >= deadline:
                 return BuildStatus(job_name, Status.FAILURE, status.tag, "timed out waiting for the build job")
             await asyncio.sleep(self.poll_interval)  # builds take minutes; a Job poll per second is cheap
+
+    def parse_yaml(self, text: str) -> list[ImageDefinition]:
+        """The build YAML as this cluster builds it: tags under the configured registry."""
+        return parse_build_yaml(text, registry=self.backend.config.registry)
 
     async def build(self, definition: ImageDefinition, log: Any) -> str:
         sink = _log_sink(log)

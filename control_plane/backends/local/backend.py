@@ -472,7 +472,8 @@ class LocalBackend(Backend):
         args = self._server_args(plan, PROJECT_INSIDE, ready_w, f"{RUN_INSIDE}/{SOCKET_NAME}")
         args += ["--overlay-lower", f"{INSIDE}/image/project", "--overlay-layer", f"{INSIDE}/layer"]
         if not plan.run_as_root:
-            args += ["--tool-user", APPUSER[0]]
+            # tools run as appuser, and a request's `user` can never make them root
+            args += ["--tool-user", APPUSER[0], "--no-root-tools"]
         argv = ["bwrap", "--unshare-user", "--userns-block-fd", str(block_r), "--info-fd", str(info_w),
                 "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         if not plan.network:

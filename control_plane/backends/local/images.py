@@ -36,7 +36,7 @@ from ..base import ImageDefinition
 
 log = logging.getLogger(__name__)
 
-BUILTIN_IMAGE = "idegym/builtin:latest"
+from ...images import BUILTIN_IMAGE, parse_build_yaml as parse_images_yaml  # noqa: E402,F401 - re-exported
 BUILTIN_ID = "builtin-v2"
 TAG_RE = re.compile(r"^[a-z0-9._/:@-]+$")
 TREES = ("usr", "etc", "var", "opt", "root", "home")
@@ -449,146 +449,14 @@ def _var_skeleton(dst: Path) -> None:
             shutil.copy2(src, dst / "cache" / "debconf" / name)
 
 
-# -- the build YAML ---------------------------------------------------------------------------------
+# -- notes on the build YAML ---------------------------------------------------------------------
 
-DEFAULT_NAME = "idegym-image"
 _IGNORED_TOP = {
     "runtime_class_name": "sandboxes run under bubblewrap locally, not a container runtime",
     "resources": "limits come from each server request's `resources`",
     "platforms": "local images are built for this host only",
     "base_image": None,
 }
-
-
-def parse_images_yaml(text: str) -> list[ImageDefinition]:
-    """The ``images:`` list of a build YAML as ``ImageDefinition``s with deterministic tags.
-
-    Accepts the upstream fields (``name``, ``base``, ``plugins`` — ``project``, ``permissions``,
-    ``user`` become local equivalents —, ``commands`` as a list or a Dockerfile-ish string,
-    ``runtime_class_name``, ``resources``…) plus local ones (``tag``, ``project: {path|git|archive}``,
-    ``env``, ``network``). What does not apply locally is listed by ``local_notes`` for the job log.
-    Raises ``ValueError`` with a readable message on malformed input.
-    """
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"the build YAML does not parse: {exc}") from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("images"), list) or not doc["images"]:
-        raise ValueError("the build YAML must have a non-empty top-level `images:` list")
-    out = []
-    for index, entry in enumerate(doc["images"]):
-        if not isinstance(entry, dict):
-            raise ValueError(f"images[{index}] must be a mapping, not {type(entry).__name__}")
-        out.append(_definition(entry, index))
-    return out
-
-
-def _definition(entry: dict[str, Any], index: int) -> ImageDefinition:
-    where = f"images[{index}]"
-    content_hash = hashlib.sha256(json.dumps(entry, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    tag = entry.get("tag")
-    if tag is None:
-        name = str(entry.get("name") or DEFAULT_NAME).lower()
-        tag = f"{name}:{content_hash}"
-    tag = str(tag)
-    if not TAG_RE.match(tag):
-        raise ValueError(f"{where}: image tag {tag!r} is invalid; tags must match {TAG_RE.pattern}")
-    base = str(entry.get("base") or BUILTIN_IMAGE)
-    project = _project(entry.get("project"), where)
-    commands: list[str] = []
-    for p_index, plugin in enumerate(entry.get("plugins") or []):
-        if not isinstance(plugin, dict) or "type" not in plugin:
-            raise ValueError(f"{where}.plugins[{p_index}] must be a mapping with a `type`")
-        kind = plugin["type"]
-        if kind == "project":
-            if project is not None:
-                raise ValueError(f"{where}: only one project is supported")
-            project = _project_plugin(plugin, f"{where}.plugins[{p_index}]")
-        elif kind == "permissions":
-            commands.extend(_permission_commands(plugin.get("paths") or {}))
-        elif kind == "user":
-            commands.extend(_user_commands(plugin))
-    commands.extend(_commands(entry.get("commands"), where))
-    env = entry.get("env") or {}
-    if not isinstance(env, dict):
-        raise ValueError(f"{where}.env must be a mapping of names to values")
-    return ImageDefinition(tag=tag, base=base, project=project, commands=commands,
-                           env={str(k): str(v) for k, v in env.items()}, network=bool(entry.get("network", False)),
-                           raw=entry)
-
-
-def _project(value: Any, where: str) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise ValueError(f"{where}.project must be a mapping")
-    if any(k in value for k in ("path", "git", "archive")):
-        return {k: value[k] for k in ("path", "git", "archive", "ref", "subdir") if k in value}
-    repo = value.get("repository")
-    if isinstance(repo, dict) and {"owner", "name"} <= repo.keys():
-        server = repo.get("server", "github.com")
-        return {"git": f"https://{server}/{repo['owner']}/{repo['name']}.git",
-                "ref": str(value.get("reference") or "HEAD"),
-                **({"subdir": value["path"]} if value.get("path") else {})}
-    raise ValueError(f"{where}.project needs `path`, `git` or `archive` (or an upstream `repository`)")
-
-
-def _project_plugin(plugin: dict[str, Any], where: str) -> dict[str, Any]:
-    source = plugin.get("source")
-    if source == "local":
-        return {"path": plugin.get("path") or "."}
-    if source in ("git", "git-clone", "resource"):
-        if not plugin.get("url"):
-            raise ValueError(f"{where}: a {source} project needs `url`")
-        out = {"git": plugin["url"], "ref": str(plugin.get("ref") or "HEAD")}
-        if source == "resource" and plugin.get("path"):
-            out["subdir"] = plugin["path"]
-        return out
-    if source == "archive":
-        return {"archive": plugin.get("path") or plugin.get("url")}
-    raise ValueError(f"{where}: unknown project source {source!r} (local, git, git-clone, resource, archive)")
-
-
-def _permission_commands(paths: dict[str, Any]) -> list[str]:
-    import shlex
-
-    out = []
-    for path, conf in paths.items():
-        conf = conf or {}
-        owner, group, mode = conf.get("owner"), conf.get("group") or conf.get("owner"), conf.get("mode")
-        if owner:
-            out.append(f"chown -R {owner}:{group} {shlex.quote(path)}")
-        elif group:
-            out.append(f"chgrp -R {group} {shlex.quote(path)}")
-        if mode:
-            out.append(f"chmod -R {mode} {shlex.quote(path)}")
-    return out
-
-
-def _user_commands(plugin: dict[str, Any]) -> list[str]:
-    import shlex
-
-    name = str(plugin.get("username", ""))
-    uid = int(plugin.get("uid", 1000))
-    if not name or name == APPUSER[0] or uid == APPUSER[1]:
-        return []  # appuser (uid 1000) always exists locally
-    shell = shlex.quote(str(plugin.get("shell", "/bin/bash")))
-    gid = int(plugin.get("gid", uid))
-    group = str(plugin.get("group") or name)
-    return [f"getent group {group} >/dev/null || groupadd -g {gid} {group}",
-            f"id -u {name} >/dev/null 2>&1 || useradd -m -u {uid} -g {group} -s {shell} {name}"]
-
-
-def _commands(value: Any, where: str) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        text = value.replace("\\\n", " ")
-        lines = [re.sub(r"^\s*RUN\s+", "", line) for line in text.splitlines()]
-        return [line for line in lines if line.strip()]
-    if isinstance(value, list) and all(isinstance(c, str) for c in value):
-        return [c for c in value if c.strip()]
-    raise ValueError(f"{where}.commands must be a list of strings or a string")
 
 
 def local_notes(raw: dict[str, Any]) -> list[str]:
