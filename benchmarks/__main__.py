@@ -7,7 +7,7 @@ import importlib
 import sys
 import time
 
-BENCHMARKS = ["bash_roundtrip"]
+BENCHMARKS = ["bash_roundtrip", "tool_call", "lifecycle", "env_step", "code_runner", "scale"]
 
 
 def main() -> None:
@@ -16,9 +16,15 @@ def main() -> None:
         description="Run IdeGym's benchmarks. Each prints a table next to its baseline and writes "
                     "benchmarks/results/<name>.json. Set BENCH_N to change repetitions.",
     )
-    parser.add_argument("names", nargs="*", choices=[[]] + BENCHMARKS if False else None,
-                        help=f"benchmarks to run (default all): {', '.join(BENCHMARKS)}")
+    parser.add_argument("names", nargs="*",
+                        help=f"benchmarks to run (default all): {', '.join(BENCHMARKS)}; "
+                             "'report' rewrites benchmarks/REPORT.md from the latest results")
     args = parser.parse_args()
+    if args.names == ["report"]:
+        from .report import run as report
+
+        report()
+        return
     names = args.names or BENCHMARKS
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
@@ -30,6 +36,9 @@ def main() -> None:
         result = module.run()
         path = result.write()
         print(f"--- {name}: {time.monotonic() - started:.1f}s, results in {path}", flush=True)
+    from .report import run as report
+
+    report()
     sys.exit(0)
 
 

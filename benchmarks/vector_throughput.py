@@ -7,18 +7,25 @@ Measured in one run, against one embedded control plane on the local backend, fo
 * ``SyncVectorEnv``: gymnasium's own, ``n`` ``IdeGymEnv`` stepped one after the other in this
   process (the baseline a user gets from ``gym.make_vec(..., vectorization_mode="sync")``);
 * raw calls, the ceiling: ``n`` threads, each with its own client and sandbox, calling
-  ``sandbox.bash`` in a loop as fast as it answers — no env, no Ray, no lockstep.
+  ``sandbox.bash`` in a loop as fast as it answers — no env, no Ray, no lockstep;
+* raw calls in lockstep (for the record, not a target): the same threads, but each round waits
+  for all ``n`` calls, as a vector env's ``step`` must. The gap between the two raw figures is
+  the cost of lockstep itself; the gap between this one and RayVectorEnv is the cost of Ray
+  and the env.
 
 Every sub-env runs the same bash action (``echo hello``), and no episode ends during a
 measurement (the step budget is out of reach), so the numbers are tool-call throughput. The
-three are measured in alternating rounds (``BENCH_ROUNDS``, ``BENCH_SECONDS`` each) so that
-load from elsewhere hits all of them alike; the median round counts. Ray runs with
-``num_cpus=2`` (the actors reserve none). Target: at 8 sub-envs RayVectorEnv reaches at least
-80 % of the raw-call ceiling. Writes ``results/vector_throughput.json`` and ``.png``.
+methods take turns in short rounds (``BENCH_ROUNDS`` of ``BENCH_SECONDS`` each) so that load from
+elsewhere hits all of them alike: a rate is the median over the rounds, a ratio the median of
+the per-round ratios. Ray runs with ``num_cpus=2`` (the actors reserve none). The load average
+before and after is recorded: on a shared 2-core machine other work moves the numbers.
+Target: at 8 sub-envs RayVectorEnv reaches at least 80 % of the raw-call ceiling. Writes
+``results/vector_throughput.json`` and ``results/vector_throughput.png``.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import statistics
 import threading
@@ -32,13 +39,15 @@ import numpy as np
 from ._common import RESULTS, Progress, Result, Stats, check_target, table
 
 SIZES = [int(s) for s in os.environ.get("BENCH_SIZES", "1,2,4,8,16").split(",")]
-SECONDS = float(os.environ.get("BENCH_SECONDS", "3"))
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+SECONDS = float(os.environ.get("BENCH_SECONDS", "2"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 TASK = "python-roman-numerals"
 COMMAND = "echo hello"
 ACTION = {"tool": "bash", "arguments": {"command": COMMAND}}
 NO_END = 10**9  # step budget: no episode ends (and gets graded) during a measurement
-METHODS = ["RayVectorEnv", "SyncVectorEnv", "raw calls (ceiling)"]
+RAW = "raw calls (ceiling)"
+LOCKSTEP = "raw calls, lockstep"
+METHODS = ["RayVectorEnv", "SyncVectorEnv", RAW, LOCKSTEP]
 TARGET_AT = 8
 TARGET_RATIO = 0.80
 
@@ -119,6 +128,24 @@ class RawCalls:
             th.join()
         return Round(sum(counts), max(ends) - started, [x for lat in latencies for x in lat])
 
+    def run_lockstep(self, seconds: float) -> Round:
+        """Rounds of ``n`` concurrent calls, each round waiting for all of them."""
+        n = len(self.sandboxes)
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            latencies = []
+            started = time.perf_counter()
+            deadline = started + seconds
+            steps = 0
+            while True:
+                t = time.perf_counter()
+                if t >= deadline:
+                    break
+                for result in pool.map(lambda sb: sb.bash(COMMAND), self.sandboxes):
+                    assert result.exit_code == 0
+                latencies.append(time.perf_counter() - t)
+                steps += n
+            return Round(steps, time.perf_counter() - started, latencies)
+
     def close(self) -> None:
         for client in self.clients:
             try:
@@ -141,10 +168,12 @@ def measure_size(url: str, image: str, n: int) -> dict[str, list[Round]]:
             env.reset(seed=0)
             run_vector(env, n, 0.5)  # warm-up: connections, caches
         raw.run(0.5)
+        raw.run_lockstep(0.5)
         runs: dict[str, Callable[[], Round]] = {
             "RayVectorEnv": lambda: run_vector(ray_env, n, SECONDS),
             "SyncVectorEnv": lambda: run_vector(sync_env, n, SECONDS),
-            "raw calls (ceiling)": lambda: raw.run(SECONDS),
+            RAW: lambda: raw.run(SECONDS),
+            LOCKSTEP: lambda: raw.run_lockstep(SECONDS),
         }
         rounds: dict[str, list[Round]] = {m: [] for m in METHODS}
         progress = Progress(f"n={n}: {ROUNDS} rounds x {len(METHODS)} x {SECONDS:g} s", ROUNDS * len(METHODS))
@@ -163,6 +192,11 @@ def median_rate(rounds: list[Round]) -> float:
     return statistics.median(r.rate for r in rounds)
 
 
+def median_ratio(rounds: list[Round], baseline: list[Round]) -> float:
+    """Median of the per-round ratios: neighbouring rounds share the machine's load of the moment."""
+    return statistics.median(a.rate / b.rate for a, b in zip(rounds, baseline))
+
+
 def plot(rates: dict[str, dict[int, float]], ratio_at_target: float | None, path: Any) -> bool:
     try:
         import matplotlib
@@ -174,7 +208,7 @@ def plot(rates: dict[str, dict[int, float]], ratio_at_target: float | None, path
         return False
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     styles = {"RayVectorEnv": ("o-", "tab:blue"), "SyncVectorEnv": ("s--", "tab:orange"),
-              "raw calls (ceiling)": ("^:", "tab:gray")}
+              RAW: ("^:", "black"), LOCKSTEP: ("v:", "tab:gray")}
     for method, by_n in rates.items():
         xs = sorted(by_n)
         marker, color = styles.get(method, ("o-", None))
@@ -204,11 +238,13 @@ def run() -> Result:
     from idegym_env.env import IdeGymEnv
 
     result = Result("vector_throughput", "Vector env steps/s: RayVectorEnv vs SyncVectorEnv vs raw sandbox calls")
+    load_before = os.getloadavg()
     started_ray = False
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
         started_ray = True
     rates: dict[str, dict[int, float]] = {m: {} for m in METHODS}
+    ratios: dict[str, dict[int, float]] = {m: {} for m in METHODS if m != RAW}
     try:
         with EmbeddedControlPlane(warm_pool=2) as cp:
             probe = IdeGymEnv(TASK, control_plane_url=cp.url)  # builds the task's image once
@@ -218,32 +254,39 @@ def run() -> Result:
                 rounds = measure_size(cp.url, image, n)
                 for method in METHODS:
                     rates[method][n] = median_rate(rounds[method])
-                    result.stats.append(Stats.of(f"{method} n={n}: latency per "
-                                                 f"{'call' if method.startswith('raw') else 'vector step'}",
+                    if method != RAW:
+                        ratios[method][n] = median_ratio(rounds[method], rounds[RAW])
+                    unit = "call" if method == RAW else "vector step"
+                    result.stats.append(Stats.of(f"{method} n={n}: latency per {unit}",
                                                  [x for r in rounds[method] for x in r.latencies]))
                 print("  " + "  ".join(f"{m}: {rates[m][n]:.1f}/s" for m in METHODS), flush=True)
     finally:
         if started_ray:
             ray.shutdown()
+    load_after = os.getloadavg()
 
-    raw = rates["raw calls (ceiling)"]
     rows = []
     for n in SIZES:
-        rows.append([n, rates["RayVectorEnv"][n], rates["SyncVectorEnv"][n], raw[n],
-                     f"{rates['RayVectorEnv'][n] / raw[n]:.0%}", f"{rates['SyncVectorEnv'][n] / raw[n]:.0%}"])
-    print(f"\nenv steps per second ({COMMAND!r}, median of {ROUNDS} rounds of {SECONDS:g} s):")
-    print(table(["sub-envs", "RayVectorEnv", "SyncVectorEnv", "raw calls", "Ray / raw", "Sync / raw"], rows))
+        rows.append([n, rates["RayVectorEnv"][n], rates["SyncVectorEnv"][n], rates[RAW][n], rates[LOCKSTEP][n],
+                     f"{ratios['RayVectorEnv'][n]:.0%}", f"{ratios['SyncVectorEnv'][n]:.0%}",
+                     f"{ratios[LOCKSTEP][n]:.0%}"])
+    print(f"\nenv steps per second ({COMMAND!r}; medians of {ROUNDS} rounds of {SECONDS:g} s; "
+          f"ratios against the raw-call ceiling):")
+    print(table(["sub-envs", "RayVectorEnv", "SyncVectorEnv", "raw calls", "raw lockstep", "Ray / raw",
+                 "Sync / raw", "lockstep / raw"], rows))
+    print(f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f} on {os.cpu_count()} CPUs")
 
     result.figures["steps_per_second"] = {m: {str(n): round(v, 2) for n, v in by_n.items()} for m, by_n in rates.items()}
-    result.figures["ray_over_raw"] = {str(n): round(rates["RayVectorEnv"][n] / raw[n], 4) for n in SIZES}
-    result.figures["sync_over_raw"] = {str(n): round(rates["SyncVectorEnv"][n] / raw[n], 4) for n in SIZES}
+    result.figures["ratio_to_raw"] = {m: {str(n): round(v, 4) for n, v in by_n.items()} for m, by_n in ratios.items()}
     result.figures["ray_over_sync"] = {str(n): round(rates["RayVectorEnv"][n] / rates["SyncVectorEnv"][n], 3)
                                        for n in SIZES}
     result.figures["settings"] = {"command": COMMAND, "task": TASK, "seconds_per_round": SECONDS, "rounds": ROUNDS,
                                   "ray_num_cpus": 2, "actor_num_cpus": 0}
+    result.figures["load_average"] = {"before": [round(x, 2) for x in load_before],
+                                      "after": [round(x, 2) for x in load_after]}
     ratio = None
     if TARGET_AT in SIZES:
-        ratio = rates["RayVectorEnv"][TARGET_AT] / raw[TARGET_AT]
+        ratio = ratios["RayVectorEnv"][TARGET_AT]
         target = check_target(f"RayVectorEnv / raw-call ceiling at {TARGET_AT} sub-envs", ratio * 100,
                               TARGET_RATIO * 100, unit="%", lower_is_better=False)
         result.targets["ray_vs_raw_at_8"] = target

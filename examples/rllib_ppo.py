@@ -40,6 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=128, help="env steps per training batch (default: %(default)s)")
     parser.add_argument("--max-steps", type=int, default=5, help="episode step budget (default: %(default)s)")
     parser.add_argument("--tokens", type=int, default=64, help="observation length in tokens (default: %(default)s)")
+    parser.add_argument("--step-penalty", type=float, default=0.02,
+                        help="reward cost per tool call, so that fixing and submitting early pays most; "
+                             "0 keeps the task's own reward (default: %(default)s)")
     parser.add_argument("--lr", type=float, default=1e-3, help="learning rate (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     parser.add_argument("--control-plane-url", default=None,
@@ -58,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
     from ray.tune.registry import register_env
 
+    from idegym_env.rewards import clip, step_penalty, weighted_sum
+    from idegym_env.tasks import load_task
     from idegym_env.vector import rllib_env_creator
     from idegym_env.wrappers import DiscreteActions, TokenizeObservation
 
@@ -67,9 +72,14 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     register_env("idegym", rllib_env_creator)
 
+    reward_fn = None
+    if args.step_penalty:
+        reward_fn = clip(weighted_sum({load_task(args.task).reward_function(): 1.0,
+                                       step_penalty(args.step_penalty): 1.0}))
     env_config = {
         "task": args.task,
         "max_steps": args.max_steps,
+        "reward_fn": reward_fn,
         "control_plane_url": args.control_plane_url,
         # Applied inside each actor: discrete actions, then text → token ids.
         "env_wrappers": [DiscreteActions, functools.partial(TokenizeObservation, length=args.tokens)],

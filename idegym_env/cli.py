@@ -32,6 +32,18 @@ def main(argv: list[str] | None = None) -> None:
 
     add_cp_arguments(cp_serve)
 
+    openenv = sub.add_parser("openenv", help="serve IdeGym episodes with OpenEnv's protocol (/ws, /reset, /step…)",
+                             description="IdeGym episodes for OpenEnv's clients (pip install 'idegym[openenv]').")
+    openenv_sub = openenv.add_subparsers(dest="openenv_command", required=True, metavar="COMMAND")
+    from .openenv.server import DESCRIPTION as OPENENV_DESCRIPTION
+    from .openenv.server import EPILOG as OPENENV_EPILOG
+    from .openenv.server import add_serve_arguments as add_openenv_arguments
+
+    openenv_serve = openenv_sub.add_parser("serve", help="run an OpenEnv server for a task",
+                                           description=OPENENV_DESCRIPTION, epilog=OPENENV_EPILOG,
+                                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_openenv_arguments(openenv_serve)
+
     sub.add_parser("demo", help="run a short real session end to end and print what happened",
                    description="Run a short real session end to end and print what happened.")
 
@@ -53,6 +65,10 @@ def main(argv: list[str] | None = None) -> None:
         from control_plane.cli import run_serve as run_cp
 
         run_cp(args)
+    elif args.command == "openenv":
+        from .openenv.server import run_serve as run_openenv
+
+        sys.exit(run_openenv(args))
     elif args.command == "demo":
         from .demo import main as demo
 

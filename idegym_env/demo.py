@@ -1,66 +1,101 @@
-"""``make demo`` / ``idegym demo``: a sandbox server and a few real tool calls, printed as they happen."""
+"""``make demo`` / ``idegym demo``: real episodes on bundled tasks, end to end, printed as they run.
+
+The embedded control plane starts; for each task a scripted agent (it applies the task's known
+fix, runs the tests, submits) and a do-nothing agent (it submits at once) play one episode each
+in a real sandbox. Each episode prints its steps, the check results, the reward and the time.
+"""
 
 from __future__ import annotations
 
-import json
-import os
-import select
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
+from typing import Any
 
-import httpx
+DEMO_TASKS = ("python-roman-numerals", "js-query-string", "c-ring-buffer")
 
-BUGGY = "def add(a, b):\n    return a - b\n"
-TESTS = "from calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n\ndef test_zero():\n    assert add(0, 0) == 0\n"
+
+def _short(text: str, width: int = 96) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _scripted(env: Any) -> list[dict[str, Any]]:
+    """The task's known fix, a look at the tests, then submit."""
+    calls = [{"tool": "bash", "arguments": {"command": "ls -R | head -20"}}]
+    calls += [call.to_action() for call in env.task.solution]
+    if env.task.test is not None:
+        build = f"{env.task.compilation.script} && " if env.task.compilation is not None else ""
+        calls.append({"tool": "bash", "arguments": {"command": build + env.task.test.script}})
+    return calls + [{"tool": "submit", "arguments": {}}]
+
+
+def _do_nothing(env: Any) -> list[dict[str, Any]]:
+    return [{"tool": "submit", "arguments": {}}]
+
+
+def _episode(env: Any, agent: str, number: int, total: int) -> dict[str, Any]:
+    print(f"\n[episode {number}/{total}] task {env.task.id} — {agent} agent", flush=True)
+    started = time.perf_counter()
+    _, info = env.reset(seed=number)
+    print(f"  reset: sandbox {info['sandbox']} (server {info['server_id']}) in "
+          f"{info.get('reset_seconds', 0) * 1000:.0f} ms", flush=True)
+    plan = _scripted(env) if agent == "scripted" else _do_nothing(env)
+    reward, info, steps = 0.0, {}, 0
+    for action in plan:
+        steps += 1
+        obs, reward, terminated, truncated, info = env.step(action)
+        args = action["arguments"]
+        what = args.get("command") or args.get("path") or ""
+        print(f"  step {steps}: {action['tool']} {_short(str(what), 48)}"
+              + (f" → {_short(obs, 60)}" if action["tool"] != "submit" else ""), flush=True)
+        if terminated or truncated:
+            break
+    checks = info.get("checks", {})
+    for stage, answer in checks.items():
+        if stage == "tests":
+            s = answer.get("scores", {})
+            print(f"  check {stage}: {answer.get('status')} ({s.get('passed')}/{s.get('total')} passed)")
+        else:
+            print(f"  check {stage}: {answer.get('status')}")
+    seconds = time.perf_counter() - started
+    print(f"  reward {reward:.3f} after {steps} steps in {seconds:.1f} s", flush=True)
+    return {"task": env.task.id, "agent": agent, "steps": steps, "reward": reward, "seconds": seconds}
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory(prefix="idegym-demo-") as tmp:
-        root = Path(tmp)
-        project = root / "project"
-        project.mkdir()
-        (project / "calc.py").write_text(BUGGY)
-        (project / "test_calc.py").write_text(TESTS)
-        sock = root / "sandbox.sock"
-        read_fd, write_fd = os.pipe()
-        print(f"starting a sandbox server on {sock} for a project with a bug in calc.py ...", flush=True)
-        server = subprocess.Popen(
-            [sys.executable, "-m", "sandbox_server", "serve", "--project", str(project), "--state-dir",
-             str(root / "state"), "--unix-socket", str(sock), "--ready-fd", str(write_fd)],
-            pass_fds=(write_fd,),
-        )
-        os.close(write_fd)
-        select.select([read_fd], [], [], 30)
-        os.read(read_fd, 16)
-        client = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://sandbox", timeout=120)
-        pytest_cmd = f"{sys.executable} -m pytest -q -p no:cacheprovider --junitxml=test-results.xml"
-        steps = [
-            ("bash", "/api/tools/bash", {"command": "ls -l && python3 --version"}),
-            ("test reward (before the fix)", "/api/rewards/test", {"test_script": pytest_cmd}),
-            ("edit calc.py line 2", "/api/tools/file/edit",
-             {"file_path": "calc.py", "start_line": 2, "end_line": 2, "new_content": "    return a + b"}),
-            ("test reward (after the fix)", "/api/rewards/test", {"test_script": pytest_cmd}),
-            ("code runner: C", "/execute",
-             {"language": "c", "code": '#include <stdio.h>\nint main(){puts("hello from C");}'}),
-            ("project reset", "/api/project/reset", {}),
-            ("bash after reset", "/api/tools/bash", {"command": "cat calc.py"}),
-        ]
-        try:
-            for i, (label, path, body) in enumerate(steps, 1):
-                started = time.perf_counter()
-                resp = client.post(path, json=body)
-                ms = (time.perf_counter() - started) * 1000
-                data = resp.json()
-                shown = {k: v for k, v in data.items() if k not in ("duration_seconds", "durationSeconds")}
-                text = json.dumps(shown)
-                print(f"[{i}/{len(steps)}] {label:<30} {resp.status_code} in {ms:7.1f} ms  "
-                      f"{text[:150] + ('…' if len(text) > 150 else '')}", flush=True)
-        finally:
-            client.close()
-            server.terminate()
-            server.wait(10)
-    print("done: the sandbox server is stopped and its files are gone.")
-    return 0
+    from . import embedded
+    from .env import IdeGymEnv
+
+    print("starting the embedded control plane (sandboxes are local, isolated processes) …", flush=True)
+    started = time.perf_counter()
+    control_plane = embedded.acquire()
+    print(f"  ready at {control_plane.url} in {time.perf_counter() - started:.1f} s", flush=True)
+    rows = []
+    try:
+        total = 2 * len(DEMO_TASKS)
+        number = 0
+        for task in DEMO_TASKS:
+            print(f"\npreparing task {task} (its project becomes an image) …", flush=True)
+            env = IdeGymEnv(task, control_plane_url=control_plane.url)
+            try:
+                for agent in ("scripted", "do-nothing"):
+                    number += 1
+                    rows.append(_episode(env, agent, number, total))
+            finally:
+                env.close()
+    finally:
+        embedded.release()
+    print("\nsummary")
+    print(f"  {'task':<24}{'agent':<12}{'steps':>6}{'reward':>9}{'seconds':>9}")
+    for r in rows:
+        print(f"  {r['task']:<24}{r['agent']:<12}{r['steps']:>6}{r['reward']:>9.3f}{r['seconds']:>9.1f}")
+    solved = all(r["reward"] == 1.0 for r in rows if r["agent"] == "scripted")
+    unsolved = all(r["reward"] < 1.0 for r in rows if r["agent"] == "do-nothing")
+    print("\nthe scripted agent solved every task and doing nothing did not: the rewards mean what they say"
+          if solved and unsolved else "\nunexpected rewards: see the episodes above")
+    print("the control plane is stopped and its sandboxes are gone.")
+    return 0 if solved and unsolved else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

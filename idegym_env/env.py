@@ -19,6 +19,14 @@ Episode
     ``close()`` finishes the sandbox (reusable by the next env of the same task) and, when the
     env started the embedded control plane, stops it once no env uses it.
 
+A sandbox of your own
+    ``IdeGymEnv(task, sandbox=Sandbox.connect(unix_socket=...))`` works on a sandbox server you
+    connected to directly, with no control plane: no image is built and no server is started.
+    Such a sandbox can only be RESET, so every ``reset()`` restores the project byte for byte
+    and ends every process a tool started (``reuse`` must be left out or be ``"RESET"``);
+    ``close()`` leaves the sandbox to whoever connected it. The OpenEnv server uses this when it
+    runs inside its own sandbox (``idegym openenv serve --in-sandbox``).
+
 ``info`` carries the structured details: ``tool``, ``exit_code``, ``timed_out``, ``seconds``
 (wall time of the step), ``error``, and after grading ``checks`` and ``reward_components``.
 ``info_timing=False`` leaves the wall times out (``last_step_seconds`` still has them): two runs
@@ -68,7 +76,7 @@ class IdeGymEnv(gym.Env[str, dict]):
         *,
         control_plane_url: str | None = None,
         reward_fn: RewardFunction | None = None,
-        reuse: str = "RESTART",
+        reuse: str | None = None,
         max_steps: int | None = None,
         max_observation_chars: int = 16_384,
         invalid_action_penalty: float = 0.0,
@@ -76,8 +84,16 @@ class IdeGymEnv(gym.Env[str, dict]):
         render_mode: str | None = None,
         info_timing: bool = True,
         client: IdeGymClient | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self.task = resolve_task(task)
+        if sandbox is not None:
+            if client is not None or control_plane_url is not None:
+                raise ValueError("pass a directly connected sandbox or a control plane (url or client), not both")
+            if reuse is not None and reuse.upper() != "RESET":
+                raise ValueError(f"a directly connected sandbox can only be RESET between episodes, not {reuse!r}")
+            reuse = "RESET"
+        reuse = "RESTART" if reuse is None else reuse
         if reuse.upper() not in ("RESTART", "RESET", "NONE"):
             raise ValueError(f"reuse must be RESTART, RESET or NONE, not {reuse!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -93,16 +109,21 @@ class IdeGymEnv(gym.Env[str, dict]):
         self.action_space: ToolCallSpace = self.task.action_space()
         self.observation_space = UnicodeText(max_length=max_observation_chars)
         self._embedded = False
-        self._owns_client = client is None
-        if client is None:
-            url = control_plane_url
-            if url is None:
-                url = embedded.acquire().url
-                self._embedded = True
-            client = IdeGymClient(url, name=ENV_CLIENT_NAME)
-            client.register()
-        self.client = client
-        self.image = self._ensure_image()
+        self._direct = sandbox  # a sandbox connected by the caller: no control plane at all
+        self._owns_client = client is None and sandbox is None
+        if sandbox is not None:
+            self.client = None  # type: ignore[assignment]
+            self.image = None  # type: ignore[assignment]
+        else:
+            if client is None:
+                url = control_plane_url
+                if url is None:
+                    url = embedded.acquire().url
+                    self._embedded = True
+                client = IdeGymClient(url, name=ENV_CLIENT_NAME)
+                client.register()
+            self.client = client
+            self.image = self._ensure_image()
         self.sandbox: Sandbox | None = None
         self._steps = 0
         self._transcript: list[str] = []
@@ -123,7 +144,11 @@ class IdeGymEnv(gym.Env[str, dict]):
         """A fresh sandbox for a new episode, and how it was obtained."""
         started = time.perf_counter()
         how: str
-        if self.sandbox is None:
+        if self._direct is not None:
+            self.sandbox = self._direct
+            self.sandbox.reset()
+            how = "reset"
+        elif self.sandbox is None:
             reuse = "RESET" if self.reuse == "RESET" else ("RESTART" if self.reuse == "RESTART" else "NONE")
             self.sandbox = self.client.start(self.image, server_name=_server_name(self.task), reuse=reuse)
             how = "reused" if self.sandbox.info and self.sandbox.info.reused else "started"
@@ -210,7 +235,7 @@ class IdeGymEnv(gym.Env[str, dict]):
             return
         self._closed = True
         try:
-            if self.sandbox is not None:
+            if self.sandbox is not None and self._direct is None:
                 try:
                     self.sandbox.finish()
                 except APIError:

@@ -302,10 +302,12 @@ class Supervisor:
         for pid in victims:
             _kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
+        pause = 0.001  # most processes die at once: look again soon, then less often
         while time.monotonic() < deadline:
             if not [p for p in victims if _alive(p)]:
                 break
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.02)
         survivors = descendants(os.getpid())
         for pid in survivors:
             _kill(pid, signal.SIGKILL)

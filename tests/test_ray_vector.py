@@ -7,6 +7,7 @@ backend, real sandboxes. The vector env shared by most tests has 3 sub-envs of
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import json
 import os
@@ -154,8 +155,12 @@ def test_a_killed_actor_truncates_only_its_slot_and_the_slot_recovers(venv: RayV
                                                                        instruction: str) -> None:
     venv.reset()
     restarts = int(venv.restarts[1])
-    ray.kill(venv.actor(1))
-    obs, rewards, terminated, truncated, infos = venv.step(actions(*(bash(f"echo ok {i}") for i in range(N))))
+    # Sub-env 1's actor dies in the middle of a step.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        step = pool.submit(venv.step, actions(bash("echo ok 0"), bash("sleep 20; echo never"), bash("echo ok 2")))
+        time.sleep(1.0)
+        ray.kill(venv.actor(1))
+        obs, rewards, terminated, truncated, infos = step.result(timeout=60)
     assert truncated.tolist() == [False, True, False] and not terminated.any()
     assert infos["slot_failure"][1] == "actor_died" and infos["_slot_failure"].tolist() == [False, True, False]
     assert "ActorDiedError" in infos["error"][1]

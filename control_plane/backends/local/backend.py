@@ -46,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,7 @@ from .images import (
     ResolvedImage,
     copy_tree,
 )
-from .runtime import INSIDE, Runtime, detect
+from .runtime import INSIDE, Runtime, detect, sync_package
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,7 @@ class _Plan:
     snapshot: Path | None = None
     export: Path | None = None
     lowers: dict[str, list[str]] = field(default_factory=dict)
+    openenv: bool = False  # [openenv] the OpenEnv server runs in the sandbox, in front of sandbox_server
 
     @property
     def layers(self) -> Path:
@@ -171,6 +172,7 @@ class LocalBackend(Backend):
         self._creating: set[str] = set()  # in flight here: never reported as orphans
         self._usr_links: list[str] = []
         self._started = False
+        self._openenv_rt: Runtime | None = None  # [openenv] see _openenv_runtime
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -280,8 +282,8 @@ class LocalBackend(Backend):
 
     async def create(self, spec: SandboxSpec, timeout: float) -> SandboxHandle:
         self._check_started()
-        if spec.server_kind != ServerKind.IDEGYM:
-            raise BackendError(f"the local backend runs idegym sandbox servers only, not {spec.server_kind.value!r}",
+        if spec.server_kind not in (ServerKind.IDEGYM, ServerKind.OPENENV):
+            raise BackendError(f"the local backend runs idegym and openenv servers, not {spec.server_kind.value!r}",
                                400)
         snapshot = None
         if spec.snapshot_source:
@@ -296,11 +298,13 @@ class LocalBackend(Backend):
         assert self.sandboxes is not None
         return await self._create(spec.generated_name, self.sandboxes, image, run_as_root=spec.run_as_root,
                                   network=self.network or image.network, limits=spec.limits, env=dict(image.env),
-                                  snapshot=snapshot, timeout=timeout)
+                                  snapshot=snapshot, timeout=timeout,
+                                  openenv=spec.server_kind == ServerKind.OPENENV)
 
     async def _create(self, name: str, space: _Space, image: ResolvedImage, *, run_as_root: bool, network: bool,
                       limits: Limits, env: dict[str, str], timeout: float, snapshot: Path | None = None,
-                      project_lower: str | None = None, export: Path | None = None) -> SandboxHandle:
+                      project_lower: str | None = None, export: Path | None = None,
+                      openenv: bool = False) -> SandboxHandle:
         if not NAME_RE.match(name):
             raise BackendError(f"invalid sandbox name {name!r}: use letters, digits, '-', '_', '.'", 400)
         sb = space.root / name
@@ -308,7 +312,8 @@ class LocalBackend(Backend):
             raise BackendError(f"a sandbox named {name!r} already exists in {space.root}", 409)
         plan = _Plan(name=name, space=space, sb=sb, run=self.run_dir(name, space), image=image,
                      project_lower=project_lower or image.project, run_as_root=run_as_root, network=network,
-                     limits=limits, pids_max=self.pids_max, env=env, snapshot=snapshot, export=export)
+                     limits=limits, pids_max=self.pids_max, env=env, snapshot=snapshot, export=export,
+                     openenv=openenv)
         data: dict[str, Any] = {
             "v": 1, "isolation": self.isolation, "dir": str(sb), "run_dir": str(plan.run),
             "socket": str(plan.run / SOCKET_NAME), "log": str(plan.log), "image": image.tag,
@@ -474,6 +479,9 @@ class LocalBackend(Backend):
         if not plan.run_as_root:
             # tools run as appuser, and a request's `user` can never make them root
             args += ["--tool-user", APPUSER[0], "--no-root-tools"]
+        runtime = self.runtime
+        if plan.openenv:  # [openenv]
+            args, runtime = _openenv_args(args), self._openenv_runtime()
         argv = ["bwrap", "--unshare-user", "--userns-block-fd", str(block_r), "--info-fd", str(info_w),
                 "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         if not plan.network:
@@ -482,9 +490,12 @@ class LocalBackend(Backend):
                  "--perms", "1777", "--size", str(tmp_size), "--tmpfs", "/tmp",
                  "--perms", "1777", "--size", str(shm_size), "--tmpfs", "/dev/shm",
                  "--new-session", "--chdir", "/", "--clearenv"]
-        for key, value in self.runtime.server_env.items():
+        for key, value in runtime.server_env.items():
             argv += ["--setenv", key, value]
-        argv += ["--", *self.runtime.argv(), *args]
+        if plan.openenv:  # [openenv] the image's env reaches the OpenEnv server (it names the task)
+            for key, value in plan.env.items():
+                argv += ["--setenv", key, value]
+        argv += ["--", *runtime.argv(), *args]
         logf = open(plan.log, "ab")
         try:
             own_ns = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
@@ -552,7 +563,8 @@ class LocalBackend(Backend):
                 raise BackendError(f"too many layers for /{tree} ({len(plan.lowers[tree])}): the overlay "
                                    "options exceed a page; rebuild the image from fewer bases or snapshots")
             linux.mount("overlay", f"{r}/{tree}", "overlay", 0, options)
-        binds = [(host, inside, True) for host, inside in self.runtime.binds]
+        runtime = self._openenv_runtime() if plan.openenv else self.runtime  # [openenv]
+        binds = [(host, inside, True) for host, inside in runtime.binds]
         binds += [(plan.project_lower, f"{INSIDE}/image/project", True),
                   (str(plan.layers / "project"), f"{INSIDE}/layer", False),
                   (str(plan.run), RUN_INSIDE, False)]
@@ -564,15 +576,60 @@ class LocalBackend(Backend):
                 os.makedirs(target)
             linux.bind(host, target, readonly=readonly)
 
+    # -- [openenv] -------------------------------------------------------------------------------
+    # A sandbox of an `openenv` server runs the OpenEnv server (`python -m idegym_env.openenv.server
+    # --in-sandbox`) where sandbox_server would run, listening on the same socket and reporting
+    # ready on the same fd; the arguments sandbox_server would have had go after `--`, and the
+    # OpenEnv server starts its own private sandbox_server with them. The sandbox also needs our
+    # Python packages (idegym_env imports control_plane and sandbox_server); those not inside a
+    # bound site-packages directory (an editable install) are copied and bound like sandbox_server.
+
+    def _openenv_runtime(self) -> Runtime:
+        assert self.runtime is not None
+        if self._openenv_rt is None:
+            import importlib.util
+            import site
+
+            site_dirs = [Path(p).resolve() for p in site.getsitepackages() if Path(p).is_dir()]  # as detect()
+            binds, paths = list(self.runtime.binds), []
+            for index, name in enumerate(("idegym_env", "control_plane", "sandbox_server")):
+                found = importlib.util.find_spec(name)
+                if found is None or not found.submodule_search_locations:
+                    raise BackendError(f"openenv servers need the {name} package installed next to the control "
+                                       "plane (pip install 'idegym[openenv]')", 500)
+                package = Path(next(iter(found.submodule_search_locations))).resolve()
+                if any(package.is_relative_to(d) for d in site_dirs):
+                    continue  # importable from a bound site-packages directory already
+                copy = sync_package(package, self.state_dir / "runtime" / "openenv")
+                binds.append((str(copy), f"{INSIDE}/openenv/{index}"))
+                paths.append(f"{INSIDE}/openenv/{index}")
+            # The bound site-packages (a virtualenv's) go before the interpreter's own, which the
+            # runtime's bootstrap leaves first on sys.path: there, e.g. an old typing_extensions
+            # would shadow the one openenv-core needs.
+            paths += [inside for _, inside in self.runtime.binds if inside.startswith(f"{INSIDE}/site/")]
+            entry = "from sandbox_server.cli import main\n"
+            if entry not in self.runtime.bootstrap:
+                raise BackendError("the sandbox runtime's bootstrap has changed: cannot start openenv servers", 500)
+            bootstrap = (f"import sys\nsys.path[:0] = {paths!r}\n"
+                         + self.runtime.bootstrap.replace(entry, f"from {OPENENV_MODULE} import main\n"))
+            # The OpenEnv server makes HTTP clients (httpx), which load the CA store: keep the real one.
+            server_env = {k: v for k, v in self.runtime.server_env.items() if not k.startswith("SSL_CERT_")}
+            self._openenv_rt = replace(self.runtime, binds=binds, bootstrap=bootstrap, server_env=server_env)
+        return self._openenv_rt
+
     def _spawn_plain(self, plan: _Plan, data: dict[str, Any]) -> int:
         """isolation='none': the server as a plain child process with a per-sandbox project copy."""
         ready_r, ready_w = os.pipe()
         args = self._server_args(plan, str(plan.sb / "project"), ready_w, str(plan.run / SOCKET_NAME))
         args += ["--project-source", plan.project_lower, "--state-dir", str(plan.sb / "server-state")]
         env = {k: v for k, v in os.environ.items() if not k.startswith("IDEGYM_")}
+        argv = [sys.executable, "-m", "sandbox_server", *args]
+        if plan.openenv:  # [openenv] the OpenEnv server, with the image's env (it names the task)
+            argv = [sys.executable, "-m", OPENENV_MODULE, *_openenv_args(args)]
+            env.update(plan.env)
         logf = open(plan.log, "ab")
         try:
-            popen = subprocess.Popen([sys.executable, "-m", "sandbox_server", *args], pass_fds=(ready_w,),
+            popen = subprocess.Popen(argv, pass_fds=(ready_w,),
                                      stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
                                      cwd=str(plan.sb), env=env)
         except BaseException:
@@ -879,6 +936,21 @@ class LocalBackend(Backend):
 
 
 # -- helpers -------------------------------------------------------------------------------------------
+
+
+OPENENV_MODULE = "idegym_env.openenv.server"  # [openenv]
+
+
+def _openenv_args(server_args: list[str]) -> list[str]:
+    """[openenv] sandbox_server's arguments -> the OpenEnv server's: it takes the socket and the
+    ready fd, and passes the rest to the sandbox server it starts (with a socket of its own)."""
+    own, rest, items = [], [], iter(server_args)
+    for item in items:
+        if item in ("--unix-socket", "--ready-fd"):
+            own += [item, next(items)]
+        else:
+            rest.append(item)
+    return ["--in-sandbox", *own, "--", *rest]
 
 
 def _read_info(fd: int) -> dict[str, Any]:

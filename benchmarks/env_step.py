@@ -1,0 +1,65 @@
+"""Cost of the Gymnasium layer: ``env.step`` with a bash action against the same call made
+directly with the client, and ``env.reset()`` with reuse (RESTART and RESET), in one run.
+
+Targets: step overhead at most 10 % over the direct call; reset with reuse p50 at most 100 ms.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from ._common import Result, Stats, check_target, interleaved, measure, stats_table
+from ._servers import control_plane
+
+N = int(os.environ.get("BENCH_N", "300"))
+ACTION = {"tool": "bash", "arguments": {"command": "echo hello"}}
+
+
+def run() -> Result:
+    from idegym_env.env import IdeGymEnv
+
+    result = Result("env_step", "Gymnasium env.step and env.reset against direct client calls")
+    with tempfile.TemporaryDirectory() as tmpdir, control_plane(Path(tmpdir) / "cp", ["--warm-pool", "2"]) as url:
+        env = IdeGymEnv("python-roman-numerals", control_plane_url=url, info_timing=False, max_steps=10 * N)
+        env.reset(seed=0)
+        sandbox = env.sandbox
+        assert sandbox is not None
+        samples = interleaved({
+            "client sandbox.bash (direct)": lambda: sandbox.bash("echo hello", timeout=120),
+            "env.step (bash action)": lambda: env.step(ACTION),
+        }, N, label="env.step vs direct client call")
+        env.close()
+        resets = {}
+        for reuse in ("RESTART", "RESET"):
+            env = IdeGymEnv("python-roman-numerals", control_plane_url=url, reuse=reuse, max_steps=10_000,
+                            info_timing=False)
+            env.reset(seed=0)
+
+            def episode_reset(e: IdeGymEnv = env) -> None:
+                e.step({"tool": "bash", "arguments": {"command": "echo x > scratch.txt"}})
+                e.reset()
+
+            resets[f"env.reset() with {reuse} reuse (incl. one step)"] = measure(
+                f"env.reset ({reuse})", episode_reset, max(N // 6, 20), warmup=3)
+            env.close()
+    stats = [Stats.of(label, s) for label, s in {**samples, **resets}.items()]
+    result.stats = stats
+    print()
+    print(stats_table(stats, baseline="client sandbox.bash (direct)"))
+    direct, step = stats[0].median_ms, stats[1].median_ms
+    result.figures["env.step overhead %"] = round((step / direct - 1) * 100, 2)
+    reset_stats = [s for s in stats if s.label.startswith("env.reset")]
+    # the reset figure includes one bash step, which is subtracted to get the reset alone
+    result.targets = {
+        "step": check_target("env.step overhead over the direct call", (step / direct - 1) * 100, 10.0, unit="%"),
+        "reset": check_target("env.reset with RESTART reuse p50", reset_stats[0].median_ms - step, 100.0),
+    }
+    for target in result.targets.values():
+        print(target["text"])
+    return result
+
+
+if __name__ == "__main__":
+    run().write()

@@ -1,0 +1,76 @@
+"""``python -m benchmarks report``: collect the latest results into ``benchmarks/REPORT.md``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ._common import RESULTS
+
+REPORT = Path(__file__).resolve().parent / "REPORT.md"
+ORDER = ["bash_roundtrip", "tool_call", "lifecycle", "env_step", "vector_throughput", "code_runner", "scale",
+         "soak"]
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
+    return str(value)
+
+
+def _section(data: dict[str, Any]) -> list[str]:
+    lines = [f"## {data['title']}", "", f"`{data['name']}` — run {data['when']}", ""]
+    stats = data.get("stats") or []
+    if stats:
+        lines += ["| measurement | n | median ms | p95 ms | p99 ms | stdev ms |", "|---|---:|---:|---:|---:|---:|"]
+        for s in stats:
+            lines.append(f"| {s['label']} | {s['n']} | {_fmt(s['median_ms'])} | {_fmt(s['p95_ms'])} | "
+                         f"{_fmt(s['p99_ms'])} | {_fmt(s['stdev_ms'])} |")
+        lines.append("")
+    figures = {k: v for k, v in (data.get("figures") or {}).items() if not isinstance(v, (list, dict))}
+    if figures:
+        lines += ["| figure | value |", "|---|---:|"] + [f"| {k} | {_fmt(v)} |" for k, v in figures.items()] + [""]
+    for key, value in (data.get("figures") or {}).items():
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            headers = list(value[0])
+            lines += ["| " + " | ".join(headers) + " |", "|" + "---:|" * len(headers)]
+            lines += ["| " + " | ".join(_fmt(row[h]) for h in headers) + " |" for row in value] + [""]
+    for target in (data.get("targets") or {}).values():
+        mark = "✅" if target["met"] else "❌"
+        lines.append(f"- {mark} {target['text']}")
+    if data.get("targets"):
+        lines.append("")
+    png = RESULTS / f"{data['name']}.png"
+    if png.exists():
+        lines += [f"![{data['name']}](results/{png.name})", ""]
+    for note in data.get("notes") or []:
+        lines.append(f"> {note}")
+    return lines
+
+
+def run() -> None:
+    results = {p.stem: json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))}
+    if not results:
+        raise SystemExit("no results in benchmarks/results/: run `make bench` first")
+    newest = max(results.values(), key=lambda d: d["when"])
+    m = newest["machine"]
+    lines = ["# IdeGym benchmark report", "",
+             "Every figure is measured next to its baseline in the same run, on the same machine. "
+             "Regenerate with `make bench` (all) or `python -m benchmarks <name>` then "
+             "`python -m benchmarks report`.", "",
+             f"Machine: {m['cpus']} CPUs ({m['cpu_model']}), {m['memory_gib']} GiB, Linux {m['kernel']}, "
+             f"Python {m['python']}.", ""]
+    targets = [(d["name"], t) for d in results.values() for t in (d.get("targets") or {}).values()]
+    if targets:
+        lines += ["## Targets", "", "| benchmark | target | value | met |", "|---|---|---:|:---:|"]
+        for name, t in targets:
+            op = "≤" if "<=" in t["text"] else "≥"
+            lines.append(f"| {name} | {t['name']} {op} {t['limit']} {t['unit']} | {t['value']} {t['unit']} | "
+                         f"{'✅' if t['met'] else '❌'} |")
+        lines.append("")
+    for name in ORDER + sorted(set(results) - set(ORDER)):
+        if name in results:
+            lines += _section(results[name]) + [""]
+    REPORT.write_text("\n".join(lines))
+    print(f"wrote {REPORT}")

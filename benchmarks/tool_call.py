@@ -1,0 +1,153 @@
+"""Cost of one tool call, every way a user can make it, side by side in one run.
+
+For bash ``true``, ``echo hello`` and a 1 MB output:
+
+* raw subprocess in this process (the floor);
+* our sandbox server, called directly over its Unix socket (``Sandbox.connect``);
+* through the control plane with our client (``Prefer: wait``: one round trip);
+* through the control plane with the published ``idegym-client`` 0.13.1 (202 and polling, as
+  its users see it today; run in its own Python 3.12 venv);
+* SWE-ReX's local server and client (``swe-rex``), stateless ``execute`` and a bash session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ._common import Result, Stats, check_target, measure, stats_table
+from ._servers import CLIENT_PYTHON, control_plane, sandbox_server, swerex_server
+
+N = int(os.environ.get("BENCH_N", "200"))
+COMMANDS = {
+    "true": "true",
+    "echo": "echo hello",
+    "1MB output": "head -c 1000000 /dev/zero | tr '\\0' x",
+}
+
+PUBLISHED_SCRIPT = r"""
+import asyncio, json, sys, time
+from idegym.api.auth import BasicAuth
+from idegym.api.orchestrator.servers import ServerReuseStrategy
+from idegym.client import IdeGYMClient
+
+async def main(url, commands, n):
+    out = {}
+    async with IdeGYMClient(orchestrator_url=url, name="bench", namespace="idegym",
+                            auth=BasicAuth(username="u", password="p")) as client:
+        server = await client.start_server(image_tag="idegym/builtin:latest", reuse_strategy=ServerReuseStrategy.NONE)
+        for label, cmd in commands.items():
+            for _ in range(5):
+                await server.execute_bash(cmd)
+            samples = []
+            for _ in range(n if label != "1MB output" else max(n // 4, 10)):
+                t = time.perf_counter()
+                await server.execute_bash(cmd)
+                samples.append(time.perf_counter() - t)
+            out[label] = samples
+        await client.stop_server(server)
+    print(json.dumps(out))
+
+asyncio.run(main(sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])))
+"""
+
+
+def _n(label: str) -> int:
+    return max(N // 4, 10) if label == "1MB output" else N
+
+
+def run() -> Result:
+    from idegym_env.client import IdeGymClient, Sandbox
+
+    result = Result("tool_call", "One tool call: raw subprocess, sandbox server, control plane, published client, SWE-ReX")
+    samples: dict[str, dict[str, list[float]]] = {label: {} for label in COMMANDS}
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        (tmp / "project").mkdir()
+        (tmp / "state").mkdir()
+        for label, cmd in COMMANDS.items():
+            samples[label]["raw subprocess"] = measure(
+                f"raw subprocess: {label}", lambda c=cmd: subprocess.run(["bash", "-c", c], capture_output=True,
+                                                                          check=True), _n(label))
+        with sandbox_server(tmp / "project", tmp / "state") as sock:
+            sandbox = Sandbox.connect(unix_socket=sock)
+            for label, cmd in COMMANDS.items():
+                samples[label]["sandbox server (direct)"] = measure(
+                    f"sandbox server: {label}", lambda c=cmd: sandbox.bash(c), _n(label))
+            sandbox.close()
+        with control_plane(tmp / "cp", ["--warm-pool", "1"]) as url:
+            with IdeGymClient(url, name="bench") as client:
+                sandbox = client.start(reuse="NONE")
+                for label, cmd in COMMANDS.items():
+                    samples[label]["control plane, Prefer: wait"] = measure(
+                        f"control plane (Prefer: wait): {label}", lambda c=cmd: sandbox.bash(c), _n(label))
+                sandbox.stop()
+            if CLIENT_PYTHON.exists():
+                print("  published idegym-client 0.13.1 (202 + polling) ...", flush=True)
+                proc = subprocess.run([str(CLIENT_PYTHON), "-c", PUBLISHED_SCRIPT, url, json.dumps(COMMANDS),
+                                       str(min(N, 100))], capture_output=True, text=True, timeout=900)
+                if proc.returncode == 0:
+                    for label, values in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+                        samples[label]["control plane, published client (202 + poll)"] = values
+                else:
+                    result.notes.append(f"published client run failed: {proc.stderr[-500:]}")
+            else:
+                result.notes.append("published client not measured: .venv-client missing (make client-venv)")
+        try:
+            _swerex(samples)
+        except ImportError:
+            result.notes.append("SWE-ReX not measured: pip install swe-rex")
+    for label, by_method in samples.items():
+        stats = [Stats.of(f"{method}: {label}", s) for method, s in by_method.items()]
+        result.stats += stats
+        print(f"\nbash {label!r}:")
+        print(stats_table(stats, baseline=f"raw subprocess: {label}"))
+        base = by_method["raw subprocess"]
+        for stat in stats[1:]:
+            result.figures[f"{stat.label} overhead ms"] = round(stat.median_ms - Stats.of("", base).median_ms, 3)
+    direct = Stats.of("", samples["true"]["sandbox server (direct)"]).median_ms
+    via = Stats.of("", samples["true"]["control plane, Prefer: wait"]).median_ms
+    target = check_target("control-plane forward overhead over a direct sandbox call (median, bash true)",
+                          via - direct, 1.0)
+    result.targets["forward_overhead"] = target
+    print("\n" + target["text"])
+    return result
+
+
+def _swerex(samples: dict[str, dict[str, list[float]]]) -> None:
+    from swerex.runtime.abstract import BashAction, Command, CreateBashSessionRequest
+    from swerex.runtime.remote import RemoteRuntime
+
+    with swerex_server() as (port, token):
+        async def main() -> None:
+            runtime = RemoteRuntime(host="http://127.0.0.1", port=port, auth_token=token)
+            await runtime.create_session(CreateBashSessionRequest())
+            for label, cmd in COMMANDS.items():
+                for mode in ("execute", "session"):
+                    async def call(c: str = cmd, m: str = mode) -> None:
+                        if m == "execute":
+                            await runtime.execute(Command(command=c, shell=True))
+                        else:
+                            await runtime.run_in_session(BashAction(command=c, timeout=60))
+                    for _ in range(5):
+                        await call()
+                    out = []
+                    n = _n(label) if mode == "execute" else min(_n(label), 50)
+                    for _ in range(n):
+                        t = asyncio.get_running_loop().time()
+                        await call()
+                        out.append(asyncio.get_running_loop().time() - t)
+                    name = "SWE-ReX execute" if mode == "execute" else "SWE-ReX bash session"
+                    samples[label][name] = out
+            await runtime.close()
+
+        print("  SWE-ReX server and client ...", flush=True)
+        asyncio.run(main())
+
+
+if __name__ == "__main__":
+    run().write()
