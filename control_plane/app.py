@@ -23,7 +23,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from sandbox_server.errors import Unprocessable
-from sandbox_server.http import error_middleware, json_response, read_model, summarize, validation_items
+from sandbox_server.http import parse_model, summarize, validation_items
 from sandbox_server.models import ExecuteRequest
 from sandbox_server.openapi import Route, build_openapi
 
@@ -32,6 +32,7 @@ from .backends.base import Backend, BackendError, Limits, SandboxSpec
 from .config import ControlPlaneConfig
 from .errors import BadRequest, ControlPlaneError, NotFound, Unauthorized, Unavailable
 from .forwarding import FORWARD_FAILED, ForwardError
+from .http import error_middleware, json_response, read_model
 from .jobs import ImageJobs, SnapshotJobs
 from .metrics import Metrics
 from .models import (
@@ -495,8 +496,6 @@ class CodeRunnerPool:
 
 async def execute(request: web.Request) -> web.Response:
     body = await request.read()
-    from sandbox_server.http import parse_model
-
     parse_model(body, ExecuteRequest)  # 422 here, before a sandbox is spent on it
     return await request.app[RUNNER].run("POST", "execute", body)
 

@@ -73,6 +73,8 @@ class Watcher:
         now = now_ms()
         doomed = []
         for row in self.cp.store.servers(availability=lifecycle.LIVE):
+            if row.id in self.cp._busy or not row.handle:
+                continue  # starting, restarting or stopping: not idle
             if row.keepalive_until is not None and now < row.keepalive_until:
                 continue
             timeout = self.config.finished_timeout if row.availability == A.FINISHED else self.config.inactive_timeout

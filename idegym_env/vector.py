@@ -192,7 +192,6 @@ class SubEnv:
             "metadata": dict(getattr(self.env, "metadata", {}) or {}),
             "render_mode": self.env.render_mode,
             "client_id": client_id,
-            "node_id": ray.get_runtime_context().get_node_id(),
         }
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:

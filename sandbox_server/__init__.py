@@ -1,6 +1,7 @@
 """IdeGym's in-sandbox server: tools, rewards, project reset and a code runner over HTTP.
 
-Depends only on aiohttp, pydantic and diff-match-patch, so it can be installed alone in any image.
+Depends only on h11, pydantic and diff-match-patch (uvloop when present), so it can be installed
+alone in any image and starts fast.
 """
 
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""The in-sandbox server: aiohttp app factory, routes and handlers.
+"""The in-sandbox server: app factory, routes and handlers (served by ``web.py``).
 
 Routes are declared once in ``ROUTES``; the router and ``GET /openapi.json`` both come from it.
 """
@@ -14,14 +14,18 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 from pathlib import Path
 
-from aiohttp import web
+from pydantic import BaseModel
+
 from . import __version__
 from .config import ServerConfig
 from .errors import BadRequest, Forbidden, Unprocessable
 from .files import FileTools
-from .http import error_middleware, json_response, read_model
+from . import web
+from .errors import SandboxServerError
+from .http import error_body, parse_model
 from .junit import find_reports, parse_report
 from .models import (
     BashCommandRequest,
@@ -57,6 +61,7 @@ from .project import CopyProject, OverlayProject, Project, prepare_pristine
 from .runner import CodeRunner
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
 
 CONFIG = web.AppKey("config", ServerConfig)
 STATE = web.AppKey("state", "SandboxState")
@@ -126,6 +131,29 @@ class SandboxState:
 
 def _state(request: web.Request) -> SandboxState:
     return request.app[STATE]
+
+
+async def read_model(request: web.Request, model: type[M]) -> M:
+    return parse_model(await request.read(), model)
+
+
+def json_response(model: BaseModel, status: int = 200) -> web.Response:
+    return web.Response(model.model_dump_json(by_alias=True).encode(), status=status)
+
+
+def on_error(request: web.Request, exc: BaseException) -> web.Response:
+    """Every failure as JSON: 422 in the seed's shape, our errors with their status, else a 500
+    that says it is a bug. Never 410 or 499 (those mark control-plane failures)."""
+    if isinstance(exc, Unprocessable):
+        return web.json_response({"detail": exc.errors, "message": exc.message}, status=422)
+    if isinstance(exc, SandboxServerError):
+        return web.json_response(error_body(exc.kind, exc.message, exc.details), status=exc.status)
+    if isinstance(exc, web.HTTPError):
+        return web.json_response(error_body(exc.reason.replace(" ", ""), exc.message), status=exc.status)
+    log.error("unhandled error in %s %s", request.method, request.path, exc_info=exc)
+    return web.json_response(error_body(
+        "InternalError", f"the sandbox server hit an unexpected {type(exc).__name__}: {exc}. This is a bug; "
+        "please report it."), status=500)
 
 
 # -- tools ----------------------------------------------------------------------------------------
@@ -354,8 +382,8 @@ ROUTES: tuple[Route, ...] = (
 # -- factory -------------------------------------------------------------------------------------
 
 
-def _lifecycle(state: SandboxState) -> Callable[[web.Application], AsyncIterator[None]]:
-    async def ctx(app: web.Application) -> AsyncIterator[None]:
+def _lifecycle(state: SandboxState) -> Callable[[web.App], AsyncIterator[None]]:
+    async def ctx(app: web.App) -> AsyncIterator[None]:
         state.supervisor.start()
         state.reset_lock = asyncio.Lock()
         state.project = await asyncio.get_running_loop().run_in_executor(None, _open_project, state.config)
@@ -383,7 +411,7 @@ def _open_project(config: ServerConfig) -> Project:
     return CopyProject(config.project, pristine, identical)
 
 
-def create_app(config: ServerConfig) -> web.Application:
+def create_app(config: ServerConfig) -> web.App:
     """Build the sandbox server. Nothing runs until the app is started (cleanup context)."""
     config.project = config.project.absolute()
     user = UserSpec.lookup(config.tool_user) if config.tool_user else UserSpec.current()
@@ -398,14 +426,14 @@ def create_app(config: ServerConfig) -> web.Application:
         files=FileTools(config.project, roots, user),
         runner=CodeRunner(supervisor, user, base_env, config.runner_concurrency),
     )
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[error_middleware("sandbox server")])
+    app = web.App(client_max_size=config.max_body_bytes, on_error=on_error)
     app[CONFIG] = config
     app[STATE] = state
     app[OPENAPI] = build_openapi(ROUTES, title="IdeGym sandbox server", version=__version__)
     app.cleanup_ctx.append(_lifecycle(state))
     for route in ROUTES:
-        app.router.add_route(route.method, route.path, route.handler)
-    app.router.add_get("/openapi.json", openapi)
+        app.add_route(route.method, route.path, route.handler)
+    app.add_get("/openapi.json", openapi)
     return app
 
 

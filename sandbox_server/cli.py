@@ -9,8 +9,6 @@ import signal
 import sys
 from pathlib import Path
 
-from aiohttp import web
-
 from .config import ServerConfig
 from .http import run_loop, setup_logging
 
@@ -86,21 +84,16 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 async def serve(config: ServerConfig) -> None:
     from .app import create_app
+    from .web import Server
 
     if os.geteuid() == 0:
         os.setgroups([])  # file tools switch fsuid/fsgid; stray root groups would leak access
-    app = create_app(config)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
+    server = Server(create_app(config))
     if config.unix_socket is not None:
-        if config.unix_socket.exists():
-            config.unix_socket.unlink()
-        site: web.BaseSite = web.UnixSite(runner, str(config.unix_socket))
-    else:
-        site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
-    await site.start()
-    if config.unix_socket is not None:
+        await server.start(unix_socket=str(config.unix_socket))
         os.chmod(config.unix_socket, 0o600)
+    else:
+        await server.start(host=config.host, port=config.port)
     if config.ready_fd is not None:
         os.write(config.ready_fd, b"ready\n")
         os.close(config.ready_fd)
@@ -109,7 +102,7 @@ async def serve(config: ServerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await runner.cleanup()
+    await server.close()
 
 
 def main(argv: list[str] | None = None) -> None:

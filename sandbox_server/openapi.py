@@ -6,7 +6,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
@@ -19,7 +18,7 @@ REF = "#/components/schemas/{model}"
 class Route:
     method: str
     path: str
-    handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    handler: Callable[..., Awaitable[Any]]  # (request) -> response, of either server's framework
     summary: str
     operation_id: str
     request: type[BaseModel] | None

@@ -101,7 +101,8 @@ def sb_root(loop: LoopThread, backend: LocalBackend) -> Iterator[SandboxHandle]:
 def sb_limited(loop: LoopThread, backend: LocalBackend) -> Iterator[SandboxHandle]:
     backend.pids_max = 64
     try:
-        h = loop.run(backend.create(spec("sb-limited", limits=Limits(memory_bytes=256 * MiB,
+        # root inside, so that the storage test can also write to /usr (root is still held by the limits)
+        h = loop.run(backend.create(spec("sb-limited", root=True, limits=Limits(memory_bytes=256 * MiB,
                                                                       storage_bytes=64 * MiB)), 60))
     finally:
         backend.pids_max = 1024
@@ -295,7 +296,7 @@ def test_pids_limit_stops_a_fork_bomb(sb_limited: SandboxHandle) -> None:
 def test_storage_limit_gives_enospc(sb_limited: SandboxHandle) -> None:
     result = bash(sb_limited, "dd if=/dev/zero of=big bs=1M count=100 2>&1; rm -f big; "
                               "dd if=/dev/zero of=/tmp/big bs=1M count=100 2>&1; rm -f /tmp/big; "
-                              "dd if=/dev/zero of=/usr/big bs=1M count=100 2>&1", user="root")
+                              "dd if=/dev/zero of=/usr/big bs=1M count=100 2>&1")
     assert result["stdout"].count("No space left on device") == 3, result
     assert Path(sb_limited.data["dir"], "layers").is_mount()
 

@@ -61,7 +61,7 @@ def control_plane() -> Iterator[EmbeddedControlPlane]:
 
 
 @pytest.fixture(scope="module")
-def venv(ray_session: None, control_plane: EmbeddedControlPlane) -> Iterator[RayVectorEnv]:
+def vec(ray_session: None, control_plane: EmbeddedControlPlane) -> Iterator[RayVectorEnv]:
     env = RayVectorEnv(N, task=TASK, control_plane_url=control_plane.url)
     yield env
     env.close()
@@ -100,11 +100,11 @@ def test_make_vec_returns_ray_vector_env_on_the_drivers_embedded_control_plane(r
         envs.close()
 
 
-def test_reset_and_step_batch_text_as_object_arrays(venv: RayVectorEnv, instruction: str) -> None:
-    obs, infos = venv.reset(seed=7)
+def test_reset_and_step_batch_text_as_object_arrays(vec: RayVectorEnv, instruction: str) -> None:
+    obs, infos = vec.reset(seed=7)
     assert obs.dtype == object and obs.shape == (N,) and all(o == instruction for o in obs)
-    assert venv.observation_space.contains(obs)
-    obs, rewards, terminated, truncated, infos = venv.step(actions(*(bash(f"echo sub-env {i}") for i in range(N))))
+    assert vec.observation_space.contains(obs)
+    obs, rewards, terminated, truncated, infos = vec.step(actions(*(bash(f"echo sub-env {i}") for i in range(N))))
     assert obs.dtype == object and obs.shape == (N,)
     assert [o.splitlines()[0] for o in obs] == [f"sub-env {i}" for i in range(N)]
     assert all(isinstance(o, str) for o in obs)
@@ -113,82 +113,82 @@ def test_reset_and_step_batch_text_as_object_arrays(venv: RayVectorEnv, instruct
     assert not terminated.any() and not truncated.any()
     assert list(infos["exit_code"]) == [0] * N and infos["_exit_code"].all()
     # A list of actions (or of LLM-style JSON strings) works too; a malformed one is an observation.
-    obs, *_ = venv.step([bash("true"), json.dumps(bash("echo json")), "not a tool call"])
+    obs, *_ = vec.step([bash("true"), json.dumps(bash("echo json")), "not a tool call"])
     assert obs[1].startswith("json") and "JSON" in obs[2]
 
 
-def test_steps_run_concurrently(venv: RayVectorEnv) -> None:
-    venv.reset()
+def test_steps_run_concurrently(vec: RayVectorEnv) -> None:
+    vec.reset()
     started = time.perf_counter()
-    obs, *_ = venv.step(actions(*(bash("sleep 1; echo slept") for _ in range(N))))
+    obs, *_ = vec.step(actions(*(bash("sleep 1; echo slept") for _ in range(N))))
     elapsed = time.perf_counter() - started
     assert all(o.startswith("slept") for o in obs)
     assert elapsed < N - 0.8, f"{N} sleeps of 1 s took {elapsed:.2f} s: the sub-envs did not run concurrently"
     # The same holds for calls that do not touch a sandbox at all.
     started = time.perf_counter()
-    ray.get([venv.actor(i).sleep.remote(1.0) for i in range(N)])
+    ray.get([vec.actor(i).sleep.remote(1.0) for i in range(N)])
     assert time.perf_counter() - started < N - 0.8
 
 
-def test_next_step_autoreset(venv: RayVectorEnv, instruction: str) -> None:
-    venv.reset()
-    venv.step(actions(bash("echo hello > scratch.txt"), bash("true"), bash("true")))
-    obs, rewards, terminated, truncated, infos = venv.step(
+def test_next_step_autoreset(vec: RayVectorEnv, instruction: str) -> None:
+    vec.reset()
+    vec.step(actions(bash("echo hello > scratch.txt"), bash("true"), bash("true")))
+    obs, rewards, terminated, truncated, infos = vec.step(
         actions({"tool": "submit"}, bash("echo still going"), bash("true")))
     assert terminated.tolist() == [True, False, False] and not truncated.any()
     assert rewards[0] == pytest.approx(0.625)  # the pristine project passes 5 of 8 tests
     assert infos["_checks"].tolist() == [True, False, False]
     assert "[checks]" in obs[0]
     # Next step: sub-env 0 ignores its action and resets; the others step as usual.
-    obs, rewards, terminated, truncated, infos = venv.step(
+    obs, rewards, terminated, truncated, infos = vec.step(
         actions(bash("echo IGNORED"), bash("echo second"), bash("echo third")))
     assert obs[0] == instruction
     assert rewards[0] == 0.0 and not terminated[0] and not truncated[0]
     assert infos["sandbox"][0] == "restarted" and infos["_sandbox"].tolist() == [True, False, False]
     assert obs[1].startswith("second") and obs[2].startswith("third")
     # The new episode is fresh: the file written in the old one is gone.
-    obs, *_ = venv.step(actions(bash("cat scratch.txt || echo no file"), bash("true"), bash("true")))
+    obs, *_ = vec.step(actions(bash("cat scratch.txt || echo no file"), bash("true"), bash("true")))
     assert "no file" in obs[0]
 
 
-def test_a_killed_actor_truncates_only_its_slot_and_the_slot_recovers(venv: RayVectorEnv,
+def test_a_killed_actor_truncates_only_its_slot_and_the_slot_recovers(vec: RayVectorEnv,
                                                                        instruction: str) -> None:
-    venv.reset()
-    restarts = int(venv.restarts[1])
+    vec.reset()
+    restarts = int(vec.restarts[1])
     # Sub-env 1's actor dies in the middle of a step.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        step = pool.submit(venv.step, actions(bash("echo ok 0"), bash("sleep 20; echo never"), bash("echo ok 2")))
+        step = pool.submit(vec.step, actions(bash("echo ok 0"), bash("sleep 20; echo never"), bash("echo ok 2")))
         time.sleep(1.0)
-        ray.kill(venv.actor(1))
+        ray.kill(vec.actor(1))
         obs, rewards, terminated, truncated, infos = step.result(timeout=60)
     assert truncated.tolist() == [False, True, False] and not terminated.any()
     assert infos["slot_failure"][1] == "actor_died" and infos["_slot_failure"].tolist() == [False, True, False]
     assert "ActorDiedError" in infos["error"][1]
     assert obs[1] == instruction  # the slot's last observation
     assert obs[0].startswith("ok 0") and obs[2].startswith("ok 2")
-    assert venv.restarts[1] == restarts + 1
+    assert vec.restarts[1] == restarts + 1
     # Autoreset brings the slot back on a new actor with a new sandbox; the others go on.
-    obs, rewards, terminated, truncated, infos = venv.step(actions(*(bash(f"echo again {i}") for i in range(N))))
+    obs, rewards, terminated, truncated, infos = vec.step(actions(*(bash(f"echo again {i}") for i in range(N))))
     assert obs[1] == instruction and not truncated.any()
     assert obs[0].startswith("again 0") and obs[2].startswith("again 2")
-    obs, *_ = venv.step(actions(*(bash(f"echo back {i}") for i in range(N))))
+    obs, *_ = vec.step(actions(*(bash(f"echo back {i}") for i in range(N))))
     assert [o.splitlines()[0] for o in obs] == [f"back {i}" for i in range(N)]
 
 
 def test_a_sandbox_killed_mid_episode_truncates_its_slot_and_the_next_episode_gets_a_new_one(
-        venv: RayVectorEnv, control_plane: EmbeddedControlPlane, instruction: str) -> None:
-    venv.reset()
+        vec: RayVectorEnv, control_plane: EmbeddedControlPlane, instruction: str) -> None:
+    vec.reset()
     marker = f"marker-{uuid.uuid4().hex}.txt"
-    venv.step(actions(bash("true"), bash("true"), bash(f"touch {marker}")))
+    vec.step(actions(bash("true"), bash("true"), bash(f"touch {marker}")))
     pid = _sandbox_server_pid(control_plane.state_dir, marker)
     os.kill(pid, signal.SIGKILL)
-    obs, rewards, terminated, truncated, infos = venv.step(actions(*(bash(f"echo ok {i}") for i in range(N))))
+    obs, rewards, terminated, truncated, infos = vec.step(actions(*(bash(f"echo ok {i}") for i in range(N))))
     assert truncated.tolist() == [False, False, True] and not terminated.any()
     assert infos["sandbox_lost"][2] and "sandbox is gone" in infos["error"][2]
     assert obs[0].startswith("ok 0") and obs[1].startswith("ok 1")
-    obs, _, _, truncated, infos = venv.step(actions(*(bash("true") for _ in range(N))))
+    obs, _, _, truncated, infos = vec.step(actions(*(bash("true") for _ in range(N))))
     assert obs[2] == instruction and infos["sandbox"][2] == "started" and not truncated.any()
-    obs, *_ = venv.step(actions(*(bash(f"ls {marker} || echo fresh") for _ in range(N))))
+    obs, *_ = vec.step(actions(*(bash(f"ls {marker} || echo fresh") for _ in range(N))))
     assert "fresh" in obs[2]
 
 
@@ -201,32 +201,32 @@ def _sandbox_server_pid(state_dir: Path, marker: str) -> int:
     raise AssertionError(f"no sandbox holds {marker}")
 
 
-def test_a_step_over_the_timeout_truncates_its_slot(venv: RayVectorEnv, instruction: str) -> None:
-    venv.reset()
-    venv.step_timeout = 2.0
+def test_a_step_over_the_timeout_truncates_its_slot(vec: RayVectorEnv, instruction: str) -> None:
+    vec.reset()
+    vec.step_timeout = 2.0
     try:
         started = time.perf_counter()
-        obs, _, terminated, truncated, infos = venv.step(actions(bash("sleep 30"), bash("echo a"), bash("echo b")))
+        obs, _, terminated, truncated, infos = vec.step(actions(bash("sleep 30"), bash("echo a"), bash("echo b")))
         assert time.perf_counter() - started < 10
     finally:
-        venv.step_timeout = None
+        vec.step_timeout = None
     assert truncated.tolist() == [True, False, False] and not terminated.any()
     assert infos["slot_failure"][0] == "timeout" and "step_timeout" in infos["error"][0]
-    obs, _, _, truncated, _ = venv.step(actions(*(bash("echo x") for _ in range(N))))
+    obs, _, _, truncated, _ = vec.step(actions(*(bash("echo x") for _ in range(N))))
     assert obs[0] == instruction and not truncated.any()
 
 
-def test_render_call_and_attributes(venv: RayVectorEnv) -> None:
-    venv.reset()
-    assert venv.get_attr("max_steps") == (20,) * N
-    assert venv.call("render") == (None,) * N  # no render_mode
-    assert venv.render() is None
-    venv.set_attr("invalid_action_penalty", 0.5)
+def test_render_call_and_attributes(vec: RayVectorEnv) -> None:
+    vec.reset()
+    assert vec.get_attr("max_steps") == (20,) * N
+    assert vec.call("render") == (None,) * N  # no render_mode
+    assert vec.render() is None
+    vec.set_attr("invalid_action_penalty", 0.5)
     try:
-        _, rewards, *_ = venv.step(["garbage", bash("true"), bash("true")])
+        _, rewards, *_ = vec.step(["garbage", bash("true"), bash("true")])
         assert rewards.tolist() == [-0.5, 0.0, 0.0]
     finally:
-        venv.set_attr("invalid_action_penalty", 0.0)
+        vec.set_attr("invalid_action_penalty", 0.0)
 
 
 # -- the adapters for RLlib's default models ---------------------------------------------------------

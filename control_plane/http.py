@@ -1,0 +1,83 @@
+"""aiohttp plumbing of the control plane: JSON bodies in and out, errors as JSON, request logs."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from sandbox_server.errors import Unprocessable
+from sandbox_server.http import error_body, parse_model
+
+log = logging.getLogger("control_plane.http")
+M = TypeVar("M", bound=BaseModel)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def read_model(request: web.Request, model: type[M]) -> M:
+    return parse_model(await request.read(), model)
+
+
+def json_response(model: BaseModel, status: int = 200) -> web.Response:
+    return web.Response(
+        body=model.model_dump_json(by_alias=True).encode(), status=status, content_type="application/json"
+    )
+
+
+def error_response(status: int, kind: str, message: str, details: dict[str, Any] | None = None) -> web.Response:
+    return web.json_response(error_body(kind, message, details), status=status)
+
+
+_HTTP_HINTS = {
+    404: "no such endpoint; GET /openapi.json lists them",
+    405: "method not allowed on this endpoint; GET /openapi.json lists them",
+    413: "request body too large",
+}
+
+
+def error_middleware(service: str, errors: tuple[type[Exception], ...]) -> Callable:
+    """Turn every failure into a JSON error; log one line per request (never bodies).
+
+    ``errors`` are the service's own error classes: each has ``status``, ``kind``, ``message`` and
+    ``details`` and becomes a JSON body with that status.
+    """
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except Unprocessable as exc:
+            status = 422
+            return web.json_response({"detail": exc.errors, "message": exc.message}, status=422)
+        except errors as exc:
+            status = exc.status  # type: ignore[attr-defined]
+            return error_response(status, exc.kind, exc.message, exc.details)  # type: ignore[attr-defined]
+        except web.HTTPException as exc:
+            status = exc.status
+            if exc.status < 400:
+                raise
+            hint = _HTTP_HINTS.get(exc.status, exc.reason)
+            message = f"{request.method} {request.path}: {hint}"
+            if exc.status == 413:
+                message = f"{request.method} {request.path}: {exc.text or hint}; send smaller chunks"
+            return error_response(exc.status, exc.reason.replace(" ", ""), message)
+        except Exception as exc:  # a bug: say so, keep the server up
+            log.exception("unhandled error in %s %s", request.method, request.path)
+            return error_response(
+                500, "InternalError",
+                f"{service} hit an unexpected {type(exc).__name__}: {exc}. This is a bug; please report it.",
+            )
+        finally:
+            if log.isEnabledFor(logging.INFO):
+                log.info("request", extra={"method": request.method, "path": request.path, "status": status,
+                                           "ms": round((time.perf_counter() - started) * 1000, 2)})
+
+    return middleware
