@@ -73,7 +73,7 @@ from .models import (
 )
 from .operations import Outcome
 from .service import ControlPlane
-from .store import SQLiteStore, StoreError
+from .store import SQLiteStore, StoreError, now_ms
 from .watcher import Watcher
 
 log = logging.getLogger(__name__)
@@ -339,7 +339,7 @@ async def snapshot_exists(request: web.Request) -> web.Response:
 
 def _forward_record(request: web.Request, path: str, body: bytes, target: str, server_id: int) -> str:
     text = body.decode("utf-8", errors="replace")
-    if path.rstrip("/").endswith("api/tools/bash") and text:
+    if b'"env"' in body and path.split("?", 1)[0].rstrip("/").endswith("api/tools/bash"):
         try:  # env values are secrets: never stored
             data = json.loads(text)
             if isinstance(data, dict) and isinstance(data.get("env"), dict):
@@ -405,35 +405,40 @@ def _prefer_wait(request: web.Request) -> float | None:
 async def _forward_inline(request: web.Request, cp: ControlPlane, record: str, work, wait: float,
                           client_id: UUID, server_id: int) -> web.StreamResponse:
     """Answer with the sandbox's own response once the forward ends (or 202 if it takes longer
-    than the preferred wait). The call is recorded as an operation either way."""
-    op_id = cp.store.add_operation(AsyncOperationType.FORWARD_REQUEST, record, str(client_id), server_id,
-                                   AsyncOperationStatus.IN_PROGRESS, cp.config.pod_name)
+    than the preferred wait). The call is recorded as an operation either way: in one write when
+    it ends within the wait, else as a running operation the client can poll."""
+    started = now_ms()
     task = asyncio.ensure_future(work(inline=True))
     done, _ = await asyncio.wait({task}, timeout=wait)
     limit = cp.config.inline_result_limit
 
-    def record_outcome(value: Any, answered_inline: bool) -> None:
+    def outcome_of(value: Any, answered_inline: bool) -> Outcome:
         if isinstance(value, ForwardError):
-            outcome = Outcome.failure(value.status_code, value.body)
-        else:
-            reply, touch = value
-            text = reply.text()
-            if answered_inline and len(text) > limit:
-                text = f"[{len(reply.body)} bytes answered inline; not kept in the request history]"
-            if reply.status < 400:
-                outcome = Outcome.success(ForwardRequestResponse(status_code=reply.status, headers=reply.headers,
-                                                                 body=text), touch)
-            else:
-                outcome = Outcome.failure(reply.status, text, reply.headers, touch)
-        cp.store.finish_operation(op_id, outcome.status, outcome.result, outcome.touch_server)
+            return Outcome.failure(value.status_code, value.body)
+        reply, touch = value
+        text = reply.text()
+        if answered_inline and len(text) > limit:
+            text = f"[{len(reply.body)} bytes answered inline; not kept in the request history]"
+        if reply.status < 400:
+            return Outcome.success(ForwardRequestResponse(status_code=reply.status, headers=reply.headers, body=text),
+                                   touch)
+        return Outcome.failure(reply.status, text, reply.headers, touch)
 
     if not done:  # slower than the client wants to wait: fall back to the polling protocol
-        task.add_done_callback(lambda t: record_outcome(t.result(), False) if not t.cancelled() else
-                               cp.store.finish_operation(op_id, AsyncOperationStatus.CANCELLED,
-                                                         Outcome.failure(499, "cancelled").result))
+        op_id = cp.store.add_operation(AsyncOperationType.FORWARD_REQUEST, record, str(client_id), server_id,
+                                       AsyncOperationStatus.IN_PROGRESS, cp.config.pod_name)
+
+        def finish(t: asyncio.Task) -> None:
+            outcome = (Outcome.failure(499, "cancelled") if t.cancelled() else outcome_of(t.result(), False))
+            cp.store.finish_operation(op_id, outcome.status, outcome.result, outcome.touch_server)
+
+        task.add_done_callback(finish)
         return _accepted(ForwardRequestResponse(async_operation_id=op_id))
     value = task.result()
-    record_outcome(value, True)
+    outcome = outcome_of(value, True)
+    op_id = cp.store.record_operation(AsyncOperationType.FORWARD_REQUEST, record, str(client_id), server_id,
+                                      cp.config.pod_name, started, outcome.status, outcome.result,
+                                      outcome.touch_server)
     extra = {OPERATION_HEADER: str(op_id), "Preference-Applied": f"wait={wait:g}"}
     if isinstance(value, ForwardError):
         return web.json_response({"error": "Forward", "message": value.body, "detail": value.body},

@@ -365,6 +365,27 @@ class SQLiteStore:
         )
         return int(cur.lastrowid)
 
+    def record_operation(self, request_type: AsyncOperationType, request: str | None, client_id: str | None,
+                         server_id: int | None, pod: str | None, started: int, status: AsyncOperationStatus,
+                         result: str, touch_server: int | None = None) -> int:
+        """Insert an operation that has already ended (a forward answered inline): one transaction."""
+        now = now_ms()
+        with self.tx() as db:
+            cur = db.execute(
+                "INSERT INTO operations (request_type, status, request, result, client_id, server_id, "
+                "orchestrator_pod, scheduled_at, started_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (request_type.value, status.value, request, result, client_id, server_id, pod, started, started,
+                 now),
+            )
+            if touch_server is not None:
+                db.execute(
+                    "UPDATE servers SET last_activity_at=MAX(last_activity_at, ?), "
+                    "availability=CASE availability WHEN 'REUSED' THEN 'ALIVE' ELSE availability END "
+                    "WHERE id=? AND availability IN ('ALIVE','REUSED')",
+                    (now, touch_server),
+                )
+            return int(cur.lastrowid)
+
     def start_operation(self, op_id: int) -> None:
         self._write("UPDATE operations SET status=?, started_at=? WHERE id=? AND status=?",
                     (AsyncOperationStatus.IN_PROGRESS.value, now_ms(), op_id, AsyncOperationStatus.SCHEDULED.value))
