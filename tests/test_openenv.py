@@ -25,7 +25,7 @@ from openenv.core import GenericEnvClient  # noqa: E402
 from idegym_env.client import IdeGymClient, Sandbox  # noqa: E402
 from idegym_env.env import IdeGymEnv  # noqa: E402
 from idegym_env.tasks import load_task  # noqa: E402
-from tests.helpers import REPO, SandboxProcess  # noqa: E402
+from tests.helpers import REPO, SandboxProcess, wait_until  # noqa: E402
 
 TASK = "python-roman-numerals"
 OBSERVATION_FIELDS = {"text", "task_id", "episode_id", "step", "max_steps", "tool", "exit_code", "timed_out",
@@ -270,6 +270,19 @@ def test_openenv_server_through_the_control_plane(cp_local) -> None:
         with client(ws_url) as env:
             assert env.reset().observation["sandbox"] == "reset"
             assert env.step({"tool": "submit"}).reward == 0.625
+
+        # The private sandbox server dies: the OpenEnv server exits with it, and the control plane
+        # sees the crash (max_restarts 0: CRASHED) instead of a server that answers but cannot act.
+        doomed = owner.start(tag, server_name="roman-doomed", server_kind="openenv", reuse="NONE", timeout=120)
+        with client(f"{cp.url}/api/ws-forward/{cid}/{doomed.server_id}") as env:
+            env.reset()  # starts the private sandbox server
+            meta = json.loads((cp.state_dir / "sandboxes" / doomed.info.service_name / "sandbox.json").read_text())
+            server_pid = meta["server"][0]
+            children = [c for task in Path(f"/proc/{server_pid}/task").iterdir()
+                        for c in (task / "children").read_text().split()]
+            assert len(children) == 1, children
+            os.kill(int(children[0]), signal.SIGKILL)
+            assert wait_until(lambda: cp.status(cid, doomed.server_id)["availability"] == "CRASHED", 30)
 
         stopped = cp.http.request("DELETE", "/api/idegym-servers", json={"client_id": cid, "server_id": sid})
         assert stopped.status_code == 202, stopped.text

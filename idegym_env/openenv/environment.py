@@ -49,8 +49,8 @@ class IdeGymOpenEnv(Environment[IdeAction, IdeObservation, IdeState]):
     """One OpenEnv session of IdeGym episodes (see the module docstring).
 
     ``task`` is the default task (an id of a bundled task, or a task directory); a ``reset`` may
-    name another one among ``allowed_tasks`` (default: the default task and the bundled tasks —
-    never an arbitrary path sent by a client). Exactly one of ``control_plane_url`` and ``inner``
+    name another one among ``allowed_tasks`` (ids of bundled tasks; default: all of them) — never
+    an arbitrary path sent by a client. Exactly one of ``control_plane_url`` and ``inner``
     says where sandboxes come from. The other keyword arguments go to ``IdeGymEnv``.
     """
 
@@ -187,8 +187,9 @@ class IdeGymOpenEnv(Environment[IdeAction, IdeObservation, IdeState]):
         if allowed is None:
             allowed = tuple(sorted(p.parent.name for p in BUNDLED_DIR.glob("*/task.yaml")))
         if task not in allowed:
-            raise ValueError(f"task {task!r} is not served here; tasks: {', '.join([self.default_task.id, *allowed])}")
-        return load_task(task)
+            served = dict.fromkeys([self.default_task.id, *allowed])
+            raise ValueError(f"task {task!r} is not served here; tasks: {', '.join(served)}")
+        return load_task(BUNDLED_DIR / task)  # by id: never a path of that spelling in our cwd
 
     def _make_env(self, task: Task) -> IdeGymEnv:
         if self.inner is None:

@@ -5,7 +5,8 @@ In an ``openenv`` sandbox the backend starts ``python -m idegym_env.openenv.serv
 arguments it would have given ``sandbox_server`` (project, overlay, tool user, tool environment,
 ``--no-root-tools``…) after ``--``. :class:`InnerSandbox` runs that ``sandbox_server`` as a child
 process on a Unix socket in a private directory (mode 0700, so tools running as another user
-cannot reach it), and the episode talks to it with ``Sandbox.connect(unix_socket=...)``.
+cannot reach it; the backend names one that goes away with the sandbox, else it is a new temporary
+directory), and the episode talks to it with ``Sandbox.connect(unix_socket=...)``.
 
 The child starts on first use, not with the OpenEnv server: the backend moves the server into the
 sandbox's cgroups while the server starts up, and only processes forked *after* that inherit the
@@ -46,7 +47,8 @@ class InnerSandbox:
     """``sandbox_server`` started (once, lazily) with ``server_args``; ``lease`` marks the session
     that uses it. ``on_exit`` runs if the server dies on its own."""
 
-    def __init__(self, server_args: list[str], *, on_exit=None, start_timeout: float = START_TIMEOUT) -> None:
+    def __init__(self, server_args: list[str], *, directory: str | None = None, on_exit=None,
+                 start_timeout: float = START_TIMEOUT) -> None:
         if not server_args or server_args[0] != "serve":
             server_args = ["serve", *server_args]
         for flag in ("--unix-socket", "--port", "--ready-fd"):
@@ -55,6 +57,7 @@ class InnerSandbox:
         self.server_args = list(server_args)
         self.start_timeout = start_timeout
         self.on_exit = on_exit
+        self.directory = directory
         self.lease = threading.Lock()
         self.socket: str | None = None
         self._lock = threading.Lock()
@@ -72,7 +75,12 @@ class InnerSandbox:
                     raise RuntimeError(f"the sandbox server exited (status {self._proc.returncode})")
                 assert self.socket is not None
                 return self.socket
-            self._dir = tempfile.mkdtemp(prefix="idegym-openenv-")  # 0700
+            if self.directory is None:
+                self._dir = tempfile.mkdtemp(prefix="idegym-openenv-")  # 0700
+            else:
+                os.makedirs(self.directory, mode=0o700, exist_ok=True)
+                os.chmod(self.directory, 0o700)
+                self._dir = self.directory
             socket = os.path.join(self._dir, "sandbox.sock")
             read_fd, write_fd = os.pipe()
             path = [p for p in sys.path if p]

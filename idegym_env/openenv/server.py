@@ -89,6 +89,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"WebSocket sessions at once, each with its own sandbox (default "
                              f"{DEFAULT_MAX_SESSIONS}; 1 with --in-sandbox, which allows no more); more are "
                              "refused with OpenEnv's CAPACITY_REACHED")
+    parser.add_argument("--inner-dir", default=None, metavar="DIR",
+                        help="with --in-sandbox: directory (made mode 0700) for the private sandbox server's "
+                             "socket (default: a new temporary directory)")
     parser.add_argument("--reuse", choices=["RESTART", "RESET", "NONE"], default="RESTART",
                         help="control-plane mode: how a session's sandbox is made fresh for its next episode "
                              "(default RESTART; --in-sandbox always RESETs the project)")
@@ -167,8 +170,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from ..tasks import TaskError, load_task
 
     extra = list(args.sandbox_server_args)
-    if extra and not args.in_sandbox:
-        print("idegym openenv serve: arguments after -- are the sandbox server's, for --in-sandbox only",
+    if (extra or args.inner_dir) and not args.in_sandbox:
+        print("idegym openenv serve: --inner-dir and the arguments after -- are for --in-sandbox only",
               file=sys.stderr)
         return 2
     task_ref = args.task
@@ -190,13 +193,14 @@ def run_serve(args: argparse.Namespace) -> int:
     env_kwargs = dict(max_steps=args.max_steps, bash_timeout=args.bash_timeout,
                       invalid_action_penalty=args.invalid_action_penalty)
 
-    # Our handlers, so that uvicorn re-raising the signal after its graceful shutdown lands here
-    # and the clean-up below still runs.
+    # Our handlers: a signal while starting up ends the start-up, and uvicorn re-raising the signal
+    # after its graceful shutdown lands here, so that the clean-up below still runs.
     stopped_by: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stopped_by.append(signum))
 
     inner = None
+    server = None
     embedded_cp = False
     failed = False
     try:
@@ -204,11 +208,15 @@ def run_serve(args: argparse.Namespace) -> int:
             from .inner import InnerSandbox, terminate_self
 
             def inner_died() -> None:
+                # The sandbox cannot be acted on any more: stop now, without waiting for sessions.
                 nonlocal failed
                 failed = True
-                terminate_self()
+                if server is not None:
+                    server.should_exit = server.force_exit = True
+                else:
+                    terminate_self()
 
-            inner = InnerSandbox(extra, on_exit=inner_died)
+            inner = InnerSandbox(extra, directory=args.inner_dir, on_exit=inner_died)
             app = create_app(task, inner=inner, max_sessions=max_sessions, **env_kwargs)
         else:
             url = args.control_plane_url
@@ -229,6 +237,8 @@ def run_serve(args: argparse.Namespace) -> int:
                                 log_level=args.log_level.lower(), access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=15, ws_max_size=100 << 20)
         server = uvicorn.Server(config)
+        if stopped_by:  # asked to stop while starting up
+            return 0
         asyncio.run(_serve(server, args.ready_fd, args.unix_socket))
         if not server.started:
             failed = True

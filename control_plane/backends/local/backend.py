@@ -481,7 +481,7 @@ class LocalBackend(Backend):
             args += ["--tool-user", APPUSER[0], "--no-root-tools"]
         runtime = self.runtime
         if plan.openenv:  # [openenv]
-            args, runtime = _openenv_args(args), self._openenv_runtime()
+            args, runtime = _openenv_args(args, f"{RUN_INSIDE}/oe"), self._openenv_runtime()
         argv = ["bwrap", "--unshare-user", "--userns-block-fd", str(block_r), "--info-fd", str(info_w),
                 "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         if not plan.network:
@@ -625,7 +625,7 @@ class LocalBackend(Backend):
         env = {k: v for k, v in os.environ.items() if not k.startswith("IDEGYM_")}
         argv = [sys.executable, "-m", "sandbox_server", *args]
         if plan.openenv:  # [openenv] the OpenEnv server, with the image's env (it names the task)
-            argv = [sys.executable, "-m", OPENENV_MODULE, *_openenv_args(args)]
+            argv = [sys.executable, "-m", OPENENV_MODULE, *_openenv_args(args, str(plan.run / "oe"))]
             env.update(plan.env)
         logf = open(plan.log, "ab")
         try:
@@ -941,16 +941,17 @@ class LocalBackend(Backend):
 OPENENV_MODULE = "idegym_env.openenv.server"  # [openenv]
 
 
-def _openenv_args(server_args: list[str]) -> list[str]:
+def _openenv_args(server_args: list[str], inner_dir: str) -> list[str]:
     """[openenv] sandbox_server's arguments -> the OpenEnv server's: it takes the socket and the
-    ready fd, and passes the rest to the sandbox server it starts (with a socket of its own)."""
+    ready fd, and passes the rest to the sandbox server it starts, whose socket goes in
+    ``inner_dir`` (in the run directory: short, private, removed with the sandbox)."""
     own, rest, items = [], [], iter(server_args)
     for item in items:
         if item in ("--unix-socket", "--ready-fd"):
             own += [item, next(items)]
         else:
             rest.append(item)
-    return ["--in-sandbox", *own, "--", *rest]
+    return ["--in-sandbox", *own, "--inner-dir", inner_dir, "--", *rest]
 
 
 def _read_info(fd: int) -> dict[str, Any]:
