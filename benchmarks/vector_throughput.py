@@ -40,7 +40,7 @@ from ._common import RESULTS, Progress, Result, Stats, check_target, table
 
 SIZES = [int(s) for s in os.environ.get("BENCH_SIZES", "1,2,4,8,16").split(",")]
 SECONDS = float(os.environ.get("BENCH_SECONDS", "2"))
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 TASK = "python-roman-numerals"
 COMMAND = "echo hello"
 ACTION = {"tool": "bash", "arguments": {"command": COMMAND}}

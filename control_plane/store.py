@@ -165,6 +165,16 @@ def _row(cls: type, row: sqlite3.Row) -> Any:
     return cls(**values)
 
 
+def _touch(db: sqlite3.Connection, server_id: int, when: int) -> None:
+    """Record activity; a REUSED server that is used again becomes ALIVE."""
+    db.execute(
+        "UPDATE servers SET last_activity_at=MAX(last_activity_at, ?), "
+        "availability=CASE availability WHEN 'REUSED' THEN 'ALIVE' ELSE availability END "
+        "WHERE id=? AND availability IN ('ALIVE','REUSED')",
+        (when, server_id),
+    )
+
+
 class StoreError(Exception):
     """The database could not be written (disk full, read-only…); the message says what to do."""
 
@@ -338,13 +348,8 @@ class SQLiteStore:
         self._write(f"UPDATE servers SET {sets} WHERE id=?", [*values.values(), server_id])
 
     def touch_server(self, server_id: int, when: int) -> None:
-        """Record activity; a REUSED server that is used again becomes ALIVE."""
-        self._write(
-            "UPDATE servers SET last_activity_at=MAX(last_activity_at, ?), "
-            "availability=CASE availability WHEN 'REUSED' THEN 'ALIVE' ELSE availability END "
-            "WHERE id=? AND availability IN ('ALIVE','REUSED')",
-            (when, server_id),
-        )
+        with self.tx() as db:
+            _touch(db, server_id, when)
 
     def extend_keepalive(self, server_id: int, until: int) -> int:
         with self.tx() as db:
@@ -378,12 +383,7 @@ class SQLiteStore:
                  now),
             )
             if touch_server is not None:
-                db.execute(
-                    "UPDATE servers SET last_activity_at=MAX(last_activity_at, ?), "
-                    "availability=CASE availability WHEN 'REUSED' THEN 'ALIVE' ELSE availability END "
-                    "WHERE id=? AND availability IN ('ALIVE','REUSED')",
-                    (now, touch_server),
-                )
+                _touch(db, touch_server, now)
             return int(cur.lastrowid)
 
     def start_operation(self, op_id: int) -> None:
@@ -400,12 +400,7 @@ class SQLiteStore:
                 (status.value, result, now, now, op_id),
             )
             if touch_server is not None:
-                db.execute(
-                    "UPDATE servers SET last_activity_at=MAX(last_activity_at, ?), "
-                    "availability=CASE availability WHEN 'REUSED' THEN 'ALIVE' ELSE availability END "
-                    "WHERE id=? AND availability IN ('ALIVE','REUSED')",
-                    (now, touch_server),
-                )
+                _touch(db, touch_server, now)
 
     def get_operation(self, op_id: int) -> OperationRow | None:
         rows = self._query("SELECT * FROM operations WHERE id=?", (op_id,))

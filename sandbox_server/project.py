@@ -58,7 +58,7 @@ def prepare_pristine(source: Path | None, project: Path, private_dir: Path) -> t
         pristine = source
     else:
         pristine = private_dir / "pristine"
-        _extract(source, pristine)
+        extract_archive(source, pristine)
     if any(project.iterdir()):
         return pristine, False
     _copy_tree(pristine, project)
@@ -73,7 +73,8 @@ def _copy_tree(src: Path, dst: Path) -> None:
     subprocess.run(["cp", "-a", "--reflink=auto", f"{src}/.", str(dst)], check=True, capture_output=True)
 
 
-def _extract(archive: Path, dst: Path) -> None:
+def extract_archive(archive: Path, dst: Path) -> None:
+    """Unpack a .tar(.gz|.bz2|.xz)/.tgz/.zip into ``dst``, stripping a single top-level directory."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dst.parent))
     try:

@@ -15,10 +15,7 @@ import secrets
 import shutil
 import stat
 import subprocess
-import tarfile
-import tempfile
 import time
-import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -218,22 +215,14 @@ def _fetch_project(project: dict[str, Any], work: Path) -> Path:
 
 
 def _extract(archive: Path, dest: Path) -> None:
+    from sandbox_server.project import ProjectError, extract_archive
+
     if not archive.is_file():
         raise BackendError(f"project archive {archive} does not exist", 400)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent))
-    name = archive.name.lower()
-    if name.endswith(".zip"):
-        with zipfile.ZipFile(archive) as zf:
-            zf.extractall(tmp)
-    elif name.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")):
-        with tarfile.open(archive) as tf:
-            tf.extractall(tmp, filter="data")
-    else:
-        raise BackendError(f"{archive}: unknown archive type; use .tar.gz, .tgz, .tar or .zip", 400)
-    entries = list(tmp.iterdir())
-    root = entries[0] if len(entries) == 1 and entries[0].is_dir() else tmp
-    root.rename(dest)
-    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        extract_archive(archive, dest)
+    except ProjectError as exc:
+        raise BackendError(str(exc), 400) from exc
 
 
 __all__ = ["LocalImageBuilder"]
