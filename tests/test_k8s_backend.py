@@ -780,3 +780,21 @@ def test_the_documented_role_grants_every_call_the_backend_made(k8s_sim: Simulat
     # created, and observing a bare-Pod server whose pod left the informer's cache
     rarely = {("delete", "batch", "jobs"), ("get", "", "pods")}
     assert granted - used <= rarely, sorted(granted - used - rarely)
+
+
+def test_deploy_manifests_validate_and_match_the_docs() -> None:
+    """deploy/kubernetes/control-plane.yaml is valid Kubernetes and is what the docs show."""
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "deploy" / "kubernetes" / "control-plane.yaml").read_text()
+    docs = (root / "docs" / "kubernetes.md").read_text()
+    shown = re.search(r"## Deploying the control plane in a cluster.*?```yaml\n(.*?)```", docs, re.S).group(1)
+    assert text.split("\n", 1)[1] == shown
+    kinds = []
+    for obj in yaml.safe_load_all(text):
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        kinds.append(obj["kind"])
+    assert {"ServiceAccount", "Role", "RoleBinding", "Deployment", "Service"} <= set(kinds)
