@@ -42,15 +42,22 @@ async def relay(request: web.Request, cp: ControlPlane, row: ServerRow) -> web.S
             if count_activity:
                 cp.store.touch_server(row.id, now_ms())
 
+    async def keep_active() -> None:
+        # an open session is activity even while a long step sends no frame
+        while True:
+            await asyncio.sleep(30)
+            cp.store.touch_server(row.id, now_ms())
+
     to_client = asyncio.ensure_future(pump(upstream, downstream, True))
     to_server = asyncio.ensure_future(pump(downstream, upstream, True))
+    heartbeat = asyncio.ensure_future(keep_active())
     try:
         await asyncio.wait({to_client, to_server}, return_when=asyncio.FIRST_COMPLETED)
     except Exception:  # noqa: BLE001
         log.exception("websocket relay failed")
         await downstream.close(code=aiohttp.WSCloseCode.INTERNAL_ERROR)
     finally:
-        for task in (to_client, to_server):
+        for task in (to_client, to_server, heartbeat):
             task.cancel()
         code = upstream.close_code or aiohttp.WSCloseCode.OK
         if not downstream.closed:

@@ -312,7 +312,7 @@ def test_metrics(cp: ControlPlaneProcess) -> None:
 
 
 def test_auth_is_required_everywhere_but_health(tmp_path: Path) -> None:
-    proc = ControlPlaneProcess(tmp_path / "state", ["--auth", "alice:s3cret", "--warm-pool", "0"])
+    proc = ControlPlaneProcess(tmp_path / "state", ["--auth", "alice:s3cret", "--warm-pool", "0", "--ephemeral"])
     try:
         assert proc.http.get("/health").status_code == 200
         for method, path in (("POST", "/api/clients"), ("GET", "/metrics"), ("GET", "/api/operations/status/1"),
@@ -324,3 +324,19 @@ def test_auth_is_required_everywhere_but_health(tmp_path: Path) -> None:
         assert proc.http.post("/api/clients", json={"name": "x"}, auth=("alice", "wrong")).status_code == 401
     finally:
         proc.stop()
+
+
+def test_without_bubblewrap_it_still_works_and_says_so(tmp_path: Path) -> None:
+    proc = ControlPlaneProcess(tmp_path / "state", ["--isolation", "none", "--warm-pool", "0", "--ephemeral"])
+    try:
+        client = proc.register()
+        sid = proc.start_server(client)["server_id"]
+        out = proc.bash(client, sid, "echo plain > f.txt && cat f.txt")
+        assert out["stdout"] == "plain\n"
+        reset = proc.forward(client, sid, "api/project/reset", {})
+        assert reset.json()["status"] == "success"
+        assert "No such file" in proc.bash(client, sid, "cat f.txt 2>&1")["stdout"]
+    finally:
+        proc.stop()
+    log = proc.log_path.read_text()
+    assert log.count("SANDBOXES ARE NOT ISOLATED") == 1, log[-2000:]

@@ -196,7 +196,8 @@ def test_orphaned_sandboxes_are_swept(cp_local: ControlPlaneProcess) -> None:
 
 
 def test_control_plane_killed_under_load_loses_nothing(tmp_path: Path) -> None:
-    cp = ControlPlaneProcess(tmp_path / "state", ["--warm-pool", "1"])
+    # --ephemeral cleans up at the final, graceful stop; a SIGKILL never runs it
+    cp = ControlPlaneProcess(tmp_path / "state", ["--warm-pool", "1", "--ephemeral"])
     try:
         client = cp.register("survivor")
         ids = [cp.start_server(client, reuse_strategy="NONE")["server_id"] for _ in range(3)]

@@ -247,6 +247,11 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"idegym openenv serve: {type(exc).__name__}: {exc}", file=sys.stderr)
         failed = True
     finally:
+        if server is not None and server.started and args.unix_socket:
+            try:
+                os.unlink(args.unix_socket)  # uvicorn leaves its socket behind
+            except OSError:
+                pass
         if inner is not None:
             inner.stop()
         if embedded_cp:

@@ -65,6 +65,10 @@ class LocalImageBuilder(ImageBuilder):
             base_tag = BUILTIN_IMAGE
         base = backend.store.resolve(base_tag)
         assert base is not None and backend.builds is not None
+        if backend.isolation != "bwrap" and definition.commands:
+            raise BackendError("image builds that run commands need isolated sandboxes (bubblewrap): without it "
+                               "the commands would change this host. Install bubblewrap, or build without "
+                               "'commands' (a project only)", 400)
         build_id = secrets.token_hex(5)
         work = backend.state_dir / "builds" / "work" / build_id
         work.mkdir(parents=True)
@@ -98,10 +102,13 @@ class LocalImageBuilder(ImageBuilder):
                     raise BackendError(f"build command failed with exit code {result.get('exit_code')}"
                                        f"{' (timed out)' if result.get('timed_out') else ''}:\n"
                                        f"{_last(result.get('stderr', '') or result.get('stdout', ''), 30)}", 400)
-            result = await _bash(socket, "mkdir /opt/idegym/export/project && "
-                                         "cp -a /home/appuser/work/. /opt/idegym/export/project/", 600, {})
-            if result.get("exit_code") != 0:
-                raise BackendError(f"exporting the project failed: {result.get('stderr')}")
+            if backend.isolation == "bwrap":
+                result = await _bash(socket, "mkdir /opt/idegym/export/project && "
+                                             "cp -a /home/appuser/work/. /opt/idegym/export/project/", 600, {})
+                if result.get("exit_code") != 0:
+                    raise BackendError(f"exporting the project failed: {result.get('stderr')}")
+            else:  # a plain process: its project is a directory of ours
+                await loop.run_in_executor(None, copy_tree, Path(handle.data["dir"]) / "project", export / "project")
             await loop.run_in_executor(None, backend._kill_sync, name, backend.builds, handle.data)
             tmp_image = backend.store.new_image_dir(definition.tag)
             layers = Path(handle.data["dir"]) / "layers"

@@ -22,11 +22,14 @@ from pathlib import Path
 INSIDE = "/opt/idegym"
 TOOL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+# The bound site-packages (the control plane's virtualenv) go before the interpreter's own, so
+# the sandbox runs the very packages the control plane was installed with.
 BOOTSTRAP = (
     "import sys, site\n"
-    "sys.path[:0] = {src!r}\n"
+    "base = list(sys.path)\n"
     "for p in {sites!r}:\n"
     "    site.addsitedir(p)\n"
+    "sys.path[:] = {src!r} + [p for p in sys.path if p not in base] + base\n"
     "from sandbox_server.cli import main\n"
     "main(sys.argv[1:])\n"
 )
