@@ -108,9 +108,12 @@ def _query_model(request: web.Request, model: type[BaseModel]) -> Any:
 def _path_int(request: web.Request, name: str) -> int:
     raw = request.match_info[name]
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise Unprocessable.field(["path", name], "must be an integer", raw, "int_parsing") from None
+    if not -(1 << 63) <= value < 1 << 63:  # no row has such an id, and SQLite could not even look
+        raise Unprocessable.field(["path", name], "is out of range (a 64-bit integer is expected)", raw)
+    return value
 
 
 def _path_uuid(request: web.Request, name: str) -> UUID:
@@ -595,6 +598,19 @@ def auth_middleware(credentials: tuple[str, str]):
     return middleware
 
 
+def _body_limit_middleware(limit: int):
+    """A body declared larger than the limit is refused before any of it is read (aiohttp alone
+    would wait for the bytes, and only then say 413)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        if request.content_length is not None and request.content_length > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
+        return await handler(request)
+
+    return middleware
+
+
 def _store_errors_middleware():
     @web.middleware
     async def middleware(request: web.Request, handler):
@@ -650,7 +666,8 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     watcher = Watcher(cp, config.watcher)
     builder = builder_for(backend)
     images = ImageJobs(cp, builder, getattr(builder, "parse_yaml", None) or parse_build_yaml)
-    middlewares = [error_middleware("control plane", (ControlPlaneError,)), _store_errors_middleware()]
+    middlewares = [error_middleware("control plane", (ControlPlaneError,)), _store_errors_middleware(),
+                   _body_limit_middleware(config.max_body_bytes)]
     if config.auth:
         middlewares.insert(1, auth_middleware(config.auth))
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)

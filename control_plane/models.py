@@ -91,8 +91,20 @@ def _reserved(key: str, reserved: tuple[str, ...]) -> bool:
     return any(key == r or (r.endswith("/") and key.startswith(r)) for r in reserved)
 
 
+INT64 = 1 << 63
+
+
 class Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="after")
+    def _integers_fit_the_database(self) -> Request:
+        """Ids, counts and timeouts end up in SQLite INTEGER columns or in time arithmetic: a
+        number beyond 64 bits is a request error (422), not an OverflowError deep inside."""
+        for name, value in self:
+            if isinstance(value, int) and not isinstance(value, bool) and not -INT64 <= value < INT64:
+                raise ValueError(f"{name} is out of range (a 64-bit integer is expected)")
+        return self
 
 
 class Response(BaseModel):

@@ -26,7 +26,7 @@ from .files import FileTools
 from . import web
 from .errors import SandboxServerError
 from .http import error_body, parse_model
-from .junit import find_reports, parse_report
+from .junit import find_reports, fresh_reports, parse_reports
 from .models import (
     BashCommandRequest,
     BashCommandResponse,
@@ -56,7 +56,7 @@ from .models import (
     UploadFileChunkResponse,
 )
 from .openapi import Route, build_openapi
-from .process import ProcessResult, Supervisor, UserSpec
+from .process import MemoryEvents, ProcessResult, Supervisor, UserSpec
 from .project import CopyProject, OverlayProject, Project, prepare_pristine
 from .runner import CodeRunner
 
@@ -128,6 +128,25 @@ class SandboxState:
             max_output=max_output,
         )
 
+    async def run_check(self, script: str, timeout: float, grace: float) -> ProcessResult:
+        """A reward check: the task's script as the tool user in the project, with a fresh, empty
+        HOME and TMPDIR and no Python user site, so that nothing the agent left in its home
+        (usercustomize.py, .npmrc, git config, shims, caches) takes part in the check."""
+        loop = asyncio.get_running_loop()
+        home = await loop.run_in_executor(None, _check_home, self.user)
+        try:
+            return await self.run_script(script, timeout, grace,
+                                         env={"HOME": home, "TMPDIR": home, "PYTHONNOUSERSITE": "1"})
+        finally:
+            await loop.run_in_executor(None, shutil.rmtree, home, True)
+
+
+def _check_home(user: UserSpec) -> str:
+    home = tempfile.mkdtemp(prefix="idegym-check-")
+    if os.geteuid() == 0 and user.uid != 0:
+        os.chown(home, user.uid, user.gid)
+    return home
+
 
 def _state(request: web.Request) -> SandboxState:
     return request.app[STATE]
@@ -174,6 +193,7 @@ async def bash(request: web.Request) -> web.Response:
         exit_code=result.exit_code,
         timed_out=result.timed_out,
         duration_seconds=round(result.duration, 4),
+        oom_killed=result.oom_killed,
     ))
 
 
@@ -226,7 +246,7 @@ def _failure_output(result: ProcessResult, what: str, timeout: float) -> str:
 
 async def setup_reward(request: web.Request) -> web.Response:
     req = await read_model(request, SetupRequest)
-    result = await _state(request).run_script(req.setup_check_script, req.timeout, req.graceful_termination_timeout)
+    result = await _state(request).run_check(req.setup_check_script, req.timeout, req.graceful_termination_timeout)
     ok = result.exit_code == 0 and not result.timed_out
     return json_response(CheckResult(
         status=Status.SUCCESS if ok else Status.FAILURE,
@@ -237,7 +257,7 @@ async def setup_reward(request: web.Request) -> web.Response:
 
 async def compilation_reward(request: web.Request) -> web.Response:
     req = await read_model(request, CompilationRequest)
-    result = await _state(request).run_script(req.compilation_script, req.timeout, req.graceful_termination_timeout)
+    result = await _state(request).run_check(req.compilation_script, req.timeout, req.graceful_termination_timeout)
     ok = result.exit_code == 0 and not result.timed_out
     output = ""
     if not ok:
@@ -259,16 +279,14 @@ async def test_reward(request: web.Request) -> web.Response:
     root = state.config.project
     loop = asyncio.get_running_loop()
     before = await loop.run_in_executor(None, find_reports, root, req.report_glob)
-    result = await state.run_script(req.test_script, req.timeout, req.graceful_termination_timeout)
+    result = await state.run_check(req.test_script, req.timeout, req.graceful_termination_timeout)
     after = await loop.run_in_executor(None, find_reports, root, req.report_glob)
-    # Only reports this run wrote count: a file left from before (or planted) is ignored.
-    fresh = sorted(p for p, stamp in after.items() if before.get(p) != stamp)
+    # Only reports this run wrote count, each file once: a planted or hard-linked one is ignored.
+    fresh = fresh_reports(before, after)
     scores, notes, used = TestScores(), [], []
-    for path in fresh:
-        try:
-            counts = parse_report(path)
-        except (ValueError, OSError) as exc:
-            notes.append(f"ignored report {path}: {exc}")
+    for path, counts in await loop.run_in_executor(None, parse_reports, fresh, state.files.as_user):
+        if isinstance(counts, Exception):
+            notes.append(f"ignored report {path}: {counts}")
             continue
         used.append(str(path.relative_to(root)) if path.is_relative_to(root) else str(path))
         scores.total += counts.total
@@ -416,7 +434,7 @@ def create_app(config: ServerConfig) -> web.App:
     config.project = config.project.absolute()
     user = UserSpec.lookup(config.tool_user) if config.tool_user else UserSpec.current()
     base_env = config.tool_environment()
-    supervisor = Supervisor()
+    supervisor = Supervisor(MemoryEvents(config.memory_events))
     roots = config.file_roots or [config.project]
     state = SandboxState(
         config=config,

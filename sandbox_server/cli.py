@@ -48,6 +48,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runner-concurrency", type=int, default=os.cpu_count() or 2,
                         help="code-runner programs running at once; more requests wait in a queue")
     parser.add_argument("--ready-fd", type=int, help="write 'ready\\n' to this file descriptor once listening")
+    parser.add_argument("--memory-events", type=Path, default=env("IDEGYM_MEMORY_EVENTS") or None,
+                        help="the sandbox's cgroup memory.oom_control (v1) or memory.events (v2) file: bash results "
+                             "then say when the OOM killer struck [$IDEGYM_MEMORY_EVENTS; default: "
+                             "/sys/fs/cgroup/memory.events when present]")
     parser.add_argument("--log-json", action="store_true", default=bool(env("IDEGYM_LOG_JSON")),
                         help="one JSON object per log line [$IDEGYM_LOG_JSON]")
     parser.add_argument("--log-level", default=env("IDEGYM_LOG_LEVEL", "WARNING"),
@@ -79,6 +83,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         inherit_env=not args.no_inherit_env,
         log_json=args.log_json,
         ready_fd=args.ready_fd,
+        memory_events=args.memory_events,
     )
 
 

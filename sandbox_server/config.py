@@ -39,6 +39,7 @@ class ServerConfig:
     inherit_env: bool = True
     log_json: bool = False
     ready_fd: int | None = None
+    memory_events: Path | None = None  # the sandbox's memory.oom_control / memory.events (OOM reporting)
 
     def tool_environment(self) -> dict[str, str]:
         """The base environment of every tool process: no variable of the server's own."""

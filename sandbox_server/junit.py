@@ -1,10 +1,21 @@
-"""JUnit XML reports (pytest, Maven Surefire, Gradle, jest-junit) → test counts."""
+"""JUnit XML reports (pytest, Maven Surefire, Gradle, jest-junit) → test counts.
+
+Which reports count: only those the test run itself wrote. ``find_reports`` stamps every
+matching file with its (device, inode, mtime) before and after the run; ``fresh_reports`` keeps
+the files whose content changed (a new inode or a new mtime) and counts each file once, however
+many names (hard links, symlinks) it has. Neither a planted report nor a hard link to the place
+the real one will be written adds anything: a changed *ctime* (a rename over one of its names, a
+chmod) is not a write. Reports are read without following a FIFO or a device into a hang.
+"""
 
 from __future__ import annotations
 
 import fnmatch
 import os
+import stat
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,10 +53,18 @@ def parse_report(path: Path) -> Counts:
     a case with ``<failure>`` or ``<error>`` failed, with ``<skipped>`` was skipped, else passed.
     A report with suites but no cases falls back to the suites' own attributes.
     """
-    if path.stat().st_size > MAX_REPORT_BYTES:
-        raise ValueError(f"{path}: larger than {MAX_REPORT_BYTES} bytes")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block us
     try:
-        root = ET.parse(path).getroot()
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path}: not a regular file")
+        if st.st_size > MAX_REPORT_BYTES:
+            raise ValueError(f"{path}: larger than {MAX_REPORT_BYTES} bytes")
+        data = os.read(fd, MAX_REPORT_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        root = ET.fromstring(data)
     except ET.ParseError as exc:
         raise ValueError(f"{path}: not well-formed XML ({exc})") from exc
     if root.tag not in ("testsuites", "testsuite"):
@@ -71,10 +90,27 @@ def parse_report(path: Path) -> Counts:
     return counts
 
 
-def find_reports(root: Path, pattern: str) -> dict[Path, tuple[int, int]]:
+Stamp = tuple[int, int, int]  # (device, inode, mtime_ns) of the file a name leads to
+
+
+def parse_reports(paths: list[Path], identity: Callable[[], AbstractContextManager[None]]
+                  ) -> list[tuple[Path, Counts | Exception]]:
+    """``parse_report`` for each path, read with ``identity`` (the tool user's, so that a report
+    symlinked to a file the tools cannot read stays unread); failures are returned, not raised."""
+    out: list[tuple[Path, Counts | Exception]] = []
+    with identity():
+        for path in paths:
+            try:
+                out.append((path, parse_report(path)))
+            except (ValueError, OSError) as exc:
+                out.append((path, exc))
+    return out
+
+
+def find_reports(root: Path, pattern: str) -> dict[Path, Stamp]:
     """Report files under ``root`` whose name matches ``pattern`` (case-insensitive), with their
-    (inode, ctime) so that a caller can tell which ones a run wrote."""
-    found: dict[Path, tuple[int, int]] = {}
+    stamp so that a caller can tell which ones a run wrote (``fresh_reports``)."""
+    found: dict[Path, Stamp] = {}
     pattern = pattern.lower()
     root_depth = len(root.parts)
     for dirpath, dirnames, filenames in os.walk(root):
@@ -88,5 +124,18 @@ def find_reports(root: Path, pattern: str) -> dict[Path, tuple[int, int]]:
                     st = path.stat()
                 except OSError:
                     continue
-                found[path] = (st.st_ino, st.st_ctime_ns)
+                found[path] = (st.st_dev, st.st_ino, st.st_mtime_ns)
     return found
+
+
+def fresh_reports(before: dict[Path, Stamp], after: dict[Path, Stamp]) -> list[Path]:
+    """The reports written between the two scans, one name per file (sorted)."""
+    seen: set[tuple[int, int]] = set()
+    fresh = []
+    for path in sorted(after):
+        stamp = after[path]
+        if before.get(path) == stamp or stamp[:2] in seen:
+            continue
+        seen.add(stamp[:2])
+        fresh.append(path)
+    return fresh

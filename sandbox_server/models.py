@@ -44,6 +44,16 @@ def _not_negative(value: float) -> float:
 Seconds = Annotated[float, AfterValidator(_not_negative)]
 
 
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL byte (it cannot be passed to a program)")
+    return value
+
+
+# Strings that become a program's argument, path or user name: a NUL byte is a request error.
+Arg = Annotated[str, AfterValidator(_no_nul)]
+
+
 class TimedRequest(Request):
     timeout: Seconds = Field(DEFAULT_TIMEOUT, description="Timeout in seconds")
     graceful_termination_timeout: Seconds = Field(
@@ -55,8 +65,8 @@ class TimedRequest(Request):
 
 
 class BashCommandRequest(TimedRequest):
-    command: str = Field(description="Command to execute as a bash script")
-    cwd: str | None = Field(
+    command: Arg = Field(description="Command to execute as a bash script")
+    cwd: Arg | None = Field(
         None,
         description="Working directory for the command. Defaults to the server's project directory. "
         "A relative path is resolved against it.",
@@ -65,7 +75,7 @@ class BashCommandRequest(TimedRequest):
         default_factory=dict,
         description="Environment variables added to the command's environment, overriding inherited ones.",
     )
-    user: str | None = Field(None, description="Run the command as this user (the server must run as root).")
+    user: Arg | None = Field(None, description="Run the command as this user (the server must run as root).")
     timeout: Seconds = Field(DEFAULT_TIMEOUT, description="Timeout for the command execution in seconds")
     max_output_bytes: Annotated[StrictInt, Field(ge=1)] | None = Field(
         DEFAULT_MAX_OUTPUT,
@@ -95,6 +105,8 @@ class BashCommandResponse(Response):
     exit_code: int
     timed_out: bool = False
     duration_seconds: float | None = None
+    oom_killed: bool = Field(False, description="A process of the sandbox was killed by the out-of-memory killer "
+                                                "while the command ran (exit code 137 when it was the command)")
 
 
 class CreateFileRequest(Request):
@@ -152,18 +164,18 @@ class DownloadFileChunkResponse(Response):
 
 
 class SetupRequest(TimedRequest):
-    setup_check_script: str = "true"
+    setup_check_script: Arg = "true"
     timeout: Seconds = Field(DEFAULT_TIMEOUT, description="Timeout for the setup in seconds")
 
 
 class CompilationRequest(TimedRequest):
-    compilation_script: str = "./gradlew assemble"
+    compilation_script: Arg = "./gradlew assemble"
     timeout: Seconds = Field(DEFAULT_TIMEOUT, description="Timeout for the compilation in seconds")
 
 
 class TestRequest(TimedRequest):
     __test__ = False  # not a pytest class
-    test_script: str = "python -m pytest --junitxml=test-results.xml"
+    test_script: Arg = "python -m pytest --junitxml=test-results.xml"
     timeout: Seconds = Field(DEFAULT_TIMEOUT, description="Timeout for the test in seconds")
     report_glob: str = Field(
         "test-*.xml",
@@ -239,7 +251,7 @@ class SourceFile(Request):
 class ExecuteRequest(Request):
     language: str = Field(description="the programming language to run (see GET /execute/languages)")
     code: str = Field(description="pure source code only")
-    args: list[str] = Field(default_factory=list)
+    args: list[Arg] = Field(default_factory=list)
     files: list[SourceFile] = Field(default_factory=list)
     stdin: str = Field("", description="text fed to the program's standard input (IdeGym extension)")
     timeout: float = Field(10.0, gt=0, le=300, description="run-time limit in seconds (IdeGym extension)")

@@ -5,6 +5,14 @@ starts — including daemons that double-fork and ``setsid`` away — stays a de
 server and can be found and ended by ``kill_descendants`` (used by project reset). Exits are
 watched through pidfds (no signal handler); orphans re-parented to us are reaped periodically,
 so they never linger as zombies.
+
+Each command's own top process is a child subreaper too: what the command double-forks stays in
+its tree while it runs, so a timeout ends the whole tree, daemons included. Ending a tree first
+stops every process in it (SIGSTOP, until no new one appears) and then kills them, so that
+nothing forks its way out — a fork bomb included. Tools that run as root lose CAP_SYS_ADMIN and
+CAP_SYS_PTRACE (bounding set): they cannot undo the sandbox's read-only mounts or take over the
+server, which keeps those capabilities. Tools are the OOM killer's first choice (oom_score_adj),
+and when the sandbox's memory cgroup counts an OOM kill during a command, its result says so.
 """
 
 from __future__ import annotations
@@ -27,6 +35,14 @@ from .output import BoundedOutput
 log = logging.getLogger(__name__)
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_CAPBSET_READ = 23
+PR_CAPBSET_DROP = 24
+CAP_SYS_PTRACE = 19
+CAP_SYS_ADMIN = 21
+# Root tools never hold these: mounts (the sandbox's read-only /proc/sys is a mount) and ptrace
+# of the server (which holds them, to remount the project) would be ways back to them.
+ROOT_TOOL_DROPPED_CAPS = (CAP_SYS_ADMIN, CAP_SYS_PTRACE)
+TOOL_OOM_SCORE_ADJ = b"500"
 F_SETPIPE_SZ = 1031
 READ_CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20
@@ -67,6 +83,49 @@ class ProcessResult:
     stderr: BoundedOutput
     timed_out: bool
     duration: float
+    oom_killed: bool = False  # the sandbox's OOM killer ended a process while the command ran
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _tool_setup() -> None:  # pragma: no cover - runs in the child between fork and exec
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _root_tool_setup() -> None:  # pragma: no cover - runs in the child between fork and exec
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    for cap in ROOT_TOOL_DROPPED_CAPS:
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and _libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) != 0:
+            os.write(2, b"idegym: cannot drop capabilities for a root tool; refusing to run it\n")
+            os._exit(126)
+
+
+class MemoryEvents:
+    """The sandbox's OOM-kill counter: ``oom_kill`` of a cgroup v1 ``memory.oom_control`` or a v2
+    ``memory.events`` file (the local backend binds its sandbox's file in; a pod sees its own v2
+    file, which the root of a host's hierarchy does not have, so no host-wide count is taken)."""
+
+    DEFAULT_PATHS = ("/sys/fs/cgroup/memory.events",)
+
+    def __init__(self, path: str | os.PathLike | None = None) -> None:
+        candidates = [str(path)] if path else list(self.DEFAULT_PATHS)
+        self.path = next((p for p in candidates if self._read(p) is not None), None)
+
+    @staticmethod
+    def _read(path: str) -> int | None:
+        try:
+            with open(path, "rb") as fh:
+                for line in fh.read().splitlines():
+                    key, _, value = line.partition(b" ")
+                    if key == b"oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            return None
+        return None
+
+    def count(self) -> int | None:
+        return None if self.path is None else self._read(self.path)
 
 
 class _Job:
@@ -159,11 +218,12 @@ class _Job:
 class Supervisor:
     """Spawns the server's child processes and reaps orphans re-parented to it."""
 
-    def __init__(self) -> None:
+    def __init__(self, memory_events: MemoryEvents | None = None) -> None:
         self._tracked: set[int] = set()
         self._drainers = 0
         self._reaper: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.memory_events = memory_events or MemoryEvents(None)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -203,11 +263,13 @@ class Supervisor:
         max_output: int | None,
         stdin: bytes | None = None,
     ) -> ProcessResult:
-        """Run ``argv`` in a new session and wait for it, its pipes and, on timeout, its group.
+        """Run ``argv`` in a new session and wait for it, its pipes and, on timeout, its tree.
 
         Returns within ``timeout + grace`` plus a few tens of milliseconds, whatever the command
-        does: on timeout the process group and every process still holding the output pipes get
-        SIGTERM, then SIGKILL once ``grace`` has passed.
+        does: on timeout the process group, the command's whole process tree (daemons it
+        double-forked included) and every process still holding the output pipes get SIGTERM,
+        then SIGKILL once ``grace`` has passed. A command that cannot be started because the
+        sandbox is out of processes or memory ends with exit code 126 and says why on stderr.
         """
         loop = asyncio.get_running_loop()
         started = time.monotonic()
@@ -215,6 +277,9 @@ class Supervisor:
         kwargs: dict = {}
         if user is not None and user.uid != os.getuid():
             kwargs.update(user=user.uid, group=user.gid, extra_groups=_groups_of(user))
+        as_root = (user.uid if user is not None else os.getuid()) == 0
+        kwargs["preexec_fn"] = _root_tool_setup if as_root else _tool_setup
+        ooms = self.memory_events.count()
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         in_r, in_w = os.pipe2(os.O_CLOEXEC) if stdin else (subprocess.DEVNULL, None)
@@ -230,15 +295,20 @@ class Supervisor:
                 close_fds=True,
                 **kwargs,
             )
-        except BaseException:
+        except BaseException as exc:
             for fd in (out_r, err_r, in_w):
                 if fd is not None:
                     os.close(fd)
+            if isinstance(exc, OSError) and exc.errno in (errno.EAGAIN, errno.ENOMEM):
+                err.feed(f"idegym: could not start the command: {exc.strerror} (the sandbox is out of processes "
+                         "or memory; end some with POST /api/processes/terminate)\n".encode())
+                return ProcessResult(126, out, err, False, time.monotonic() - started)
             raise
         finally:
             for fd in (out_w, err_w) + ((in_r,) if in_w is not None else ()):
                 os.close(fd)
         self._tracked.add(proc.pid)
+        _write_proc(proc.pid, "oom_score_adj", TOOL_OOM_SCORE_ADJ)  # the OOM killer takes tools first
         try:
             job = _Job(loop, proc.pid, {out_r: out, err_r: err})
             if in_w is not None:
@@ -258,17 +328,37 @@ class Supervisor:
             self._tracked.discard(proc.pid)
         proc.returncode = job.exit_code if job.exit_code is not None else 137  # Popen must not reap
         code = 124 if job.timed_out else proc.returncode
-        return ProcessResult(code, out, err, job.timed_out, time.monotonic() - started)
+        oom = ooms is not None and (self.memory_events.count() or 0) > ooms
+        return ProcessResult(code, out, err, job.timed_out, time.monotonic() - started, oom)
 
     async def _terminate(self, job: _Job, grace: float) -> None:
+        # The command's tree, taken before any signal: once its top process is gone, what it
+        # double-forked is re-parented to the server and can no longer be told apart.
+        family = set(descendants(job.pid))
+        holders = set(pipe_holders(job.pipe_ids))
+        for pid in holders:
+            family.update(descendants(pid))
+        family |= holders
         _signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGTERM)
+        for pid in family:
+            _kill(pid, signal.SIGTERM)
+
+        def busy() -> bool:
+            return job.exit_code is None or bool(job.open_pipes) or any(_alive(p) for p in family)
+
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and (job.exit_code is None or job.open_pipes):
-            await asyncio.sleep(0.01)
-        if job.exit_code is None or job.open_pipes:
+        pause = 0.001
+        while time.monotonic() < deadline and busy():
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.01)
+        if busy():
+            roots = {p for p in family | {job.pid} if _alive(p)}
+            frozen = _freeze_trees(roots, include_roots=True)
             _signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGKILL)
+            for pid in frozen:
+                _kill(pid, signal.SIGKILL)
             deadline = time.monotonic() + 0.3
-            while time.monotonic() < deadline and (job.exit_code is None or job.open_pipes):
+            while time.monotonic() < deadline and busy():
                 await asyncio.sleep(0.005)
 
     def _hand_to_drainer(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
@@ -308,7 +398,9 @@ class Supervisor:
                 break
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.02)
-        survivors = descendants(os.getpid())
+        # Stop everything still there (and what it forks meanwhile), then kill it all: a fork
+        # bomb or a daemon that respawns on SIGTERM cannot outrun one scan-and-kill pass.
+        survivors = _freeze_trees({os.getpid()}, include_roots=False)
         for pid in survivors:
             _kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 2.0
@@ -381,6 +473,59 @@ async def _feed_stdin(loop: asyncio.AbstractEventLoop, fd: int, data: bytes) -> 
         os.close(fd)
 
 
+def _write_proc(pid: int, name: str, value: bytes) -> None:
+    try:
+        fd = os.open(f"/proc/{pid}/{name}", os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.write(fd, value)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _freeze_trees(roots: set[int], include_roots: bool, rounds: int = 200) -> set[int]:
+    """SIGSTOP every live descendant of ``roots`` (and the roots themselves if asked), looking
+    again until a scan finds nothing new; returns the stopped processes. A stopped process
+    cannot fork, exit or re-parent its children, so the set stops growing."""
+    me = os.getpid()
+    frozen: set[int] = set()
+    for _ in range(rounds):
+        children = _children_map()
+        found = {p for p in roots if p != me and _alive(p)} if include_roots else set()
+        stack = list(roots | frozen)
+        while stack:
+            for child in children.get(stack.pop(), ()):
+                if child not in found and child != me:
+                    found.add(child)
+                    stack.append(child)
+        new = found - frozen
+        if not new:
+            break
+        for pid in new:
+            _kill(pid, signal.SIGSTOP)
+        frozen |= new
+    return frozen
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] in (b"Z", b"X"):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    return children
+
+
 def _kill(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)
@@ -430,18 +575,7 @@ def pipe_holders(pipe_inodes: set[int]) -> list[int]:
 
 def descendants(root: int) -> list[int]:
     """All live descendants of ``root`` (children of children included), from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] in (b"Z", b"X"):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    children = _children_map()
     found, stack = [], [root]
     while stack:
         for child in children.get(stack.pop(), ()):

@@ -12,6 +12,7 @@ Two ways to restore, picked at start-up:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -21,6 +22,7 @@ import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Protocol
 
 MNT_DETACH = 2
@@ -218,23 +220,48 @@ class OverlayProject:
                 os.chown(upper, st.st_uid, st.st_gid)
             os.chmod(upper, stat.S_IMODE(st.st_mode))
             os.utime(upper, ns=(st.st_atime_ns, st.st_mtime_ns))
-        if _libc.mount(b"overlay", str(self.path).encode(), b"overlay", 0, self._options().encode()) != 0:
-            err = ctypes.get_errno()
-            raise ProjectError(f"cannot mount the project overlay on {self.path}: {os.strerror(err)}")
+        with _no_symlink(self.path) as target:
+            if _libc.mount(b"overlay", target, b"overlay", 0, self._options().encode()) != 0:
+                err = ctypes.get_errno()
+                raise ProjectError(f"cannot mount the project overlay on {self.path}: {os.strerror(err)}")
 
     def reset(self) -> int:
         upper = self.layer / "upper"
         changed = sum(1 for _ in upper.rglob("*")) if upper.exists() else 0
-        if _libc.umount2(str(self.path).encode(), MNT_DETACH) != 0:
-            err = ctypes.get_errno()
-            raise ProjectError(f"cannot unmount the project overlay: {os.strerror(err)}")
+        with _no_symlink(self.path) as target:
+            if _libc.umount2(target, MNT_DETACH) != 0:
+                err = ctypes.get_errno()
+                raise ProjectError(f"cannot unmount the project overlay: {os.strerror(err)}")
         for sub in ("upper", "work"):
             shutil.rmtree(self.layer / sub, ignore_errors=True)
         self._mount()
         return changed
 
     def close(self) -> None:
-        _libc.umount2(str(self.path).encode(), MNT_DETACH)
+        try:
+            with _no_symlink(self.path) as target:
+                _libc.umount2(target, MNT_DETACH)
+        except ProjectError:
+            pass
+
+
+@contextlib.contextmanager
+def _no_symlink(path: Path) -> Iterator[bytes]:
+    """A mount target that is ``path`` itself, never what a symlink put there leads to.
+
+    Root tools may replace the project directory (or rename its parent) to aim the server's
+    mount calls, which run with capabilities the tools lack, at another mount such as the
+    read-only /proc/sys; mounting through an ``O_PATH | O_NOFOLLOW`` descriptor hits only a
+    real directory.
+    """
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ProjectError(f"the project directory {path} is not a directory (a symlink?): {exc.strerror}") from exc
+    try:
+        yield f"/proc/self/fd/{fd}".encode()
+    finally:
+        os.close(fd)
 
 
 def _in_child_userns() -> bool:

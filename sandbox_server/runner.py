@@ -204,7 +204,7 @@ def _safe_relative(path: str, index: int) -> PurePosixPath:
     if not path or "\x00" in path:
         raise Unprocessable.field(loc, "file path must be a non-empty string without NUL bytes", path)
     pure = PurePosixPath(path)
-    if pure.is_absolute() or ".." in pure.parts or pure.parts[:1] == (".",) and len(pure.parts) == 1:
+    if pure.is_absolute() or ".." in pure.parts or not pure.parts:  # "." has no parts: the directory itself
         raise Unprocessable.field(
             loc, f"file path {path!r} must stay inside the run directory: relative, without '..'", path
         )

@@ -201,28 +201,20 @@ def test_render_ansi_shows_the_transcript(env: IdeGymEnv) -> None:
     assert "task python-roman-numerals" in text and "$ echo transcript-line" in text
 
 
-def _sandbox_processes() -> set[int]:
-    found = set()
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"sandbox_server" in cmd or b"bwrap" in cmd or b"control_plane" in cmd:
-                found.add(int(entry.name))
-    return found
-
-
 def test_default_make_and_close_leave_no_process() -> None:
-    before = _sandbox_processes()
+    from idegym_env import embedded
+    from sandbox_server.process import descendants
+    from tests.helpers import process_alive
+
     env = gym.make("IdeGym-v0")
     env.reset(seed=0)
     env.step({"tool": "bash", "arguments": {"command": "nohup sleep 300 >/dev/null 2>&1 &"}})
-    during = _sandbox_processes() - before
-    assert during, "the embedded control plane and a sandbox should be running"
+    assert embedded._shared is not None, "gym.make without a URL starts the embedded control plane"
+    control_plane = embedded._shared.process.pid
+    ours = {control_plane, *descendants(control_plane)}  # the control plane, its sandboxes, their tools
+    assert len(ours) > 3
     env.close()
-    assert wait_until(lambda: not (during & _sandbox_processes()), 30), during & _sandbox_processes()
+    assert wait_until(lambda: not [p for p in ours if process_alive(p)], 30), [p for p in ours if process_alive(p)]
     assert idegym_env.ENV_ID == "IdeGym-v0"
 
 

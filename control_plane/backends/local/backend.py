@@ -82,6 +82,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 PROJECT_INSIDE = "/home/appuser/work"
 SOCKET_NAME = "server.sock"
 RUN_INSIDE = "/run/idegym"
+MEMORY_EVENTS_INSIDE = "/run/idegym-cgroup/memory.oom_control"
 DEFAULT_PIDS_MAX = 1024
 DEFAULT_TMP_BYTES = 1 << 30
 DEFAULT_SHM_BYTES = 64 << 20
@@ -479,6 +480,8 @@ class LocalBackend(Backend):
         if not plan.run_as_root:
             # tools run as appuser, and a request's `user` can never make them root
             args += ["--tool-user", APPUSER[0], "--no-root-tools"]
+        if self._memory_cgroup(plan):
+            args += ["--memory-events", MEMORY_EVENTS_INSIDE]  # bash results say when the OOM killer struck
         runtime = self.runtime
         if plan.openenv:  # [openenv]
             args, runtime = _openenv_args(args, f"{RUN_INSIDE}/oe"), self._openenv_runtime()
@@ -486,7 +489,12 @@ class LocalBackend(Backend):
                 "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         if not plan.network:
             argv.append("--unshare-net")
-        argv += ["--hostname", HOSTNAME, "--bind", str(plan.sb / "root"), "/", "--proc", "/proc", "--dev", "/dev",
+        # Root in the sandbox is uid 0 of the host's kernel for file ownership: the global sysctls
+        # (/proc/sys: core_pattern runs a program as host root) must be read-only. The server's
+        # root tools cannot unmount this (they have no CAP_SYS_ADMIN).
+        argv += ["--hostname", HOSTNAME, "--bind", str(plan.sb / "root"), "/", "--proc", "/proc",
+                 "--ro-bind", "/proc/sys", "/proc/sys", "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger",
+                 "--dev", "/dev",
                  "--perms", "1777", "--size", str(tmp_size), "--tmpfs", "/tmp",
                  "--perms", "1777", "--size", str(shm_size), "--tmpfs", "/dev/shm",
                  "--new-session", "--chdir", "/", "--clearenv"]
@@ -575,6 +583,17 @@ class LocalBackend(Backend):
             if not os.path.isdir(target):
                 os.makedirs(target)
             linux.bind(host, target, readonly=readonly)
+        memory = self._memory_cgroup(plan)
+        if memory:  # the sandbox's OOM-kill counter, read-only
+            target = r + MEMORY_EVENTS_INSIDE
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            Path(target).touch()
+            linux.bind(os.path.join(memory, "memory.oom_control"), target, readonly=True)
+
+    @staticmethod
+    def _memory_cgroup(plan: _Plan) -> str | None:
+        cg = plan.space.cgroups
+        return cg.paths(plan.name).get("memory") if cg.available else None
 
     # -- [openenv] -------------------------------------------------------------------------------
     # A sandbox of an `openenv` server runs the OpenEnv server (`python -m idegym_env.openenv.server
