@@ -207,16 +207,20 @@ class SQLiteStore:
                 raise StoreError(f"cannot write the state database {self.path}: {exc}") from exc
             try:
                 yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            try:
                 self._db.execute("COMMIT")
-            except sqlite3.OperationalError as exc:
-                self._db.execute("ROLLBACK")
-                raise StoreError(
-                    f"cannot commit to the state database {self.path}: {exc}; free disk space and retry"
-                ) from exc
+            except BaseException as exc:
+                # SQLite itself rolls back on some errors (SQLITE_FULL, SQLITE_IOERR): a second
+                # ROLLBACK would fail and hide the real error.
+                if self._db.in_transaction:
+                    try:
+                        self._db.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                if isinstance(exc, sqlite3.OperationalError):
+                    raise StoreError(
+                        f"cannot write the state database {self.path}: {exc}; free disk space and retry"
+                    ) from exc
+                raise
 
     def _query(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:

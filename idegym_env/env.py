@@ -270,6 +270,8 @@ class IdeGymEnv(gym.Env[str, dict]):
             return f"error: {exc.message}"
         if call.tool == "bash":
             info.update(exit_code=answer["exit_code"], timed_out=answer.get("timed_out", False))
+            if answer.get("oom_killed"):
+                info["oom_killed"] = True
             return _format_bash(answer)
         if isinstance(call, ReadFileCall):
             data = base64.b64decode(answer["content_base64"])
@@ -333,7 +335,8 @@ def _format_bash(answer: dict[str, Any]) -> str:
         parts.append(answer["stdout"].rstrip("\n"))
     if answer.get("stderr"):
         parts.append("[stderr]\n" + answer["stderr"].rstrip("\n"))
-    status = f"[exit code {answer['exit_code']}" + (", timed out" if answer.get("timed_out") else "") + "]"
+    status = (f"[exit code {answer['exit_code']}" + (", timed out" if answer.get("timed_out") else "")
+              + (", out of memory: killed by the sandbox's memory limit" if answer.get("oom_killed") else "") + "]")
     parts.append(status)
     return "\n".join(parts)
 

@@ -78,6 +78,10 @@ class SandboxState:
     project: Project | None = None
     reset_lock: asyncio.Lock | None = None
 
+    def __post_init__(self) -> None:
+        # Resolved once: a PATH search for every call costs more than the rest of the spawn.
+        self.bash = shutil.which("bash", path=self.base_env.get("PATH")) or "bash"
+
     def env_for(self, user: UserSpec) -> dict[str, str]:
         env = dict(self.base_env)
         env.update(HOME=user.home, USER=user.name, LOGNAME=user.name, SHELL=user.shell)
@@ -119,7 +123,7 @@ class SandboxState:
         if env:
             run_env.update(env)
         return await self.supervisor.run(
-            ["bash", "-c", script],
+            [self.bash, "-c", script],
             cwd=self.resolve_cwd(cwd),
             env=run_env,
             user=who,

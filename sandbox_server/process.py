@@ -6,13 +6,15 @@ server and can be found and ended by ``kill_descendants`` (used by project reset
 watched through pidfds (no signal handler); orphans re-parented to us are reaped periodically,
 so they never linger as zombies.
 
-Each command's own top process is a child subreaper too: what the command double-forks stays in
-its tree while it runs, so a timeout ends the whole tree, daemons included. Ending a tree first
-stops every process in it (SIGSTOP, until no new one appears) and then kills them, so that
-nothing forks its way out — a fork bomb included. Tools that run as root lose CAP_SYS_ADMIN and
-CAP_SYS_PTRACE (bounding set): they cannot undo the sandbox's read-only mounts or take over the
-server, which keeps those capabilities. Tools are the OOM killer's first choice (oom_score_adj),
-and when the sandbox's memory cgroup counts an OOM kill during a command, its result says so.
+Every process of a command carries the command's mark in its environment (``IDEGYM_CALL``), so
+that a timeout ends the command's whole tree, daemons that double-forked away included. Ending a
+tree first stops every process in it (SIGSTOP, until no new one appears) and then kills them, so
+that nothing forks its way out — a fork bomb included. Tools that run as root never hold
+CAP_SYS_ADMIN or CAP_SYS_PTRACE: the server drops them from its bounding set at start (keeping
+them for itself), so tools cannot undo the sandbox's read-only mounts or take over the server.
+(No ``preexec_fn``: it would cost every call a few milliseconds.) Tools are the OOM killer's first
+choice (oom_score_adj), and when the sandbox's memory cgroup counts an OOM kill during a
+command, its result says so.
 """
 
 from __future__ import annotations
@@ -87,18 +89,16 @@ class ProcessResult:
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
+CALL_ENV = "IDEGYM_CALL"  # marks every process of one command (inherited through fork and exec)
 
 
-def _tool_setup() -> None:  # pragma: no cover - runs in the child between fork and exec
-    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
-def _root_tool_setup() -> None:  # pragma: no cover - runs in the child between fork and exec
-    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+def drop_tool_capabilities() -> bool:
+    """Take CAP_SYS_ADMIN and CAP_SYS_PTRACE out of this process's bounding set: it keeps them,
+    every program it executes as root does not. True when they are out (or were never in)."""
     for cap in ROOT_TOOL_DROPPED_CAPS:
-        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and _libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) != 0:
-            os.write(2, b"idegym: cannot drop capabilities for a root tool; refusing to run it\n")
-            os._exit(126)
+        if _libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1 and _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            return False
+    return True
 
 
 class MemoryEvents:
@@ -137,6 +137,7 @@ class _Job:
         self.done: asyncio.Future[None] = loop.create_future()
         self.exit_code: int | None = None
         self.timed_out = False
+        self.mark = ""  # the command's CALL_ENV value
         self.open_pipes = set(pipes)
         self.pipe_ids = set()
         for fd, sink in pipes.items():
@@ -224,6 +225,8 @@ class Supervisor:
         self._reaper: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.memory_events = memory_events or MemoryEvents(None)
+        self._calls = 0
+        self.root_tools_confined = os.geteuid() != 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -235,6 +238,10 @@ class Supervisor:
                 log.warning("could not become a child subreaper; daemons may escape reset")
         except OSError:  # pragma: no cover - non-Linux
             log.warning("prctl unavailable; daemons may escape reset")
+        if os.geteuid() == 0:
+            self.root_tools_confined = drop_tool_capabilities()
+            if not self.root_tools_confined:
+                log.warning("cannot drop CAP_SYS_ADMIN/CAP_SYS_PTRACE from the bounding set: tools are refused root")
         self._schedule_reaper()
 
     def stop(self) -> None:
@@ -277,8 +284,12 @@ class Supervisor:
         kwargs: dict = {}
         if user is not None and user.uid != os.getuid():
             kwargs.update(user=user.uid, group=user.gid, extra_groups=_groups_of(user))
-        as_root = (user.uid if user is not None else os.getuid()) == 0
-        kwargs["preexec_fn"] = _root_tool_setup if as_root else _tool_setup
+        if (user.uid if user is not None else os.getuid()) == 0 and not self.root_tools_confined:
+            err.feed(b"idegym: root tools are refused: the server could not drop CAP_SYS_ADMIN/CAP_SYS_PTRACE\n")
+            return ProcessResult(126, out, err, False, 0.0)
+        self._calls += 1
+        mark = f"{os.getpid()}.{self._calls}"
+        env = {**env, CALL_ENV: mark}
         ooms = self.memory_events.count()
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -311,6 +322,7 @@ class Supervisor:
         _write_proc(proc.pid, "oom_score_adj", TOOL_OOM_SCORE_ADJ)  # the OOM killer takes tools first
         try:
             job = _Job(loop, proc.pid, {out_r: out, err_r: err})
+            job.mark = mark
             if in_w is not None:
                 asyncio.ensure_future(_feed_stdin(loop, in_w, stdin or b""))
             timer = loop.call_later(timeout, job.expire)
@@ -335,7 +347,7 @@ class Supervisor:
         # The command's tree, taken before any signal: once its top process is gone, what it
         # double-forked is re-parented to the server and can no longer be told apart.
         family = set(descendants(job.pid))
-        holders = set(pipe_holders(job.pipe_ids))
+        holders = set(pipe_holders(job.pipe_ids)) | marked_processes(f"{CALL_ENV}={job.mark}".encode())
         for pid in holders:
             family.update(descendants(pid))
         family |= holders
@@ -352,7 +364,7 @@ class Supervisor:
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.01)
         if busy():
-            roots = {p for p in family | {job.pid} if _alive(p)}
+            roots = {p for p in family if _alive(p)} | ({job.pid} if job.exit_code is None else set())
             frozen = _freeze_trees(roots, include_roots=True)
             _signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGKILL)
             for pid in frozen:
@@ -549,6 +561,20 @@ def _signal_group_and_holders(pgid: int, pipe_ids: set[int], sig: int) -> None:
         pass
     for pid in pipe_holders(pipe_ids):
         _kill(pid, sig)
+
+
+def marked_processes(mark: bytes) -> set[int]:
+    """Descendants of this server whose environment holds ``mark`` (one command's processes,
+    including those that left its process tree)."""
+    found = set()
+    for pid in descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if mark in fh.read().split(b"\0"):
+                    found.add(pid)
+        except OSError:
+            continue
+    return found
 
 
 def pipe_holders(pipe_inodes: set[int]) -> list[int]:

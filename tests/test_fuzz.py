@@ -9,9 +9,10 @@ credentials.
 The examples are derandomized (the same in every run) so that ``make test`` is repeatable; set
 ``IDEGYM_FUZZ_RANDOM=1`` (and ``IDEGYM_FUZZ_EXAMPLES=200``) for an exploratory run.
 
-Can fail: each check below failed before its fix — e.g. the sandbox server answered 500 to a
-request whose ``cwd`` held a NUL byte, and the control plane answered 500 to a forward whose
-``Prefer: wait`` was not a finite number (see docs/security.md for the list).
+Can fail: they did. The sandbox server answered 500 to a bash command holding a NUL byte
+("embedded null byte" from exec); the control plane answered 500 to a server id beyond 64 bits
+(SQLite's OverflowError) and hung on a body declared larger than the limit instead of saying
+413. Each fails again with its fix reverted in a scratch copy.
 """
 
 from __future__ import annotations
@@ -295,8 +296,8 @@ def test_auth_is_required_on_every_route_but_health(cp: ControlPlaneProcess) -> 
     """With credentials configured, every route answers 401 without them (or with wrong ones),
     including the forward, the WebSocket relay, /metrics and /openapi.json; /health does not.
 
-    Can fail: an auth middleware that skipped paths by prefix let /api/forward through (seen
-    by registering the middleware after the forward routes' own handler in a scratch copy).
+    Can fail: with the auth middleware letting /api/forward through (a scratch copy), the
+    forward answered 404 (its handler ran) instead of 401.
     """
     doc = cp.http.get("/openapi.json").json()
     anonymous = httpx.Client(base_url=cp.url, timeout=30)

@@ -197,9 +197,10 @@ def test_fork_bomb_is_capped_and_ended(sb_limited: SandboxHandle) -> None:
     with the call that timed out, and a detached one with ``/api/processes/terminate``.
     Meanwhile a command that cannot start says so (exit 126) instead of failing the server.
 
-    Can fail: with the sandbox's pids.max raised to 4096 (a bound the host survives), the peak
-    exceeds 128. Before the fix the timed-out bomb survived its call (a group kill is one pass)
-    and the next call answered 500 (BlockingIOError from fork).
+    Can fail: it did: before the fix a call made while the sandbox was out of processes
+    answered 500 (BlockingIOError from fork), seen again with the exit-126 fallback removed in a
+    scratch copy. Without pids.max (the protection) the first assertion fails, and the peak
+    assertion fails for any limit above 128.
     """
     assert cgroup_value(sb_limited, "pids", "pids.max").strip() == "128"
     peak = [0]
@@ -243,9 +244,9 @@ def test_memory_bomb_is_oom_killed_and_reported(sb_limited: SandboxHandle) -> No
     """A 1 GiB allocation in a 256 MiB sandbox is OOM-killed; the result says so (exit 137 and
     ``oom_killed``); the server survives even a bomb of many medium processes.
 
-    Can fail: without the memory limit (a 1 GiB allocation is harmless on this host) the command
-    exits 0 and the first assertion fails; before the server could read the sandbox's OOM
-    counter, ``oom_killed`` was absent from the response.
+    Can fail: without the memory limit (a scratch copy that skips memory.limit_in_bytes; 1 GiB is
+    harmless on this host) the command exited 0; without the OOM counter passed to the server
+    (another scratch copy, and the code before the fix) ``oom_killed`` was false or absent.
     """
     result = sh(sb_limited, "python3 -c \"b = bytearray(1 << 30); print(len(b))\"")
     assert result["exit_code"] == 137, result
@@ -299,8 +300,8 @@ def test_runaway_output_is_capped(sb_user: SandboxHandle) -> None:
     """Endless output ends with the call's timeout, the answer keeps at most ``max_output_bytes``
     per stream and the server's memory does not follow the output.
 
-    Can fail: with the cap disabled (``max_output_bytes: null``) the answer carries the whole
-    output and the server's RSS grows by about twice the output (seen with 200 MiB).
+    Can fail: with the cap ignored (a scratch copy keeping 100 times more) the answer carried
+    6.4 MB and the size assertion failed.
     """
     pid = server_pid(sb_user)
     before = rss_kib(pid)
@@ -320,8 +321,8 @@ def test_sleeping_past_every_limit(sb_user: SandboxHandle) -> None:
     """Commands that ignore SIGTERM, spin the CPU or sleep come back at timeout + grace, and
     nothing of them is left; the code runner's runs too.
 
-    Can fail: without the SIGKILL escalation the TERM-ignoring sleep keeps the call open for
-    its 1000 s (seen by giving the call a 20 s client timeout: the client timed out).
+    Can fail: without the SIGKILL escalation (a scratch copy that only sends SIGTERM) the
+    TERM-ignoring sleep kept the call open until the client's 31 s timeout fired.
     """
     for command in ("trap '' TERM INT HUP; sleep 1000", "while :; do :; done", "exec sleep 1000"):
         started = time.monotonic()
@@ -447,8 +448,8 @@ def test_host_state_and_neighbours_are_invisible(sb_root: SandboxHandle, sb_user
     """Root in a sandbox finds nothing of the host's home directories, the control plane's state
     and environment, or another sandbox's files.
 
-    Can fail: the same search run on the host finds every marker (the control below); a
-    sandbox built with ``--bind / /`` instead of the allow-listed root finds them too.
+    Can fail: the same search run on the host finds the markers and the secret (the control
+    below), so the probe does find what is there to find.
     """
     marker = f"idegym-marker-{os.getpid()}"
     planted = [Path("/root") / marker, Path("/tmp") / marker, backend.state_dir / f"{marker}.db",
@@ -515,9 +516,9 @@ def test_file_endpoints_stay_in_the_project(sb_user: SandboxHandle, escape_links
     """Symlinks and ``..`` that lead out of the project are refused by every file endpoint,
     whatever the path looks like; nothing outside is read or written.
 
-    Can fail: with ``FileTools.resolve`` checking the path as written (no realpath), the
-    symlinked cases answer 200 (download returned /etc/passwd) and the write cases create
-    /tmp/outside-target.
+    Can fail: with ``FileTools.resolve`` checking the path as written instead of resolving
+    symlinks (a scratch copy), the symlinked paths were no longer refused (the first one reached
+    the open and failed there with 400 ELOOP; ``etc-link/passwd`` would have been read).
     """
     before = out(sb_user, "sha256sum /etc/passwd ~/.bashrc /etc/hostname")
     for path in ESCAPES:
@@ -535,8 +536,8 @@ def test_execute_files_stay_in_their_run_directory(sb_user: SandboxHandle) -> No
     """The code runner's extra files cannot point out of their run directory, and the run
     directory is gone afterwards.
 
-    Can fail: with ``_safe_relative`` accepting any path, ``../escape.txt`` is written next to
-    the run directory (seen in /tmp).
+    Can fail: with ``_safe_relative`` accepting any path (a scratch copy), ``../escape.txt``
+    answered 200 and was written next to the run directory.
     """
     for path in ("../escape.txt", "/tmp/escape.txt", "a/../../escape.txt", "", ".", "a/\x00"):
         body = {"language": "python", "code": "print(1)", "files": [{"path": path, "content": "x"}]}
@@ -632,8 +633,11 @@ def test_root_in_a_sandbox_cannot_touch_host_kernel_settings(loop: LoopThread, b
     of its reach, whatever it mounts, unmounts or unshares, and however it redirects the
     server's own mounts.
 
-    Can fail: before the fix, the first probe printed WROTE-SYSCTL (a same-value write to
-    vm.stat_interval, harmless by construction) and CORE-WRITABLE: /proc/sys was writable.
+    Can fail: it did: before the fix the first probe printed WROTE-SYSCTL (a same-value write
+    to vm.stat_interval, harmless by construction) and CORE-WRITABLE: /proc/sys was writable.
+    In scratch copies: without the read-only /proc/sys, the same; with root tools keeping
+    CAP_SYS_ADMIN, UNMOUNTED and MOUNTED-PROC; with the server's mount calls following symlinks,
+    the redirect trick left /proc/sys writable (SYSCTL-WRITABLE, by ``test -w`` only).
     """
     host_value = Path("/proc/sys/vm/stat_interval").read_text()
     h = _create(loop, backend, "sec-kernel", root=True)
@@ -657,10 +661,19 @@ def test_root_in_a_sandbox_cannot_touch_host_kernel_settings(loop: LoopThread, b
         for word in ("WROTE", "WRITABLE", "UNMOUNTED", "REMOUNTED", "MOUNTED-PROC", "MOUNTED-SYSFS",
                      "MOUNTED-CGROUP2"):
             assert word not in text, (word, text)
-        # Redirect the server's project mount at /proc/sys, then make it remount the project.
-        trick = sh(h, "mv /home/appuser /home/appuser.old && mkdir /home/appuser && ln -s /proc/sys /home/appuser/work "
-                      "&& echo REDIRECTED")
-        resets = [call(h, "/api/project/reset", {}).json() for _ in range(2)]
+        # Aim the server's own (capable) mount calls at /proc/sys: break the project layer so that a
+        # reset unmounts the project and cannot mount it again, put a symlink to /proc/sys where the
+        # project was, and reset twice more (the first would unmount the cover, the second the
+        # project overlay mounted over it).
+        broken = "rm -rf /opt/idegym/layer/work; touch /opt/idegym/layer/work"
+        steps = [broken, "rm -rf /opt/idegym/layer/work; rm -rf /home/appuser/work && "
+                         "ln -s /proc/sys /home/appuser/work && echo REDIRECTED", broken]
+        trick = []
+        for step in steps:
+            trick.append(sh(h, step)["stdout"])
+            trick.append(call(h, "/api/project/reset", {}).json()["status"])
+        resets = trick
+        assert "REDIRECTED\n" in trick, trick
         after = sh(h, "test -w /proc/sys/vm/stat_interval && echo SYSCTL-WRITABLE; "
                       "grep -c ' /proc/sys ' /proc/self/mountinfo; echo END")
         assert "SYSCTL-WRITABLE" not in after["stdout"] and after["stdout"].split()[0] != "0", (trick, resets, after)
@@ -744,8 +757,9 @@ def test_restart_leaves_nothing_of_the_previous_occupant(cpx: Any, cp_image: str
     site-packages, shell start-up files, git hooks and config, /tmp, /dev/shm, /var/tmp,
     /etc and /usr/local changes, processes; the project is the image's again.
 
-    Can fail: with restart implemented as a project reset (what RESET does), the inventory
-    keeps the home dotfiles, /tmp and site-packages (seen: the md5 of the tree listing differs).
+    Can fail: the inventory taken after planting differs from the fresh one (asserted just
+    before the restart), so a restart that kept any planted file or process fails the last
+    assertion.
     """
     client = cpx.register("sec-restart")
     sid = cpx.start_server(client, image_tag=cp_image, run_as_root=as_root, reuse_strategy="NONE")["server_id"]
@@ -765,8 +779,9 @@ def test_reset_leaves_no_process_and_a_pristine_project(cpx: Any, cp_image: str)
     """After RESET no tool process survives (double-forked, TERM-ignoring or respawning) and
     the project is byte-identical to the image: contents, modes, owners, symlinks, git hooks.
 
-    Can fail: with kill_descendants reduced to one SIGTERM+SIGKILL pass, the respawning daemon
-    (it forks a replacement on SIGTERM) left a process behind.
+    Can fail: with kill_descendants reduced to one scan-and-SIGKILL pass (the code before the
+    fix, in a scratch copy), the spawner's newest sleeps were started after the scan and
+    survived the reset.
     """
     client = cpx.register("sec-reset")
     sid = cpx.start_server(client, image_tag=cp_image, reuse_strategy="NONE")["server_id"]
@@ -774,7 +789,10 @@ def test_reset_leaves_no_process_and_a_pristine_project(cpx: Any, cp_image: str)
         project = "cd ~/work && " + DIGEST
         pristine = cpx.bash(client, sid, project)["stdout"]
         respawn = ("cat > /tmp/respawn.sh <<'EOF'\ntrap 'setsid bash /tmp/respawn.sh </dev/null >/dev/null 2>&1 &' TERM\n"
-                   "while :; do sleep 0.1; done\nEOF\n(setsid bash /tmp/respawn.sh </dev/null >/dev/null 2>&1 &)\n")
+                   "while :; do sleep 0.1; done\nEOF\n(setsid bash /tmp/respawn.sh </dev/null >/dev/null 2>&1 &)\n"
+                   # and a spawner that never stops starting detached sleeps (up to pids.max)
+                   "(setsid bash -c 'trap \"\" TERM; while :; do setsid sleep 1000 </dev/null >/dev/null 2>&1 & "
+                   "done' </dev/null >/dev/null 2>&1 &)\nsleep 0.5\n")
         assert cpx.bash(client, sid, PERSIST_USER + respawn)["exit_code"] == 0
         assert cpx.bash(client, sid, project)["stdout"] != pristine
         resp = cpx.forward(client, sid, "api/project/reset", {"graceful_termination_timeout": 0.5})
@@ -790,8 +808,8 @@ def test_execute_on_the_control_plane_leaves_nothing(cpx: Any) -> None:
     """``POST /execute`` runs in a throwaway sandbox: a daemon and files it leaves are gone
     once the answer is back, and the next run starts clean.
 
-    Can fail: with the runner sandbox returned to the pool instead of deleted, the second run
-    sees /tmp/left (and the daemon stays alive).
+    Can fail: with the runner's sandbox neither deleted nor handed to the orphan sweep (a
+    scratch copy), both runs' sandboxes stayed, daemon and all.
     """
     sandboxes = cpx.state_dir / "sandboxes"
 

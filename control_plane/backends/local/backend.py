@@ -171,6 +171,7 @@ class LocalBackend(Backend):
         self._launcher: concurrent.futures.ThreadPoolExecutor | None = None
         self._children: dict[int, subprocess.Popen] = {}
         self._creating: set[str] = set()  # in flight here: never reported as orphans
+        self._settling: set[asyncio.Task] = set()  # cancelled creates, being undone
         self._usr_links: list[str] = []
         self._started = False
         self._openenv_rt: Runtime | None = None  # [openenv] see _openenv_runtime
@@ -226,6 +227,8 @@ class LocalBackend(Backend):
         return "none"
 
     async def close(self) -> None:
+        if self._settling:  # cancelled creates still settling: let them finish and delete
+            await asyncio.gather(*list(self._settling), return_exceptions=True)
         if self._launcher is not None:
             self._launcher.shutdown(wait=True)
             self._launcher = None
@@ -326,8 +329,31 @@ class LocalBackend(Backend):
         started = time.perf_counter()
         deadline = time.monotonic() + timeout
         self._creating.add(name)
+        launch = asyncio.ensure_future(self._launch(plan, data, loop, started, deadline, timeout))
         try:
-            return await self._launch(plan, data, loop, started, deadline, timeout)
+            return await asyncio.shield(launch)
+        except asyncio.CancelledError:
+            # The launch runs in threads that cannot be interrupted: cancelling it half-way left a
+            # directory and cgroups behind (a shutdown during a warm-pool fill did). It settles
+            # instead, and what it made is deleted; close() waits for that.
+            task = asyncio.ensure_future(self._drop_when_settled(launch, name, space))
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+            raise
+        finally:
+            if launch.done():
+                self._creating.discard(name)
+
+    async def _drop_when_settled(self, launch: asyncio.Future, name: str, space: _Space) -> None:
+        try:
+            handle = await launch
+        except BaseException:  # noqa: BLE001 - a failed launch has cleaned up after itself
+            return
+        else:
+            try:
+                await self._delete(name, space, handle.data)
+            except Exception:  # noqa: BLE001
+                log.warning("deleting the sandbox %s of a cancelled create failed", name, exc_info=True)
         finally:
             self._creating.discard(name)
 
@@ -847,7 +873,7 @@ class LocalBackend(Backend):
     def _reap(self) -> None:
         for pid, popen in list(self._children.items()):
             if popen.poll() is not None:
-                del self._children[pid]
+                self._children.pop(pid, None)  # deletes run in several threads at once
 
     async def list_names(self) -> set[str]:
         self._check_started()
