@@ -26,6 +26,7 @@ import pytest
 
 from tests.cp_helpers import ControlPlaneProcess
 from tests.helpers import process_alive, wait_until
+from tests.local_helpers import ns_members
 
 pytestmark = pytest.mark.security
 
@@ -56,18 +57,6 @@ def _sandbox_pids(state_dir: Path) -> dict[int, bytes]:
             if marker in cmd and b"control_plane" not in cmd:
                 found[int(entry.name)] = cmd
     return found
-
-
-def _pid_ns_members(ns: str) -> list[int]:
-    members = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if os.readlink(f"/proc/{entry.name}/ns/pid") == ns:
-                    members.append(int(entry.name))
-            except OSError:
-                continue
-    return members
 
 
 def _integrity(cp: ControlPlaneProcess) -> str:
@@ -107,7 +96,7 @@ def test_sandbox_killed_during_a_call(cpf: ControlPlaneProcess) -> None:
     waiting = threading.Thread(target=lambda: answer.update(
         r=cpf.forward(client, sid, "api/tools/bash", {"command": "echo started; sleep 60"}, wait=90)))
     waiting.start()
-    assert wait_until(lambda: len(_pid_ns_members(pid_ns)) >= 4, 10)  # init, server, two sleeps
+    assert wait_until(lambda: len(ns_members(pid_ns)) >= 4, 10)  # init, server, two sleeps
     os.kill(data["server"][0], signal.SIGKILL)
     waiting.join(30)
     assert not waiting.is_alive()
@@ -116,7 +105,7 @@ def test_sandbox_killed_during_a_call(cpf: ControlPlaneProcess) -> None:
     op = cpf.wait_op(async_op.json()["async_operation_id"], 30)
     assert op["status"] == "FAILED" and json.loads(op["result"])["status_code"] == 410, op
     assert wait_until(lambda: cpf.status(client, sid)["availability"] == "CRASHED", 30)
-    assert wait_until(lambda: not _pid_ns_members(pid_ns), 10), _pid_ns_members(pid_ns)
+    assert wait_until(lambda: not ns_members(pid_ns), 10), ns_members(pid_ns)
     assert cpf.forward(client, sid, "api/tools/bash", {"command": "true"}).status_code == 410
     resp = cpf.http.request("DELETE", "/api/idegym-servers", json={"client_id": client, "server_id": sid})
     assert cpf.wait_op(resp.json()["operation_id"])["status"] == "SUCCEEDED"

@@ -29,6 +29,7 @@ from idegym_env.embedded import EmbeddedControlPlane  # noqa: E402
 from idegym_env.spaces import ToolCallSpace, UnicodeText  # noqa: E402
 from idegym_env.vector import NEXT_STEP, ObjectBatch, RayVectorEnv, rllib_env_creator  # noqa: E402
 from idegym_env.wrappers import ByteTokenizer, DiscreteActions, HashedWordTokenizer, TokenizeObservation  # noqa: E402
+from tests.helpers import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -350,8 +351,15 @@ def test_close_is_idempotent_and_safe_before_and_after_ray_shutdown(ray_session:
     assert env.closed
     with pytest.raises(RuntimeError, match="closed"):
         env.step([bash("true")])
-    with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(actor.describe.remote(), timeout=30)
+    # ray.kill is asynchronous: a call sent right after it may still be served, so wait for the end.
+    def actor_gone() -> bool:
+        try:
+            ray.get(actor.describe.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            return True
+        return False
+
+    assert wait_until(actor_gone, 30, interval=0.1), "the sub-env actor outlived close()"
     # Closing after ray.shutdown() (as a finaliser at exit might) must not raise either. This test
     # runs last in the module; it restarts Ray so that the fixture's teardown finds one.
     late = RayVectorEnv(1, task=TASK, control_plane_url=control_plane.url)
