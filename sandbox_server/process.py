@@ -26,6 +26,7 @@ import fcntl
 import logging
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import time
@@ -227,6 +228,7 @@ class Supervisor:
         self.memory_events = memory_events or MemoryEvents(None)
         self._calls = 0
         self.root_tools_confined = os.geteuid() != 0
+        self._setpriv = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin") if os.geteuid() == 0 else None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -283,7 +285,13 @@ class Supervisor:
         out, err = BoundedOutput(max_output), BoundedOutput(max_output)
         kwargs: dict = {}
         if user is not None and user.uid != os.getuid():
-            kwargs.update(user=user.uid, group=user.gid, extra_groups=_groups_of(user))
+            groups = _groups_of(user)
+            if self._setpriv:
+                # Popen(user=...) cannot vfork: forking this server costs ~2 ms, setpriv's exec half that.
+                argv = [self._setpriv, f"--reuid={user.uid}", f"--regid={user.gid}",
+                        f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups", "--", *argv]
+            else:
+                kwargs.update(user=user.uid, group=user.gid, extra_groups=groups)
         if (user.uid if user is not None else os.getuid()) == 0 and not self.root_tools_confined:
             err.feed(b"idegym: root tools are refused: the server could not drop CAP_SYS_ADMIN/CAP_SYS_PTRACE\n")
             return ProcessResult(126, out, err, False, 0.0)
@@ -446,12 +454,23 @@ def _children() -> list[int]:
 
 
 def _groups_of(user: UserSpec) -> list[int]:
-    import grp
-
+    """The user's supplementary groups, read again only when /etc/group changes."""
     try:
-        return [g.gr_gid for g in grp.getgrall() if user.name in g.gr_mem and g.gr_gid != user.gid]
+        stamp = os.stat("/etc/group").st_mtime_ns
     except OSError:
-        return []
+        stamp = None
+    key = (user.name, user.gid, stamp)
+    if key not in _GROUPS:
+        import grp
+
+        try:
+            _GROUPS[key] = [g.gr_gid for g in grp.getgrall() if user.name in g.gr_mem and g.gr_gid != user.gid]
+        except OSError:
+            _GROUPS[key] = []
+    return _GROUPS[key]
+
+
+_GROUPS: dict[tuple[str, int, int | None], list[int]] = {}
 
 
 def _remaining(started: float, timeout: float) -> float:

@@ -220,3 +220,28 @@ def test_root_can_be_refused_to_tools(project: Path, tmp_path: Path) -> None:
         assert proc.bash("id -un")["stdout"] == "nobody\n"
     finally:
         proc.stop()
+
+
+def test_a_tool_user_gets_its_identity_groups_and_no_capabilities(project: Path, tmp_path: Path) -> None:
+    """The switch to the tool user (setpriv, or Popen's own when setpriv is missing) must give the
+    user's uid, primary and supplementary groups, and an empty capability set."""
+    import grp
+    import os
+    import pwd
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to switch users")
+    member = next(((g.gr_mem[0], g) for g in grp.getgrall() if g.gr_mem), None)
+    if member is None:
+        pytest.skip("no user on this host has a supplementary group")
+    name, group = member
+    entry = pwd.getpwnam(name)
+    proc = SandboxProcess(project, "tcp", tmp_path, extra=["--tool-user", "nobody"])
+    try:
+        out = proc.bash("id -u; id -g; id -G; grep -E '^Cap(Prm|Eff|Amb):' /proc/self/status", user=name)["stdout"]
+    finally:
+        proc.stop()
+    uid, gid, groups, *caps = out.splitlines()
+    assert (int(uid), int(gid)) == (entry.pw_uid, entry.pw_gid)
+    assert group.gr_gid in {int(g) for g in groups.split()}
+    assert [c.split()[1] for c in caps] == ["0000000000000000"] * 3
