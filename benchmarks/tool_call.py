@@ -3,8 +3,10 @@
 For bash ``true``, ``echo hello`` and a 1 MB output:
 
 * raw subprocess in this process (the floor);
-* our sandbox server, called directly over its Unix socket (``Sandbox.connect``);
-* through the control plane with our client (``Prefer: wait``: one round trip);
+* our sandbox server, unsandboxed, called directly over its Unix socket (``Sandbox.connect``);
+* a sandbox of the control plane (local backend: bubblewrap, tools as ``appuser``) called over
+  its own socket, and the same sandbox through the control plane with our client (``Prefer:
+  wait``: one round trip), interleaved: the difference is the forward's overhead (target 1 ms);
 * through the control plane with the published ``idegym-client`` 0.13.1 (202 and polling, as
   its users see it today; run in its own Python 3.12 venv);
 * SWE-ReX's local server and client (``swe-rex``), stateless ``execute`` and a bash session.
@@ -19,7 +21,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ._common import Result, Stats, check_target, measure, stats_table
+from ._common import Result, Stats, check_target, interleaved, measure, stats_table
 from ._servers import CLIENT_PYTHON, control_plane, sandbox_server, swerex_server
 
 N = int(os.environ.get("BENCH_N", "200"))
@@ -79,12 +81,20 @@ def run() -> Result:
                 samples[label]["sandbox server (direct)"] = measure(
                     f"sandbox server: {label}", lambda c=cmd: sandbox.bash(c), _n(label))
             sandbox.close()
-        with control_plane(tmp / "cp", ["--warm-pool", "1"]) as url:
+        with control_plane(tmp / "cp", ["--warm-pool", "0"]) as url:
             with IdeGymClient(url, name="bench") as client:
                 sandbox = client.start(reuse="NONE")
+                # The same sandbox called over its own socket: what the forward adds, nothing else.
+                sockets = sorted((tmp / "cp" / "run").glob("*.sock"))
+                assert len(sockets) == 1, f"expected the one sandbox's socket, found {sockets}"
+                inside = Sandbox.connect(unix_socket=str(sockets[0]))
                 for label, cmd in COMMANDS.items():
-                    samples[label]["control plane, Prefer: wait"] = measure(
-                        f"control plane (Prefer: wait): {label}", lambda c=cmd: sandbox.bash(c), _n(label))
+                    both = interleaved({
+                        "sandboxed server (direct)": lambda c=cmd: inside.bash(c),
+                        "control plane, Prefer: wait": lambda c=cmd: sandbox.bash(c),
+                    }, _n(label), label=f"sandboxed server vs control plane: {label}")
+                    samples[label].update(both)
+                inside.close()
                 sandbox.stop()
             if CLIENT_PYTHON.exists():
                 print("  published idegym-client 0.13.1 (202 + polling) ...", flush=True)
@@ -109,9 +119,9 @@ def run() -> Result:
         base = by_method["raw subprocess"]
         for stat in stats[1:]:
             result.figures[f"{stat.label} overhead ms"] = round(stat.median_ms - Stats.of("", base).median_ms, 3)
-    direct = Stats.of("", samples["true"]["sandbox server (direct)"]).median_ms
+    direct = Stats.of("", samples["true"]["sandboxed server (direct)"]).median_ms
     via = Stats.of("", samples["true"]["control plane, Prefer: wait"]).median_ms
-    target = check_target("control-plane forward overhead over a direct sandbox call (median, bash true)",
+    target = check_target("control-plane forward overhead over a direct call to the same sandbox (median, bash true)",
                           via - direct, 1.0)
     result.targets["forward_overhead"] = target
     print("\n" + target["text"])

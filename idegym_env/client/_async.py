@@ -21,7 +21,7 @@ from control_plane.models import (
 from sandbox_server.models import BashCommandResponse, CheckResult, ExecuteResponse, ResetResult, TestReport
 
 from . import _plans
-from ._exceptions import ServerError, TimeoutError, TransportError
+from ._exceptions import SandboxGone, ServerError, TimeoutError, TransportError
 from ._protocol import Call, Plan, Reply, Sleep, T, Target, download, sandbox_call, upload
 from ._settings import BUILTIN_IMAGE, Settings
 
@@ -63,6 +63,7 @@ class AsyncSandbox:
         self._target = target
         self._client = client
         self.info = info
+        self._ended = False  # finished or stopped through this object
 
     @classmethod
     def connect(cls, url: str = "http://sandbox", *, unix_socket: str | None = None,
@@ -167,14 +168,18 @@ class AsyncSandbox:
     async def finish(self) -> ServerActionResponse:
         """Hand the server back for reuse (FINISHED)."""
         c = self._owner()
-        return await c._run(_plans.server_action("POST", "/api/idegym-servers/finish", c.client_id, self.server_id,
-                                           c.namespace))
+        answer = await c._run(_plans.server_action("POST", "/api/idegym-servers/finish", c.client_id, self.server_id,
+                                                   c.namespace))
+        self._ended = True
+        return answer
 
     async def stop(self) -> ServerActionResponse:
         """Delete the server and its sandbox (STOPPED)."""
         c = self._owner()
-        return await c._run(_plans.server_action("DELETE", "/api/idegym-servers", c.client_id, self.server_id,
-                                           c.namespace))
+        answer = await c._run(_plans.server_action("DELETE", "/api/idegym-servers", c.client_id, self.server_id,
+                                                   c.namespace))
+        self._ended = True
+        return answer
 
     async def close(self) -> None:
         if self._client is None:
@@ -185,7 +190,11 @@ class AsyncSandbox:
 
     async def __aexit__(self, *exc: Any) -> None:
         if self._client is not None and self.server_id is not None:
-            await self.finish()
+            if not self._ended:
+                try:
+                    await self.finish()
+                except SandboxGone:  # crashed or reaped meanwhile: nothing to hand back
+                    pass
         else:
             await self.close()
 

@@ -40,6 +40,9 @@ def bash(target: Target, command: str, timeout: float, cwd: str | None, env: dic
 
 
 def write_file(target: Target, path: str, content: str) -> Plan[FileResult]:
+    if not isinstance(content, str):
+        raise TypeError(f"write_file takes text (str), not {type(content).__name__}; "
+                        "send bytes with upload(path, data)")
     return (yield from sandbox_model(target, "api/tools/file/create", {"file_path": path, "content": content},
                                      FileResult, 60))
 

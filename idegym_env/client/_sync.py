@@ -22,7 +22,7 @@ from control_plane.models import (
 from sandbox_server.models import BashCommandResponse, CheckResult, ExecuteResponse, ResetResult, TestReport
 
 from . import _plans
-from ._exceptions import ServerError, TimeoutError, TransportError
+from ._exceptions import SandboxGone, ServerError, TimeoutError, TransportError
 from ._protocol import Call, Plan, Reply, Sleep, T, Target, download, sandbox_call, upload
 from ._settings import BUILTIN_IMAGE, Settings
 
@@ -64,6 +64,7 @@ class Sandbox:
         self._target = target
         self._client = client
         self.info = info
+        self._ended = False  # finished or stopped through this object
 
     @classmethod
     def connect(cls, url: str = "http://sandbox", *, unix_socket: str | None = None,
@@ -168,14 +169,18 @@ class Sandbox:
     def finish(self) -> ServerActionResponse:
         """Hand the server back for reuse (FINISHED)."""
         c = self._owner()
-        return c._run(_plans.server_action("POST", "/api/idegym-servers/finish", c.client_id, self.server_id,
-                                           c.namespace))
+        answer = c._run(_plans.server_action("POST", "/api/idegym-servers/finish", c.client_id, self.server_id,
+                                             c.namespace))
+        self._ended = True
+        return answer
 
     def stop(self) -> ServerActionResponse:
         """Delete the server and its sandbox (STOPPED)."""
         c = self._owner()
-        return c._run(_plans.server_action("DELETE", "/api/idegym-servers", c.client_id, self.server_id,
-                                           c.namespace))
+        answer = c._run(_plans.server_action("DELETE", "/api/idegym-servers", c.client_id, self.server_id,
+                                             c.namespace))
+        self._ended = True
+        return answer
 
     def close(self) -> None:
         if self._client is None:
@@ -186,7 +191,11 @@ class Sandbox:
 
     def __exit__(self, *exc: Any) -> None:
         if self._client is not None and self.server_id is not None:
-            self.finish()
+            if not self._ended:
+                try:
+                    self.finish()
+                except SandboxGone:  # crashed or reaped meanwhile: nothing to hand back
+                    pass
         else:
             self.close()
 
