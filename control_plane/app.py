@@ -631,6 +631,7 @@ def _lifecycle(cp: ControlPlane, watcher: Watcher, images: ImageJobs):
             log.warning("failed %d operations cut off by a previous run", failed)
         await cp.pool.adopt()
         await watcher.check_crashes()  # adopt live sandboxes: crashed ones are marked now
+        await watcher.sweep_orphans(at_start=True)
         for image in cp.config.pool_images:
             cp.pool.watch(SandboxSpec(0, "pool", "idegym", image, ServerKind.IDEGYM, False, None, 8000, 80, Limits()))
         watcher.start()

@@ -163,6 +163,9 @@ class Backend(abc.ABC):
     async def close(self) -> None:
         """Release the backend's own resources. Sandboxes stay: they outlive the control plane."""
 
+    async def settle(self) -> None:
+        """Wait until no create is in flight (each ends made or undone); called at shutdown."""
+
     @abc.abstractmethod
     async def create(self, spec: SandboxSpec, timeout: float) -> SandboxHandle:
         """Create a sandbox and return once its server answers health checks.

@@ -172,6 +172,7 @@ class LocalBackend(Backend):
         self._children: dict[int, subprocess.Popen] = {}
         self._creating: set[str] = set()  # in flight here: never reported as orphans
         self._settling: set[asyncio.Task] = set()  # cancelled creates, being undone
+        self._launches: set[asyncio.Future] = set()  # creates in flight
         self._usr_links: list[str] = []
         self._started = False
         self._openenv_rt: Runtime | None = None  # [openenv] see _openenv_runtime
@@ -226,9 +227,13 @@ class LocalBackend(Backend):
                   "root for isolation.\n%s", "!" * 78, reason or "isolation='none' requested", "!" * 78)
         return "none"
 
+    async def settle(self) -> None:
+        # Launches run in threads that cannot be interrupted; cancelled ones are then undone.
+        while self._launches or self._settling:
+            await asyncio.gather(*self._launches, *self._settling, return_exceptions=True)
+
     async def close(self) -> None:
-        if self._settling:  # cancelled creates still settling: let them finish and delete
-            await asyncio.gather(*list(self._settling), return_exceptions=True)
+        await self.settle()
         if self._launcher is not None:
             self._launcher.shutdown(wait=True)
             self._launcher = None
@@ -330,6 +335,8 @@ class LocalBackend(Backend):
         deadline = time.monotonic() + timeout
         self._creating.add(name)
         launch = asyncio.ensure_future(self._launch(plan, data, loop, started, deadline, timeout))
+        self._launches.add(launch)
+        launch.add_done_callback(self._launches.discard)
         try:
             return await asyncio.shield(launch)
         except asyncio.CancelledError:
