@@ -338,6 +338,62 @@ def test_rllib_single_agent_env_runner_samples_complete_episodes(ray_session: No
         runner.stop()
 
 
+# -- sub-envs sharing actors ----------------------------------------------------------------------------
+
+
+def test_sub_envs_can_share_an_actor(ray_session: None, control_plane: EmbeddedControlPlane,
+                                     instruction: str) -> None:
+    """``envs_per_actor=2``: four sub-envs in two actors, still stepped side by side and answered in
+    slot order; an env that raises ends only its own episode, an actor's death ends both of its
+    slots' episodes and no other."""
+    vec = RayVectorEnv(4, task=TASK, control_plane_url=control_plane.url, envs_per_actor=2)
+    try:
+        assert vec.actor(0) is vec.actor(1) and vec.actor(2) is vec.actor(3) and vec.actor(1) is not vec.actor(2)
+        vec.reset()
+        started = time.perf_counter()
+        obs, *_ = vec.step(actions(*(bash(f"sleep 1; echo slot {i}") for i in range(4))))
+        assert time.perf_counter() - started < 3.0, "the sub-envs of one actor did not run side by side"
+        assert [o.splitlines()[0] for o in obs] == [f"slot {i}" for i in range(4)]
+
+        vec.set_attr("max_steps", [20, "not a number", 20, 20])  # slot 1's next step raises
+        obs, _, terminated, truncated, infos = vec.step(actions(*(bash(f"echo a{i}") for i in range(4))))
+        assert truncated.tolist() == [False, True, False, False] and not terminated.any()
+        assert infos["slot_failure"][1] == "env_error" and "TypeError" in infos["error"][1]
+        assert obs[0].startswith("a0") and obs[2].startswith("a2") and obs[3].startswith("a3")
+        obs, _, _, truncated, _ = vec.step(actions(*(bash(f"echo b{i}") for i in range(4))))
+        assert obs[1] == instruction and not truncated.any()  # rebuilt from the original arguments
+        assert obs[0].startswith("b0") and obs[3].startswith("b3")
+
+        restarts = vec.restarts.copy()
+        doomed = vec.actor(2)
+        ray.kill(doomed)
+
+        def dead() -> bool:
+            try:
+                ray.get(doomed.sleep.remote(0), timeout=10)
+            except ray.exceptions.RayActorError:
+                return True
+            return False
+
+        assert wait_until(dead, 30, interval=0.1)
+        obs, _, terminated, truncated, infos = vec.step(actions(*(bash(f"echo c{i}") for i in range(4))))
+        assert truncated.tolist() == [False, False, True, True] and not terminated.any()
+        assert infos["slot_failure"][2] == infos["slot_failure"][3] == "actor_died"
+        assert (vec.restarts - restarts).tolist() == [0, 0, 1, 1]
+        assert obs[0].startswith("c0") and obs[1].startswith("c1")
+        obs, _, _, truncated, _ = vec.step(actions(*(bash(f"echo d{i}") for i in range(4))))
+        assert obs[2] == obs[3] == instruction and not truncated.any()
+        assert vec.actor(2) is not doomed
+    finally:
+        vec.close()
+
+
+def test_envs_per_actor_must_be_a_positive_int(ray_session: None, control_plane: EmbeddedControlPlane) -> None:
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="envs_per_actor"):
+            RayVectorEnv(2, task=TASK, control_plane_url=control_plane.url, envs_per_actor=bad)
+
+
 # -- closing --------------------------------------------------------------------------------------------
 
 
