@@ -691,7 +691,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
 
 
 # Arguments that only the vector env takes; a single env built by ``rllib_env_creator`` drops them.
-_VECTOR_ONLY = ("actor_options", "step_timeout", "max_slot_restarts", "ray_init_kwargs")
+_VECTOR_ONLY = ("actor_options", "step_timeout", "max_slot_restarts", "ray_init_kwargs", "envs_per_actor")
 
 
 def rllib_env_creator(config: Any) -> gym.Env:

@@ -394,6 +394,21 @@ def test_envs_per_actor_must_be_a_positive_int(ray_session: None, control_plane:
             RayVectorEnv(2, task=TASK, control_plane_url=control_plane.url, envs_per_actor=bad)
 
 
+def test_rllib_env_creator_passes_vector_settings_to_the_vector_env_only(
+        ray_session: None, control_plane: EmbeddedControlPlane) -> None:
+    config = {"task": TASK, "control_plane_url": control_plane.url, "envs_per_actor": 2, "step_timeout": 60.0}
+    single = rllib_env_creator(dict(config))  # no num_envs: one env; the vector-only keys are dropped
+    try:
+        assert not isinstance(single, gym.vector.VectorEnv) and single.unwrapped.task.id == TASK
+    finally:
+        single.close()
+    vec = rllib_env_creator({**config, "num_envs": 2})
+    try:
+        assert isinstance(vec, RayVectorEnv) and vec.envs_per_actor == 2 and vec.actor(0) is vec.actor(1)
+    finally:
+        vec.close()
+
+
 # -- closing --------------------------------------------------------------------------------------------
 
 
