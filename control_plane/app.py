@@ -667,7 +667,8 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     watcher = Watcher(cp, config.watcher)
     builder = builder_for(backend)
     images = ImageJobs(cp, builder, getattr(builder, "parse_yaml", None) or parse_build_yaml)
-    middlewares = [error_middleware("control plane", (ControlPlaneError,)), _store_errors_middleware(),
+    meter = Metrics()
+    middlewares = [error_middleware("control plane", (ControlPlaneError,), meter.observe), _store_errors_middleware(),
                    _body_limit_middleware(config.max_body_bytes)]
     if config.auth:
         middlewares.insert(1, auth_middleware(config.auth))
@@ -676,11 +677,10 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     app[WATCHER] = watcher
     app[IMAGES] = images
     app[SNAPSHOTS] = SnapshotJobs(cp)
-    app[METRICS] = Metrics()
+    app[METRICS] = meter
     app[RUNNER] = CodeRunnerPool(cp, config.runner_image, config.runner_concurrency)
     app[OPENAPI] = build_openapi(ROUTES, title="IdeGym control plane", version=__version__)
     app.cleanup_ctx.append(_lifecycle(cp, watcher, images))
-    app.middlewares.append(app[METRICS].middleware())
     for route in ROUTES:
         app.router.add_route(route.method, route.path, route.handler)
     for method in FORWARD_METHODS:

@@ -39,11 +39,13 @@ _HTTP_HINTS = {
 }
 
 
-def error_middleware(service: str, errors: tuple[type[Exception], ...]) -> Callable:
+def error_middleware(service: str, errors: tuple[type[Exception], ...],
+                     observe: Callable[[web.Request, int, float], None] | None = None) -> Callable:
     """Turn every failure into a JSON error; log one line per request (never bodies).
 
     ``errors`` are the service's own error classes: each has ``status``, ``kind``, ``message`` and
-    ``details`` and becomes a JSON body with that status.
+    ``details`` and becomes a JSON body with that status. ``observe(request, status, seconds)``
+    sees every request with the status actually answered (metrics).
     """
 
     @web.middleware
@@ -76,8 +78,11 @@ def error_middleware(service: str, errors: tuple[type[Exception], ...]) -> Calla
                 f"{service} hit an unexpected {type(exc).__name__}: {exc}. This is a bug; please report it.",
             )
         finally:
+            seconds = time.perf_counter() - started
+            if observe is not None:
+                observe(request, status, seconds)
             if log.isEnabledFor(logging.INFO):
                 log.info("request", extra={"method": request.method, "path": request.path, "status": status,
-                                           "ms": round((time.perf_counter() - started) * 1000, 2)})
+                                           "ms": round(seconds * 1000, 2)})
 
     return middleware

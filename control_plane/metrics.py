@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -34,24 +33,12 @@ class Metrics:
         self.forwards.labels(str(status)).inc()
         self.forward_latency.observe(seconds)
 
-    def middleware(self):
-        @web.middleware
-        async def middleware(request: web.Request, handler):
-            started = time.perf_counter()
-            status = 500
-            try:
-                response = await handler(request)
-                status = response.status
-                return response
-            except web.HTTPException as exc:
-                status = exc.status
-                raise
-            finally:
-                route = request.match_info.route.resource.canonical if request.match_info.route.resource else "?"
-                self.requests.labels(request.method, route, str(status)).inc()
-                self.latency.labels(route).observe(time.perf_counter() - started)
-
-        return middleware
+    def observe(self, request: web.Request, status: int, seconds: float) -> None:
+        """One answered request (called by the control plane's error middleware, outermost)."""
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource else "?"
+        self.requests.labels(request.method, route, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
 
     def render(self, cp: ControlPlane) -> web.Response:
         counts: dict[str, int] = {}
