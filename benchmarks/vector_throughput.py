@@ -68,22 +68,22 @@ class Round:
         return self.steps / self.seconds
 
 
+def timed(step: Callable[[], Any], per_step: int, seconds: float) -> Round:
+    """Call ``step`` (worth ``per_step`` env steps) until ``seconds`` have passed."""
+    latencies = []
+    started = time.perf_counter()
+    deadline = started + seconds
+    while (t := time.perf_counter()) < deadline:
+        step()
+        latencies.append(time.perf_counter() - t)
+    return Round(per_step * len(latencies), time.perf_counter() - started, latencies)
+
+
 def run_vector(env: gym.vector.VectorEnv, n: int, seconds: float) -> Round:
     actions = np.empty(n, dtype=object)
     for i in range(n):
         actions[i] = ACTION
-    latencies = []
-    started = time.perf_counter()
-    deadline = started + seconds
-    steps = 0
-    while True:
-        t = time.perf_counter()
-        if t >= deadline:
-            break
-        env.step(actions)
-        latencies.append(time.perf_counter() - t)
-        steps += n
-    return Round(steps, time.perf_counter() - started, latencies)
+    return timed(lambda: env.step(actions), n, seconds)
 
 
 class RawCalls:
@@ -137,19 +137,11 @@ class RawCalls:
         """Rounds of ``n`` concurrent calls, each round waiting for all of them."""
         n = len(self.sandboxes)
         with concurrent.futures.ThreadPoolExecutor(n) as pool:
-            latencies = []
-            started = time.perf_counter()
-            deadline = started + seconds
-            steps = 0
-            while True:
-                t = time.perf_counter()
-                if t >= deadline:
-                    break
+            def one_round() -> None:
                 for result in pool.map(lambda sb: sb.bash(COMMAND), self.sandboxes):
                     assert result.exit_code == 0
-                latencies.append(time.perf_counter() - t)
-                steps += n
-            return Round(steps, time.perf_counter() - started, latencies)
+
+            return timed(one_round, n, seconds)
 
     def close(self) -> None:
         for client in self.clients:

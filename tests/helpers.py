@@ -83,6 +83,20 @@ class SandboxProcess:
         self._log.close()
 
 
+def processes_mentioning(marker: bytes) -> dict[int, bytes]:
+    """Live processes whose command line contains ``marker``, with that command line."""
+    found = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker in cmd:
+                found[int(entry.name)] = cmd
+    return found
+
+
 def process_alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

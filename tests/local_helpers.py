@@ -16,6 +16,7 @@ import httpx
 from control_plane.backends.base import Limits, SandboxHandle, SandboxSpec
 from control_plane.backends.local import BUILTIN_IMAGE
 from control_plane.models import ServerKind
+from tests.helpers import processes_mentioning
 
 T = TypeVar("T")
 
@@ -94,14 +95,7 @@ def leftovers(handle: SandboxHandle, pid_ns: str | None = None) -> list[str]:
                 except OSError:
                     pass
             found.append(f"processes {members} still in the sandbox's pid namespace: {detail}")
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if data["dir"].encode() + b"/" in cmd:
-                found.append(f"process {entry.name} mentions the sandbox dir")
+    found += [f"process {pid} mentions the sandbox dir" for pid in processes_mentioning(data["dir"].encode() + b"/")]
     mountinfo = Path("/proc/self/mountinfo").read_text()
     mount_out = subprocess.run(["mount"], capture_output=True, text=True).stdout
     for where in (data["dir"], data["run_dir"]):

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from tests.cp_helpers import ControlPlaneProcess
-from tests.helpers import process_alive, wait_until
+from tests.helpers import process_alive, processes_mentioning, wait_until
 from tests.local_helpers import ns_members
 
 pytestmark = pytest.mark.security
@@ -46,17 +46,8 @@ def _handle(cp: ControlPlaneProcess, server_id: int) -> dict[str, Any]:
 
 def _sandbox_pids(state_dir: Path) -> dict[int, bytes]:
     """Host processes belonging to sandboxes of this state directory (bwrap, init, server, tools)."""
-    marker = str(state_dir).encode()
-    found = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker in cmd and b"control_plane" not in cmd:
-                found[int(entry.name)] = cmd
-    return found
+    return {pid: cmd for pid, cmd in processes_mentioning(str(state_dir).encode()).items()
+            if b"control_plane" not in cmd}
 
 
 def _integrity(cp: ControlPlaneProcess) -> str:
