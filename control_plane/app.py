@@ -631,13 +631,18 @@ def _lifecycle(cp: ControlPlane, watcher: Watcher, images: ImageJobs):
             log.warning("failed %d operations cut off by a previous run", failed)
         await cp.pool.adopt()
         await watcher.check_crashes()  # adopt live sandboxes: crashed ones are marked now
-        await watcher.sweep_orphans(at_start=True)
+        await watcher.sweep_orphans(at_once=True)
         for image in cp.config.pool_images:
             cp.pool.watch(SandboxSpec(0, "pool", "idegym", image, ServerKind.IDEGYM, False, None, 8000, 80, Limits()))
         watcher.start()
         yield
         await watcher.stop()
         await cp.close()
+        if cp.config.ephemeral:
+            # Nothing outlives an ephemeral control plane, not even a sandbox half-made by a
+            # request that shutdown cut off (a code-runner lease did leave one behind).
+            await cp.backend.settle()
+            await watcher.sweep_orphans(at_once=True)
         await cp.backend.close()
         cp.store.close()
 

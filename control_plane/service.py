@@ -436,16 +436,4 @@ class ControlPlane:
                                  return_exceptions=True)
         if self._background:
             await asyncio.wait(set(self._background), timeout=30)
-        if self.config.ephemeral:
-            # Nothing outlives an ephemeral control plane, not even a sandbox half-made by a
-            # request that shutdown cut off (a code-runner lease did leave one behind).
-            await self.backend.settle()
-            try:
-                leftovers = await self.backend.list_names()
-            except Exception:  # noqa: BLE001 - shutting down: log and go on
-                log.exception("could not list the backend's sandboxes at shutdown")
-                leftovers = set()
-            for name in leftovers:
-                log.warning("deleting sandbox %s left at shutdown", name)
-            await asyncio.gather(*(self.backend.delete_name(n) for n in leftovers), return_exceptions=True)
         await self.forwarder.close()

@@ -10,7 +10,7 @@ One pass every ``interval`` seconds:
   else the server becomes CRASHED with the reason in ``details``.
 * Backend resources with no database row (and no pool membership) are deleted once they have
   been seen orphaned on two consecutive passes, so a sandbox being created is never swept (at
-  start-up, before anything is created, on the first sight).
+  start-up and at an ephemeral shutdown, when nothing is being created, on the first sight).
 * Operations older than the retention are purged; one stuck in progress too long is failed.
 """
 
@@ -106,10 +106,10 @@ class Watcher:
 
         await asyncio.gather(*(check(r) for r in rows))
 
-    async def sweep_orphans(self, at_start: bool = False) -> None:
+    async def sweep_orphans(self, at_once: bool = False) -> None:
         """Delete what the backend holds and no record names, once seen on two passes in a row;
-        ``at_start`` (nothing is being created yet) deletes on the first sight: the leftovers of
-        a control plane that was killed, which might otherwise outlive a short restart."""
+        ``at_once`` deletes on the first sight, for when nothing is being created: at start-up
+        (the leftovers of a killed control plane) and at an ephemeral shutdown."""
         try:
             present = await self.cp.backend.list_names()
         except Exception:  # noqa: BLE001
@@ -123,7 +123,7 @@ class Watcher:
             known.add(member.name)
         known |= self.cp.creating | self.cp.leased
         orphans = present - known
-        confirmed = orphans if at_start else orphans & self._suspects
+        confirmed = orphans if at_once else orphans & self._suspects
         self._suspects = orphans - confirmed
         for name in confirmed:
             log.warning("deleting orphaned sandbox %s (no server or pool record)", name)

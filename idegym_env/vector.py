@@ -506,7 +506,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
     def _reset_slots(self, slots: list[int], seeds: list[Any], options: dict[str, Any] | None) -> dict[int, tuple]:
         """Reset the given slots concurrently, replacing what fails; returns (obs, info) by slot."""
         results: dict[int, tuple] = {}
-        pending = list(slots)
+        pending, wanted = list(slots), set(slots)
         attempts = 0
         while pending:
             values = self._run({i: ("reset", (), {"seed": seeds[i], "options": options}) for i in pending})
@@ -526,7 +526,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
             affected = self._recover(failed)
             for i in affected:
                 results.pop(i, None)
-            pending = sorted(i for i in affected if i in set(slots))
+            pending = sorted(affected & wanted)
         return results
 
     # -- the VectorEnv API -------------------------------------------------------------------------------
