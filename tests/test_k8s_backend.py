@@ -191,7 +191,10 @@ def test_manifests_validate_against_the_published_kubernetes_schemas(shape: str)
     owner = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": spec.generated_name, "uid": "u-1"}}
     manifests = build_server_manifests(spec, settings, restore_snapshot="snap-1" if req.snapshot else None,
                                        snapshot_group=req.snapshot.id if req.snapshot else None, owner=owner)
-    for obj in manifests.all():
+    objects = list(manifests.all())
+    kinds = [obj["kind"] for obj in objects]
+    assert "Service" in kinds and ("Deployment" in kinds or "Pod" in kinds), kinds
+    for obj in objects:
         try:
             kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
         except kubernetes_validate.ValidationError as exc:  # pragma: no cover - the failure message
