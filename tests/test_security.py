@@ -231,12 +231,14 @@ def test_fork_bomb_is_capped_and_ended(sb_limited: SandboxHandle) -> None:
         with client(sb_limited) as c:
             assert c.get("/api/health").status_code == 200
             ended = c.post("/api/processes/terminate", json={"graceful_termination_timeout": 0.2}).json()
-        assert ended["killed_processes"] >= 64, ended
+        # How many it counts depends on the churn at that instant; what matters is that the
+        # bomb is gone at once, and it does not end by itself (bash retries a failed fork).
+        assert ended["killed_processes"] >= 1, ended
+        assert wait_for(lambda: int(cgroup_value(sb_limited, "pids", "pids.current")) <= 3, 5), \
+            cgroup_value(sb_limited, "pids", "pids.current")
     finally:
         done.set()
     assert 64 < peak[0] <= 128, peak
-    assert wait_for(lambda: int(cgroup_value(sb_limited, "pids", "pids.current")) <= 3, 10), \
-        cgroup_value(sb_limited, "pids", "pids.current")
     assert out(sb_limited, "echo alive") == "alive\n"
 
 
