@@ -285,8 +285,10 @@ def test_a_stalled_sandbox_does_not_stall_the_others(cpf: ControlPlaneProcess) -
                 for _ in range(40)]
         time.sleep(0.5)
         during = _latencies(cp, client, healthy, 40)
-        assert max(during) < max(0.5, 10 * sorted(baseline)[len(baseline) // 2]), (baseline, during)
-        assert sorted(during)[len(during) // 2] < 0.2, during
+        # A stalled call would wait for the thaw, which comes only after these calls. Single calls
+        # may still take most of a second on 2 cores while 40 slow commands start beside them.
+        assert max(during) < 2.0, (baseline, during)
+        assert sorted(during)[len(during) // 2] < 0.2, (baseline, during)
         accepted = [f.result(30) for f in flood]
         assert all(r.status_code == 202 for r in accepted)  # Prefer: wait=1 ran out: polling instead
     finally:
