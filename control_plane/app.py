@@ -15,7 +15,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from uuid import UUID
 
@@ -364,12 +364,13 @@ async def forward(request: web.Request) -> web.StreamResponse:
     path = request.match_info["path"]
     if request.query_string:
         path = f"{path}?{request.query_string}"
-    row = cp.usable_server(client_id, server_id)
-    endpoint = cp.endpoint_of(row)
+    endpoint = cp.forward_endpoint(client_id, server_id)
     body = await request.read()
     headers = dict(request.headers)
-    record = _forward_record(request, path, body, endpoint.base_url, server_id)
     metrics = request.app[METRICS]
+
+    def record() -> str:
+        return _forward_record(request, path, body, endpoint.base_url, server_id)
 
     async def work(inline: bool = False) -> Outcome | tuple:
         started = time.perf_counter()
@@ -378,7 +379,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         except ForwardError as exc:
             metrics.forward(exc.status_code, time.perf_counter() - started)
             if exc.status_code == 410:
-                cp.spawn(cp.check_sandbox(row))  # find out now whether the sandbox crashed
+                cp.spawn(cp.check_sandbox(server_id))  # find out now whether the sandbox crashed
             return exc if inline else Outcome.failure(exc.status_code, exc.body)
         metrics.forward(reply.status, time.perf_counter() - started)
         touch = server_id if reply.status < 500 else None
@@ -391,7 +392,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
 
     wait = _prefer_wait(request)
     if wait is None:
-        op = cp.ops.submit(AsyncOperationType.FORWARD_REQUEST, record, work, client_id=str(client_id),
+        op = cp.ops.submit(AsyncOperationType.FORWARD_REQUEST, record(), work, client_id=str(client_id),
                            server_id=server_id)
         return _accepted(ForwardRequestResponse(async_operation_id=op))
     return await _forward_inline(request, cp, record, work, wait, client_id, server_id)
@@ -405,11 +406,12 @@ def _prefer_wait(request: web.Request) -> float | None:
     return min(float(match.group(1)), MAX_WAIT) if match else None
 
 
-async def _forward_inline(request: web.Request, cp: ControlPlane, record: str, work, wait: float,
+async def _forward_inline(request: web.Request, cp: ControlPlane, record: Callable[[], str], work, wait: float,
                           client_id: UUID, server_id: int) -> web.StreamResponse:
     """Answer with the sandbox's own response once the forward ends (or 202 if it takes longer
-    than the preferred wait). The call is recorded as an operation either way: in one write when
-    it ends within the wait, else as a running operation the client can poll."""
+    than the preferred wait). The call is recorded as an operation either way: when it ends within
+    the wait, in one write made just after the answer is sent (its id is reserved before), else as
+    a running operation the client can poll."""
     started = now_ms()
     task = asyncio.ensure_future(work(inline=True))
     done, _ = await asyncio.wait({task}, timeout=wait)
@@ -428,7 +430,7 @@ async def _forward_inline(request: web.Request, cp: ControlPlane, record: str, w
         return Outcome.failure(reply.status, text, reply.headers, touch)
 
     if not done:  # slower than the client wants to wait: fall back to the polling protocol
-        op_id = cp.store.add_operation(AsyncOperationType.FORWARD_REQUEST, record, str(client_id), server_id,
+        op_id = cp.store.add_operation(AsyncOperationType.FORWARD_REQUEST, record(), str(client_id), server_id,
                                        AsyncOperationStatus.IN_PROGRESS, cp.config.pod_name)
 
         def finish(t: asyncio.Task) -> None:
@@ -438,10 +440,20 @@ async def _forward_inline(request: web.Request, cp: ControlPlane, record: str, w
         task.add_done_callback(finish)
         return _accepted(ForwardRequestResponse(async_operation_id=op_id))
     value = task.result()
-    outcome = outcome_of(value, True)
-    op_id = cp.store.record_operation(AsyncOperationType.FORWARD_REQUEST, record, str(client_id), server_id,
+    op_id = cp.store.reserve_operation_id()
+
+    def write_record() -> None:
+        # Runs once this handler's task yields, which is after aiohttp has written the answer: the
+        # record costs the caller nothing, and it exists before any later request is read.
+        outcome = outcome_of(value, True)
+        try:
+            cp.store.record_operation(AsyncOperationType.FORWARD_REQUEST, record(), str(client_id), server_id,
                                       cp.config.pod_name, started, outcome.status, outcome.result,
-                                      outcome.touch_server)
+                                      outcome.touch_server, op_id=op_id)
+        except StoreError as exc:  # the caller has its answer; only the history misses this call
+            log.error("operation %s not recorded: %s", op_id, exc)
+
+    asyncio.get_running_loop().call_soon(write_record)
     extra = {OPERATION_HEADER: str(op_id), "Preference-Applied": f"wait={wait:g}"}
     if isinstance(value, ForwardError):
         return web.json_response({"error": "Forward", "message": value.body, "detail": value.body},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -79,8 +80,8 @@ def error_middleware(service: str, errors: tuple[type[Exception], ...],
             )
         finally:
             seconds = time.perf_counter() - started
-            if observe is not None:
-                observe(request, status, seconds)
+            if observe is not None:  # after the answer is written: metrics cost the caller nothing
+                asyncio.get_running_loop().call_soon(observe, request, status, seconds)
             if log.isEnabledFor(logging.INFO):
                 log.info("request", extra={"method": request.method, "path": request.path, "status": status,
                                            "ms": round(seconds * 1000, 2)})

@@ -48,6 +48,7 @@ class ControlPlane:
         self.backend = backend
         self.ops = Operations(store, config.pod_name)
         self.forwarder = Forwarder(config.client_request_timeout)
+        self._endpoints: dict[str, Endpoint] = {}
         self.creating: set[str] = set()  # sandbox names being created (the sweep leaves them alone)
         self.leased: set[str] = set()  # sandboxes in use outside any server (the code runner's)
         self.pool = WarmPool(backend, store, config.warm_pool, config.warm_pool_max, creating=self.creating)
@@ -95,7 +96,23 @@ class ControlPlane:
 
     def endpoint_of(self, row: ServerRow) -> Endpoint:
         assert row.handle
-        return self.backend.endpoint(SandboxHandle.from_json(json.loads(row.handle)))
+        return self._endpoint(row.handle)
+
+    def forward_endpoint(self, client_id: uuid.UUID | str, server_id: int) -> Endpoint:
+        """Where to send a call for a usable server the client owns. Forwards are the hot path:
+        one query, and the full lookup only to say what is wrong."""
+        handle = self.store.usable_handle(str(client_id), server_id)
+        if handle is None:
+            return self.endpoint_of(self.usable_server(client_id, server_id))
+        return self._endpoint(handle)
+
+    def _endpoint(self, handle: str) -> Endpoint:
+        endpoint = self._endpoints.get(handle)
+        if endpoint is None:  # parsing the handle costs more than a forward can spare
+            if len(self._endpoints) >= 4096:
+                self._endpoints.clear()
+            endpoint = self._endpoints[handle] = self.backend.endpoint(SandboxHandle.from_json(json.loads(handle)))
+        return endpoint
 
     @staticmethod
     def summary(row: ServerRow) -> dict:
@@ -376,17 +393,17 @@ class ControlPlane:
 
     # -- crash handling (watcher and forward failures) --------------------------------------------
 
-    async def check_sandbox(self, row: ServerRow) -> None:
+    async def check_sandbox(self, server_id: int) -> None:
         """Look at a live server's sandbox; restart it within ``max_restarts`` or mark it CRASHED.
 
         One check per server at a time (the watcher and a failed forward may both ask), and
         none while a stop or restart is under way."""
-        if row.id in self._busy:
+        if server_id in self._busy:
             return
-        with self.busy(row.id):
-            fresh = self.store.get_server(row.id)  # the caller's row may be stale
-            if fresh is not None:
-                await self._check_sandbox(fresh)
+        with self.busy(server_id):
+            row = self.store.get_server(server_id)
+            if row is not None:
+                await self._check_sandbox(row)
 
     async def _check_sandbox(self, row: ServerRow) -> None:
         if not row.handle or row.availability not in lifecycle.LIVE:

@@ -179,6 +179,9 @@ class StoreError(Exception):
     """The database could not be written (disk full, read-only…); the message says what to do."""
 
 
+OPERATION_ID_BLOCK = 256
+
+
 class SQLiteStore:
     """All state in one SQLite database file (WAL)."""
 
@@ -192,6 +195,7 @@ class SQLiteStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
+        self._operation_ids: Iterator[int] = iter(())
 
     def close(self) -> None:
         with self._lock:
@@ -290,6 +294,15 @@ class SQLiteStore:
         rows = self._query("SELECT * FROM servers WHERE id=?", (server_id,))
         return _row(ServerRow, rows[0]) if rows else None
 
+    def usable_handle(self, client_id: str, server_id: int) -> str | None:
+        """The handle of a server the client owns while it is usable (ALIVE or REUSED): the one
+        query a forward makes. None says only that something is wrong, not what."""
+        rows = self._query(
+            "SELECT s.handle FROM servers s JOIN clients c ON c.id = s.client_id "
+            "WHERE s.id=? AND s.client_id=? AND s.availability IN ('ALIVE','REUSED') AND s.handle IS NOT NULL",
+            (server_id, client_id))
+        return rows[0][0] if rows else None
+
     def servers(self, *, client_id: str | None = None,
                 availability: Iterable[AvailabilityStatus] | None = None) -> list[ServerRow]:
         sql, args = "SELECT * FROM servers WHERE 1=1", []
@@ -374,17 +387,37 @@ class SQLiteStore:
         )
         return int(cur.lastrowid)
 
+    def reserve_operation_id(self) -> int:
+        """An id for an operation recorded later with ``record_operation(op_id=…)``, so an answer can
+        name its record before the record is written. Ids are reserved in the database a block at
+        a time: replicas sharing it never collide, and a restart only leaves a gap."""
+        with self._lock:
+            op_id = next(self._operation_ids, None)
+            if op_id is None:
+                with self.tx() as db:
+                    seq = db.execute("SELECT seq FROM sqlite_sequence WHERE name='operations'").fetchone()
+                    top = db.execute("SELECT MAX(id) FROM operations").fetchone()[0] or 0
+                    start = max(top, seq[0] if seq else 0) + 1
+                    end = start + OPERATION_ID_BLOCK
+                    if seq:
+                        db.execute("UPDATE sqlite_sequence SET seq=? WHERE name='operations'", (end - 1,))
+                    else:
+                        db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('operations', ?)", (end - 1,))
+                self._operation_ids = iter(range(start, end))
+                op_id = next(self._operation_ids)
+            return op_id
+
     def record_operation(self, request_type: AsyncOperationType, request: str | None, client_id: str | None,
                          server_id: int | None, pod: str | None, started: int, status: AsyncOperationStatus,
-                         result: str, touch_server: int | None = None) -> int:
+                         result: str, touch_server: int | None = None, op_id: int | None = None) -> int:
         """Insert an operation that has already ended (a forward answered inline): one transaction."""
         now = now_ms()
         with self.tx() as db:
             cur = db.execute(
-                "INSERT INTO operations (request_type, status, request, result, client_id, server_id, "
-                "orchestrator_pod, scheduled_at, started_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (request_type.value, status.value, request, result, client_id, server_id, pod, started, started,
-                 now),
+                "INSERT INTO operations (id, request_type, status, request, result, client_id, server_id, "
+                "orchestrator_pod, scheduled_at, started_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (op_id, request_type.value, status.value, request, result, client_id, server_id, pod, started,
+                 started, now),
             )
             if touch_server is not None:
                 _touch(db, touch_server, now)

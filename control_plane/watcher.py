@@ -102,7 +102,7 @@ class Watcher:
 
         async def check(row) -> None:
             async with slots:
-                await self.cp.check_sandbox(row)
+                await self.cp.check_sandbox(row.id)
 
         await asyncio.gather(*(check(r) for r in rows))
 

@@ -25,7 +25,7 @@ async def relay(request: web.Request, cp: ControlPlane, row: ServerRow) -> web.S
         upstream = await session.ws_connect(url, max_msg_size=0, autoping=True)
     except Exception as exc:  # noqa: BLE001 - refused before the upgrade: the client gets a status
         await session.close()
-        cp.spawn(cp.check_sandbox(row))
+        cp.spawn(cp.check_sandbox(row.id))
         raise web.HTTPGone(text=f"Failed to forward request: cannot open {url}: {type(exc).__name__} ({exc})")
     downstream = web.WebSocketResponse(max_msg_size=0, autoping=True)
     await downstream.prepare(request)

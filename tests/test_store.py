@@ -1,0 +1,80 @@
+"""The state store's forward-path helpers, on a real SQLite file: operation ids reserved ahead of
+their record, and the one-query lookup of a usable server."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from control_plane.models import AsyncOperationStatus, AsyncOperationType, AvailabilityStatus
+from control_plane.store import OPERATION_ID_BLOCK, ClientRow, ServerRow, SQLiteStore
+
+FORWARD = AsyncOperationType.FORWARD_REQUEST
+A = AvailabilityStatus
+
+
+def _record(store: SQLiteStore, op_id: int | None = None) -> int:
+    return store.record_operation(FORWARD, "{}", None, None, None, 0, AsyncOperationStatus.SUCCEEDED, "{}",
+                                  op_id=op_id)
+
+
+def test_reserved_ids_never_collide_across_stores_sharing_a_file_nor_with_new_operations(tmp_path: Path) -> None:
+    """Two stores on one file (two replicas) reserve ids in turns while operations are also added
+    the ordinary way; every id is distinct, and each record lands under its reserved id.
+
+    Can fail: with ids counted in memory from MAX(id) at start (no reservation in the file) the
+    second store handed out the first one's ids and the INSERT failed on the primary key.
+    """
+    one, two = SQLiteStore(tmp_path / "s.db"), SQLiteStore(tmp_path / "s.db")
+    try:
+        ids: list[int] = []
+        for i in range(OPERATION_ID_BLOCK + 10):
+            store = one if i % 3 else two
+            op_id = store.reserve_operation_id()
+            assert _record(store, op_id) == op_id
+            ids.append(op_id)
+            ids.append(store.add_operation(FORWARD, None, None, None, AsyncOperationStatus.SCHEDULED, None))
+        assert len(set(ids)) == len(ids)
+        assert all(one.get_operation(i) is not None for i in ids)
+    finally:
+        one.close()
+        two.close()
+
+
+def test_a_reopened_store_continues_after_its_last_block(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "s.db")
+    first = store.reserve_operation_id()
+    _record(store, first)
+    store.close()
+    store = SQLiteStore(tmp_path / "s.db")
+    try:
+        again = store.reserve_operation_id()
+        assert again == first + OPERATION_ID_BLOCK  # the unused rest of the first block is a gap
+        assert _record(store) > again  # plain inserts come after every reserved id
+    finally:
+        store.close()
+
+
+def _server(store: SQLiteStore, client_id: str, availability: AvailabilityStatus, handle: str | None) -> int:
+    return store.add_server(ServerRow(0, client_id, "c", "s", "g", "ns", "img", None, False, "idegym", 80, 8000,
+                                      availability, None, 0, 0, None, 0, 0, "{}", handle))
+
+
+def test_usable_handle_only_for_the_owner_of_a_usable_server(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "s.db")
+    try:
+        mine, other = str(uuid.uuid4()), str(uuid.uuid4())
+        for cid in (mine, other):
+            store.add_client(ClientRow(cid, "c", "ns", 0, A.ALIVE, 0, 0))
+        alive = _server(store, mine, A.ALIVE, '{"h": 1}')
+        reused = _server(store, mine, A.REUSED, '{"h": 2}')
+        finished = _server(store, mine, A.FINISHED, '{"h": 3}')
+        no_handle = _server(store, mine, A.ALIVE, None)
+        orphan = _server(store, str(uuid.uuid4()), A.ALIVE, '{"h": 4}')  # its client is not registered
+        assert store.usable_handle(mine, alive) == '{"h": 1}'
+        assert store.usable_handle(mine, reused) == '{"h": 2}'
+        assert store.usable_handle(other, alive) is None
+        assert [store.usable_handle(mine, s) for s in (finished, no_handle, 999)] == [None] * 3
+        assert store.usable_handle(store.get_server(orphan).client_id, orphan) is None  # type: ignore[union-attr]
+    finally:
+        store.close()
