@@ -15,7 +15,8 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
@@ -31,7 +32,7 @@ from . import __version__
 from .backends.base import Backend, BackendError, Limits, SandboxSpec
 from .config import ControlPlaneConfig
 from .errors import BadRequest, ControlPlaneError, NotFound, Unauthorized, Unavailable
-from .forwarding import FORWARD_FAILED, ForwardError
+from .forwarding import FORWARD_FAILED, ForwardError, Pending, Reply
 from .http import error_middleware, json_response, read_model
 from .jobs import ImageJobs, SnapshotJobs
 from .metrics import Metrics
@@ -366,89 +367,52 @@ async def forward(request: web.Request) -> web.StreamResponse:
         path = f"{path}?{request.query_string}"
     endpoint = cp.forward_endpoint(client_id, server_id)
     body = await request.read()
-    headers = dict(request.headers)
-    metrics = request.app[METRICS]
+    call = _Forward(cp, request.app[METRICS], server_id)
 
     def record() -> str:
         return _forward_record(request, path, body, endpoint.base_url, server_id)
 
-    async def work(inline: bool = False) -> Outcome | tuple:
-        started = time.perf_counter()
-        try:
-            reply = await cp.forwarder.request(endpoint, request.method, path, headers, body)
-        except ForwardError as exc:
-            metrics.forward(exc.status_code, time.perf_counter() - started)
-            if exc.status_code == 410:
-                cp.spawn(cp.check_sandbox(server_id))  # find out now whether the sandbox crashed
-            return exc if inline else Outcome.failure(exc.status_code, exc.body)
-        metrics.forward(reply.status, time.perf_counter() - started)
-        touch = server_id if reply.status < 500 else None
-        if inline:
-            return reply, touch
-        if reply.status < 400:
-            return Outcome.success(ForwardRequestResponse(status_code=reply.status, headers=reply.headers,
-                                                          body=reply.text()), touch)
-        return Outcome.failure(reply.status, reply.text(), reply.headers, touch)
-
     wait = _prefer_wait(request)
     if wait is None:
+        async def work() -> Outcome:
+            pending = cp.forwarder.start(endpoint, request.method, path, dict(request.headers), body)
+            started = time.perf_counter()
+            await pending.wait()
+            return call.outcome(call.settled(pending, started))
+
         op = cp.ops.submit(AsyncOperationType.FORWARD_REQUEST, record(), work, client_id=str(client_id),
                            server_id=server_id)
         return _accepted(ForwardRequestResponse(async_operation_id=op))
-    return await _forward_inline(request, cp, record, work, wait, client_id, server_id)
 
-
-def _prefer_wait(request: web.Request) -> float | None:
-    prefer = request.headers.get("Prefer")
-    if not prefer:
-        return None
-    match = PREFER_WAIT.search(prefer)
-    return min(float(match.group(1)), MAX_WAIT) if match else None
-
-
-async def _forward_inline(request: web.Request, cp: ControlPlane, record: Callable[[], str], work, wait: float,
-                          client_id: UUID, server_id: int) -> web.StreamResponse:
-    """Answer with the sandbox's own response once the forward ends (or 202 if it takes longer
-    than the preferred wait). The call is recorded as an operation either way: when it ends within
-    the wait, in one write made just after the answer is sent (its id is reserved before), else as
-    a running operation the client can poll."""
-    started = now_ms()
-    task = asyncio.ensure_future(work(inline=True))
-    done, _ = await asyncio.wait({task}, timeout=wait)
-    limit = cp.config.inline_result_limit
-
-    def outcome_of(value: Any, answered_inline: bool) -> Outcome:
-        if isinstance(value, ForwardError):
-            return Outcome.failure(value.status_code, value.body)
-        reply, touch = value
-        text = reply.text()
-        if answered_inline and len(text) > limit:
-            text = f"[{len(reply.body)} bytes answered inline; not kept in the request history]"
-        if reply.status < 400:
-            return Outcome.success(ForwardRequestResponse(status_code=reply.status, headers=reply.headers, body=text),
-                                   touch)
-        return Outcome.failure(reply.status, text, reply.headers, touch)
-
-    if not done:  # slower than the client wants to wait: fall back to the polling protocol
+    # Prefer: wait. Answer with the sandbox's own response once the forward ends, or 202 if it
+    # takes longer than the client wants to wait. The call is recorded as an operation either
+    # way: when it ends in time, in one write made just after the answer is sent (its id reserved
+    # before); else as a running operation the client can poll.
+    started_ms, started = now_ms(), time.perf_counter()
+    pending = cp.forwarder.start(endpoint, request.method, path, dict(request.headers), body)
+    if not pending.future.done():
+        await _settled_within(pending.future, wait)
+    if not pending.future.done():
         op_id = cp.store.add_operation(AsyncOperationType.FORWARD_REQUEST, record(), str(client_id), server_id,
                                        AsyncOperationStatus.IN_PROGRESS, cp.config.pod_name)
 
-        def finish(t: asyncio.Task) -> None:
-            outcome = (Outcome.failure(499, "cancelled") if t.cancelled() else outcome_of(t.result(), False))
+        def finish(future: asyncio.Future) -> None:
+            outcome = (Outcome.failure(499, "cancelled") if future.cancelled()
+                       else call.outcome(call.settled(pending, started)))
             cp.store.finish_operation(op_id, outcome.status, outcome.result, outcome.touch_server)
 
-        task.add_done_callback(finish)
+        pending.future.add_done_callback(finish)
         return _accepted(ForwardRequestResponse(async_operation_id=op_id))
-    value = task.result()
+    value = call.settled(pending, started)
     op_id = cp.store.reserve_operation_id()
 
     def write_record() -> None:
         # Runs once this handler's task yields, which is after aiohttp has written the answer: the
         # record costs the caller nothing, and it exists before any later request is read.
-        outcome = outcome_of(value, True)
+        outcome = call.outcome(value, cp.config.inline_result_limit)
         try:
             cp.store.record_operation(AsyncOperationType.FORWARD_REQUEST, record(), str(client_id), server_id,
-                                      cp.config.pod_name, started, outcome.status, outcome.result,
+                                      cp.config.pod_name, started_ms, outcome.status, outcome.result,
                                       outcome.touch_server, op_id=op_id)
         except StoreError as exc:  # the caller has its answer; only the history misses this call
             log.error("operation %s not recorded: %s", op_id, exc)
@@ -458,12 +422,71 @@ async def _forward_inline(request: web.Request, cp: ControlPlane, record: Callab
     if isinstance(value, ForwardError):
         return web.json_response({"error": "Forward", "message": value.body, "detail": value.body},
                                  status=value.status_code, headers=extra)
-    reply, _ = value
-    headers = {k: v for k, v in reply.headers.items() if k != "content-type"}
+    headers = {k: v for k, v in value.headers.items() if k != "content-type"}
     headers.update(extra)
     headers[SANDBOX_HEADER] = "sandbox"
-    return web.Response(body=reply.body, status=reply.status, headers=headers,
-                        content_type=reply.headers.get("content-type", "application/json").split(";")[0])
+    return web.Response(body=value.body, status=value.status, headers=headers,
+                        content_type=value.headers.get("content-type", "application/json").split(";")[0])
+
+
+@dataclass
+class _Forward:
+    """What happens to every forwarded call once it ends, however it was asked for."""
+
+    cp: ControlPlane
+    metrics: Metrics
+    server_id: int
+
+    def settled(self, pending: Pending, started: float) -> Reply | ForwardError:
+        """The reply or the failure of an ended forward, counted in the metrics."""
+        try:
+            reply = pending.result()
+        except ForwardError as exc:
+            self.metrics.forward(exc.status_code, time.perf_counter() - started)
+            if exc.status_code == 410:
+                self.cp.spawn(self.cp.check_sandbox(self.server_id))  # find out now whether the sandbox crashed
+            return exc
+        self.metrics.forward(reply.status, time.perf_counter() - started)
+        return reply
+
+    def outcome(self, value: Reply | ForwardError, inline_limit: int | None = None) -> Outcome:
+        """The operation's stored result. A body already answered inline is not kept above the limit."""
+        if isinstance(value, ForwardError):
+            return Outcome.failure(value.status_code, value.body)
+        touch = self.server_id if value.status < 500 else None
+        text = value.text()
+        if inline_limit is not None and len(text) > inline_limit:
+            text = f"[{len(value.body)} bytes answered inline; not kept in the request history]"
+        if value.status < 400:
+            return Outcome.success(ForwardRequestResponse(status_code=value.status, headers=value.headers, body=text),
+                                   touch)
+        return Outcome.failure(value.status, text, value.headers, touch)
+
+
+async def _settled_within(future: asyncio.Future, seconds: float) -> None:
+    """Wait until ``future`` ends or ``seconds`` pass, whichever is first; never cancels it."""
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+
+    def wake(*_: Any) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    timer = loop.call_later(seconds, wake)
+    future.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        future.remove_done_callback(wake)
+
+
+def _prefer_wait(request: web.Request) -> float | None:
+    prefer = request.headers.get("Prefer")
+    if not prefer:
+        return None
+    match = PREFER_WAIT.search(prefer)
+    return min(float(match.group(1)), MAX_WAIT) if match else None
 
 
 async def ws_forward(request: web.Request) -> web.StreamResponse:

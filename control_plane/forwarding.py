@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from .backends.base import Endpoint
-from .unix_http import ConnectFailed, ProtocolError, UnixPool
+from .unix_http import ConnectFailed, ProtocolError, RawReply, UnixPool
 
 FORWARD_FAILED = "Failed to forward request"
 HOP_BY_HOP = {
@@ -41,6 +41,50 @@ class ForwardError(Exception):
         self.body = body
 
 
+def forward_error(exc: BaseException, url: str) -> ForwardError:
+    """The client-facing failure for what went wrong talking to the sandbox at ``url``."""
+    if isinstance(exc, ForwardError):
+        return exc
+    kind = f"{type(exc).__name__} ({exc})"
+    if isinstance(exc, (ConnectFailed, aiohttp.ClientConnectorError, FileNotFoundError, ConnectionRefusedError)):
+        return ForwardError(410, f"{FORWARD_FAILED}: unable to connect to {url}: {kind}")
+    if isinstance(exc, (ConnectionError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)):
+        return ForwardError(410, f"{FORWARD_FAILED}: the sandbox at {url} closed the connection: {kind}")
+    if isinstance(exc, asyncio.TimeoutError):
+        return ForwardError(500, f"{FORWARD_FAILED} to {url}: no answer within the read timeout")
+    if isinstance(exc, ProtocolError):
+        return ForwardError(500, f"{FORWARD_FAILED} to {url}: the sandbox's answer is not valid HTTP: {exc}")
+    return ForwardError(500, f"{FORWARD_FAILED} to {url}: {kind}")
+
+
+@dataclass
+class Pending:
+    """A request under way: ``future`` ends when it does; ``result()`` then gives the reply or
+    raises ``ForwardError``."""
+
+    future: asyncio.Future
+    url: str
+
+    async def wait(self) -> None:
+        """Until the request ends; cancelling the wait cancels the request (and drops its connection)."""
+        try:
+            await asyncio.wait((self.future,))
+        except asyncio.CancelledError:
+            self.future.cancel()
+            raise
+
+    def result(self) -> Reply:
+        try:
+            value = self.future.result()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise forward_error(exc, self.url) from exc
+        if isinstance(value, RawReply):
+            return Reply(value.status, {k: v for k, v in value.headers.items() if k not in RESPONSE_DROP}, value.body)
+        return value
+
+
 class Forwarder:
     """Kept-alive connections per sandbox: a lean client for Unix sockets (the local backend,
     where every 0.1 ms shows), aiohttp for TCP (Kubernetes pods)."""
@@ -51,43 +95,41 @@ class Forwarder:
         self._session: aiohttp.ClientSession | None = None
         self._pools: dict[str, UnixPool] = {}
 
+    def start(self, endpoint: Endpoint, method: str, path: str, headers: dict[str, str] | None = None,
+              body: bytes | None = None, timeout: float | None = None) -> Pending:
+        """Begin a request; ``path`` is relative to the sandbox root (``api/tools/bash?x=1``). On an
+        idle kept-alive connection the request is written before this returns."""
+        url = endpoint.base_url.rstrip("/") + "/" + path.lstrip("/")
+        sent = {k: v for k, v in (headers or {}).items() if k.lower() not in HOP_BY_HOP}
+        if not endpoint.unix_socket:
+            return Pending(asyncio.ensure_future(self._tcp(url, method, sent, body, timeout)), url)
+        pool = self._pools.get(endpoint.unix_socket)
+        if pool is None:
+            pool = self._pools[endpoint.unix_socket] = UnixPool(endpoint.unix_socket)
+        limit = timeout or self._read_timeout
+        try:
+            sent_now = pool.send(method, path, sent, body or b"", limit)
+        except ValueError as exc:
+            failed = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return Pending(failed, url)
+        if sent_now is not None:
+            return Pending(sent_now, url)
+        return Pending(asyncio.ensure_future(pool.request(method, path, sent, body or b"", limit)), url)
+
+    async def request(self, endpoint: Endpoint, method: str, path: str, headers: dict[str, str] | None = None,
+                      body: bytes | None = None, timeout: float | None = None) -> Reply:
+        """One request to the sandbox; raises ``ForwardError``."""
+        pending = self.start(endpoint, method, path, headers, body, timeout)
+        await pending.wait()
+        return pending.result()
+
     def _tcp_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(limit=0, limit_per_host=64, ttl_dns_cache=60)
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, auto_decompress=True,
                                                   skip_auto_headers=("User-Agent",))
         return self._session
-
-    async def request(self, endpoint: Endpoint, method: str, path: str, headers: dict[str, str] | None = None,
-                      body: bytes | None = None, timeout: float | None = None) -> Reply:
-        """``path`` is relative to the sandbox root (``api/tools/bash?x=1``)."""
-        url = endpoint.base_url.rstrip("/") + "/" + path.lstrip("/")
-        sent = {k: v for k, v in (headers or {}).items() if k.lower() not in HOP_BY_HOP}
-        try:
-            if endpoint.unix_socket:
-                pool = self._pools.get(endpoint.unix_socket)
-                if pool is None:
-                    pool = self._pools[endpoint.unix_socket] = UnixPool(endpoint.unix_socket)
-                raw = await pool.request(method, path, sent, body or b"", timeout or self._read_timeout)
-                out = {k: v for k, v in raw.headers.items() if k not in RESPONSE_DROP}
-                return Reply(raw.status, out, raw.body)
-            return await self._tcp(url, method, sent, body, timeout)
-        except asyncio.CancelledError:
-            raise
-        except (ConnectFailed, aiohttp.ClientConnectorError, FileNotFoundError, ConnectionRefusedError) as exc:
-            raise ForwardError(410, f"{FORWARD_FAILED}: unable to connect to {url}: {type(exc).__name__} ({exc})") \
-                from exc
-        except (ConnectionError, asyncio.IncompleteReadError, aiohttp.ServerDisconnectedError,
-                aiohttp.ClientOSError) as exc:
-            raise ForwardError(410, f"{FORWARD_FAILED}: the sandbox at {url} closed the connection: "
-                                    f"{type(exc).__name__} ({exc})") from exc
-        except asyncio.TimeoutError as exc:
-            raise ForwardError(500, f"{FORWARD_FAILED} to {url}: no answer within the read timeout") from exc
-        except ProtocolError as exc:
-            raise ForwardError(500, f"{FORWARD_FAILED} to {url}: the sandbox's answer is not valid HTTP: {exc}") \
-                from exc
-        except Exception as exc:  # noqa: BLE001 - every other failure is ours, marked as the client expects
-            raise ForwardError(500, f"{FORWARD_FAILED} to {url}: {type(exc).__name__} ({exc})") from exc
 
     async def _tcp(self, url: str, method: str, headers: dict[str, str], body: bytes | None,
                    timeout: float | None) -> Reply:

@@ -7,7 +7,6 @@ of the control plane fails them visibly instead of leaving them "in progress" fo
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from . import lifecycle
-from .backends.base import Backend, BackendError, Endpoint, ImageNotFound, SandboxHandle, SandboxSpec
+from .backends.base import Backend, BackendError, Endpoint, SandboxHandle, SandboxSpec
 from .config import ControlPlaneConfig
 from .errors import Gone, NotFound
 from .forwarding import Forwarder

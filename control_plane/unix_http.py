@@ -1,21 +1,21 @@
 """A lean HTTP/1.1 client for sandboxes behind Unix sockets (the local backend's forward path).
 
 aiohttp's client spends about 0.3 ms a request on machinery a forward does not use (cookie jars,
-redirects, tracing, decompression); at 1 ms of budget for the whole forward that is too much.
-This client writes the request in one go and reads the answer with a stream reader. It still
-reads every body framing HTTP allows (Content-Length, chunked, until close) and checks what it
-parses, so a misbehaving sandbox gets a protocol error, not a hang or a wrong answer.
+redirects, tracing, stream readers, a task per request); with 1 ms of budget for the whole
+forward that is too much. Here a request is one write on a kept-alive connection, and the
+connection's protocol parses the answer as it arrives and completes a future: no task, no stream
+reader. It still reads every body framing HTTP allows (Content-Length, chunked, until close) and
+checks what it parses, so a misbehaving sandbox gets a protocol error, not a hang or a wrong answer.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from yarl import URL
 
 HEAD_LIMIT = 64 << 10
-IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 
 class ProtocolError(Exception):
@@ -24,6 +24,10 @@ class ProtocolError(Exception):
 
 class ConnectFailed(OSError):
     """Nothing listens on the socket (the sandbox is gone or not up yet)."""
+
+
+class Disconnected(ConnectionError):
+    """The sandbox closed the connection before its answer was complete."""
 
 
 @dataclass
@@ -47,119 +51,275 @@ def encode_request(method: str, target: str, headers: dict[str, str], body: byte
     return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape") + body
 
 
-async def read_response(reader: asyncio.StreamReader, method: str) -> tuple[RawReply, bool]:
-    """One response from ``reader``; also whether the connection may carry another request."""
-    while True:
+class _Connection(asyncio.Protocol):
+    """One kept-alive connection; one request at a time, its answer parsed as bytes arrive."""
+
+    def __init__(self, pool: UnixPool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reply: asyncio.Future[RawReply] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._buf = bytearray()
+        self._method = ""
+        self._reset_parse()
+
+    def _reset_parse(self) -> None:
+        self._buf.clear()
+        self._status = 0
+        self._headers: dict[str, str] = {}
+        self._body_at = -1  # where the body starts in the buffer, once the head is parsed
+        self._framing = ""  # "length", "chunked", "close" or "none"
+        self._length = 0
+        self._chunks: list[bytes] = []
+        self._keep = False
+
+    def send(self, data: bytes, method: str, timeout: float) -> asyncio.Future[RawReply]:
+        assert self.transport is not None and self.reply is None
+        loop = asyncio.get_running_loop()
+        self.reply = reply = loop.create_future()
+        self._method = method
+        self._timer = loop.call_later(timeout, self._time_out)
+        reply.add_done_callback(self._cancelled)
+        self.transport.write(data)
+        return reply
+
+    def _cancelled(self, reply: asyncio.Future[RawReply]) -> None:
+        if reply.cancelled() and reply is self.reply:  # its answer would come on a connection nobody reads
+            self._fail(asyncio.CancelledError())
+
+    # -- asyncio.Protocol -------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self.reply is None:  # bytes nobody asked for: this connection cannot be trusted
+            self._close()
+            return
+        self._buf += data
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.LimitOverrunError as exc:
-            raise ProtocolError(f"response head over {HEAD_LIMIT} bytes") from exc
-        lines = head[:-4].decode("latin-1").split("\r\n")
+            done = self._parse()
+        except ProtocolError as exc:
+            self._fail(exc)
+            return
+        if done:
+            self._finish()
+
+    def eof_received(self) -> bool:
+        if self.reply is not None and self._framing == "close":
+            self._keep = False
+            self._finish(bytes(self._buf[self._body_at:]))
+        else:
+            self._fail(Disconnected("the sandbox closed the connection before answering"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool.forget(self)
+        if self.reply is not None:
+            self._fail(Disconnected(f"the sandbox closed the connection: {exc}" if exc else
+                                    "the sandbox closed the connection before answering"))
+
+    # -- parsing ----------------------------------------------------------------------------------
+
+    def _parse(self) -> bool:
+        """Parse what has arrived; True once the whole answer is there."""
+        buf = self._buf
+        while self._body_at < 0:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > HEAD_LIMIT:
+                    raise ProtocolError(f"response head over {HEAD_LIMIT} bytes")
+                return False
+            if self._head(bytes(buf[:end]).decode("latin-1")):
+                self._body_at = end + 4
+            else:  # a 1xx answer comes before the real one
+                del buf[:end + 4]
+        if self._framing == "none":
+            return True
+        if self._framing == "length":
+            return len(buf) - self._body_at >= self._length
+        if self._framing == "chunked":
+            return self._parse_chunks()
+        return False  # until the sandbox closes the connection
+
+    def _head(self, head: str) -> bool:
+        lines = head.split("\r\n")
         version, _, rest = lines[0].partition(" ")
         code = rest[:3]
         if version not in ("HTTP/1.1", "HTTP/1.0") or not code.isdigit():
             raise ProtocolError(f"not an HTTP/1.x status line: {lines[0][:100]!r}")
         status = int(code)
-        if status >= 200 or status == 101:
-            break  # 1xx informational answers come before the real one
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise ProtocolError(f"malformed header line: {line[:100]!r}")
-        key = name.lower()
-        value = value.strip()
-        headers[key] = f"{headers[key]}, {value}" if key in headers else value
-    keep = version == "HTTP/1.1" and "close" not in headers.get("connection", "").lower()
-    if method == "HEAD" or status in (204, 304):
-        return RawReply(status, headers, b""), keep
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        return RawReply(status, headers, await _read_chunked(reader)), keep
-    length = headers.get("content-length")
-    if length is not None:
-        if not length.isdigit():
-            raise ProtocolError(f"bad Content-Length: {length[:40]!r}")
-        return RawReply(status, headers, await reader.readexactly(int(length))), keep
-    return RawReply(status, headers, await reader.read()), False
+        if 100 <= status < 200 and status != 101:
+            return False
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep or not name or name != name.strip():
+                raise ProtocolError(f"malformed header line: {line[:100]!r}")
+            key = name.lower()
+            value = value.strip()
+            headers[key] = f"{headers[key]}, {value}" if key in headers else value
+        self._status, self._headers = status, headers
+        self._keep = version == "HTTP/1.1" and "close" not in headers.get("connection", "").lower()
+        length = headers.get("content-length")
+        if self._method == "HEAD" or status in (204, 304):
+            self._framing = "none"
+        elif "chunked" in headers.get("transfer-encoding", "").lower():
+            self._framing, self._length = "chunked", 0
+        elif length is not None:
+            if not length.isdigit():
+                raise ProtocolError(f"bad Content-Length: {length[:40]!r}")
+            self._framing, self._length = "length", int(length)
+        else:
+            self._framing, self._keep = "close", False
+        return True
+
+    def _parse_chunks(self) -> bool:
+        """Consume whole chunks from the buffer (``_length`` counts bytes consumed after the head)."""
+        buf = self._buf
+        while True:
+            at = self._body_at + self._length
+            eol = buf.find(b"\r\n", at)
+            if eol < 0:
+                return False
+            size_text = bytes(buf[at:eol]).split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError as exc:
+                raise ProtocolError(f"bad chunk size: {size_text[:40]!r}") from exc
+            if size == 0:  # then optional trailer lines and an empty line
+                return buf.find(b"\r\n\r\n", eol) >= 0
+            if len(buf) < eol + 2 + size + 2:
+                return False
+            if buf[eol + 2 + size:eol + 4 + size] != b"\r\n":
+                raise ProtocolError("chunk not followed by CRLF")
+            self._chunks.append(bytes(buf[eol + 2:eol + 2 + size]))
+            self._length = eol + 4 + size - self._body_at
+
+    # -- ending an exchange -----------------------------------------------------------------------
+
+    def _finish(self, body: bytes | None = None) -> None:
+        if body is None:
+            if self._framing == "length":
+                body = bytes(self._buf[self._body_at:self._body_at + self._length])
+            elif self._framing == "chunked":
+                body = b"".join(self._chunks)
+            else:
+                body = b""
+        reply, result, keep = self.reply, RawReply(self._status, self._headers, body), self._keep
+        self._end_exchange()
+        if keep:
+            self.pool.release(self)
+        else:
+            self._close()
+        if reply is not None and not reply.done():
+            reply.set_result(result)
+
+    def _fail(self, exc: BaseException) -> None:
+        reply = self.reply
+        self._end_exchange()
+        self._close()
+        if reply is not None and not reply.done():
+            reply.set_exception(exc)
+
+    def _time_out(self) -> None:
+        self._fail(TimeoutError("no answer within the read timeout"))
+
+    def _end_exchange(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.reply = None
+        self._reset_parse()
+
+    def _close(self) -> None:
+        self.closed = True
+        self.pool.forget(self)
+        if self.transport is not None:
+            self.transport.close()
 
 
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    parts: list[bytes] = []
-    while True:
-        line = (await reader.readuntil(b"\r\n"))[:-2].split(b";", 1)[0].strip()
-        try:
-            size = int(line, 16)
-        except ValueError as exc:
-            raise ProtocolError(f"bad chunk size: {line[:40]!r}") from exc
-        if size == 0:
-            while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
-                pass
-            return b"".join(parts)
-        parts.append(await reader.readexactly(size))
-        if await reader.readexactly(2) != b"\r\n":
-            raise ProtocolError("chunk not followed by CRLF")
-
-
-@dataclass
 class UnixPool:
-    """Kept-alive connections to one sandbox's socket, at most ``limit`` at once."""
+    """Kept-alive connections to one sandbox's socket, at most ``limit`` busy at once."""
 
-    path: str
-    limit: int = 64
-    _idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(default_factory=list)
-    _slots: asyncio.Semaphore | None = None
+    def __init__(self, path: str, limit: int = 64) -> None:
+        self.path = path
+        self.limit = limit
+        self._idle: list[_Connection] = []
+        self._busy = 0
+        self._waiting: list[asyncio.Future[None]] = []
+
+    def send(self, method: str, path: str, headers: dict[str, str], body: bytes,
+             timeout: float) -> asyncio.Future[RawReply] | None:
+        """Send on an idle connection at once, without a task; None when there is none to take."""
+        if self._busy >= self.limit:
+            return None
+        data = encode_request(method, request_target(path), headers, body)
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed:
+                return self._start(conn, data, method, timeout)
+        return None
 
     async def request(self, method: str, path: str, headers: dict[str, str], body: bytes,
                       timeout: float) -> RawReply:
-        """Send one request; raises ``ConnectFailed``, ``ConnectionError`` (the sandbox hung up),
-        ``asyncio.IncompleteReadError``, ``ProtocolError`` or ``TimeoutError``."""
+        """One exchange, connecting if need be. Raises ``ConnectFailed``, ``Disconnected``,
+        ``ProtocolError``, ``TimeoutError`` (or ``ValueError`` for a header that cannot be sent)."""
+        reply = self.send(method, path, headers, body, timeout)
+        if reply is not None:
+            return await reply
         data = encode_request(method, request_target(path), headers, body)
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.limit)
-        async with self._slots, asyncio.timeout(timeout):
-            conn = self._take()
-            if conn is not None:
-                try:
-                    return await self._exchange(conn, method, data)
-                except (ConnectionError, asyncio.IncompleteReadError):
-                    # The sandbox may have closed the kept connection as we reused it (a restart).
-                    # Only a request that is safe to repeat is sent again, as aiohttp does.
-                    if method not in IDEMPOTENT:
-                        raise
-            return await self._exchange(await self._connect(), method, data)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._busy >= self.limit:  # wait for a slot; a sandbox this busy is the caller's choice
+            waiter = loop.create_future()
+            self._waiting.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, max(deadline - loop.time(), 0))
+            finally:
+                if waiter in self._waiting:
+                    self._waiting.remove(waiter)
+        conn = next((c for c in reversed(self._idle) if not c.closed), None)
+        if conn is not None:
+            self._idle.remove(conn)
+        else:
+            self._busy += 1  # the slot is held while connecting
+            try:
+                _, conn = await asyncio.wait_for(loop.create_unix_connection(lambda: _Connection(self), self.path),
+                                                 max(deadline - loop.time(), 0))
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                raise ConnectFailed(exc.errno, f"{exc.strerror}: {self.path}") from exc
+            finally:
+                self._busy -= 1
+        return await self._start(conn, data, method, max(deadline - loop.time(), 0.001))
 
-    def _take(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
-        while self._idle:
-            reader, writer = self._idle.pop()
-            if not reader.at_eof() and not writer.is_closing():
-                return reader, writer
-            writer.close()
-        return None
+    def _start(self, conn: _Connection, data: bytes, method: str, timeout: float) -> asyncio.Future[RawReply]:
+        self._busy += 1
+        reply = conn.send(data, method, timeout)
+        reply.add_done_callback(self._done)
+        return reply
 
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        try:
-            return await asyncio.open_unix_connection(self.path, limit=HEAD_LIMIT)
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
-            raise ConnectFailed(exc.errno, f"{exc.strerror}: {self.path}") from exc
+    def _done(self, _: asyncio.Future[RawReply]) -> None:
+        self._busy -= 1
+        while self._waiting:
+            waiter = self._waiting.pop(0)
+            if not waiter.done():
+                waiter.set_result(None)
+                break
 
-    async def _exchange(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], method: str,
-                        data: bytes) -> RawReply:
-        reader, writer = conn
-        try:
-            writer.write(data)
-            if len(data) > HEAD_LIMIT:
-                await writer.drain()
-            reply, keep = await read_response(reader, method)
-        except BaseException:
-            writer.close()
-            raise
-        if keep and len(self._idle) < self.limit:
+    def release(self, conn: _Connection) -> None:
+        if len(self._idle) < self.limit:
             self._idle.append(conn)
         else:
-            writer.close()
-        return reply
+            conn._close()
+
+    def forget(self, conn: _Connection) -> None:
+        if conn in self._idle:
+            self._idle.remove(conn)
 
     def close(self) -> None:
         idle, self._idle = self._idle, []
-        for _, writer in idle:
-            writer.close()
+        for conn in idle:
+            conn._close()

@@ -23,9 +23,8 @@ import logging
 from . import lifecycle
 from .backends.base import SandboxHandle
 from .config import WatcherConfig
-from .models import AsyncOperationStatus
+from .models import AsyncOperationStatus, ErrorResponse
 from .models import AvailabilityStatus as A
-from .models import ErrorResponse
 from .service import ControlPlane
 from .store import now_ms
 

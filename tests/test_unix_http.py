@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.unix_http import ConnectFailed, ProtocolError, UnixPool, encode_request
+from control_plane.unix_http import ConnectFailed, Disconnected, ProtocolError, UnixPool, encode_request
 
 Answer = Callable[[bytes, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[bool]]
 
@@ -69,8 +69,8 @@ def test_content_length_body_and_the_request_sent(tmp_path: Path) -> None:
                        lambda pool: pool.request("POST", "api/tools/bash?x=1", {"X-Trace": "t"}, b"{}", 5))
     assert (reply.status, reply.body) == (201, b'{"ok":true}')
     assert reply.headers["content-type"] == "application/json" and reply.headers["x-a"] == "1, 2"
-    assert seen == [b"POST /api/tools/bash?x=1 HTTP/1.1\r\nHost: sandbox\r\nContent-Length: 2\r\n"
-                    b"X-Trace: t\r\n\r\n{}"]
+    assert seen == [(b"POST /api/tools/bash?x=1 HTTP/1.1\r\nHost: sandbox\r\nContent-Length: 2\r\n"
+                     b"X-Trace: t\r\n\r\n{}")]
 
 
 def test_chunked_body_with_trailers_and_an_informational_answer_first(tmp_path: Path) -> None:
@@ -105,32 +105,34 @@ def test_kept_connection_is_reused(tmp_path: Path) -> None:
     assert statuses == [200] * 3 and len(set(connections)) == 1
 
 
-@pytest.mark.parametrize("method, retried", [("GET", True), ("POST", False)])
-def test_a_stale_connection_is_retried_only_when_the_request_is_safe_to_repeat(tmp_path: Path, method: str,
-                                                                              retried: bool) -> None:
-    """The first answer keeps the connection; the server then drops it on the next request without
-    answering (as a restarted sandbox would): GET goes again on a new connection, POST fails."""
-    count = [0]
-
-    async def answer(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        count[0] += 1
-        if count[0] == 2:
-            return False  # hang up without an answer
+def test_a_connection_the_sandbox_closed_while_idle_is_not_reused(tmp_path: Path) -> None:
+    """A restarted sandbox closes every kept connection: the next call goes on a new one."""
+    async def answer_and_hang_up(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        return True
+        await writer.drain()
+        return False
 
-    async def twice(pool: UnixPool) -> object:
-        await pool.request(method, "a", {}, b"", 5)
-        try:
-            return (await pool.request(method, "a", {}, b"", 5)).body
-        except (ConnectionError, asyncio.IncompleteReadError) as exc:
-            return exc
+    async def twice(pool: UnixPool) -> list[bytes]:
+        first = (await pool.request("POST", "a", {}, b"", 5)).body
+        while pool._idle and not pool._idle[0].closed:  # the hang-up reaches us as the loop runs
+            await asyncio.sleep(0.001)
+        return [first, (await pool.request("POST", "a", {}, b"", 5)).body]
 
-    result, seen = _run(tmp_path / "s.sock", answer, twice)
-    if retried:
-        assert result == b"ok" and len(seen) == 3
-    else:
-        assert isinstance(result, (ConnectionError, asyncio.IncompleteReadError)) and len(seen) == 2
+    bodies, seen = _run(tmp_path / "s.sock", answer_and_hang_up, twice)
+    assert bodies == [b"ok", b"ok"] and len(seen) == 2
+
+
+def test_a_hang_up_mid_request_is_disconnected_and_never_sent_again(tmp_path: Path) -> None:
+    """A sandbox that dies while it runs a call may have run it: the call is not repeated."""
+    async def hang_up(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        return False
+
+    async def call(pool: UnixPool) -> None:
+        with pytest.raises(Disconnected, match="before answering"):
+            await pool.request("GET", "a", {}, b"", 5)
+
+    _, seen = _run(tmp_path / "s.sock", hang_up, call)
+    assert len(seen) == 1
 
 
 @pytest.mark.parametrize("raw, match", [
@@ -147,9 +149,9 @@ def test_a_broken_answer_is_a_protocol_error(tmp_path: Path, raw: bytes, match: 
     _run(tmp_path / "s.sock", _reply(raw), call)
 
 
-def test_a_truncated_body_is_an_incomplete_read(tmp_path: Path) -> None:
+def test_a_truncated_body_is_disconnected(tmp_path: Path) -> None:
     async def call(pool: UnixPool) -> None:
-        with pytest.raises(asyncio.IncompleteReadError):
+        with pytest.raises(Disconnected):
             await pool.request("POST", "a", {}, b"", 5)
 
     _run(tmp_path / "s.sock", _reply(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", keep=False), call)
@@ -166,6 +168,51 @@ def test_no_answer_times_out_and_the_connection_is_dropped(tmp_path: Path) -> No
         assert pool._idle == []
 
     _run(tmp_path / "s.sock", silent, call)
+
+
+def test_a_cancelled_call_drops_its_connection(tmp_path: Path) -> None:
+    hung_up = asyncio.Event()
+
+    async def silent(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        await reader.read()
+        hung_up.set()
+        return False
+
+    async def call(pool: UnixPool) -> None:
+        task = asyncio.ensure_future(pool.request("GET", "a", {}, b"", 30))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.wait_for(hung_up.wait(), 5)
+        assert pool._busy == 0 and pool._idle == []
+
+    _run(tmp_path / "s.sock", silent, call)
+
+
+def test_calls_beyond_the_limit_wait_for_a_connection(tmp_path: Path) -> None:
+    """With a limit of 2, five concurrent calls use at most two connections at once; all answer."""
+    open_now, most = [0], [0]
+    release = asyncio.Event()
+
+    async def slow(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        open_now[0] += 1
+        most[0] = max(most[0], open_now[0])
+        await release.wait()
+        open_now[0] -= 1
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        return True
+
+    async def five(pool: UnixPool) -> list[int]:
+        pool.limit = 2
+        calls = [asyncio.ensure_future(pool.request("POST", "a", {}, b"", 10)) for _ in range(5)]
+        await asyncio.sleep(0.1)
+        assert most[0] == 2 and pool.send("POST", "a", {}, b"", 10) is None
+        release.set()
+        return [r.status for r in await asyncio.gather(*calls)]
+
+    statuses, seen = _run(tmp_path / "s.sock", slow, five)
+    assert statuses == [200] * 5 and most[0] == 2 and len(seen) == 5
 
 
 def test_nothing_listening_is_connect_failed(tmp_path: Path) -> None:

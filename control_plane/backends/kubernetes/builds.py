@@ -13,7 +13,6 @@ rules on top; ``KubernetesImageBuilder.parse_yaml`` applies the configured regis
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import re
 import secrets
@@ -22,10 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import yaml
 from kubernetes.client.exceptions import ApiException
 
-from ...models import OCI_IMAGE, Status
+from ...models import Status
 from ..base import BackendError, ImageBuilder, ImageDefinition
 from . import kube
 from .manifests import GROUP, managed_labels, owner_reference
@@ -44,8 +42,6 @@ def parse_build_yaml(text: str, registry: str | None = None) -> list[ImageDefini
     """The shared build YAML (``control_plane.images``), with what a cluster needs on top: every
     entry names a real ``base`` image (there is no built-in image on a cluster) and builds may use
     the network unless an entry says otherwise."""
-    import yaml
-
     from ...images import BUILTIN_IMAGE
     from ...images import parse_build_yaml as parse_shared
 
@@ -55,7 +51,6 @@ def parse_build_yaml(text: str, registry: str | None = None) -> list[ImageDefini
             raise ValueError(f"images[{index}]: needs a 'base' image to build from on Kubernetes")
         if "network" not in definition.raw:
             definition.network = True
-    del yaml
     return definitions
 
 

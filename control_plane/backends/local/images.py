@@ -30,10 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ..base import ImageDefinition
-
 log = logging.getLogger(__name__)
 
 from ...images import BUILTIN_IMAGE, parse_build_yaml as parse_images_yaml  # noqa: E402,F401 - re-exported
