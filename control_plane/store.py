@@ -196,15 +196,24 @@ class SQLiteStore:
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
         self._operation_ids: Iterator[int] = iter(())
+        # Forwards look up (client, server) → handle; the answers stay good until the database
+        # changes: by us (``_generation``, bumped by every write but a forward's own record) or
+        # by another connection (SQLite's data_version), e.g. a replica sharing the file.
+        self._generation = 0
+        self._usable: dict[tuple[str, int], str] = {}
+        self._usable_seen: tuple[int, int] = (-1, -1)
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
     @contextmanager
-    def tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (BEGIN IMMEDIATE: writers queue instead of failing)."""
+    def tx(self, *, servers_unchanged: bool = False) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE: writers queue instead of failing).
+        ``servers_unchanged`` promises it changes no client or server's usability."""
         with self._lock:
+            if not servers_unchanged:
+                self._generation += 1
             try:
                 self._db.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
@@ -295,13 +304,23 @@ class SQLiteStore:
         return _row(ServerRow, rows[0]) if rows else None
 
     def usable_handle(self, client_id: str, server_id: int) -> str | None:
-        """The handle of a server the client owns while it is usable (ALIVE or REUSED): the one
-        query a forward makes. None says only that something is wrong, not what."""
-        rows = self._query(
-            "SELECT s.handle FROM servers s JOIN clients c ON c.id = s.client_id "
-            "WHERE s.id=? AND s.client_id=? AND s.availability IN ('ALIVE','REUSED') AND s.handle IS NOT NULL",
-            (server_id, client_id))
-        return rows[0][0] if rows else None
+        """The handle of a server the client owns while it is usable (ALIVE or REUSED), as a
+        forward needs it: remembered until the database changes. None says only that something
+        is wrong, not what."""
+        with self._lock:
+            seen = (self._db.execute("PRAGMA data_version").fetchall()[0][0], self._generation)
+            if seen != self._usable_seen:
+                self._usable.clear()
+                self._usable_seen = seen
+            handle = self._usable.get((client_id, server_id))
+            if handle is None:
+                rows = self._db.execute(
+                    "SELECT s.handle FROM servers s JOIN clients c ON c.id = s.client_id WHERE s.id=? AND "
+                    "s.client_id=? AND s.availability IN ('ALIVE','REUSED') AND s.handle IS NOT NULL",
+                    (server_id, client_id)).fetchall()
+                if rows:
+                    handle = self._usable[(client_id, server_id)] = rows[0][0]
+            return handle
 
     def servers(self, *, client_id: str | None = None,
                 availability: Iterable[AvailabilityStatus] | None = None) -> list[ServerRow]:
@@ -394,10 +413,10 @@ class SQLiteStore:
         with self._lock:
             op_id = next(self._operation_ids, None)
             if op_id is None:
-                with self.tx() as db:
-                    seq = db.execute("SELECT seq FROM sqlite_sequence WHERE name='operations'").fetchone()
-                    top = db.execute("SELECT MAX(id) FROM operations").fetchone()[0] or 0
-                    start = max(top, seq[0] if seq else 0) + 1
+                with self.tx(servers_unchanged=True) as db:
+                    seq = db.execute("SELECT seq FROM sqlite_sequence WHERE name='operations'").fetchall()
+                    top = db.execute("SELECT MAX(id) FROM operations").fetchall()[0][0] or 0
+                    start = max(top, seq[0][0] if seq else 0) + 1
                     end = start + OPERATION_ID_BLOCK
                     if seq:
                         db.execute("UPDATE sqlite_sequence SET seq=? WHERE name='operations'", (end - 1,))
@@ -410,9 +429,10 @@ class SQLiteStore:
     def record_operation(self, request_type: AsyncOperationType, request: str | None, client_id: str | None,
                          server_id: int | None, pod: str | None, started: int, status: AsyncOperationStatus,
                          result: str, touch_server: int | None = None, op_id: int | None = None) -> int:
-        """Insert an operation that has already ended (a forward answered inline): one transaction."""
+        """Insert an operation that has already ended (a forward answered inline): one transaction.
+        Its touch may turn REUSED into ALIVE, which leaves the server usable."""
         now = now_ms()
-        with self.tx() as db:
+        with self.tx(servers_unchanged=True) as db:
             cur = db.execute(
                 "INSERT INTO operations (id, request_type, status, request, result, client_id, server_id, "
                 "orchestrator_pod, scheduled_at, started_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",

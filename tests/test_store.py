@@ -78,3 +78,29 @@ def test_usable_handle_only_for_the_owner_of_a_usable_server(tmp_path: Path) -> 
         assert store.usable_handle(store.get_server(orphan).client_id, orphan) is None  # type: ignore[union-attr]
     finally:
         store.close()
+
+
+def test_a_remembered_handle_is_dropped_when_this_or_another_connection_changes_the_server(tmp_path: Path) -> None:
+    """Forwards remember handles; a stop made through this store, or by another replica sharing
+    the file, is seen by the very next lookup, while a forward's own record keeps the memory.
+
+    Can fail: without the data_version check the stop made by ``other`` went unseen and the
+    finished server's handle was still handed out.
+    """
+    store, other = SQLiteStore(tmp_path / "s.db"), SQLiteStore(tmp_path / "s.db")
+    try:
+        cid = str(uuid.uuid4())
+        store.add_client(ClientRow(cid, "c", "ns", 0, A.ALIVE, 0, 0))
+        sid = _server(store, cid, A.ALIVE, '{"h": 1}')
+        assert store.usable_handle(cid, sid) == '{"h": 1}'
+        _record(store, store.reserve_operation_id())
+        assert (cid, sid) in store._usable  # a forward's own record does not forget it
+        other.set_server_status(sid, A.FINISHED)
+        assert store.usable_handle(cid, sid) is None
+        other.set_server_status(sid, A.REUSED)
+        assert store.usable_handle(cid, sid) == '{"h": 1}'
+        store.set_server_status(sid, A.FINISHED)
+        assert store.usable_handle(cid, sid) is None
+    finally:
+        store.close()
+        other.close()
