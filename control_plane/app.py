@@ -375,7 +375,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
     wait = _prefer_wait(request)
     if wait is None:
         async def work() -> Outcome:
-            pending = cp.forwarder.start(endpoint, request.method, path, dict(request.headers), body)
+            pending = cp.forwarder.start(endpoint, request.method, path, request.headers, body)
             started = time.perf_counter()
             await pending.wait()
             return call.outcome(call.settled(pending, started))
@@ -389,7 +389,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
     # way: when it ends in time, in one write made just after the answer is sent (its id reserved
     # before); else as a running operation the client can poll.
     started_ms, started = now_ms(), time.perf_counter()
-    pending = cp.forwarder.start(endpoint, request.method, path, dict(request.headers), body)
+    pending = cp.forwarder.start(endpoint, request.method, path, request.headers, body)
     if not pending.future.done():
         await _settled_within(pending.future, wait)
     if not pending.future.done():
@@ -633,30 +633,6 @@ def auth_middleware(credentials: tuple[str, str]):
     return middleware
 
 
-def _body_limit_middleware(limit: int):
-    """A body declared larger than the limit is refused before any of it is read (aiohttp alone
-    would wait for the bytes, and only then say 413)."""
-
-    @web.middleware
-    async def middleware(request: web.Request, handler):
-        if request.content_length is not None and request.content_length > limit:
-            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
-        return await handler(request)
-
-    return middleware
-
-
-def _store_errors_middleware():
-    @web.middleware
-    async def middleware(request: web.Request, handler):
-        try:
-            return await handler(request)
-        except StoreError as exc:
-            raise Unavailable(str(exc)) from exc
-
-    return middleware
-
-
 def _lifecycle(cp: ControlPlane, watcher: Watcher, images: ImageJobs):
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         await cp.backend.start()
@@ -708,8 +684,7 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     builder = builder_for(backend)
     images = ImageJobs(cp, builder, getattr(builder, "parse_yaml", None) or parse_build_yaml)
     meter = Metrics()
-    middlewares = [error_middleware("control plane", (ControlPlaneError,), meter.observe), _store_errors_middleware(),
-                   _body_limit_middleware(config.max_body_bytes)]
+    middlewares = [error_middleware("control plane", (ControlPlaneError,), meter.observe, config.max_body_bytes)]
     if config.auth:
         middlewares.insert(1, auth_middleware(config.auth))
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)

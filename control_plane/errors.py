@@ -8,6 +8,7 @@
     ├── Gone                   410  the server exists but is not usable (FINISHED, STOPPED, CRASHED…)
     ├── TooManyRequests        429
     └── Unavailable            503  the state database cannot be written
+        └── store.StoreError
 
 Failures of asynchronous operations are not raised to the caller: they end the operation FAILED
 with an ``ErrorResponse`` (see ``operations.py``).

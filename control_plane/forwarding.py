@@ -8,6 +8,7 @@ other failure of ours 500 with a body starting ``Failed to forward request`` (wi
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -95,7 +96,7 @@ class Forwarder:
         self._session: aiohttp.ClientSession | None = None
         self._pools: dict[str, UnixPool] = {}
 
-    def start(self, endpoint: Endpoint, method: str, path: str, headers: dict[str, str] | None = None,
+    def start(self, endpoint: Endpoint, method: str, path: str, headers: Mapping[str, str] | None = None,
               body: bytes | None = None, timeout: float | None = None) -> Pending:
         """Begin a request; ``path`` is relative to the sandbox root (``api/tools/bash?x=1``). On an
         idle kept-alive connection the request is written before this returns."""
@@ -117,7 +118,7 @@ class Forwarder:
             return Pending(sent_now, url)
         return Pending(asyncio.ensure_future(pool.request(method, path, sent, body or b"", limit)), url)
 
-    async def request(self, endpoint: Endpoint, method: str, path: str, headers: dict[str, str] | None = None,
+    async def request(self, endpoint: Endpoint, method: str, path: str, headers: Mapping[str, str] | None = None,
                       body: bytes | None = None, timeout: float | None = None) -> Reply:
         """One request to the sandbox; raises ``ForwardError``."""
         pending = self.start(endpoint, method, path, headers, body, timeout)

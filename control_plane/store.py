@@ -21,6 +21,7 @@ from typing import Any
 from uuid import UUID
 
 from . import lifecycle
+from .errors import Unavailable
 from .models import AsyncOperationStatus, AsyncOperationType, AvailabilityStatus
 
 
@@ -175,8 +176,9 @@ def _touch(db: sqlite3.Connection, server_id: int, when: int) -> None:
     )
 
 
-class StoreError(Exception):
-    """The database could not be written (disk full, read-only…); the message says what to do."""
+class StoreError(Unavailable):
+    """The database could not be written (disk full, read-only…); the message says what to do.
+    Answered as 503: the control plane cannot keep state until it is fixed."""
 
 
 OPERATION_ID_BLOCK = 256

@@ -37,9 +37,18 @@ class RawReply:
     body: bytes
 
 
+_TARGETS: dict[str, str] = {}
+
+
 def request_target(path: str) -> str:
-    """The request target for ``path`` (relative to the sandbox root), quoted as aiohttp quotes it."""
-    return URL("http://sandbox/" + path.lstrip("/")).raw_path_qs
+    """The request target for ``path`` (relative to the sandbox root), quoted as aiohttp quotes it.
+    Agents call the same few paths over and over: they are quoted once."""
+    target = _TARGETS.get(path)
+    if target is None:
+        if len(_TARGETS) >= 1024:
+            _TARGETS.clear()
+        target = _TARGETS[path] = URL("http://sandbox/" + path.lstrip("/")).raw_path_qs
+    return target
 
 
 def encode_request(method: str, target: str, headers: dict[str, str], body: bytes) -> bytes:
