@@ -8,11 +8,10 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.cp_helpers import ControlPlaneProcess
-from tests.helpers import SEEDS, wait_until
+from tests.helpers import SEEDS
 
 SEED = yaml.safe_load((SEEDS / "control-plane-api.yaml").read_text())
 BUILTIN = "idegym/builtin:latest"

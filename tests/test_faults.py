@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from tests.cp_helpers import ControlPlaneProcess
-from tests.helpers import process_alive, processes_mentioning, wait_until
+from tests.helpers import processes_mentioning, wait_until
 from tests.local_helpers import ns_members
 
 pytestmark = pytest.mark.security

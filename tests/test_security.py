@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import socket
-import stat
 import subprocess
 import threading
 import time
@@ -32,7 +31,7 @@ import pytest
 
 from control_plane.backends.base import Limits, SandboxHandle
 from control_plane.backends.local import LocalBackend
-from tests.local_helpers import LoopThread, client, leftovers, spec, tree_digest, wait_for
+from tests.local_helpers import LoopThread, client, leftovers, spec, wait_for
 
 pytestmark = pytest.mark.security
 
