@@ -14,7 +14,6 @@ The baseline is the first window of the same run.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import statistics
@@ -27,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from control_plane.backends.local import linux
+from control_plane.backends.local.backend import state_key
 
 from ._common import Progress, Result, Stats, check_target, stats_table, table
 from ._servers import control_plane
@@ -126,23 +128,14 @@ def _listening_pid(port: int) -> int:
 
 def leftovers(state: Path) -> list[str]:
     """Everything of the control plane's sandboxes still on the host."""
-    marker = str(state).encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker in cmd:
-                found.append(f"process {entry.name}: {cmd[:80]!r}")
+    found = [f"process {pid}" for pid in linux.pids_with_cmdline(str(state))]
     found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text().splitlines()
               if str(state) in line]
     sandboxes = state / "sandboxes"
     if sandboxes.is_dir():
         found += [f"sandbox directory {e.name}" for e in os.scandir(sandboxes)]
-    key = hashlib.sha1(str(state.absolute()).encode()).hexdigest()[:10]  # as the local backend names its groups
-    found += [f"cgroup {path}" for path in Path("/sys/fs/cgroup").glob(f"*/idegym/{key}*/*") if path.is_dir()]
+    found += [f"cgroup {path}" for path in Path("/sys/fs/cgroup").glob(f"*/idegym/{state_key(state)}*/*")
+              if path.is_dir()]
     return found
 
 

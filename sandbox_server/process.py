@@ -463,6 +463,8 @@ def _groups_of(user: UserSpec) -> list[int]:
     if key not in _GROUPS:
         import grp
 
+        if any(k[2] != stamp for k in _GROUPS):  # /etc/group changed: forget what it said before
+            _GROUPS.clear()
         try:
             _GROUPS[key] = [g.gr_gid for g in grp.getgrall() if user.name in g.gr_mem and g.gr_gid != user.gid]
         except OSError:

@@ -85,15 +85,14 @@ class SandboxProcess:
 
 def processes_mentioning(marker: bytes) -> dict[int, bytes]:
     """Live processes whose command line contains ``marker``, with that command line."""
+    from control_plane.backends.local.linux import pids_with_cmdline
+
     found = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker in cmd:
-                found[int(entry.name)] = cmd
+    for pid in pids_with_cmdline(marker.decode()):
+        try:
+            found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:  # ended meanwhile
+            continue
     return found
 
 

@@ -330,9 +330,9 @@ def test_a_cancelled_create_leaves_nothing(tmp_path: Path) -> None:
     launch and deleted what a cancelled one made).
     """
     import asyncio
-    import hashlib
 
     from control_plane.backends.local import LocalBackend
+    from control_plane.backends.local.backend import state_key
     from tests.local_helpers import spec
 
     state = tmp_path / "state"
@@ -352,6 +352,5 @@ def test_a_cancelled_create_leaves_nothing(tmp_path: Path) -> None:
 
     asyncio.run(scenario())
     assert os.listdir(state / "sandboxes") == []
-    key = hashlib.sha1(str(state.absolute()).encode()).hexdigest()[:10]
-    assert not [p for p in Path("/sys/fs/cgroup").glob(f"*/idegym/{key}/cancelled-*")]
+    assert not [p for p in Path("/sys/fs/cgroup").glob(f"*/idegym/{state_key(state)}/cancelled-*")]
     assert wait_until(lambda: not _sandbox_pids(state), 10), _sandbox_pids(state)

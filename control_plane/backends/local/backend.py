@@ -92,6 +92,11 @@ ISOLATIONS = ("auto", "bwrap", "none")
 _said: set[str] = set()
 
 
+def state_key(state_dir: Path) -> str:
+    """The short key this backend names a state directory's cgroups and socket directory by."""
+    return hashlib.sha1(str(Path(state_dir).absolute()).encode()).hexdigest()[:10]
+
+
 def _say_once(key: str, level: int, message: str, *args: Any) -> None:
     if key not in _said:
         _said.add(key)
@@ -162,7 +167,7 @@ class LocalBackend(Backend):
         self.shm_bytes = shm_bytes
         self.store = ImageStore(self.state_dir / "images")
         self.snapshots_dir = self.state_dir / "snapshots"
-        key = hashlib.sha1(str(self.state_dir).encode()).hexdigest()[:10]
+        key = state_key(self.state_dir)
         self._cgroup_parent = f"{cgroup_parent.strip('/')}/{key}"
         self._run_root = self._pick_run_root(key)
         self.runtime: Runtime | None = None
