@@ -47,6 +47,10 @@ PINNED_ENV = {
 PASSED_ENV = ("PATH", "JAVA_HOME", "NODE_PATH")
 
 
+# Made here, used by the subject (another user): not under the grader's own private TMPDIR.
+_SHARED_TMP = "/tmp" if os.path.isdir("/tmp") else None
+
+
 class SubjectError(Exception):
     """The subject process failed to answer: it crashed, exited, hung or spoke garbage."""
 
@@ -135,12 +139,14 @@ class Subject:
         self.close()
         self.generation += 1
         user = _subject_user()
-        self._home = tempfile.mkdtemp(prefix="idegym-subject-")
+        self._home = tempfile.mkdtemp(prefix="idegym-subject-", dir=_SHARED_TMP)
         env = dict(PINNED_ENV)
         env.update({k: os.environ[k] for k in PASSED_ENV if k in os.environ})
         env.update(HOME=self._home, TMPDIR=self._home)
         answers_r, answers_w = os.pipe()
         env[ANSWER_FD_ENV] = str(answers_w)
+        if user is not None:  # a JVM reopens it by /proc/self/fd/N, which checks the pipe's owner
+            os.fchown(answers_w, user[0], user[1])
         kwargs: dict = {}
         if user is not None:
             os.chown(self._home, user[0], user[1])
@@ -476,7 +482,7 @@ class JavaSubject:
     @classmethod
     def _judge_classes(cls) -> str:
         if cls._compiled is None:
-            out = tempfile.mkdtemp(prefix="idegym-judge-java-")
+            out = tempfile.mkdtemp(prefix="idegym-judge-java-", dir=_SHARED_TMP)
             os.chmod(out, 0o755)  # the subject (another user) reads it
             source = os.path.join(SUBJECTS, "java", "JudgeSubject.java")
             javac = os.environ.get("IDEGYM_SUBJECT_JAVAC") or "javac"
@@ -514,6 +520,9 @@ class ProcessSubject:
 
     def output(self) -> str:
         return self.subject.output()
+
+    def close(self) -> None:
+        self.subject.close()
 
 
 def process(argv: list[str], *, cwd: str | None = None) -> ProcessSubject:

@@ -10,10 +10,14 @@
  *         else jd_unknown(&req);
  *     }
  *
- * Header-only (static functions), valid C11 and C++17. The driver is part of the task's pristine
+ * Header-only (static inline functions), valid C11 and C++17. The driver is part of the task's pristine
  * tests; the code under test it links is not trusted with anything (see ../../subject.py). */
 #ifndef IDEGYM_JUDGE_DRIVER_H
 #define IDEGYM_JUDGE_DRIVER_H
+
+#if !defined(_POSIX_C_SOURCE) && !defined(__cplusplus)
+#define _POSIX_C_SOURCE 200809L /* getline, fdopen under -std=c11; include this header first */
+#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,7 +47,7 @@ typedef struct {
 
 static FILE *jd_answers = NULL;
 
-static void jd_free_value(jd_value *v) {
+static inline void jd_free_value(jd_value *v) {
     size_t i;
     if (v->kind == JD_STRING) free(v->string);
     if (v->kind == JD_ARRAY || v->kind == JD_OBJECT) {
@@ -57,11 +61,11 @@ static void jd_free_value(jd_value *v) {
     memset(v, 0, sizeof *v);
 }
 
-static void jd_skip(const char **p) {
+static inline void jd_skip(const char **p) {
     while (**p == ' ' || **p == '\t' || **p == '\r' || **p == '\n') (*p)++;
 }
 
-static int jd_put_utf8(char *out, size_t *n, unsigned cp) {
+static inline int jd_put_utf8(char *out, size_t *n, unsigned cp) {
     if (cp < 0x80) { out[(*n)++] = (char)cp; }
     else if (cp < 0x800) { out[(*n)++] = (char)(0xC0 | (cp >> 6)); out[(*n)++] = (char)(0x80 | (cp & 0x3F)); }
     else if (cp < 0x10000) {
@@ -74,7 +78,7 @@ static int jd_put_utf8(char *out, size_t *n, unsigned cp) {
     return 1;
 }
 
-static int jd_hex4(const char *p, unsigned *out) {
+static inline int jd_hex4(const char *p, unsigned *out) {
     unsigned v = 0;
     int i;
     for (i = 0; i < 4; i++) {
@@ -89,7 +93,7 @@ static int jd_hex4(const char *p, unsigned *out) {
     return 1;
 }
 
-static int jd_parse_string(const char **p, char **out, size_t *len) {
+static inline int jd_parse_string(const char **p, char **out, size_t *len) {
     const char *s = *p + 1;
     size_t cap = strlen(s) + 1, n = 0;
     char *buf = (char *)malloc(cap);
@@ -126,7 +130,7 @@ static int jd_parse_string(const char **p, char **out, size_t *len) {
     return 1;
 }
 
-static int jd_parse(const char **p, jd_value *v, int depth) {
+static inline int jd_parse(const char **p, jd_value *v, int depth) {
     memset(v, 0, sizeof *v);
     if (depth > JD_MAX_DEPTH) return 0;
     jd_skip(p);
@@ -177,7 +181,7 @@ static int jd_parse(const char **p, jd_value *v, int depth) {
 
 /* -- answers --------------------------------------------------------------------------------- */
 
-static void jd_write_string(FILE *f, const char *s, size_t n) {
+static inline void jd_write_string(FILE *f, const char *s, size_t n) {
     size_t i;
     fputc('"', f);
     for (i = 0; i < n; i++) {
@@ -189,21 +193,20 @@ static void jd_write_string(FILE *f, const char *s, size_t n) {
     fputc('"', f);
 }
 
-static void jd_begin(void) { fputs("{\"ok\":", jd_answers); }
-static void jd_end(void) { fputs("}\n", jd_answers); fflush(jd_answers); }
+/* {"ok": <value>}: the value is written between jd_begin() and jd_end(). */
+static inline void jd_begin(void) { fputs("{\"ok\":", jd_answers); }
+static inline void jd_end(void) { fputs("}\n", jd_answers); fflush(jd_answers); }
 
-static void jd_ok_null(void) { jd_begin(); fputs("null", jd_answers); jd_end(); }
-static void jd_ok_int(long long v) { jd_begin(); fprintf(jd_answers, "%lld", v); jd_end(); }
-static void jd_ok_bool(int v) { jd_begin(); fputs(v ? "true" : "false", jd_answers); jd_end(); }
-static void jd_ok_string(const char *s, size_t n) { jd_begin(); jd_write_string(jd_answers, s, n); jd_end(); }
-/* An answer whose value the driver writes itself with the jd_w_* functions. */
-static FILE *jd_ok_open(void) { jd_begin(); return jd_answers; }
-static void jd_ok_close(void) { jd_end(); }
-static void jd_w_string(const char *s, size_t n) { jd_write_string(jd_answers, s, n); }
-static void jd_w_raw(const char *text) { fputs(text, jd_answers); }
-static void jd_w_int(long long v) { fprintf(jd_answers, "%lld", v); }
+static inline void jd_ok_null(void) { jd_begin(); fputs("null", jd_answers); jd_end(); }
+static inline void jd_ok_int(long long v) { jd_begin(); fprintf(jd_answers, "%lld", v); jd_end(); }
+static inline void jd_ok_bool(int v) { jd_begin(); fputs(v ? "true" : "false", jd_answers); jd_end(); }
+static inline void jd_ok_string(const char *s, size_t n) { jd_begin(); jd_write_string(jd_answers, s, n); jd_end(); }
+/* An answer whose value the driver writes itself: jd_begin(), jd_w_* calls, jd_end(). */
+static inline void jd_w_string(const char *s, size_t n) { jd_write_string(jd_answers, s, n); }
+static inline void jd_w_raw(const char *text) { fputs(text, jd_answers); }
+static inline void jd_w_int(long long v) { fprintf(jd_answers, "%lld", v); }
 
-static void jd_err(const char *type, const char *message) {
+static inline void jd_err(const char *type, const char *message) {
     fputs("{\"err\":{\"$t\":\"exc\",\"type\":", jd_answers);
     jd_write_string(jd_answers, type, strlen(type));
     fputs(",\"chain\":[],\"builtin\":null,\"message\":", jd_answers);
@@ -214,7 +217,7 @@ static void jd_err(const char *type, const char *message) {
 
 /* -- requests -------------------------------------------------------------------------------- */
 
-static void jd_release(jd_request *r) {
+static inline void jd_release(jd_request *r) {
     jd_free_value(&r->doc);
     free(r->line);
     memset(r, 0, sizeof *r);
@@ -222,7 +225,7 @@ static void jd_release(jd_request *r) {
 
 /* The next request (1), or 0 at the end of the input. A malformed one is answered with an
  * error and skipped. */
-static int jd_next(jd_request *r) {
+static inline int jd_next(jd_request *r) {
     size_t cap = 0;
     ssize_t got;
     if (jd_answers == NULL) {
@@ -256,24 +259,24 @@ static int jd_next(jd_request *r) {
     }
 }
 
-static int jd_op(const jd_request *r, const char *name) { return strcmp(r->op, name) == 0; }
+static inline int jd_op(const jd_request *r, const char *name) { return strcmp(r->op, name) == 0; }
 
-static const jd_value *jd_arg(const jd_request *r, size_t i, jd_kind kind) {
+static inline const jd_value *jd_arg(const jd_request *r, size_t i, jd_kind kind) {
     static jd_value none;
     if (i >= r->nargs || r->args[i].kind != kind) return &none;
     return &r->args[i];
 }
 
 /* Argument i as an int (0 when missing or not a number), a string ("" when not one), an array. */
-static long long jd_int(const jd_request *r, size_t i) { return (long long)jd_arg(r, i, JD_NUMBER)->number; }
-static const char *jd_str(const jd_request *r, size_t i) {
+static inline long long jd_int(const jd_request *r, size_t i) { return (long long)jd_arg(r, i, JD_NUMBER)->number; }
+static inline const char *jd_str(const jd_request *r, size_t i) {
     const jd_value *v = jd_arg(r, i, JD_STRING);
     return v->string ? v->string : "";
 }
-static size_t jd_strlen(const jd_request *r, size_t i) { return jd_arg(r, i, JD_STRING)->length; }
-static const jd_value *jd_array(const jd_request *r, size_t i) { return jd_arg(r, i, JD_ARRAY); }
+static inline size_t jd_strlen(const jd_request *r, size_t i) { return jd_arg(r, i, JD_STRING)->length; }
+static inline const jd_value *jd_array(const jd_request *r, size_t i) { return jd_arg(r, i, JD_ARRAY); }
 
-static void jd_unknown(const jd_request *r) {
+static inline void jd_unknown(const jd_request *r) {
     char message[256];
     snprintf(message, sizeof message, "the driver has no operation \"%.200s\"", r->op);
     jd_err("ProtocolError", message);
