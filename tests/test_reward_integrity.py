@@ -9,7 +9,10 @@ bundled task, and must score no more than the untouched task. None of them touch
 Can fail: on the grading of round one (checks in the agent's own tree, processes ended once,
 reports in the project) ``planted_stdlib_module`` scored 1.0 on python-lru-cache,
 ``java_annotation_processor`` 1.0 on java-fraction, ``harness_patch`` 1.0 on
-python-roman-numerals; with ``RemoteObject.__eq__`` asking the subject, ``always_equal`` scored 1.0.
+python-roman-numerals (the issue's reproductions). With the judge's ``RemoteObject.__eq__`` asking
+the subject (a mutation, in a copy of the tree), ``always_equal`` scored 0.875 on python-roman-numerals
+against 0.625 untouched; without the stage emptying, ``test_a_stage_leaves_nothing_running_for_the_next``
+fails.
 """
 
 from __future__ import annotations
