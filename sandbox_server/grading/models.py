@@ -59,8 +59,10 @@ class Skipped(_Strict):
 
 class ExportResponse(_Strict):
     files: list[FileEntry] = Field(default_factory=list)
-    deleted: list[str] = Field(default_factory=list, description="editable files of the pristine project the agent removed")
-    skipped: list[Skipped] = Field(default_factory=list, description="matching entries that were not exported, and why")
+    deleted: list[str] = Field(default_factory=list,
+                               description="editable files of the pristine project the agent removed")
+    skipped: list[Skipped] = Field(default_factory=list,
+                                   description="matching entries that were not exported, and why")
     total_bytes: int = 0
 
 

@@ -35,7 +35,7 @@ def encode(value, make_ref=None, depth=0):
     """``value`` as a JSON-able document; objects that are not plain data go through
     ``make_ref(obj) -> document`` (the subject's handle table) or raise ``TypeError``."""
     if depth > MAX_DEPTH:
-        raise TypeError("value nested more than %d levels deep" % MAX_DEPTH)
+        raise TypeError(f"value nested more than {MAX_DEPTH} levels deep")
     kind = type(value)
     if value is None or kind is bool or kind is str:
         return value
@@ -65,8 +65,8 @@ def encode(value, make_ref=None, depth=0):
         if isinstance(value, base) and not isinstance(value, type):
             return encode(base(value), make_ref, depth)
     if make_ref is None:
-        raise TypeError("cannot send a %s to the subject: only plain data (None, bool, int, float, str, "
-                        "bytes, list, tuple, dict, set) and objects of the subject" % kind.__name__)
+        raise TypeError(f"cannot send a {kind.__name__} to the subject: only plain data (None, bool, int, float, str, "
+                        "bytes, list, tuple, dict, set) and objects of the subject")
     return make_ref(value)
 
 
@@ -74,7 +74,7 @@ def decode(doc, resolve=None, depth=0):
     """The value a document stands for; ``ref``/``exc``/``exctype`` documents go through
     ``resolve(doc)`` (or raise ``ProtocolError`` without it)."""
     if depth > MAX_DEPTH:
-        raise ProtocolError("document nested more than %d levels deep" % MAX_DEPTH)
+        raise ProtocolError(f"document nested more than {MAX_DEPTH} levels deep")
     if doc is None or isinstance(doc, (bool, str)):
         return doc
     if isinstance(doc, (int, float)):
@@ -82,7 +82,7 @@ def decode(doc, resolve=None, depth=0):
     if isinstance(doc, list):
         return [decode(v, resolve, depth + 1) for v in doc]
     if not isinstance(doc, dict) or not isinstance(doc.get(TAG), str):
-        raise ProtocolError("not a judge value: %.200r" % (doc,))
+        raise ProtocolError(f"not a judge value: {repr(doc)[:200]}")
     tag, v = doc[TAG], doc.get("v")
     try:
         if tag == "int":
@@ -104,10 +104,10 @@ def decode(doc, resolve=None, depth=0):
     except ProtocolError:
         raise
     except (TypeError, ValueError) as exc:  # a malformed payload, or an unhashable key or member
-        raise ProtocolError("bad %s value: %s" % (tag, exc)) from None
+        raise ProtocolError(f"bad {tag} value: {exc}") from None
     if tag in ("ref", "exc", "exctype") and resolve is not None:
         return resolve(doc)
-    raise ProtocolError("unknown value tag %r" % tag)
+    raise ProtocolError(f"unknown value tag {tag!r}")
 
 
 def write_message(stream, doc):
@@ -122,13 +122,13 @@ def read_message(stream):
     if not line:
         return None
     if len(line) > MAX_LINE:
-        raise ProtocolError("message longer than %d bytes" % MAX_LINE)
+        raise ProtocolError(f"message longer than {MAX_LINE} bytes")
     try:
         doc = json.loads(line)
     except RecursionError:
         raise ProtocolError("message nested too deeply") from None
     except ValueError as exc:
-        raise ProtocolError("not JSON: %s (%.120r)" % (exc, line)) from None
+        raise ProtocolError(f"not JSON: {exc} ({repr(line)[:120]})") from None
     if not isinstance(doc, dict):
-        raise ProtocolError("a message must be a JSON object, got %.120r" % (line,))
+        raise ProtocolError(f"a message must be a JSON object, got {repr(line)[:120]}")
     return doc

@@ -59,19 +59,19 @@ class Handles:
 
     def resolve(self, doc):
         if doc.get(protocol.TAG) != "ref" or doc.get("id") not in self.objects:
-            raise protocol.ProtocolError("unknown object reference %.100r" % (doc,))
+            raise protocol.ProtocolError(f"unknown object reference {repr(doc)[:100]}")
         return self.objects[doc["id"]]
 
 
 def _qualname(cls):
-    return "%s.%s" % (cls.__module__, cls.__qualname__)
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _short_repr(obj):
     try:
         text = repr(obj)
     except BaseException:  # a repr of the code under test may raise anything
-        text = "<%s>" % type(obj).__name__
+        text = f"<{type(obj).__name__}>"
     return text[:200]
 
 
@@ -90,7 +90,7 @@ def _exception(exc):
     try:
         message = str(exc)
     except BaseException:
-        message = "<unprintable %s>" % type(exc).__name__
+        message = f"<unprintable {type(exc).__name__}>"
     doc["message"] = message[:MAX_TEXT]
     doc["traceback"] = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-MAX_TEXT:]
     return doc
@@ -132,8 +132,8 @@ def handle(request, handles):
         if name == "__setitem__" and len(args) == 2:
             target[args[0]] = args[1]
             return None
-        raise protocol.ProtocolError("unknown operation %r" % name)
-    raise protocol.ProtocolError("unknown request op %r" % (op,))
+        raise protocol.ProtocolError(f"unknown operation {name!r}")
+    raise protocol.ProtocolError(f"unknown request op {op!r}")
 
 
 def main(argv):
