@@ -16,7 +16,7 @@ import signal
 import time
 from pathlib import Path
 
-from . import linux
+from sandbox_server import procfs
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ class Cgroups:
         freezing = cls.freeze(paths, 1.0)
         try:
             for pid in cls.procs(paths) | set(extra):
-                linux.kill(pid, signal.SIGKILL)
+                procfs.kill(pid, signal.SIGKILL)
         finally:
             if freezing is not None:
                 cls.thaw(paths)  # frozen tasks only die once thawed: never leave the group frozen
@@ -161,8 +161,8 @@ class Cgroups:
             if not left:
                 return []
             for pid in left:
-                linux.kill(pid, signal.SIGKILL)
-                linux.reap(pid)
+                procfs.kill(pid, signal.SIGKILL)
+                procfs.reap(pid)
             time.sleep(0.005)
         return sorted(cls.procs(paths))
 
