@@ -182,7 +182,7 @@ class ControlPlane:
         servers = self.store.servers(client_id=client_id, availability=lifecycle.USABLE)
         results = await asyncio.gather(*(self.stop(s, A.STOPPED, "stopped with its client") for s in servers),
                                        return_exceptions=True)
-        failed = [s.id for s, r in zip(servers, results) if isinstance(r, BaseException) or r is False]
+        failed = [s.id for s, r in zip(servers, results, strict=True) if isinstance(r, BaseException) or r is False]
         target = A.DELETION_FAILED if failed else A.STOPPED
         self.store.set_client_status(client_id, target)
         await self._release_nodes(self.client(client_id))

@@ -27,7 +27,8 @@ async def relay(request: web.Request, cp: ControlPlane, row: ServerRow) -> web.S
     except Exception as exc:  # noqa: BLE001 - refused before the upgrade: the client gets a status
         await session.close()
         cp.spawn(cp.check_sandbox(row.id))
-        raise web.HTTPGone(text=f"Failed to forward request: cannot open {url}: {type(exc).__name__} ({exc})")
+        raise web.HTTPGone(
+            text=f"Failed to forward request: cannot open {url}: {type(exc).__name__} ({exc})") from exc
     downstream = web.WebSocketResponse(max_msg_size=0, autoping=True)
     await downstream.prepare(request)
     cp.store.touch_server(row.id, now_ms())
