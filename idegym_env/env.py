@@ -48,7 +48,7 @@ from . import embedded
 from .client import APIError, BadRequest, Conflict, IdeGymClient, NotFound, Sandbox, SandboxGone, Unauthorized
 from .rewards import RewardFunction, reward_components
 from .spaces import InvalidAction, ToolCallSpace, UnicodeText
-from .spaces.tool_call import ReadFileCall, SubmitCall, ToolCall
+from .spaces.tools import ReadFileCall, SubmitCall, ToolCall
 from .tasks import Task, bundled_tasks, load_task
 
 DEFAULT_TASK = "python-roman-numerals"

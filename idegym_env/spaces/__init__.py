@@ -1,7 +1,15 @@
-"""Action and observation spaces: tool calls (actions) and unrestricted text (observations)."""
+"""Action and observation spaces: tool calls (actions) and unrestricted text (observations).
+
+    tools.py      the tools: argument models, validated tool calls, the wire request of each
+    parsing.py    reading a tool call out of what an agent or an LLM produced
+    schemas.py    JSON Schemas of the tools for LLM APIs, hints for the agent
+    tool_call.py  ToolCallSpace, the Gymnasium space
+    text.py       UnicodeText, the observation space
+"""
 
 from .text import UnicodeText
-from .tool_call import (
+from .tool_call import ToolCallSpace
+from .tools import (
     TOOL_NAMES,
     TOOLS,
     AnyToolCall,
@@ -14,7 +22,6 @@ from .tool_call import (
     SandboxRequest,
     SubmitCall,
     ToolCall,
-    ToolCallSpace,
 )
 
 __all__ = [

@@ -1,0 +1,261 @@
+"""The tools an agent calls: their argument models and the validated tool calls.
+
+Defined once and used for validation (``ToolCallSpace.contains``), parsing what an agent or an
+LLM produced (``parsing.py``), the JSON Schemas an LLM is given (``schemas.py``) and the
+sandbox-server request that carries each call out.
+
+=============  ======================================================  =============================
+tool           arguments                                               sandbox endpoint
+=============  ======================================================  =============================
+bash           command: str, timeout?: float seconds                   POST /api/tools/bash
+create_file    path: str, content: str                                 POST /api/tools/file/create
+edit_file      path, start_line >= 1, end_line >= start_line - 1,      POST /api/tools/file/edit
+               new_content: str
+patch_file     path, patch: diff-match-patch patch text                POST /api/tools/file/patch
+read_file      path, offset?: byte offset >= 0, length?: bytes >= 1    POST /api/tools/file/download
+submit         (none)                                                  (ends the episode: checks run)
+=============  ======================================================  =============================
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+MAX_TIMEOUT = 3600.0
+MAX_READ_LENGTH = 16 << 20  # the sandbox server's largest download chunk
+
+
+# -- argument models -------------------------------------------------------------------------------
+
+
+def _path_ok(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL character")
+    return value
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty or only whitespace")
+    return value
+
+
+FilePath = Annotated[
+    str,
+    Field(min_length=1, max_length=4096,
+          description="File path, relative to the project directory (or absolute inside it)."),
+    AfterValidator(_path_ok),
+]
+
+
+class ToolArguments(BaseModel):
+    """Arguments of one tool. Strict: no coercion ("3" is not 3, True is not 1), no unknown keys."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class BashArguments(ToolArguments):
+    command: Annotated[str, Field(min_length=1, description="Bash script to run in the project directory, "
+                                  "e.g. `ls src` or `grep -n foo src/app.py`."), AfterValidator(_not_blank)]
+    timeout: Annotated[float, Field(gt=0, le=MAX_TIMEOUT, allow_inf_nan=False)] | None = Field(
+        None, description=f"Seconds before the command is killed (at most {MAX_TIMEOUT:g}); "
+                          "the environment's default when omitted.")
+
+
+class CreateFileArguments(ToolArguments):
+    path: FilePath
+    content: str = Field(description="The complete new content of the file (UTF-8 text). "
+                                     "Creates missing parent directories; overwrites an existing file.")
+
+
+class EditFileArguments(ToolArguments):
+    path: FilePath
+    start_line: int = Field(ge=1, description="First line to replace, counting from 1.")
+    end_line: int = Field(ge=0, description="Last line to replace (inclusive). Use start_line - 1 to insert "
+                                            "before start_line without replacing anything.")
+    new_content: str = Field(description="Text that replaces the lines; empty deletes them. "
+                                         "A trailing newline is added when missing.")
+
+    @model_validator(mode="after")
+    def _range(self) -> EditFileArguments:
+        if self.end_line < self.start_line - 1:
+            raise ValueError(
+                f"end_line ({self.end_line}) is before start_line ({self.start_line}); lines "
+                f"start_line..end_line are replaced, and end_line = start_line - 1 inserts"
+            )
+        return self
+
+
+class PatchFileArguments(ToolArguments):
+    path: FilePath
+    patch: Annotated[str, Field(min_length=1, description=(
+        "Google diff-match-patch patch text, as produced by patch_toText(patch_make(old, new)): "
+        "hunks like '@@ -12,7 +12,7 @@' followed by lines starting with ' ', '-' or '+' "
+        "(special characters %-encoded). The call fails if a hunk does not apply."
+    )), AfterValidator(_not_blank)]
+
+
+class ReadFileArguments(ToolArguments):
+    path: FilePath
+    offset: int | None = Field(None, ge=0, description="Byte offset to start reading at (default 0).")
+    length: int | None = Field(
+        None, ge=1, le=MAX_READ_LENGTH,
+        description="Maximum number of bytes to read (default: the environment's limit).")
+
+
+class SubmitArguments(ToolArguments):
+    pass
+
+
+# -- tool calls ------------------------------------------------------------------------------------
+
+
+class SandboxRequest(NamedTuple):
+    """A sandbox-server request: ``POST path`` with JSON ``body``."""
+
+    path: str
+    body: dict[str, Any]
+
+
+class ToolCall(BaseModel):
+    """One validated tool call. Subclasses fix ``tool`` and the ``arguments`` model.
+
+    ``to_action()`` gives the canonical action dict (a member of a ``ToolCallSpace`` that has the
+    tool); ``sandbox_request()`` the sandbox-server request that performs it (None for submit).
+    """
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    tool: str
+    arguments: ToolArguments
+
+    description: ClassVar[str] = ""
+    endpoint: ClassVar[str | None] = None
+
+    def to_action(self) -> dict[str, Any]:
+        return {"tool": self.tool, "arguments": self.arguments.model_dump(exclude_none=True)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_action(), ensure_ascii=False)
+
+    def sandbox_request(self) -> SandboxRequest | None:
+        return None
+
+
+class BashCall(ToolCall):
+    tool: Literal["bash"] = "bash"
+    arguments: BashArguments
+    description: ClassVar[str] = (
+        "Run a bash script in the project directory and return its stdout, stderr and exit code. "
+        "Each call is a fresh shell: cd and variables do not carry over."
+    )
+    endpoint: ClassVar[str | None] = "/api/tools/bash"
+
+    def sandbox_request(self) -> SandboxRequest:
+        body: dict[str, Any] = {"command": self.arguments.command}
+        if self.arguments.timeout is not None:
+            body["timeout"] = self.arguments.timeout
+        return SandboxRequest("/api/tools/bash", body)
+
+
+class CreateFileCall(ToolCall):
+    tool: Literal["create_file"] = "create_file"
+    arguments: CreateFileArguments
+    description: ClassVar[str] = "Create a file, or overwrite it, with the given content."
+    endpoint: ClassVar[str | None] = "/api/tools/file/create"
+
+    def sandbox_request(self) -> SandboxRequest:
+        return SandboxRequest("/api/tools/file/create",
+                              {"file_path": self.arguments.path, "content": self.arguments.content})
+
+
+class EditFileCall(ToolCall):
+    tool: Literal["edit_file"] = "edit_file"
+    arguments: EditFileArguments
+    description: ClassVar[str] = (
+        "Replace lines start_line..end_line (1-based, inclusive) of a text file with new_content. "
+        "end_line = start_line - 1 inserts before start_line; empty new_content deletes the lines."
+    )
+    endpoint: ClassVar[str | None] = "/api/tools/file/edit"
+
+    def sandbox_request(self) -> SandboxRequest:
+        a = self.arguments
+        return SandboxRequest("/api/tools/file/edit", {"file_path": a.path, "start_line": a.start_line,
+                                                       "end_line": a.end_line, "new_content": a.new_content})
+
+
+class PatchFileCall(ToolCall):
+    tool: Literal["patch_file"] = "patch_file"
+    arguments: PatchFileArguments
+    description: ClassVar[str] = (
+        "Apply a diff-match-patch patch to a text file; fails if a hunk does not apply.")
+    endpoint: ClassVar[str | None] = "/api/tools/file/patch"
+
+    def sandbox_request(self) -> SandboxRequest:
+        body = {"file_path": self.arguments.path, "patch": self.arguments.patch}
+        return SandboxRequest("/api/tools/file/patch", body)
+
+
+class ReadFileCall(ToolCall):
+    tool: Literal["read_file"] = "read_file"
+    arguments: ReadFileArguments
+    description: ClassVar[str] = "Read a file (or a byte range of it) and return its text."
+    endpoint: ClassVar[str | None] = "/api/tools/file/download"
+
+    def sandbox_request(self) -> SandboxRequest:
+        """The download request; its response carries base64 ``content_base64`` to decode as UTF-8."""
+        body: dict[str, Any] = {"file_path": self.arguments.path, "offset": self.arguments.offset or 0}
+        if self.arguments.length is not None:
+            body["length"] = self.arguments.length
+        return SandboxRequest("/api/tools/file/download", body)
+
+
+class SubmitCall(ToolCall):
+    tool: Literal["submit"] = "submit"
+    arguments: SubmitArguments = SubmitArguments()
+    description: ClassVar[str] = (
+        "Declare the task done: the task's checks run and the episode ends with the reward.")
+
+
+AnyToolCall = Annotated[
+    BashCall | CreateFileCall | EditFileCall | PatchFileCall | ReadFileCall | SubmitCall,
+    Field(discriminator="tool"),
+]
+"""Pydantic type of any tool call (for models that hold tool calls, e.g. a task's solution)."""
+
+TOOLS: dict[str, type[ToolCall]] = {
+    cls.model_fields["tool"].default: cls
+    for cls in (BashCall, CreateFileCall, EditFileCall, PatchFileCall, ReadFileCall, SubmitCall)
+}
+TOOL_NAMES: tuple[str, ...] = tuple(TOOLS)
+
+EXAMPLES: dict[str, dict[str, Any]] = {
+    "bash": {"command": "ls -la"},
+    "create_file": {"path": "src/util.py", "content": "def helper():\n    return 1\n"},
+    "edit_file": {"path": "src/app.py", "start_line": 3, "end_line": 3, "new_content": "    return a + b"},
+    "patch_file": {"path": "src/app.py", "patch": "@@ -25,8 +25,8 @@\n n a \n--\n++\n  b%0A\n"},
+    "read_file": {"path": "README.md"},
+    "submit": {},
+}
+
+
+class InvalidAction(ValueError):
+    """An action that is not a valid tool call. ``str(exc)`` says what is wrong and what a valid
+    call looks like, so it can be shown to the agent as the observation."""
+
+    def __init__(self, reason: str, *, tool: str | None = None, hint: str = "") -> None:
+        self.reason = reason
+        self.tool = tool
+        self.hint = hint
+        super().__init__(f"{reason}\n{hint}" if hint else reason)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keep reason/tool/hint across pickling (Ray ships exceptions between processes).
+        return (_invalid_action, (self.reason, self.tool, self.hint))
+
+
+def _invalid_action(reason: str, tool: str | None, hint: str) -> InvalidAction:
+    return InvalidAction(reason, tool=tool, hint=hint)
