@@ -23,7 +23,7 @@ from . import __version__
 from .config import ServerConfig
 from .errors import BadRequest, Forbidden, Unprocessable
 from .files import FileTools
-from . import web
+from . import routes, web
 from .errors import SandboxServerError
 from .http import error_body, parse_model
 from .junit import find_reports, fresh_reports, parse_reports
@@ -38,7 +38,6 @@ from .models import (
     DownloadFileChunkResponse,
     EditFileRequest,
     ExecuteRequest,
-    ExecuteResponse,
     FileResult,
     HealthResponse,
     LanguagesResponse,
@@ -370,34 +369,24 @@ async def openapi(request: web.Request) -> web.Response:
 OPENAPI = web.AppKey("openapi", dict)
 
 ROUTES: tuple[Route, ...] = (
-    Route("POST", "/api/tools/bash", bash, "Execute Bash Script", "execute_bash_script_api_tools_bash_post",
-          BashCommandRequest, BashCommandResponse),
-    Route("POST", "/api/tools/file/create", create_file, "Create File", "create_file_api_tools_file_create_post",
-          CreateFileRequest, FileResult),
-    Route("POST", "/api/tools/file/edit", edit_file, "Replace Lines", "replace_lines_api_tools_file_edit_post",
-          EditFileRequest, FileResult),
-    Route("POST", "/api/tools/file/patch", patch_file, "Patch File", "patch_file_api_tools_file_patch_post",
-          PatchFileRequest, FileResult),
-    Route("POST", "/api/tools/file/upload", upload_file, "Upload File Chunk",
-          "upload_file_chunk_api_tools_file_upload_post", UploadFileChunkRequest, UploadFileChunkResponse),
-    Route("POST", "/api/tools/file/download", download_file, "Download File Chunk",
-          "download_file_chunk_api_tools_file_download_post", DownloadFileChunkRequest, DownloadFileChunkResponse),
-    Route("POST", "/api/rewards/compilation", compilation_reward, "Compilation Reward",
-          "compilation_reward_api_rewards_compilation_post", CompilationRequest, CheckResult),
-    Route("POST", "/api/rewards/setup", setup_reward, "Setup Reward", "setup_reward_api_rewards_setup_post",
-          SetupRequest, CheckResult),
-    Route("POST", "/api/rewards/test", test_reward, "Unit Test Reward", "unit_test_reward_api_rewards_test_post",
-          TestRequest, TestReport),
-    Route("POST", "/api/project/reset", reset_project, "Reset Project", "reset_project_api_project_reset_post",
-          ResetRequest, ResetResult),
-    Route("POST", "/api/processes/terminate", terminate_processes, "Terminate Tool Processes",
-          "terminate_processes_api_processes_terminate_post", TerminateRequest, TerminateResult),
-    Route("GET", "/api/health", health, "Health", "health_api_health_get", None, HealthResponse),
-    Route("GET", "/api/capabilities", capabilities, "Capabilities", "capabilities_api_capabilities_get",
-          None, CapabilitiesResponse),
-    Route("POST", "/execute", execute, "Run code in a sandboxed container", "execute", ExecuteRequest,
-          ExecuteResponse),
-    Route("GET", "/execute/languages", languages, "Available languages", "languages", None, LanguagesResponse),
+    Route.of(routes.BASH, bash, "Execute Bash Script", "execute_bash_script_api_tools_bash_post"),
+    Route.of(routes.CREATE_FILE, create_file, "Create File", "create_file_api_tools_file_create_post"),
+    Route.of(routes.EDIT_FILE, edit_file, "Replace Lines", "replace_lines_api_tools_file_edit_post"),
+    Route.of(routes.PATCH_FILE, patch_file, "Patch File", "patch_file_api_tools_file_patch_post"),
+    Route.of(routes.UPLOAD_FILE, upload_file, "Upload File Chunk", "upload_file_chunk_api_tools_file_upload_post"),
+    Route.of(routes.DOWNLOAD_FILE, download_file, "Download File Chunk",
+             "download_file_chunk_api_tools_file_download_post"),
+    Route.of(routes.COMPILATION_CHECK, compilation_reward, "Compilation Reward",
+             "compilation_reward_api_rewards_compilation_post"),
+    Route.of(routes.SETUP_CHECK, setup_reward, "Setup Reward", "setup_reward_api_rewards_setup_post"),
+    Route.of(routes.TEST_CHECK, test_reward, "Unit Test Reward", "unit_test_reward_api_rewards_test_post"),
+    Route.of(routes.RESET_PROJECT, reset_project, "Reset Project", "reset_project_api_project_reset_post"),
+    Route.of(routes.TERMINATE_PROCESSES, terminate_processes, "Terminate Tool Processes",
+             "terminate_processes_api_processes_terminate_post"),
+    Route.of(routes.HEALTH, health, "Health", "health_api_health_get"),
+    Route.of(routes.CAPABILITIES, capabilities, "Capabilities", "capabilities_api_capabilities_get"),
+    Route.of(routes.EXECUTE, execute, "Run code in a sandboxed container", "execute"),
+    Route.of(routes.LANGUAGES, languages, "Available languages", "languages"),
 )
 
 
@@ -455,7 +444,7 @@ def create_app(config: ServerConfig) -> web.App:
     app.cleanup_ctx.append(_lifecycle(state))
     for route in ROUTES:
         app.add_route(route.method, route.path, route.handler)
-    app.add_get("/openapi.json", openapi)
+    app.add_get(routes.OPENAPI, openapi)
     return app
 
 

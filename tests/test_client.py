@@ -21,6 +21,17 @@ from idegym_env.client import (
     ValidationError,
 )
 from idegym_env.embedded import EmbeddedControlPlane
+from idegym_env.spaces.tools import (
+    BashArguments,
+    BashCall,
+    CreateFileArguments,
+    CreateFileCall,
+    ReadFileArguments,
+    ReadFileCall,
+    SubmitCall,
+)
+from sandbox_server import routes
+from sandbox_server.models import BashCommandResponse, DownloadFileChunkResponse, FileResult, HealthResponse
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +56,24 @@ def test_tool_calls_through_the_control_plane(client: IdeGymClient) -> None:
         sandbox.edit("notes/a.txt", 2, 2, "TWO")
         assert sandbox.read_file("notes/a.txt") == "one\nTWO\nthree\n"
         assert sandbox.execute("bash", "echo $((6 * 7))").stdout == "42\n"
+
+
+def test_tool_calls_and_routes_are_typed(client: IdeGymClient) -> None:
+    with client.start() as sandbox:
+        ran = sandbox.run_tool(BashCall(arguments=BashArguments(command="echo hi")), bash_timeout=30)
+        assert isinstance(ran, BashCommandResponse) and (ran.stdout, ran.exit_code) == ("hi\n", 0)
+        wrote = sandbox.run_tool(CreateFileCall(arguments=CreateFileArguments(path="t.txt", content="x\n")))
+        assert isinstance(wrote, FileResult) and wrote.status == "success"
+        read = sandbox.run_tool(ReadFileCall(arguments=ReadFileArguments(path="t.txt")))
+        assert isinstance(read, DownloadFileChunkResponse) and read.eof and read.bytes_read == 2
+        assert isinstance(sandbox.call(routes.HEALTH), HealthResponse)
+        with pytest.raises(ValueError, match="not a sandbox call"):
+            sandbox.run_tool(SubmitCall())
+        # A body that fails its wire model is refused before it is sent, as the server would.
+        with pytest.raises(ValidationError) as invalid:
+            sandbox.run_tool(BashCall(arguments=BashArguments(command="echo \x00")))
+        assert invalid.value.origin == "client" and invalid.value.status == 422
+        assert invalid.value.detail[0]["loc"] == ["body", "command"]
 
 
 def test_chunked_upload_and_download_round_trip_every_byte(client: IdeGymClient) -> None:

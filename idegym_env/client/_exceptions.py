@@ -15,7 +15,8 @@
         └── ServerError           500 and other 5xx
 
 ``origin`` says who answered: ``"sandbox"`` (the sandbox server rejected the call, e.g. a missing
-file) or ``"control-plane"`` (e.g. an unknown server).
+file), ``"control-plane"`` (e.g. an unknown server) or ``"client"`` (a request that failed its wire
+model before it was sent: the same 422 items the server would have answered).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from __future__ import annotations
 import builtins
 import json
 from typing import Any
+
+from pydantic import ValidationError as PydanticValidationError
+
+from sandbox_server.http import summarize, validation_items
 
 
 class IdeGymError(Exception):
@@ -114,3 +119,10 @@ def error_for(status: int, body: str, origin: str) -> APIError:
     else:
         cls = BadRequest
     return cls(status, message, body, origin, detail)
+
+
+def invalid_request(exc: PydanticValidationError) -> ValidationError:
+    """A request that failed its wire model on the client, as the 422 the server would answer."""
+    items = validation_items(exc)
+    message = summarize(items)
+    return ValidationError(422, message, json.dumps({"detail": items, "message": message}), "client", items)

@@ -19,7 +19,6 @@ from .tools import (
     InvalidAction,
     PatchFileCall,
     ReadFileCall,
-    SandboxRequest,
     SubmitCall,
     ToolCall,
 )
@@ -36,7 +35,6 @@ __all__ = [
     "ReadFileCall",
     "SubmitCall",
     "InvalidAction",
-    "SandboxRequest",
     "TOOLS",
     "TOOL_NAMES",
 ]

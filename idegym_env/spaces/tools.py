@@ -2,7 +2,7 @@
 
 Defined once and used for validation (``ToolCallSpace.contains``), parsing what an agent or an
 LLM produced (``parsing.py``), the JSON Schemas an LLM is given (``schemas.py``) and the
-sandbox-server request that carries each call out.
+sandbox-server request (wire model) that carries each call out.
 
 =============  ======================================================  =============================
 tool           arguments                                               sandbox endpoint
@@ -20,9 +20,20 @@ submit         (none)                                                  (ends the
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, ClassVar, Literal, NamedTuple
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from sandbox_server.models import (
+    DEFAULT_CHUNK,
+    DEFAULT_TIMEOUT,
+    BashCommandRequest,
+    CreateFileRequest,
+    DownloadFileChunkRequest,
+    EditFileRequest,
+    PatchFileRequest,
+    Request,
+)
 
 MAX_TIMEOUT = 3600.0
 MAX_READ_LENGTH = 16 << 20  # the sandbox server's largest download chunk
@@ -113,18 +124,12 @@ class SubmitArguments(ToolArguments):
 # -- tool calls ------------------------------------------------------------------------------------
 
 
-class SandboxRequest(NamedTuple):
-    """A sandbox-server request: ``POST path`` with JSON ``body``."""
-
-    path: str
-    body: dict[str, Any]
-
-
 class ToolCall(BaseModel):
     """One validated tool call. Subclasses fix ``tool`` and the ``arguments`` model.
 
     ``to_action()`` gives the canonical action dict (a member of a ``ToolCallSpace`` that has the
-    tool); ``sandbox_request()`` the sandbox-server request that performs it (None for submit).
+    tool); ``to_request()`` the sandbox-server request (its wire model) that carries it out, None
+    for submit. ``Sandbox.run_tool(call)`` sends it.
     """
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
@@ -133,7 +138,6 @@ class ToolCall(BaseModel):
     arguments: ToolArguments
 
     description: ClassVar[str] = ""
-    endpoint: ClassVar[str | None] = None
 
     def to_action(self) -> dict[str, Any]:
         return {"tool": self.tool, "arguments": self.arguments.model_dump(exclude_none=True)}
@@ -141,7 +145,8 @@ class ToolCall(BaseModel):
     def to_json(self) -> str:
         return json.dumps(self.to_action(), ensure_ascii=False)
 
-    def sandbox_request(self) -> SandboxRequest | None:
+    def to_request(self, bash_timeout: float = DEFAULT_TIMEOUT) -> Request | None:
+        """The request; ``bash_timeout`` is the timeout of a bash call that names none."""
         return None
 
 
@@ -152,24 +157,19 @@ class BashCall(ToolCall):
         "Run a bash script in the project directory and return its stdout, stderr and exit code. "
         "Each call is a fresh shell: cd and variables do not carry over."
     )
-    endpoint: ClassVar[str | None] = "/api/tools/bash"
 
-    def sandbox_request(self) -> SandboxRequest:
-        body: dict[str, Any] = {"command": self.arguments.command}
-        if self.arguments.timeout is not None:
-            body["timeout"] = self.arguments.timeout
-        return SandboxRequest("/api/tools/bash", body)
+    def to_request(self, bash_timeout: float = DEFAULT_TIMEOUT) -> BashCommandRequest:
+        timeout = bash_timeout if self.arguments.timeout is None else self.arguments.timeout
+        return BashCommandRequest(command=self.arguments.command, timeout=timeout)
 
 
 class CreateFileCall(ToolCall):
     tool: Literal["create_file"] = "create_file"
     arguments: CreateFileArguments
     description: ClassVar[str] = "Create a file, or overwrite it, with the given content."
-    endpoint: ClassVar[str | None] = "/api/tools/file/create"
 
-    def sandbox_request(self) -> SandboxRequest:
-        return SandboxRequest("/api/tools/file/create",
-                              {"file_path": self.arguments.path, "content": self.arguments.content})
+    def to_request(self, bash_timeout: float = DEFAULT_TIMEOUT) -> CreateFileRequest:
+        return CreateFileRequest(file_path=self.arguments.path, content=self.arguments.content)
 
 
 class EditFileCall(ToolCall):
@@ -179,12 +179,11 @@ class EditFileCall(ToolCall):
         "Replace lines start_line..end_line (1-based, inclusive) of a text file with new_content. "
         "end_line = start_line - 1 inserts before start_line; empty new_content deletes the lines."
     )
-    endpoint: ClassVar[str | None] = "/api/tools/file/edit"
 
-    def sandbox_request(self) -> SandboxRequest:
+    def to_request(self, bash_timeout: float = DEFAULT_TIMEOUT) -> EditFileRequest:
         a = self.arguments
-        return SandboxRequest("/api/tools/file/edit", {"file_path": a.path, "start_line": a.start_line,
-                                                       "end_line": a.end_line, "new_content": a.new_content})
+        return EditFileRequest(file_path=a.path, start_line=a.start_line, end_line=a.end_line,
+                               new_content=a.new_content)
 
 
 class PatchFileCall(ToolCall):
@@ -192,25 +191,20 @@ class PatchFileCall(ToolCall):
     arguments: PatchFileArguments
     description: ClassVar[str] = (
         "Apply a diff-match-patch patch to a text file; fails if a hunk does not apply.")
-    endpoint: ClassVar[str | None] = "/api/tools/file/patch"
 
-    def sandbox_request(self) -> SandboxRequest:
-        body = {"file_path": self.arguments.path, "patch": self.arguments.patch}
-        return SandboxRequest("/api/tools/file/patch", body)
+    def to_request(self, bash_timeout: float = DEFAULT_TIMEOUT) -> PatchFileRequest:
+        return PatchFileRequest(file_path=self.arguments.path, patch=self.arguments.patch)
 
 
 class ReadFileCall(ToolCall):
     tool: Literal["read_file"] = "read_file"
     arguments: ReadFileArguments
     description: ClassVar[str] = "Read a file (or a byte range of it) and return its text."
-    endpoint: ClassVar[str | None] = "/api/tools/file/download"
 
-    def sandbox_request(self) -> SandboxRequest:
-        """The download request; its response carries base64 ``content_base64`` to decode as UTF-8."""
-        body: dict[str, Any] = {"file_path": self.arguments.path, "offset": self.arguments.offset or 0}
-        if self.arguments.length is not None:
-            body["length"] = self.arguments.length
-        return SandboxRequest("/api/tools/file/download", body)
+    def to_request(self, bash_timeout: float = DEFAULT_TIMEOUT) -> DownloadFileChunkRequest:
+        """A download; its answer carries base64 ``content_base64`` to decode as UTF-8."""
+        a = self.arguments
+        return DownloadFileChunkRequest(file_path=a.path, offset=a.offset or 0, length=a.length or DEFAULT_CHUNK)
 
 
 class SubmitCall(ToolCall):
