@@ -7,6 +7,7 @@
     text.py       UnicodeText, the observation space
 """
 
+from .object_batch import ObjectBatch, batched_space, is_numeric_space, object_array
 from .text import UnicodeText
 from .tool_call import ToolCallSpace
 from .tools import (
@@ -25,6 +26,7 @@ from .tools import (
 
 __all__ = [
     "UnicodeText",
+    "ObjectBatch", "object_array", "is_numeric_space", "batched_space",
     "ToolCallSpace",
     "ToolCall",
     "AnyToolCall",
