@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 from pathlib import Path
@@ -21,11 +21,10 @@ from pydantic import BaseModel
 
 from . import __version__
 from .config import ServerConfig
-from .errors import BadRequest, Forbidden, Unprocessable
+from .errors import ApiError, BadRequest, Forbidden, Unprocessable, render
 from .files import FileTools
 from . import routes, web
-from .errors import SandboxServerError
-from .http import error_body, parse_model
+from .http import parse_model
 from .junit import find_reports, fresh_reports, parse_reports
 from .models import (
     BashCommandRequest,
@@ -164,18 +163,13 @@ def json_response(model: BaseModel, status: int = 200) -> web.Response:
 
 
 def on_error(request: web.Request, exc: BaseException) -> web.Response:
-    """Every failure as JSON: 422 in the seed's shape, our errors with their status, else a 500
-    that says it is a bug. Never 410 or 499 (those mark control-plane failures)."""
-    if isinstance(exc, Unprocessable):
-        return web.json_response({"detail": exc.errors, "message": exc.message}, status=422)
-    if isinstance(exc, SandboxServerError):
-        return web.json_response(error_body(exc.kind, exc.message, exc.details), status=exc.status)
-    if isinstance(exc, web.HTTPError):
-        return web.json_response(error_body(exc.reason.replace(" ", ""), exc.message), status=exc.status)
-    log.error("unhandled error in %s %s", request.method, request.path, exc_info=exc)
-    return web.json_response(error_body(
-        "InternalError", f"the sandbox server hit an unexpected {type(exc).__name__}: {exc}. This is a bug; "
-        "please report it."), status=500)
+    """Every failure as JSON (``errors.render``): our errors with their status, anything else a
+    500 that says it is a bug. Never 410 or 499 (those mark control-plane failures)."""
+    if not isinstance(exc, ApiError):
+        log.error("unhandled error in %s %s", request.method, request.path, exc_info=exc)
+        exc = ApiError(f"the sandbox server hit an unexpected {type(exc).__name__}: {exc}. This is a bug; "
+                       "please report it.")
+    return web.Response(render(exc), status=exc.status)
 
 
 # -- tools ----------------------------------------------------------------------------------------
@@ -200,22 +194,20 @@ async def bash(request: web.Request) -> web.Response:
     ))
 
 
-async def create_file(request: web.Request) -> web.Response:
-    req = await read_model(request, CreateFileRequest)
-    _state(request).files.create(req.file_path, req.content)
-    return json_response(FileResult(status=Status.SUCCESS))
+def _file_tool(model: type[M], apply: Callable[[FileTools, M], object]) -> Callable[
+        [web.Request], Awaitable[web.Response]]:
+    """The handler of a file tool that answers only success (a failure raises)."""
+    async def handler(request: web.Request) -> web.Response:
+        apply(_state(request).files, await read_model(request, model))
+        return json_response(FileResult(status=Status.SUCCESS))
+
+    return handler
 
 
-async def edit_file(request: web.Request) -> web.Response:
-    req = await read_model(request, EditFileRequest)
-    _state(request).files.edit(req.file_path, req.start_line, req.end_line, req.new_content)
-    return json_response(FileResult(status=Status.SUCCESS))
-
-
-async def patch_file(request: web.Request) -> web.Response:
-    req = await read_model(request, PatchFileRequest)
-    _state(request).files.patch(req.file_path, req.patch)
-    return json_response(FileResult(status=Status.SUCCESS))
+create_file = _file_tool(CreateFileRequest, lambda files, req: files.create(req.file_path, req.content))
+edit_file = _file_tool(EditFileRequest, lambda files, req: files.edit(req.file_path, req.start_line, req.end_line,
+                                                                       req.new_content))
+patch_file = _file_tool(PatchFileRequest, lambda files, req: files.patch(req.file_path, req.patch))
 
 
 async def upload_file(request: web.Request) -> web.Response:

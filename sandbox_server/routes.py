@@ -12,33 +12,8 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from .models import (
-    BashCommandRequest,
-    BashCommandResponse,
-    CapabilitiesResponse,
-    CheckResult,
-    CompilationRequest,
-    CreateFileRequest,
-    DownloadFileChunkRequest,
-    DownloadFileChunkResponse,
-    EditFileRequest,
-    ExecuteRequest,
-    ExecuteResponse,
-    FileResult,
-    HealthResponse,
-    LanguagesResponse,
-    PatchFileRequest,
-    Request,
-    ResetRequest,
-    ResetResult,
-    SetupRequest,
-    TerminateRequest,
-    TerminateResult,
-    TestReport,
-    TestRequest,
-    UploadFileChunkRequest,
-    UploadFileChunkResponse,
-)
+from . import models as m
+from .models import Request
 
 Req = TypeVar("Req", bound=Request)
 Resp = TypeVar("Resp", bound=BaseModel)
@@ -57,21 +32,21 @@ class Endpoint(Generic[Req, Resp]):
         return self.path.lstrip("/")
 
 
-BASH = Endpoint("POST", "/api/tools/bash", BashCommandRequest, BashCommandResponse)
-CREATE_FILE = Endpoint("POST", "/api/tools/file/create", CreateFileRequest, FileResult)
-EDIT_FILE = Endpoint("POST", "/api/tools/file/edit", EditFileRequest, FileResult)
-PATCH_FILE = Endpoint("POST", "/api/tools/file/patch", PatchFileRequest, FileResult)
-UPLOAD_FILE = Endpoint("POST", "/api/tools/file/upload", UploadFileChunkRequest, UploadFileChunkResponse)
-DOWNLOAD_FILE = Endpoint("POST", "/api/tools/file/download", DownloadFileChunkRequest, DownloadFileChunkResponse)
-SETUP_CHECK = Endpoint("POST", "/api/rewards/setup", SetupRequest, CheckResult)
-COMPILATION_CHECK = Endpoint("POST", "/api/rewards/compilation", CompilationRequest, CheckResult)
-TEST_CHECK = Endpoint("POST", "/api/rewards/test", TestRequest, TestReport)
-RESET_PROJECT = Endpoint("POST", "/api/project/reset", ResetRequest, ResetResult)
-TERMINATE_PROCESSES = Endpoint("POST", "/api/processes/terminate", TerminateRequest, TerminateResult)
-HEALTH = Endpoint("GET", "/api/health", None, HealthResponse)
-CAPABILITIES = Endpoint("GET", "/api/capabilities", None, CapabilitiesResponse)
-EXECUTE = Endpoint("POST", "/execute", ExecuteRequest, ExecuteResponse)
-LANGUAGES = Endpoint("GET", "/execute/languages", None, LanguagesResponse)
+BASH = Endpoint("POST", "/api/tools/bash", m.BashCommandRequest, m.BashCommandResponse)
+CREATE_FILE = Endpoint("POST", "/api/tools/file/create", m.CreateFileRequest, m.FileResult)
+EDIT_FILE = Endpoint("POST", "/api/tools/file/edit", m.EditFileRequest, m.FileResult)
+PATCH_FILE = Endpoint("POST", "/api/tools/file/patch", m.PatchFileRequest, m.FileResult)
+UPLOAD_FILE = Endpoint("POST", "/api/tools/file/upload", m.UploadFileChunkRequest, m.UploadFileChunkResponse)
+DOWNLOAD_FILE = Endpoint("POST", "/api/tools/file/download", m.DownloadFileChunkRequest, m.DownloadFileChunkResponse)
+SETUP_CHECK = Endpoint("POST", "/api/rewards/setup", m.SetupRequest, m.CheckResult)
+COMPILATION_CHECK = Endpoint("POST", "/api/rewards/compilation", m.CompilationRequest, m.CheckResult)
+TEST_CHECK = Endpoint("POST", "/api/rewards/test", m.TestRequest, m.TestReport)
+RESET_PROJECT = Endpoint("POST", "/api/project/reset", m.ResetRequest, m.ResetResult)
+TERMINATE_PROCESSES = Endpoint("POST", "/api/processes/terminate", m.TerminateRequest, m.TerminateResult)
+HEALTH = Endpoint("GET", "/api/health", None, m.HealthResponse)
+CAPABILITIES = Endpoint("GET", "/api/capabilities", None, m.CapabilitiesResponse)
+EXECUTE = Endpoint("POST", "/execute", m.ExecuteRequest, m.ExecuteResponse)
+LANGUAGES = Endpoint("GET", "/execute/languages", None, m.LanguagesResponse)
 OPENAPI = "/openapi.json"
 
 ENDPOINTS: tuple[Endpoint[Any, Any], ...] = (

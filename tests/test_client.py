@@ -14,6 +14,7 @@ import pytest
 from idegym_env.client import (
     AsyncIdeGymClient,
     BadRequest,
+    Conflict,
     IdeGymClient,
     NotFound,
     Sandbox,
@@ -92,6 +93,10 @@ def test_errors_are_typed_and_say_who_answered(client: IdeGymClient) -> None:
         with pytest.raises(ValidationError) as invalid:
             sandbox.bash("true", env={"BAD NAME": "x"})
         assert isinstance(invalid.value, BadRequest) and invalid.value.status == 422
+        sandbox.write_file("p.txt", "completely unrelated content that shares nothing\n" * 5)
+        with pytest.raises(Conflict) as conflict:  # mapped by the server's error kind
+            sandbox.patch("p.txt", "@@ -3,8 +3,8 @@\n pha \n-beta\n+BETA\n  gam\n")
+        assert conflict.value.kind == "Conflict" and conflict.value.details["failed_hunks"]
         with pytest.raises(TypeError, match="upload"):
             sandbox.write_file("x.bin", b"\x00\x01")  # type: ignore[arg-type]
         sandbox.stop()

@@ -8,6 +8,8 @@ import pytest
 import yaml
 
 from sandbox_server import routes
+from sandbox_server.errors import ApiError
+from sandbox_server.models import ErrorBody
 from tests.helpers import SEEDS, SandboxProcess
 
 SEED = yaml.safe_load((SEEDS / "sandbox-server-api.yaml").read_text())
@@ -71,6 +73,8 @@ def test_errors_are_json_with_a_message(server: SandboxProcess, method: str, pat
     assert resp.status_code == status
     assert resp.headers["content-type"].startswith("application/json")
     assert resp.json()["message"]
+    body = ErrorBody.model_validate(resp.json())  # the one renderer's shape
+    assert body.error == ApiError.for_status(status, "").kind and body.detail == body.message
 
 
 def test_oversized_body_is_413(project, tmp_path) -> None:
