@@ -5,6 +5,7 @@
     schemas.py    JSON Schemas of the tools for LLM APIs, hints for the agent
     tool_call.py  ToolCallSpace, the Gymnasium space
     text.py       UnicodeText, the observation space
+    object_batch.py  ObjectBatch, the batched space of text for vector envs
 """
 
 from .object_batch import ObjectBatch, batched_space, is_numeric_space, object_array

@@ -16,27 +16,8 @@ from gymnasium.spaces import Space
 from pydantic import ValidationError
 
 from .parsing import CANONICAL_KEYS, parse_tool_call, plain
-from .schemas import Style, arguments_schema, signature, tool_schemas
-from .tools import (
-    TOOL_NAMES,
-    TOOLS,
-    AnyToolCall,
-    BashArguments,
-    BashCall,
-    CreateFileArguments,
-    CreateFileCall,
-    EditFileArguments,
-    EditFileCall,
-    InvalidAction,
-    PatchFileArguments,
-    PatchFileCall,
-    ReadFileArguments,
-    ReadFileCall,
-    SubmitArguments,
-    SubmitCall,
-    ToolArguments,
-    ToolCall,
-)
+from .schemas import Style, tool_schemas
+from .tools import TOOL_NAMES, TOOLS, InvalidAction, ToolCall
 
 
 class ToolCallSpace(Space[dict]):
@@ -229,26 +210,4 @@ class ToolCallSpace(Space[dict]):
         return hash((ToolCallSpace, self.tools))
 
 
-__all__ = [
-    "ToolCallSpace",
-    "ToolCall",
-    "AnyToolCall",
-    "BashCall",
-    "CreateFileCall",
-    "EditFileCall",
-    "PatchFileCall",
-    "ReadFileCall",
-    "SubmitCall",
-    "ToolArguments",
-    "BashArguments",
-    "CreateFileArguments",
-    "EditFileArguments",
-    "PatchFileArguments",
-    "ReadFileArguments",
-    "SubmitArguments",
-    "InvalidAction",
-    "TOOLS",
-    "TOOL_NAMES",
-    "arguments_schema",
-    "signature",
-]
+__all__ = ["ToolCallSpace"]

@@ -25,7 +25,6 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from sandbox_server.models import (
-    DEFAULT_CHUNK,
     DEFAULT_TIMEOUT,
     BashCommandRequest,
     CreateFileRequest,
@@ -138,6 +137,7 @@ class ToolCall(BaseModel):
     arguments: ToolArguments
 
     description: ClassVar[str] = ""
+    request: ClassVar[type[Request] | None] = None  # the wire model; its fields are the arguments'
 
     def to_action(self) -> dict[str, Any]:
         return {"tool": self.tool, "arguments": self.arguments.model_dump(exclude_none=True)}
@@ -146,8 +146,14 @@ class ToolCall(BaseModel):
         return json.dumps(self.to_action(), ensure_ascii=False)
 
     def to_request(self, bash_timeout: float = DEFAULT_TIMEOUT) -> Request | None:
-        """The request; ``bash_timeout`` is the timeout of a bash call that names none."""
-        return None
+        """The request; ``bash_timeout`` is the timeout of a bash call that names none. An
+        argument left out takes the wire model's default; ``path`` is the wire's ``file_path``."""
+        if self.request is None:
+            return None
+        fields = self.arguments.model_dump(exclude_none=True)
+        if "path" in fields:
+            fields["file_path"] = fields.pop("path")
+        return self.request(**fields)
 
 
 class BashCall(ToolCall):
@@ -157,6 +163,7 @@ class BashCall(ToolCall):
         "Run a bash script in the project directory and return its stdout, stderr and exit code. "
         "Each call is a fresh shell: cd and variables do not carry over."
     )
+    request = BashCommandRequest
 
     def to_request(self, bash_timeout: float = DEFAULT_TIMEOUT) -> BashCommandRequest:
         timeout = bash_timeout if self.arguments.timeout is None else self.arguments.timeout
@@ -167,9 +174,7 @@ class CreateFileCall(ToolCall):
     tool: Literal["create_file"] = "create_file"
     arguments: CreateFileArguments
     description: ClassVar[str] = "Create a file, or overwrite it, with the given content."
-
-    def to_request(self, bash_timeout: float = DEFAULT_TIMEOUT) -> CreateFileRequest:
-        return CreateFileRequest(file_path=self.arguments.path, content=self.arguments.content)
+    request = CreateFileRequest
 
 
 class EditFileCall(ToolCall):
@@ -179,11 +184,7 @@ class EditFileCall(ToolCall):
         "Replace lines start_line..end_line (1-based, inclusive) of a text file with new_content. "
         "end_line = start_line - 1 inserts before start_line; empty new_content deletes the lines."
     )
-
-    def to_request(self, bash_timeout: float = DEFAULT_TIMEOUT) -> EditFileRequest:
-        a = self.arguments
-        return EditFileRequest(file_path=a.path, start_line=a.start_line, end_line=a.end_line,
-                               new_content=a.new_content)
+    request = EditFileRequest
 
 
 class PatchFileCall(ToolCall):
@@ -191,20 +192,14 @@ class PatchFileCall(ToolCall):
     arguments: PatchFileArguments
     description: ClassVar[str] = (
         "Apply a diff-match-patch patch to a text file; fails if a hunk does not apply.")
-
-    def to_request(self, bash_timeout: float = DEFAULT_TIMEOUT) -> PatchFileRequest:
-        return PatchFileRequest(file_path=self.arguments.path, patch=self.arguments.patch)
+    request = PatchFileRequest
 
 
 class ReadFileCall(ToolCall):
     tool: Literal["read_file"] = "read_file"
     arguments: ReadFileArguments
     description: ClassVar[str] = "Read a file (or a byte range of it) and return its text."
-
-    def to_request(self, bash_timeout: float = DEFAULT_TIMEOUT) -> DownloadFileChunkRequest:
-        """A download; its answer carries base64 ``content_base64`` to decode as UTF-8."""
-        a = self.arguments
-        return DownloadFileChunkRequest(file_path=a.path, offset=a.offset or 0, length=a.length or DEFAULT_CHUNK)
+    request = DownloadFileChunkRequest
 
 
 class SubmitCall(ToolCall):
