@@ -27,11 +27,12 @@ A sandbox of your own
     ``close()`` leaves the sandbox to whoever connected it. The OpenEnv server uses this when it
     runs inside its own sandbox (``idegym openenv serve --in-sandbox``).
 
-``info`` carries the structured details: ``tool``, ``exit_code``, ``timed_out``, ``seconds``
-(wall time of the step), ``error``, and after grading ``checks`` and ``reward_components``.
-``info_timing=False`` leaves the wall times out (``last_step_seconds`` still has them): two runs
-then give identical infos, which Gymnasium's ``check_env`` demands. ``render_mode="ansi"``
-renders the transcript.
+``info`` carries the structured details: ``tool``, ``exit_code``, ``timed_out``, ``error``, and
+after grading ``checks`` and ``reward_components``. A step's info leaves its wall time out, so two
+runs give identical infos (Gymnasium's ``check_env`` demands it): the time is
+``env.last_step_seconds``, and ``info_timing=True`` puts it in the info as ``seconds`` too.
+``reset()``'s info always has ``reset_seconds`` (reset infos are not compared).
+``render_mode="ansi"`` renders the transcript.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class IdeGymEnv(gym.Env[str, dict]):
         invalid_action_penalty: float = 0.0,
         bash_timeout: float = 120.0,
         render_mode: str | None = None,
-        info_timing: bool = True,
+        info_timing: bool = False,
         client: IdeGymClient | None = None,
         sandbox: Sandbox | None = None,
     ) -> None:
@@ -166,9 +167,8 @@ class IdeGymEnv(gym.Env[str, dict]):
             old.stop()
             self.sandbox = self.client.start(self.image, server_name=_server_name(self.task), reuse="NONE")
             how = "started"
-        info: dict[str, Any] = {"sandbox": how, "server_id": self.sandbox.server_id}
-        if self.info_timing:
-            info["reset_seconds"] = time.perf_counter() - started
+        info: dict[str, Any] = {"sandbox": how, "server_id": self.sandbox.server_id,
+                                "reset_seconds": time.perf_counter() - started}
         return self.sandbox, info
 
     # -- the Env API --------------------------------------------------------------------------------
