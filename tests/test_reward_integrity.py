@@ -370,6 +370,7 @@ def test_a_stage_leaves_nothing_running_for_the_next(control_plane: EmbeddedCont
     """A setup script that starts a detached daemon rewriting the report after the tests ran:
     the daemon is gone before the tests start, and the report counts as written."""
     from idegym_env.client import IdeGymClient
+    from sandbox_server import routes
     from sandbox_server.grading.models import GradeRequest, GradeStage
 
     daemon = ("setsid bash -c 'sleep 0.5; while true; do cp /tmp/green.xml \"$IDEGYM_REPORT_DIR/x.xml\" "
@@ -383,7 +384,7 @@ def test_a_stage_leaves_nothing_running_for_the_next(control_plane: EmbeddedCont
             GradeStage(name="setup", script=f"cp green.xml /tmp/green.xml; {daemon} echo started"),
             GradeStage(name="tests", script=f"sleep 1; echo '{red}' > test-results.xml; sleep 1",
                        report_glob="test-results.xml")])
-        answer = sandbox.grade(request)
+        answer = sandbox.call(routes.GRADE, request)
         assert answer.setup is not None and answer.setup.status == "success", answer.setup
         assert answer.tests is not None and answer.tests.scores.total == 5, answer.tests
         assert answer.tests.scores.passed == 0 and answer.tests.verdict == "failed", answer.tests

@@ -48,6 +48,7 @@ from idegym_env.spaces import (
 from idegym_env.grading import grade_request
 from idegym_env.tasks import BUNDLED_DIR, GradingFiles, Task, TaskError, TaskSet, bundled_tasks, load_task
 from sandbox_server.grading.models import ExportResponse, GradeResponse
+from sandbox_server.routes import endpoint_for
 from tests.helpers import SandboxProcess
 
 # -- UnicodeText ------------------------------------------------------------------------------------
@@ -762,9 +763,9 @@ def run_checks(server: SandboxProcess, task: Task) -> CheckResults:
 
 
 def apply(server: SandboxProcess, call: ToolCall) -> dict:
-    request = call.sandbox_request()
+    request = call.to_request()
     assert request is not None, call
-    resp = server.post(request.path, request.body)
+    resp = server.post(endpoint_for(request).path, request.model_dump(mode="json"))
     assert resp.status_code == 200, f"{call.to_json()} -> {resp.status_code} {resp.text}"
     return resp.json()
 

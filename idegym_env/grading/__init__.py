@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandbox_server import routes
 from sandbox_server.grading.models import ExportRequest, ExportResponse, FileEntry, GradeRequest, GradeStage
 
 from ..client import IdeGymError, Sandbox
@@ -74,12 +75,12 @@ def grade(sandbox: Sandbox, task: Task, *, fresh: Callable[[], Any], steps: int 
         sandbox.terminate_processes()
         if not task.grade_in_place:
             stage = "exporting the editable files"
-            exported = sandbox.export_files(ExportRequest(editable=list(task.editable) if task.editable else None,
-                                                          protected=list(task.protected_paths)))
+            exported = sandbox.call(routes.EXPORT_FILES, ExportRequest(
+                editable=list(task.editable) if task.editable else None, protected=list(task.protected_paths)))
             stage = "making the sandbox fresh for grading"
             fresh()
         stage = "running the checks"
-        answer = sandbox.grade(grade_request(task, exported))
+        answer = sandbox.call(routes.GRADE, grade_request(task, exported))
     except IdeGymError as exc:
         message = getattr(exc, "message", str(exc))
         if getattr(exc, "status", None) == PAYLOAD_TOO_LARGE:  # the agent flooded its tree: a failure

@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from ..rewards import CheckResults, RewardFunction, RewardSpec, build_reward
-from ..spaces.tool_call import TOOL_NAMES, AnyToolCall, CreateFileCall, ToolCallSpace
+from ..spaces import TOOL_NAMES, AnyToolCall, CreateFileCall, ToolCallSpace
 
 TASK_FILE = "task.yaml"
 PROJECT_DIR = "project"
