@@ -8,6 +8,8 @@ point inside a sandbox; the sandbox server exposes it to every tool as ``$IDEGYM
 Stdlib only and Python 3.8 syntax, so any image's ``python3`` can run it.
 """
 
+from __future__ import annotations
+
 import os
 
 HOME = os.path.dirname(os.path.abspath(__file__))
@@ -28,3 +30,21 @@ def judge_env(tool_path: str) -> dict[str, str]:
         prefix = f"env LD_LIBRARY_PATH={lib} " if os.environ.get("LD_LIBRARY_PATH") else ""
         command = f"{prefix}{sys.executable} -I {ENTRY}"
     return {"IDEGYM_JUDGE": command, "IDEGYM_JUDGE_HOME": HOME}
+
+
+JAVA_CLASSES = os.path.join("subjects", "java", "classes")
+
+
+def precompile(judge_dir: str | os.PathLike) -> bool:
+    """Compile the Java subject into ``subjects/java/classes`` of a copy of this package (the
+    sandbox runtime's), so gradings need not; False when there is no javac (it compiles then)."""
+    import shutil
+    import subprocess
+
+    javac = shutil.which("javac")
+    if javac is None:
+        return False
+    source = os.path.join(judge_dir, "subjects", "java", "JudgeSubject.java")
+    out = os.path.join(judge_dir, JAVA_CLASSES)
+    done = subprocess.run([javac, "-proc:none", "-nowarn", "-d", out, source], capture_output=True)
+    return done.returncode == 0

@@ -481,6 +481,9 @@ class JavaSubject:
 
     @classmethod
     def _judge_classes(cls) -> str:
+        shipped = os.path.join(SUBJECTS, "java", "classes")
+        if os.path.isfile(os.path.join(shipped, "JudgeSubject.class")):
+            return shipped  # compiled with the sandbox runtime (judge.precompile)
         if cls._compiled is None:
             out = tempfile.mkdtemp(prefix="idegym-judge-java-", dir=_SHARED_TMP)
             os.chmod(out, 0o755)  # the subject (another user) reads it
