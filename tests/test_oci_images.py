@@ -1,0 +1,241 @@
+"""OCI images on the local backend (issue 15): Debian/Python bases, Dockerfile builds with buildah,
+sandboxes on an image's own root filesystem.
+
+The builds share one cached ``debian:bookworm`` (``tests.oci_fixtures``); each control plane has
+its own state directory (its own buildah store, reading the cache's as an additional store).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from control_plane.backends.local.oci import bases
+from control_plane.backends.local.oci.dockerfile import base_images
+from control_plane.backends.local.oci.settings import OciError, find_debian_mirror
+from tests.cp_helpers import ControlPlaneProcess
+
+# -- the catalogue of bases (no builds) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("ref", "release", "slim"), [
+    ("debian:bookworm", "bookworm", False), ("debian:12-slim", "bookworm", True), ("debian", "trixie", False),
+    ("docker.io/library/debian:trixie-slim", "trixie", True), ("python:3.11", "bookworm", False),
+    ("python:3.10-slim", "bookworm", True), ("python:3.12", "trixie", False), ("python:3.13-slim", "trixie", True),
+    ("python:3.14", "trixie", False), ("python:3", "trixie", False), ("python:3.12-slim-bookworm", "bookworm", True),
+])
+def test_supported_bases_map_to_a_debian_release(ref: str, release: str, slim: bool) -> None:
+    spec = bases.resolve(ref)
+    assert spec is not None and spec.release.codename == release and spec.slim is slim, spec
+    if ref.startswith("python"):
+        assert spec.note and release in spec.note and "python3" in spec.note and "python3" in spec.packages
+    assert spec.key("http://m") != spec.key("http://other")  # the mirror is part of the recipe
+
+
+def test_python_tie_goes_to_the_newer_release_and_the_mapping_is_explained() -> None:
+    spec = bases.resolve("python:3.12")
+    assert spec is not None and spec.note == ("python:3.12 -> Debian trixie: its python3 3.13 is the closest to "
+                                              "3.12 a Debian release here has")
+
+
+@pytest.mark.parametrize("ref", ["python:3.8", "python:2.7", "python:3.12-alpine", "debian:buster",
+                                 "debian@sha256:" + "0" * 64])
+def test_unsupported_variants_fail_with_the_supported_list(ref: str) -> None:
+    with pytest.raises(OciError) as err:
+        bases.resolve(ref)
+    assert "debian:bookworm" in err.value.message and "python:3.10 to python:3.14" in err.value.message
+
+
+def test_other_families_are_not_bases() -> None:
+    assert bases.resolve("ubuntu:22.04") is None and bases.resolve("ghcr.io/acme/debian:12") is None
+
+
+def test_the_bases_a_dockerfile_names() -> None:
+    text = ("# syntax=docker/dockerfile:1\nARG BASE=debian:bookworm\nFROM --platform=linux/amd64 ${BASE} AS build\n"
+            "RUN echo \\\n  continued\nFROM build AS test\nFROM python:3.12-slim\nCOPY --from=build /a /b\n"
+            "COPY --from=node:20 /usr/local/bin/node /usr/local/bin/\nFROM scratch\n")
+    assert base_images(text) == ["debian:bookworm", "python:3.12-slim", "node:20"]
+    assert base_images(text, {"BASE": "debian:trixie"})[0] == "debian:trixie"
+
+
+def test_debian_mirror_comes_from_apts_sources(tmp_path: Path) -> None:
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\nComponents: main\n\n"
+        "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\nComponents: main\n")
+    (tmp_path / "sources.list.d" / "vendor.list").write_text("deb https://vendor.example/apt stable-vendor main\n")
+    mirror = find_debian_mirror(root=tmp_path)
+    assert (mirror.archive, mirror.security) == ("http://mirror.example/debian", "http://mirror.example/debian-security")
+    with pytest.raises(OciError, match="IDEGYM_DEBIAN_MIRROR"):
+        find_debian_mirror(root=tmp_path / "nothing")
+
+
+# -- builds through the control plane ---------------------------------------------------------------
+
+
+def _wait_job(cp: ControlPlaneProcess, name: str, timeout: float = 600) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = cp.http.get(f"/api/jobs/status/{name}").json()
+        if job["status"] != "in_progress":
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"job {name} still in progress after {timeout} s")
+
+
+def _build(cp: ControlPlaneProcess, yaml_text: str, timeout: float = 600) -> list[dict]:
+    resp = cp.http.post("/api/build-push-images", json={"yaml_content": yaml_text})
+    assert resp.status_code == 200, resp.text
+    return [_wait_job(cp, name, timeout) for name in resp.json()["job_names"]]
+
+
+def _buildah(state: Path, *args: str) -> str:
+    env = {"PATH": os.environ["PATH"], "CONTAINERS_STORAGE_CONF": str(state / "images" / "buildah" / "storage.conf")}
+    return subprocess.run(["buildah", *args], capture_output=True, text=True, env=env, check=True).stdout
+
+
+def _mounts_under(path: Path) -> list[str]:
+    return [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+            if line.split()[1].startswith(str(path))]
+
+
+@pytest.fixture
+def task_context(tmp_path: Path) -> Path:
+    ctx = tmp_path / "task"
+    (ctx / "src").mkdir(parents=True)
+    (ctx / "src" / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (ctx / "test_calc.py").write_text("from src.calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
+                                      "def test_add_negative():\n    assert add(-2, -3) == -5\n")
+    (ctx / "Dockerfile").write_text(
+        "FROM debian:bookworm\n"
+        "RUN apt-get install -y python3-pytest\n"
+        "COPY --chown=1000:1000 . /home/appuser/work/\n"
+        "RUN echo from-the-dockerfile > /etc/idegym-marker\n")
+    return ctx
+
+
+def test_dockerfile_builds_fail_clearly_and_leave_nothing(debian_base: str, cp_local: ControlPlaneProcess,
+                                                         tmp_path: Path) -> None:
+    cp = cp_local
+    bad, ubuntu, failing = _build(cp, """
+images:
+  - name: bad-syntax
+    dockerfile: |
+      FROM debian:bookworm
+      FOO bar
+  - name: ubuntu
+    dockerfile: |
+      FROM ubuntu:22.04
+      RUN true
+  - name: failing-run
+    dockerfile: |
+      FROM debian:bookworm
+      RUN echo about to fail >&2; exit 7
+""")
+    assert bad["status"] == "failure" and 'Unknown instruction: "FOO"' in bad["details"], bad
+    assert ubuntu["status"] == "failure", ubuntu
+    assert "'ubuntu:22.04' is not available" in ubuntu["details"] and "debian:bookworm" in ubuntu["details"] \
+        and "python:3.10 to python:3.14" in ubuntu["details"] and "--image-registry" in ubuntu["details"], ubuntu
+    assert failing["status"] == "failure" and "about to fail" in failing["details"] \
+        and 'building at STEP "RUN echo about to fail >&2; exit 7": exit status 7' in failing["details"], failing
+    # nothing left: no build containers, no mounts, no work directories
+    assert _buildah(cp.state_dir, "containers", "--quiet").strip() == ""
+    assert _mounts_under(cp.state_dir) == []
+    assert not any((cp.state_dir / "images" / "oci-work").iterdir())
+
+
+def test_dockerfile_build_is_an_oci_image_and_rebuilds_from_cache(debian_base: str, cp_local: ControlPlaneProcess,
+                                                                  task_context: Path) -> None:
+    cp = cp_local
+    yaml_text = f"""
+images:
+  - name: calc-task
+    dockerfile: Dockerfile
+    context: {task_context}
+    network: true
+"""
+    (built,) = _build(cp, yaml_text)
+    assert built["status"] == "success", built["details"]
+    assert "STEP 2/4: RUN apt-get install -y python3-pytest" in built["details"]
+    meta = _image_meta(cp, built["tag"])
+    assert meta["kind"] == "oci" and meta["project_dir"] == "/home/appuser/work"
+    assert meta["bases"][0]["base"] == "docker.io/library/debian:bookworm" and meta["bases"][0]["debian_version"]
+    assert sorted(p.name for p in (cp.state_dir / "images" / "data" / meta["id"] / "project").iterdir()) == \
+        ["Dockerfile", "src", "test_calc.py"]
+    # the shared base's layer is read from the cache, not copied into this state directory
+    assert meta["oci"]["layers"][-1].startswith(str(Path(os.environ["IDEGYM_IMAGE_CACHE"])))
+    # the same definition again: the tag is there
+    (again,) = _build(cp, yaml_text)
+    assert again["tag"] == built["tag"] and "already built" in again["details"]
+    # rebuilt on purpose: buildah's layer cache makes it the same image, quickly
+    started = time.monotonic()
+    (rebuilt,) = _build(cp, yaml_text.replace("network: true", "network: true\n    rebuild: true"))
+    assert rebuilt["status"] == "success" and "Using cache" in rebuilt["details"], rebuilt["details"]
+    assert time.monotonic() - started < 30
+    assert _image_meta(cp, rebuilt["tag"])["oci"]["image_id"] == meta["oci"]["image_id"]
+    # a changed context is a new tag
+    (task_context / "src" / "calc.py").write_text("def add(a, b):\n    return b + a\n")
+    (changed,) = _build(cp, yaml_text)
+    assert changed["status"] == "success" and changed["tag"] != built["tag"]
+
+
+def _image_meta(cp: ControlPlaneProcess, tag: str) -> dict:
+    from control_plane.backends.local.images import ImageStore
+
+    store = ImageStore(cp.state_dir / "images")
+    meta = store.meta(tag)
+    assert meta is not None, tag
+    return meta
+
+
+def test_yaml_on_a_debian_base_is_built_with_buildah(debian_base: str, cp_local: ControlPlaneProcess,
+                                                    tmp_path: Path) -> None:
+    project = tmp_path / "calc"
+    project.mkdir()
+    (project / "calc.py").write_text("x = 1\n")
+    (built,) = _build(cp_local, f"""
+images:
+  - name: yaml-on-debian
+    base: debian:bookworm
+    project: {{path: {project}}}
+    commands:
+      - echo yaml-commands > /opt/marker
+      - chown -R appuser /home/appuser/work
+    env: {{MODE: fast}}
+""")
+    assert built["status"] == "success", built["details"]
+    assert "rendered Dockerfile" in built["details"] and "FROM debian:bookworm" in built["details"]
+    meta = _image_meta(cp_local, built["tag"])
+    assert meta["kind"] == "oci" and meta["env"]["MODE"] == "fast"
+    assert json.loads(json.dumps(meta["oci"]["config"]))["WorkingDir"] == "/home/appuser/work"
+
+
+# -- the built-in image runs the seed's default scripts -----------------------------------------
+
+CLIENT_PYTHON = Path(__file__).resolve().parent.parent / ".venv-client" / "bin" / "python"
+REWARD_SCRIPT = Path(__file__).with_name("published_client_test_reward.py")
+SEED_TEST_SCRIPT = "python -m pytest --junitxml=test-results.xml"  # the seed's default test_script
+
+
+def _published_test_reward(cp: ControlPlaneProcess, image: str, script: str, *, write_tests: bool) -> dict:
+    assert CLIENT_PYTHON.exists(), f"{CLIENT_PYTHON} is missing: run `make client-venv`"
+    argv = [str(CLIENT_PYTHON), str(REWARD_SCRIPT), cp.url, image, script, *(["--write-tests"] if write_tests else [])]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
+    assert lines, proc.stdout
+    return json.loads(lines[-1].removeprefix("REPORT "))
+
+
+def test_builtin_image_runs_the_seeds_default_test_script(cp_local: ControlPlaneProcess) -> None:
+    report = _published_test_reward(cp_local, "idegym/builtin:latest", SEED_TEST_SCRIPT, write_tests=True)
+    assert report["status"] == "success" and report["scores"]["total"] == 2 and report["scores"]["passed"] == 2, report
+    client = cp_local.register()
+    sid = cp_local.start_server(client)["server_id"]
+    out = cp_local.bash(client, sid, "python --version && pytest --version && python -c 'import pytest'")
+    assert out["exit_code"] == 0 and out["stdout"].startswith("Python 3"), out
