@@ -45,3 +45,36 @@ def debian_base(image_cache: Path) -> str:
                                                                                lines.append))
     assert built.debian_version and built.debian_version.startswith("12"), lines
     return "debian:bookworm"
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[str]:
+    """A real container registry (Debian's docker-registry) on a loopback port: ``host:port``."""
+    import subprocess
+    import time
+
+    import httpx
+
+    from tests.helpers import free_port
+
+    binary = shutil.which("docker-registry")
+    assert binary, "docker-registry is missing: run `make system-deps` (Debian package docker-registry)"
+    address = f"127.0.0.1:{free_port()}"
+    config = tmp_path / "registry.yml"
+    config.write_text(f"version: 0.1\nlog: {{level: warn}}\nstorage:\n  filesystem: {{rootdirectory: "
+                      f"{tmp_path / 'registry'}}}\nhttp: {{addr: \"{address}\"}}\n")
+    proc = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://{address}/v2/", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "the registry did not start"
+            time.sleep(0.1)
+        yield address
+    finally:
+        proc.terminate()
+        proc.wait(10)

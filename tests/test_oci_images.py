@@ -239,3 +239,50 @@ def test_builtin_image_runs_the_seeds_default_test_script(cp_local: ControlPlane
     sid = cp_local.start_server(client)["server_id"]
     out = cp_local.bash(client, sid, "python --version && pytest --version && python -c 'import pytest'")
     assert out["exit_code"] == 0 and out["stdout"].startswith("Python 3"), out
+
+
+# -- registries: push, and bases pulled through a mirror ----------------------------------------
+
+
+def test_push_to_a_registry_and_pull_through_a_mirror(debian_base: str, cp_local: ControlPlaneProcess,
+                                                      registry: str, tmp_path: Path) -> None:
+    import sys
+
+    import httpx
+
+    (built,) = _build(cp_local, """
+images:
+  - name: pushed
+    dockerfile: |
+      FROM debian:bookworm
+      RUN echo pushed-through-a-registry > /etc/pushed-marker
+""")
+    assert built["status"] == "success", built["details"]
+    idegym = Path(sys.executable).with_name("idegym")
+    for dest in (f"{registry}/tasks/pushed:1", f"{registry}/library/ubuntu:22.04"):
+        proc = subprocess.run([str(idegym), "images", "push", built["tag"], dest, "--state-dir", str(cp_local.state_dir),
+                               "--tls-verify", "false"], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0 and f"pushed {built['tag']} to {dest}" in proc.stdout, proc.stdout + proc.stderr
+    assert httpx.get(f"http://{registry}/v2/tasks/pushed/tags/list").json()["tags"] == ["1"]
+    manifest = httpx.get(f"http://{registry}/v2/tasks/pushed/manifests/1",
+                         headers={"Accept": "application/vnd.oci.image.manifest.v1+json"}).json()
+    assert len(manifest["layers"]) == 2, manifest  # the Debian base and the RUN step
+    # a built-in (host userland) image cannot be pushed, and says why
+    proc = subprocess.run([str(idegym), "images", "push", "idegym/builtin:latest", f"{registry}/x:1", "--state-dir",
+                           str(cp_local.state_dir)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "not an OCI image" in proc.stderr, proc.stderr
+    # with the registry as a mirror, `FROM ubuntu:22.04` is pulled from it (the image pushed above)
+    mirrored = ControlPlaneProcess(tmp_path / "mirrored", ["--ephemeral"],
+                                   env=dict(os.environ, IDEGYM_IMAGE_REGISTRY=f"http://{registry}"))
+    try:
+        (pulled,) = _build(mirrored, """
+images:
+  - name: from-the-mirror
+    dockerfile: |
+      FROM ubuntu:22.04
+      RUN grep pushed-through-a-registry /etc/pushed-marker
+""")
+        assert pulled["status"] == "success", pulled["details"]
+        assert f"pulling through the registry mirror {registry}" in pulled["details"]
+    finally:
+        mirrored.stop()

@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -93,7 +94,9 @@ class Buildah:
         for sub in ("storage", "run", "tmp"):
             (self.home / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(self.home, 0o700)
-        extra = ", ".join(json.dumps(str(h / "storage")) for h in self.additional)
+        for home in self.additional:
+            (home / "storage").mkdir(parents=True, exist_ok=True)
+        extra = ", ".join(json.dumps(str(h / "storage")) for h in self._remembered_stores())
         storage = (f"[storage]\ndriver = \"{DRIVER}\"\ngraphroot = {json.dumps(str(self.graphroot))}\n"
                    f"runroot = {json.dumps(str(self.home / 'run'))}\n"
                    f"[storage.options]\nadditionalimagestores = [{extra}]\n"
@@ -106,6 +109,26 @@ class Buildah:
                 tmp = path.with_name(f".{name}.{os.getpid()}.{threading.get_ident()}")
                 tmp.write_text(text)
                 tmp.replace(path)
+
+    def _remembered_stores(self) -> list[Path]:
+        """The additional stores, and every one this store used before (its images' lower
+        layers may live there: a changed cache location must not break them)."""
+        record = self.home / "additional-stores.json"
+        try:
+            known = [Path(p) for p in json.loads(record.read_text())]
+        except (OSError, ValueError):  # none yet: what the configuration names, if any
+            try:
+                line = re.search(r"^additionalimagestores = (\[.*\])$", (self.home / "storage.conf").read_text(), re.M)
+                known = [Path(p).parent for p in json.loads(line.group(1))] if line else []
+            except (OSError, ValueError):
+                known = []
+        stores = list(dict.fromkeys([*self.additional, *known]))
+        if stores != known:
+            tmp = record.with_name(f".{record.name}.{os.getpid()}.{threading.get_ident()}")
+            tmp.write_text(json.dumps([str(p) for p in stores]))
+            tmp.replace(record)
+        self.additional = tuple(p for p in stores if (p / "storage").is_dir())
+        return list(self.additional)
 
     def _registries_conf(self) -> str:
         mirror = self.settings.registry
