@@ -27,7 +27,8 @@ from ..images import OPT_SKELETON, ImageStore, chown_tree, host_files
 from . import bases as base_catalog
 from .buildah import Buildah, available, storage_name
 from .dockerfile import base_images
-from .rootfs import ADAPT_VERSION, APPUSER, PROJECT_DIR, read_image, write_adapt_layer
+from ....appuser import APPUSER, PROJECT_DIR
+from .rootfs import ADAPT_VERSION, read_image, write_adapt_layer
 from .settings import OciError, OciSettings
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,7 @@ class OciBuilder:
             facts = read_image(list(info.layers), prepared, work, project_dir)
             if not facts.get("project_found"):
                 notes.append(f"the image has no {project_dir}: the project is empty")
-            chown_tree(prepared / "project", APPUSER[1], APPUSER[2])
+            chown_tree(prepared / "project", APPUSER.uid, APPUSER.gid)
             os.chmod(prepared / "project", 0o755)
             notes += write_adapt_layer(prepared / "adapt", facts, host_files(), OPT_SKELETON, project_dir)
             (prepared / "facts.json").unlink(missing_ok=True)

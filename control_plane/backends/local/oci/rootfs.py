@@ -20,11 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ....appuser import APPUSER, PROJECT_DIR
 from .settings import OciError
 
 ADAPT_VERSION = 1
-PROJECT_DIR = "/home/appuser/work"
-APPUSER = ("appuser", 1000, 1000, "/home/appuser")
 RUNTIME_MOUNTS = ("idegym/lib", "idegym/openenv/0", "idegym/openenv/1", "idegym/openenv/2")
 ROOT_DIRS = (("proc", 0o555), ("dev", 0o755), ("tmp", 0o1777), ("run", 0o755), ("run/idegym", 0o755),
              ("run/lock", 0o1777), ("mnt", 0o755), ("srv", 0o755), ("root", 0o700), ("home", 0o755),
