@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -286,3 +287,85 @@ images:
         assert f"pulling through the registry mirror {registry}" in pulled["details"]
     finally:
         mirrored.stop()
+
+
+# -- sandboxes on an OCI image's root filesystem ------------------------------------------------
+
+
+@pytest.fixture
+def host_marker() -> Iterator[Path]:
+    """A file in the host's /usr/local, which no sandbox of an OCI image may see."""
+    marker = Path("/usr/local") / f"idegym-host-marker-{os.getpid()}-{time.monotonic_ns()}"
+    marker.write_text("the host's /usr\n")
+    yield marker
+    marker.unlink()
+
+
+def _sha(cp: ControlPlaneProcess, client: str, sid: int, paths: str) -> str:
+    out = cp.bash(client, sid, f"sha256sum {paths}")
+    assert out["exit_code"] == 0, out
+    return out["stdout"]
+
+
+def test_sandboxes_run_on_the_images_own_root(debian_base: str, cp_local: ControlPlaneProcess, task_context: Path,
+                                             host_marker: Path) -> None:
+    cp = cp_local
+    (built,) = _build(cp, f"images:\n  - name: calc-task\n    dockerfile: Dockerfile\n    context: {task_context}\n"
+                          "    network: true\n")
+    assert built["status"] == "success", built["details"]
+    tag = built["tag"]
+    # the published client's test reward, on the image's own Python and pytest (Debian's python3-pytest)
+    report = _published_test_reward(cp, tag, "python3 -m pytest --junitxml=test-results.xml", write_tests=False)
+    assert report["status"] == "success" and report["scores"]["total"] == 2 and report["scores"]["passed"] == 2, report
+
+    client = cp.register()
+    sid = cp.start_server(client, image_tag=tag)["server_id"]
+    probe = cp.bash(client, sid, f"id -un; pwd; cat /etc/debian_version /etc/idegym-marker; "
+                                 f"command -v python3; ls {host_marker} 2>&1; ls /opt/idegym/toolchains 2>/dev/null | wc -l")
+    lines = probe["stdout"].splitlines()
+    assert lines[:3] == ["appuser", "/home/appuser/work", lines[2]] and lines[2].startswith("12."), probe
+    assert lines[3:5] == ["from-the-dockerfile", "/usr/bin/python3"], probe
+    assert "No such file" in lines[5] and lines[6] == "0", probe  # not the host's /usr, nor its toolchains
+    assert cp.bash(client, sid, "touch /usr/bin/x 2>&1; echo $?")["stdout"].strip() != "0"  # appuser, as always
+
+    # RESET: the project is the image's again, tool processes end, the rest stays
+    pristine = _sha(cp, client, sid, "test_calc.py src/calc.py")
+    cp.bash(client, sid, "echo broken > src/calc.py; rm test_calc.py; touch new.py; echo kept > /home/appuser/note; "
+                         "(sleep 600 &)")
+    resp = cp.forward(client, sid, "api/project/reset", {})
+    assert resp.status_code == 200, resp.text
+    assert _sha(cp, client, sid, "test_calc.py src/calc.py") == pristine
+    after = cp.bash(client, sid, "ls new.py 2>&1; cat /home/appuser/note; pgrep -f 'sleep 600' || echo none")
+    assert "No such file" in after["stdout"] and "kept" in after["stdout"] and "none" in after["stdout"], after
+
+    # snapshot: the sandbox's layer (outside the project too) comes back in a new server
+    cp.bash(client, sid, "echo snapshotted > state.txt; echo outside > /home/appuser/outside.txt")
+    resp = cp.http.post("/api/idegym-servers/snapshot", json={"client_id": client, "server_id": sid})
+    assert resp.status_code == 202, resp.text
+    op = cp.wait_op(resp.json()["operation_id"])
+    assert op["status"] == "SUCCEEDED", op
+    snap = json.loads(op["result"])
+    restored = cp.start_server(client, reuse_strategy="NONE", snapshot={"id": snap["snapshot_id"]})["server_id"]
+    again = cp.bash(client, restored, "cat state.txt /home/appuser/outside.txt /etc/idegym-marker")
+    assert again["stdout"].splitlines() == ["snapshotted", "outside", "from-the-dockerfile"], again
+
+    # RESTART: as fresh as a new sandbox of the image
+    resp = cp.http.post("/api/idegym-servers/restart", json={"client_id": client, "server_id": sid},
+                        headers={"Prefer": "wait=60"})
+    assert resp.status_code == 200, resp.text
+    fresh = cp.bash(client, sid, "ls state.txt /home/appuser/outside.txt 2>&1 | grep -c 'No such file'; "
+                                 "cat /etc/idegym-marker")
+    assert fresh["stdout"].splitlines() == ["2", "from-the-dockerfile"], fresh
+
+    # the warm pool keeps sandboxes of this image too (the control plane runs with --warm-pool 1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready = [line for line in cp.http.get("/metrics").text.splitlines()
+                 if line.startswith("idegym_warm_pool_ready{") and tag in line]
+        if ready and float(ready[0].rsplit(" ", 1)[1]) >= 1:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"no warm sandbox of {tag}: {ready}")
+    pooled = cp.start_server(client, image_tag=tag, reuse_strategy="NONE")["server_id"]
+    assert cp.bash(client, pooled, "cat /etc/idegym-marker")["stdout"] == "from-the-dockerfile\n"

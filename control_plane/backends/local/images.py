@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 BUILTIN_ID = "builtin-v3"  # v3: `python` and pytest (the seed's default test script runs)
 TREES = ("usr", "etc", "var", "opt", "root", "home")
+ROOTFS = "rootfs"  # an OCI image's one tree: the whole root (oci/rootfs.py)
+ALL_TREES = (*TREES, ROOTFS)
 HOSTNAME = "sandbox"
 # Mount points the backend binds its runtime on (created in the built-in /opt layer).
 OPT_SKELETON = (

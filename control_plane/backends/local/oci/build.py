@@ -22,12 +22,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from ....appuser import APPUSER, PROJECT_DIR
 from ...base import BackendError, ImageDefinition
 from ..images import OPT_SKELETON, ImageStore, chown_tree, host_files
 from . import bases as base_catalog
 from .buildah import Buildah, available, storage_name
 from .dockerfile import base_images
-from ....appuser import APPUSER, PROJECT_DIR
 from .rootfs import ADAPT_VERSION, read_image, write_adapt_layer
 from .settings import OciError, OciSettings
 

@@ -31,7 +31,7 @@ import sysconfig
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..runtime import BOOTSTRAP, INSIDE, TOOL_PATH, Runtime
+from ..runtime import INSIDE, TOOL_PATH, Runtime
 
 LIB_INSIDE = f"{INSIDE}/lib"
 PYTHON_INSIDE = f"{INSIDE}/python"
@@ -60,16 +60,15 @@ class Layout:
 
 
 def oci_runtime(runtime: Runtime, state_dir: Path) -> Runtime:
-    """``runtime`` (as ``runtime.detect`` made it) for sandboxes whose /usr is an OCI image's."""
+    """``runtime`` (as ``runtime.detect`` and the server kind made it) for sandboxes whose /usr is
+    an OCI image's: the same packages, the interpreter and host libraries brought along."""
+    import site
+
     layout = prepare(state_dir / "runtime" / "oci")
-    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
-    stdlib_inside = f"{PYTHON_INSIDE}/lib/{version}"
+    stdlib_inside = f"{PYTHON_INSIDE}/lib/{layout.stdlib.name}"
     binds: list[tuple[str, str]] = [(str(layout.python_dir), PYTHON_INSIDE), (str(layout.stdlib), stdlib_inside),
                                     (str(layout.lib_dir), LIB_INSIDE)]
     sites: list[str] = []
-    import site
-
-    base = Path(sys.base_prefix).resolve()
     bound = {host: inside for host, inside in runtime.binds}
     for index, path in enumerate(Path(p).resolve() for p in site.getsitepackages() if Path(p).is_dir()):
         if path.is_relative_to(layout.stdlib):
@@ -78,16 +77,16 @@ def oci_runtime(runtime: Runtime, state_dir: Path) -> Runtime:
             inside = bound.get(str(path), f"{INSIDE}/site/{index}")
             binds.append((str(path), inside))
             sites.append(inside)
+    base = Path(sys.base_prefix).resolve()
     # The host's toolchains (rustup, cargo) stay out: an OCI image brings its own.
     keep = [(h, i) for h, i in runtime.binds
             if not i.startswith((PYTHON_INSIDE, f"{INSIDE}/site/", f"{INSIDE}/toolchains/"))
             and Path(h).resolve() != base]
-    src = [i for _, i in keep if i == f"{INSIDE}/src"]
     server_env = {k: v for k, v in runtime.server_env.items() if k != "LD_LIBRARY_PATH"}
     server_env["LD_LIBRARY_PATH"] = LIB_INSIDE
     tool_env = {"PATH": TOOL_PATH, "LANG": "C.UTF-8"}  # the image's ENV comes on top
     return replace(runtime, python=f"{PYTHON_INSIDE}/bin/{layout.exe_name}", binds=[*binds, *keep],
-                   server_env=server_env, tool_env=tool_env, bootstrap=BOOTSTRAP.format(src=src, sites=sites))
+                   server_env=server_env, tool_env=tool_env, sites=sites)
 
 
 def prepare(root: Path) -> Layout:

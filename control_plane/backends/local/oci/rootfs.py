@@ -23,11 +23,11 @@ from typing import Any
 from ....appuser import APPUSER, PROJECT_DIR
 from .settings import OciError
 
-ADAPT_VERSION = 1
-RUNTIME_MOUNTS = ("idegym/lib", "idegym/openenv/0", "idegym/openenv/1", "idegym/openenv/2")
+ADAPT_VERSION = 2
+RUNTIME_MOUNTS = ("idegym/lib", "idegym/packages/0", "idegym/packages/1", "idegym/packages/2")
 ROOT_DIRS = (("proc", 0o555), ("dev", 0o755), ("tmp", 0o1777), ("run", 0o755), ("run/idegym", 0o755),
-             ("run/lock", 0o1777), ("mnt", 0o755), ("srv", 0o755), ("root", 0o700), ("home", 0o755),
-             ("etc", 0o755), ("opt", 0o755))
+             ("run/idegym-cgroup", 0o755), ("run/lock", 0o1777), ("mnt", 0o755), ("srv", 0o755),
+             ("root", 0o700), ("home", 0o755), ("etc", 0o755), ("opt", 0o755))
 
 
 def read_image(layers: list[Path], out: Path, scratch: Path, project_dir: str = PROJECT_DIR) -> dict[str, Any]:
@@ -53,6 +53,7 @@ def write_adapt_layer(dest: Path, facts: dict[str, Any], host_files: dict[str, s
     for rel, mode in ROOT_DIRS:
         (dest / rel).mkdir(parents=True, exist_ok=True)
         os.chmod(dest / rel, mode)
+    (dest / "run" / "idegym-cgroup" / "memory.oom_control").touch()  # a bind target (the OOM counter)
     name, uid, gid, home = APPUSER
     accounts = facts.get("accounts") or {}
     shell = "/bin/bash" if facts.get("bash") else "/bin/sh"
@@ -95,7 +96,8 @@ def write_adapt_layer(dest: Path, facts: dict[str, Any], host_files: dict[str, s
     if not facts.get("project_found"):  # the server mounts the project there
         (dest / project_dir.lstrip("/")).mkdir(parents=True, exist_ok=True)
     for rel in (*opt_skeleton, *RUNTIME_MOUNTS):
-        (dest / "opt" / rel).mkdir(parents=True, exist_ok=True)
+        if not rel.startswith("idegym/toolchains"):  # the host's toolchains are not bound in OCI images
+            (dest / "opt" / rel).mkdir(parents=True, exist_ok=True)
     for rel in ("idegym/layer", "idegym/export"):
         if (dest / "opt" / rel).is_dir():
             os.chmod(dest / "opt" / rel, 0o700)
