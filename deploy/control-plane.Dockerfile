@@ -14,15 +14,15 @@ RUN --mount=type=bind,target=/context \
     mkdir /tmp/src \
     && cp -r /context/pyproject.toml /context/README.md /context/sandbox_server /context/control_plane \
              /context/idegym_env /tmp/src/ \
-    && python3 -m venv /opt/idegym \
-    && /opt/idegym/bin/pip install ${PIP_INSTALL_OPTIONS} "/tmp/src[kubernetes]" \
+    && python3 -m venv /usr/local/idegym \
+    && /usr/local/idegym/bin/pip install ${PIP_INSTALL_OPTIONS} "/tmp/src[kubernetes]" \
     && rm -rf /tmp/src \
     && useradd --uid 10001 --user-group --no-create-home --home-dir /var/lib/idegym idegym \
     && mkdir -p /var/lib/idegym && chown idegym:idegym /var/lib/idegym
 
 # Not root: the state (SQLite) lives on the volume at /var/lib/idegym (fsGroup 10001 in the manifest).
 USER 10001
-ENV PATH=/opt/idegym/bin:$PATH
+ENV PATH=/usr/local/idegym/bin:$PATH
 WORKDIR /var/lib/idegym
 EXPOSE 8000
 ENTRYPOINT ["idegym"]

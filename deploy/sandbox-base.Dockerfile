@@ -8,16 +8,16 @@ FROM python:3.11-slim
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 ARG PIP_INSTALL_OPTIONS=""
 
-# The sandbox server in a virtualenv of its own (aiohttp, pydantic, diff-match-patch): the task's
+# The sandbox server in a virtualenv of its own (aiohttp, h11, pydantic, diff-match-patch): the task's
 # Python and its packages stay the task's. Its code is the repository's sandbox_server package.
 RUN --mount=type=bind,target=/context \
-    mkdir -p /opt/idegym/src \
-    && cp -r /context/sandbox_server /opt/idegym/src/ \
-    && python3 -m venv /opt/idegym/venv \
-    && /opt/idegym/venv/bin/pip install ${PIP_INSTALL_OPTIONS} "aiohttp>=3.9,<4" "pydantic>=2.6,<3" \
+    mkdir -p /usr/local/lib/idegym/src \
+    && cp -r /context/sandbox_server /usr/local/lib/idegym/src/ \
+    && python3 -m venv /usr/local/lib/idegym/venv \
+    && /usr/local/lib/idegym/venv/bin/pip install ${PIP_INSTALL_OPTIONS} "aiohttp>=3.9,<4" "h11>=0.14" "pydantic>=2.6,<3" \
            "diff-match-patch==20241021" \
-    && echo /opt/idegym/src > "$(/opt/idegym/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/idegym.pth" \
-    && /opt/idegym/venv/bin/python -m compileall -q /opt/idegym/src
+    && echo /usr/local/lib/idegym/src > "$(/usr/local/lib/idegym/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/idegym.pth" \
+    && /usr/local/lib/idegym/venv/bin/python -m compileall -q /usr/local/lib/idegym/src
 
 # appuser (uid 1000) owns the project at /home/appuser/work; the pod runs the server as uid 1000
 # (root only for run_as_root servers).
@@ -28,4 +28,4 @@ ENV IDEGYM_PROJECT_PATH=/home/appuser/work IDEGYM_SERVER_HOST=0.0.0.0 IDEGYM_SER
 WORKDIR /home/appuser/work
 USER 1000
 EXPOSE 8000
-CMD ["/opt/idegym/venv/bin/python", "-m", "sandbox_server", "serve"]
+CMD ["/usr/local/lib/idegym/venv/bin/python", "-m", "sandbox_server", "serve"]

@@ -273,8 +273,7 @@ images:
                            str(cp_local.state_dir)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "not an OCI image" in proc.stderr, proc.stderr
     # with the registry as a mirror, `FROM ubuntu:22.04` is pulled from it (the image pushed above)
-    mirrored = ControlPlaneProcess(tmp_path / "mirrored", ["--ephemeral"],
-                                   env=dict(os.environ, IDEGYM_IMAGE_REGISTRY=f"http://{registry}"))
+    mirrored = ControlPlaneProcess(tmp_path / "mirrored", ["--ephemeral", "--image-registry", f"http://{registry}"])
     try:
         (pulled,) = _build(mirrored, """
 images:
@@ -369,3 +368,65 @@ def test_sandboxes_run_on_the_images_own_root(debian_base: str, cp_local: Contro
         raise AssertionError(f"no warm sandbox of {tag}: {ready}")
     pooled = cp.start_server(client, image_tag=tag, reuse_strategy="NONE")["server_id"]
     assert cp.bash(client, pooled, "cat /etc/idegym-marker")["stdout"] == "from-the-dockerfile\n"
+
+
+# -- the deploy/ images, built here ------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+WHEELS = REPO / ".cache" / "wheels"
+
+
+def _wheelhouse() -> Path:
+    """The packages the deploy images install, for pip inside the build (RUN has no network):
+    downloaded once with the host's own pip and its configured index."""
+    import sys
+
+    if not (WHEELS / ".complete").exists():
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "-d", str(WHEELS),
+                               f"{REPO}[kubernetes]", "setuptools>=68", "wheel"], capture_output=True, text=True,
+                              timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (WHEELS / ".complete").write_text("")
+    return WHEELS
+
+
+@pytest.mark.slow
+def test_the_deploy_dockerfiles_build_and_hold_what_they_must(image_cache: Path, cp_local: ControlPlaneProcess
+                                                              ) -> None:
+    cp = cp_local
+    wheels = _wheelhouse()
+    options = f"--no-index --find-links /context/{wheels.relative_to(REPO)}"
+    base, control = _build(cp, f"""
+images:
+  - name: sandbox-base
+    dockerfile: deploy/sandbox-base.Dockerfile
+    context: {REPO}
+    build_args: {{PIP_INSTALL_OPTIONS: "{options}"}}
+  - name: control-plane
+    dockerfile: deploy/control-plane.Dockerfile
+    context: {REPO}
+    build_args: {{PIP_INSTALL_OPTIONS: "{options}"}}
+""", timeout=1800)
+    for job in (base, control):
+        assert job["status"] == "success", job["details"][-3000:]
+    assert "python:3.11-slim -> Debian bookworm (python3 3.11)" in base["details"]
+    client = cp.register()
+    # the sandbox base: its own server in its own virtualenv, appuser, the project directory
+    sid = cp.start_server(client, image_tag=base["tag"])["server_id"]
+    probe = cp.bash(client, sid, "id -u appuser; pwd; /usr/local/lib/idegym/venv/bin/python -c "
+                                 "'import sandbox_server, aiohttp, pydantic, diff_match_patch; print(\"server ok\")'; "
+                                 "python3 -c 'import aiohttp' 2>&1 | tail -1")
+    assert probe["stdout"].splitlines()[:3] == ["1000", "/home/appuser/work", "server ok"], probe
+    assert "No module named 'aiohttp'" in probe["stdout"]  # the task's Python stays the task's
+    # ...and the image's own command serves the sandbox API, as a pod would run it
+    served = cp.bash(client, sid, "IDEGYM_SERVER_HOST=127.0.0.1 IDEGYM_SERVER_PORT=18765 "
+                                  "/usr/local/lib/idegym/venv/bin/python -m sandbox_server serve & "
+                                  "for i in $(seq 100); do /usr/local/lib/idegym/venv/bin/python -c \"import urllib.request; "
+                                  "print(urllib.request.urlopen('http://127.0.0.1:18765/api/health').status)\" "
+                                  "2>/dev/null && break; sleep 0.2; done; kill %1", timeout=60)
+    assert "200" in served["stdout"], served
+    # the control plane image: idegym with the Kubernetes backend
+    sid = cp.start_server(client, image_tag=control["tag"])["server_id"]
+    probe = cp.bash(client, sid, "/usr/local/idegym/bin/idegym control-plane serve --help | head -1; "
+                                 "/usr/local/idegym/bin/python -c 'import kubernetes, control_plane; print(\"cp ok\")'")
+    assert probe["exit_code"] == 0 and "usage:" in probe["stdout"] and "cp ok" in probe["stdout"], probe
