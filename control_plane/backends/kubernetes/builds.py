@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.exceptions import ApiException
 
-from ...appuser import PROJECT_DIR
+from ...appuser import APPUSER, PROJECT_DIR
 from ...models import Status
 from ..base import BackendError, ImageBuilder, ImageDefinition
 from . import kube
-from .manifests import GROUP, SANDBOX_UID, managed_labels, owner_reference
+from .manifests import GROUP, managed_labels, owner_reference
 
 if TYPE_CHECKING:
     from .backend import KubernetesBackend
@@ -77,7 +77,7 @@ def render_dockerfile(definition: ImageDefinition) -> str:
     if isinstance(project, dict) and project.get("url"):
         lines.append(f"ADD {project['url']} {PROJECT_DIR}/")
     if isinstance(project, dict) and project.get("path"):  # the build context (build_context)
-        lines.append(f"COPY --chown={SANDBOX_UID}:{SANDBOX_UID} . {PROJECT_DIR}/")
+        lines.append(f"COPY --chown={APPUSER.uid}:{APPUSER.gid} . {PROJECT_DIR}/")
     lines += [f"RUN {command}" for command in definition.commands]
     lines.append(f"WORKDIR {PROJECT_DIR}")
     return "\n".join(lines) + "\n"
