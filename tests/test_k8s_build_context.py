@@ -21,7 +21,7 @@ from control_plane.models import Status
 pytestmark = pytest.mark.kubernetes
 
 
-def _run(scenario, config) -> None:  # noqa: ANN001 - a coroutine function and a KubernetesConfig
+def _run(scenario, config) -> None:
     async def main() -> None:
         backend = KubernetesBackend(config)
         await backend.start()
@@ -33,7 +33,7 @@ def _run(scenario, config) -> None:  # noqa: ANN001 - a coroutine function and a
     asyncio.run(main())
 
 
-def test_a_project_path_is_the_build_jobs_context(k8s_config, tmp_path: Path) -> None:  # noqa: ANN001
+def test_a_project_path_is_the_build_jobs_context(k8s_config, tmp_path: Path) -> None:
     project = tmp_path / "calc"
     (project / "src").mkdir(parents=True)
     (project / "src" / "calc.py").write_text("def add(a, b):\n    return a + b\n")

@@ -383,8 +383,9 @@ def _python_layer(usr: Path) -> list[str]:
         (usr / "bin").mkdir(parents=True, exist_ok=True)
         os.symlink("python3", usr / "bin" / "python")
         notes.append("`python` is python3")
-    probe = subprocess.run(["/usr/bin/python3", "-I", "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3]); "
-                            "import importlib.util as u; print(bool(u.find_spec('pytest')))"],
+    code = ("import sys; print('%d.%d.%d' % sys.version_info[:3]); "
+            "import importlib.util as u; print(bool(u.find_spec('pytest')))")
+    probe = subprocess.run(["/usr/bin/python3", "-I", "-c", code],
                            capture_output=True, text=True, timeout=60)
     if probe.returncode != 0:
         return [*notes, f"the host's python3 does not run: {probe.stderr.strip()[-200:]}"]
@@ -410,7 +411,7 @@ def _python_layer(usr: Path) -> list[str]:
 def _copy_distributions(names: tuple[str, ...], python_version: str, dest: Path) -> list[str]:
     """Copy installed pure-Python distributions and what they require (markers evaluated for
     ``python_version``) into ``dest``; returns ``name==version`` of each."""
-    import importlib.metadata as metadata
+    from importlib import metadata
 
     try:
         from packaging.markers import Marker

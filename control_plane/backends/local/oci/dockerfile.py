@@ -19,7 +19,7 @@ def instructions(text: str) -> list[tuple[str, str]]:
     escape = "\\"
     lines = text.splitlines()
     for line in lines:  # parser directives come first
-        match = re.match(r"^\s*#\s*escape\s*=\s*(\S)\s*$", line, re.I)
+        match = re.match(r"^\s*#\s*escape\s*=\s*(\S)\s*$", line, re.IGNORECASE)
         if match:
             escape = match.group(1)
             break
