@@ -1,14 +1,16 @@
 """OCI images on the local backend (issue 15): Debian/Python bases, Dockerfile builds with buildah,
 sandboxes on an image's own root filesystem.
 
-The builds share one cached ``debian:bookworm`` (``tests.oci_fixtures``); each control plane has
-its own state directory (its own buildah store, reading the cache's as an additional store).
+The builds share one cached ``debian:bookworm`` (``tests.oci_fixtures``) and one control plane
+(its own state directory and buildah store, reading the cache's as an additional store); the
+done-when image is built once (``task_image``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -105,9 +107,8 @@ def _mounts_under(path: Path) -> list[str]:
             if line.split()[1].startswith(str(path))]
 
 
-@pytest.fixture
-def task_context(tmp_path: Path) -> Path:
-    ctx = tmp_path / "task"
+def _task_context(root: Path) -> Path:
+    ctx = root / "task"
     (ctx / "src").mkdir(parents=True)
     (ctx / "src" / "calc.py").write_text("def add(a, b):\n    return a + b\n")
     (ctx / "test_calc.py").write_text("from src.calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
@@ -120,9 +121,31 @@ def task_context(tmp_path: Path) -> Path:
     return ctx
 
 
-def test_dockerfile_builds_fail_clearly_and_leave_nothing(debian_base: str, cp_local: ControlPlaneProcess,
-                                                         tmp_path: Path) -> None:
-    cp = cp_local
+@pytest.fixture(scope="module")
+def oci_cp(debian_base: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlaneProcess]:
+    """One control plane for this module's builds and sandboxes (a warm pool of 1 per image)."""
+    proc = ControlPlaneProcess(tmp_path_factory.mktemp("oci") / "state", ["--warm-pool", "1", "--ephemeral"])
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def task_context(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _task_context(tmp_path_factory.mktemp("context"))
+
+
+@pytest.fixture(scope="module")
+def task_image(oci_cp: ControlPlaneProcess, task_context: Path) -> dict:
+    """The done-when image, built once: `FROM debian:bookworm`, `RUN apt-get install -y python3-pytest`,
+    `COPY` (RUN may use the network)."""
+    (built,) = _build(oci_cp, f"images:\n  - name: calc-task\n    dockerfile: Dockerfile\n    context: {task_context}\n"
+                              "    network: true\n")
+    assert built["status"] == "success", built["details"]
+    return built
+
+
+def test_dockerfile_builds_fail_clearly_and_leave_nothing(oci_cp: ControlPlaneProcess) -> None:
+    cp = oci_cp
     bad, ubuntu, failing = _build(cp, """
 images:
   - name: bad-syntax
@@ -150,18 +173,10 @@ images:
     assert not any((cp.state_dir / "images" / "oci-work").iterdir())
 
 
-def test_dockerfile_build_is_an_oci_image_and_rebuilds_from_cache(debian_base: str, cp_local: ControlPlaneProcess,
-                                                                  task_context: Path) -> None:
-    cp = cp_local
-    yaml_text = f"""
-images:
-  - name: calc-task
-    dockerfile: Dockerfile
-    context: {task_context}
-    network: true
-"""
-    (built,) = _build(cp, yaml_text)
-    assert built["status"] == "success", built["details"]
+def test_dockerfile_build_is_an_oci_image_and_rebuilds_from_cache(oci_cp: ControlPlaneProcess, task_image: dict,
+                                                                  task_context: Path, tmp_path: Path) -> None:
+    cp, built = oci_cp, task_image
+    yaml_text = f"images:\n  - name: calc-task\n    dockerfile: Dockerfile\n    context: {task_context}\n    network: true\n"
     assert "STEP 2/4: RUN apt-get install -y python3-pytest" in built["details"]
     meta = _image_meta(cp, built["tag"])
     assert meta["kind"] == "oci" and meta["project_dir"] == "/home/appuser/work"
@@ -180,8 +195,10 @@ images:
     assert time.monotonic() - started < 30
     assert _image_meta(cp, rebuilt["tag"])["oci"]["image_id"] == meta["oci"]["image_id"]
     # a changed context is a new tag
-    (task_context / "src" / "calc.py").write_text("def add(a, b):\n    return b + a\n")
-    (changed,) = _build(cp, yaml_text)
+    changed_context = tmp_path / "task"
+    shutil.copytree(task_context, changed_context)
+    (changed_context / "src" / "calc.py").write_text("def add(a, b):\n    return b + a\n")
+    (changed,) = _build(cp, yaml_text.replace(str(task_context), str(changed_context)))
     assert changed["status"] == "success" and changed["tag"] != built["tag"]
 
 
@@ -194,12 +211,11 @@ def _image_meta(cp: ControlPlaneProcess, tag: str) -> dict:
     return meta
 
 
-def test_yaml_on_a_debian_base_is_built_with_buildah(debian_base: str, cp_local: ControlPlaneProcess,
-                                                    tmp_path: Path) -> None:
+def test_yaml_on_a_debian_base_is_built_with_buildah(oci_cp: ControlPlaneProcess, tmp_path: Path) -> None:
     project = tmp_path / "calc"
     project.mkdir()
     (project / "calc.py").write_text("x = 1\n")
-    (built,) = _build(cp_local, f"""
+    (built,) = _build(oci_cp, f"""
 images:
   - name: yaml-on-debian
     base: debian:bookworm
@@ -211,7 +227,7 @@ images:
 """)
     assert built["status"] == "success", built["details"]
     assert "rendered Dockerfile" in built["details"] and "FROM debian:bookworm" in built["details"]
-    meta = _image_meta(cp_local, built["tag"])
+    meta = _image_meta(oci_cp, built["tag"])
     assert meta["kind"] == "oci" and meta["env"]["MODE"] == "fast"
     assert json.loads(json.dumps(meta["oci"]["config"]))["WorkingDir"] == "/home/appuser/work"
 
@@ -245,13 +261,13 @@ def test_builtin_image_runs_the_seeds_default_test_script(cp_local: ControlPlane
 # -- registries: push, and bases pulled through a mirror ----------------------------------------
 
 
-def test_push_to_a_registry_and_pull_through_a_mirror(debian_base: str, cp_local: ControlPlaneProcess,
-                                                      registry: str, tmp_path: Path) -> None:
+def test_push_to_a_registry_and_pull_through_a_mirror(oci_cp: ControlPlaneProcess, registry: str,
+                                                      tmp_path: Path) -> None:
     import sys
 
     import httpx
 
-    (built,) = _build(cp_local, """
+    (built,) = _build(oci_cp, """
 images:
   - name: pushed
     dockerfile: |
@@ -261,7 +277,7 @@ images:
     assert built["status"] == "success", built["details"]
     idegym = Path(sys.executable).with_name("idegym")
     for dest in (f"{registry}/tasks/pushed:1", f"{registry}/library/ubuntu:22.04"):
-        proc = subprocess.run([str(idegym), "images", "push", built["tag"], dest, "--state-dir", str(cp_local.state_dir),
+        proc = subprocess.run([str(idegym), "images", "push", built["tag"], dest, "--state-dir", str(oci_cp.state_dir),
                                "--tls-verify", "false"], capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0 and f"pushed {built['tag']} to {dest}" in proc.stdout, proc.stdout + proc.stderr
     assert httpx.get(f"http://{registry}/v2/tasks/pushed/tags/list").json()["tags"] == ["1"]
@@ -270,7 +286,7 @@ images:
     assert len(manifest["layers"]) == 2, manifest  # the Debian base and the RUN step
     # a built-in (host userland) image cannot be pushed, and says why
     proc = subprocess.run([str(idegym), "images", "push", "idegym/builtin:latest", f"{registry}/x:1", "--state-dir",
-                           str(cp_local.state_dir)], capture_output=True, text=True, timeout=120)
+                           str(oci_cp.state_dir)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "not an OCI image" in proc.stderr, proc.stderr
     # with the registry as a mirror, `FROM ubuntu:22.04` is pulled from it (the image pushed above)
     mirrored = ControlPlaneProcess(tmp_path / "mirrored", ["--ephemeral", "--image-registry", f"http://{registry}"])
@@ -306,13 +322,9 @@ def _sha(cp: ControlPlaneProcess, client: str, sid: int, paths: str) -> str:
     return out["stdout"]
 
 
-def test_sandboxes_run_on_the_images_own_root(debian_base: str, cp_local: ControlPlaneProcess, task_context: Path,
+def test_sandboxes_run_on_the_images_own_root(oci_cp: ControlPlaneProcess, task_image: dict,
                                              host_marker: Path) -> None:
-    cp = cp_local
-    (built,) = _build(cp, f"images:\n  - name: calc-task\n    dockerfile: Dockerfile\n    context: {task_context}\n"
-                          "    network: true\n")
-    assert built["status"] == "success", built["details"]
-    tag = built["tag"]
+    cp, tag = oci_cp, task_image["tag"]
     # the published client's test reward, on the image's own Python and pytest (Debian's python3-pytest)
     report = _published_test_reward(cp, tag, "python3 -m pytest --junitxml=test-results.xml", write_tests=False)
     assert report["status"] == "success" and report["scores"]["total"] == 2 and report["scores"]["passed"] == 2, report
@@ -391,9 +403,8 @@ def _wheelhouse() -> Path:
 
 
 @pytest.mark.slow
-def test_the_deploy_dockerfiles_build_and_hold_what_they_must(image_cache: Path, cp_local: ControlPlaneProcess
-                                                              ) -> None:
-    cp = cp_local
+def test_the_deploy_dockerfiles_build_and_hold_what_they_must(oci_cp: ControlPlaneProcess) -> None:
+    cp = oci_cp
     wheels = _wheelhouse()
     options = f"--no-index --find-links /context/{wheels.relative_to(REPO)}"
     base, control = _build(cp, f"""
