@@ -116,8 +116,8 @@ async def _main(root: Path) -> Result:
     }
     result.targets = {
         "first_base_build": check_target("first build of debian:bookworm", first, 60.0, "s"),
-        "cached_base_rebuild": check_target("cached rebuild of the base", result.figures["cached_base_rebuild_s_median"],
-                                            2.0, "s"),
+        "cached_base_rebuild": check_target("cached rebuild of the base",
+                                            result.figures["cached_base_rebuild_s_median"], 2.0, "s"),
         "cold_start_ratio": check_target("cold start, OCI / built-in", ratio, 1.2, "x"),
     }
     print(table(["measurement", "seconds"], [

@@ -176,7 +176,8 @@ images:
 def test_dockerfile_build_is_an_oci_image_and_rebuilds_from_cache(oci_cp: ControlPlaneProcess, task_image: dict,
                                                                   task_context: Path, tmp_path: Path) -> None:
     cp, built = oci_cp, task_image
-    yaml_text = f"images:\n  - name: calc-task\n    dockerfile: Dockerfile\n    context: {task_context}\n    network: true\n"
+    yaml_text = (f"images:\n  - name: calc-task\n    dockerfile: Dockerfile\n    context: {task_context}\n"
+                 "    network: true\n")
     assert "STEP 2/4: RUN apt-get install -y python3-pytest" in built["details"]
     meta = _image_meta(cp, built["tag"])
     assert meta["kind"] == "oci" and meta["project_dir"] == "/home/appuser/work"
@@ -332,7 +333,8 @@ def test_sandboxes_run_on_the_images_own_root(oci_cp: ControlPlaneProcess, task_
     client = cp.register()
     sid = cp.start_server(client, image_tag=tag)["server_id"]
     probe = cp.bash(client, sid, f"id -un; pwd; cat /etc/debian_version /etc/idegym-marker; "
-                                 f"command -v python3; ls {host_marker} 2>&1; ls /opt/idegym/toolchains 2>/dev/null | wc -l")
+                                 f"command -v python3; ls {host_marker} 2>&1; "
+                                 "ls /opt/idegym/toolchains 2>/dev/null | wc -l")
     lines = probe["stdout"].splitlines()
     assert lines[:3] == ["appuser", "/home/appuser/work", lines[2]] and lines[2].startswith("12."), probe
     assert lines[3:5] == ["from-the-dockerfile", "/usr/bin/python3"], probe
@@ -432,7 +434,8 @@ images:
     # ...and the image's own command serves the sandbox API, as a pod would run it
     served = cp.bash(client, sid, "IDEGYM_SERVER_HOST=127.0.0.1 IDEGYM_SERVER_PORT=18765 "
                                   "/usr/local/lib/idegym/venv/bin/python -m sandbox_server serve & "
-                                  "for i in $(seq 100); do /usr/local/lib/idegym/venv/bin/python -c \"import urllib.request; "
+                                  "for i in $(seq 100); do /usr/local/lib/idegym/venv/bin/python -c "
+                                  "\"import urllib.request; "
                                   "print(urllib.request.urlopen('http://127.0.0.1:18765/api/health').status)\" "
                                   "2>/dev/null && break; sleep 0.2; done; kill %1", timeout=60)
     assert "200" in served["stdout"], served

@@ -118,7 +118,8 @@ class Buildah:
             known = [Path(p) for p in json.loads(record.read_text())]
         except (OSError, ValueError):  # none yet: what the configuration names, if any
             try:
-                line = re.search(r"^additionalimagestores = (\[.*\])$", (self.home / "storage.conf").read_text(), re.MULTILINE)
+                conf = (self.home / "storage.conf").read_text()
+                line = re.search(r"^additionalimagestores = (\[.*\])$", conf, re.MULTILINE)
                 known = [Path(p).parent for p in json.loads(line.group(1))] if line else []
             except (OSError, ValueError):
                 known = []

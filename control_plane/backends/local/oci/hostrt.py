@@ -132,7 +132,7 @@ def _needed_libraries(exe: Path, stdlib: Path) -> dict[str, Path]:
     """Host libraries (outside the bound trees) the server's interpreter and modules load."""
     found: dict[str, Path] = {}
     probe = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300)
-    mapped = set(re.findall(r"\s(/\S+\.so(?:\.[\w.]+)?)$", probe.stdout, re.MULTILINE)) if probe.returncode == 0 else set()
+    mapped = set(re.findall(r"\s(/\S+\.so(?:\.[\w.]+)?)$", probe.stdout, re.MULTILINE) if probe.returncode == 0 else ())
     dynload = [str(p) for p in (stdlib / "lib-dynload").glob("*.so") if not p.name.startswith("_tkinter")]
     objects = [str(exe), *mapped, *dynload]
     for chunk in range(0, len(objects), 64):
