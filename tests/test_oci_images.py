@@ -384,6 +384,43 @@ def test_sandboxes_run_on_the_images_own_root(oci_cp: ControlPlaneProcess, task_
     assert cp.bash(client, pooled, "cat /etc/idegym-marker")["stdout"] == "from-the-dockerfile\n"
 
 
+def test_an_images_device_nodes_open_nothing_and_host_paths_stay_hidden(oci_cp: ControlPlaneProcess,
+                                                                       tmp_path: Path) -> None:
+    """Image layers may hold device nodes (buildah's ADD unpacks archives as host root; pulled
+    layers can have them): the sandbox's root is mounted nodev and the project copy drops them;
+    /proc/mounts names no host path."""
+    import io
+    import tarfile
+
+    context = tmp_path / "devices"
+    context.mkdir()
+    with tarfile.open(context / "devices.tar", "w") as tar:
+        for name in ("null-copy", "home/appuser/work/dev"):
+            node = tarfile.TarInfo(name)
+            node.type, node.mode, node.devmajor, node.devminor = tarfile.CHRTYPE, 0o666, 1, 3
+            tar.addfile(node)
+        data = tarfile.TarInfo("home/appuser/work/file.txt")
+        data.size, data.uid, data.gid = 5, 1000, 1000
+        tar.addfile(data, io.BytesIO(b"data\n"))
+    (built,) = _build(oci_cp, f"""
+images:
+  - name: with-devices
+    dockerfile: |
+      FROM debian:bookworm
+      ADD devices.tar /
+    context: {context}
+""")
+    assert built["status"] == "success", built["details"]
+    client = oci_cp.register()
+    for root in (False, True):
+        sid = oci_cp.start_server(client, image_tag=built["tag"], run_as_root=root)["server_id"]
+        out = oci_cp.bash(client, sid, "ls -l /null-copy; echo x > /null-copy && echo WROTE; ls; cat /proc/mounts")
+        assert out["stdout"].startswith("crw-rw-rw-") and "WROTE" not in out["stdout"], out
+        assert "Permission denied" in out["stderr"], out
+        assert "file.txt" in out["stdout"] and "\ndev\n" not in out["stdout"], out
+        assert os.environ["IDEGYM_IMAGE_CACHE"] not in out["stdout"] and str(oci_cp.state_dir) not in out["stdout"], out
+
+
 # -- the deploy/ images, built here ------------------------------------------------------------
 
 REPO = Path(__file__).resolve().parent.parent

@@ -112,6 +112,26 @@ def prepare_layers(plan: Plan, data: dict[str, Any], *, isolated: bool) -> None:
     plan.lowers = lower_layers(plan)
 
 
+def _stores_inside_state(plan: Plan, lowers: list[str], state: str) -> list[str]:
+    """Lower layers outside the state directory (the shared cache's buildah store) seen through
+    binds under the sandbox's directory, in this private namespace: the overlay's options then
+    name only state-relative paths (short, and no host path in the sandbox's /proc/mounts)."""
+    stores: dict[str, str] = {}
+    out = []
+    for path in lowers:
+        head, sep, tail = path.partition("/overlay/")
+        if path.startswith(state) or not sep:
+            out.append(path)
+            continue
+        if head not in stores:
+            target = plan.sb / "stores" / str(len(stores))
+            target.mkdir(parents=True, exist_ok=True)
+            mounts.bind(head, target, readonly=True)
+            stores[head] = str(target)
+        out.append(f"{stores[head]}/overlay/{tail}")
+    return out
+
+
 def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tuple[str, str]],
                memory_cgroup: str | None) -> None:
     """The sandbox's root tree at ``<sb>/root``, mounted in the calling thread's private mount
@@ -128,16 +148,18 @@ def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tup
 
     layers = rel(str(plan.layers))
 
-    def overlay(tree: str, target: str) -> None:
+    def overlay(tree: str, target: str, flags: int = 0) -> None:
         options = (f"lowerdir={':'.join(rel(p) for p in plan.lowers[tree])},upperdir={layers}/{tree}/upper,"
                    f"workdir={layers}/{tree}/work")
         if len(options) > MAX_OVERLAY_OPTIONS:
             raise BackendError(f"too many layers for /{'' if tree == ROOTFS else tree} ({len(plan.lowers[tree])}): "
                                "the overlay options exceed a page; rebuild the image from fewer layers or snapshots")
-        mounts.mount("overlay", target, "overlay", 0, options)
+        mounts.mount("overlay", target, "overlay", flags, options)
 
     if plan.image.is_oci:  # the image's own root; its mount points are in our layer (oci/rootfs.py)
-        overlay(ROOTFS, r)
+        plan.lowers[ROOTFS] = _stores_inside_state(plan, plan.lowers[ROOTFS], state)
+        # nodev (bwrap's --bind adds it too): image layers may hold device nodes; none opens a host device
+        overlay(ROOTFS, r, mounts.MS_NODEV)
     else:
         mounts.mount("idegym-root", root, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV, "size=8m,mode=0755")
         for name in ROOT_DIRS:

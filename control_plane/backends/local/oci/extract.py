@@ -90,6 +90,11 @@ def _read(mnt: str, req: dict, out: Path) -> int:
             print(f"copying {req['project_dir']} out of the image failed: "
                   f"{proc.stderr.decode(errors='replace').strip()}", file=sys.stderr)
             return 3
+        for dirpath, _dirs, files in os.walk(out / "project"):  # a project holds no device nodes
+            for name in files:
+                path = os.path.join(dirpath, name)
+                if stat.S_ISCHR(os.lstat(path).st_mode) or stat.S_ISBLK(os.lstat(path).st_mode):
+                    os.unlink(path)
     (out / "facts.json").write_text(json.dumps(facts))
     return 0
 
