@@ -421,6 +421,36 @@ images:
         assert os.environ["IDEGYM_IMAGE_CACHE"] not in out["stdout"] and str(oci_cp.state_dir) not in out["stdout"], out
 
 
+def test_a_project_is_laid_over_an_oci_base_where_it_keeps_its_project(oci_cp: ControlPlaneProcess,
+                                                                       tmp_path: Path) -> None:
+    from control_plane.backends.local.images import ImageStore
+
+    (base,) = _build(oci_cp, """
+images:
+  - name: app-base
+    dockerfile: |
+      FROM debian:bookworm
+      WORKDIR /app
+      RUN echo from-the-base > /app/base.txt && chown -R 1000:1000 /app
+""")
+    assert base["status"] == "success", base["details"]
+    assert _image_meta(oci_cp, base["tag"])["project_dir"] == "/app"  # the final WORKDIR
+    project = tmp_path / "calc"
+    project.mkdir()
+    (project / "calc.py").write_text("x = 1\n")
+    # a YAML entry on that base: its project goes over /app
+    (task,) = _build(oci_cp, f"images:\n  - name: over-the-base\n    base: {base['tag']}\n"
+                             f"    project: {{path: {project}}}\n")
+    assert task["status"] == "success", task["details"]
+    # a registered project folder on that base: it is the project at /app
+    ImageStore(oci_cp.state_dir / "images").register_project("registered-on-oci:1", project, base=base["tag"])
+    client = oci_cp.register()
+    for tag, files in ((task["tag"], ["base.txt", "calc.py"]), ("registered-on-oci:1", ["calc.py"])):
+        sid = oci_cp.start_server(client, image_tag=tag)["server_id"]
+        out = oci_cp.bash(client, sid, "pwd; ls; cat /etc/debian_version")
+        assert out["stdout"].splitlines()[:-1] == ["/app", *files], (tag, out)
+
+
 # -- the deploy/ images, built here ------------------------------------------------------------
 
 REPO = Path(__file__).resolve().parent.parent

@@ -73,8 +73,12 @@ class OciBuilder:
         work.mkdir(parents=True)
         try:
             context = await self._context(definition, work, fetch_project)
-            text = definition.dockerfile if definition.dockerfile is not None else render_yaml(definition,
-                                                                                              has_project=context[1])
+            if definition.dockerfile is not None:
+                text = definition.dockerfile
+            else:  # a project laid over an OCI base goes where that base keeps its project
+                base_meta = self.store.meta(definition.base) or {}
+                text = render_yaml(definition, has_project=context[1],
+                                   project_dir=base_meta.get("project_dir") or PROJECT_DIR)
             if definition.dockerfile is None:
                 emit("rendered Dockerfile (the YAML definition on an OCI base):\n" + text.rstrip())
             dockerfile = work / "Dockerfile"
@@ -217,22 +221,24 @@ def project_dir_of(definition: ImageDefinition, config: dict[str, Any]) -> str:
     return workdir if workdir.startswith("/") and ".." not in workdir.split("/") else PROJECT_DIR
 
 
-def render_yaml(definition: ImageDefinition, *, has_project: bool) -> str:
-    """A YAML definition on an OCI base as a Dockerfile: the project in, appuser, the commands."""
+def render_yaml(definition: ImageDefinition, *, has_project: bool, project_dir: str = PROJECT_DIR) -> str:
+    """A YAML definition on an OCI base as a Dockerfile: appuser, the project laid over
+    ``project_dir`` (the base's project directory), the commands."""
     name, uid, gid, home = APPUSER
+    target = definition.project_dir or project_dir
     lines = [f"FROM {definition.base}"]
     for key, value in definition.env.items():
         lines.append(f"ENV {key}={json.dumps(value)}")
     # appuser as the local sandboxes (and the upstream `user` plugin) have it, so commands may name it
     setup = (f"grep -q '^{name}:' /etc/passwd || echo '{name}:x:{uid}:{gid}::{home}:/bin/sh' >> /etc/passwd; "
              f"grep -q '^{name}:' /etc/group || echo '{name}:x:{gid}:' >> /etc/group; "
-             f"mkdir -p {PROJECT_DIR} && chown {uid}:{gid} {home} {PROJECT_DIR}")
+             f"mkdir -p {home} {target} && chown {uid}:{gid} {home} {target}")
     lines.append(f"RUN {setup}")
     if has_project:
-        lines.append(f"COPY --chown={uid}:{gid} . {PROJECT_DIR}/")
+        lines.append(f"COPY --chown={uid}:{gid} . {target}/")
     for command in definition.commands:
         lines.append("RUN " + json.dumps(["/bin/sh", "-c", f"set -eux\n{command}"]))
-    lines.append(f"WORKDIR {PROJECT_DIR}")
+    lines.append(f"WORKDIR {target}")
     return "\n".join(lines) + "\n"
 
 
