@@ -451,6 +451,29 @@ images:
         assert out["stdout"].splitlines()[:-1] == ["/app", *files], (tag, out)
 
 
+@pytest.mark.slow
+def test_a_python_base_maps_to_the_closest_debian_python_and_says_so(oci_cp: ControlPlaneProcess) -> None:
+    """python:3.12-slim -> trixie's python3 3.13 (a tie with bookworm's 3.11 goes to the newer): a
+    second base build (trixie, slim), and the server's runtime on a newer libc than the host's."""
+    (built,) = _build(oci_cp, """
+images:
+  - name: py312
+    dockerfile: |
+      FROM python:3.12-slim
+      RUN python --version && pip --version && python -c "import sys; assert sys.version_info[:2] == (3, 13)"
+""", timeout=1200)
+    assert built["status"] == "success", built["details"]
+    assert "python:3.12-slim -> Debian trixie: its python3 3.13 is the closest to 3.12" in built["details"]
+    meta = _image_meta(oci_cp, built["tag"])
+    assert meta["bases"][0]["debian"] == "trixie" and meta["bases"][0]["python"].startswith("3.13"), meta["bases"]
+    assert meta["oci"]["config"]["Labels"]["org.idegym.base.python"].startswith("3.13")
+    client = oci_cp.register()
+    sid = oci_cp.start_server(client, image_tag=built["tag"])["server_id"]
+    out = oci_cp.bash(client, sid, "python --version; cat /etc/debian_version")
+    lines = out["stdout"].splitlines()
+    assert lines[0].startswith("Python 3.13") and lines[1].startswith("13."), out
+
+
 # -- the deploy/ images, built here ------------------------------------------------------------
 
 REPO = Path(__file__).resolve().parent.parent
