@@ -12,6 +12,8 @@ runtime.
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import sys
 import tarfile
 import tempfile
@@ -72,6 +74,7 @@ def _context(spec: str) -> Path | None:
             print(f"error building image: getting build context: {archive} does not exist", file=sys.stderr)
             return None
         target = Path(tempfile.mkdtemp(prefix="buildcontext-"))
+        atexit.register(shutil.rmtree, target, True)
         with tarfile.open(archive) as tar:
             tar.extractall(target, filter="data")
         print(f"INFO Unpacked the build context ({sum(1 for _ in target.rglob('*'))} entries)", flush=True)
