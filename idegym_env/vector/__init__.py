@@ -64,16 +64,35 @@ releases what does not need Ray.
 
 from __future__ import annotations
 
-try:
-    import ray  # noqa: F401 - every module of this package needs it
-except ImportError as _exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("RayVectorEnv needs Ray: pip install 'idegym[ray]'") from _exc
+import importlib
+from typing import Any
 
-from ..spaces.object_batch import ObjectBatch, is_numeric_space, object_array
-from .env import NEXT_STEP, RayVectorEnv
-from .failures import SlotFailure
-from .rllib import rllib_env_creator
-from .sub_envs import SubEnvGroup
+# Names -> the module that defines them. They load on first use, so that the node keeper
+# (``python -m idegym_env.vector.node_keeper``, a plain process) does not import Ray.
+_EXPORTS = {
+    "RayVectorEnv": ".env", "NEXT_STEP": ".env",
+    "rllib_env_creator": ".rllib",
+    "SubEnvGroup": ".sub_envs",
+    "SlotFailure": ".failures",
+    "SimulatedCluster": ".local_ray",
+    "ObjectBatch": "..spaces.object_batch", "object_array": "..spaces.object_batch",
+    "is_numeric_space": "..spaces.object_batch",
+}
 
-__all__ = ["RayVectorEnv", "rllib_env_creator", "ObjectBatch", "SubEnvGroup", "SlotFailure", "object_array",
-           "is_numeric_space", "NEXT_STEP"]
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        value = getattr(importlib.import_module(module, __name__), name)
+    except ModuleNotFoundError as exc:
+        if exc.name == "ray" or (exc.name or "").startswith("ray."):
+            raise ImportError("RayVectorEnv needs Ray: pip install 'idegym[ray]'") from exc
+        raise
+    globals()[name] = value
+    return value
+
+
+__all__ = ["NEXT_STEP", "ObjectBatch", "RayVectorEnv", "SimulatedCluster", "SlotFailure", "SubEnvGroup",
+           "is_numeric_space", "object_array", "rllib_env_creator"]
