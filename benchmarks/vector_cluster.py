@@ -8,8 +8,11 @@ spreading (more raylets, one control plane per node), not a speed-up.
 
 * steps/s: vector steps of ``echo hello`` in every sub-env, in rounds of ``BENCH_SECONDS``;
 * per-step overhead: the median vector step minus the median round of the same 6 calls made
-  directly (6 threads, 6 sandboxes of one embedded control plane in this process, no Ray, each
-  round waiting for all 6), measured in rounds alternating with the vector env's;
+  directly, on the same layout without Ray: one embedded control plane per simulated node, the
+  sandboxes split among them as the sub-envs are, 6 threads, each round waiting for all 6 —
+  measured in rounds alternating with the vector env's. (One control plane is one Python
+  process: spreading the sandboxes over several spreads its work over both cores too, which is
+  why the layout of the baseline must match.)
 * recovery from a node loss (2 and 3 nodes): while the env steps in a loop, a worker node is
   SIGKILLed; *detected* is the time until the step that reports its sub-envs truncated,
   *recovered* until the first step in which every sub-env steps normally again, *cleaned* until
@@ -109,16 +112,56 @@ def _recover(env: Any, sim: Any, actions: np.ndarray) -> dict[str, float]:
     while any(_alive(p) for p in doomed) and time.perf_counter() - removed < 180:
         time.sleep(0.1)
     cleaned = time.perf_counter() - removed
-    return {"detected_s": round(detected or float("nan"), 3), "recovered_s": round(recovered or float("nan"), 3),
+    return {"detected_s": round(detected or float("nan"), 3),
+            "recovered_s": round(recovered or float("nan"), 3),
             "cleaned_s": round(cleaned, 3), "sub_envs_lost": len(lost),
             "left_behind": sum(_alive(p) for p in doomed)}
 
 
-def measure(nodes: int, raw: RawCalls) -> dict[str, Any]:
+class Direct:
+    """The baseline: ``per_node`` sandboxes on each of ``nodes`` embedded control planes of this
+    process, called from one thread each, in lockstep rounds."""
+
+    def __init__(self, per_node: list[int]) -> None:
+        from idegym_env.embedded import EmbeddedControlPlane
+        from idegym_env.env import IdeGymEnv
+
+        self.planes = [EmbeddedControlPlane(warm_pool=1) for _ in per_node]
+        self.calls: list[RawCalls] = []
+        try:
+            for plane, n in zip(self.planes, per_node):
+                probe = IdeGymEnv(TASK, control_plane_url=plane.url)  # builds the task's image there
+                image = probe.image
+                probe.close()
+                self.calls.append(RawCalls(plane.url, image, n))
+        except BaseException:
+            self.close()
+            raise
+        self.sandboxes = [sb for c in self.calls for sb in c.sandboxes]
+
+    def run_lockstep(self, seconds: float) -> Round:
+        import concurrent.futures
+
+        with concurrent.futures.ThreadPoolExecutor(len(self.sandboxes)) as pool:
+            def one_round() -> None:
+                for result in pool.map(lambda sb: sb.bash(COMMAND), self.sandboxes):
+                    assert result.exit_code == 0
+
+            return timed(one_round, len(self.sandboxes), seconds)
+
+    def close(self) -> None:
+        for c in self.calls:
+            c.close()
+        for plane in self.planes:
+            plane.close()
+
+
+def measure(nodes: int) -> dict[str, Any]:
     from idegym_env.vector import RayVectorEnv
     from idegym_env.vector.local_ray import SimulatedCluster, non_loopback_listeners
 
-    print(f"\n{nodes} node{'s' if nodes > 1 else ''}: starting the cluster and {SUB_ENVS} sub-envs ...", flush=True)
+    print(f"\n{nodes} node{'s' if nodes > 1 else ''}: starting the cluster and {SUB_ENVS} sub-envs ...",
+          flush=True)
     started = time.perf_counter()
     sim = SimulatedCluster(nodes, cpus_per_node=1)
     try:
@@ -131,23 +174,29 @@ def measure(nodes: int, raw: RawCalls) -> dict[str, Any]:
             actions = _actions(SUB_ENVS)
             placed = [env.node_of(i) for i in range(SUB_ENVS)]
             per_node = sorted((placed.count(n) for n in set(placed)), reverse=True)
-            timed(lambda: env.step(actions), SUB_ENVS, 0.5)  # warm-up
-            vector: list[Round] = []
-            direct: list[Round] = []
-            progress = Progress(f"{nodes} nodes: {ROUNDS} rounds x 2 x {SECONDS:g} s", 2 * ROUNDS)
-            for _ in range(ROUNDS):
-                vector.append(timed(lambda: env.step(actions), SUB_ENVS, SECONDS))
-                progress.step()
-                direct.append(raw.run_lockstep(SECONDS))
-                progress.step()
-            planes = env.control_planes()
-            actor_mib = statistics.median(_rss_mib(d["actor_pid"]) for d in ray_describe(env))
-            memory = {node[:8]: {"control_plane_mib": round(_rss_mib(p["pid"]) + _rss_mib(p.get("keeper_pid"))
-                                                            + _rss_mib(p.get("actor_pid")), 1),
-                                 "sandbox_mib": round(statistics.median(
-                                     [_rss_mib(s) for s in _sandbox_pids(p["state_dir"])] or [0.0]), 1)}
-                      for node, p in planes.items()}
-            listeners = non_loopback_listeners()
+            raw = Direct([placed.count(n) for n in dict.fromkeys(placed)])
+            try:
+                timed(lambda: env.step(actions), SUB_ENVS, 0.5)  # warm-up
+                raw.run_lockstep(0.5)
+                vector: list[Round] = []
+                direct: list[Round] = []
+                progress = Progress(f"{nodes} nodes: {ROUNDS} rounds x 2 x {SECONDS:g} s", 2 * ROUNDS)
+                for _ in range(ROUNDS):
+                    vector.append(timed(lambda: env.step(actions), SUB_ENVS, SECONDS))
+                    progress.step()
+                    direct.append(raw.run_lockstep(SECONDS))
+                    progress.step()
+                planes = env.control_planes()
+                actor_mib = statistics.median(_rss_mib(d["actor_pid"]) for d in ray_describe(env))
+                memory = {node[:8]: {"control_plane_mib": round(_rss_mib(p["pid"]), 1),
+                                     "keeper_mib": round(_rss_mib(p.get("keeper_pid")), 1),
+                                     "its_actor_mib": round(_rss_mib(p.get("actor_pid")), 1),
+                                     "sandbox_mib": round(statistics.median(
+                                         [_rss_mib(s) for s in _sandbox_pids(p["state_dir"])] or [0.0]), 1)}
+                          for node, p in planes.items()}
+                listeners = non_loopback_listeners()
+            finally:
+                raw.close()
             recovery = _recover(env, sim, actions) if nodes > 1 else None
         finally:
             env.close()
@@ -164,42 +213,32 @@ def measure(nodes: int, raw: RawCalls) -> dict[str, Any]:
         "overhead_ms": (statistics.median(step) - statistics.median(base)) * 1000,
         "stats": [Stats.of(f"{nodes} nodes: vector step ({SUB_ENVS} sub-envs)", step),
                   Stats.of(f"{nodes} nodes: direct lockstep round ({SUB_ENVS} calls)", base)],
-        "memory_per_node": memory, "sub_env_actor_mib": round(actor_mib, 1), "non_loopback_listeners": listeners, "recovery": recovery,
+        "memory_per_node": memory, "sub_env_actor_mib": round(actor_mib, 1),
+        "non_loopback_listeners": listeners, "recovery": recovery,
     }
 
 
 def run() -> Result:
-    from idegym_env.embedded import EmbeddedControlPlane
-    from idegym_env.env import IdeGymEnv
     from idegym_env.vector.local_ray import use_loopback
 
     use_loopback()
     result = Result("vector_cluster", f"RayVectorEnv, {SUB_ENVS} sub-envs on 1-3 simulated Ray nodes")
     load_before = os.getloadavg()
     rows: list[dict[str, Any]] = []
-    with EmbeddedControlPlane(warm_pool=2) as cp:
-        probe = IdeGymEnv(TASK, control_plane_url=cp.url)  # builds the task's image once
-        image = probe.image
-        probe.close()
-        raw = RawCalls(cp.url, image, SUB_ENVS)
-        try:
-            raw.run_lockstep(0.5)
-            for nodes in SIZES:
-                rows.append(measure(nodes, raw))
-                print(f"  {rows[-1]['steps_per_s']:.1f} steps/s, overhead {rows[-1]['overhead_ms']:.1f} ms per step",
-                      flush=True)
-        finally:
-            raw.close()
+    for nodes in SIZES:
+        rows.append(measure(nodes))
+        print(f"  {rows[-1]['steps_per_s']:.1f} steps/s, overhead {rows[-1]['overhead_ms']:.1f} ms per step",
+              flush=True)
     load_after = os.getloadavg()
 
     base = rows[0]["steps_per_s"]
-    print(f"\n{SUB_ENVS} sub-envs, {COMMAND!r} each; medians of {ROUNDS} rounds of {SECONDS:g} s; overhead = vector "
-          "step - direct round of the same calls:")
-    print(table(["nodes", "sub-envs per node", "steps/s", "vs 1 node", "step ms", "direct round ms", "overhead ms",
-                 "env start s"],
+    print(f"\n{SUB_ENVS} sub-envs, {COMMAND!r} each; medians of {ROUNDS} rounds of {SECONDS:g} s; "
+          "overhead = vector step - direct round of the same calls:")
+    print(table(["nodes", "sub-envs per node", "steps/s", "vs 1 node", "direct steps/s", "step ms",
+                 "direct round ms", "overhead ms", "env start s"],
                 [[r["nodes"], "+".join(map(str, r["sub_envs_per_node"])), r["steps_per_s"],
-                  f"{r['steps_per_s'] / base:.2f}x", r["step_ms"], r["direct_round_ms"], r["overhead_ms"],
-                  r["env_start_s"]] for r in rows]))
+                  f"{r['steps_per_s'] / base:.2f}x", r["direct_steps_per_s"], r["step_ms"],
+                  r["direct_round_ms"], r["overhead_ms"], r["env_start_s"]] for r in rows]))
     losses = [r for r in rows if r["recovery"]]
     if losses:
         print("\nnode loss while stepping (a worker node SIGKILLed):")
@@ -207,7 +246,8 @@ def run() -> Result:
                     [[r["nodes"], r["recovery"]["sub_envs_lost"], r["recovery"]["detected_s"],
                       r["recovery"]["recovered_s"], r["recovery"]["cleaned_s"], r["recovery"]["left_behind"]]
                      for r in losses]))
-    print(f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f} on {os.cpu_count()} CPUs")
+    print(f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f} "
+          f"on {os.cpu_count()} CPUs")
 
     for r in rows:
         result.stats.extend(r.pop("stats"))
@@ -216,6 +256,7 @@ def run() -> Result:
     result.figures["throughput"] = [
         {"nodes": r["nodes"], "sub-envs per node": "+".join(map(str, r["sub_envs_per_node"])),
          "steps/s": round(r["steps_per_s"], 1), "vs 1 node": round(r["steps_per_s"] / base, 3),
+         "direct steps/s": round(r["direct_steps_per_s"], 1),
          "step ms": round(r["step_ms"], 2), "direct round ms": round(r["direct_round_ms"], 2),
          "overhead ms": round(r["overhead_ms"], 2)} for r in rows]
     if losses:

@@ -86,10 +86,18 @@ class Seen:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SimulatedCluster]:
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    # The raylets pass their environment to the workers: the eval agents of tests/ must import there.
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), before]))
     sim = SimulatedCluster(3, cpus_per_node=1)
-    yield sim
-    sim.close()
+    try:
+        yield sim
+    finally:
+        sim.close()
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +142,8 @@ def test_each_sub_env_runs_on_its_own_node_with_its_sandbox_there(cluster: Simul
     assert all(o.startswith("ok") for o in obs)
     for i, marker in enumerate(markers):
         holders = [node for node, plane in planes.items()
-                   if glob.glob(os.path.join(plane["state_dir"], "sandboxes", "*", "**", marker), recursive=True)]
+                   if glob.glob(os.path.join(plane["state_dir"], "sandboxes", "*", "**", marker),
+                                recursive=True)]
         assert holders == [nodes[i]], f"sub-env {i} on {nodes[i][:8]}: its sandbox is in {holders}"
 
 

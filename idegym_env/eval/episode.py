@@ -147,7 +147,7 @@ class Episode:
             checks=_checks(info.get("checks") or {}))
         if info.get("sandbox_lost"):
             self.record.update(error=str(info.get("error")), error_kind="env", passed=False, reward=None)
-        elif info.get("infrastructure_error"):  # the checks could not run: no result, not a failure of the agent
+        elif info.get("infrastructure_error"):  # the checks could not run: no result, nor the agent's failure
             self.record.update(error=str(info["infrastructure_error"])[:2000], error_kind="env", passed=False,
                                reward=None)
         elif info.get("grading_errors"):

@@ -92,9 +92,10 @@ class RayExecutor:
                     node = spreader.choose(n for *_, n in in_flight.values()) if spreader else pinned
                     options: dict[str, Any] = {"num_cpus": 0, "max_retries": 0}
                     if node is not None:
-                        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
-                    ref = remote.options(**options).remote(task, attempt, self.config, self._url_on(node, url),
-                                                           self.runner.agent_factory)
+                        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node,
+                                                                                        soft=False)
+                    ref = remote.options(**options).remote(task, attempt, self.config,
+                                                           self._url_on(node, url), self.runner.agent_factory)
                     in_flight[ref] = (task, attempt, time.perf_counter(), node)
                     if (task.id, attempt) not in reruns:
                         progress.started()
@@ -125,7 +126,8 @@ class RayExecutor:
                         del in_flight[ref]
                         episode = Episode(task, attempt, self.config)
                         episode.fail("timeout", f"the Ray task exceeded {limit:g} s and was cancelled")
-                        episode.record.update(worker="ray", node=node, reruns=reruns.get((task.id, attempt), 0),
+                        episode.record.update(worker="ray", node=node,
+                                              reruns=reruns.get((task.id, attempt), 0),
                                               wall_seconds=round(time.perf_counter() - t0, 3))
                         self.runner.commit(episode.record, episode.transcript())
         except KeyboardInterrupt:

@@ -119,7 +119,8 @@ class RayVectorEnv(gym.vector.VectorEnv):
                     self._actor_options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
                         node_id=ray.get_runtime_context().get_node_id(), soft=False)
                 else:
-                    self._spreader = NodeSpreader(required_resources(self._actor_options), prefer=self._driver_node)
+                    self._spreader = NodeSpreader(required_resources(self._actor_options),
+                                                  prefer=self._driver_node)
             for g in range(len(self._members)):
                 self._actors.append(self._new_actor(g))
             self._describe_refs = [a.describe.remote() for a in self._actors]
@@ -267,7 +268,8 @@ class RayVectorEnv(gym.vector.VectorEnv):
             local = embedded.acquire()
             try:
                 out[self._placement.local_node] = {"node_id": self._placement.local_node, "url": local.url,
-                                                   "pid": local.process.pid, "state_dir": str(local.state_dir)}
+                                                   "pid": local.process.pid,
+                                                   "state_dir": str(local.state_dir)}
             finally:
                 embedded.release()
         return out
@@ -389,7 +391,8 @@ class RayVectorEnv(gym.vector.VectorEnv):
                 # An infrastructure failure, not a result: the reward of 0 is no score, and
                 # infrastructure_error says so (as for a failed grading).
                 obs = self._last_obs[i]
-                info = {"error": value.message, "slot_failure": value.kind, "infrastructure_error": value.message,
+                info = {"error": value.message, "slot_failure": value.kind,
+                        "infrastructure_error": value.message,
                         "slot_restarts": int(self.restarts[i]), "placement": self.placement,
                         "node_id": lost_on[i]}
                 if value.node_lost:

@@ -207,5 +207,5 @@ def _name(pid: int) -> str:
         return "?"
 
 
-__all__ = ["LOOPBACK", "LOOPBACK_ENV", "SimulatedCluster", "init_local", "non_loopback_listeners", "use_loopback",
-           "wants_local_ray"]
+__all__ = ["LOOPBACK", "LOOPBACK_ENV", "SimulatedCluster", "init_local", "non_loopback_listeners",
+           "use_loopback", "wants_local_ray"]

@@ -30,7 +30,8 @@ START_TIMEOUT = 120.0  # a control plane's first start on a busy node, imports i
 STOP_TIMEOUT = 60.0
 
 # Forks once and lets the parent exit, so that the keeper is not a child of the Ray worker.
-_DETACH = "import os, sys\nif os.fork():\n    os._exit(0)\nos.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n"
+_DETACH = ("import os, sys\nif os.fork():\n    os._exit(0)\n"
+           "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n")
 
 
 def process_alive(pid: int) -> bool:
@@ -54,8 +55,9 @@ class NodeControlPlane:
             subprocess.run([sys.executable, "-c", _DETACH, "-m", "idegym_env.vector.node_keeper",
                             "--lifeline-fd", str(lifeline_r), "--ready-fd", str(ready_w),
                             "--warm-pool", str(warm_pool)],
-                           pass_fds=(lifeline_r, ready_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=errors, start_new_session=True, check=True, timeout=30)
+                           pass_fds=(lifeline_r, ready_w), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True, check=True,
+                           timeout=30)
         finally:
             os.close(lifeline_r)
             os.close(ready_w)

@@ -34,8 +34,9 @@ POLL = 1.0  # seconds between checks that the control plane is still running
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m idegym_env.vector.node_keeper",
-                                     description="Run an embedded control plane until the lifeline pipe closes.")
+    parser = argparse.ArgumentParser(
+        prog="python -m idegym_env.vector.node_keeper",
+        description="Run an embedded control plane until the lifeline pipe closes.")
     parser.add_argument("--lifeline-fd", type=int, required=True)
     parser.add_argument("--ready-fd", type=int, required=True)
     parser.add_argument("--warm-pool", type=int, default=1)

@@ -37,7 +37,7 @@ class Placement:
     local_url: str | None = None
 
     def control_plane_url(self) -> str:
-        """The URL for an actor running here (asks the registry, which may start that node's control plane)."""
+        """The URL for an actor running here (the registry may start this node's control plane)."""
         if self.mode == SHARED:
             assert self.url is not None
             return self.url
@@ -111,4 +111,5 @@ class NodeSpreader:
         return min(healthy, key=lambda n: (counts[n], n != self.prefer, order[n]))
 
 
-__all__ = ["NODE", "SHARED", "NodeSpreader", "Placement", "alive_nodes", "driver_node_id", "required_resources"]
+__all__ = ["NODE", "SHARED", "NodeSpreader", "Placement", "alive_nodes", "driver_node_id",
+           "required_resources"]
