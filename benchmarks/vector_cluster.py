@@ -129,7 +129,7 @@ class Direct:
         self.planes = [EmbeddedControlPlane(warm_pool=1) for _ in per_node]
         self.calls: list[RawCalls] = []
         try:
-            for plane, n in zip(self.planes, per_node):
+            for plane, n in zip(self.planes, per_node, strict=True):
                 probe = IdeGymEnv(TASK, control_plane_url=plane.url)  # builds the task's image there
                 image = probe.image
                 probe.close()
