@@ -118,6 +118,8 @@ def test_the_cluster_listens_on_loopback_only(cluster: SimulatedCluster, vec: An
     import ray
 
     assert len(ray.nodes()) == 3
+    # The driver is on the head node: the tests take worker nodes away, never the driver's.
+    assert ray.get_runtime_context().get_node_id() == cluster.head.node_id
     assert all(n["NodeManagerAddress"] == "127.0.0.1" for n in ray.nodes())
     assert non_loopback_listeners() == []  # GCS, three raylets, their workers, the control planes
 
