@@ -26,6 +26,7 @@ import yaml
 from idegym_env.tasks.sources import repos, swe, swe_local
 
 HERE = Path(__file__).resolve().parent
+BUGGY_RUNS = 4
 
 
 def _suite(tree: Path, framework: str) -> list[str]:
@@ -107,10 +108,15 @@ def author(python: str, only: set[str] | None) -> list[dict]:
             if text.count(bug["old"]) != 1:
                 raise SystemExit(f"{bug['instance_id']}: `old` occurs {text.count(bug['old'])} times in {bug['file']}")
             source.write_text(text.replace(bug["old"], bug["new"]))
-            after = _outcomes(buggy, profile, python)
+            # Several runs with the bug: a test whose outcome varies (RRCache evicts at random)
+            # is neither FAIL_TO_PASS nor PASS_TO_PASS.
+            runs = [_outcomes(buggy, profile, python) for _ in range(BUGGY_RUNS)]
             passed = {t for t, o in before.items() if o == "passed"}
-            f2p = sorted(t for t in passed if after.get(t) in ("failed", "error"))
-            p2p = sorted(t for t in passed if after.get(t) == "passed")
+            f2p = sorted(t for t in passed if all(r.get(t) in ("failed", "error") for r in runs))
+            p2p = sorted(t for t in passed if all(r.get(t) == "passed" for r in runs))
+            flaky = len(passed) - len(f2p) - len(p2p)
+            if flaky:
+                print(f"{bug['instance_id']}: {flaky} tests vary between runs with the bug; not listed", flush=True)
             if not f2p:
                 raise SystemExit(f"{bug['instance_id']}: the bug breaks no test")
             f2p_ids = [_id_for(t, profile.test_framework, pristine) for t in f2p]
