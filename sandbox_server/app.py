@@ -59,6 +59,10 @@ from .openapi import Route, build_openapi
 from .process import MemoryEvents, ProcessResult, Supervisor, UserSpec
 from .project import CopyProject, OverlayProject, Project, prepare_pristine
 from .runner import CodeRunner
+from .grading.export import export as export_project
+from .grading.grade import grade as grade_project
+from .grading.models import ExportRequest, ExportResponse, GradeRequest, GradeResponse
+from .judge import judge_env
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -338,6 +342,22 @@ async def reset_project(request: web.Request) -> web.Response:
     ))
 
 
+async def export_files(request: web.Request) -> web.Response:
+    """The files of the project the agent may change (``idegym_env.grading`` grades them elsewhere)."""
+    req = await read_model(request, ExportRequest)
+    state = _state(request)
+    pristine = state.project.pristine if state.project is not None else None
+    answer = await asyncio.get_running_loop().run_in_executor(None, export_project, state.config.project,
+                                                              pristine, req)
+    return json_response(answer)
+
+
+async def grade(request: web.Request) -> web.Response:
+    """Install the graded tree and run the check stages (see ``grading/grade.py``)."""
+    req = await read_model(request, GradeRequest)
+    return json_response(await grade_project(_state(request), req))
+
+
 async def terminate_processes(request: web.Request) -> web.Response:
     """End every process a tool started, leaving the files alone (e.g. before a check runs, so no
     leftover daemon can touch what the check reads)."""
@@ -390,6 +410,9 @@ ROUTES: tuple[Route, ...] = (
           TestRequest, TestReport),
     Route("POST", "/api/project/reset", reset_project, "Reset Project", "reset_project_api_project_reset_post",
           ResetRequest, ResetResult),
+    Route("POST", "/api/project/export", export_files, "Export Editable Files", "export_files_api_project_export_post",
+          ExportRequest, ExportResponse),
+    Route("POST", "/api/grade", grade, "Grade", "grade_api_grade_post", GradeRequest, GradeResponse),
     Route("POST", "/api/processes/terminate", terminate_processes, "Terminate Tool Processes",
           "terminate_processes_api_processes_terminate_post", TerminateRequest, TerminateResult),
     Route("GET", "/api/health", health, "Health", "health_api_health_get", None, HealthResponse),
@@ -438,6 +461,7 @@ def create_app(config: ServerConfig) -> web.App:
     config.project = config.project.absolute()
     user = UserSpec.lookup(config.tool_user) if config.tool_user else UserSpec.current()
     base_env = config.tool_environment()
+    base_env.update(judge_env(base_env.get("PATH", "")))
     supervisor = Supervisor(MemoryEvents(config.memory_events))
     roots = config.file_roots or [config.project]
     state = SandboxState(

@@ -18,6 +18,7 @@ from control_plane.models import (
     StartServerRequest,
     StartServerResponse,
 )
+from sandbox_server.grading.models import ExportRequest, ExportResponse, GradeRequest, GradeResponse
 from sandbox_server.models import BashCommandResponse, CheckResult, ExecuteResponse, ResetResult, TestReport
 
 from . import _plans
@@ -131,6 +132,14 @@ class AsyncSandbox:
         """End every process a tool started (files stay); returns how many there were."""
         result = await self.request("POST", "/api/processes/terminate", {"graceful_termination_timeout": grace}, 60)
         return int(result["killed_processes"])
+
+    async def export_files(self, req: ExportRequest) -> ExportResponse:
+        """The project's files the agent may change (``req.editable``), for grading elsewhere."""
+        return await self._run(_plans.export_files(self._target, req))
+
+    async def grade(self, req: GradeRequest) -> GradeResponse:
+        """Install files and run check stages on this sandbox (``idegym_env.grading`` uses it)."""
+        return await self._run(_plans.grade(self._target, req))
 
     async def capabilities(self) -> list[str]:
         return await self._run(_plans.capabilities(self._target))

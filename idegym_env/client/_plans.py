@@ -24,6 +24,8 @@ from sandbox_server.models import (
     TestReport,
 )
 
+from sandbox_server.grading.models import ExportRequest, ExportResponse, GradeRequest, GradeResponse
+
 from ._exceptions import ServerError
 from ._protocol import Plan, Target, cp_call, cp_operation, sandbox_call, sandbox_model
 
@@ -66,6 +68,15 @@ def check(target: Target, kind: str, script: str, timeout: float) -> Plan[CheckR
 def run_tests(target: Target, script: str, timeout: float, report_glob: str) -> Plan[TestReport]:
     body = {"test_script": script, "timeout": timeout, "report_glob": report_glob}
     return (yield from sandbox_model(target, "api/rewards/test", body, TestReport, timeout + 5))
+
+
+def export_files(target: Target, req: ExportRequest) -> Plan[ExportResponse]:
+    return (yield from sandbox_model(target, "api/project/export", req.model_dump(mode="json"), ExportResponse, 300))
+
+
+def grade(target: Target, req: GradeRequest) -> Plan[GradeResponse]:
+    timeout = sum(s.timeout + s.graceful_termination_timeout for s in req.stages) + 120
+    return (yield from sandbox_model(target, "api/grade", req.model_dump(mode="json"), GradeResponse, timeout))
 
 
 def reset(target: Target, timeout: float = 600.0) -> Plan[ResetResult]:

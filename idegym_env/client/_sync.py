@@ -19,6 +19,7 @@ from control_plane.models import (
     StartServerRequest,
     StartServerResponse,
 )
+from sandbox_server.grading.models import ExportRequest, ExportResponse, GradeRequest, GradeResponse
 from sandbox_server.models import BashCommandResponse, CheckResult, ExecuteResponse, ResetResult, TestReport
 
 from . import _plans
@@ -132,6 +133,14 @@ class Sandbox:
         """End every process a tool started (files stay); returns how many there were."""
         result = self.request("POST", "/api/processes/terminate", {"graceful_termination_timeout": grace}, 60)
         return int(result["killed_processes"])
+
+    def export_files(self, req: ExportRequest) -> ExportResponse:
+        """The project's files the agent may change (``req.editable``), for grading elsewhere."""
+        return self._run(_plans.export_files(self._target, req))
+
+    def grade(self, req: GradeRequest) -> GradeResponse:
+        """Install files and run check stages on this sandbox (``idegym_env.grading`` uses it)."""
+        return self._run(_plans.grade(self._target, req))
 
     def capabilities(self) -> list[str]:
         return self._run(_plans.capabilities(self._target))
