@@ -252,8 +252,8 @@ class Task(BaseModel):
     def _consistent(self) -> Task:
         if self.setup is None and self.compilation is None and self.test is None:
             raise ValueError(f"task {self.id!r} has no check: give at least one of setup, compile, test")
-        if self.project is None and self.image is None:
-            raise ValueError(f"task {self.id!r} has neither a project directory nor an image")
+        if self.project is None and self.image is None and self.environment is None:
+            raise ValueError(f"task {self.id!r} has neither a project directory, an image nor an environment")
         tools = set(self.tools or TOOL_NAMES)
         for kind, calls in (("solution", self.solution), ("actions", self.actions)):
             for call in calls:
