@@ -56,6 +56,15 @@ def main(argv: list[str] | None = None) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_eval_arguments(evaluate)
 
+    from .tasks.sources.validate import DESCRIPTION as TASKS_DESCRIPTION
+    from .tasks.sources.validate import EPILOG as TASKS_EPILOG
+    from .tasks.sources.validate import add_tasks_arguments
+
+    tasks = sub.add_parser("tasks", help="list, show and validate the tasks of a source",
+                           description=TASKS_DESCRIPTION, epilog=TASKS_EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_tasks_arguments(tasks)
+
     args = parser.parse_args(argv)
     if args.command == "sandbox":
         from sandbox_server.cli import run_serve
@@ -73,6 +82,10 @@ def main(argv: list[str] | None = None) -> None:
         from .demo import main as demo
 
         sys.exit(demo())
+    elif args.command == "tasks":
+        from .tasks.sources.validate import run_tasks_command
+
+        sys.exit(run_tasks_command(args))
     elif args.command == "eval":
         from .eval.cli import run_eval
 

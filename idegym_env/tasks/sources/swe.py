@@ -275,12 +275,17 @@ class SweSet:
 
     def grading_project_files(self, instance: SweInstance, project: Path, profile: Profile) -> dict[str, bytes]:
         """The test files as they are at grading: the pristine ones with ``test_patch`` applied."""
-        touched = sorted(set(self.test_files(instance, profile)) | set(repos.patched_files(instance.test_patch)))
+        touched = set(self.test_files(instance, profile)) | set(repos.patched_files(instance.test_patch))
         with tempfile.TemporaryDirectory(prefix="swe-grading-") as tmp:
             work = Path(tmp) / "tree"
             shutil.copytree(project, work, symlinks=True)
             repos.apply_patch(work, instance.test_patch)
-            out = {rel: (work / rel).read_bytes() for rel in touched if (work / rel).is_file()}
+            # The whole directory of each test file (its __init__.py and helpers are test code too);
+            # a test file at the top level is taken alone.
+            for directory in {str(Path(f).parent) for f in touched} - {"."}:
+                touched |= {p.relative_to(work).as_posix() for p in (work / directory).rglob("*")
+                            if p.is_file() and not p.is_symlink() and "__pycache__" not in p.parts}
+            out = {rel: (work / rel).read_bytes() for rel in sorted(touched) if (work / rel).is_file()}
         if profile.test_framework == "unittest":
             out[UNITTEST_RUNNER] = unittest_runner_source()
         return out

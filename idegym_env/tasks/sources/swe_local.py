@@ -17,8 +17,12 @@ import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .repos import apply_patch
+
+if TYPE_CHECKING:
+    from ..task import Task
 
 PINNED_ENV = {"PYTHONSAFEPATH": "1", "PYTHONHASHSEED": "0", "TZ": "UTC", "LANG": "C.UTF-8",
               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
@@ -110,4 +114,31 @@ def venv_python() -> str | None:
     return candidate if shutil.which(candidate) or Path(candidate).exists() else None
 
 
-__all__ = ["canonical_test_id", "read_junit", "run_tests", "prove", "venv_python", "PINNED_ENV"]
+
+
+def run_task_locally(task: Task, *, oracle: bool, python: str | None = None) -> tuple[float, dict[str, str]]:
+    """A SWE task's reward on this machine (1.0 iff every listed test passes) and the listed
+    tests' outcomes, after its oracle (the gold patch's ``git apply``) or untouched."""
+    assert task.project is not None and task.test is not None
+    python = python or venv_python()
+    if python is None:
+        raise RuntimeError("no interpreter with pytest for a local run (set IDEGYM_SWE_PYTHON)")
+    with tempfile.TemporaryDirectory(prefix="swe-task-") as tmp:
+        work = Path(tmp) / "tree"
+        shutil.copytree(task.project, work, symlinks=True)
+        if oracle:
+            for call in task.solution:
+                proc = subprocess.run(["bash", "-c", call.arguments.command], cwd=work,  # type: ignore[attr-defined]
+                                      capture_output=True, text=True, timeout=300)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"the oracle failed: {proc.stderr[-1000:]}")
+        for rel, data in task.grading.project.items():
+            target = work / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        outcomes, _ = run_tests(work, task.test.script, python=python, env=task.test.env)
+    listed = {t: outcomes.get(canonical_test_id(t), "missing") for t in task.test.expected or ()}
+    return (1.0 if listed and all(o == "passed" for o in listed.values()) else 0.0), listed
+
+
+__all__ = ["canonical_test_id", "read_junit", "run_tests", "prove", "run_task_locally", "venv_python", "PINNED_ENV"]
