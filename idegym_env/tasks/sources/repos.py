@@ -143,7 +143,7 @@ def fetch_sdist(sdist: Sdist, cache: Path | None = None) -> Path:
     with _locked(directory.parent / (directory.name + ".lock")):
         found = [p for p in directory.glob("*") if p.suffix in (".gz", ".zip", ".tar")] if directory.is_dir() else []
         if not found:
-            with tempfile.TemporaryDirectory(prefix="sdist-", dir=directory.parent) as tmp:
+            with tempfile.TemporaryDirectory(prefix="idegym-sdist-") as tmp:
                 cmd = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
                        "--disable-pip-version-check", "-q", "-d", tmp, f"{sdist.name}=={sdist.version}"]
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
