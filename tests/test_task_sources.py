@@ -431,7 +431,8 @@ def _dockerfile_environments() -> bool:
 
     from idegym_env import env as env_module
 
-    return shutil.which("buildah") is not None and "environment" in inspect.getsource(env_module.IdeGymEnv)
+    return shutil.which("buildah") is not None and "environment" in inspect.getsource(
+        env_module.IdeGymEnv._ensure_image)
 
 
 needs_images = pytest.mark.skipif(not _dockerfile_environments(),
