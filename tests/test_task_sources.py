@@ -453,6 +453,84 @@ def test_swe_exploits_do_not_raise_the_reward(control_plane) -> None:
     assert reward == 0.0, info.get("checks")
 
 
+# The unittest instances need only python3 >= 3.11: on the built-in image (the host's /usr) they
+# run in sandboxes today, through the real grading (fresh sandbox, grading files, expected ids).
+UNITTEST_INSTANCES = ["cachetools__typedkey-kwargs", "cachetools__getsizeof-replace"]
+
+
+def _host_python_ok() -> bool:
+    proc = subprocess.run(["/usr/bin/python3", "-c", "import sys; print(sys.version_info >= (3, 11))"],
+                          capture_output=True, text=True)
+    return proc.stdout.strip() == "True"
+
+
+needs_host_python = pytest.mark.skipif(not Path("/usr/bin/python3").exists() or not _host_python_ok(),
+                                       reason="the built-in image's python3 must be >= 3.11 (cachetools)")
+
+
+def _on_builtin_image(instance_id: str):
+    task = load_task(f"swe/{instance_id}")
+    return task.model_copy(update={"environment": None})  # keeps the grading files
+
+
+def _task_episode(task, calls: list[dict], url: str) -> tuple[float, dict]:
+    from idegym_env.env import IdeGymEnv
+
+    env = IdeGymEnv(task, control_plane_url=url)
+    try:
+        env.reset()
+        for call in calls:
+            env.step(call)
+        _, reward, _, _, info = env.step({"tool": "submit"})
+        return float(reward), info
+    finally:
+        env.close()
+
+
+@needs_host_python
+@pytest.mark.parametrize("instance_id", UNITTEST_INSTANCES)
+def test_swe_unittest_instances_in_sandboxes(instance_id: str, control_plane) -> None:
+    task = _on_builtin_image(instance_id)
+    solved, info = _task_episode(task, [c.model_dump(mode="json") for c in task.solution], control_plane.url)
+    tests = info["checks"]["tests"]
+    assert solved == 1.0, tests.get("output")
+    assert tests["scores"]["passed"] == len(task.test.expected)
+    untouched, info = _task_episode(task, [], control_plane.url)
+    failed = {c["name"] for c in info["checks"]["tests"]["cases"] if c["outcome"] != "passed"}
+    assert untouched == 0.0 and failed == set(task.metadata["FAIL_TO_PASS"])
+
+
+SWE_EXPLOITS = {
+    "the hidden tests, their package and the runner replaced": [
+        ("tests/test_keys.py", "import unittest\nclass CacheKeysTest(unittest.TestCase):\n"
+                               "    def test_typedkey(self):\n        pass\n"),
+        ("tests/__init__.py", "import unittest\nunittest.TestCase.run = lambda self, result=None: None\n"),
+        (".idegym/unittest_junit.py", "import sys\nsys.exit(0)\n")],
+    "conftest, sitecustomize, usercustomize, a .pth and a report written before the run": [
+        ("conftest.py", "raise SystemExit(0)\n"), ("sitecustomize.py", "import os\nos._exit(0)\n"),
+        ("usercustomize.py", "import os\nos._exit(0)\n"), ("src/evil.pth", "import os; os._exit(0)\n"),
+        ("swe-report.xml", '<testsuite tests="1"><testcase classname="tests.test_keys.CacheKeysTest" '
+                           'name="test_typedkey"/></testsuite>\n')],
+    "os._exit(0) when the code under test is imported": [
+        ("src/cachetools/keys.py", "import os\nos._exit(0)\n")],
+    "a syntax error that stops the tests from loading": [("src/cachetools/keys.py", "def (:\n")],
+}
+
+
+@needs_host_python
+@pytest.mark.security
+@pytest.mark.parametrize("exploit", list(SWE_EXPLOITS))
+def test_swe_exploits_do_not_raise_the_reward_in_sandboxes(exploit: str, control_plane) -> None:
+    task = _on_builtin_image("cachetools__typedkey-kwargs")
+    calls = [{"tool": "create_file", "arguments": {"path": path, "content": content}}
+             for path, content in SWE_EXPLOITS[exploit]]
+    calls.append({"tool": "bash", "arguments": {
+        "command": "echo 'alias python3=true' >> ~/.bashrc; mkdir -p ~/bin; printf '#!/bin/sh\\nexit 0\\n' "
+                   "> ~/bin/python3; chmod +x ~/bin/python3; (setsid sleep 300 &) ; true"}})
+    reward, info = _task_episode(task, calls, control_plane.url)
+    assert reward == 0.0, (exploit, info.get("checks"))
+
+
 @needs_images
 @pytest.mark.parametrize("name", HARBOR_IDS[:2])
 def test_harbor_in_sandboxes_oracle_and_untouched(name: str, control_plane) -> None:
