@@ -550,3 +550,28 @@ def test_harbor_exploits_do_not_raise_the_reward(control_plane) -> None:
     reward, info = _episode("harbor/bash-log-summary", [{"tool": "bash", "arguments": {"command": plant}}],
                             control_plane.url)
     assert reward == 0.0, info.get("checks")
+
+
+def test_eval_resolves_source_specs_next_to_task_directories() -> None:
+    from idegym_env.eval.manifest import resolve_tasks, task_set_hash
+
+    tasks = resolve_tasks("humaneval/HumanEval/3,swe/six__add-metaclass-slots,harbor/js-slugify,python-lru-cache")
+    assert [t.id for t in tasks] == ["humaneval-humaneval-3", "js-slugify", "python-lru-cache",
+                                     "six__add-metaclass-slots"]
+    assert len(task_set_hash(tasks)) == 64
+    assert len(resolve_tasks("harbor")) == len(HARBOR_IDS)
+
+
+def test_install_commands_bake_the_project_into_the_image(tmp_path: Path) -> None:
+    archive = _archive(tmp_path, "def add(a, b): return a + b\n")
+    (tmp_path / "repos.json").write_text(json.dumps({"pkg": {"source": {"archive": str(archive)},
+                                                             "profile": {"install": ["python3 -m pip install -e ."]}}}))
+    git_dir, release = repos.release_repo("pkg", repos.RepoSource(archive=str(archive)), cache=tmp_path / "cache")
+    commit = repos.instance_commit(git_dir, release, "pkg-1", PATCH, "")
+    (tmp_path / "set.jsonl").write_text(json.dumps(_instance(
+        instance_id="pkg-1", repo="pkg", base_commit=commit, patch=PATCH,
+        FAIL_TO_PASS=["tests/test_add.py::test_add"], hints_text="look at add")) + "\n")
+    task = swe.SweSet(tmp_path / "set.jsonl", cache=tmp_path / "cache").task("pkg-1")
+    assert task.project is None and task.environment is not None and task.environment.context is not None
+    assert task.environment.dockerfile.endswith("WORKDIR /testbed\nCOPY . /testbed\nRUN python3 -m pip install -e .\n")
+    assert (Path(task.environment.context) / "pkg" / "__init__.py").read_text() == "def add(a, b): return a - b\n"
