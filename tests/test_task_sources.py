@@ -575,3 +575,26 @@ def test_install_commands_bake_the_project_into_the_image(tmp_path: Path) -> Non
     assert task.project is None and task.environment is not None and task.environment.context is not None
     assert task.environment.dockerfile.endswith("WORKDIR /testbed\nCOPY . /testbed\nRUN python3 -m pip install -e .\n")
     assert (Path(task.environment.context) / "pkg" / "__init__.py").read_text() == "def add(a, b): return a - b\n"
+
+
+def test_a_local_git_repository_is_a_source_and_only_its_tree_is_exported(tmp_path: Path) -> None:
+    work = tmp_path / "upstream"
+    (work / "pkg").mkdir(parents=True)
+    (work / "pkg" / "__init__.py").write_text("def add(a, b): return a - b\n")
+    repos.git("init", "--quiet", str(work))
+    repos.git("add", "-A", work_tree=work, git_dir=work / ".git")
+    repos.git("commit", "--quiet", "-m", "base", work_tree=work, git_dir=work / ".git")
+    base = repos.git("rev-parse", "HEAD", git_dir=work / ".git")
+    (work / "pkg" / "__init__.py").write_text("def add(a, b): return a + b\n")
+    repos.git("commit", "--quiet", "-am", "the fix, a later commit", work_tree=work, git_dir=work / ".git")
+    (tmp_path / "set.json").write_text(json.dumps([_instance(instance_id="local-1", repo=str(work),
+                                                             base_commit=base, patch=PATCH)]))
+    sweset = swe.SweSet(tmp_path / "set.json", cache=tmp_path / "cache")
+    project = sweset.project(sweset.instances["local-1"])
+    assert (project / "pkg" / "__init__.py").read_text() == "def add(a, b): return a - b\n"
+    assert not (project / ".git").exists()  # the later commit (the fix) cannot be read
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "set.json").write_text(json.dumps([_instance(instance_id="p", repo=str(tmp_path / "plain"))]))
+    with pytest.raises(TaskError, match="not a git repository"):
+        swe.SweSet(tmp_path / "set.json", cache=tmp_path / "cache").project(
+            next(iter(swe.SweSet(tmp_path / "set.json").instances.values())))

@@ -228,8 +228,11 @@ class SweSet:
         if not where.is_absolute():
             where = self.path.parent / where
         if where.exists():
-            source = repos.RepoSource(git=str(where)) if (where / ".git").exists() or where.suffix == ".git" \
-                else repos.RepoSource(archive=str(where))
+            is_git = (where / ".git").exists() or (where / "HEAD").is_file()
+            if where.is_dir() and not is_git:
+                raise TaskError(f"instance {instance.instance_id!r}: {where} is a directory but not a git "
+                                f"repository; give a git repository, an archive, or a repos.json entry")
+            source = repos.RepoSource(git=str(where)) if is_git else repos.RepoSource(archive=str(where))
         elif "://" in instance.repo:
             source = repos.RepoSource(git=instance.repo)
         else:
