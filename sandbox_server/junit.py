@@ -133,8 +133,9 @@ def canonical_test_id(test_id: str) -> str:
     unittest/Django (``test_b (tests.test_x.TestA)``) or JUnit (``tests.test_x.TestA.test_b[1]``)."""
     test_id = test_id.strip()
     found = _UNITTEST_ID.match(test_id)
-    if found:
-        return f"{found.group(2)}.{found.group(1)}"
+    if found:  # Python >= 3.11 writes the whole qualified name in the parentheses
+        name, where = found.group(1), found.group(2)
+        return where if where.endswith(f".{name}") else f"{where}.{name}"
     if "::" in test_id:
         file, _, rest = test_id.partition("::")
         module = file.removesuffix(".py").replace("/", ".").strip(".")

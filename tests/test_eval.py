@@ -160,13 +160,13 @@ def test_a_hanging_episode_times_out_and_the_run_goes_on(tmp_path: Path,
                                                          control_plane: EmbeddedControlPlane) -> None:
     started = time.monotonic()
     result = evaluate(PY_TASK, f"{FIXTURES}:HangOnFirstAttempt", out=tmp_path / "hang", attempts=2,
-                      episode_timeout=4, control_plane_url=control_plane.url, progress=False)
+                      episode_timeout=8, control_plane_url=control_plane.url, progress=False)
     elapsed = time.monotonic() - started
     hung, fine = result.records
-    assert hung["attempt"] == 0 and hung["error_kind"] == "timeout" and "time limit of 4 s" in hung["error"]
-    assert 4 <= hung["wall_seconds"] < 10 and hung["reward"] is None and not hung["passed"]
-    assert fine["attempt"] == 1 and fine["error"] is None and fine["passed"]
-    assert elapsed < 40
+    assert hung["attempt"] == 0 and hung["error_kind"] == "timeout" and "time limit of 8 s" in hung["error"]
+    assert 8 <= hung["wall_seconds"] < 14 and hung["reward"] is None and not hung["passed"]
+    assert fine["attempt"] == 1 and fine["error"] is None and fine["passed"], fine
+    assert elapsed < 60
     assert result.summary["overall"]["errors"] == 1
 
 

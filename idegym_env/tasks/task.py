@@ -205,6 +205,7 @@ class Task(BaseModel):
     environment: TaskEnvironment | None = None
     resources: TaskResources | None = None
     network: bool = False
+    run_as_root: bool = False
     agent_timeout: float | None = Field(None, gt=0)
     actions: list[AnyToolCall] = Field(default_factory=list)
     solution: list[AnyToolCall] = Field(default_factory=list)
@@ -253,7 +254,7 @@ class Task(BaseModel):
         if self.setup is None and self.compilation is None and self.test is None:
             raise ValueError(f"task {self.id!r} has no check: give at least one of setup, compile, test")
         if self.project is None and self.image is None and self.environment is None:
-            raise ValueError(f"task {self.id!r} has neither a project directory, an image nor an environment")
+            raise ValueError(f"task {self.id!r} has neither a project directory nor an image nor an environment")
         tools = set(self.tools or TOOL_NAMES)
         for kind, calls in (("solution", self.solution), ("actions", self.actions)):
             for call in calls:

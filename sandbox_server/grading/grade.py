@@ -83,7 +83,13 @@ def _fresh_reward_dir(reward_file: str, owner: UserSpec) -> None:
 
 
 def _read_reward(reward_file: str) -> tuple[float | None, str]:
-    """(reward, problem): reward.txt holds a number; reward.json an object with ``reward``."""
+    """(reward, problem): reward.txt holds a number; reward.json an object with ``reward``. When
+    the file named is missing, its sibling of the other kind is read (Harbor writes either)."""
+    if not os.path.lexists(reward_file):
+        stem, ext = os.path.splitext(reward_file)
+        sibling = stem + {".txt": ".json", ".json": ".txt"}.get(ext, ext)
+        if os.path.lexists(sibling):
+            reward_file = sibling
     try:
         fd = os.open(reward_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
