@@ -32,8 +32,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ...rewards import CheckResults
-from ...rewards.spec import FACTORIES, LEAVES, register_reward
 from ..task import GradingFiles, Task, TaskError, iter_files
 
 TASK_TOML = "task.toml"
@@ -180,6 +178,7 @@ def load_harbor_task(directory: Path | str) -> Task:
                             f"registry is reachable here; give an environment/Dockerfile")
         raise TaskError(f"{root}: no environment/Dockerfile (compose environments are not supported)")
     user = "root" if config.verifier_user in (None, "root", "0") else "appuser"
+    dockerfile_text = dockerfile.read_text(encoding="utf-8")
     hidden = {f"tests/{p.relative_to(tests).as_posix()}": p.read_bytes() for p in iter_files(tests)
               if p.is_file() and not p.is_symlink()}
     solution = root / "solution"
@@ -188,13 +187,14 @@ def load_harbor_task(directory: Path | str) -> Task:
         "title": (instruction_file.read_text(encoding="utf-8").strip().splitlines() or [root.name])[0][:200],
         "language": _language(config),
         "instruction": instruction_file.read_text(encoding="utf-8"),
-        "environment": {"dockerfile": dockerfile.read_text(encoding="utf-8"), "context": root / "environment"},
+        "environment": {"dockerfile": dockerfile_text, "context": root / "environment"},
         "test": {"script": test_stage_script(), "timeout": config.verifier_timeout, "user": user,
                  "env": config.verifier_env, "harness": "in-process", "report_glob": None,
                  "reward_file": _reward_file(tests)},
         "reward": "verifier_reward",
         "max_steps": 100,
         "grade_in_place": True,
+        "run_as_root": runs_as_root(dockerfile_text),  # Harbor's agent is the image's USER
         "resources": {"cpus": config.cpus, "memory_mb": config.memory_mb, "storage_mb": config.storage_mb},
         "network": config.allow_internet,
         "agent_timeout": config.agent_timeout,
@@ -206,6 +206,13 @@ def load_harbor_task(directory: Path | str) -> Task:
     except ValidationError as exc:
         raise TaskError(f"{root}: {exc}") from exc
     return task.with_grading(GradingFiles(hidden=hidden))
+
+
+def runs_as_root(dockerfile: str) -> bool:
+    """True unless the Dockerfile's last ``USER`` names someone other than root."""
+    users = [line.split(None, 1)[1].strip() for line in dockerfile.splitlines()
+             if line.strip().upper().startswith("USER ") and len(line.split(None, 1)) == 2]
+    return not users or users[-1].split(":", 1)[0] in ("root", "0")
 
 
 def _language(config: HarborConfig) -> str:
@@ -235,18 +242,5 @@ def shipped_tasks() -> Path:
     return Path(__file__).resolve().parent.parent / "data" / "harbor"
 
 
-def verifier_reward(results: CheckResults) -> float:
-    """The reward a verifier wrote (Harbor's reward.txt / reward.json); 0.0 when there is none or
-    grading failed."""
-    if results.errors or results.tests is None:
-        return 0.0
-    value = getattr(results.tests, "reward", None)
-    return float(value) if value is not None else 0.0
-
-
-if "verifier_reward" not in LEAVES and "verifier_reward" not in FACTORIES:
-    register_reward("verifier_reward", lambda params: verifier_reward)
-
-
 __all__ = ["load_harbor_task", "harbor_dirs", "read_config", "HarborConfig", "oracle_call", "test_stage_script",
-           "shipped_tasks", "verifier_reward"]
+           "shipped_tasks", "runs_as_root"]

@@ -10,7 +10,6 @@ being the given interpreter (a venv with pytest), in the pinned check environmen
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -19,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sandbox_server.junit import canonical_test_id  # the grader's spelling of a test id
+
 from .repos import apply_patch
 
 if TYPE_CHECKING:
@@ -26,22 +27,6 @@ if TYPE_CHECKING:
 
 PINNED_ENV = {"PYTHONSAFEPATH": "1", "PYTHONHASHSEED": "0", "TZ": "UTC", "LANG": "C.UTF-8",
               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
-_UNITTEST_ID = re.compile(r"^(\w+) \(([\w.]+)\)$")
-
-
-def canonical_test_id(test_id: str) -> str:
-    """``module.Class.test[param]`` for a pytest, unittest (either spelling) or JUnit id."""
-    test_id = test_id.strip()
-    found = _UNITTEST_ID.match(test_id)
-    if found:
-        name, where = found.groups()
-        return where if where.endswith("." + name) else f"{where}.{name}"
-    if "::" in test_id:
-        file, _, rest = test_id.partition("::")
-        return ".".join([file.removesuffix(".py").replace("/", ".").strip("."), *rest.split("::")])
-    return test_id
-
-
 def read_junit(path: Path) -> dict[str, str]:
     """``{canonical id: passed|failed|error|skipped}`` of a JUnit report (a test seen twice keeps
     its worst outcome)."""
