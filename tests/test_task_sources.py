@@ -368,8 +368,16 @@ def control_plane() -> Iterator[object]:
     cp.close()
 
 
+NO_DOCKERFILES = "cannot build Dockerfile environments"
+
+
 def _episode(task_spec: str, calls: list[dict], url: str) -> tuple[float, dict]:
-    env = gym.make("IdeGym-v0", task=task_spec, control_plane_url=url)
+    try:
+        env = gym.make("IdeGym-v0", task=task_spec, control_plane_url=url)
+    except TaskError as exc:
+        if NO_DOCKERFILES in str(exc):  # SWE and Harbor images: the images work of issue 15
+            pytest.skip(str(exc))
+        raise
     try:
         env.reset()
         for call in calls:
@@ -424,22 +432,6 @@ def test_humaneval_exploits_do_not_raise_the_reward(exploit: str, control_plane)
     assert reward == 0.0, (exploit, info.get("checks"))
 
 
-def _dockerfile_environments() -> bool:
-    """The env builds ``task.environment`` (the images helper's Dockerfile builds) — until it
-    does, SWE and Harbor tasks cannot run in sandboxes here."""
-    import inspect
-
-    from idegym_env import env as env_module
-
-    return shutil.which("buildah") is not None and "environment" in inspect.getsource(
-        env_module.IdeGymEnv._ensure_image)
-
-
-needs_images = pytest.mark.skipif(not _dockerfile_environments(),
-                                  reason="needs Dockerfile images in the env (images helper, issue 15)")
-
-
-@needs_images
 @pytest.mark.security
 def test_swe_exploits_do_not_raise_the_reward(control_plane) -> None:
     # The hidden test file replaced by one whose listed tests all pass, and a conftest that
@@ -531,7 +523,6 @@ def test_swe_exploits_do_not_raise_the_reward_in_sandboxes(exploit: str, control
     assert reward == 0.0, (exploit, info.get("checks"))
 
 
-@needs_images
 @pytest.mark.parametrize("name", HARBOR_IDS[:2])
 def test_harbor_in_sandboxes_oracle_and_untouched(name: str, control_plane) -> None:
     task = load_task(f"harbor/{name}")
@@ -541,7 +532,6 @@ def test_harbor_in_sandboxes_oracle_and_untouched(name: str, control_plane) -> N
     assert untouched < 1.0
 
 
-@needs_images
 @pytest.mark.security
 def test_harbor_exploits_do_not_raise_the_reward(control_plane) -> None:
     # A reward planted where the verifier writes it, and a test.sh of the agent's own in /tests.
@@ -598,3 +588,21 @@ def test_a_local_git_repository_is_a_source_and_only_its_tree_is_exported(tmp_pa
     with pytest.raises(TaskError, match="not a git repository"):
         swe.SweSet(tmp_path / "set.json", cache=tmp_path / "cache").project(
             next(iter(swe.SweSet(tmp_path / "set.json").instances.values())))
+
+
+def test_agent_timeout_truncates_and_resources_limit_the_sandbox(control_plane) -> None:
+    from idegym_env.env import IdeGymEnv
+    from idegym_env.tasks.task import TaskResources
+
+    base = load_task("humaneval/HumanEval/0")
+    task = base.model_copy(update={"agent_timeout": 0.5, "resources": TaskResources(memory_mb=128)})
+    env = IdeGymEnv(task, control_plane_url=control_plane.url)
+    try:
+        env.reset()
+        _, _, terminated, truncated, info = env.step({"tool": "bash", "arguments": {
+            "command": "sleep 1; python3 -c 'x = bytearray(512 << 20); print(len(x))'"}})
+        assert truncated and not terminated and info["truncated_by"] == "agent_timeout"
+        assert info["exit_code"] != 0 and info.get("oom_killed"), info  # 512 MiB in a 128 MiB sandbox
+        assert "checks" in info  # graded on truncation, like max_steps
+    finally:
+        env.close()

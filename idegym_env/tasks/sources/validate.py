@@ -50,22 +50,10 @@ class Row:
         return self.error is None and self.oracle == 1.0 and self.untouched is not None and self.untouched < 1.0
 
 
-def _env_builds_environments() -> bool:
-    import inspect
-
-    from ...env import IdeGymEnv
-
-    return "environment" in inspect.getsource(IdeGymEnv._ensure_image)
-
-
 def _episode(task: Task, *, oracle: bool, env_kwargs: dict[str, Any]) -> float:
     """One episode through the env; an infrastructure failure raises instead of scoring 0."""
     from ...env import IdeGymEnv
 
-    if task.environment is not None and not _env_builds_environments():
-        # Until then the env would run the task on the built-in image and report a wrong failure.
-        raise RuntimeError("this version of the env cannot build Dockerfile environments yet (issue 15); "
-                           "prove the task with --local")
     env = IdeGymEnv(task, **env_kwargs)
     try:
         env.reset()
