@@ -28,7 +28,6 @@ import sys
 import tarfile
 import tempfile
 import zipfile
-from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Iterator
@@ -314,17 +313,6 @@ def export_tree(git_dir: Path, commit: str, dest: Path) -> Path:
     return dest
 
 
-def tree_files(git_dir: Path, commit: str, paths: list[str]) -> dict[str, bytes]:
-    """Contents of ``paths`` at ``commit`` (paths missing there are left out)."""
-    out: dict[str, bytes] = {}
-    for rel in paths:
-        proc = subprocess.run(["git", *GIT_FLAGS, f"--git-dir={git_dir}", "cat-file", "blob", f"{commit}:{rel}"],
-                              capture_output=True, env=_git_env())
-        if proc.returncode == 0:
-            out[rel] = proc.stdout
-    return out
-
-
 def apply_patch(directory: Path, patch: str, *, reverse: bool = False) -> None:
     """``git apply`` a unified diff to a plain directory (no repository needed)."""
     if not patch.strip():
@@ -373,16 +361,5 @@ def _resolve(value: str, base_dir: Path | None) -> Path:
     return path if path.is_absolute() or base_dir is None else (base_dir / path)
 
 
-def load_sources(data: Mapping[str, object]) -> dict[str, RepoSource]:
-    """``{repo name: RepoSource}`` from a ``repos.json`` mapping (extra keys per repo, such as
-    ``license`` or ``profile``, are read by the caller)."""
-    out = {}
-    for name, entry in data.items():
-        if not isinstance(entry, Mapping) or "source" not in entry:
-            raise TaskError(f"repos.json: repository {name!r} needs a `source` ({{sdist|archive|git}})")
-        out[name] = RepoSource.model_validate(entry["source"])
-    return out
-
-
 __all__ = ["RepoSource", "Sdist", "cache_root", "fetch_sdist", "release_repo", "instance_commit", "export_tree",
-           "tree_files", "apply_patch", "patched_files", "has_commit", "unpack", "git", "load_sources"]
+           "apply_patch", "patched_files", "has_commit", "unpack", "git"]

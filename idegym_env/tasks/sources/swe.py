@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..task import Task, TaskError
+from ..task import GradingFiles, Task, TaskError
 from . import repos
 
 DEFAULT_DOCKERFILE = """\
@@ -321,8 +321,6 @@ def gold_patch_call(patch: str) -> dict[str, Any]:
 def build_task(instance: SweInstance, repo_profile: Profile, project: Path, grading_files: dict[str, bytes],
                *, source: str) -> Task:
     """The :class:`Task` of one instance (``project``: its exported files)."""
-    from ..task import GradingFiles  # the grading contract's model (lead's task.py)
-
     profile = instance.profile(repo_profile)
     expected = list(dict.fromkeys(instance.FAIL_TO_PASS + instance.PASS_TO_PASS))
     if not instance.FAIL_TO_PASS:
