@@ -314,6 +314,7 @@ def test_humaneval_sample_on_the_judge(task_id: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_humaneval_all_164_on_the_judge() -> None:
     tasks = load_source_tasks("humaneval")
     rows = validate(tasks, parallel=2, local=True, progress=False)
@@ -400,6 +401,7 @@ def test_humaneval_in_sandboxes_oracle_and_untouched(task_id: str, control_plane
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(5400)  # 328 episodes
 def test_humaneval_all_164_in_sandboxes(control_plane) -> None:
     rows = validate(load_source_tasks("humaneval"), parallel=4, progress=False,
                     env_kwargs={"control_plane_url": control_plane.url})
