@@ -62,6 +62,14 @@ def main(argv: list[str] | None = None) -> None:
     images = sub.add_parser("images", help="the local image store: list, push to a registry",
                             description=IMAGES_DESCRIPTION)
     add_images_arguments(images)
+    from .tasks.sources.validate import DESCRIPTION as TASKS_DESCRIPTION
+    from .tasks.sources.validate import EPILOG as TASKS_EPILOG
+    from .tasks.sources.validate import add_tasks_arguments
+
+    tasks = sub.add_parser("tasks", help="list, show and validate the tasks of a source",
+                           description=TASKS_DESCRIPTION, epilog=TASKS_EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_tasks_arguments(tasks)
 
     args = parser.parse_args(argv)
     if args.command == "sandbox":
@@ -80,6 +88,10 @@ def main(argv: list[str] | None = None) -> None:
         from .demo import main as demo
 
         sys.exit(demo())
+    elif args.command == "tasks":
+        from .tasks.sources.validate import run_tasks_command
+
+        sys.exit(run_tasks_command(args))
     elif args.command == "eval":
         from .eval.cli import run_eval
 
