@@ -12,8 +12,11 @@ Tools: ``reset(task?)`` starts an episode and returns its instruction; ``bash``,
 ``{"reward", "task_id", "summary", "checks"}``. With ``--task`` a tool called before any
 ``reset`` starts an episode of that task.
 
-Sessions: over stdio the process serves one client, hence one episode at a time. Over streamable
-HTTP each MCP session (``mcp-session-id``) has an episode of its own, in a sandbox of its own.
+Episodes: a call acts on the episode named by its ``episode_id`` argument, else on its
+connection's episode: over stdio the one client's; over streamable HTTP the MCP session's
+(``mcp-session-id``, legacy protocol versions) or, for the stateless 2026-07-28 protocol, the
+server's default episode. ``reset(new=true)`` starts an additional episode with an id of its own,
+so a client without sessions can run several at once; each episode has a sandbox of its own.
 
 Errors: a malformed call or one the episode refuses (no episode, episode ended, a missing file, a
 patch that does not apply) is a tool error (``isError: true``) carrying our message, the MCP
@@ -22,8 +25,8 @@ control plane is unreachable, grading could not run) is a JSON-RPC error (code -
 *client program*, never a reward: the episode is over and unscored.
 
 Cleanup: an episode's sandbox is handed back when it is graded, when ``reset`` replaces it, when
-its HTTP session ends (``DELETE``, or ``--session-idle-timeout`` without a request), and when the
-server exits.
+its HTTP session ends (``DELETE``), when it has had no call for ``--session-idle-timeout``
+seconds, and when the server exits.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import logging
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +54,17 @@ from .mcp_cli import DEFAULT_IDLE_TIMEOUT, add_serve_arguments
 log = logging.getLogger(__name__)
 
 INTERNAL_ERROR = -32603
-STDIO_SESSION = "stdio"
+DEFAULT_EPISODE = "default"
 SESSION_HEADER = "mcp-session-id"
 
+
+
+class ResetResult(BaseModel):
+    """What ``reset`` returns: the episode's id and the task's instruction."""
+
+    episode_id: str = Field(description="Pass it as episode_id to act on this episode from a client without sessions.")
+    task_id: str
+    instruction: str
 
 
 class SubmitResult(BaseModel):
@@ -60,6 +72,7 @@ class SubmitResult(BaseModel):
 
     reward: float = Field(description="The task's reward for the episode (1.0 = every check passed).")
     task_id: str
+    episode_id: str
     summary: str = Field(description="The checks in a few lines of text.")
     checks: dict[str, Any] = Field(default_factory=dict, description="Each stage's result as the sandbox reported it.")
 
@@ -92,9 +105,21 @@ class EpisodeServer:
 
     # -- sessions -------------------------------------------------------------------------------------
 
-    def _session(self, ctx: Context) -> _Session:
-        headers = ctx.headers
-        key = (headers.get(SESSION_HEADER) if headers else None) or STDIO_SESSION
+    def _session(self, ctx: Context, episode_id: str | None = None, *, new: bool = False) -> tuple[str, _Session]:
+        """The episode a call acts on: ``episode_id`` when given; else the transport's session
+        (legacy streamable-HTTP sessions) or the server's default episode (stdio, or a stateless
+        HTTP client that names none); ``new`` makes a fresh one with an id of its own."""
+        if new:
+            key = uuid.uuid4().hex
+        elif episode_id is not None:
+            key = episode_id
+            with self._lock:
+                if key not in self._sessions and key != DEFAULT_EPISODE:
+                    raise ToolError(f"unknown episode {episode_id!r}: it ended or never existed; call reset "
+                                    "(new=true) to start one")
+        else:
+            headers = ctx.headers
+            key = (headers.get(SESSION_HEADER) if headers else None) or DEFAULT_EPISODE
         with self._lock:
             session = self._sessions.get(key)
             if session is None:
@@ -102,7 +127,7 @@ class EpisodeServer:
                                   **self.env_kwargs)
                 session = self._sessions[key] = _Session(episode)
             session.used = time.monotonic()
-            return session
+            return key, session
 
     def end_session(self, key: str) -> None:
         """Hand back the episode of a session that ended."""
@@ -115,7 +140,7 @@ class EpisodeServer:
     def end_idle(self) -> None:
         now = time.monotonic()
         with self._lock:
-            idle = [k for k, s in self._sessions.items() if k != STDIO_SESSION and now - s.used > self.idle_timeout]
+            idle = [k for k, s in self._sessions.items() if now - s.used > self.idle_timeout]
         for key in idle:
             log.info("MCP session %s idle for %.0f s: its episode is ended", key[:16], self.idle_timeout)
             self.end_session(key)
@@ -133,8 +158,8 @@ class EpisodeServer:
 
     # -- calling the episode --------------------------------------------------------------------------
 
-    async def _run(self, ctx: Context, fn: Any) -> Any:
-        session = self._session(ctx)
+    async def _run(self, ctx: Context, fn: Any, episode_id: str | None = None, *, new: bool = False) -> Any:
+        key, session = self._session(ctx, episode_id, new=new)
 
         def call() -> Any:
             with session.lock:
@@ -142,7 +167,7 @@ class EpisodeServer:
                 if episode.env is None and not episode.done and self.default_task is not None \
                         and not isinstance(fn, _Start):
                     episode.start(self.default_task)
-                return fn(episode)
+                return fn(key, episode)
 
         try:
             return await anyio.to_thread.run_sync(call)
@@ -152,8 +177,9 @@ class EpisodeServer:
             raise MCPError(INTERNAL_ERROR, f"IdeGym infrastructure failure (the episode is not scored): {exc}",
                            {"infrastructure_error": str(exc)}) from None
 
-    async def _tool(self, ctx: Context, name: str, arguments: dict[str, Any] | None = None) -> str:
-        outcome: Outcome = await self._run(ctx, lambda e: e.call(name, arguments))
+    async def _tool(self, ctx: Context, name: str, arguments: dict[str, Any] | None,
+                    episode_id: str | None) -> str:
+        outcome: Outcome = await self._run(ctx, lambda _key, e: e.call(name, arguments), episode_id)
         if outcome.error is not None and name != "bash":
             raise ToolError(outcome.text)
         return outcome.text
@@ -172,47 +198,60 @@ class EpisodeServer:
         server = self
 
         @self.mcp.tool()
-        async def reset(ctx: Context, task: str | None = None) -> str:
-            """Start an episode (ending the current one) and return the task's instruction.
+        async def reset(ctx: Context, task: str | None = None, new: bool = False) -> ResetResult:
+            """Start an episode (ending the one it replaces) and return its id and the task's instruction.
 
             Args:
                 task: A task id; omit it for the server's default task.
+                new: Start an additional episode with an id of its own (for clients without sessions that
+                    run several episodes at once) instead of replacing this connection's episode.
             """
-            return await server._run(ctx, _Start(lambda e: server._start(e, task)))
+            def start(key: str, episode: Episode) -> ResetResult:
+                instruction = server._start(episode, task)
+                assert episode.task is not None
+                return ResetResult(episode_id=key, task_id=episode.task.id, instruction=instruction)
+
+            return await server._run(ctx, _Start(start), new=new)
 
         @self.mcp.tool()
-        async def bash(ctx: Context, command: str, timeout: float | None = None) -> str:
+        async def bash(ctx: Context, command: str, timeout: float | None = None, episode_id: str | None = None) -> str:
             """Run a bash script in the project directory; returns its output and exit code.
 
             Args:
                 command: The bash script, e.g. `ls` or `python3 -m pytest -q`.
                 timeout: Seconds before it is killed (default: the environment's limit).
+                episode_id: The episode to act on (reset's episode_id); omit it for this connection's episode.
             """
-            return await server._tool(ctx, "bash", {"command": command, "timeout": timeout})
+            return await server._tool(ctx, "bash", {"command": command, "timeout": timeout}, episode_id)
 
         @self.mcp.tool()
-        async def read_file(ctx: Context, path: str, offset: int | None = None, length: int | None = None) -> str:
+        async def read_file(ctx: Context, path: str, offset: int | None = None, length: int | None = None,
+                            episode_id: str | None = None) -> str:
             """Read a text file of the project.
 
             Args:
                 path: The file's path, relative to the project directory.
                 offset: Byte offset to start at (default 0).
                 length: Maximum number of bytes (default: the environment's limit).
+                episode_id: The episode to act on (reset's episode_id); omit it for this connection's episode.
             """
-            return await server._tool(ctx, "read_file", {"path": path, "offset": offset, "length": length})
+            return await server._tool(ctx, "read_file", {"path": path, "offset": offset, "length": length},
+                                      episode_id)
 
         @self.mcp.tool()
-        async def write_file(ctx: Context, path: str, content: str) -> str:
+        async def write_file(ctx: Context, path: str, content: str, episode_id: str | None = None) -> str:
             """Create or overwrite a file with this content (missing directories are created).
 
             Args:
                 path: The file's path, relative to the project directory.
                 content: The complete new content.
+                episode_id: The episode to act on (reset's episode_id); omit it for this connection's episode.
             """
-            return await server._tool(ctx, "write_file", {"path": path, "content": content})
+            return await server._tool(ctx, "write_file", {"path": path, "content": content}, episode_id)
 
         @self.mcp.tool()
-        async def edit_file(ctx: Context, path: str, start_line: int, end_line: int, new_content: str) -> str:
+        async def edit_file(ctx: Context, path: str, start_line: int, end_line: int, new_content: str,
+                            episode_id: str | None = None) -> str:
             """Replace lines start_line..end_line (inclusive, from 1) of a file; end_line = start_line - 1 inserts.
 
             Args:
@@ -220,36 +259,46 @@ class EpisodeServer:
                 start_line: First line to replace.
                 end_line: Last line to replace.
                 new_content: The replacement text; empty deletes the lines.
+                episode_id: The episode to act on (reset's episode_id); omit it for this connection's episode.
             """
             return await server._tool(ctx, "edit_file", {"path": path, "start_line": start_line,
-                                                         "end_line": end_line, "new_content": new_content})
+                                                         "end_line": end_line, "new_content": new_content},
+                                      episode_id)
 
         @self.mcp.tool()
-        async def patch_file(ctx: Context, path: str, patch: str) -> str:
+        async def patch_file(ctx: Context, path: str, patch: str, episode_id: str | None = None) -> str:
             """Apply diff-match-patch patch text (patch_toText) to a file; fails if a hunk does not apply.
 
             Args:
                 path: The file's path, relative to the project directory.
                 patch: The patch text.
+                episode_id: The episode to act on (reset's episode_id); omit it for this connection's episode.
             """
-            return await server._tool(ctx, "patch_file", {"path": path, "patch": patch})
+            return await server._tool(ctx, "patch_file", {"path": path, "patch": patch}, episode_id)
 
         @self.mcp.tool()
-        async def run_checks(ctx: Context) -> str:
-            """Run the task's tests and return their output (does not end the episode)."""
-            return await server._tool(ctx, "run_checks")
+        async def run_checks(ctx: Context, episode_id: str | None = None) -> str:
+            """Run the task's tests and return their output (does not end the episode).
+
+            Args:
+                episode_id: The episode to act on (reset's episode_id); omit it for this connection's episode.
+            """
+            return await server._tool(ctx, "run_checks", None, episode_id)
 
         @self.mcp.tool()
-        async def submit(ctx: Context) -> SubmitResult:
-            """Grade the episode with the task's checks and end it; returns the reward."""
+        async def submit(ctx: Context, episode_id: str | None = None) -> SubmitResult:
+            """Grade the episode with the task's checks and end it; returns the reward.
 
-            def grade(episode: Episode) -> SubmitResult:
+            Args:
+                episode_id: The episode to act on (reset's episode_id); omit it for this connection's episode.
+            """
+            def grade(key: str, episode: Episode) -> SubmitResult:
                 task_id = episode.task.id if episode.task is not None else ""
                 outcome = episode.submit()
-                return SubmitResult(reward=outcome.reward, task_id=task_id, summary=outcome.text,
+                return SubmitResult(reward=outcome.reward, task_id=task_id, episode_id=key, summary=outcome.text,
                                     checks=outcome.info.get("checks") or {})
 
-            return await server._run(ctx, grade)
+            return await server._run(ctx, grade, episode_id)
 
     # -- serving ---------------------------------------------------------------------------------------
 
@@ -311,8 +360,8 @@ class _Start:
     def __init__(self, fn: Any) -> None:
         self.fn = fn
 
-    def __call__(self, episode: Episode) -> Any:
-        return self.fn(episode)
+    def __call__(self, key: str, episode: Episode) -> Any:
+        return self.fn(key, episode)
 
 
 _INSTRUCTIONS = ("An IdeGym coding task in a disposable sandbox. Call reset to start (or restart) an episode and "
@@ -325,6 +374,11 @@ _INSTRUCTIONS = ("An IdeGym coding task in a disposable sandbox. Call reset to s
 
 def run_serve(args: argparse.Namespace) -> int:
     import os
+    import signal
+
+    # SIGTERM unwinds like Ctrl-C, so the episodes' sandboxes are handed back before exit (uvicorn
+    # re-raises the signal it caught once it has shut down; this handler is what it then calls).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
     url = args.control_plane_url or os.environ.get("IDEGYM_URL") or None
     server = EpisodeServer(task=args.task, control_plane_url=url,
@@ -344,4 +398,4 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["EpisodeServer", "SubmitResult", "add_serve_arguments", "run_serve"]
+__all__ = ["EpisodeServer", "ResetResult", "SubmitResult", "add_serve_arguments", "run_serve"]
