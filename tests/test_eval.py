@@ -460,3 +460,13 @@ def test_task_selection_and_agent_specs(tmp_path: Path) -> None:
         f.write('{"task": "t", "att')
     assert results.load() == [{"task": "t", "attempt": 0}]
     assert results.episodes.read_text().endswith("}\n")
+
+
+def test_loopback_urls_are_the_ones_only_this_machine_reaches() -> None:
+    from idegym_env.urls import is_loopback_url
+
+    for url in ("http://127.0.0.1:8000", "http://127.3.4.5", "http://localhost:1", "http://[::1]:80",
+                "http://0.0.0.0:8000", "http://[::]:8000"):
+        assert is_loopback_url(url), url
+    for url in ("http://10.0.0.7:8000", "http://cp.example:8000", "http://[2001:db8::1]", "unix:///tmp/s"):
+        assert not is_loopback_url(url), url

@@ -59,7 +59,7 @@ def evaluate(
 
     An episode passes when its reward reaches ``pass_threshold`` (default 1.0); with
     ``pass_threshold=None`` when its task is solved — every check succeeded, whatever the reward
-    (see :func:`runner.is_solved`; for rewards shaped so that 1.0 is out of reach).
+    (see :func:`episode.is_solved`; for rewards shaped so that 1.0 is out of reach).
     ``episode_timeout`` bounds each episode's wall time; an episode over it, or whose agent
     raises, is recorded as an error and the run goes on. Into a directory that holds a run,
     ``evaluate`` resumes it — or raises :class:`ManifestMismatch` if that run differs (tasks,

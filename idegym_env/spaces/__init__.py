@@ -1,5 +1,6 @@
 """Action and observation spaces: tool calls (actions) and unrestricted text (observations)."""
 
+from .object_batch import ObjectBatch, batched_space, is_numeric_space, object_array
 from .text import UnicodeText
 from .tool_call import (
     TOOL_NAMES,
@@ -19,6 +20,7 @@ from .tool_call import (
 
 __all__ = [
     "UnicodeText",
+    "ObjectBatch", "object_array", "is_numeric_space", "batched_space",
     "ToolCallSpace",
     "ToolCall",
     "AnyToolCall",

@@ -1,0 +1,111 @@
+"""The Ray actor that holds sub-envs: ``SubEnvGroup``, one or more ``IdeGymEnv`` in one actor."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+import ray
+
+from .failures import reason
+
+
+def build_env(env_kwargs: dict[str, Any], wrappers: Sequence[Callable[[gym.Env], gym.Env]]) -> gym.Env:
+    """One ``IdeGymEnv`` with ``wrappers`` applied, in order."""
+    from ..env import IdeGymEnv
+
+    env: gym.Env = IdeGymEnv(**env_kwargs)
+    for wrapper in wrappers:
+        env = wrapper(env)
+    return env
+
+
+class SubEnvGroup:
+    """Holds ``count`` sub-envs inside one Ray actor (``ray.remote(SubEnvGroup)``).
+
+    ``run`` takes one batch of calls, at most one per sub-env, and runs them side by side on
+    threads (a sub-env mostly waits for its sandbox): a vector step costs one Ray call per actor,
+    not one per sub-env. A sub-env's exception is returned as its result, not raised, so that it
+    ends only that sub-env's episode.
+    """
+
+    def __init__(self, env_kwargs: dict[str, Any], wrappers: Sequence[Callable[[gym.Env], gym.Env]],
+                 count: int = 1) -> None:
+        self._env_kwargs, self._wrappers = env_kwargs, tuple(wrappers)
+        self.envs = [build_env(env_kwargs, wrappers) for _ in range(count)]
+        self._threads = concurrent.futures.ThreadPoolExecutor(count) if count > 1 else None
+
+    def describe(self) -> list[dict[str, Any]]:
+        out = []
+        for env in self.envs:
+            try:
+                client_id = env.unwrapped.client.client_id  # type: ignore[attr-defined]
+            except (AttributeError, RuntimeError):
+                client_id = None
+            out.append({
+                "observation_space": env.observation_space,
+                "action_space": env.action_space,
+                "metadata": dict(getattr(env, "metadata", {}) or {}),
+                "render_mode": env.render_mode,
+                "client_id": client_id,
+            })
+        return out
+
+    def run(self, calls: list[tuple[int, str, tuple, dict[str, Any]]]) -> list[tuple[bool, Any]]:
+        """``(sub-env, "reset" | "step", args, kwargs)`` each; ``(True, result)`` or ``(False, reason)``."""
+        def one(call: tuple[int, str, tuple, dict[str, Any]]) -> tuple[bool, Any]:
+            j, method, args, kwargs = call
+            if method not in ("reset", "step"):
+                return False, f"ValueError: {method!r} is not a sub-env call"
+            try:
+                return True, getattr(self.envs[j], method)(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - reported as this sub-env's failure
+                return False, reason(exc)
+
+        if self._threads is None or len(calls) < 2:
+            return [one(c) for c in calls]
+        return list(self._threads.map(one, calls))
+
+    def rebuild(self, j: int) -> None:
+        """Replace sub-env ``j`` after its env raised: the old one is closed as far as it can be."""
+        try:
+            self.envs[j].close()
+        except Exception:  # noqa: BLE001 - it is being thrown away
+            pass
+        self.envs[j] = build_env(self._env_kwargs, self._wrappers)
+
+    def render(self) -> list[Any]:
+        return [env.render() for env in self.envs]
+
+    def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
+        out = []
+        for env in self.envs:
+            attr = env.get_wrapper_attr(name)
+            out.append(attr(*args, **kwargs) if callable(attr) else attr)
+        return out
+
+    def set_attr(self, name: str, values: list[Any]) -> None:
+        for env, value in zip(self.envs, values):
+            env.set_wrapper_attr(name, value)
+
+    def sleep(self, seconds: float) -> float:  # for tests: proves that calls overlap
+        time.sleep(seconds)
+        return seconds
+
+    def close(self) -> None:
+        errors = []
+        for env in self.envs:
+            try:
+                env.close()
+            except Exception as exc:  # noqa: BLE001 - close the others first
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
+RemoteSubEnvGroup = ray.remote(SubEnvGroup)
+
+__all__ = ["SubEnvGroup", "RemoteSubEnvGroup", "build_env"]
