@@ -177,7 +177,7 @@ class IdeGymEnvironment(BaseEnvironment):
         elif dockerfile.is_file() and not (self.task_env_config.docker_image and not force_build):
             base = _tag("harbor", self.environment_name, environment_content_hash(self.environment_dir))
             entry: dict[str, Any] = {"tag": base, "dockerfile": dockerfile.read_text(encoding="utf-8"),
-                                     "project": {"path": str(self.environment_dir.resolve())},
+                                     "context": str(self.environment_dir.resolve()),
                                      "network": network, "rebuild": bool(force_build)}
             await self._build(client, entry, f"environment/Dockerfile of {self.environment_name!r}")
             return base
