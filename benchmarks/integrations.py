@@ -61,7 +61,8 @@ def run() -> Result:
     result.targets["MCP-beyond-SDK"] = check_target("MCP overhead beyond the SDK's own tool-call round trip", beyond,
                                                     10.0, unit="%")
     if harbor is not None:
-        hdirect, hexec = (next(s for s in stats if s.label == label).median_ms for label in (HARBOR_DIRECT, HARBOR_EXEC))
+        medians = {s.label: s.median_ms for s in stats}
+        hdirect, hexec = medians[HARBOR_DIRECT], medians[HARBOR_EXEC]
         pct = (hexec / hdirect - 1) * 100
         result.figures["Harbor overhead %"] = round(pct, 2)
         result.targets["Harbor"] = check_target("Harbor adapter overhead over the direct call", pct, 10.0, unit="%")

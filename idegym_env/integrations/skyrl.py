@@ -172,7 +172,8 @@ def parse_tool_call(text: str) -> tuple[str, dict[str, Any] | None]:
     try:
         call = json.loads(body)
     except json.JSONDecodeError as exc:
-        raise ToolCallError(f"the tool call is not valid JSON ({exc.msg} at column {exc.colno}). {CALL_FORMAT}") from None
+        raise ToolCallError(f"the tool call is not valid JSON ({exc.msg} at column {exc.colno}). "
+                            f"{CALL_FORMAT}") from None
     if not isinstance(call, dict):
         raise ToolCallError(f"a tool call is a JSON object. {CALL_FORMAT}")
     name = call.get("name", call.get("tool"))
