@@ -87,6 +87,15 @@ async def main(url: str, work: Path) -> None:
         else:
             raise AssertionError("downloading a missing file must raise")
         report("missing-file")
+
+        await env._sandbox.stop()  # the sandbox goes away under the trial: an error, never a result
+        try:
+            await env.exec("true")
+        except RuntimeError as exc:
+            assert "gone" in str(exc), exc
+        else:
+            raise AssertionError("exec on a dead sandbox must raise")
+        report("sandbox-gone")
     finally:
         await env.stop(delete=True)
     try:

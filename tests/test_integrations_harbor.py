@@ -102,7 +102,7 @@ def test_provider_api_against_the_control_plane(control_plane: ControlPlaneProce
                            control_plane.url], capture_output=True, text=True, timeout=600, env=HARBOR_ENV)
     checks = [json.loads(line).get("check") for line in proc.stdout.splitlines() if line.startswith("{")]
     for expected in ("exec-env-user", "exec-user-cwd-exit", "exec-timeout", "file-roundtrip", "dir-roundtrip",
-                     "missing-file", "stopped", "control-plane-down"):
+                     "missing-file", "sandbox-gone", "stopped", "control-plane-down"):
         assert expected in checks, f"{expected} missing; stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}"
     assert alive(control_plane) == 0
 
