@@ -156,3 +156,19 @@ def test_reset_needs_a_task() -> None:
         env.reset(prompt=[{"role": "user", "content": "hi"}])
     with pytest.raises(ValueError, match="no bundled task of that name"):
         env.reset(task="no-such-task")
+
+
+def test_sandbox_is_handed_back_when_the_trainer_process_exits(control_plane) -> None:  # noqa: F811
+    import subprocess
+    import sys
+
+    script = ("import sys\n"
+              "from idegym_env.integrations.trl import IdeGymTRLEnv\n"
+              f"env = IdeGymTRLEnv(control_plane_url={control_plane.url!r})\n"
+              f"env.reset(task={TASK!r})\n"
+              "env.bash('echo busy')\n"
+              "print('holding', flush=True)\n"
+              "sys.exit(0)  # no get_reward, no cleanup of its own\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "holding" in proc.stdout, proc.stderr[-2000:]
+    assert alive(control_plane) == 0
