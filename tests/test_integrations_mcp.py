@@ -164,3 +164,25 @@ def test_server_exit_hands_open_episodes_back(control_plane, http_process) -> No
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
     assert alive(control_plane) == 0
+
+
+def test_idle_episodes_are_handed_back(control_plane) -> None:  # noqa: F811
+    from idegym_env.integrations._episode import close_shared_clients
+    from idegym_env.integrations.mcp import EpisodeServer
+
+    server = EpisodeServer(task=TASK, control_plane_url=control_plane.url, idle_timeout=0.2)
+
+    async def main() -> None:
+        async with Client(server.mcp) as client:  # the SDK's in-process connection to the same server
+            await client.call_tool("reset", {"new": True})
+            await client.call_tool("bash", {"command": "true"})  # the default episode starts on first use
+            assert alive(control_plane) == 2 and server.session_count == 2
+            await anyio.sleep(0.5)
+            server.end_idle()
+            assert alive(control_plane) == 0 and server.session_count == 0
+
+    try:
+        anyio.run(main)
+    finally:
+        server.close()
+        close_shared_clients()
