@@ -27,6 +27,7 @@ TASK = "python-roman-numerals"
 DIRECT = "client Sandbox.bash (direct)"
 HARBOR_DIRECT = "harbor: AsyncSandbox.bash (direct)"
 HARBOR_EXEC = "harbor: IdeGymEnvironment.exec"
+MCP_LOCAL = "MCP call_tool bash (in-process SDK client, no transport)"
 MCP_FLOOR = "MCP call_tool refused before any sandbox I/O (SDK floor)"
 
 
@@ -45,23 +46,27 @@ def run() -> Result:
         stats += [Stats.of(label, [ms / 1000 for ms in values]) for label, values in harbor.items()]
     result.stats = stats
     print()
-    print(stats_table(stats[:5], baseline=DIRECT))
+    print(stats_table(stats[:6], baseline=DIRECT))
     if harbor is not None:
-        print(stats_table(stats[5:], baseline=HARBOR_DIRECT))
+        print(stats_table(stats[6:], baseline=HARBOR_DIRECT))
     base = stats[0].median_ms
     for s in stats[1:4]:
         name = s.label.split(" ", 1)[0]
         pct = (s.median_ms / base - 1) * 100
         result.figures[f"{name} overhead %"] = round(pct, 2)
         result.targets[name] = check_target(f"{name} adapter overhead over the direct call", pct, 10.0, unit="%")
-    floor, mcp = stats[4].median_ms, stats[3].median_ms
+    medians = {s.label: s.median_ms for s in stats}
+    local = medians[MCP_LOCAL]
+    result.figures["MCP in-process overhead %"] = round((local / base - 1) * 100, 2)
+    result.targets["MCP-in-process"] = check_target("MCP adapter overhead, in-process SDK client (no transport)",
+                                                    (local / base - 1) * 100, 10.0, unit="%")
+    floor, mcp = medians[MCP_FLOOR], medians["MCP call_tool bash (stdio, SDK client)"]
     beyond = (mcp - floor) / base * 100 - 100
     result.figures["MCP overhead beyond the SDK's tool-call round trip %"] = round(beyond, 2)
     result.figures["MCP SDK tool-call round trip ms"] = round(floor, 3)
     result.targets["MCP-beyond-SDK"] = check_target("MCP overhead beyond the SDK's own tool-call round trip", beyond,
                                                     10.0, unit="%")
     if harbor is not None:
-        medians = {s.label: s.median_ms for s in stats}
         hdirect, hexec = medians[HARBOR_DIRECT], medians[HARBOR_EXEC]
         pct = (hexec / hdirect - 1) * 100
         result.figures["Harbor overhead %"] = round(pct, 2)
@@ -82,6 +87,7 @@ def _measure(url: str, steps: int) -> dict[str, list[float]]:
 
     from idegym_env.client import IdeGymClient
     from idegym_env.env import IdeGymEnv
+    from idegym_env.integrations.mcp import EpisodeServer
     from idegym_env.integrations.skyrl import IdeGymTextEnv
     from idegym_env.integrations.trl import IdeGymTRLEnv
 
@@ -97,21 +103,26 @@ def _measure(url: str, steps: int) -> dict[str, list[float]]:
         server = StdioServerParameters(command=sys.executable, env={**os.environ}, args=[
             "-m", "idegym_env.cli", "mcp", "serve", "--task", TASK, "--control-plane-url", url,
             "--max-steps", str(steps)])
+        in_process = EpisodeServer(task=TASK, control_plane_url=url, max_steps=steps)
         with anyio.from_thread.start_blocking_portal() as portal, \
-                portal.wrap_async_context_manager(Client(server)) as mcp:
+                portal.wrap_async_context_manager(Client(server)) as mcp, \
+                portal.wrap_async_context_manager(Client(in_process.mcp)) as local:
             portal.call(mcp.call_tool, "reset", {})
+            portal.call(local.call_tool, "reset", {})
 
-            def mcp_bash() -> None:
-                answer = portal.call(mcp.call_tool, "bash", {"command": "echo hello"})
+            def bash_through(client: Client) -> None:
+                answer = portal.call(client.call_tool, "bash", {"command": "echo hello"})
                 assert not answer.is_error
 
             samples = interleaved({
                 DIRECT: lambda: direct.bash("echo hello", timeout=120),
                 "TRL IdeGymTRLEnv.bash": lambda: trl_env.bash("echo hello"),
                 "SkyRL IdeGymTextEnv.step": lambda: sky.step(sky_action),
-                "MCP call_tool bash (stdio, SDK client)": mcp_bash,
+                "MCP call_tool bash (stdio, SDK client)": lambda: bash_through(mcp),
+                MCP_LOCAL: lambda: bash_through(local),
                 MCP_FLOOR: lambda: portal.call(mcp.call_tool, "reset", {"task": "not-served"}),
             }, N, label="adapters vs direct client call")
+        in_process.close()
         trl_env.get_reward()
         sky.close()
         direct.stop()
