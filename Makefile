@@ -84,7 +84,7 @@ test: venv client-venv harbor-venv gym-versions  ## the test suite (everything b
 test-slow: venv client-venv harbor-venv gym-versions  ## only the long-running tests
 	@$(VENV)/bin/pytest -m slow $(PYTEST_ARGS)
 
-bench: venv client-venv  ## the benchmark suite; writes benchmarks/results/
+bench: venv client-venv harbor-venv  ## the benchmark suite; writes benchmarks/results/
 	@$(PY) -m benchmarks $(BENCH)
 
 clean:  ## remove the virtual environments
