@@ -28,7 +28,7 @@ DIRECT = "client Sandbox.bash (direct)"
 HARBOR_DIRECT = "harbor: AsyncSandbox.bash (direct)"
 HARBOR_EXEC = "harbor: IdeGymEnvironment.exec"
 MCP_LOCAL = "MCP call_tool bash (in-process SDK client, no transport)"
-MCP_FLOOR = "MCP call_tool refused before any sandbox I/O (SDK floor)"
+MCP_FLOOR = "MCP call_tool refused by the SDK's input validation (transport floor)"
 
 
 def run() -> Result:
@@ -120,7 +120,7 @@ def _measure(url: str, steps: int) -> dict[str, list[float]]:
                 "SkyRL IdeGymTextEnv.step": lambda: sky.step(sky_action),
                 "MCP call_tool bash (stdio, SDK client)": lambda: bash_through(mcp),
                 MCP_LOCAL: lambda: bash_through(local),
-                MCP_FLOOR: lambda: portal.call(mcp.call_tool, "reset", {"task": "not-served"}),
+                MCP_FLOOR: lambda: portal.call(mcp.call_tool, "bash", {}),  # refused by the SDK's schema check
             }, N, label="adapters vs direct client call")
         in_process.close()
         trl_env.get_reward()

@@ -60,8 +60,11 @@ def test_stdio_solves_the_task_and_reports_errors_the_mcp_way(control_plane) -> 
             assert bad.is_error and "end_line (1) is before start_line (4)" in bad.content[0].text
             missing = await client.call_tool("read_file", {"path": "nope.txt"})
             assert missing.is_error and "no such file" in missing.content[0].text.lower()
+            await client.call_tool("write_file", {"path": "kept.txt", "content": "mine"})
             unknown = await client.call_tool("reset", {"task": "../../etc"})
             assert unknown.is_error and "not served here" in unknown.content[0].text
+            kept = await client.call_tool("read_file", {"path": "kept.txt"})  # a refused reset ends nothing
+            assert not kept.is_error and kept.content[0].text == "mine"
             result = await solve(client)
             assert result["reward"] == 1.0 and result["task_id"] == TASK
             assert result["checks"]["tests"]["scores"]["passed"] == 8

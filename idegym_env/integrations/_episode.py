@@ -162,9 +162,9 @@ class Episode:
 
         Raises :class:`ToolCallError` for a task that does not exist or is not allowed, and
         :class:`InfrastructureError` when no sandbox could be had."""
+        resolved = self._resolve(task)  # first: a task that cannot be had leaves the current episode alone
         self.end()
         self.reward, self.infra_error, self.done, self.last_info = None, None, False, {}
-        resolved = self._resolve(task)
         try:
             env = IdeGymEnv(resolved, client=shared_client(self.control_plane_url), **self.env_kwargs)
         except (IdeGymError, RuntimeError) as exc:
