@@ -35,6 +35,7 @@ def run() -> Result:
     from idegym_env.integrations._episode import close_shared_clients
 
     result = Result("integrations", "Trainer adapters (TRL, SkyRL, MCP, Harbor) against direct client calls")
+    result.notes.append("load average at start: " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
     with tempfile.TemporaryDirectory() as tmp, control_plane(Path(tmp) / "cp", ["--warm-pool", "0"]) as url:
         try:
             samples = _measure(url, 20 * N)
