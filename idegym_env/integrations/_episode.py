@@ -300,6 +300,8 @@ def _infra_failure(info: dict[str, Any]) -> str | None:
     """Why a step failed for reasons that are not the agent's, or None (one place for the rule)."""
     if info.get("sandbox_lost"):
         return str(info.get("error") or "the sandbox is gone")
+    if info.get("infrastructure_error"):  # the grading branch's flag; grading_errors below go once it lands
+        return f"grading could not run: {info['infrastructure_error']}"
     errors = info.get("grading_errors")
     if errors:
         return "grading could not run: " + "; ".join(map(str, errors))
