@@ -406,7 +406,7 @@ ROUTES: tuple[Route, ...] = (
           "snapshot_job_api_snapshots_jobs__job_id__get", None, SnapshotJobStatusResponse),
     Route("GET", "/api/snapshots/exists", snapshot_exists, "Snapshot Exists", "snapshot_exists_api_snapshots_exists_get",
           None, SnapshotExistsResponse),
-    Route("POST", "/execute", execute, "Run code in a fresh sandbox", "execute", ExecuteRequest, None),
+    Route("POST", "/execute", execute, "Run code, isolated from other runs", "execute", ExecuteRequest, None),
     Route("GET", "/execute/languages", languages, "Available languages", "languages", None, None),
 )
 
@@ -441,6 +441,7 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     app[FORWARDS] = Forwards(cp, meter)
     app[OPENAPI] = build_openapi(ROUTES, title="IdeGym control plane", version=__version__)
     app.cleanup_ctx.append(lifecycle_context(cp, watcher, images))
+    app.cleanup_ctx.append(app[RUNNER].context)  # after the backend starts, ends before it closes
     for route in ROUTES:
         app.router.add_route(route.method, route.path, route.handler)
     for method in FORWARD_METHODS:

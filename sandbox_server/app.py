@@ -362,7 +362,10 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def capabilities(request: web.Request) -> web.Response:
-    return json_response(CapabilitiesResponse(plugins=list(request.app[CONFIG].plugins)))
+    plugins = list(request.app[CONFIG].plugins)
+    if _state(request).runner.isolated:
+        plugins.append("isolated-runs")  # the control plane may then send this sandbox many requests' runs
+    return json_response(CapabilitiesResponse(plugins=plugins))
 
 
 async def execute(request: web.Request) -> web.Response:
@@ -425,6 +428,16 @@ def _lifecycle(state: SandboxState) -> Callable[[web.App], AsyncIterator[None]]:
     return ctx
 
 
+def _server_dirs(config: ServerConfig) -> tuple[str, ...]:
+    """Directories of the server's own (its socket, cgroup files, the project's layer) that an
+    isolated run must not even read."""
+    files = (config.unix_socket, config.memory_events)
+    dirs = {str(Path(f).absolute().parent) for f in files if f is not None}
+    if config.overlay_layer is not None:
+        dirs.add(str(config.overlay_layer.absolute()))
+    return tuple(sorted(d for d in dirs if d != "/"))
+
+
 def _open_project(config: ServerConfig) -> Project:
     config.project.mkdir(parents=True, exist_ok=True)
     if config.overlay_lower is not None and config.overlay_layer is not None:
@@ -442,7 +455,7 @@ def create_app(config: ServerConfig) -> web.App:
     user = UserSpec.lookup(config.tool_user) if config.tool_user else UserSpec.current()
     base_env = config.tool_environment()
     base_env.update(judge_env(base_env.get("PATH", "")))
-    supervisor = Supervisor(MemoryEvents(config.memory_events))
+    supervisor = Supervisor(MemoryEvents(config.memory_events), isolated_runs=config.isolated_runs)
     roots = config.file_roots or [config.project]
     state = SandboxState(
         config=config,
@@ -450,7 +463,7 @@ def create_app(config: ServerConfig) -> web.App:
         user=user,
         base_env=base_env,
         files=FileTools(config.project, roots, user),
-        runner=CodeRunner(supervisor, user, base_env, config.runner_concurrency),
+        runner=CodeRunner(supervisor, user, base_env, config.runner_concurrency, hidden=_server_dirs(config)),
     )
     app = web.App(client_max_size=config.max_body_bytes, on_error=on_error)
     app[CONFIG] = config

@@ -48,6 +48,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runner-concurrency", type=int, default=os.cpu_count() or 2,
                         help="code-runner programs running at once; more requests wait in a queue")
     parser.add_argument("--ready-fd", type=int, help="write 'ready\\n' to this file descriptor once listening")
+    parser.add_argument("--isolated-runs", action="store_true", default=bool(env("IDEGYM_ISOLATED_RUNS")),
+                        help="run every code-runner program in mount, pid, IPC and network namespaces of its "
+                             "own, with only its directory writable (needs root in the sandbox's user namespace; "
+                             "GET /api/capabilities lists 'isolated-runs' when it is on) [$IDEGYM_ISOLATED_RUNS]")
     parser.add_argument("--memory-events", type=Path, default=env("IDEGYM_MEMORY_EVENTS") or None,
                         help="the sandbox's cgroup memory.oom_control (v1) or memory.events (v2) file: bash results "
                              "then say when the OOM killer struck [$IDEGYM_MEMORY_EVENTS; default: "
@@ -84,6 +88,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         log_json=args.log_json,
         ready_fd=args.ready_fd,
         memory_events=args.memory_events,
+        isolated_runs=args.isolated_runs,
     )
 
 

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from . import procfs
+from .jail import Isolation, JailError, Jails, RunSpec
 from .output import BoundedOutput
 from .polling import until
 
@@ -134,7 +135,8 @@ class MemoryEvents:
 class _Job:
     """One running command: done once it has exited and its pipes are closed (or lingered)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, pid: int, pipes: dict[int, BoundedOutput]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, pid: int, pipes: dict[int, BoundedOutput],
+                 exit_status: asyncio.Future[int] | None = None) -> None:
         self.loop = loop
         self.pid = pid
         self.done: asyncio.Future[None] = loop.create_future()
@@ -147,8 +149,12 @@ class _Job:
             os.set_blocking(fd, False)
             self.pipe_ids.add(os.fstat(fd).st_ino)
             loop.add_reader(fd, self._reader(fd, sink))
+        self.pidfd: int | None = None
+        if exit_status is not None:  # someone else's child: its parent tells us how it ended
+            exit_status.add_done_callback(lambda f: self._exited(f.result() if not f.cancelled() else 9))
+            return
         try:
-            self.pidfd: int | None = os.pidfd_open(pid)
+            self.pidfd = os.pidfd_open(pid)
             loop.add_reader(self.pidfd, self._poll_exit)
         except OSError:  # pragma: no cover - kernels before 5.3
             self.pidfd = None
@@ -192,6 +198,11 @@ class _Job:
             if self.pidfd is None:
                 self._poll_handle = self.loop.call_later(0.005, self._poll_exit)
             return
+        self._exited(status)
+
+    def _exited(self, status: int) -> None:
+        if self.exit_code is not None:
+            return
         code = os.waitstatus_to_exitcode(status)
         self.exit_code = 128 - code if code < 0 else code
         if self.pidfd is not None:
@@ -216,8 +227,10 @@ class _Job:
 class Supervisor:
     """Spawns the server's child processes and reaps orphans re-parented to it."""
 
-    def __init__(self, memory_events: MemoryEvents | None = None) -> None:
+    def __init__(self, memory_events: MemoryEvents | None = None, isolated_runs: bool = False) -> None:
         self._tracked: set[int] = set()
+        # Isolated runs (jail.py): their zygote starts with the server, while it holds CAP_SYS_ADMIN.
+        self.jails: Jails | None = Jails() if isolated_runs else None
         self._drainers = 0
         self._reaper: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -236,6 +249,12 @@ class Supervisor:
                 log.warning("could not become a child subreaper; daemons may escape reset")
         except OSError:  # pragma: no cover - non-Linux
             log.warning("prctl unavailable; daemons may escape reset")
+        if self.jails is not None:
+            if self.jails.start():
+                self.jails.attach(self._loop)
+            else:
+                log.warning("isolated runs are unavailable: %s", self.jails.reason)
+                self.jails = None
         if os.geteuid() == 0:
             self.root_tools_confined = drop_tool_capabilities()
             if not self.root_tools_confined:
@@ -245,6 +264,8 @@ class Supervisor:
     def stop(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
+        if self.jails is not None:
+            self.jails.stop()
 
     def _schedule_reaper(self) -> None:
         assert self._loop is not None
@@ -267,8 +288,10 @@ class Supervisor:
         grace: float,
         max_output: int | None,
         stdin: bytes | None = None,
+        isolation: Isolation | None = None,
     ) -> ProcessResult:
-        """Run ``argv`` in a new session and wait for it, its pipes and, on timeout, its tree.
+        """Run ``argv`` in a new session and wait for it, its pipes and, on timeout, its tree;
+        with ``isolation``, in namespaces of its own (``jail.py``; needs ``isolated_runs``).
 
         Returns within ``timeout + grace`` plus a few tens of milliseconds, whatever the command
         does: on timeout the process group, the command's whole process tree (daemons it
@@ -280,7 +303,10 @@ class Supervisor:
         started = time.monotonic()
         out, err = BoundedOutput(max_output), BoundedOutput(max_output)
         kwargs: dict = {}
-        if user is not None and user.uid != os.getuid():
+        if isolation is not None:
+            if self.jails is None:
+                raise JailError("isolated runs are unavailable in this sandbox")
+        elif user is not None and user.uid != os.getuid():
             groups = _groups_of(user)
             if self._setpriv:
                 # Popen(user=...) cannot vfork: forking this server costs ~2 ms, setpriv's exec half that.
@@ -298,18 +324,26 @@ class Supervisor:
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         in_r, in_w = os.pipe2(os.O_CLOEXEC) if stdin else (subprocess.DEVNULL, None)
+        proc: subprocess.Popen | None = None
+        exit_status: asyncio.Future[int] | None = None
+        init_pid: asyncio.Future[int] | None = None
         try:
-            proc = subprocess.Popen(
-                list(argv),
-                cwd=cwd,
-                env=dict(env),
-                stdin=in_r,
-                stdout=out_w,
-                stderr=err_w,
-                start_new_session=True,
-                close_fds=True,
-                **kwargs,
-            )
+            if isolation is not None:
+                init_pid, exit_status = self._spawn_isolated(argv, cwd, env, user, isolation, in_r, out_w, err_w)
+                pid = 0  # known once the zygote answers; the run goes on meanwhile
+            else:
+                proc = subprocess.Popen(
+                    list(argv),
+                    cwd=cwd,
+                    env=dict(env),
+                    stdin=in_r,
+                    stdout=out_w,
+                    stderr=err_w,
+                    start_new_session=True,
+                    close_fds=True,
+                    **kwargs,
+                )
+                pid = proc.pid
         except BaseException as exc:
             for fd in (out_r, err_r, in_w):
                 if fd is not None:
@@ -322,10 +356,11 @@ class Supervisor:
         finally:
             for fd in (out_w, err_w) + ((in_r,) if in_w is not None else ()):
                 os.close(fd)
-        self._tracked.add(proc.pid)
-        procfs.write(proc.pid, "oom_score_adj", TOOL_OOM_SCORE_ADJ)  # the OOM killer takes tools first
+        if proc is not None:  # an isolated run's init is the zygote's child and sets its own
+            self._tracked.add(pid)
+            procfs.write(pid, "oom_score_adj", TOOL_OOM_SCORE_ADJ)  # the OOM killer takes tools first
         try:
-            job = _Job(loop, proc.pid, {out_r: out, err_r: err})
+            job = _Job(loop, pid, {out_r: out, err_r: err}, exit_status)
             job.mark = mark
             if in_w is not None:
                 asyncio.ensure_future(_feed_stdin(loop, in_w, stdin or b""))
@@ -334,18 +369,39 @@ class Supervisor:
                 await job.done
             finally:
                 timer.cancel()
-            if job.timed_out:
+            if init_pid is not None:
+                try:
+                    job.pid = await init_pid
+                except JailError as exc:
+                    err.feed(f"idegym: {exc}\n".encode())
+            if job.timed_out and job.pid:
                 await self._terminate(job, grace)
             for fd in list(job.open_pipes):
                 # Pipes still held (a daemon kept them) are drained in the background, so the
                 # daemon never dies of SIGPIPE, yet nothing more is retained.
                 self._hand_to_drainer(loop, fd)
         finally:
-            self._tracked.discard(proc.pid)
-        proc.returncode = job.exit_code if job.exit_code is not None else 137  # Popen must not reap
-        code = 124 if job.timed_out else proc.returncode
+            self._tracked.discard(pid)
+        returncode = job.exit_code if job.exit_code is not None else 137
+        if proc is not None:
+            proc.returncode = returncode  # Popen must not reap
+        code = 124 if job.timed_out else returncode
         oom = ooms is not None and (self.memory_events.count() or 0) > ooms
         return ProcessResult(code, out, err, job.timed_out, time.monotonic() - started, oom)
+
+    def _spawn_isolated(self, argv: Sequence[str], cwd: str, env: Mapping[str, str], user: UserSpec | None,
+                        isolation: Isolation, stdin: int, stdout: int,
+                        stderr: int) -> tuple[asyncio.Future[int], asyncio.Future[int]]:
+        assert self.jails is not None
+        who = user or UserSpec.current()
+        spec = RunSpec.of(list(argv), dict(env), cwd, who.uid, who.gid, _groups_of(who), isolation,
+                          int(TOOL_OOM_SCORE_ADJ))
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if stdin == subprocess.DEVNULL else None
+        try:
+            return self.jails.spawn(spec, stdin if null is None else null, stdout, stderr)
+        finally:
+            if null is not None:
+                os.close(null)
 
     async def _terminate(self, job: _Job, grace: float) -> None:
         # The command's tree, taken before any signal: once its top process is gone, what it

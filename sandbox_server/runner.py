@@ -2,7 +2,10 @@
 
 Languages are found on the machine (or in the sandbox image) when first needed;
 ``GET /execute/languages`` lists them with their versions. Runs are bounded by a semaphore:
-extra requests wait their turn instead of failing.
+extra requests wait their turn instead of failing. With isolated runs (``--isolated-runs``,
+``jail.py``) the compile and the run each get namespaces of their own in which only the run's
+directory is writable and no other run is visible: the control plane's runner sandboxes serve
+many requests that way, each as isolated as in a sandbox of its own.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from .errors import BadRequest, Unprocessable
+from .jail import Isolation
 from .models import ExecuteRequest, ExecuteResponse, LanguageInfo
 from .output import BoundedOutput
 from .process import Supervisor, UserSpec
 
 MAX_OUTPUT = 1 << 20
 COMPILE_TIMEOUT = 60.0
+RUN_TMP_BYTES = 64 << 20  # an isolated run's own /tmp and /dev/shm (its directory is the sandbox's /tmp)
 
 
 def _java_main(code: str) -> str:
@@ -84,12 +89,21 @@ class CodeRunner:
     env: Mapping[str, str]
     concurrency: int
     workdir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()))
+    hidden: tuple[str, ...] = ()  # what an isolated run must not see even read-only (the server's own files)
     available: dict[str, tuple[Language, str]] = field(default_factory=dict)
     _slots: asyncio.Semaphore | None = None
     _detected: asyncio.Task | None = None
 
     def start(self) -> None:
         self._slots = asyncio.Semaphore(max(self.concurrency, 1))
+
+    @property
+    def isolated(self) -> bool:
+        """Whether each run gets namespaces of its own (the supervisor has a jail zygote)."""
+        return self.supervisor.jails is not None
+
+    def _isolation(self, run_dir: Path) -> Isolation | None:
+        return Isolation(bind=str(run_dir), tmp_bytes=RUN_TMP_BYTES, hide=self.hidden) if self.isolated else None
 
     def _detection(self) -> asyncio.Task:
         # Probed on first use, not at start-up: a dozen version probes would slow a cold start.
@@ -159,10 +173,11 @@ class CodeRunner:
                 for path in [tmp, *tmp.rglob("*")]:
                     os.lchown(path, self.user.uid, self.user.gid)
             env = dict(self.env, HOME=str(tmp), TMPDIR=str(tmp), **_toolchain_homes(self.env))
+            isolation = self._isolation(tmp)
             if lang.compile is not None:
                 built = await self.supervisor.run(
                     lang.compile(source_name), cwd=str(tmp), env=env, user=self.user,
-                    timeout=COMPILE_TIMEOUT, grace=1.0, max_output=MAX_OUTPUT,
+                    timeout=COMPILE_TIMEOUT, grace=1.0, max_output=MAX_OUTPUT, isolation=isolation,
                 )
                 if built.exit_code != 0:
                     return _response(built.stdout, built.stderr, built.exit_code, built.timed_out,
@@ -170,7 +185,7 @@ class CodeRunner:
             ran = await self.supervisor.run(
                 lang.run(source_name) + list(req.args), cwd=str(tmp), env=env, user=self.user,
                 timeout=req.timeout, grace=0.5, max_output=MAX_OUTPUT,
-                stdin=req.stdin.encode("utf-8") if req.stdin else None,
+                stdin=req.stdin.encode("utf-8") if req.stdin else None, isolation=isolation,
             )
             return _response(ran.stdout, ran.stderr, ran.exit_code, ran.timed_out, "run", started)
         except OSError as exc:

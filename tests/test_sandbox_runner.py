@@ -1,16 +1,42 @@
-"""The code runner: every language whose toolchain is on the host."""
+"""The code runner: every language whose toolchain is on the host, with and without isolated
+runs (``--isolated-runs``: each run in namespaces of its own, ``sandbox_server/jail.py``)."""
 
 from __future__ import annotations
 
 import glob
+import os
 import shutil
+import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import SandboxProcess
+
+CAN_ISOLATE = os.geteuid() == 0
+
+
+@pytest.fixture(params=["plain", "isolated"])
+def runner(request: pytest.FixtureRequest, project: Path, tmp_path: Path) -> Iterator[SandboxProcess]:
+    """A sandbox server whose runs share its view (plain) or each get their own (isolated)."""
+    if request.param == "isolated" and not CAN_ISOLATE:
+        pytest.skip("isolated runs need root (namespaces)")
+    proc = SandboxProcess(project, "tcp", tmp_path, extra=["--isolated-runs"] if request.param == "isolated" else [])
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def isolated(project: Path, tmp_path: Path) -> Iterator[SandboxProcess]:
+    if not CAN_ISOLATE:
+        pytest.skip("isolated runs need root (namespaces)")
+    (tmp_path / "iso").mkdir()
+    proc = SandboxProcess(project, "unix", tmp_path / "iso", extra=["--isolated-runs", "--runner-concurrency", "4"])
+    yield proc
+    proc.stop()
 
 HELLO = {
     "python": ("python3", "import sys\nprint('hello', *sys.argv[1:])\n"),
@@ -29,11 +55,11 @@ HELLO = {
 
 
 @pytest.mark.parametrize("language", sorted(HELLO))
-def test_hello_world_with_args(server: SandboxProcess, language: str) -> None:
+def test_hello_world_with_args(runner: SandboxProcess, language: str) -> None:
     binary, code = HELLO[language]
     if shutil.which(binary) is None:
         pytest.skip(f"{binary} not installed")
-    resp = server.post("/execute", {"language": language, "code": code, "args": ["a b", "c"], "timeout": 60})
+    resp = runner.post("/execute", {"language": language, "code": code, "args": ["a b", "c"], "timeout": 60})
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["stdout"] == "hello a b c\n", body
@@ -50,14 +76,14 @@ def test_languages_lists_the_toolchains_with_versions(server: SandboxProcess) ->
             assert names[required]["version"][0].isdigit()
 
 
-def test_compile_error_is_stderr_with_nonzero_exit(server: SandboxProcess) -> None:
-    body = server.post("/execute", {"language": "c", "code": "int main(void) { return undefined_name; }"}).json()
+def test_compile_error_is_stderr_with_nonzero_exit(runner: SandboxProcess) -> None:
+    body = runner.post("/execute", {"language": "c", "code": "int main(void) { return undefined_name; }"}).json()
     assert body["exitCode"] != 0 and body["stage"] == "compile"
     assert "undefined_name" in body["stderr"]
 
 
-def test_supporting_files_stdin_and_exit_code(server: SandboxProcess) -> None:
-    body = server.post("/execute", {
+def test_supporting_files_stdin_and_exit_code(runner: SandboxProcess) -> None:
+    body = runner.post("/execute", {
         "language": "python",
         "code": "import sys, helper\nprint(helper.VALUE, sys.stdin.read().strip())\nsys.exit(7)\n",
         "files": [{"path": "helper.py", "content": "VALUE = 41 + 1\n"}],
@@ -79,18 +105,18 @@ def test_unknown_language_is_422(server: SandboxProcess) -> None:
     assert resp.status_code == 422 and "available" in resp.json()["message"]
 
 
-def test_time_limit_sets_timed_out(server: SandboxProcess) -> None:
+def test_time_limit_sets_timed_out(runner: SandboxProcess) -> None:
     started = time.monotonic()
-    body = server.post("/execute", {"language": "python", "code": "import time\nprint('go', flush=True)\n"
+    body = runner.post("/execute", {"language": "python", "code": "import time\nprint('go', flush=True)\n"
                                                                   "time.sleep(30)", "timeout": 0.5}).json()
     assert body["timedOut"] is True and body["stdout"] == "go\n"
     assert time.monotonic() - started < 3
 
 
-def test_run_directory_is_fresh_and_removed(server: SandboxProcess) -> None:
-    first = server.post("/execute", {"language": "bash", "code": "pwd; touch leftover; ls"}).json()
+def test_run_directory_is_fresh_and_removed(runner: SandboxProcess) -> None:
+    first = runner.post("/execute", {"language": "bash", "code": "pwd; touch leftover; ls"}).json()
     run_dir = first["stdout"].splitlines()[0]
-    second = server.post("/execute", {"language": "bash", "code": "pwd; ls"}).json()
+    second = runner.post("/execute", {"language": "bash", "code": "pwd; ls"}).json()
     assert second["stdout"].splitlines()[0] != run_dir
     assert "leftover" not in second["stdout"]
     assert not Path(run_dir).exists()
@@ -109,3 +135,124 @@ def test_concurrent_runs_queue_instead_of_failing(project: Path, tmp_path: Path)
         assert elapsed >= 3 * 0.4 - 0.05  # at most two at a time: three waves
     finally:
         proc.stop()
+
+
+# -- isolated runs: what one run can reach of another -----------------------------------------------
+
+
+def _marked(marker: str) -> list[int]:
+    """Host processes whose command line holds ``marker`` (the test's own never does)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+LEAVE_BEHIND = r"""
+import ctypes, os, socket, subprocess, sys
+marker, project = sys.argv[1:3]
+# a daemon: double-forked, out of the session, deaf to SIGTERM, holding none of the run's pipes
+subprocess.Popen(["bash", "-c", f"trap '' TERM HUP; exec -a {marker} sleep 600"], start_new_session=True,
+                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+wrote = []
+for path in ("/tmp/left", "/dev/shm/left", "left", "/var/tmp/left", "/root/left", "/etc/left", project + "/left"):
+    try:
+        open(path, "w").write(marker)
+        wrote.append(path)
+    except OSError as exc:
+        wrote.append(f"{path}: {exc.strerror}")
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.shmget(0x1d3e, 4096, 0o1666) >= 0)  # IPC_CREAT|0666: a SysV segment the next run could attach
+print("|".join(wrote))
+"""
+
+LOOK_AROUND = r"""
+import ctypes, glob, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+seen = [p for p in os.listdir("/proc") if p.isdigit()]
+left = [p for p in ("/tmp/left", "/dev/shm/left", "/var/tmp/left", "/root/left", sys.argv[1] + "/left")
+        if os.path.exists(p)]
+others = [d for d in glob.glob("/tmp/idegym-run-*") if not os.getcwd().startswith(d)]
+print(sorted(seen, key=int), left, others, libc.shmget(0x1d3e, 0, 0) >= 0)
+"""
+
+
+def test_an_isolated_run_leaves_nothing_for_the_next(isolated: SandboxProcess) -> None:
+    """A run's daemon dies with it and its writes land nowhere the next run can see: outside its
+    directory, /tmp and /dev/shm (all its own) the sandbox is read-only.
+
+    Can fail: with ``_isolation`` returning None (runs share the server's view, a scratch copy)
+    the daemon outlived its run, and the next run found /tmp/left and the SysV segment.
+    """
+    marker = f"idegym-left-{os.getpid()}-{time.monotonic_ns()}"
+    project = str(isolated.project)
+    first = isolated.post("/execute", {"language": "python", "code": LEAVE_BEHIND, "args": [marker, project],
+                                       "timeout": 30}).json()
+    assert first["exitCode"] == 0, first
+    made_segment, wrote = first["stdout"].splitlines()
+    assert made_segment == "True"
+    results = dict(w.split(": ", 1) if ": " in w else (w, "written") for w in wrote.split("|"))
+    assert results["/tmp/left"] == results["/dev/shm/left"] == results["left"] == "written", results
+    for path in ("/var/tmp/left", "/root/left", "/etc/left", project + "/left"):
+        assert results[path] != "written", results
+    assert not (isolated.project / "left").exists() and not Path("/etc/left").exists()
+    deadline = time.monotonic() + 5
+    while _marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _marked(marker), "the run's daemon outlived it"
+    second = isolated.post("/execute", {"language": "python", "code": LOOK_AROUND, "args": [project]}).json()
+    assert second["stdout"] == "['1', '2'] [] [] False\n", second
+
+
+def test_concurrent_isolated_runs_cannot_reach_each_other(isolated: SandboxProcess) -> None:
+    """While one run holds files, a Unix socket, a loopback port and a process, another run at the
+    same moment sees none of them.
+
+    Can fail: with the runs sharing one view (a scratch copy without isolation) the second run
+    listed the first's processes and files and connected to its socket and port.
+    """
+    marker = f"ready-{os.getpid()}-{time.monotonic_ns()}"
+    holder_code = f"""
+import socket, time
+open("secret", "w").write("s3cret"); open("/tmp/secret", "w").write("s3cret")
+u = socket.socket(socket.AF_UNIX); u.bind("\\0idegym-holder"); u.listen()
+t = socket.socket(); t.bind(("127.0.0.1", 47123)); t.listen()
+open("{marker}", "w").close()  # the host sees it in the run's directory
+time.sleep(4)
+print("held")
+"""
+    prober_code = r"""
+import glob, os, socket
+def reach(family, address):
+    s = socket.socket(family)
+    try:
+        s.connect(address)
+        return "connected"
+    except OSError as exc:
+        return exc.strerror
+print(sorted(p for p in os.listdir("/proc") if p.isdigit()), glob.glob("/tmp/*secret*") + glob.glob("/tmp/*/secret"),
+      reach(socket.AF_UNIX, "\0idegym-holder"), reach(socket.AF_INET, ("127.0.0.1", 47123)))
+"""
+    results: dict[str, dict] = {}
+    holder = threading.Thread(target=lambda: results.update(holder=isolated.post(
+        "/execute", {"language": "python", "code": holder_code, "timeout": 30}).json()))
+    holder.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not glob.glob(f"/tmp/idegym-run-*/{marker}") and time.monotonic() < deadline and holder.is_alive():
+            time.sleep(0.05)
+        assert glob.glob(f"/tmp/idegym-run-*/{marker}"), results
+        probe = isolated.post("/execute", {"language": "python", "code": prober_code}).json()
+    finally:
+        holder.join(60)
+    assert results["holder"]["stdout"] == "held\n", results
+    assert probe["stdout"] == "['1', '2'] [] Connection refused Connection refused\n", probe
+
+
+def test_isolated_runs_are_listed_in_the_capabilities(isolated: SandboxProcess, server: SandboxProcess) -> None:
+    assert "isolated-runs" in isolated.client.get("/api/capabilities").json()["plugins"]
+    assert "isolated-runs" not in server.client.get("/api/capabilities").json()["plugins"]

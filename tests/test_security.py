@@ -806,29 +806,30 @@ def test_reset_leaves_no_process_and_a_pristine_project(cpx: Any, cp_image: str)
 
 
 def test_execute_on_the_control_plane_leaves_nothing(cpx: Any) -> None:
-    """``POST /execute`` runs in a throwaway sandbox: a daemon and files it leaves are gone
-    once the answer is back, and the next run starts clean.
+    """``POST /execute`` runs in namespaces of its own on a long-lived runner sandbox: a daemon
+    it leaves is killed once the answer is back, its files are gone, and the next run starts clean
+    without a sandbox per request.
 
-    Can fail: with the runner's sandbox neither deleted nor handed to the orphan sweep (a
-    scratch copy), both runs' sandboxes stayed, daemon and all.
+    Can fail: with the runner's runs not isolated (``CodeRunner._isolation`` returning None in a
+    scratch copy) the daemon outlived its run and the next run found /tmp/left.
     """
     sandboxes = cpx.state_dir / "sandboxes"
 
-    def runners() -> set[str]:  # warm-pool sandboxes are fresh ones, not what a run used
-        return {n for n in os.listdir(sandboxes) if not n.startswith("pool-")}
+    def runners() -> set[str]:  # the code runner's sandboxes
+        return {n for n in os.listdir(sandboxes) if n.startswith("runner-")}
 
-    before = runners()
-    code = ("import subprocess; subprocess.Popen(['setsid', 'sleep', '600']); "
-            "open('/tmp/left', 'w').write('x'); print('ok')")
+    marker = f"idegym-daemon-{os.getpid()}-{time.monotonic_ns()}"
+    code = (f"import subprocess; subprocess.Popen(['bash', '-c', 'exec -a {marker} sleep 600'], "
+            "start_new_session=True); open('/tmp/left', 'w').write('x'); print('ok')")
     first = cpx.http.post("/execute", json={"language": "python", "code": code})
     assert first.status_code == 200 and first.json()["stdout"] == "ok\n", first.text
+    after_first = runners()
     second = cpx.http.post("/execute", json={"language": "python",
                                              "code": "import os; print(os.path.exists('/tmp/left'))"})
     assert second.json()["stdout"] == "False\n"
-    assert wait_for(lambda: not runners() - before, 15), runners() - before
-    stray = [p for p in os.listdir("/proc") if p.isdigit() and str(sandboxes).encode() in _cmdline(p)
-             and f"{sandboxes}/pool-".encode() not in _cmdline(p)]
-    assert wait_for(lambda: not [p for p in stray if Path(f"/proc/{p}").exists()], 10)
+    assert runners() == after_first and len(after_first) == 1, (after_first, runners())  # one runner, reused
+    assert wait_for(lambda: not [p for p in os.listdir("/proc") if p.isdigit() and marker.encode() in _cmdline(p)],
+                    10), "the run's daemon outlived it"
 
 
 def _cmdline(pid: str) -> bytes:

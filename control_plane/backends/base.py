@@ -78,6 +78,7 @@ class SandboxSpec:
     max_restarts: int = 0
     snapshot_source: str | None = None  # a snapshot id to restore the filesystem from
     request: StartServerRequest | None = None  # the full request, for backends that use more of it
+    isolated_runs: bool = False  # the code runner's sandboxes: each run in namespaces of its own
 
     @classmethod
     def from_request(cls, req: StartServerRequest, server_id: int, generated_name: str,
@@ -101,7 +102,7 @@ class SandboxSpec:
     def pool_key(self) -> tuple:
         """Sandboxes with the same key are interchangeable before they are bound to a server."""
         return (self.image_tag, self.server_kind.value, self.run_as_root, self.runtime_class_name,
-                self.container_port, self.limits, self.snapshot_source)
+                self.container_port, self.limits, self.snapshot_source, self.isolated_runs)
 
 
 @dataclass

@@ -216,7 +216,8 @@ class LocalBackend(Backend):
         assert self.sandboxes is not None
         return await launcher.launch(self.sandboxes, spec.generated_name, image, run_as_root=spec.run_as_root,
                                      network=self.network or image.network, limits=spec.limits, env=dict(image.env),
-                                     snapshot=snapshot, timeout=timeout, kind=spec.server_kind.value)
+                                     snapshot=snapshot, timeout=timeout, kind=spec.server_kind.value,
+                                     isolated_runs=spec.isolated_runs)
 
     async def observe(self, handle: SandboxHandle) -> Observation:
         data = handle.data

@@ -53,7 +53,7 @@ class Launcher:
     async def launch(self, space: Space, name: str, image: ResolvedImage, *, run_as_root: bool, network: bool,
                      limits: Limits, env: dict[str, str], timeout: float, kind: str = "idegym",
                      snapshot: Path | None = None, project_lower: str | None = None,
-                     export: Path | None = None) -> SandboxHandle:
+                     export: Path | None = None, isolated_runs: bool = False) -> SandboxHandle:
         """A ready sandbox ``name`` in ``space`` running ``kind``'s server on ``image``; ``export``
         is bound writable at ``/opt/idegym/export`` (image builds take their project out there)."""
         if not NAME_RE.match(name):
@@ -67,7 +67,8 @@ class Launcher:
             raise BackendError(f"a sandbox named {name!r} already exists in {space.root}", 409)
         plan = Plan(name=name, space=space, sb=sb, run=space.run_dir(name), image=image,
                     project_lower=project_lower or image.project, run_as_root=run_as_root, network=network,
-                    limits=limits, pids_max=self.pids_max, env=env, kind=kind, snapshot=snapshot, export=export)
+                    limits=limits, pids_max=self.pids_max, env=env, kind=kind, snapshot=snapshot, export=export,
+                    isolated_runs=isolated_runs)
         data: dict[str, Any] = {
             "v": 1, "isolation": self.isolation, "dir": str(sb), "run_dir": str(plan.run),
             "socket": str(plan.run / SOCKET_NAME), "log": str(plan.log), "image": image.tag,

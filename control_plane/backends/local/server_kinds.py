@@ -96,4 +96,6 @@ def sandbox_server_args(plan: Plan, tool_env: dict[str, str], project: str, read
     env = {**tool_env, "IDEGYM_PROJECT_ROOT": project, **plan.env}
     for key, value in env.items():
         args += ["--tool-env", f"{key}={value}"]
+    if plan.isolated_runs:
+        args.append("--isolated-runs")
     return args

@@ -1,0 +1,461 @@
+"""Isolated runs: each program in namespaces of its own, at the cost of a few forks, not a sandbox.
+
+What one run sees (``Jails.spawn``), whatever the runs before it or beside it did:
+
+* **files**: a mount namespace of its own in which every mount of the sandbox is read-only, with
+  fresh tmpfs on ``/tmp`` and ``/dev/shm``, the run's own directory bound writable at the path
+  it has outside, and the given directories (the tools' cgroup files) hidden. Nothing a run
+  writes outside its directory lands anywhere, and it sees no other run's directory;
+* **processes**: a pid namespace of its own, with a small init: it sees only its own processes,
+  and when its program ends, the kernel kills every process still in the namespace (daemons,
+  ``setsid`` or not) — a run leaves nothing running;
+* **IPC and network**: namespaces of its own (no SysV shared memory, abstract Unix sockets or
+  loopback ports shared with another run), with its own loopback up;
+* optionally **cgroups** of its own: the run's init joins the given groups before anything else
+  happens (the caller creates them, and empties and removes them afterwards).
+
+The namespaces are made by a *zygote*: a small single-threaded process the server starts while
+it still holds CAP_SYS_ADMIN (``Jails.start``), before it takes that out of its bounding set. Per
+run the zygote clones the run's init straight into new namespaces (the process the server
+watches: its exit status is the program's); the init sets up the run's view, takes the run's
+user and ``posix_spawn``s the program. Cloning a process of a few MB costs a fraction of a
+millisecond, and nothing is executed but the program itself.
+
+The server talks to the zygote over a SOCK_SEQPACKET socket: a request (JSON, with the run's
+stdin/stdout/stderr and a status pipe as SCM_RIGHTS fds) is answered with the init's pid; the
+init writes its program's wait status on the status pipe just before it exits. This file is
+imported by the server and runs as the zygote's script (``python -I -S jail.py <fd>``), so it uses
+nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import ctypes
+import fcntl
+import json
+import os
+import platform
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+AT_FDCWD, AT_RECURSIVE = -100, 0x8000
+MOUNT_ATTR_RDONLY = 0x1
+SYS_MOUNT_SETATTR = 442  # x86_64 and aarch64 alike (the new syscall table)
+PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAPBSET_READ, PR_CAPBSET_DROP = 23, 24
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+MAX_MESSAGE = 1 << 20  # a request: argv, env and paths (never file contents)
+FAILED_TO_ISOLATE = 126
+# Python ignores these; a program starts with them at their defaults, as subprocess gives them.
+RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What of the sandbox an isolated run keeps (the caller's part of a ``RunSpec``)."""
+
+    bind: str  # the run's directory: bound writable at the same path, everything else read-only
+    tmp_bytes: int = 256 << 20  # bound of the run's own /tmp and /dev/shm (each)
+    hide: tuple[str, ...] = ()  # directories replaced by an empty read-only tmpfs
+    cgroups: tuple[str, ...] = ()  # cgroup.procs files the run's init joins first
+
+
+@dataclass
+class RunSpec:
+    """One isolated process: what it runs, as whom, and its isolation (the zygote's request)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    uid: int
+    gid: int
+    groups: list[int]
+    bind: str
+    tmp_bytes: int
+    hide: list[str] = field(default_factory=list)
+    cgroups: list[str] = field(default_factory=list)
+    oom_score_adj: int = 500
+
+    @classmethod
+    def of(cls, argv: list[str], env: dict[str, str], cwd: str, uid: int, gid: int, groups: list[int],
+           isolation: Isolation, oom_score_adj: int) -> RunSpec:
+        return cls(argv, env, cwd, uid, gid, groups, isolation.bind, isolation.tmp_bytes, list(isolation.hide),
+                   list(isolation.cgroups), oom_score_adj)
+
+
+# -- the server's side --------------------------------------------------------------------------------
+
+
+class JailError(Exception):
+    """The zygote is not there (any more): isolated runs are unavailable."""
+
+
+class Jails:
+    """The server's handle on its zygote: ``spawn`` a run, learn how it ended."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+        self.reason = "not started"
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # (pid, exit status) of each request not answered yet: answers come in request order
+        self._spawned: list[tuple[asyncio.Future[int], asyncio.Future[int]]] = []
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def start(self) -> bool:
+        """Start the zygote (synchronously: while this process still holds CAP_SYS_ADMIN). False,
+        with ``reason`` set, when this process cannot make namespaces (not root in its user
+        namespace, or a kernel that refuses)."""
+        problem = probe()
+        if problem:
+            self.reason = problem
+            return False
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-B", os.path.abspath(__file__), str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, close_fds=True)
+        except OSError as exc:
+            ours.close()
+            self.reason = f"cannot start the zygote: {exc}"
+            return False
+        finally:
+            theirs.close()
+        self._sock = ours
+        self.reason = ""
+        return True
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the zygote's answers on ``loop`` (once it runs)."""
+        assert self._sock is not None
+        self._loop = loop
+        self._sock.setblocking(False)
+        loop.add_reader(self._sock.fileno(), self._on_message)
+
+    def spawn(self, spec: RunSpec, stdin: int, stdout: int,
+              stderr: int) -> tuple[asyncio.Future[int], asyncio.Future[int]]:
+        """Start ``spec``: futures of its init's pid (a ``JailError`` when the zygote refused or is
+        gone) and of the program's wait status (a SIGKILL's when the init was killed first). The
+        run goes on while the pid is on its way; the fds stay the caller's."""
+        if self._sock is None or self._loop is None:
+            raise JailError(f"isolated runs are unavailable: {self.reason}")
+        loop = self._loop
+        data = json.dumps(asdict(spec)).encode()
+        # The init writes the program's wait status here just before it exits: no hop through the zygote.
+        status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        exit_status: asyncio.Future[int] = loop.create_future()
+        answer: asyncio.Future[int] = loop.create_future()
+        try:
+            self._sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                         array.array("i", [stdin, stdout, stderr, status_w]))])
+        except OSError as exc:  # the zygote is gone (a full socket: it never reads that slowly)
+            os.close(status_r)
+            self._fail(f"the zygote is gone: {exc}")
+            raise JailError(f"isolated runs are unavailable: {self.reason}") from exc
+        finally:
+            os.close(status_w)
+        self._spawned.append((answer, exit_status))
+        loop.add_reader(status_r, _read_status, loop, status_r, exit_status)
+        return answer, exit_status
+
+    def _on_message(self) -> None:
+        assert self._sock is not None
+        while True:
+            try:
+                data = self._sock.recv(4096)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                data, problem = b"", str(exc)
+            else:
+                problem = "it exited"
+            if not data:
+                self._fail(f"the zygote is gone: {problem}")
+                return
+            message = json.loads(data)
+            if self._spawned:
+                answer, exit_status = self._spawned.pop(0)
+                if "error" in message:  # a request it could not act on (it never cloned for it)
+                    _refused(answer, exit_status, message["error"])
+                else:
+                    answer.set_result(message["pid"])
+
+    def _fail(self, reason: str) -> None:
+        self.reason = reason
+        if self._sock is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+        for answer, exit_status in self._spawned:
+            _refused(answer, exit_status, f"isolated runs are unavailable: {reason}")
+        self._spawned.clear()
+
+    def stop(self) -> None:
+        """End the zygote; the inits of runs still going die with it (parent-death signal)."""
+        self._fail("stopped")
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
+def _refused(answer: asyncio.Future[int], exit_status: asyncio.Future[int], reason: str) -> None:
+    if not answer.done():
+        answer.set_exception(JailError(reason))
+    if not exit_status.done():
+        exit_status.set_result(FAILED_TO_ISOLATE << 8)
+
+
+def _read_status(loop: asyncio.AbstractEventLoop, fd: int, exit_status: asyncio.Future[int]) -> None:
+    try:
+        data = os.read(fd, 4)
+    except BlockingIOError:
+        return
+    except OSError:
+        data = b""
+    loop.remove_reader(fd)
+    os.close(fd)
+    if not exit_status.done():  # nothing written: the init was killed (SIGKILL) before its program ended
+        exit_status.set_result(struct.unpack("i", data)[0] if len(data) == 4 else signal.SIGKILL)
+
+
+def probe() -> str:
+    """Why this process cannot make a run's namespaces ("" when it can): a forked child tries."""
+    if sys.platform != "linux":
+        return "isolated runs need Linux namespaces"
+    if os.geteuid() != 0:
+        return "isolated runs need the server to run as root (in its sandbox's user namespace)"
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child only makes syscalls and exits
+        ok = _libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET) == 0
+        if ok:
+            ok = _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    return "" if status == 0 else "this kernel or sandbox refuses new mount/pid/IPC/network namespaces"
+
+
+# -- the zygote ---------------------------------------------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_pylibc = ctypes.PyDLL(None, use_errno=True)  # holds the GIL through the call (clone)
+_pylibc.syscall.restype = ctypes.c_long
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_libc.syscall.restype = ctypes.c_long
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    _check(_libc.mount(source.encode() if source else None, target.encode(), fstype.encode() if fstype else None,
+                       flags, data.encode() if data else None), f"mount {target}")
+
+
+def _all_read_only() -> None:
+    attr = struct.pack("QQQQ", MOUNT_ATTR_RDONLY, 0, 0, 0)
+    buf = ctypes.create_string_buffer(attr, len(attr))
+    _check(_libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, buf, len(attr)), "mount_setattr /")
+
+
+def _loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifreq = struct.pack("16sh14x", b"lo", 0)
+        flags = struct.unpack("16sh14x", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, ifreq))[1]
+        fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sh14x", b"lo", flags | IFF_UP))
+
+
+def _isolate(spec: RunSpec) -> None:
+    """In the run's init, as root of the sandbox: its cgroups, then its view of the files."""
+    for procs in spec.cgroups:
+        with open(procs, "w") as fh:
+            fh.write("0")
+    with open("/proc/self/oom_score_adj", "w") as fh:
+        fh.write(str(spec.oom_score_adj))
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    run_dir = os.open(spec.bind, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    _all_read_only()
+    tmpfs = f"size={spec.tmp_bytes},nr_inodes={max(spec.tmp_bytes >> 12, 1024)},mode=1777"
+    for path in ("/tmp", "/dev/shm"):
+        if os.path.isdir(path):
+            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs)
+    for path in spec.hide:
+        if os.path.isdir(path):
+            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=0755")
+    os.makedirs(spec.bind, exist_ok=True)
+    _mount(f"/proc/self/fd/{run_dir}", spec.bind, None, MS_BIND)
+    _mount(None, spec.bind, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)  # writable again
+    os.close(run_dir)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this namespace's processes only
+    _mount("/proc/sys", "/proc/sys", None, MS_BIND | MS_REC)
+    _mount(None, "/proc/sys", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _loopback_up()
+
+
+def _become(spec: RunSpec) -> None:
+    os.setgroups(spec.groups)
+    os.setresgid(spec.gid, spec.gid, spec.gid)
+    os.setresuid(spec.uid, spec.uid, spec.uid)
+    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # nothing it executes gains privileges (setuid bits)
+    os.chdir(spec.cwd)
+
+
+def _executable(name: str, env: dict[str, str]) -> str:
+    if "/" in name:
+        return name
+    for directory in env.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(directory or ".", name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    raise FileNotFoundError(f"{name!r} is not on PATH")
+
+
+def _init(spec: RunSpec, status_fd: int) -> None:
+    """Pid 1 of the run's namespaces (cloned into them by the zygote): isolates the run, takes
+    the run's user, starts the program (``posix_spawn``: it runs at once, nothing else to
+    schedule), reaps, and exits as the program did. The kernel then kills whatever is left."""
+    try:
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the zygote gone: the run too
+        os.setsid()  # the server signals the run's process group, as any command's
+        _isolate(spec)
+        _become(spec)
+        program = os.posix_spawn(_executable(spec.argv[0], spec.env), spec.argv, spec.env,
+                                 setsigdef=RESET_SIGNALS, setsigmask=())
+    except BaseException as exc:  # noqa: BLE001 - a run that cannot start says why and exits
+        try:
+            os.write(2, f"idegym: could not start the isolated run: {exc}\n".encode(errors="replace"))
+        finally:
+            _end(status_fd, (127 if isinstance(exc, FileNotFoundError) else FAILED_TO_ISOLATE) << 8)
+    for fd in (0, 1, 2):
+        os.close(fd)  # the run's output ends with its processes, not with this one
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            _end(status_fd, 1 << 8)
+        if pid == program:
+            _end(status_fd, status)
+
+
+def _end(status_fd: int, status: int) -> None:
+    """The init's exit: the program's wait status to the server, then the same exit code."""
+    try:
+        os.write(status_fd, struct.pack("i", status))
+    finally:
+        code = os.waitstatus_to_exitcode(status)
+        os._exit(128 - code if code < 0 else code)
+
+
+def _clone(flags: int) -> int:
+    """``clone(2)`` without a new stack: a fork into new namespaces. Python's fork hooks do not
+    run in the child, which is fine for this single-threaded process; the GIL stays held."""
+    if platform.machine() in ("aarch64", "arm64"):
+        pid = _pylibc.syscall(220, flags | signal.SIGCHLD, 0, 0, 0, 0)
+    else:
+        pid = _pylibc.syscall(56, flags | signal.SIGCHLD, 0, 0, 0, 0)
+    if pid < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"clone: {os.strerror(err)}")
+    return pid
+
+
+def _drop_tool_capabilities() -> None:
+    # As the server does for its tools: programs never get CAP_SYS_ADMIN or CAP_SYS_PTRACE back.
+    for cap in (21, 19):
+        if _libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1:
+            _check(_libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "dropping capabilities")
+
+
+def serve(fd: int) -> None:
+    """The zygote's loop: a request in, a run's init cloned and its pid out; ended inits reaped."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _drop_tool_capabilities()
+    sock = socket.socket(fileno=fd)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    while True:
+        for ready, _ in poller.poll():
+            if ready == wake_r:
+                while True:
+                    try:
+                        os.read(wake_r, 4096)
+                    except BlockingIOError:
+                        break
+                _reap()
+            elif not _request(sock, wake_r, wake_w):
+                return
+
+
+def _reap() -> None:
+    """Collect ended inits (their statuses went to the server on their own pipes)."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _request(sock: socket.socket, wake_r: int, wake_w: int) -> bool:
+    fds = array.array("i")
+    data, ancdata, _flags, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(16 * fds.itemsize))
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    if not data:
+        return False
+    try:
+        if len(fds) != 4:
+            raise ValueError(f"a run needs stdin, stdout, stderr and a status pipe, got {len(fds)} fds")
+        spec = RunSpec(**json.loads(data))
+        pid = _clone(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET)
+        if pid == 0:  # pragma: no cover - runs in the run's init
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.close(sock.fileno())
+            os.close(wake_r)
+            os.close(wake_w)
+            for target, fd in enumerate(fds[:3]):
+                os.dup2(fd, target)
+            for fd in fds[:3]:
+                os.close(fd)
+            os.set_inheritable(fds[3], False)
+            _init(spec, fds[3])
+        sock.send(json.dumps({"pid": pid}).encode())
+    except Exception as exc:  # noqa: BLE001 - a bad request is answered, never fatal
+        sock.send(json.dumps({"error": f"the zygote refused the run: {exc}"}).encode())
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return True
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))
