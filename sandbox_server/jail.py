@@ -15,11 +15,12 @@ What one run sees (``Jails.spawn``), whatever the runs before it or beside it di
   happens (the caller creates them, and empties and removes them afterwards).
 
 The namespaces are made by a *zygote*: a small single-threaded process the server starts while
-it still holds CAP_SYS_ADMIN (``Jails.start``), before it takes that out of its bounding set. Per
-run the zygote clones the run's init straight into new namespaces (the process the server
-watches: its exit status is the program's); the init sets up the run's view, takes the run's
-user and ``posix_spawn``s the program. Cloning a process of a few MB costs a fraction of a
-millisecond, and nothing is executed but the program itself.
+it still holds CAP_SYS_ADMIN (``Jails.start``), before it takes that out of its bounding set. It
+keeps one *spare* run init cloned ahead of demand into new namespaces, its view of the files made
+read-only and its own /proc mounted; a request is handed to the spare (the process the server
+watches: its exit status is the program's), which makes the run's own mounts, takes the run's user
+and ``posix_spawn``s the program, and the zygote clones the next spare while the run goes on.
+Nothing is executed but the program itself.
 
 The server talks to the zygote over a SOCK_SEQPACKET socket: a request (JSON, with the run's
 stdin/stdout/stderr and a status pipe as SCM_RIGHTS fds) is answered with the init's pid; the
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 import ctypes
 import fcntl
 import json
@@ -246,8 +248,12 @@ def probe() -> str:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child only makes syscalls and exits
         ok = _libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET) == 0
-        if ok:
-            ok = _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0
+        try:
+            if ok:  # what the zygote's own view takes (mount_setattr: Linux 5.12)
+                _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount /")
+                _all_read_only()
+        except OSError:
+            ok = False
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     return "" if status == 0 else "this kernel or sandbox refuses new mount/pid/IPC/network namespaces"
@@ -286,16 +292,22 @@ def _loopback_up() -> None:
         fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sh14x", b"lo", flags | IFF_UP))
 
 
-def _isolate(spec: RunSpec) -> None:
-    """In the run's init, as root of the sandbox: its cgroups, then its view of the files."""
-    for procs in spec.cgroups:
-        with open(procs, "w") as fh:
-            fh.write("0")
-    with open("/proc/self/oom_score_adj", "w") as fh:
-        fh.write(str(spec.oom_score_adj))
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    run_dir = os.open(spec.bind, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+def _prepare() -> None:
+    """What a run's init does before its run is known (as a spare, ``_Zygote``): its view of the
+    sandbox read-only, its own /proc, its loopback up."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the zygote gone: the run too
+    os.setsid()  # the server signals the run's process group, as any command's
+    # The clone copied the zygote's mount namespace (``_private_view``): nothing propagates back.
     _all_read_only()
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this namespace's processes only
+    _mount("/proc/sys", "/proc/sys", None, MS_BIND | MS_REC)
+    _mount(None, "/proc/sys", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _loopback_up()
+
+
+def _isolate(spec: RunSpec) -> None:
+    """The run's own files: fresh /tmp and /dev/shm, hidden directories, its directory writable."""
+    run_dir = os.open(spec.bind, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # before /tmp is covered
     tmpfs = f"size={spec.tmp_bytes},nr_inodes={max(spec.tmp_bytes >> 12, 1024)},mode=1777"
     for path in ("/tmp", "/dev/shm"):
         if os.path.isdir(path):
@@ -307,10 +319,6 @@ def _isolate(spec: RunSpec) -> None:
     _mount(f"/proc/self/fd/{run_dir}", spec.bind, None, MS_BIND)
     _mount(None, spec.bind, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)  # writable again
     os.close(run_dir)
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this namespace's processes only
-    _mount("/proc/sys", "/proc/sys", None, MS_BIND | MS_REC)
-    _mount(None, "/proc/sys", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    _loopback_up()
 
 
 def _become(spec: RunSpec) -> None:
@@ -331,13 +339,36 @@ def _executable(name: str, env: dict[str, str]) -> str:
     raise FileNotFoundError(f"{name!r} is not on PATH")
 
 
-def _init(spec: RunSpec, status_fd: int) -> None:
-    """Pid 1 of the run's namespaces (cloned into them by the zygote): isolates the run, takes
-    the run's user, starts the program (``posix_spawn``: it runs at once, nothing else to
-    schedule), reaps, and exits as the program did. The kernel then kills whatever is left."""
+def _spare(channel: socket.socket) -> None:
+    """Pid 1 of a run's namespaces, cloned into them by the zygote before the run is asked for:
+    prepares what it can, waits for its run (``_Zygote.hand_over``), isolates it, takes the run's
+    user, starts the program (``posix_spawn``), reaps, and exits as the program did. The kernel
+    then kills whatever is left in the namespace."""
+    unprepared: BaseException | None = None
     try:
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the zygote gone: the run too
-        os.setsid()  # the server signals the run's process group, as any command's
+        _prepare()
+    except BaseException as exc:  # noqa: BLE001 - said when the run comes
+        unprepared = exc
+    fds = array.array("i")
+    try:
+        data, ancdata, _flags, _ = channel.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(4 * fds.itemsize))
+    except OSError:
+        data, ancdata = b"", []
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    if not data or len(fds) != 4:
+        os._exit(0)  # retired unused (the zygote's end closed)
+    channel.close()
+    for target, fd in enumerate(fds[:3]):
+        os.dup2(fd, target)
+    for fd in fds[:3]:
+        os.close(fd)
+    status_fd = fds[3]
+    try:
+        if unprepared is not None:
+            raise unprepared
+        spec = RunSpec(**json.loads(data))
         _isolate(spec)
         _become(spec)
         program = os.posix_spawn(_executable(spec.argv[0], spec.env), spec.argv, spec.env,
@@ -387,29 +418,115 @@ def _drop_tool_capabilities() -> None:
             _check(_libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "dropping capabilities")
 
 
+def _private_view() -> None:
+    """Put the zygote in a mount namespace of its own, a private copy of the sandbox's: every
+    run's namespace is cloned from it, so no run pays for making its mounts private (milliseconds:
+    the propagation of every mount changes), and nothing a run mounts reaches the sandbox."""
+    _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+
+
+class _Zygote:
+    """The zygote's state: the server's socket and one *spare*, an init cloned ahead of demand
+    (fresh namespaces made, read-only view and /proc ready), so that a run starts with what is
+    its own only. The next spare is cloned once a run's pid is answered, while that run goes on."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.spare: tuple[int, socket.socket] | None = None
+        self.spare_pidfd = -1
+
+    def clone_spare(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = _clone(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET)
+        if pid == 0:  # pragma: no cover - runs in the spare
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for fd in (self.sock.fileno(), self.wake_r, self.wake_w, ours.fileno()):
+                os.close(fd)
+            _spare(theirs)
+        theirs.close()
+        self.spare = (pid, ours)
+        self.spare_pidfd = os.pidfd_open(pid)  # to kill it, never a reaped pid's successor
+
+    def hand_over(self, data: bytes, spec: RunSpec, fds: array.array) -> int:
+        """Give the run to the spare (cloning one first when there is none): the init's pid."""
+        for attempt in range(2):
+            if self.spare is None:
+                self.clone_spare()
+            assert self.spare is not None
+            (pid, channel), self.spare = self.spare, None
+            pidfd, self.spare_pidfd = self.spare_pidfd, -1
+            try:
+                # Placed before its run is even known to it: everything it starts is born in them.
+                for procs in spec.cgroups:
+                    with open(procs, "w") as fh:
+                        fh.write(str(pid))
+                with open(f"/proc/{pid}/oom_score_adj", "w") as fh:
+                    fh.write(str(spec.oom_score_adj))
+                channel.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+                return pid
+            except BaseException as exc:
+                with contextlib.suppress(ProcessLookupError):  # the pidfd's own process, reaped or not
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                if attempt == 0 and isinstance(exc, (ProcessLookupError, FileNotFoundError, ConnectionError)):
+                    continue  # the spare died waiting: a fresh one
+                raise
+            finally:
+                channel.close()
+                os.close(pidfd)
+        raise AssertionError("unreachable")
+
+    def request(self) -> bool:
+        """One request from the server, answered; False once the server is gone."""
+        fds = array.array("i")
+        data, ancdata, _flags, _ = self.sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(16 * fds.itemsize))
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+        if not data:
+            return False
+        try:
+            if len(fds) != 4:
+                raise ValueError(f"a run needs stdin, stdout, stderr and a status pipe, got {len(fds)} fds")
+            pid = self.hand_over(data, RunSpec(**json.loads(data)), fds)
+            self.sock.send(json.dumps({"pid": pid}).encode())
+        except Exception as exc:  # noqa: BLE001 - a bad request is answered, never fatal
+            self.sock.send(json.dumps({"error": f"the zygote refused the run: {exc}"}).encode())
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return True
+
+
 def serve(fd: int) -> None:
-    """The zygote's loop: a request in, a run's init cloned and its pid out; ended inits reaped."""
+    """The zygote's loop: a request in, a run's init handed its run and its pid out; the next
+    spare cloned; ended inits reaped."""
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _private_view()
     _drop_tool_capabilities()
-    sock = socket.socket(fileno=fd)
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake_w)
+    zygote = _Zygote(socket.socket(fileno=fd))
+    signal.set_wakeup_fd(zygote.wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     poller = select.poll()
-    poller.register(sock.fileno(), select.POLLIN)
-    poller.register(wake_r, select.POLLIN)
+    poller.register(zygote.sock.fileno(), select.POLLIN)
+    poller.register(zygote.wake_r, select.POLLIN)
+    zygote.clone_spare()
     while True:
         for ready, _ in poller.poll():
-            if ready == wake_r:
+            if ready == zygote.wake_r:
                 while True:
                     try:
-                        os.read(wake_r, 4096)
+                        os.read(zygote.wake_r, 4096)
                     except BlockingIOError:
                         break
                 _reap()
-            elif not _request(sock, wake_r, wake_w):
+            elif not zygote.request():
                 return
+        if zygote.spare is None:
+            zygote.clone_spare()
 
 
 def _reap() -> None:
@@ -421,40 +538,6 @@ def _reap() -> None:
             return
         if pid == 0:
             return
-
-
-def _request(sock: socket.socket, wake_r: int, wake_w: int) -> bool:
-    fds = array.array("i")
-    data, ancdata, _flags, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(16 * fds.itemsize))
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-    if not data:
-        return False
-    try:
-        if len(fds) != 4:
-            raise ValueError(f"a run needs stdin, stdout, stderr and a status pipe, got {len(fds)} fds")
-        spec = RunSpec(**json.loads(data))
-        pid = _clone(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET)
-        if pid == 0:  # pragma: no cover - runs in the run's init
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            os.close(sock.fileno())
-            os.close(wake_r)
-            os.close(wake_w)
-            for target, fd in enumerate(fds[:3]):
-                os.dup2(fd, target)
-            for fd in fds[:3]:
-                os.close(fd)
-            os.set_inheritable(fds[3], False)
-            _init(spec, fds[3])
-        sock.send(json.dumps({"pid": pid}).encode())
-    except Exception as exc:  # noqa: BLE001 - a bad request is answered, never fatal
-        sock.send(json.dumps({"error": f"the zygote refused the run: {exc}"}).encode())
-    finally:
-        for fd in fds:
-            os.close(fd)
-    return True
 
 
 if __name__ == "__main__":
