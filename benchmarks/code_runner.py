@@ -166,7 +166,7 @@ def run() -> Result:
                 ways = {
                     "direct": lambda nm=name: _direct(nm),
                     "sandbox server /execute": lambda nm=name: _via(server, nm),
-                    "control plane /execute (fresh sandbox)": lambda nm=name: _via(cp, nm),
+                    "control plane /execute": lambda nm=name: _via(cp, nm),
                 }
                 for way, fn in ways.items():
                     stat = Stats.of(f"{name}: {way}", measure(f"{name}: {way}", fn, n, warmup=2))

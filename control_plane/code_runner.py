@@ -42,6 +42,7 @@ class CodeRunnerPool:
             server_id=0, generated_name="runner", namespace="idegym", image_tag=image, server_kind=ServerKind.IDEGYM,
             run_as_root=False, runtime_class_name=None, container_port=8000, service_port=80, limits=Limits(),
         )
+        self.concurrency = concurrency
         self._slots = asyncio.Semaphore(concurrency)
         self._languages: Reply | None = None
         self._runner: SandboxHandle | None = None
@@ -94,7 +95,7 @@ class CodeRunnerPool:
         return self._runner
 
     async def _start_runner(self) -> SandboxHandle | None:
-        spec = replace(self.spec, generated_name=new_sandbox_name("runner"), isolated_runs=True)
+        spec = replace(self.spec, generated_name=new_sandbox_name("runner"), isolated_runs=self.concurrency)
         try:
             handle = await self.cp.pool.create(spec, CLAIM_TIMEOUT)
         except BackendError as exc:

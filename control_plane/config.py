@@ -42,7 +42,8 @@ class ControlPlaneConfig:
     max_body_bytes: int = 256 << 20
     inline_result_limit: int = 256 << 10  # results answered inline (Prefer: wait) are stored up to this
     runner_image: str = "idegym/builtin:latest"  # image of the code runner's sandboxes (POST /execute)
-    runner_concurrency: int = field(default_factory=lambda: max(os.cpu_count() or 2, 2))
+    # two per core: a run waits part of its time (its start, the hops of its request and answer)
+    runner_concurrency: int = field(default_factory=lambda: max(2 * (os.cpu_count() or 1), 2))
     ephemeral: bool = False  # delete every sandbox and the state on shutdown (embedded mode)
     pod_name: str | None = field(default_factory=lambda: os.environ.get("POD_NAME") or os.environ.get("HOSTNAME"))
     watcher: WatcherConfig = field(default_factory=WatcherConfig)

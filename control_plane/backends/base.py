@@ -78,7 +78,7 @@ class SandboxSpec:
     max_restarts: int = 0
     snapshot_source: str | None = None  # a snapshot id to restore the filesystem from
     request: StartServerRequest | None = None  # the full request, for backends that use more of it
-    isolated_runs: bool = False  # the code runner's sandboxes: each run in namespaces of its own
+    isolated_runs: int = 0  # the code runner's sandboxes: this many runs at once, each in namespaces of its own
 
     @classmethod
     def from_request(cls, req: StartServerRequest, server_id: int, generated_name: str,

@@ -53,7 +53,7 @@ class Launcher:
     async def launch(self, space: Space, name: str, image: ResolvedImage, *, run_as_root: bool, network: bool,
                      limits: Limits, env: dict[str, str], timeout: float, kind: str = "idegym",
                      snapshot: Path | None = None, project_lower: str | None = None,
-                     export: Path | None = None, isolated_runs: bool = False) -> SandboxHandle:
+                     export: Path | None = None, isolated_runs: int = 0) -> SandboxHandle:
         """A ready sandbox ``name`` in ``space`` running ``kind``'s server on ``image``; ``export``
         is bound writable at ``/opt/idegym/export`` (image builds take their project out there)."""
         if not NAME_RE.match(name):

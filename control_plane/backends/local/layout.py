@@ -86,7 +86,7 @@ class Plan:
     snapshot: Path | None = None
     export: Path | None = None
     lowers: dict[str, list[str]] = field(default_factory=dict)
-    isolated_runs: bool = False  # the server runs each code-runner run in namespaces of its own
+    isolated_runs: int = 0  # the server runs this many code-runner runs at once, each in namespaces of its own
 
     @property
     def layers(self) -> Path:

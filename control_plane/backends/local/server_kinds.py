@@ -97,5 +97,5 @@ def sandbox_server_args(plan: Plan, tool_env: dict[str, str], project: str, read
     for key, value in env.items():
         args += ["--tool-env", f"{key}={value}"]
     if plan.isolated_runs:
-        args.append("--isolated-runs")
+        args += ["--isolated-runs", "--runner-concurrency", str(plan.isolated_runs)]
     return args
