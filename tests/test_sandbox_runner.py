@@ -292,3 +292,25 @@ def test_a_run_whose_spare_init_died_gets_a_fresh_one(isolated: SandboxProcess) 
         time.sleep(0.01)
     body = isolated.post("/execute", {"language": "bash", "code": "echo again"}).json()
     assert body["stdout"] == "again\n" and body["exitCode"] == 0, body
+
+
+def test_an_isolated_run_is_held_to_its_limits(isolated: SandboxProcess) -> None:
+    """A run that floods its output, spins and leaves a TERM-deaf daemon comes back at timeout
+    + grace with its output bounded, and nothing of it is left.
+
+    Can fail: with the supervisor not learning the init's pid from the zygote (a scratch copy that
+    dropped it) nothing was signalled at the timeout, and the daemon outlived the run.
+    """
+    marker = f"idegym-limits-{os.getpid()}-{time.monotonic_ns()}"
+    code = (f"import subprocess, sys\nsubprocess.Popen(['setsid', 'bash', '-c', \"trap '' TERM; exec -a {marker} "
+            "sleep 600\"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+            "while True:\n    sys.stdout.write('x' * 65536)\n")  # the daemon holds none of the run's pipes
+    started = time.monotonic()
+    body = isolated.post("/execute", {"language": "python", "code": code, "timeout": 1}).json()
+    assert body["timedOut"] is True and body["exitCode"] == 124, {k: v for k, v in body.items() if k != "stdout"}
+    assert time.monotonic() - started < 6
+    assert (1 << 20) <= len(body["stdout"]) <= (1 << 20) + (64 << 10), len(body["stdout"])
+    deadline = time.monotonic() + 5
+    while _marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _marked(marker), "the timed-out run's daemon outlived it"
