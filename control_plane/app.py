@@ -20,6 +20,7 @@ from sandbox_server.models import ExecuteRequest
 from sandbox_server.openapi import Route, build_openapi
 
 from . import __version__
+from .auth import TOKEN_USER, token_credentials, token_path
 from .backends.base import Backend
 from .code_runner import CodeRunnerPool
 from .config import ControlPlaneConfig
@@ -416,6 +417,16 @@ FORWARD_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
 # -- middlewares and factory ----------------------------------------------------------------------
 
 
+def required_credentials(config: ControlPlaneConfig) -> tuple[str, str] | None:
+    """What every route but ``/health`` requires: ``--auth USER:PASSWORD``, else the state
+    directory's token (made on first start); None only with ``--auth none``."""
+    if config.no_auth:
+        log.warning("AUTHENTICATION IS OFF (--auth none): anyone who can connect to this control plane "
+                    "can start sandboxes, build images from allowed directories and run commands")
+        return None
+    return config.auth or token_credentials(config.state_dir)
+
+
 def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> web.Application:
     """Build the control plane. Nothing runs until the app is started (cleanup context)."""
     from .images import builder_for, parse_build_yaml
@@ -429,8 +440,11 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     images = ImageJobs(cp, builder, getattr(builder, "parse_yaml", None) or parse_build_yaml)
     meter = Metrics()
     middlewares = [error_middleware("control plane", (ControlPlaneError,), meter.observe, config.max_body_bytes)]
-    if config.auth:
-        middlewares.insert(1, auth_middleware(config.auth))
+    credentials = required_credentials(config)
+    if credentials is not None:
+        hint = (f"user {TOKEN_USER!r} and the token in {token_path(config.state_dir)} as password"
+                if config.auth is None else "the credentials given to --auth")
+        middlewares.insert(1, auth_middleware(credentials, hint))
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[CP] = cp
     app[WATCHER] = watcher

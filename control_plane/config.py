@@ -28,7 +28,9 @@ class ControlPlaneConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     unix_socket: Path | None = None
-    auth: tuple[str, str] | None = None  # HTTP Basic credentials; None = no auth
+    auth: tuple[str, str] | None = None  # HTTP Basic credentials; None = the state directory's token (auth.py)
+    no_auth: bool = False  # --auth none: every route open to anyone who can connect (warned loudly)
+    build_roots: list[Path] = field(default_factory=list)  # host directories build sources may come from
     backend: str = "local"  # local | kubernetes
     isolation: str = "auto"  # local backend: auto | bwrap | none
     network: bool = False  # local backend: sandboxes get the host network unless their image says otherwise

@@ -64,7 +64,7 @@ class ForwardedCall:
                 if isinstance(data, dict) and isinstance(data.get("env"), dict):
                     data["env"] = {k: "***" for k in data["env"]}
                     text = json.dumps(data)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, or too deep for the sandbox to take either
                 pass
         if len(text) > STORED_BODY_LIMIT:
             text = text[:STORED_BODY_LIMIT] + f"... [{len(self.body)} bytes; truncated in the request history]"

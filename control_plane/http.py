@@ -139,8 +139,8 @@ def query_client(request: web.Request) -> UUID:
         raise Unprocessable.field(["query", "client_id"], "must be a UUID", raw, "uuid_parsing") from None
 
 
-def auth_middleware(credentials: tuple[str, str]) -> Any:
-    """HTTP Basic auth on every route but ``/health``."""
+def auth_middleware(credentials: tuple[str, str], hint: str) -> Any:
+    """HTTP Basic auth on every route but ``/health``; ``hint`` says where the credentials are."""
     user, password = credentials
     expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
@@ -150,8 +150,8 @@ def auth_middleware(credentials: tuple[str, str]) -> Any:
             return await handler(request)
         given = request.headers.get("Authorization", "")
         if not hmac.compare_digest(given.encode(), expected.encode()):
-            raise Unauthorized("missing or wrong credentials: send HTTP Basic auth (IDEGYM_AUTH_USERNAME / "
-                               "IDEGYM_AUTH_PASSWORD for idegym-client)")
+            raise Unauthorized(f"missing or wrong credentials: send HTTP Basic auth, {hint} "
+                               "(idegym-client: IDEGYM_AUTH_USERNAME / IDEGYM_AUTH_PASSWORD)")
         return await handler(request)
 
     return middleware

@@ -46,8 +46,12 @@ class ControlPlaneProcess:
             self.kill()
             raise RuntimeError(f"control plane did not start:\n{self.log_path.read_text()[-3000:]}")
         self.port = int(line.split()[1])
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.http = httpx.Client(base_url=self.url, timeout=120)
+        self.address = f"http://127.0.0.1:{self.port}"
+        # The state directory's token (absent with --auth USER:PASSWORD or none); `url` carries it.
+        token = self.state_dir / "token"
+        self.auth = ("idegym", token.read_text().strip()) if token.exists() else None
+        self.url = f"http://{self.auth[0]}:{self.auth[1]}@127.0.0.1:{self.port}" if self.auth else self.address
+        self.http = httpx.Client(base_url=self.address, timeout=120, auth=self.auth)
 
     def kill(self) -> None:
         """SIGKILL: what a crash looks like."""

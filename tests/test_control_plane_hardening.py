@@ -1,0 +1,268 @@
+"""The control plane as a target (issue 13 §3): credentials by default, build sources only from
+allowed directories, no git argument injection, nesting and memory limits on request bodies,
+slow-header connections closed.
+
+Can fail: each test was run against the code before its fix and failed there — anonymous calls
+were answered 200, a root-only directory was built into an image, ``ref:
+--pathspec-from-file=<file>`` put the file's content into the job log, a 200,000-deep JSON array
+was a 500, a connection that never finished its headers stayed open.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.cp_helpers import ControlPlaneProcess
+
+CAN_ISOLATE = os.geteuid() == 0 and shutil.which("bwrap") is not None
+DEEP = b"[" * 200_000 + b"]" * 200_000
+
+
+def _log(cp: ControlPlaneProcess) -> str:
+    return cp.log_path.read_text(errors="replace")
+
+
+# -- credentials ------------------------------------------------------------------------------------
+
+
+@pytest.mark.security
+def test_credentials_are_required_by_default(tmp_path: Path) -> None:
+    """With no ``--auth``, a random token is made ``0600`` in the state directory on first start
+    and kept across restarts; every route but /health needs it as HTTP Basic credentials."""
+    state = tmp_path / "state"
+    cp = ControlPlaneProcess(state, ["--warm-pool", "0", "--ephemeral"])
+    try:
+        token_file = state / "token"
+        assert token_file.is_file(), "no token was made in the state directory"
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        token = token_file.read_text().strip()
+        assert len(token) >= 32 and cp.auth == ("idegym", token)
+        anonymous = httpx.post(f"{cp.address}/api/clients", json={"name": "x", "nodes_count": 0}, timeout=30)
+        assert anonymous.status_code == 401, anonymous.text
+        assert str(token_file) in anonymous.json()["message"]  # says where the credentials are
+        wrong = httpx.get(f"{cp.address}/api/idegym-servers", params={"client_id": "x"}, auth=("idegym", "nope"),
+                          timeout=30)
+        assert wrong.status_code == 401
+        assert httpx.get(f"{cp.address}/health", timeout=30).status_code == 200
+        assert cp.register("with-token")  # cp.http sends the token
+        assert token not in _log(cp)
+    finally:
+        cp.stop()
+    again = ControlPlaneProcess(state, ["--warm-pool", "0", "--ephemeral"])
+    try:
+        assert again.auth == ("idegym", token), "a restart on the same state keeps the token"
+    finally:
+        again.stop()
+
+
+def test_auth_none_is_explicit_and_loud(tmp_path: Path) -> None:
+    cp = ControlPlaneProcess(tmp_path / "state", ["--warm-pool", "0", "--ephemeral", "--auth", "none"])
+    try:
+        assert cp.auth is None and not (tmp_path / "state" / "token").exists()
+        assert httpx.post(f"{cp.address}/api/clients", json={"name": "x", "nodes_count": 0},
+                          timeout=30).status_code == 200
+        assert "AUTHENTICATION IS OFF" in _log(cp)
+    finally:
+        cp.stop()
+
+
+def test_a_token_file_readable_by_others_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "token").write_text("leaked-token-value-0123456789abcdef\n")
+    os.chmod(state / "token", 0o644)
+    with pytest.raises(RuntimeError, match="readable by others"):
+        ControlPlaneProcess(state, ["--warm-pool", "0", "--ephemeral"])
+
+
+def test_our_client_finds_the_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the URL, in ``$IDEGYM_TOKEN_FILE``, or (loopback only) in the default state directory."""
+    from idegym_env.client import Settings
+
+    for name in ("IDEGYM_URL", "IDEGYM_AUTH_USERNAME", "IDEGYM_AUTH_PASSWORD", "IDEGYM_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "token").write_text("tok-123\n")
+    os.chmod(state / "token", 0o600)
+    monkeypatch.setenv("IDEGYM_CONTROL_PLANE_STATE_DIR", str(state))
+
+    in_url = Settings.resolve("http://idegym:abc%2Fdef@127.0.0.1:9")
+    assert (in_url.url, in_url.auth) == ("http://127.0.0.1:9", ("idegym", "abc/def"))
+    assert "abc" not in repr(in_url)
+    assert Settings.resolve("http://127.0.0.1:9").auth == ("idegym", "tok-123")
+    assert Settings.resolve("http://localhost:9", auth=("u", "p")).auth == ("u", "p")
+    assert Settings.resolve("https://cp.example.org").auth is None, "the local token never goes elsewhere"
+    monkeypatch.setenv("IDEGYM_AUTH_USERNAME", "env-user")
+    monkeypatch.setenv("IDEGYM_AUTH_PASSWORD", "env-pw")
+    assert Settings.resolve("http://127.0.0.1:9").auth == ("env-user", "env-pw")
+    monkeypatch.delenv("IDEGYM_AUTH_USERNAME")
+    other = tmp_path / "other-token"
+    other.write_text("tok-456\n")
+    monkeypatch.setenv("IDEGYM_TOKEN_FILE", str(other))
+    assert Settings.resolve("https://cp.example.org").auth == ("idegym", "tok-456")
+
+
+def test_the_embedded_control_plane_hands_out_its_credentials(tmp_path: Path) -> None:
+    from idegym_env.client import IdeGymClient
+    from idegym_env.embedded import EmbeddedControlPlane
+
+    (tmp_path / "state").mkdir()
+    with EmbeddedControlPlane(warm_pool=0, state_dir=tmp_path / "state") as cp:
+        assert cp.auth is not None and cp.auth[1] in cp.url and cp.auth[1] not in cp.address
+        assert httpx.get(f"{cp.address}/api/idegym-servers", params={"client_id": "x"},
+                         timeout=30).status_code == 401
+        client = IdeGymClient(cp.url, name="embedded-user")
+        try:
+            assert client.settings.url == cp.address and client.settings.auth == cp.auth
+        finally:
+            client.close()
+
+
+# -- build sources ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("build-sources")
+    allowed, secret = base / "allowed", base / "secret"
+    (allowed / "project").mkdir(parents=True)
+    (allowed / "project" / "hello.txt").write_text("hello\n")
+    secret.mkdir(mode=0o700)
+    (secret / "id_rsa").write_text("SECRET-MARKER-3b1f\n")
+    os.chmod(secret / "id_rsa", 0o600)
+    with tarfile.open(secret / "project.tar.gz", "w:gz") as tar:
+        tar.add(secret / "id_rsa", arcname="id_rsa")
+    os.symlink(secret, allowed / "link-to-secret")
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    for repo in (allowed / "repo", secret / "repo"):
+        repo.mkdir()
+        subprocess.run([*git, "init", "-q", str(repo)], check=True)
+        (repo / "a.txt").write_text("a\n")
+        subprocess.run([*git, "-C", str(repo), "add", "a.txt"], check=True)
+        subprocess.run([*git, "-C", str(repo), "commit", "-q", "-m", "a"], check=True)
+    return {"allowed": allowed, "secret": secret}
+
+
+@pytest.fixture(scope="module")
+def builder_cp(tmp_path_factory: pytest.TempPathFactory, dirs: dict[str, Path]) -> Iterator[ControlPlaneProcess]:
+    proc = ControlPlaneProcess(tmp_path_factory.mktemp("builder-cp") / "state",
+                               ["--warm-pool", "0", "--ephemeral", "--build-root", str(dirs["allowed"])])
+    yield proc
+    proc.stop()
+
+
+def _build(cp: ControlPlaneProcess, image: dict[str, Any]) -> httpx.Response:
+    return cp.http.post("/api/build-push-images", json={"yaml_content": json.dumps({"images": [image]})})
+
+
+def _job(cp: ControlPlaneProcess, name: str, timeout: float = 300) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = cp.http.get(f"/api/jobs/status/{name}").json()
+        if job["status"] != "in_progress" and not str(job.get("details", "")).startswith("queued"):
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"job {name} did not end in {timeout} s")
+
+
+@pytest.mark.security
+def test_builds_read_only_allowed_directories(builder_cp: ControlPlaneProcess, dirs: dict[str, Path]) -> None:
+    """A project path, an archive, a ``file://`` or local git repository, a Dockerfile context, a
+    symlink out of an allowed directory: outside ``--build-root`` each is 403 before anything is
+    read; inside, the build works."""
+    secret, allowed = dirs["secret"], dirs["allowed"]
+    refused = [{"name": "p", "project": {"path": str(secret)}},
+               {"name": "a", "project": {"archive": str(secret / "project.tar.gz")}},
+               {"name": "g", "project": {"git": f"file://{secret}/repo"}},
+               {"name": "l", "project": {"git": f"{secret}/repo"}},
+               {"name": "s", "project": {"path": str(allowed / "link-to-secret")}},
+               {"name": "u", "plugins": [{"type": "project", "source": "local", "path": str(secret)}]},
+               {"name": "c", "context": str(secret), "commands": ["true"]}]
+    for image in refused:
+        response = _build(builder_cp, image)
+        assert response.status_code == 403, (image, response.status_code, response.text)
+        assert "--build-root" in response.json()["message"]
+    ok = _build(builder_cp, {"name": "ok", "project": {"path": str(allowed / "project")}})
+    assert ok.status_code == 200, ok.text
+    job = _job(builder_cp, ok.json()["job_names"][0])
+    assert job["status"] == "success", job
+    git_ok = _build(builder_cp, {"name": "gitok", "project": {"git": f"file://{allowed}/repo"}})
+    assert git_ok.status_code == 200, git_ok.text
+    assert _job(builder_cp, git_ok.json()["job_names"][0])["status"] == "success"
+
+
+@pytest.mark.security
+def test_no_build_roots_by_default(tmp_path: Path, dirs: dict[str, Path]) -> None:
+    cp = ControlPlaneProcess(tmp_path / "state", ["--warm-pool", "0", "--ephemeral"])
+    try:
+        response = _build(cp, {"name": "p", "project": {"path": str(dirs["allowed"] / "project")}})
+        assert response.status_code == 403, response.text
+        assert "allowed: none" in response.json()["message"]
+    finally:
+        cp.stop()
+
+
+@pytest.mark.security
+def test_git_refs_and_urls_are_never_options(builder_cp: ControlPlaneProcess, dirs: dict[str, Path]) -> None:
+    """``ref: --pathspec-from-file=<host file>`` put the file's content into the job log; a URL
+    starting with '-' is an option too (``--upload-pack`` runs a command); ``ext::`` runs one."""
+    marker = "SECRET-MARKER-3b1f"
+    repo = f"file://{dirs['allowed']}/repo"
+    attacks = [{"git": repo, "ref": f"--pathspec-from-file={dirs['secret'] / 'id_rsa'}"},
+               {"git": f"--upload-pack=cat {dirs['secret'] / 'id_rsa'}"},
+               {"git": f"ext::sh -c cat% {dirs['secret'] / 'id_rsa'}"}]
+    for project in attacks:
+        response = _build(builder_cp, {"name": "inject", "project": project})
+        text = response.text
+        if response.status_code == 200:
+            text += json.dumps(_job(builder_cp, response.json()["job_names"][0]))
+        assert marker not in text, (project, text[-500:])
+        assert response.status_code == 400, (project, response.status_code, text[-500:])
+        assert "'-'" in text or "transport" in text
+
+
+# -- input limits -----------------------------------------------------------------------------------
+
+
+@pytest.mark.security
+def test_deep_json_is_a_422_that_says_the_limit(builder_cp: ControlPlaneProcess) -> None:
+    """A 200,000-deep array: 422 naming the nesting limit from every JSON route, the forward
+    (waited for or not) and the sandbox server behind it; a deep build YAML and a YAML alias
+    bomb are refused too."""
+    cp = builder_cp
+    headers = {"content-type": "application/json"}
+    for path in ("/api/clients", "/api/idegym-servers", "/api/build-push-images", "/execute"):
+        response = cp.http.post(path, content=DEEP, headers=headers)
+        assert response.status_code == 422, (path, response.status_code, response.text[:300])
+        assert "deeper than the limit of 100 levels" in response.json()["message"]
+    client_id = cp.register("deep")
+    server_id = cp.start_server(client_id)["server_id"]
+    forward = f"/api/forward/{client_id}/{server_id}/api/tools/bash"
+    waited = cp.http.post(forward, content=DEEP, headers={**headers, "Prefer": "wait=60"})
+    assert waited.status_code == 422 and "limit of 100 levels" in waited.text, waited.text[:300]
+    env_bomb = b'{"command": "true", "env": {"A": ' + DEEP + b"}}"
+    recorded = cp.http.post(forward, content=env_bomb, headers=headers)  # the request history parses env
+    assert recorded.status_code == 202
+    op = cp.wait_op(recorded.json()["async_operation_id"])
+    assert op["status"] == "FAILED" and "limit of 100 levels" in op["result"], op["result"][:300]
+    assert cp.bash(client_id, server_id, "echo alive")["stdout"] == "alive\n"
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+        for i in range(8)) + "images: [{name: bomb, env: {X: *i}}]\n"
+    for yaml_text in ("images:\n - project: " + "[" * 100_000 + "]" * 100_000, bomb):
+        response = cp.http.post("/api/build-push-images", json={"yaml_content": yaml_text})
+        assert response.status_code == 400, (response.status_code, response.text[:300])
