@@ -159,8 +159,8 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def builder_cp(tmp_path_factory: pytest.TempPathFactory, dirs: dict[str, Path]) -> Iterator[ControlPlaneProcess]:
-    proc = ControlPlaneProcess(tmp_path_factory.mktemp("builder-cp") / "state",
-                               ["--warm-pool", "0", "--ephemeral", "--build-root", str(dirs["allowed"])])
+    proc = ControlPlaneProcess(tmp_path_factory.mktemp("builder-cp") / "state", ["--warm-pool", "0", "--ephemeral"],
+                               build_roots=[dirs["allowed"]])
     yield proc
     proc.stop()
 
@@ -207,7 +207,7 @@ def test_builds_read_only_allowed_directories(builder_cp: ControlPlaneProcess, d
 
 @pytest.mark.security
 def test_no_build_roots_by_default(tmp_path: Path, dirs: dict[str, Path]) -> None:
-    cp = ControlPlaneProcess(tmp_path / "state", ["--warm-pool", "0", "--ephemeral"])
+    cp = ControlPlaneProcess(tmp_path / "state", ["--warm-pool", "0", "--ephemeral"], build_roots=[])
     try:
         response = _build(cp, {"name": "p", "project": {"path": str(dirs["allowed"] / "project")}})
         assert response.status_code == 403, response.text
