@@ -70,6 +70,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep this image warm from start-up (repeatable)")
     parser.add_argument("--max-servers", type=int, default=_default("MAX_SERVERS", cfg.max_servers, int),
                         help="live servers allowed at once; more starts get 429 (the client retries)")
+    parser.add_argument("--header-timeout", type=float, default=_default("HEADER_TIMEOUT", cfg.header_timeout, float),
+                        help="close a connection whose request head is not complete this many seconds after it "
+                             f"opened or after its last answer (slow-header clients, idle keep-alive) "
+                             f"[default {cfg.header_timeout:g}]")
     parser.add_argument("--watch-interval", type=float, default=_default("WATCH_INTERVAL", watch.interval, float),
                         help="seconds between watcher passes")
     parser.add_argument("--inactive-timeout", type=float,
@@ -130,7 +134,7 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
     return ControlPlaneConfig(
         kubernetes=kubernetes,
         state_dir=args.state_dir, host=args.host, port=args.port, unix_socket=args.unix_socket, auth=auth,
-        no_auth=args.auth == "none", build_roots=build_roots,
+        no_auth=args.auth == "none", build_roots=build_roots, header_timeout=args.header_timeout,
         backend=args.backend, isolation=args.isolation, network=args.network, warm_pool=args.warm_pool,
         warm_pool_max=args.warm_pool_max, pool_images=list(args.pool_image), max_servers=args.max_servers,
         ephemeral=args.ephemeral,
@@ -156,7 +160,9 @@ async def serve(config: ControlPlaneConfig, ready_fd: int | None = None, parent_
     from .app import create_app
 
     app = create_app(config)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # aiohttp's keep-alive timer runs from the connection's start and from each answer until the next
+    # request's head is complete: it is the header timeout.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=config.header_timeout)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
     await site.start()

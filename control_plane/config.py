@@ -40,6 +40,7 @@ class ControlPlaneConfig:
     max_servers: int = 200  # live servers (quota); more starts fail with 429 and the client retries
     client_request_timeout: float = 3600.0  # read timeout control plane → sandbox
     max_body_bytes: int = 256 << 20
+    header_timeout: float = 15.0  # a request's head must arrive this soon after connecting or the last answer
     inline_result_limit: int = 256 << 10  # results answered inline (Prefer: wait) are stored up to this
     runner_image: str = "idegym/builtin:latest"  # image of the code runner's sandboxes (POST /execute)
     runner_concurrency: int = field(default_factory=lambda: max(os.cpu_count() or 2, 2))

@@ -266,3 +266,47 @@ def test_deep_json_is_a_422_that_says_the_limit(builder_cp: ControlPlaneProcess)
     for yaml_text in ("images:\n - project: " + "[" * 100_000 + "]" * 100_000, bomb):
         response = cp.http.post("/api/build-push-images", json={"yaml_content": yaml_text})
         assert response.status_code == 400, (response.status_code, response.text[:300])
+
+
+def _slow_head(address: tuple[str, int], limit: float) -> float:
+    """Send a request head one byte every 0.2 s; seconds until the server has closed the
+    connection (a send fails), or ``limit`` if it never does."""
+    sock = socket.create_connection(address, timeout=limit)
+    started = time.monotonic()
+    try:
+        for byte in b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 10_000:
+            if time.monotonic() - started > limit:
+                return limit
+            sock.sendall(bytes([byte]))
+            time.sleep(0.2)
+    except OSError:  # EPIPE/ECONNRESET once the server closed its end
+        return time.monotonic() - started
+    finally:
+        sock.close()
+    return limit
+
+
+@pytest.mark.security
+def test_slow_header_connections_are_closed(tmp_path: Path, project: Path) -> None:
+    """A client that trickles its request head is cut off after the header timeout, on the
+    control plane and on the sandbox server; a client that idles between requests and then
+    sends a whole request is still served.
+
+    Can fail: before the fix both kept such a connection open for as long as bytes came (the
+    control plane's keep-alive timer is an hour by default; the sandbox server had none)."""
+    from tests.helpers import SandboxProcess
+
+    cp = ControlPlaneProcess(tmp_path / "state", ["--warm-pool", "0", "--ephemeral", "--header-timeout", "2"])
+    sandbox = SandboxProcess(project, "tcp", tmp_path, env={**os.environ, "IDEGYM_SERVER_HEADER_TIMEOUT": "2"})
+    try:
+        for address in (("127.0.0.1", cp.port), ("127.0.0.1", sandbox.port)):
+            seconds = _slow_head(address, limit=30)
+            assert 1.5 <= seconds < 15, (address, seconds)
+        assert cp.http.get("/health").status_code == 200  # a new, normal request is answered
+        assert sandbox.client.get("/api/health").status_code == 200
+        time.sleep(3)  # idle past the timeout: the next call reconnects or reuses, never fails
+        assert cp.http.get("/health").status_code == 200
+        assert sandbox.client.get("/api/health").status_code == 200
+    finally:
+        sandbox.stop()
+        cp.stop()
