@@ -310,3 +310,124 @@ def test_slow_header_connections_are_closed(tmp_path: Path, project: Path) -> No
     finally:
         sandbox.stop()
         cp.stop()
+
+
+# -- the network of a sandbox allowed one -----------------------------------------------------------
+
+PROBE = r'''python3 - <<'EOF'
+import socket
+for name, fam, addr in %s:
+    s = socket.socket(getattr(socket, fam), socket.SOCK_STREAM)
+    s.settimeout(3)
+    try:
+        s.connect(tuple(addr) if fam == "AF_INET" else addr)
+    except OSError as exc:
+        print("blocked", name, exc.errno)
+        continue
+    try:
+        s.settimeout(1)
+        banner = s.recv(64).decode(errors="replace").strip()
+    except OSError:
+        banner = ""
+    print("CONNECTED", name, banner)
+    s.close()
+EOF'''
+
+OUTSIDE_NET = ("198.18.213.1", "198.18.213.2")  # RFC 2544 benchmarking range: never routed anywhere
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    """A listener in a network namespace of its own, joined to the host's by a veth pair: what
+    "the outside" looks like without sending a packet beyond this machine."""
+    if not (shutil.which("ip") and os.geteuid() == 0):
+        pytest.skip("needs root and iproute2 to make a namespace for the outside listener")
+    name = f"idgo{os.getpid() % 100000}"
+    host_end, far_end = f"{name}h", f"{name}o"
+    steps = [["ip", "netns", "add", name], ["ip", "link", "add", host_end, "type", "veth", "peer", "name", far_end],
+             ["ip", "link", "set", far_end, "netns", name],
+             ["ip", "addr", "add", f"{OUTSIDE_NET[0]}/30", "dev", host_end], ["ip", "link", "set", host_end, "up"],
+             ["ip", "netns", "exec", name, "ip", "addr", "add", f"{OUTSIDE_NET[1]}/30", "dev", far_end],
+             ["ip", "netns", "exec", name, "ip", "link", "set", far_end, "up"]]
+    server = None
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True)
+        script = (f"import socket\ns = socket.socket()\ns.bind(({OUTSIDE_NET[1]!r}, 0))\ns.listen(16)\n"
+                  "print(s.getsockname()[1], flush=True)\n"
+                  "while True:\n    c, _ = s.accept()\n    c.sendall(b'hello-from-outside')\n    c.close()\n")
+        server = subprocess.Popen(["ip", "netns", "exec", name, "python3", "-c", script], stdout=subprocess.PIPE,
+                                  text=True)
+        assert server.stdout is not None
+        yield OUTSIDE_NET[1], int(server.stdout.readline())
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)  # takes the veth pair along
+        subprocess.run(["ip", "link", "del", host_end], capture_output=True)
+
+
+@pytest.mark.security
+@pytest.mark.skipif(not CAN_ISOLATE or shutil.which("slirp4netns") is None,
+                    reason="needs root, bubblewrap and slirp4netns")
+def test_a_networked_sandbox_reaches_out_but_not_the_host_or_its_neighbours(
+        tmp_path: Path, outside: tuple[str, int]) -> None:
+    """With network, a sandbox has a namespace of its own behind user-mode networking: it
+    reaches a listener outside the host's namespace, but not the host's loopback (directly or
+    through the gateway), the host's abstract Unix sockets, nor a listener of another networked
+    sandbox; and its slirp4netns ends with it.
+
+    Can fail: before, such a sandbox shared the host's network namespace — the probe connected
+    to the host's loopback listener and saw the host's sockets in /proc/net/tcp."""
+    from control_plane.backends.local import LocalBackend
+    from sandbox_server import procfs
+    from tests.local_helpers import LoopThread, bash, leftovers, spec
+
+    loopback = socket.socket()
+    loopback.bind(("127.0.0.1", 0))
+    loopback.listen(16)
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract_name = f"\0idegym-net-{os.getpid()}"
+    abstract.bind(abstract_name)
+    abstract.listen(16)
+    port = loopback.getsockname()[1]
+    targets = [("outside", "AF_INET", list(outside)), ("host-loopback", "AF_INET", ["127.0.0.1", port]),
+               ("gateway-to-host-loopback", "AF_INET", ["10.0.2.2", port]),
+               ("abstract", "AF_UNIX", abstract_name), ("neighbour", "AF_INET", ["10.0.2.100", 8765])]
+    probe = PROBE % json.dumps(targets)
+    control = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60).stdout
+    assert "CONNECTED outside hello-from-outside" in control and "CONNECTED host-loopback" in control, control
+
+    loop = LoopThread()
+    backend = LocalBackend(tmp_path / "state", isolation="bwrap", network=True)
+    loop.run(backend.start())
+    handles = []
+    slirps: list = []
+    try:
+        for name in ("net-a", "net-b"):
+            handles.append(loop.run(backend.create(spec(name), 120)))
+        a, b = handles
+        neighbour = ("setsid python3 -c \"import socket; s = socket.socket(); s.bind(('0.0.0.0', 8765)); "
+                     "s.listen(8)\nwhile True: s.accept()[0].close()\" >/dev/null 2>&1 & sleep 0.5")
+        assert bash(b, neighbour)["exit_code"] == 0
+        assert "CONNECTED" in bash(b, PROBE % json.dumps([("self", "AF_INET", ["127.0.0.1", 8765])]))["stdout"]
+        seen = bash(a, probe + f"\ngrep -ci ':{port:04X} ' /proc/net/tcp || true")["stdout"]
+        assert "CONNECTED outside hello-from-outside" in seen, seen
+        for target in ("host-loopback", "gateway-to-host-loopback", "abstract", "neighbour"):
+            assert f"blocked {target}" in seen, (target, seen)
+        assert seen.split()[-1] == "0", "the host's sockets are not in the sandbox's /proc/net/tcp"
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", 8765), timeout=2).close()  # nor is b's listener on the host
+        slirps = [h.data["net"] for h in handles]
+        assert all(procfs.recorded_alive(rec) and b"slirp4netns" in Path(f"/proc/{rec[0]}/cmdline").read_bytes()
+                   for rec in slirps), slirps
+    finally:
+        for h in handles:
+            loop.run(backend.delete(h))
+        loop.run(backend.close())
+        loop.close()
+        loopback.close()
+        abstract.close()
+    assert all(leftovers(h) == [] for h in handles)
+    assert not any(procfs.recorded_alive(rec) for rec in slirps), "slirp4netns outlived its sandbox"
