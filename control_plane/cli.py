@@ -70,6 +70,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep this image warm from start-up (repeatable)")
     parser.add_argument("--max-servers", type=int, default=_default("MAX_SERVERS", cfg.max_servers, int),
                         help="live servers allowed at once; more starts get 429 (the client retries)")
+    parser.add_argument("--body-budget", type=int, default=_default("BODY_BUDGET", cfg.body_budget_bytes, int),
+                        metavar="BYTES", help="bytes of large request bodies held in memory at once (each counts "
+                                              "3 times its size); more wait, then get 503 [default 3 × the "
+                                              f"{cfg.max_body_bytes >> 20} MiB body limit]")
     parser.add_argument("--header-timeout", type=float, default=_default("HEADER_TIMEOUT", cfg.header_timeout, float),
                         help="close a connection whose request head is not complete this many seconds after it "
                              f"opened or after its last answer (slow-header clients, idle keep-alive) "
@@ -135,6 +139,7 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
         kubernetes=kubernetes,
         state_dir=args.state_dir, host=args.host, port=args.port, unix_socket=args.unix_socket, auth=auth,
         no_auth=args.auth == "none", build_roots=build_roots, header_timeout=args.header_timeout,
+        body_budget_bytes=args.body_budget,
         backend=args.backend, isolation=args.isolation, network=args.network, warm_pool=args.warm_pool,
         warm_pool_max=args.warm_pool_max, pool_images=list(args.pool_image), max_servers=args.max_servers,
         ephemeral=args.ephemeral,

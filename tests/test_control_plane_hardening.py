@@ -431,3 +431,95 @@ def test_a_networked_sandbox_reaches_out_but_not_the_host_or_its_neighbours(
         abstract.close()
     assert all(leftovers(h) == [] for h in handles)
     assert not any(procfs.recorded_alive(rec) for rec in slirps), "slirp4netns outlived its sandbox"
+
+
+# -- large bodies -----------------------------------------------------------------------------------
+
+
+def _status_kib(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {key} in /proc/{pid}/status")
+
+
+@pytest.mark.security
+def test_large_bodies_are_bounded_in_memory(tmp_path: Path) -> None:
+    """Four concurrent 48 MB forwards with a 192 MiB body budget (3 copies of each counted): the
+    control plane's memory grows by about one body's worth, not four, all four are answered,
+    and the memory comes back; a body that could never fit is a 413 that says so.
+
+    Can fail: before the budget each forward held its body about four times over at once (its
+    read, its decoded copy for the request history, the encoded request, the socket buffer):
+    4 × 200 MB took the control plane from 61 MB to 1662 MB."""
+    import threading
+
+    mib = 1 << 20
+    cp = ControlPlaneProcess(tmp_path / "state", ["--warm-pool", "0", "--ephemeral", "--body-budget", str(192 * mib)])
+    try:
+        client_id = cp.register("big")
+        server_id = cp.start_server(client_id)["server_id"]
+        target = f"/api/forward/{client_id}/{server_id}/api/no-such-route"
+        headers = {"content-type": "application/json", "Prefer": "wait=600"}
+        body = b'{"content": "' + b"x" * (48 * mib) + b'"}'
+        base = _status_kib(cp.proc.pid, "VmRSS")
+        statuses: list[int] = []
+
+        def send() -> None:
+            with httpx.Client(base_url=cp.address, auth=cp.auth, timeout=600) as http:
+                statuses.append(http.post(target, content=body, headers=headers).status_code)
+
+        threads = [threading.Thread(target=send) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(600)
+        assert statuses == [404] * 4, statuses  # the sandbox's own answer, for each
+        grown_mib = (_status_kib(cp.proc.pid, "VmHWM") - base) / 1024
+        assert grown_mib < 250, f"the control plane grew by {grown_mib:.0f} MiB for 4 × 48 MB bodies"
+        assert wait_for_rss(cp.proc.pid, base + 64 * 1024), "the memory did not come back"
+        too_big = cp.http.post(target, content=b"x" * (65 * mib), headers=headers)
+        assert too_big.status_code == 413 and "--body-budget" in too_big.json()["message"], too_big.text[:300]
+        assert cp.bash(client_id, server_id, "echo fine")["stdout"] == "fine\n"
+    finally:
+        cp.stop()
+
+
+def wait_for_rss(pid: int, kib: int, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _status_kib(pid, "VmRSS") <= kib:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_the_body_budget_queues_refuses_and_times_out() -> None:
+    """First come, first served; what could never fit is a 413; what waits too long a 503."""
+    import asyncio
+
+    from control_plane.body_budget import COPIES, BodyBudget
+    from control_plane.errors import PayloadTooLarge, Unavailable
+
+    async def scenario() -> None:
+        budget = BodyBudget(limit=100 * COPIES, wait=0.3)
+        first = await budget.reserve(60)
+        second = asyncio.ensure_future(budget.reserve(60))
+        await asyncio.sleep(0.05)
+        assert not second.done()  # waits, unread, for room
+        first.release()
+        granted = await asyncio.wait_for(second, 1)
+        with pytest.raises(PayloadTooLarge):
+            await budget.reserve(101)
+        with pytest.raises(Unavailable, match="waited"):
+            await budget.reserve(60)
+        granted.release()
+        granted.release()  # idempotent
+        assert budget.used == 0
+        cancelled = asyncio.ensure_future(budget.reserve(10))
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        assert budget.used == 0 and not budget._queue
+
+    asyncio.run(scenario())
