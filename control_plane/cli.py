@@ -46,7 +46,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"TCP port; 0 picks a free one [$IDEGYM_CONTROL_PLANE_PORT, default {cfg.port}]")
     parser.add_argument("--unix-socket", type=Path, default=_default("UNIX_SOCKET", cfg.unix_socket, Path),
                         help="also listen on this Unix socket")
-    parser.add_argument("--auth", default=_env("AUTH", "token"), metavar="token|none|USER:PASSWORD",
+    parser.add_argument("--auth", default=_env("AUTH") or "token", metavar="token|none|USER:PASSWORD",
                         help="credentials every route but /health requires: 'token' (default) makes a random token "
                              "in <state-dir>/token (HTTP Basic, user 'idegym', the token as password); "
                              "USER:PASSWORD uses those; 'none' turns authentication off "
