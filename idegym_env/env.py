@@ -46,14 +46,13 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 
 from sandbox_server.models import BashCommandResponse, DownloadFileChunkResponse
-from sandbox_server.routes import endpoint_for
 
-from . import embedded
+from . import embedded, grading
 from .client import APIError, BadRequest, Conflict, IdeGymClient, NotFound, Sandbox, SandboxGone, Unauthorized
 from .rewards import RewardFunction, reward_components
 from .spaces import InvalidAction, ToolCallSpace, UnicodeText
 from .spaces.tools import SubmitCall, ToolCall
-from .tasks import Task, bundled_tasks, load_task
+from .tasks import Task, TaskError, bundled_tasks, load_task
 
 DEFAULT_TASK = "python-roman-numerals"
 ENV_CLIENT_NAME = "idegym-env"
@@ -130,19 +129,41 @@ class IdeGymEnv(gym.Env[str, dict]):
             self.image = self._ensure_image()
         self.sandbox: Sandbox | None = None
         self._steps = 0
+        self._episode_started = time.monotonic()
         self._transcript: list[str] = []
         self._closed = False
 
     # -- set-up -----------------------------------------------------------------------------------
 
     def _ensure_image(self) -> str:
+        if self.task.environment is not None:
+            raise TaskError(f"task {self.task.id!r}: its environment is a Dockerfile, and this version of the env "
+                            f"cannot build Dockerfile environments yet (the images work of issue 15); prove it "
+                            f"with `idegym tasks validate ... --local`")
         if self.task.image:
             return self.task.image
         assert self.task.project is not None
         tag = task_image_tag(self.task)
-        doc = {"images": [{"tag": tag, "project": {"path": str(self.task.project.resolve())}}]}
+        entry: dict[str, Any] = {"tag": tag, "project": {"path": str(self.task.project.resolve())}}
+        if self.task.network:
+            entry["network"] = True  # on the local backend the network is the image's to allow
+        doc = {"images": [entry]}
         self.client.build_images(json.dumps(doc), timeout=600)
         return tag
+
+    def _start_fields(self) -> dict[str, Any]:
+        """What the task asks of its sandbox: root tools (Harbor images), resource limits."""
+        fields: dict[str, Any] = {"run_as_root": self.task.run_as_root}
+        limits = self.task.resources
+        if limits is not None:
+            quantities = {k: v for k, v in (("cpu", None if limits.cpus is None else f"{limits.cpus:g}"),
+                                            ("memory", None if limits.memory_mb is None else f"{limits.memory_mb}Mi"),
+                                            ("ephemeral_storage",
+                                             None if limits.storage_mb is None else f"{limits.storage_mb}Mi"))
+                          if v is not None}
+            if quantities:
+                fields["resources"] = {"limits": quantities}
+        return fields
 
     def _acquire(self) -> tuple[Sandbox, dict[str, Any]]:
         """A fresh sandbox for a new episode, and how it was obtained."""
@@ -154,7 +175,8 @@ class IdeGymEnv(gym.Env[str, dict]):
             how = "reset"
         elif self.sandbox is None:
             reuse = "RESET" if self.reuse == "RESET" else ("RESTART" if self.reuse == "RESTART" else "NONE")
-            self.sandbox = self.client.start(self.image, server_name=_server_name(self.task), reuse=reuse)
+            self.sandbox = self.client.start(self.image, server_name=_server_name(self.task), reuse=reuse,
+                                             **self._start_fields())
             how = "reused" if self.sandbox.info and self.sandbox.info.reused else "started"
         elif self.reuse == "RESTART":
             self.sandbox.restart()
@@ -165,7 +187,8 @@ class IdeGymEnv(gym.Env[str, dict]):
         else:
             old, self.sandbox = self.sandbox, None
             old.stop()
-            self.sandbox = self.client.start(self.image, server_name=_server_name(self.task), reuse="NONE")
+            self.sandbox = self.client.start(self.image, server_name=_server_name(self.task), reuse="NONE",
+                                             **self._start_fields())
             how = "started"
         info: dict[str, Any] = {"sandbox": how, "server_id": self.sandbox.server_id,
                                 "reset_seconds": time.perf_counter() - started}
@@ -183,6 +206,7 @@ class IdeGymEnv(gym.Env[str, dict]):
             self.sandbox = None  # it died between episodes: get another one
             _, info = self._acquire()
         self._steps = 0
+        self._episode_started = time.monotonic()
         observation = self.observation_space.fit(self.task.instruction)
         self._transcript = [f"# task {self.task.id}\n{self.task.instruction}"]
         info.update(task_id=self.task.id, max_steps=self.max_steps)
@@ -219,6 +243,10 @@ class IdeGymEnv(gym.Env[str, dict]):
                ) -> tuple[str, SupportsFloat, bool, bool, dict]:
         if self._steps >= self.max_steps:
             info["truncated_by"] = "max_steps"
+            return self._finish(info, started, submitted=False, observation=observation)
+        timeout = self.task.agent_timeout
+        if timeout is not None and time.monotonic() - self._episode_started >= timeout:
+            info["truncated_by"] = "agent_timeout"  # Harbor's [agent] timeout_sec: wall time of the episode
             return self._finish(info, started, submitted=False, observation=observation)
         self._timed(info, started)
         return observation, reward, False, False, info
@@ -280,35 +308,25 @@ class IdeGymEnv(gym.Env[str, dict]):
 
     def _finish(self, info: dict[str, Any], started: float, *, submitted: bool,
                 observation: str | None = None) -> tuple[str, SupportsFloat, bool, bool, dict]:
-        results, checks, errors = self._grade(submitted)
+        assert self.sandbox is not None
+        sandbox = self.sandbox
+        # A fresh sandbox to grade in: a RESTART through the control plane, a project reset for a
+        # sandbox connected directly (there the rest of the filesystem stays the agent's).
+        fresh = sandbox.reset if self._direct is not None else sandbox.restart
+        graded = grading.grade(sandbox, self.task, fresh=fresh, steps=self._steps, submitted=submitted)
+        results = graded.results
         reward = float(self.reward_fn(results))
-        info.update(checks=checks, reward_components=reward_components(results), grading_errors=errors,
-                    submitted=submitted)
+        info.update(checks=graded.checks, reward_components=reward_components(results),
+                    grading_errors=list(results.errors), submitted=submitted)
+        if results.infrastructure_error:
+            info["infrastructure_error"] = results.infrastructure_error
+        if graded.skipped:
+            info["not_graded"] = graded.skipped
         self._timed(info, started)
-        summary = _format_checks(checks, reward)
+        summary = _format_checks(graded.checks, reward, results.errors)
         self._log("$ submit" if submitted else "$ <out of steps>", summary)
         text = summary if observation is None else f"{observation}\n\n{summary}"
         return self.observation_space.fit(text), reward, submitted, not submitted, info
-
-    def _grade(self, submitted: bool) -> tuple[Any, dict[str, Any], list[str]]:
-        assert self.sandbox is not None
-        errors: list[str] = []
-        responses: dict[str, Any] = {}
-        try:
-            self.sandbox.terminate_processes()
-            for req in self.task.restore_requests():
-                restored = self.sandbox.call(endpoint_for(req), req)
-                if isinstance(restored, BashCommandResponse) and restored.exit_code != 0:
-                    errors.append(f"restoring protected files failed: {restored.stderr[-500:]}")
-            for stage, check in self.task.check_requests().items():
-                result = self.sandbox.call(endpoint_for(check), check)
-                responses[stage] = result.model_dump(mode="json")
-                if stage in ("setup", "compilation") and result.status != "success":
-                    break
-        except APIError as exc:
-            errors.append(f"grading failed: {exc.message}")
-        results = self.task.check_results(responses, steps=self._steps, submitted=submitted, errors=errors)
-        return results, responses, errors
 
     # -- transcript ----------------------------------------------------------------------------------
 
@@ -338,17 +356,28 @@ def _format_bash(answer: BashCommandResponse) -> str:
     return "\n".join(parts)
 
 
-def _format_checks(checks: dict[str, Any], reward: float) -> str:
+def _format_checks(checks: dict[str, Any], reward: float, errors: list[str] | None = None) -> str:
     lines = ["[checks]"]
     for stage, answer in checks.items():
         if stage == "tests":
             s = answer.get("scores", {})
-            lines.append(f"tests: {answer.get('status')} — {s.get('passed', 0)}/{s.get('total', 0)} passed, "
+            verdict = answer.get("verdict") or answer.get("status")
+            lines.append(f"tests: {verdict} — {s.get('passed', 0)}/{s.get('total', 0)} passed, "
                          f"{s.get('failed', 0)} failed, {s.get('skipped', 0)} skipped")
+            if verdict in ("no_tests", "error") and answer.get("output"):
+                lines.append(_tail(answer["output"]))
         else:
             lines.append(f"{stage}: {answer.get('status')}")
+            if answer.get("status") != "success" and answer.get("output"):
+                lines.append(_tail(answer["output"]))
+    lines += [f"grading error: {e}" for e in errors or []]
     lines.append(f"reward: {reward:.3f}")
     return "\n".join(lines)
+
+
+def _tail(text: str, limit: int = 1500) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else "[...]\n" + text[-limit:]
 
 
 def available_tasks() -> list[str]:

@@ -20,6 +20,7 @@ from .functions import (
     reward_components,
     setup_succeeds,
     submitted,
+    verifier_reward,
     test_pass_fraction,
 )
 from .results import CheckResult, CheckResults, Status, TestReport, TestScores
@@ -37,6 +38,7 @@ __all__ = [
     "test_pass_fraction",
     "all_tests_pass",
     "submitted",
+    "verifier_reward",
     "reward_components",
     "weighted_sum",
     "step_penalty",
