@@ -85,7 +85,7 @@ def test_a_token_file_readable_by_others_is_refused(tmp_path: Path) -> None:
     (state / "token").write_text("leaked-token-value-0123456789abcdef\n")
     os.chmod(state / "token", 0o644)
     with pytest.raises(RuntimeError, match="readable by others"):
-        ControlPlaneProcess(state, ["--warm-pool", "0", "--ephemeral"])
+        ControlPlaneProcess(state, ["--warm-pool", "0", "--ephemeral"]).stop()  # stop: reached only if it started
 
 
 def test_our_client_finds_the_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
