@@ -6,7 +6,7 @@
     ├── Forbidden              403
     ├── NotFound               404                       unknown client/server/operation/job, or another client's server
     ├── Conflict               409
-    ├── Gone                   410  Gone                 the server exists but is not usable (FINISHED, STOPPED, CRASHED…)
+    ├── Gone                   410  Gone                 the server exists but is not usable (FINISHED, CRASHED…)
     ├── PayloadTooLarge        413
     ├── Unprocessable          422  ValidationError
     └── Unavailable            503  ServiceUnavailable   the state database cannot be written

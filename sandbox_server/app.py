@@ -14,16 +14,15 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import BaseModel
 
-from . import __version__
+from . import __version__, routes, web
 from .config import ServerConfig
 from .errors import ApiError, BadRequest, Forbidden, Unprocessable, render
 from .files import FileTools
-from . import routes, web
 from .http import parse_model
 from .junit import find_reports, fresh_reports, parse_reports
 from .models import (
@@ -45,10 +44,10 @@ from .models import (
     ResetResult,
     SetupRequest,
     Status,
-    TestReport,
-    TestRequest,
     TerminateRequest,
     TerminateResult,
+    TestReport,
+    TestRequest,
     TestScores,
     UploadFileChunkRequest,
     UploadFileChunkResponse,
