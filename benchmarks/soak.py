@@ -27,8 +27,8 @@ from typing import Any
 
 import httpx
 
-from control_plane.backends.local import linux
-from control_plane.backends.local.backend import state_key
+from control_plane.backends.local.layout import state_key
+from sandbox_server import procfs
 
 from ._common import Progress, Result, Stats, check_target, stats_table, table
 from ._servers import control_plane
@@ -128,7 +128,7 @@ def _listening_pid(port: int) -> int:
 
 def leftovers(state: Path) -> list[str]:
     """Everything of the control plane's sandboxes still on the host."""
-    found = [f"process {pid}" for pid in linux.pids_with_cmdline(str(state))]
+    found = [f"process {pid}" for pid in procfs.pids_with_cmdline(str(state))]
     found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text().splitlines()
               if str(state) in line]
     sandboxes = state / "sandboxes"

@@ -8,32 +8,34 @@ in the same response, and the call is still recorded as an operation.
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import hmac
 import json
 import logging
-import re
-import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
 from uuid import UUID
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from sandbox_server.errors import Unprocessable
-from sandbox_server.http import parse_model, summarize, validation_items
+from sandbox_server.http import parse_model
 from sandbox_server.models import ExecuteRequest
 from sandbox_server.openapi import Route, build_openapi
 
 from . import __version__
-from .backends.base import Backend, BackendError, Limits, SandboxSpec
+from .backends.base import Backend
+from .code_runner import CodeRunnerPool
 from .config import ControlPlaneConfig
-from .errors import BadRequest, ControlPlaneError, NotFound, Unauthorized, Unavailable
-from .forwarding import FORWARD_FAILED, ForwardError, Pending, Reply
-from .http import error_middleware, json_response, read_model
+from .errors import BadRequest, ControlPlaneError, NotFound
+from .forward_calls import ForwardedCall, Forwards, prefer_wait
+from .forwarding import ForwardError
+from .http import (
+    auth_middleware,
+    error_middleware,
+    json_response,
+    path_int,
+    path_uuid,
+    query_client,
+    query_model,
+    read_model,
+)
 from .jobs import ImageJobs, SnapshotJobs
 from .metrics import Metrics
 from .models import (
@@ -60,7 +62,6 @@ from .models import (
     RestartServerRequest,
     SendClientHeartbeatRequest,
     ServerActionResponse,
-    ServerKind,
     ServerStatusResponse,
     SnapshotExistsRequest,
     SnapshotExistsResponse,
@@ -72,9 +73,9 @@ from .models import (
     StopClientResponse,
     StopServerRequest,
 )
-from .operations import Outcome
 from .service import ControlPlane
-from .store import SQLiteStore, StoreError, now_ms
+from .startup import lifecycle_context, make_backend
+from .store import SQLiteStore
 from .watcher import Watcher
 
 log = logging.getLogger(__name__)
@@ -85,54 +86,15 @@ IMAGES = web.AppKey("images", ImageJobs)
 SNAPSHOTS = web.AppKey("snapshots", SnapshotJobs)
 METRICS = web.AppKey("metrics", Metrics)
 OPENAPI = web.AppKey("openapi", dict)
-RUNNER = web.AppKey("runner", "CodeRunnerPool")
+RUNNER = web.AppKey("runner", CodeRunnerPool)
+FORWARDS = web.AppKey("forwards", Forwards)
 
-PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
-MAX_WAIT = 3600.0
-STORED_BODY_LIMIT = 64 << 10
 SANDBOX_HEADER = "X-IdeGym-Forwarded"
 OPERATION_HEADER = "X-IdeGym-Operation-Id"
 
 
 def _cp(request: web.Request) -> ControlPlane:
     return request.app[CP]
-
-
-def _query_model(request: web.Request, model: type[BaseModel]) -> Any:
-    try:
-        return model.model_validate(dict(request.query))
-    except ValidationError as exc:
-        items = validation_items(exc, prefix="query")
-        raise Unprocessable(summarize(items), items) from exc
-
-
-def _path_int(request: web.Request, name: str) -> int:
-    raw = request.match_info[name]
-    try:
-        value = int(raw)
-    except ValueError:
-        raise Unprocessable.field(["path", name], "must be an integer", raw, "int_parsing") from None
-    if not -(1 << 63) <= value < 1 << 63:  # no row has such an id, and SQLite could not even look
-        raise Unprocessable.field(["path", name], "is out of range (a 64-bit integer is expected)", raw)
-    return value
-
-
-def _path_uuid(request: web.Request, name: str) -> UUID:
-    raw = request.match_info[name]
-    try:
-        return UUID(raw)
-    except ValueError:
-        raise Unprocessable.field(["path", name], "must be a UUID", raw, "uuid_parsing") from None
-
-
-def _query_client(request: web.Request) -> UUID:
-    raw = request.query.get("client_id")
-    if raw is None:
-        raise Unprocessable.field(["query", "client_id"], "Field required", None, "missing")
-    try:
-        return UUID(raw)
-    except ValueError:
-        raise Unprocessable.field(["query", "client_id"], "must be a UUID", raw, "uuid_parsing") from None
 
 
 def _accepted(model: BaseModel) -> web.Response:
@@ -142,7 +104,7 @@ def _accepted(model: BaseModel) -> web.Response:
 async def _accepted_or_wait(request: web.Request, op_id: int, model: BaseModel) -> web.Response:
     """202 with the operation id; with ``Prefer: wait=N``, the operation's own result once it ends
     (its success model, or its error status with the ``ErrorResponse`` body)."""
-    wait = _prefer_wait(request)
+    wait = prefer_wait(request.headers)
     cp = _cp(request)
     if wait is None or not await cp.ops.wait(op_id, wait):
         return _accepted(model)
@@ -244,7 +206,7 @@ async def keepalive(request: web.Request) -> web.Response:
 
 
 async def list_servers(request: web.Request) -> web.Response:
-    client_id = _query_client(request)
+    client_id = query_client(request)
     include = request.query.get("include_terminal", "false").lower() in ("true", "1", "yes")
     servers = _cp(request).list_servers(client_id, include)
     return json_response(ListServersResponse(client_id=client_id, servers=servers))
@@ -252,18 +214,17 @@ async def list_servers(request: web.Request) -> web.Response:
 
 async def server_status(request: web.Request) -> web.Response:
     cp = _cp(request)
-    row = cp.owned_server(_query_client(request), _path_int(request, "server_id"))
+    row = cp.owned_server(query_client(request), path_int(request, "server_id"))
     return json_response(await cp.status(row))
 
 
 async def capabilities(request: web.Request) -> web.Response:
     cp = _cp(request)
-    row = cp.usable_server(_query_client(request), _path_int(request, "server_id"))
+    row = cp.usable_server(query_client(request), path_int(request, "server_id"))
     try:
         reply = await cp.forwarder.request(cp.endpoint_of(row), "GET", "api/capabilities", timeout=30)
     except ForwardError as exc:
-        return web.json_response({"error": "Forward", "message": exc.body, "detail": exc.body},
-                                 status=exc.status_code)
+        return _forward_error(exc)
     return web.Response(body=reply.body, status=reply.status, content_type="application/json")
 
 
@@ -283,7 +244,7 @@ async def snapshot_server(request: web.Request) -> web.Response:
 
 
 async def operation_status(request: web.Request) -> web.Response:
-    op_id = _path_int(request, "operation_id")
+    op_id = path_int(request, "operation_id")
     row = _cp(request).store.get_operation(op_id)
     if row is None:
         raise NotFound(f"operation {op_id} not found (operations are kept for the configured retention)")
@@ -330,7 +291,7 @@ async def snapshot_job(request: web.Request) -> web.Response:
 
 
 async def snapshot_exists(request: web.Request) -> web.Response:
-    q = _query_model(request, SnapshotExistsRequest)
+    q = query_model(request, SnapshotExistsRequest)
     snap = _cp(request).store.find_snapshot(q.namespace, q.image_tag, q.server_name, q.runtime_class_name,
                                             q.run_as_root, q.server_kind.value)
     if snap is None:
@@ -341,87 +302,27 @@ async def snapshot_exists(request: web.Request) -> web.Response:
 # -- forwarding -----------------------------------------------------------------------------------
 
 
-def _forward_record(request: web.Request, path: str, body: bytes, target: str, server_id: int) -> str:
-    text = body.decode("utf-8", errors="replace")
-    if b'"env"' in body and path.split("?", 1)[0].rstrip("/").endswith("api/tools/bash"):
-        try:  # env values are secrets: never stored
-            data = json.loads(text)
-            if isinstance(data, dict) and isinstance(data.get("env"), dict):
-                data["env"] = {k: "***" for k in data["env"]}
-                text = json.dumps(data)
-        except ValueError:
-            pass
-    if len(text) > STORED_BODY_LIMIT:
-        text = text[:STORED_BODY_LIMIT] + f"... [{len(body)} bytes; truncated in the request history]"
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in ("authorization", "cookie", "host")}
-    return json.dumps({"method": request.method, "path": path, "headers": headers, "body": text,
-                       "target_url": target, "server_id": server_id})
+def _forward_error(exc: ForwardError, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": "Forward", "message": exc.body, "detail": exc.body},
+                             status=exc.status_code, headers=headers)
 
 
 async def forward(request: web.Request) -> web.StreamResponse:
     cp = _cp(request)
-    client_id = _path_uuid(request, "client_id")
-    server_id = _path_int(request, "server_id")
+    client_id = path_uuid(request, "client_id")
+    server_id = path_int(request, "server_id")
     path = request.match_info["path"]
     if request.query_string:
         path = f"{path}?{request.query_string}"
     endpoint = cp.forward_endpoint(client_id, server_id)
-    body = await request.read()
-    call = _Forward(cp, request.app[METRICS], server_id)
-
-    def record() -> str:
-        return _forward_record(request, path, body, endpoint.base_url, server_id)
-
-    wait = _prefer_wait(request)
-    if wait is None:
-        async def work() -> Outcome:
-            pending = cp.forwarder.start(endpoint, request.method, path, request.headers, body)
-            started = time.perf_counter()
-            await pending.wait()
-            return call.outcome(call.settled(pending, started))
-
-        op = cp.ops.submit(AsyncOperationType.FORWARD_REQUEST, record(), work, client_id=str(client_id),
-                           server_id=server_id)
-        return _accepted(ForwardRequestResponse(async_operation_id=op))
-
-    # Prefer: wait. Answer with the sandbox's own response once the forward ends, or 202 if it
-    # takes longer than the client wants to wait. The call is recorded as an operation either
-    # way: when it ends in time, in one write made just after the answer is sent (its id reserved
-    # before); else as a running operation the client can poll.
-    started_ms, started = now_ms(), time.perf_counter()
-    pending = cp.forwarder.start(endpoint, request.method, path, request.headers, body)
-    if not pending.future.done():
-        await _settled_within(pending.future, wait)
-    if not pending.future.done():
-        op_id = cp.store.add_operation(AsyncOperationType.FORWARD_REQUEST, record(), str(client_id), server_id,
-                                       AsyncOperationStatus.IN_PROGRESS, cp.config.pod_name)
-
-        def finish(future: asyncio.Future) -> None:
-            outcome = (Outcome.failure(499, "cancelled") if future.cancelled()
-                       else call.outcome(call.settled(pending, started)))
-            cp.store.finish_operation(op_id, outcome.status, outcome.result, outcome.touch_server)
-
-        pending.future.add_done_callback(finish)
-        return _accepted(ForwardRequestResponse(async_operation_id=op_id))
-    value = call.settled(pending, started)
-    op_id = cp.store.reserve_operation_id()
-
-    def write_record() -> None:
-        # Runs once this handler's task yields, which is after aiohttp has written the answer: the
-        # record costs the caller nothing, and it exists before any later request is read.
-        outcome = call.outcome(value, cp.config.inline_result_limit)
-        try:
-            cp.store.record_operation(AsyncOperationType.FORWARD_REQUEST, record(), str(client_id), server_id,
-                                      cp.config.pod_name, started_ms, outcome.status, outcome.result,
-                                      outcome.touch_server, op_id=op_id)
-        except StoreError as exc:  # the caller has its answer; only the history misses this call
-            log.error("operation %s not recorded: %s", op_id, exc)
-
-    asyncio.get_running_loop().call_soon(write_record)
-    extra = {OPERATION_HEADER: str(op_id), "Preference-Applied": f"wait={wait:g}"}
+    call = ForwardedCall(client_id, server_id, request.method, path, request.headers, await request.read())
+    answer = await request.app[FORWARDS].forward(call, endpoint)
+    if answer.value is None:
+        return _accepted(ForwardRequestResponse(async_operation_id=answer.operation_id))
+    extra = {OPERATION_HEADER: str(answer.operation_id), "Preference-Applied": f"wait={answer.waited:g}"}
+    value = answer.value
     if isinstance(value, ForwardError):
-        return web.json_response({"error": "Forward", "message": value.body, "detail": value.body},
-                                 status=value.status_code, headers=extra)
+        return _forward_error(value, extra)
     headers = {k: v for k, v in value.headers.items() if k != "content-type"}
     headers.update(extra)
     headers[SANDBOX_HEADER] = "sandbox"
@@ -429,128 +330,27 @@ async def forward(request: web.Request) -> web.StreamResponse:
                         content_type=value.headers.get("content-type", "application/json").split(";")[0])
 
 
-@dataclass
-class _Forward:
-    """What happens to every forwarded call once it ends, however it was asked for."""
-
-    cp: ControlPlane
-    metrics: Metrics
-    server_id: int
-
-    def settled(self, pending: Pending, started: float) -> Reply | ForwardError:
-        """The reply or the failure of an ended forward, counted in the metrics."""
-        try:
-            reply = pending.result()
-        except ForwardError as exc:
-            self.metrics.forward(exc.status_code, time.perf_counter() - started)
-            if exc.status_code == 410:
-                self.cp.spawn(self.cp.check_sandbox(self.server_id))  # find out now whether the sandbox crashed
-            return exc
-        self.metrics.forward(reply.status, time.perf_counter() - started)
-        return reply
-
-    def outcome(self, value: Reply | ForwardError, inline_limit: int | None = None) -> Outcome:
-        """The operation's stored result. A body already answered inline is not kept above the limit."""
-        if isinstance(value, ForwardError):
-            return Outcome.failure(value.status_code, value.body)
-        touch = self.server_id if value.status < 500 else None
-        text = value.text()
-        if inline_limit is not None and len(text) > inline_limit:
-            text = f"[{len(value.body)} bytes answered inline; not kept in the request history]"
-        if value.status < 400:
-            return Outcome.success(ForwardRequestResponse(status_code=value.status, headers=value.headers, body=text),
-                                   touch)
-        return Outcome.failure(value.status, text, value.headers, touch)
-
-
-async def _settled_within(future: asyncio.Future, seconds: float) -> None:
-    """Wait until ``future`` ends or ``seconds`` pass, whichever is first; never cancels it."""
-    loop = asyncio.get_running_loop()
-    waiter = loop.create_future()
-
-    def wake(*_: Any) -> None:
-        if not waiter.done():
-            waiter.set_result(None)
-
-    timer = loop.call_later(seconds, wake)
-    future.add_done_callback(wake)
-    try:
-        await waiter
-    finally:
-        timer.cancel()
-        future.remove_done_callback(wake)
-
-
-def _prefer_wait(request: web.Request) -> float | None:
-    prefer = request.headers.get("Prefer")
-    if not prefer:
-        return None
-    match = PREFER_WAIT.search(prefer)
-    return min(float(match.group(1)), MAX_WAIT) if match else None
-
-
 async def ws_forward(request: web.Request) -> web.StreamResponse:
     from .ws import relay
 
     cp = _cp(request)
-    row = cp.usable_server(_path_uuid(request, "client_id"), _path_int(request, "server_id"))
+    row = cp.usable_server(path_uuid(request, "client_id"), path_int(request, "server_id"))
     return await relay(request, cp, row)
 
 
 # -- code runner ------------------------------------------------------------------------------------
 
 
-class CodeRunnerPool:
-    """``POST /execute`` on the control plane: each request runs in a fresh sandbox claimed from
-    the warm pool and thrown away afterwards, so no request sees another's files or processes."""
-
-    def __init__(self, cp: ControlPlane, image: str, concurrency: int) -> None:
-        self.cp = cp
-        self.spec = SandboxSpec(
-            server_id=0, generated_name="runner", namespace="idegym", image_tag=image, server_kind=ServerKind.IDEGYM,
-            run_as_root=False, runtime_class_name=None, container_port=8000, service_port=80, limits=Limits(),
-        )
-        self._slots = asyncio.Semaphore(concurrency)
-        self._languages: bytes | None = None
-
-    async def run(self, method: str, path: str, body: bytes) -> web.Response:
-        async with self._slots:
-            try:
-                handle, _warm = await self.cp.pool.acquire(self.spec, 120)
-            except BackendError as exc:
-                raise Unavailable(f"no sandbox for the code runner: {exc.message}") from exc
-            self.cp.leased.add(handle.name)  # bound to no server, yet no orphan either
-            try:
-                reply = await self.cp.forwarder.request(self.cp.backend.endpoint(handle), method, path,
-                                                        {"Content-Type": "application/json"}, body)
-            except ForwardError as exc:
-                raise ControlPlaneError(f"{FORWARD_FAILED}: the code-runner sandbox failed: {exc.body}") from exc
-            finally:
-                self.cp.spawn(self._discard(handle))
-        return web.Response(body=reply.body, status=reply.status, content_type="application/json")
-
-
-    async def _discard(self, handle) -> None:
-        try:
-            await self.cp._delete_handle(handle)
-        finally:
-            self.cp.leased.discard(handle.name)
-
-
 async def execute(request: web.Request) -> web.Response:
     body = await request.read()
     parse_model(body, ExecuteRequest)  # 422 here, before a sandbox is spent on it
-    return await request.app[RUNNER].run("POST", "execute", body)
+    reply = await request.app[RUNNER].run("POST", "execute", body)
+    return web.Response(body=reply.body, status=reply.status, content_type="application/json")
 
 
 async def languages(request: web.Request) -> web.Response:
-    runner = request.app[RUNNER]
-    if runner._languages is None:
-        response = await runner.run("GET", "execute/languages", b"")
-        if response.status != 200:
-            return response
-        runner._languages = response.body
-    return web.Response(body=runner._languages, content_type="application/json")
+    reply = await request.app[RUNNER].languages()
+    return web.Response(body=reply.body, status=reply.status, content_type="application/json")
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -616,62 +416,6 @@ FORWARD_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
 # -- middlewares and factory ----------------------------------------------------------------------
 
 
-def auth_middleware(credentials: tuple[str, str]):
-    user, password = credentials
-    expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-
-    @web.middleware
-    async def middleware(request: web.Request, handler):
-        if request.path == "/health":
-            return await handler(request)
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), expected.encode()):
-            raise Unauthorized("missing or wrong credentials: send HTTP Basic auth (IDEGYM_AUTH_USERNAME / "
-                               "IDEGYM_AUTH_PASSWORD for idegym-client)")
-        return await handler(request)
-
-    return middleware
-
-
-def _lifecycle(cp: ControlPlane, watcher: Watcher, images: ImageJobs):
-    async def ctx(app: web.Application) -> AsyncIterator[None]:
-        await cp.backend.start()
-        failed = cp.ops.recover()
-        images.recover()
-        if failed:
-            log.warning("failed %d operations cut off by a previous run", failed)
-        await cp.pool.adopt()
-        await watcher.check_crashes()  # adopt live sandboxes: crashed ones are marked now
-        await watcher.sweep_orphans(at_once=True)
-        for image in cp.config.pool_images:
-            cp.pool.watch(SandboxSpec(0, "pool", "idegym", image, ServerKind.IDEGYM, False, None, 8000, 80, Limits()))
-        watcher.start()
-        yield
-        await watcher.stop()
-        await cp.close()
-        if cp.config.ephemeral:
-            # Nothing outlives an ephemeral control plane, not even a sandbox half-made by a
-            # request that shutdown cut off (a code-runner lease did leave one behind).
-            await cp.backend.settle()
-            await watcher.sweep_orphans(at_once=True)
-        await cp.backend.close()
-        cp.store.close()
-
-    return ctx
-
-
-def make_backend(config: ControlPlaneConfig) -> Backend:
-    if config.backend == "local":
-        from .backends.local import LocalBackend
-
-        return LocalBackend(config.state_dir, isolation=config.isolation, network=config.network)
-    if config.backend == "kubernetes":
-        from .backends.kubernetes import KubernetesBackend, KubernetesConfig
-
-        return KubernetesBackend(KubernetesConfig.from_env(**config.kubernetes))
-    raise ValueError(f"unknown backend {config.backend!r}: use 'local' or 'kubernetes'")
-
-
 def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> web.Application:
     """Build the control plane. Nothing runs until the app is started (cleanup context)."""
     from .images import builder_for, parse_build_yaml
@@ -694,8 +438,9 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     app[SNAPSHOTS] = SnapshotJobs(cp)
     app[METRICS] = meter
     app[RUNNER] = CodeRunnerPool(cp, config.runner_image, config.runner_concurrency)
+    app[FORWARDS] = Forwards(cp, meter)
     app[OPENAPI] = build_openapi(ROUTES, title="IdeGym control plane", version=__version__)
-    app.cleanup_ctx.append(_lifecycle(cp, watcher, images))
+    app.cleanup_ctx.append(lifecycle_context(cp, watcher, images))
     for route in ROUTES:
         app.router.add_route(route.method, route.path, route.handler)
     for method in FORWARD_METHODS:

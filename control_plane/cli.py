@@ -9,13 +9,17 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from aiohttp import web
 
 from sandbox_server.http import run_loop, setup_logging
 
-from .config import ControlPlaneConfig, WatcherConfig, default_state_dir
+from .config import ControlPlaneConfig, WatcherConfig
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -24,43 +28,55 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"IDEGYM_CONTROL_PLANE_{name}", default)
 
 
+def _default(name: str, value: T, parse: Callable[[str], T]) -> T:
+    """``$IDEGYM_CONTROL_PLANE_<name>`` parsed, else the configuration's default ``value``."""
+    raw = _env(name)
+    return value if raw in (None, "") else parse(raw)
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state-dir", type=Path, default=Path(_env("STATE_DIR") or default_state_dir()),
+    cfg, watch = ControlPlaneConfig(), WatcherConfig()  # the defaults, defined once there
+    parser.add_argument("--state-dir", type=Path, default=_default("STATE_DIR", cfg.state_dir, Path),
                         help="database, images, sandboxes and snapshots [$IDEGYM_CONTROL_PLANE_STATE_DIR, "
                              "default ~/.local/state/idegym]")
-    parser.add_argument("--host", default=_env("HOST", "127.0.0.1"),
-                        help="address to listen on [$IDEGYM_CONTROL_PLANE_HOST, default 127.0.0.1]")
-    parser.add_argument("--port", type=int, default=int(_env("PORT", "8000") or 8000),
-                        help="TCP port; 0 picks a free one [$IDEGYM_CONTROL_PLANE_PORT, default 8000]")
-    parser.add_argument("--unix-socket", type=Path, default=_env("UNIX_SOCKET"),
+    parser.add_argument("--host", default=_default("HOST", cfg.host, str),
+                        help=f"address to listen on [$IDEGYM_CONTROL_PLANE_HOST, default {cfg.host}]")
+    parser.add_argument("--port", type=int, default=_default("PORT", cfg.port, int),
+                        help=f"TCP port; 0 picks a free one [$IDEGYM_CONTROL_PLANE_PORT, default {cfg.port}]")
+    parser.add_argument("--unix-socket", type=Path, default=_default("UNIX_SOCKET", cfg.unix_socket, Path),
                         help="also listen on this Unix socket")
     parser.add_argument("--auth", default=_env("AUTH"), metavar="USER:PASSWORD",
                         help="require HTTP Basic auth on every route but /health [$IDEGYM_CONTROL_PLANE_AUTH]")
-    parser.add_argument("--backend", choices=["local", "kubernetes"], default=_env("BACKEND", "local"),
-                        help="where sandboxes live [default local]")
-    parser.add_argument("--isolation", choices=["auto", "bwrap", "none"], default=_env("ISOLATION", "auto"),
+    parser.add_argument("--backend", choices=["local", "kubernetes"], default=_default("BACKEND", cfg.backend, str),
+                        help=f"where sandboxes live [default {cfg.backend}]")
+    parser.add_argument("--isolation", choices=["auto", "bwrap", "none"],
+                        default=_default("ISOLATION", cfg.isolation, str),
                         help="local backend: bubblewrap sandboxes (auto uses them when available)")
-    parser.add_argument("--network", action="store_true", default=bool(_env("NETWORK")),
+    parser.add_argument("--network", action="store_true", default=_default("NETWORK", cfg.network, bool),
                         help="local backend: give sandboxes network access (off by default)")
-    parser.add_argument("--warm-pool", type=int, default=int(_env("WARM_POOL", "2") or 2),
+    parser.add_argument("--warm-pool", type=int, default=_default("WARM_POOL", cfg.warm_pool, int),
                         help="spare sandboxes kept ready per image in use (grows with demand)")
-    parser.add_argument("--warm-pool-max", type=int, default=int(_env("WARM_POOL_MAX", "8") or 8),
+    parser.add_argument("--warm-pool-max", type=int, default=_default("WARM_POOL_MAX", cfg.warm_pool_max, int),
                         help="ceiling of the warm pool per image")
     parser.add_argument("--pool-image", action="append", default=[],
                         help="keep this image warm from start-up (repeatable)")
-    parser.add_argument("--max-servers", type=int, default=int(_env("MAX_SERVERS", "200") or 200),
+    parser.add_argument("--max-servers", type=int, default=_default("MAX_SERVERS", cfg.max_servers, int),
                         help="live servers allowed at once; more starts get 429 (the client retries)")
-    parser.add_argument("--watch-interval", type=float, default=float(_env("WATCH_INTERVAL", "5") or 5),
+    parser.add_argument("--watch-interval", type=float, default=_default("WATCH_INTERVAL", watch.interval, float),
                         help="seconds between watcher passes")
-    parser.add_argument("--inactive-timeout", type=float, default=float(_env("INACTIVE_TIMEOUT", "600") or 600),
+    parser.add_argument("--inactive-timeout", type=float,
+                        default=_default("INACTIVE_TIMEOUT", watch.inactive_timeout, float),
                         help="reap ALIVE servers idle this many seconds (keepalive extends)")
-    parser.add_argument("--finished-timeout", type=float, default=float(_env("FINISHED_TIMEOUT", "300") or 300),
+    parser.add_argument("--finished-timeout", type=float,
+                        default=_default("FINISHED_TIMEOUT", watch.finished_timeout, float),
                         help="reap FINISHED servers not reused within this many seconds")
-    parser.add_argument("--heartbeat-timeout", type=float, default=float(_env("HEARTBEAT_TIMEOUT", "600") or 600),
+    parser.add_argument("--heartbeat-timeout", type=float,
+                        default=_default("HEARTBEAT_TIMEOUT", watch.heartbeat_timeout, float),
                         help="reap clients silent this many seconds")
-    parser.add_argument("--operation-retention", type=float, default=float(_env("RETENTION", str(14 * 86400))),
+    parser.add_argument("--operation-retention", type=float,
+                        default=_default("RETENTION", watch.operation_retention, float),
                         help="seconds of request history kept")
-    parser.add_argument("--ephemeral", action="store_true",
+    parser.add_argument("--ephemeral", action="store_true", default=cfg.ephemeral,
                         help="delete every sandbox on shutdown (for embedded use)")
     if _wants_kubernetes():
         # the client library costs ~0.4 s to import: only when this backend is chosen

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
+from uuid import UUID
 
 from aiohttp import web
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from sandbox_server.errors import Unprocessable
-from sandbox_server.http import error_body, parse_model
+from sandbox_server.http import error_body, parse_model, summarize, validation_items
+
+from .errors import Unauthorized
 
 log = logging.getLogger("control_plane.http")
 M = TypeVar("M", bound=BaseModel)
@@ -90,5 +95,63 @@ def error_middleware(service: str, errors: tuple[type[Exception], ...],
             if log.isEnabledFor(logging.INFO):
                 log.info("request", extra={"method": request.method, "path": request.path, "status": status,
                                            "ms": round(seconds * 1000, 2)})
+
+    return middleware
+
+
+# -- request parts --------------------------------------------------------------------------------
+
+
+def query_model(request: web.Request, model: type[BaseModel]) -> Any:
+    try:
+        return model.model_validate(dict(request.query))
+    except ValidationError as exc:
+        items = validation_items(exc, prefix="query")
+        raise Unprocessable(summarize(items), items) from exc
+
+
+def path_int(request: web.Request, name: str) -> int:
+    raw = request.match_info[name]
+    try:
+        value = int(raw)
+    except ValueError:
+        raise Unprocessable.field(["path", name], "must be an integer", raw, "int_parsing") from None
+    if not -(1 << 63) <= value < 1 << 63:  # no row has such an id, and SQLite could not even look
+        raise Unprocessable.field(["path", name], "is out of range (a 64-bit integer is expected)", raw)
+    return value
+
+
+def path_uuid(request: web.Request, name: str) -> UUID:
+    raw = request.match_info[name]
+    try:
+        return UUID(raw)
+    except ValueError:
+        raise Unprocessable.field(["path", name], "must be a UUID", raw, "uuid_parsing") from None
+
+
+def query_client(request: web.Request) -> UUID:
+    raw = request.query.get("client_id")
+    if raw is None:
+        raise Unprocessable.field(["query", "client_id"], "Field required", None, "missing")
+    try:
+        return UUID(raw)
+    except ValueError:
+        raise Unprocessable.field(["query", "client_id"], "must be a UUID", raw, "uuid_parsing") from None
+
+
+def auth_middleware(credentials: tuple[str, str]) -> Any:
+    """HTTP Basic auth on every route but ``/health``."""
+    user, password = credentials
+    expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        if request.path == "/health":
+            return await handler(request)
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            raise Unauthorized("missing or wrong credentials: send HTTP Basic auth (IDEGYM_AUTH_USERNAME / "
+                               "IDEGYM_AUTH_PASSWORD for idegym-client)")
+        return await handler(request)
 
     return middleware

@@ -33,11 +33,11 @@ from typing import Any
 
 import yaml
 
+from .appuser import APPUSER
 from .backends.base import Backend, ImageBuilder, ImageDefinition
+from .image_tags import check_image_tag
 
 BUILTIN_IMAGE = "idegym/builtin:latest"
-TAG_RE = re.compile(r"^[a-z0-9._/:@-]+$")
-APPUSER = ("appuser", 1000)
 
 DEFAULT_NAME = "idegym-image"
 
@@ -73,8 +73,10 @@ def _definition(entry: dict[str, Any], index: int, registry: str | None = None) 
         name = str(entry.get("name") or DEFAULT_NAME).lower()
         tag = f"{registry.rstrip('/')}/{name}:{content_hash}" if registry else f"{name}:{content_hash}"
     tag = str(tag)
-    if not TAG_RE.match(tag):
-        raise ValueError(f"{where}: image tag {tag!r} is invalid; tags must match {TAG_RE.pattern}")
+    try:
+        check_image_tag(tag)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
     base = str(entry.get("base") or BUILTIN_IMAGE)
     project = _project(entry.get("project"), where)
     commands: list[str] = []
@@ -148,7 +150,7 @@ def _permission_commands(paths: dict[str, Any]) -> list[str]:
 def _user_commands(plugin: dict[str, Any]) -> list[str]:
     name = str(plugin.get("username", ""))
     uid = int(plugin.get("uid", 1000))
-    if not name or name == APPUSER[0] or uid == APPUSER[1]:
+    if not name or name == APPUSER.name or uid == APPUSER.uid:
         return []  # appuser (uid 1000) always exists locally
     shell = shlex.quote(str(plugin.get("shell", "/bin/bash")))
     gid = int(plugin.get("gid", uid))

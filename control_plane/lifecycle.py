@@ -11,9 +11,14 @@ Servers::
     ALIVE (while starting) ──► FAILED_TO_START
 
 Terminal statuses never change again; usable ones (ALIVE, REUSED) accept forwarded calls.
+The store applies every change as a compare-and-set guarded by ``server_guard``/``client_guard``
+(so two replicas cannot both claim one FINISHED server); the changes the store makes on its own
+(a claim, activity on a REUSED server) are named here as ``CLAIM`` and ``ON_ACTIVITY``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from .models import AvailabilityStatus as A
 
@@ -45,18 +50,35 @@ class IllegalTransition(Exception):
         self.target = target
 
 
-def server_sources(target: A) -> frozenset[A]:
-    """Statuses a server may move to ``target`` from (used as a compare-and-set guard)."""
-    return frozenset(src for src, targets in SERVER_TRANSITIONS.items() if target in targets)
-
-
-def client_sources(target: A) -> frozenset[A]:
-    return frozenset(src for src, targets in CLIENT_TRANSITIONS.items() if target in targets)
-
-
 def check_server(current: A, target: A) -> None:
     if target not in SERVER_TRANSITIONS[current]:
         raise IllegalTransition("server", current, target)
+
+
+CLAIM = (A.FINISHED, A.REUSED)  # a start request takes over a finished server
+ON_ACTIVITY = {A.REUSED: A.ALIVE}  # a reused server that is used again is alive
+for _current, _target in (CLAIM, *ON_ACTIVITY.items()):
+    check_server(_current, _target)
+
+
+def server_guard(target: A, only_from: Iterable[A] | None = None) -> frozenset[A]:
+    """The statuses a server may move to ``target`` from, narrowed to ``only_from``; asking for a
+    change the state machine never allows raises ``IllegalTransition`` (a bug, not a race)."""
+    return _guard("server", SERVER_TRANSITIONS, target, only_from)
+
+
+def client_guard(target: A, only_from: Iterable[A] | None = None) -> frozenset[A]:
+    return _guard("client", CLIENT_TRANSITIONS, target, only_from)
+
+
+def _guard(kind: str, table: dict[A, frozenset[A]], target: A, only_from: Iterable[A] | None) -> frozenset[A]:
+    sources = frozenset(src for src, targets in table.items() if target in targets)
+    if only_from is None:
+        return sources
+    wanted = frozenset(only_from)
+    for current in wanted - sources:
+        raise IllegalTransition(kind, current, target)
+    return wanted
 
 
 def is_terminal(status: A) -> bool:

@@ -21,6 +21,7 @@ from pydantic import (
 
 from sandbox_server.models import CapabilitiesResponse, Status  # noqa: F401 - re-exported wire shapes
 
+from .image_tags import IMAGE_TAG, MAX_TAG_LENGTH
 from .quantities import cpu_millicores, format_cpu, format_memory, memory_bytes
 
 # -- enumerations (§11) --------------------------------------------------------------------------
@@ -71,7 +72,6 @@ class ServerKind(StrEnum):
 # -- scalar rules (§12.1) ------------------------------------------------------------------------
 
 K8S_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-OCI_IMAGE = re.compile(r"^[a-z0-9._/:@-]+$")
 LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[a-zA-Z0-9]([a-zA-Z0-9._-]{0,61}[a-zA-Z0-9])?$"
 )
@@ -331,7 +331,7 @@ class StopClientResponse(Response):
 class StartServerRequest(Request):
     client_id: UUID
     namespace: str = "idegym"
-    image_tag: str = Field(min_length=1, max_length=383, pattern=OCI_IMAGE.pattern)
+    image_tag: str = Field(min_length=1, max_length=MAX_TAG_LENGTH, pattern=IMAGE_TAG.pattern)
     server_name: str = Field("default-idegym-server", min_length=1, max_length=63, pattern=K8S_NAME.pattern)
     runtime_class_name: str | None = None
     run_as_root: bool = False

@@ -69,6 +69,10 @@ class ControlPlane:
             if not self._busy[server_id]:
                 del self._busy[server_id]
 
+    def is_busy(self, server_id: int) -> bool:
+        """Whether a stop, restart or start of the server is under way."""
+        return server_id in self._busy
+
     def spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
         self._background.add(task)
@@ -176,9 +180,9 @@ class ControlPlane:
 
     async def stop_client(self, client_id: str) -> RegisteredClientResponse:
         servers = self.store.servers(client_id=client_id, availability=lifecycle.USABLE)
-        results = await asyncio.gather(*(self._stop(s, A.STOPPED, "stopped with its client") for s in servers),
+        results = await asyncio.gather(*(self.stop(s, A.STOPPED, "stopped with its client") for s in servers),
                                        return_exceptions=True)
-        failed = [s.id for s, r in zip(servers, results) if isinstance(r, BaseException) or r is False]
+        failed = [s.id for s, r in zip(servers, results, strict=True) if isinstance(r, BaseException) or r is False]
         target = A.DELETION_FAILED if failed else A.STOPPED
         self.store.set_client_status(client_id, target)
         await self._release_nodes(self.client(client_id))
@@ -230,7 +234,7 @@ class ControlPlane:
         if not self.store.set_server_status(server_id, A.ALIVE, "", handle=json.dumps(handle.to_json()),
                                             last_activity_at=now_ms()):
             # stopped while starting (its client went away): do not leak the sandbox
-            self.spawn(self._delete_handle(handle))
+            self.spawn(self.delete_handle(handle))
             raise OperationFailed(410, f"server {server_id} was stopped while it was starting")
         return StartServerResponse(**base, server_id=server_id, generated_name=row.generated_name,
                                    service_name=handle.name, reused=False, need_to_reset=False)
@@ -295,28 +299,28 @@ class ControlPlane:
         except BackendError as exc:
             self.store.set_server_status(row.id, A.RESTART_FAILED, exc.message)
             if old is not None:
-                self.spawn(self._delete_handle(old))
+                self.spawn(self.delete_handle(old))
             raise OperationFailed(500, f"Restarting {row.generated_name} failed: {exc.message}") from exc
         sources = [A.REUSED] if reuse else [A.ALIVE, A.REUSED]
         if not self.store.set_server_status(row.id, A.ALIVE, "", only_from=sources,
                                             handle=json.dumps(handle.to_json()), last_activity_at=now_ms()):
-            self.spawn(self._delete_handle(handle))
+            self.spawn(self.delete_handle(handle))
             raise OperationFailed(410, f"server {row.id} stopped while it was restarting")
         if old is not None:
-            self.spawn(self._delete_handle(old))
+            self.spawn(self.delete_handle(old))
 
     async def stop_server(self, row: ServerRow) -> ServerActionResponse:
         if lifecycle.is_terminal(row.availability):
             return ServerActionResponse(server_name=row.generated_name,
                                         message=f"{row.generated_name} is already {row.availability.value}")
-        await self._stop(row, A.STOPPED, "stopped by its client")
+        await self.stop(row, A.STOPPED, "stopped by its client")
         fresh = self.store.get_server(row.id)
         assert fresh is not None
         if fresh.availability == A.DELETION_FAILED:
             raise OperationFailed(500, f"Stopping {row.generated_name} failed: {fresh.details}")
         return ServerActionResponse(server_name=row.generated_name, message=f"Stopped {row.generated_name}")
 
-    async def _stop(self, row: ServerRow, target: A, details: str) -> bool:
+    async def stop(self, row: ServerRow, target: A, details: str) -> bool:
         """Delete the sandbox, then record ``target`` (or DELETION_FAILED: never claim a stop that
         did not happen)."""
         with self.busy(row.id):
@@ -325,13 +329,13 @@ class ControlPlane:
     async def _stop_unguarded(self, row: ServerRow, target: A, details: str) -> bool:
         if row.handle:
             try:
-                await self._delete_handle(SandboxHandle.from_json(json.loads(row.handle)), raise_errors=True)
+                await self.delete_handle(SandboxHandle.from_json(json.loads(row.handle)), raise_errors=True)
             except Exception as exc:  # noqa: BLE001
                 self.store.set_server_status(row.id, A.DELETION_FAILED, f"deletion failed: {exc}")
                 return False
         return self.store.set_server_status(row.id, target, details)
 
-    async def _delete_handle(self, handle: SandboxHandle, raise_errors: bool = False) -> None:
+    async def delete_handle(self, handle: SandboxHandle, raise_errors: bool = False) -> None:
         try:
             await self.forwarder.forget(self.backend.endpoint(handle))
             await self.backend.delete(handle)
@@ -433,14 +437,14 @@ class ControlPlane:
             else:
                 if self.store.set_server_status(row.id, row.availability, None, only_from=[row.availability],
                                                 handle=json.dumps(fresh.to_json())):
-                    self.spawn(self._delete_handle(handle))
+                    self.spawn(self.delete_handle(handle))
                     return
-                self.spawn(self._delete_handle(fresh))
+                self.spawn(self.delete_handle(fresh))
                 return
         details = f"crashed: {reason} (restarts {restarts}, max_restarts {row.max_restarts})"
         if self.store.set_server_status(row.id, A.CRASHED, details):
             log.warning("server %s %s", row.id, details)
-            self.spawn(self._delete_handle(handle))
+            self.spawn(self.delete_handle(handle))
 
     # -- shutdown -------------------------------------------------------------------------------
 
@@ -449,7 +453,7 @@ class ControlPlane:
         await self.pool.close(delete_members=True)
         if self.config.ephemeral:
             live = self.store.servers(availability=lifecycle.LIVE)
-            await asyncio.gather(*(self._stop(s, A.STOPPED, "control plane shut down") for s in live),
+            await asyncio.gather(*(self.stop(s, A.STOPPED, "control plane shut down") for s in live),
                                  return_exceptions=True)
         if self._background:
             await asyncio.wait(set(self._background), timeout=30)

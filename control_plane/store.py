@@ -12,10 +12,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -23,157 +21,35 @@ from uuid import UUID
 from . import lifecycle
 from .errors import Unavailable
 from .models import AsyncOperationStatus, AsyncOperationType, AvailabilityStatus
+from .records import (  # noqa: F401 - the store's row types, imported from here
+    SCHEMA,
+    ClientRow,
+    JobRow,
+    OperationRow,
+    PoolRow,
+    ServerRow,
+    SnapshotRow,
+    from_db,
+    now_ms,
+)
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
+def _in(statuses: Iterable[AvailabilityStatus]) -> str:
+    """An SQL ``IN (…)`` list of statuses (enum values: no quoting needed)."""
+    return "(" + ",".join(f"'{s.value}'" for s in sorted(statuses)) + ")"
 
 
-@dataclass
-class ClientRow:
-    id: str
-    name: str
-    namespace: str
-    nodes_count: int
-    availability: AvailabilityStatus
-    created_at: int
-    last_heartbeat_time: int
-
-
-@dataclass
-class ServerRow:
-    id: int
-    client_id: str
-    client_name: str
-    server_name: str
-    generated_name: str
-    namespace: str
-    image_tag: str
-    runtime_class_name: str | None
-    run_as_root: bool
-    server_kind: str
-    service_port: int
-    container_port: int
-    availability: AvailabilityStatus
-    details: str | None
-    created_at: int
-    last_activity_at: int
-    keepalive_until: int | None
-    max_restarts: int
-    restarts: int
-    request: str
-    handle: str | None
-
-    @property
-    def handle_json(self) -> dict[str, Any] | None:
-        return json.loads(self.handle) if self.handle else None
-
-
-@dataclass
-class OperationRow:
-    id: int
-    request_type: AsyncOperationType
-    status: AsyncOperationStatus
-    request: str | None
-    result: str | None
-    client_id: str | None
-    server_id: int | None
-    orchestrator_pod: str | None
-    scheduled_at: int
-    started_at: int | None
-    finished_at: int | None
-
-
-@dataclass
-class JobRow:
-    id: int
-    job_name: str
-    status: str
-    created_at: int
-    updated_at: int
-    details: str | None
-    tag: str | None
-    request_id: str | None
-
-
-@dataclass
-class SnapshotRow:
-    id: str
-    group_id: str
-    server_id: int | None
-    namespace: str
-    image_tag: str
-    server_name: str
-    runtime_class_name: str | None
-    run_as_root: bool
-    server_kind: str
-    tag: str | None
-    created_at: int
-
-
-@dataclass
-class PoolRow:
-    name: str
-    pool_key: str
-    handle: str
-    created_at: int
-
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS clients (
-    id TEXT PRIMARY KEY, name TEXT NOT NULL, namespace TEXT NOT NULL, nodes_count INTEGER NOT NULL,
-    availability TEXT NOT NULL, created_at INTEGER NOT NULL, last_heartbeat_time INTEGER NOT NULL);
-CREATE INDEX IF NOT EXISTS clients_name ON clients(name);
-CREATE TABLE IF NOT EXISTS servers (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, client_id TEXT NOT NULL, client_name TEXT NOT NULL,
-    server_name TEXT NOT NULL, generated_name TEXT NOT NULL, namespace TEXT NOT NULL, image_tag TEXT NOT NULL,
-    runtime_class_name TEXT, run_as_root INTEGER NOT NULL, server_kind TEXT NOT NULL,
-    service_port INTEGER NOT NULL, container_port INTEGER NOT NULL, availability TEXT NOT NULL,
-    details TEXT, created_at INTEGER NOT NULL, last_activity_at INTEGER NOT NULL, keepalive_until INTEGER,
-    max_restarts INTEGER NOT NULL, restarts INTEGER NOT NULL DEFAULT 0, request TEXT NOT NULL, handle TEXT);
-CREATE INDEX IF NOT EXISTS servers_client ON servers(client_id);
-CREATE INDEX IF NOT EXISTS servers_reuse ON servers(availability, client_name, image_tag);
-CREATE TABLE IF NOT EXISTS operations (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, request_type TEXT NOT NULL, status TEXT NOT NULL, request TEXT,
-    result TEXT, client_id TEXT, server_id INTEGER, orchestrator_pod TEXT, scheduled_at INTEGER NOT NULL,
-    started_at INTEGER, finished_at INTEGER);
-CREATE INDEX IF NOT EXISTS operations_status ON operations(status);
-CREATE INDEX IF NOT EXISTS operations_scheduled ON operations(scheduled_at);
-CREATE TABLE IF NOT EXISTS jobs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, job_name TEXT UNIQUE NOT NULL, status TEXT NOT NULL,
-    created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, details TEXT, tag TEXT, request_id TEXT);
-CREATE TABLE IF NOT EXISTS snapshots (
-    id TEXT PRIMARY KEY, group_id TEXT NOT NULL, server_id INTEGER, namespace TEXT NOT NULL,
-    image_tag TEXT NOT NULL, server_name TEXT NOT NULL, runtime_class_name TEXT, run_as_root INTEGER NOT NULL,
-    server_kind TEXT NOT NULL, tag TEXT, created_at INTEGER NOT NULL);
-CREATE INDEX IF NOT EXISTS snapshots_group ON snapshots(group_id);
-CREATE TABLE IF NOT EXISTS snapshot_batches (
-    request_id TEXT PRIMARY KEY, created_at INTEGER NOT NULL, total INTEGER NOT NULL, results TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS pool (
-    name TEXT PRIMARY KEY, pool_key TEXT NOT NULL, handle TEXT NOT NULL, created_at INTEGER NOT NULL);
-"""
-
-
-def _row(cls: type, row: sqlite3.Row) -> Any:
-    values = {f.name: row[f.name] for f in fields(cls)}
-    if "availability" in values:
-        values["availability"] = AvailabilityStatus(values["availability"])
-    if "run_as_root" in values:
-        values["run_as_root"] = bool(values["run_as_root"])
-    if cls is OperationRow:
-        values["request_type"] = AsyncOperationType(values["request_type"])
-        values["status"] = AsyncOperationStatus(values["status"])
-    return cls(**values)
+# Activity on a usable server, with the status change the lifecycle makes on it (REUSED → ALIVE).
+_TOUCH_SQL = (
+    "UPDATE servers SET last_activity_at=MAX(last_activity_at, ?), availability=CASE availability "
+    + " ".join(f"WHEN '{src.value}' THEN '{dst.value}'" for src, dst in lifecycle.ON_ACTIVITY.items())
+    + f" ELSE availability END WHERE id=? AND availability IN {_in(lifecycle.USABLE)}"
+)
 
 
 def _touch(db: sqlite3.Connection, server_id: int, when: int) -> None:
-    """Record activity; a REUSED server that is used again becomes ALIVE."""
-    db.execute(
-        "UPDATE servers SET last_activity_at=MAX(last_activity_at, ?), "
-        "availability=CASE availability WHEN 'REUSED' THEN 'ALIVE' ELSE availability END "
-        "WHERE id=? AND availability IN ('ALIVE','REUSED')",
-        (when, server_id),
-    )
+    """Record activity (``lifecycle.ON_ACTIVITY``)."""
+    db.execute(_TOUCH_SQL, (when, server_id))
 
 
 class StoreError(Unavailable):
@@ -259,7 +135,7 @@ class SQLiteStore:
 
     def get_client(self, client_id: UUID | str) -> ClientRow | None:
         rows = self._query("SELECT * FROM clients WHERE id=?", (str(client_id),))
-        return _row(ClientRow, rows[0]) if rows else None
+        return from_db(ClientRow, rows[0]) if rows else None
 
     def clients(self, availability: Iterable[AvailabilityStatus] | None = None) -> list[ClientRow]:
         if availability is None:
@@ -268,10 +144,10 @@ class SQLiteStore:
             wanted = [a.value for a in availability]
             rows = self._query(f"SELECT * FROM clients WHERE availability IN ({','.join('?' * len(wanted))})",
                                wanted)
-        return [_row(ClientRow, r) for r in rows]
+        return [from_db(ClientRow, r) for r in rows]
 
     def set_client_status(self, client_id: str, target: AvailabilityStatus, heartbeat: int | None = None) -> bool:
-        sources = [s.value for s in lifecycle.client_sources(target)]
+        sources = [s.value for s in lifecycle.client_guard(target)]
         sets, args = ["availability=?"], [target.value]
         if heartbeat is not None:
             sets.append("last_heartbeat_time=?")
@@ -303,7 +179,7 @@ class SQLiteStore:
 
     def get_server(self, server_id: int) -> ServerRow | None:
         rows = self._query("SELECT * FROM servers WHERE id=?", (server_id,))
-        return _row(ServerRow, rows[0]) if rows else None
+        return from_db(ServerRow, rows[0]) if rows else None
 
     def usable_handle(self, client_id: str, server_id: int) -> str | None:
         """The handle of a server the client owns while it is usable (ALIVE or REUSED), as a
@@ -318,7 +194,7 @@ class SQLiteStore:
             if handle is None:
                 rows = self._db.execute(
                     "SELECT s.handle FROM servers s JOIN clients c ON c.id = s.client_id WHERE s.id=? AND "
-                    "s.client_id=? AND s.availability IN ('ALIVE','REUSED') AND s.handle IS NOT NULL",
+                    f"s.client_id=? AND s.availability IN {_in(lifecycle.USABLE)} AND s.handle IS NOT NULL",
                     (server_id, client_id)).fetchall()
                 if rows:
                     handle = self._usable[(client_id, server_id)] = rows[0][0]
@@ -334,16 +210,14 @@ class SQLiteStore:
             wanted = [a.value for a in availability]
             sql += f" AND availability IN ({','.join('?' * len(wanted))})"
             args += wanted
-        return [_row(ServerRow, r) for r in self._query(sql + " ORDER BY id DESC", args)]
+        return [from_db(ServerRow, r) for r in self._query(sql + " ORDER BY id DESC", args)]
 
     def set_server_status(self, server_id: int, target: AvailabilityStatus, details: str | None = None,
                           *, only_from: Iterable[AvailabilityStatus] | None = None, **extra: Any) -> bool:
         """Move a server to ``target`` if the lifecycle allows it from its current status (CAS).
 
         Returns False, changing nothing, when it does not (e.g. the server is already terminal)."""
-        sources = set(lifecycle.server_sources(target))
-        if only_from is not None:
-            sources &= set(only_from)
+        sources = lifecycle.server_guard(target, only_from)
         if not sources:
             return False
         sets, args = ["availability=?"], [target.value]
@@ -361,21 +235,23 @@ class SQLiteStore:
         return cur.rowcount == 1
 
     def claim_finished(self, client_id: str, client_name: str, key: tuple) -> ServerRow | None:
-        """Atomically take the newest FINISHED server matching ``key`` for ``client_id``: → REUSED."""
+        """Atomically take the newest FINISHED server matching ``key`` for ``client_id``: → REUSED
+        (``lifecycle.CLAIM``)."""
         image_tag, runtime, root, kind, server_name = key
+        source, target = lifecycle.CLAIM
         with self.tx() as db:
             row = db.execute(
                 "SELECT id FROM servers WHERE availability=? AND client_name=? AND image_tag=? "
                 "AND runtime_class_name IS ? AND run_as_root=? AND server_kind=? AND server_name=? "
                 "ORDER BY last_activity_at DESC, id DESC LIMIT 1",
-                (AvailabilityStatus.FINISHED.value, client_name, image_tag, runtime, int(root), kind, server_name),
+                (source.value, client_name, image_tag, runtime, int(root), kind, server_name),
             ).fetchone()
             if row is None:
                 return None
             cur = db.execute(
                 "UPDATE servers SET availability=?, client_id=?, last_activity_at=?, keepalive_until=NULL, "
                 "details=NULL WHERE id=? AND availability=?",
-                (AvailabilityStatus.REUSED.value, client_id, now_ms(), row["id"], AvailabilityStatus.FINISHED.value),
+                (target.value, client_id, now_ms(), row["id"], source.value),
             )
             if cur.rowcount != 1:
                 return None
@@ -463,11 +339,11 @@ class SQLiteStore:
 
     def get_operation(self, op_id: int) -> OperationRow | None:
         rows = self._query("SELECT * FROM operations WHERE id=?", (op_id,))
-        return _row(OperationRow, rows[0]) if rows else None
+        return from_db(OperationRow, rows[0]) if rows else None
 
     def unfinished_operations(self) -> list[OperationRow]:
         rows = self._query("SELECT * FROM operations WHERE status IN ('SCHEDULED','IN_PROGRESS')")
-        return [_row(OperationRow, r) for r in rows]
+        return [from_db(OperationRow, r) for r in rows]
 
     def purge_operations(self, older_than_ms: int) -> int:
         cur = self._write(
@@ -489,11 +365,11 @@ class SQLiteStore:
 
     def get_job(self, job_name: str) -> JobRow | None:
         rows = self._query("SELECT * FROM jobs WHERE job_name=?", (job_name,))
-        return _row(JobRow, rows[0]) if rows else None
+        return from_db(JobRow, rows[0]) if rows else None
 
     def jobs(self, status: str | None = None) -> list[JobRow]:
         rows = self._query("SELECT * FROM jobs" + (" WHERE status=?" if status else ""), (status,) if status else ())
-        return [_row(JobRow, r) for r in rows]
+        return [from_db(JobRow, r) for r in rows]
 
     # -- snapshots ------------------------------------------------------------------------------
 
@@ -504,7 +380,7 @@ class SQLiteStore:
 
     def snapshots(self, group_id: str | None = None) -> list[SnapshotRow]:
         sql = "SELECT * FROM snapshots" + (" WHERE group_id=?" if group_id else "") + " ORDER BY created_at DESC"
-        return [_row(SnapshotRow, r) for r in self._query(sql, (group_id,) if group_id else ())]
+        return [from_db(SnapshotRow, r) for r in self._query(sql, (group_id,) if group_id else ())]
 
     def find_snapshot(self, namespace: str, image_tag: str, server_name: str, runtime: str | None, root: bool,
                       kind: str) -> SnapshotRow | None:
@@ -513,7 +389,7 @@ class SQLiteStore:
             "AND run_as_root=? AND server_kind=? ORDER BY created_at DESC LIMIT 1",
             (namespace, image_tag, server_name, runtime, int(root), kind),
         )
-        return _row(SnapshotRow, rows[0]) if rows else None
+        return from_db(SnapshotRow, rows[0]) if rows else None
 
     def add_batch(self, request_id: str, total: int) -> None:
         self._write("INSERT INTO snapshot_batches VALUES (?,?,?,?)", (request_id, now_ms(), total, "[]"))
@@ -537,4 +413,4 @@ class SQLiteStore:
         return self._write("DELETE FROM pool WHERE name=?", (name,)).rowcount == 1
 
     def pool_members(self) -> list[PoolRow]:
-        return [_row(PoolRow, r) for r in self._query("SELECT * FROM pool ORDER BY created_at")]
+        return [from_db(PoolRow, r) for r in self._query("SELECT * FROM pool ORDER BY created_at")]

@@ -73,7 +73,7 @@ class Watcher:
         now = now_ms()
         doomed = []
         for row in self.cp.store.servers(availability=lifecycle.LIVE):
-            if row.id in self.cp._busy or not row.handle:
+            if self.cp.is_busy(row.id) or not row.handle:
                 continue  # starting, restarting or stopping: not idle
             if row.keepalive_until is not None and now < row.keepalive_until:
                 continue
@@ -82,7 +82,7 @@ class Watcher:
             if idle > timeout:
                 state = "finished and not reused" if row.availability == A.FINISHED else "idle"
                 doomed.append((row, f"killed by the watcher: {state} for {idle:.0f} s (limit {timeout:g} s)"))
-        await asyncio.gather(*(self.cp._stop(row, A.KILLED, why) for row, why in doomed))
+        await asyncio.gather(*(self.cp.stop(row, A.KILLED, why) for row, why in doomed))
 
     async def reap_clients(self) -> None:
         cutoff = now_ms() - self.config.heartbeat_timeout * 1000
@@ -92,7 +92,7 @@ class Watcher:
             if self.cp.store.set_client_status(client.id, A.KILLED):
                 servers = self.cp.store.servers(client_id=client.id, availability=lifecycle.USABLE)
                 await asyncio.gather(*(
-                    self.cp._stop(s, A.KILLED, "killed by the watcher: its client stopped sending heartbeats")
+                    self.cp.stop(s, A.KILLED, "killed by the watcher: its client stopped sending heartbeats")
                     for s in servers))
 
     async def check_crashes(self) -> None:

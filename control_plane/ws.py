@@ -10,6 +10,7 @@ from aiohttp import web
 
 from .service import ControlPlane
 from .store import ServerRow, now_ms
+from .websocket import splice
 
 log = logging.getLogger(__name__)
 
@@ -26,39 +27,26 @@ async def relay(request: web.Request, cp: ControlPlane, row: ServerRow) -> web.S
     except Exception as exc:  # noqa: BLE001 - refused before the upgrade: the client gets a status
         await session.close()
         cp.spawn(cp.check_sandbox(row.id))
-        raise web.HTTPGone(text=f"Failed to forward request: cannot open {url}: {type(exc).__name__} ({exc})")
+        raise web.HTTPGone(
+            text=f"Failed to forward request: cannot open {url}: {type(exc).__name__} ({exc})") from exc
     downstream = web.WebSocketResponse(max_msg_size=0, autoping=True)
     await downstream.prepare(request)
     cp.store.touch_server(row.id, now_ms())
 
-    async def pump(src, dst, count_activity: bool) -> None:
-        async for msg in src:
-            if msg.type == aiohttp.WSMsgType.TEXT:
-                await dst.send_str(msg.data)
-            elif msg.type == aiohttp.WSMsgType.BINARY:
-                await dst.send_bytes(msg.data)
-            elif msg.type == aiohttp.WSMsgType.ERROR:
-                break
-            if count_activity:
-                cp.store.touch_server(row.id, now_ms())
+    def active() -> None:
+        cp.store.touch_server(row.id, now_ms())
 
     async def keep_active() -> None:
         # an open session is activity even while a long step sends no frame
         while True:
             await asyncio.sleep(30)
-            cp.store.touch_server(row.id, now_ms())
+            active()
 
-    to_client = asyncio.ensure_future(pump(upstream, downstream, True))
-    to_server = asyncio.ensure_future(pump(downstream, upstream, True))
     heartbeat = asyncio.ensure_future(keep_active())
     try:
-        await asyncio.wait({to_client, to_server}, return_when=asyncio.FIRST_COMPLETED)
-    except Exception:  # noqa: BLE001
-        log.exception("websocket relay failed")
-        await downstream.close(code=aiohttp.WSCloseCode.INTERNAL_ERROR)
+        await splice(upstream, downstream, active)
     finally:
-        for task in (to_client, to_server, heartbeat):
-            task.cancel()
+        heartbeat.cancel()
         code = upstream.close_code or aiohttp.WSCloseCode.OK
         if not downstream.closed:
             await downstream.close(code=code if code != aiohttp.WSCloseCode.ABNORMAL_CLOSURE

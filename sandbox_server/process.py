@@ -33,7 +33,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from . import procfs
 from .output import BoundedOutput
+from .polling import until
 
 log = logging.getLogger(__name__)
 
@@ -210,12 +212,6 @@ class _Job:
             self.timed_out = True
             self.done.set_result(None)
 
-    async def wait_exit(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.exit_code is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
-        return self.exit_code is not None
-
 
 class Supervisor:
     """Spawns the server's child processes and reaps orphans re-parented to it."""
@@ -327,7 +323,7 @@ class Supervisor:
             for fd in (out_w, err_w) + ((in_r,) if in_w is not None else ()):
                 os.close(fd)
         self._tracked.add(proc.pid)
-        _write_proc(proc.pid, "oom_score_adj", TOOL_OOM_SCORE_ADJ)  # the OOM killer takes tools first
+        procfs.write(proc.pid, "oom_score_adj", TOOL_OOM_SCORE_ADJ)  # the OOM killer takes tools first
         try:
             job = _Job(loop, proc.pid, {out_r: out, err_r: err})
             job.mark = mark
@@ -354,32 +350,26 @@ class Supervisor:
     async def _terminate(self, job: _Job, grace: float) -> None:
         # The command's tree, taken before any signal: once its top process is gone, what it
         # double-forked is re-parented to the server and can no longer be told apart.
-        family = set(descendants(job.pid))
+        tree = procfs.process_tree()
+        family = set(procfs.descendants(job.pid, tree))
         holders = set(pipe_holders(job.pipe_ids)) | marked_processes(f"{CALL_ENV}={job.mark}".encode())
         for pid in holders:
-            family.update(descendants(pid))
+            family.update(procfs.descendants(pid, tree))
         family |= holders
         _signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGTERM)
         for pid in family:
-            _kill(pid, signal.SIGTERM)
+            procfs.kill(pid, signal.SIGTERM)
 
-        def busy() -> bool:
-            return job.exit_code is None or bool(job.open_pipes) or any(_alive(p) for p in family)
+        def settled() -> bool:
+            return job.exit_code is not None and not job.open_pipes and not any(procfs.alive(p) for p in family)
 
-        deadline = time.monotonic() + grace
-        pause = 0.001
-        while time.monotonic() < deadline and busy():
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 0.01)
-        if busy():
-            roots = {p for p in family if _alive(p)} | ({job.pid} if job.exit_code is None else set())
+        if not await until(settled, grace, first=0.001, cap=0.01):
+            roots = {p for p in family if procfs.alive(p)} | ({job.pid} if job.exit_code is None else set())
             frozen = _freeze_trees(roots, include_roots=True)
             _signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGKILL)
             for pid in frozen:
-                _kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 0.3
-            while time.monotonic() < deadline and busy():
-                await asyncio.sleep(0.005)
+                procfs.kill(pid, signal.SIGKILL)
+            await until(settled, 0.3, first=0.005, cap=0.005)
 
     def _hand_to_drainer(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
         loop.remove_reader(fd)
@@ -406,51 +396,29 @@ class Supervisor:
 
     async def kill_descendants(self, grace: float) -> int:
         """End every process this server started, directly or not. Returns how many there were."""
-        victims = descendants(os.getpid())
+        victims = procfs.descendants(os.getpid())
         if not victims:
             return 0
         for pid in victims:
-            _kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        pause = 0.001  # most processes die at once: look again soon, then less often
-        while time.monotonic() < deadline:
-            if not [p for p in victims if _alive(p)]:
-                break
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 0.02)
+            procfs.kill(pid, signal.SIGTERM)
+        await until(lambda: not any(procfs.alive(p) for p in victims), grace, first=0.001)
         # Stop everything still there (and what it forks meanwhile), then kill it all: a fork
         # bomb or a daemon that respawns on SIGTERM cannot outrun one scan-and-kill pass.
         survivors = _freeze_trees({os.getpid()}, include_roots=False)
         for pid in survivors:
-            _kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline and [p for p in survivors if _alive(p)]:
-            await asyncio.sleep(0.005)
+            procfs.kill(pid, signal.SIGKILL)
+        await until(lambda: not any(procfs.alive(p) for p in survivors), 2.0, first=0.005, cap=0.005)
         self._reap_orphans_now()
         return len(set(victims) | set(survivors))
 
     def _reap_orphans_now(self) -> None:
         """Collect exited children we did not start ourselves (daemons re-parented to us)."""
-        for pid in _children():
+        for pid in procfs.children(os.getpid()):
             if pid not in self._tracked:
                 try:
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:
                     pass
-
-
-def _children() -> list[int]:
-    pids: list[int] = []
-    try:
-        for task in os.scandir("/proc/self/task"):
-            try:
-                with open(f"{task.path}/children") as fh:
-                    pids.extend(int(p) for p in fh.read().split())
-            except OSError:
-                continue
-    except OSError:
-        pass
-    return pids
 
 
 def _groups_of(user: UserSpec) -> list[int]:
@@ -473,10 +441,6 @@ def _groups_of(user: UserSpec) -> list[int]:
 
 
 _GROUPS: dict[tuple[str, int, int | None], list[int]] = {}
-
-
-def _remaining(started: float, timeout: float) -> float:
-    return max(timeout - (time.monotonic() - started), 0.0)
 
 
 def _grow_pipe(fd: int) -> None:
@@ -506,19 +470,6 @@ async def _feed_stdin(loop: asyncio.AbstractEventLoop, fd: int, data: bytes) -> 
         os.close(fd)
 
 
-def _write_proc(pid: int, name: str, value: bytes) -> None:
-    try:
-        fd = os.open(f"/proc/{pid}/{name}", os.O_WRONLY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.write(fd, value)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _freeze_trees(roots: set[int], include_roots: bool, rounds: int = 200) -> set[int]:
     """SIGSTOP every live descendant of ``roots`` (and the roots themselves if asked), looking
     again until a scan finds nothing new; returns the stopped processes. A stopped process
@@ -526,8 +477,8 @@ def _freeze_trees(roots: set[int], include_roots: bool, rounds: int = 200) -> se
     me = os.getpid()
     frozen: set[int] = set()
     for _ in range(rounds):
-        children = _children_map()
-        found = {p for p in roots if p != me and _alive(p)} if include_roots else set()
+        children = procfs.process_tree()
+        found = {p for p in roots if p != me and procfs.alive(p)} if include_roots else set()
         stack = list(roots | frozen)
         while stack:
             for child in children.get(stack.pop(), ()):
@@ -538,41 +489,9 @@ def _freeze_trees(roots: set[int], include_roots: bool, rounds: int = 200) -> se
         if not new:
             break
         for pid in new:
-            _kill(pid, signal.SIGSTOP)
+            procfs.kill(pid, signal.SIGSTOP)
         frozen |= new
     return frozen
-
-
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] in (b"Z", b"X"):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    return children
-
-
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            state = fh.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
 
 
 def _signal_group_and_holders(pgid: int, pipe_ids: set[int], sig: int) -> None:
@@ -581,14 +500,14 @@ def _signal_group_and_holders(pgid: int, pipe_ids: set[int], sig: int) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     for pid in pipe_holders(pipe_ids):
-        _kill(pid, sig)
+        procfs.kill(pid, sig)
 
 
 def marked_processes(mark: bytes) -> set[int]:
     """Descendants of this server whose environment holds ``mark`` (one command's processes,
     including those that left its process tree)."""
     found = set()
-    for pid in descendants(os.getpid()):
+    for pid in procfs.descendants(os.getpid()):
         try:
             with open(f"/proc/{pid}/environ", "rb") as fh:
                 if mark in fh.read().split(b"\0"):
@@ -617,15 +536,4 @@ def pipe_holders(pipe_inodes: set[int]) -> list[int]:
         except OSError as exc:
             if exc.errno not in (errno.ENOENT, errno.EACCES, errno.ESRCH, errno.EPERM):
                 raise
-    return found
-
-
-def descendants(root: int) -> list[int]:
-    """All live descendants of ``root`` (children of children included), from /proc."""
-    children = _children_map()
-    found, stack = [], [root]
-    while stack:
-        for child in children.get(stack.pop(), ()):
-            found.append(child)
-            stack.append(child)
     return found

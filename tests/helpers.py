@@ -85,7 +85,7 @@ class SandboxProcess:
 
 def processes_mentioning(marker: bytes) -> dict[int, bytes]:
     """Live processes whose command line contains ``marker``, with that command line."""
-    from control_plane.backends.local.linux import pids_with_cmdline
+    from sandbox_server.procfs import pids_with_cmdline
 
     found = {}
     for pid in pids_with_cmdline(marker.decode()):

@@ -225,7 +225,7 @@ def test_render_ansi_shows_the_transcript(env: IdeGymEnv) -> None:
 
 def test_default_make_and_close_leave_no_process() -> None:
     from idegym_env import embedded
-    from sandbox_server.process import descendants
+    from sandbox_server.procfs import descendants
     from tests.helpers import process_alive
 
     env = gym.make("IdeGym-v0")

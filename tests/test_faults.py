@@ -332,7 +332,7 @@ def test_a_cancelled_create_leaves_nothing(tmp_path: Path) -> None:
     import asyncio
 
     from control_plane.backends.local import LocalBackend
-    from control_plane.backends.local.backend import state_key
+    from control_plane.backends.local.layout import state_key
     from tests.local_helpers import spec
 
     state = tmp_path / "state"

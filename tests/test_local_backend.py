@@ -206,7 +206,7 @@ def test_root_inside_cannot_redirect_the_host_side(loop: LoopThread, backend: Lo
         ok(h, "mv /opt/idegym/layer/upper /opt/idegym/layer/old && ln -s / /opt/idegym/layer/upper")
         with pytest.raises(BackendError):
             loop.run(backend.snapshot(h, "evil"))
-        assert not any(p.name.startswith("evil") for p in backend.snapshots_dir.iterdir())
+        assert not any(p.name.startswith("evil") for p in backend.snapshots.root.iterdir())
     finally:
         loop.run(backend.delete(h))
     assert leftovers(h) == []
@@ -442,19 +442,19 @@ def test_sandboxes_outlive_a_killed_control_plane(loop: LoopThread, backend: Loc
 
 def test_failed_create_cleans_up_and_reports_the_server_log(loop: LoopThread, backend: LocalBackend) -> None:
     assert backend.runtime is not None
-    bootstrap = backend.runtime.bootstrap
-    backend.runtime.bootstrap = "raise SystemExit('idegym-test: the server refuses to start')"
+    runtime = backend.runtime
+    runtime.bootstrap = lambda *_: "raise SystemExit('idegym-test: the server refuses to start')"  # type: ignore
     try:
         with pytest.raises(BackendError) as err:
             loop.run(backend.create(spec("sb-fail"), 30))
         assert "the server refuses to start" in err.value.message
-        backend.runtime.bootstrap = "import time; time.sleep(30)"
+        runtime.bootstrap = lambda *_: "import time; time.sleep(30)"  # type: ignore
         started = time.monotonic()
         with pytest.raises(BackendError) as err:
             loop.run(backend.create(spec("sb-slow"), 1.5))
         assert "ready" in err.value.message and time.monotonic() - started < 10
     finally:
-        backend.runtime.bootstrap = bootstrap
+        del runtime.bootstrap  # the method again
     names = loop.run(backend.list_names())
     assert "sb-fail" not in names and "sb-slow" not in names
     assert not (backend.state_dir / "sandboxes" / "sb-slow").exists()
@@ -610,7 +610,7 @@ images:
 
 def test_no_isolation_mode_still_works(loop: LoopThread, tmp_path: Path, project_dir: Path,
                                        caplog: pytest.LogCaptureFixture) -> None:
-    from control_plane.backends.local import backend as module
+    from control_plane.backends.local import isolation as module
 
     caplog.set_level(logging.WARNING)
     said_before = "isolation" in module._said

@@ -104,3 +104,31 @@ def test_a_remembered_handle_is_dropped_when_this_or_another_connection_changes_
     finally:
         store.close()
         other.close()
+
+
+def test_every_status_change_follows_the_lifecycle(tmp_path: Path) -> None:
+    """The store's own changes (a claim, activity on a REUSED server) are the lifecycle's, and a
+    change the state machine never allows is refused loudly instead of silently ignored."""
+    import pytest
+
+    from control_plane import lifecycle
+
+    store = SQLiteStore(tmp_path / "s.db")
+    try:
+        client = str(uuid.uuid4())
+        store.add_client(ClientRow(client, "c", "ns", 0, A.ALIVE, 0, 0))
+        server = _server(store, client, A.FINISHED, '{"h": 1}')
+        row = store.get_server(server)
+        assert row is not None
+        key = (row.image_tag, row.runtime_class_name, row.run_as_root, row.server_kind, row.server_name)
+        claimed = store.claim_finished(client, "c", key)
+        assert claimed is not None and claimed.availability == lifecycle.CLAIM[1]
+        assert store.claim_finished(client, "c", key) is None  # only a FINISHED server is claimed
+        store.touch_server(server, 1)
+        assert store.get_server(server).availability == lifecycle.ON_ACTIVITY[A.REUSED]  # type: ignore[union-attr]
+        with pytest.raises(lifecycle.IllegalTransition):
+            store.set_server_status(server, A.REUSED, only_from=[A.STOPPED])
+        assert store.set_server_status(server, A.STOPPED)
+        assert not store.set_server_status(server, A.ALIVE)  # terminal: never changes again
+    finally:
+        store.close()

@@ -1,7 +1,8 @@
 """The Kubernetes backend: every server of the control plane as pods on a cluster.
 
     manifests   StartServerRequest/SandboxSpec → Deployment (or Pod), Service, PodDisruptionBudget
-    backend     KubernetesBackend (the ``Backend`` contract) and KubernetesConfig
+    backend     KubernetesBackend (the ``Backend`` contract)
+    config      KubernetesConfig (flags, environment) and the API client
     podstate    readiness, restarts and failure reasons read from a pod
     informer    one pod list+watch per namespace, shared by every wait and observation
     relay       in-process ``kubectl proxy`` for the api-proxy addressing mode

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.exceptions import ApiException
 
+from ...appuser import PROJECT_DIR
 from ...models import Status
 from ..base import BackendError, ImageBuilder, ImageDefinition
 from . import kube
@@ -60,9 +61,9 @@ def render_dockerfile(definition: ImageDefinition) -> str:
         lines.append(f"ENV {key}={json.dumps(value)}")
     project = definition.project or {}
     if isinstance(project, dict) and project.get("url"):
-        lines.append(f"ADD {project['url']} /home/appuser/work/")
+        lines.append(f"ADD {project['url']} {PROJECT_DIR}/")
     lines += [f"RUN {command}" for command in definition.commands]
-    lines.append("WORKDIR /home/appuser/work")
+    lines.append(f"WORKDIR {PROJECT_DIR}")
     return "\n".join(lines) + "\n"
 
 

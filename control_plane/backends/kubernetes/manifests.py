@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from ...appuser import APPUSER
 from ...models import K8S_NAME, ServerKind, StartServerRequest
 from ..base import SandboxSpec
 
@@ -27,7 +28,6 @@ SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"  # what `kubectl rollout restart` sets
 CONTAINER = "server"
 PORT_NAME = "http"
-SANDBOX_UID = 1000
 PART_OF = "idegym"
 
 
@@ -169,8 +169,8 @@ def _security_context(run_as_root: bool) -> dict[str, Any]:
     if run_as_root:
         return {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False}
     return {
-        "runAsUser": SANDBOX_UID,
-        "runAsGroup": SANDBOX_UID,
+        "runAsUser": APPUSER.uid,
+        "runAsGroup": APPUSER.gid,
         "runAsNonRoot": True,
         "allowPrivilegeEscalation": False,
     }
@@ -248,7 +248,7 @@ def pod_template(spec: SandboxSpec, name: str, settings: ManifestSettings,
         "enableServiceLinks": False,
     }
     if not spec.run_as_root:
-        pod_spec["securityContext"] = {"fsGroup": SANDBOX_UID}
+        pod_spec["securityContext"] = {"fsGroup": APPUSER.gid}
     if service_account or req.service_account_name:
         pod_spec["serviceAccountName"] = service_account or req.service_account_name
     if req.node_selector:

@@ -11,14 +11,14 @@ upgrades (OpenEnv servers) are relayed frame by frame.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import ssl
-from typing import Any
 
 import aiohttp
 from aiohttp import web
 from kubernetes import client
+
+from ...websocket import splice
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "host", "authorization", "content-length"}
@@ -105,19 +105,6 @@ class ApiProxyRelay:
             downstream = web.WebSocketResponse()
             await downstream.prepare(request)
 
-            async def pump(src: Any, dst: Any) -> None:
-                async for msg in src:
-                    if msg.type == aiohttp.WSMsgType.TEXT:
-                        await dst.send_str(msg.data)
-                    elif msg.type == aiohttp.WSMsgType.BINARY:
-                        await dst.send_bytes(msg.data)
-                    else:
-                        break
-
-            tasks = [asyncio.ensure_future(pump(downstream, upstream)),
-                     asyncio.ensure_future(pump(upstream, downstream))]
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in tasks:
-                task.cancel()
+            await splice(downstream, upstream)
             await downstream.close()
             return downstream

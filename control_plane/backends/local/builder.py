@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from ...appuser import PROJECT_DIR
 from ..base import BackendError, ImageBuilder, ImageDefinition, ImageNotFound, Limits
 from .images import APPUSER, BUILTIN_IMAGE, TREES, ImageError, check_tag, chown_tree, copy_tree, local_notes
 
@@ -46,7 +47,7 @@ class LocalImageBuilder(ImageBuilder):
     async def build(self, definition: ImageDefinition, log: Any = None) -> str:
         emit = _emitter(log)
         backend = self.backend
-        backend._check_started()
+        launcher = backend.require_started()
         try:
             check_tag(definition.tag)
         except ImageError as exc:
@@ -86,7 +87,7 @@ class LocalImageBuilder(ImageBuilder):
             env = {**base.env, **definition.env}
             network = definition.network or backend.network
             emit(f"starting a build sandbox from {base_tag} (network {'on' if network else 'off'})")
-            handle = await backend._create(name, backend.builds, base, run_as_root=True, network=network,
+            handle = await launcher.launch(backend.builds, name, base, run_as_root=True, network=network,
                                            limits=Limits(), env=env, timeout=self.start_timeout,
                                            project_lower=project, export=export)
             socket = handle.data["socket"]
@@ -104,12 +105,12 @@ class LocalImageBuilder(ImageBuilder):
                                        f"{_last(result.get('stderr', '') or result.get('stdout', ''), 30)}", 400)
             if backend.isolation == "bwrap":
                 result = await _bash(socket, "mkdir /opt/idegym/export/project && "
-                                             "cp -a /home/appuser/work/. /opt/idegym/export/project/", 600, {})
+                                             f"cp -a {PROJECT_DIR}/. /opt/idegym/export/project/", 600, {})
                 if result.get("exit_code") != 0:
                     raise BackendError(f"exporting the project failed: {result.get('stderr')}")
             else:  # a plain process: its project is a directory of ours
                 await loop.run_in_executor(None, copy_tree, Path(handle.data["dir"]) / "project", export / "project")
-            await loop.run_in_executor(None, backend._kill_sync, name, backend.builds, handle.data)
+            await launcher.stop(backend.builds, name, handle.data)
             tmp_image = backend.store.new_image_dir(definition.tag)
             layers = Path(handle.data["dir"]) / "layers"
             for tree in TREES:
@@ -129,7 +130,7 @@ class LocalImageBuilder(ImageBuilder):
         finally:
             if handle is not None:
                 try:
-                    await backend._delete(name, backend.builds, handle.data)
+                    await launcher.remove(backend.builds, name, handle.data)
                 except BackendError as exc:
                     emit(f"warning: {exc.message}")
             if tmp_image is not None:
@@ -171,7 +172,7 @@ def _last(text: str, lines: int) -> str:
 
 
 async def _bash(socket: str, command: str, timeout: float, env: dict[str, str]) -> dict[str, Any]:
-    body = {"command": command, "timeout": timeout, "env": {**env, "IDEGYM_PROJECT_ROOT": "/home/appuser/work"},
+    body = {"command": command, "timeout": timeout, "env": {**env, "IDEGYM_PROJECT_ROOT": PROJECT_DIR},
             "max_output_bytes": 1 << 20}
     connector = aiohttp.UnixConnector(path=socket)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -217,7 +218,7 @@ def _fetch_project(project: dict[str, Any], work: Path) -> Path:
         sub.rename(work / "project-sub")
         shutil.rmtree(dest)
         (work / "project-sub").rename(dest)
-    chown_tree(dest, APPUSER[1], APPUSER[2])
+    chown_tree(dest, APPUSER.uid, APPUSER.gid)
     return dest
 
 

@@ -13,10 +13,10 @@ import errno
 import logging
 import os
 import signal
-import time
 from pathlib import Path
 
-from . import linux
+from sandbox_server import procfs
+from sandbox_server.polling import wait_until
 
 log = logging.getLogger(__name__)
 
@@ -121,12 +121,7 @@ class Cgroups:
         if not path or not os.path.isdir(path):
             return None
         _write(path, "freezer.state", "FROZEN")
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if _read(path, "freezer.state") == "FROZEN":
-                return True
-            time.sleep(0.002)
-        return False
+        return wait_until(lambda: _read(path, "freezer.state") == "FROZEN", timeout, first=0.001, cap=0.002)
 
     @staticmethod
     def thaw(paths: dict[str, str]) -> None:
@@ -151,39 +146,25 @@ class Cgroups:
         freezing = cls.freeze(paths, 1.0)
         try:
             for pid in cls.procs(paths) | set(extra):
-                linux.kill(pid, signal.SIGKILL)
+                procfs.kill(pid, signal.SIGKILL)
         finally:
             if freezing is not None:
                 cls.thaw(paths)  # frozen tasks only die once thawed: never leave the group frozen
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def empty() -> bool:
             left = cls.procs(paths)
-            if not left:
-                return []
             for pid in left:
-                linux.kill(pid, signal.SIGKILL)
-                linux.reap(pid)
-            time.sleep(0.005)
+                procfs.kill(pid, signal.SIGKILL)
+                procfs.reap(pid)
+            return not left
+
+        wait_until(empty, timeout, first=0.001, cap=0.005)
         return sorted(cls.procs(paths))
 
     @staticmethod
     def remove(paths: dict[str, str], timeout: float = 2.0) -> list[str]:
         """rmdir every group; returns those that could not be removed."""
-        left = []
-        for path in paths.values():
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    os.rmdir(path)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError as exc:
-                    if exc.errno != errno.EBUSY or time.monotonic() >= deadline:
-                        left.append(path)
-                        break
-                    time.sleep(0.005)
-        return left
+        return [path for path in paths.values() if not _rmdir_when_free(path, timeout)]
 
     def names(self) -> set[str]:
         found: set[str] = set()
@@ -204,6 +185,24 @@ class Cgroups:
                 except OSError:
                     break
                 path = path.parent
+
+
+def _rmdir_when_free(path: str, timeout: float) -> bool:
+    """rmdir a group, retrying while the kernel still counts a dying task in it (EBUSY)."""
+    failed: list[OSError] = []
+
+    def removed() -> bool:
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                failed.append(exc)
+            return bool(failed)
+        return True
+
+    return wait_until(removed, timeout, first=0.001, cap=0.005) and not failed
 
 
 def _write(path: str, name: str, value: str, quiet: bool = False) -> None:

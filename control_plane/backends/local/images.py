@@ -30,13 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...appuser import APPUSER
+from ...image_tags import check_image_tag
+from ...images import BUILTIN_IMAGE
+from ...images import parse_build_yaml as parse_images_yaml  # noqa: F401 - re-exported
+
 log = logging.getLogger(__name__)
 
-from ...images import BUILTIN_IMAGE, parse_build_yaml as parse_images_yaml  # noqa: E402,F401 - re-exported
 BUILTIN_ID = "builtin-v2"
-TAG_RE = re.compile(r"^[a-z0-9._/:@-]+$")
 TREES = ("usr", "etc", "var", "opt", "root", "home")
-APPUSER = ("appuser", 1000, 1000, "/home/appuser")
 HOSTNAME = "sandbox"
 # Mount points the backend binds its runtime on (created in the built-in /opt layer).
 OPT_SKELETON = (
@@ -58,9 +60,10 @@ class ImageError(Exception):
 
 
 def check_tag(tag: str) -> str:
-    if not tag or len(tag) > 383 or not TAG_RE.match(tag):
-        raise ImageError(f"invalid image tag {tag!r}: tags must match {TAG_RE.pattern} (lowercase)")
-    return tag
+    try:
+        return check_image_tag(tag)
+    except ValueError as exc:
+        raise ImageError(str(exc)) from None
 
 
 def slug(tag: str) -> str:

@@ -5,7 +5,8 @@ directory is ever visible: the interpreter's prefix (``sys.base_prefix``) at
 ``/opt/idegym/python``, each site-packages directory at ``/opt/idegym/site/<n>``, a compiled copy
 of the ``sandbox_server`` package (when it is not inside a site-packages directory, e.g. an
 editable install) at ``/opt/idegym/src``, and rustup/cargo at ``/opt/idegym/toolchains/...``.
-The server starts with ``python -I -c <bootstrap>``, which adds exactly those paths.
+The server starts with ``python -I -c <bootstrap>``, which adds exactly those paths and calls
+the ``main(argv)`` of its server kind's module (``server_kinds.py``).
 """
 
 from __future__ import annotations
@@ -23,16 +24,19 @@ INSIDE = "/opt/idegym"
 TOOL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # The bound site-packages (the control plane's virtualenv) go before the interpreter's own, so
-# the sandbox runs the very packages the control plane was installed with.
+# the sandbox runs the very packages the control plane was installed with; ``first`` goes before
+# the interpreter's own paths too (a server kind's extra packages).
 BOOTSTRAP = (
     "import sys, site\n"
+    "sys.path[:0] = {first!r}\n"
     "base = list(sys.path)\n"
     "for p in {sites!r}:\n"
     "    site.addsitedir(p)\n"
     "sys.path[:] = {src!r} + [p for p in sys.path if p not in base] + base\n"
-    "from sandbox_server.cli import main\n"
+    "from {module} import main\n"
     "main(sys.argv[1:])\n"
 )
+SERVER_MODULE = "sandbox_server.cli"
 
 
 @dataclass
@@ -41,11 +45,17 @@ class Runtime:
     binds: list[tuple[str, str]] = field(default_factory=list)  # (host path, path inside), read-only
     server_env: dict[str, str] = field(default_factory=dict)
     tool_env: dict[str, str] = field(default_factory=dict)
-    bootstrap: str = ""
+    sites: list[str] = field(default_factory=list)  # site directories inside, added with site.addsitedir
+    src: list[str] = field(default_factory=list)  # package copies inside, first on sys.path
+    first: list[str] = field(default_factory=list)  # extra paths before the interpreter's own
     host_python: str = sys.executable
 
-    def argv(self) -> list[str]:
-        return [self.python, "-I", "-c", self.bootstrap]
+    def bootstrap(self, module: str = SERVER_MODULE) -> str:
+        return BOOTSTRAP.format(first=self.first, sites=self.sites, src=self.src, module=module)
+
+    def argv(self, module: str = SERVER_MODULE) -> list[str]:
+        """The command that starts ``module``'s ``main(argv)`` in a sandbox."""
+        return [self.python, "-I", "-c", self.bootstrap(module)]
 
 
 def _under(path: Path, parent: str) -> bool:
@@ -94,12 +104,11 @@ def detect(state_dir: Path) -> Runtime:
         binds.append((str(cargo.resolve()), f"{INSIDE}/toolchains/cargo"))
         tool_env.update(RUSTUP_HOME=f"{INSIDE}/toolchains/rustup", CARGO_HOME=f"{INSIDE}/toolchains/cargo",
                         PATH=f"{TOOL_PATH}:{INSIDE}/toolchains/cargo/bin")
-    bootstrap = BOOTSTRAP.format(src=src, sites=sites)
-    return Runtime(python=python, binds=binds, server_env=server_env, tool_env=tool_env, bootstrap=bootstrap)
+    return Runtime(python=python, binds=binds, server_env=server_env, tool_env=tool_env, sites=sites, src=src)
 
 
 def sync_package(package: Path, dest_root: Path) -> Path:
-    """A compiled copy of the ``sandbox_server`` package (refreshed when the sources change).
+    """A compiled copy of a package, e.g. ``sandbox_server`` (refreshed when the sources change).
 
     Bound read-only, the package could not cache its bytecode; compiling it once here saves
     every sandbox start the compile time.

@@ -1,0 +1,139 @@
+"""Starting a sandbox's server in bubblewrap (see ``backend.py`` for what a sandbox is).
+
+Runs on the backend's launcher thread: it gives itself a private mount namespace, mounts the
+sandbox's root there (``rootfs.mount_root``), starts bwrap (which inherits that namespace),
+writes the new user namespace's id maps while bwrap waits for them, and returns to its own
+namespace. The server's readiness is reported on a pipe (``readiness.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandbox_server import procfs
+
+from ...appuser import APPUSER
+from ..base import BackendError
+from . import mounts
+from .images import HOSTNAME
+from .layout import MEMORY_EVENTS_INSIDE, PROJECT_INSIDE, RUN_INSIDE, SOCKET_NAME, Plan
+from .rootfs import mount_root
+from .runtime import INSIDE, Runtime
+from .server_kinds import ServerKindEntry, sandbox_server_args
+
+ID_MAP = "0 0 65536\n"  # uids/gids 0-65535 are themselves inside: files keep their owners
+
+
+@dataclass
+class BwrapHost:
+    """What every bwrap launch of one backend shares."""
+
+    state_dir: Path
+    usr_links: list[str]
+    tmp_bytes: int
+    shm_bytes: int
+
+
+def argv(plan: Plan, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry, *, ready_fd: int, info_fd: int,
+         block_fd: int, memory_cgroup: str | None) -> list[str]:
+    """bwrap's command line for ``plan``."""
+    storage = plan.limits.storage_bytes
+    tmp_size = min(storage, host.tmp_bytes) if storage else host.tmp_bytes
+    shm_size = min(tmp_size, host.shm_bytes)
+    args = sandbox_server_args(plan, runtime.tool_env, PROJECT_INSIDE, ready_fd, f"{RUN_INSIDE}/{SOCKET_NAME}")
+    args += ["--overlay-lower", f"{INSIDE}/image/project", "--overlay-layer", f"{INSIDE}/layer"]
+    if not plan.run_as_root:
+        # tools run as appuser, and a request's `user` can never make them root
+        args += ["--tool-user", APPUSER.name, "--no-root-tools"]
+    if memory_cgroup:
+        args += ["--memory-events", MEMORY_EVENTS_INSIDE]  # bash results say when the OOM killer struck
+    args = kind.server_args(args, f"{RUN_INSIDE}/oe")
+    out = ["bwrap", "--unshare-user", "--userns-block-fd", str(block_fd), "--info-fd", str(info_fd),
+           "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if not plan.network:
+        out.append("--unshare-net")
+    # Root in the sandbox is uid 0 of the host's kernel for file ownership: the global sysctls
+    # (/proc/sys: core_pattern runs a program as host root) must be read-only. The server's
+    # root tools cannot unmount this (they have no CAP_SYS_ADMIN).
+    out += ["--hostname", HOSTNAME, "--bind", str(plan.sb / "root"), "/", "--proc", "/proc",
+            "--ro-bind", "/proc/sys", "/proc/sys", "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger",
+            "--dev", "/dev",
+            "--perms", "1777", "--size", str(tmp_size), "--tmpfs", "/tmp",
+            "--perms", "1777", "--size", str(shm_size), "--tmpfs", "/dev/shm",
+            "--new-session", "--chdir", "/", "--clearenv"]
+    env = dict(runtime.server_env)
+    if kind.image_env:
+        env.update(plan.env)
+    for key, value in env.items():
+        out += ["--setenv", key, value]
+    return [*out, "--", *runtime.argv(kind.module), *args]
+
+
+def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, kind: ServerKindEntry,
+          memory_cgroup: str | None, track: Callable[[subprocess.Popen], None]) -> int:
+    """Start bwrap for ``plan``; records ``monitor`` (bwrap) and ``init`` (the namespace's first
+    process) in ``data`` and hands bwrap's Popen to ``track``. Returns the fd the server reports
+    ready on."""
+    info_r, info_w = os.pipe()
+    block_r, block_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    command = argv(plan, host, runtime, kind, ready_fd=ready_w, info_fd=info_w, block_fd=block_r,
+                   memory_cgroup=memory_cgroup)
+    logf = open(plan.log, "ab")
+    try:
+        own_ns = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            mounts.unshare_mount_namespace()
+            try:
+                mount_root(plan, state_dir=host.state_dir, links=host.usr_links, binds=runtime.binds,
+                           memory_cgroup=memory_cgroup)
+                popen = subprocess.Popen(command, pass_fds=(info_w, block_r, ready_w), stdin=subprocess.DEVNULL,
+                                         stdout=logf, stderr=logf, start_new_session=True, cwd="/",
+                                         env={"PATH": os.environ.get("PATH", os.defpath)})
+            finally:
+                mounts.enter_mount_namespace(own_ns)
+        finally:
+            os.close(own_ns)
+    except BaseException:
+        for fd in (info_r, block_w, ready_r):
+            os.close(fd)
+        raise
+    finally:
+        logf.close()
+        for fd in (info_w, block_r, ready_w):
+            os.close(fd)
+    track(popen)
+    data["monitor"] = procfs.record(popen.pid)
+    try:
+        child = int(_read_info(info_r)["child-pid"])
+        data["init"] = procfs.record(child)
+        for map_file in ("uid_map", "gid_map"):
+            with open(f"/proc/{child}/{map_file}", "w") as fh:
+                fh.write(ID_MAP)
+        os.write(block_w, b"1")
+    except BaseException:
+        os.close(ready_r)
+        raise
+    finally:
+        os.close(info_r)
+        os.close(block_w)
+    return ready_r
+
+
+def _read_info(fd: int) -> dict[str, Any]:
+    buf = b""
+    while True:
+        chunk = os.read(fd, 4096)
+        if chunk:
+            buf += chunk
+            try:
+                return json.loads(buf)
+            except ValueError:
+                continue
+        raise BackendError("bubblewrap exited before setting up the sandbox")

@@ -1,0 +1,34 @@
+"""Which sandboxes a space holds on this host, whatever is left of them (for the orphan sweep).
+
+A sandbox counts as present while anything of it remains: its directory, a cgroup, a mount
+under the space, or its run directory (which records the full name in ``.name``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from . import mounts
+from .layout import NAME_RE, Space
+
+
+def names(space: Space) -> set[str]:
+    found = {e.name for e in os.scandir(space.root) if e.is_dir() and NAME_RE.match(e.name)}
+    found |= {n for n in space.cgroups.names() if NAME_RE.match(n)}
+    prefix = str(space.root) + "/"
+    for point in mounts.mounts_under(space.root):
+        rest = point[len(prefix):].split("/", 1)[0]
+        if NAME_RE.match(rest):
+            found.add(rest)
+    if space.kind == "sandboxes" and space.run_root.is_dir() and space.run_root != space.root:
+        for entry in os.scandir(space.run_root):
+            short = entry.name.removesuffix(".sock")
+            if short.startswith("b-"):
+                continue
+            try:
+                found.add(Path(space.run_root, short, ".name").read_text().strip())
+            except OSError:
+                if NAME_RE.match(short) and len(short) <= 24:
+                    found.add(short)
+    return found

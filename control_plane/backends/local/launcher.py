@@ -1,0 +1,230 @@
+"""``Launcher``: start, stop and remove local sandboxes — the API the backend and image builds use.
+
+A launch prepares the sandbox on the host (directories, layers, cgroups), starts its server
+(bubblewrap or a plain process) on the launcher thread, waits for the server's ``ready`` while
+moving its processes into their cgroups, then publishes its socket. Launches run in threads
+that cannot be interrupted: a cancelled one settles, and what it made is removed (``settle``
+waits for that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from ..base import BackendError, Endpoint, Limits, SandboxHandle
+from . import bwrap, plain, readiness, rootfs, teardown
+from .images import ResolvedImage
+from .isolation import say_once
+from .layout import NAME_RE, SOCKET_NAME, Plan, Space, tail, write_meta
+from .runtime import Runtime
+from .server_kinds import entry, runtime_for
+
+log = logging.getLogger(__name__)
+
+BACKEND_NAME = "local"
+
+
+class Launcher:
+    """Launches of one backend: ``isolation`` is ``bwrap`` or ``none`` (already chosen)."""
+
+    def __init__(self, *, state_dir: Path, isolation: str, runtime: Runtime, pids_max: int | None,
+                 tmp_bytes: int, shm_bytes: int) -> None:
+        self.state_dir = state_dir
+        self.isolation = isolation
+        self.runtime = runtime
+        self.pids_max = pids_max
+        self.bwrap_host = bwrap.BwrapHost(state_dir, rootfs.usr_links(), tmp_bytes, shm_bytes)
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="idegym-launch")
+        self._runtimes: dict[str, Runtime] = {}
+        self._children: dict[int, subprocess.Popen] = {}
+        self.creating: set[str] = set()  # in flight here: never reported as orphans
+        self._settling: set[asyncio.Task] = set()  # cancelled launches, being undone
+        self._launches: set[asyncio.Future] = set()  # launches in flight
+
+    # -- the API -------------------------------------------------------------------------------
+
+    async def launch(self, space: Space, name: str, image: ResolvedImage, *, run_as_root: bool, network: bool,
+                     limits: Limits, env: dict[str, str], timeout: float, kind: str = "idegym",
+                     snapshot: Path | None = None, project_lower: str | None = None,
+                     export: Path | None = None) -> SandboxHandle:
+        """A ready sandbox ``name`` in ``space`` running ``kind``'s server on ``image``; ``export``
+        is bound writable at ``/opt/idegym/export`` (image builds take their project out there)."""
+        if not NAME_RE.match(name):
+            raise BackendError(f"invalid sandbox name {name!r}: use letters, digits, '-', '_', '.'", 400)
+        entry(kind)  # an unknown kind fails here, before anything is made
+        sb = space.root / name
+        if sb.exists() or name in self.creating:
+            raise BackendError(f"a sandbox named {name!r} already exists in {space.root}", 409)
+        plan = Plan(name=name, space=space, sb=sb, run=space.run_dir(name), image=image,
+                    project_lower=project_lower or image.project, run_as_root=run_as_root, network=network,
+                    limits=limits, pids_max=self.pids_max, env=env, kind=kind, snapshot=snapshot, export=export)
+        data: dict[str, Any] = {
+            "v": 1, "isolation": self.isolation, "dir": str(sb), "run_dir": str(plan.run),
+            "socket": str(plan.run / SOCKET_NAME), "log": str(plan.log), "image": image.tag,
+            "image_id": image.id, "run_as_root": run_as_root, "network": network, "cgroups": {},
+            "snapshot": snapshot.name if snapshot else None, "space": space.kind,
+        }
+        self.creating.add(name)
+        launch = asyncio.ensure_future(self._launch(plan, data, timeout))
+        self._launches.add(launch)
+        launch.add_done_callback(self._launches.discard)
+        try:
+            return await asyncio.shield(launch)
+        except asyncio.CancelledError:
+            # Cancelling half-way left a directory and cgroups behind (a shutdown during a
+            # warm-pool fill did): the launch settles instead, and what it made is removed.
+            task = asyncio.ensure_future(self._remove_when_settled(launch, space, name))
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+            raise
+        finally:
+            if launch.done():
+                self.creating.discard(name)
+
+    async def stop(self, space: Space, name: str, data: dict[str, Any] | None) -> None:
+        """End every process of the sandbox; its files and cgroups stay."""
+        await asyncio.get_running_loop().run_in_executor(None, self._stop_sync, space, name, data)
+
+    async def remove(self, space: Space, name: str, data: dict[str, Any] | None) -> None:
+        """End the sandbox and remove everything it holds; ``data`` None: found from its record."""
+        await asyncio.get_running_loop().run_in_executor(None, self._remove_sync, space, name, data)
+
+    async def settle(self) -> None:
+        """Until no launch is in flight (each ends made or undone)."""
+        while self._launches or self._settling:
+            await asyncio.gather(*self._launches, *self._settling, return_exceptions=True)
+
+    async def close(self) -> None:
+        await self.settle()
+        self._thread.shutdown(wait=True)
+
+    def reap(self) -> None:
+        """Collect the exited processes this launcher started (bwrap or plain servers)."""
+        for pid, popen in list(self._children.items()):
+            if popen.poll() is not None:
+                self._children.pop(pid, None)  # deletes run in several threads at once
+
+    # -- a launch -------------------------------------------------------------------------------
+
+    async def _launch(self, plan: Plan, data: dict[str, Any], timeout: float) -> SandboxHandle:
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        deadline = time.monotonic() + timeout
+        try:
+            await loop.run_in_executor(None, self._prepare, plan, data)
+            prepared = time.perf_counter()
+            ready_fd = await loop.run_in_executor(self._thread, self._spawn, plan, data)
+            spawned = time.perf_counter()
+            # Moving tasks into v1 cgroups is slow (readiness.attach): do it while the server imports.
+            results = await asyncio.gather(
+                readiness.wait_ready(ready_fd, max(deadline - time.monotonic(), 0.1), timeout),
+                loop.run_in_executor(None, readiness.attach, data), return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            readiness.publish_socket(data)
+            ended = time.perf_counter()
+            data["timings_ms"] = {"prepare": round((prepared - started) * 1e3, 2),
+                                  "spawn": round((spawned - prepared) * 1e3, 2),
+                                  "server_start": round((ended - spawned) * 1e3, 2),
+                                  "total": round((ended - started) * 1e3, 2)}
+            write_meta(plan.sb, plan.name, data)
+        except BaseException as exc:
+            detail = tail(plan.log, 30).strip()
+            if data.get("owned"):  # never clean up a same-named sandbox we did not make
+                cleanup = asyncio.ensure_future(
+                    loop.run_in_executor(None, self._remove_sync, plan.space, plan.name, data))
+                try:
+                    await asyncio.shield(cleanup)
+                except BaseException:  # noqa: BLE001 - cancelled again, or cleanup trouble: it was tried
+                    log.warning("cleaning up the failed sandbox %s left something behind", plan.name, exc_info=True)
+            if not isinstance(exc, Exception):
+                raise
+            message = exc.message if isinstance(exc, BackendError) else f"{type(exc).__name__}: {exc}"
+            if detail:
+                message += f"\n--- sandbox server log (last lines) ---\n{detail}"
+            raise BackendError(f"sandbox {plan.name!r} failed to start: {message}",
+                               exc.status if isinstance(exc, BackendError) else 500) from exc
+        return SandboxHandle(BACKEND_NAME, plan.name, Endpoint("http://sandbox", data["socket"]), data)
+
+    def _prepare(self, plan: Plan, data: dict[str, Any]) -> None:
+        """Directories, layers (size-bounded when storage is limited), cgroups: all on the host."""
+        plan.space.root.mkdir(parents=True, exist_ok=True)
+        try:
+            plan.sb.mkdir(mode=0o700)
+        except FileExistsError:
+            raise BackendError(f"a sandbox named {plan.name!r} already exists", 409) from None
+        data["owned"] = True
+        write_meta(plan.sb, plan.name, data)
+        for attempt in range(3):  # a concurrent delete may remove an empty run root meanwhile
+            plan.space.run_root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            try:
+                plan.run.mkdir(mode=0o700, exist_ok=True)
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+        (plan.run / ".name").write_text(plan.name)
+        rootfs.prepare_layers(plan, data, isolated=self.isolation == "bwrap")
+        cg = plan.space.cgroups
+        if cg.available:
+            data["cgroups"] = cg.paths(plan.name)
+            cg.create(plan.name, memory=plan.limits.memory_bytes, pids=plan.pids_max,
+                      cpu_millicores=plan.limits.cpu_millicores)
+        elif plan.limits.memory_bytes or plan.limits.cpu_millicores:
+            say_once("limits-ignored", logging.WARNING,
+                     "local backend: resource limits requested but cgroups are unavailable (%s): not enforced",
+                     cg.reason)
+        write_meta(plan.sb, plan.name, data)
+
+    def _spawn(self, plan: Plan, data: dict[str, Any]) -> int:
+        """On the launcher thread: start the server; returns the fd it reports ready on."""
+        kind = entry(plan.kind)
+
+        def track(popen: subprocess.Popen) -> None:
+            self._children[popen.pid] = popen
+
+        if self.isolation != "bwrap":
+            return plain.spawn(plan, data, kind, track)
+        runtime = self._runtimes.get(plan.kind)
+        if runtime is None:
+            runtime = self._runtimes[plan.kind] = runtime_for(self.runtime, kind, self.state_dir)
+        cg = plan.space.cgroups
+        memory = cg.paths(plan.name).get("memory") if cg.available else None
+        return bwrap.spawn(plan, data, self.bwrap_host, runtime, kind, memory, track)
+
+    async def _remove_when_settled(self, launch: asyncio.Future, space: Space, name: str) -> None:
+        try:
+            handle = await launch
+        except BaseException:  # noqa: BLE001 - a failed launch has cleaned up after itself
+            return
+        else:
+            try:
+                await self.remove(space, name, handle.data)
+            except Exception:  # noqa: BLE001
+                log.warning("deleting the sandbox %s of a cancelled create failed", name, exc_info=True)
+        finally:
+            self.creating.discard(name)
+
+    # -- ending ---------------------------------------------------------------------------------
+
+    def _stop_sync(self, space: Space, name: str, data: dict[str, Any] | None) -> None:
+        *_, problems = teardown.kill(name, space, data, self.isolation)
+        self.reap()
+        if problems:
+            raise BackendError(f"stopping sandbox {name!r}: {'; '.join(problems)}")
+
+    def _remove_sync(self, space: Space, name: str, data: dict[str, Any] | None) -> None:
+        try:
+            teardown.destroy(name, space, data, self.isolation)
+        finally:
+            self.reap()
+
+
+

@@ -1,0 +1,124 @@
+"""Where a local sandbox's pieces live, and the plan and record of one launch.
+
+A sandbox ``<name>`` of a *space* (served sandboxes, or image-build sandboxes) has:
+
+* ``<space root>/<name>/`` — its directory: ``sandbox.json`` (the record an orphan sweep and a
+  restarted control plane read), ``layers/`` (its writable layers and ``server.log``), ``root/``
+  (the mount point of its root tree), ``snap/`` (snapshot layers it was restored from);
+* ``<run root>/<short name>/`` — its run directory, bound at ``/run/idegym`` inside (the server
+  makes its socket there), and ``<run root>/<short name>.sock``, the hard link the control plane
+  connects to;
+* ``<cgroup mount>/<parent>/<name>`` in every cgroup v1 controller (``cgroups.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...appuser import PROJECT_DIR
+from ..base import Limits
+from .cgroups import Cgroups
+from .images import ResolvedImage
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+PROJECT_INSIDE = PROJECT_DIR
+SOCKET_NAME = "server.sock"
+RUN_INSIDE = "/run/idegym"
+MEMORY_EVENTS_INSIDE = "/run/idegym-cgroup/memory.oom_control"
+META_FILE = "sandbox.json"
+
+
+def state_key(state_dir: Path) -> str:
+    """The short key a state directory's cgroups and socket directory are named by."""
+    return hashlib.sha1(str(Path(state_dir).absolute()).encode()).hexdigest()[:10]
+
+
+def pick_run_root(state_dir: Path, key: str) -> Path:
+    """Unix socket paths are limited to 107 bytes: keep sockets under a short directory."""
+    preferred = state_dir / "run"
+    if len(str(preferred)) + 1 + 24 + 1 + len(SOCKET_NAME) <= 100:
+        return preferred
+    if os.geteuid() == 0 and os.access("/run", os.W_OK):
+        return Path(f"/run/idegym-{key}")
+    return Path(tempfile.gettempdir()) / f"idegym-{os.getuid()}-{key}"
+
+
+@dataclass
+class Space:
+    """Where one family of sandboxes lives: ``sandboxes`` (served) or ``builds`` (image builds)."""
+
+    kind: str
+    root: Path
+    cgroups: Cgroups
+    state_dir: Path
+    run_root: Path
+
+    def run_dir(self, name: str) -> Path:
+        prefix = "b-" if self.kind == "builds" else ""
+        short = name if len(name) <= 24 else hashlib.sha1(name.encode()).hexdigest()[:24]
+        return self.run_root / f"{prefix}{short}"
+
+
+@dataclass
+class Plan:
+    """Everything one launch needs, decided before anything is made."""
+
+    name: str
+    space: Space
+    sb: Path
+    run: Path
+    image: ResolvedImage
+    project_lower: str
+    run_as_root: bool
+    network: bool
+    limits: Limits
+    pids_max: int | None
+    env: dict[str, str]
+    kind: str = "idegym"  # a ServerKind value: which server runs in the sandbox (server_kinds.py)
+    snapshot: Path | None = None
+    export: Path | None = None
+    lowers: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def layers(self) -> Path:
+        return self.sb / "layers"
+
+    @property
+    def log(self) -> Path:
+        return self.sb / "layers" / "server.log"
+
+
+def write_meta(sb: Path, name: str, data: dict[str, Any]) -> None:
+    if not sb.is_dir():
+        return
+    tmp = sb / f".{META_FILE}.{secrets.token_hex(3)}"
+    tmp.write_text(json.dumps({"name": name, **data}, indent=1))
+    tmp.replace(sb / META_FILE)
+
+
+def read_meta(sb: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((sb / META_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def tail(path: Path, lines: int = 40, max_bytes: int = 16384) -> str:
+    """The last ``lines`` lines of a log file (at most ``max_bytes`` read), or ``""``."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(size - max_bytes, 0))
+            data = fh.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])

@@ -1,0 +1,98 @@
+"""From a started process to a usable sandbox: its processes in their cgroups, the server's
+``ready`` line, and its socket published where the sandbox cannot reach."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from sandbox_server import procfs
+from sandbox_server.polling import wait_until
+
+from ..base import BackendError
+from .cgroups import Cgroups
+from .layout import SOCKET_NAME
+
+INIT_CHILD_TIMEOUT = 30.0
+
+
+async def wait_ready(fd: int, remaining: float, timeout: float) -> None:
+    """Until the server writes ``ready`` on ``fd`` (closed here); 504 after ``remaining`` seconds."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[bytes] = loop.create_future()
+    buf = bytearray()
+
+    def readable() -> None:
+        try:
+            chunk = os.read(fd, 64)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        buf.extend(chunk)
+        if (not chunk or b"\n" in buf) and not done.done():
+            done.set_result(bytes(buf))
+
+    os.set_blocking(fd, False)
+    loop.add_reader(fd, readable)
+    try:
+        line = await asyncio.wait_for(done, remaining)
+    except TimeoutError:
+        raise BackendError(f"the sandbox server did not become ready within {timeout:g} s", 504) from None
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    if line.strip() != b"ready":
+        raise BackendError("the sandbox server exited before it was ready")
+
+
+def attach(data: dict[str, Any]) -> None:
+    """Record the server's pid and put the sandbox's processes into its cgroups.
+
+    In a bwrap sandbox the server is the only child of the namespace's init; until it is ready
+    it starts nothing, so every later process inherits the groups. Moving a task into a v1 cgroup
+    costs an RCU grace period per controller (~3 ms each): the launcher does it while the server
+    imports.
+    """
+    if data["isolation"] == "bwrap":
+        init = data["init"]
+        kids: list[int] = []
+
+        def started() -> bool:
+            nonlocal kids
+            kids = procfs.children(init[0])
+            return bool(kids) or not procfs.recorded_alive(init)
+
+        wait_until(started, INIT_CHILD_TIMEOUT, first=0.0005, cap=0.0005)
+        if not kids:
+            raise BackendError("the sandbox's init process exited before starting the server")
+        data["server"] = procfs.record(kids[0])
+        pids = [init[0], kids[0]]
+    else:
+        pids = [data["server"][0]]
+    if data["cgroups"]:
+        for pid in pids:
+            Cgroups.attach(data["cgroups"], pid)
+
+
+def publish_socket(data: dict[str, Any]) -> None:
+    """Hard-link the server's socket to a path outside the sandbox's reach.
+
+    The run directory is writable inside (the server creates its socket there), so root in the
+    sandbox could later swap ``server.sock`` for a symlink to another sandbox's socket. The link
+    made here, while only the server has run, keeps pointing at the genuine one.
+    """
+    src = Path(data["run_dir"]) / SOCKET_NAME
+    if not stat.S_ISSOCK(os.lstat(src).st_mode):
+        raise BackendError(f"the sandbox server did not create its socket {src}")
+    dst = Path(data["run_dir"] + ".sock")
+    if os.path.lexists(dst):
+        dst.unlink()
+    os.link(src, dst, follow_symlinks=False)
+    data["socket"] = str(dst)
+
+
+

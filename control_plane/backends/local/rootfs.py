@@ -1,0 +1,150 @@
+"""A sandbox's root filesystem: an image's layers below, the sandbox's own layer on top.
+
+Three steps, each with one job (an image format only has to provide the first's input):
+
+1. ``lower_layers``: image (and the snapshot it is restored from) → the lower directories of
+   each root tree (``/usr /etc /var /opt /root /home``), top layer first.
+2. ``prepare_layers``: on the host, the sandbox's writable layer of each tree (``upper``/``work``
+   pairs, in a size-bounded tmpfs when storage is limited) and its project layer.
+3. ``mount_root``: in the launching thread's private mount namespace, a small tmpfs as ``/``,
+   one overlay per tree, and the read-only binds of the server's runtime (``/opt/idegym``).
+
+Isolation ``none`` has no root filesystem: the sandbox gets a copy of the project only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from ..base import BackendError
+from . import mounts
+from .images import TREES, copy_tree
+from .isolation import say_once
+from .layout import MEMORY_EVENTS_INSIDE, RUN_INSIDE, Plan
+from .runtime import INSIDE
+
+log = logging.getLogger(__name__)
+
+MERGED_USR_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+ROOT_DIRS = (*TREES, "proc", "dev", "tmp", "run", "run/idegym", "run/lock", "mnt", "srv")
+MAX_OVERLAY_OPTIONS = 4000  # the mount options must fit in a page
+
+
+def usr_links() -> list[str]:
+    """The top-level directories that are symlinks into ``/usr`` on a merged-/usr host."""
+    return [name for name in MERGED_USR_LINKS if os.path.isdir(f"/usr/{name}")]
+
+
+def lower_layers(plan: Plan) -> dict[str, list[str]]:
+    """The lower directories of each tree, top first: the snapshot's layers (staged in the
+    sandbox directory, see ``stage_snapshot``) over the image's."""
+    levels = _snapshot_levels(plan.snapshot)  # level 0 is the snapshot's own layer: the top
+    lowers = {}
+    for tree in TREES:
+        staged = [plan.sb / "snap" / str(level) / tree for level in levels]
+        lowers[tree] = [str(p) for p in staged if p.is_dir()] + list(plan.image.lowers[tree])
+    return lowers
+
+
+def _snapshot_levels(snapshot: Path | None) -> list[int]:
+    if snapshot is None or not (snapshot / "levels").is_dir():
+        return []
+    return sorted(int(p.name) for p in (snapshot / "levels").iterdir() if p.name.isdigit())
+
+
+def stage_snapshot(plan: Plan) -> None:
+    """A snapshot's layers become lower layers of this sandbox (hard-linked: nothing is copied but
+    names), and its project layer the start of this sandbox's project layer."""
+    snap = plan.snapshot
+    assert snap is not None
+    for level in _snapshot_levels(snap):
+        for tree in TREES:
+            src = snap / "levels" / str(level) / tree
+            if src.is_dir():
+                copy_tree(src, plan.sb / "snap" / str(level) / tree, hardlink=True)
+    if (snap / "project").is_dir():
+        copy_tree(snap / "project", plan.layers / "project" / "upper")
+
+
+def prepare_layers(plan: Plan, data: dict[str, Any], *, isolated: bool) -> None:
+    """The sandbox's writable layers on the host (``plan.layers``), its log, and ``plan.lowers``."""
+    layers = plan.layers
+    layers.mkdir(mode=0o700)
+    if plan.limits.storage_bytes and isolated:
+        mounts.mount("idegym-layers", layers, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV,
+                     f"size={plan.limits.storage_bytes},mode=0700")
+        data["layers_tmpfs"] = True
+    elif plan.limits.storage_bytes:
+        say_once("storage-ignored", logging.WARNING,
+                 "local backend: ephemeral-storage limits are not enforced without isolation")
+    plan.log.touch(mode=0o600)
+    if not isolated:
+        project = plan.sb / "project"
+        if plan.snapshot is not None and (plan.snapshot / "project").is_dir():
+            copy_tree(plan.snapshot / "project", project)
+        else:
+            project.mkdir()
+        return
+    for tree in (*TREES, "project"):
+        (layers / tree / "upper").mkdir(parents=True)
+        (layers / tree / "work").mkdir()
+    os.chmod(layers / "project", 0o700)
+    lower = os.stat(plan.project_lower)
+    # The overlay's root directory takes its owner and mode from the upper directory.
+    upper = layers / "project" / "upper"
+    os.chown(upper, lower.st_uid, lower.st_gid)
+    os.chmod(upper, lower.st_mode & 0o7777)
+    os.utime(upper, ns=(lower.st_atime_ns, lower.st_mtime_ns))
+    (plan.sb / "root").mkdir()
+    if plan.snapshot is not None:
+        stage_snapshot(plan)
+    plan.lowers = lower_layers(plan)
+
+
+def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tuple[str, str]],
+               memory_cgroup: str | None) -> None:
+    """The sandbox's root tree at ``<sb>/root``, mounted in the calling thread's private mount
+    namespace (which bwrap inherits); ``binds`` are the runtime's read-only (host, inside) pairs."""
+    root = plan.sb / "root"
+    r = str(root)
+    mounts.mount("idegym-root", root, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV, "size=8m,mode=0755")
+    for name in ROOT_DIRS:
+        os.mkdir(f"{r}/{name}")
+    os.chmod(f"{r}/run/lock", 0o1777)
+    for name in links:
+        os.symlink(f"usr/{name}", f"{r}/{name}")
+    # Paths relative to the state directory (this thread's cwd is private after unshare):
+    # shorter mount options, and /proc/mounts inside shows no host paths.
+    os.chdir(state_dir)
+    state = str(state_dir) + "/"
+
+    def rel(path: str) -> str:
+        return path[len(state):] if path.startswith(state) else path
+
+    layers = rel(str(plan.layers))
+    for tree in TREES:
+        options = (f"lowerdir={':'.join(rel(p) for p in plan.lowers[tree])},upperdir={layers}/{tree}/upper,"
+                   f"workdir={layers}/{tree}/work")
+        if len(options) > MAX_OVERLAY_OPTIONS:
+            raise BackendError(f"too many layers for /{tree} ({len(plan.lowers[tree])}): the overlay "
+                               "options exceed a page; rebuild the image from fewer bases or snapshots")
+        mounts.mount("overlay", f"{r}/{tree}", "overlay", 0, options)
+    all_binds = [(host, inside, True) for host, inside in binds]
+    all_binds += [(plan.project_lower, f"{INSIDE}/image/project", True),
+                  (str(plan.layers / "project"), f"{INSIDE}/layer", False),
+                  (str(plan.run), RUN_INSIDE, False)]
+    if plan.export is not None:
+        all_binds.append((str(plan.export), f"{INSIDE}/export", False))
+    for host, inside, readonly in all_binds:
+        target = r + inside
+        if not os.path.isdir(target):
+            os.makedirs(target)
+        mounts.bind(host, target, readonly=readonly)
+    if memory_cgroup:  # the sandbox's OOM-kill counter, read-only
+        target = r + MEMORY_EVENTS_INSIDE
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        Path(target).touch()
+        mounts.bind(os.path.join(memory_cgroup, "memory.oom_control"), target, readonly=True)

@@ -1,0 +1,185 @@
+"""Forwarded calls: a client's request passed to its sandbox and recorded as an operation.
+
+Without ``Prefer: wait`` a forward is an asynchronous operation (202 with its id; the client
+polls). With ``Prefer: wait=N`` (RFC 7240) the sandbox's own answer comes back in the same
+response once it arrives within N seconds, and the call is still recorded: in one write made
+just after the answer is sent (its id reserved before), or, when it takes longer, as a running
+operation the client can poll. Env values of bash calls are never stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from .backends.base import Endpoint
+from .forwarding import ForwardError, Pending, Reply
+from .metrics import Metrics
+from .models import AsyncOperationStatus, AsyncOperationType, ForwardRequestResponse
+from .operations import Outcome
+from .service import ControlPlane
+from .store import StoreError, now_ms
+
+log = logging.getLogger(__name__)
+
+PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
+MAX_WAIT = 3600.0
+STORED_BODY_LIMIT = 64 << 10
+UNSTORED_HEADERS = ("authorization", "cookie", "host")
+
+
+def prefer_wait(headers: Mapping[str, str]) -> float | None:
+    """Seconds of ``Prefer: wait=N`` (capped), or None when the client did not ask to wait."""
+    prefer = headers.get("Prefer")
+    if not prefer:
+        return None
+    match = PREFER_WAIT.search(prefer)
+    return min(float(match.group(1)), MAX_WAIT) if match else None
+
+
+@dataclass
+class ForwardedCall:
+    """One forward as the handler received it."""
+
+    client_id: UUID
+    server_id: int
+    method: str
+    path: str  # relative to the sandbox root, query included
+    headers: Mapping[str, str]
+    body: bytes
+
+    def record(self, target: str) -> str:
+        """The operation's stored request (secrets masked, body truncated)."""
+        text = self.body.decode("utf-8", errors="replace")
+        if b'"env"' in self.body and self.path.split("?", 1)[0].rstrip("/").endswith("api/tools/bash"):
+            try:  # env values are secrets: never stored
+                data = json.loads(text)
+                if isinstance(data, dict) and isinstance(data.get("env"), dict):
+                    data["env"] = {k: "***" for k in data["env"]}
+                    text = json.dumps(data)
+            except ValueError:
+                pass
+        if len(text) > STORED_BODY_LIMIT:
+            text = text[:STORED_BODY_LIMIT] + f"... [{len(self.body)} bytes; truncated in the request history]"
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in UNSTORED_HEADERS}
+        return json.dumps({"method": self.method, "path": self.path, "headers": headers, "body": text,
+                           "target_url": target, "server_id": self.server_id})
+
+
+@dataclass
+class Answer:
+    """What the handler answers: 202 for ``operation_id`` (``value`` None), else ``value`` at once."""
+
+    operation_id: int
+    value: Reply | ForwardError | None = None
+    waited: float | None = None
+
+    @property
+    def accepted(self) -> ForwardRequestResponse | None:
+        return ForwardRequestResponse(async_operation_id=self.operation_id) if self.value is None else None
+
+
+class Forwards:
+    """Runs forwarded calls for one control plane, counting them in ``metrics``."""
+
+    def __init__(self, cp: ControlPlane, metrics: Metrics) -> None:
+        self.cp = cp
+        self.metrics = metrics
+
+    async def forward(self, call: ForwardedCall, endpoint: Endpoint) -> Answer:
+        """Forward ``call`` to ``endpoint`` (``ControlPlane.forward_endpoint`` of its server)."""
+        cp = self.cp
+        wait = prefer_wait(call.headers)
+        if wait is None:
+            async def work() -> Outcome:
+                pending = cp.forwarder.start(endpoint, call.method, call.path, call.headers, call.body)
+                started = time.perf_counter()
+                await pending.wait()
+                return self._outcome(call, self._settled(call, pending, started))
+
+            op = cp.ops.submit(AsyncOperationType.FORWARD_REQUEST, call.record(endpoint.base_url), work,
+                               client_id=str(call.client_id), server_id=call.server_id)
+            return Answer(op)
+        started_ms, started = now_ms(), time.perf_counter()
+        pending = cp.forwarder.start(endpoint, call.method, call.path, call.headers, call.body)
+        if not pending.future.done():
+            await settled_within(pending.future, wait)
+        if not pending.future.done():
+            op_id = cp.store.add_operation(AsyncOperationType.FORWARD_REQUEST, call.record(endpoint.base_url),
+                                           str(call.client_id), call.server_id, AsyncOperationStatus.IN_PROGRESS,
+                                           cp.config.pod_name)
+
+            def finish(future: asyncio.Future) -> None:
+                outcome = (Outcome.failure(499, "cancelled") if future.cancelled()
+                           else self._outcome(call, self._settled(call, pending, started)))
+                cp.store.finish_operation(op_id, outcome.status, outcome.result, outcome.touch_server)
+
+            pending.future.add_done_callback(finish)
+            return Answer(op_id)
+        value = self._settled(call, pending, started)
+        op_id = cp.store.reserve_operation_id()
+
+        def write_record() -> None:
+            # Runs once the handler's task yields, which is after aiohttp has written the answer:
+            # the record costs the caller nothing, and it exists before any later request is read.
+            outcome = self._outcome(call, value, cp.config.inline_result_limit)
+            try:
+                cp.store.record_operation(AsyncOperationType.FORWARD_REQUEST, call.record(endpoint.base_url),
+                                          str(call.client_id), call.server_id, cp.config.pod_name, started_ms,
+                                          outcome.status, outcome.result, outcome.touch_server, op_id=op_id)
+            except StoreError as exc:  # the caller has its answer; only the history misses this call
+                log.error("operation %s not recorded: %s", op_id, exc)
+
+        asyncio.get_running_loop().call_soon(write_record)
+        return Answer(op_id, value, wait)
+
+    def _settled(self, call: ForwardedCall, pending: Pending, started: float) -> Reply | ForwardError:
+        """The reply or the failure of an ended forward, counted in the metrics."""
+        try:
+            reply = pending.result()
+        except ForwardError as exc:
+            self.metrics.forward(exc.status_code, time.perf_counter() - started)
+            if exc.status_code == 410:
+                self.cp.spawn(self.cp.check_sandbox(call.server_id))  # find out now whether the sandbox crashed
+            return exc
+        self.metrics.forward(reply.status, time.perf_counter() - started)
+        return reply
+
+    @staticmethod
+    def _outcome(call: ForwardedCall, value: Reply | ForwardError, inline_limit: int | None = None) -> Outcome:
+        """The operation's stored result. A body already answered inline is not kept above the limit."""
+        if isinstance(value, ForwardError):
+            return Outcome.failure(value.status_code, value.body)
+        touch = call.server_id if value.status < 500 else None
+        text = value.text()
+        if inline_limit is not None and len(text) > inline_limit:
+            text = f"[{len(value.body)} bytes answered inline; not kept in the request history]"
+        if value.status < 400:
+            return Outcome.success(ForwardRequestResponse(status_code=value.status, headers=value.headers, body=text),
+                                   touch)
+        return Outcome.failure(value.status, text, value.headers, touch)
+
+
+async def settled_within(future: asyncio.Future, seconds: float) -> None:
+    """Wait until ``future`` ends or ``seconds`` pass, whichever is first; never cancels it."""
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+
+    def wake(*_: Any) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    timer = loop.call_later(seconds, wake)
+    future.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        future.remove_done_callback(wake)

@@ -1,0 +1,151 @@
+"""Processes as ``/proc`` shows them: state, parents, children, start times, signals.
+
+Shared by the sandbox server (its tools) and the control plane's local backend (its sandboxes),
+so it lives here: ``sandbox_server`` imports nothing from the other packages. Every function is
+a direct ``/proc`` read or a syscall, and tolerates processes that end while it looks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from .polling import wait_until
+
+
+class Stat(NamedTuple):
+    state: str  # R, S, D, Z, T…
+    ppid: int
+    start: int  # start time in clock ticks since boot: with the pid, it names one process
+
+
+def stat(pid: int) -> Stat | None:
+    """``/proc/<pid>/stat`` of ``pid``, or None when it does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return Stat(fields[0].decode(), int(fields[1]), int(fields[19]))
+
+
+def alive(pid: int, started: int | None = None) -> bool:
+    """Whether ``pid`` runs (not a zombie) and, when ``started`` is given, is the same process."""
+    st = stat(pid)
+    if st is None or st.state in ("Z", "X"):
+        return False
+    return started is None or st.start == started
+
+
+def record(pid: int) -> list[int] | None:
+    """``[pid, start time]``, so that a reused pid is never mistaken for the recorded process."""
+    st = stat(pid)
+    return None if st is None else [pid, st.start]
+
+
+def recorded_alive(rec: list[int] | None) -> bool:
+    return bool(rec) and alive(rec[0], rec[1])
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (every thread's), without scanning other processes."""
+    out: list[int] = []
+    try:
+        for task in os.scandir(f"/proc/{pid}/task"):
+            try:
+                with open(f"{task.path}/children") as fh:
+                    out.extend(int(p) for p in fh.read().split())
+            except OSError:
+                continue
+    except OSError:
+        pass
+    return out
+
+
+def process_tree() -> dict[int, list[int]]:
+    """Parent pid → live children, for every process of this pid namespace."""
+    tree: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            st = stat(int(entry.name))
+            if st is not None and st.state not in ("Z", "X"):
+                tree.setdefault(st.ppid, []).append(int(entry.name))
+    return tree
+
+
+def descendants(root: int, tree: dict[int, list[int]] | None = None) -> list[int]:
+    """Every live descendant of ``root`` (children of children included)."""
+    tree = process_tree() if tree is None else tree
+    found, stack = [], [root]
+    while stack:
+        for child in tree.get(stack.pop(), ()):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def pids_with_cmdline(needle: str) -> list[int]:
+    """Processes whose command line mentions ``needle``. Reads every process's ``cmdline``, which
+    can block on a process stuck in the kernel's memory code: for tests and tools, not for a
+    path that must answer."""
+    want = needle.encode()
+    me = os.getpid()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
+                if want in fh.read():
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def kill(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal ``pid``; a process that is gone (or not ours to signal) is no error."""
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def reap(pid: int) -> None:
+    """Collect ``pid`` if it is our exited child; harmless otherwise."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
+    """Wait until none of ``pids`` runs (reaping our own children); returns those still running."""
+    pending = set(pids)
+
+    def gone() -> bool:
+        for pid in list(pending):
+            reap(pid)
+            if not alive(pid):
+                pending.discard(pid)
+        return not pending
+
+    wait_until(gone, timeout)
+    return sorted(pending)
+
+
+def write(pid: int, name: str, value: bytes) -> bool:
+    """Write ``value`` to ``/proc/<pid>/<name>`` (e.g. ``oom_score_adj``); False if it failed."""
+    try:
+        fd = os.open(f"/proc/{pid}/{name}", os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        os.write(fd, value)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
