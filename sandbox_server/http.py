@@ -1,5 +1,5 @@
 """HTTP plumbing shared by both servers, free of any web framework: request validation into the
-seed's 422 shape, error bodies, structured logs, the event loop."""
+seed's 422 shape, structured logs, the event loop (error bodies: ``errors.render``)."""
 
 from __future__ import annotations
 
@@ -60,19 +60,6 @@ def parse_model(raw: bytes, model: type[M]) -> M:
     except ValidationError as exc:
         items = validation_items(exc)
         raise Unprocessable(summarize(items), items) from exc
-
-
-def error_body(kind: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON body of every non-422 error, on both servers."""
-    body: dict[str, Any] = {
-        "error": kind,
-        "message": message,
-        "detail": message,  # where FastAPI-style clients look
-        "timestamp": datetime.now(UTC).isoformat(),
-    }
-    if details:
-        body["details"] = details
-    return body
 
 
 class JsonFormatter(logging.Formatter):
