@@ -151,7 +151,7 @@ def test_every_error_is_one_shape_with_the_kind_of_its_status(cp: ControlPlanePr
     body(cp.http.post("/api/clients/heartbeat", json={"client_id": "11111111-2222-3333-4444-555555555555"}),
          404, "NotFound")
     client_id = cp.register()
-    image = "no/such-image-either:1"
+    image = "no/such-image-does-not-exist:2"
     failed = body(cp.http.post("/api/idegym-servers", headers={"Prefer": "wait=60"}, json={
         "client_id": client_id, "image_tag": image, "server_start_wait_timeout_in_seconds": 30}), 404, "NotFound")
     assert image in failed.message
