@@ -31,7 +31,7 @@ def _section(data: dict[str, Any]) -> list[str]:
     figures = {k: v for k, v in (data.get("figures") or {}).items() if not isinstance(v, (list, dict))}
     if figures:
         lines += ["| figure | value |", "|---|---:|"] + [f"| {k} | {_fmt(v)} |" for k, v in figures.items()] + [""]
-    for key, value in (data.get("figures") or {}).items():
+    for value in (data.get("figures") or {}).values():
         if isinstance(value, list) and value and isinstance(value[0], dict):
             headers = list(value[0])
             lines += ["| " + " | ".join(headers) + " |", "|" + "---:|" * len(headers)]

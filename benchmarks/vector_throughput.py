@@ -195,7 +195,7 @@ def median_rate(rounds: list[Round]) -> float:
 
 def median_ratio(rounds: list[Round], baseline: list[Round]) -> float:
     """Median of the per-round ratios: neighbouring rounds share the machine's load of the moment."""
-    return statistics.median(a.rate / b.rate for a, b in zip(rounds, baseline))
+    return statistics.median(a.rate / b.rate for a, b in zip(rounds, baseline, strict=True))
 
 
 def plot(rates: dict[str, dict[int, float]], ratio_at_target: float | None, path: Any) -> bool:
@@ -277,7 +277,8 @@ def run() -> Result:
                  "Ray / raw", "Ray actor/CPU / raw", "Sync / raw", "lockstep / raw"], rows))
     print(f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f} on {os.cpu_count()} CPUs")
 
-    result.figures["steps_per_second"] = {m: {str(n): round(v, 2) for n, v in by_n.items()} for m, by_n in rates.items()}
+    result.figures["steps_per_second"] = {m: {str(n): round(v, 2) for n, v in by_n.items()}
+                                          for m, by_n in rates.items()}
     result.figures["ratio_to_raw"] = {m: {str(n): round(v, 4) for n, v in by_n.items()} for m, by_n in ratios.items()}
     result.figures["ray_over_sync"] = {str(n): round(rates["RayVectorEnv"][n] / rates["SyncVectorEnv"][n], 3)
                                        for n in SIZES}
@@ -289,8 +290,8 @@ def run() -> Result:
     if TARGET_AT in SIZES:
         ratio = ratios[GROUPED][TARGET_AT]
         result.figures[f"default RayVectorEnv / raw at {TARGET_AT}"] = f"{ratios['RayVectorEnv'][TARGET_AT]:.0%}"
-        target = check_target(f"RayVectorEnv (one actor per CPU) / raw-call ceiling at {TARGET_AT} sub-envs", ratio * 100,
-                              TARGET_RATIO * 100, unit="%", lower_is_better=False)
+        target = check_target(f"RayVectorEnv (one actor per CPU) / raw-call ceiling at {TARGET_AT} sub-envs",
+                              ratio * 100, TARGET_RATIO * 100, unit="%", lower_is_better=False)
         result.targets["ray_vs_raw_at_8"] = target
         print("\n" + target["text"])
     RESULTS.mkdir(parents=True, exist_ok=True)

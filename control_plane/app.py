@@ -399,8 +399,8 @@ ROUTES: tuple[Route, ...] = (
           "prepare_status_api_snapshots_prepare__request_id__get", None, PrepareSnapshotsStatusResponse),
     Route("GET", "/api/snapshots/jobs/{job_id}", snapshot_job, "Get Snapshot Job Status",
           "snapshot_job_api_snapshots_jobs__job_id__get", None, SnapshotJobStatusResponse),
-    Route("GET", "/api/snapshots/exists", snapshot_exists, "Snapshot Exists", "snapshot_exists_api_snapshots_exists_get",
-          None, SnapshotExistsResponse),
+    Route("GET", "/api/snapshots/exists", snapshot_exists, "Snapshot Exists",
+          "snapshot_exists_api_snapshots_exists_get", None, SnapshotExistsResponse),
     Route("POST", routes.EXECUTE.path, execute, "Run code in a fresh sandbox", "execute", ExecuteRequest, None),
     Route("GET", routes.LANGUAGES.path, languages, "Available languages", "languages", None, None),
 )

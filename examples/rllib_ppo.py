@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     algo = config.build_algo()
     rewards: list[float] = []
     try:
-        print(f"{'iter':>4}  {'episodes':>8}  {'env steps':>9}  {'mean reward':>11}  {'mean length':>11}  {'seconds':>7}",
-              flush=True)
+        print(f"{'iter':>4}  {'episodes':>8}  {'env steps':>9}  {'mean reward':>11}  {'mean length':>11}  "
+              f"{'seconds':>7}", flush=True)
         for i in range(1, args.iterations + 1):
             started = time.monotonic()
             result = algo.train()

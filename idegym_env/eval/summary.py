@@ -117,11 +117,11 @@ def table(summary: Mapping[str, Any]) -> str:
     right = [i > 0 for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
-        padded = (c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right))
+        padded = (c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True))
         return "| " + " | ".join(padded) + " |"
 
     sep = "|" + "|".join(("-" * (w + 1) + ":") if r else (":" + "-" * (w + 1))
-                         for w, r in zip(widths, right)) + "|"
+                         for w, r in zip(widths, right, strict=True)) + "|"
     return "\n".join([line(header), sep, *(line(r) for r in rows)])
 
 

@@ -190,7 +190,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
         refs = [self._actors[g].run.remote([(i % self.envs_per_actor, *calls[i]) for i in batches[g]])
                 for g in groups]
         out: dict[int, Any] = {}
-        for g, answer in zip(groups, gather(refs, self.step_timeout)):
+        for g, answer in zip(groups, gather(refs, self.step_timeout), strict=True):
             for n, i in enumerate(batches[g]):
                 if isinstance(answer, SlotFailure):
                     out[i] = answer
@@ -323,7 +323,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
         if len(values) != self.num_envs:
             raise ValueError(f"{len(values)} values for {self.num_envs} sub-envs")
         ray.get([a.set_attr.remote(name, [values[i] for i in m])
-                 for a, m in zip(self._actors, self._members)])
+                 for a, m in zip(self._actors, self._members, strict=True)])
 
     def close_extras(self, **kwargs: Any) -> None:
         actors, self._actors = self._actors, []

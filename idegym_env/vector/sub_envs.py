@@ -88,7 +88,7 @@ class SubEnvGroup:
         return out
 
     def set_attr(self, name: str, values: list[Any]) -> None:
-        for env, value in zip(self.envs, values):
+        for env, value in zip(self.envs, values, strict=True):
             env.set_wrapper_attr(name, value)
 
     def sleep(self, seconds: float) -> float:  # for tests: proves that calls overlap
