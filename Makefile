@@ -15,7 +15,7 @@ PYTHON312  ?= $(shell command -v python3.12 >/dev/null 2>&1 && python3.12 -c pas
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-system-deps:  ## Debian packages: bubblewrap (sandbox isolation), util-linux, iproute2
+system-deps:  ## Debian packages: bubblewrap (sandbox isolation), mmdebstrap + buildah (OCI images), util-linux, iproute2
 	@if ! command -v bwrap >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing bubblewrap (apt-get)"; \
@@ -23,6 +23,18 @@ system-deps:  ## Debian packages: bubblewrap (sandbox isolation), util-linux, ip
 	     (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null)) || \
 	     echo "WARNING: could not install bubblewrap; sandboxes will run WITHOUT isolation"; \
 	  else echo "WARNING: bwrap not found and apt-get unavailable; sandboxes will run WITHOUT isolation"; fi; \
+	fi
+	@# OCI images (issue 15): Debian bases from mmdebstrap, Dockerfile builds with buildah; the
+	@# registry (docker-registry) serves the tests of `idegym images push` and registry mirrors.
+	@missing=""; for tool in mmdebstrap:mmdebstrap buildah:buildah docker-registry:docker-registry; do \
+	  command -v $${tool%%:*} >/dev/null 2>&1 || missing="$$missing $${tool#*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing$$missing (apt-get)"; \
+	    (apt-get install -y -q $$missing >/dev/null 2>&1 || \
+	     (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $$missing >/dev/null)) || \
+	     echo "WARNING: could not install$$missing; OCI image builds (Dockerfiles, debian/python bases) will fail"; \
+	  else echo "WARNING:$$missing not found and apt-get unavailable; OCI image builds will fail"; fi; \
 	fi
 
 $(VENV)/.stamp: pyproject.toml

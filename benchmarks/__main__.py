@@ -8,7 +8,7 @@ import sys
 import time
 
 BENCHMARKS = ["bash_roundtrip", "tool_call", "lifecycle", "env_step", "vector_throughput", "code_runner", "scale",
-              "soak"]
+              "soak", "images"]
 
 
 def main() -> None:

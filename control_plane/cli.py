@@ -54,6 +54,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="local backend: bubblewrap sandboxes (auto uses them when available)")
     parser.add_argument("--network", action="store_true", default=_default("NETWORK", cfg.network, bool),
                         help="local backend: give sandboxes network access (off by default)")
+    parser.add_argument("--image-registry", default=os.environ.get("IDEGYM_IMAGE_REGISTRY") or None,
+                        metavar="HOST[:PORT][/PREFIX]",
+                        help="local backend: a registry mirror OCI builds may pull bases other than Debian/Python "
+                             "from (http://… for plain HTTP) [$IDEGYM_IMAGE_REGISTRY]")
+    parser.add_argument("--image-cache", type=Path, default=os.environ.get("IDEGYM_IMAGE_CACHE") or None,
+                        help="local backend: the shared cache of OCI bases [$IDEGYM_IMAGE_CACHE, "
+                             "default ~/.cache/idegym/images]")
     parser.add_argument("--warm-pool", type=int, default=_default("WARM_POOL", cfg.warm_pool, int),
                         help="spare sandboxes kept ready per image in use (grows with demand)")
     parser.add_argument("--warm-pool-max", type=int, default=_default("WARM_POOL_MAX", cfg.warm_pool_max, int),
@@ -120,6 +127,7 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
         kubernetes=kubernetes,
         state_dir=args.state_dir, host=args.host, port=args.port, unix_socket=args.unix_socket, auth=auth,
         backend=args.backend, isolation=args.isolation, network=args.network, warm_pool=args.warm_pool,
+        image_registry=args.image_registry, image_cache=args.image_cache,
         warm_pool_max=args.warm_pool_max, pool_images=list(args.pool_image), max_servers=args.max_servers,
         ephemeral=args.ephemeral,
         watcher=WatcherConfig(interval=args.watch_interval, inactive_timeout=args.inactive_timeout,

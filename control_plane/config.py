@@ -32,6 +32,8 @@ class ControlPlaneConfig:
     backend: str = "local"  # local | kubernetes
     isolation: str = "auto"  # local backend: auto | bwrap | none
     network: bool = False  # local backend: sandboxes get the host network unless their image says otherwise
+    image_registry: str | None = None  # local backend: a registry mirror buildah may pull other bases from
+    image_cache: Path | None = None  # local backend: the shared cache of OCI bases (default ~/.cache/idegym/images)
     warm_pool: int = 2  # spare sandboxes kept ready per image in use (upper bound learned from demand)
     warm_pool_max: int = 8
     pool_images: list[str] = field(default_factory=list)  # images to keep warm from start-up

@@ -15,20 +15,31 @@
         env: {PYTHONDONTWRITEBYTECODE: "1"}
         network: true                    # the build (and sandboxes of this image) may use the network
         rebuild: false                   # an existing tag is not built again unless this is true
+      - name: task-env                   # a Dockerfile, built with buildah (no `commands` then)
+        dockerfile: |                    # its text, or a path in the build context ("Dockerfile")
+          FROM python:3.12-slim
+          COPY . /home/appuser/work/
+        context: ./task                  # the build context (default: the project, else empty)
+        build_args: {PIP_INDEX: "..."}   # --build-arg
+        project_dir: /app                # where the image holds the project (default: its final
+                                         # WORKDIR, else /home/appuser/work)
 
 The upstream format's fields are accepted too: ``plugins`` (``project`` supplies the project,
 ``permissions`` and ``user`` become commands; other types are noted in the job log),
 ``commands`` as a Dockerfile-ish string, ``runtime_class_name``, ``resources``, ``platforms``.
-Each backend's builder says what it makes of the rest (the local one maps public distribution
-bases such as ``debian`` to the built-in image, since no registry is reachable here).
+Each backend's builder says what it makes of the rest. The local one builds Dockerfiles, and
+YAML entries whose ``base`` is a distribution image (``debian:bookworm``, ``python:3.12``…), as
+OCI images with buildah (see ``backends.local.oci``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -67,7 +78,8 @@ def parse_build_yaml(text: str, registry: str | None = None) -> list[ImageDefini
 
 def _definition(entry: dict[str, Any], index: int, registry: str | None = None) -> ImageDefinition:
     where = f"images[{index}]"
-    content_hash = hashlib.sha256(json.dumps(entry, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    content_hash = hashlib.sha256(json.dumps([entry, _inputs_digest(entry)], sort_keys=True, default=str)
+                                  .encode()).hexdigest()[:12]
     tag = entry.get("tag")
     if tag is None:
         name = str(entry.get("name") or DEFAULT_NAME).lower()
@@ -96,9 +108,89 @@ def _definition(entry: dict[str, Any], index: int, registry: str | None = None) 
     env = entry.get("env") or {}
     if not isinstance(env, dict):
         raise ValueError(f"{where}.env must be a mapping of names to values")
+    docker = _dockerfile(entry, where, project)
+    if docker.get("dockerfile") is not None:
+        if commands:
+            raise ValueError(f"{where}: give either a `dockerfile` or `commands`/plugins, not both")
+        from .backends.local.oci.dockerfile import base_images
+
+        bases = base_images(docker["dockerfile"], docker["build_args"])
+        base = bases[0] if bases else "scratch"
     return ImageDefinition(tag=tag, base=base, project=project, commands=commands,
                            env={str(k): str(v) for k, v in env.items()}, network=bool(entry.get("network", False)),
-                           raw=entry)
+                           raw=entry, **docker)
+
+
+def _dockerfile(entry: dict[str, Any], where: str, project: dict[str, Any] | None) -> dict[str, Any]:
+    """``dockerfile`` (text, or a path in the build context), ``context``, ``build_args``, ``project_dir``."""
+    out: dict[str, Any] = {"build_args": {}}
+    value = entry.get("dockerfile")
+    context = entry.get("context")
+    if context is not None:
+        if not isinstance(context, str) or not context.strip():
+            raise ValueError(f"{where}.context must be a directory path")
+        out["context"] = context
+    args = entry.get("build_args") or {}
+    if not isinstance(args, dict):
+        raise ValueError(f"{where}.build_args must be a mapping of names to values")
+    out["build_args"] = {str(k): str(v) for k, v in args.items()}
+    project_dir = entry.get("project_dir")
+    if project_dir is not None:
+        if (not isinstance(project_dir, str) or not project_dir.startswith("/") or ".." in project_dir.split("/")
+                or not project_dir.strip("/")):
+            raise ValueError(f"{where}.project_dir must be an absolute path in the image, e.g. /home/appuser/work")
+        out["project_dir"] = project_dir.rstrip("/")
+    if value is None:
+        return out
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where}.dockerfile must be the Dockerfile's text or a path in the build context")
+    if "\n" in value.strip() or " " in value.strip():
+        out["dockerfile"] = value
+        return out
+    if context is None and not (project and "path" in project):
+        raise ValueError(f"{where}.dockerfile {value!r} is a path: it needs a build context (`context:` or a "
+                         "`project: {path: ...}`) to be found in")
+    root = Path(str(context if context is not None else project["path"])).expanduser()  # type: ignore[index]
+    path = (root / value).resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise ValueError(f"{where}.dockerfile {value!r} is outside the build context {root}")
+    try:
+        out["dockerfile"] = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"{where}.dockerfile {value!r}: cannot read {path}: {exc.strerror}") from None
+    out["dockerfile_path"] = value
+    return out
+
+
+def _inputs_digest(entry: dict[str, Any]) -> str:
+    """What a build reads besides the YAML: a Dockerfile named by path and the local directories
+    (``context``, ``project.path``), by name, size, mode and mtime, so a changed input makes a
+    new tag and an unchanged one is a cache hit."""
+    digest = hashlib.sha256()
+    dirs = [entry.get("context")]
+    project = entry.get("project")
+    if isinstance(project, dict):
+        dirs.append(project.get("path"))
+    for value in dirs:
+        if not isinstance(value, str):
+            continue
+        root = Path(value).expanduser()
+        if not root.is_dir():
+            continue
+        count = 0
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            for name in sorted(filenames) + dirnames:
+                full = os.path.join(dirpath, name)
+                try:
+                    st = os.lstat(full)
+                except OSError:
+                    continue
+                digest.update(f"{os.path.relpath(full, root)}\0{st.st_size}\0{st.st_mode}\0{st.st_mtime_ns}\n".encode())
+                count += 1
+            if count > 200_000:  # a huge tree: its name and the YAML decide
+                break
+    return digest.hexdigest()
 
 
 def _project(value: Any, where: str) -> dict[str, Any] | None:

@@ -48,8 +48,10 @@ def lifecycle_context(cp: ControlPlane, watcher: Watcher, images: ImageJobs):
 def make_backend(config: ControlPlaneConfig) -> Backend:
     if config.backend == "local":
         from .backends.local import LocalBackend
+        from .backends.local.oci.settings import OciSettings
 
-        return LocalBackend(config.state_dir, isolation=config.isolation, network=config.network)
+        oci = OciSettings.from_env(registry=config.image_registry, cache_dir=config.image_cache)
+        return LocalBackend(config.state_dir, isolation=config.isolation, network=config.network, oci=oci)
     if config.backend == "kubernetes":
         from .backends.kubernetes import KubernetesBackend, KubernetesConfig
 

@@ -56,6 +56,13 @@ def main(argv: list[str] | None = None) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_eval_arguments(evaluate)
 
+    from control_plane.backends.local.oci.cli import DESCRIPTION as IMAGES_DESCRIPTION
+    from control_plane.backends.local.oci.cli import add_arguments as add_images_arguments
+
+    images = sub.add_parser("images", help="the local image store: list, push to a registry",
+                            description=IMAGES_DESCRIPTION)
+    add_images_arguments(images)
+
     args = parser.parse_args(argv)
     if args.command == "sandbox":
         from sandbox_server.cli import run_serve
@@ -77,6 +84,10 @@ def main(argv: list[str] | None = None) -> None:
         from .eval.cli import run_eval
 
         sys.exit(run_eval(args))
+    elif args.command == "images":
+        from control_plane.backends.local.oci.cli import run as run_images
+
+        sys.exit(run_images(args))
 
 
 if __name__ == "__main__":

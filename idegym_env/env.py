@@ -46,9 +46,8 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 
 from sandbox_server.models import BashCommandResponse, DownloadFileChunkResponse
-from sandbox_server.routes import endpoint_for
 
-from . import embedded
+from . import embedded, grading
 from .client import APIError, BadRequest, Conflict, IdeGymClient, NotFound, Sandbox, SandboxGone, Unauthorized
 from .rewards import RewardFunction, reward_components
 from .spaces import InvalidAction, ToolCallSpace, UnicodeText
@@ -280,35 +279,25 @@ class IdeGymEnv(gym.Env[str, dict]):
 
     def _finish(self, info: dict[str, Any], started: float, *, submitted: bool,
                 observation: str | None = None) -> tuple[str, SupportsFloat, bool, bool, dict]:
-        results, checks, errors = self._grade(submitted)
+        assert self.sandbox is not None
+        sandbox = self.sandbox
+        # A fresh sandbox to grade in: a RESTART through the control plane, a project reset for a
+        # sandbox connected directly (there the rest of the filesystem stays the agent's).
+        fresh = sandbox.reset if self._direct is not None else sandbox.restart
+        graded = grading.grade(sandbox, self.task, fresh=fresh, steps=self._steps, submitted=submitted)
+        results = graded.results
         reward = float(self.reward_fn(results))
-        info.update(checks=checks, reward_components=reward_components(results), grading_errors=errors,
-                    submitted=submitted)
+        info.update(checks=graded.checks, reward_components=reward_components(results),
+                    grading_errors=list(results.errors), submitted=submitted)
+        if results.infrastructure_error:
+            info["infrastructure_error"] = results.infrastructure_error
+        if graded.skipped:
+            info["not_graded"] = graded.skipped
         self._timed(info, started)
-        summary = _format_checks(checks, reward)
+        summary = _format_checks(graded.checks, reward, results.errors)
         self._log("$ submit" if submitted else "$ <out of steps>", summary)
         text = summary if observation is None else f"{observation}\n\n{summary}"
         return self.observation_space.fit(text), reward, submitted, not submitted, info
-
-    def _grade(self, submitted: bool) -> tuple[Any, dict[str, Any], list[str]]:
-        assert self.sandbox is not None
-        errors: list[str] = []
-        responses: dict[str, Any] = {}
-        try:
-            self.sandbox.terminate_processes()
-            for req in self.task.restore_requests():
-                restored = self.sandbox.call(endpoint_for(req), req)
-                if isinstance(restored, BashCommandResponse) and restored.exit_code != 0:
-                    errors.append(f"restoring protected files failed: {restored.stderr[-500:]}")
-            for stage, check in self.task.check_requests().items():
-                result = self.sandbox.call(endpoint_for(check), check)
-                responses[stage] = result.model_dump(mode="json")
-                if stage in ("setup", "compilation") and result.status != "success":
-                    break
-        except APIError as exc:
-            errors.append(f"grading failed: {exc.message}")
-        results = self.task.check_results(responses, steps=self._steps, submitted=submitted, errors=errors)
-        return results, responses, errors
 
     # -- transcript ----------------------------------------------------------------------------------
 
@@ -338,17 +327,28 @@ def _format_bash(answer: BashCommandResponse) -> str:
     return "\n".join(parts)
 
 
-def _format_checks(checks: dict[str, Any], reward: float) -> str:
+def _format_checks(checks: dict[str, Any], reward: float, errors: list[str] | None = None) -> str:
     lines = ["[checks]"]
     for stage, answer in checks.items():
         if stage == "tests":
             s = answer.get("scores", {})
-            lines.append(f"tests: {answer.get('status')} — {s.get('passed', 0)}/{s.get('total', 0)} passed, "
+            verdict = answer.get("verdict") or answer.get("status")
+            lines.append(f"tests: {verdict} — {s.get('passed', 0)}/{s.get('total', 0)} passed, "
                          f"{s.get('failed', 0)} failed, {s.get('skipped', 0)} skipped")
+            if verdict in ("no_tests", "error") and answer.get("output"):
+                lines.append(_tail(answer["output"]))
         else:
             lines.append(f"{stage}: {answer.get('status')}")
+            if answer.get("status") != "success" and answer.get("output"):
+                lines.append(_tail(answer["output"]))
+    lines += [f"grading error: {e}" for e in errors or []]
     lines.append(f"reward: {reward:.3f}")
     return "\n".join(lines)
+
+
+def _tail(text: str, limit: int = 1500) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else "[...]\n" + text[-limit:]
 
 
 def available_tasks() -> list[str]:

@@ -46,7 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
 
 
-pytest_plugins = ["tests.k8s_sim.fixtures"]
+pytest_plugins = ["tests.k8s_sim.fixtures", "tests.oci_fixtures"]
 
 
 def _control_plane(tmp_path: Path, backend: str, request: pytest.FixtureRequest):

@@ -263,7 +263,7 @@ def test_discrete_actions_over_the_tasks_list(control_plane: EmbeddedControlPlan
     env = DiscreteActions(gym.make("IdeGym-v0", task=TASK, control_plane_url=control_plane.url))
     try:
         assert env.action_space == gym.spaces.Discrete(6)  # 5 task actions + submit
-        assert env.labels[0] == "bash: python3 tests/run_tests.py" and env.labels[-1] == "submit"
+        assert env.labels[0] == "bash: $IDEGYM_JUDGE tests/" and env.labels[-1] == "submit"
         env.reset()
         obs, reward, terminated, truncated, info = env.step(9)
         assert info["invalid_action"] and "choose an index from 0 to 5" in obs and "4: edit_file roman.py:5-11" in obs

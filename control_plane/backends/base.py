@@ -225,6 +225,12 @@ class ImageDefinition:
     env: dict[str, str] = field(default_factory=dict)
     network: bool = False
     raw: dict[str, Any] = field(default_factory=dict)
+    # A Dockerfile build (issue 15): the Dockerfile's text, or a path in the build context.
+    dockerfile: str | None = None
+    dockerfile_path: str | None = None
+    context: str | None = None  # a directory; default: the project, else empty
+    build_args: dict[str, str] = field(default_factory=dict)
+    project_dir: str | None = None  # where the image holds the project (default: its WORKDIR, else ~appuser/work)
 
 
 class ImageBuilder(abc.ABC):

@@ -56,7 +56,7 @@ examples:
   from openenv.core import GenericEnvClient
   with GenericEnvClient(base_url="http://127.0.0.1:8000").sync() as env:
       result = env.reset()
-      result = env.step({"tool": "bash", "arguments": {"command": "python3 tests/run_tests.py"}})
+      result = env.step({"tool": "bash", "arguments": {"command": "$IDEGYM_JUDGE tests/"}})
       result = env.step({"tool": "submit"})      # result.reward, result.done
 
   # through a control plane, for a server of kind `openenv` (its image sets IDEGYM_TASK):

@@ -60,6 +60,7 @@ from .images import BUILTIN_IMAGE, ImageError, ImageStore, ResolvedImage
 from .isolation import ISOLATIONS, choose_isolation, say_once
 from .launcher import BACKEND_NAME, Launcher
 from .layout import Space, pick_run_root, state_key, tail
+from .oci.settings import OciSettings
 from .runtime import Runtime, detect
 from .snapshots import Snapshots
 
@@ -84,7 +85,8 @@ class LocalBackend(Backend):
 
     def __init__(self, state_dir: str | os.PathLike, *, isolation: str = "auto", network: bool = False,
                  pids_max: int | None = DEFAULT_PIDS_MAX, cgroup_parent: str = "idegym",
-                 tmp_bytes: int = DEFAULT_TMP_BYTES, shm_bytes: int = DEFAULT_SHM_BYTES) -> None:
+                 tmp_bytes: int = DEFAULT_TMP_BYTES, shm_bytes: int = DEFAULT_SHM_BYTES,
+                 oci: OciSettings | None = None) -> None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation!r}")
         self.state_dir = Path(state_dir).absolute()
@@ -98,6 +100,7 @@ class LocalBackend(Backend):
         self.tmp_bytes = tmp_bytes
         self.shm_bytes = shm_bytes
         self.store = ImageStore(self.state_dir / "images")
+        self.oci_settings = oci or OciSettings.from_env()  # OCI builds: the bases' cache, a registry mirror
         self.snapshots = Snapshots(self.state_dir / "snapshots")
         key = state_key(self.state_dir)
         self._cgroup_parent = f"{cgroup_parent.strip('/')}/{key}"
@@ -182,7 +185,10 @@ class LocalBackend(Backend):
 
     def resolve(self, tag: str) -> ResolvedImage:
         """The stored image ``tag``; ``ImageNotFound`` saying how to make it."""
-        image = self.store.resolve(tag)
+        try:
+            image = self.store.resolve(tag)
+        except ImageError as exc:  # e.g. an OCI image whose layers (in the shared cache) are gone
+            raise BackendError(str(exc), 409) from exc
         if image is None:
             raise ImageNotFound(
                 f"image {tag!r} is not in the local image store ({self.store.root}). Build it from a YAML "

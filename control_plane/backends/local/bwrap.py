@@ -22,7 +22,7 @@ from ...appuser import APPUSER
 from ..base import BackendError
 from . import mounts
 from .images import HOSTNAME
-from .layout import MEMORY_EVENTS_INSIDE, PROJECT_INSIDE, RUN_INSIDE, SOCKET_NAME, Plan
+from .layout import MEMORY_EVENTS_INSIDE, RUN_INSIDE, SOCKET_NAME, Plan
 from .rootfs import mount_root
 from .runtime import INSIDE, Runtime
 from .server_kinds import ServerKindEntry, sandbox_server_args
@@ -46,7 +46,8 @@ def argv(plan: Plan, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry, *
     storage = plan.limits.storage_bytes
     tmp_size = min(storage, host.tmp_bytes) if storage else host.tmp_bytes
     shm_size = min(tmp_size, host.shm_bytes)
-    args = sandbox_server_args(plan, runtime.tool_env, PROJECT_INSIDE, ready_fd, f"{RUN_INSIDE}/{SOCKET_NAME}")
+    args = sandbox_server_args(plan, runtime.tool_env, plan.image.project_dir, ready_fd,
+                               f"{RUN_INSIDE}/{SOCKET_NAME}")
     args += ["--overlay-lower", f"{INSIDE}/image/project", "--overlay-layer", f"{INSIDE}/layer"]
     if not plan.run_as_root:
         # tools run as appuser, and a request's `user` can never make them root
