@@ -6,11 +6,12 @@ VENV       := .venv
 CLIENT_VENV:= .venv-client
 PY         := $(VENV)/bin/python
 PIP        := $(PY) -m pip --quiet --disable-pip-version-check
-EXTRAS     ?= dev,kubernetes,openenv,ray
+EXTRAS     ?= dev,kubernetes,openenv,ray,trl,skyrl,mcp
+HARBOR_VENV:= .venv-harbor
 # The published idegym-client 0.13.1 needs Python >= 3.12; pyenv keeps one off PATH.
 PYTHON312  ?= $(shell command -v python3.12 >/dev/null 2>&1 && python3.12 -c pass 2>/dev/null && echo python3.12 || ls -1d $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 2>/dev/null | head -n1)
 
-.PHONY: help lint demo test test-all test-slow bench system-deps venv demo-venv client-venv gym-versions clean
+.PHONY: help lint demo test test-all test-slow bench system-deps venv demo-venv client-venv harbor-venv gym-versions clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -42,7 +43,7 @@ $(VENV)/.stamp: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PIP) install --upgrade pip setuptools wheel
 	@# RLlib needs torch; this pin takes the CPU build that lies on disk instead of a multi-GB CUDA download.
-	@case ",$(EXTRAS)," in *,ray,*) $(PIP) install torch==2.13.0 ;; esac
+	@case ",$(EXTRAS)," in *,ray,*|*,trl,*) $(PIP) install torch==2.13.0 ;; esac
 	@$(PIP) install -e '.[$(EXTRAS)]'
 	@touch $@ $(VENV)/.stamp-demo
 
@@ -67,6 +68,16 @@ $(CLIENT_VENV)/.stamp:
 
 client-venv: $(CLIENT_VENV)/.stamp  ## Python 3.12 venv with the published idegym-client
 
+# Harbor needs Python >= 3.12: its own venv with Harbor and this package (editable) for its CLI.
+$(HARBOR_VENV)/.stamp: pyproject.toml
+	@test -n "$(PYTHON312)" || { echo "ERROR: Python 3.12 not found (needed for harbor)"; exit 1; }
+	@echo "creating $(HARBOR_VENV) with idegym[harbor] on $(PYTHON312)"
+	@test -x $(HARBOR_VENV)/bin/python || $(PYTHON312) -m venv $(HARBOR_VENV)
+	@$(HARBOR_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[harbor]'
+	@touch $@
+
+harbor-venv: $(HARBOR_VENV)/.stamp  ## Python 3.12 venv with Harbor and idegym[harbor]
+
 # Gymnasium at both ends of the supported range, beside the venv's own (Ray pins 1.2.2): the tests
 # run the env against each by putting one of these first on PYTHONPATH.
 GYM_VERSIONS := 1.0.0 1.4.0
@@ -82,14 +93,14 @@ demo: demo-venv  ## run real episodes end to end on the embedded local control p
 lint: venv  ## ruff over the whole repository (configured in pyproject.toml)
 	@$(VENV)/bin/ruff check .
 
-test: venv client-venv gym-versions lint  ## lint, then the test suite (everything but `slow`)
+test: venv client-venv harbor-venv gym-versions lint  ## lint, then the test suite (everything but `slow`)
 	@$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
 
-test-slow: venv client-venv gym-versions  ## only the long-running tests
+test-slow: venv client-venv harbor-venv gym-versions  ## only the long-running tests
 	@$(VENV)/bin/pytest -m slow $(PYTEST_ARGS)
 
-bench: venv client-venv  ## the benchmark suite; writes benchmarks/results/
+bench: venv client-venv harbor-venv  ## the benchmark suite; writes benchmarks/results/
 	@$(PY) -m benchmarks $(BENCH)
 
 clean:  ## remove the virtual environments
-	rm -rf $(VENV) $(CLIENT_VENV) .gym-versions
+	rm -rf $(VENV) $(CLIENT_VENV) $(HARBOR_VENV) .gym-versions

@@ -9,8 +9,8 @@ from typing import Any
 from ._common import RESULTS
 
 REPORT = Path(__file__).resolve().parent / "REPORT.md"
-ORDER = ["bash_roundtrip", "tool_call", "lifecycle", "env_step", "vector_throughput", "code_runner", "scale",
-         "soak"]
+ORDER = ["bash_roundtrip", "tool_call", "lifecycle", "env_step", "vector_throughput", "vector_cluster", "code_runner",
+         "scale", "soak"]
 
 
 def _fmt(value: Any) -> str:

@@ -19,7 +19,8 @@ Every sub-env runs the same bash action (``echo hello``), and no episode ends du
 measurement (the step budget is out of reach), so the numbers are tool-call throughput. The
 methods take turns in short rounds (``BENCH_ROUNDS`` of ``BENCH_SECONDS`` each) so that load from
 elsewhere hits all of them alike: a rate is the median over the rounds, a ratio the median of
-the per-round ratios. Ray runs with ``num_cpus=2`` (the actors reserve none). The load average
+the per-round ratios. Ray runs with ``num_cpus=2`` (the actors reserve none) and listens on 127.0.0.1
+only. The load average
 before and after is recorded: on a shared 2-core machine other work moves the numbers.
 Target: at 8 sub-envs RayVectorEnv (one actor per CPU) reaches at least 80 % of the raw-call
 ceiling; the default's ratio is reported next to it. Writes
@@ -237,12 +238,13 @@ def run() -> Result:
 
     from idegym_env.embedded import EmbeddedControlPlane
     from idegym_env.env import IdeGymEnv
+    from idegym_env.vector.local_ray import init_local, non_loopback_listeners
 
     result = Result("vector_throughput", "Vector env steps/s: RayVectorEnv vs SyncVectorEnv vs raw sandbox calls")
     load_before = os.getloadavg()
     started_ray = False
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        init_local(num_cpus=2, log_to_driver=False, configure_logging=False)  # on 127.0.0.1 only
         started_ray = True
     rates: dict[str, dict[int, float]] = {m: {} for m in METHODS}
     ratios: dict[str, dict[int, float]] = {m: {} for m in METHODS if m != RAW}
@@ -261,6 +263,9 @@ def run() -> Result:
                     result.stats.append(Stats.of(f"{method} n={n}: latency per {unit}",
                                                  [x for r in rounds[method] for x in r.latencies]))
                 print("  " + "  ".join(f"{m}: {rates[m][n]:.1f}/s" for m in METHODS), flush=True)
+        listeners = non_loopback_listeners()
+        if listeners:
+            result.notes.append("Ray listened beyond loopback: " + ", ".join(listeners))
     finally:
         if started_ray:
             ray.shutdown()

@@ -2,6 +2,7 @@
 
     .venv/bin/python examples/rllib_ppo.py                  # python-roman-numerals, 10 iterations
     .venv/bin/python examples/rllib_ppo.py --iterations 20 --num-envs 8 --task python-lru-cache
+    .venv/bin/python examples/rllib_ppo.py --simulate-nodes 3 --num-envs 6   # 3 Ray nodes on this host
 
 The policy sees the observation as 64 byte-token ids (``TokenizeObservation``) and picks one of
 the task's candidate tool calls or ``submit`` (``DiscreteActions``). The episodes run in
@@ -48,7 +49,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--control-plane-url", default=None,
                         help="an IdeGym control plane; default: the embedded one, started here")
     parser.add_argument("--ray-address", default=None,
-                        help="an existing Ray cluster (ray.init(address=...)); default: a local Ray with 2 CPUs")
+                        help="an existing Ray cluster (ray.init(address=...)); default: a local Ray with "
+                             "2 CPUs, listening on 127.0.0.1 only")
+    parser.add_argument("--simulate-nodes", type=int, default=0, metavar="N",
+                        help="instead, a simulated cluster of N Ray nodes on this host (each sub-env's sandbox "
+                             "on its actor's node)")
     return parser.parse_args(argv)
 
 
@@ -64,12 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     from idegym_env.rewards import clip, step_penalty, weighted_sum
     from idegym_env.tasks import load_task
     from idegym_env.vector import rllib_env_creator
+    from idegym_env.vector.local_ray import SimulatedCluster, init_local
     from idegym_env.wrappers import DiscreteActions, TokenizeObservation
 
+    cluster = None
     if args.ray_address:
         ray.init(address=args.ray_address, log_to_driver=False)
+    elif args.simulate_nodes:
+        cluster = SimulatedCluster(args.simulate_nodes, cpus_per_node=1)
     else:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        init_local(num_cpus=2, log_to_driver=False)  # a Ray for this machine only: on 127.0.0.1
     register_env("idegym", rllib_env_creator)
 
     reward_fn = None
@@ -123,7 +132,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{time.monotonic() - started:>7.1f}", flush=True)
     finally:
         algo.stop()
-        ray.shutdown()
+        if cluster is not None:
+            cluster.close()
+        else:
+            ray.shutdown()
     finite = [r for r in rewards if not math.isnan(r)]
     if len(finite) >= 2:
         first, last = finite[0], finite[-1]

@@ -52,7 +52,7 @@ from .client import APIError, BadRequest, Conflict, IdeGymClient, NotFound, Sand
 from .rewards import RewardFunction, reward_components
 from .spaces import InvalidAction, ToolCallSpace, UnicodeText
 from .spaces.tools import SubmitCall, ToolCall
-from .tasks import Task, bundled_tasks, load_task
+from .tasks import Task, TaskError, bundled_tasks, load_task
 
 DEFAULT_TASK = "python-roman-numerals"
 ENV_CLIENT_NAME = "idegym-env"
@@ -129,19 +129,41 @@ class IdeGymEnv(gym.Env[str, dict]):
             self.image = self._ensure_image()
         self.sandbox: Sandbox | None = None
         self._steps = 0
+        self._episode_started = time.monotonic()
         self._transcript: list[str] = []
         self._closed = False
 
     # -- set-up -----------------------------------------------------------------------------------
 
     def _ensure_image(self) -> str:
+        if self.task.environment is not None:
+            raise TaskError(f"task {self.task.id!r}: its environment is a Dockerfile, and this version of the env "
+                            f"cannot build Dockerfile environments yet (the images work of issue 15); prove it "
+                            f"with `idegym tasks validate ... --local`")
         if self.task.image:
             return self.task.image
         assert self.task.project is not None
         tag = task_image_tag(self.task)
-        doc = {"images": [{"tag": tag, "project": {"path": str(self.task.project.resolve())}}]}
+        entry: dict[str, Any] = {"tag": tag, "project": {"path": str(self.task.project.resolve())}}
+        if self.task.network:
+            entry["network"] = True  # on the local backend the network is the image's to allow
+        doc = {"images": [entry]}
         self.client.build_images(json.dumps(doc), timeout=600)
         return tag
+
+    def _start_fields(self) -> dict[str, Any]:
+        """What the task asks of its sandbox: root tools (Harbor images), resource limits."""
+        fields: dict[str, Any] = {"run_as_root": self.task.run_as_root}
+        limits = self.task.resources
+        if limits is not None:
+            quantities = {k: v for k, v in (("cpu", None if limits.cpus is None else f"{limits.cpus:g}"),
+                                            ("memory", None if limits.memory_mb is None else f"{limits.memory_mb}Mi"),
+                                            ("ephemeral_storage",
+                                             None if limits.storage_mb is None else f"{limits.storage_mb}Mi"))
+                          if v is not None}
+            if quantities:
+                fields["resources"] = {"limits": quantities}
+        return fields
 
     def _acquire(self) -> tuple[Sandbox, dict[str, Any]]:
         """A fresh sandbox for a new episode, and how it was obtained."""
@@ -153,7 +175,8 @@ class IdeGymEnv(gym.Env[str, dict]):
             how = "reset"
         elif self.sandbox is None:
             reuse = "RESET" if self.reuse == "RESET" else ("RESTART" if self.reuse == "RESTART" else "NONE")
-            self.sandbox = self.client.start(self.image, server_name=_server_name(self.task), reuse=reuse)
+            self.sandbox = self.client.start(self.image, server_name=_server_name(self.task), reuse=reuse,
+                                             **self._start_fields())
             how = "reused" if self.sandbox.info and self.sandbox.info.reused else "started"
         elif self.reuse == "RESTART":
             self.sandbox.restart()
@@ -164,7 +187,8 @@ class IdeGymEnv(gym.Env[str, dict]):
         else:
             old, self.sandbox = self.sandbox, None
             old.stop()
-            self.sandbox = self.client.start(self.image, server_name=_server_name(self.task), reuse="NONE")
+            self.sandbox = self.client.start(self.image, server_name=_server_name(self.task), reuse="NONE",
+                                             **self._start_fields())
             how = "started"
         info: dict[str, Any] = {"sandbox": how, "server_id": self.sandbox.server_id,
                                 "reset_seconds": time.perf_counter() - started}
@@ -182,6 +206,7 @@ class IdeGymEnv(gym.Env[str, dict]):
             self.sandbox = None  # it died between episodes: get another one
             _, info = self._acquire()
         self._steps = 0
+        self._episode_started = time.monotonic()
         observation = self.observation_space.fit(self.task.instruction)
         self._transcript = [f"# task {self.task.id}\n{self.task.instruction}"]
         info.update(task_id=self.task.id, max_steps=self.max_steps)
@@ -218,6 +243,10 @@ class IdeGymEnv(gym.Env[str, dict]):
                ) -> tuple[str, SupportsFloat, bool, bool, dict]:
         if self._steps >= self.max_steps:
             info["truncated_by"] = "max_steps"
+            return self._finish(info, started, submitted=False, observation=observation)
+        timeout = self.task.agent_timeout
+        if timeout is not None and time.monotonic() - self._episode_started >= timeout:
+            info["truncated_by"] = "agent_timeout"  # Harbor's [agent] timeout_sec: wall time of the episode
             return self._finish(info, started, submitted=False, observation=observation)
         self._timed(info, started)
         return observation, reward, False, False, info

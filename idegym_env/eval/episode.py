@@ -147,6 +147,9 @@ class Episode:
             checks=_checks(info.get("checks") or {}))
         if info.get("sandbox_lost"):
             self.record.update(error=str(info.get("error")), error_kind="env", passed=False, reward=None)
+        elif info.get("infrastructure_error"):  # the checks could not run: no result, nor the agent's failure
+            self.record.update(error=str(info["infrastructure_error"])[:2000], error_kind="env", passed=False,
+                               reward=None)
         elif info.get("grading_errors"):
             self.record.update(error="; ".join(map(str, info["grading_errors"]))[:2000], error_kind="grading",
                                passed=False)
