@@ -11,7 +11,7 @@ HARBOR_VENV:= .venv-harbor
 # The published idegym-client 0.13.1 needs Python >= 3.12; pyenv keeps one off PATH.
 PYTHON312  ?= $(shell command -v python3.12 >/dev/null 2>&1 && python3.12 -c pass 2>/dev/null && echo python3.12 || ls -1d $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 2>/dev/null | head -n1)
 
-.PHONY: help demo test test-all test-slow bench system-deps net-deps venv demo-venv client-venv harbor-venv gym-versions clean
+.PHONY: help lint demo test test-all test-slow bench system-deps net-deps venv demo-venv client-venv harbor-venv gym-versions clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -101,7 +101,10 @@ gym-versions: $(foreach v,$(GYM_VERSIONS),.gym-versions/$(v)/.stamp)
 demo: demo-venv  ## run real episodes end to end on the embedded local control plane
 	@$(VENV)/bin/idegym demo
 
-test: venv client-venv harbor-venv gym-versions  ## the test suite (everything but `slow`)
+lint: venv  ## ruff over the whole repository (configured in pyproject.toml)
+	@$(VENV)/bin/ruff check .
+
+test: venv client-venv harbor-venv gym-versions lint  ## lint, then the test suite (everything but `slow`)
 	@$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
 
 test-slow: venv client-venv harbor-venv gym-versions  ## only the long-running tests

@@ -111,5 +111,5 @@ def make_project(root: Path, files: int = 5000) -> Path:
     for i in range(files):
         d = root / f"pkg{i % 50:02d}" / f"mod{i % 7}"
         d.mkdir(parents=True, exist_ok=True)
-        (d / f"file{i}.py").write_text(f"# file {i}\n" + "def f():\n    return %d\n" % i * 4)
+        (d / f"file{i}.py").write_text(f"# file {i}\n" + f"def f():\n    return {i}\n" * 4)
     return root

@@ -67,7 +67,8 @@ def _n(label: str) -> int:
 def run() -> Result:
     from idegym_env.client import IdeGymClient, Sandbox
 
-    result = Result("tool_call", "One tool call: raw subprocess, sandbox server, control plane, published client, SWE-ReX")
+    result = Result("tool_call",
+                    "One tool call: raw subprocess, sandbox server, control plane, published client, SWE-ReX")
     samples: dict[str, dict[str, list[float]]] = {label: {} for label in COMMANDS}
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)

@@ -8,13 +8,13 @@ in the same response, and the call is still recorded as an operation.
 
 from __future__ import annotations
 
-import json
 import logging
 from uuid import UUID
 
 from aiohttp import web
 from pydantic import BaseModel
 
+from sandbox_server import routes
 from sandbox_server.http import parse_model
 from sandbox_server.models import ExecuteRequest
 from sandbox_server.openapi import Route, build_openapi
@@ -25,7 +25,7 @@ from .backends.base import Backend
 from .body_budget import COPIES, BodyBudget
 from .code_runner import CodeRunnerPool
 from .config import ControlPlaneConfig
-from .errors import BadRequest, ControlPlaneError, NotFound
+from .errors import ApiError, BadRequest, NotFound
 from .forward_calls import ForwardedCall, Forwards, prefer_wait
 from .forwarding import ForwardError
 from .http import (
@@ -33,6 +33,7 @@ from .http import (
     auth_middleware,
     body_budget_middleware,
     error_middleware,
+    error_response,
     json_response,
     path_int,
     path_uuid,
@@ -51,6 +52,7 @@ from .models import (
     BuildFromYamlResponse,
     CreateSnapshotRequest,
     CreateSnapshotResponse,
+    ErrorResponse,
     FinishClientRequest,
     FinishServerRequest,
     ForwardRequestResponse,
@@ -118,10 +120,8 @@ async def _accepted_or_wait(request: web.Request, op_id: int, model: BaseModel) 
     headers = {OPERATION_HEADER: str(op_id), "Preference-Applied": f"wait={wait:g}"}
     if row.status == AsyncOperationStatus.SUCCEEDED:
         return web.Response(text=row.result, content_type="application/json", headers=headers)
-    error = json.loads(row.result)
-    body = error.get("body") or ""
-    return web.json_response({"error": "OperationFailed", "message": body, "detail": body},
-                             status=error.get("status_code") or 500, headers=headers)
+    failed = ErrorResponse.model_validate_json(row.result)
+    return error_response(ApiError.for_status(failed.status_code or 500, failed.body or ""), headers)
 
 
 # -- clients --------------------------------------------------------------------------------------
@@ -227,9 +227,9 @@ async def capabilities(request: web.Request) -> web.Response:
     cp = _cp(request)
     row = cp.usable_server(query_client(request), path_int(request, "server_id"))
     try:
-        reply = await cp.forwarder.request(cp.endpoint_of(row), "GET", "api/capabilities", timeout=30)
+        reply = await cp.forwarder.request(cp.endpoint_of(row), "GET", routes.CAPABILITIES.relative, timeout=30)
     except ForwardError as exc:
-        return _forward_error(exc)
+        return error_response(exc)
     return web.Response(body=reply.body, status=reply.status, content_type="application/json")
 
 
@@ -307,11 +307,6 @@ async def snapshot_exists(request: web.Request) -> web.Response:
 # -- forwarding -----------------------------------------------------------------------------------
 
 
-def _forward_error(exc: ForwardError, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": "Forward", "message": exc.body, "detail": exc.body},
-                             status=exc.status_code, headers=headers)
-
-
 async def forward(request: web.Request) -> web.StreamResponse:
     cp = _cp(request)
     client_id = path_uuid(request, "client_id")
@@ -334,7 +329,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
     extra = {OPERATION_HEADER: str(answer.operation_id), "Preference-Applied": f"wait={answer.waited:g}"}
     value = answer.value
     if isinstance(value, ForwardError):
-        return _forward_error(value, extra)
+        return error_response(value, extra)
     headers = {k: v for k, v in value.headers.items() if k != "content-type"}
     headers.update(extra)
     headers[SANDBOX_HEADER] = "sandbox"
@@ -356,7 +351,7 @@ async def ws_forward(request: web.Request) -> web.StreamResponse:
 async def execute(request: web.Request) -> web.Response:
     body = await request.read()
     parse_model(body, ExecuteRequest)  # 422 here, before a sandbox is spent on it
-    reply = await request.app[RUNNER].run("POST", "execute", body)
+    reply = await request.app[RUNNER].run("POST", routes.EXECUTE.relative, body)
     return web.Response(body=reply.body, status=reply.status, content_type="application/json")
 
 
@@ -416,10 +411,10 @@ ROUTES: tuple[Route, ...] = (
           "prepare_status_api_snapshots_prepare__request_id__get", None, PrepareSnapshotsStatusResponse),
     Route("GET", "/api/snapshots/jobs/{job_id}", snapshot_job, "Get Snapshot Job Status",
           "snapshot_job_api_snapshots_jobs__job_id__get", None, SnapshotJobStatusResponse),
-    Route("GET", "/api/snapshots/exists", snapshot_exists, "Snapshot Exists", "snapshot_exists_api_snapshots_exists_get",
-          None, SnapshotExistsResponse),
-    Route("POST", "/execute", execute, "Run code in a fresh sandbox", "execute", ExecuteRequest, None),
-    Route("GET", "/execute/languages", languages, "Available languages", "languages", None, None),
+    Route("GET", "/api/snapshots/exists", snapshot_exists, "Snapshot Exists",
+          "snapshot_exists_api_snapshots_exists_get", None, SnapshotExistsResponse),
+    Route("POST", routes.EXECUTE.path, execute, "Run code in a fresh sandbox", "execute", ExecuteRequest, None),
+    Route("GET", routes.LANGUAGES.path, languages, "Available languages", "languages", None, None),
 )
 
 FORWARD_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
@@ -450,7 +445,7 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     builder = builder_for(backend)
     images = ImageJobs(cp, builder, getattr(builder, "parse_yaml", None) or parse_build_yaml)
     meter = Metrics()
-    middlewares = [error_middleware("control plane", (ControlPlaneError,), meter.observe, config.max_body_bytes)]
+    middlewares = [error_middleware("control plane", meter.observe, config.max_body_bytes)]
     credentials = required_credentials(config)
     if credentials is not None:
         hint = (f"user {TOKEN_USER!r} and the token in {token_path(config.state_dir)} as password"

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+from sandbox_server import routes
+
 from .backends.base import Endpoint
 from .forwarding import ForwardError, Pending, Reply
 from .metrics import Metrics
@@ -59,7 +61,7 @@ class ForwardedCall:
         """The operation's stored request (secrets masked, body truncated)."""
         # Only what is stored is decoded: a 200 MB body would be copied whole otherwise.
         text = self.body[:STORED_BODY_LIMIT + 4].decode("utf-8", errors="replace")
-        if b'"env"' in self.body and self.path.split("?", 1)[0].rstrip("/").endswith("api/tools/bash"):
+        if b'"env"' in self.body and self.path.split("?", 1)[0].rstrip("/").endswith(routes.BASH.relative):
             try:  # env values are secrets: never stored
                 data = json.loads(self.body)
                 if isinstance(data, dict) and isinstance(data.get("env"), dict):
@@ -159,8 +161,8 @@ class Forwards:
         try:
             reply = pending.result()
         except ForwardError as exc:
-            self.metrics.forward(exc.status_code, time.perf_counter() - started)
-            if exc.status_code == 410:
+            self.metrics.forward(exc.status, time.perf_counter() - started)
+            if exc.status == 410:
                 self.cp.spawn(self.cp.check_sandbox(call.server_id))  # find out now whether the sandbox crashed
             return exc
         self.metrics.forward(reply.status, time.perf_counter() - started)
@@ -170,7 +172,7 @@ class Forwards:
     def _outcome(call: ForwardedCall, value: Reply | ForwardError, inline_limit: int | None = None) -> Outcome:
         """The operation's stored result. A body already answered inline is not kept above the limit."""
         if isinstance(value, ForwardError):
-            return Outcome.failure(value.status_code, value.body)
+            return Outcome.failure(value.status, value.message)
         touch = call.server_id if value.status < 500 else None
         text = value.text()
         if inline_limit is not None and len(text) > inline_limit:

@@ -118,8 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     rewards: list[float] = []
     try:
         print(f"{'iter':>4}  {'episodes':>8}  {'env steps':>9}  {'mean reward':>11}  {'mean length':>11}  "
-              f"{'seconds':>7}",
-              flush=True)
+              f"{'seconds':>7}", flush=True)
         for i in range(1, args.iterations + 1):
             started = time.monotonic()
             result = algo.train()

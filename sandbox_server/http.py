@@ -1,11 +1,11 @@
 """HTTP plumbing shared by both servers, free of any web framework: request validation into the
-seed's 422 shape, error bodies, structured logs, the event loop."""
+seed's 422 shape, structured logs, the event loop (error bodies: ``errors.render``)."""
 
 from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -89,19 +89,6 @@ def parse_model(raw: bytes, model: type[M]) -> M:
         raise Unprocessable(summarize(items), items) from exc
 
 
-def error_body(kind: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON body of every non-422 error, on both servers."""
-    body: dict[str, Any] = {
-        "error": kind,
-        "message": message,
-        "detail": message,  # where FastAPI-style clients look
-        "timestamp": datetime.now(timezone.utc).isoformat(),
-    }
-    if details:
-        body["details"] = details
-    return body
-
-
 class JsonFormatter(logging.Formatter):
     """One JSON object per line; request fields come from ``extra``."""
 
@@ -109,7 +96,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, timezone.utc).isoformat(),
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -132,7 +119,8 @@ class TextFormatter(logging.Formatter):
 
 def setup_logging(json_lines: bool, level: str = "WARNING") -> None:
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if json_lines else TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    text = TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler.setFormatter(JsonFormatter() if json_lines else text)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

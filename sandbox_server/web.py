@@ -224,8 +224,8 @@ class _Connection:
             await self._send(Response(render(error), status=error.status, headers={"Connection": "close"}))
 
     async def _send(self, response: Response, head: bool = False) -> None:
-        headers = [(b"content-type", response.content_type.encode()), (b"content-length", str(len(response.body)).encode()),
-                   (b"server", SERVER_HEADER)]
+        headers = [(b"content-type", response.content_type.encode()),
+                   (b"content-length", str(len(response.body)).encode()), (b"server", SERVER_HEADER)]
         headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()]
         data = self.conn.send(h11.Response(status_code=response.status, headers=headers))
         if response.body and not head:

@@ -65,10 +65,12 @@ async def main(url: str) -> None:
             assert exc.status_code == 404, exc
         step("sandbox-error", status=404)
 
-        await server.create_file("test_calc.py", "from src.calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n")
+        await server.create_file("test_calc.py",
+                                 "from src.calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n")
         script = ("python3 -c \"import src.calc as c; ok = c.add(2, 3) == 5; "
                   "open('test-results.xml','w').write('<testsuite tests=\\'1\\' failures=\\'%d\\'>"
-                  "<testcase name=\\'add\\'>%s</testcase></testsuite>' % (0 if ok else 1, '' if ok else '<failure/>'))\"")
+                  "<testcase name=\\'add\\'>%s</testcase></testsuite>' "
+                  "% (0 if ok else 1, '' if ok else '<failure/>'))\"")
         report = await server.test_reward(script)
         assert report.status == "success" and report.scores.total == 1 and report.scores.passed == 1, report
         setup = await server.setup_reward("python3 --version")

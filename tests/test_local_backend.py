@@ -156,7 +156,8 @@ def test_root_inside_sees_nothing_of_the_host(sb_root: SandboxHandle, sb_user: S
         script = (f"ls -a /root; test -e /root/{marker} && echo SEEN-ROOT; test -e /tmp/{marker} && echo SEEN-TMP; "
                   f"test -e /work && echo SEEN-WORK; test -e {state} && echo SEEN-STATE; "
                   f"test -e /root/.pyenv -o -e /root/.cargo && echo SEEN-HOME; test -e /sys/kernel && echo SEEN-SYS; "
-                  f"find / -xdev -name '{marker}*' 2>/dev/null; find /tmp /home /opt /run -name '{marker}*' 2>/dev/null; "
+                  f"find / -xdev -name '{marker}*' 2>/dev/null; "
+                  f"find /tmp /home /opt /run -name '{marker}*' 2>/dev/null; "
                   f"cat /etc/shadow; grep -c . /etc/passwd; ls /home; ls /etc/ssh 2>/dev/null")
         out = ok(sb_root, script)
         assert "SEEN" not in out, out
@@ -230,7 +231,8 @@ def test_network_is_off_by_default(sb_user: SandboxHandle, loop: LoopThread, sta
             return
 
     threading.Thread(target=serve, daemon=True).start()
-    probe = f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3); print('CONNECTED')\""
+    probe = (f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3); "
+             "print('CONNECTED')\"")
     try:
         result = bash(sb_user, probe + "; ls /sys/class/net 2>/dev/null; cat /proc/net/dev")
         assert "CONNECTED" not in result["stdout"]

@@ -22,8 +22,7 @@ import gymnasium as gym
 import pytest
 
 from idegym_env.tasks import TaskError, load_task
-from idegym_env.tasks.sources import load_source_tasks, open_source
-from idegym_env.tasks.sources import harbor, problems, repos, swe, swe_local
+from idegym_env.tasks.sources import harbor, load_source_tasks, open_source, problems, repos, swe, swe_local
 from idegym_env.tasks.sources.harbor_local import run_locally as harbor_run_locally
 from idegym_env.tasks.sources.validate import format_table, validate
 

@@ -16,17 +16,13 @@ import abc
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..errors import StatusError
 from ..models import KubernetesResources, ServerKind, StartServerRequest
 from ..quantities import cpu_millicores, memory_bytes
 
 
-class BackendError(Exception):
+class BackendError(StatusError):
     """A backend operation failed; ``status`` is the HTTP-equivalent code for the client."""
-
-    def __init__(self, message: str, status: int = 500) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
 
 
 class ImageNotFound(BackendError):

@@ -18,8 +18,14 @@ from control_plane.models import (
     StartServerRequest,
     StartServerResponse,
 )
-from sandbox_server.models import BashCommandResponse, CheckResult, ExecuteResponse, ResetResult, TestReport
-from sandbox_server.models import DEFAULT_TIMEOUT
+from sandbox_server.models import (
+    DEFAULT_TIMEOUT,
+    BashCommandResponse,
+    CheckResult,
+    ExecuteResponse,
+    ResetResult,
+    TestReport,
+)
 from sandbox_server.routes import Endpoint, Req, Resp
 
 from . import _plans
@@ -91,8 +97,8 @@ class AsyncSandbox:
              max_output_bytes: int | None = 1_048_576, strip_output: bool = False,
              graceful_termination_timeout: float = 2.0) -> BashCommandResponse:
         """Run a bash script; a non-zero exit is a result (``exit_code``), not an exception."""
-        return await self._run(_plans.bash(self._target, command, timeout, cwd, env, user, max_output_bytes, strip_output,
-                                     graceful_termination_timeout))
+        return await self._run(_plans.bash(self._target, command, timeout, cwd, env, user, max_output_bytes,
+                                           strip_output, graceful_termination_timeout))
 
     async def write_file(self, path: str, content: str) -> None:
         await self._run(_plans.write_file(self._target, path, content))

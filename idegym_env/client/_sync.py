@@ -19,8 +19,14 @@ from control_plane.models import (
     StartServerRequest,
     StartServerResponse,
 )
-from sandbox_server.models import BashCommandResponse, CheckResult, ExecuteResponse, ResetResult, TestReport
-from sandbox_server.models import DEFAULT_TIMEOUT
+from sandbox_server.models import (
+    DEFAULT_TIMEOUT,
+    BashCommandResponse,
+    CheckResult,
+    ExecuteResponse,
+    ResetResult,
+    TestReport,
+)
 from sandbox_server.routes import Endpoint, Req, Resp
 
 from . import _plans

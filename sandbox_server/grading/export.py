@@ -14,14 +14,9 @@ import os
 import stat
 from pathlib import Path
 
-from ..errors import SandboxServerError
+from ..errors import PayloadTooLarge
 from . import paths
 from .models import ExportRequest, ExportResponse, FileEntry, Skipped
-
-
-class TooLarge(SandboxServerError):
-    status = 413
-    kind = "PayloadTooLarge"
 
 
 def walk(root: Path, limit: int) -> dict[str, os.stat_result]:
@@ -46,7 +41,7 @@ def walk(root: Path, limit: int) -> dict[str, os.stat_result]:
                 continue
             found[path] = st
             if len(found) > limit:
-                raise TooLarge(f"the project has more than {limit} files to consider for grading; remove "
+                raise PayloadTooLarge(f"the project has more than {limit} files to consider for grading; remove "
                                "what the task does not need (build output, downloads) and submit again")
     return found
 
@@ -96,7 +91,7 @@ def export(project: Path, pristine: Path | None, req: ExportRequest) -> ExportRe
         data = _read(project, path, req.max_bytes - out.total_bytes)
         if data is None:
             if st.st_size > req.max_bytes - out.total_bytes:
-                raise TooLarge(f"the editable files exceed {req.max_bytes} bytes (at {path}); remove large "
+                raise PayloadTooLarge(f"the editable files exceed {req.max_bytes} bytes (at {path}); remove large "
                                "files the task does not need and submit again")
             out.skipped.append(Skipped(path=path, reason="could not be read as a regular file"))
             continue

@@ -192,4 +192,5 @@ def humaneval(cache: Path | None = None) -> ProblemSet:
     return ProblemSet("humaneval", humaneval_problems(), cache=cache)
 
 
-__all__ = ["CodeProblem", "ProblemSet", "humaneval", "humaneval_problems", "run_locally", "task_slug", "SOLUTION_FILE", "TEST_FILE"]
+__all__ = ["CodeProblem", "ProblemSet", "humaneval", "humaneval_problems", "run_locally", "task_slug", "SOLUTION_FILE",
+           "TEST_FILE"]
