@@ -17,7 +17,6 @@ from pydantic import BaseModel, ValidationError
 from sandbox_server.http import parse_model, summarize, validation_items
 
 from .body_budget import SMALL, BodyBudget, Reservation
-from .errors import Unauthorized
 from .errors import ApiError, Unauthorized, Unprocessable, render
 
 log = logging.getLogger("control_plane.http")
