@@ -207,7 +207,8 @@ def _cut_around(text: str, limit: int, marker: str, earlier: list[tuple[int, int
 NO_SHARED_MEMORY = (
     "IdeGym's observations are text of any length (UnicodeText), which gymnasium's AsyncVectorEnv cannot keep in "
     "its fixed-size shared memory: use vectorization_mode='vector_entry_point' (RayVectorEnv: sub-envs step "
-    "concurrently in Ray actors) or 'sync', or keep 'async' with vector_kwargs={'shared_memory': False}")
+    "concurrently in Ray actors) or 'sync', or keep 'async' with shared_memory=False "
+    "(gym.make_vec(..., vector_kwargs={'shared_memory': False}))")
 
 
 # AsyncVectorEnv turns gymnasium's own error into a generic one; say why, and what to use instead.
