@@ -20,20 +20,25 @@ from sandbox_server.models import ExecuteRequest
 from sandbox_server.openapi import Route, build_openapi
 
 from . import __version__
+from .auth import TOKEN_USER, token_credentials, token_path
 from .backends.base import Backend
+from .body_budget import COPIES, BodyBudget
 from .code_runner import CodeRunnerPool
 from .config import ControlPlaneConfig
 from .errors import BadRequest, ControlPlaneError, NotFound
 from .forward_calls import ForwardedCall, Forwards, prefer_wait
 from .forwarding import ForwardError
 from .http import (
+    RESERVATION,
     auth_middleware,
+    body_budget_middleware,
     error_middleware,
     json_response,
     path_int,
     path_uuid,
     query_client,
     query_model,
+    read_body,
     read_model,
 )
 from .jobs import ImageJobs, SnapshotJobs
@@ -315,8 +320,15 @@ async def forward(request: web.Request) -> web.StreamResponse:
     if request.query_string:
         path = f"{path}?{request.query_string}"
     endpoint = cp.forward_endpoint(client_id, server_id)
-    call = ForwardedCall(client_id, server_id, request.method, path, request.headers, await request.read())
-    answer = await request.app[FORWARDS].forward(call, endpoint)
+    body = await read_body(request, cp.config.max_body_bytes)
+    call = ForwardedCall(client_id, server_id, request.method, path, request.headers, body)
+    reservation = request.pop(RESERVATION, None)  # held until the sandbox has answered
+    try:
+        answer = await request.app[FORWARDS].forward(call, endpoint, reservation.release if reservation else None)
+    except BaseException:
+        if reservation is not None:
+            reservation.release()
+        raise
     if answer.value is None:
         return _accepted(ForwardRequestResponse(async_operation_id=answer.operation_id))
     extra = {OPERATION_HEADER: str(answer.operation_id), "Preference-Applied": f"wait={answer.waited:g}"}
@@ -416,6 +428,16 @@ FORWARD_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
 # -- middlewares and factory ----------------------------------------------------------------------
 
 
+def required_credentials(config: ControlPlaneConfig) -> tuple[str, str] | None:
+    """What every route but ``/health`` requires: ``--auth USER:PASSWORD``, else the state
+    directory's token (made on first start); None only with ``--auth none``."""
+    if config.no_auth:
+        log.warning("AUTHENTICATION IS OFF (--auth none): anyone who can connect to this control plane "
+                    "can start sandboxes, build images from allowed directories and run commands")
+        return None
+    return config.auth or token_credentials(config.state_dir)
+
+
 def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> web.Application:
     """Build the control plane. Nothing runs until the app is started (cleanup context)."""
     from .images import builder_for, parse_build_yaml
@@ -429,8 +451,13 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     images = ImageJobs(cp, builder, getattr(builder, "parse_yaml", None) or parse_build_yaml)
     meter = Metrics()
     middlewares = [error_middleware("control plane", (ControlPlaneError,), meter.observe, config.max_body_bytes)]
-    if config.auth:
-        middlewares.insert(1, auth_middleware(config.auth))
+    credentials = required_credentials(config)
+    if credentials is not None:
+        hint = (f"user {TOKEN_USER!r} and the token in {token_path(config.state_dir)} as password"
+                if config.auth is None else "the credentials given to --auth")
+        middlewares.insert(1, auth_middleware(credentials, hint))
+    budget = BodyBudget(config.body_budget_bytes or COPIES * config.max_body_bytes, config.body_wait)
+    middlewares.append(body_budget_middleware(budget, config.max_body_bytes))
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[CP] = cp
     app[WATCHER] = watcher

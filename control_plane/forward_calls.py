@@ -14,7 +14,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -53,19 +53,20 @@ class ForwardedCall:
     method: str
     path: str  # relative to the sandbox root, query included
     headers: Mapping[str, str]
-    body: bytes
+    body: bytes | bytearray
 
     def record(self, target: str) -> str:
         """The operation's stored request (secrets masked, body truncated)."""
-        text = self.body.decode("utf-8", errors="replace")
+        # Only what is stored is decoded: a 200 MB body would be copied whole otherwise.
+        text = self.body[:STORED_BODY_LIMIT + 4].decode("utf-8", errors="replace")
         if b'"env"' in self.body and self.path.split("?", 1)[0].rstrip("/").endswith("api/tools/bash"):
             try:  # env values are secrets: never stored
-                data = json.loads(text)
+                data = json.loads(self.body)
                 if isinstance(data, dict) and isinstance(data.get("env"), dict):
                     data["env"] = {k: "***" for k in data["env"]}
-                    text = json.dumps(data)
-            except ValueError:
-                pass
+                text = json.dumps(data)
+            except (ValueError, RecursionError):  # not JSON (the sandbox says 422): it may still hold values
+                text = "[a bash call naming env that is not valid JSON: not kept in the request history]"
         if len(text) > STORED_BODY_LIMIT:
             text = text[:STORED_BODY_LIMIT] + f"... [{len(self.body)} bytes; truncated in the request history]"
         headers = {k: v for k, v in self.headers.items() if k.lower() not in UNSTORED_HEADERS}
@@ -93,22 +94,35 @@ class Forwards:
         self.cp = cp
         self.metrics = metrics
 
-    async def forward(self, call: ForwardedCall, endpoint: Endpoint) -> Answer:
-        """Forward ``call`` to ``endpoint`` (``ControlPlane.forward_endpoint`` of its server)."""
+    async def forward(self, call: ForwardedCall, endpoint: Endpoint, release: Callable[[], None] | None = None
+                      ) -> Answer:
+        """Forward ``call`` to ``endpoint`` (``ControlPlane.forward_endpoint`` of its server);
+        ``release`` (the body's budget reservation) is called once the sandbox has answered."""
         cp = self.cp
         wait = prefer_wait(call.headers)
         if wait is None:
             async def work() -> Outcome:
-                pending = cp.forwarder.start(endpoint, call.method, call.path, call.headers, call.body)
-                started = time.perf_counter()
-                await pending.wait()
-                return self._outcome(call, self._settled(call, pending, started))
+                try:
+                    pending = cp.forwarder.start(endpoint, call.method, call.path, call.headers, call.body)
+                    started = time.perf_counter()
+                    await pending.wait()
+                    return self._outcome(call, self._settled(call, pending, started))
+                finally:
+                    if release is not None:
+                        release()
 
             op = cp.ops.submit(AsyncOperationType.FORWARD_REQUEST, call.record(endpoint.base_url), work,
                                client_id=str(call.client_id), server_id=call.server_id)
             return Answer(op)
         started_ms, started = now_ms(), time.perf_counter()
-        pending = cp.forwarder.start(endpoint, call.method, call.path, call.headers, call.body)
+        try:
+            pending = cp.forwarder.start(endpoint, call.method, call.path, call.headers, call.body)
+        except BaseException:
+            if release is not None:
+                release()
+            raise
+        if release is not None:
+            pending.future.add_done_callback(lambda _: release())
         if not pending.future.done():
             await settled_within(pending.future, wait)
         if not pending.future.done():

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from sandbox_server.errors import Unprocessable
 from sandbox_server.http import error_body, parse_model, summarize, validation_items
 
+from .body_budget import SMALL, BodyBudget, Reservation
 from .errors import Unauthorized
 
 log = logging.getLogger("control_plane.http")
@@ -26,6 +27,20 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 async def read_model(request: web.Request, model: type[M]) -> M:
     return parse_model(await request.read(), model)
+
+
+async def read_body(request: web.Request, max_body: int) -> bytes | bytearray:
+    """The body, read as it arrives into one growing buffer: unlike ``request.read()`` no final
+    copy of the whole (200 MB that block the event loop), and the socket is read no faster than
+    the body is taken."""
+    if request.content_length is not None and request.content_length < (1 << 20):
+        return await request.read()
+    body = bytearray()
+    async for chunk in request.content.iter_any():
+        body += chunk
+        if len(body) > max_body:
+            raise web.HTTPRequestEntityTooLarge(max_size=max_body, actual_size=len(body))
+    return body
 
 
 def json_response(model: BaseModel, status: int = 200) -> web.Response:
@@ -139,8 +154,8 @@ def query_client(request: web.Request) -> UUID:
         raise Unprocessable.field(["query", "client_id"], "must be a UUID", raw, "uuid_parsing") from None
 
 
-def auth_middleware(credentials: tuple[str, str]) -> Any:
-    """HTTP Basic auth on every route but ``/health``."""
+def auth_middleware(credentials: tuple[str, str], hint: str) -> Any:
+    """HTTP Basic auth on every route but ``/health``; ``hint`` says where the credentials are."""
     user, password = credentials
     expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
@@ -150,8 +165,32 @@ def auth_middleware(credentials: tuple[str, str]) -> Any:
             return await handler(request)
         given = request.headers.get("Authorization", "")
         if not hmac.compare_digest(given.encode(), expected.encode()):
-            raise Unauthorized("missing or wrong credentials: send HTTP Basic auth (IDEGYM_AUTH_USERNAME / "
-                               "IDEGYM_AUTH_PASSWORD for idegym-client)")
+            raise Unauthorized(f"missing or wrong credentials: send HTTP Basic auth, {hint} "
+                               "(idegym-client: IDEGYM_AUTH_USERNAME / IDEGYM_AUTH_PASSWORD)")
         return await handler(request)
+
+    return middleware
+
+
+RESERVATION = web.RequestKey("body_reservation", Reservation)
+
+
+def body_budget_middleware(budget: BodyBudget, max_body: int) -> Any:
+    """Reserve a request's body in ``budget`` before anything reads it; released when the handler
+    returns, unless the handler took the reservation over (``request.pop(RESERVATION)``)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        if not request.body_exists:
+            return await handler(request)
+        size = request.content_length if request.content_length is not None else max_body
+        if size < SMALL:
+            return await handler(request)
+        request[RESERVATION] = reservation = await budget.reserve(size)
+        try:
+            return await handler(request)
+        finally:
+            if request.get(RESERVATION) is reservation:
+                reservation.release()
 
     return middleware

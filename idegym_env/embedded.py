@@ -1,7 +1,8 @@
 """The embedded control plane: started on demand when no URL is given, gone when done.
 
 It runs as a child process (``idegym control-plane serve --ephemeral``) with its own state
-directory, so an interpreter that crashes cannot corrupt anybody else's state; ``close()`` (or
+directory, so an interpreter that crashes cannot corrupt anybody else's state, and its own token
+(``url`` carries it as credentials: ``http://idegym:<token>@127.0.0.1:<port>``); ``close()`` (or
 interpreter exit) stops it, and ``--ephemeral`` makes it delete every sandbox it created. It
 watches its parent: if this process is killed outright, it still shuts down and cleans up.
 One instance is shared by every environment of the process (``acquire()``/``release()``). When
@@ -21,7 +22,10 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
+
+from control_plane.auth import TOKEN_USER, read_token, token_path
 
 START_TIMEOUT = 60.0
 GRACE_SECONDS = 60.0
@@ -29,14 +33,19 @@ GRACE_SECONDS = 60.0
 
 class EmbeddedControlPlane:
     def __init__(self, *, warm_pool: int = 2, extra_args: list[str] | None = None,
-                 state_dir: Path | None = None) -> None:
+                 state_dir: Path | None = None, build_roots: Sequence[str | os.PathLike] = ("/",)) -> None:
+        """``build_roots``: where image builds may read host files. Every directory by default:
+        this control plane's one client is its owner (it holds the token, which lives in this
+        private state directory), and it reads files as its owner, who can read them anyway;
+        the env builds task images from wherever its tasks are."""
         self._owns_state = state_dir is None
         self.state_dir = state_dir or Path(tempfile.mkdtemp(prefix="idegym-embedded-"))
         self.log_path = self.state_dir / "control-plane.log"
         read_fd, write_fd = os.pipe()
         argv = [sys.executable, "-m", "control_plane", "--port", "0", "--state-dir", str(self.state_dir),
-                "--ephemeral", "--warm-pool", str(warm_pool), "--ready-fd", str(write_fd),
+                "--ephemeral", "--warm-pool", str(warm_pool), "--ready-fd", str(write_fd), "--auth", "token",
                 "--parent-pid", str(os.getpid()), *(["--remove-state"] if state_dir is None else []),
+                *(f"--build-root={root}" for root in build_roots),
                 *(extra_args or [])]
         self._log = open(self.log_path, "ab")
         self.process = subprocess.Popen(argv, pass_fds=(write_fd,), stdout=self._log, stderr=subprocess.STDOUT,
@@ -52,7 +61,12 @@ class EmbeddedControlPlane:
             log = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
             raise RuntimeError(f"the embedded control plane did not start within {START_TIMEOUT:g} s:\n{log}")
         self.port = int(line.split()[1])
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.address = f"http://127.0.0.1:{self.port}"  # to show; it carries no credentials
+        token = token_path(self.state_dir)  # made by the control plane as it started
+        self.auth = (TOKEN_USER, read_token(token, strict=True)) if token.exists() else None
+        # What to hand to clients (here, in Ray actors, in subprocesses): the credentials travel
+        # with it, so treat it as a secret.
+        self.url = f"http://{TOKEN_USER}:{self.auth[1]}@127.0.0.1:{self.port}" if self.auth else self.address
         self._closed = False
         atexit.register(self.close)
 

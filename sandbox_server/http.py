@@ -45,14 +45,41 @@ def summarize(items: list[dict[str, Any]]) -> str:
     return "invalid request: " + "; ".join(parts) + more
 
 
+MAX_JSON_DEPTH = 100  # arrays and objects in a request body nest at most this deep
+
+
+def json_depth_exceeds(data: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether parsed JSON nests arrays/objects deeper than ``limit`` (walked without recursion)."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+def too_deep() -> Unprocessable:
+    message = f"request body nests arrays/objects deeper than the limit of {MAX_JSON_DEPTH} levels"
+    return Unprocessable(message, [{"loc": ["body"], "msg": message, "type": "json_too_deep"}])
+
+
 def parse_model(raw: bytes, model: type[M]) -> M:
-    """Validate a JSON body; an empty body counts as ``{}``. Raises ``Unprocessable`` (422)."""
+    """Validate a JSON body; an empty body counts as ``{}``. Raises ``Unprocessable`` (422), also
+    for a body nested deeper than ``MAX_JSON_DEPTH`` (validators recurse: it would be a 500)."""
     if raw.strip():
         try:
             data = json.loads(raw)
+        except RecursionError:
+            raise too_deep() from None
         except (ValueError, UnicodeDecodeError) as exc:
             item = {"loc": ["body"], "msg": f"JSON decode error: {exc}", "type": "json_invalid"}
             raise Unprocessable("request body is not valid JSON: " + str(exc), [item]) from exc
+        if json_depth_exceeds(data):
+            raise too_deep()
     else:
         data = {}
     try:

@@ -1,7 +1,8 @@
 """Run by tests/test_published_client.py under Python 3.12 with the published idegym-client 0.13.1.
 
 Drives the whole life cycle against our control plane and prints one JSON line per step; any
-exception fails the run. Usage: python published_client_lifecycle.py <control-plane-url>
+exception fails the run. Usage: python published_client_lifecycle.py <control-plane-url>, with the
+credentials in $IDEGYM_AUTH_USERNAME / $IDEGYM_AUTH_PASSWORD (the client reads them itself).
 """
 
 import asyncio
@@ -12,7 +13,6 @@ import os
 import sys
 
 from diff_match_patch import diff_match_patch
-from idegym.api.auth import BasicAuth
 from idegym.api.orchestrator.servers import ServerReuseStrategy
 from idegym.client import IdeGYMClient
 from idegym.client.client import ServerCloseAction
@@ -26,8 +26,7 @@ def step(name, **data):
 
 
 async def main(url: str) -> None:
-    auth = BasicAuth(username="tester", password="pw")
-    async with IdeGYMClient(orchestrator_url=url, name="published", namespace="idegym", auth=auth) as client:
+    async with IdeGYMClient(orchestrator_url=url, name="published", namespace="idegym") as client:
         step("register", client_id=str(client.client_id))
         health = await client.health_check()
         step("health", status=health.status)

@@ -242,8 +242,10 @@ SEED_TEST_SCRIPT = "python -m pytest --junitxml=test-results.xml"  # the seed's 
 
 def _published_test_reward(cp: ControlPlaneProcess, image: str, script: str, *, write_tests: bool) -> dict:
     assert CLIENT_PYTHON.exists(), f"{CLIENT_PYTHON} is missing: run `make client-venv`"
-    argv = [str(CLIENT_PYTHON), str(REWARD_SCRIPT), cp.url, image, script, *(["--write-tests"] if write_tests else [])]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    argv = [str(CLIENT_PYTHON), str(REWARD_SCRIPT), cp.address, image, script,
+            *(["--write-tests"] if write_tests else [])]
+    credentials = {"IDEGYM_AUTH_USERNAME": cp.auth[0], "IDEGYM_AUTH_PASSWORD": cp.auth[1]} if cp.auth else {}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, **credentials})
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
     lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
     assert lines, proc.stdout

@@ -198,9 +198,10 @@ def _fetch_project(project: dict[str, Any], work: Path) -> Path:
         clone = work / "clone"
         env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
         ref = str(project.get("ref") or "HEAD")
-        steps = [["git", "clone", "--quiet", str(project["git"]), str(clone)]]
+        # `--`: positionals are never options (the parser refuses a URL or ref starting with '-')
+        steps = [["git", "clone", "--quiet", "--", str(project["git"]), str(clone)]]
         if ref != "HEAD":
-            steps.append(["git", "-C", str(clone), "checkout", "--quiet", ref])
+            steps.append(["git", "-C", str(clone), "checkout", "--quiet", ref, "--"])
         for argv in steps:
             proc = subprocess.run(argv, capture_output=True, env=env, timeout=1800)
             if proc.returncode != 0:
