@@ -15,8 +15,8 @@ import argparse
 import http.server
 import json
 import os
+import queue
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -40,19 +40,28 @@ IDEGYM = [sys.executable, "-m", "idegym_env.cli"]
 
 def _lines_until(proc: subprocess.Popen, pattern: str, timeout: float) -> list[str]:
     """Lines of ``proc``'s stderr up to the first that matches ``pattern`` (fails after ``timeout``)."""
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout
     assert proc.stderr is not None
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stderr], [], [], 0.5)
-        if ready:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            lines.append(line.rstrip("\n"))
-            if re.search(pattern, line):
-                return lines
-    raise AssertionError(f"no line matching {pattern!r} within {timeout} s; got {lines}")
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            break
+        if line is None:
+            break
+        seen.append(line)
+        if re.search(pattern, line):
+            return seen
+    raise AssertionError(f"no line matching {pattern!r} within {timeout} s; got {seen}")
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -210,10 +219,10 @@ def test_sandbox_serve_prints_its_address_and_that_tools_run_unisolated(tmp_path
     proc = subprocess.Popen([*IDEGYM, "sandbox", "serve", "--port", "0", "--project", str(tmp_path / "project")],
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO)
     try:
-        lines = _lines_until(proc, r"UNISOLATED", 60)
+        lines = _lines_until(proc, r"UNISOLATED", 120)
         address = re.search(r"listening on (http://127\.0\.0\.1:\d+)", "\n".join(lines))
         assert address, lines
-        assert httpx.get(f"{address.group(1)}/api/health", timeout=10).status_code == 200
+        assert httpx.get(f"{address.group(1)}/api/health", timeout=60).status_code == 200
         warning = next(line for line in lines if "UNISOLATED" in line)
         user = "root (uid 0, ROOT)" if os.geteuid() == 0 else f"(uid {os.geteuid()})"
         assert "not inside a sandbox" in warning and user in warning
@@ -397,7 +406,7 @@ def test_openenv_serve_says_what_it_is_doing(control_plane: EmbeddedControlPlane
         assert any(f"preparing task {PY_TASK}" in line for line in lines), lines
         address = re.search(r"serving task \S+ on (http://127\.0\.0\.1:\d+)", lines[-1])
         assert address, lines
-        assert httpx.get(f"{address.group(1)}/health", timeout=10).status_code == 200
+        assert httpx.get(f"{address.group(1)}/health", timeout=60).status_code == 200
     finally:
         _stop(proc)
     assert proc.returncode == 0
