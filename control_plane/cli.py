@@ -29,10 +29,69 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"IDEGYM_CONTROL_PLANE_{name}", default)
 
 
+_FROM_ENV: set[str] = set()  # the <name>s of the $IDEGYM_CONTROL_PLANE_<name> that flags' defaults come from
+# Flags whose variable is not $IDEGYM_CONTROL_PLANE_<DEST>, and flags that have none (whoever
+# starts a control plane as its child passes them).
+_VARIABLES = {"operation_retention": "IDEGYM_CONTROL_PLANE_RETENTION", "image_registry": "IDEGYM_IMAGE_REGISTRY",
+              "image_cache": "IDEGYM_IMAGE_CACHE", "log_json": "IDEGYM_LOG_JSON", "log_level": "IDEGYM_LOG_LEVEL"}
+_NO_VARIABLE = ("remove_state", "parent_pid", "ready_fd")
+
+
 def _default(name: str, value: T, parse: Callable[[str], T]) -> T:
     """``$IDEGYM_CONTROL_PLANE_<name>`` parsed, else the configuration's default ``value``."""
+    _FROM_ENV.add(name)
     raw = _env(name)
+    if parse is bool:
+        parse = _flag  # type: ignore[assignment] # bool("0") is True
     return value if raw in (None, "") else parse(raw)
+
+
+def _flag(text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise SystemExit(f"expected a boolean (1/0, true/false, yes/no, on/off) in the environment, got {text!r}")
+    return value in ("1", "true", "yes", "on")
+
+
+def _names(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _shown(value: object) -> str:
+    if value is None or value == [] or value == "":
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else f"{value:g}"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def _document(parser: argparse.ArgumentParser) -> None:
+    """Every flag's help ends with its environment variable and its default (unless it says them)."""
+    for action in parser._actions:
+        if action.dest == "help" or action.help == argparse.SUPPRESS:
+            continue
+        text, first, last = action.help or "", [], []
+        if "$" not in text:
+            if action.dest in _VARIABLES:
+                first.append(f"${_VARIABLES[action.dest]}")
+            elif action.dest.startswith("k8s_"):
+                first.append(f"$IDEGYM_{action.dest.upper()}")
+            elif action.dest.upper() in _FROM_ENV:
+                first.append(f"$IDEGYM_CONTROL_PLANE_{action.dest.upper()}")
+            else:
+                first.append("no environment variable")
+        if "default" not in text:
+            last.append(f"default {_shown(action.default).replace('%', '%%')}")
+        if not first and not last:
+            continue
+        if text.endswith("]") and "[" in text:  # into the bracket the help already ends with
+            text, _, inner = text[:-1].rpartition("[")
+            first.append(inner)
+        action.help = f"{text.rstrip()} [{', '.join(first + last)}]".lstrip()
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,8 +132,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="spare sandboxes kept ready per image in use (grows with demand)")
     parser.add_argument("--warm-pool-max", type=int, default=_default("WARM_POOL_MAX", cfg.warm_pool_max, int),
                         help="ceiling of the warm pool per image")
-    parser.add_argument("--pool-image", action="append", default=[],
-                        help="keep this image warm from start-up (repeatable)")
+    parser.add_argument("--pool-image", action="append", default=_default("POOL_IMAGE", [], _names),
+                        help="keep this image warm from start-up (repeatable; comma-separated in the variable)")
     parser.add_argument("--max-servers", type=int, default=_default("MAX_SERVERS", cfg.max_servers, int),
                         help="live servers allowed at once; more starts get 429 (the client retries)")
     parser.add_argument("--body-budget", type=int, default=_default("BODY_BUDGET", cfg.body_budget_bytes, int),
@@ -99,7 +158,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--operation-retention", type=float,
                         default=_default("RETENTION", watch.operation_retention, float),
                         help="seconds of request history kept")
-    parser.add_argument("--ephemeral", action="store_true", default=cfg.ephemeral,
+    parser.add_argument("--ephemeral", action="store_true", default=_default("EPHEMERAL", cfg.ephemeral, bool),
                         help="delete every sandbox on shutdown (for embedded use)")
     if _wants_kubernetes():
         # the client library costs ~0.4 s to import: only when this backend is chosen
@@ -117,6 +176,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one JSON object per log line")
     parser.add_argument("--log-level", default=os.environ.get("IDEGYM_LOG_LEVEL", "WARNING"),
                         help="WARNING (default); INFO logs every request")
+    _document(parser)
 
 
 def _wants_kubernetes() -> bool:

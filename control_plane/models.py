@@ -76,6 +76,11 @@ class ServerReuseStrategy(StrEnum):
     RESTART = "RESTART"
     RESET = "RESET"
 
+    @classmethod
+    def _missing_(cls, value: object) -> ServerReuseStrategy:
+        raise ValueError(f"{value!r} is not a reuse strategy: use one of {', '.join(m.value for m in cls)} "
+                         "(RESET: project restored, RESTART: a fresh sandbox, NONE: a new server)")
+
 
 class ServerKind(StrEnum):
     IDEGYM = "idegym"

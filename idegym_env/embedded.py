@@ -5,7 +5,10 @@ directory, so an interpreter that crashes cannot corrupt anybody else's state, a
 (``url`` carries it as credentials: ``http://idegym:<token>@127.0.0.1:<port>``); ``close()`` (or
 interpreter exit) stops it, and ``--ephemeral`` makes it delete every sandbox it created. It
 watches its parent: if this process is killed outright, it still shuts down and cleans up.
-One instance is shared by every environment of the process (``shared()``).
+One instance is shared by every environment of the process (``acquire()``/``release()``). When
+the last one releases it, it stays up for ``grace_seconds()`` (``$IDEGYM_EMBEDDED_GRACE``, default
+60; 0 stops it at once), so that the next ``gym.make`` does not pay for a new one; it ends at
+interpreter exit at the latest (``shutdown()`` ends it now).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 from control_plane.auth import TOKEN_USER, read_token, token_path
 
 START_TIMEOUT = 60.0
+GRACE_SECONDS = 60.0
 
 
 class EmbeddedControlPlane:
@@ -68,9 +72,10 @@ class EmbeddedControlPlane:
 
     def close(self) -> None:
         """Stop the control plane (it deletes its sandboxes) and remove its state."""
-        if getattr(self, "_closed", False):
-            return
-        self._closed = True
+        with _closing:  # a grace timer and interpreter exit may both get here
+            if getattr(self, "_closed", False):
+                return
+            self._closed = True
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -92,12 +97,31 @@ class EmbeddedControlPlane:
 _shared: EmbeddedControlPlane | None = None
 _users = 0
 _lock = threading.Lock()
+_closing = threading.Lock()
+_idle_timer: threading.Timer | None = None
+
+
+def grace_seconds() -> float:
+    """How long the shared control plane outlives its last user: ``$IDEGYM_EMBEDDED_GRACE``."""
+    raw = os.environ.get("IDEGYM_EMBEDDED_GRACE", "")
+    try:
+        return max(float(raw), 0.0) if raw.strip() else GRACE_SECONDS
+    except ValueError:
+        raise ValueError(f"$IDEGYM_EMBEDDED_GRACE must be a number of seconds, not {raw!r}") from None
+
+
+def _cancel_idle_timer() -> None:
+    global _idle_timer
+    if _idle_timer is not None:
+        _idle_timer.cancel()
+        _idle_timer = None
 
 
 def acquire() -> EmbeddedControlPlane:
-    """The process-wide embedded control plane, started on first use."""
+    """The process-wide embedded control plane, started on first use (or still up from the last)."""
     global _shared, _users
     with _lock:
+        _cancel_idle_timer()
         if _shared is None or _shared._closed or _shared.process.poll() is not None:
             _shared = EmbeddedControlPlane()
         _users += 1
@@ -105,10 +129,37 @@ def acquire() -> EmbeddedControlPlane:
 
 
 def release() -> None:
-    """Drop one user; the last one stops the embedded control plane."""
-    global _shared, _users
+    """Drop one user; after the last, the control plane stops once ``grace_seconds()`` pass
+    without a new one. Returns at once (unless the grace is 0)."""
+    global _users, _idle_timer
     with _lock:
         _users = max(_users - 1, 0)
-        if _users == 0 and _shared is not None:
-            _shared.close()
-            _shared = None
+        if _users or _shared is None:
+            return
+        grace = grace_seconds()
+        if grace > 0:
+            _cancel_idle_timer()
+            _idle_timer = threading.Timer(grace, _stop_if_idle, args=(_shared,))
+            _idle_timer.daemon = True  # interpreter exit does not wait for it: atexit closes the control plane
+            _idle_timer.start()
+            return
+    _stop_if_idle(_shared)
+
+
+def _stop_if_idle(control_plane: EmbeddedControlPlane) -> None:
+    global _shared
+    with _lock:
+        if _shared is not control_plane or _users:
+            return  # someone took it again
+        _shared = None
+    control_plane.close()
+
+
+def shutdown() -> None:
+    """Stop the shared control plane now, whoever uses it (their calls then fail)."""
+    global _shared, _users
+    with _lock:
+        _cancel_idle_timer()
+        control_plane, _shared, _users = _shared, None, 0
+    if control_plane is not None:
+        control_plane.close()

@@ -265,6 +265,16 @@ class Server:
         finally:
             self._connections.discard(task)
 
+    @property
+    def address(self) -> str:
+        """Where it listens: ``http://host:port`` (the port chosen when 0 was asked) or the socket path."""
+        assert self._server is not None, "not started"
+        name = self._server.sockets[0].getsockname()
+        if isinstance(name, str):
+            return name
+        host = f"[{name[0]}]" if ":" in name[0] else name[0]
+        return f"http://{host}:{name[1]}"
+
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
