@@ -88,7 +88,7 @@ def test_harbor_runs_the_shipped_tasks_oracle_trials_in_parallel_on_the_embedded
     assert sorted(t["task_name"] for t in trials) == SHIPPED_NAMES
     for trial in trials:
         assert trial.get("exception_info") is None, trial.get("exception_info")
-        assert trial["verifier_result"]["rewards"] == {"reward": 1.0}, trial["trial_name"]
+        assert trial["verifier_result"]["rewards"]["reward"] == 1.0, trial["trial_name"]  # js-slugify: +counts
     # the embedded control plane (ephemeral: it deletes its sandboxes) went away with Harbor's process
     assert wait_until(lambda: not processes_mentioning(f"--parent-pid\0{pid}\0".encode()), timeout=30)
 
