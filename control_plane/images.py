@@ -13,7 +13,8 @@
         commands:                        # run as root in a build sandbox, in order (set -eux)
           - pip install pytest
         env: {PYTHONDONTWRITEBYTECODE: "1"}
-        network: true                    # the build (and sandboxes of this image) may use the network
+        network: true                    # sandboxes of this image (and its build) may use the network
+        build_network: true              # only the build may (RUN apt-get ...); its sandboxes stay offline
         rebuild: false                   # an existing tag is not built again unless this is true
       - name: task-env                   # a Dockerfile, built with buildah (no `commands` then)
         dockerfile: |                    # its text, or a path in the build context ("Dockerfile")
@@ -141,9 +142,14 @@ def _definition(entry: dict[str, Any], index: int, registry: str | None = None) 
 
         bases = base_images(docker["dockerfile"], docker["build_args"])
         base = bases[0] if bases else "scratch"
+    flags = {}
+    for key in ("network", "build_network"):
+        value = entry.get(key, False)
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}.{key} must be true or false, not {value!r}")
+        flags[key] = value
     return ImageDefinition(tag=tag, base=base, project=project, commands=commands,
-                           env={str(k): str(v) for k, v in env.items()}, network=bool(entry.get("network", False)),
-                           raw=entry, **docker)
+                           env={str(k): str(v) for k, v in env.items()}, raw=entry, **flags, **docker)
 
 
 def _dockerfile(entry: dict[str, Any], where: str, project: dict[str, Any] | None) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """``IdeGymEnv`` — ``gym.make("IdeGym-v0", task=...)``: one coding task per episode, in a sandbox.
 
 Episode
-    ``reset()`` gets a sandbox for the task and returns the task's instruction. Between episodes
-    the env keeps its sandbox and makes it fresh with the ``reuse`` strategy: ``"RESTART"``
-    (default; nothing of the previous episode survives), ``"RESET"`` (project restored and
+    ``reset()`` gets a sandbox for the task (the env's constructor builds the task's image when
+    the control plane does not have it: a Dockerfile ``environment`` with buildah, a project over
+    an image), writes the task's starting ``files`` into its project and returns the task's
+    instruction. Between episodes the env keeps its sandbox and makes it fresh with the ``reuse``
+    strategy: ``"RESTART"`` (default; nothing of the previous episode survives), ``"RESET"`` (project restored and
     tool processes ended; the rest of the filesystem stays) or ``"NONE"`` (a new server). The
     first ``reset()`` takes over a FINISHED server of the same task when one is free.
 
@@ -60,7 +62,7 @@ from .client import APIError, BadRequest, Conflict, IdeGymClient, NotFound, Sand
 from .rewards import RewardFunction, reward_components
 from .spaces import InvalidAction, ToolCallSpace, UnicodeText
 from .spaces.tools import SubmitCall, ToolCall
-from .tasks import Task, TaskError, bundled_tasks, load_task
+from .tasks import Task, bundled_tasks, environment, load_task
 
 DEFAULT_TASK = "python-roman-numerals"
 _SERVER_CUT = re.compile(re.escape(omitted_marker(0)).replace("0", r"(\d+)"))  # the sandbox server's cut
@@ -81,6 +83,9 @@ def resolve_task(task: Task | str | Path | None) -> Task:
 
 
 def task_image_tag(task: Task) -> str:
+    """The tag of the image an episode of ``task`` runs in, when the env builds it."""
+    if task.environment is not None:
+        return environment.image_entries(task)[-1]["tag"]
     return f"idegym-task/{task.id}:{task.content_hash()[:12]}"
 
 
@@ -152,10 +157,15 @@ class IdeGymEnv(gym.Env[str, dict]):
     # -- set-up -----------------------------------------------------------------------------------
 
     def _ensure_image(self) -> str:
+        """The task's image, built through the control plane when it is not there yet (a content
+        hash tags it, so a second env of the same task, or of a task with the same Dockerfile and
+        context, finds it in the store without building)."""
         if self.task.environment is not None:
-            raise TaskError(f"task {self.task.id!r}: its environment is a Dockerfile, and this version of the env "
-                            f"cannot build Dockerfile environments yet (the images work of issue 15); prove it "
-                            f"with `idegym tasks validate ... --local`")
+            tag = ""
+            for entry in environment.image_entries(self.task):  # the Dockerfile's image, then the project on it
+                self.client.build_images(json.dumps({"images": [entry]}), timeout=3600)
+                tag = entry["tag"]
+            return tag
         if self.task.image:
             return self.task.image
         assert self.task.project is not None
@@ -206,6 +216,8 @@ class IdeGymEnv(gym.Env[str, dict]):
             self.sandbox = self.client.start(self.image, server_name=_server_name(self.task), reuse="NONE",
                                              **self._start_fields())
             how = "started"
+        for path, content in sorted(self.task.files.items()):  # the task's starting files, over the image's project
+            self.sandbox.write_file(path, content)
         info: dict[str, Any] = {"sandbox": how, "server_id": self.sandbox.server_id,
                                 "reset_seconds": time.perf_counter() - started}
         return self.sandbox, info

@@ -71,13 +71,15 @@ def export(project: Path, pristine: Path | None, req: ExportRequest) -> ExportRe
     current = walk(project, req.max_files)
     original = walk(pristine, req.max_files) if pristine is not None else {}
     globs = tuple(req.editable or ())
+    # the pristine project's regular files, and the task's starting files (written at reset)
+    pristine_files = {p for p, st in original.items() if stat.S_ISREG(st.st_mode)} | set(req.starting)
 
     def editable(path: str) -> bool:
         if paths.under(path, req.protected) or paths.denied(path, globs):
             return False
         if globs:
             return paths.matches(path, globs)
-        return path in original and stat.S_ISREG(original[path].st_mode)
+        return path in pristine_files
 
     out = ExportResponse()
     for path in sorted(current):
@@ -99,6 +101,5 @@ def export(project: Path, pristine: Path | None, req: ExportRequest) -> ExportRe
         out.files.append(FileEntry(path=path, content_base64=base64.b64encode(data).decode("ascii"),
                                    executable=bool(st.st_mode & stat.S_IXUSR)))
     exported = {f.path for f in out.files}
-    out.deleted = sorted(p for p, st in original.items() if stat.S_ISREG(st.st_mode) and editable(p)
-                         and p not in exported)
+    out.deleted = sorted(p for p in pristine_files if editable(p) and p not in exported)
     return out

@@ -55,7 +55,8 @@ class LocalImageBuilder(ImageBuilder):
         if self.oci.wants(definition):  # a Dockerfile, or a base that is an OCI image: buildah builds it
             try:
                 return await self.oci.build(definition, emit, self._fetch,
-                                            network=definition.network or backend.network,
+                                            network=definition.network or definition.build_network
+                                            or backend.network,
                                             timeout=self.command_timeout)
             except ImageError as exc:
                 raise BackendError(str(exc), 400) from exc
@@ -84,7 +85,7 @@ class LocalImageBuilder(ImageBuilder):
             export = work / "export"
             export.mkdir(mode=0o700)
             env = {**base.env, **definition.env}
-            network = definition.network or backend.network
+            network = definition.network or definition.build_network or backend.network
             emit(f"starting a build sandbox from {base_tag} (network {'on' if network else 'off'})")
             handle = await launcher.launch(backend.builds, name, base, run_as_root=True, network=network,
                                            limits=Limits(), env=env, timeout=self.start_timeout,
