@@ -21,8 +21,10 @@ from dataclasses import replace
 
 from aiohttp import web
 
+from sandbox_server import routes
+
 from .backends.base import BackendError, Limits, SandboxHandle, SandboxSpec
-from .errors import ControlPlaneError, Unavailable
+from .errors import ApiError, Unavailable
 from .forwarding import FORWARD_FAILED, ForwardError, Reply
 from .models import ServerKind
 from .pool import new_sandbox_name
@@ -61,12 +63,12 @@ class CodeRunnerPool:
                 return await self.cp.forwarder.request(self.cp.backend.endpoint(runner), method, path, JSON, body)
             except ForwardError as exc:
                 self._retire(runner)
-                raise ControlPlaneError(f"{FORWARD_FAILED}: the code runner's sandbox failed: {exc.body}") from exc
+                raise ApiError(f"{FORWARD_FAILED}: the code runner's sandbox failed: {exc.message}") from exc
 
     async def languages(self) -> Reply:
         """``GET /execute/languages``, asked of a sandbox once and remembered once it answered 200."""
         if self._languages is None:
-            reply = await self.run("GET", "execute/languages", b"")
+            reply = await self.run("GET", routes.LANGUAGES.relative, b"")
             if reply.status != 200:
                 return reply
             self._languages = reply
@@ -102,7 +104,8 @@ class CodeRunnerPool:
             raise Unavailable(f"no sandbox for the code runner: {exc.message}") from exc
         self.cp.leased.add(handle.name)  # bound to no server, yet no orphan either
         try:
-            reply = await self.cp.forwarder.request(self.cp.backend.endpoint(handle), "GET", "api/capabilities")
+            reply = await self.cp.forwarder.request(self.cp.backend.endpoint(handle), "GET",
+                                                   routes.CAPABILITIES.relative)
             plugins = json.loads(reply.body).get("plugins", []) if reply.status == 200 else []
         except (ForwardError, ValueError, AttributeError):
             plugins = []
@@ -128,7 +131,7 @@ class CodeRunnerPool:
         try:
             return await self.cp.forwarder.request(self.cp.backend.endpoint(handle), method, path, JSON, body)
         except ForwardError as exc:
-            raise ControlPlaneError(f"{FORWARD_FAILED}: the code-runner sandbox failed: {exc.body}") from exc
+            raise ApiError(f"{FORWARD_FAILED}: the code-runner sandbox failed: {exc.message}") from exc
         finally:
             self.cp.spawn(self._discard(handle))
 
