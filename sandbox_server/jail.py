@@ -11,8 +11,9 @@ What one run sees (``Jails.spawn``), whatever the runs before it or beside it di
   ``setsid`` or not) — a run leaves nothing running;
 * **IPC and network**: namespaces of its own (no SysV shared memory, abstract Unix sockets or
   loopback ports shared with another run), with its own loopback up;
-* optionally **cgroups** of its own: the run's init joins the given groups before anything else
-  happens (the caller creates them, and empties and removes them afterwards).
+* optionally **cgroups** of its own: given the tools' cgroup directories (``Jails.start``), the
+  zygote lives in them and puts every run in child groups of its own (``run-<pid>``, with a
+  ``pids.max``), made while the run's init is a spare and removed once it is gone.
 
 The namespaces are made by a *zygote*: a small single-threaded process the server starts while
 it still holds CAP_SYS_ADMIN (``Jails.start``), before it takes that out of its bounding set. It
@@ -45,6 +46,8 @@ import socket
 import struct
 import subprocess
 import sys
+import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 CLONE_NEWNS = 0x00020000
@@ -73,7 +76,6 @@ class Isolation:
     bind: str  # the run's directory: bound writable at the same path, everything else read-only
     tmp_bytes: int = 256 << 20  # bound of the run's own /tmp and /dev/shm (each)
     hide: tuple[str, ...] = ()  # directories replaced by an empty read-only tmpfs
-    cgroups: tuple[str, ...] = ()  # cgroup.procs files the run's init joins first
 
 
 @dataclass
@@ -89,14 +91,13 @@ class RunSpec:
     bind: str
     tmp_bytes: int
     hide: list[str] = field(default_factory=list)
-    cgroups: list[str] = field(default_factory=list)
     oom_score_adj: int = 500
 
     @classmethod
     def of(cls, argv: list[str], env: dict[str, str], cwd: str, uid: int, gid: int, groups: list[int],
            isolation: Isolation, oom_score_adj: int) -> RunSpec:
         return cls(argv, env, cwd, uid, gid, groups, isolation.bind, isolation.tmp_bytes, list(isolation.hide),
-                   list(isolation.cgroups), oom_score_adj)
+                   oom_score_adj)
 
 
 # -- the server's side --------------------------------------------------------------------------------
@@ -112,6 +113,7 @@ class Jails:
     def __init__(self) -> None:
         self.process: subprocess.Popen | None = None
         self.reason = "not started"
+        self.cgroups: list[str] = []
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # (pid, exit status) of each request not answered yet: answers come in request order
@@ -121,10 +123,12 @@ class Jails:
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
-    def start(self) -> bool:
-        """Start the zygote (synchronously: while this process still holds CAP_SYS_ADMIN). False,
-        with ``reason`` set, when this process cannot make namespaces (not root in its user
-        namespace, or a kernel that refuses)."""
+    def start(self, cgroups: Sequence[str] = (), pids_max: int | None = None) -> bool:
+        """Start the zygote (synchronously: while this process still holds CAP_SYS_ADMIN), in the
+        ``cgroups`` directories (the tools' groups, one per controller) if any, each run then in
+        child groups of its own, held to ``pids_max`` processes. False, with ``reason`` set, when
+        this process cannot make namespaces (not root in its user namespace, or a kernel that
+        refuses)."""
         problem = probe()
         if problem:
             self.reason = problem
@@ -132,7 +136,8 @@ class Jails:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-B", os.path.abspath(__file__), str(theirs.fileno())],
+                [sys.executable, "-I", "-S", "-B", os.path.abspath(__file__), str(theirs.fileno()),
+                 json.dumps({"cgroups": list(cgroups), "pids_max": pids_max})],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, close_fds=True)
         except OSError as exc:
             ours.close()
@@ -142,6 +147,7 @@ class Jails:
             theirs.close()
         self._sock = ours
         self.reason = ""
+        self.cgroups = list(cgroups)
         return True
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -210,13 +216,24 @@ class Jails:
             _refused(answer, exit_status, f"isolated runs are unavailable: {reason}")
         self._spawned.clear()
 
-    def stop(self) -> None:
-        """End the zygote; the inits of runs still going die with it (parent-death signal)."""
+    def stop(self, timeout: float = 2.0) -> None:
+        """End the zygote; the inits of runs still going die with it (parent-death signal), and
+        their groups are removed once empty."""
         self._fail("stopped")
         if self.process is not None:
             self.process.kill()
             self.process.wait()
             self.process = None
+        deadline = time.monotonic() + timeout
+        left = [g for g in self.cgroups if os.path.isdir(g)]
+        while left:
+            children = [e.path for g in left for e in os.scandir(g) if e.is_dir() and e.name.startswith("run-")]
+            for child in children:
+                with contextlib.suppress(OSError):  # busy while its last processes exit
+                    os.rmdir(child)
+            if not any(os.path.isdir(c) for c in children) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
 
 
 def _refused(answer: asyncio.Future[int], exit_status: asyncio.Future[int], reason: str) -> None:
@@ -431,11 +448,37 @@ class _Zygote:
     (fresh namespaces made, read-only view and /proc ready), so that a run starts with what is
     its own only. The next spare is cloned once a run's pid is answered, while that run goes on."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, cgroups: Sequence[str] = (), pids_max: int | None = None) -> None:
         self.sock = sock
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.spare: tuple[int, socket.socket] | None = None
         self.spare_pidfd = -1
+        self.cgroups = list(cgroups)
+        self.pids_max = pids_max
+        self.ungrouped: set[int] = set()  # ended runs whose groups are not removed yet
+        for group in self.cgroups:  # so that every run is born below the tools' groups
+            _write(os.path.join(group, "cgroup.procs"), str(os.getpid()))
+
+    def _group(self, pid: int) -> None:
+        """The spare's own child groups (made now, while no run waits for it)."""
+        for group in self.cgroups:
+            child = os.path.join(group, f"run-{pid}")
+            os.mkdir(child)
+            if self.pids_max is not None and os.path.exists(os.path.join(child, "pids.max")):
+                _write(os.path.join(child, "pids.max"), str(self.pids_max))
+            _write(os.path.join(child, "cgroup.procs"), str(pid))
+
+    def ungroup(self, ended: set[int]) -> None:
+        """Remove the groups of ended runs (retried while their last processes are still exiting)."""
+        self.ungrouped |= ended
+        for pid in list(self.ungrouped):
+            try:
+                for group in self.cgroups:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.rmdir(os.path.join(group, f"run-{pid}"))
+            except OSError:  # EBUSY: the kernel is still killing what the run left
+                continue
+            self.ungrouped.discard(pid)
 
     def clone_spare(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -449,6 +492,11 @@ class _Zygote:
         theirs.close()
         self.spare = (pid, ours)
         self.spare_pidfd = os.pidfd_open(pid)  # to kill it, never a reaped pid's successor
+        if self.cgroups:
+            try:
+                self._group(pid)
+            except OSError as exc:  # the run is still bounded by the tools' groups
+                os.write(2, f"idegym jail: no cgroups of its own for run {pid}: {exc}\n".encode())
 
     def hand_over(self, data: bytes, spec: RunSpec, fds: array.array) -> int:
         """Give the run to the spare (cloning one first when there is none): the init's pid."""
@@ -459,10 +507,6 @@ class _Zygote:
             (pid, channel), self.spare = self.spare, None
             pidfd, self.spare_pidfd = self.spare_pidfd, -1
             try:
-                # Placed before its run is even known to it: everything it starts is born in them.
-                for procs in spec.cgroups:
-                    with open(procs, "w") as fh:
-                        fh.write(str(pid))
                 with open(f"/proc/{pid}/oom_score_adj", "w") as fh:
                     fh.write(str(spec.oom_score_adj))
                 channel.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
@@ -500,13 +544,18 @@ class _Zygote:
         return True
 
 
-def serve(fd: int) -> None:
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(value)
+
+
+def serve(fd: int, config: dict) -> None:
     """The zygote's loop: a request in, a run's init handed its run and its pid out; the next
     spare cloned; ended inits reaped."""
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     _private_view()
     _drop_tool_capabilities()
-    zygote = _Zygote(socket.socket(fileno=fd))
+    zygote = _Zygote(socket.socket(fileno=fd), config.get("cgroups", ()), config.get("pids_max"))
     signal.set_wakeup_fd(zygote.wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -515,30 +564,34 @@ def serve(fd: int) -> None:
     poller.register(zygote.wake_r, select.POLLIN)
     zygote.clone_spare()
     while True:
-        for ready, _ in poller.poll():
+        for ready, _ in poller.poll(100 if zygote.ungrouped else None):
             if ready == zygote.wake_r:
                 while True:
                     try:
                         os.read(zygote.wake_r, 4096)
                     except BlockingIOError:
                         break
-                _reap()
             elif not zygote.request():
                 return
+        ended = _reap()
+        if ended or zygote.ungrouped:
+            zygote.ungroup(ended)
         if zygote.spare is None:
             zygote.clone_spare()
 
 
-def _reap() -> None:
+def _reap() -> set[int]:
     """Collect ended inits (their statuses went to the server on their own pipes)."""
+    ended: set[int] = set()
     while True:
         try:
             pid, _status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return ended
         if pid == 0:
-            return
+            return ended
+        ended.add(pid)
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]))
+    serve(int(sys.argv[1]), json.loads(sys.argv[2]))

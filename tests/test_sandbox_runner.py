@@ -314,3 +314,73 @@ def test_an_isolated_run_is_held_to_its_limits(isolated: SandboxProcess) -> None
     while _marked(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _marked(marker), "the timed-out run's daemon outlived it"
+
+
+PIDS_ROOT = Path("/sys/fs/cgroup/pids")
+
+
+@pytest.mark.skipif(not CAN_ISOLATE or not (PIDS_ROOT / "cgroup.procs").exists(),
+                    reason="needs root and cgroup v1 pids")
+def test_each_isolated_run_has_a_pids_group_of_its_own(tmp_path: Path) -> None:
+    """Given the tools' groups, the zygote lives in them and every run in a child group of its own
+    held to its pids.max, removed once the run is gone: one run's fork bomb is its own problem.
+
+    Can fail: with ``_Zygote._group`` a no-op (a scratch copy) the run was in the tools' group,
+    and no run-<pid> group held the run's init.
+    """
+    import asyncio
+
+    from sandbox_server.jail import Isolation, Jails, RunSpec
+
+    tools = PIDS_ROOT / f"idegym-test-jail-{os.getpid()}-{time.monotonic_ns()}"
+    tools.mkdir()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    code = ("import subprocess\nn = 0\nfor _ in range(40):\n    try:\n"
+            "        subprocess.Popen(['sleep', '30']); n += 1\n    except OSError:\n        break\n"
+            "import glob, os\nprint(n, open('/proc/self/cgroup').read().count('run-'))\n")
+    spec = RunSpec.of(["python3", "-c", code], {"PATH": "/usr/bin:/bin"}, str(run_dir), 0, 0, [0],
+                      Isolation(bind=str(run_dir)), 500)
+
+    async def run() -> tuple[int, bytes, list[str]]:
+        jails = Jails()
+        assert jails.start(cgroups=[str(tools)], pids_max=16), jails.reason
+        jails.attach(asyncio.get_running_loop())
+        r, w = os.pipe()
+        null = os.open(os.devnull, os.O_RDONLY)
+        try:
+            pid, status = jails.spawn(spec, null, w, w)
+            os.close(w)
+            run_group = tools / f"run-{await pid}"
+            during = run_group.is_dir() and str(await pid) in (run_group / "cgroup.procs").read_text().split()
+            assert during and str(jails.pid) in (tools / "cgroup.procs").read_text().split()  # the zygote lives there
+            exit_status = await status
+            out = b""
+            while chunk := os.read(r, 4096):  # until the sleeps are gone: killed with the namespace
+                out += chunk
+        finally:
+            os.close(r)
+            os.close(null)
+            jails.stop()
+        return exit_status, out, sorted(p.name for p in tools.iterdir() if p.is_dir())
+
+    try:
+        status, out, left = asyncio.run(run())
+        assert status == 0, out
+        started, in_run_group = out.split()
+        assert 8 <= int(started) < 16 and in_run_group == b"1", out
+        assert left == [], left  # the run's group and the unused spare's: removed
+    finally:
+        for child in tools.iterdir():
+            if child.is_dir():
+                for pid in (child / "cgroup.procs").read_text().split():
+                    os.kill(int(pid), 9)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                for child in [c for c in tools.iterdir() if c.is_dir()]:
+                    child.rmdir()
+                tools.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
