@@ -332,6 +332,10 @@ def _isolate(spec: RunSpec) -> None:
     for path in spec.hide:
         if os.path.isdir(path):
             _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=0755")
+    parent = os.path.dirname(os.path.normpath(spec.bind))
+    fresh = any(parent == d or parent.startswith(d + "/") for d in ("/tmp", "/dev/shm"))
+    if not fresh and parent != "/":  # runs' directories elsewhere ($TMPDIR): none but its own seen
+        _mount("tmpfs", parent, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,nr_inodes=64,mode=0755")
     os.makedirs(spec.bind, exist_ok=True)
     _mount(f"/proc/self/fd/{run_dir}", spec.bind, None, MS_BIND)
     _mount(None, spec.bind, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)  # writable again

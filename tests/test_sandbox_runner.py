@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -384,3 +385,29 @@ def test_each_isolated_run_has_a_pids_group_of_its_own(tmp_path: Path) -> None:
                 break
             except OSError:
                 time.sleep(0.05)
+
+
+def test_an_isolated_run_sees_no_other_run_directory_wherever_they_are(project: Path, tmp_path: Path) -> None:
+    """With the runs' directories outside /tmp ($TMPDIR elsewhere), a run still sees no other
+    directory beside its own.
+
+    Can fail: without the fresh tmpfs over the runs' parent directory (a scratch copy) the run
+    listed the decoy directory of another run.
+    """
+    if not CAN_ISOLATE:
+        pytest.skip("isolated runs need root (namespaces)")
+    runs = Path(tempfile.mkdtemp(prefix="idegym-test-runs-", dir="/var/tmp"))  # outside /tmp, which runs get fresh
+    (runs / "idegym-run-decoy").mkdir()
+    (runs / "idegym-run-decoy" / "secret").write_text("s3cret")
+    (tmp_path / "srv").mkdir()
+    proc = SandboxProcess(project, "unix", tmp_path / "srv", extra=["--isolated-runs"],
+                          env=dict(os.environ, TMPDIR=str(runs)))
+    try:
+        body = proc.post("/execute", {"language": "python", "code": "import os\n"
+                                      "print(os.getcwd().startswith(os.environ['TMPDIR']), "
+                                      "os.listdir(os.path.dirname(os.getcwd())) == [os.path.basename(os.getcwd())])"
+                                      }).json()
+    finally:
+        proc.stop()
+        shutil.rmtree(runs)
+    assert body["stdout"] == "True True\n", body
