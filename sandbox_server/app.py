@@ -57,6 +57,7 @@ from .models import (
 )
 from .openapi import Route, build_openapi
 from .process import MemoryEvents, ProcessResult, Supervisor, UserSpec
+from .tool_cgroups import ToolCgroups
 from .project import CopyProject, OverlayProject, Project, prepare_pristine
 from .runner import CodeRunner
 
@@ -438,7 +439,8 @@ def create_app(config: ServerConfig) -> web.App:
     config.project = config.project.absolute()
     user = UserSpec.lookup(config.tool_user) if config.tool_user else UserSpec.current()
     base_env = config.tool_environment()
-    supervisor = Supervisor(MemoryEvents(config.memory_events))
+    groups = ToolCgroups(config.tool_cgroups) if config.tool_cgroups else None
+    supervisor = Supervisor(MemoryEvents(config.memory_events), groups)
     roots = config.file_roots or [config.project]
     state = SandboxState(
         config=config,

@@ -20,9 +20,12 @@ command, its result says so.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import ctypes
 import errno
 import fcntl
+import functools
 import logging
 import os
 import pwd
@@ -30,12 +33,13 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from . import procfs
 from .output import BoundedOutput
 from .polling import until
+from .tool_cgroups import ToolCgroups
 
 log = logging.getLogger(__name__)
 
@@ -216,8 +220,11 @@ class _Job:
 class Supervisor:
     """Spawns the server's child processes and reaps orphans re-parented to it."""
 
-    def __init__(self, memory_events: MemoryEvents | None = None) -> None:
+    def __init__(self, memory_events: MemoryEvents | None = None, tool_cgroups: ToolCgroups | None = None) -> None:
         self._tracked: set[int] = set()
+        self.tool_cgroups = tool_cgroups if tool_cgroups is not None and tool_cgroups.available else None
+        # Tools are started from this thread, which lives in the tools' cgroups (tool_cgroups.py).
+        self._spawner: concurrent.futures.ThreadPoolExecutor | None = None
         self._drainers = 0
         self._reaper: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -240,11 +247,48 @@ class Supervisor:
             self.root_tools_confined = drop_tool_capabilities()
             if not self.root_tools_confined:
                 log.warning("cannot drop CAP_SYS_ADMIN/CAP_SYS_PTRACE from the bounding set: tools are refused root")
+        if self.tool_cgroups is not None:
+            self._spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="idegym-spawner")
+            # Queued first: no tool starts before the spawner is in the tools' groups.
+            self._spawner.submit(self._join_tool_groups, None)
         self._schedule_reaper()
+
+    def _join_tool_groups(self, stage: str | None) -> None:
+        assert self.tool_cgroups is not None
+        try:
+            self.tool_cgroups.join(stage)
+        except OSError as exc:
+            log.error("cannot move the tool spawner into the tools' cgroups %s: %s", self.tool_cgroups.root, exc)
+            raise
 
     def stop(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
+        if self._spawner is not None:
+            self._spawner.shutdown(wait=True)
+
+    @contextlib.asynccontextmanager
+    async def stage(self, name: str) -> AsyncIterator[None]:
+        """Run a stage (e.g. one grading step) in fresh cgroups: every tool started inside the
+        block is born in the stage's child groups, and when the block ends every process in them
+        (``setsid`` daemons included) is killed and the groups are removed. Stages do not nest;
+        tools started concurrently by other requests land in the stage too. Raises ``RuntimeError``
+        without delegated tool cgroups; a survivor (stuck in the kernel) is named in a
+        ``RuntimeError`` after the block."""
+        groups, spawner = self.tool_cgroups, self._spawner
+        if groups is None or spawner is None:
+            raise RuntimeError("stages need the tools' cgroups (--tool-cgroups), which this sandbox has not")
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, groups.create, name)
+        await loop.run_in_executor(spawner, self._join_tool_groups, name)
+        try:
+            yield
+        finally:
+            await loop.run_in_executor(spawner, self._join_tool_groups, None)
+            left = await loop.run_in_executor(None, groups.empty, name)
+            await loop.run_in_executor(None, groups.remove, name)
+        if left:
+            raise RuntimeError(f"stage {name!r}: processes {left} did not end")
 
     def _schedule_reaper(self) -> None:
         assert self._loop is not None
@@ -299,17 +343,9 @@ class Supervisor:
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         in_r, in_w = os.pipe2(os.O_CLOEXEC) if stdin else (subprocess.DEVNULL, None)
         try:
-            proc = subprocess.Popen(
-                list(argv),
-                cwd=cwd,
-                env=dict(env),
-                stdin=in_r,
-                stdout=out_w,
-                stderr=err_w,
-                start_new_session=True,
-                close_fds=True,
-                **kwargs,
-            )
+            proc = await self._spawn(functools.partial(
+                subprocess.Popen, list(argv), cwd=cwd, env=dict(env), stdin=in_r, stdout=out_w, stderr=err_w,
+                start_new_session=True, close_fds=True, **kwargs))
         except BaseException as exc:
             for fd in (out_r, err_r, in_w):
                 if fd is not None:
@@ -346,6 +382,24 @@ class Supervisor:
         code = 124 if job.timed_out else proc.returncode
         oom = ooms is not None and (self.memory_events.count() or 0) > ooms
         return ProcessResult(code, out, err, job.timed_out, time.monotonic() - started, oom)
+
+    async def _spawn(self, popen: Callable[[], subprocess.Popen]) -> subprocess.Popen:
+        """Start a tool: on the spawner thread when there are tool cgroups. The start is never
+        abandoned half-way (the caller closes the fds it passed once this returns)."""
+        if self._spawner is None:
+            return popen()
+        future = asyncio.get_running_loop().run_in_executor(self._spawner, popen)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            while not future.done():
+                try:
+                    await asyncio.wait([future])
+                except asyncio.CancelledError:
+                    continue
+            if not future.cancelled() and future.exception() is None:
+                procfs.kill(future.result().pid, signal.SIGKILL)
+            raise
 
     async def _terminate(self, job: _Job, grace: float) -> None:
         # The command's tree, taken before any signal: once its top process is gone, what it

@@ -55,10 +55,10 @@ from ..base import (
     SnapshotInfo,
 )
 from . import inventory, teardown
-from .cgroups import Cgroups
+from .cgroups import DEFAULT_SERVER_MEMORY_RESERVE, Cgroups
 from .images import BUILTIN_IMAGE, ImageError, ImageStore, ResolvedImage
 from .isolation import ISOLATIONS, choose_isolation, say_once
-from .launcher import BACKEND_NAME, Launcher
+from .launcher import BACKEND_NAME, DEFAULT_DELETE_TIMEOUT, Launcher
 from .layout import Space, pick_run_root, state_key, tail
 from .runtime import Runtime, detect
 from .snapshots import Snapshots
@@ -77,14 +77,18 @@ class LocalBackend(Backend):
     it can work here, else ``none``), ``bwrap`` or ``none`` (plain child processes: NOT isolated);
     ``network`` lets every sandbox use the host network (images can ask with ``network: true``);
     ``pids_max`` caps the processes of one sandbox even without a request; ``cgroup_parent`` is
-    the group (in every v1 controller) the sandboxes' groups go under.
+    the group (in every v1 controller) the sandboxes' groups go under; ``server_memory_reserve``
+    is the memory the tools can never take from their sandbox server (cgroups.py); a delete that
+    takes longer than ``delete_timeout`` seconds fails (and goes on in the background).
     """
 
     name = BACKEND_NAME
 
     def __init__(self, state_dir: str | os.PathLike, *, isolation: str = "auto", network: bool = False,
                  pids_max: int | None = DEFAULT_PIDS_MAX, cgroup_parent: str = "idegym",
-                 tmp_bytes: int = DEFAULT_TMP_BYTES, shm_bytes: int = DEFAULT_SHM_BYTES) -> None:
+                 tmp_bytes: int = DEFAULT_TMP_BYTES, shm_bytes: int = DEFAULT_SHM_BYTES,
+                 server_memory_reserve: int = DEFAULT_SERVER_MEMORY_RESERVE,
+                 delete_timeout: float = DEFAULT_DELETE_TIMEOUT) -> None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation!r}")
         self.state_dir = Path(state_dir).absolute()
@@ -97,6 +101,8 @@ class LocalBackend(Backend):
         self._pids_max = pids_max
         self.tmp_bytes = tmp_bytes
         self.shm_bytes = shm_bytes
+        self.server_memory_reserve = server_memory_reserve
+        self.delete_timeout = delete_timeout
         self.store = ImageStore(self.state_dir / "images")
         self.snapshots = Snapshots(self.state_dir / "snapshots")
         key = state_key(self.state_dir)
@@ -135,7 +141,7 @@ class LocalBackend(Backend):
         os.chmod(self.state_dir, 0o700)
         self.isolation = choose_isolation(self.requested_isolation)
         self.store.ensure()
-        cg = Cgroups(self._cgroup_parent)
+        cg = Cgroups(self._cgroup_parent, self.server_memory_reserve)
         if not cg.available:
             say_once("cgroups", logging.WARNING,
                      "local backend: cgroups unavailable (%s); sandboxes run WITHOUT memory, pid and cpu limits",
@@ -144,7 +150,8 @@ class LocalBackend(Backend):
         self.builds = Space("builds", self.state_dir / "builds" / "sandboxes", Cgroups(self._cgroup_parent + "-build"),
                             self.state_dir, self._run_root)
         self.launcher = Launcher(state_dir=self.state_dir, isolation=self.isolation, runtime=detect(self.state_dir),
-                                 pids_max=self.pids_max, tmp_bytes=self.tmp_bytes, shm_bytes=self.shm_bytes)
+                                 pids_max=self.pids_max, tmp_bytes=self.tmp_bytes, shm_bytes=self.shm_bytes,
+                                 delete_timeout=self.delete_timeout)
 
     def require_started(self) -> Launcher:
         """The launcher; ``BackendError`` before ``start()``."""

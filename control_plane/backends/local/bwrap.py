@@ -22,7 +22,7 @@ from ...appuser import APPUSER
 from ..base import BackendError
 from . import mounts
 from .images import HOSTNAME
-from .layout import MEMORY_EVENTS_INSIDE, PROJECT_INSIDE, RUN_INSIDE, SOCKET_NAME, Plan
+from .layout import MEMORY_EVENTS_INSIDE, PROJECT_INSIDE, RUN_INSIDE, SOCKET_NAME, TOOL_CGROUPS_INSIDE, Plan
 from .rootfs import mount_root
 from .runtime import INSIDE, Runtime
 from .server_kinds import ServerKindEntry, sandbox_server_args
@@ -41,7 +41,7 @@ class BwrapHost:
 
 
 def argv(plan: Plan, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry, *, ready_fd: int, info_fd: int,
-         block_fd: int, memory_cgroup: str | None) -> list[str]:
+         block_fd: int, tool_cgroups: dict[str, str]) -> list[str]:
     """bwrap's command line for ``plan``."""
     storage = plan.limits.storage_bytes
     tmp_size = min(storage, host.tmp_bytes) if storage else host.tmp_bytes
@@ -51,8 +51,10 @@ def argv(plan: Plan, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry, *
     if not plan.run_as_root:
         # tools run as appuser, and a request's `user` can never make them root
         args += ["--tool-user", APPUSER.name, "--no-root-tools"]
-    if memory_cgroup:
+    if "memory" in tool_cgroups:
         args += ["--memory-events", MEMORY_EVENTS_INSIDE]  # bash results say when the OOM killer struck
+    if tool_cgroups:
+        args += ["--tool-cgroups", TOOL_CGROUPS_INSIDE]
     args = kind.server_args(args, f"{RUN_INSIDE}/oe")
     out = ["bwrap", "--unshare-user", "--userns-block-fd", str(block_fd), "--info-fd", str(info_fd),
            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
@@ -76,7 +78,7 @@ def argv(plan: Plan, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry, *
 
 
 def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, kind: ServerKindEntry,
-          memory_cgroup: str | None, track: Callable[[subprocess.Popen], None]) -> int:
+          tool_cgroups: dict[str, str], track: Callable[[subprocess.Popen], None]) -> int:
     """Start bwrap for ``plan``; records ``monitor`` (bwrap) and ``init`` (the namespace's first
     process) in ``data`` and hands bwrap's Popen to ``track``. Returns the fd the server reports
     ready on."""
@@ -84,7 +86,7 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
     block_r, block_w = os.pipe()
     ready_r, ready_w = os.pipe()
     command = argv(plan, host, runtime, kind, ready_fd=ready_w, info_fd=info_w, block_fd=block_r,
-                   memory_cgroup=memory_cgroup)
+                   tool_cgroups=tool_cgroups)
     logf = open(plan.log, "ab")
     try:
         own_ns = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
@@ -92,7 +94,7 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
             mounts.unshare_mount_namespace()
             try:
                 mount_root(plan, state_dir=host.state_dir, links=host.usr_links, binds=runtime.binds,
-                           memory_cgroup=memory_cgroup)
+                           tool_cgroups=tool_cgroups)
                 popen = subprocess.Popen(command, pass_fds=(info_w, block_r, ready_w), stdin=subprocess.DEVNULL,
                                          stdout=logf, stderr=logf, start_new_session=True, cwd="/",
                                          env={"PATH": os.environ.get("PATH", os.defpath)})

@@ -32,7 +32,8 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 PROJECT_INSIDE = PROJECT_DIR
 SOCKET_NAME = "server.sock"
 RUN_INSIDE = "/run/idegym"
-MEMORY_EVENTS_INSIDE = "/run/idegym-cgroup/memory.oom_control"
+MEMORY_EVENTS_INSIDE = "/run/idegym-cgroup/memory.oom_control"  # the tools' OOM-kill counter, read-only
+TOOL_CGROUPS_INSIDE = "/run/idegym-cgroup/tools"  # <ctrl>/: the tools' delegated groups (cgroups.py)
 META_FILE = "sandbox.json"
 
 

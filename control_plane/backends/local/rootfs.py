@@ -23,7 +23,7 @@ from ..base import BackendError
 from . import mounts
 from .images import TREES, copy_tree
 from .isolation import say_once
-from .layout import MEMORY_EVENTS_INSIDE, RUN_INSIDE, Plan
+from .layout import MEMORY_EVENTS_INSIDE, RUN_INSIDE, TOOL_CGROUPS_INSIDE, Plan
 from .runtime import INSIDE
 
 log = logging.getLogger(__name__)
@@ -105,9 +105,10 @@ def prepare_layers(plan: Plan, data: dict[str, Any], *, isolated: bool) -> None:
 
 
 def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tuple[str, str]],
-               memory_cgroup: str | None) -> None:
+               tool_cgroups: dict[str, str]) -> None:
     """The sandbox's root tree at ``<sb>/root``, mounted in the calling thread's private mount
-    namespace (which bwrap inherits); ``binds`` are the runtime's read-only (host, inside) pairs."""
+    namespace (which bwrap inherits); ``binds`` are the runtime's read-only (host, inside) pairs,
+    ``tool_cgroups`` the tools' groups (``<sandbox>/tools`` per controller) when there are any."""
     root = plan.sb / "root"
     r = str(root)
     mounts.mount("idegym-root", root, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV, "size=8m,mode=0755")
@@ -143,8 +144,12 @@ def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tup
         if not os.path.isdir(target):
             os.makedirs(target)
         mounts.bind(host, target, readonly=readonly)
-    if memory_cgroup:  # the sandbox's OOM-kill counter, read-only
+    if "memory" in tool_cgroups:  # the tools' OOM-kill counter, read-only
         target = r + MEMORY_EVENTS_INSIDE
         os.makedirs(os.path.dirname(target), exist_ok=True)
         Path(target).touch()
-        mounts.bind(os.path.join(memory_cgroup, "memory.oom_control"), target, readonly=True)
+        mounts.bind(os.path.join(tool_cgroups["memory"], "memory.oom_control"), target, readonly=True)
+    for ctrl, path in tool_cgroups.items():  # delegated to the server: it starts its tools there
+        target = f"{r}{TOOL_CGROUPS_INSIDE}/{ctrl}"
+        os.makedirs(target, exist_ok=True)
+        mounts.bind(os.path.join(path, "delegated"), target, readonly=False)
