@@ -121,15 +121,23 @@ class MemoryEvents:
 
     @staticmethod
     def _read(path: str) -> int | None:
-        try:
-            with open(path, "rb") as fh:
-                for line in fh.read().splitlines():
-                    key, _, value = line.partition(b" ")
-                    if key == b"oom_kill":
-                        return int(value)
-        except (OSError, ValueError):
-            return None
-        return None
+        """The file's ``oom_kill``; for a v1 ``memory.oom_control``, summed with its child groups'
+        (v1 counts a kill in the victim's own group, e.g. a stage's)."""
+        files = [path]
+        if os.path.basename(path) == "memory.oom_control":
+            parent = os.path.dirname(path)
+            files += [os.path.join(root, "memory.oom_control") for root, _, _ in os.walk(parent) if root != parent]
+        total = None
+        for name in files:
+            try:
+                with open(name, "rb") as fh:
+                    for line in fh.read().splitlines():
+                        key, _, value = line.partition(b" ")
+                        if key == b"oom_kill":
+                            total = (total or 0) + int(value)
+            except (OSError, ValueError):
+                continue
+        return total
 
     def count(self) -> int | None:
         return None if self.path is None else self._read(self.path)

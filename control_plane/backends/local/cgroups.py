@@ -39,7 +39,7 @@ SERVER = "server"
 TOOLS = "tools"
 DELEGATED = "tools/delegated"
 DEFAULT_SERVER_MEMORY_RESERVE = 96 << 20  # the server's RSS is ~50-60 MiB
-SERVER_PIDS_RESERVE = 32  # threads of the server (its executor) even when the tools are at their cap
+SERVER_PIDS_RESERVE = 16  # threads of the server (its executor) even when the tools are at their cap
 CPU_SHARES_PER_CORE = 1024  # v1's default weight of a group; a sandbox asking for N cores weighs N times that
 
 

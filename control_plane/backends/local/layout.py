@@ -32,8 +32,9 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 PROJECT_INSIDE = PROJECT_DIR
 SOCKET_NAME = "server.sock"
 RUN_INSIDE = "/run/idegym"
-MEMORY_EVENTS_INSIDE = "/run/idegym-cgroup/memory.oom_control"  # the tools' OOM-kill counter, read-only
 TOOL_CGROUPS_INSIDE = "/run/idegym-cgroup/tools"  # <ctrl>/: the tools' delegated groups (cgroups.py)
+# The tools' OOM-kill counter (v1 counts a kill in the victim's own group: this one and its children).
+MEMORY_EVENTS_INSIDE = f"{TOOL_CGROUPS_INSIDE}/memory/memory.oom_control"
 META_FILE = "sandbox.json"
 
 

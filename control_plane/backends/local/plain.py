@@ -33,7 +33,7 @@ def spawn(plan: Plan, data: dict[str, Any], kind: ServerKindEntry, track: Callab
             os.symlink(path, links / ctrl)
         args += ["--tool-cgroups", str(links)]
         if "memory" in data["cgroups"]:
-            args += ["--memory-events", os.path.join(data["cgroups"]["memory"], cgroups.TOOLS, "memory.oom_control")]
+            args += ["--memory-events", str(links / "memory" / "memory.oom_control")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("IDEGYM_")}
     if kind.image_env:
         env.update(plan.env)

@@ -23,7 +23,7 @@ from ..base import BackendError
 from . import mounts
 from .images import TREES, copy_tree
 from .isolation import say_once
-from .layout import MEMORY_EVENTS_INSIDE, RUN_INSIDE, TOOL_CGROUPS_INSIDE, Plan
+from .layout import RUN_INSIDE, TOOL_CGROUPS_INSIDE, Plan
 from .runtime import INSIDE
 
 log = logging.getLogger(__name__)
@@ -144,11 +144,6 @@ def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tup
         if not os.path.isdir(target):
             os.makedirs(target)
         mounts.bind(host, target, readonly=readonly)
-    if "memory" in tool_cgroups:  # the tools' OOM-kill counter, read-only
-        target = r + MEMORY_EVENTS_INSIDE
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        Path(target).touch()
-        mounts.bind(os.path.join(tool_cgroups["memory"], "memory.oom_control"), target, readonly=True)
     for ctrl, path in tool_cgroups.items():  # delegated to the server: it starts its tools there
         target = f"{r}{TOOL_CGROUPS_INSIDE}/{ctrl}"
         os.makedirs(target, exist_ok=True)
