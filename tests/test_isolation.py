@@ -295,7 +295,15 @@ def _echo_p50(h: SandboxHandle, n: int) -> float:
 @pytest.mark.slow
 def test_a_cpu_burner_does_not_starve_its_neighbour(loop: LoopThread, backend: LocalBackend) -> None:
     """A neighbour's ``echo`` stays within 3x its idle median while another sandbox burns every
-    core (more busy loops than cores)."""
+    core (more busy loops than cores).
+
+    Scheduling latency is what this measures, so it is only meaningful on a host that others do
+    not load: every group of the local backend sits under one parent (so that sandboxes together
+    can never starve the control plane), and with many foreign runnable tasks that parent waits
+    its turn behind them whenever the burner keeps it runnable."""
+    load = os.getloadavg()[0]
+    if load > 2 * (os.cpu_count() or 1):
+        pytest.skip(f"the host is busy (load average {load:.1f}): scheduling latency cannot be judged here")
     neighbour, burner = _create(loop, backend, "iso-echo"), _create(loop, backend, "iso-burn")
     try:
         _echo_p50(neighbour, 5)  # warm
