@@ -18,6 +18,7 @@ from aiohttp import web
 from sandbox_server.http import run_loop, setup_logging
 
 from .config import ControlPlaneConfig, WatcherConfig
+from .quantities import memory_bytes
 
 T = TypeVar("T")
 
@@ -32,6 +33,16 @@ def _default(name: str, value: T, parse: Callable[[str], T]) -> T:
     """``$IDEGYM_CONTROL_PLANE_<name>`` parsed, else the configuration's default ``value``."""
     raw = _env(name)
     return value if raw in (None, "") else parse(raw)
+
+
+def _bytes(text: str) -> int:
+    """``8Gi``, ``512Mi``, ``1000000``: a size as Kubernetes writes quantities."""
+    if text.strip() == "0":
+        return 0
+    try:
+        return memory_bytes(text.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 8Gi, 512Mi, 1000000): {exc}") from None
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +65,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="local backend: bubblewrap sandboxes (auto uses them when available)")
     parser.add_argument("--network", action="store_true", default=_default("NETWORK", cfg.network, bool),
                         help="local backend: give sandboxes network access (off by default)")
+    parser.add_argument("--sandbox-storage", type=_bytes, default=_default("SANDBOX_STORAGE", cfg.sandbox_storage, _bytes),
+                        metavar="BYTES", help="local backend: what a sandbox may write when its request sets no "
+                        f"ephemeral-storage, e.g. 8Gi; 0: unbounded [$IDEGYM_CONTROL_PLANE_SANDBOX_STORAGE, default "
+                        f"{cfg.sandbox_storage >> 30}Gi]")
+    parser.add_argument("--sandbox-inodes", type=int, default=_default("SANDBOX_INODES", cfg.sandbox_inodes, int),
+                        metavar="N", help="local backend: files and directories a sandbox may make; 0: unbounded "
+                        f"[$IDEGYM_CONTROL_PLANE_SANDBOX_INODES, default {cfg.sandbox_inodes}]")
     parser.add_argument("--warm-pool", type=int, default=_default("WARM_POOL", cfg.warm_pool, int),
                         help="spare sandboxes kept ready per image in use (grows with demand)")
     parser.add_argument("--warm-pool-max", type=int, default=_default("WARM_POOL_MAX", cfg.warm_pool_max, int),
@@ -120,6 +138,7 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
         kubernetes=kubernetes,
         state_dir=args.state_dir, host=args.host, port=args.port, unix_socket=args.unix_socket, auth=auth,
         backend=args.backend, isolation=args.isolation, network=args.network, warm_pool=args.warm_pool,
+        sandbox_storage=args.sandbox_storage, sandbox_inodes=args.sandbox_inodes,
         warm_pool_max=args.warm_pool_max, pool_images=list(args.pool_image), max_servers=args.max_servers,
         ephemeral=args.ephemeral,
         watcher=WatcherConfig(interval=args.watch_interval, inactive_timeout=args.inactive_timeout,

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .backends.local.storage import DEFAULT_STORAGE_BYTES, DEFAULT_STORAGE_INODES
+
 
 def default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
@@ -32,6 +34,8 @@ class ControlPlaneConfig:
     backend: str = "local"  # local | kubernetes
     isolation: str = "auto"  # local backend: auto | bwrap | none
     network: bool = False  # local backend: sandboxes get the host network unless their image says otherwise
+    sandbox_storage: int = DEFAULT_STORAGE_BYTES  # local backend: bound of a sandbox's writes without ephemeral-storage
+    sandbox_inodes: int = DEFAULT_STORAGE_INODES  # local backend: bound of the files a sandbox makes (0: none)
     warm_pool: int = 2  # spare sandboxes kept ready per image in use (upper bound learned from demand)
     warm_pool_max: int = 8
     pool_images: list[str] = field(default_factory=list)  # images to keep warm from start-up

@@ -49,7 +49,8 @@ def make_backend(config: ControlPlaneConfig) -> Backend:
     if config.backend == "local":
         from .backends.local import LocalBackend
 
-        return LocalBackend(config.state_dir, isolation=config.isolation, network=config.network)
+        return LocalBackend(config.state_dir, isolation=config.isolation, network=config.network,
+                            storage_bytes=config.sandbox_storage, storage_inodes=config.sandbox_inodes)
     if config.backend == "kubernetes":
         from .backends.kubernetes import KubernetesBackend, KubernetesConfig
 

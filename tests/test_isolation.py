@@ -319,3 +319,95 @@ def test_a_cpu_burner_does_not_starve_its_neighbour(loop: LoopThread, backend: L
         loop.run(backend.delete(neighbour))
 
 
+
+
+# -- host secrets ----------------------------------------------------------------------------------
+
+
+@pytest.mark.security
+def test_no_host_file_is_readable_beyond_what_toolchains_run(loop: LoopThread, backend: LocalBackend) -> None:
+    """A marker planted in every host directory the sandbox runtime takes something from (the
+    interpreter's prefix, the virtualenv, each site-packages' parent, CARGO_HOME where
+    ``credentials.toml`` lives, RUSTUP_HOME) is nowhere in the sandbox: only the binaries and
+    libraries under them are bound.
+
+    Can fail: on main the whole CARGO_HOME, RUSTUP_HOME and the interpreter's prefix were bound
+    at /opt/idegym/toolchains/... and /opt/idegym/python."""
+    import secrets
+    import site
+
+    home = Path(os.path.expanduser("~"))
+    homes = {Path(sys.base_prefix), Path(sys.prefix),
+             Path(os.environ.get("CARGO_HOME") or home / ".cargo"),
+             Path(os.environ.get("RUSTUP_HOME") or home / ".rustup")}
+    homes |= {Path(p).parent for p in site.getsitepackages()}
+    token = f"idegym-marker-{secrets.token_hex(6)}"
+    planted = []
+    for where in sorted(p.resolve() for p in homes if p.is_dir() and not str(p.resolve()).startswith("/usr")):
+        marker = where / token
+        try:
+            marker.write_text(f"secret of {where}\n")
+        except OSError:
+            continue
+        planted.append(marker)
+    assert planted
+    try:
+        h = _create(loop, backend, "iso-secrets")
+        try:
+            found = ok(h, f"find / -xdev -maxdepth 6 -name '{token}' 2>/dev/null; "
+                          f"find /opt/idegym -maxdepth 6 -name '{token}' 2>/dev/null; echo end", timeout=120)
+            assert found.split() == ["end"], found
+            assert ok(h, "python3 -c 'import sys; print(sys.version_info[0])'").strip() == "3"
+        finally:
+            loop.run(backend.delete(h))
+    finally:
+        for marker in planted:
+            marker.unlink()
+
+
+# -- storage -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.security
+def test_a_sandbox_without_a_storage_request_is_bounded_by_default(loop: LoopThread, backend: LocalBackend) -> None:
+    """Without ``ephemeral-storage`` a sandbox's writes land on a filesystem of its own with the
+    backend's default bound in bytes and in files, not on the host's disk.
+
+    Can fail: on main such a sandbox wrote to the state directory's disk (it filled 2 GiB and
+    made 200k files there)."""
+    from control_plane.backends.local.storage import DEFAULT_STORAGE_BYTES, DEFAULT_STORAGE_INODES
+
+    h = _create(loop, backend, "iso-default-storage")
+    try:
+        size, inodes = ok(h, "df --output=size,itotal -B1 /home/appuser/work | tail -1").split()
+        assert 0.9 * DEFAULT_STORAGE_BYTES <= int(size) <= DEFAULT_STORAGE_BYTES, size
+        assert int(inodes) <= DEFAULT_STORAGE_INODES, inodes
+        assert h.data.get("layers_fs") == "ext4"
+    finally:
+        loop.run(backend.delete(h))
+    assert leftovers(h) == []
+
+
+@pytest.mark.security
+def test_storage_and_file_bounds_stop_a_sandbox_filling_the_disk(loop: LoopThread, tmp_path: Path) -> None:
+    """With the backend's bounds set small (as ``--sandbox-storage``/``--sandbox-inodes`` do), a
+    sandbox that writes more than its bytes, or makes more files than its bound, gets ENOSPC in
+    its project, its home and /tmp; deleting it frees everything (no loop device is left)."""
+    small = LocalBackend(tmp_path / "state", isolation="bwrap", storage_bytes=48 * MiB, storage_inodes=3000)
+    loop.run(small.start())
+    try:
+        h = loop.run(small.create(spec("iso-small-disk"), 60))
+        try:
+            fill = bash(h, "for d in /home/appuser/work /home/appuser /tmp; do "
+                           "dd if=/dev/zero of=$d/big bs=1M count=100 2>&1 | grep -c 'No space'; rm -f $d/big; "
+                           "mkdir $d/many; n=0; while [ $n -lt 4000 ]; do : > $d/many/f$n 2>/dev/null || break; "
+                           "n=$((n+1)); done; echo $n; rm -rf $d/many; done", timeout=120)
+            counts = fill["stdout"].split()
+            assert counts[0::2][:2] == ["1", "1"], fill  # /tmp is RAM: 1 GiB by default, bounded in files only
+            assert all(int(n) < 3000 for n in counts[1::2]), fill
+        finally:
+            loop.run(small.delete(h))
+        assert leftovers(h) == []
+        assert str(tmp_path) not in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    finally:
+        loop.run(small.close())

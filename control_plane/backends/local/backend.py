@@ -62,6 +62,7 @@ from .launcher import BACKEND_NAME, DEFAULT_DELETE_TIMEOUT, Launcher
 from .layout import Space, pick_run_root, state_key, tail
 from .runtime import Runtime, detect
 from .snapshots import Snapshots
+from .storage import DEFAULT_STORAGE_BYTES, DEFAULT_STORAGE_INODES, LayerStorage
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,9 @@ class LocalBackend(Backend):
     ``pids_max`` caps the processes of one sandbox even without a request; ``cgroup_parent`` is
     the group (in every v1 controller) the sandboxes' groups go under; ``server_memory_reserve``
     is the memory the tools can never take from their sandbox server (cgroups.py); a delete that
-    takes longer than ``delete_timeout`` seconds fails (and goes on in the background).
+    takes longer than ``delete_timeout`` seconds fails (and goes on in the background);
+    ``storage_bytes`` and ``storage_inodes`` bound a sandbox's writes when its request does not
+    (``ephemeral-storage``), 0 or None for no bound (storage.py).
     """
 
     name = BACKEND_NAME
@@ -88,7 +91,8 @@ class LocalBackend(Backend):
                  pids_max: int | None = DEFAULT_PIDS_MAX, cgroup_parent: str = "idegym",
                  tmp_bytes: int = DEFAULT_TMP_BYTES, shm_bytes: int = DEFAULT_SHM_BYTES,
                  server_memory_reserve: int = DEFAULT_SERVER_MEMORY_RESERVE,
-                 delete_timeout: float = DEFAULT_DELETE_TIMEOUT) -> None:
+                 delete_timeout: float = DEFAULT_DELETE_TIMEOUT, storage_bytes: int | None = DEFAULT_STORAGE_BYTES,
+                 storage_inodes: int | None = DEFAULT_STORAGE_INODES) -> None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation!r}")
         self.state_dir = Path(state_dir).absolute()
@@ -103,6 +107,8 @@ class LocalBackend(Backend):
         self.shm_bytes = shm_bytes
         self.server_memory_reserve = server_memory_reserve
         self.delete_timeout = delete_timeout
+        self.storage_bytes = storage_bytes or None
+        self.storage_inodes = storage_inodes or None
         self.store = ImageStore(self.state_dir / "images")
         self.snapshots = Snapshots(self.state_dir / "snapshots")
         key = state_key(self.state_dir)
@@ -149,9 +155,19 @@ class LocalBackend(Backend):
         self.sandboxes = Space("sandboxes", self.state_dir / "sandboxes", cg, self.state_dir, self._run_root)
         self.builds = Space("builds", self.state_dir / "builds" / "sandboxes", Cgroups(self._cgroup_parent + "-build"),
                             self.state_dir, self._run_root)
+        storage = None
+        if self.isolation == "bwrap" and (self.storage_bytes or self.storage_inodes):
+            reason = LayerStorage.unavailable()
+            if reason is None:
+                storage = LayerStorage(self.state_dir)
+            else:
+                say_once("storage", logging.WARNING, "local backend: sandbox storage is NOT bounded by default (%s); "
+                         "a sandbox can fill this host's disk", reason)
         self.launcher = Launcher(state_dir=self.state_dir, isolation=self.isolation, runtime=detect(self.state_dir),
                                  pids_max=self.pids_max, tmp_bytes=self.tmp_bytes, shm_bytes=self.shm_bytes,
-                                 delete_timeout=self.delete_timeout)
+                                 delete_timeout=self.delete_timeout, storage=storage,
+                                 storage_bytes=self.storage_bytes if storage else None,
+                                 storage_inodes=self.storage_inodes if storage else None)
 
     def require_started(self) -> Launcher:
         """The launcher; ``BackendError`` before ``start()``."""

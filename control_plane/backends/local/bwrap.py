@@ -40,12 +40,16 @@ class BwrapHost:
     shm_bytes: int
 
 
+def tmp_size(plan: Plan, host: BwrapHost) -> int:
+    """``/tmp`` (RAM): the backend's size, or less when the sandbox asked for less storage."""
+    storage = plan.limits.storage_bytes
+    return min(storage, host.tmp_bytes) if storage else host.tmp_bytes
+
+
 def argv(plan: Plan, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry, *, ready_fd: int, info_fd: int,
          block_fd: int, tool_cgroups: dict[str, str]) -> list[str]:
     """bwrap's command line for ``plan``."""
-    storage = plan.limits.storage_bytes
-    tmp_size = min(storage, host.tmp_bytes) if storage else host.tmp_bytes
-    shm_size = min(tmp_size, host.shm_bytes)
+    shm_size = min(tmp_size(plan, host), host.shm_bytes)
     args = sandbox_server_args(plan, runtime.tool_env, PROJECT_INSIDE, ready_fd, f"{RUN_INSIDE}/{SOCKET_NAME}")
     args += ["--overlay-lower", f"{INSIDE}/image/project", "--overlay-layer", f"{INSIDE}/layer"]
     if not plan.run_as_root:
@@ -66,7 +70,6 @@ def argv(plan: Plan, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry, *
     out += ["--hostname", HOSTNAME, "--bind", str(plan.sb / "root"), "/", "--proc", "/proc",
             "--ro-bind", "/proc/sys", "/proc/sys", "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger",
             "--dev", "/dev",
-            "--perms", "1777", "--size", str(tmp_size), "--tmpfs", "/tmp",
             "--perms", "1777", "--size", str(shm_size), "--tmpfs", "/dev/shm",
             "--new-session", "--chdir", "/", "--clearenv"]
     env = dict(runtime.server_env)
@@ -94,7 +97,7 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
             mounts.unshare_mount_namespace()
             try:
                 mount_root(plan, state_dir=host.state_dir, links=host.usr_links, binds=runtime.binds,
-                           tool_cgroups=tool_cgroups)
+                           tool_cgroups=tool_cgroups, tmp_bytes=tmp_size(plan, host))
                 popen = subprocess.Popen(command, pass_fds=(info_w, block_r, ready_w), stdin=subprocess.DEVNULL,
                                          stdout=logf, stderr=logf, start_new_session=True, cwd="/",
                                          env={"PATH": os.environ.get("PATH", os.defpath)})

@@ -26,6 +26,7 @@ from .isolation import say_once
 from .layout import NAME_RE, SOCKET_NAME, Plan, Space, tail, write_meta
 from .runtime import Runtime
 from .server_kinds import entry, runtime_for
+from .storage import LayerStorage
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,9 @@ class Launcher:
     """Launches of one backend: ``isolation`` is ``bwrap`` or ``none`` (already chosen)."""
 
     def __init__(self, *, state_dir: Path, isolation: str, runtime: Runtime, pids_max: int | None,
-                 tmp_bytes: int, shm_bytes: int, delete_timeout: float = DEFAULT_DELETE_TIMEOUT) -> None:
+                 tmp_bytes: int, shm_bytes: int, delete_timeout: float = DEFAULT_DELETE_TIMEOUT,
+                 storage: LayerStorage | None = None, storage_bytes: int | None = None,
+                 storage_inodes: int | None = None) -> None:
         self.state_dir = state_dir
         self.isolation = isolation
         self.runtime = runtime
@@ -75,6 +78,9 @@ class Launcher:
         self._settling: set[asyncio.Task] = set()  # cancelled launches, being undone
         self._launches: set[asyncio.Future] = set()  # launches in flight
         self.delete_timeout = delete_timeout
+        self.storage = storage  # bounded layer filesystems, when the host can make them
+        self.storage_bytes = storage_bytes  # the default bound of a sandbox's layers (None: unbounded)
+        self.storage_inodes = storage_inodes
         self._teardowns: dict[tuple[str, str, str], asyncio.Future] = {}  # in flight, by (what, space, name)
         self._steps: dict[tuple[str, str, str], list[str]] = {}
 
@@ -94,7 +100,8 @@ class Launcher:
             raise BackendError(f"a sandbox named {name!r} already exists in {space.root}", 409)
         plan = Plan(name=name, space=space, sb=sb, run=space.run_dir(name), image=image,
                     project_lower=project_lower or image.project, run_as_root=run_as_root, network=network,
-                    limits=limits, pids_max=self.pids_max, env=env, kind=kind, snapshot=snapshot, export=export)
+                    limits=limits, pids_max=self.pids_max, env=env, kind=kind, snapshot=snapshot, export=export,
+                    storage_bytes=limits.storage_bytes or self.storage_bytes, storage_inodes=self.storage_inodes)
         data: dict[str, Any] = {
             "v": 1, "isolation": self.isolation, "dir": str(sb), "run_dir": str(plan.run),
             "socket": str(plan.run / SOCKET_NAME), "log": str(plan.log), "image": image.tag,
@@ -229,7 +236,7 @@ class Launcher:
                 if attempt == 2:
                     raise
         (plan.run / ".name").write_text(plan.name)
-        rootfs.prepare_layers(plan, data, isolated=self.isolation == "bwrap")
+        rootfs.prepare_layers(plan, data, isolated=self.isolation == "bwrap", storage=self.storage)
         cg = plan.space.cgroups
         if cg.available:
             data["cgroups"] = cg.paths(plan.name)

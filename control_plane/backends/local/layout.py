@@ -36,6 +36,7 @@ TOOL_CGROUPS_INSIDE = "/run/idegym-cgroup/tools"  # <ctrl>/: the tools' delegate
 # The tools' OOM-kill counter (v1 counts a kill in the victim's own group: this one and its children).
 MEMORY_EVENTS_INSIDE = f"{TOOL_CGROUPS_INSIDE}/memory/memory.oom_control"
 META_FILE = "sandbox.json"
+IMAGE_FILE = "layers.ext4"  # the bounded filesystem of the sandbox's layers (storage.py)
 
 
 def state_key(state_dir: Path) -> str:
@@ -85,6 +86,8 @@ class Plan:
     pids_max: int | None
     env: dict[str, str]
     kind: str = "idegym"  # a ServerKind value: which server runs in the sandbox (server_kinds.py)
+    storage_bytes: int | None = None  # the bound of its layers: the request's, else the backend's default
+    storage_inodes: int | None = None
     snapshot: Path | None = None
     export: Path | None = None
     lowers: dict[str, list[str]] = field(default_factory=dict)
@@ -92,6 +95,10 @@ class Plan:
     @property
     def layers(self) -> Path:
         return self.sb / "layers"
+
+    @property
+    def layers_image(self) -> Path:
+        return self.sb / IMAGE_FILE
 
     @property
     def log(self) -> Path:

@@ -25,6 +25,7 @@ from .images import TREES, copy_tree
 from .isolation import say_once
 from .layout import RUN_INSIDE, TOOL_CGROUPS_INSIDE, Plan
 from .runtime import INSIDE
+from .storage import DEFAULT_STORAGE_INODES, LayerStorage
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +70,19 @@ def stage_snapshot(plan: Plan) -> None:
         copy_tree(snap / "project", plan.layers / "project" / "upper")
 
 
-def prepare_layers(plan: Plan, data: dict[str, Any], *, isolated: bool) -> None:
-    """The sandbox's writable layers on the host (``plan.layers``), its log, and ``plan.lowers``."""
+def prepare_layers(plan: Plan, data: dict[str, Any], *, isolated: bool, storage: LayerStorage | None) -> None:
+    """The sandbox's writable layers on the host (``plan.layers``), its log, and ``plan.lowers``.
+    With ``storage``, the layers are a filesystem of their own bounded by ``plan.storage_bytes``
+    and ``plan.storage_inodes``; without, a requested bound is a tmpfs (RAM)."""
     layers = plan.layers
     layers.mkdir(mode=0o700)
-    if plan.limits.storage_bytes and isolated:
+    if plan.storage_bytes and isolated and storage is not None:
+        storage.mount(layers, plan.layers_image, plan.storage_bytes, plan.storage_inodes or DEFAULT_STORAGE_INODES)
+        data["layers_fs"] = "ext4"
+    elif plan.limits.storage_bytes and isolated:
         mounts.mount("idegym-layers", layers, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV,
                      f"size={plan.limits.storage_bytes},mode=0700")
-        data["layers_tmpfs"] = True
+        data["layers_fs"] = "tmpfs"
     elif plan.limits.storage_bytes:
         say_once("storage-ignored", logging.WARNING,
                  "local backend: ephemeral-storage limits are not enforced without isolation")
@@ -105,7 +111,7 @@ def prepare_layers(plan: Plan, data: dict[str, Any], *, isolated: bool) -> None:
 
 
 def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tuple[str, str]],
-               tool_cgroups: dict[str, str]) -> None:
+               tool_cgroups: dict[str, str], tmp_bytes: int) -> None:
     """The sandbox's root tree at ``<sb>/root``, mounted in the calling thread's private mount
     namespace (which bwrap inherits); ``binds`` are the runtime's read-only (host, inside) pairs,
     ``tool_cgroups`` the tools' groups (``<sandbox>/tools`` per controller) when there are any."""
@@ -115,6 +121,10 @@ def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tup
     for name in ROOT_DIRS:
         os.mkdir(f"{r}/{name}")
     os.chmod(f"{r}/run/lock", 0o1777)
+    # /tmp: RAM, bounded in bytes and in files (bwrap's own --tmpfs has no inode bound)
+    inodes = f",nr_inodes={plan.storage_inodes}" if plan.storage_inodes else ""
+    mounts.mount("idegym-tmp", f"{r}/tmp", "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV,
+                 f"size={tmp_bytes},mode=1777{inodes}")
     for name in links:
         os.symlink(f"usr/{name}", f"{r}/{name}")
     # Paths relative to the state directory (this thread's cwd is private after unshare):
@@ -141,8 +151,11 @@ def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tup
         all_binds.append((str(plan.export), f"{INSIDE}/export", False))
     for host, inside, readonly in all_binds:
         target = r + inside
-        if not os.path.isdir(target):
-            os.makedirs(target)
+        if os.path.isdir(host):
+            os.makedirs(target, exist_ok=True)
+        elif not os.path.exists(target):  # a file (e.g. rustup's settings.toml)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            Path(target).touch()
         mounts.bind(host, target, readonly=readonly)
     for ctrl, path in tool_cgroups.items():  # delegated to the server: it starts its tools there
         target = f"{r}{TOOL_CGROUPS_INSIDE}/{ctrl}"

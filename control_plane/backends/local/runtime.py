@@ -1,10 +1,12 @@
 """How the sandbox server's own Python runtime and the host's toolchains appear in a sandbox.
 
 Everything is bound read-only at neutral paths under ``/opt/idegym`` so that no host home
-directory is ever visible: the interpreter's prefix (``sys.base_prefix``) at
-``/opt/idegym/python``, each site-packages directory at ``/opt/idegym/site/<n>``, a compiled copy
-of the ``sandbox_server`` package (when it is not inside a site-packages directory, e.g. an
-editable install) at ``/opt/idegym/src``, and rustup/cargo at ``/opt/idegym/toolchains/...``.
+directory is ever visible, and only what runs is bound, never a whole home or prefix (where
+credentials live: ``~/.cargo/credentials.toml``, ``config.toml``…): the interpreter's ``bin`` and
+``lib`` (of ``sys.base_prefix``) under ``/opt/idegym/python``, each site-packages directory at
+``/opt/idegym/site/<n>``, a compiled copy of the ``sandbox_server`` package (when it is not inside
+a site-packages directory, e.g. an editable install) at ``/opt/idegym/src``, and of rustup and
+cargo their toolchains, ``settings.toml`` and ``bin`` under ``/opt/idegym/toolchains/...``.
 The server starts with ``python -I -c <bootstrap>``, which adds exactly those paths and calls
 the ``main(argv)`` of its server kind's module (``server_kinds.py``).
 """
@@ -22,6 +24,8 @@ from pathlib import Path
 
 INSIDE = "/opt/idegym"
 TOOL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PYTHON_PARTS = ("bin", "lib")  # of the interpreter's prefix: what it needs to run
+RUSTUP_PARTS = ("toolchains", "update-hashes", "settings.toml")  # what rustup's proxies (cargo, rustc…) read
 
 # The bound site-packages (the control plane's virtualenv) go before the interpreter's own, so
 # the sandbox runs the very packages the control plane was installed with; ``first`` goes before
@@ -73,7 +77,7 @@ def detect(state_dir: Path) -> Runtime:
     if _under(base, "/usr"):
         python = str(exe)
     else:
-        binds.append((str(base), f"{INSIDE}/python"))
+        binds += [(str(base / part), f"{INSIDE}/python/{part}") for part in PYTHON_PARTS if (base / part).is_dir()]
         python = f"{INSIDE}/python/{exe.relative_to(base)}" if _under(exe, str(base)) else str(exe)
         libdir = base / "lib"
         if any(libdir.glob("libpython*.so*")):
@@ -99,9 +103,11 @@ def detect(state_dir: Path) -> Runtime:
     home = Path(os.path.expanduser("~"))
     rustup = Path(os.environ.get("RUSTUP_HOME") or home / ".rustup")
     cargo = Path(os.environ.get("CARGO_HOME") or home / ".cargo")
-    if rustup.is_dir() and (cargo / "bin").is_dir():
-        binds.append((str(rustup.resolve()), f"{INSIDE}/toolchains/rustup"))
-        binds.append((str(cargo.resolve()), f"{INSIDE}/toolchains/cargo"))
+    if (rustup / "toolchains").is_dir() and (cargo / "bin").is_dir():
+        rustup, cargo = rustup.resolve(), cargo.resolve()
+        binds += [(str(rustup / part), f"{INSIDE}/toolchains/rustup/{part}") for part in RUSTUP_PARTS
+                  if (rustup / part).exists()]
+        binds.append((str(cargo / "bin"), f"{INSIDE}/toolchains/cargo/bin"))
         tool_env.update(RUSTUP_HOME=f"{INSIDE}/toolchains/rustup", CARGO_HOME=f"{INSIDE}/toolchains/cargo",
                         PATH=f"{TOOL_PATH}:{INSIDE}/toolchains/cargo/bin")
     return Runtime(python=python, binds=binds, server_env=server_env, tool_env=tool_env, sites=sites, src=src)
