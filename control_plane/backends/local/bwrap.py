@@ -97,7 +97,8 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
             mounts.unshare_mount_namespace()
             try:
                 mount_root(plan, state_dir=host.state_dir, links=host.usr_links, binds=runtime.binds,
-                           tool_cgroups=tool_cgroups, tmp_bytes=tmp_size(plan, host))
+                           tool_cgroups=tool_cgroups, tmp_bytes=tmp_size(plan, host),
+                           skeletons=tuple(runtime.skeletons))
                 popen = subprocess.Popen(command, pass_fds=(info_w, block_r, ready_w), stdin=subprocess.DEVNULL,
                                          stdout=logf, stderr=logf, start_new_session=True, cwd="/",
                                          env={"PATH": os.environ.get("PATH", os.defpath)})

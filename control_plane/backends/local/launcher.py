@@ -101,7 +101,9 @@ class Launcher:
         plan = Plan(name=name, space=space, sb=sb, run=space.run_dir(name), image=image,
                     project_lower=project_lower or image.project, run_as_root=run_as_root, network=network,
                     limits=limits, pids_max=self.pids_max, env=env, kind=kind, snapshot=snapshot, export=export,
-                    storage_bytes=limits.storage_bytes or self.storage_bytes, storage_inodes=self.storage_inodes)
+                    # image builds keep their layers on the state disk: they become the image's
+                    storage_bytes=limits.storage_bytes or (self.storage_bytes if space.kind == "sandboxes" else None),
+                    storage_inodes=self.storage_inodes if space.kind == "sandboxes" else None)
         data: dict[str, Any] = {
             "v": 1, "isolation": self.isolation, "dir": str(sb), "run_dir": str(plan.run),
             "socket": str(plan.run / SOCKET_NAME), "log": str(plan.log), "image": image.tag,

@@ -111,10 +111,11 @@ def prepare_layers(plan: Plan, data: dict[str, Any], *, isolated: bool, storage:
 
 
 def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tuple[str, str]],
-               tool_cgroups: dict[str, str], tmp_bytes: int) -> None:
+               tool_cgroups: dict[str, str], tmp_bytes: int, skeletons: tuple[str, ...] = ()) -> None:
     """The sandbox's root tree at ``<sb>/root``, mounted in the calling thread's private mount
     namespace (which bwrap inherits); ``binds`` are the runtime's read-only (host, inside) pairs,
-    ``tool_cgroups`` the tools' groups (``<sandbox>/tools`` per controller) when there are any."""
+    ``skeletons`` the directories that hold only binds (read-only tmpfs: nothing else can appear
+    there), ``tool_cgroups`` the tools' groups (``<sandbox>/tools`` per controller) if any."""
     root = plan.sb / "root"
     r = str(root)
     mounts.mount("idegym-root", root, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV, "size=8m,mode=0755")
@@ -143,6 +144,9 @@ def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tup
             raise BackendError(f"too many layers for /{tree} ({len(plan.lowers[tree])}): the overlay "
                                "options exceed a page; rebuild the image from fewer bases or snapshots")
         mounts.mount("overlay", f"{r}/{tree}", "overlay", 0, options)
+    for inside in sorted(skeletons, key=len):
+        os.makedirs(r + inside, exist_ok=True)
+        mounts.mount("idegym-runtime", r + inside, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV, "size=64k,mode=0755")
     all_binds = [(host, inside, True) for host, inside in binds]
     all_binds += [(plan.project_lower, f"{INSIDE}/image/project", True),
                   (str(plan.layers / "project"), f"{INSIDE}/layer", False),
@@ -157,6 +161,8 @@ def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tup
             os.makedirs(os.path.dirname(target), exist_ok=True)
             Path(target).touch()
         mounts.bind(host, target, readonly=readonly)
+    for inside in skeletons:
+        mounts.mount(None, r + inside, None, mounts.MS_REMOUNT | mounts.MS_RDONLY | mounts.MS_NOSUID | mounts.MS_NODEV)
     for ctrl, path in tool_cgroups.items():  # delegated to the server: it starts its tools there
         target = f"{r}{TOOL_CGROUPS_INSIDE}/{ctrl}"
         os.makedirs(target, exist_ok=True)

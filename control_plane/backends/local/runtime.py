@@ -52,6 +52,8 @@ class Runtime:
     sites: list[str] = field(default_factory=list)  # site directories inside, added with site.addsitedir
     src: list[str] = field(default_factory=list)  # package copies inside, first on sys.path
     first: list[str] = field(default_factory=list)  # extra paths before the interpreter's own
+    # Directories inside that hold only binds (of parts of a host directory): made read-only tmpfs.
+    skeletons: list[str] = field(default_factory=list)
     host_python: str = sys.executable
 
     def bootstrap(self, module: str = SERVER_MODULE) -> str:
@@ -68,6 +70,7 @@ def _under(path: Path, parent: str) -> bool:
 
 def detect(state_dir: Path) -> Runtime:
     binds: list[tuple[str, str]] = []
+    skeletons: list[str] = []
     # The server makes no TLS connections; an empty CA store spares it the ~40 ms aiohttp spends
     # loading the system's certificates at import time. Tools never see these variables.
     server_env = {"PATH": TOOL_PATH, "LANG": "C.UTF-8", "HOME": "/root",
@@ -78,6 +81,7 @@ def detect(state_dir: Path) -> Runtime:
         python = str(exe)
     else:
         binds += [(str(base / part), f"{INSIDE}/python/{part}") for part in PYTHON_PARTS if (base / part).is_dir()]
+        skeletons.append(f"{INSIDE}/python")
         python = f"{INSIDE}/python/{exe.relative_to(base)}" if _under(exe, str(base)) else str(exe)
         libdir = base / "lib"
         if any(libdir.glob("libpython*.so*")):
@@ -108,9 +112,11 @@ def detect(state_dir: Path) -> Runtime:
         binds += [(str(rustup / part), f"{INSIDE}/toolchains/rustup/{part}") for part in RUSTUP_PARTS
                   if (rustup / part).exists()]
         binds.append((str(cargo / "bin"), f"{INSIDE}/toolchains/cargo/bin"))
+        skeletons += [f"{INSIDE}/toolchains/rustup", f"{INSIDE}/toolchains/cargo"]
         tool_env.update(RUSTUP_HOME=f"{INSIDE}/toolchains/rustup", CARGO_HOME=f"{INSIDE}/toolchains/cargo",
                         PATH=f"{TOOL_PATH}:{INSIDE}/toolchains/cargo/bin")
-    return Runtime(python=python, binds=binds, server_env=server_env, tool_env=tool_env, sites=sites, src=src)
+    return Runtime(python=python, binds=binds, server_env=server_env, tool_env=tool_env, sites=sites, src=src,
+                   skeletons=skeletons)
 
 
 def sync_package(package: Path, dest_root: Path) -> Path:
