@@ -74,7 +74,7 @@ from .models import (
     StopServerRequest,
 )
 from .service import ControlPlane
-from .startup import lifecycle_context, make_backend
+from .startup import Shutdown, lifecycle_context, make_backend
 from .store import SQLiteStore
 from .watcher import Watcher
 
@@ -88,6 +88,7 @@ METRICS = web.AppKey("metrics", Metrics)
 OPENAPI = web.AppKey("openapi", dict)
 RUNNER = web.AppKey("runner", CodeRunnerPool)
 FORWARDS = web.AppKey("forwards", Forwards)
+SHUTDOWN = web.AppKey("shutdown", Shutdown)
 
 SANDBOX_HEADER = "X-IdeGym-Forwarded"
 OPERATION_HEADER = "X-IdeGym-Operation-Id"
@@ -428,9 +429,11 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     builder = builder_for(backend)
     images = ImageJobs(cp, builder, getattr(builder, "parse_yaml", None) or parse_build_yaml)
     meter = Metrics()
+    shutdown = Shutdown()
     middlewares = [error_middleware("control plane", (ControlPlaneError,), meter.observe, config.max_body_bytes)]
     if config.auth:
-        middlewares.insert(1, auth_middleware(config.auth))
+        middlewares.append(auth_middleware(config.auth))
+    middlewares.append(shutdown.middleware())
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[CP] = cp
     app[WATCHER] = watcher
@@ -440,7 +443,8 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     app[RUNNER] = CodeRunnerPool(cp, config.runner_image, config.runner_concurrency)
     app[FORWARDS] = Forwards(cp, meter)
     app[OPENAPI] = build_openapi(ROUTES, title="IdeGym control plane", version=__version__)
-    app.cleanup_ctx.append(lifecycle_context(cp, watcher, images))
+    app[SHUTDOWN] = shutdown
+    app.cleanup_ctx.append(lifecycle_context(cp, watcher, images, shutdown))
     for route in ROUTES:
         app.router.add_route(route.method, route.path, route.handler)
     for method in FORWARD_METHODS:

@@ -72,6 +72,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sandbox-inodes", type=int, default=_default("SANDBOX_INODES", cfg.sandbox_inodes, int),
                         metavar="N", help="local backend: files and directories a sandbox may make; 0: unbounded "
                         f"[$IDEGYM_CONTROL_PLANE_SANDBOX_INODES, default {cfg.sandbox_inodes}]")
+    parser.add_argument("--orphan-ttl", type=float, default=_default("ORPHAN_TTL", cfg.orphan_ttl, float),
+                        metavar="SECONDS", help="local backend: every sandbox holds a lease this control plane "
+                        "renews; one not renewed for this long (the control plane died and did not come back) "
+                        "ends itself, processes, mounts and cgroups [$IDEGYM_CONTROL_PLANE_ORPHAN_TTL, default "
+                        f"{cfg.orphan_ttl:g}]")
     parser.add_argument("--warm-pool", type=int, default=_default("WARM_POOL", cfg.warm_pool, int),
                         help="spare sandboxes kept ready per image in use (grows with demand)")
     parser.add_argument("--warm-pool-max", type=int, default=_default("WARM_POOL_MAX", cfg.warm_pool_max, int),
@@ -138,7 +143,7 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
         kubernetes=kubernetes,
         state_dir=args.state_dir, host=args.host, port=args.port, unix_socket=args.unix_socket, auth=auth,
         backend=args.backend, isolation=args.isolation, network=args.network, warm_pool=args.warm_pool,
-        sandbox_storage=args.sandbox_storage, sandbox_inodes=args.sandbox_inodes,
+        sandbox_storage=args.sandbox_storage, sandbox_inodes=args.sandbox_inodes, orphan_ttl=args.orphan_ttl,
         warm_pool_max=args.warm_pool_max, pool_images=list(args.pool_image), max_servers=args.max_servers,
         ephemeral=args.ephemeral,
         watcher=WatcherConfig(interval=args.watch_interval, inactive_timeout=args.inactive_timeout,
@@ -160,10 +165,10 @@ async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
 
 async def serve(config: ControlPlaneConfig, ready_fd: int | None = None, parent_pid: int | None = None,
                 remove_state: bool = False) -> None:
-    from .app import create_app
+    from .app import SHUTDOWN, create_app
 
     app = create_app(config)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
     await site.start()
@@ -182,6 +187,7 @@ async def serve(config: ControlPlaneConfig, ready_fd: int | None = None, parent_
         loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.ensure_future(_watch_parent(parent_pid, stop)) if parent_pid else None
     await stop.wait()
+    app[SHUTDOWN].begin()  # calls in flight answer 503 now
     if watcher is not None:
         watcher.cancel()
     await runner.cleanup()

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .backends.local.lease import DEFAULT_ORPHAN_TTL
 from .backends.local.storage import DEFAULT_STORAGE_BYTES, DEFAULT_STORAGE_INODES
 
 
@@ -36,6 +37,7 @@ class ControlPlaneConfig:
     network: bool = False  # local backend: sandboxes get the host network unless their image says otherwise
     sandbox_storage: int = DEFAULT_STORAGE_BYTES  # local backend: bound of a sandbox's writes without ephemeral-storage
     sandbox_inodes: int = DEFAULT_STORAGE_INODES  # local backend: bound of the files a sandbox makes (0: none)
+    orphan_ttl: float = DEFAULT_ORPHAN_TTL  # local backend: a sandbox whose lease is this stale ends itself
     warm_pool: int = 2  # spare sandboxes kept ready per image in use (upper bound learned from demand)
     warm_pool_max: int = 8
     pool_images: list[str] = field(default_factory=list)  # images to keep warm from start-up

@@ -44,6 +44,13 @@ def main(argv: list[str] | None = None) -> None:
                                            formatter_class=argparse.RawDescriptionHelpFormatter)
     add_openenv_arguments(openenv_serve)
 
+    sandboxes = sub.add_parser("sandboxes", help="list or end the local sandboxes on this host",
+                               description="The local backend's sandboxes on this host: list them, or end "
+                                           "them (prune) when their control plane is gone.")
+    from control_plane.sandboxes_cli import add_arguments as add_sandboxes_arguments
+
+    add_sandboxes_arguments(sandboxes)
+
     sub.add_parser("demo", help="run a short real session end to end and print what happened",
                    description="Run a short real session end to end and print what happened.")
 
@@ -69,6 +76,10 @@ def main(argv: list[str] | None = None) -> None:
         from .openenv.server import run_serve as run_openenv
 
         sys.exit(run_openenv(args))
+    elif args.command == "sandboxes":
+        from control_plane.sandboxes_cli import run as run_sandboxes
+
+        sys.exit(run_sandboxes(args))
     elif args.command == "demo":
         from .demo import main as demo
 

@@ -411,3 +411,22 @@ def test_storage_and_file_bounds_stop_a_sandbox_filling_the_disk(loop: LoopThrea
         assert str(tmp_path) not in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
     finally:
         loop.run(small.close())
+
+
+def test_deleting_a_sandbox_gives_its_layer_back_while_neighbours_run(loop: LoopThread, backend: LocalBackend) -> None:
+    """A deleted sandbox's bounded layer (its loop device and image) is released at once, even
+    while sandboxes created after it still run (their bubblewrap monitors live in copies of the
+    host's mounts taken at their start).
+
+    Can fail: before those copies dropped other sandboxes' layers, a deleted sandbox's loop device
+    stayed attached (and its disk space taken) until every later sandbox had ended."""
+    first = _create(loop, backend, "iso-layer-first")
+    second = _create(loop, backend, "iso-layer-second")
+    try:
+        image = Path(first.data["dir"], "layers.ext4")
+        assert image.exists()
+        loop.run(backend.delete(first))
+        assert wait_for(lambda: str(image) not in subprocess.run(["losetup", "-a"], capture_output=True,
+                                                                 text=True).stdout, 5)
+    finally:
+        loop.run(backend.delete(second))

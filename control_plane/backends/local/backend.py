@@ -59,7 +59,8 @@ from .cgroups import DEFAULT_SERVER_MEMORY_RESERVE, Cgroups
 from .images import BUILTIN_IMAGE, ImageError, ImageStore, ResolvedImage
 from .isolation import ISOLATIONS, choose_isolation, say_once
 from .launcher import BACKEND_NAME, DEFAULT_DELETE_TIMEOUT, Launcher
-from .layout import Space, pick_run_root, state_key, tail
+from .layout import Space, pick_run_root, register_state, state_key, tail
+from .lease import DEFAULT_ORPHAN_TTL, Lease
 from .runtime import Runtime, detect
 from .snapshots import Snapshots
 from .storage import DEFAULT_STORAGE_BYTES, DEFAULT_STORAGE_INODES, LayerStorage
@@ -82,7 +83,8 @@ class LocalBackend(Backend):
     is the memory the tools can never take from their sandbox server (cgroups.py); a delete that
     takes longer than ``delete_timeout`` seconds fails (and goes on in the background);
     ``storage_bytes`` and ``storage_inodes`` bound a sandbox's writes when its request does not
-    (``ephemeral-storage``), 0 or None for no bound (storage.py).
+    (``ephemeral-storage``), 0 or None for no bound (storage.py); a sandbox whose lease this
+    backend has not renewed for ``orphan_ttl`` seconds ends itself (lease.py; None: never).
     """
 
     name = BACKEND_NAME
@@ -92,7 +94,8 @@ class LocalBackend(Backend):
                  tmp_bytes: int = DEFAULT_TMP_BYTES, shm_bytes: int = DEFAULT_SHM_BYTES,
                  server_memory_reserve: int = DEFAULT_SERVER_MEMORY_RESERVE,
                  delete_timeout: float = DEFAULT_DELETE_TIMEOUT, storage_bytes: int | None = DEFAULT_STORAGE_BYTES,
-                 storage_inodes: int | None = DEFAULT_STORAGE_INODES) -> None:
+                 storage_inodes: int | None = DEFAULT_STORAGE_INODES, orphan_ttl: float | None = DEFAULT_ORPHAN_TTL
+                 ) -> None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation!r}")
         self.state_dir = Path(state_dir).absolute()
@@ -109,6 +112,7 @@ class LocalBackend(Backend):
         self.delete_timeout = delete_timeout
         self.storage_bytes = storage_bytes or None
         self.storage_inodes = storage_inodes or None
+        self.lease = Lease(self.state_dir, orphan_ttl) if orphan_ttl else None
         self.store = ImageStore(self.state_dir / "images")
         self.snapshots = Snapshots(self.state_dir / "snapshots")
         key = state_key(self.state_dir)
@@ -146,6 +150,7 @@ class LocalBackend(Backend):
         # other than root must not reach them.
         os.chmod(self.state_dir, 0o700)
         self.isolation = choose_isolation(self.requested_isolation)
+        key = state_key(self.state_dir)
         self.store.ensure()
         cg = Cgroups(self._cgroup_parent, self.server_memory_reserve)
         if not cg.available:
@@ -167,7 +172,10 @@ class LocalBackend(Backend):
                                  pids_max=self.pids_max, tmp_bytes=self.tmp_bytes, shm_bytes=self.shm_bytes,
                                  delete_timeout=self.delete_timeout, storage=storage,
                                  storage_bytes=self.storage_bytes if storage else None,
-                                 storage_inodes=self.storage_inodes if storage else None)
+                                 storage_inodes=self.storage_inodes if storage else None, lease=self.lease)
+        if self.lease is not None:
+            self.lease.start()
+        register_state(self.state_dir, key)
 
     def require_started(self) -> Launcher:
         """The launcher; ``BackendError`` before ``start()``."""
@@ -184,6 +192,8 @@ class LocalBackend(Backend):
             return
         await self.launcher.close()
         self.launcher = None
+        if self.lease is not None:
+            self.lease.stop()  # what is left lives on until the lease lapses (or a next run renews it)
         for space in (self.sandboxes, self.builds):
             if space is not None:
                 teardown.tidy(space)

@@ -96,6 +96,13 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
         try:
             mounts.unshare_mount_namespace()
             try:
+                # bwrap's monitor lives on in this private copy of the host's mounts: without this,
+                # it would hold every other sandbox's layers (and their disk space) until it ends.
+                for point in mounts.other_sandboxes_mounts(plan.layers):
+                    try:
+                        mounts.umount(point, detach=True)
+                    except OSError:
+                        pass
                 mount_root(plan, state_dir=host.state_dir, links=host.usr_links, binds=runtime.binds,
                            tool_cgroups=tool_cgroups, tmp_bytes=tmp_size(plan, host),
                            skeletons=tuple(runtime.skeletons))

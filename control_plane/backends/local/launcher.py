@@ -24,6 +24,7 @@ from . import bwrap, cgroups, plain, readiness, rootfs, teardown
 from .images import ResolvedImage
 from .isolation import say_once
 from .layout import NAME_RE, SOCKET_NAME, Plan, Space, tail, write_meta
+from .lease import Lease
 from .runtime import Runtime
 from .server_kinds import entry, runtime_for
 from .storage import LayerStorage
@@ -65,7 +66,7 @@ class Launcher:
     def __init__(self, *, state_dir: Path, isolation: str, runtime: Runtime, pids_max: int | None,
                  tmp_bytes: int, shm_bytes: int, delete_timeout: float = DEFAULT_DELETE_TIMEOUT,
                  storage: LayerStorage | None = None, storage_bytes: int | None = None,
-                 storage_inodes: int | None = None) -> None:
+                 storage_inodes: int | None = None, lease: Lease | None = None) -> None:
         self.state_dir = state_dir
         self.isolation = isolation
         self.runtime = runtime
@@ -81,6 +82,7 @@ class Launcher:
         self.storage = storage  # bounded layer filesystems, when the host can make them
         self.storage_bytes = storage_bytes  # the default bound of a sandbox's layers (None: unbounded)
         self.storage_inodes = storage_inodes
+        self.lease = lease  # every sandbox's monitor watches it (lease.py)
         self._teardowns: dict[tuple[str, str, str], asyncio.Future] = {}  # in flight, by (what, space, name)
         self._steps: dict[tuple[str, str, str], list[str]] = {}
 
@@ -188,6 +190,9 @@ class Launcher:
             prepared = time.perf_counter()
             ready_fd = await loop.run_in_executor(self._thread, self._spawn, plan, data)
             spawned = time.perf_counter()
+            if self.lease is not None:  # from now on the sandbox ends itself if we stop renewing
+                monitor = self.lease.watch(data)
+                self._children[monitor.pid] = monitor
             write_meta(plan.sb, plan.name, data)  # the pids recorded: findable if we die now
             # Moving tasks into v1 cgroups is slow (readiness.attach): do it while the server imports.
             results = await asyncio.gather(

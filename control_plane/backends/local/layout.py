@@ -44,6 +44,33 @@ def state_key(state_dir: Path) -> str:
     return hashlib.sha1(str(Path(state_dir).absolute()).encode()).hexdigest()[:10]
 
 
+INDEX = Path("/run/idegym-index")  # <key> → state directory, for ``idegym sandboxes --all``
+
+
+def register_state(state_dir: Path, key: str) -> None:
+    """Note on the host (until reboot) that a backend runs on ``state_dir``."""
+    if os.geteuid() != 0:
+        return
+    try:
+        INDEX.mkdir(mode=0o700, exist_ok=True)
+        (INDEX / key).write_text(str(state_dir) + "\n")
+    except OSError:
+        pass
+
+
+def registered_states() -> dict[str, Path]:
+    found = {}
+    try:
+        for entry in os.scandir(INDEX):
+            try:
+                found[entry.name] = Path(Path(entry.path).read_text().strip())
+            except OSError:
+                continue
+    except OSError:
+        pass
+    return found
+
+
 def pick_run_root(state_dir: Path, key: str) -> Path:
     """Unix socket paths are limited to 107 bytes: keep sockets under a short directory."""
     preferred = state_dir / "run"

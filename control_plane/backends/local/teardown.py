@@ -51,7 +51,10 @@ def kill(name: str, space: Space, data: dict[str, Any] | None, isolation: str, p
                 if key in data and procfs.recorded_alive(data[key])}
     lease = data.get("lease_monitor")
     if lease and procfs.recorded_alive(lease):
-        procfs.kill(lease[0], signal.SIGKILL)
+        try:  # its session: the monitor and the sleep it waits in
+            os.killpg(lease[0], signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     bwrap = data.get("isolation", isolation) == "bwrap"
     monitor = recorded.pop("monitor", None) if bwrap else None
     victims = set(recorded.values())
