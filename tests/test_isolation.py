@@ -7,6 +7,7 @@ Real bubblewrap sandboxes of the local backend, real cgroups, real processes.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import statistics
@@ -88,9 +89,6 @@ def test_a_stage_runs_in_fresh_groups_that_are_emptied_when_it_ends(tmp_path: Pa
     """``Supervisor.stage``: every tool started inside the block is born in the stage's child
     groups, and when the block ends every process in them, ``setsid`` daemons included, is gone
     and so are the groups; tools outside a stage run in the tools' groups."""
-    from sandbox_server.process import Supervisor
-    from sandbox_server.tool_cgroups import ToolCgroups
-
     mounts = controller_mounts()
     tools = {ctrl: mounts[ctrl] / f"idegym-test-stage-{os.getpid()}" for ctrl in CONTROLLERS if ctrl in mounts}
     links = tmp_path / "tools"
@@ -98,24 +96,36 @@ def test_a_stage_runs_in_fresh_groups_that_are_emptied_when_it_ends(tmp_path: Pa
     for ctrl, path in tools.items():
         path.mkdir()
         os.symlink(path, links / ctrl)
+    # In a process of its own: a supervisor running as root drops CAP_SYS_ADMIN from its
+    # process's bounding set (for its tools), which would cripple everything this one starts.
+    scenario = f"""
+import asyncio, json
+from sandbox_server import procfs
+from sandbox_server.process import Supervisor
+from sandbox_server.tool_cgroups import ToolCgroups
 
-    async def scenario() -> tuple[str, str, bool, bool]:
-        supervisor = Supervisor(tool_cgroups=ToolCgroups(links))
-        supervisor.start()
-        try:
-            plain = await supervisor.run(["cat", "/proc/self/cgroup"], cwd="/", env={}, timeout=10, grace=1,
-                                         max_output=None)
-            async with supervisor.stage("check"):
-                inside = await supervisor.run(["sh", "-c", "cat /proc/self/cgroup; setsid sleep 1000 & echo $!"],
-                                              cwd="/", env={}, timeout=10, grace=1, max_output=None)
-                daemon = int(inside.stdout.text().splitlines()[-1])
-                daemon_ran = procfs.alive(daemon)
-            return (plain.stdout.text(), inside.stdout.text(), daemon_ran, procfs.alive(daemon))
-        finally:
-            supervisor.stop()
+async def main():
+    supervisor = Supervisor(tool_cgroups=ToolCgroups({str(links)!r}))
+    supervisor.start()
+    try:
+        plain = await supervisor.run(["cat", "/proc/self/cgroup"], cwd="/", env={{}}, timeout=10, grace=1,
+                                     max_output=None)
+        async with supervisor.stage("check"):
+            inside = await supervisor.run(["sh", "-c", "cat /proc/self/cgroup; setsid sleep 1000 & echo $!"],
+                                          cwd="/", env={{}}, timeout=10, grace=1, max_output=None)
+            daemon = int(inside.stdout.text().splitlines()[-1])
+            ran = procfs.alive(daemon)
+        print(json.dumps([plain.stdout.text(), inside.stdout.text(), ran, procfs.alive(daemon)]))
+    finally:
+        supervisor.stop()
+
+asyncio.run(main())
+"""
 
     try:
-        plain, inside, daemon_ran, daemon_after = asyncio.run(scenario())
+        run = subprocess.run([sys.executable, "-c", scenario], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        plain, inside, daemon_ran, daemon_after = json.loads(run.stdout)
         name = f"idegym-test-stage-{os.getpid()}"
         assert re.search(rf"pids:/{name}\n", plain), plain
         assert re.search(rf"pids:/{name}/check\n", inside), inside
