@@ -440,3 +440,42 @@ def test_deleting_a_sandbox_gives_its_layer_back_while_neighbours_run(loop: Loop
                                                                  text=True).stdout, 5)
     finally:
         loop.run(backend.delete(second))
+
+
+@pytest.mark.security
+def test_a_stuck_stop_ends_deletion_failed_and_the_watcher_retries(tmp_path: Path) -> None:
+    """Through the control plane: stopping a server whose sandbox holds a process that cannot
+    die ends DELETION_FAILED with the reason (the process and its state), within the backend's
+    bound; once the process can die, the watcher's sweep removes what was left."""
+    from tests.cp_helpers import ControlPlaneProcess
+
+    freezer = controller_mounts().get("freezer")
+    if freezer is None:
+        pytest.skip("no freezer controller")
+    state = tmp_path / "state"
+    group = freezer / f"idegym-test-stuck-cp-{os.getpid()}"
+    cp = ControlPlaneProcess(state, ["--warm-pool", "0"])
+    try:
+        client = cp.register("stuck")
+        sid = cp.start_server(client, reuse_strategy="NONE")["server_id"]
+        cp.bash(client, sid, "sleep 1000 >/dev/null 2>&1 &")
+        sandbox = next(p for p in (state / "sandboxes").iterdir())
+        pids = next(Path(p) for p in Path("/sys/fs/cgroup/pids").glob(f"idegym/*/{sandbox.name}"))
+        victim = next(int(p) for root, _, _ in os.walk(pids) for p in Path(root, "cgroup.procs").read_text().split()
+                      if Path(f"/proc/{p}/comm").read_text().strip() == "sleep")
+        _freeze_elsewhere(victim, group)
+        started = time.monotonic()
+        stop = cp.http.request("DELETE", "/api/idegym-servers", json={"client_id": client, "server_id": sid})
+        op = cp.wait_op(stop.json()["operation_id"], 60)
+        assert time.monotonic() - started < 25
+        assert op["status"] == "FAILED", op
+        status = cp.status(client, sid)
+        assert status["availability"] == "DELETION_FAILED" and f"{victim} (" in status["details"], status
+        (group / "freezer.state").write_text("THAWED")
+        assert wait_for(lambda: not sandbox.exists(), 30), "the watcher did not retry the delete"
+    finally:
+        if group.exists():
+            (group / "freezer.state").write_text("THAWED")
+            wait_for(lambda: not (group / "cgroup.procs").read_text().split(), 5)
+            group.rmdir()
+        cp.stop()
