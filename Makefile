@@ -10,7 +10,7 @@ EXTRAS     ?= dev,kubernetes,openenv,ray
 # The published idegym-client 0.13.1 needs Python >= 3.12; pyenv keeps one off PATH.
 PYTHON312  ?= $(shell command -v python3.12 >/dev/null 2>&1 && python3.12 -c pass 2>/dev/null && echo python3.12 || ls -1d $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 2>/dev/null | head -n1)
 
-.PHONY: help demo test test-all test-slow bench system-deps venv client-venv gym-versions clean
+.PHONY: help demo test test-all test-slow bench system-deps venv demo-venv client-venv gym-versions clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -32,9 +32,19 @@ $(VENV)/.stamp: pyproject.toml
 	@# RLlib needs torch; this pin takes the CPU build that lies on disk instead of a multi-GB CUDA download.
 	@case ",$(EXTRAS)," in *,ray,*) $(PIP) install torch==2.13.0 ;; esac
 	@$(PIP) install -e '.[$(EXTRAS)]'
+	@touch $@ $(VENV)/.stamp-demo
+
+# The demo needs only the base install: no torch, Ray or Kubernetes client (those are for the tests).
+$(VENV)/.stamp-demo: pyproject.toml
+	@echo "creating $(VENV) and installing idegym (the demo's dependencies only)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PIP) install --upgrade pip setuptools wheel
+	@$(PIP) install -e .
 	@touch $@
 
 venv: system-deps $(VENV)/.stamp  ## create .venv with everything the tests need
+
+demo-venv: system-deps $(VENV)/.stamp-demo  ## create .venv with what the demo needs
 
 $(CLIENT_VENV)/.stamp:
 	@test -n "$(PYTHON312)" || { echo "ERROR: Python 3.12 not found (needed for the published idegym-client)"; exit 1; }
@@ -54,7 +64,7 @@ GYM_VERSIONS := 1.0.0 1.4.0
 
 gym-versions: $(foreach v,$(GYM_VERSIONS),.gym-versions/$(v)/.stamp)
 
-demo: venv  ## run real episodes end to end on the embedded local control plane
+demo: demo-venv  ## run real episodes end to end on the embedded local control plane
 	@$(VENV)/bin/idegym demo
 
 test: venv client-venv gym-versions  ## the test suite (everything but `slow`)

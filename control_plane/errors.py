@@ -1,13 +1,15 @@
-"""Errors the control plane answers with synchronously, and their HTTP status.
+"""The control plane's errors: the one hierarchy of ``sandbox_server.errors``, plus its own.
 
-    ControlPlaneError          500  unexpected (the message says it is a bug)
+    ApiError                   500  InternalError        (sandbox_server.errors; every class below it too)
     ├── BadRequest             400
-    ├── Unauthorized           401  missing or wrong Basic credentials
-    ├── NotFound               404  unknown client/server/operation/job, or another client's server
+    ├── Unauthorized           401  Unauthorized         missing or wrong credentials
+    ├── Forbidden              403
+    ├── NotFound               404                       unknown client/server/operation/job, or another client's server
     ├── Conflict               409
-    ├── Gone                   410  the server exists but is not usable (FINISHED, STOPPED, CRASHED…)
-    ├── TooManyRequests        429
-    └── Unavailable            503  the state database cannot be written
+    ├── Gone                   410  Gone                 the server exists but is not usable (FINISHED, STOPPED, CRASHED…)
+    ├── PayloadTooLarge        413
+    ├── Unprocessable          422  ValidationError
+    └── Unavailable            503  ServiceUnavailable   the state database cannot be written
         └── store.StoreError
 
 Failures of asynchronous operations are not raised to the caller: they end the operation FAILED
@@ -16,42 +18,36 @@ with an ``ErrorResponse`` (see ``operations.py``).
 
 from __future__ import annotations
 
-from typing import Any
+from sandbox_server.errors import (
+    ApiError,
+    BadRequest,
+    Conflict,
+    Forbidden,
+    NotFound,
+    PayloadTooLarge,
+    Unprocessable,
+    register,
+    render,
+)
+
+ControlPlaneError = ApiError  # the name the control plane's modules knew it by
 
 
-class ControlPlaneError(Exception):
-    status = 500
-    kind = "InternalError"
-
-    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.details = details
-
-
-class BadRequest(ControlPlaneError):
-    status, kind = 400, "BadRequest"
-
-
-class Unauthorized(ControlPlaneError):
+class Unauthorized(ApiError):
     status, kind = 401, "Unauthorized"
 
 
-class NotFound(ControlPlaneError):
-    status, kind = 404, "NotFound"
-
-
-class Conflict(ControlPlaneError):
-    status, kind = 409, "Conflict"
-
-
-class Gone(ControlPlaneError):
+class Gone(ApiError):
     status, kind = 410, "Gone"
 
 
-class TooManyRequests(ControlPlaneError):
-    status, kind = 429, "TooManyRequests"
-
-
-class Unavailable(ControlPlaneError):
+class Unavailable(ApiError):
     status, kind = 503, "ServiceUnavailable"
+
+
+register(Unauthorized, Gone, Unavailable)
+
+__all__ = [
+    "ApiError", "ControlPlaneError", "BadRequest", "Unauthorized", "Forbidden", "NotFound", "Conflict", "Gone",
+    "PayloadTooLarge", "Unprocessable", "Unavailable", "render",
+]

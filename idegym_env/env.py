@@ -27,11 +27,12 @@ A sandbox of your own
     ``close()`` leaves the sandbox to whoever connected it. The OpenEnv server uses this when it
     runs inside its own sandbox (``idegym openenv serve --in-sandbox``).
 
-``info`` carries the structured details: ``tool``, ``exit_code``, ``timed_out``, ``seconds``
-(wall time of the step), ``error``, and after grading ``checks`` and ``reward_components``.
-``info_timing=False`` leaves the wall times out (``last_step_seconds`` still has them): two runs
-then give identical infos, which Gymnasium's ``check_env`` demands. ``render_mode="ansi"``
-renders the transcript.
+``info`` carries the structured details: ``tool``, ``exit_code``, ``timed_out``, ``error``, and
+after grading ``checks`` and ``reward_components``. A step's info leaves its wall time out, so two
+runs give identical infos (Gymnasium's ``check_env`` demands it): the time is
+``env.last_step_seconds``, and ``info_timing=True`` puts it in the info as ``seconds`` too.
+``reset()``'s info always has ``reset_seconds`` (reset infos are not compared).
+``render_mode="ansi"`` renders the transcript.
 """
 
 from __future__ import annotations
@@ -44,11 +45,14 @@ from typing import Any, SupportsFloat
 
 import gymnasium as gym
 
+from sandbox_server.models import BashCommandResponse, DownloadFileChunkResponse
+from sandbox_server.routes import endpoint_for
+
 from . import embedded
 from .client import APIError, BadRequest, Conflict, IdeGymClient, NotFound, Sandbox, SandboxGone, Unauthorized
 from .rewards import RewardFunction, reward_components
 from .spaces import InvalidAction, ToolCallSpace, UnicodeText
-from .spaces.tool_call import ReadFileCall, SubmitCall, ToolCall
+from .spaces.tools import SubmitCall, ToolCall
 from .tasks import Task, bundled_tasks, load_task
 
 DEFAULT_TASK = "python-roman-numerals"
@@ -82,7 +86,7 @@ class IdeGymEnv(gym.Env[str, dict]):
         invalid_action_penalty: float = 0.0,
         bash_timeout: float = 120.0,
         render_mode: str | None = None,
-        info_timing: bool = True,
+        info_timing: bool = False,
         client: IdeGymClient | None = None,
         sandbox: Sandbox | None = None,
     ) -> None:
@@ -163,9 +167,8 @@ class IdeGymEnv(gym.Env[str, dict]):
             old.stop()
             self.sandbox = self.client.start(self.image, server_name=_server_name(self.task), reuse="NONE")
             how = "started"
-        info: dict[str, Any] = {"sandbox": how, "server_id": self.sandbox.server_id}
-        if self.info_timing:
-            info["reset_seconds"] = time.perf_counter() - started
+        info: dict[str, Any] = {"sandbox": how, "server_id": self.sandbox.server_id,
+                                "reset_seconds": time.perf_counter() - started}
         return self.sandbox, info
 
     # -- the Env API --------------------------------------------------------------------------------
@@ -258,26 +261,21 @@ class IdeGymEnv(gym.Env[str, dict]):
 
     def _run_tool(self, call: ToolCall, info: dict[str, Any]) -> str:
         assert self.sandbox is not None
-        request = call.sandbox_request()
-        assert request is not None
-        body = dict(request.body)
-        if call.tool == "bash":
-            body.setdefault("timeout", self.bash_timeout)
         try:
-            answer = self.sandbox.request("POST", request.path, body, timeout=float(body.get("timeout", 120)) + 5)
+            answer = self.sandbox.run_tool(call, bash_timeout=self.bash_timeout)
         except (BadRequest, NotFound, Conflict, Unauthorized) as exc:
             info["error"] = exc.message
             return f"error: {exc.message}"
-        if call.tool == "bash":
-            info.update(exit_code=answer["exit_code"], timed_out=answer.get("timed_out", False))
-            if answer.get("oom_killed"):
+        if isinstance(answer, BashCommandResponse):
+            info.update(exit_code=answer.exit_code, timed_out=answer.timed_out)
+            if answer.oom_killed:
                 info["oom_killed"] = True
             return _format_bash(answer)
-        if isinstance(call, ReadFileCall):
-            data = base64.b64decode(answer["content_base64"])
-            info.update(bytes_read=answer["bytes_read"], size=answer["size"], eof=answer["eof"])
+        if isinstance(answer, DownloadFileChunkResponse):
+            data = base64.b64decode(answer.content_base64)
+            info.update(bytes_read=answer.bytes_read, size=answer.size, eof=answer.eof)
             text = data.decode("utf-8", errors="replace")
-            return text if answer["eof"] else text + f"\n[... file continues: {answer['size']} bytes in all]"
+            return text if answer.eof else text + f"\n[... file continues: {answer.size} bytes in all]"
         return f"ok: {call.tool} {getattr(call.arguments, 'path', '')}".rstrip()
 
     def _finish(self, info: dict[str, Any], started: float, *, submitted: bool,
@@ -299,14 +297,13 @@ class IdeGymEnv(gym.Env[str, dict]):
         try:
             self.sandbox.terminate_processes()
             for req in self.task.restore_requests():
-                answer = self.sandbox.request("POST", req.path, req.body, timeout=120)
-                if "exit_code" in answer and answer["exit_code"] != 0:
-                    errors.append(f"restoring protected files failed: {answer.get('stderr', '')[-500:]}")
-            for check in self.task.check_requests():
-                answer = self.sandbox.request("POST", check.path, check.body,
-                                              timeout=float(check.body.get("timeout", 600)) + 10)
-                responses[check.stage] = answer
-                if check.stage in ("setup", "compilation") and answer.get("status") != "success":
+                restored = self.sandbox.call(endpoint_for(req), req)
+                if isinstance(restored, BashCommandResponse) and restored.exit_code != 0:
+                    errors.append(f"restoring protected files failed: {restored.stderr[-500:]}")
+            for stage, check in self.task.check_requests().items():
+                result = self.sandbox.call(endpoint_for(check), check)
+                responses[stage] = result.model_dump(mode="json")
+                if stage in ("setup", "compilation") and result.status != "success":
                     break
         except APIError as exc:
             errors.append(f"grading failed: {exc.message}")
@@ -329,14 +326,14 @@ def _server_name(task: Task) -> str:
     return name[:63].rstrip("-")
 
 
-def _format_bash(answer: dict[str, Any]) -> str:
+def _format_bash(answer: BashCommandResponse) -> str:
     parts = []
-    if answer.get("stdout"):
-        parts.append(answer["stdout"].rstrip("\n"))
-    if answer.get("stderr"):
-        parts.append("[stderr]\n" + answer["stderr"].rstrip("\n"))
-    status = (f"[exit code {answer['exit_code']}" + (", timed out" if answer.get("timed_out") else "")
-              + (", out of memory: killed by the sandbox's memory limit" if answer.get("oom_killed") else "") + "]")
+    if answer.stdout:
+        parts.append(answer.stdout.rstrip("\n"))
+    if answer.stderr:
+        parts.append("[stderr]\n" + answer.stderr.rstrip("\n"))
+    status = (f"[exit code {answer.exit_code}" + (", timed out" if answer.timed_out else "")
+              + (", out of memory: killed by the sandbox's memory limit" if answer.oom_killed else "") + "]")
     parts.append(status)
     return "\n".join(parts)
 

@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 from pathlib import Path
@@ -21,11 +21,10 @@ from pydantic import BaseModel
 
 from . import __version__
 from .config import ServerConfig
-from .errors import BadRequest, Forbidden, Unprocessable
+from .errors import ApiError, BadRequest, Forbidden, Unprocessable, render
 from .files import FileTools
-from . import web
-from .errors import SandboxServerError
-from .http import error_body, parse_model
+from . import routes, web
+from .http import parse_model
 from .junit import find_reports, fresh_reports, parse_reports
 from .models import (
     BashCommandRequest,
@@ -38,7 +37,6 @@ from .models import (
     DownloadFileChunkResponse,
     EditFileRequest,
     ExecuteRequest,
-    ExecuteResponse,
     FileResult,
     HealthResponse,
     LanguagesResponse,
@@ -166,18 +164,13 @@ def json_response(model: BaseModel, status: int = 200) -> web.Response:
 
 
 def on_error(request: web.Request, exc: BaseException) -> web.Response:
-    """Every failure as JSON: 422 in the seed's shape, our errors with their status, else a 500
-    that says it is a bug. Never 410 or 499 (those mark control-plane failures)."""
-    if isinstance(exc, Unprocessable):
-        return web.json_response({"detail": exc.errors, "message": exc.message}, status=422)
-    if isinstance(exc, SandboxServerError):
-        return web.json_response(error_body(exc.kind, exc.message, exc.details), status=exc.status)
-    if isinstance(exc, web.HTTPError):
-        return web.json_response(error_body(exc.reason.replace(" ", ""), exc.message), status=exc.status)
-    log.error("unhandled error in %s %s", request.method, request.path, exc_info=exc)
-    return web.json_response(error_body(
-        "InternalError", f"the sandbox server hit an unexpected {type(exc).__name__}: {exc}. This is a bug; "
-        "please report it."), status=500)
+    """Every failure as JSON (``errors.render``): our errors with their status, anything else a
+    500 that says it is a bug. Never 410 or 499 (those mark control-plane failures)."""
+    if not isinstance(exc, ApiError):
+        log.error("unhandled error in %s %s", request.method, request.path, exc_info=exc)
+        exc = ApiError(f"the sandbox server hit an unexpected {type(exc).__name__}: {exc}. This is a bug; "
+                       "please report it.")
+    return web.Response(render(exc), status=exc.status)
 
 
 # -- tools ----------------------------------------------------------------------------------------
@@ -202,22 +195,20 @@ async def bash(request: web.Request) -> web.Response:
     ))
 
 
-async def create_file(request: web.Request) -> web.Response:
-    req = await read_model(request, CreateFileRequest)
-    _state(request).files.create(req.file_path, req.content)
-    return json_response(FileResult(status=Status.SUCCESS))
+def _file_tool(model: type[M], apply: Callable[[FileTools, M], object]) -> Callable[
+        [web.Request], Awaitable[web.Response]]:
+    """The handler of a file tool that answers only success (a failure raises)."""
+    async def handler(request: web.Request) -> web.Response:
+        apply(_state(request).files, await read_model(request, model))
+        return json_response(FileResult(status=Status.SUCCESS))
+
+    return handler
 
 
-async def edit_file(request: web.Request) -> web.Response:
-    req = await read_model(request, EditFileRequest)
-    _state(request).files.edit(req.file_path, req.start_line, req.end_line, req.new_content)
-    return json_response(FileResult(status=Status.SUCCESS))
-
-
-async def patch_file(request: web.Request) -> web.Response:
-    req = await read_model(request, PatchFileRequest)
-    _state(request).files.patch(req.file_path, req.patch)
-    return json_response(FileResult(status=Status.SUCCESS))
+create_file = _file_tool(CreateFileRequest, lambda files, req: files.create(req.file_path, req.content))
+edit_file = _file_tool(EditFileRequest, lambda files, req: files.edit(req.file_path, req.start_line, req.end_line,
+                                                                       req.new_content))
+patch_file = _file_tool(PatchFileRequest, lambda files, req: files.patch(req.file_path, req.patch))
 
 
 async def upload_file(request: web.Request) -> web.Response:
@@ -371,34 +362,24 @@ async def openapi(request: web.Request) -> web.Response:
 OPENAPI = web.AppKey("openapi", dict)
 
 ROUTES: tuple[Route, ...] = (
-    Route("POST", "/api/tools/bash", bash, "Execute Bash Script", "execute_bash_script_api_tools_bash_post",
-          BashCommandRequest, BashCommandResponse),
-    Route("POST", "/api/tools/file/create", create_file, "Create File", "create_file_api_tools_file_create_post",
-          CreateFileRequest, FileResult),
-    Route("POST", "/api/tools/file/edit", edit_file, "Replace Lines", "replace_lines_api_tools_file_edit_post",
-          EditFileRequest, FileResult),
-    Route("POST", "/api/tools/file/patch", patch_file, "Patch File", "patch_file_api_tools_file_patch_post",
-          PatchFileRequest, FileResult),
-    Route("POST", "/api/tools/file/upload", upload_file, "Upload File Chunk",
-          "upload_file_chunk_api_tools_file_upload_post", UploadFileChunkRequest, UploadFileChunkResponse),
-    Route("POST", "/api/tools/file/download", download_file, "Download File Chunk",
-          "download_file_chunk_api_tools_file_download_post", DownloadFileChunkRequest, DownloadFileChunkResponse),
-    Route("POST", "/api/rewards/compilation", compilation_reward, "Compilation Reward",
-          "compilation_reward_api_rewards_compilation_post", CompilationRequest, CheckResult),
-    Route("POST", "/api/rewards/setup", setup_reward, "Setup Reward", "setup_reward_api_rewards_setup_post",
-          SetupRequest, CheckResult),
-    Route("POST", "/api/rewards/test", test_reward, "Unit Test Reward", "unit_test_reward_api_rewards_test_post",
-          TestRequest, TestReport),
-    Route("POST", "/api/project/reset", reset_project, "Reset Project", "reset_project_api_project_reset_post",
-          ResetRequest, ResetResult),
-    Route("POST", "/api/processes/terminate", terminate_processes, "Terminate Tool Processes",
-          "terminate_processes_api_processes_terminate_post", TerminateRequest, TerminateResult),
-    Route("GET", "/api/health", health, "Health", "health_api_health_get", None, HealthResponse),
-    Route("GET", "/api/capabilities", capabilities, "Capabilities", "capabilities_api_capabilities_get",
-          None, CapabilitiesResponse),
-    Route("POST", "/execute", execute, "Run code in a sandboxed container", "execute", ExecuteRequest,
-          ExecuteResponse),
-    Route("GET", "/execute/languages", languages, "Available languages", "languages", None, LanguagesResponse),
+    Route.of(routes.BASH, bash, "Execute Bash Script", "execute_bash_script_api_tools_bash_post"),
+    Route.of(routes.CREATE_FILE, create_file, "Create File", "create_file_api_tools_file_create_post"),
+    Route.of(routes.EDIT_FILE, edit_file, "Replace Lines", "replace_lines_api_tools_file_edit_post"),
+    Route.of(routes.PATCH_FILE, patch_file, "Patch File", "patch_file_api_tools_file_patch_post"),
+    Route.of(routes.UPLOAD_FILE, upload_file, "Upload File Chunk", "upload_file_chunk_api_tools_file_upload_post"),
+    Route.of(routes.DOWNLOAD_FILE, download_file, "Download File Chunk",
+             "download_file_chunk_api_tools_file_download_post"),
+    Route.of(routes.COMPILATION_CHECK, compilation_reward, "Compilation Reward",
+             "compilation_reward_api_rewards_compilation_post"),
+    Route.of(routes.SETUP_CHECK, setup_reward, "Setup Reward", "setup_reward_api_rewards_setup_post"),
+    Route.of(routes.TEST_CHECK, test_reward, "Unit Test Reward", "unit_test_reward_api_rewards_test_post"),
+    Route.of(routes.RESET_PROJECT, reset_project, "Reset Project", "reset_project_api_project_reset_post"),
+    Route.of(routes.TERMINATE_PROCESSES, terminate_processes, "Terminate Tool Processes",
+             "terminate_processes_api_processes_terminate_post"),
+    Route.of(routes.HEALTH, health, "Health", "health_api_health_get"),
+    Route.of(routes.CAPABILITIES, capabilities, "Capabilities", "capabilities_api_capabilities_get"),
+    Route.of(routes.EXECUTE, execute, "Run code in a sandboxed container", "execute"),
+    Route.of(routes.LANGUAGES, languages, "Available languages", "languages"),
 )
 
 
@@ -457,7 +438,7 @@ def create_app(config: ServerConfig) -> web.App:
     app.cleanup_ctx.append(_lifecycle(state))
     for route in ROUTES:
         app.add_route(route.method, route.path, route.handler)
-    app.add_get("/openapi.json", openapi)
+    app.add_get(routes.OPENAPI, openapi)
     return app
 
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from .models import HTTPValidationError
+from .routes import Endpoint
 
 REF = "#/components/schemas/{model}"
 
@@ -24,6 +25,13 @@ class Route:
     request: type[BaseModel] | None
     response: type[BaseModel] | None
     async_operation: bool = False  # control plane: answers 202 with an operation id
+
+    @classmethod
+    def of(cls, endpoint: Endpoint[Any, Any], handler: Callable[..., Awaitable[Any]], summary: str,
+           operation_id: str) -> Route:
+        """The route that serves ``endpoint`` (its method, path and models) with ``handler``."""
+        return cls(endpoint.method, endpoint.path, handler, summary, operation_id, endpoint.request,
+                   endpoint.response)
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:

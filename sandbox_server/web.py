@@ -19,6 +19,8 @@ from urllib.parse import parse_qsl
 
 import h11
 
+from .errors import ApiError, BadRequest, NotFound, PayloadTooLarge, render
+
 log = logging.getLogger("sandbox_server.http")
 
 READ_CHUNK = 1 << 20
@@ -70,16 +72,6 @@ def json_response(data: Any, status: int = 200) -> Response:
     return Response(json.dumps(data).encode(), status=status)
 
 
-class HTTPError(Exception):
-    """An HTTP-level failure (no such route, wrong method, body too large)."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        self.message = message
-
-
 Handler = Callable[[Request], Awaitable[Response]]
 ErrorHandler = Callable[[Request, BaseException], Response]
 
@@ -112,12 +104,11 @@ class App:
         try:
             methods = self._routes.get(request.path)
             if methods is None:
-                raise HTTPError(404, "Not Found",
-                                f"{request.method} {request.path}: no such endpoint; GET /openapi.json lists them")
+                raise NotFound(f"{request.method} {request.path}: no such endpoint; GET /openapi.json lists them")
             handler = methods.get(request.method) or (methods.get("GET") if request.method == "HEAD" else None)
             if handler is None:
-                raise HTTPError(405, "Method Not Allowed",
-                                f"{request.method} {request.path}: method not allowed; use {', '.join(methods)}")
+                raise ApiError.for_status(
+                    405, f"{request.method} {request.path}: method not allowed; use {', '.join(methods)}")
             response = await handler(request)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a JSON answer
             response = self.on_error(request, exc)
@@ -150,7 +141,7 @@ class _Connection:
                 try:
                     event = await self._next_event()
                 except h11.RemoteProtocolError as exc:
-                    await self._fail(exc.error_status_hint, "Bad Request", f"malformed HTTP request: {exc}")
+                    await self._fail(ApiError.for_status(exc.error_status_hint, f"malformed HTTP request: {exc}"))
                     return
                 if isinstance(event, (h11.ConnectionClosed, h11.EndOfMessage)) or event is h11.PAUSED:
                     return
@@ -183,7 +174,7 @@ class _Connection:
             try:
                 part = await self._next_event()
             except h11.RemoteProtocolError as exc:
-                await self._fail(400, "Bad Request", f"malformed HTTP request body: {exc}")
+                await self._fail(BadRequest(f"malformed HTTP request body: {exc}"))
                 return None
             if isinstance(part, h11.Data):
                 size += len(part.data)
@@ -200,16 +191,12 @@ class _Connection:
 
     async def _too_large(self, size: int) -> None:
         limit = self.app.client_max_size
-        await self._fail(413, "Request Entity Too Large",
-                         f"request body of {size} bytes is over the limit of {limit} bytes; send smaller chunks")
+        await self._fail(PayloadTooLarge(
+            f"request body of {size} bytes is over the limit of {limit} bytes; send smaller chunks"))
 
-    async def _fail(self, status: int, reason: str, message: str) -> None:
-        from datetime import datetime, timezone
-
-        body = {"error": reason.replace(" ", ""), "message": message, "detail": message,
-                "timestamp": datetime.now(timezone.utc).isoformat()}
+    async def _fail(self, error: ApiError) -> None:
         if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            await self._send(Response(json.dumps(body).encode(), status=status, headers={"Connection": "close"}))
+            await self._send(Response(render(error), status=error.status, headers={"Connection": "close"}))
 
     async def _send(self, response: Response, head: bool = False) -> None:
         headers = [(b"content-type", response.content_type.encode()), (b"content-length", str(len(response.body)).encode()),

@@ -14,6 +14,7 @@ import pytest
 from idegym_env.client import (
     AsyncIdeGymClient,
     BadRequest,
+    Conflict,
     IdeGymClient,
     NotFound,
     Sandbox,
@@ -21,6 +22,17 @@ from idegym_env.client import (
     ValidationError,
 )
 from idegym_env.embedded import EmbeddedControlPlane
+from idegym_env.spaces.tools import (
+    BashArguments,
+    BashCall,
+    CreateFileArguments,
+    CreateFileCall,
+    ReadFileArguments,
+    ReadFileCall,
+    SubmitCall,
+)
+from sandbox_server import routes
+from sandbox_server.models import BashCommandResponse, DownloadFileChunkResponse, FileResult, HealthResponse
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +59,24 @@ def test_tool_calls_through_the_control_plane(client: IdeGymClient) -> None:
         assert sandbox.execute("bash", "echo $((6 * 7))").stdout == "42\n"
 
 
+def test_tool_calls_and_routes_are_typed(client: IdeGymClient) -> None:
+    with client.start() as sandbox:
+        ran = sandbox.run_tool(BashCall(arguments=BashArguments(command="echo hi")), bash_timeout=30)
+        assert isinstance(ran, BashCommandResponse) and (ran.stdout, ran.exit_code) == ("hi\n", 0)
+        wrote = sandbox.run_tool(CreateFileCall(arguments=CreateFileArguments(path="t.txt", content="x\n")))
+        assert isinstance(wrote, FileResult) and wrote.status == "success"
+        read = sandbox.run_tool(ReadFileCall(arguments=ReadFileArguments(path="t.txt")))
+        assert isinstance(read, DownloadFileChunkResponse) and read.eof and read.bytes_read == 2
+        assert isinstance(sandbox.call(routes.HEALTH), HealthResponse)
+        with pytest.raises(ValueError, match="not a sandbox call"):
+            sandbox.run_tool(SubmitCall())
+        # A body that fails its wire model is refused before it is sent, as the server would.
+        with pytest.raises(ValidationError) as invalid:
+            sandbox.run_tool(BashCall(arguments=BashArguments(command="echo \x00")))
+        assert invalid.value.origin == "client" and invalid.value.status == 422
+        assert invalid.value.detail[0]["loc"] == ["body", "command"]
+
+
 def test_chunked_upload_and_download_round_trip_every_byte(client: IdeGymClient) -> None:
     data = os.urandom(300_000) + bytes(range(256))
     with client.start() as sandbox:
@@ -63,6 +93,10 @@ def test_errors_are_typed_and_say_who_answered(client: IdeGymClient) -> None:
         with pytest.raises(ValidationError) as invalid:
             sandbox.bash("true", env={"BAD NAME": "x"})
         assert isinstance(invalid.value, BadRequest) and invalid.value.status == 422
+        sandbox.write_file("p.txt", "completely unrelated content that shares nothing\n" * 5)
+        with pytest.raises(Conflict) as conflict:  # mapped by the server's error kind
+            sandbox.patch("p.txt", "@@ -3,8 +3,8 @@\n pha \n-beta\n+BETA\n  gam\n")
+        assert conflict.value.kind == "Conflict" and conflict.value.details["failed_hunks"]
         with pytest.raises(TypeError, match="upload"):
             sandbox.write_file("x.bin", b"\x00\x01")  # type: ignore[arg-type]
         sandbox.stop()

@@ -37,10 +37,32 @@ def env(control_plane: EmbeddedControlPlane) -> Iterator[IdeGymEnv]:
 
 
 def test_check_env_passes_on_the_unwrapped_env(control_plane: EmbeddedControlPlane) -> None:
-    # check_env demands identical infos for identical seeds and actions: wall times cannot be.
-    env = IdeGymEnv(PY_TASK, control_plane_url=control_plane.url, render_mode="ansi", info_timing=False)
+    # check_env demands identical step infos for identical seeds and actions: wall times cannot be.
+    env = IdeGymEnv(PY_TASK, control_plane_url=control_plane.url, render_mode="ansi")
     try:
         check_env(env, skip_render_check=False)
+    finally:
+        env.close()
+
+
+def test_check_env_passes_on_gym_make_with_default_arguments() -> None:
+    env = gym.make("IdeGym-v0")  # the default task on its own embedded control plane
+    try:
+        check_env(env.unwrapped)
+        _, info = env.unwrapped.reset(seed=0)
+        assert info["reset_seconds"] > 0  # reset infos keep their time: check_env does not compare them
+        _, _, _, _, info = env.unwrapped.step({"tool": "bash", "arguments": {"command": "true"}})
+        assert "seconds" not in info and env.unwrapped.last_step_seconds > 0
+    finally:
+        env.close()
+
+
+def test_step_wall_times_in_info_on_request(control_plane: EmbeddedControlPlane) -> None:
+    env = IdeGymEnv(PY_TASK, control_plane_url=control_plane.url, info_timing=True)
+    try:
+        env.reset(seed=0)
+        _, _, _, _, info = env.step({"tool": "bash", "arguments": {"command": "true"}})
+        assert info["seconds"] == env.last_step_seconds > 0
     finally:
         env.close()
 
@@ -72,7 +94,7 @@ from gymnasium.utils.env_checker import check_env
 import idegym_env
 from idegym_env.env import IdeGymEnv
 url = sys.argv[1]
-env = IdeGymEnv("python-roman-numerals", control_plane_url=url, info_timing=False)
+env = IdeGymEnv("python-roman-numerals", control_plane_url=url)
 check_env(env)
 env.close()
 vec = gym.make_vec("IdeGym-v0", num_envs=2, vectorization_mode="sync", task="python-roman-numerals",

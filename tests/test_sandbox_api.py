@@ -7,6 +7,9 @@ from typing import Any
 import pytest
 import yaml
 
+from sandbox_server import routes
+from sandbox_server.errors import ApiError
+from sandbox_server.models import ErrorBody
 from tests.helpers import SEEDS, SandboxProcess
 
 SEED = yaml.safe_load((SEEDS / "sandbox-server-api.yaml").read_text())
@@ -70,6 +73,8 @@ def test_errors_are_json_with_a_message(server: SandboxProcess, method: str, pat
     assert resp.status_code == status
     assert resp.headers["content-type"].startswith("application/json")
     assert resp.json()["message"]
+    body = ErrorBody.model_validate(resp.json())  # the one renderer's shape
+    assert body.error == ApiError.for_status(status, "").kind and body.detail == body.message
 
 
 def test_oversized_body_is_413(project, tmp_path) -> None:
@@ -88,3 +93,19 @@ def test_validation_errors_use_the_seed_shape(server: SandboxProcess) -> None:
     assert {tuple(d["loc"]) for d in detail} >= {("body", "start_line"), ("body", "end_line"),
                                                   ("body", "new_content")}
     assert all({"loc", "msg", "type"} <= set(d) for d in detail)
+
+
+def test_the_route_table_serves_exactly_the_routes_module(server: SandboxProcess) -> None:
+    """Paths and body models are defined once (``sandbox_server.routes``): the server serves each
+    with its models and nothing else, so the client cannot call a path the server does not have."""
+    ours = server.client.get("/openapi.json").json()
+    served = {(method.upper(), path) for path, ops in ours["paths"].items() for method in ops}
+    assert served == {(e.method, e.path) for e in routes.ENDPOINTS}
+    for e in routes.ENDPOINTS:
+        op = ours["paths"][e.path][e.method.lower()]
+        if e.request is not None:
+            ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+            assert ref.endswith("/" + e.request.__name__), e.path
+        assert op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
+            "/" + e.response.__name__), e.path
+        assert routes.endpoint_for(e.request.model_construct()) is e if e.request else True

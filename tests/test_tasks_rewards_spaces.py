@@ -46,6 +46,7 @@ from idegym_env.spaces import (
     UnicodeText,
 )
 from idegym_env.tasks import BUNDLED_DIR, Task, TaskError, TaskSet, bundled_tasks, load_task
+from sandbox_server.routes import endpoint_for
 from tests.helpers import SandboxProcess
 
 # -- UnicodeText ------------------------------------------------------------------------------------
@@ -732,10 +733,10 @@ def test_task_built_in_code(tmp_path: Path) -> None:
     assert task.report_glob == "test-*.xml" and task.reward_function() is test_pass_fraction
     assert task.protected_files() == {"tests/run.sh": b"#!/bin/sh\n"}
     requests = task.restore_requests()
-    assert requests[0].body["command"] == (
+    assert requests[0].command == (
         "chmod -R u+w -- tests tests/run.sh 2>/dev/null; rm -rf -- tests tests/run.sh")
-    assert requests[1].path == "/api/tools/file/upload"
-    assert requests[-1].body["command"] == "chmod +x -- tests/run.sh"
+    assert endpoint_for(requests[1]).path == "/api/tools/file/upload"
+    assert requests[-1].command == "chmod +x -- tests/run.sh"
     assert task.copy_project(tmp_path / "copy").joinpath("tests/run.sh").read_text() == "#!/bin/sh\n"
     with pytest.raises(ValueError, match="neither a project directory nor an image"):
         Task(id="x", title="t", language="c", instruction="i", test={"script": "true"})
@@ -750,23 +751,23 @@ def run_checks(server: SandboxProcess, task: Task) -> CheckResults:
     """What the Env does at the end of an episode: restore protected paths, run the checks in order
     and stop at the first failed stage before the tests."""
     for request in task.restore_requests():
-        resp = server.post(request.path, request.body)
+        resp = server.post(endpoint_for(request).path, request.model_dump(mode="json"))
         assert resp.status_code == 200, resp.text
         assert resp.json().get("exit_code", 0) == 0, resp.json()
     responses: dict[str, dict] = {}
-    for check in task.check_requests():
-        resp = server.post(check.path, check.body)
+    for stage, check in task.check_requests().items():
+        resp = server.post(endpoint_for(check).path, check.model_dump(mode="json"))
         assert resp.status_code == 200, resp.text
-        responses[check.stage] = resp.json()
-        if check.stage != "tests" and responses[check.stage]["status"] != "success":
+        responses[stage] = resp.json()
+        if stage != "tests" and responses[stage]["status"] != "success":
             break
     return task.check_results(responses, submitted=True)
 
 
 def apply(server: SandboxProcess, call: ToolCall) -> dict:
-    request = call.sandbox_request()
+    request = call.to_request()
     assert request is not None, call
-    resp = server.post(request.path, request.body)
+    resp = server.post(endpoint_for(request).path, request.model_dump(mode="json"))
     assert resp.status_code == 200, f"{call.to_json()} -> {resp.status_code} {resp.text}"
     return resp.json()
 

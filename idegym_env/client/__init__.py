@@ -4,7 +4,10 @@
         with client.start() as sandbox:              # finished (reusable) on exit
             print(sandbox.bash("python3 --version").stdout)
 
-Calls through the control plane take one round trip (``Prefer: wait``). Errors are the typed
+Request bodies are the sandbox server's wire models (``sandbox_server.models``) sent to the routes
+of ``sandbox_server.routes``; ``Sandbox.run_tool(call)`` carries out a tool call of
+``idegym_env.spaces`` and ``Sandbox.call(endpoint, request)`` any route. Calls through the control
+plane take one round trip (``Prefer: wait``). Errors are the typed
 exceptions of ``idegym_env.client`` (see ``_exceptions.py`` for the tree), carrying the server's
 own message.
 """
@@ -25,11 +28,12 @@ from ._exceptions import (
     Unauthorized,
     ValidationError,
 )
+from ._plans import ToolResult
 from ._settings import BUILTIN_IMAGE, Settings
 from ._sync import IdeGymClient, Sandbox
 
 __all__ = [
-    "IdeGymClient", "Sandbox", "AsyncIdeGymClient", "AsyncSandbox", "Settings", "BUILTIN_IMAGE",
+    "IdeGymClient", "Sandbox", "AsyncIdeGymClient", "AsyncSandbox", "Settings", "BUILTIN_IMAGE", "ToolResult",
     "IdeGymError", "TransportError", "TimeoutError", "APIError", "BadRequest", "ValidationError", "Unauthorized",
     "NotFound", "Conflict", "SandboxGone", "Busy", "Cancelled", "ServerError",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -19,11 +19,17 @@ from control_plane.models import (
     StartServerResponse,
 )
 from sandbox_server.models import BashCommandResponse, CheckResult, ExecuteResponse, ResetResult, TestReport
+from sandbox_server.models import DEFAULT_TIMEOUT
+from sandbox_server.routes import Endpoint, Req, Resp
 
 from . import _plans
 from ._exceptions import SandboxGone, ServerError, TimeoutError, TransportError
-from ._protocol import Call, Plan, Reply, Sleep, T, Target, download, sandbox_call, upload
+from ._plans import ToolResult
+from ._protocol import Call, Plan, Reply, Sleep, T, Target, call
 from ._settings import BUILTIN_IMAGE, Settings
+
+if TYPE_CHECKING:
+    from ..spaces.tools import ToolCall
 
 
 async def _send(http: httpx.AsyncClient, call: Call) -> Reply:
@@ -102,18 +108,18 @@ class AsyncSandbox:
         await self._run(_plans.patch(self._target, path, patch_text))
 
     async def upload(self, path: str, data: bytes, chunk: int = 1 << 20) -> int:
-        return await self._run(upload(self._target, path, data, chunk))
+        return await self._run(_plans.upload(self._target, path, data, chunk))
 
     async def download(self, path: str, chunk: int = 1 << 20) -> bytes:
-        return await self._run(download(self._target, path, chunk))
+        return await self._run(_plans.download(self._target, path, chunk))
 
     # -- checks ---------------------------------------------------------------------------------
 
     async def setup_check(self, script: str, timeout: float = 600.0) -> CheckResult:
-        return await self._run(_plans.check(self._target, "setup", script, timeout))
+        return await self._run(_plans.setup_check(self._target, script, timeout))
 
     async def compile(self, script: str, timeout: float = 600.0) -> CheckResult:
-        return await self._run(_plans.check(self._target, "compilation", script, timeout))
+        return await self._run(_plans.compile_check(self._target, script, timeout))
 
     async def run_tests(self, script: str, timeout: float = 600.0, report_glob: str = "test-*.xml") -> TestReport:
         return await self._run(_plans.run_tests(self._target, script, timeout, report_glob))
@@ -122,15 +128,18 @@ class AsyncSandbox:
                 files: list[dict[str, str]] | None = None, stdin: str = "", timeout: float = 10.0) -> ExecuteResponse:
         return await self._run(_plans.execute(self._target, language, code, args, files, stdin, timeout))
 
-    async def request(self, method: str, path: str, body: Any = None, timeout: float = 600.0) -> Any:
-        """Any sandbox endpoint (``path`` like ``/api/tools/bash``); returns the JSON answer."""
-        reply = await self._run(sandbox_call(self._target, method, path.lstrip("/"), body, timeout))
-        return reply.json()
+    async def call(self, endpoint: Endpoint[Req, Resp], request: Req | None = None) -> Resp:
+        """Any sandbox-server route (``sandbox_server.routes``) with its wire models."""
+        return await self._run(call(self._target, endpoint, request))
+
+    async def run_tool(self, tool_call: ToolCall, *, bash_timeout: float = DEFAULT_TIMEOUT) -> ToolResult:
+        """Carry out an ``idegym_env.spaces`` tool call (not ``submit``); ``bash_timeout`` is a bash
+        call's timeout when it names none. Errors are the typed exceptions, as for every call."""
+        return await self._run(_plans.run_tool(self._target, tool_call, bash_timeout))
 
     async def terminate_processes(self, grace: float = 2.0) -> int:
         """End every process a tool started (files stay); returns how many there were."""
-        result = await self.request("POST", "/api/processes/terminate", {"graceful_termination_timeout": grace}, 60)
-        return int(result["killed_processes"])
+        return await self._run(_plans.terminate_processes(self._target, grace))
 
     async def capabilities(self) -> list[str]:
         return await self._run(_plans.capabilities(self._target))

@@ -15,7 +15,8 @@
         └── ServerError           500 and other 5xx
 
 ``origin`` says who answered: ``"sandbox"`` (the sandbox server rejected the call, e.g. a missing
-file) or ``"control-plane"`` (e.g. an unknown server).
+file), ``"control-plane"`` (e.g. an unknown server) or ``"client"`` (a request that failed its wire
+model before it was sent: the same 422 items the server would have answered).
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ from __future__ import annotations
 import builtins
 import json
 from typing import Any
+
+from pydantic import ValidationError as PydanticValidationError
+
+import control_plane.errors as cp
+import sandbox_server.errors as server
+from sandbox_server.http import summarize, validation_items
 
 
 class IdeGymError(Exception):
@@ -38,14 +45,19 @@ class TimeoutError(TransportError, builtins.TimeoutError):  # noqa: A001 - mirro
 
 
 class APIError(IdeGymError):
+    """``kind`` is the server's error kind (``NotFound``, ``Gone``…; the ``error`` field of its
+    body) and ``details`` its structured details, when it sent them."""
+
     def __init__(self, status: int, message: str, body: str = "", origin: str = "control-plane",
-                 detail: Any = None) -> None:
+                 detail: Any = None, kind: str | None = None, details: dict[str, Any] | None = None) -> None:
         super().__init__(f"{status} from the {origin}: {message}")
         self.status = status
         self.message = message
         self.body = body
         self.origin = origin
         self.detail = detail
+        self.kind = kind
+        self.details = details
 
 
 class BadRequest(APIError):
@@ -84,9 +96,47 @@ class ServerError(APIError):
     pass
 
 
+# The servers' error kinds (``sandbox_server.errors``, ``control_plane.errors``) → ours.
+_BY_KIND: dict[str, type[APIError]] = {
+    server.BadRequest.kind: BadRequest,
+    server.PayloadTooLarge.kind: BadRequest,
+    server.Unprocessable.kind: ValidationError,
+    cp.Unauthorized.kind: Unauthorized,
+    server.Forbidden.kind: Unauthorized,
+    server.NotFound.kind: NotFound,
+    server.Conflict.kind: Conflict,
+    cp.Gone.kind: SandboxGone,
+    "TooManyRequests": Busy,
+    cp.Unavailable.kind: Busy,
+    server.ApiError.kind: ServerError,
+}
+
+
+def _by_status(status: int) -> type[APIError]:
+    """For an answer without a kind we know: a proxy's, an older server's, the seed's 422."""
+    if status == 422:
+        return ValidationError
+    if status in (401, 403):
+        return Unauthorized
+    if status == 404:
+        return NotFound
+    if status == 409:
+        return Conflict
+    if status == 410:
+        return SandboxGone
+    if status in (429, 503):
+        return Busy
+    if status == 499:
+        return Cancelled
+    if status >= 500:
+        return ServerError
+    return BadRequest
+
+
 def error_for(status: int, body: str, origin: str) -> APIError:
-    """The typed error for an HTTP error answer, with the server's own message."""
-    message, detail = body.strip() or f"HTTP {status}", None
+    """The typed error for an HTTP error answer (by the server's error kind, else by status), with
+    the server's own message."""
+    message, detail, kind, details = body.strip() or f"HTTP {status}", None, None, None
     try:
         data = json.loads(body)
     except ValueError:
@@ -94,23 +144,15 @@ def error_for(status: int, body: str, origin: str) -> APIError:
     if isinstance(data, dict):
         detail = data.get("detail")
         message = str(data.get("message") or (detail if isinstance(detail, str) else "") or message)
-    cls: type[APIError]
-    if status == 422:
-        cls = ValidationError
-    elif status in (401, 403):
-        cls = Unauthorized
-    elif status == 404:
-        cls = NotFound
-    elif status == 409:
-        cls = Conflict
-    elif status == 410:
-        cls = SandboxGone
-    elif status in (429, 503):
-        cls = Busy
-    elif status == 499:
-        cls = Cancelled
-    elif status >= 500:
-        cls = ServerError
-    else:
-        cls = BadRequest
-    return cls(status, message, body, origin, detail)
+        kind = data.get("error") if isinstance(data.get("error"), str) else None
+        details = data.get("details") if isinstance(data.get("details"), dict) else None
+    cls = _BY_KIND.get(kind or "") or _by_status(status)
+    return cls(status, message, body, origin, detail, kind, details)
+
+
+def invalid_request(exc: PydanticValidationError) -> ValidationError:
+    """A request that failed its wire model on the client, as the 422 the server would answer."""
+    items = validation_items(exc)
+    message = summarize(items)
+    return ValidationError(422, message, json.dumps({"detail": items, "message": message}), "client", items,
+                           server.Unprocessable.kind)

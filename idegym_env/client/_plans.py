@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+import base64
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError as PydanticValidationError
 
 from control_plane.models import (
     CreateSnapshotResponse,
@@ -15,17 +18,38 @@ from control_plane.models import (
     StartServerRequest,
     StartServerResponse,
 )
+from sandbox_server import routes
 from sandbox_server.models import (
+    BashCommandRequest,
     BashCommandResponse,
     CheckResult,
+    CompilationRequest,
+    CreateFileRequest,
+    DownloadFileChunkRequest,
+    DownloadFileChunkResponse,
+    EditFileRequest,
+    ExecuteRequest,
     ExecuteResponse,
     FileResult,
+    PatchFileRequest,
+    ResetRequest,
     ResetResult,
+    SetupRequest,
+    TerminateRequest,
     TestReport,
+    TestRequest,
+    UploadFileChunkRequest,
 )
+from sandbox_server.routes import endpoint_for
 
-from ._exceptions import ServerError
-from ._protocol import Plan, Target, cp_call, cp_operation, sandbox_call, sandbox_model
+from ._exceptions import ServerError, invalid_request
+from ._protocol import Plan, Target, call, cp_call, cp_operation, wire
+
+if TYPE_CHECKING:
+    from ..spaces.tools import ToolCall
+
+ToolResult = BashCommandResponse | FileResult | DownloadFileChunkResponse
+"""What a tool call answers: bash its output, a file write its status, a read the bytes it got."""
 
 # -- sandbox ---------------------------------------------------------------------------------------
 
@@ -33,59 +57,101 @@ from ._protocol import Plan, Target, cp_call, cp_operation, sandbox_call, sandbo
 def bash(target: Target, command: str, timeout: float, cwd: str | None, env: dict[str, str] | None,
          user: str | None, max_output_bytes: int | None, strip_output: bool,
          grace: float) -> Plan[BashCommandResponse]:
-    body = {"command": command, "cwd": cwd, "env": env or {}, "user": user, "timeout": timeout,
-            "graceful_termination_timeout": grace, "max_output_bytes": max_output_bytes,
-            "strip_output": strip_output}
-    return (yield from sandbox_model(target, "api/tools/bash", body, BashCommandResponse, timeout + grace))
+    return (yield from call(target, routes.BASH, wire(
+        BashCommandRequest, command=command, cwd=cwd, env=env or {}, user=user, timeout=timeout,
+        graceful_termination_timeout=grace, max_output_bytes=max_output_bytes, strip_output=strip_output)))
 
 
 def write_file(target: Target, path: str, content: str) -> Plan[FileResult]:
     if not isinstance(content, str):
         raise TypeError(f"write_file takes text (str), not {type(content).__name__}; "
                         "send bytes with upload(path, data)")
-    return (yield from sandbox_model(target, "api/tools/file/create", {"file_path": path, "content": content},
-                                     FileResult, 60))
+    return (yield from call(target, routes.CREATE_FILE, wire(CreateFileRequest, file_path=path, content=content)))
 
 
 def edit(target: Target, path: str, start_line: int, end_line: int, new_content: str) -> Plan[FileResult]:
-    body = {"file_path": path, "start_line": start_line, "end_line": end_line, "new_content": new_content}
-    return (yield from sandbox_model(target, "api/tools/file/edit", body, FileResult, 60))
+    return (yield from call(target, routes.EDIT_FILE, wire(
+        EditFileRequest, file_path=path, start_line=start_line, end_line=end_line, new_content=new_content)))
 
 
 def patch(target: Target, path: str, patch_text: str) -> Plan[FileResult]:
-    return (yield from sandbox_model(target, "api/tools/file/patch", {"file_path": path, "patch": patch_text},
-                                     FileResult, 60))
+    return (yield from call(target, routes.PATCH_FILE, wire(PatchFileRequest, file_path=path, patch=patch_text)))
 
 
-def check(target: Target, kind: str, script: str, timeout: float) -> Plan[CheckResult]:
-    field = {"setup": "setup_check_script", "compilation": "compilation_script"}[kind]
-    return (yield from sandbox_model(target, f"api/rewards/{kind}", {field: script, "timeout": timeout},
-                                     CheckResult, timeout + 5))
+def upload(target: Target, path: str, data: bytes, chunk: int) -> Plan[int]:
+    if chunk < 1:
+        raise ValueError("chunk must be at least 1 byte")
+    offset = 0
+    while True:
+        piece = data[offset: offset + chunk]
+        answer = yield from call(target, routes.UPLOAD_FILE, wire(
+            UploadFileChunkRequest, file_path=path, content_base64=base64.b64encode(piece).decode("ascii"),
+            offset=offset, truncate=True))
+        offset += answer.bytes_written
+        if offset >= len(data):
+            return answer.size
+
+
+def download(target: Target, path: str, chunk: int) -> Plan[bytes]:
+    parts: list[bytes] = []
+    offset = 0
+    while True:
+        answer = yield from call(target, routes.DOWNLOAD_FILE,
+                                 wire(DownloadFileChunkRequest, file_path=path, offset=offset, length=chunk))
+        piece = base64.b64decode(answer.content_base64, validate=True)
+        parts.append(piece)
+        offset += len(piece)
+        if answer.eof or not piece:
+            return b"".join(parts)
+
+
+def run_tool(target: Target, tool_call: ToolCall, bash_timeout: float) -> Plan[ToolResult]:
+    """The sandbox-server call that carries out ``tool_call`` (an ``idegym_env.spaces`` tool call)."""
+    try:
+        request = tool_call.to_request(bash_timeout)
+    except PydanticValidationError as exc:
+        raise invalid_request(exc) from None
+    if request is None:
+        raise ValueError(f"{tool_call.tool!r} is not a sandbox call: the environment carries it out")
+    return (yield from call(target, endpoint_for(request), request))
+
+
+def setup_check(target: Target, script: str, timeout: float) -> Plan[CheckResult]:
+    return (yield from call(target, routes.SETUP_CHECK, wire(SetupRequest, setup_check_script=script, timeout=timeout)))
+
+
+def compile_check(target: Target, script: str, timeout: float) -> Plan[CheckResult]:
+    return (yield from call(target, routes.COMPILATION_CHECK,
+                            wire(CompilationRequest, compilation_script=script, timeout=timeout)))
 
 
 def run_tests(target: Target, script: str, timeout: float, report_glob: str) -> Plan[TestReport]:
-    body = {"test_script": script, "timeout": timeout, "report_glob": report_glob}
-    return (yield from sandbox_model(target, "api/rewards/test", body, TestReport, timeout + 5))
+    return (yield from call(target, routes.TEST_CHECK,
+                            wire(TestRequest, test_script=script, timeout=timeout, report_glob=report_glob)))
 
 
 def reset(target: Target, timeout: float = 600.0) -> Plan[ResetResult]:
-    result = yield from sandbox_model(target, "api/project/reset", {"timeout": timeout}, ResetResult, timeout)
+    result = yield from call(target, routes.RESET_PROJECT, wire(ResetRequest, timeout=timeout))
     if result.status != "success":
         raise ServerError(500, f"project reset failed: {result.output}", result.output, "sandbox")
     return result
 
 
+def terminate_processes(target: Target, grace: float) -> Plan[int]:
+    answer = yield from call(target, routes.TERMINATE_PROCESSES,
+                             wire(TerminateRequest, graceful_termination_timeout=grace))
+    return answer.killed_processes
+
+
 def execute(target: Target, language: str, code: str, args: list[str] | None, files: list[dict[str, str]] | None,
             stdin: str, timeout: float) -> Plan[ExecuteResponse]:
-    body = {"language": language, "code": code, "args": args or [], "files": files or [], "stdin": stdin,
-            "timeout": timeout}
-    prefix = Target("/", False) if not target.via_control_plane else target
-    return (yield from sandbox_model(prefix, "execute", body, ExecuteResponse, timeout + 120))
+    return (yield from call(target, routes.EXECUTE, wire(
+        ExecuteRequest, language=language, code=code, args=args or [], files=files or [], stdin=stdin,
+        timeout=timeout)))
 
 
 def capabilities(target: Target) -> Plan[list[str]]:
-    reply = yield from sandbox_call(target, "GET", "api/capabilities", None, 30)
-    return list(reply.json()["plugins"])
+    return (yield from call(target, routes.CAPABILITIES)).plugins
 
 
 # -- control plane -------------------------------------------------------------------------------

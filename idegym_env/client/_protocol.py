@@ -11,7 +11,6 @@ the preference), the plan polls the operation like the published client does.
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from collections.abc import Generator, Mapping
@@ -19,18 +18,45 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
+from pydantic import ValidationError as PydanticValidationError
 
 from control_plane.models import AsyncOperationStatusResponse, ErrorResponse, ForwardRequestResponse
+from sandbox_server.models import ExecuteRequest, Request, TimedRequest
+from sandbox_server.routes import Endpoint
 
-from ._exceptions import APIError, TimeoutError, error_for
+from ._exceptions import APIError, TimeoutError, error_for, invalid_request
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
+Req = TypeVar("Req", bound=Request)
 
 SANDBOX_HEADER = "x-idegym-forwarded"
 FORWARD_FAILED = "Failed to forward request"
 # Seconds added to a call's own timeout before the client gives up waiting for the answer.
 SLACK = 30.0
+# What the server may take over a call that has no timeout of its own (files, capabilities)…
+UNTIMED_CALL = 120.0
+# …and what a code-runner call may spend compiling before its own run-time limit starts.
+COMPILE_ALLOWANCE = 120.0
+
+
+def seconds_for(request: Request | None) -> float:
+    """How long the sandbox server may take over ``request``; every client timeout comes from here
+    (plus ``SLACK`` for the answer to arrive)."""
+    if isinstance(request, TimedRequest):
+        return request.timeout + request.graceful_termination_timeout
+    if isinstance(request, ExecuteRequest):
+        return request.timeout + COMPILE_ALLOWANCE
+    return UNTIMED_CALL
+
+
+def wire(model: type[Req], **fields: Any) -> Req:
+    """A request body as its wire model, checked here: an invalid one raises ``ValidationError``
+    (422, the items the server would answer) without a round trip."""
+    try:
+        return model(**fields)
+    except PydanticValidationError as exc:
+        raise invalid_request(exc) from None
 
 
 @dataclass
@@ -126,9 +152,11 @@ def sandbox_call(target: Target, method: str, path: str, body: Any = None, timeo
     return _check(reply, origin)
 
 
-def sandbox_model(target: Target, path: str, body: Any, model: type[M], timeout: float = 600.0) -> Plan[M]:
-    reply = yield from sandbox_call(target, "POST", path, body, timeout)
-    return model.model_validate(reply.json())
+def call(target: Target, endpoint: Endpoint[Req, M], request: Req | None = None) -> Plan[M]:
+    """One sandbox-server route with its wire models: ``request`` in, the typed answer out."""
+    body = None if request is None else request.model_dump(mode="json")
+    reply = yield from sandbox_call(target, endpoint.method, endpoint.relative, body, seconds_for(request))
+    return endpoint.response.model_validate(reply.json())
 
 
 def cp_call(method: str, path: str, body: Any = None, params: dict[str, str] | None = None,
@@ -148,35 +176,3 @@ def cp_operation(method: str, path: str, body: Any, model: type[M], timeout: flo
     if op.status != "SUCCEEDED":
         raise _failed_operation(op, forwarded=False)
     return model.model_validate_json(op.result or "{}")
-
-
-# -- chunked transfer -----------------------------------------------------------------------------
-
-
-def upload(target: Target, path: str, data: bytes, chunk: int) -> Plan[int]:
-    if chunk < 1:
-        raise ValueError("chunk must be at least 1 byte")
-    offset = 0
-    while True:
-        piece = data[offset: offset + chunk]
-        reply = yield from sandbox_call(target, "POST", "api/tools/file/upload", {
-            "file_path": path, "content_base64": base64.b64encode(piece).decode("ascii"), "offset": offset,
-            "truncate": True}, timeout=120)
-        body = reply.json()
-        offset += int(body["bytes_written"])
-        if offset >= len(data):
-            return int(body["size"])
-
-
-def download(target: Target, path: str, chunk: int) -> Plan[bytes]:
-    parts: list[bytes] = []
-    offset = 0
-    while True:
-        reply = yield from sandbox_call(target, "POST", "api/tools/file/download",
-                                        {"file_path": path, "offset": offset, "length": chunk}, timeout=120)
-        body = reply.json()
-        piece = base64.b64decode(body["content_base64"], validate=True)
-        parts.append(piece)
-        offset += len(piece)
-        if body["eof"] or not piece:
-            return b"".join(parts)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -20,11 +20,17 @@ from control_plane.models import (
     StartServerResponse,
 )
 from sandbox_server.models import BashCommandResponse, CheckResult, ExecuteResponse, ResetResult, TestReport
+from sandbox_server.models import DEFAULT_TIMEOUT
+from sandbox_server.routes import Endpoint, Req, Resp
 
 from . import _plans
 from ._exceptions import SandboxGone, ServerError, TimeoutError, TransportError
-from ._protocol import Call, Plan, Reply, Sleep, T, Target, download, sandbox_call, upload
+from ._plans import ToolResult
+from ._protocol import Call, Plan, Reply, Sleep, T, Target, call
 from ._settings import BUILTIN_IMAGE, Settings
+
+if TYPE_CHECKING:
+    from ..spaces.tools import ToolCall
 
 
 def _send(http: httpx.Client, call: Call) -> Reply:
@@ -103,18 +109,18 @@ class Sandbox:
         self._run(_plans.patch(self._target, path, patch_text))
 
     def upload(self, path: str, data: bytes, chunk: int = 1 << 20) -> int:
-        return self._run(upload(self._target, path, data, chunk))
+        return self._run(_plans.upload(self._target, path, data, chunk))
 
     def download(self, path: str, chunk: int = 1 << 20) -> bytes:
-        return self._run(download(self._target, path, chunk))
+        return self._run(_plans.download(self._target, path, chunk))
 
     # -- checks ---------------------------------------------------------------------------------
 
     def setup_check(self, script: str, timeout: float = 600.0) -> CheckResult:
-        return self._run(_plans.check(self._target, "setup", script, timeout))
+        return self._run(_plans.setup_check(self._target, script, timeout))
 
     def compile(self, script: str, timeout: float = 600.0) -> CheckResult:
-        return self._run(_plans.check(self._target, "compilation", script, timeout))
+        return self._run(_plans.compile_check(self._target, script, timeout))
 
     def run_tests(self, script: str, timeout: float = 600.0, report_glob: str = "test-*.xml") -> TestReport:
         return self._run(_plans.run_tests(self._target, script, timeout, report_glob))
@@ -123,15 +129,18 @@ class Sandbox:
                 files: list[dict[str, str]] | None = None, stdin: str = "", timeout: float = 10.0) -> ExecuteResponse:
         return self._run(_plans.execute(self._target, language, code, args, files, stdin, timeout))
 
-    def request(self, method: str, path: str, body: Any = None, timeout: float = 600.0) -> Any:
-        """Any sandbox endpoint (``path`` like ``/api/tools/bash``); returns the JSON answer."""
-        reply = self._run(sandbox_call(self._target, method, path.lstrip("/"), body, timeout))
-        return reply.json()
+    def call(self, endpoint: Endpoint[Req, Resp], request: Req | None = None) -> Resp:
+        """Any sandbox-server route (``sandbox_server.routes``) with its wire models."""
+        return self._run(call(self._target, endpoint, request))
+
+    def run_tool(self, tool_call: ToolCall, *, bash_timeout: float = DEFAULT_TIMEOUT) -> ToolResult:
+        """Carry out an ``idegym_env.spaces`` tool call (not ``submit``); ``bash_timeout`` is a bash
+        call's timeout when it names none. Errors are the typed exceptions, as for every call."""
+        return self._run(_plans.run_tool(self._target, tool_call, bash_timeout))
 
     def terminate_processes(self, grace: float = 2.0) -> int:
         """End every process a tool started (files stay); returns how many there were."""
-        result = self.request("POST", "/api/processes/terminate", {"graceful_termination_timeout": grace}, 60)
-        return int(result["killed_processes"])
+        return self._run(_plans.terminate_processes(self._target, grace))
 
     def capabilities(self) -> list[str]:
         return self._run(_plans.capabilities(self._target))

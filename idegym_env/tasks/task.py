@@ -14,7 +14,7 @@ import shutil
 import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -28,8 +28,16 @@ from pydantic import (
     model_validator,
 )
 
+from sandbox_server.models import (
+    BashCommandRequest,
+    CompilationRequest,
+    SetupRequest,
+    TestRequest,
+    UploadFileChunkRequest,
+)
+
 from ..rewards import CheckResults, RewardFunction, RewardSpec, build_reward
-from ..spaces.tool_call import TOOL_NAMES, AnyToolCall, CreateFileCall, SandboxRequest, ToolCallSpace
+from ..spaces import TOOL_NAMES, AnyToolCall, CreateFileCall, ToolCallSpace
 
 TASK_FILE = "task.yaml"
 PROJECT_DIR = "project"
@@ -38,6 +46,7 @@ SOLUTION_DIR = "solution"
 IGNORED_NAMES = {"__pycache__", ".pytest_cache", ".mypy_cache", ".DS_Store"}
 IGNORED_SUFFIXES = (".pyc", ".pyo")
 TASK_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+Stage = Literal["setup", "compilation", "tests"]
 
 
 class TaskError(ValueError):
@@ -65,14 +74,6 @@ class TestScript(CheckScript):
 
     __test__ = False  # not a pytest class
     report_glob: str = Field("test-*.xml", min_length=1)
-
-
-class CheckRequest(NamedTuple):
-    """One check: ``POST path`` with ``body``; the response is field ``stage`` of :class:`CheckResults`."""
-
-    stage: Literal["setup", "compilation", "tests"]
-    path: str
-    body: dict[str, Any]
 
 
 def _ignored(name: str) -> bool:
@@ -257,20 +258,18 @@ class Task(BaseModel):
         """A :class:`ToolCallSpace` with the task's tools (all tools when the task names none)."""
         return ToolCallSpace(self.tools, **kwargs)
 
-    def check_requests(self) -> list[CheckRequest]:
-        """The sandbox-server requests that run the task's checks, in pipeline order."""
-        out = []
+    def check_requests(self) -> dict[Stage, SetupRequest | CompilationRequest | TestRequest]:
+        """The sandbox-server requests that run the task's checks, by stage in pipeline order; the
+        answer to each is field ``stage`` of :class:`CheckResults`."""
+        out: dict[Stage, SetupRequest | CompilationRequest | TestRequest] = {}
         if self.setup is not None:
-            out.append(CheckRequest("setup", "/api/rewards/setup",
-                                    {"setup_check_script": self.setup.script, "timeout": self.setup.timeout}))
+            out["setup"] = SetupRequest(setup_check_script=self.setup.script, timeout=self.setup.timeout)
         if self.compilation is not None:
-            out.append(CheckRequest("compilation", "/api/rewards/compilation",
-                                    {"compilation_script": self.compilation.script,
-                                     "timeout": self.compilation.timeout}))
+            out["compilation"] = CompilationRequest(compilation_script=self.compilation.script,
+                                                    timeout=self.compilation.timeout)
         if self.test is not None:
-            out.append(CheckRequest("tests", "/api/rewards/test",
-                                    {"test_script": self.test.script, "timeout": self.test.timeout,
-                                     "report_glob": self.test.report_glob}))
+            out["tests"] = TestRequest(test_script=self.test.script, timeout=self.test.timeout,
+                                       report_glob=self.test.report_glob)
         return out
 
     def check_results(
@@ -303,7 +302,7 @@ class Task(BaseModel):
                 out[rel] = path.read_bytes()
         return out
 
-    def restore_requests(self) -> list[SandboxRequest]:
+    def restore_requests(self) -> list[BashCommandRequest | UploadFileChunkRequest]:
         """Requests that put the protected paths back to their pristine state; run them before the checks.
 
         First one bash call removes every protected path (a directory goes whole, so files the
@@ -318,16 +317,15 @@ class Task(BaseModel):
         project = self._require_project("restore_requests")
         quoted = " ".join(shlex.quote(p) for p in self.protected_paths)
         # chmod first: an agent may have made its tampering read-only.
-        out = [SandboxRequest("/api/tools/bash", {
-            "command": f"chmod -R u+w -- {quoted} 2>/dev/null; rm -rf -- {quoted}", "timeout": 60})]
+        out: list[BashCommandRequest | UploadFileChunkRequest] = [BashCommandRequest(
+            command=f"chmod -R u+w -- {quoted} 2>/dev/null; rm -rf -- {quoted}", timeout=60)]
         for rel, data in files.items():
-            out.append(SandboxRequest("/api/tools/file/upload", {
-                "file_path": rel, "content_base64": base64.b64encode(data).decode("ascii"),
-                "offset": 0, "truncate": True}))
+            out.append(UploadFileChunkRequest(file_path=rel, content_base64=base64.b64encode(data).decode("ascii"),
+                                              offset=0, truncate=True))
         executable = [rel for rel in files if os.stat(project / rel).st_mode & stat.S_IXUSR]
         if executable:
-            out.append(SandboxRequest("/api/tools/bash", {
-                "command": "chmod +x -- " + " ".join(shlex.quote(p) for p in executable), "timeout": 60}))
+            out.append(BashCommandRequest(
+                command="chmod +x -- " + " ".join(shlex.quote(p) for p in executable), timeout=60))
         return out
 
     def copy_project(self, destination: Path | str) -> Path:
@@ -358,5 +356,5 @@ class Task(BaseModel):
         return f"Task(id={self.id!r}, language={self.language!r}, title={self.title!r})"
 
 
-__all__ = ["Task", "TaskError", "CheckScript", "TestScript", "CheckRequest", "hash_files", "iter_files",
+__all__ = ["Task", "TaskError", "CheckScript", "TestScript", "Stage", "hash_files", "iter_files",
            "TASK_FILE", "PROJECT_DIR", "SOLUTION_DIR"]

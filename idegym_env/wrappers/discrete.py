@@ -27,7 +27,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from ..spaces.tool_call import InvalidAction, SubmitCall, ToolCall, ToolCallSpace
+from ..spaces import InvalidAction, SubmitCall, ToolCall, ToolCallSpace
 
 LABEL_WIDTH = 80
 

@@ -1,0 +1,64 @@
+"""The sandbox server's API, one line per route: method, path, request model, response model.
+
+The server's route table (``app.ROUTES``) and the client (``idegym_env.client``) both read these,
+so a path or a body shape is written once. A request model belongs to exactly one route, so the
+route of a request is found from its type (:func:`endpoint_for`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel
+
+from . import models as m
+from .models import Request
+
+Req = TypeVar("Req", bound=Request)
+Resp = TypeVar("Resp", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Endpoint(Generic[Req, Resp]):
+    method: str
+    path: str  # absolute: "/api/tools/bash"
+    request: type[Req] | None  # None: no body (GET)
+    response: type[Resp]
+
+    @property
+    def relative(self) -> str:
+        """The path without its leading slash, to join onto a prefix (a forward URL)."""
+        return self.path.lstrip("/")
+
+
+BASH = Endpoint("POST", "/api/tools/bash", m.BashCommandRequest, m.BashCommandResponse)
+CREATE_FILE = Endpoint("POST", "/api/tools/file/create", m.CreateFileRequest, m.FileResult)
+EDIT_FILE = Endpoint("POST", "/api/tools/file/edit", m.EditFileRequest, m.FileResult)
+PATCH_FILE = Endpoint("POST", "/api/tools/file/patch", m.PatchFileRequest, m.FileResult)
+UPLOAD_FILE = Endpoint("POST", "/api/tools/file/upload", m.UploadFileChunkRequest, m.UploadFileChunkResponse)
+DOWNLOAD_FILE = Endpoint("POST", "/api/tools/file/download", m.DownloadFileChunkRequest, m.DownloadFileChunkResponse)
+SETUP_CHECK = Endpoint("POST", "/api/rewards/setup", m.SetupRequest, m.CheckResult)
+COMPILATION_CHECK = Endpoint("POST", "/api/rewards/compilation", m.CompilationRequest, m.CheckResult)
+TEST_CHECK = Endpoint("POST", "/api/rewards/test", m.TestRequest, m.TestReport)
+RESET_PROJECT = Endpoint("POST", "/api/project/reset", m.ResetRequest, m.ResetResult)
+TERMINATE_PROCESSES = Endpoint("POST", "/api/processes/terminate", m.TerminateRequest, m.TerminateResult)
+HEALTH = Endpoint("GET", "/api/health", None, m.HealthResponse)
+CAPABILITIES = Endpoint("GET", "/api/capabilities", None, m.CapabilitiesResponse)
+EXECUTE = Endpoint("POST", "/execute", m.ExecuteRequest, m.ExecuteResponse)
+LANGUAGES = Endpoint("GET", "/execute/languages", None, m.LanguagesResponse)
+OPENAPI = "/openapi.json"
+
+ENDPOINTS: tuple[Endpoint[Any, Any], ...] = (
+    BASH, CREATE_FILE, EDIT_FILE, PATCH_FILE, UPLOAD_FILE, DOWNLOAD_FILE, SETUP_CHECK, COMPILATION_CHECK,
+    TEST_CHECK, RESET_PROJECT, TERMINATE_PROCESSES, HEALTH, CAPABILITIES, EXECUTE, LANGUAGES,
+)
+_BY_REQUEST: dict[type[Request], Endpoint[Any, Any]] = {e.request: e for e in ENDPOINTS if e.request is not None}
+
+
+def endpoint_for(request: Req) -> Endpoint[Req, Any]:
+    """The route that takes ``request`` (by its model type)."""
+    try:
+        return _BY_REQUEST[type(request)]
+    except KeyError:
+        raise TypeError(f"{type(request).__name__} is not the request of any sandbox-server route") from None
