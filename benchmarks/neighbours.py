@@ -109,7 +109,8 @@ def run() -> Result:
     base = stats[0].median_ms
     result.figures = {"load_average_at_start": round(load, 2), "burner_loops": loops, "bomb_processes": bomb_pids,
                       "bomb_stop_seconds": round(stop_s, 3),
-                      "burner_ratio": round(stats[1].median_ms / base, 2), "bomb_ratio": round(stats[2].median_ms / base, 2)}
+                      "burner_ratio": round(stats[1].median_ms / base, 2),
+                      "bomb_ratio": round(stats[2].median_ms / base, 2)}
     result.targets = {
         "burner": check_target("neighbour p50 with a burner / idle p50", stats[1].median_ms / base, 3.0, "x"),
         "bomb": check_target("neighbour p50 with a fork bomb / idle p50", stats[2].median_ms / base, 3.0, "x"),

@@ -65,7 +65,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="local backend: bubblewrap sandboxes (auto uses them when available)")
     parser.add_argument("--network", action="store_true", default=_default("NETWORK", cfg.network, bool),
                         help="local backend: give sandboxes network access (off by default)")
-    parser.add_argument("--sandbox-storage", type=_bytes, default=_default("SANDBOX_STORAGE", cfg.sandbox_storage, _bytes),
+    parser.add_argument("--sandbox-storage", type=_bytes,
+                        default=_default("SANDBOX_STORAGE", cfg.sandbox_storage, _bytes),
                         metavar="BYTES", help="local backend: what a sandbox may write when its request sets no "
                         f"ephemeral-storage, e.g. 8Gi; 0: unbounded [$IDEGYM_CONTROL_PLANE_SANDBOX_STORAGE, default "
                         f"{cfg.sandbox_storage >> 30}Gi]")

@@ -122,7 +122,7 @@ class Operations:
         try:
             await asyncio.wait_for(event.wait(), timeout)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
 
     async def shutdown(self, grace: float = 5.0) -> None:

@@ -109,7 +109,8 @@ def on_host() -> list[Found]:
                 continue
             for group in keydir.iterdir():
                 if group.is_dir() and not any(f.name == group.name and f.space.endswith(keydir.name) for f in found):
-                    groups = {c: str(m / CGROUP_PARENT / keydir.name / group.name) for c, m in controller_mounts().items()}
+                    groups = {c: str(m / CGROUP_PARENT / keydir.name / group.name)
+                              for c, m in controller_mounts().items()}
                     procs = Cgroups.procs(groups)
                     state = _state_of(procs)
                     found.append(Found(group.name, f"cgroups {CGROUP_PARENT}/{keydir.name}",

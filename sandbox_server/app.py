@@ -14,16 +14,15 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import BaseModel
 
-from . import __version__
+from . import __version__, routes, web
 from .config import ServerConfig
 from .errors import ApiError, BadRequest, Forbidden, Unprocessable, render
 from .files import FileTools
-from . import routes, web
 from .http import parse_model
 from .junit import find_reports, fresh_reports, parse_reports
 from .models import (
@@ -45,19 +44,19 @@ from .models import (
     ResetResult,
     SetupRequest,
     Status,
-    TestReport,
-    TestRequest,
     TerminateRequest,
     TerminateResult,
+    TestReport,
+    TestRequest,
     TestScores,
     UploadFileChunkRequest,
     UploadFileChunkResponse,
 )
 from .openapi import Route, build_openapi
 from .process import MemoryEvents, ProcessResult, Supervisor, UserSpec
-from .tool_cgroups import ToolCgroups
 from .project import CopyProject, OverlayProject, Project, prepare_pristine
 from .runner import CodeRunner
+from .tool_cgroups import ToolCgroups
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)

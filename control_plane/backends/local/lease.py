@@ -5,7 +5,8 @@ renewal, its content the time-to-live in seconds) from a thread of its own, so a
 never lets it lapse. Every sandbox gets a monitor: a small shell process outside the sandbox, in
 its own session (it survives the control plane), that looks at the lease every ``interval``
 seconds and exits once the sandbox is gone (if only its directory is gone, with processes left in
-its cgroups — its state directory was removed under it — it ends them). When the lease has not been renewed for its TTL it
+its cgroups — its state directory was removed under it — it ends them). When the lease has not
+been renewed for its TTL it
 ends the sandbox the way ``teardown.py`` does, with host tools only: it freezes and kills every
 process in the sandbox's cgroups and its recorded processes (the namespace's init ends the rest),
 unmounts what the sandbox has mounted on the host, and removes its directories and cgroups.
