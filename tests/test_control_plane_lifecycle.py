@@ -171,7 +171,8 @@ def _is_pool_member(pid: int) -> bool:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True
-    return b"sandbox_server" in cmd or b"bwrap" in cmd
+    # (a pool sandbox's lease monitor names the pool sandbox's directory)
+    return b"sandbox_server" in cmd or b"bwrap" in cmd or (b"idegym-lease" in cmd and b"/sandboxes/pool-" in cmd)
 
 
 def test_orphaned_sandboxes_are_swept(cp_local: ControlPlaneProcess) -> None:
