@@ -40,12 +40,16 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do recs="$recs $1"; shift; done
 [ $# -gt 0 ] && shift
 groups=$*
 procs() { for g in $groups; do find "$g" -name cgroup.procs -exec cat {} + 2>/dev/null; done; }
+cd "$sb" || exit 0  # the working directory follows the sandbox's directory if it is moved
 while :; do
   sleep "$interval"
-  if [ ! -e "$sb" ]; then  # deleted; or its state directory was removed under a running sandbox
-    [ -n "$(procs)" ] && break
-    exit 0
-  fi
+  here=$(readlink "/proc/$$/cwd")
+  case $here in
+    *" (deleted)")  # deleted; or its state directory was removed under a running sandbox
+      [ -n "$(procs)" ] && break
+      exit 0 ;;
+    *) sb=$here ;;
+  esac
   now=$(date +%s)
   renewed=$(stat -c %Y "$lease" 2>/dev/null || echo 0)
   given=$(cat "$lease" 2>/dev/null)
