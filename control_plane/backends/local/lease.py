@@ -74,10 +74,17 @@ while [ $i -lt 100 ] && [ -n "$(procs)" ]; do
 done
 grep " $sb/" /proc/self/mountinfo | cut -d' ' -f5 | sort -r | while read -r m; do umount -l "$m"; done
 rm -rf "$sb" "$run" "$run.sock"
-for g in $groups; do
-  find "$g" -depth -type d -exec rmdir {} + 2>/dev/null
-  rmdir "${g%/*}" "${g%/*/*}" 2>/dev/null
+i=0
+while [ $i -lt 50 ]; do  # a killed task leaves its group a moment after it left cgroup.procs
+  left=
+  for g in $groups; do
+    find "$g" -depth -type d -exec rmdir {} + 2>/dev/null
+    [ -d "$g" ] && left=1
+  done
+  [ -z "$left" ] && break
+  sleep 0.1; i=$((i + 1))
 done
+for g in $groups; do rmdir "${g%/*}" "${g%/*/*}" 2>/dev/null; done
 exit 0
 """
 
