@@ -24,6 +24,10 @@ system-deps:  ## Debian packages: bubblewrap (sandbox isolation), util-linux, ip
 	     echo "WARNING: could not install bubblewrap; sandboxes will run WITHOUT isolation"; \
 	  else echo "WARNING: bwrap not found and apt-get unavailable; sandboxes will run WITHOUT isolation"; fi; \
 	fi
+	@# mkfs.ext4 bounds each sandbox's writes (its layers are an ext4 image of their own)
+	@command -v mkfs.ext4 >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  apt-get install -y -q e2fsprogs >/dev/null 2>&1; } || \
+	  echo "WARNING: no mkfs.ext4 (e2fsprogs): sandbox storage is NOT bounded by default"
 
 $(VENV)/.stamp: pyproject.toml
 	@echo "creating $(VENV) and installing idegym[$(EXTRAS)] (first run takes a few minutes)"
