@@ -461,8 +461,12 @@ def test_a_stuck_stop_ends_deletion_failed_and_the_watcher_retries(tmp_path: Pat
         cp.bash(client, sid, "sleep 1000 >/dev/null 2>&1 &")
         sandbox = next(p for p in (state / "sandboxes").iterdir())
         pids = next(Path(p) for p in Path("/sys/fs/cgroup/pids").glob(f"idegym/*/{sandbox.name}"))
-        victim = next(int(p) for root, _, _ in os.walk(pids) for p in Path(root, "cgroup.procs").read_text().split()
-                      if Path(f"/proc/{p}/comm").read_text().strip() == "sleep")
+        def sleepers() -> list[int]:
+            procs = [int(p) for root, _, _ in os.walk(pids) for p in Path(root, "cgroup.procs").read_text().split()]
+            return [p for p in procs if Path(f"/proc/{p}/comm").read_text().strip() == "sleep"]
+
+        assert wait_for(sleepers, 5)
+        victim = sleepers()[0]
         _freeze_elsewhere(victim, group)
         started = time.monotonic()
         stop = cp.http.request("DELETE", "/api/idegym-servers", json={"client_id": client, "server_id": sid})

@@ -42,7 +42,7 @@ groups=$*
 procs() { for g in $groups; do find "$g" -name cgroup.procs -exec cat {} + 2>/dev/null; done; }
 cd "$sb" || exit 0  # the working directory follows the sandbox's directory if it is moved
 while :; do
-  sleep "$interval"
+  PWD=/ sleep "$interval"  # (its environment need not name the sandbox)
   here=$(readlink "/proc/$$/cwd")
   case $here in
     *" (deleted)")  # deleted; or its state directory was removed under a running sandbox
