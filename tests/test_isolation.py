@@ -475,8 +475,9 @@ def test_a_stuck_stop_ends_deletion_failed_and_the_watcher_retries(tmp_path: Pat
         assert op["status"] == "FAILED", op
         status = cp.status(client, sid)
         assert status["availability"] == "DELETION_FAILED" and f"{victim} (" in status["details"], status
+        assert sandbox.exists()  # kept for the retry, with its record
         (group / "freezer.state").write_text("THAWED")
-        assert wait_for(lambda: not sandbox.exists(), 30), "the watcher did not retry the delete"
+        assert wait_for(lambda: not sandbox.exists() and not pids.exists(), 30), "the watcher did not retry the delete"
     finally:
         if group.exists():
             (group / "freezer.state").write_text("THAWED")

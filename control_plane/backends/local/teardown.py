@@ -49,12 +49,6 @@ def kill(name: str, space: Space, data: dict[str, Any] | None, isolation: str, p
     cgroups = {c: p for c, p in (data.get("cgroups") or space.cgroups.paths(name)).items() if os.path.isdir(p)}
     recorded = {key: data[key][0] for key in ("init", "server", "monitor")
                 if key in data and procfs.recorded_alive(data[key])}
-    lease = data.get("lease_monitor")
-    if lease and procfs.recorded_alive(lease):
-        try:  # its session: the monitor and the sleep it waits in
-            os.killpg(lease[0], signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
     bwrap = data.get("isolation", isolation) == "bwrap"
     monitor = recorded.pop("monitor", None) if bwrap else None
     victims = set(recorded.values())
@@ -80,6 +74,12 @@ def kill(name: str, space: Space, data: dict[str, Any] | None, isolation: str, p
             procfs.kill(monitor, signal.SIGKILL)
             left += procfs.wait_gone([monitor], 0.5)
     problems = [f"processes {describe(left)} did not end within {KILL_TIMEOUT:g} s"] if left else []
+    lease = data.get("lease_monitor")
+    if not left and lease and procfs.recorded_alive(lease):  # while processes are left, it keeps watching
+        try:  # its session: the monitor and the sleep it waits in
+            os.killpg(lease[0], signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     return sb, run, cgroups, problems
 
 
@@ -106,9 +106,13 @@ def destroy(name: str, space: Space, data: dict[str, Any] | None, isolation: str
     """Kill, unmount, remove; raises ``BackendError`` naming what was left behind."""
     step = progress or (lambda _: None)
     sb, run, cgroups, problems = kill(name, space, data, isolation, progress)
+    if problems:
+        # Processes are left: its files and record stay (they may still be in use), so that the
+        # next attempt (the watcher's orphan sweep) finds everything and finishes the job.
+        raise BackendError(f"deleting sandbox {name!r} left something behind: {'; '.join(problems)}")
     step("removing the sandbox's cgroups, mounts and files")
     if cgroups:
-        stuck = Cgroups.remove(cgroups, 0.1 if problems else 2.0)
+        stuck = Cgroups.remove(cgroups)
         if stuck:
             problems.append(f"cgroups {stuck} could not be removed")
     for base in (sb, run):
