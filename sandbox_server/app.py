@@ -25,6 +25,7 @@ from .errors import ApiError, BadRequest, Forbidden, Unprocessable, render
 from .files import FileTools
 from .http import parse_model
 from .junit import find_reports, fresh_reports, parse_reports
+from .memory_events import MemoryEvents
 from .models import (
     BashCommandRequest,
     BashCommandResponse,
@@ -53,7 +54,7 @@ from .models import (
     UploadFileChunkResponse,
 )
 from .openapi import Route, build_openapi
-from .process import MemoryEvents, ProcessResult, Supervisor, UserSpec
+from .process import ProcessResult, Supervisor, UserSpec
 from .project import CopyProject, OverlayProject, Project, prepare_pristine
 from .runner import CodeRunner
 from .tool_cgroups import ToolCgroups

@@ -20,7 +20,7 @@ control-plane failures for the published client.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import Any, ClassVar
 
@@ -112,7 +112,7 @@ def render(error: ApiError) -> bytes:
         error=error.kind,
         message=error.message,
         detail=error.message,  # where FastAPI-style clients look
-        timestamp=datetime.now(timezone.utc).isoformat(),
+        timestamp=datetime.now(UTC).isoformat(),
         details=error.details or None,
     ).model_dump_json(exclude_none=True).encode()
 

@@ -14,7 +14,9 @@ CAP_SYS_ADMIN or CAP_SYS_PTRACE: the server drops them from its bounding set at 
 them for itself), so tools cannot undo the sandbox's read-only mounts or take over the server.
 (No ``preexec_fn``: it would cost every call a few milliseconds.) Tools are the OOM killer's first
 choice (oom_score_adj), and when the sandbox's memory cgroup counts an OOM kill during a
-command, its result says so.
+command, its result says so. With delegated tool cgroups (``tool_cgroups.py``) every tool is
+started from a spawner thread that lives in the tools' groups, and ``Supervisor.stage`` runs a
+stage in child groups it empties at the end.
 """
 
 from __future__ import annotations
@@ -37,9 +39,11 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from . import procfs
+from .memory_events import MemoryEvents
 from .output import BoundedOutput
 from .polling import until
 from .tool_cgroups import ToolCgroups
+from .trees import freeze_trees, marked_processes, pipe_holders, signal_group_and_holders
 
 log = logging.getLogger(__name__)
 
@@ -106,41 +110,6 @@ def drop_tool_capabilities() -> bool:
         if _libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1 and _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             return False
     return True
-
-
-class MemoryEvents:
-    """The sandbox's OOM-kill counter: ``oom_kill`` of a cgroup v1 ``memory.oom_control`` or a v2
-    ``memory.events`` file (the local backend binds its sandbox's file in; a pod sees its own v2
-    file, which the root of a host's hierarchy does not have, so no host-wide count is taken)."""
-
-    DEFAULT_PATHS = ("/sys/fs/cgroup/memory.events",)
-
-    def __init__(self, path: str | os.PathLike | None = None) -> None:
-        candidates = [str(path)] if path else list(self.DEFAULT_PATHS)
-        self.path = next((p for p in candidates if self._read(p) is not None), None)
-
-    @staticmethod
-    def _read(path: str) -> int | None:
-        """The file's ``oom_kill``; for a v1 ``memory.oom_control``, summed with its child groups'
-        (v1 counts a kill in the victim's own group, e.g. a stage's)."""
-        files = [path]
-        if os.path.basename(path) == "memory.oom_control":
-            parent = os.path.dirname(path)
-            files += [os.path.join(root, "memory.oom_control") for root, _, _ in os.walk(parent) if root != parent]
-        total = None
-        for name in files:
-            try:
-                with open(name, "rb") as fh:
-                    for line in fh.read().splitlines():
-                        key, _, value = line.partition(b" ")
-                        if key == b"oom_kill":
-                            total = (total or 0) + int(value)
-            except (OSError, ValueError):
-                continue
-        return total
-
-    def count(self) -> int | None:
-        return None if self.path is None else self._read(self.path)
 
 
 class _Job:
@@ -418,7 +387,7 @@ class Supervisor:
         for pid in holders:
             family.update(procfs.descendants(pid, tree))
         family |= holders
-        _signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGTERM)
+        signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGTERM)
         for pid in family:
             procfs.kill(pid, signal.SIGTERM)
 
@@ -427,8 +396,8 @@ class Supervisor:
 
         if not await until(settled, grace, first=0.001, cap=0.01):
             roots = {p for p in family if procfs.alive(p)} | ({job.pid} if job.exit_code is None else set())
-            frozen = _freeze_trees(roots, include_roots=True)
-            _signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGKILL)
+            frozen = freeze_trees(roots, include_roots=True)
+            signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGKILL)
             for pid in frozen:
                 procfs.kill(pid, signal.SIGKILL)
             await until(settled, 0.3, first=0.005, cap=0.005)
@@ -466,7 +435,7 @@ class Supervisor:
         await until(lambda: not any(procfs.alive(p) for p in victims), grace, first=0.001)
         # Stop everything still there (and what it forks meanwhile), then kill it all: a fork
         # bomb or a daemon that respawns on SIGTERM cannot outrun one scan-and-kill pass.
-        survivors = _freeze_trees({os.getpid()}, include_roots=False)
+        survivors = freeze_trees({os.getpid()}, include_roots=False)
         for pid in survivors:
             procfs.kill(pid, signal.SIGKILL)
         await until(lambda: not any(procfs.alive(p) for p in survivors), 2.0, first=0.005, cap=0.005)
@@ -530,72 +499,3 @@ async def _feed_stdin(loop: asyncio.AbstractEventLoop, fd: int, data: bytes) -> 
         pass
     finally:
         os.close(fd)
-
-
-def _freeze_trees(roots: set[int], include_roots: bool, rounds: int = 200) -> set[int]:
-    """SIGSTOP every live descendant of ``roots`` (and the roots themselves if asked), looking
-    again until a scan finds nothing new; returns the stopped processes. A stopped process
-    cannot fork, exit or re-parent its children, so the set stops growing."""
-    me = os.getpid()
-    frozen: set[int] = set()
-    for _ in range(rounds):
-        children = procfs.process_tree()
-        found = {p for p in roots if p != me and procfs.alive(p)} if include_roots else set()
-        stack = list(roots | frozen)
-        while stack:
-            for child in children.get(stack.pop(), ()):
-                if child not in found and child != me:
-                    found.add(child)
-                    stack.append(child)
-        new = found - frozen
-        if not new:
-            break
-        for pid in new:
-            procfs.kill(pid, signal.SIGSTOP)
-        frozen |= new
-    return frozen
-
-
-def _signal_group_and_holders(pgid: int, pipe_ids: set[int], sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for pid in pipe_holders(pipe_ids):
-        procfs.kill(pid, sig)
-
-
-def marked_processes(mark: bytes) -> set[int]:
-    """Descendants of this server whose environment holds ``mark`` (one command's processes,
-    including those that left its process tree)."""
-    found = set()
-    for pid in procfs.descendants(os.getpid()):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                if mark in fh.read().split(b"\0"):
-                    found.add(pid)
-        except OSError:
-            continue
-    return found
-
-
-def pipe_holders(pipe_inodes: set[int]) -> list[int]:
-    """Processes (other than us) holding one of the given pipes open."""
-    targets = {f"pipe:[{ino}]" for ino in pipe_inodes}
-    me = os.getpid()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            for fd in os.scandir(f"/proc/{entry.name}/fd"):
-                try:
-                    if os.readlink(fd.path) in targets:
-                        found.append(int(entry.name))
-                        break
-                except OSError:
-                    continue
-        except OSError as exc:
-            if exc.errno not in (errno.ENOENT, errno.EACCES, errno.ESRCH, errno.EPERM):
-                raise
-    return found
