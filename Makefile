@@ -6,16 +6,17 @@ VENV       := .venv
 CLIENT_VENV:= .venv-client
 PY         := $(VENV)/bin/python
 PIP        := $(PY) -m pip --quiet --disable-pip-version-check
-EXTRAS     ?= dev,kubernetes,openenv,ray
+EXTRAS     ?= dev,kubernetes,openenv,ray,trl,skyrl,mcp
+HARBOR_VENV:= .venv-harbor
 # The published idegym-client 0.13.1 needs Python >= 3.12; pyenv keeps one off PATH.
 PYTHON312  ?= $(shell command -v python3.12 >/dev/null 2>&1 && python3.12 -c pass 2>/dev/null && echo python3.12 || ls -1d $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 2>/dev/null | head -n1)
 
-.PHONY: help demo test test-all test-slow bench system-deps venv demo-venv client-venv gym-versions clean
+.PHONY: help lint demo test test-all test-slow bench system-deps net-deps venv demo-venv client-venv harbor-venv gym-versions clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-system-deps:  ## Debian packages: bubblewrap (sandbox isolation), util-linux, iproute2
+system-deps:  ## Debian packages: bubblewrap (sandbox isolation), mmdebstrap + buildah (OCI images), util-linux, iproute2
 	@if ! command -v bwrap >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing bubblewrap (apt-get)"; \
@@ -28,13 +29,25 @@ system-deps:  ## Debian packages: bubblewrap (sandbox isolation), util-linux, ip
 	@command -v mkfs.ext4 >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  apt-get install -y -q e2fsprogs >/dev/null 2>&1; } || \
 	  echo "WARNING: no mkfs.ext4 (e2fsprogs): sandbox storage is NOT bounded by default"
+	@# OCI images (issue 15): Debian bases from mmdebstrap, Dockerfile builds with buildah; the
+	@# registry (docker-registry) serves the tests of `idegym images push` and registry mirrors.
+	@missing=""; for tool in mmdebstrap:mmdebstrap buildah:buildah docker-registry:docker-registry; do \
+	  command -v $${tool%%:*} >/dev/null 2>&1 || missing="$$missing $${tool#*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing$$missing (apt-get)"; \
+	    (apt-get install -y -q $$missing >/dev/null 2>&1 || \
+	     (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $$missing >/dev/null)) || \
+	     echo "WARNING: could not install$$missing; OCI image builds (Dockerfiles, debian/python bases) will fail"; \
+	  else echo "WARNING:$$missing not found and apt-get unavailable; OCI image builds will fail"; fi; \
+	fi
 
 $(VENV)/.stamp: pyproject.toml
 	@echo "creating $(VENV) and installing idegym[$(EXTRAS)] (first run takes a few minutes)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PIP) install --upgrade pip setuptools wheel
 	@# RLlib needs torch; this pin takes the CPU build that lies on disk instead of a multi-GB CUDA download.
-	@case ",$(EXTRAS)," in *,ray,*) $(PIP) install torch==2.13.0 ;; esac
+	@case ",$(EXTRAS)," in *,ray,*|*,trl,*) $(PIP) install torch==2.13.0 ;; esac
 	@$(PIP) install -e '.[$(EXTRAS)]'
 	@touch $@ $(VENV)/.stamp-demo
 
@@ -46,7 +59,18 @@ $(VENV)/.stamp-demo: pyproject.toml
 	@$(PIP) install -e .
 	@touch $@
 
-venv: system-deps $(VENV)/.stamp  ## create .venv with everything the tests need
+# Sandboxes allowed the network get their own network namespace with user-mode networking.
+net-deps:  ## Debian package slirp4netns (networking for sandboxes allowed the network)
+	@if ! command -v slirp4netns >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing slirp4netns (apt-get)"; \
+	    (apt-get install -y -q slirp4netns >/dev/null 2>&1 || \
+	     (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q slirp4netns >/dev/null)) || \
+	     echo "WARNING: could not install slirp4netns; sandboxes with network will not start"; \
+	  else echo "WARNING: slirp4netns not found and apt-get unavailable; sandboxes with network will not start"; fi; \
+	fi
+
+venv: system-deps net-deps $(VENV)/.stamp  ## create .venv with everything the tests need
 
 demo-venv: system-deps $(VENV)/.stamp-demo  ## create .venv with what the demo needs
 
@@ -58,6 +82,16 @@ $(CLIENT_VENV)/.stamp:
 	@touch $@
 
 client-venv: $(CLIENT_VENV)/.stamp  ## Python 3.12 venv with the published idegym-client
+
+# Harbor needs Python >= 3.12: its own venv with Harbor and this package (editable) for its CLI.
+$(HARBOR_VENV)/.stamp: pyproject.toml
+	@test -n "$(PYTHON312)" || { echo "ERROR: Python 3.12 not found (needed for harbor)"; exit 1; }
+	@echo "creating $(HARBOR_VENV) with idegym[harbor] on $(PYTHON312)"
+	@test -x $(HARBOR_VENV)/bin/python || $(PYTHON312) -m venv $(HARBOR_VENV)
+	@$(HARBOR_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[harbor]'
+	@touch $@
+
+harbor-venv: $(HARBOR_VENV)/.stamp  ## Python 3.12 venv with Harbor and idegym[harbor]
 
 # Gymnasium at both ends of the supported range, beside the venv's own (Ray pins 1.2.2): the tests
 # run the env against each by putting one of these first on PYTHONPATH.
@@ -71,14 +105,17 @@ gym-versions: $(foreach v,$(GYM_VERSIONS),.gym-versions/$(v)/.stamp)
 demo: demo-venv  ## run real episodes end to end on the embedded local control plane
 	@$(VENV)/bin/idegym demo
 
-test: venv client-venv gym-versions  ## the test suite (everything but `slow`)
+lint: venv  ## ruff over the whole repository (configured in pyproject.toml)
+	@$(VENV)/bin/ruff check .
+
+test: venv client-venv harbor-venv gym-versions lint  ## lint, then the test suite (everything but `slow`)
 	@$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
 
-test-slow: venv client-venv gym-versions  ## only the long-running tests
+test-slow: venv client-venv harbor-venv gym-versions  ## only the long-running tests
 	@$(VENV)/bin/pytest -m slow $(PYTEST_ARGS)
 
-bench: venv client-venv  ## the benchmark suite; writes benchmarks/results/
+bench: venv client-venv harbor-venv  ## the benchmark suite; writes benchmarks/results/
 	@$(PY) -m benchmarks $(BENCH)
 
 clean:  ## remove the virtual environments
-	rm -rf $(VENV) $(CLIENT_VENV) .gym-versions
+	rm -rf $(VENV) $(CLIENT_VENV) $(HARBOR_VENV) .gym-versions

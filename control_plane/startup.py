@@ -116,10 +116,12 @@ def lifecycle_context(cp: ControlPlane, watcher: Watcher, images: ImageJobs, shu
 def make_backend(config: ControlPlaneConfig) -> Backend:
     if config.backend == "local":
         from .backends.local import LocalBackend
+        from .backends.local.oci.settings import OciSettings
 
+        oci = OciSettings.from_env(registry=config.image_registry, cache_dir=config.image_cache)
         return LocalBackend(config.state_dir, isolation=config.isolation, network=config.network,
                             storage_bytes=config.sandbox_storage, storage_inodes=config.sandbox_inodes,
-                            orphan_ttl=config.orphan_ttl)
+                            orphan_ttl=config.orphan_ttl, oci=oci)
     if config.backend == "kubernetes":
         from .backends.kubernetes import KubernetesBackend, KubernetesConfig
 

@@ -51,6 +51,16 @@ def main(argv: list[str] | None = None) -> None:
 
     add_sandboxes_arguments(sandboxes)
 
+    mcp = sub.add_parser("mcp", help="serve IdeGym episodes as MCP tools (stdio or streamable HTTP)",
+                         description="IdeGym episodes for MCP clients (pip install 'idegym[mcp]').")
+    mcp_sub = mcp.add_subparsers(dest="mcp_command", required=True, metavar="COMMAND")
+    mcp_serve = mcp_sub.add_parser("serve", help="run an MCP server whose tools act on an IdeGym episode",
+                                   description="Run an MCP server whose tools (reset, bash, file tools, run_checks, "
+                                               "submit) act on an IdeGym episode.")
+    from .integrations.mcp_cli import add_serve_arguments as add_mcp_arguments
+
+    add_mcp_arguments(mcp_serve)
+
     sub.add_parser("demo", help="run a short real session end to end and print what happened",
                    description="Run a short real session end to end and print what happened.")
 
@@ -62,6 +72,21 @@ def main(argv: list[str] | None = None) -> None:
                               description=EVAL_DESCRIPTION, epilog=EVAL_EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_eval_arguments(evaluate)
+
+    from control_plane.backends.local.oci.cli import DESCRIPTION as IMAGES_DESCRIPTION
+    from control_plane.backends.local.oci.cli import add_arguments as add_images_arguments
+
+    images = sub.add_parser("images", help="the local image store: list, push to a registry",
+                            description=IMAGES_DESCRIPTION)
+    add_images_arguments(images)
+    from .tasks.sources.validate import DESCRIPTION as TASKS_DESCRIPTION
+    from .tasks.sources.validate import EPILOG as TASKS_EPILOG
+    from .tasks.sources.validate import add_tasks_arguments
+
+    tasks = sub.add_parser("tasks", help="list, show and validate the tasks of a source",
+                           description=TASKS_DESCRIPTION, epilog=TASKS_EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_tasks_arguments(tasks)
 
     args = parser.parse_args(argv)
     if args.command == "sandbox":
@@ -80,14 +105,26 @@ def main(argv: list[str] | None = None) -> None:
         from control_plane.sandboxes_cli import run as run_sandboxes
 
         sys.exit(run_sandboxes(args))
+    elif args.command == "mcp":
+        from .integrations.mcp import run_serve as run_mcp
+
+        sys.exit(run_mcp(args))
     elif args.command == "demo":
         from .demo import main as demo
 
         sys.exit(demo())
+    elif args.command == "tasks":
+        from .tasks.sources.validate import run_tasks_command
+
+        sys.exit(run_tasks_command(args))
     elif args.command == "eval":
         from .eval.cli import run_eval
 
         sys.exit(run_eval(args))
+    elif args.command == "images":
+        from control_plane.backends.local.oci.cli import run as run_images
+
+        sys.exit(run_images(args))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,11 @@ from . import __version__, routes, web
 from .config import ServerConfig
 from .errors import ApiError, BadRequest, Forbidden, Unprocessable, render
 from .files import FileTools
+from .grading.export import export as export_project
+from .grading.grade import grade as grade_project
+from .grading.models import ExportRequest, GradeRequest
 from .http import parse_model
+from .judge import judge_env
 from .junit import find_reports, fresh_reports, parse_reports
 from .memory_events import MemoryEvents
 from .models import (
@@ -330,6 +334,22 @@ async def reset_project(request: web.Request) -> web.Response:
     ))
 
 
+async def export_files(request: web.Request) -> web.Response:
+    """The files of the project the agent may change (``idegym_env.grading`` grades them elsewhere)."""
+    req = await read_model(request, ExportRequest)
+    state = _state(request)
+    pristine = state.project.pristine if state.project is not None else None
+    answer = await asyncio.get_running_loop().run_in_executor(None, export_project, state.config.project,
+                                                              pristine, req)
+    return json_response(answer)
+
+
+async def grade(request: web.Request) -> web.Response:
+    """Install the graded tree and run the check stages (see ``grading/grade.py``)."""
+    req = await read_model(request, GradeRequest)
+    return json_response(await grade_project(_state(request), req))
+
+
 async def terminate_processes(request: web.Request) -> web.Response:
     """End every process a tool started, leaving the files alone (e.g. before a check runs, so no
     leftover daemon can touch what the check reads)."""
@@ -374,6 +394,8 @@ ROUTES: tuple[Route, ...] = (
     Route.of(routes.SETUP_CHECK, setup_reward, "Setup Reward", "setup_reward_api_rewards_setup_post"),
     Route.of(routes.TEST_CHECK, test_reward, "Unit Test Reward", "unit_test_reward_api_rewards_test_post"),
     Route.of(routes.RESET_PROJECT, reset_project, "Reset Project", "reset_project_api_project_reset_post"),
+    Route.of(routes.EXPORT_FILES, export_files, "Export Editable Files", "export_files_api_project_export_post"),
+    Route.of(routes.GRADE, grade, "Grade", "grade_api_grade_post"),
     Route.of(routes.TERMINATE_PROCESSES, terminate_processes, "Terminate Tool Processes",
              "terminate_processes_api_processes_terminate_post"),
     Route.of(routes.HEALTH, health, "Health", "health_api_health_get"),
@@ -420,6 +442,7 @@ def create_app(config: ServerConfig) -> web.App:
     config.project = config.project.absolute()
     user = UserSpec.lookup(config.tool_user) if config.tool_user else UserSpec.current()
     base_env = config.tool_environment()
+    base_env.update(judge_env(base_env.get("PATH", "")))
     groups = ToolCgroups(config.tool_cgroups) if config.tool_cgroups else None
     supervisor = Supervisor(MemoryEvents(config.memory_events), groups)
     roots = config.file_roots or [config.project]

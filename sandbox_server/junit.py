@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import stat
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -46,14 +47,9 @@ def _int(value: str | None) -> int:
         return 0
 
 
-def parse_report(path: Path) -> Counts:
-    """Count one report. Raises ``ValueError`` when it is not a JUnit XML document.
-
-    Counts ``<testcase>`` elements when there are any (robust across producers and nesting):
-    a case with ``<failure>`` or ``<error>`` failed, with ``<skipped>`` was skipped, else passed.
-    A report with suites but no cases falls back to the suites' own attributes.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block us
+def _read_xml(path: Path, follow: bool = True) -> ET.Element:
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)  # O_NONBLOCK: a FIFO must not block us
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -69,17 +65,36 @@ def parse_report(path: Path) -> Counts:
         raise ValueError(f"{path}: not well-formed XML ({exc})") from exc
     if root.tag not in ("testsuites", "testsuite"):
         raise ValueError(f"{path}: root element <{root.tag}> is not <testsuites> or <testsuite>")
+    return root
+
+
+def _outcome(case: ET.Element) -> str:
+    if case.find("error") is not None:
+        return "error"
+    if case.find("failure") is not None:
+        return "failed"
+    if case.find("skipped") is not None:
+        return "skipped"
+    return "passed"
+
+
+def parse_report(path: Path) -> Counts:
+    """Count one report. Raises ``ValueError`` when it is not a JUnit XML document.
+
+    Counts ``<testcase>`` elements when there are any (robust across producers and nesting):
+    a case with ``<failure>`` or ``<error>`` failed, with ``<skipped>`` was skipped, else passed.
+    A report with suites but no cases falls back to the suites' own attributes.
+    """
+    root = _read_xml(path)
     counts = Counts()
     cases = list(root.iter("testcase"))
     if cases:
         for case in cases:
+            outcome = _outcome(case)
             counts.total += 1
-            if case.find("failure") is not None or case.find("error") is not None:
-                counts.failed += 1
-            elif case.find("skipped") is not None:
-                counts.skipped += 1
-            else:
-                counts.passed += 1
+            counts.failed += outcome in ("failed", "error")
+            counts.skipped += outcome == "skipped"
+            counts.passed += outcome == "passed"
         return counts
     suites = [root] if root.tag == "testsuite" else [s for s in root if s.tag == "testsuite"]
     for suite in suites:
@@ -88,6 +103,44 @@ def parse_report(path: Path) -> Counts:
         skipped = _int(suite.get("skipped")) + _int(suite.get("disabled"))
         counts += Counts(tests, max(tests - failed - skipped, 0), failed, skipped)
     return counts
+
+
+@dataclass
+class Case:
+    name: str  # canonical test id (see ``canonical_test_id``)
+    outcome: str  # passed, failed, error, skipped
+    message: str = ""
+
+
+def parse_cases(path: Path) -> list[Case]:
+    """The ``<testcase>`` elements of one report, without following a symlink at ``path``."""
+    out = []
+    for case in _read_xml(path, follow=False).iter("testcase"):
+        name = case.get("name") or ""
+        classname = case.get("classname") or ""
+        outcome = _outcome(case)
+        detail = case.find({"failed": "failure", "error": "error", "skipped": "skipped"}.get(outcome, "-"))
+        message = (detail.get("message") or "") if detail is not None else ""
+        out.append(Case(canonical_test_id(f"{classname}.{name}" if classname else name), outcome, message[:500]))
+    return out
+
+
+_UNITTEST_ID = re.compile(r"^(\w+) \(([\w.]+)\)$")
+
+
+def canonical_test_id(test_id: str) -> str:
+    """One spelling for a test id written as pytest (``tests/test_x.py::TestA::test_b[1]``),
+    unittest/Django (``test_b (tests.test_x.TestA)``) or JUnit (``tests.test_x.TestA.test_b[1]``)."""
+    test_id = test_id.strip()
+    found = _UNITTEST_ID.match(test_id)
+    if found:  # Python >= 3.11 writes the whole qualified name in the parentheses
+        name, where = found.group(1), found.group(2)
+        return where if where.endswith(f".{name}") else f"{where}.{name}"
+    if "::" in test_id:
+        file, _, rest = test_id.partition("::")
+        module = file.removesuffix(".py").replace("/", ".").strip(".")
+        return ".".join([module, *rest.split("::")])
+    return test_id
 
 
 Stamp = tuple[int, int, int]  # (device, inode, mtime_ns) of the file a name leads to

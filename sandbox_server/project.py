@@ -35,6 +35,7 @@ class ProjectError(Exception):
 
 class Project(Protocol):
     path: Path
+    pristine: Path  # the tree a reset restores (read-only to tools)
 
     def reset(self) -> int:
         """Restore the project to its pristine state; returns how many entries were restored."""
@@ -198,6 +199,7 @@ class OverlayProject:
     def __init__(self, path: Path, lower: Path, layer: Path) -> None:
         self.path = path
         self.lower = lower
+        self.pristine = lower
         self.layer = layer
         self.path.mkdir(parents=True, exist_ok=True)
         self._mount()

@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 
 from . import models as m
+from .grading.models import ExportRequest, ExportResponse, GradeRequest, GradeResponse
 from .models import Request
 
 Req = TypeVar("Req", bound=Request)
@@ -42,6 +43,8 @@ SETUP_CHECK = Endpoint("POST", "/api/rewards/setup", m.SetupRequest, m.CheckResu
 COMPILATION_CHECK = Endpoint("POST", "/api/rewards/compilation", m.CompilationRequest, m.CheckResult)
 TEST_CHECK = Endpoint("POST", "/api/rewards/test", m.TestRequest, m.TestReport)
 RESET_PROJECT = Endpoint("POST", "/api/project/reset", m.ResetRequest, m.ResetResult)
+EXPORT_FILES = Endpoint("POST", "/api/project/export", ExportRequest, ExportResponse)
+GRADE = Endpoint("POST", "/api/grade", GradeRequest, GradeResponse)
 TERMINATE_PROCESSES = Endpoint("POST", "/api/processes/terminate", m.TerminateRequest, m.TerminateResult)
 HEALTH = Endpoint("GET", "/api/health", None, m.HealthResponse)
 CAPABILITIES = Endpoint("GET", "/api/capabilities", None, m.CapabilitiesResponse)
@@ -51,7 +54,7 @@ OPENAPI = "/openapi.json"
 
 ENDPOINTS: tuple[Endpoint[Any, Any], ...] = (
     BASH, CREATE_FILE, EDIT_FILE, PATCH_FILE, UPLOAD_FILE, DOWNLOAD_FILE, SETUP_CHECK, COMPILATION_CHECK,
-    TEST_CHECK, RESET_PROJECT, TERMINATE_PROCESSES, HEALTH, CAPABILITIES, EXECUTE, LANGUAGES,
+    TEST_CHECK, RESET_PROJECT, EXPORT_FILES, GRADE, TERMINATE_PROCESSES, HEALTH, CAPABILITIES, EXECUTE, LANGUAGES,
 )
 _BY_REQUEST: dict[type[Request], Endpoint[Any, Any]] = {e.request: e for e in ENDPOINTS if e.request is not None}
 

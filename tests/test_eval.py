@@ -160,13 +160,13 @@ def test_a_hanging_episode_times_out_and_the_run_goes_on(tmp_path: Path,
                                                          control_plane: EmbeddedControlPlane) -> None:
     started = time.monotonic()
     result = evaluate(PY_TASK, f"{FIXTURES}:HangOnFirstAttempt", out=tmp_path / "hang", attempts=2,
-                      episode_timeout=4, control_plane_url=control_plane.url, progress=False)
+                      episode_timeout=8, control_plane_url=control_plane.url, progress=False)
     elapsed = time.monotonic() - started
     hung, fine = result.records
-    assert hung["attempt"] == 0 and hung["error_kind"] == "timeout" and "time limit of 4 s" in hung["error"]
-    assert 4 <= hung["wall_seconds"] < 10 and hung["reward"] is None and not hung["passed"]
-    assert fine["attempt"] == 1 and fine["error"] is None and fine["passed"]
-    assert elapsed < 40
+    assert hung["attempt"] == 0 and hung["error_kind"] == "timeout" and "time limit of 8 s" in hung["error"]
+    assert 8 <= hung["wall_seconds"] < 14 and hung["reward"] is None and not hung["passed"]
+    assert fine["attempt"] == 1 and fine["error"] is None and fine["passed"], fine
+    assert elapsed < 60
     assert result.summary["overall"]["errors"] == 1
 
 
@@ -332,7 +332,7 @@ class StandIn:
             assert "def to_roman" in last["content"], last["content"][:200]
             assert messages[-2]["tool_calls"][0]["id"] == "call_read"
             calls = [self._call("call_fix", "edit_file", self.fix),
-                     self._call("call_test", "bash", {"command": "python3 tests/run_tests.py"})]
+                     self._call("call_test", "bash", {"command": "$IDEGYM_JUDGE tests/"})]
         elif turn == 2:
             fix_result, test_result = messages[-2], messages[-1]
             assert fix_result["role"] == "tool" and fix_result["tool_call_id"] == "call_fix", fix_result
@@ -375,7 +375,7 @@ def test_the_openai_compatible_agent_completes_an_episode_against_a_stand_in_ser
         assert "sk-test-secret" not in (out / name).read_text()
     assert json.loads((out / "manifest.json").read_text())["agent_args"]["api_key"] == "<redacted>"
     transcript = (out / record["transcript"]).read_text()
-    assert "python3 tests/run_tests.py" in transcript and "$ submit" in transcript
+    assert "$IDEGYM_JUDGE tests/" in transcript and "$ submit" in transcript
     assert "> The tests pass; submitting." in transcript
 
 

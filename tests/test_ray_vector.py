@@ -22,7 +22,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-ray = pytest.importorskip("ray")
+pytest.importorskip("ray")
+from idegym_env.vector.local_ray import init_local, non_loopback_listeners, use_loopback  # noqa: E402
+
+use_loopback()  # before Ray is first used: every Ray of these tests listens on 127.0.0.1 only
+import ray  # noqa: E402
 
 import idegym_env  # noqa: E402,F401 - registers IdeGym-v0
 from idegym_env.embedded import EmbeddedControlPlane  # noqa: E402
@@ -50,7 +54,7 @@ def actions(*calls: dict) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def ray_session() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    init_local(num_cpus=2, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
 
@@ -85,8 +89,12 @@ def test_make_vec_returns_ray_vector_env_on_the_drivers_embedded_control_plane(r
         assert isinstance(envs.unwrapped, RayVectorEnv)
         assert envs.num_envs == 2
         assert envs.metadata["autoreset_mode"] == NEXT_STEP
-        # No URL given: one embedded control plane in this process, the same URL for every actor.
-        assert envs.unwrapped.control_plane_url.startswith("http://127.0.0.1:")
+        # No URL given: sandboxes on the node of their actor; on this one-node Ray that is the
+        # driver's node, whose control plane is the driver's embedded one.
+        assert envs.unwrapped.placement == "node" and envs.unwrapped.control_plane_url is None
+        here = ray.get_runtime_context().get_node_id()
+        planes = envs.unwrapped.control_planes()
+        assert list(planes) == [here] and planes[here]["url"].startswith("http://127.0.0.1:")
         assert isinstance(envs.single_observation_space, UnicodeText)
         assert isinstance(envs.single_action_space, ToolCallSpace)
         assert envs.observation_space == ObjectBatch(envs.single_observation_space, 2)
@@ -97,6 +105,7 @@ def test_make_vec_returns_ray_vector_env_on_the_drivers_embedded_control_plane(r
         assert obs.dtype == object and obs.shape == (2,)
         assert list(obs) == [instruction, instruction]
         assert infos["_server_id"].all() and len(set(infos["server_id"])) == 2
+        assert list(infos["placement"]) == ["node", "node"] and list(infos["node_id"]) == [here, here]
     finally:
         envs.close()
 
@@ -104,6 +113,7 @@ def test_make_vec_returns_ray_vector_env_on_the_drivers_embedded_control_plane(r
 def test_reset_and_step_batch_text_as_object_arrays(vec: RayVectorEnv, instruction: str) -> None:
     obs, infos = vec.reset(seed=7)
     assert obs.dtype == object and obs.shape == (N,) and all(o == instruction for o in obs)
+    assert list(infos["placement"]) == ["shared"] * N  # the control plane given by URL
     assert vec.observation_space.contains(obs)
     obs, rewards, terminated, truncated, infos = vec.step(actions(*(bash(f"echo sub-env {i}") for i in range(N))))
     assert obs.dtype == object and obs.shape == (N,)
@@ -129,6 +139,12 @@ def test_steps_run_concurrently(vec: RayVectorEnv) -> None:
     started = time.perf_counter()
     ray.get([vec.actor(i).sleep.remote(1.0) for i in range(N)])
     assert time.perf_counter() - started < N - 0.8
+
+
+def test_ray_listens_on_loopback_only(vec: RayVectorEnv) -> None:
+    """Every socket the Ray of these tests listens on (GCS, raylet, workers of the actors) is on 127.0.0.1."""
+    assert all(n["NodeManagerAddress"] == "127.0.0.1" for n in ray.nodes())
+    assert non_loopback_listeners() == []
 
 
 def test_next_step_autoreset(vec: RayVectorEnv, instruction: str) -> None:
@@ -263,7 +279,7 @@ def test_discrete_actions_over_the_tasks_list(control_plane: EmbeddedControlPlan
     env = DiscreteActions(gym.make("IdeGym-v0", task=TASK, control_plane_url=control_plane.url))
     try:
         assert env.action_space == gym.spaces.Discrete(6)  # 5 task actions + submit
-        assert env.labels[0] == "bash: python3 tests/run_tests.py" and env.labels[-1] == "submit"
+        assert env.labels[0] == "bash: $IDEGYM_JUDGE tests/" and env.labels[-1] == "submit"
         env.reset()
         obs, reward, terminated, truncated, info = env.step(9)
         assert info["invalid_action"] and "choose an index from 0 to 5" in obs and "4: edit_file roman.py:5-11" in obs
@@ -440,4 +456,4 @@ def test_close_is_idempotent_and_safe_before_and_after_ray_shutdown(ray_session:
         late.close()
         assert late.closed
     finally:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        init_local(num_cpus=2, log_to_driver=False, configure_logging=False)

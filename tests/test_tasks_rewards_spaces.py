@@ -19,6 +19,7 @@ import pytest
 import yaml
 from gymnasium.utils.env_checker import check_env
 
+from idegym_env.grading import grade_request
 from idegym_env.rewards import (
     CheckResults,
     RewardFunction,
@@ -45,7 +46,8 @@ from idegym_env.spaces import (
     ToolCallSpace,
     UnicodeText,
 )
-from idegym_env.tasks import BUNDLED_DIR, Task, TaskError, TaskSet, bundled_tasks, load_task
+from idegym_env.tasks import BUNDLED_DIR, GradingFiles, Task, TaskError, TaskSet, bundled_tasks, load_task
+from sandbox_server.grading.models import ExportResponse, GradeResponse
 from sandbox_server.routes import endpoint_for
 from tests.helpers import SandboxProcess
 
@@ -731,12 +733,10 @@ def test_task_built_in_code(tmp_path: Path) -> None:
                 test={"script": "sh tests/run.sh"}, protected_paths=["tests", "tests/run.sh"])
     assert task.root is None and len(task.content_hash()) == 64
     assert task.report_glob == "test-*.xml" and task.reward_function() is test_pass_fraction
-    assert task.protected_files() == {"tests/run.sh": b"#!/bin/sh\n"}
-    requests = task.restore_requests()
-    assert requests[0].command == (
-        "chmod -R u+w -- tests tests/run.sh 2>/dev/null; rm -rf -- tests tests/run.sh")
-    assert endpoint_for(requests[1]).path == "/api/tools/file/upload"
-    assert requests[-1].command == "chmod +x -- tests/run.sh"
+    assert [name for name, _ in task.stages()] == ["tests"] and not task.grading
+    before = task.content_hash()
+    task.with_grading(GradingFiles(hidden={"t.py": b"assert True\n"}))
+    assert task.grading.hidden == {"t.py": b"assert True\n"} and task.content_hash() != before
     assert task.copy_project(tmp_path / "copy").joinpath("tests/run.sh").read_text() == "#!/bin/sh\n"
     with pytest.raises(ValueError, match="neither a project directory nor an image"):
         Task(id="x", title="t", language="c", instruction="i", test={"script": "true"})
@@ -748,20 +748,18 @@ def test_task_built_in_code(tmp_path: Path) -> None:
 
 
 def run_checks(server: SandboxProcess, task: Task) -> CheckResults:
-    """What the Env does at the end of an episode: restore protected paths, run the checks in order
-    and stop at the first failed stage before the tests."""
-    for request in task.restore_requests():
-        resp = server.post(endpoint_for(request).path, request.model_dump(mode="json"))
-        assert resp.status_code == 200, resp.text
-        assert resp.json().get("exit_code", 0) == 0, resp.json()
-    responses: dict[str, dict] = {}
-    for stage, check in task.check_requests().items():
-        resp = server.post(endpoint_for(check).path, check.model_dump(mode="json"))
-        assert resp.status_code == 200, resp.text
-        responses[stage] = resp.json()
-        if stage != "tests" and responses[stage]["status"] != "success":
-            break
-    return task.check_results(responses, submitted=True)
+    """What the env does at the end of an episode on a directly connected sandbox: export the
+    editable files, reset the project, grade the pristine tree plus those files."""
+    resp = server.post("/api/project/export", {"editable": list(task.editable) if task.editable else None,
+                                               "protected": list(task.protected_paths)})
+    assert resp.status_code == 200, resp.text
+    exported = ExportResponse.model_validate(resp.json())
+    assert server.post("/api/project/reset", {}).json()["status"] == "success"
+    resp = server.post("/api/grade", grade_request(task, exported).model_dump(mode="json"))
+    assert resp.status_code == 200, resp.text
+    answer = GradeResponse.model_validate(resp.json())
+    return task.check_results({name: getattr(answer, name) for name in ("setup", "compilation", "tests")
+                               if getattr(answer, name) is not None}, submitted=True, errors=answer.errors)
 
 
 def apply(server: SandboxProcess, call: ToolCall) -> dict:
@@ -804,7 +802,7 @@ def test_bundled_task_end_to_end(task_id: str, task_servers: dict[str, tuple[Tas
     assert reward(solved) == 1.0, solved
     assert all_tests_pass(solved) == 1.0
 
-    # Tampering with the tests is undone by the restore step before the checks.
+    # Tampering with the tests changes nothing: they are not among the files graded.
     assert server.post("/api/project/reset", {}).json()["status"] == "success"
     paths = " ".join(task.protected_paths)
     server.bash(f"find {paths} -type f -exec sh -c 'echo broken > \"$1\"' _ {{}} \\; "

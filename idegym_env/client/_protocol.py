@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
 from control_plane.models import AsyncOperationStatusResponse, ErrorResponse, ForwardRequestResponse
+from sandbox_server.grading.models import GradeRequest
 from sandbox_server.models import ExecuteRequest, Request, TimedRequest
 from sandbox_server.routes import Endpoint
 
@@ -47,6 +48,8 @@ def seconds_for(request: Request | None) -> float:
         return request.timeout + request.graceful_termination_timeout
     if isinstance(request, ExecuteRequest):
         return request.timeout + COMPILE_ALLOWANCE
+    if isinstance(request, GradeRequest):  # every stage may take its whole time, and installing the tree
+        return sum(s.timeout + s.graceful_termination_timeout for s in request.stages) + UNTIMED_CALL
     return UNTIMED_CALL
 
 

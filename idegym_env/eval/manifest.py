@@ -53,6 +53,11 @@ def resolve_tasks(spec: str | Path | Task | TaskSet | Iterable[str | Path | Task
             if part_s == "bundled":
                 found.extend(TaskSet(BUNDLED_DIR))
                 continue
+            from ..tasks.sources import is_source_spec, load_source_tasks
+
+            if is_source_spec(part_s):  # humaneval, swe:<file>, harbor:<dir>, or one of their tasks
+                found.extend(load_source_tasks(part_s))
+                continue
             path = Path(part_s)
             if path.is_dir() and not (path / TASK_FILE).is_file():
                 found.extend(TaskSet(path))

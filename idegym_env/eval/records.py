@@ -32,6 +32,7 @@ RECORD_KEYS = (
     "id", "task", "attempt", "agent", "seed", "reward", "passed", "solved", "reward_components", "checks",
     "steps", "tool_calls", "invalid_actions", "submitted", "truncated", "tokens", "wall_seconds",
     "setup_seconds", "started_at", "error", "error_kind", "transcript", "image", "sandbox", "worker",
+    "node", "reruns",  # Ray: the node the episode ran on, and how often it was run again after losing one
 )
 
 

@@ -6,7 +6,7 @@ OpenEnv sends an observation as its fields minus ``reward``, ``done`` and ``meta
 
 An action is one tool call, the same as a :class:`~idegym_env.spaces.ToolCallSpace` action::
 
-    {"tool": "bash", "arguments": {"command": "python3 tests/run_tests.py"}}
+    {"tool": "bash", "arguments": {"command": "$IDEGYM_JUDGE tests/"}}
     {"tool": "submit"}
 
 ``tool`` is any string and ``arguments`` any object (or the JSON text of one) at this level: the

@@ -21,6 +21,7 @@ from .functions import (
     setup_succeeds,
     submitted,
     test_pass_fraction,
+    verifier_reward,
 )
 from .results import CheckResult, CheckResults, Status, TestReport, TestScores
 from .spec import LEAVES, RewardSpec, build_reward, register_reward
@@ -37,6 +38,7 @@ __all__ = [
     "test_pass_fraction",
     "all_tests_pass",
     "submitted",
+    "verifier_reward",
     "reward_components",
     "weighted_sum",
     "step_penalty",

@@ -56,6 +56,15 @@ def all_tests_pass(results: CheckResults) -> float:
     return 1.0 if results.tests.status == Status.SUCCESS and results.tests.scores.failed == 0 else 0.0
 
 
+def verifier_reward(results: CheckResults) -> float:
+    """The number a verifier wrote (Harbor's reward.txt / reward.json), clamped to ``[0, 1]``;
+    0.0 without one, when an earlier stage failed, or when the checks errored."""
+    reward = getattr(results.tests, "reward", None)
+    if not results.compiled or reward is None:
+        return 0.0
+    return min(max(float(reward), 0.0), 1.0)
+
+
 def submitted(results: CheckResults) -> float:
     """1.0 if the agent ended the episode with ``submit`` (rather than being truncated), else 0.0."""
     return 1.0 if results.submitted else 0.0
@@ -76,14 +85,3 @@ def reward_components(results: CheckResults) -> dict[str, float]:
         "tests_total": float(results.test_denominator),
         "steps": float(results.steps),
     }
-
-
-__all__ = [
-    "RewardFunction",
-    "setup_succeeds",
-    "compiles",
-    "test_pass_fraction",
-    "all_tests_pass",
-    "submitted",
-    "reward_components",
-]

@@ -6,7 +6,17 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox_server.grading.models import GradedTests
 from sandbox_server.models import CheckResult, Status, TestReport, TestScores
+
+
+def _tests(body: Any) -> TestReport:
+    """A graded tests stage (``GradedTests``: verdict, cases) or a seed ``TestReport``."""
+    if isinstance(body, TestReport):
+        return body
+    if isinstance(body, dict) and "verdict" in body:
+        return GradedTests.model_validate(body)
+    return TestReport.model_validate(body)
 
 
 class CheckResults(BaseModel):
@@ -28,12 +38,15 @@ class CheckResults(BaseModel):
 
     setup: CheckResult | None = None
     compilation: CheckResult | None = None
-    tests: TestReport | None = None
+    tests: GradedTests | TestReport | None = None
     expected_tests: int | None = Field(None, ge=1)
     steps: int = Field(0, ge=0, description="tool calls the agent made in the episode")
     max_steps: int | None = Field(None, ge=1)
     submitted: bool = Field(False, description="the agent ended the episode with submit (not truncated)")
     errors: list[str] = Field(default_factory=list)
+    infrastructure_error: str | None = Field(
+        None, description="the checks could not run through no fault of the agent (a sandbox lost, the control "
+                          "plane unreachable): the reward is not a judgement of the episode, mask it")
 
     @classmethod
     def from_responses(
@@ -48,7 +61,7 @@ class CheckResults(BaseModel):
         return cls(
             setup=None if setup is None else CheckResult.model_validate(setup),
             compilation=None if compilation is None else CheckResult.model_validate(compilation),
-            tests=None if tests is None else TestReport.model_validate(tests),
+            tests=None if tests is None else _tests(tests),
             **fields,
         )
 

@@ -3,7 +3,7 @@
 Grammar (YAML shown; a bare string is shorthand for ``{name: <string>}``)::
 
     reward: test_pass_fraction                     # a leaf: setup_succeeds, compiles,
-                                                   #   test_pass_fraction, all_tests_pass, submitted
+                                                   #   test_pass_fraction, all_tests_pass, submitted, verifier_reward
     reward:
       name: weighted_sum
       params:
@@ -23,10 +23,19 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .combinators import clip, step_penalty, weighted_sum
-from .functions import RewardFunction, all_tests_pass, compiles, setup_succeeds, submitted, test_pass_fraction
+from .functions import (
+    RewardFunction,
+    all_tests_pass,
+    compiles,
+    setup_succeeds,
+    submitted,
+    test_pass_fraction,
+    verifier_reward,
+)
 
 LEAVES: dict[str, RewardFunction] = {
-    fn.__name__: fn for fn in (setup_succeeds, compiles, test_pass_fraction, all_tests_pass, submitted)
+    fn.__name__: fn for fn in (setup_succeeds, compiles, test_pass_fraction, all_tests_pass, submitted,
+                               verifier_reward)
 }
 
 

@@ -2,7 +2,7 @@
 and a known solution. See ``README.md`` in this directory for the on-disk layout."""
 
 from .loader import BUNDLED_DIR, TaskSet, bundled_tasks, load_task
-from .task import CheckScript, Task, TaskError, TestScript
+from .task import CheckScript, GradingFiles, Task, TaskEnvironment, TaskError, TaskResources, TestScript
 
 __all__ = [
     "Task",
@@ -10,6 +10,9 @@ __all__ = [
     "TaskSet",
     "CheckScript",
     "TestScript",
+    "GradingFiles",
+    "TaskEnvironment",
+    "TaskResources",
     "load_task",
     "bundled_tasks",
     "BUNDLED_DIR",

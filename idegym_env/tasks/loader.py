@@ -87,7 +87,9 @@ def bundled_tasks() -> list[Task]:
 
 
 def load_task(path_or_name: Path | str) -> Task:
-    """A task from a task directory, its ``task.yaml``, or the id of a bundled task.
+    """A task from a task directory, its ``task.yaml``, the id of a bundled task, or a task of a
+    source (``humaneval/HumanEval/0``, ``swe/<instance_id>``, ``harbor:<dir>#<task>``; see
+    :mod:`idegym_env.tasks.sources`).
 
     A path that exists wins over a bundled id of the same spelling. Raises :class:`TaskError`
     when neither matches, listing the bundled ids.
@@ -98,6 +100,10 @@ def load_task(path_or_name: Path | str) -> Task:
     name = str(path_or_name)
     if (BUNDLED_DIR / name / TASK_FILE).is_file() and "/" not in name:
         return Task.from_dir(BUNDLED_DIR / name)
+    from .sources import is_source_spec, load_source_task
+
+    if is_source_spec(name):  # humaneval/HumanEval/0, swe/<instance>, harbor:<dir>#<task>
+        return load_source_task(name)
     ids = sorted(f.parent.name for f in BUNDLED_DIR.glob(f"*/{TASK_FILE}"))
     raise TaskError(f"no task directory at {str(path_or_name)!r} and no bundled task of that name; "
                     f"bundled tasks: {', '.join(ids) or 'none'}")

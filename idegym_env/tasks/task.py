@@ -5,11 +5,9 @@ The on-disk layout is described in ``README.md`` next to this file.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import os
 import re
-import shlex
 import shutil
 import stat
 from collections.abc import Iterator, Mapping
@@ -28,25 +26,17 @@ from pydantic import (
     model_validator,
 )
 
-from sandbox_server.models import (
-    BashCommandRequest,
-    CompilationRequest,
-    SetupRequest,
-    TestRequest,
-    UploadFileChunkRequest,
-)
-
 from ..rewards import CheckResults, RewardFunction, RewardSpec, build_reward
 from ..spaces import TOOL_NAMES, AnyToolCall, CreateFileCall, ToolCallSpace
 
 TASK_FILE = "task.yaml"
 PROJECT_DIR = "project"
 SOLUTION_DIR = "solution"
+GRADING_DIR = "grading"
 # Caches that running a project leaves behind; they are not part of a task's content.
 IGNORED_NAMES = {"__pycache__", ".pytest_cache", ".mypy_cache", ".DS_Store"}
 IGNORED_SUFFIXES = (".pyc", ".pyo")
 TASK_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
-Stage = Literal["setup", "compilation", "tests"]
 
 
 class TaskError(ValueError):
@@ -54,12 +44,18 @@ class TaskError(ValueError):
 
 
 class CheckScript(BaseModel):
-    """A bash script run in the project directory; success means exit code 0 within ``timeout``."""
+    """A bash script run in the project directory; success means exit code 0 within ``timeout``.
+
+    ``user`` is who runs it at grading: ``appuser`` (the tool user) or ``root`` (the grader's
+    identity, for a harness that runs the code under test as the tool user itself — the judge);
+    ``env`` is added to the pinned check environment."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     script: str = Field(min_length=1)
     timeout: float = Field(120.0, gt=0, le=24 * 3600)
+    user: Literal["appuser", "root"] = "appuser"
+    env: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("script")
     @classmethod
@@ -70,10 +66,70 @@ class CheckScript(BaseModel):
 
 
 class TestScript(CheckScript):
-    """The test check: the script must write JUnit XML reports whose file names match ``report_glob``."""
+    """The test check. Its results come from JUnit XML reports written to ``$IDEGYM_REPORT_DIR``
+    (and, for harnesses that write into the project, fresh files matching ``report_glob``), or from
+    a ``reward_file`` (Harbor's verifiers). ``harness: judge`` runs the script as root with the
+    judge (``$IDEGYM_JUDGE``: the code under test in processes of its own, the verdict out of its
+    reach); ``in-process`` runs it as the tool user. ``expected`` lists the exact test ids the
+    report must hold (pytest, unittest or JUnit spelling): a missing one counts as failed, an
+    unknown one voids the grade."""
 
     __test__ = False  # not a pytest class
-    report_glob: str = Field("test-*.xml", min_length=1)
+    harness: Literal["in-process", "judge"] = "in-process"
+    report_glob: str | None = Field("test-*.xml", min_length=1)
+    expected: tuple[str, ...] | None = None
+    reward_file: str | None = None
+
+    @model_validator(mode="after")
+    def _judge_runs_as_root(self) -> TestScript:
+        if self.harness == "judge" and self.user != "root":
+            object.__setattr__(self, "user", "root")
+        return self
+
+
+class TaskEnvironment(BaseModel):
+    """An image built from a Dockerfile (``dockerfile``: its text; ``context``: the build context,
+    relative to the task directory)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dockerfile: str = Field(min_length=1)
+    context: Path | None = None
+
+
+class TaskResources(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpus: float | None = Field(None, gt=0)
+    memory_mb: int | None = Field(None, gt=0)
+    storage_mb: int | None = Field(None, gt=0)
+
+
+class GradingFiles(BaseModel):
+    """Files that exist only at grading: ``project`` files are written over the graded tree (tests
+    the agent never saw, a SWE instance's ``test_patch`` applied), ``hidden`` ones go to
+    ``$IDEGYM_HIDDEN``, which only root can read (tests of the judge tier). On disk: the task
+    directory's ``grading/project/`` and ``grading/hidden/``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    project: dict[str, bytes] = Field(default_factory=dict)
+    hidden: dict[str, bytes] = Field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.project or self.hidden)
+
+
+def _relative(raw: str, what: str) -> str:
+    path = PurePosixPath(raw)
+    if not raw or path.is_absolute() or ".." in path.parts or str(path) in ("", "."):
+        raise ValueError(f"{what} {raw!r} must be relative to the project and inside it")
+    return path.as_posix()
+
+
+def _read_tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in iter_files(root)
+            if p.is_file() and not p.is_symlink()}
 
 
 def _ignored(name: str) -> bool:
@@ -121,8 +177,15 @@ class Task(BaseModel):
     discrete-action policy, at least one of which solves the task (``submit`` is not listed).
     The ``solution/`` directory's files are appended to ``solution`` as ``create_file`` calls.
     ``protected_paths`` are files or directories (relative to the project) that the checks rely
-    on, typically the tests; the environment restores them (:meth:`restore_requests`) before it
-    runs the checks, so an agent cannot pass by editing them.
+    on, typically the tests; ``editable`` are globs of what the agent may change (default: every
+    file of the pristine project outside ``protected_paths``). Grading (``idegym_env.grading``)
+    runs the checks on the pristine project plus only the agent's editable files, in a fresh
+    sandbox, with ``grading`` files installed only then; ``grade_in_place`` grades the agent's
+    own sandbox instead (Harbor's semantics: the task is the whole container's state).
+    ``files`` (project-relative path → text) are the task's own starting files, written into the
+    sandbox's project at every reset over the image's project, so that many tasks can share one
+    image (HumanEval's problems share the built-in image); grading counts them as part of the
+    pristine project, written from the task, never from the agent's sandbox.
     """
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -141,11 +204,20 @@ class Task(BaseModel):
     expected_tests: int | None = Field(None, ge=1)
     tools: tuple[str, ...] | None = None
     protected_paths: tuple[str, ...] = ()
+    editable: tuple[str, ...] | None = None
+    grade_in_place: bool = False
+    environment: TaskEnvironment | None = None
+    resources: TaskResources | None = None
+    network: bool = False
+    run_as_root: bool = False
+    agent_timeout: float | None = Field(None, gt=0)
+    files: dict[str, str] = Field(default_factory=dict)
     actions: list[AnyToolCall] = Field(default_factory=list)
     solution: list[AnyToolCall] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     _root: Path | None = PrivateAttr(None)
+    _grading: GradingFiles = PrivateAttr(default_factory=GradingFiles)
 
     # -- validation ---------------------------------------------------------------------------------
 
@@ -173,20 +245,26 @@ class Task(BaseModel):
     @field_validator("protected_paths")
     @classmethod
     def _protected(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        out = []
-        for raw in value:
-            path = PurePosixPath(raw)
-            if not raw or path.is_absolute() or ".." in path.parts or str(path) in ("", "."):
-                raise ValueError(f"protected path {raw!r} must be relative to the project and inside it")
-            out.append(path.as_posix())
-        return tuple(out)
+        return tuple(_relative(raw, "protected path") for raw in value)
+
+    @field_validator("editable")
+    @classmethod
+    def _editable(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is not None and not value:
+            raise ValueError("editable must name at least one glob (leave it out for every existing file)")
+        return None if value is None else tuple(_relative(raw, "editable glob") for raw in value)
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, value: dict[str, str]) -> dict[str, str]:
+        return {_relative(raw, "starting file"): content for raw, content in value.items()}
 
     @model_validator(mode="after")
     def _consistent(self) -> Task:
         if self.setup is None and self.compilation is None and self.test is None:
             raise ValueError(f"task {self.id!r} has no check: give at least one of setup, compile, test")
-        if self.project is None and self.image is None:
-            raise ValueError(f"task {self.id!r} has neither a project directory nor an image")
+        if self.project is None and self.image is None and self.environment is None:
+            raise ValueError(f"task {self.id!r} has neither a project directory nor an image nor an environment")
         tools = set(self.tools or TOOL_NAMES)
         for kind, calls in (("solution", self.solution), ("actions", self.actions)):
             for call in calls:
@@ -229,6 +307,10 @@ class Task(BaseModel):
             self.project = (root / self.project).resolve()
             if not self.project.is_dir():
                 raise TaskError(f"{root / TASK_FILE}: project directory {self.project} does not exist")
+        grading = root / GRADING_DIR
+        self._grading = GradingFiles(
+            project=_read_tree(grading / "project") if (grading / "project").is_dir() else {},
+            hidden=_read_tree(grading / "hidden") if (grading / "hidden").is_dir() else {})
         solution_dir = root / SOLUTION_DIR
         if solution_dir.is_dir():
             for path in iter_files(solution_dir):
@@ -258,25 +340,26 @@ class Task(BaseModel):
         """A :class:`ToolCallSpace` with the task's tools (all tools when the task names none)."""
         return ToolCallSpace(self.tools, **kwargs)
 
-    def check_requests(self) -> dict[Stage, SetupRequest | CompilationRequest | TestRequest]:
-        """The sandbox-server requests that run the task's checks, by stage in pipeline order; the
-        answer to each is field ``stage`` of :class:`CheckResults`."""
-        out: dict[Stage, SetupRequest | CompilationRequest | TestRequest] = {}
-        if self.setup is not None:
-            out["setup"] = SetupRequest(setup_check_script=self.setup.script, timeout=self.setup.timeout)
-        if self.compilation is not None:
-            out["compilation"] = CompilationRequest(compilation_script=self.compilation.script,
-                                                    timeout=self.compilation.timeout)
-        if self.test is not None:
-            out["tests"] = TestRequest(test_script=self.test.script, timeout=self.test.timeout,
-                                       report_glob=self.test.report_glob)
-        return out
+    @property
+    def grading(self) -> GradingFiles:
+        """Files installed only at grading (see :class:`GradingFiles`)."""
+        return self._grading
+
+    def with_grading(self, grading: GradingFiles) -> Task:
+        """This task with ``grading`` files (task sources build them in code)."""
+        self._grading = grading
+        return self
+
+    def stages(self) -> list[tuple[str, CheckScript]]:
+        """The checks in pipeline order: ``(stage name, script)``."""
+        named = (("setup", self.setup), ("compilation", self.compilation), ("tests", self.test))
+        return [(name, script) for name, script in named if script is not None]
 
     def check_results(
-        self, responses: Mapping[str, Mapping[str, Any]], *, steps: int = 0, submitted: bool = False,
-        errors: list[str] | None = None,
+        self, responses: Mapping[str, Any], *, steps: int = 0, submitted: bool = False,
+        errors: list[str] | None = None, infrastructure_error: str | None = None,
     ) -> CheckResults:
-        """:class:`CheckResults` from the response bodies by stage (a stage not run is absent)."""
+        """:class:`CheckResults` from the stage results by name (a stage not run is absent)."""
         unknown = set(responses) - {"setup", "compilation", "tests"}
         if unknown:
             raise ValueError(f"unknown check stages {sorted(unknown)}; stages are setup, compilation, tests")
@@ -284,49 +367,8 @@ class Task(BaseModel):
             setup=responses.get("setup"), compilation=responses.get("compilation"),
             tests=responses.get("tests"), expected_tests=self.expected_tests, steps=steps,
             max_steps=self.max_steps, submitted=submitted, errors=list(errors or []),
+            infrastructure_error=infrastructure_error,
         )
-
-    def protected_files(self) -> dict[str, bytes]:
-        """Pristine content of every file under the protected paths, by project-relative path."""
-        if not self.protected_paths:
-            return {}
-        project = self._require_project("protected_files")
-        out: dict[str, bytes] = {}
-        for rel in self.protected_paths:
-            path = project / rel
-            if path.is_dir() and not path.is_symlink():
-                for file in iter_files(path):
-                    if file.is_file() and not file.is_symlink():
-                        out[file.relative_to(project).as_posix()] = file.read_bytes()
-            elif path.is_file():
-                out[rel] = path.read_bytes()
-        return out
-
-    def restore_requests(self) -> list[BashCommandRequest | UploadFileChunkRequest]:
-        """Requests that put the protected paths back to their pristine state; run them before the checks.
-
-        First one bash call removes every protected path (a directory goes whole, so files the
-        agent added there go too), then each pristine file is uploaded, then executable bits are
-        restored. Works on any backend, through the same API the agent uses. Every request must
-        answer 200 (and the bash calls exit code 0); otherwise grade the episode with the
-        failure in ``CheckResults.errors``, which voids the reward.
-        """
-        files = self.protected_files()
-        if not self.protected_paths:
-            return []
-        project = self._require_project("restore_requests")
-        quoted = " ".join(shlex.quote(p) for p in self.protected_paths)
-        # chmod first: an agent may have made its tampering read-only.
-        out: list[BashCommandRequest | UploadFileChunkRequest] = [BashCommandRequest(
-            command=f"chmod -R u+w -- {quoted} 2>/dev/null; rm -rf -- {quoted}", timeout=60)]
-        for rel, data in files.items():
-            out.append(UploadFileChunkRequest(file_path=rel, content_base64=base64.b64encode(data).decode("ascii"),
-                                              offset=0, truncate=True))
-        executable = [rel for rel in files if os.stat(project / rel).st_mode & stat.S_IXUSR]
-        if executable:
-            out.append(BashCommandRequest(
-                command="chmod +x -- " + " ".join(shlex.quote(p) for p in executable), timeout=60))
-        return out
 
     def copy_project(self, destination: Path | str) -> Path:
         """Copy the pristine project to ``destination`` (which must not exist) and return it."""
@@ -337,13 +379,23 @@ class Task(BaseModel):
         return dest
 
     def content_hash(self) -> str:
-        """sha256 (hex) over the task's files: the task directory, or the project and the task's
-        data for a task built in code."""
+        """sha256 (hex) over the task's content: the task directory's files, or — for a task built
+        in code — its fields, the files of its project and of its environment's build context, and
+        its grading files. Where those lie on disk and ``metadata`` (descriptive: where a task
+        came from) do not count, so a set's hashes are the same in every checkout."""
         if self._root is not None:
             return hash_files(self._root).hexdigest()
-        digest = hashlib.sha256(self.model_dump_json(exclude={"project"}).encode())
+        exclude: dict[str, Any] = {"project": True, "metadata": True}
+        if self.environment is not None:
+            exclude["environment"] = {"context"}
+        digest = hashlib.sha256(self.model_dump_json(exclude=exclude).encode())
         if self.project is not None:
             hash_files(self.project, "project/", digest)
+        if self.environment is not None and self.environment.context is not None:
+            hash_files(Path(self.environment.context), "context/", digest)
+        for kind, files in (("project", self._grading.project), ("hidden", self._grading.hidden)):
+            for rel in sorted(files):
+                digest.update(f"grading/{kind}/{rel}\0{len(files[rel])}\0".encode() + files[rel])
         return digest.hexdigest()
 
     def _require_project(self, what: str) -> Path:
@@ -356,5 +408,6 @@ class Task(BaseModel):
         return f"Task(id={self.id!r}, language={self.language!r}, title={self.title!r})"
 
 
-__all__ = ["Task", "TaskError", "CheckScript", "TestScript", "Stage", "hash_files", "iter_files",
+__all__ = ["Task", "TaskError", "CheckScript", "TestScript", "GradingFiles", "TaskEnvironment", "TaskResources",
+           "hash_files", "iter_files",
            "TASK_FILE", "PROJECT_DIR", "SOLUTION_DIR"]

@@ -17,14 +17,18 @@ What it is
 
 Where things run
     * Ray: an initialised Ray is used as it is (``ray.init(address=...)`` for a cluster, or the
-      one RLlib started); otherwise ``ray.init(**ray_init_kwargs)`` starts one on demand, and the
-      last ``RayVectorEnv`` that relied on it shuts it down on ``close()``.
-    * Control plane: with ``control_plane_url`` every actor connects to it (the sandboxes then
-      live wherever that control plane puts them: the local backend or Kubernetes). Without it
-      the *driver* starts the embedded control plane once and hands its URL to the actors;
-      because that URL is a loopback address, the actors are then pinned to the driver's node.
-    * Actors reserve no CPU by default (``actor_options={"num_cpus": 0}``): a sub-env mostly
-      waits for its sandbox.
+      one RLlib started); otherwise ``ray.init(**ray_init_kwargs)`` starts one on demand, on
+      127.0.0.1 only, and the last ``RayVectorEnv`` that relied on it shuts it down on ``close()``.
+    * Actors are spread over the live nodes that have what ``actor_options`` ask for, the least
+      used node first (Ray would pack them onto one); a ``scheduling_strategy`` in
+      ``actor_options`` replaces that. They reserve no CPU by default (``{"num_cpus": 0}``): a
+      sub-env mostly waits for its sandbox.
+    * Sandboxes (``info["placement"]`` and ``info["node_id"]`` of every reset say which): without
+      ``control_plane_url``, ``"node"``: each sub-env's sandbox lives on the node of its actor, in
+      that node's embedded control plane (the driver's own on the driver's node, one started on
+      demand on any other, and stopped with the env; see ``placement.py``). With
+      ``control_plane_url``, ``"shared"``: every actor uses that control plane and its backend
+      decides (the Kubernetes backend at scale); a loopback URL pins the actors to this node.
 
 Spaces
     ``single_observation_space`` / ``single_action_space`` are the sub-env's (after
@@ -44,8 +48,12 @@ Failures
     When a sub-env's actor dies, its env raises, or a step exceeds ``step_timeout``, only that
     slot's episode ends: ``truncated=True``, ``reward=0``, the slot's last observation, and
     ``info["slot_failure"]`` (``"actor_died"``, ``"env_error"`` or ``"timeout"``) with the reason
-    in ``info["error"]``. A dead or stuck actor is replaced at once (the old one is killed and its
-    sandboxes are stopped); an env that raised is rebuilt inside its actor. The next step resets
+    in ``info["error"]`` and ``info["infrastructure_error"]``: the 0 is no score, mask it. A
+    dead or stuck actor is replaced at once (the old one is killed and its sandboxes are
+    stopped); an env that raised is rebuilt inside its actor. When a node is lost, its sub-envs
+    are reported so (``info["node_lost"]``, ``info["node_id"]``) and come back on the other nodes
+    (the lost node is avoided from then on); the vector env keeps its ``num_envs``, and the lost
+    node's control plane ends and deletes its sandboxes. The next step resets
     the slot, as autoreset does after any episode. With ``envs_per_actor > 1`` an actor's death
     or timeout ends the episodes of all its sub-envs; an env that raises still ends only its own.
     A sandbox that dies is handled by the sub-env itself (truncated, ``info["sandbox_lost"]``;
@@ -64,16 +72,35 @@ releases what does not need Ray.
 
 from __future__ import annotations
 
-try:
-    import ray  # noqa: F401 - every module of this package needs it
-except ImportError as _exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("RayVectorEnv needs Ray: pip install 'idegym[ray]'") from _exc
+import importlib
+from typing import Any
 
-from ..spaces.object_batch import ObjectBatch, is_numeric_space, object_array
-from .env import NEXT_STEP, RayVectorEnv
-from .failures import SlotFailure
-from .rllib import rllib_env_creator
-from .sub_envs import SubEnvGroup
+# Names -> the module that defines them. They load on first use, so that the node keeper
+# (``python -m idegym_env.vector.node_keeper``, a plain process) does not import Ray.
+_EXPORTS = {
+    "RayVectorEnv": ".env", "NEXT_STEP": ".env",
+    "rllib_env_creator": ".rllib",
+    "SubEnvGroup": ".sub_envs",
+    "SlotFailure": ".failures",
+    "SimulatedCluster": ".local_ray",
+    "ObjectBatch": "..spaces.object_batch", "object_array": "..spaces.object_batch",
+    "is_numeric_space": "..spaces.object_batch",
+}
 
-__all__ = ["RayVectorEnv", "rllib_env_creator", "ObjectBatch", "SubEnvGroup", "SlotFailure", "object_array",
-           "is_numeric_space", "NEXT_STEP"]
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        value = getattr(importlib.import_module(module, __name__), name)
+    except ModuleNotFoundError as exc:
+        if exc.name == "ray" or (exc.name or "").startswith("ray."):
+            raise ImportError("RayVectorEnv needs Ray: pip install 'idegym[ray]'") from exc
+        raise
+    globals()[name] = value
+    return value
+
+
+__all__ = ["NEXT_STEP", "ObjectBatch", "RayVectorEnv", "SimulatedCluster", "SlotFailure", "SubEnvGroup",
+           "is_numeric_space", "object_array", "rllib_env_creator"]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import gymnasium as gym
 import numpy as np
@@ -17,6 +19,8 @@ from .. import embedded
 from ..spaces.object_batch import batched_space, is_numeric_space, object_array
 from ..urls import is_loopback_url
 from .failures import SlotFailure, gather, reason
+from .node_control_plane import STOP_TIMEOUT, RemoteControlPlaneRegistry, stop_client
+from .placement import NODE, SHARED, NodeSpreader, Placement, driver_node_id, required_resources
 from .ray_session import acquire_ray, ray_usable, release_ray
 from .sub_envs import RemoteSubEnvGroup
 
@@ -58,6 +62,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
         ray_init_kwargs: dict[str, Any] | None = None,
         max_episode_steps: int | None = None,
         envs_per_actor: int = 1,
+        node_warm_pool: int = 1,
         **env_kwargs: Any,
     ) -> None:
         self.closed = True  # until the actors exist; makes __del__ and close() safe on a failed __init__
@@ -84,22 +89,41 @@ class RayVectorEnv(gym.vector.VectorEnv):
 
         self._owns_ray = False
         self._embedded = False
+        self._registry: Any = None
         self._actors: list[Any] = []
         self._describe_refs: list[Any] = []
+        self._nodes: list[str | None] = [None] * len(self._members)  # each actor's node, once known
+        self._spreader: NodeSpreader | None = None
+        self._node_warm_pool = node_warm_pool
 
         self._owns_ray = acquire_ray(ray_init_kwargs)
         try:
-            if control_plane_url is None:
-                control_plane_url = embedded.acquire().url
-                self._embedded = True
+            self._driver_node = driver_node_id()
             self.control_plane_url = control_plane_url
+            if control_plane_url is None:
+                # Sandboxes on the node of their actor. The driver's node uses the driver's own
+                # embedded control plane; the registry starts one on any other node.
+                self.placement = NODE
+                local_url = None
+                if self._driver_node is not None:
+                    local_url = embedded.acquire().url
+                    self._embedded = True
+                self._placement = Placement(NODE, local_node=self._driver_node, local_url=local_url)
+            else:
+                self.placement = SHARED
+                self._placement = Placement(SHARED, url=control_plane_url)
             self._env_kwargs = {"task": task, "control_plane_url": control_plane_url, **env_kwargs}
             self._actor_options = {**DEFAULT_ACTOR_OPTIONS, **(actor_options or {})}
-            if is_loopback_url(control_plane_url) and "scheduling_strategy" not in self._actor_options:
-                # A loopback control plane is reachable from this node only.
-                self._actor_options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                    node_id=ray.get_runtime_context().get_node_id(), soft=False)
-            self._actors = [self._new_actor(len(m)) for m in self._members]
+            if "scheduling_strategy" not in self._actor_options:
+                if control_plane_url is not None and is_loopback_url(control_plane_url):
+                    # A loopback control plane is reachable from this node only.
+                    self._actor_options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                        node_id=ray.get_runtime_context().get_node_id(), soft=False)
+                else:
+                    self._spreader = NodeSpreader(required_resources(self._actor_options),
+                                                  prefer=self._driver_node)
+            for g in range(len(self._members)):
+                self._actors.append(self._new_actor(g))
             self._describe_refs = [a.describe.remote() for a in self._actors]
             self.closed = False
             descriptions = self._describe_all()
@@ -125,46 +149,98 @@ class RayVectorEnv(gym.vector.VectorEnv):
 
     # -- actors ---------------------------------------------------------------------------------
 
-    def _new_actor(self, count: int) -> Any:
-        return RemoteSubEnvGroup.options(**self._actor_options).remote(self._env_kwargs, self.env_wrappers,
-                                                                       count)
+    def _new_actor(self, g: int) -> Any:
+        """Start actor ``g``: on the least used node when spreading, else where its options say."""
+        options = dict(self._actor_options)
+        self._nodes[g] = None
+        if self._spreader is not None:
+            node = self._spreader.choose(self._nodes)
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+            self._nodes[g] = node
+        placement = self._placement
+        if placement.mode == NODE and (self._nodes[g] is None or self._nodes[g] != placement.local_node):
+            placement = replace(placement, registry=self._ensure_registry())
+        return RemoteSubEnvGroup.options(**options).remote(self._env_kwargs, self.env_wrappers,
+                                                           len(self._members[g]), placement)
+
+    def _ensure_registry(self) -> Any:
+        """The actor that starts and finds the other nodes' control planes, started on first need."""
+        if self._registry is None:
+            # On this process's own node: it must not go with another node.
+            here = ray.get_runtime_context().get_node_id()
+            self._registry = RemoteControlPlaneRegistry.options(
+                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
+            ).remote(self._node_warm_pool)
+        return self._registry
 
     def _describe_all(self) -> list[dict[str, Any]]:
         out = []
         for g, ref in enumerate(self._describe_refs):
             try:
-                out.extend(ray.get(ref))
+                described = ray.get(ref)
             except RayError as exc:
                 raise RuntimeError(f"sub-env {self._members[g][0]} could not be created: "
                                    f"{reason(exc)}") from exc
+            self._nodes[g] = described[0]["node_id"]
+            out.extend(described)
         return out
 
-    def _replace(self, g: int) -> None:
+    def _node_of_actor(self, g: int) -> str | None:
+        if self._nodes[g] is None:
+            try:  # asked right after the actor started, answered before its first reset
+                self._nodes[g] = ray.get(self._describe_refs[g], timeout=0)[0]["node_id"]
+            except (RayError, GetTimeoutError, KeyError, IndexError, TypeError):
+                pass
+        return self._nodes[g]
+
+    def _replace(self, g: int, failure: SlotFailure | None = None) -> None:
         """Kill actor ``g`` (stopping its sandboxes) and start a new one; its slots need a reset."""
         old, ref = self._actors[g], self._describe_refs[g]
-        client_ids = []
+        node = self._node_of_actor(g)
+        node_lost = failure is not None and failure.node_lost
+        described: list[dict[str, Any]] = []
         try:
-            client_ids = [d["client_id"] for d in ray.get(ref, timeout=0)]
-        except (RayError, GetTimeoutError, KeyError, TypeError):
+            described = ray.get(ref, timeout=0)
+        except (RayError, GetTimeoutError):
             pass
         try:
             ray.kill(old, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone
             pass
-        for client_id in client_ids:
-            if client_id:
-                _stop_client(self.control_plane_url, client_id)
-        self._actors[g] = self._new_actor(len(self._members[g]))
+        if node_lost and self._spreader is not None:
+            self._spreader.suspect(node)
+        self._stop_clients(node, [d.get("client_id") for d in described if d.get("client_id")], node_lost)
+        self._actors[g] = self._new_actor(g)
         self._describe_refs[g] = self._actors[g].describe.remote()
         for i in self._members[g]:
             self.restarts[i] += 1
             self._needs_reset[i] = True
 
+    def _stop_clients(self, node: str | None, client_ids: list[str], node_lost: bool) -> None:
+        """Stop a replaced actor's clients at once, wherever their control plane is."""
+        if not client_ids:
+            return
+        if self.placement == SHARED:
+            assert self.control_plane_url is not None
+            for client_id in client_ids:
+                stop_client(self.control_plane_url, client_id)
+        elif node_lost:
+            pass  # that node's control plane went with it, and its sandboxes with it
+        elif node == self._placement.local_node and self._placement.local_url:
+            for client_id in client_ids:
+                stop_client(self._placement.local_url, client_id)
+        elif self._registry is not None and node is not None:
+            self._registry.stop_clients.remote(node, client_ids)  # not waited for
+
     def _recover(self, failures: dict[int, SlotFailure]) -> set[int]:
         """New actors for dead or stuck ones, new sub-envs for ones that raised; the slots affected."""
         affected: set[int] = set()
-        for g in sorted({i // self.envs_per_actor for i, f in failures.items() if f.kind != "env_error"}):
-            self._replace(g)
+        by_actor: dict[int, SlotFailure] = {}
+        for i, f in sorted(failures.items()):
+            if f.kind != "env_error":
+                by_actor.setdefault(i // self.envs_per_actor, f)
+        for g, failure in sorted(by_actor.items()):
+            self._replace(g, failure)
             affected.update(self._members[g])
         for i in failures:
             if i not in affected:  # env_error: only this sub-env is rebuilt (in order, before its next call)
@@ -178,6 +254,32 @@ class RayVectorEnv(gym.vector.VectorEnv):
         """The Ray actor handle holding sub-env ``i`` (for inspection and fault-injection tests)."""
         return self._actors[i // self.envs_per_actor]
 
+    def node_of(self, i: int) -> str | None:
+        """The Ray node id of sub-env ``i``'s actor (where its sandboxes are, with ``placement="node"``)."""
+        return self._node_of_actor(i // self.envs_per_actor)
+
+    def control_planes(self) -> dict[str, dict[str, Any]]:
+        """With ``placement="node"``: the running control planes by node id (``url``, ``pid``,
+        ``state_dir``; ``keeper_pid`` on nodes other than the driver's). The URLs carry no
+        credentials: this is for showing and logging."""
+        self._check_open()
+        out: dict[str, dict[str, Any]] = {}
+        if self._registry is not None:
+            for node_id, plane in ray.get(self._registry.describe.remote()).items():
+                out[node_id] = {**plane, "url": _without_credentials(plane["url"])}
+        if self._embedded and self._placement.local_node:
+            local = embedded.acquire()
+            try:
+                out[self._placement.local_node] = {"node_id": self._placement.local_node, "url": local.address,
+                                                   "pid": local.process.pid,
+                                                   "state_dir": str(local.state_dir)}
+            finally:
+                embedded.release()
+        return out
+
+    def _where(self, i: int) -> dict[str, Any]:
+        return {"placement": self.placement, "node_id": self.node_of(i)}
+
     # -- calling many actors at once -----------------------------------------------------------------
 
     def _run(self, calls: dict[int, tuple[str, tuple, dict[str, Any]]]) -> dict[int, Any]:
@@ -190,7 +292,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
         refs = [self._actors[g].run.remote([(i % self.envs_per_actor, *calls[i]) for i in batches[g]])
                 for g in groups]
         out: dict[int, Any] = {}
-        for g, answer in zip(groups, gather(refs, self.step_timeout)):
+        for g, answer in zip(groups, gather(refs, self.step_timeout), strict=True):
             for n, i in enumerate(batches[g]):
                 if isinstance(answer, SlotFailure):
                     out[i] = answer
@@ -258,7 +360,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
             obs, info = results[i]
             self._last_obs[i] = obs
             self._autoreset[i] = False
-            infos = self._add_info(infos, info, i)
+            infos = self._add_info(infos, {**info, **self._where(i)}, i)
         return self._batch_obs(), infos
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
@@ -274,6 +376,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
         truncated = np.zeros(self.num_envs, dtype=np.bool_)
         infos: dict[str, Any] = {}
         failures = {i: v for i, v in values.items() if isinstance(v, SlotFailure)}
+        lost_on = {i: self.node_of(i) for i in failures}  # before a new actor moves the slot
         if failures:
             self._recover(failures)
             failed_resets = [i for i in sorted(failures) if resetting[i]]
@@ -285,11 +388,18 @@ class RayVectorEnv(gym.vector.VectorEnv):
             value = values[i]
             if resetting[i]:
                 obs, info = value
+                info = {**info, **self._where(i)}
                 self._needs_reset[i] = False
             elif isinstance(value, SlotFailure):
+                # An infrastructure failure, not a result: the reward of 0 is no score, and
+                # infrastructure_error says so (as for a failed grading).
                 obs = self._last_obs[i]
                 info = {"error": value.message, "slot_failure": value.kind,
-                        "slot_restarts": int(self.restarts[i])}
+                        "infrastructure_error": value.message,
+                        "slot_restarts": int(self.restarts[i]), "placement": self.placement,
+                        "node_id": lost_on[i]}
+                if value.node_lost:
+                    info["node_lost"] = True
                 truncated[i] = True
             else:
                 obs, reward, term, trunc, info = value
@@ -323,7 +433,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
         if len(values) != self.num_envs:
             raise ValueError(f"{len(values)} values for {self.num_envs} sub-envs")
         ray.get([a.set_attr.remote(name, [values[i] for i in m])
-                 for a, m in zip(self._actors, self._members)])
+                 for a, m in zip(self._actors, self._members, strict=True)])
 
     def close_extras(self, **kwargs: Any) -> None:
         actors, self._actors = self._actors, []
@@ -345,6 +455,16 @@ class RayVectorEnv(gym.vector.VectorEnv):
                         ray.kill(a, no_restart=True)
                     except Exception:  # noqa: BLE001
                         pass
+            registry, self._registry = self._registry, None
+            if registry is not None and ray_usable():
+                try:  # the other nodes' control planes, after the sub-envs have handed their sandboxes back
+                    ray.get(registry.close.remote(), timeout=STOP_TIMEOUT + 10)
+                except Exception:  # noqa: BLE001 - killed below; each keeper then stops its control plane
+                    pass
+                try:
+                    ray.kill(registry, no_restart=True)
+                except Exception:  # noqa: BLE001
+                    pass
         finally:
             if self._embedded:
                 self._embedded = False
@@ -392,20 +512,9 @@ class RayVectorEnv(gym.vector.VectorEnv):
         return object_array(self._last_obs)
 
 
-def _stop_client(url: str, client_id: str) -> None:
-    """Best effort: stop a dead actor's client so that its sandboxes go now, not when its heartbeat
-    times out."""
-    import httpx
-
-    from ..client import Settings, _plans
-    from ..client._sync import drive
-
-    try:
-        settings = Settings.resolve(url)
-        with httpx.Client(base_url=settings.url, auth=settings.auth, timeout=10.0) as http:
-            drive(http, _plans.stop_client(client_id, "idegym"))
-    except Exception:  # noqa: BLE001 - the control plane's reaper gets it eventually
-        pass
-
-
 __all__ = ["RayVectorEnv", "NEXT_STEP", "DEFAULT_ACTOR_OPTIONS"]
+
+
+def _without_credentials(url: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))

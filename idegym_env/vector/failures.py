@@ -6,16 +6,41 @@ import time
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+from ray.exceptions import (
+    ActorUnavailableError,
+    ActorUnschedulableError,
+    GetTimeoutError,
+    NodeDiedError,
+    RayActorError,
+    RayError,
+    RayTaskError,
+    TaskUnschedulableError,
+    WorkerCrashedError,
+)
 
 
 class SlotFailure(Exception):
-    """What went wrong in one slot: ``kind`` is ``actor_died``, ``env_error`` or ``timeout``."""
+    """What went wrong in one slot: ``kind`` is ``actor_died``, ``env_error`` or ``timeout``;
+    ``node_lost`` when the actor went with its node."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, *, node_lost: bool = False) -> None:
         super().__init__(f"{kind}: {message}")
         self.kind = kind
         self.message = message
+        self.node_lost = node_lost
+
+
+def lost_with_node(exc: BaseException) -> bool:
+    """The error says the actor's (or task's) node died or stopped answering.
+
+    A SIGKILLed node shows as ``ActorUnavailableError`` (its socket closed) for about 15 s
+    before Ray calls it dead; a node that shut down shows as ``ActorDiedError`` "because its
+    node has died"; work sent to a node that Ray has since called dead is unschedulable there.
+    """
+    if isinstance(exc, (ActorUnavailableError, NodeDiedError, WorkerCrashedError, ActorUnschedulableError,
+                        TaskUnschedulableError)):
+        return True
+    return isinstance(exc, RayError) and "node has died" in str(exc)
 
 
 def gather(refs: list[Any], timeout: float | None) -> list[Any]:
@@ -36,11 +61,11 @@ def gather(refs: list[Any], timeout: float | None) -> list[Any]:
         try:
             out.append(ray.get(ref))
         except RayActorError as exc:
-            out.append(SlotFailure("actor_died", reason(exc)))
+            out.append(SlotFailure("actor_died", reason(exc), node_lost=lost_with_node(exc)))
         except RayTaskError as exc:
             out.append(SlotFailure("env_error", reason(exc)))
         except RayError as exc:
-            out.append(SlotFailure("actor_died", reason(exc)))
+            out.append(SlotFailure("actor_died", reason(exc), node_lost=lost_with_node(exc)))
     return out
 
 
@@ -55,4 +80,4 @@ def reason(exc: BaseException, limit: int = 2000) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-__all__ = ["SlotFailure", "gather", "reason"]
+__all__ = ["SlotFailure", "gather", "lost_with_node", "reason"]

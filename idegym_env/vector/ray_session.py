@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
 import ray
+
+from .local_ray import LOOPBACK, use_loopback, wants_local_ray
 
 _lock = threading.Lock()
 _users = 0  # RayVectorEnvs using a Ray that one of them started
@@ -20,6 +23,11 @@ def acquire_ray(init_kwargs: dict[str, Any] | None) -> bool:
                 return False  # somebody else's Ray (a cluster, RLlib, a test fixture)
         else:
             kwargs = {"include_dashboard": False, "ignore_reinit_error": True, **(init_kwargs or {})}
+            if wants_local_ray(kwargs.get("address")):
+                # A Ray for this machine only: nothing of it listens beyond loopback.
+                if os.environ.get("RAY_NODE_IP_ADDRESS", LOOPBACK) == LOOPBACK:
+                    use_loopback()
+                kwargs.setdefault("_node_ip_address", LOOPBACK)
             ray.init(**kwargs)
             _users = 0
         _users += 1

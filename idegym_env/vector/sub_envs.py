@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -11,6 +12,7 @@ import gymnasium as gym
 import ray
 
 from .failures import reason
+from .placement import Placement
 
 
 def build_env(env_kwargs: dict[str, Any], wrappers: Sequence[Callable[[gym.Env], gym.Env]]) -> gym.Env:
@@ -33,10 +35,18 @@ class SubEnvGroup:
     """
 
     def __init__(self, env_kwargs: dict[str, Any], wrappers: Sequence[Callable[[gym.Env], gym.Env]],
-                 count: int = 1) -> None:
-        self._env_kwargs, self._wrappers = env_kwargs, tuple(wrappers)
-        self.envs = [build_env(env_kwargs, wrappers) for _ in range(count)]
+                 count: int = 1, placement: Placement | None = None) -> None:
+        self._env_kwargs, self._wrappers, self._placement = env_kwargs, tuple(wrappers), placement
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.control_plane_url = env_kwargs.get("control_plane_url")
+        self.envs = [self._build() for _ in range(count)]
         self._threads = concurrent.futures.ThreadPoolExecutor(count) if count > 1 else None
+
+    def _build(self) -> gym.Env:
+        if self._placement is not None:
+            # Found again for every new sub-env: a node's control plane that died is started again.
+            self.control_plane_url = self._placement.control_plane_url()
+        return build_env({**self._env_kwargs, "control_plane_url": self.control_plane_url}, self._wrappers)
 
     def describe(self) -> list[dict[str, Any]]:
         out = []
@@ -51,6 +61,9 @@ class SubEnvGroup:
                 "metadata": dict(getattr(env, "metadata", {}) or {}),
                 "render_mode": env.render_mode,
                 "client_id": client_id,
+                "node_id": self.node_id,
+                "actor_pid": os.getpid(),
+                "control_plane_url": self.control_plane_url,
             })
         return out
 
@@ -75,7 +88,7 @@ class SubEnvGroup:
             self.envs[j].close()
         except Exception:  # noqa: BLE001 - it is being thrown away
             pass
-        self.envs[j] = build_env(self._env_kwargs, self._wrappers)
+        self.envs[j] = self._build()
 
     def render(self) -> list[Any]:
         return [env.render() for env in self.envs]
@@ -88,7 +101,7 @@ class SubEnvGroup:
         return out
 
     def set_attr(self, name: str, values: list[Any]) -> None:
-        for env, value in zip(self.envs, values):
+        for env, value in zip(self.envs, values, strict=True):
             env.set_wrapper_attr(name, value)
 
     def sleep(self, seconds: float) -> float:  # for tests: proves that calls overlap

@@ -8,7 +8,7 @@ action ``i`` run ``calls[i]``; by default the list is the task's ``actions`` fol
 
     env = DiscreteActions(gym.make("IdeGym-v0", task="python-roman-numerals"))
     env.action_space          # Discrete(6)
-    env.labels                # ['bash: python3 tests/run_tests.py', 'bash: cat -n roman.py', …, 'submit']
+    env.labels                # ['bash: $IDEGYM_JUDGE tests/', 'bash: cat -n roman.py', …, 'submit']
 
 ``actions=`` gives your own list: tool-call dicts (any shape ``IdeGymEnv.step`` accepts),
 ``ToolCall`` objects, or plain strings, which are bash commands.

@@ -53,3 +53,31 @@ class SlowOracle(OracleAgent):
 def submit_now(observation: str, info: dict[str, Any]) -> dict[str, Any]:
     """A stateless agent given as a plain function: it shares nothing, so one serves every episode."""
     return SUBMIT
+
+
+class MarkNodeThenOracle(OracleAgent):
+    """The oracle, that first leaves a marker naming its attempt and Ray node in ``marker_dir`` and
+    waits ``delay`` seconds, so that a test can take the node away in the middle of the episode."""
+
+    def __init__(self, marker_dir: str, delay: float = 6.0) -> None:
+        super().__init__()
+        self.marker_dir = marker_dir
+        self.delay = delay
+        self.first = True
+
+    def reset(self, task: Task, *, seed: int | None = None) -> None:
+        super().reset(task, seed=seed)
+        self.first = True
+
+    def __call__(self, observation: str, info: dict[str, Any]) -> Any:
+        if self.first:
+            self.first = False
+            import os
+            from pathlib import Path
+
+            import ray
+
+            node = ray.get_runtime_context().get_node_id()
+            Path(self.marker_dir, f"{info['attempt']}-{node}-{os.getpid()}").touch()
+            time.sleep(self.delay)
+        return super().__call__(observation, info)

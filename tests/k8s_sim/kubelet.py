@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import ctypes
 import os
@@ -349,6 +350,8 @@ class PodRuntime:
                     target.mkdir(parents=True, exist_ok=True)
                     for key, value in (src.get("data") or {}).items():
                         (target / key).write_text(value)
+                    for key, value in (src.get("binaryData") or {}).items():
+                        (target / key).write_bytes(base64.b64decode(value))
             target.mkdir(parents=True, exist_ok=True)
         for source in main.get("envFrom") or []:
             for kind, ref_key in (("configMapRef", "configmaps"), ("secretRef", "secrets")):
@@ -520,7 +523,8 @@ class Kubelet:
         runtime = self.runtimes.get(meta["uid"])
         if event.type == "ADDED" and runtime is None:
             self.runtimes[meta["uid"]] = PodRuntime(self, event.obj)
-        elif event.type == "MODIFIED" and runtime is not None and meta.get("deletionTimestamp") or event.type == "DELETED" and runtime is not None:
+        elif runtime is not None and (event.type == "MODIFIED" and meta.get("deletionTimestamp")
+                                      or event.type == "DELETED"):
             runtime.deleting.set()
 
     def wake_pending(self) -> None:

@@ -1,8 +1,10 @@
 """Image builds as Kubernetes Jobs running an in-cluster image builder (Kaniko by default).
 
-One image of the build YAML becomes a ConfigMap holding the rendered build context (a
-Dockerfile) and a Job whose single pod runs the builder with that ConfigMap mounted at
-``/workspace`` and pushes to the image's tag. The Job is the durable record: its status, read
+One image of the build YAML becomes a ConfigMap holding its Dockerfile (the entry's own
+``dockerfile``, or one rendered from the entry) and, when the entry has a ``context`` or a
+project ``path``, that directory as ``context.tar.gz`` (the builder's ``tar://`` context),
+and a Job whose single pod runs the builder with that ConfigMap mounted at ``/workspace`` and
+pushes to the image's tag. The Job is the durable record: its status, read
 back by name, is what ``/api/jobs/status/{job_name}`` reports, so a restarted control plane
 still knows how a build ended (until the Job's TTL removes it).
 
@@ -13,17 +15,21 @@ rules on top; ``KubernetesImageBuilder.parse_yaml`` applies the configured regis
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import re
 import secrets
+import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.exceptions import ApiException
 
-from ...appuser import PROJECT_DIR
+from ...appuser import APPUSER, PROJECT_DIR
 from ...models import Status
 from ..base import BackendError, ImageBuilder, ImageDefinition
 from . import kube
@@ -34,6 +40,8 @@ if TYPE_CHECKING:
 
 IMAGE_TAG_ANNOTATION = f"{GROUP}/image-tag"
 CONTEXT_MOUNT = "/workspace"
+CONTEXT_ARCHIVE = "context.tar.gz"
+MAX_CONTEXT_BYTES = 700 * 1024  # a ConfigMap holds at most 1 MiB: base64 (4/3) and the Dockerfile included
 
 
 # -- the YAML -----------------------------------------------------------------------------------
@@ -41,30 +49,65 @@ CONTEXT_MOUNT = "/workspace"
 
 def parse_build_yaml(text: str, registry: str | None = None) -> list[ImageDefinition]:
     """The shared build YAML (``control_plane.images``), with what a cluster needs on top: every
-    entry names a real ``base`` image (there is no built-in image on a cluster) and builds may use
-    the network unless an entry says otherwise."""
+    entry names a real ``base`` image or has a ``dockerfile`` (there is no built-in image on a
+    cluster) and builds may use the network unless an entry says otherwise."""
     from ...images import BUILTIN_IMAGE
     from ...images import parse_build_yaml as parse_shared
 
     definitions = parse_shared(text, registry)
     for index, definition in enumerate(definitions):
-        if "base" not in definition.raw or definition.base == BUILTIN_IMAGE:
-            raise ValueError(f"images[{index}]: needs a 'base' image to build from on Kubernetes")
+        if definition.dockerfile is None and ("base" not in definition.raw or definition.base == BUILTIN_IMAGE):
+            raise ValueError(f"images[{index}]: needs a 'base' image (or a 'dockerfile') to build from on Kubernetes")
+        if definition.dockerfile is None and definition.project and "path" not in definition.project \
+                and "url" not in definition.project:
+            raise ValueError(f"images[{index}]: on Kubernetes a project is a local `path` (sent as the build "
+                             "context) or an archive `url`")
         if "network" not in definition.raw:
             definition.network = True
     return definitions
 
 
 def render_dockerfile(definition: ImageDefinition) -> str:
+    if definition.dockerfile is not None:  # the user's own, as written; the label on its last stage
+        return definition.dockerfile.rstrip("\n") + f'\nLABEL {IMAGE_TAG_ANNOTATION}="{definition.tag}"\n'
     lines = [f"FROM {definition.base}", f'LABEL {IMAGE_TAG_ANNOTATION}="{definition.tag}"']
     for key, value in definition.env.items():
         lines.append(f"ENV {key}={json.dumps(value)}")
     project = definition.project or {}
     if isinstance(project, dict) and project.get("url"):
         lines.append(f"ADD {project['url']} {PROJECT_DIR}/")
+    if isinstance(project, dict) and project.get("path"):  # the build context (build_context)
+        lines.append(f"COPY --chown={APPUSER.uid}:{APPUSER.gid} . {PROJECT_DIR}/")
     lines += [f"RUN {command}" for command in definition.commands]
     lines.append(f"WORKDIR {PROJECT_DIR}")
     return "\n".join(lines) + "\n"
+
+
+def build_context(definition: ImageDefinition) -> bytes | None:
+    """The build context the Job gets, as a gzipped tar: the definition's ``context`` or its
+    project's ``path`` (a directory on the control plane's host). It travels in the Job's
+    ConfigMap, so it must stay under ``MAX_CONTEXT_BYTES``; bigger projects need a ``url``."""
+    root = definition.context or (definition.project or {}).get("path")
+    if not root:
+        return None
+    directory = Path(str(root)).expanduser()
+    if not directory.is_dir():
+        raise BackendError(f"build context {directory} is not a directory", 400)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
+        for path in sorted(directory.rglob("*")):
+            rel = path.relative_to(directory)
+            if rel.parts[0] == ".git":
+                continue
+            tar.add(path, arcname=str(rel), recursive=False)
+            if buffer.tell() > MAX_CONTEXT_BYTES:
+                break
+    data = buffer.getvalue()
+    if len(data) > MAX_CONTEXT_BYTES:
+        raise BackendError(f"the build context {directory} is over {MAX_CONTEXT_BYTES // 1024} KiB compressed: "
+                           "too big for the build Job's ConfigMap; give the project as an archive `url`, or build "
+                           "the image locally and push it (`idegym images push`)", 413)
+    return data
 
 
 # -- the Job ------------------------------------------------------------------------------------
@@ -83,7 +126,9 @@ def build_job(job_name: str, namespace: str, definition: ImageDefinition, backen
     """The Job and its ConfigMap (the ConfigMap's ownerReference is added once the Job exists)."""
     cfg = backend.config
     labels = managed_labels(job_name, backend.settings, component="image-build")
-    args = [f"--dockerfile={CONTEXT_MOUNT}/Dockerfile", f"--context=dir://{CONTEXT_MOUNT}",
+    context = build_context(definition)
+    source = f"tar://{CONTEXT_MOUNT}/{CONTEXT_ARCHIVE}" if context is not None else f"dir://{CONTEXT_MOUNT}"
+    args = [f"--dockerfile={CONTEXT_MOUNT}/Dockerfile", f"--context={source}",
             f"--destination={definition.tag}", *cfg.builder_args]
     if cfg.insecure_registry:
         args.append("--insecure")
@@ -126,6 +171,8 @@ def build_job(job_name: str, namespace: str, definition: ImageDefinition, backen
         "metadata": {"name": f"{job_name}-context", "namespace": namespace, "labels": labels},
         "data": {"Dockerfile": render_dockerfile(definition)},
     }
+    if context is not None:
+        configmap["binaryData"] = {CONTEXT_ARCHIVE: base64.b64encode(context).decode()}
     return job, configmap
 
 

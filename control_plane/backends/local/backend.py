@@ -18,8 +18,8 @@ One sandbox = one ``sandbox_server`` process (plus the tools it starts) inside b
 * **pid, ipc, uts, cgroup and network namespaces**; cgroup v1 limits (memory, pids — 1024 by
   default —, cpu), ``ephemeral-storage`` as a size-bounded tmpfs under the layers and ``/tmp``.
 * **network** only when the backend (``network=True``) or the image (``network: true``) allows
-  it, by sharing the host's network namespace. CAVEAT: such a sandbox can then reach every
-  service listening on the host's loopback and abstract Unix sockets; allow it for trusted images.
+  it, and then still in its own network namespace, through user-mode networking (slirp4netns,
+  ``usernet.py``): the outside is reachable, the host's loopback and other sandboxes are not.
 * **endpoint**: the server listens on ``/run/idegym/server.sock`` (a per-sandbox host directory);
   once it is ready the socket is hard-linked to ``<run root>/<name>.sock``, outside the sandbox's
   reach, so root inside cannot redirect the control plane to another sandbox's socket.
@@ -61,6 +61,7 @@ from .isolation import ISOLATIONS, choose_isolation, say_once
 from .launcher import BACKEND_NAME, DEFAULT_DELETE_TIMEOUT, Launcher
 from .layout import Space, pick_run_root, register_state, state_key, tail
 from .lease import DEFAULT_ORPHAN_TTL, Lease
+from .oci.settings import OciSettings
 from .runtime import Runtime, detect
 from .snapshots import Snapshots
 from .storage import DEFAULT_STORAGE_BYTES, DEFAULT_STORAGE_INODES, LayerStorage
@@ -77,7 +78,7 @@ class LocalBackend(Backend):
 
     ``state_dir`` holds images, sandboxes, snapshots; ``isolation`` is ``auto`` (bubblewrap when
     it can work here, else ``none``), ``bwrap`` or ``none`` (plain child processes: NOT isolated);
-    ``network`` lets every sandbox use the host network (images can ask with ``network: true``);
+    ``network`` lets every sandbox reach the network (images can ask with ``network: true``);
     ``pids_max`` caps the processes of one sandbox even without a request; ``cgroup_parent`` is
     the group (in every v1 controller) the sandboxes' groups go under; ``server_memory_reserve``
     is the memory the tools can never take from their sandbox server (cgroups.py); a delete that
@@ -94,8 +95,8 @@ class LocalBackend(Backend):
                  tmp_bytes: int = DEFAULT_TMP_BYTES, shm_bytes: int = DEFAULT_SHM_BYTES,
                  server_memory_reserve: int = DEFAULT_SERVER_MEMORY_RESERVE,
                  delete_timeout: float = DEFAULT_DELETE_TIMEOUT, storage_bytes: int | None = DEFAULT_STORAGE_BYTES,
-                 storage_inodes: int | None = DEFAULT_STORAGE_INODES, orphan_ttl: float | None = DEFAULT_ORPHAN_TTL
-                 ) -> None:
+                 storage_inodes: int | None = DEFAULT_STORAGE_INODES, orphan_ttl: float | None = DEFAULT_ORPHAN_TTL,
+                 oci: OciSettings | None = None) -> None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation!r}")
         self.state_dir = Path(state_dir).absolute()
@@ -114,6 +115,7 @@ class LocalBackend(Backend):
         self.storage_inodes = storage_inodes or None
         self.lease = Lease(self.state_dir, orphan_ttl) if orphan_ttl else None
         self.store = ImageStore(self.state_dir / "images")
+        self.oci_settings = oci or OciSettings.from_env()  # OCI builds: the bases' cache, a registry mirror
         self.snapshots = Snapshots(self.state_dir / "snapshots")
         key = state_key(self.state_dir)
         self._cgroup_parent = f"{cgroup_parent.strip('/')}/{key}"
@@ -215,7 +217,10 @@ class LocalBackend(Backend):
 
     def resolve(self, tag: str) -> ResolvedImage:
         """The stored image ``tag``; ``ImageNotFound`` saying how to make it."""
-        image = self.store.resolve(tag)
+        try:
+            image = self.store.resolve(tag)
+        except ImageError as exc:  # e.g. an OCI image whose layers (in the shared cache) are gone
+            raise BackendError(str(exc), 409) from exc
         if image is None:
             raise ImageNotFound(
                 f"image {tag!r} is not in the local image store ({self.store.root}). Build it from a YAML "

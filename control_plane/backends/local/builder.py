@@ -1,6 +1,8 @@
 """``LocalImageBuilder``: build an ``ImageDefinition`` into the local image store.
 
-A build starts a sandbox from the base image (as root, with network only when the definition
+A Dockerfile, or a definition whose base is not an image of the host's userland (``debian:…``,
+``python:…``, an OCI image built here, a registry image), is built with buildah (``oci.build``).
+Otherwise a build starts a sandbox from the base image (as root, with network only when the definition
 asks for it) whose project is the definition's project, runs the ``commands`` in it as one
 ``set -eux`` script, exports the project and then takes the sandbox's upper layers as the new
 image's layers: an image on top of another stacks layers, nothing is copied from the base.
@@ -22,24 +24,21 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from ...appuser import PROJECT_DIR
-from ..base import BackendError, ImageBuilder, ImageDefinition, ImageNotFound, Limits
+from ..base import BackendError, ImageBuilder, ImageDefinition, Limits
 from .images import APPUSER, BUILTIN_IMAGE, TREES, ImageError, check_tag, chown_tree, copy_tree, local_notes
+from .oci.build import OciBuilder
 
 if TYPE_CHECKING:
     from .backend import LocalBackend
 
 log = logging.getLogger(__name__)
 
-# Public base images an upstream YAML may name; locally the host's userland stands in for them.
-DISTRO_BASES = {"debian", "ubuntu", "python", "node", "eclipse-temurin", "openjdk", "rust", "gcc", "golang",
-                "buildpack-deps", "amazoncorretto", "maven", "gradle"}
-
-
 class LocalImageBuilder(ImageBuilder):
     def __init__(self, backend: LocalBackend, *, command_timeout: float = 3600.0, start_timeout: float = 120.0) -> None:
         self.backend = backend
         self.command_timeout = command_timeout
         self.start_timeout = start_timeout
+        self.oci = OciBuilder(backend.store, backend.state_dir / "images", getattr(backend, "oci_settings", None))
 
     async def exists(self, tag: str) -> bool:
         return self.backend.store.exists(tag)
@@ -53,17 +52,18 @@ class LocalImageBuilder(ImageBuilder):
         except ImageError as exc:
             raise BackendError(str(exc), 400) from exc
         started = time.monotonic()
+        if self.oci.wants(definition):  # a Dockerfile, or a base that is an OCI image: buildah builds it
+            try:
+                return await self.oci.build(definition, emit, self._fetch,
+                                            network=definition.network or definition.build_network
+                                            or backend.network,
+                                            timeout=self.command_timeout)
+            except ImageError as exc:
+                raise BackendError(str(exc), 400) from exc
         notes = _notes(definition.raw)
         for note in notes:
             emit(f"note: {note}")
         base_tag = definition.base or BUILTIN_IMAGE
-        if not backend.store.exists(base_tag):
-            family = base_tag.split("/")[-1].split(":")[0].split("@")[0]
-            if "/" in base_tag or family not in DISTRO_BASES:
-                raise ImageNotFound(f"base image {base_tag!r} is not in the local image store; build or register it "
-                                    f"first, or use {BUILTIN_IMAGE!r}")
-            emit(f"note: base {base_tag!r} is not a local image; building on {BUILTIN_IMAGE} (the host's userland)")
-            base_tag = BUILTIN_IMAGE
         base = backend.store.resolve(base_tag)
         assert base is not None and backend.builds is not None
         if backend.isolation != "bwrap" and definition.commands:
@@ -85,7 +85,7 @@ class LocalImageBuilder(ImageBuilder):
             export = work / "export"
             export.mkdir(mode=0o700)
             env = {**base.env, **definition.env}
-            network = definition.network or backend.network
+            network = definition.network or definition.build_network or backend.network
             emit(f"starting a build sandbox from {base_tag} (network {'on' if network else 'off'})")
             handle = await launcher.launch(backend.builds, name, base, run_as_root=True, network=network,
                                            limits=Limits(), env=env, timeout=self.start_timeout,
@@ -136,6 +136,10 @@ class LocalImageBuilder(ImageBuilder):
             if tmp_image is not None:
                 shutil.rmtree(tmp_image, ignore_errors=True)
             await loop.run_in_executor(None, shutil.rmtree, work, True)
+
+
+    async def _fetch(self, project: dict[str, Any], work: Path) -> Path:
+        return await asyncio.get_running_loop().run_in_executor(None, _fetch_project, project, work)
 
 
 def _notes(raw: dict[str, Any]) -> list[str]:
@@ -195,9 +199,10 @@ def _fetch_project(project: dict[str, Any], work: Path) -> Path:
         clone = work / "clone"
         env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
         ref = str(project.get("ref") or "HEAD")
-        steps = [["git", "clone", "--quiet", str(project["git"]), str(clone)]]
+        # `--`: positionals are never options (the parser refuses a URL or ref starting with '-')
+        steps = [["git", "clone", "--quiet", "--", str(project["git"]), str(clone)]]
         if ref != "HEAD":
-            steps.append(["git", "-C", str(clone), "checkout", "--quiet", ref])
+            steps.append(["git", "-C", str(clone), "checkout", "--quiet", ref, "--"])
         for argv in steps:
             proc = subprocess.run(argv, capture_output=True, env=env, timeout=1800)
             if proc.returncode != 0:

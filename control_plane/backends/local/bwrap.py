@@ -20,9 +20,9 @@ from sandbox_server import procfs
 
 from ...appuser import APPUSER
 from ..base import BackendError
-from . import mounts
+from . import mounts, usernet
 from .images import HOSTNAME
-from .layout import MEMORY_EVENTS_INSIDE, PROJECT_INSIDE, RUN_INSIDE, SOCKET_NAME, TOOL_CGROUPS_INSIDE, Plan
+from .layout import MEMORY_EVENTS_INSIDE, RUN_INSIDE, SOCKET_NAME, TOOL_CGROUPS_INSIDE, Plan
 from .rootfs import mount_root
 from .runtime import INSIDE, Runtime
 from .server_kinds import ServerKindEntry, sandbox_server_args
@@ -47,10 +47,11 @@ def tmp_size(plan: Plan, host: BwrapHost) -> int:
 
 
 def argv(plan: Plan, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry, *, ready_fd: int, info_fd: int,
-         block_fd: int, tool_cgroups: dict[str, str]) -> list[str]:
-    """bwrap's command line for ``plan``."""
+         block_fd: int, tool_cgroups: dict[str, str], resolv_fd: int | None = None) -> list[str]:
+    """bwrap's command line for ``plan``; ``resolv_fd`` (a networked sandbox) holds its resolv.conf."""
     shm_size = min(tmp_size(plan, host), host.shm_bytes)
-    args = sandbox_server_args(plan, runtime.tool_env, PROJECT_INSIDE, ready_fd, f"{RUN_INSIDE}/{SOCKET_NAME}")
+    args = sandbox_server_args(plan, runtime.tool_env, plan.image.project_dir, ready_fd,
+                               f"{RUN_INSIDE}/{SOCKET_NAME}")
     args += ["--overlay-lower", f"{INSIDE}/image/project", "--overlay-layer", f"{INSIDE}/layer"]
     if not plan.run_as_root:
         # tools run as appuser, and a request's `user` can never make them root
@@ -60,10 +61,9 @@ def argv(plan: Plan, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry, *
     if tool_cgroups:
         args += ["--tool-cgroups", TOOL_CGROUPS_INSIDE]
     args = kind.server_args(args, f"{RUN_INSIDE}/oe")
+    # Always a network namespace of its own; with network, user-mode networking (usernet.py) gives it a way out.
     out = ["bwrap", "--unshare-user", "--userns-block-fd", str(block_fd), "--info-fd", str(info_fd),
-           "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-    if not plan.network:
-        out.append("--unshare-net")
+           "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--unshare-net"]
     # Root in the sandbox is uid 0 of the host's kernel for file ownership: the global sysctls
     # (/proc/sys: core_pattern runs a program as host root) must be read-only. The server's
     # root tools cannot unmount this (they have no CAP_SYS_ADMIN).
@@ -72,6 +72,8 @@ def argv(plan: Plan, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry, *
             "--dev", "/dev",
             "--perms", "1777", "--size", str(shm_size), "--tmpfs", "/dev/shm",
             "--new-session", "--chdir", "/", "--clearenv"]
+    if resolv_fd is not None:
+        out += ["--perms", "0644", "--ro-bind-data", str(resolv_fd), "/etc/resolv.conf"]
     env = dict(runtime.server_env)
     if kind.image_env:
         env.update(plan.env)
@@ -85,11 +87,16 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
     """Start bwrap for ``plan``; records ``monitor`` (bwrap) and ``init`` (the namespace's first
     process) in ``data`` and hands bwrap's Popen to ``track``. Returns the fd the server reports
     ready on."""
+    slirp = usernet.require() if plan.network else None
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe()
     ready_r, ready_w = os.pipe()
+    # A networked sandbox: slirp4netns ends once nobody holds exit_w (bwrap and the namespace do).
+    exit_r, exit_w = os.pipe() if slirp else (-1, -1)
+    resolv = usernet.resolv_conf_fd() if slirp else None
+    inherited = (info_w, block_r, ready_w, *((exit_w, resolv) if slirp else ()))
     command = argv(plan, host, runtime, kind, ready_fd=ready_w, info_fd=info_w, block_fd=block_r,
-                   tool_cgroups=tool_cgroups)
+                   tool_cgroups=tool_cgroups, resolv_fd=resolv)
     logf = open(plan.log, "ab")
     try:
         own_ns = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
@@ -106,7 +113,7 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
                 mount_root(plan, state_dir=host.state_dir, links=host.usr_links, binds=runtime.binds,
                            tool_cgroups=tool_cgroups, tmp_bytes=tmp_size(plan, host),
                            skeletons=tuple(runtime.skeletons))
-                popen = subprocess.Popen(command, pass_fds=(info_w, block_r, ready_w), stdin=subprocess.DEVNULL,
+                popen = subprocess.Popen(command, pass_fds=inherited, stdin=subprocess.DEVNULL,
                                          stdout=logf, stderr=logf, start_new_session=True, cwd="/",
                                          env={"PATH": os.environ.get("PATH", os.defpath)})
             finally:
@@ -114,28 +121,33 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
         finally:
             os.close(own_ns)
     except BaseException:
-        for fd in (info_r, block_w, ready_r):
+        for fd in (info_r, block_w, ready_r, *((exit_r,) if slirp else ())):
             os.close(fd)
+        logf.close()
         raise
     finally:
-        logf.close()
-        for fd in (info_w, block_r, ready_w):
+        for fd in inherited:
             os.close(fd)
-    track(popen)
-    data["monitor"] = procfs.record(popen.pid)
     try:
+        track(popen)
+        data["monitor"] = procfs.record(popen.pid)
         child = int(_read_info(info_r)["child-pid"])
         data["init"] = procfs.record(child)
         for map_file in ("uid_map", "gid_map"):
             with open(f"/proc/{child}/{map_file}", "w") as fh:
                 fh.write(ID_MAP)
         os.write(block_w, b"1")
+        if slirp:  # once bwrap has set up the namespace's loopback (it fails if lo is up already)
+            usernet.start(slirp, data["init"], exit_r, data, logf, track)
     except BaseException:
         os.close(ready_r)
         raise
     finally:
         os.close(info_r)
         os.close(block_w)
+        logf.close()
+        if slirp:
+            os.close(exit_r)
     return ready_r
 
 

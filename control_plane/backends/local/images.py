@@ -37,8 +37,10 @@ from ...images import parse_build_yaml as parse_images_yaml  # noqa: F401 - re-e
 
 log = logging.getLogger(__name__)
 
-BUILTIN_ID = "builtin-v2"
+BUILTIN_ID = "builtin-v3"  # v3: `python` and pytest (the seed's default test script runs)
 TREES = ("usr", "etc", "var", "opt", "root", "home")
+ROOTFS = "rootfs"  # an OCI image's one tree: the whole root (oci/rootfs.py)
+ALL_TREES = (*TREES, ROOTFS)
 HOSTNAME = "sandbox"
 # Mount points the backend binds its runtime on (created in the built-in /opt layer).
 OPT_SKELETON = (
@@ -80,6 +82,14 @@ class ResolvedImage:
     project: str
     env: dict[str, str] = field(default_factory=dict)
     network: bool = False
+    # An OCI image: the lower layers of the whole root filesystem (top first; ``lowers`` is
+    # then empty), see ``oci.rootfs``.
+    rootfs: tuple[str, ...] = ()
+    project_dir: str = "/home/appuser/work"  # where the sandbox's project is (an OCI image's WORKDIR)
+
+    @property
+    def is_oci(self) -> bool:
+        return bool(self.rootfs)
 
 
 class ImageStore:
@@ -153,6 +163,8 @@ class ImageStore:
             current = meta.get("base_id")
             if len(chain) > 64:
                 raise ImageError(f"image {ident}: base chain too deep (a loop?)")
+        rootfs = self._oci_rootfs(chain)
+        project_dir = next((m["project_dir"] for m in chain if m.get("project_dir")), "/home/appuser/work")
         for meta in chain:
             d = self.data / meta["id"]
             for tree in TREES:
@@ -169,7 +181,23 @@ class ImageStore:
         if project is None:
             raise ImageError(f"image {ident} has no project directory")
         return ResolvedImage(tag or chain[0]["tag"], ident, {t: tuple(v) for t, v in lowers.items()},
-                             project, env, network)
+                             project, env, network, rootfs, project_dir)
+
+    def _oci_rootfs(self, chain: list[dict[str, Any]]) -> tuple[str, ...]:
+        """The root's lowers when the chain ends in an OCI image (only projects may sit above it)."""
+        oci = [meta for meta in chain if meta.get("kind") == "oci"]
+        if not oci:
+            return ()
+        top = chain[0]
+        if chain[-1] is not oci[0] or any(meta.get("layers") for meta in chain if meta is not oci[0]):
+            raise ImageError(f"image {top['tag']!r} stacks filesystem layers on the OCI image {oci[0]['tag']!r}: "
+                             "build it from a Dockerfile instead")
+        layers = [str(self.data / oci[0]["id"] / "adapt"), *oci[0]["oci"]["layers"]]
+        for layer in layers:
+            if not os.path.isdir(layer):
+                raise ImageError(f"image {top['tag']!r}: its layer {layer} is gone (was the image cache removed?); "
+                                 "build the image again")
+        return tuple(layers)
 
     def _meta(self, ident: str) -> dict[str, Any]:
         try:
@@ -203,6 +231,30 @@ class ImageStore:
         tmp.rename(self.data / ident)
         self._write_ref(tag, ident)
         return ident
+
+    def add_oci(self, tag: str, ident: str, prepared: Path | None, meta: dict[str, Any]) -> str:
+        """Point ``tag`` at the OCI image ``ident``, moving ``prepared`` (``adapt/``, ``project/``)
+        into the store unless that image is there already (ids are content-addressed)."""
+        check_tag(tag)
+        target = self.data / ident
+        if not (target / "image.json").exists():
+            if prepared is None:
+                raise ImageError(f"image data {ident} is missing")
+            full = {"tag": tag, "id": ident, "kind": "oci", "base": None, "base_id": None, "layers": [],
+                    "created": time.time(), **meta}
+            (prepared / "image.json").write_text(json.dumps(full, indent=1))
+            try:
+                prepared.rename(target)
+            except OSError:
+                if not (target / "image.json").exists():  # not a concurrent import of the same image
+                    raise
+        self._write_ref(tag, ident)
+        self._cache.pop(ident, None)
+        return ident
+
+    def meta(self, tag: str) -> dict[str, Any] | None:
+        ident = self.image_id(tag)
+        return self._meta(ident) if ident else None
 
     def register_project(self, tag: str, directory: Path, base: str = BUILTIN_IMAGE) -> str:
         check_tag(tag)
@@ -294,8 +346,8 @@ def chown_tree(root: Path, uid: int, gid: int) -> None:
 def _build_builtin(dest: Path) -> None:
     layers = dest / "layers"
     for tree in TREES:
-        if tree != "usr":
-            (layers / tree).mkdir(parents=True)
+        (layers / tree).mkdir(parents=True)
+    notes = _python_layer(layers / "usr")
     _sanitized_etc(Path("/etc"), layers / "etc")
     _var_skeleton(layers / "var")
     for rel in OPT_SKELETON:
@@ -311,9 +363,95 @@ def _build_builtin(dest: Path) -> None:
     _own(dest / "project", APPUSER[1], APPUSER[2])
     os.chmod(dest / "project", 0o755)
     meta = {"tag": BUILTIN_IMAGE, "id": BUILTIN_ID, "base": None, "base_id": None,
-            "layers": [t for t in TREES if t != "usr"], "host_usr": True, "env": {}, "network": False,
-            "created": time.time(), "notes": ["the host's /usr, a sanitized /etc, an empty project"]}
+            "layers": [t for t in TREES if t != "usr" or any((layers / "usr").iterdir())], "host_usr": True,
+            "env": {}, "network": False, "created": time.time(),
+            "notes": ["the host's /usr, a sanitized /etc, an empty project", *notes]}
     (dest / "image.json").write_text(json.dumps(meta, indent=1))
+
+
+# Distributions the seed's default test script needs (`python -m pytest`), copied from the
+# environment the control plane runs in when the host's python3 lacks them: no network needed.
+PYTEST_DISTRIBUTIONS = ("pytest",)
+
+
+def _python_layer(usr: Path) -> list[str]:
+    """``python`` -> ``python3`` and pytest for the host's python3, as a layer over its /usr."""
+    notes: list[str] = []
+    if not os.path.exists("/usr/bin/python3"):
+        return ["no /usr/bin/python3 on the host: the built-in image has no Python"]
+    if not os.path.lexists("/usr/bin/python"):
+        (usr / "bin").mkdir(parents=True, exist_ok=True)
+        os.symlink("python3", usr / "bin" / "python")
+        notes.append("`python` is python3")
+    code = ("import sys; print('%d.%d.%d' % sys.version_info[:3]); "
+            "import importlib.util as u; print(bool(u.find_spec('pytest')))")
+    probe = subprocess.run(["/usr/bin/python3", "-I", "-c", code],
+                           capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:
+        return [*notes, f"the host's python3 does not run: {probe.stderr.strip()[-200:]}"]
+    version, has_pytest = probe.stdout.split()
+    if has_pytest == "True":
+        return notes
+    try:
+        copied = _copy_distributions(PYTEST_DISTRIBUTIONS, version,
+                                     usr / "local" / "lib" / f"python{version.rsplit('.', 1)[0]}" / "dist-packages")
+    except ImageError as exc:
+        log.warning("built-in image: no pytest: %s", exc)
+        return [*notes, f"no pytest: {exc}"]
+    bindir = usr / "local" / "bin"
+    bindir.mkdir(parents=True, exist_ok=True)
+    for script in ("pytest", "py.test"):
+        (bindir / script).write_text("#!/usr/bin/python3\nimport sys\nfrom pytest import console_main\n"
+                                     "sys.exit(console_main())\n")
+        os.chmod(bindir / script, 0o755)
+    notes.append(f"pytest for the host's python3 {version} ({', '.join(copied)}, from the control plane's environment)")
+    return notes
+
+
+def _copy_distributions(names: tuple[str, ...], python_version: str, dest: Path) -> list[str]:
+    """Copy installed pure-Python distributions and what they require (markers evaluated for
+    ``python_version``) into ``dest``; returns ``name==version`` of each."""
+    from importlib import metadata
+
+    try:
+        from packaging.markers import Marker
+        from packaging.requirements import Requirement
+        from packaging.specifiers import SpecifierSet
+    except ImportError as exc:
+        raise ImageError("the `packaging` module is missing") from exc
+    env = {"python_version": python_version.rsplit(".", 1)[0], "python_full_version": python_version,
+           "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
+           "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
+    todo, done, out = list(names), set(), []
+    while todo:
+        name = todo.pop(0)
+        key = name.lower().replace("_", "-")
+        if key in done:
+            continue
+        done.add(key)
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError as exc:
+            raise ImageError(f"{name} is not installed next to the control plane (pip install pytest)") from exc
+        needs = dist.metadata.get("Requires-Python")
+        if needs and python_version not in SpecifierSet(needs):
+            raise ImageError(f"{name} {dist.version} needs Python {needs}; the host's python3 is {python_version}")
+        root = Path(dist.locate_file("")).resolve()
+        for entry in dist.files or []:
+            src = Path(dist.locate_file(entry)).resolve()
+            if not src.is_relative_to(root) or "__pycache__" in src.parts or not src.is_file():
+                continue
+            if src.suffix in (".so", ".pyd"):
+                raise ImageError(f"{name} is not pure Python; it cannot be copied for another interpreter")
+            target = dest / src.relative_to(root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
+        out.append(f"{dist.metadata['Name']}=={dist.version}")
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None or Marker(str(req.marker)).evaluate(env):
+                todo.append(req.name)
+    return out
 
 
 def _own(path: Path, uid: int, gid: int) -> None:
@@ -372,19 +510,22 @@ def _sanitized_etc(src: Path, dst: Path) -> None:
                 shutil.copy2(full, dst / rel, follow_symlinks=False)
                 _own(dst / rel, st.st_uid, st.st_gid)
     _write_accounts(src, dst)
-    (dst / "hostname").write_text(HOSTNAME + "\n")
-    (dst / "hosts").write_text(
-        f"127.0.0.1\tlocalhost\n127.0.1.1\t{HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-        "ff02::1\tip6-allnodes\nff02::2\tip6-allrouters\n"
-    )
+    for name, text in host_files().items():
+        (dst / name).write_text(text)
+        os.chmod(dst / name, 0o644)
+
+
+def host_files() -> dict[str, str]:
+    """The /etc files every sandbox gets, whatever its image (hostname, hosts, resolv.conf…)."""
     try:  # name resolution for sandboxes with network; the content, never a link to the host's
         resolv = Path("/etc/resolv.conf").read_text()
     except OSError:
         resolv = ""
-    (dst / "resolv.conf").write_text(resolv or "nameserver 127.0.0.1\n")
-    (dst / "machine-id").write_text(secrets.token_hex(16) + "\n")
-    for name in ("hostname", "hosts", "resolv.conf", "machine-id"):
-        os.chmod(dst / name, 0o644)
+    return {"hostname": HOSTNAME + "\n",
+            "hosts": f"127.0.0.1\tlocalhost\n127.0.1.1\t{HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+                     "ff02::1\tip6-allnodes\nff02::2\tip6-allrouters\n",
+            "resolv.conf": resolv or "nameserver 127.0.0.1\n",
+            "machine-id": secrets.token_hex(16) + "\n"}
 
 
 def _parse_db(path: Path) -> list[list[str]]:

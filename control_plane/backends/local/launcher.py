@@ -25,6 +25,7 @@ from .images import ResolvedImage
 from .isolation import say_once
 from .layout import NAME_RE, SOCKET_NAME, Plan, Space, tail, write_meta
 from .lease import Lease
+from .oci.hostrt import oci_runtime
 from .runtime import Runtime
 from .server_kinds import entry, runtime_for
 from .storage import LayerStorage
@@ -97,6 +98,9 @@ class Launcher:
         if not NAME_RE.match(name):
             raise BackendError(f"invalid sandbox name {name!r}: use letters, digits, '-', '_', '.'", 400)
         entry(kind)  # an unknown kind fails here, before anything is made
+        if image.is_oci and self.isolation != "bwrap":
+            raise BackendError(f"image {image.tag!r} is an OCI image: its sandboxes run on its own root filesystem, "
+                               "which needs bubblewrap isolation (bwrap installed, control plane as root)", 400)
         sb = space.root / name
         if sb.exists() or name in self.creating:
             raise BackendError(f"a sandbox named {name!r} already exists in {space.root}", 409)
@@ -264,9 +268,13 @@ class Launcher:
 
         if self.isolation != "bwrap":
             return plain.spawn(plan, data, kind, track)
-        runtime = self._runtimes.get(plan.kind)
+        key = f"{plan.kind}/oci" if plan.image.is_oci else plan.kind
+        runtime = self._runtimes.get(key)
         if runtime is None:
-            runtime = self._runtimes[plan.kind] = runtime_for(self.runtime, kind, self.state_dir)
+            runtime = runtime_for(self.runtime, kind, self.state_dir)
+            if plan.image.is_oci:  # nothing of the host's /usr in the sandbox: the server brings its own
+                runtime = oci_runtime(runtime, self.state_dir)
+            self._runtimes[key] = runtime
         tools = cgroups.sub(data["cgroups"], cgroups.TOOLS) if data["cgroups"] else {}
         return bwrap.spawn(plan, data, self.bwrap_host, runtime, kind, tools, track)
 

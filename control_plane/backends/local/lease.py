@@ -133,7 +133,7 @@ class Lease:
     def watch(self, data: dict[str, Any]) -> subprocess.Popen:
         """Start the monitor of a sandbox (``data``: its handle's data, with the pids recorded so
         far); records it in ``data``. The caller reaps the returned process."""
-        records = [f"{data[k][0]}:{data[k][1]}" for k in ("monitor", "init", "server") if data.get(k)]
+        records = [f"{data[k][0]}:{data[k][1]}" for k in ("monitor", "init", "server", "net") if data.get(k)]
         groups = list((data.get("cgroups") or {}).values())
         argv = ["sh", "-c", MONITOR, "idegym-lease", str(self.path), str(int(self.ttl)), f"{self.interval:g}",
                 data["dir"], data["run_dir"], *records, "--", *groups]

@@ -3,11 +3,13 @@
 Three steps, each with one job (an image format only has to provide the first's input):
 
 1. ``lower_layers``: image (and the snapshot it is restored from) → the lower directories of
-   each root tree (``/usr /etc /var /opt /root /home``), top layer first.
+   each root tree, top layer first: ``/usr /etc /var /opt /root /home`` for the built-in image's
+   family, one tree ``rootfs`` (the whole root, ``oci/rootfs.py``) for an OCI image.
 2. ``prepare_layers``: on the host, the sandbox's writable layer of each tree (``upper``/``work``
    pairs, in a size-bounded tmpfs when storage is limited) and its project layer.
-3. ``mount_root``: in the launching thread's private mount namespace, a small tmpfs as ``/``,
-   one overlay per tree, and the read-only binds of the server's runtime (``/opt/idegym``).
+3. ``mount_root``: in the launching thread's private mount namespace, a small tmpfs as ``/``
+   with one overlay per tree (an OCI image: one overlay as ``/``), and the read-only binds of
+   the server's runtime (``/opt/idegym``).
 
 Isolation ``none`` has no root filesystem: the sandbox gets a copy of the project only.
 """
@@ -21,7 +23,7 @@ from typing import Any
 
 from ..base import BackendError
 from . import mounts
-from .images import TREES, copy_tree
+from .images import ALL_TREES, ROOTFS, TREES, ResolvedImage, copy_tree
 from .isolation import say_once
 from .layout import RUN_INSIDE, TOOL_CGROUPS_INSIDE, Plan
 from .runtime import INSIDE
@@ -39,14 +41,20 @@ def usr_links() -> list[str]:
     return [name for name in MERGED_USR_LINKS if os.path.isdir(f"/usr/{name}")]
 
 
+def trees(image: ResolvedImage) -> tuple[str, ...]:
+    """The trees a sandbox of ``image`` has a writable layer for."""
+    return (ROOTFS,) if image.is_oci else TREES
+
+
 def lower_layers(plan: Plan) -> dict[str, list[str]]:
     """The lower directories of each tree, top first: the snapshot's layers (staged in the
     sandbox directory, see ``stage_snapshot``) over the image's."""
     levels = _snapshot_levels(plan.snapshot)  # level 0 is the snapshot's own layer: the top
     lowers = {}
-    for tree in TREES:
+    for tree in trees(plan.image):
         staged = [plan.sb / "snap" / str(level) / tree for level in levels]
-        lowers[tree] = [str(p) for p in staged if p.is_dir()] + list(plan.image.lowers[tree])
+        image = plan.image.rootfs if tree == ROOTFS else plan.image.lowers[tree]
+        lowers[tree] = [str(p) for p in staged if p.is_dir()] + list(image)
     return lowers
 
 
@@ -62,7 +70,7 @@ def stage_snapshot(plan: Plan) -> None:
     snap = plan.snapshot
     assert snap is not None
     for level in _snapshot_levels(snap):
-        for tree in TREES:
+        for tree in ALL_TREES:
             src = snap / "levels" / str(level) / tree
             if src.is_dir():
                 copy_tree(src, plan.sb / "snap" / str(level) / tree, hardlink=True)
@@ -94,7 +102,7 @@ def prepare_layers(plan: Plan, data: dict[str, Any], *, isolated: bool, storage:
         else:
             project.mkdir()
         return
-    for tree in (*TREES, "project"):
+    for tree in (*trees(plan.image), "project"):
         (layers / tree / "upper").mkdir(parents=True)
         (layers / tree / "work").mkdir()
     os.chmod(layers / "project", 0o700)
@@ -110,6 +118,26 @@ def prepare_layers(plan: Plan, data: dict[str, Any], *, isolated: bool, storage:
     plan.lowers = lower_layers(plan)
 
 
+def _stores_inside_state(plan: Plan, lowers: list[str], state: str) -> list[str]:
+    """Lower layers outside the state directory (the shared cache's buildah store) seen through
+    binds under the sandbox's directory, in this private namespace: the overlay's options then
+    name only state-relative paths (short, and no host path in the sandbox's /proc/mounts)."""
+    stores: dict[str, str] = {}
+    out = []
+    for path in lowers:
+        head, sep, tail = path.partition("/overlay/")
+        if path.startswith(state) or not sep:
+            out.append(path)
+            continue
+        if head not in stores:
+            target = plan.sb / "stores" / str(len(stores))
+            target.mkdir(parents=True, exist_ok=True)
+            mounts.bind(head, target, readonly=True)
+            stores[head] = str(target)
+        out.append(f"{stores[head]}/overlay/{tail}")
+    return out
+
+
 def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tuple[str, str]],
                tool_cgroups: dict[str, str], tmp_bytes: int, skeletons: tuple[str, ...] = ()) -> None:
     """The sandbox's root tree at ``<sb>/root``, mounted in the calling thread's private mount
@@ -118,16 +146,6 @@ def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tup
     there), ``tool_cgroups`` the tools' groups (``<sandbox>/tools`` per controller) if any."""
     root = plan.sb / "root"
     r = str(root)
-    mounts.mount("idegym-root", root, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV, "size=8m,mode=0755")
-    for name in ROOT_DIRS:
-        os.mkdir(f"{r}/{name}")
-    os.chmod(f"{r}/run/lock", 0o1777)
-    # /tmp: RAM, bounded in bytes and in files (bwrap's own --tmpfs has no inode bound)
-    inodes = f",nr_inodes={plan.storage_inodes}" if plan.storage_inodes else ""
-    mounts.mount("idegym-tmp", f"{r}/tmp", "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV,
-                 f"size={tmp_bytes},mode=1777{inodes}")
-    for name in links:
-        os.symlink(f"usr/{name}", f"{r}/{name}")
     # Paths relative to the state directory (this thread's cwd is private after unshare):
     # shorter mount options, and /proc/mounts inside shows no host paths.
     os.chdir(state_dir)
@@ -137,13 +155,35 @@ def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tup
         return path[len(state):] if path.startswith(state) else path
 
     layers = rel(str(plan.layers))
-    for tree in TREES:
+
+    def overlay(tree: str, target: str, flags: int = 0) -> None:
         options = (f"lowerdir={':'.join(rel(p) for p in plan.lowers[tree])},upperdir={layers}/{tree}/upper,"
                    f"workdir={layers}/{tree}/work")
         if len(options) > MAX_OVERLAY_OPTIONS:
-            raise BackendError(f"too many layers for /{tree} ({len(plan.lowers[tree])}): the overlay "
-                               "options exceed a page; rebuild the image from fewer bases or snapshots")
-        mounts.mount("overlay", f"{r}/{tree}", "overlay", 0, options)
+            raise BackendError(f"too many layers for /{'' if tree == ROOTFS else tree} ({len(plan.lowers[tree])}): "
+                               "the overlay options exceed a page; rebuild the image from fewer layers or snapshots")
+        mounts.mount("overlay", target, "overlay", flags, options)
+
+    if plan.image.is_oci:  # the image's own root; its mount points are in our layer (oci/rootfs.py)
+        plan.lowers[ROOTFS] = _stores_inside_state(plan, plan.lowers[ROOTFS], state)
+        # nodev (bwrap's --bind adds it too): image layers may hold device nodes; none opens a host device
+        overlay(ROOTFS, r, mounts.MS_NODEV)
+    else:
+        mounts.mount("idegym-root", root, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV, "size=8m,mode=0755")
+        for name in ROOT_DIRS:
+            os.mkdir(f"{r}/{name}")
+        os.chmod(f"{r}/run/lock", 0o1777)
+        for name in links:
+            os.symlink(f"usr/{name}", f"{r}/{name}")
+        for tree in TREES:
+            overlay(tree, f"{r}/{tree}")
+    # /tmp: RAM, bounded in bytes and in files (bwrap's own --tmpfs has no inode bound)
+    inodes = f",nr_inodes={plan.storage_inodes}" if plan.storage_inodes else ""
+    mounts.mount("idegym-tmp", f"{r}/tmp", "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV,
+                 f"size={tmp_bytes},mode=1777{inodes}")
+    # A skeleton that is itself a bind target would make the remount below the bound filesystem's
+    # (the host's!) read-only: only directories that hold binds below them are skeletons.
+    skeletons = tuple(inside for inside in skeletons if inside not in {i for _, i in binds})
     for inside in sorted(skeletons, key=len):
         os.makedirs(r + inside, exist_ok=True)
         mounts.mount("idegym-runtime", r + inside, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV, "size=64k,mode=0755")

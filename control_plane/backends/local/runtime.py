@@ -143,6 +143,10 @@ def sync_package(package: Path, dest_root: Path) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, out)
     compileall.compile_dir(str(target), quiet=2)
+    if package.name == "sandbox_server":
+        from sandbox_server.judge import precompile
+
+        precompile(target / "judge")  # the judge's Java subject: compiled once here, not at every grading
     (tmp / ".complete").write_text(stamp)
     for mode_dir in [tmp, *tmp.rglob("*")]:
         if mode_dir.is_dir():

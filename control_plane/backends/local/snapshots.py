@@ -18,7 +18,7 @@ from typing import Any
 
 from ..base import BackendError, SnapshotInfo
 from .cgroups import Cgroups
-from .images import TREES, ImageError, copy_tree
+from .images import ALL_TREES, ImageError, copy_tree
 
 SNAPSHOT_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -53,7 +53,7 @@ class Snapshots:
         frozen = bool(freezing)
         try:
             if data["isolation"] == "bwrap":
-                for tree in TREES:
+                for tree in ALL_TREES:  # the built-in family's trees, or an OCI image's one
                     upper = sb / "layers" / tree / "upper"
                     if upper.is_dir() and any(upper.iterdir()):
                         copy_tree(upper, tmp / "levels" / "0" / tree)

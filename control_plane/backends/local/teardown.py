@@ -35,7 +35,7 @@ def kill(name: str, space: Space, data: dict[str, Any] | None, isolation: str, p
 
     The processes are found from the sandbox's own records only: its cgroups (the whole tree)
     and the pids recorded with their start times (bwrap's monitor, the namespace's init, the
-    server). Killing init ends its whole pid namespace. Nothing reads other processes' ``/proc``
+    server, slirp4netns). Killing init ends its whole pid namespace. Nothing reads other processes' ``/proc``
     files: one of them stuck in the kernel must not hang this sandbox's delete, nor another's.
     Every wait is bounded; what is left is named with its state."""
     if not NAME_RE.match(name):
@@ -47,7 +47,7 @@ def kill(name: str, space: Space, data: dict[str, Any] | None, isolation: str, p
     sb = Path(data.get("dir") or sb)
     run = Path(data.get("run_dir") or space.run_dir(name))
     cgroups = {c: p for c, p in (data.get("cgroups") or space.cgroups.paths(name)).items() if os.path.isdir(p)}
-    recorded = {key: data[key][0] for key in ("init", "server", "monitor")
+    recorded = {key: data[key][0] for key in ("init", "server", "monitor", "net")
                 if key in data and procfs.recorded_alive(data[key])}
     bwrap = data.get("isolation", isolation) == "bwrap"
     monitor = recorded.pop("monitor", None) if bwrap else None

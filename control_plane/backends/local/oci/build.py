@@ -1,0 +1,288 @@
+"""OCI image builds: a Dockerfile (or a YAML definition on an OCI base) built with buildah.
+
+The bases the Dockerfile names are provided first (Debian/Python bases from the shared cache,
+images of this store, or pulled through the operator's registry mirror), then ``buildah bud
+--isolation chroot --layers --pull=never`` runs without network unless the definition allows
+it (``network`` or the build-only ``build_network``; an unchanged Dockerfile and context rebuild
+from buildah's layer cache). The result enters
+the local image store as an OCI image (see ``rootfs``); its id is the image's, so importing the
+same image again is free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from ....appuser import APPUSER, PROJECT_DIR
+from ...base import BackendError, ImageDefinition
+from ..images import OPT_SKELETON, ImageStore, chown_tree, host_files
+from . import bases as base_catalog
+from .buildah import Buildah, available, storage_name
+from .dockerfile import base_images
+from .rootfs import ADAPT_VERSION, read_image, write_adapt_layer
+from .settings import OciError, OciSettings
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[str], None]
+FetchProject = Callable[[dict[str, Any], Path], Awaitable[Path]]
+
+
+class OciBuilder:
+    """Builds OCI images into ``store``; ``images_dir`` holds this state directory's buildah store."""
+
+    def __init__(self, store: ImageStore, images_dir: Path, settings: OciSettings | None = None) -> None:
+        self.store = store
+        self.settings = settings or OciSettings.from_env()
+        self.cache = base_catalog.BaseCache(self.settings)
+        self.buildah = Buildah(images_dir / "buildah", self.settings, additional=(self.cache.store_home,))
+        self.work_root = images_dir / "oci-work"
+        self._lock = asyncio.Lock()  # one bud at a time: leftovers of a failed one are removed safely
+        self._tags: dict[str, asyncio.Lock] = {}  # concurrent jobs of one tag: the first builds it
+
+    # -- what goes through buildah ----------------------------------------------------------
+
+    def wants(self, definition: ImageDefinition) -> bool:
+        """A Dockerfile, or a YAML definition whose base is not an image of the host's userland."""
+        if definition.dockerfile is not None:
+            return True
+        meta = self.store.meta(definition.base)
+        # Not in the store: a distribution base, a registry image, or unknown (the build says
+        # what is supported).
+        return meta is None or meta.get("kind") == "oci"
+
+    # -- building -----------------------------------------------------------------------------
+
+    async def build(self, definition: ImageDefinition, emit: Emit, fetch_project: FetchProject, *,
+                    network: bool, timeout: float = 3600.0) -> str:
+        async with self._tags.setdefault(definition.tag, asyncio.Lock()):
+            if not definition.raw.get("rebuild") and self.store.exists(definition.tag):
+                emit(f"{definition.tag} was built meanwhile by another job")  # many envs of one task set
+                return definition.tag
+            return await self._build(definition, emit, fetch_project, network=network, timeout=timeout)
+
+    async def _build(self, definition: ImageDefinition, emit: Emit, fetch_project: FetchProject, *,
+                     network: bool, timeout: float) -> str:
+        reason = available()
+        if reason:
+            raise OciError(f"cannot build OCI images here: {reason}", 500)
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        await loop.run_in_executor(None, self._ensure_dirs)
+        work = self.work_root / secrets.token_hex(6)
+        work.mkdir(parents=True)
+        try:
+            context = await self._context(definition, work, fetch_project)
+            if definition.dockerfile is not None:
+                text = definition.dockerfile
+            else:  # a project laid over an OCI base goes where that base keeps its project
+                base_meta = self.store.meta(definition.base) or {}
+                text = render_yaml(definition, has_project=context[1],
+                                   project_dir=base_meta.get("project_dir") or PROJECT_DIR)
+            if definition.dockerfile is None:
+                emit("rendered Dockerfile (the YAML definition on an OCI base):\n" + text.rstrip())
+            dockerfile = work / "Dockerfile"
+            dockerfile.write_text(text)
+            refs = base_images(text, definition.build_args)
+            mapping: list[dict[str, Any]] = []
+            for ref in refs:
+                mapping.append(await self._provide(ref, emit))
+            image_id = await self._bud(definition, dockerfile, context[0], network, emit, timeout)
+            notes = [m["note"] for m in mapping if m.get("note")]
+            ident = await loop.run_in_executor(None, self._import, definition, image_id, work, notes, mapping)
+            emit(f"built {definition.tag} (image {image_id[:12]}, store id {ident}) in "
+                 f"{time.monotonic() - started:.1f} s")
+            return definition.tag
+        finally:
+            await loop.run_in_executor(None, shutil.rmtree, work, True)
+
+    def _ensure_dirs(self) -> None:
+        self.cache.ensure_dirs()
+        self.buildah.ensure()
+        self.work_root.mkdir(parents=True, exist_ok=True)
+
+    async def _context(self, definition: ImageDefinition, work: Path, fetch_project: FetchProject
+                       ) -> tuple[Path, bool]:
+        """The build context directory, and whether it is the definition's project."""
+        if definition.context:
+            context = Path(definition.context).expanduser().resolve()
+            if not context.is_dir():
+                raise OciError(f"build context {context} is not a directory")
+            return context, False
+        if definition.project:
+            return await fetch_project(definition.project, work), True
+        empty = work / "context"
+        empty.mkdir()
+        return empty, False
+
+    async def _provide(self, ref: str, emit: Emit) -> dict[str, Any]:
+        """Make ``FROM ref`` resolvable without a registry; what it maps to (for the record)."""
+        loop = asyncio.get_running_loop()
+        try:
+            spec = base_catalog.resolve(ref)
+        except OciError:
+            if not self.settings.registry:
+                raise
+            spec = None  # a variant we do not build: the mirror may have it
+        if spec is not None:
+            if spec.note:
+                emit(f"base {ref}: {spec.note}")
+            built = await self.cache.ensure(spec, emit)
+            return {"ref": ref, "base": spec.name, "debian": spec.release.codename, "key": built.key,
+                    "python": built.python_version, "debian_version": built.debian_version, "note": spec.note}
+        meta = await loop.run_in_executor(None, self.store.meta, ref)
+        if meta is not None:
+            if meta.get("kind") != "oci":
+                raise OciError(f"base {ref!r} is an image of the host's userland (the built-in image or one built "
+                               "on it), not an OCI image: a Dockerfile cannot build on it. Use a Debian base "
+                               f"({base_catalog.supported_text()})")
+            if not await loop.run_in_executor(None, self.buildah.image_id, storage_name(ref)):
+                raise OciError(f"base {ref!r} is in the local image store but not in buildah's: build it again")
+            return {"ref": ref, "local": meta["id"]}
+        if self.settings.registry:
+            emit(f"base {ref}: pulling through the registry mirror {self.settings.registry}")
+            result = await self.buildah.run(["pull", "--signature-policy", self.buildah.policy, ref], network=True,
+                                            emit=emit, timeout=1800)
+            if result.returncode != 0:
+                raise OciError(f"pulling {ref!r} through the registry mirror {self.settings.registry} failed:\n"
+                               f"{result.message(10)}")
+            return {"ref": ref, "pulled_from": self.settings.registry}
+        oci_tags = [t for t in self.store.tags() if (self.store.meta(t) or {}).get("kind") == "oci"]
+        local = f"; OCI images built here: {', '.join(oci_tags)}" if oci_tags else ""
+        raise OciError(f"base image {ref!r} is not available: no registry is reachable and no registry mirror is "
+                       f"configured (--image-registry). Supported bases: {base_catalog.supported_text()}{local}")
+
+    async def _bud(self, definition: ImageDefinition, dockerfile: Path, context: Path, network: bool, emit: Emit,
+                   timeout: float) -> str:
+        loop = asyncio.get_running_loop()
+        iidfile = dockerfile.with_name("iid")
+        args = ["bud", "--isolation", "chroot", "--layers", "--pull=never", "--signature-policy", self.buildah.policy,
+                "--force-rm", "-f", str(dockerfile), "-t", storage_name(definition.tag), "--iidfile", str(iidfile)]
+        for key, value in definition.build_args.items():
+            args += ["--build-arg", f"{key}={value}"]
+        args.append(str(context))
+        emit(f"buildah bud (RUN network {'on' if network else 'off'}), context {context}")
+        batch = _Batcher(emit)
+        async with self._lock:
+            before = await loop.run_in_executor(None, self.buildah.containers)
+            try:
+                result = await self.buildah.run(args, network=network, emit=batch.add, timeout=timeout)
+            finally:
+                batch.flush()
+                left = await loop.run_in_executor(None, self.buildah.containers)
+                await loop.run_in_executor(None, self.buildah.remove_containers, left - before)
+        if result.returncode != 0:
+            why = "timed out" if result.timed_out else f"exit {result.returncode}"
+            raise OciError(f"buildah could not build {definition.tag} ({why}):\n{result.message()}")
+        try:
+            image_id = iidfile.read_text().strip().removeprefix("sha256:")
+        except OSError:
+            raise OciError(f"buildah reported success but wrote no image id:\n{result.message()}", 500) from None
+        return image_id
+
+    def _import(self, definition: ImageDefinition, image_id: str, work: Path, notes: list[str],
+                mapping: list[dict[str, Any]]) -> str:
+        info = self.buildah.inspect(image_id)
+        project_dir = project_dir_of(definition, info.config)
+        # The store entry carries the sandboxes' network flag: the same image with and without it
+        # (a task that may use the network and one that may not) are two entries.
+        recipe = f"{ADAPT_VERSION}\0{project_dir}" + ("\0network" if definition.network else "")
+        salt = hashlib.sha256(recipe.encode()).hexdigest()[:6]
+        ident = f"oci-{image_id[:32]}-{salt}"
+        env = _env_dict(info.config.get("Env") or [])
+        env.update(definition.env)
+        meta = {"oci": {"image_id": info.id, "name": storage_name(definition.tag),
+                        "layers": [str(p) for p in info.layers], "config": info.config},
+                "env": env, "network": definition.network, "project_dir": project_dir, "bases": mapping,
+                "notes": notes}
+        if (self.store.data / ident / "image.json").exists():
+            self.store.add_oci(definition.tag, ident, None, meta)
+            return ident
+        prepared = self.store.data / f".tmp-{ident}.{secrets.token_hex(3)}"
+        prepared.mkdir(parents=True)
+        try:
+            facts = read_image(list(info.layers), prepared, work, project_dir)
+            if not facts.get("project_found"):
+                notes.append(f"the image has no {project_dir}: the project is empty")
+            chown_tree(prepared / "project", APPUSER.uid, APPUSER.gid)
+            os.chmod(prepared / "project", 0o755)
+            notes += write_adapt_layer(prepared / "adapt", facts, host_files(), OPT_SKELETON, project_dir)
+            (prepared / "facts.json").unlink(missing_ok=True)
+            meta["notes"] = notes
+            self.store.add_oci(definition.tag, ident, prepared, meta)
+        finally:
+            shutil.rmtree(prepared, ignore_errors=True)
+        return ident
+
+
+def project_dir_of(definition: ImageDefinition, config: dict[str, Any]) -> str:
+    """Where the sandbox's project is: the definition's ``project_dir`` when it names one, else
+    the image's final WORKDIR (Harbor tasks use e.g. /app), else /home/appuser/work."""
+    if definition.project_dir:
+        return definition.project_dir
+    workdir = str(config.get("WorkingDir") or "").rstrip("/")
+    return workdir if workdir.startswith("/") and ".." not in workdir.split("/") else PROJECT_DIR
+
+
+def render_yaml(definition: ImageDefinition, *, has_project: bool, project_dir: str = PROJECT_DIR) -> str:
+    """A YAML definition on an OCI base as a Dockerfile: appuser, the project laid over
+    ``project_dir`` (the base's project directory), the commands."""
+    name, uid, gid, home = APPUSER
+    target = definition.project_dir or project_dir
+    lines = [f"FROM {definition.base}"]
+    for key, value in definition.env.items():
+        lines.append(f"ENV {key}={json.dumps(value)}")
+    # appuser as the local sandboxes (and the upstream `user` plugin) have it, so commands may name it
+    setup = (f"grep -q '^{name}:' /etc/passwd || echo '{name}:x:{uid}:{gid}::{home}:/bin/sh' >> /etc/passwd; "
+             f"grep -q '^{name}:' /etc/group || echo '{name}:x:{gid}:' >> /etc/group; "
+             f"mkdir -p {home} {target} && chown {uid}:{gid} {home} {target}")
+    lines.append(f"RUN {setup}")
+    if has_project:
+        lines.append(f"COPY --chown={uid}:{gid} . {target}/")
+    for command in definition.commands:
+        lines.append("RUN " + json.dumps(["/bin/sh", "-c", f"set -eux\n{command}"]))
+    lines.append(f"WORKDIR {target}")
+    return "\n".join(lines) + "\n"
+
+
+def _env_dict(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if sep and key not in ("HOSTNAME", "HOME"):
+            out[key] = value
+    return out
+
+
+class _Batcher:
+    """Build output to the job log in chunks (every second), not one store write per line."""
+
+    def __init__(self, emit: Emit, interval: float = 1.0) -> None:
+        self.emit = emit
+        self.interval = interval
+        self.lines: list[str] = []
+        self.last = time.monotonic()
+
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+        if time.monotonic() - self.last >= self.interval:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.lines:
+            self.emit("\n".join(self.lines))
+            self.lines = []
+        self.last = time.monotonic()
+
+
+__all__ = ["BackendError", "OciBuilder", "render_yaml"]

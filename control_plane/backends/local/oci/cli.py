@@ -1,0 +1,88 @@
+"""``idegym images``: the local image store from the command line (list, push)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+from ..images import ImageStore
+from .buildah import Buildah, available
+from .settings import OciError, OciSettings
+
+TRANSPORTS = {"docker", "oci", "oci-archive", "docker-archive", "dir"}
+DESCRIPTION = "The local backend's image store: list the images, push an OCI image to a registry."
+PUSH_EPILOG = """\
+The image goes with `buildah push` (its layers as they are in the store, compressed for the
+registry). DEST is REGISTRY/REPOSITORY:TAG (or any buildah destination such as oci:/dir:tag).
+Credentials: --creds USER[:PASSWORD], or --authfile (a Docker config.json / auth.json).
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from control_plane.config import default_state_dir
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--state-dir", type=Path,
+                        default=Path(os.environ.get("IDEGYM_CONTROL_PLANE_STATE_DIR") or default_state_dir()),
+                        help="the control plane's state directory [$IDEGYM_CONTROL_PLANE_STATE_DIR] "
+                             "(default: %(default)s)")
+    sub = parser.add_subparsers(dest="images_command", required=True, metavar="COMMAND")
+    sub.add_parser("list", help="the images of the store (tag, kind, id)", parents=[common])
+    push = sub.add_parser("push", help="push an OCI image of the store to a registry (buildah push)",
+                          epilog=PUSH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, parents=[common])
+    push.add_argument("tag", help="the image's tag in the local store")
+    push.add_argument("dest", help="REGISTRY/REPOSITORY:TAG")
+    push.add_argument("--creds", help="USER[:PASSWORD] for the registry")
+    push.add_argument("--authfile", type=Path, help="credentials file (Docker config.json format)")
+    push.add_argument("--tls-verify", default="true", choices=("true", "false"),
+                      help="verify the registry's TLS certificate; false also allows plain HTTP (default: true)")
+
+
+def run(args: argparse.Namespace) -> int:
+    store = ImageStore(Path(args.state_dir) / "images")
+    if args.images_command == "list":
+        for tag in store.tags():
+            meta = store.meta(tag) or {}
+            print(json.dumps({"tag": tag, "kind": meta.get("kind", "tree"), "id": meta.get("id")}))
+        return 0
+    try:
+        return asyncio.run(push(store, Path(args.state_dir), args.tag, args.dest, creds=args.creds,
+                                authfile=args.authfile, tls_verify=args.tls_verify == "true"))
+    except OciError as exc:
+        print(f"idegym images push: {exc.message}", file=sys.stderr)
+        return 2
+
+
+async def push(store: ImageStore, state_dir: Path, tag: str, dest: str, *, creds: str | None = None,
+               authfile: Path | None = None, tls_verify: bool = True) -> int:
+    reason = available()
+    if reason:
+        raise OciError(reason)
+    meta = store.meta(tag)
+    if meta is None:
+        raise OciError(f"no image {tag!r} in {store.root} (known: {', '.join(store.tags())})")
+    if meta.get("kind") != "oci":
+        raise OciError(f"{tag!r} is not an OCI image (it is the host's userland with layers on top): build it from a "
+                       "Dockerfile or on a Debian base (`base: debian:bookworm`) to push it")
+    settings = OciSettings.from_env()
+    from .bases import BaseCache
+
+    buildah = Buildah(state_dir / "images" / "buildah", settings, additional=(BaseCache(settings).store_home,))
+    buildah.ensure()
+    transport = dest.split(":", 1)[0]
+    target = dest if transport in TRANSPORTS and ":" in dest else f"docker://{dest}"
+    args = ["push", "--signature-policy", buildah.policy, f"--tls-verify={'true' if tls_verify else 'false'}"]
+    if creds:
+        args += ["--creds", creds]
+    if authfile:
+        args += ["--authfile", str(authfile)]
+    args += [meta["oci"]["image_id"], target]
+    result = await buildah.run(args, network=True, emit=print, timeout=3600)
+    if result.returncode != 0:
+        raise OciError(f"buildah push failed:\n{result.message(10)}")
+    print(f"pushed {tag} to {dest}")
+    return 0

@@ -1,0 +1,98 @@
+"""The images a Dockerfile builds on: its ``FROM`` and ``COPY --from`` references.
+
+Only what is needed to provide those images before buildah runs (so that the build itself
+needs no registry): line continuations, comments, ``ARG`` defaults before the first ``FROM``
+(and ``--build-arg`` values) substituted into references, stage names told apart from images.
+Everything else is buildah's to read.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+_VAR = re.compile(r"\$(?:\{(?P<braced>[A-Za-z_]\w*)(?::?[-+](?P<default>[^}]*))?\}|(?P<plain>[A-Za-z_]\w*))")
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuations joined, comments dropped."""
+    escape = "\\"
+    lines = text.splitlines()
+    for line in lines:  # parser directives come first
+        match = re.match(r"^\s*#\s*escape\s*=\s*(\S)\s*$", line, re.IGNORECASE)
+        if match:
+            escape = match.group(1)
+            break
+        if not re.match(r"^\s*#\s*\w+\s*=", line):
+            break
+    out: list[tuple[str, str]] = []
+    current = ""
+    for line in lines:
+        stripped = line.strip()
+        if not current and (not stripped or stripped.startswith("#")):
+            continue
+        if current and stripped.startswith("#"):
+            continue  # comments inside a continued instruction
+        if stripped.endswith(escape):
+            current += stripped[:-1] + " "
+            continue
+        current += stripped
+        word, _, rest = current.strip().partition(" ")
+        out.append((word.upper(), rest.strip()))
+        current = ""
+    if current.strip():
+        word, _, rest = current.strip().partition(" ")
+        out.append((word.upper(), rest.strip()))
+    return out
+
+
+def _substitute(value: str, args: dict[str, str]) -> str:
+    def repl(match: re.Match[str]) -> str:
+        name = match.group("braced") or match.group("plain")
+        if name in args and args[name] != "":
+            return args[name]
+        return match.group("default") or ""
+
+    return _VAR.sub(repl, value)
+
+
+def base_images(text: str, build_args: dict[str, str] | None = None) -> list[str]:
+    """External images the Dockerfile needs, in order of first use (no stage names, no scratch)."""
+    build_args = dict(build_args or {})
+    global_args: dict[str, str] = {}
+    stages: set[str] = set()
+    found: list[str] = []
+    seen_from = False
+
+    def add(ref: str) -> None:
+        if ref and ref.lower() not in stages and ref != "scratch" and ref not in found and not ref.isdigit():
+            found.append(ref)
+
+    for word, rest in instructions(text):
+        if word == "ARG" and not seen_from:
+            for item in _split(rest):
+                name, eq, default = item.partition("=")
+                global_args[name] = build_args.get(name, default if eq else "")
+        elif word == "FROM":
+            seen_from = True
+            parts = [p for p in _split(rest) if not p.startswith("--")]
+            if not parts:
+                continue
+            ref = _substitute(parts[0], {**global_args, **{k: v for k, v in build_args.items() if k in global_args}})
+            add(ref)
+            if len(parts) >= 3 and parts[1].lower() == "as":
+                stages.add(parts[2].lower())
+        elif word in ("COPY", "ADD"):
+            for part in _split(rest):
+                if part.startswith("--from="):
+                    add(_substitute(part[len("--from="):], global_args))
+                elif not part.startswith("--"):
+                    break
+    return found
+
+
+def _split(text: str) -> list[str]:
+    try:
+        return shlex.split(text, posix=True)
+    except ValueError:
+        return text.split()

@@ -1,0 +1,121 @@
+"""Operator settings for OCI images: the shared cache, a registry mirror, the Debian mirror."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...base import BackendError
+
+DEBIAN_SUITES = ("bookworm", "trixie", "forky", "bullseye", "sid", "stable", "testing", "unstable", "oldstable")
+
+
+class OciError(BackendError):
+    """A reason an OCI build cannot run (a bad definition by default: 400)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message, status)
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "idegym" / "images"
+
+
+@dataclass(frozen=True)
+class OciSettings:
+    """``cache_dir``: shared by every state directory (bases, their buildah store);
+    ``registry``: a registry mirror buildah may pull unknown bases from (``host[:port][/prefix]``,
+    Docker Hub names resolve under it); ``insecure_registry``: plain HTTP / no TLS check for it;
+    ``debian_mirror``: the Debian archive mmdebstrap uses (default: the one apt uses here)."""
+
+    cache_dir: Path
+    registry: str | None = None
+    insecure_registry: bool = False
+    debian_mirror: str | None = None
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> OciSettings:
+        registry = os.environ.get("IDEGYM_IMAGE_REGISTRY") or None
+        insecure = os.environ.get("IDEGYM_IMAGE_REGISTRY_INSECURE", "").lower() in ("1", "true", "yes")
+        values: dict = {
+            "cache_dir": Path(os.environ.get("IDEGYM_IMAGE_CACHE") or default_cache_dir()),
+            "registry": registry,
+            "insecure_registry": insecure,
+            "debian_mirror": os.environ.get("IDEGYM_DEBIAN_MIRROR") or None,
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        settings = cls(**values)
+        if settings.registry:
+            reg = settings.registry
+            if reg.startswith("http://"):
+                settings = cls(**{**values, "registry": reg.removeprefix("http://"), "insecure_registry": True})
+            elif reg.startswith("https://"):
+                settings = cls(**{**values, "registry": reg.removeprefix("https://")})
+            if not re.match(r"^[A-Za-z0-9.-]+(:\d+)?(/[a-z0-9._/-]+)?$", settings.registry or ""):
+                raise OciError(f"image registry {registry!r} is not a registry address (host[:port][/prefix])")
+        return settings
+
+
+@dataclass(frozen=True)
+class DebianMirror:
+    archive: str  # e.g. http://deb.debian.org/debian
+    security: str | None  # e.g. http://deb.debian.org/debian-security
+    source: str  # where it was found (for messages)
+
+
+def find_debian_mirror(override: str | None = None, root: Path = Path("/etc/apt")) -> DebianMirror:
+    """The Debian archive apt uses on this host (``sources.list`` and ``sources.list.d``).
+
+    Only entries serving Debian suites count (third-party repositories are skipped). An
+    ``override`` (``IDEGYM_DEBIAN_MIRROR``) wins; its security archive is ``<override>-security``.
+    """
+    if override:
+        archive = override.rstrip("/")
+        return DebianMirror(archive, archive + "-security", "IDEGYM_DEBIAN_MIRROR")
+    archive = security = None
+    where = None
+    for path, uris, suites in _apt_sources(root):
+        for suite in suites:
+            codename, _, kind = suite.partition("-")
+            if codename not in DEBIAN_SUITES:
+                continue
+            for uri in uris:
+                if kind == "security" and security is None:
+                    security = uri.rstrip("/")
+                elif not kind and archive is None:
+                    archive, where = uri.rstrip("/"), str(path)
+    if archive is None:
+        raise OciError(f"no Debian archive found in {root}/sources.list*: mmdebstrap needs one to build Debian "
+                       "bases; set IDEGYM_DEBIAN_MIRROR (e.g. http://deb.debian.org/debian)", 500)
+    return DebianMirror(archive, security, where or str(root))
+
+
+def _apt_sources(root: Path) -> list[tuple[Path, list[str], list[str]]]:
+    files = [root / "sources.list"] if (root / "sources.list").is_file() else []
+    if (root / "sources.list.d").is_dir():
+        files += sorted(p for p in (root / "sources.list.d").iterdir() if p.suffix in (".list", ".sources"))
+    out = []
+    for path in files:
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        if path.suffix == ".sources":  # deb822 stanzas
+            for stanza in re.split(r"\n\s*\n", text):
+                fields: dict[str, str] = {}
+                for line in stanza.splitlines():
+                    if line.startswith("#") or ":" not in line or line[:1].isspace():
+                        continue
+                    key, _, value = line.partition(":")
+                    fields[key.strip().lower()] = value.strip()
+                if "deb" in fields.get("types", "").split() and fields.get("enabled", "yes") != "no":
+                    out.append((path, fields.get("uris", "").split(), fields.get("suites", "").split()))
+        else:
+            for line in text.splitlines():
+                parts = re.sub(r"\[[^]]*\]", " ", line.split("#", 1)[0]).split()
+                if len(parts) >= 3 and parts[0] == "deb":
+                    out.append((path, [parts[1]], [parts[2]]))
+    return out

@@ -1,0 +1,24 @@
+"""IdeGym inside the trainers people use: thin adapters over the client and :class:`~idegym_env.env.IdeGymEnv`.
+
+==========================  ===============================================  ====================
+framework                   what IdeGym provides                             extra
+==========================  ===============================================  ====================
+Harbor (``harbor run``)     :class:`.harbor.IdeGymEnvironment`, a Harbor     ``idegym[harbor]``
+                            environment provider (``--env IMPORT_PATH``)     (Python >= 3.12)
+TRL (``GRPOTrainer``)       :class:`.trl.IdeGymTRLEnv` for                   ``idegym[trl]``
+                            ``environment_factory``
+SkyRL (``skyrl_gym``)       :class:`.skyrl.IdeGymTextEnv`, registered as     ``idegym[skyrl]``
+                            ``"idegym"``
+MCP (official SDK)          ``idegym mcp serve`` (:mod:`.mcp`), stdio or      ``idegym[mcp]``
+                            streamable HTTP
+==========================  ===============================================  ====================
+
+TRL, SkyRL and MCP share :class:`._episode.Episode` (one episode's tool calls through
+``IdeGymEnv.step``); Harbor's provider drives sandboxes through the async client. None of them
+grades or runs an episode by itself. Each module imports its framework on import, so importing
+this package costs nothing. See ``docs/integrations.md``.
+"""
+
+from ._episode import Episode, InfrastructureError, ToolCallError
+
+__all__ = ["Episode", "InfrastructureError", "ToolCallError"]

@@ -1,0 +1,327 @@
+"""Harbor: :class:`IdeGymEnvironment`, a Harbor environment provider on IdeGym sandboxes
+(``pip install 'idegym[harbor]'``; Harbor needs Python >= 3.12).
+
+::
+
+    harbor run --path path/to/tasks --agent oracle --n-concurrent 4 \\
+        --env idegym_env.integrations.harbor:IdeGymEnvironment \\
+        --ek control_plane_url=http://127.0.0.1:8000          # optional: default is the embedded one
+
+(``--environment-import-path IMPORT_PATH`` is Harbor's older spelling of ``--env IMPORT_PATH``.)
+Harbor itself runs the trials: it builds and starts the environment through this class, runs the
+agent through :meth:`exec` and the transfer methods, uploads ``tests/`` and runs the verifier,
+then reads ``/logs/verifier/reward.txt`` back with :meth:`download_dir`.
+
+Settings (``--ek key=value``):
+
+* ``control_plane_url`` — where sandboxes come from (default ``$IDEGYM_URL``, else the embedded
+  control plane of this process, started on first use and stopped at exit);
+* ``image`` — run this image instead of building ``environment/Dockerfile`` (e.g.
+  ``idegym/builtin:latest`` for tasks whose Dockerfile needs nothing);
+* ``start_timeout_sec`` — how long a sandbox may take to start (default 300).
+
+How Harbor's contract maps onto IdeGym (``harbor/environments/base.py``, 0.25):
+
+* **image**: ``environment/Dockerfile`` is built by the control plane (``POST
+  /api/build-push-images``, tagged by content as IdeGym's Harbor loader tags it, so either finds
+  the other's image); its ``RUN`` steps have the network, as under Docker (``build_network``),
+  whatever the trial's policy; ``[environment] docker_image`` names an image of the control
+  plane's store. A failed build raises ``SandboxBuildFailedError`` with the build's message.
+* **start/stop**: one sandbox per environment, started ``run_as_root`` so that Harbor's
+  ``user="root"`` calls work (root inside the sandbox only); ``stop(delete=True)`` deletes it,
+  ``stop(delete=False)`` hands it back (FINISHED). Sandboxes of this process's client are stopped
+  at exit either way.
+* **exec**: one bash call (``cwd``, ``env`` merged with the task's and trial's environment,
+  ``user``); a timeout raises ``RuntimeError`` as Harbor's Docker environment does.
+* **transfers**: through bash as root (base64 in environment variables, tar for directories), so
+  any path of the sandbox works, not only the project.
+* **capabilities**: the trial's sandbox has no network unless the policy is public (then it
+  shares the control plane host's network: the image is built, or re-tagged, with
+  ``network: true``); no allowlists, no run-time policy changes, no GPUs/TPUs, no host mounts, no Windows, no compose.
+  CPU and memory are hard limits (cgroups), fractional CPUs allowed; ``storage_mb`` bounds the
+  sandbox's writable layer.
+* **infrastructure failures** (sandbox died, control plane unreachable) raise, so Harbor records
+  an exception for the trial instead of a reward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+import re
+import shlex
+import tarfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from harbor.environments.base import BaseEnvironment, ExecResult, SandboxBuildFailedError, transfer_tar_filter
+from harbor.environments.capabilities import EnvironmentCapabilities, EnvironmentResourceCapabilities
+from harbor.environments.definition import require_agent_environment_definition
+from harbor.models.task.config import NetworkMode
+from harbor.models.trial.config import ResourceMode
+
+from .. import embedded
+from ..client import AsyncIdeGymClient, AsyncSandbox, IdeGymError, SandboxGone, ServerError
+from ..tasks import TaskEnvironment
+from ..tasks.environment import environment_entry
+
+ENVIRONMENT_TYPE = "idegym"
+DEFAULT_EXEC_TIMEOUT = 24 * 3600.0  # Harbor's `None`: no timeout of its own (the sandbox server caps it)
+MAX_OUTPUT = 16 << 20
+_PIECE = 96 << 10  # one environment variable: below Linux's 128 KiB per string
+_PIECES_PER_CALL = 12  # ~1.1 MiB of base64 per bash call: well inside ARG_MAX
+_READ_CHUNK = 4 << 20
+_TAG_CHARS = re.compile(r"[^a-z0-9._-]+")
+_NAME_CHARS = re.compile(r"[^a-z0-9-]+")
+
+_embedded_lock = asyncio.Lock()
+_embedded_url: str | None = None
+
+
+async def _default_url() -> str:
+    """``$IDEGYM_URL``, else this process's embedded control plane (kept until exit)."""
+    global _embedded_url
+    if os.environ.get("IDEGYM_URL"):
+        return os.environ["IDEGYM_URL"]
+    async with _embedded_lock:
+        if _embedded_url is None:
+            _embedded_url = (await asyncio.to_thread(embedded.acquire)).url  # released by its atexit hook
+        return _embedded_url
+
+
+class IdeGymEnvironment(BaseEnvironment):
+    """A Harbor environment on an IdeGym sandbox (see the module docstring)."""
+
+    def __init__(self, environment_dir: Path, environment_name: str, session_id: str, trial_paths: Any,
+                 task_env_config: Any, *, control_plane_url: str | None = None, image: str | None = None,
+                 start_timeout_sec: int = 300, **kwargs: Any) -> None:
+        self._image_override = image
+        self._control_plane_url = control_plane_url
+        self._start_timeout = int(start_timeout_sec)
+        self._client: AsyncIdeGymClient | None = None
+        self._sandbox: AsyncSandbox | None = None
+        super().__init__(environment_dir=environment_dir, environment_name=environment_name, session_id=session_id,
+                         trial_paths=trial_paths, task_env_config=task_env_config, **kwargs)
+        self._maybe_override_task_env_config()
+        self._validate_definition()
+        self._validate_resource_mode_support()
+        self._validate_gpu_support()
+        self._validate_tpu_support()
+        self._validate_windows_support()
+        self._validate_network_policy_support()
+
+    # -- what this provider is -------------------------------------------------------------------------
+
+    @staticmethod
+    def type() -> str:
+        return ENVIRONMENT_TYPE
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        return EnvironmentCapabilities(disable_internet=True)
+
+    @classmethod
+    def resource_capabilities(cls) -> EnvironmentResourceCapabilities:
+        return EnvironmentResourceCapabilities(cpu_limit=True, memory_limit=True, fractional_cpus=True)
+
+    def _validate_definition(self) -> None:
+        if self._image_override:
+            return
+        require_agent_environment_definition(self.environment_dir, docker_image=self.task_env_config.docker_image)
+
+    # -- life cycle --------------------------------------------------------------------------------------
+
+    async def start(self, force_build: bool) -> None:
+        url = self._control_plane_url or await _default_url()
+        client = AsyncIdeGymClient(url, name=f"harbor-{self.environment_name}"[:63])
+        try:
+            await client.register()
+        except IdeGymError as exc:
+            await client.close(stop=False)
+            raise RuntimeError(f"the IdeGym control plane at {url} is unreachable: {exc}") from exc
+        self._client = client
+        try:
+            image = await self._image(client, force_build)
+            try:
+                self._sandbox = await client.start(
+                    image, server_name=self._server_name(), reuse="RESTART", run_as_root=True,
+                    timeout=self._start_timeout, resources=self._resources())
+            except IdeGymError as exc:
+                raise RuntimeError(f"the IdeGym sandbox for {self.environment_name!r} (image {image}) did not "
+                                   f"start: {exc}") from exc
+        except BaseException:
+            await self.stop(delete=True)
+            raise
+        await self.ensure_dirs(self._mount_targets(writable_only=True))
+        await self._upload_environment_dir_after_start()
+
+    async def stop(self, delete: bool) -> None:
+        sandbox, self._sandbox = self._sandbox, None
+        client, self._client = self._client, None
+        try:
+            if sandbox is not None:
+                try:
+                    await (sandbox.stop() if delete else sandbox.finish())
+                except IdeGymError as exc:  # already gone: nothing to hand back
+                    self.logger.debug(f"stopping the IdeGym sandbox: {exc}")
+        finally:
+            if client is not None:
+                await client.close(stop=delete)
+
+    async def _image(self, client: AsyncIdeGymClient, force_build: bool) -> str:
+        network = self._network_policy.network_mode == NetworkMode.PUBLIC
+        dockerfile = self.environment_dir / "Dockerfile"
+        if self._image_override:
+            base = self._image_override
+        elif dockerfile.is_file() and not (self.task_env_config.docker_image and not force_build):
+            # The same tag as IdeGym's own Harbor loader gives this Dockerfile and context: a control
+            # plane that built it for one finds it for the other. RUN steps have the network (as
+            # under Docker); the trial's sandbox only when the policy is public.
+            environment = TaskEnvironment(dockerfile=dockerfile.read_text(encoding="utf-8"),
+                                          context=self.environment_dir.resolve())
+            entry = environment_entry(environment, network=network, rebuild=bool(force_build))
+            await self._build(client, entry, f"environment/Dockerfile of {self.environment_name!r}")
+            return str(entry["tag"])
+        else:
+            base = str(self.task_env_config.docker_image)
+        if not network:
+            return base
+        # A public network is a property of the image here: a thin image over the base says so.
+        tag = _tag("harbor-net", base, "net")
+        await self._build(client, {"tag": tag, "base": base, "network": True}, f"network-enabled image of {base}")
+        return tag
+
+    async def _build(self, client: AsyncIdeGymClient, entry: dict[str, Any], what: str) -> None:
+        try:
+            await client.build_images(json.dumps({"images": [entry]}), timeout=self.task_env_config.build_timeout_sec)
+        except ServerError as exc:
+            raise SandboxBuildFailedError(f"IdeGym could not build the {what}: {exc.message}") from exc
+
+    def _server_name(self) -> str:
+        name = _NAME_CHARS.sub("-", f"harbor-{self.environment_name}".lower()).strip("-")
+        return name[:63].rstrip("-") or "harbor"
+
+    def _resources(self) -> dict[str, Any] | None:
+        limits: dict[str, str] = {}
+        cpus = self._resource_limit_value("cpu", auto_mode=ResourceMode.LIMIT)
+        memory = self._resource_limit_value("memory", auto_mode=ResourceMode.LIMIT)
+        if cpus is not None:
+            limits["cpu"] = str(cpus)
+        if memory is not None:
+            limits["memory"] = f"{int(memory)}Mi"
+        if self._effective_storage_mb is not None:
+            limits["ephemeral_storage"] = f"{int(self._effective_storage_mb)}Mi"
+        return {"limits": limits} if limits else None
+
+    def _require(self) -> AsyncSandbox:
+        if self._sandbox is None:
+            raise RuntimeError("the IdeGym sandbox is not running: start the environment first")
+        return self._sandbox
+
+    # -- exec ----------------------------------------------------------------------------------------------
+
+    async def exec(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
+                   timeout_sec: int | None = None, user: str | int | None = None) -> ExecResult:
+        sandbox = self._require()
+        user = self._resolve_user(user)
+        timeout = float(timeout_sec) if timeout_sec else DEFAULT_EXEC_TIMEOUT
+        try:
+            result = await sandbox.bash(command, timeout=timeout, cwd=cwd or self.task_env_config.workdir,
+                                        env=self._merge_env(env), user=None if user is None else str(user),
+                                        max_output_bytes=MAX_OUTPUT)
+        except SandboxGone as exc:
+            raise RuntimeError(f"the IdeGym sandbox is gone: {exc.message}") from exc
+        if result.timed_out:
+            raise RuntimeError(f"Command timed out after {timeout_sec} seconds")
+        return ExecResult(stdout=result.stdout, stderr=result.stderr, return_code=result.exit_code)
+
+    async def _root(self, command: str, env: dict[str, str] | None = None, what: str = "") -> str:
+        """A transfer command as root; raises with its stderr when it fails."""
+        sandbox = self._require()
+        try:
+            result = await sandbox.bash(command, timeout=600, env=env, user="root", max_output_bytes=2 * _READ_CHUNK)
+        except SandboxGone as exc:
+            raise RuntimeError(f"the IdeGym sandbox is gone: {exc.message}") from exc
+        if result.exit_code != 0:
+            raise RuntimeError(f"{what or 'transfer'} failed (exit code {result.exit_code}): "
+                               f"{(result.stderr or result.stdout).strip()[-2000:]}")
+        return result.stdout
+
+    # -- transfers -------------------------------------------------------------------------------------------
+
+    async def _put(self, data: bytes, target: str, *, then: str = "") -> None:
+        """Write ``data`` to ``target`` (parents created), in as few bash calls as fit; ``then``
+        runs after the last piece with ``$T`` naming the file."""
+        encoded = base64.b64encode(data).decode("ascii")
+        pieces = [encoded[i:i + _PIECE] for i in range(0, len(encoded), _PIECE)] or [""]
+        quoted = shlex.quote(target)
+        for start in range(0, len(pieces), _PIECES_PER_CALL):
+            batch = pieces[start:start + _PIECES_PER_CALL]
+            env = {f"IDEGYM_D{i}": piece for i, piece in enumerate(batch)}
+            joined = "".join(f"$IDEGYM_D{i}" for i in range(len(batch)))
+            redirect = ">" if start == 0 else ">>"
+            prefix = f"mkdir -p -- \"$(dirname -- {quoted})\" && " if start == 0 else ""
+            last = start + _PIECES_PER_CALL >= len(pieces)
+            tail = f" && T={quoted} && {then}" if last and then else ""
+            await self._root(f"{prefix}printf %s \"{joined}\" | base64 -d {redirect} {quoted}{tail}", env,
+                             f"upload to {target}")
+
+    async def _get(self, source: str) -> bytes:
+        quoted = shlex.quote(source)
+        size = int((await self._root(f"stat -c %s -- {quoted}", what=f"download of {source}")).strip())
+        chunks = []
+        for offset in range(0, size, _READ_CHUNK):
+            out = await self._root(f"dd if={quoted} iflag=skip_bytes,count_bytes skip={offset} count={_READ_CHUNK} "
+                                   "status=none | base64 -w0", what=f"download of {source}")
+            chunks.append(base64.b64decode(out))
+        return b"".join(chunks)
+
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        source = Path(source_path)
+        mode = source.stat().st_mode & 0o777
+        await self._put(source.read_bytes(), target_path, then=f"chmod {mode:o} \"$T\"")
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        source = Path(source_dir)
+        if not source.is_dir():
+            raise FileNotFoundError(f"{source}: not a directory")
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+            for path in sorted(source.rglob("*")):
+                tar.add(path, arcname=path.relative_to(source).as_posix(), recursive=False)
+        staged = f"/tmp/.idegym-transfer-{uuid.uuid4().hex}.tar.gz"
+        target = shlex.quote(target_dir)
+        await self._put(buffer.getvalue(), staged,
+                        then=f"mkdir -p -- {target} && tar xzf \"$T\" --no-same-owner -C {target}; s=$?; rm -f \"$T\"; "
+                             "exit $s")
+
+    async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        target = Path(target_path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(await self._get(source_path))
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        staged = f"/tmp/.idegym-transfer-{uuid.uuid4().hex}.tar.gz"
+        await self._root(f"tar czf {shlex.quote(staged)} -C {shlex.quote(source_dir)} .",
+                         what=f"download of {source_dir}")
+        try:
+            data = await self._get(staged)
+        finally:
+            await self._root(f"rm -f {shlex.quote(staged)}", what="cleanup")
+        target = Path(target_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            tar.extractall(path=target, filter=transfer_tar_filter)
+
+
+def _tag(prefix: str, name: str, version: str) -> str:
+    repo = _TAG_CHARS.sub("-", name.lower()).strip("-.") or "task"
+    return f"{prefix}/{repo}:{_TAG_CHARS.sub('-', version.lower())[:32]}"
+
+
+__all__ = ["IdeGymEnvironment", "ENVIRONMENT_TYPE"]
+

@@ -1,0 +1,80 @@
+"""OCI image fixtures: ONE cached Debian base for the whole suite, reused across runs.
+
+The base lives in the repository's ``.cache/images`` (git-ignored; ``IDEGYM_IMAGE_CACHE`` for
+every control plane the tests start): the first run builds it with mmdebstrap (~40 s), later
+runs find it there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+
+CACHE = REPO / ".cache" / "images"
+
+
+@pytest.fixture(scope="session")
+def image_cache() -> Iterator[Path]:
+    # Fails (not skips) without the tools: `make test` installs them (system-deps).
+    for tool in ("buildah", "mmdebstrap"):
+        assert shutil.which(tool), f"{tool} is missing: run `make system-deps` (Debian package {tool})"
+    previous = os.environ.get("IDEGYM_IMAGE_CACHE")
+    os.environ["IDEGYM_IMAGE_CACHE"] = str(CACHE)
+    yield CACHE
+    if previous is None:
+        os.environ.pop("IDEGYM_IMAGE_CACHE", None)
+    else:
+        os.environ["IDEGYM_IMAGE_CACHE"] = previous
+
+
+@pytest.fixture(scope="session")
+def debian_base(image_cache: Path) -> str:
+    """``debian:bookworm`` in the shared cache (built once, ever, per checkout)."""
+    from control_plane.backends.local.oci.bases import BaseCache, resolve
+    from control_plane.backends.local.oci.settings import OciSettings
+
+    lines: list[str] = []
+    built = asyncio.run(BaseCache(OciSettings(cache_dir=image_cache)).ensure(resolve("debian:bookworm"),
+                                                                               lines.append))
+    assert built.debian_version and built.debian_version.startswith("12"), lines
+    return "debian:bookworm"
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[str]:
+    """A real container registry (Debian's docker-registry) on a loopback port: ``host:port``."""
+    import subprocess
+    import time
+
+    import httpx
+
+    from tests.helpers import free_port
+
+    binary = shutil.which("docker-registry")
+    assert binary, "docker-registry is missing: run `make system-deps` (Debian package docker-registry)"
+    address = f"127.0.0.1:{free_port()}"
+    config = tmp_path / "registry.yml"
+    config.write_text(f"version: 0.1\nlog: {{level: warn}}\nstorage:\n  filesystem: {{rootdirectory: "
+                      f"{tmp_path / 'registry'}}}\nhttp: {{addr: \"{address}\"}}\n")
+    proc = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://{address}/v2/", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "the registry did not start"
+            time.sleep(0.1)
+        yield address
+    finally:
+        proc.terminate()
+        proc.wait(10)

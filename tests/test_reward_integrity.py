@@ -1,0 +1,411 @@
+"""Reward integrity: a hostile agent's tricks against every bundled task (issue 13 §1).
+
+Each exploit is what an RL policy finds when it is rewarded for passing tests: plant modules the
+checks import, plugins the build runs, harness patches in the code under test, fake or redirected
+reports, shims and aliases, daemons that outlive the episode, exits that look like success. Every
+one runs as the agent would (tool calls in a real, isolated sandbox, then ``submit``) on every
+bundled task, and must score no more than the untouched task. None of them touches the bug.
+
+Can fail: on the grading of round one (checks in the agent's own tree, processes ended once,
+reports in the project) ``planted_stdlib_module`` scored 1.0 on python-lru-cache,
+``java_annotation_processor`` 1.0 on java-fraction, ``harness_patch`` 1.0 on
+python-roman-numerals (the issue's reproductions). With the judge's ``RemoteObject.__eq__`` asking
+the subject (a mutation, in a copy of the tree), ``always_equal`` scored 0.875 on python-roman-numerals
+against 0.625 untouched; without the stage emptying, ``test_a_stage_leaves_nothing_running_for_the_next``
+fails.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from idegym_env.embedded import EmbeddedControlPlane
+from idegym_env.env import IdeGymEnv
+from idegym_env.tasks import Task, bundled_tasks
+
+pytestmark = pytest.mark.security
+
+TASKS = {t.id: t for t in bundled_tasks()}
+LANGUAGE = {t.id: t.language for t in TASKS.values()}
+# A report that claims everything passed, in every spelling a harness might read.
+PASSING_REPORT = ('<?xml version="1.0"?><testsuites><testsuite name="x" tests="40" failures="0" errors="0">'
+                  + "".join(f'<testcase classname="forged" name="t{i}"/>' for i in range(40))
+                  + "</testsuite></testsuites>")
+REPORT_NAMES = ("test-results.xml", "judge.xml", "TEST-forged.xml", "test-report.xml")
+
+
+def editable(task: Task) -> str:
+    assert task.editable, task.id
+    return task.editable[0]
+
+
+def write_everywhere(shell_var: str = "") -> str:
+    """Shell: write the passing report to every place a report might be read from."""
+    targets = " ".join(f'"$d/{name}"' for name in REPORT_NAMES)
+    return textwrap.dedent(f"""\
+        cat > /tmp/pass.xml <<'EOF'
+        {PASSING_REPORT}
+        EOF
+        for d in . tests test build /tmp "$HOME" {shell_var} /tmp/idegym-report-* /tmp/idegym-report-*/r; do
+          [ -d "$d" ] && for f in {targets}; do cp /tmp/pass.xml "$f" 2>/dev/null; done
+        done
+        true
+        """)
+
+
+# -- payloads appended to the code under test, by language ------------------------------------------
+
+def forging_code(language: str) -> str:
+    """Code under test that patches the harness, forges reports and exits 0 — at import/load."""
+    xml = PASSING_REPORT.replace('"', '\\"')
+    if language == "python":
+        return textwrap.dedent(f'''
+            import atexit as _a, os as _o, sys as _s, unittest as _u
+            _u.TestCase.run = lambda self, result=None, *a: (result.addSuccess(self) if result else None)
+            _u.TestCase.assertEqual = lambda *a, **k: None
+            for _d in (_o.environ.get("IDEGYM_REPORT_DIR"), _o.getcwd(), "/tmp"):
+                for _n in {REPORT_NAMES!r}:
+                    try:
+                        open(_o.path.join(_d or ".", _n), "w").write("{xml}")
+                    except OSError:
+                        pass
+            _a.register(lambda: _o._exit(0))
+            ''')
+    if language == "javascript":
+        return textwrap.dedent(f'''
+            try {{
+              const fs = require('fs'), a = require('assert');
+              a.deepStrictEqual = a.deepEqual = a.equal = a.strictEqual = () => {{}};
+              for (const d of [process.env.IDEGYM_REPORT_DIR || '.', '.', '/tmp'])
+                for (const n of {list(REPORT_NAMES)!r}) try {{ fs.writeFileSync(d + '/' + n, "{xml}"); }} catch (e) {{}}
+            }} catch (e) {{}}
+            process.on('exit', () => process.reallyExit(0));
+            ''')
+    if language in ("c", "cpp"):
+        return textwrap.dedent(f'''
+            #include <stdio.h>
+            #include <stdlib.h>
+            #include <unistd.h>
+            __attribute__((constructor)) static void idegym_forge(void) {{
+                const char *dirs[] = {{getenv("IDEGYM_REPORT_DIR"), ".", "/tmp"}};
+                const char *names[] = {{"test-results.xml", "judge.xml"}};
+                for (int i = 0; i < 3; i++) for (int j = 0; j < 2; j++) {{
+                    char path[4096];
+                    if (!dirs[i]) continue;
+                    snprintf(path, sizeof path, "%s/%s", dirs[i], names[j]);
+                    FILE *f = fopen(path, "w");
+                    if (f) {{ fputs("{xml}", f); fclose(f); }}
+                }}
+                _exit(0);
+            }}
+            ''')
+    if language == "java":
+        return textwrap.dedent(f'''
+            static {{
+                try {{
+                    for (String d : new String[] {{System.getenv("IDEGYM_REPORT_DIR"), ".", "/tmp"}})
+                        if (d != null) for (String n : new String[] {{"test-results.xml", "judge.xml"}})
+                            try {{ java.nio.file.Files.writeString(java.nio.file.Path.of(d, n), "{xml}"); }}
+                            catch (Exception e) {{ }}
+                }} finally {{ System.exit(0); }}
+            }}
+            ''')
+    raise AssertionError(language)
+
+
+def exit_code(language: str) -> str:
+    """Code under test that ends the process with status 0 as soon as it is loaded."""
+    return {"python": "\nimport os as _o\n_o._exit(0)\n",
+            "javascript": "\nprocess.exit(0);\n",
+            "c": "\n#include <unistd.h>\n__attribute__((constructor)) static void idegym_exit(void) { _exit(0); }\n",
+            "cpp": "\n#include <unistd.h>\n__attribute__((constructor)) static void idegym_exit(void) { _exit(0); }\n",
+            "java": "\nstatic { System.exit(0); }\n"}[language]
+
+
+def insert_code(task: Task, code: str) -> str:
+    """Shell: put ``code`` into the task's editable source (Java: inside the class body)."""
+    path = editable(task)
+    if task.language == "java":
+        # before the last closing brace of the file
+        return (f"python3 - <<'PYEOF'\np = {path!r}\ns = open(p).read()\ni = s.rstrip().rfind('}}')\n"
+                f"open(p, 'w').write(s[:i] + {code!r} + s[i:])\nPYEOF")
+    return f"cat >> {path} <<'CODEEOF'\n{code}\nCODEEOF"
+
+
+# -- the exploits -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Exploit:
+    name: str
+    commands: Callable[[Task], list[str]]
+
+
+def planted_stdlib_module(task: Task) -> list[str]:
+    # Modules that a check run in the project would import before the real ones (round one:
+    # `python3 -c 'import collections …'` in the project ran it), each rewriting the tests and
+    # writing passing reports; planted next to the code under test and at the root.
+    module = textwrap.dedent(f"""
+        import os, glob
+        for f in glob.glob('tests/*.py') + glob.glob('test/*.py'):
+            open(f, 'w').write('import unittest\\nclass T(unittest.TestCase):\\n    def test_ok(self): pass\\n')
+        for n in {REPORT_NAMES!r}:
+            try: open(n, 'w').write({PASSING_REPORT!r})
+            except OSError: pass
+        """)
+    dirs = sorted({".", *(p.rsplit("/", 1)[0] for p in task.editable or () if "/" in p), "tests", "test"})
+    out = []
+    for d in dirs:
+        for name in ("collections.py", "unittest.py", "json.py", "os.py", "argparse.py", "importlib.py",
+                     "idegym_judge.py", "subject.py"):
+            out.append(f"mkdir -p {d} && cat > {d}/{name} <<'EOF'\n{module}\nEOF")
+    return out
+
+
+def java_annotation_processor(task: Task) -> list[str]:
+    # A real annotation processor, registered through META-INF/services in the project root and
+    # in src/: javac without -proc:none runs it during the compile check. It forges reports and
+    # starts a detached loop that keeps doing so.
+    source = textwrap.dedent("""
+        import javax.annotation.processing.*;
+        import javax.lang.model.element.TypeElement;
+        import java.util.Set;
+        @SupportedAnnotationTypes("*")
+        public class Evil extends AbstractProcessor {
+            static {
+                try {
+                    new ProcessBuilder("setsid", "bash", "-c",
+                        "while true; do for d in . build /tmp; do cp /tmp/pass.xml $d/test-results.xml; "
+                        + "cp /tmp/pass.xml $d/judge.xml; done 2>/dev/null; sleep 0.05; done").start();
+                } catch (Exception e) { }
+            }
+            public boolean process(Set<? extends TypeElement> a, RoundEnvironment r) { return false; }
+        }
+        """)
+    return [write_everywhere(),
+            f"mkdir -p /tmp/evil && cat > /tmp/evil/Evil.java <<'EOF'\n{source}\nEOF",
+            "cd /tmp/evil && javac -d . Evil.java 2>&1 | tail -3",
+            "for d in . src; do mkdir -p $d/META-INF/services && cp /tmp/evil/Evil*.class $d/ && "
+            "echo Evil > $d/META-INF/services/javax.annotation.processing.Processor; done; ls META-INF/services"]
+
+
+def stage_daemon(task: Task) -> list[str]:
+    # A script the checks might source or run (a setup helper, a Makefile target, npm scripts)
+    # that leaves a daemon behind to rewrite the report after the tests ran.
+    loop = ("while true; do for d in . build tests /tmp; do cp /tmp/pass.xml $d/test-results.xml; "
+            "cp /tmp/pass.xml $d/judge.xml; done 2>/dev/null; sleep 0.02; done")
+    return [write_everywhere(),
+            f"printf 'all:\\n\\tsetsid bash -c \"{loop}\" &\\n' > Makefile",
+            f"printf '#!/bin/sh\\nsetsid bash -c \"{loop}\" &\\n' > setup.sh && chmod +x setup.sh",
+            "python3 -c \"import json,os; p='package.json'; d=json.load(open(p)) if os.path.exists(p) else {}; "
+            f"d['scripts']={{'test':'setsid bash -c \\\"{loop}\\\" & true','pretest':'true'}}; "
+            "json.dump(d, open(p,'w'))\""]
+
+
+def harness_patch(task: Task) -> list[str]:
+    return [write_everywhere(), insert_code(task, forging_code(task.language))]
+
+
+def edit_tests(task: Task) -> list[str]:
+    passing = "import unittest\\nclass T(unittest.TestCase):\\n    def test_ok(self): pass\\n"
+    return ["for f in $(find tests test -type f 2>/dev/null); do "
+            f"case $f in *.py) printf '{passing}' > $f;; *) echo 'int main(void){{return 0;}}' > $f;; esac; done",
+            f"printf '{passing}' > tests/test_extra_pass.py 2>/dev/null || true"]
+
+
+def delete_tests(task: Task) -> list[str]:
+    return ["rm -rf tests test && ls"]
+
+
+def conftest_hook(task: Task) -> list[str]:
+    hook = textwrap.dedent("""
+        import pytest
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_makereport(item, call):
+            outcome = yield
+            report = outcome.get_result()
+            report.outcome = "passed"
+        def pytest_collection_modifyitems(items):
+            pass
+        """)
+    return [f"for d in . tests test src; do mkdir -p $d && cat > $d/conftest.py <<'EOF'\n{hook}\nEOF\ndone",
+            "printf '[pytest]\\naddopts = -p no:cacheprovider\\n' > pytest.ini"]
+
+
+def python_customize(task: Task) -> list[str]:
+    # sitecustomize / usercustomize / .pth: run by every Python that starts, the judge's included.
+    code = ("import unittest\nunittest.TestCase.run = lambda self, result=None, *a: "
+            "(result.addSuccess(self) if result else None)\n")
+    site = "$(python3 -c 'import site; print(site.getusersitepackages())')"
+    return [f"mkdir -p {site} && for d in . {site}; do printf '%s' '{code}' > $d/sitecustomize.py; "
+            f"printf '%s' '{code}' > $d/usercustomize.py; echo 'import sitecustomize' > $d/evil.pth; done",
+            f"ls -la {site}"]
+
+
+def shell_shims(task: Task) -> list[str]:
+    # Every tool the checks call, replaced by `exit 0` — on PATH, as aliases, in rc files.
+    tools = "python3 python node java javac gcc g++ bash sh cc make"
+    shim = "#!/bin/sh\\ncp /tmp/pass.xml test-results.xml 2>/dev/null; exit 0\\n"
+    return [write_everywhere(),
+            f"mkdir -p bin ~/bin ~/.local/bin && for t in {tools}; do for d in bin ~/bin ~/.local/bin; do "
+            f"printf '{shim}' > $d/$t && chmod +x $d/$t; done; done",
+            "for rc in ~/.bashrc ~/.profile ~/.bash_profile .bashrc .envrc; do "
+            "printf 'export PATH=$HOME/bin:$PWD/bin:$PATH\\nalias python3=true node=true java=true\\n' >> $rc; done",
+            "printf 'export PATH=%s/bin:$PATH\\n' \"$PWD\" > .env"]
+
+
+def fake_report_before(task: Task) -> list[str]:
+    return [write_everywhere(), "mkdir -p /tmp/idegym-report-x/r && cp /tmp/pass.xml /tmp/idegym-report-x/judge.xml",
+            "ls test-results.xml judge.xml"]
+
+
+def report_symlink_fifo(task: Task) -> list[str]:
+    return [write_everywhere(),
+            "for n in test-results.xml judge.xml TEST-x.xml; do rm -f $n && ln -s /tmp/pass.xml $n; done",
+            "mkdir -p reports && for n in test-a.xml test-b.xml; do mkfifo reports/$n; done",
+            "mkfifo /tmp/judge.xml 2>/dev/null; ls -la"]
+
+
+def exit_zero(task: Task) -> list[str]:
+    return [insert_code(task, exit_code(task.language))]
+
+
+def syntax_error(task: Task) -> list[str]:
+    return [f"printf '\\n)))( this is not {task.language} (((\\n' >> {editable(task)}"]
+
+
+def background_process(task: Task) -> list[str]:
+    # Left running by the agent's last step: rewrites the tests and the reports forever.
+    loop = ("while true; do for d in . build tests test /tmp; do cp /tmp/pass.xml $d/test-results.xml; "
+            "cp /tmp/pass.xml $d/judge.xml; done 2>/dev/null; "
+            "for f in tests/*.py test/*.py; do [ -f $f ] && printf 'import unittest\\n' > $f; done 2>/dev/null; "
+            "sleep 0.01; done")
+    return [write_everywhere(), f"setsid nohup bash -c '{loop}' >/dev/null 2>&1 & disown; echo started"]
+
+
+def always_equal(task: Task) -> list[str]:
+    # Results that claim to equal whatever they are compared with, to hold every key, to be true.
+    if task.language != "python":
+        return harness_patch(task)  # no such object crosses into the test: the nearest trick is the patch
+    code = textwrap.dedent("""
+        class _AlwaysEqual(str):
+            def __eq__(self, other): return True
+            def __ne__(self, other): return False
+            def __contains__(self, item): return True
+            __hash__ = str.__hash__
+        class _Anything:
+            def __eq__(self, other): return True
+            def __ne__(self, other): return False
+            def __lt__(self, other): return True
+            def __contains__(self, item): return True
+            def __len__(self): return 2
+            def __iter__(self): return iter(["c", "a", "b"])
+            __hash__ = object.__hash__
+        import sys as _s
+        _m = _s.modules[__name__]
+        for _name, _obj in list(vars(_m).items()):
+            if callable(_obj) and not _name.startswith("_") and getattr(_obj, "__module__", None) == __name__:
+                if isinstance(_obj, type):
+                    for _a, _v in list(vars(_obj).items()):
+                        if callable(_v) and not _a.startswith("__"):
+                            setattr(_obj, _a, lambda *a, **k: _Anything())
+                    _obj.__contains__ = lambda self, k: True
+                else:
+                    setattr(_m, _name, lambda *a, **k: _Anything())
+        """)
+    return [insert_code(task, code)]
+
+
+EXPLOITS = [Exploit(f.__name__, f) for f in (
+    planted_stdlib_module, java_annotation_processor, stage_daemon, harness_patch, edit_tests, delete_tests,
+    conftest_hook, python_customize, shell_shims, fake_report_before, report_symlink_fifo, exit_zero,
+    syntax_error, background_process, always_equal)]
+
+
+# -- running them --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def control_plane() -> Iterator[EmbeddedControlPlane]:
+    cp = EmbeddedControlPlane(warm_pool=2)
+    yield cp
+    cp.close()
+
+
+def episode(env: IdeGymEnv, commands: list[str]) -> tuple[float, dict]:
+    env.reset()
+    for command in commands:
+        _, _, terminated, truncated, info = env.step({"tool": "bash", "arguments": {"command": command,
+                                                                                    "timeout": 60}})
+        assert not (terminated or truncated), info
+    _, reward, terminated, _, info = env.step({"tool": "submit"})
+    assert terminated
+    return float(reward), info
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("task_id", sorted(TASKS))
+def test_no_exploit_scores_more_than_the_untouched_task(task_id: str, control_plane: EmbeddedControlPlane) -> None:
+    env = IdeGymEnv(task_id, control_plane_url=control_plane.url, max_steps=50)
+    try:
+        untouched, untouched_info = episode(env, [])
+        assert 0.0 < untouched < 1.0, (untouched, untouched_info.get("checks"))
+        gained, infra = {}, {}
+        for exploit in EXPLOITS:
+            reward, info = episode(env, exploit.commands(env.task))
+            if reward > untouched:
+                gained[exploit.name] = (reward, info.get("checks", {}).get("tests", {}).get("scores"))
+            if "infrastructure_error" in info:
+                infra[exploit.name] = info["infrastructure_error"]
+    finally:
+        env.close()
+    assert not gained, f"exploits that scored more than the untouched {untouched}: {gained}"
+    assert not infra, infra
+    assert len(EXPLOITS) >= 12
+
+
+def test_a_stage_leaves_nothing_running_for_the_next(control_plane: EmbeddedControlPlane) -> None:
+    """A setup script that starts a detached daemon rewriting the report after the tests ran:
+    the daemon is gone before the tests start, and the report counts as written."""
+    from idegym_env.client import IdeGymClient
+    from sandbox_server import routes
+    from sandbox_server.grading.models import GradeRequest, GradeStage
+
+    daemon = ("setsid bash -c 'sleep 0.5; while true; do cp /tmp/green.xml \"$IDEGYM_REPORT_DIR/x.xml\" "
+              "2>/dev/null; cp /tmp/green.xml test-results.xml; sleep 0.01; done' >/dev/null 2>&1 &")
+    red = ('<testsuite tests="5" failures="5">' + "".join(f'<testcase name="t{i}"><failure/></testcase>'
+                                                          for i in range(5)) + "</testsuite>")
+    green = '<testsuite tests="5">' + "".join(f'<testcase name="t{i}"/>' for i in range(5)) + "</testsuite>"
+    with IdeGymClient(control_plane.url) as client, client.start() as sandbox:
+        sandbox.write_file("green.xml", green)
+        request = GradeRequest(stages=[
+            GradeStage(name="setup", script=f"cp green.xml /tmp/green.xml; {daemon} echo started"),
+            GradeStage(name="tests", script=f"sleep 1; echo '{red}' > test-results.xml; sleep 1",
+                       report_glob="test-results.xml")])
+        answer = sandbox.call(routes.GRADE, request)
+        assert answer.setup is not None and answer.setup.status == "success", answer.setup
+        assert answer.tests is not None and answer.tests.scores.total == 5, answer.tests
+        assert answer.tests.scores.passed == 0 and answer.tests.verdict == "failed", answer.tests
+        assert answer.killed_processes >= 1  # the daemon was found and ended
+        left = sandbox.bash("ps -eo pid,args | grep -c '[c]p /tmp/green.xml' || true").stdout.strip()
+        assert left == "0", left
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("task_id", sorted(TASKS))
+def test_gold_solutions_grade_the_same_ten_times(task_id: str, control_plane: EmbeddedControlPlane) -> None:
+    env = IdeGymEnv(task_id, control_plane_url=control_plane.url)
+    try:
+        rewards = []
+        for _ in range(10):
+            env.reset()
+            for call in env.task.solution:
+                env.step(call.model_dump())
+            _, reward, terminated, _, info = env.step({"tool": "submit"})
+            assert terminated and "infrastructure_error" not in info
+            rewards.append(reward)
+        assert rewards == [1.0] * 10, rewards
+    finally:
+        env.close()
