@@ -138,6 +138,30 @@ asyncio.run(main())
             path.rmdir()
 
 
+
+@pytest.mark.security
+def test_grading_stages_run_in_fresh_groups_that_are_gone_after_them(loop: LoopThread, backend: LocalBackend) -> None:
+    """``POST /api/grade`` runs each stage in ``Supervisor.stage``: a stage's processes are in a
+    child group of the tools' delegated groups named after it, its ``setsid`` daemon is gone when
+    the grade answers, and so is the group on the host.
+
+    Can fail: grading that only killed the server's descendants ran its stages in the tools'
+    groups themselves (no ``/setup`` group in ``/proc/self/cgroup``)."""
+    h = _create(loop, backend, "iso-grade")
+    try:
+        script = "cat /proc/self/cgroup; setsid sleep 1000 >/dev/null 2>&1 & echo daemon=$!; exit 1"
+        with client(h) as c:
+            resp = c.post("/api/grade", json={"stages": [{"name": "setup", "script": script, "timeout": 30}]})
+        assert resp.status_code == 200, resp.text
+        output = resp.json()["setup"]["output"]
+        assert re.search(r"\bpids:\S*/setup\n", output), output
+        assert resp.json()["errors"] == [], resp.json()
+        assert ok(h, "ps -eo args | grep -c '^sleep 1000' || true").strip() == "0"
+        for ctrl, path in h.data["cgroups"].items():
+            assert not os.path.exists(os.path.join(path, "tools", "delegated", "setup")), ctrl
+    finally:
+        loop.run(backend.delete(h))
+
 # -- ending a sandbox ---------------------------------------------------------------------------------
 
 
