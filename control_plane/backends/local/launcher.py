@@ -12,12 +12,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import subprocess
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from sandbox_server import procfs
 
 from ..base import BackendError, Endpoint, Limits, SandboxHandle
 from . import bwrap, cgroups, plain, readiness, rootfs, teardown
@@ -115,6 +118,8 @@ class Launcher:
             "socket": str(plan.run / SOCKET_NAME), "log": str(plan.log), "image": image.tag,
             "image_id": image.id, "run_as_root": run_as_root, "network": network, "cgroups": {},
             "snapshot": snapshot.name if snapshot else None, "space": space.kind,
+            # While this process creates it, another process's orphan sweep leaves it alone (inventory.py).
+            "creator": procfs.record(os.getpid()),
         }
         self.creating.add(name)
         launch = asyncio.ensure_future(self._launch(plan, data, timeout))
@@ -211,6 +216,7 @@ class Launcher:
                                   "spawn": round((spawned - prepared) * 1e3, 2),
                                   "server_start": round((ended - spawned) * 1e3, 2),
                                   "total": round((ended - started) * 1e3, 2)}
+            data.pop("creator", None)  # created: from now on a record must name it, or it is an orphan
             write_meta(plan.sb, plan.name, data)
         except BaseException as exc:
             detail = tail(plan.log, 30).strip()
