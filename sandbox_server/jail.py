@@ -123,12 +123,13 @@ class Jails:
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
-    def start(self, cgroups: Sequence[str] = (), pids_max: int | None = None) -> bool:
+    def start(self, cgroups: Sequence[str] = (), pids_max: int | None = None, per_run: bool = False) -> bool:
         """Start the zygote (synchronously: while this process still holds CAP_SYS_ADMIN), in the
-        ``cgroups`` directories (the tools' groups, one per controller) if any, each run then in
-        child groups of its own, held to ``pids_max`` processes. False, with ``reason`` set, when
-        this process cannot make namespaces (not root in its user namespace, or a kernel that
-        refuses)."""
+        ``cgroups`` directories (the tools' groups, one per controller) if any; with ``per_run``,
+        each run then in child groups of its own, held to ``pids_max`` processes (on cgroup v1 a
+        move into them takes an RCU grace period during which the sandbox's forks and exits
+        wait: milliseconds per run). False, with ``reason`` set, when this process cannot make
+        namespaces (not root in its user namespace, or a kernel that refuses)."""
         problem = probe()
         if problem:
             self.reason = problem
@@ -137,7 +138,7 @@ class Jails:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-B", os.path.abspath(__file__), str(theirs.fileno()),
-                 json.dumps({"cgroups": list(cgroups), "pids_max": pids_max})],
+                 json.dumps({"cgroups": list(cgroups), "pids_max": pids_max, "per_run": per_run})],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, close_fds=True)
         except OSError as exc:
             ours.close()
@@ -452,13 +453,15 @@ class _Zygote:
     (fresh namespaces made, read-only view and /proc ready), so that a run starts with what is
     its own only. The next spare is cloned once a run's pid is answered, while that run goes on."""
 
-    def __init__(self, sock: socket.socket, cgroups: Sequence[str] = (), pids_max: int | None = None) -> None:
+    def __init__(self, sock: socket.socket, cgroups: Sequence[str] = (), pids_max: int | None = None,
+                 per_run: bool = False) -> None:
         self.sock = sock
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.spare: tuple[int, socket.socket] | None = None
         self.spare_pidfd = -1
         self.cgroups = list(cgroups)
         self.pids_max = pids_max
+        self.per_run = per_run
         self.ungrouped: set[int] = set()  # ended runs whose groups are not removed yet
         for group in self.cgroups:  # so that every run is born below the tools' groups
             _write(os.path.join(group, "cgroup.procs"), str(os.getpid()))
@@ -496,7 +499,7 @@ class _Zygote:
         theirs.close()
         self.spare = (pid, ours)
         self.spare_pidfd = os.pidfd_open(pid)  # to kill it, never a reaped pid's successor
-        if self.cgroups:
+        if self.cgroups and self.per_run:
             try:
                 self._group(pid)
             except OSError as exc:  # the run is still bounded by the tools' groups
@@ -559,7 +562,8 @@ def serve(fd: int, config: dict) -> None:
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     _private_view()
     _drop_tool_capabilities()
-    zygote = _Zygote(socket.socket(fileno=fd), config.get("cgroups", ()), config.get("pids_max"))
+    zygote = _Zygote(socket.socket(fileno=fd), config.get("cgroups", ()), config.get("pids_max"),
+                     config.get("per_run", False))
     signal.set_wakeup_fd(zygote.wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

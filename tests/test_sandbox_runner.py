@@ -345,7 +345,7 @@ def test_each_isolated_run_has_a_pids_group_of_its_own(tmp_path: Path) -> None:
 
     async def run() -> tuple[int, bytes, list[str]]:
         jails = Jails()
-        assert jails.start(cgroups=[str(tools)], pids_max=16), jails.reason
+        assert jails.start(cgroups=[str(tools)], pids_max=16, per_run=True), jails.reason
         jails.attach(asyncio.get_running_loop())
         r, w = os.pipe()
         null = os.open(os.devnull, os.O_RDONLY)
