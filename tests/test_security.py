@@ -838,6 +838,25 @@ def test_execute_on_the_control_plane_leaves_nothing(cpx: Any) -> None:
                     10), "the run's daemon outlived it"
 
 
+def test_execute_runs_are_held_to_the_tools_limits(cpx: Any) -> None:
+    """An isolated run on the runner sandbox lives below the tools' delegated cgroups (the
+    sandbox's memory and pids limits for tools hold it, the server keeps its reserve), and the
+    cgroup files are hidden from it.
+
+    Can fail: with the zygote not joining the tools' groups (``_Zygote.__init__`` skipping its
+    join in a scratch copy) the run was in the server's groups.
+    """
+    code = ("import os\nprint([l.split(':')[2].strip() for l in open('/proc/self/cgroup') if ':pids:' in l][0])\n"
+            "print(os.listdir('/run/idegym-cgroup/tools') if os.path.isdir('/run/idegym-cgroup/tools') else '-')\n")
+    body = cpx.http.post("/execute", json={"language": "python", "code": code}).json()
+    assert body.get("exitCode") == 0 and len(body["stdout"].splitlines()) == 2, body
+    group, tools = body["stdout"].splitlines()
+    if group == "/":
+        pytest.skip("no cgroups on this host")
+    assert "/tools/" in group + "/", group
+    assert tools in ("[]", "-"), tools
+
+
 def _cmdline(pid: str) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
