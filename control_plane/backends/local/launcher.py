@@ -19,6 +19,7 @@ from typing import Any
 
 from ..base import BackendError, Endpoint, Limits, SandboxHandle
 from . import bwrap, plain, readiness, rootfs, teardown
+from .fork_layers import ForkLayers, ForkStack, sandbox_holder
 from .images import ResolvedImage
 from .isolation import say_once
 from .layout import NAME_RE, SOCKET_NAME, Plan, Space, tail, write_meta
@@ -53,9 +54,10 @@ class Launcher:
     async def launch(self, space: Space, name: str, image: ResolvedImage, *, run_as_root: bool, network: bool,
                      limits: Limits, env: dict[str, str], timeout: float, kind: str = "idegym",
                      snapshot: Path | None = None, project_lower: str | None = None,
-                     export: Path | None = None) -> SandboxHandle:
+                     export: Path | None = None, forks: ForkStack | None = None) -> SandboxHandle:
         """A ready sandbox ``name`` in ``space`` running ``kind``'s server on ``image``; ``export``
-        is bound writable at ``/opt/idegym/export`` (image builds take their project out there)."""
+        is bound writable at ``/opt/idegym/export`` (image builds take their project out there);
+        ``forks`` are the fork layers a fork's child stands on (it holds them until deleted)."""
         if not NAME_RE.match(name):
             raise BackendError(f"invalid sandbox name {name!r}: use letters, digits, '-', '_', '.'", 400)
         entry(kind)  # an unknown kind fails here, before anything is made
@@ -67,13 +69,16 @@ class Launcher:
             raise BackendError(f"a sandbox named {name!r} already exists in {space.root}", 409)
         plan = Plan(name=name, space=space, sb=sb, run=space.run_dir(name), image=image,
                     project_lower=project_lower or image.project, run_as_root=run_as_root, network=network,
-                    limits=limits, pids_max=self.pids_max, env=env, kind=kind, snapshot=snapshot, export=export)
+                    limits=limits, pids_max=self.pids_max, env=env, kind=kind, snapshot=snapshot, export=export,
+                    forks=forks)
         data: dict[str, Any] = {
             "v": 1, "isolation": self.isolation, "dir": str(sb), "run_dir": str(plan.run),
             "socket": str(plan.run / SOCKET_NAME), "log": str(plan.log), "image": image.tag,
             "image_id": image.id, "run_as_root": run_as_root, "network": network, "cgroups": {},
             "snapshot": snapshot.name if snapshot else None, "space": space.kind,
         }
+        if forks is not None:
+            data["forks"] = list(forks.ids)
         self.creating.add(name)
         launch = asyncio.ensure_future(self._launch(plan, data, timeout))
         self._launches.add(launch)
@@ -166,6 +171,8 @@ class Launcher:
             raise BackendError(f"a sandbox named {plan.name!r} already exists", 409) from None
         data["owned"] = True
         write_meta(plan.sb, plan.name, data)
+        if plan.forks is not None:  # released when the sandbox is removed (teardown.destroy)
+            ForkLayers(self.state_dir).hold(plan.forks.ids, sandbox_holder(plan.name))
         for attempt in range(3):  # a concurrent delete may remove an empty run root meanwhile
             plan.space.run_root.mkdir(mode=0o700, parents=True, exist_ok=True)
             try:

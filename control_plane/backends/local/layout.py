@@ -26,6 +26,7 @@ from typing import Any
 from ...appuser import PROJECT_DIR
 from ..base import Limits
 from .cgroups import Cgroups
+from .fork_layers import ForkStack
 from .images import ResolvedImage
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -85,6 +86,7 @@ class Plan:
     kind: str = "idegym"  # a ServerKind value: which server runs in the sandbox (server_kinds.py)
     snapshot: Path | None = None
     export: Path | None = None
+    forks: ForkStack | None = None  # a fork's child: the layers it stands on (fork_layers.py)
     lowers: dict[str, list[str]] = field(default_factory=dict)
 
     @property
