@@ -229,7 +229,7 @@ def forked_info(parent: StartServerResponse | None, namespace: str, client_id: s
                 child: ForkedServer) -> StartServerResponse:
     """What a fork's child handle records: the parent's server, under the child's id and name."""
     return StartServerResponse(namespace=namespace, client_id=client_id, server_id=child.server_id,
-                               generated_name=child.generated_name,
+                               generated_name=child.generated_name, service_name=child.service_name,
                                server_name=parent.server_name if parent else None,
                                image_tag=parent.image_tag if parent else None)
 
