@@ -11,7 +11,7 @@ HARBOR_VENV:= .venv-harbor
 # The published idegym-client 0.13.1 needs Python >= 3.12; pyenv keeps one off PATH.
 PYTHON312  ?= $(shell command -v python3.12 >/dev/null 2>&1 && python3.12 -c pass 2>/dev/null && echo python3.12 || ls -1d $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 2>/dev/null | head -n1)
 
-.PHONY: help demo test test-all test-slow bench system-deps venv demo-venv client-venv harbor-venv gym-versions clean
+.PHONY: help lint demo test test-all test-slow bench system-deps net-deps venv demo-venv client-venv harbor-venv gym-versions clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -55,7 +55,18 @@ $(VENV)/.stamp-demo: pyproject.toml
 	@$(PIP) install -e .
 	@touch $@
 
-venv: system-deps $(VENV)/.stamp  ## create .venv with everything the tests need
+# Sandboxes allowed the network get their own network namespace with user-mode networking.
+net-deps:  ## Debian package slirp4netns (networking for sandboxes allowed the network)
+	@if ! command -v slirp4netns >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing slirp4netns (apt-get)"; \
+	    (apt-get install -y -q slirp4netns >/dev/null 2>&1 || \
+	     (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q slirp4netns >/dev/null)) || \
+	     echo "WARNING: could not install slirp4netns; sandboxes with network will not start"; \
+	  else echo "WARNING: slirp4netns not found and apt-get unavailable; sandboxes with network will not start"; fi; \
+	fi
+
+venv: system-deps net-deps $(VENV)/.stamp  ## create .venv with everything the tests need
 
 demo-venv: system-deps $(VENV)/.stamp-demo  ## create .venv with what the demo needs
 
@@ -90,7 +101,10 @@ gym-versions: $(foreach v,$(GYM_VERSIONS),.gym-versions/$(v)/.stamp)
 demo: demo-venv  ## run real episodes end to end on the embedded local control plane
 	@$(VENV)/bin/idegym demo
 
-test: venv client-venv harbor-venv gym-versions  ## the test suite (everything but `slow`)
+lint: venv  ## ruff over the whole repository (configured in pyproject.toml)
+	@$(VENV)/bin/ruff check .
+
+test: venv client-venv harbor-venv gym-versions lint  ## lint, then the test suite (everything but `slow`)
 	@$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
 
 test-slow: venv client-venv harbor-venv gym-versions  ## only the long-running tests

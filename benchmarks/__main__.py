@@ -7,8 +7,8 @@ import importlib
 import sys
 import time
 
-BENCHMARKS = ["bash_roundtrip", "tool_call", "lifecycle", "env_step", "vector_throughput", "vector_cluster", "code_runner",
-              "scale", "soak", "images", "task_sources", "integrations", "fork"]
+BENCHMARKS = ["bash_roundtrip", "tool_call", "lifecycle", "env_step", "vector_throughput", "vector_cluster",
+              "code_runner", "scale", "soak", "images", "task_sources", "integrations", "fork"]
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -132,9 +132,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
     cells = [[fmt(c) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
     sep = "  ".join("-" * w for w in widths)
-    body = "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    body = "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
                      for r in cells)
     return f"{line}\n{sep}\n{body}"
 
@@ -163,7 +163,7 @@ class Result:
         data = {
             "name": self.name,
             "title": self.title,
-            "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "when": datetime.now(UTC).isoformat(timespec="seconds"),
             "machine": machine(),
             "stats": [asdict(s) for s in self.stats],
             "figures": self.figures,

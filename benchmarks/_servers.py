@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -54,17 +55,20 @@ def sandbox_server(project: Path, state: Path, *, unix_socket: Path | None = Non
 
 @contextlib.contextmanager
 def control_plane(state: Path, extra: Sequence[str] = ()) -> Iterator[str]:
-    """A control plane on a free port (local backend); yields its URL."""
+    """A control plane on a free port (local backend); yields its URL, with its token as credentials."""
     read_fd, write_fd = os.pipe()
     log = open(state.parent / f"{state.name}.log", "ab")
+    roots = [f"--build-root={Path(__file__).resolve().parent.parent}", f"--build-root={tempfile.gettempdir()}"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "control_plane", "--state-dir", str(state), "--port", "0", "--ephemeral",
-         "--ready-fd", str(write_fd), *extra],
+         "--ready-fd", str(write_fd), *roots, *extra],
         pass_fds=(write_fd,), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     os.close(write_fd)
     try:
         port = int(_wait_ready(read_fd, proc, "control plane").split()[1])
-        yield f"http://127.0.0.1:{port}"
+        token = state / "token"  # absent with --auth none or USER:PASSWORD
+        yield f"http://idegym:{token.read_text().strip()}@127.0.0.1:{port}" if token.exists() else \
+            f"http://127.0.0.1:{port}"
     finally:
         _stop(proc, timeout=120)
         log.close()
@@ -107,5 +111,5 @@ def make_project(root: Path, files: int = 5000) -> Path:
     for i in range(files):
         d = root / f"pkg{i % 50:02d}" / f"mod{i % 7}"
         d.mkdir(parents=True, exist_ok=True)
-        (d / f"file{i}.py").write_text(f"# file {i}\n" + "def f():\n    return %d\n" % i * 4)
+        (d / f"file{i}.py").write_text(f"# file {i}\n" + f"def f():\n    return {i}\n" * 4)
     return root

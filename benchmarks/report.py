@@ -9,8 +9,8 @@ from typing import Any
 from ._common import RESULTS
 
 REPORT = Path(__file__).resolve().parent / "REPORT.md"
-ORDER = ["bash_roundtrip", "tool_call", "lifecycle", "env_step", "vector_throughput", "vector_cluster", "code_runner", "scale",
-         "soak"]
+ORDER = ["bash_roundtrip", "tool_call", "lifecycle", "env_step", "vector_throughput", "vector_cluster", "code_runner",
+         "scale", "soak"]
 
 
 def _fmt(value: Any) -> str:
@@ -31,7 +31,7 @@ def _section(data: dict[str, Any]) -> list[str]:
     figures = {k: v for k, v in (data.get("figures") or {}).items() if not isinstance(v, (list, dict))}
     if figures:
         lines += ["| figure | value |", "|---|---:|"] + [f"| {k} | {_fmt(v)} |" for k, v in figures.items()] + [""]
-    for key, value in (data.get("figures") or {}).items():
+    for value in (data.get("figures") or {}).values():
         if isinstance(value, list) and value and isinstance(value[0], dict):
             headers = list(value[0])
             lines += ["| " + " | ".join(headers) + " |", "|" + "---:|" * len(headers)]

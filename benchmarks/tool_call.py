@@ -32,15 +32,17 @@ COMMANDS = {
 }
 
 PUBLISHED_SCRIPT = r"""
-import asyncio, json, sys, time
+import asyncio, json, sys, time, urllib.parse
 from idegym.api.auth import BasicAuth
 from idegym.api.orchestrator.servers import ServerReuseStrategy
 from idegym.client import IdeGYMClient
 
 async def main(url, commands, n):
     out = {}
-    async with IdeGYMClient(orchestrator_url=url, name="bench", namespace="idegym",
-                            auth=BasicAuth(username="u", password="p")) as client:
+    parts = urllib.parse.urlsplit(url)  # the control plane's token comes as the URL's credentials
+    auth = BasicAuth(username=parts.username or "u", password=parts.password or "p")
+    url = f"{parts.scheme}://{parts.hostname}:{parts.port}"
+    async with IdeGYMClient(orchestrator_url=url, name="bench", namespace="idegym", auth=auth) as client:
         server = await client.start_server(image_tag="idegym/builtin:latest", reuse_strategy=ServerReuseStrategy.NONE)
         for label, cmd in commands.items():
             for _ in range(5):
@@ -65,7 +67,8 @@ def _n(label: str) -> int:
 def run() -> Result:
     from idegym_env.client import IdeGymClient, Sandbox
 
-    result = Result("tool_call", "One tool call: raw subprocess, sandbox server, control plane, published client, SWE-ReX")
+    result = Result("tool_call",
+                    "One tool call: raw subprocess, sandbox server, control plane, published client, SWE-ReX")
     samples: dict[str, dict[str, list[float]]] = {label: {} for label in COMMANDS}
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)

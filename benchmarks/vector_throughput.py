@@ -296,8 +296,7 @@ def run() -> Result:
         ratio = ratios[GROUPED][TARGET_AT]
         result.figures[f"default RayVectorEnv / raw at {TARGET_AT}"] = f"{ratios['RayVectorEnv'][TARGET_AT]:.0%}"
         target = check_target(f"RayVectorEnv (one actor per CPU) / raw-call ceiling at {TARGET_AT} sub-envs",
-                              ratio * 100,
-                              TARGET_RATIO * 100, unit="%", lower_is_better=False)
+                              ratio * 100, TARGET_RATIO * 100, unit="%", lower_is_better=False)
         result.targets["ray_vs_raw_at_8"] = target
         print("\n" + target["text"])
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -8,33 +8,39 @@ in the same response, and the call is still recorded as an operation.
 
 from __future__ import annotations
 
-import json
 import logging
 from uuid import UUID
 
 from aiohttp import web
 from pydantic import BaseModel
 
+from sandbox_server import routes
 from sandbox_server.http import parse_model
 from sandbox_server.models import ExecuteRequest
 from sandbox_server.openapi import Route, build_openapi
 
 from . import __version__
 from . import fork as forking
+from .auth import TOKEN_USER, token_credentials, token_path
 from .backends.base import Backend
+from .body_budget import COPIES, BodyBudget
 from .code_runner import CodeRunnerPool
 from .config import ControlPlaneConfig
-from .errors import BadRequest, ControlPlaneError, NotFound
+from .errors import ApiError, BadRequest, NotFound
 from .forward_calls import ForwardedCall, Forwards, prefer_wait
 from .forwarding import ForwardError
 from .http import (
+    RESERVATION,
     auth_middleware,
+    body_budget_middleware,
     error_middleware,
+    error_response,
     json_response,
     path_int,
     path_uuid,
     query_client,
     query_model,
+    read_body,
     read_model,
 )
 from .jobs import ImageJobs, SnapshotJobs
@@ -47,6 +53,7 @@ from .models import (
     BuildFromYamlResponse,
     CreateSnapshotRequest,
     CreateSnapshotResponse,
+    ErrorResponse,
     FinishClientRequest,
     FinishServerRequest,
     ForkServerRequest,
@@ -116,10 +123,8 @@ async def _accepted_or_wait(request: web.Request, op_id: int, model: BaseModel) 
     headers = {OPERATION_HEADER: str(op_id), "Preference-Applied": f"wait={wait:g}"}
     if row.status == AsyncOperationStatus.SUCCEEDED:
         return web.Response(text=row.result, content_type="application/json", headers=headers)
-    error = json.loads(row.result)
-    body = error.get("body") or ""
-    return web.json_response({"error": "OperationFailed", "message": body, "detail": body},
-                             status=error.get("status_code") or 500, headers=headers)
+    failed = ErrorResponse.model_validate_json(row.result)
+    return error_response(ApiError.for_status(failed.status_code or 500, failed.body or ""), headers)
 
 
 # -- clients --------------------------------------------------------------------------------------
@@ -225,9 +230,9 @@ async def capabilities(request: web.Request) -> web.Response:
     cp = _cp(request)
     row = cp.usable_server(query_client(request), path_int(request, "server_id"))
     try:
-        reply = await cp.forwarder.request(cp.endpoint_of(row), "GET", "api/capabilities", timeout=30)
+        reply = await cp.forwarder.request(cp.endpoint_of(row), "GET", routes.CAPABILITIES.relative, timeout=30)
     except ForwardError as exc:
-        return _forward_error(exc)
+        return error_response(exc)
     return web.Response(body=reply.body, status=reply.status, content_type="application/json")
 
 
@@ -315,11 +320,6 @@ async def snapshot_exists(request: web.Request) -> web.Response:
 # -- forwarding -----------------------------------------------------------------------------------
 
 
-def _forward_error(exc: ForwardError, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": "Forward", "message": exc.body, "detail": exc.body},
-                             status=exc.status_code, headers=headers)
-
-
 async def forward(request: web.Request) -> web.StreamResponse:
     cp = _cp(request)
     client_id = path_uuid(request, "client_id")
@@ -328,14 +328,21 @@ async def forward(request: web.Request) -> web.StreamResponse:
     if request.query_string:
         path = f"{path}?{request.query_string}"
     endpoint = cp.forward_endpoint(client_id, server_id)
-    call = ForwardedCall(client_id, server_id, request.method, path, request.headers, await request.read())
-    answer = await request.app[FORWARDS].forward(call, endpoint)
+    body = await read_body(request, cp.config.max_body_bytes)
+    call = ForwardedCall(client_id, server_id, request.method, path, request.headers, body)
+    reservation = request.pop(RESERVATION, None)  # held until the sandbox has answered
+    try:
+        answer = await request.app[FORWARDS].forward(call, endpoint, reservation.release if reservation else None)
+    except BaseException:
+        if reservation is not None:
+            reservation.release()
+        raise
     if answer.value is None:
         return _accepted(ForwardRequestResponse(async_operation_id=answer.operation_id))
     extra = {OPERATION_HEADER: str(answer.operation_id), "Preference-Applied": f"wait={answer.waited:g}"}
     value = answer.value
     if isinstance(value, ForwardError):
-        return _forward_error(value, extra)
+        return error_response(value, extra)
     headers = {k: v for k, v in value.headers.items() if k != "content-type"}
     headers.update(extra)
     headers[SANDBOX_HEADER] = "sandbox"
@@ -357,7 +364,7 @@ async def ws_forward(request: web.Request) -> web.StreamResponse:
 async def execute(request: web.Request) -> web.Response:
     body = await request.read()
     parse_model(body, ExecuteRequest)  # 422 here, before a sandbox is spent on it
-    reply = await request.app[RUNNER].run("POST", "execute", body)
+    reply = await request.app[RUNNER].run("POST", routes.EXECUTE.relative, body)
     return web.Response(body=reply.body, status=reply.status, content_type="application/json")
 
 
@@ -419,16 +426,26 @@ ROUTES: tuple[Route, ...] = (
           "prepare_status_api_snapshots_prepare__request_id__get", None, PrepareSnapshotsStatusResponse),
     Route("GET", "/api/snapshots/jobs/{job_id}", snapshot_job, "Get Snapshot Job Status",
           "snapshot_job_api_snapshots_jobs__job_id__get", None, SnapshotJobStatusResponse),
-    Route("GET", "/api/snapshots/exists", snapshot_exists, "Snapshot Exists", "snapshot_exists_api_snapshots_exists_get",
-          None, SnapshotExistsResponse),
-    Route("POST", "/execute", execute, "Run code in a fresh sandbox", "execute", ExecuteRequest, None),
-    Route("GET", "/execute/languages", languages, "Available languages", "languages", None, None),
+    Route("GET", "/api/snapshots/exists", snapshot_exists, "Snapshot Exists",
+          "snapshot_exists_api_snapshots_exists_get", None, SnapshotExistsResponse),
+    Route("POST", routes.EXECUTE.path, execute, "Run code in a fresh sandbox", "execute", ExecuteRequest, None),
+    Route("GET", routes.LANGUAGES.path, languages, "Available languages", "languages", None, None),
 )
 
 FORWARD_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
 
 
 # -- middlewares and factory ----------------------------------------------------------------------
+
+
+def required_credentials(config: ControlPlaneConfig) -> tuple[str, str] | None:
+    """What every route but ``/health`` requires: ``--auth USER:PASSWORD``, else the state
+    directory's token (made on first start); None only with ``--auth none``."""
+    if config.no_auth:
+        log.warning("AUTHENTICATION IS OFF (--auth none): anyone who can connect to this control plane "
+                    "can start sandboxes, build images from allowed directories and run commands")
+        return None
+    return config.auth or token_credentials(config.state_dir)
 
 
 def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> web.Application:
@@ -443,9 +460,14 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     builder = builder_for(backend)
     images = ImageJobs(cp, builder, getattr(builder, "parse_yaml", None) or parse_build_yaml)
     meter = Metrics()
-    middlewares = [error_middleware("control plane", (ControlPlaneError,), meter.observe, config.max_body_bytes)]
-    if config.auth:
-        middlewares.insert(1, auth_middleware(config.auth))
+    middlewares = [error_middleware("control plane", meter.observe, config.max_body_bytes)]
+    credentials = required_credentials(config)
+    if credentials is not None:
+        hint = (f"user {TOKEN_USER!r} and the token in {token_path(config.state_dir)} as password"
+                if config.auth is None else "the credentials given to --auth")
+        middlewares.insert(1, auth_middleware(credentials, hint))
+    budget = BodyBudget(config.body_budget_bytes or COPIES * config.max_body_bytes, config.body_wait)
+    middlewares.append(body_budget_middleware(budget, config.max_body_bytes))
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[CP] = cp
     app[WATCHER] = watcher

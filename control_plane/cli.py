@@ -17,6 +17,7 @@ from aiohttp import web
 
 from sandbox_server.http import run_loop, setup_logging
 
+from .auth import TOKEN_USER, token_path
 from .config import ControlPlaneConfig, WatcherConfig
 
 T = TypeVar("T")
@@ -28,10 +29,69 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"IDEGYM_CONTROL_PLANE_{name}", default)
 
 
+_FROM_ENV: set[str] = set()  # the <name>s of the $IDEGYM_CONTROL_PLANE_<name> that flags' defaults come from
+# Flags whose variable is not $IDEGYM_CONTROL_PLANE_<DEST>, and flags that have none (whoever
+# starts a control plane as its child passes them).
+_VARIABLES = {"operation_retention": "IDEGYM_CONTROL_PLANE_RETENTION", "image_registry": "IDEGYM_IMAGE_REGISTRY",
+              "image_cache": "IDEGYM_IMAGE_CACHE", "log_json": "IDEGYM_LOG_JSON", "log_level": "IDEGYM_LOG_LEVEL"}
+_NO_VARIABLE = ("remove_state", "parent_pid", "ready_fd")
+
+
 def _default(name: str, value: T, parse: Callable[[str], T]) -> T:
     """``$IDEGYM_CONTROL_PLANE_<name>`` parsed, else the configuration's default ``value``."""
+    _FROM_ENV.add(name)
     raw = _env(name)
+    if parse is bool:
+        parse = _flag  # type: ignore[assignment] # bool("0") is True
     return value if raw in (None, "") else parse(raw)
+
+
+def _flag(text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise SystemExit(f"expected a boolean (1/0, true/false, yes/no, on/off) in the environment, got {text!r}")
+    return value in ("1", "true", "yes", "on")
+
+
+def _names(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _shown(value: object) -> str:
+    if value is None or value == [] or value == "":
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else f"{value:g}"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def _document(parser: argparse.ArgumentParser) -> None:
+    """Every flag's help ends with its environment variable and its default (unless it says them)."""
+    for action in parser._actions:
+        if action.dest == "help" or action.help == argparse.SUPPRESS:
+            continue
+        text, first, last = action.help or "", [], []
+        if "$" not in text:
+            if action.dest in _VARIABLES:
+                first.append(f"${_VARIABLES[action.dest]}")
+            elif action.dest.startswith("k8s_"):
+                first.append(f"$IDEGYM_{action.dest.upper()}")
+            elif action.dest.upper() in _FROM_ENV:
+                first.append(f"$IDEGYM_CONTROL_PLANE_{action.dest.upper()}")
+            else:
+                first.append("no environment variable")
+        if "default" not in text:
+            last.append(f"default {_shown(action.default).replace('%', '%%')}")
+        if not first and not last:
+            continue
+        if text.endswith("]") and "[" in text:  # into the bracket the help already ends with
+            text, _, inner = text[:-1].rpartition("[")
+            first.append(inner)
+        action.help = f"{text.rstrip()} [{', '.join(first + last)}]".lstrip()
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,8 +105,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"TCP port; 0 picks a free one [$IDEGYM_CONTROL_PLANE_PORT, default {cfg.port}]")
     parser.add_argument("--unix-socket", type=Path, default=_default("UNIX_SOCKET", cfg.unix_socket, Path),
                         help="also listen on this Unix socket")
-    parser.add_argument("--auth", default=_env("AUTH"), metavar="USER:PASSWORD",
-                        help="require HTTP Basic auth on every route but /health [$IDEGYM_CONTROL_PLANE_AUTH]")
+    parser.add_argument("--auth", default=_env("AUTH") or "token", metavar="token|none|USER:PASSWORD",
+                        help="credentials every route but /health requires: 'token' (default) makes a random token "
+                             "in <state-dir>/token (HTTP Basic, user 'idegym', the token as password); "
+                             "USER:PASSWORD uses those; 'none' turns authentication off "
+                             "[$IDEGYM_CONTROL_PLANE_AUTH]")
+    parser.add_argument("--build-root", action="append", type=Path, default=None, metavar="DIR",
+                        help="image builds may take project paths, archives and file:// git repositories from "
+                             "under this directory (repeatable; default: none) "
+                             "[$IDEGYM_CONTROL_PLANE_BUILD_ROOTS, separated by ':']")
     parser.add_argument("--backend", choices=["local", "kubernetes"], default=_default("BACKEND", cfg.backend, str),
                         help=f"where sandboxes live [default {cfg.backend}]")
     parser.add_argument("--isolation", choices=["auto", "bwrap", "none"],
@@ -65,10 +132,18 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="spare sandboxes kept ready per image in use (grows with demand)")
     parser.add_argument("--warm-pool-max", type=int, default=_default("WARM_POOL_MAX", cfg.warm_pool_max, int),
                         help="ceiling of the warm pool per image")
-    parser.add_argument("--pool-image", action="append", default=[],
-                        help="keep this image warm from start-up (repeatable)")
+    parser.add_argument("--pool-image", action="append", default=_default("POOL_IMAGE", [], _names),
+                        help="keep this image warm from start-up (repeatable; comma-separated in the variable)")
     parser.add_argument("--max-servers", type=int, default=_default("MAX_SERVERS", cfg.max_servers, int),
                         help="live servers allowed at once; more starts get 429 (the client retries)")
+    parser.add_argument("--body-budget", type=int, default=_default("BODY_BUDGET", cfg.body_budget_bytes, int),
+                        metavar="BYTES", help="bytes of large request bodies held in memory at once (each counts "
+                                              "3 times its size); more wait, then get 503 [default 3 × the "
+                                              f"{cfg.max_body_bytes >> 20} MiB body limit]")
+    parser.add_argument("--header-timeout", type=float, default=_default("HEADER_TIMEOUT", cfg.header_timeout, float),
+                        help="close a connection whose request head is not complete this many seconds after it "
+                             f"opened or after its last answer (slow-header clients, idle keep-alive) "
+                             f"[default {cfg.header_timeout:g}]")
     parser.add_argument("--watch-interval", type=float, default=_default("WATCH_INTERVAL", watch.interval, float),
                         help="seconds between watcher passes")
     parser.add_argument("--inactive-timeout", type=float,
@@ -83,7 +158,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--operation-retention", type=float,
                         default=_default("RETENTION", watch.operation_retention, float),
                         help="seconds of request history kept")
-    parser.add_argument("--ephemeral", action="store_true", default=cfg.ephemeral,
+    parser.add_argument("--ephemeral", action="store_true", default=_default("EPHEMERAL", cfg.ephemeral, bool),
                         help="delete every sandbox on shutdown (for embedded use)")
     if _wants_kubernetes():
         # the client library costs ~0.4 s to import: only when this backend is chosen
@@ -101,6 +176,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one JSON object per log line")
     parser.add_argument("--log-level", default=os.environ.get("IDEGYM_LOG_LEVEL", "WARNING"),
                         help="WARNING (default); INFO logs every request")
+    _document(parser)
 
 
 def _wants_kubernetes() -> bool:
@@ -111,11 +187,14 @@ def _wants_kubernetes() -> bool:
 
 def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
     auth = None
-    if args.auth:
+    if args.auth not in ("token", "none"):
         user, sep, password = args.auth.partition(":")
         if not sep or not user:
-            raise SystemExit("--auth: expected USER:PASSWORD")
+            raise SystemExit("--auth: expected 'token', 'none' or USER:PASSWORD")
         auth = (user, password)
+    build_roots = args.build_root
+    if build_roots is None:
+        build_roots = [Path(p) for p in (_env("BUILD_ROOTS") or "").split(":") if p]
     kubernetes: dict = {}
     if args.backend == "kubernetes":
         from dataclasses import asdict
@@ -126,6 +205,8 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
     return ControlPlaneConfig(
         kubernetes=kubernetes,
         state_dir=args.state_dir, host=args.host, port=args.port, unix_socket=args.unix_socket, auth=auth,
+        no_auth=args.auth == "none", build_roots=build_roots, header_timeout=args.header_timeout,
+        body_budget_bytes=args.body_budget,
         backend=args.backend, isolation=args.isolation, network=args.network, warm_pool=args.warm_pool,
         image_registry=args.image_registry, image_cache=args.image_cache,
         warm_pool_max=args.warm_pool_max, pool_images=list(args.pool_image), max_servers=args.max_servers,
@@ -152,7 +233,9 @@ async def serve(config: ControlPlaneConfig, ready_fd: int | None = None, parent_
     from .app import create_app
 
     app = create_app(config)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # aiohttp's keep-alive timer runs from the connection's start and from each answer until the next
+    # request's head is complete: it is the header timeout.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=config.header_timeout)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
     await site.start()
@@ -161,7 +244,14 @@ async def serve(config: ControlPlaneConfig, ready_fd: int | None = None, parent_
         if config.unix_socket.exists():
             config.unix_socket.unlink()
         await web.UnixSite(runner, str(config.unix_socket)).start()
-    log.warning("IdeGym control plane listening on http://%s:%s (state in %s)", config.host, port, config.state_dir)
+    if config.no_auth:
+        credentials = "NO AUTHENTICATION (--auth none)"
+    elif config.auth:
+        credentials = f"HTTP Basic user {config.auth[0]!r} (--auth)"
+    else:
+        credentials = f"HTTP Basic user {TOKEN_USER!r}, password in {token_path(config.state_dir)}"
+    log.warning("IdeGym control plane listening on http://%s:%s (state in %s; %s)", config.host, port,
+                config.state_dir, credentials)
     if ready_fd is not None:
         os.write(ready_fd, f"ready {port}\n".encode())
         os.close(ready_fd)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
+from sandbox_server import routes
+
 from .backends.base import BackendError, Limits, SandboxHandle, SandboxSpec
-from .errors import ControlPlaneError, Unavailable
+from .errors import ApiError, Unavailable
 from .forwarding import FORWARD_FAILED, ForwardError, Reply
 from .models import ServerKind
 from .service import ControlPlane
@@ -36,14 +38,14 @@ class CodeRunnerPool:
                 return await self.cp.forwarder.request(self.cp.backend.endpoint(handle), method, path,
                                                        {"Content-Type": "application/json"}, body)
             except ForwardError as exc:
-                raise ControlPlaneError(f"{FORWARD_FAILED}: the code-runner sandbox failed: {exc.body}") from exc
+                raise ApiError(f"{FORWARD_FAILED}: the code-runner sandbox failed: {exc.message}") from exc
             finally:
                 self.cp.spawn(self._discard(handle))
 
     async def languages(self) -> Reply:
         """``GET /execute/languages``, asked of a sandbox once and remembered once it answered 200."""
         if self._languages is None:
-            reply = await self.run("GET", "execute/languages", b"")
+            reply = await self.run("GET", routes.LANGUAGES.relative, b"")
             if reply.status != 200:
                 return reply
             self._languages = reply

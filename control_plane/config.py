@@ -28,7 +28,9 @@ class ControlPlaneConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     unix_socket: Path | None = None
-    auth: tuple[str, str] | None = None  # HTTP Basic credentials; None = no auth
+    auth: tuple[str, str] | None = None  # HTTP Basic credentials; None = the state directory's token (auth.py)
+    no_auth: bool = False  # --auth none: every route open to anyone who can connect (warned loudly)
+    build_roots: list[Path] = field(default_factory=list)  # host directories build sources may come from
     backend: str = "local"  # local | kubernetes
     isolation: str = "auto"  # local backend: auto | bwrap | none
     network: bool = False  # local backend: sandboxes get the host network unless their image says otherwise
@@ -40,6 +42,9 @@ class ControlPlaneConfig:
     max_servers: int = 200  # live servers (quota); more starts fail with 429 and the client retries
     client_request_timeout: float = 3600.0  # read timeout control plane → sandbox
     max_body_bytes: int = 256 << 20
+    body_budget_bytes: int | None = None  # request bodies held at once (body_budget.py); None: 3 × max_body_bytes
+    body_wait: float = 120.0  # a large body waits this long for room in the budget, then 503
+    header_timeout: float = 15.0  # a request's head must arrive this soon after connecting or the last answer
     inline_result_limit: int = 256 << 10  # results answered inline (Prefer: wait) are stored up to this
     runner_image: str = "idegym/builtin:latest"  # image of the code runner's sandboxes (POST /execute)
     runner_concurrency: int = field(default_factory=lambda: max(os.cpu_count() or 2, 2))

@@ -1,19 +1,22 @@
 """The control plane's errors: the one hierarchy of ``sandbox_server.errors``, plus its own.
 
     ApiError                   500  InternalError        (sandbox_server.errors; every class below it too)
+    ├── StatusError            any  by its status        decided where raised:
+    │   ├── backends.base.BackendError                    a backend's failure (404 unknown image, 409…)
+    │   └── forwarding.ForwardError                       the sandbox unreachable (410) or no answer (500)
     ├── BadRequest             400
     ├── Unauthorized           401  Unauthorized         missing or wrong credentials
     ├── Forbidden              403
     ├── NotFound               404                       unknown client/server/operation/job, or another client's server
     ├── Conflict               409
-    ├── Gone                   410  Gone                 the server exists but is not usable (FINISHED, STOPPED, CRASHED…)
+    ├── Gone                   410  Gone                 the server exists but is not usable (FINISHED, CRASHED…)
     ├── PayloadTooLarge        413
     ├── Unprocessable          422  ValidationError
     └── Unavailable            503  ServiceUnavailable   the state database cannot be written
         └── store.StoreError
 
-Failures of asynchronous operations are not raised to the caller: they end the operation FAILED
-with an ``ErrorResponse`` (see ``operations.py``).
+An error raised by the work of an asynchronous operation is not raised to the caller: it ends
+the operation FAILED with an ``ErrorResponse`` of the same status and message (``operations.py``).
 """
 
 from __future__ import annotations
@@ -25,29 +28,27 @@ from sandbox_server.errors import (
     Forbidden,
     NotFound,
     PayloadTooLarge,
+    StatusError,
     Unprocessable,
-    register,
     render,
 )
 
 ControlPlaneError = ApiError  # the name the control plane's modules knew it by
 
 
-class Unauthorized(ApiError):
-    status, kind = 401, "Unauthorized"
+class Unauthorized(ApiError, status=401):
+    """Missing or wrong credentials."""
 
 
-class Gone(ApiError):
-    status, kind = 410, "Gone"
+class Gone(ApiError, status=410):
+    """The server exists but is not usable (FINISHED, STOPPED, CRASHED…), or its sandbox is unreachable."""
 
 
-class Unavailable(ApiError):
-    status, kind = 503, "ServiceUnavailable"
+class Unavailable(ApiError, status=503, kind="ServiceUnavailable"):
+    """The control plane cannot do it now: the state database cannot be written, no sandbox is free."""
 
-
-register(Unauthorized, Gone, Unavailable)
 
 __all__ = [
     "ApiError", "ControlPlaneError", "BadRequest", "Unauthorized", "Forbidden", "NotFound", "Conflict", "Gone",
-    "PayloadTooLarge", "Unprocessable", "Unavailable", "render",
+    "PayloadTooLarge", "StatusError", "Unprocessable", "Unavailable", "render",
 ]

@@ -21,10 +21,9 @@ from dataclasses import replace
 
 from . import lifecycle
 from .backends.base import BackendError, ForkChild, SandboxHandle, SandboxSpec
-from .errors import BadRequest, Conflict, Gone, NotFound
+from .errors import ApiError, BadRequest, Conflict, Gone, NotFound
 from .models import AvailabilityStatus as A
 from .models import ForkedServer, ForkServerRequest, ForkServerResponse, StartServerRequest
-from .operations import OperationFailed
 from .pool import new_sandbox_name
 from .service import ControlPlane
 from .store import ServerRow, now_ms
@@ -59,8 +58,8 @@ def child_request(parent: ServerRow, server_name: str | None) -> StartServerRequ
 async def fork_server(cp: ControlPlane, parent: ServerRow, req: ForkServerRequest) -> ForkServerResponse:
     child_req = child_request(parent, req.server_name)
     if len(cp.store.servers(availability=lifecycle.LIVE)) + req.count > cp.config.max_servers:
-        raise OperationFailed(429, f"Resource limit exceeded: {req.count} more servers would pass the "
-                                   f"{cp.config.max_servers} live servers allowed; finish or stop servers first")
+        raise ApiError.for_status(429, f"Resource limit exceeded: {req.count} more servers would pass the "
+                                      f"{cp.config.max_servers} live servers allowed; finish or stop servers first")
     now = now_ms()
     rows: list[ServerRow] = []
     for _ in range(req.count):
@@ -85,8 +84,8 @@ async def fork_server(cp: ControlPlane, parent: ServerRow, req: ForkServerReques
     except BackendError as exc:
         for row in rows:
             cp.store.set_server_status(row.id, A.FAILED_TO_START, f"fork of server {parent.id} failed: {exc.message}")
-        raise OperationFailed(exc.status, f"Forking server {parent.id} ({parent.generated_name}) failed: "
-                                          f"{exc.message}") from exc
+        raise ApiError.for_status(exc.status, f"Forking server {parent.id} ({parent.generated_name}) failed: "
+                                             f"{exc.message}") from exc
     except asyncio.CancelledError:
         for row in rows:
             cp.store.set_server_status(row.id, A.FAILED_TO_START, "fork cancelled")
@@ -104,8 +103,8 @@ async def fork_server(cp: ControlPlane, parent: ServerRow, req: ForkServerReques
         else:  # stopped while forking (its client went away): do not leak the sandbox
             cp.spawn(cp.delete_handle(handle))
     if len(servers) < len(rows):
-        raise OperationFailed(410, f"servers {[r.id for r in rows if r.id not in {s.server_id for s in servers}]} "
-                                   "were stopped while they were being forked")
+        raise Gone(f"servers {[r.id for r in rows if r.id not in {s.server_id for s in servers}]} "
+                   "were stopped while they were being forked")
     log.info("forked server %s into %s", parent.id, [s.server_id for s in servers])
     return ForkServerResponse(server_id=parent.id, server_name=parent.generated_name, servers=servers)
 

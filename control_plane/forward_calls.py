@@ -14,10 +14,12 @@ import json
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
+
+from sandbox_server import routes
 
 from .backends.base import Endpoint
 from .forwarding import ForwardError, Pending, Reply
@@ -53,19 +55,20 @@ class ForwardedCall:
     method: str
     path: str  # relative to the sandbox root, query included
     headers: Mapping[str, str]
-    body: bytes
+    body: bytes | bytearray
 
     def record(self, target: str) -> str:
         """The operation's stored request (secrets masked, body truncated)."""
-        text = self.body.decode("utf-8", errors="replace")
-        if b'"env"' in self.body and self.path.split("?", 1)[0].rstrip("/").endswith("api/tools/bash"):
+        # Only what is stored is decoded: a 200 MB body would be copied whole otherwise.
+        text = self.body[:STORED_BODY_LIMIT + 4].decode("utf-8", errors="replace")
+        if b'"env"' in self.body and self.path.split("?", 1)[0].rstrip("/").endswith(routes.BASH.relative):
             try:  # env values are secrets: never stored
-                data = json.loads(text)
+                data = json.loads(self.body)
                 if isinstance(data, dict) and isinstance(data.get("env"), dict):
                     data["env"] = {k: "***" for k in data["env"]}
-                    text = json.dumps(data)
-            except ValueError:
-                pass
+                text = json.dumps(data)
+            except (ValueError, RecursionError):  # not JSON (the sandbox says 422): it may still hold values
+                text = "[a bash call naming env that is not valid JSON: not kept in the request history]"
         if len(text) > STORED_BODY_LIMIT:
             text = text[:STORED_BODY_LIMIT] + f"... [{len(self.body)} bytes; truncated in the request history]"
         headers = {k: v for k, v in self.headers.items() if k.lower() not in UNSTORED_HEADERS}
@@ -93,22 +96,35 @@ class Forwards:
         self.cp = cp
         self.metrics = metrics
 
-    async def forward(self, call: ForwardedCall, endpoint: Endpoint) -> Answer:
-        """Forward ``call`` to ``endpoint`` (``ControlPlane.forward_endpoint`` of its server)."""
+    async def forward(self, call: ForwardedCall, endpoint: Endpoint, release: Callable[[], None] | None = None
+                      ) -> Answer:
+        """Forward ``call`` to ``endpoint`` (``ControlPlane.forward_endpoint`` of its server);
+        ``release`` (the body's budget reservation) is called once the sandbox has answered."""
         cp = self.cp
         wait = prefer_wait(call.headers)
         if wait is None:
             async def work() -> Outcome:
-                pending = cp.forwarder.start(endpoint, call.method, call.path, call.headers, call.body)
-                started = time.perf_counter()
-                await pending.wait()
-                return self._outcome(call, self._settled(call, pending, started))
+                try:
+                    pending = cp.forwarder.start(endpoint, call.method, call.path, call.headers, call.body)
+                    started = time.perf_counter()
+                    await pending.wait()
+                    return self._outcome(call, self._settled(call, pending, started))
+                finally:
+                    if release is not None:
+                        release()
 
             op = cp.ops.submit(AsyncOperationType.FORWARD_REQUEST, call.record(endpoint.base_url), work,
                                client_id=str(call.client_id), server_id=call.server_id)
             return Answer(op)
         started_ms, started = now_ms(), time.perf_counter()
-        pending = cp.forwarder.start(endpoint, call.method, call.path, call.headers, call.body)
+        try:
+            pending = cp.forwarder.start(endpoint, call.method, call.path, call.headers, call.body)
+        except BaseException:
+            if release is not None:
+                release()
+            raise
+        if release is not None:
+            pending.future.add_done_callback(lambda _: release())
         if not pending.future.done():
             await settled_within(pending.future, wait)
         if not pending.future.done():
@@ -145,8 +161,8 @@ class Forwards:
         try:
             reply = pending.result()
         except ForwardError as exc:
-            self.metrics.forward(exc.status_code, time.perf_counter() - started)
-            if exc.status_code == 410:
+            self.metrics.forward(exc.status, time.perf_counter() - started)
+            if exc.status == 410:
                 self.cp.spawn(self.cp.check_sandbox(call.server_id))  # find out now whether the sandbox crashed
             return exc
         self.metrics.forward(reply.status, time.perf_counter() - started)
@@ -156,7 +172,7 @@ class Forwards:
     def _outcome(call: ForwardedCall, value: Reply | ForwardError, inline_limit: int | None = None) -> Outcome:
         """The operation's stored result. A body already answered inline is not kept above the limit."""
         if isinstance(value, ForwardError):
-            return Outcome.failure(value.status_code, value.body)
+            return Outcome.failure(value.status, value.message)
         touch = call.server_id if value.status < 500 else None
         text = value.text()
         if inline_limit is not None and len(text) > inline_limit:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from .backends.base import Endpoint
+from .errors import StatusError
 from .unix_http import ConnectFailed, ProtocolError, RawReply, UnixPool
 
 FORWARD_FAILED = "Failed to forward request"
@@ -35,11 +36,12 @@ class Reply:
         return self.body.decode("utf-8", errors="replace")
 
 
-class ForwardError(Exception):
-    def __init__(self, status_code: int, body: str) -> None:
-        super().__init__(body)
-        self.status_code = status_code
-        self.body = body
+class ForwardError(StatusError):
+    """The call did not reach the sandbox (410) or got no usable answer (500); the message starts
+    with ``FORWARD_FAILED``, the marker the published client reads."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message, status)
 
 
 def forward_error(exc: BaseException, url: str) -> ForwardError:

@@ -14,10 +14,10 @@ from uuid import UUID
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from sandbox_server.errors import Unprocessable
-from sandbox_server.http import error_body, parse_model, summarize, validation_items
+from sandbox_server.http import parse_model, summarize, validation_items
 
-from .errors import Unauthorized
+from .body_budget import SMALL, BodyBudget, Reservation
+from .errors import ApiError, Unauthorized, Unprocessable, render
 
 log = logging.getLogger("control_plane.http")
 M = TypeVar("M", bound=BaseModel)
@@ -28,14 +28,29 @@ async def read_model(request: web.Request, model: type[M]) -> M:
     return parse_model(await request.read(), model)
 
 
+async def read_body(request: web.Request, max_body: int) -> bytes | bytearray:
+    """The body, read as it arrives into one growing buffer: unlike ``request.read()`` no final
+    copy of the whole (200 MB that block the event loop), and the socket is read no faster than
+    the body is taken."""
+    if request.content_length is not None and request.content_length < (1 << 20):
+        return await request.read()
+    body = bytearray()
+    async for chunk in request.content.iter_any():
+        body += chunk
+        if len(body) > max_body:
+            raise web.HTTPRequestEntityTooLarge(max_size=max_body, actual_size=len(body))
+    return body
+
+
 def json_response(model: BaseModel, status: int = 200) -> web.Response:
     return web.Response(
         body=model.model_dump_json(by_alias=True).encode(), status=status, content_type="application/json"
     )
 
 
-def error_response(status: int, kind: str, message: str, details: dict[str, Any] | None = None) -> web.Response:
-    return web.json_response(error_body(kind, message, details), status=status)
+def error_response(error: ApiError, headers: dict[str, str] | None = None) -> web.Response:
+    """``error`` as the answer (``errors.render``, the one renderer of both servers)."""
+    return web.Response(body=render(error), status=error.status, content_type="application/json", headers=headers)
 
 
 _HTTP_HINTS = {
@@ -45,13 +60,13 @@ _HTTP_HINTS = {
 }
 
 
-def error_middleware(service: str, errors: tuple[type[Exception], ...],
-                     observe: Callable[[web.Request, int, float], None] | None = None,
+def error_middleware(service: str, observe: Callable[[web.Request, int, float], None] | None = None,
                      max_body: int | None = None) -> Callable:
     """Turn every failure into a JSON error; log one line per request (never bodies).
 
-    ``errors`` are the service's own error classes: each has ``status``, ``kind``, ``message`` and
-    ``details`` and becomes a JSON body with that status. ``observe(request, status, seconds)``
+    An ``ApiError`` (``errors.py``) answers its own status, an HTTP failure of aiohttp's (no such
+    route, 405, 413) the error of its status, anything else a 500 that says it is a bug.
+    ``observe(request, status, seconds)``
     sees every request with the status actually answered (metrics). A body declared larger than
     ``max_body`` is refused before any of it is read (aiohttp alone would wait for the bytes, and
     only then say 413). One middleware, not one per concern: each layer costs every forward.
@@ -67,12 +82,9 @@ def error_middleware(service: str, errors: tuple[type[Exception], ...],
             response = await handler(request)
             status = response.status
             return response
-        except Unprocessable as exc:
-            status = 422
-            return web.json_response({"detail": exc.errors, "message": exc.message}, status=422)
-        except errors as exc:
-            status = exc.status  # type: ignore[attr-defined]
-            return error_response(status, exc.kind, exc.message, exc.details)  # type: ignore[attr-defined]
+        except ApiError as exc:
+            status = exc.status
+            return error_response(exc)
         except web.HTTPException as exc:
             status = exc.status
             if exc.status < 400:
@@ -81,13 +93,11 @@ def error_middleware(service: str, errors: tuple[type[Exception], ...],
             message = f"{request.method} {request.path}: {hint}"
             if exc.status == 413:
                 message = f"{request.method} {request.path}: {exc.text or hint}; send smaller chunks"
-            return error_response(exc.status, exc.reason.replace(" ", ""), message)
+            return error_response(ApiError.for_status(exc.status, message))
         except Exception as exc:  # a bug: say so, keep the server up
             log.exception("unhandled error in %s %s", request.method, request.path)
-            return error_response(
-                500, "InternalError",
-                f"{service} hit an unexpected {type(exc).__name__}: {exc}. This is a bug; please report it.",
-            )
+            return error_response(ApiError(
+                f"{service} hit an unexpected {type(exc).__name__}: {exc}. This is a bug; please report it."))
         finally:
             seconds = time.perf_counter() - started
             if observe is not None:  # after the answer is written: metrics cost the caller nothing
@@ -139,8 +149,8 @@ def query_client(request: web.Request) -> UUID:
         raise Unprocessable.field(["query", "client_id"], "must be a UUID", raw, "uuid_parsing") from None
 
 
-def auth_middleware(credentials: tuple[str, str]) -> Any:
-    """HTTP Basic auth on every route but ``/health``."""
+def auth_middleware(credentials: tuple[str, str], hint: str) -> Any:
+    """HTTP Basic auth on every route but ``/health``; ``hint`` says where the credentials are."""
     user, password = credentials
     expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
@@ -150,8 +160,32 @@ def auth_middleware(credentials: tuple[str, str]) -> Any:
             return await handler(request)
         given = request.headers.get("Authorization", "")
         if not hmac.compare_digest(given.encode(), expected.encode()):
-            raise Unauthorized("missing or wrong credentials: send HTTP Basic auth (IDEGYM_AUTH_USERNAME / "
-                               "IDEGYM_AUTH_PASSWORD for idegym-client)")
+            raise Unauthorized(f"missing or wrong credentials: send HTTP Basic auth, {hint} "
+                               "(idegym-client: IDEGYM_AUTH_USERNAME / IDEGYM_AUTH_PASSWORD)")
         return await handler(request)
+
+    return middleware
+
+
+RESERVATION = web.RequestKey("body_reservation", Reservation)
+
+
+def body_budget_middleware(budget: BodyBudget, max_body: int) -> Any:
+    """Reserve a request's body in ``budget`` before anything reads it; released when the handler
+    returns, unless the handler took the reservation over (``request.pop(RESERVATION)``)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        if not request.body_exists:
+            return await handler(request)
+        size = request.content_length if request.content_length is not None else max_body
+        if size < SMALL:
+            return await handler(request)
+        request[RESERVATION] = reservation = await budget.reserve(size)
+        try:
+            return await handler(request)
+        finally:
+            if request.get(RESERVATION) is reservation:
+                reservation.release()
 
     return middleware

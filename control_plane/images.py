@@ -13,7 +13,8 @@
         commands:                        # run as root in a build sandbox, in order (set -eux)
           - pip install pytest
         env: {PYTHONDONTWRITEBYTECODE: "1"}
-        network: true                    # the build (and sandboxes of this image) may use the network
+        network: true                    # sandboxes of this image (and its build) may use the network
+        build_network: true              # only the build may (RUN apt-get ...); its sandboxes stay offline
         rebuild: false                   # an existing tag is not built again unless this is true
       - name: task-env                   # a Dockerfile, built with buildah (no `commands` then)
         dockerfile: |                    # its text, or a path in the build context ("Dockerfile")
@@ -44,13 +45,41 @@ from typing import Any
 
 import yaml
 
+from sandbox_server.http import MAX_JSON_DEPTH, json_depth_exceeds
+
 from .appuser import APPUSER
 from .backends.base import Backend, ImageBuilder, ImageDefinition
+from .build_sources import check_git, host_sources
 from .image_tags import check_image_tag
 
 BUILTIN_IMAGE = "idegym/builtin:latest"
 
 DEFAULT_NAME = "idegym-image"
+
+
+class _NoAliases(yaml.SafeLoader):
+    """Safe YAML without aliases: ten nested aliases of ten make 10^10 nodes once walked."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not accepted in a build YAML", mark)
+        return super().compose_node(parent, index)
+
+
+def load_build_yaml(text: str) -> Any:
+    """The YAML document; ``ValueError`` when it does not parse, uses aliases or nests deeper
+    than ``MAX_JSON_DEPTH`` levels."""
+    try:
+        doc = yaml.load(text, Loader=_NoAliases)  # noqa: S506 - a SafeLoader
+    except yaml.YAMLError as exc:
+        raise ValueError(f"the build YAML does not parse: {exc}") from exc
+    except RecursionError:
+        doc = None
+    else:
+        if not json_depth_exceeds(doc):
+            return doc
+    raise ValueError(f"the build YAML nests deeper than the limit of {MAX_JSON_DEPTH} levels")
 
 
 def parse_build_yaml(text: str, registry: str | None = None) -> list[ImageDefinition]:
@@ -62,10 +91,7 @@ def parse_build_yaml(text: str, registry: str | None = None) -> list[ImageDefini
     ``env``, ``network``). What does not apply locally is listed by ``local_notes`` for the job log.
     Raises ``ValueError`` with a readable message on malformed input.
     """
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"the build YAML does not parse: {exc}") from exc
+    doc = load_build_yaml(text)
     if not isinstance(doc, dict) or not isinstance(doc.get("images"), list) or not doc["images"]:
         raise ValueError("the build YAML must have a non-empty top-level `images:` list")
     out = []
@@ -116,9 +142,14 @@ def _definition(entry: dict[str, Any], index: int, registry: str | None = None) 
 
         bases = base_images(docker["dockerfile"], docker["build_args"])
         base = bases[0] if bases else "scratch"
+    flags = {}
+    for key in ("network", "build_network"):
+        value = entry.get(key, False)
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}.{key} must be true or false, not {value!r}")
+        flags[key] = value
     return ImageDefinition(tag=tag, base=base, project=project, commands=commands,
-                           env={str(k): str(v) for k, v in env.items()}, network=bool(entry.get("network", False)),
-                           raw=entry, **docker)
+                           env={str(k): str(v) for k, v in env.items()}, raw=entry, **flags, **docker)
 
 
 def _dockerfile(entry: dict[str, Any], where: str, project: dict[str, Any] | None) -> dict[str, Any]:
@@ -199,13 +230,13 @@ def _project(value: Any, where: str) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise ValueError(f"{where}.project must be a mapping")
     if any(k in value for k in ("path", "git", "archive")):
-        return {k: value[k] for k in ("path", "git", "archive", "ref", "subdir") if k in value}
+        return _checked({k: value[k] for k in ("path", "git", "archive", "ref", "subdir") if k in value}, where)
     repo = value.get("repository")
     if isinstance(repo, dict) and {"owner", "name"} <= repo.keys():
         server = repo.get("server", "github.com")
-        return {"git": f"https://{server}/{repo['owner']}/{repo['name']}.git",
-                "ref": str(value.get("reference") or "HEAD"),
-                **({"subdir": value["path"]} if value.get("path") else {})}
+        return _checked({"git": f"https://{server}/{repo['owner']}/{repo['name']}.git",
+                         "ref": str(value.get("reference") or "HEAD"),
+                         **({"subdir": value["path"]} if value.get("path") else {})}, where)
     raise ValueError(f"{where}.project needs `path`, `git` or `archive` (or an upstream `repository`)")
 
 
@@ -219,10 +250,38 @@ def _project_plugin(plugin: dict[str, Any], where: str) -> dict[str, Any]:
         out = {"git": plugin["url"], "ref": str(plugin.get("ref") or "HEAD")}
         if source == "resource" and plugin.get("path"):
             out["subdir"] = plugin["path"]
-        return out
+        return _checked(out, where)
     if source == "archive":
         return {"archive": plugin.get("path") or plugin.get("url")}
     raise ValueError(f"{where}: unknown project source {source!r} (local, git, git-clone, resource, archive)")
+
+
+def _checked(project: dict[str, Any], where: str) -> dict[str, Any]:
+    if "git" in project:
+        check_git(str(project["git"]), str(project.get("ref") or "HEAD"), f"{where}.project")
+    return project
+
+
+def host_sources_of(text: str) -> list[tuple[str, str]]:
+    """``(field, host path)`` for every host file the build YAML ``text`` reads (checked against
+    the build roots before anything is read; see ``build_sources``). Raises ``ValueError`` for a
+    malformed source; YAML that does not parse yields none (the parser then says why)."""
+    doc = load_build_yaml(text)
+    if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
+        return []
+    out: list[tuple[str, str]] = []
+    for index, entry in enumerate(doc["images"]):
+        if not isinstance(entry, dict):
+            continue
+        where = f"images[{index}]"
+        projects = [_project(entry.get("project"), where)]
+        for p_index, plugin in enumerate(entry.get("plugins") or []):
+            if isinstance(plugin, dict) and plugin.get("type") == "project":
+                projects.append(_project_plugin(plugin, f"{where}.plugins[{p_index}]"))
+        for project in projects:
+            out.extend(host_sources(project, {}, where))
+        out.extend(host_sources(None, entry, where))
+    return out
 
 
 def _permission_commands(paths: dict[str, Any]) -> list[str]:

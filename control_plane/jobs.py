@@ -14,7 +14,9 @@ import secrets
 from collections.abc import Callable
 
 from .backends.base import BackendError, ImageBuilder, ImageDefinition, SandboxSpec
-from .errors import BadRequest
+from .build_sources import SourceNotAllowed, check_allowed
+from .errors import BadRequest, Forbidden
+from .images import host_sources_of
 from .models import (
     PrepareSnapshotsStatusResponse,
     SnapshotJobResult,
@@ -47,7 +49,11 @@ class ImageJobs:
         if self.builder is None:
             raise BadRequest(f"the {self.cp.backend.name} backend cannot build images")
         try:
+            for what, path in host_sources_of(yaml_content):  # before anything reads them
+                check_allowed(what, path, self.cp.config.build_roots)
             definitions = self.parse(yaml_content)
+        except SourceNotAllowed as exc:
+            raise Forbidden(str(exc)) from exc
         except ValueError as exc:
             raise BadRequest(f"invalid image YAML: {exc}") from exc
         if not definitions:

@@ -2,8 +2,9 @@
 
 An operation is a database row (the request history) and, while it runs, an asyncio task. It
 ends SUCCEEDED with the serialized success model, or FAILED/CANCELLED with a serialized
-``ErrorResponse`` — never with a null result, and never parked in FINISHED_BY_WATCHER (the
-published client would poll it until its deadline).
+``ErrorResponse`` (an ``ApiError`` raised by the work gives its status and message) — never
+with a null result, and never parked in FINISHED_BY_WATCHER (the published client would poll it
+until its deadline).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from .errors import ApiError
 from .models import AsyncOperationStatus, AsyncOperationType, ErrorResponse
 from .store import SQLiteStore, StoreError
 
@@ -24,19 +26,6 @@ RESTART_MESSAGE = (
     "the control plane restarted while this operation was in progress; it was cut off and did not "
     "finish. Check the server's status and retry the request."
 )
-
-
-class OperationFailed(Exception):
-    """Raised by operation work to end it FAILED with an ``ErrorResponse``."""
-
-    def __init__(self, status_code: int, body: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(body)
-        self.status_code = status_code
-        self.body = body
-        self.headers = headers or {}
-
-    def error(self) -> ErrorResponse:
-        return ErrorResponse(status_code=self.status_code, headers=self.headers, body=self.body)
 
 
 @dataclass
@@ -94,8 +83,8 @@ class Operations:
             self.store.start_operation(op_id)
             value = await work()
             outcome = value if isinstance(value, Outcome) else Outcome.success(value)
-        except OperationFailed as exc:
-            outcome = Outcome.failure(exc.status_code, exc.body, exc.headers)
+        except ApiError as exc:  # the work's failure: the operation ends with its status and message
+            outcome = Outcome.failure(exc.status, exc.message)
         except asyncio.CancelledError:
             outcome = Outcome.failure(499, "the operation was cancelled (control plane shutting down)")
             self._finish(op_id, outcome)
@@ -122,7 +111,7 @@ class Operations:
         try:
             await asyncio.wait_for(event.wait(), timeout)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
 
     async def shutdown(self, grace: float = 5.0) -> None:

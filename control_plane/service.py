@@ -18,7 +18,7 @@ from dataclasses import replace
 from . import lifecycle
 from .backends.base import Backend, BackendError, Endpoint, SandboxHandle, SandboxSpec
 from .config import ControlPlaneConfig
-from .errors import Gone, NotFound
+from .errors import ApiError, Gone, NotFound
 from .forwarding import Forwarder
 from .models import (
     AvailabilityStatus as A,
@@ -34,7 +34,7 @@ from .models import (
     StartServerRequest,
     StartServerResponse,
 )
-from .operations import OperationFailed, Operations
+from .operations import Operations
 from .pool import WarmPool, new_sandbox_name
 from .store import ClientRow, ServerRow, SnapshotRow, SQLiteStore, now_ms
 
@@ -151,7 +151,7 @@ class ControlPlane:
         try:
             await self.backend.reserve_nodes(row.name, row.nodes_count)  # type: ignore[attr-defined]
         except BackendError as exc:
-            raise OperationFailed(exc.status, f"reserving {row.nodes_count} nodes failed: {exc.message}") from exc
+            raise ApiError.for_status(exc.status, f"reserving {row.nodes_count} nodes failed: {exc.message}") from exc
         return self.client_response(self.client(row.id))
 
     async def _release_nodes(self, row: ClientRow) -> None:
@@ -187,7 +187,7 @@ class ControlPlane:
         self.store.set_client_status(client_id, target)
         await self._release_nodes(self.client(client_id))
         if failed:
-            raise OperationFailed(500, f"could not delete servers {failed} of client {client_id}")
+            raise ApiError(f"could not delete servers {failed} of client {client_id}")
         return self.client_response(self.client(client_id))
 
     # -- starting -------------------------------------------------------------------------------
@@ -206,7 +206,7 @@ class ControlPlane:
             if claimed is not None:
                 return await self._reuse(claimed, req, base)
         if len(self.store.servers(availability=lifecycle.LIVE)) >= self.config.max_servers:
-            raise OperationFailed(429, f"Resource limit exceeded: {self.config.max_servers} live servers; "
+            raise ApiError.for_status(429, f"Resource limit exceeded: {self.config.max_servers} live servers; "
                                        "finish or stop servers, or retry later")
         snapshot_source = self._resolve_snapshot(req) if req.snapshot else None
         now = now_ms()
@@ -226,8 +226,8 @@ class ControlPlane:
                 handle = await self._provision(spec, req.server_start_wait_timeout_in_seconds)
         except BackendError as exc:
             self.store.set_server_status(server_id, A.FAILED_TO_START, exc.message)
-            raise OperationFailed(exc.status if exc.status != 500 else 500,
-                                  f"Error creating IdeGym server {row.generated_name}: {exc.message}") from exc
+            raise ApiError.for_status(exc.status,
+                                      f"Error creating IdeGym server {row.generated_name}: {exc.message}") from exc
         except asyncio.CancelledError:
             self.store.set_server_status(server_id, A.FAILED_TO_START, "start cancelled")
             raise
@@ -235,7 +235,7 @@ class ControlPlane:
                                             last_activity_at=now_ms()):
             # stopped while starting (its client went away): do not leak the sandbox
             self.spawn(self.delete_handle(handle))
-            raise OperationFailed(410, f"server {server_id} was stopped while it was starting")
+            raise Gone(f"server {server_id} was stopped while it was starting")
         return StartServerResponse(**base, server_id=server_id, generated_name=row.generated_name,
                                    service_name=handle.name, reused=False, need_to_reset=False)
 
@@ -271,7 +271,7 @@ class ControlPlane:
             candidates = [s for s in candidates if s.tag == req.snapshot.tag or s.id == req.snapshot.tag]
         if not candidates:
             which = f"tag {req.snapshot.tag!r} in group" if req.snapshot.tag else "group"
-            raise OperationFailed(404, f"no snapshot for {which} {req.snapshot.id!r}; take one with "
+            raise NotFound(f"no snapshot for {which} {req.snapshot.id!r}; take one with "
                                        "POST /api/idegym-servers/snapshot first")
         return candidates[0].id
 
@@ -300,12 +300,12 @@ class ControlPlane:
             self.store.set_server_status(row.id, A.RESTART_FAILED, exc.message)
             if old is not None:
                 self.spawn(self.delete_handle(old))
-            raise OperationFailed(500, f"Restarting {row.generated_name} failed: {exc.message}") from exc
+            raise ApiError(f"Restarting {row.generated_name} failed: {exc.message}") from exc
         sources = [A.REUSED] if reuse else [A.ALIVE, A.REUSED]
         if not self.store.set_server_status(row.id, A.ALIVE, "", only_from=sources,
                                             handle=json.dumps(handle.to_json()), last_activity_at=now_ms()):
             self.spawn(self.delete_handle(handle))
-            raise OperationFailed(410, f"server {row.id} stopped while it was restarting")
+            raise Gone(f"server {row.id} stopped while it was restarting")
         if old is not None:
             self.spawn(self.delete_handle(old))
 
@@ -317,7 +317,7 @@ class ControlPlane:
         fresh = self.store.get_server(row.id)
         assert fresh is not None
         if fresh.availability == A.DELETION_FAILED:
-            raise OperationFailed(500, f"Stopping {row.generated_name} failed: {fresh.details}")
+            raise ApiError(f"Stopping {row.generated_name} failed: {fresh.details}")
         return ServerActionResponse(server_name=row.generated_name, message=f"Stopped {row.generated_name}")
 
     async def stop(self, row: ServerRow, target: A, details: str) -> bool:
@@ -385,7 +385,7 @@ class ControlPlane:
         try:
             info = await self.backend.snapshot(handle, group)
         except BackendError as exc:
-            raise OperationFailed(exc.status, f"Snapshotting {row.generated_name} failed: {exc.message}") from exc
+            raise ApiError.for_status(exc.status, f"Snapshotting {row.generated_name} failed: {exc.message}") from exc
         tag = info.snapshot_tag or info.snapshot_id
         self.store.add_snapshot(SnapshotRow(
             id=info.snapshot_id, group_id=group, server_id=row.id, namespace=row.namespace,

@@ -174,7 +174,8 @@ class SQLiteStore:
                  server.request, server.handle),
             )
             server_id = int(cur.lastrowid)
-            db.execute("UPDATE servers SET generated_name=? WHERE id=?", (f"{server.server_name}-{server_id}", server_id))
+            db.execute("UPDATE servers SET generated_name=? WHERE id=?",
+                       (f"{server.server_name}-{server_id}", server_id))
         return server_id
 
     def get_server(self, server_id: int) -> ServerRow | None:

@@ -69,7 +69,7 @@ def main() -> int:
     print("starting the embedded control plane (sandboxes are local, isolated processes) …", flush=True)
     started = time.perf_counter()
     control_plane = embedded.acquire()
-    print(f"  ready at {control_plane.url} in {time.perf_counter() - started:.1f} s", flush=True)
+    print(f"  ready at {control_plane.address} in {time.perf_counter() - started:.1f} s", flush=True)
     rows = []
     try:
         total = 2 * len(DEMO_TASKS)

@@ -1,10 +1,14 @@
 """The embedded control plane: started on demand when no URL is given, gone when done.
 
 It runs as a child process (``idegym control-plane serve --ephemeral``) with its own state
-directory, so an interpreter that crashes cannot corrupt anybody else's state; ``close()`` (or
+directory, so an interpreter that crashes cannot corrupt anybody else's state, and its own token
+(``url`` carries it as credentials: ``http://idegym:<token>@127.0.0.1:<port>``); ``close()`` (or
 interpreter exit) stops it, and ``--ephemeral`` makes it delete every sandbox it created. It
 watches its parent: if this process is killed outright, it still shuts down and cleans up.
-One instance is shared by every environment of the process (``shared()``).
+One instance is shared by every environment of the process (``acquire()``/``release()``). When
+the last one releases it, it stays up for ``grace_seconds()`` (``$IDEGYM_EMBEDDED_GRACE``, default
+60; 0 stops it at once), so that the next ``gym.make`` does not pay for a new one; it ends at
+interpreter exit at the latest (``shutdown()`` ends it now).
 """
 
 from __future__ import annotations
@@ -18,21 +22,30 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
+from control_plane.auth import TOKEN_USER, read_token, token_path
+
 START_TIMEOUT = 60.0
+GRACE_SECONDS = 60.0
 
 
 class EmbeddedControlPlane:
     def __init__(self, *, warm_pool: int = 2, extra_args: list[str] | None = None,
-                 state_dir: Path | None = None) -> None:
+                 state_dir: Path | None = None, build_roots: Sequence[str | os.PathLike] = ("/",)) -> None:
+        """``build_roots``: where image builds may read host files. Every directory by default:
+        this control plane's one client is its owner (it holds the token, which lives in this
+        private state directory), and it reads files as its owner, who can read them anyway;
+        the env builds task images from wherever its tasks are."""
         self._owns_state = state_dir is None
         self.state_dir = state_dir or Path(tempfile.mkdtemp(prefix="idegym-embedded-"))
         self.log_path = self.state_dir / "control-plane.log"
         read_fd, write_fd = os.pipe()
         argv = [sys.executable, "-m", "control_plane", "--port", "0", "--state-dir", str(self.state_dir),
-                "--ephemeral", "--warm-pool", str(warm_pool), "--ready-fd", str(write_fd),
+                "--ephemeral", "--warm-pool", str(warm_pool), "--ready-fd", str(write_fd), "--auth", "token",
                 "--parent-pid", str(os.getpid()), *(["--remove-state"] if state_dir is None else []),
+                *(f"--build-root={root}" for root in build_roots),
                 *(extra_args or [])]
         self._log = open(self.log_path, "ab")
         self.process = subprocess.Popen(argv, pass_fds=(write_fd,), stdout=self._log, stderr=subprocess.STDOUT,
@@ -48,15 +61,21 @@ class EmbeddedControlPlane:
             log = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
             raise RuntimeError(f"the embedded control plane did not start within {START_TIMEOUT:g} s:\n{log}")
         self.port = int(line.split()[1])
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.address = f"http://127.0.0.1:{self.port}"  # to show; it carries no credentials
+        token = token_path(self.state_dir)  # made by the control plane as it started
+        self.auth = (TOKEN_USER, read_token(token, strict=True)) if token.exists() else None
+        # What to hand to clients (here, in Ray actors, in subprocesses): the credentials travel
+        # with it, so treat it as a secret.
+        self.url = f"http://{TOKEN_USER}:{self.auth[1]}@127.0.0.1:{self.port}" if self.auth else self.address
         self._closed = False
         atexit.register(self.close)
 
     def close(self) -> None:
         """Stop the control plane (it deletes its sandboxes) and remove its state."""
-        if getattr(self, "_closed", False):
-            return
-        self._closed = True
+        with _closing:  # a grace timer and interpreter exit may both get here
+            if getattr(self, "_closed", False):
+                return
+            self._closed = True
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -78,12 +97,31 @@ class EmbeddedControlPlane:
 _shared: EmbeddedControlPlane | None = None
 _users = 0
 _lock = threading.Lock()
+_closing = threading.Lock()
+_idle_timer: threading.Timer | None = None
+
+
+def grace_seconds() -> float:
+    """How long the shared control plane outlives its last user: ``$IDEGYM_EMBEDDED_GRACE``."""
+    raw = os.environ.get("IDEGYM_EMBEDDED_GRACE", "")
+    try:
+        return max(float(raw), 0.0) if raw.strip() else GRACE_SECONDS
+    except ValueError:
+        raise ValueError(f"$IDEGYM_EMBEDDED_GRACE must be a number of seconds, not {raw!r}") from None
+
+
+def _cancel_idle_timer() -> None:
+    global _idle_timer
+    if _idle_timer is not None:
+        _idle_timer.cancel()
+        _idle_timer = None
 
 
 def acquire() -> EmbeddedControlPlane:
-    """The process-wide embedded control plane, started on first use."""
+    """The process-wide embedded control plane, started on first use (or still up from the last)."""
     global _shared, _users
     with _lock:
+        _cancel_idle_timer()
         if _shared is None or _shared._closed or _shared.process.poll() is not None:
             _shared = EmbeddedControlPlane()
         _users += 1
@@ -91,10 +129,37 @@ def acquire() -> EmbeddedControlPlane:
 
 
 def release() -> None:
-    """Drop one user; the last one stops the embedded control plane."""
-    global _shared, _users
+    """Drop one user; after the last, the control plane stops once ``grace_seconds()`` pass
+    without a new one. Returns at once (unless the grace is 0)."""
+    global _users, _idle_timer
     with _lock:
         _users = max(_users - 1, 0)
-        if _users == 0 and _shared is not None:
-            _shared.close()
-            _shared = None
+        if _users or _shared is None:
+            return
+        grace = grace_seconds()
+        if grace > 0:
+            _cancel_idle_timer()
+            _idle_timer = threading.Timer(grace, _stop_if_idle, args=(_shared,))
+            _idle_timer.daemon = True  # interpreter exit does not wait for it: atexit closes the control plane
+            _idle_timer.start()
+            return
+    _stop_if_idle(_shared)
+
+
+def _stop_if_idle(control_plane: EmbeddedControlPlane) -> None:
+    global _shared
+    with _lock:
+        if _shared is not control_plane or _users:
+            return  # someone took it again
+        _shared = None
+    control_plane.close()
+
+
+def shutdown() -> None:
+    """Stop the shared control plane now, whoever uses it (their calls then fail)."""
+    global _shared, _users
+    with _lock:
+        _cancel_idle_timer()
+        control_plane, _shared, _users = _shared, None, 0
+    if control_plane is not None:
+        control_plane.close()

@@ -1,9 +1,11 @@
 """``IdeGymEnv`` — ``gym.make("IdeGym-v0", task=...)``: one coding task per episode, in a sandbox.
 
 Episode
-    ``reset()`` gets a sandbox for the task and returns the task's instruction. Between episodes
-    the env keeps its sandbox and makes it fresh with the ``reuse`` strategy: ``"RESTART"``
-    (default; nothing of the previous episode survives), ``"RESET"`` (project restored and
+    ``reset()`` gets a sandbox for the task (the env's constructor builds the task's image when
+    the control plane does not have it: a Dockerfile ``environment`` with buildah, a project over
+    an image), writes the task's starting ``files`` into its project and returns the task's
+    instruction. Between episodes the env keeps its sandbox and makes it fresh with the ``reuse``
+    strategy: ``"RESTART"`` (default; nothing of the previous episode survives), ``"RESET"`` (project restored and
     tool processes ended; the rest of the filesystem stays) or ``"NONE"`` (a new server). The
     first ``reset()`` takes over a FINISHED server of the same task when one is free.
 
@@ -16,8 +18,14 @@ Episode
     processes ended) and terminates with the task's reward. Running out of ``max_steps``
     truncates — and the checks run then too, so the last reward is meaningful.
 
-    ``close()`` finishes the sandbox (reusable by the next env of the same task) and, when the
-    env started the embedded control plane, stops it once no env uses it.
+    Once an episode has ended (``terminated`` or ``truncated``), ``step`` raises
+    :class:`EpisodeEnded` until ``reset()`` starts the next one: it never runs a tool or grades
+    (and pays) again. ``reset(options={"task": ...})`` switches to another task (an id, a path or
+    a ``Task``; its action space must be the same); any other option is an error.
+
+    ``close()`` finishes the sandbox (reusable by the next env of the same task) and returns at
+    once; the embedded control plane stays up for a grace period (``$IDEGYM_EMBEDDED_GRACE``, 60 s
+    by default) so that the next ``gym.make`` finds it, and ends at interpreter exit at the latest.
 
     ``fork(n)`` returns ``n`` envs that continue the running episode, each in a sandbox forked
     from this one's (the whole filesystem as it is, fresh processes): tree search, best-of-n.
@@ -42,6 +50,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any, SupportsFloat
@@ -49,16 +58,23 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 
 from sandbox_server.models import BashCommandResponse, DownloadFileChunkResponse
+from sandbox_server.output import omitted_marker
 
 from . import embedded, grading
 from .client import APIError, BadRequest, Conflict, IdeGymClient, NotFound, Sandbox, SandboxGone, Unauthorized
 from .rewards import RewardFunction, reward_components
 from .spaces import InvalidAction, ToolCallSpace, UnicodeText
 from .spaces.tools import SubmitCall, ToolCall
-from .tasks import Task, TaskError, bundled_tasks, load_task
+from .tasks import Task, bundled_tasks, environment, load_task
 
 DEFAULT_TASK = "python-roman-numerals"
+_SERVER_CUT = re.compile(re.escape(omitted_marker(0)).replace("0", r"(\d+)"))  # the sandbox server's cut
 ENV_CLIENT_NAME = "idegym-env"
+RESET_OPTIONS = ("task",)
+
+
+class EpisodeEnded(gym.error.ResetNeeded, RuntimeError):
+    """``step()`` after the episode ended: call ``reset()`` first."""
 
 
 def resolve_task(task: Task | str | Path | None) -> Task:
@@ -70,6 +86,9 @@ def resolve_task(task: Task | str | Path | None) -> Task:
 
 
 def task_image_tag(task: Task) -> str:
+    """The tag of the image an episode of ``task`` runs in, when the env builds it."""
+    if task.environment is not None:
+        return environment.image_entries(task)[-1]["tag"]
     return f"idegym-task/{task.id}:{task.content_hash()[:12]}"
 
 
@@ -105,6 +124,7 @@ class IdeGymEnv(gym.Env[str, dict]):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None")
         self.reuse = reuse.upper()
+        self._chosen_reward_fn, self._chosen_max_steps = reward_fn, max_steps  # kept by a task switch
         self.reward_fn = reward_fn or self.task.reward_function()
         self.max_steps = max_steps or self.task.max_steps
         self.invalid_action_penalty = invalid_action_penalty
@@ -132,6 +152,7 @@ class IdeGymEnv(gym.Env[str, dict]):
             self.image = self._ensure_image()
         self.sandbox: Sandbox | None = None
         self._steps = 0
+        self._ended = False  # the episode ended: step() needs a reset() first
         self._episode_started = time.monotonic()
         self._transcript: list[str] = []
         self._closed = False
@@ -139,10 +160,15 @@ class IdeGymEnv(gym.Env[str, dict]):
     # -- set-up -----------------------------------------------------------------------------------
 
     def _ensure_image(self) -> str:
+        """The task's image, built through the control plane when it is not there yet (a content
+        hash tags it, so a second env of the same task, or of a task with the same Dockerfile and
+        context, finds it in the store without building)."""
         if self.task.environment is not None:
-            raise TaskError(f"task {self.task.id!r}: its environment is a Dockerfile, and this version of the env "
-                            f"cannot build Dockerfile environments yet (the images work of issue 15); prove it "
-                            f"with `idegym tasks validate ... --local`")
+            tag = ""
+            for entry in environment.image_entries(self.task):  # the Dockerfile's image, then the project on it
+                self.client.build_images(json.dumps({"images": [entry]}), timeout=3600)
+                tag = entry["tag"]
+            return tag
         if self.task.image:
             return self.task.image
         assert self.task.project is not None
@@ -193,9 +219,41 @@ class IdeGymEnv(gym.Env[str, dict]):
             self.sandbox = self.client.start(self.image, server_name=_server_name(self.task), reuse="NONE",
                                              **self._start_fields())
             how = "started"
+        for path, content in sorted(self.task.files.items()):  # the task's starting files, over the image's project
+            self.sandbox.write_file(path, content)
         info: dict[str, Any] = {"sandbox": how, "server_id": self.sandbox.server_id,
                                 "reset_seconds": time.perf_counter() - started}
         return self.sandbox, info
+
+    def _switch_task(self, task: Task | str | Path) -> None:
+        """``reset(options={"task": ...})``: the next episodes play ``task`` (its image, reward and
+        step budget, unless the env was given its own); the current sandbox is handed back."""
+        new = resolve_task(task)
+        if new.id == self.task.id and new.content_hash() == self.task.content_hash():
+            return
+        if self._direct is not None:
+            raise ValueError("this env runs on a sandbox connected directly, which holds one task's project: "
+                             f"it cannot switch to task {new.id!r}")
+        space = new.action_space()
+        if space != self.action_space:
+            raise ValueError(f"task {new.id!r} has another action space ({space}) than {self.task.id!r} "
+                             f"({self.action_space}): make a new env for it")
+        old = self.task
+        self.task = new
+        try:
+            image = self._ensure_image()
+        except BaseException:
+            self.task = old
+            raise
+        if self.sandbox is not None:
+            sandbox, self.sandbox = self.sandbox, None
+            try:
+                sandbox.finish()  # reusable by an env of the old task
+            except APIError:
+                pass
+        self.image = image
+        self.reward_fn = self._chosen_reward_fn or new.reward_function()
+        self.max_steps = self._chosen_max_steps or new.max_steps
 
     # -- the Env API --------------------------------------------------------------------------------
 
@@ -203,12 +261,20 @@ class IdeGymEnv(gym.Env[str, dict]):
         super().reset(seed=seed)
         if self._closed:
             raise RuntimeError("the environment is closed")
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(RESET_OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown reset option(s) {unknown}: IdeGymEnv.reset takes "
+                             "options={'task': <task id, task directory or Task>}")
+        if options.get("task") is not None:
+            self._switch_task(options["task"])
         try:
             _, info = self._acquire()
         except SandboxGone:
             self.sandbox = None  # it died between episodes: get another one
             _, info = self._acquire()
         self._steps = 0
+        self._ended = False
         self._episode_started = time.monotonic()
         observation = self.observation_space.fit(self.task.instruction)
         self._transcript = [f"# task {self.task.id}\n{self.task.instruction}"]
@@ -216,6 +282,9 @@ class IdeGymEnv(gym.Env[str, dict]):
         return observation, info
 
     def step(self, action: Any) -> tuple[str, SupportsFloat, bool, bool, dict]:
+        if self._ended:
+            raise EpisodeEnded("the episode has ended (terminated or truncated): call reset() to start the next "
+                               "one")
         if self.sandbox is None:
             raise RuntimeError("call reset() before step()")
         self._steps += 1
@@ -237,13 +306,15 @@ class IdeGymEnv(gym.Env[str, dict]):
             info.update(error=f"the sandbox is gone: {exc.message}", sandbox_lost=True)
             self._log(self._describe(call), info["error"])
             self.sandbox = None
+            self._ended = True
             self._timed(info, started)
             return self.observation_space.fit(info["error"]), 0.0, False, True, info
         self._log(self._describe(call), text)
-        return self._after(self.observation_space.fit(text), 0.0, info, started)
+        return self._after(text, 0.0, info, started)
 
     def _after(self, observation: str, reward: float, info: dict, started: float
                ) -> tuple[str, SupportsFloat, bool, bool, dict]:
+        """The step's result; ``observation`` is the step's whole text (fitted here, once)."""
         if self._steps >= self.max_steps:
             info["truncated_by"] = "max_steps"
             return self._finish(info, started, submitted=False, observation=observation)
@@ -252,7 +323,13 @@ class IdeGymEnv(gym.Env[str, dict]):
             info["truncated_by"] = "agent_timeout"  # Harbor's [agent] timeout_sec: wall time of the episode
             return self._finish(info, started, submitted=False, observation=observation)
         self._timed(info, started)
-        return observation, reward, False, False, info
+        return self._fit(observation), reward, False, False, info
+
+    def _fit(self, text: str) -> str:
+        """``text`` as an observation. A cut's marker counts what the sandbox server had already
+        cut from a command's output (its markers say bytes; counted as characters here)."""
+        earlier = [(m.start(), m.end(), int(m.group(1))) for m in _SERVER_CUT.finditer(text)]
+        return self.observation_space.fit(text, cut_before=earlier)
 
     def _timed(self, info: dict[str, Any], started: float) -> None:
         self.last_step_seconds = time.perf_counter() - started
@@ -325,11 +402,14 @@ class IdeGymEnv(gym.Env[str, dict]):
         # A fresh sandbox to grade in: a RESTART through the control plane, a project reset for a
         # sandbox connected directly (there the rest of the filesystem stays the agent's).
         fresh = sandbox.reset if self._direct is not None else sandbox.restart
+        self._ended = True
         graded = grading.grade(sandbox, self.task, fresh=fresh, steps=self._steps, submitted=submitted)
         results = graded.results
         reward = float(self.reward_fn(results))
         info.update(checks=graded.checks, reward_components=reward_components(results),
                     grading_errors=list(results.errors), submitted=submitted)
+        if "tests" in graded.checks:  # passed | failed | no_tests | error, without digging into checks
+            info["tests_verdict"] = graded.checks["tests"].get("verdict") or graded.checks["tests"].get("status")
         if results.infrastructure_error:
             info["infrastructure_error"] = results.infrastructure_error
         if graded.skipped:
@@ -338,7 +418,7 @@ class IdeGymEnv(gym.Env[str, dict]):
         summary = _format_checks(graded.checks, reward, results.errors)
         self._log("$ submit" if submitted else "$ <out of steps>", summary)
         text = summary if observation is None else f"{observation}\n\n{summary}"
-        return self.observation_space.fit(text), reward, submitted, not submitted, info
+        return self._fit(text), reward, submitted, not submitted, info
 
     # -- transcript ----------------------------------------------------------------------------------
 
@@ -374,8 +454,12 @@ def _format_checks(checks: dict[str, Any], reward: float, errors: list[str] | No
         if stage == "tests":
             s = answer.get("scores", {})
             verdict = answer.get("verdict") or answer.get("status")
-            lines.append(f"tests: {verdict} — {s.get('passed', 0)}/{s.get('total', 0)} passed, "
-                         f"{s.get('failed', 0)} failed, {s.get('skipped', 0)} skipped")
+            if verdict == "no_tests":  # not a failed solution: nothing was tested (say why, from the output)
+                lines.append(f"tests: no_tests — no test ran: the test script (exit code {answer.get('exit_code')}) "
+                             "reported no test; the end of its output:")
+            else:
+                lines.append(f"tests: {verdict} — {s.get('passed', 0)}/{s.get('total', 0)} passed, "
+                             f"{s.get('failed', 0)} failed, {s.get('skipped', 0)} skipped")
             if verdict in ("no_tests", "error") and answer.get("output"):
                 lines.append(_tail(answer["output"]))
         else:

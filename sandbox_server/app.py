@@ -14,17 +14,20 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import BaseModel
 
-from . import __version__
+from . import __version__, routes, web
 from .config import ServerConfig
 from .errors import ApiError, BadRequest, Forbidden, Unprocessable, render
 from .files import FileTools
-from . import routes, web
+from .grading.export import export as export_project
+from .grading.grade import grade as grade_project
+from .grading.models import ExportRequest, GradeRequest
 from .http import parse_model
+from .judge import judge_env
 from .junit import find_reports, fresh_reports, parse_reports
 from .models import (
     BashCommandRequest,
@@ -45,10 +48,10 @@ from .models import (
     ResetResult,
     SetupRequest,
     Status,
-    TestReport,
-    TestRequest,
     TerminateRequest,
     TerminateResult,
+    TestReport,
+    TestRequest,
     TestScores,
     UploadFileChunkRequest,
     UploadFileChunkResponse,
@@ -57,10 +60,6 @@ from .openapi import Route, build_openapi
 from .process import MemoryEvents, ProcessResult, Supervisor, UserSpec
 from .project import CopyProject, OverlayProject, Project, prepare_pristine
 from .runner import CodeRunner
-from .grading.export import export as export_project
-from .grading.grade import grade as grade_project
-from .grading.models import ExportRequest, ExportResponse, GradeRequest, GradeResponse
-from .judge import judge_env
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)

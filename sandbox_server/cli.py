@@ -87,6 +87,33 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     )
 
 
+def isolated_by() -> str | None:
+    """What isolates this server, if anything: a user namespace (bubblewrap, as the local backend
+    runs every sandbox; rootless containers), or a pod of the Kubernetes backend."""
+    if os.environ.get("IDEGYM_SERVER_ID") or os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return "a Kubernetes pod"
+    try:
+        uid_map = Path("/proc/self/uid_map").read_text().split()
+    except OSError:
+        return None
+    if uid_map and uid_map != ["0", "0", "4294967295"]:
+        return "a user namespace"
+    return None
+
+
+def _tool_user(config: ServerConfig) -> str:
+    import pwd
+
+    uid = os.geteuid()
+    if config.tool_user is not None:
+        return f"{config.tool_user!r}"
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = str(uid)
+    return f"{name} (uid {uid}{', ROOT' if uid == 0 else ''})"
+
+
 async def serve(config: ServerConfig) -> None:
     from .app import create_app
     from .web import Server
@@ -99,6 +126,12 @@ async def serve(config: ServerConfig) -> None:
         os.chmod(config.unix_socket, 0o600)
     else:
         await server.start(host=config.host, port=config.port)
+    print(f"idegym sandbox server: listening on {server.address} (project {config.project.resolve()})",
+          file=sys.stderr, flush=True)
+    if isolated_by() is None:
+        print(f"idegym sandbox server: WARNING: not inside a sandbox: tools run UNISOLATED as {_tool_user(config)} on "
+              "this machine (every bash call can read and change what that user can); for isolated sandboxes "
+              "run `idegym control-plane serve` and start them through it", file=sys.stderr, flush=True)
     if config.ready_fd is not None:
         os.write(config.ready_fd, b"ready\n")
         os.close(config.ready_fd)

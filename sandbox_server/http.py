@@ -1,11 +1,11 @@
 """HTTP plumbing shared by both servers, free of any web framework: request validation into the
-seed's 422 shape, error bodies, structured logs, the event loop."""
+seed's 422 shape, structured logs, the event loop (error bodies: ``errors.render``)."""
 
 from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -45,14 +45,41 @@ def summarize(items: list[dict[str, Any]]) -> str:
     return "invalid request: " + "; ".join(parts) + more
 
 
+MAX_JSON_DEPTH = 100  # arrays and objects in a request body nest at most this deep
+
+
+def json_depth_exceeds(data: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether parsed JSON nests arrays/objects deeper than ``limit`` (walked without recursion)."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+def too_deep() -> Unprocessable:
+    message = f"request body nests arrays/objects deeper than the limit of {MAX_JSON_DEPTH} levels"
+    return Unprocessable(message, [{"loc": ["body"], "msg": message, "type": "json_too_deep"}])
+
+
 def parse_model(raw: bytes, model: type[M]) -> M:
-    """Validate a JSON body; an empty body counts as ``{}``. Raises ``Unprocessable`` (422)."""
+    """Validate a JSON body; an empty body counts as ``{}``. Raises ``Unprocessable`` (422), also
+    for a body nested deeper than ``MAX_JSON_DEPTH`` (validators recurse: it would be a 500)."""
     if raw.strip():
         try:
             data = json.loads(raw)
+        except RecursionError:
+            raise too_deep() from None
         except (ValueError, UnicodeDecodeError) as exc:
             item = {"loc": ["body"], "msg": f"JSON decode error: {exc}", "type": "json_invalid"}
             raise Unprocessable("request body is not valid JSON: " + str(exc), [item]) from exc
+        if json_depth_exceeds(data):
+            raise too_deep()
     else:
         data = {}
     try:
@@ -62,19 +89,6 @@ def parse_model(raw: bytes, model: type[M]) -> M:
         raise Unprocessable(summarize(items), items) from exc
 
 
-def error_body(kind: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON body of every non-422 error, on both servers."""
-    body: dict[str, Any] = {
-        "error": kind,
-        "message": message,
-        "detail": message,  # where FastAPI-style clients look
-        "timestamp": datetime.now(timezone.utc).isoformat(),
-    }
-    if details:
-        body["details"] = details
-    return body
-
-
 class JsonFormatter(logging.Formatter):
     """One JSON object per line; request fields come from ``extra``."""
 
@@ -82,7 +96,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, timezone.utc).isoformat(),
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -105,7 +119,8 @@ class TextFormatter(logging.Formatter):
 
 def setup_logging(json_lines: bool, level: str = "WARNING") -> None:
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if json_lines else TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    text = TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler.setFormatter(JsonFormatter() if json_lines else text)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
 FIRST_PAUSE = 0.0005
 MAX_PAUSE = 0.02
@@ -23,9 +23,8 @@ def pauses(first: float = FIRST_PAUSE, cap: float = MAX_PAUSE):
         pause = min(pause * 2, cap)
 
 
-def wait_until(done: Callable[[], bool], timeout: float, *, first: float = FIRST_PAUSE,
-               cap: float = MAX_PAUSE) -> bool:
-    """Block until ``done()`` is true or ``timeout`` seconds passed; returns the last ``done()``."""
+def _looks(done: Callable[[], bool], timeout: float, first: float, cap: float) -> Generator[float, None, bool]:
+    """Yields each pause to sleep; returns ``done()`` once it holds or ``timeout`` has passed."""
     deadline = time.monotonic() + timeout
     for pause in pauses(first, cap):
         if done():
@@ -33,19 +32,27 @@ def wait_until(done: Callable[[], bool], timeout: float, *, first: float = FIRST
         left = deadline - time.monotonic()
         if left <= 0:
             return done()
-        time.sleep(min(pause, left))
+        yield min(pause, left)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def wait_until(done: Callable[[], bool], timeout: float, *, first: float = FIRST_PAUSE,
+               cap: float = MAX_PAUSE) -> bool:
+    """Block until ``done()`` is true or ``timeout`` seconds passed; returns the last ``done()``."""
+    looks = _looks(done, timeout, first, cap)
+    while True:
+        try:
+            time.sleep(next(looks))
+        except StopIteration as end:
+            return end.value
 
 
 async def until(done: Callable[[], bool], timeout: float, *, first: float = FIRST_PAUSE,
                 cap: float = MAX_PAUSE) -> bool:
     """``wait_until`` for coroutines: sleeps without blocking the event loop."""
-    deadline = time.monotonic() + timeout
-    for pause in pauses(first, cap):
-        if done():
-            return True
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return done()
-        await asyncio.sleep(min(pause, left))
-    raise AssertionError("unreachable")  # pragma: no cover
+    looks = _looks(done, timeout, first, cap)
+    while True:
+        try:
+            await asyncio.sleep(next(looks))
+        except StopIteration as end:
+            return end.value

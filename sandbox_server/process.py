@@ -520,16 +520,13 @@ def marked_processes(mark: bytes) -> set[int]:
 def pipe_holders(pipe_inodes: set[int]) -> list[int]:
     """Processes (other than us) holding one of the given pipes open."""
     targets = {f"pipe:[{ino}]" for ino in pipe_inodes}
-    me = os.getpid()
     found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
+    for pid in procfs.other_pids():
         try:
-            for fd in os.scandir(f"/proc/{entry.name}/fd"):
+            for fd in os.scandir(f"/proc/{pid}/fd"):
                 try:
                     if os.readlink(fd.path) in targets:
-                        found.append(int(entry.name))
+                        found.append(pid)
                         break
                 except OSError:
                     continue

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from .polling import wait_until
@@ -86,20 +86,25 @@ def descendants(root: int, tree: dict[int, list[int]] | None = None) -> list[int
     return found
 
 
+def other_pids() -> Iterator[int]:
+    """Every process of this pid namespace but this one."""
+    me = os.getpid()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != me:
+            yield int(entry.name)
+
+
 def pids_with_cmdline(needle: str) -> list[int]:
     """Processes whose command line mentions ``needle``. Reads every process's ``cmdline``, which
     can block on a process stuck in the kernel's memory code: for tests and tools, not for a
     path that must answer."""
     want = needle.encode()
-    me = os.getpid()
     found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
+    for pid in other_pids():
         try:
-            with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 if want in fh.read():
-                    found.append(int(entry.name))
+                    found.append(pid)
         except OSError:
             continue
     return found

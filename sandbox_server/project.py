@@ -26,8 +26,8 @@ import subprocess
 import tarfile
 import tempfile
 import zipfile
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Protocol
 
 MNT_DETACH = 2

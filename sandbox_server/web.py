@@ -25,6 +25,10 @@ log = logging.getLogger("sandbox_server.http")
 
 READ_CHUNK = 1 << 20
 SERVER_HEADER = b"idegym-sandbox"
+# A request's head must be complete this many seconds after the connection opens, or after the
+# first byte of a later request: slow-header connections are closed. An idle kept-alive
+# connection between requests is not timed (the control plane's pool keeps them).
+HEADER_TIMEOUT = float(os.environ.get("IDEGYM_SERVER_HEADER_TIMEOUT") or 10.0)
 
 
 class AppKey:
@@ -135,11 +139,32 @@ class _Connection:
             data = await self.reader.read(READ_CHUNK)
             self.conn.receive_data(data)  # b"" tells h11 the peer closed
 
+    async def _next_head(self, timed: bool) -> Any:
+        """The next request's first event, within ``HEADER_TIMEOUT`` of now (``timed``) or of the
+        request's first byte; raises ``TimeoutError`` past it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + HEADER_TIMEOUT if timed or self.conn.trailing_data[0] else None
+        while True:
+            event = self.conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            if deadline is None:
+                data = await self.reader.read(READ_CHUNK)
+                deadline = loop.time() + HEADER_TIMEOUT
+            else:
+                data = await asyncio.wait_for(self.reader.read(READ_CHUNK), max(deadline - loop.time(), 0))
+            self.conn.receive_data(data)
+
     async def serve(self) -> None:
+        first = True
         try:
             while True:
                 try:
-                    event = await self._next_event()
+                    event = await self._next_head(first)
+                    first = False
+                except TimeoutError:
+                    log.info("closed a connection whose request head took over %g s", HEADER_TIMEOUT)
+                    return
                 except h11.RemoteProtocolError as exc:
                     await self._fail(ApiError.for_status(exc.error_status_hint, f"malformed HTTP request: {exc}"))
                     return
@@ -199,8 +224,8 @@ class _Connection:
             await self._send(Response(render(error), status=error.status, headers={"Connection": "close"}))
 
     async def _send(self, response: Response, head: bool = False) -> None:
-        headers = [(b"content-type", response.content_type.encode()), (b"content-length", str(len(response.body)).encode()),
-                   (b"server", SERVER_HEADER)]
+        headers = [(b"content-type", response.content_type.encode()),
+                   (b"content-length", str(len(response.body)).encode()), (b"server", SERVER_HEADER)]
         headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()]
         data = self.conn.send(h11.Response(status_code=response.status, headers=headers))
         if response.body and not head:
@@ -239,6 +264,16 @@ class Server:
             await _Connection(self.app, reader, writer).serve()
         finally:
             self._connections.discard(task)
+
+    @property
+    def address(self) -> str:
+        """Where it listens: ``http://host:port`` (the port chosen when 0 was asked) or the socket path."""
+        assert self._server is not None, "not started"
+        name = self._server.sockets[0].getsockname()
+        if isinstance(name, str):
+            return name
+        host = f"[{name[0]}]" if ":" in name[0] else name[0]
+        return f"http://{host}:{name[1]}"
 
     async def close(self) -> None:
         if self._server is not None:

@@ -3,10 +3,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.helpers import SandboxProcess
+
+if TYPE_CHECKING:
+    from tests.cp_helpers import ControlPlaneProcess
 
 
 @pytest.fixture(params=["tcp", "unix"])
@@ -62,7 +66,7 @@ def _control_plane(tmp_path: Path, backend: str, request: pytest.FixtureRequest)
 
 
 @pytest.fixture(params=["local", pytest.param("kubernetes", marks=pytest.mark.kubernetes)])
-def cp(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator["ControlPlaneProcess"]:
+def cp(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ControlPlaneProcess]:
     """A control plane with a fast watcher, on each backend (Kubernetes: the API simulator)."""
     proc = _control_plane(tmp_path, request.param, request)
     yield proc
@@ -70,7 +74,7 @@ def cp(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator["ControlPlane
 
 
 @pytest.fixture
-def cp_local(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator["ControlPlaneProcess"]:
+def cp_local(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ControlPlaneProcess]:
     """A control plane on the local backend, for what only real isolation can show."""
     proc = _control_plane(tmp_path, "local", request)
     yield proc

@@ -7,6 +7,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 import httpx
 
+REPO = Path(__file__).resolve().parent.parent
 FAST_WATCHER = ["--watch-interval", "0.3"]
 
 
@@ -21,10 +23,12 @@ class ControlPlaneProcess:
     """``python -m control_plane`` on a free port with its own state directory."""
 
     def __init__(self, state_dir: Path, extra: Sequence[str] = (), env: dict[str, str] | None = None,
-                 backend: str = "local") -> None:
+                 backend: str = "local", build_roots: Sequence[Path] | None = None) -> None:
         self.backend = backend
         self.state_dir = state_dir
-        self.extra = list(extra)
+        # Tests build from the repository (bundled tasks) and their temporary directories.
+        roots = [REPO, Path(tempfile.gettempdir())] if build_roots is None else build_roots
+        self.extra = [*(f"--build-root={root}" for root in roots), *extra]
         self.env = env
         self.log_path = state_dir.parent / f"{state_dir.name}.log"
         self.port: int | None = None
@@ -46,8 +50,12 @@ class ControlPlaneProcess:
             self.kill()
             raise RuntimeError(f"control plane did not start:\n{self.log_path.read_text()[-3000:]}")
         self.port = int(line.split()[1])
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.http = httpx.Client(base_url=self.url, timeout=120)
+        self.address = f"http://127.0.0.1:{self.port}"
+        # The state directory's token (absent with --auth USER:PASSWORD or none); `url` carries it.
+        token = self.state_dir / "token"
+        self.auth = ("idegym", token.read_text().strip()) if token.exists() else None
+        self.url = f"http://{self.auth[0]}:{self.auth[1]}@127.0.0.1:{self.port}" if self.auth else self.address
+        self.http = httpx.Client(base_url=self.address, timeout=120, auth=self.auth)
 
     def kill(self) -> None:
         """SIGKILL: what a crash looks like."""

@@ -1,7 +1,8 @@
 """Run by tests/test_published_client.py under Python 3.12 with the published idegym-client 0.13.1.
 
 Drives the whole life cycle against our control plane and prints one JSON line per step; any
-exception fails the run. Usage: python published_client_lifecycle.py <control-plane-url>
+exception fails the run. Usage: python published_client_lifecycle.py <control-plane-url>, with the
+credentials in $IDEGYM_AUTH_USERNAME / $IDEGYM_AUTH_PASSWORD (the client reads them itself).
 """
 
 import asyncio
@@ -12,7 +13,6 @@ import os
 import sys
 
 from diff_match_patch import diff_match_patch
-from idegym.api.auth import BasicAuth
 from idegym.api.orchestrator.servers import ServerReuseStrategy
 from idegym.client import IdeGYMClient
 from idegym.client.client import ServerCloseAction
@@ -26,8 +26,7 @@ def step(name, **data):
 
 
 async def main(url: str) -> None:
-    auth = BasicAuth(username="tester", password="pw")
-    async with IdeGYMClient(orchestrator_url=url, name="published", namespace="idegym", auth=auth) as client:
+    async with IdeGYMClient(orchestrator_url=url, name="published", namespace="idegym") as client:
         step("register", client_id=str(client.client_id))
         health = await client.health_check()
         step("health", status=health.status)
@@ -66,10 +65,12 @@ async def main(url: str) -> None:
             assert exc.status_code == 404, exc
         step("sandbox-error", status=404)
 
-        await server.create_file("test_calc.py", "from src.calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n")
+        await server.create_file("test_calc.py",
+                                 "from src.calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n")
         script = ("python3 -c \"import src.calc as c; ok = c.add(2, 3) == 5; "
                   "open('test-results.xml','w').write('<testsuite tests=\\'1\\' failures=\\'%d\\'>"
-                  "<testcase name=\\'add\\'>%s</testcase></testsuite>' % (0 if ok else 1, '' if ok else '<failure/>'))\"")
+                  "<testcase name=\\'add\\'>%s</testcase></testsuite>' "
+                  "% (0 if ok else 1, '' if ok else '<failure/>'))\"")
         report = await server.test_reward(script)
         assert report.status == "success" and report.scores.total == 1 and report.scores.passed == 1, report
         setup = await server.setup_reward("python3 --version")

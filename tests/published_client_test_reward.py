@@ -2,21 +2,20 @@
 
 Starts a server of IMAGE, writes a small project with two passing tests unless the image has
 them, runs ``server.test_reward(SCRIPT)`` and prints the report as one JSON line.
-Usage: python published_client_test_reward.py <control-plane-url> <image> <test script> [--write-tests]
+Usage: python published_client_test_reward.py <control-plane-url> <image> <test script> [--write-tests],
+with the credentials in $IDEGYM_AUTH_USERNAME / $IDEGYM_AUTH_PASSWORD (the client reads them itself).
 """
 
 import asyncio
 import json
 import sys
 
-from idegym.api.auth import BasicAuth
 from idegym.api.orchestrator.servers import ServerReuseStrategy
 from idegym.client import IdeGYMClient
 
 
 async def main(url: str, image: str, script: str, write_tests: bool) -> None:
-    auth = BasicAuth(username="tester", password="pw")
-    async with IdeGYMClient(orchestrator_url=url, name="reward", namespace="idegym", auth=auth) as client:
+    async with IdeGYMClient(orchestrator_url=url, name="reward", namespace="idegym") as client:
         server = await client.start_server(image_tag=image, reuse_strategy=ServerReuseStrategy.NONE,
                                            server_start_wait_timeout_in_seconds=120)
         if write_tests:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from sandbox_server.models import ErrorBody
 from tests.cp_helpers import ControlPlaneProcess
 from tests.helpers import SEEDS
 
@@ -135,6 +136,28 @@ def test_unknown_image_fails_the_start_with_a_reason(cp: ControlPlaneProcess) ->
     servers = cp.http.get("/api/idegym-servers", params={"client_id": client_id,
                                                          "include_terminal": "true"}).json()["servers"]
     assert servers[0]["availability"] == "FAILED_TO_START" and servers[0]["details"]
+
+
+def test_every_error_is_one_shape_with_the_kind_of_its_status(cp: ControlPlaneProcess) -> None:
+    """One renderer (``ErrorBody``): synchronous errors, aiohttp's own, an operation answered inline."""
+    def body(resp, status: int, kind: str) -> ErrorBody:
+        assert resp.status_code == status, resp.text
+        error = ErrorBody.model_validate(resp.json())
+        assert error.error == kind and error.message == error.detail and error.message, error
+        return error
+
+    body(cp.http.get("/api/no-such-route"), 404, "NotFound")
+    body(cp.http.put("/health"), 405, "MethodNotAllowed")
+    body(cp.http.post("/api/clients/heartbeat", json={"client_id": "11111111-2222-3333-4444-555555555555"}),
+         404, "NotFound")
+    client_id = cp.register()
+    image = "no/such-image-does-not-exist:2"
+    failed = body(cp.http.post("/api/idegym-servers", headers={"Prefer": "wait=60"}, json={
+        "client_id": client_id, "image_tag": image, "server_start_wait_timeout_in_seconds": 30}), 404, "NotFound")
+    assert image in failed.message
+    sid = cp.start_server(client_id)["server_id"]
+    cp.http.post("/api/idegym-servers/finish", json={"client_id": client_id, "server_id": sid})
+    body(cp.forward(client_id, sid, "api/tools/bash", {"command": "true"}), 410, "Gone")
 
 
 def test_clients_cannot_reach_each_others_servers(cp: ControlPlaneProcess) -> None:

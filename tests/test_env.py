@@ -223,11 +223,12 @@ def test_render_ansi_shows_the_transcript(env: IdeGymEnv) -> None:
     assert "task python-roman-numerals" in text and "$ echo transcript-line" in text
 
 
-def test_default_make_and_close_leave_no_process() -> None:
+def test_default_make_and_close_leave_no_process(monkeypatch: pytest.MonkeyPatch) -> None:
     from idegym_env import embedded
     from sandbox_server.procfs import descendants
     from tests.helpers import process_alive
 
+    monkeypatch.setenv("IDEGYM_EMBEDDED_GRACE", "1")  # it outlives its last env by this long
     env = gym.make("IdeGym-v0")
     env.reset(seed=0)
     env.step({"tool": "bash", "arguments": {"command": "nohup sleep 300 >/dev/null 2>&1 &"}})

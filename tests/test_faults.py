@@ -101,7 +101,7 @@ def test_sandbox_killed_during_a_call(cpf: ControlPlaneProcess) -> None:
     resp = cpf.http.request("DELETE", "/api/idegym-servers", json={"client_id": client, "server_id": sid})
     assert cpf.wait_op(resp.json()["operation_id"])["status"] == "SUCCEEDED"
     for path in (data["dir"], data["run_dir"], *data["cgroups"].values()):
-        assert wait_until(lambda: not os.path.exists(path), 10), path
+        assert wait_until(lambda p=path: not os.path.exists(p), 10), path
     assert data["dir"] not in Path("/proc/self/mountinfo").read_text()
 
 

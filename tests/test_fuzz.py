@@ -30,8 +30,8 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis.errors import Unsatisfiable
 from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
@@ -147,7 +147,8 @@ def test_sandbox_server_survives_raw_garbage(sandbox: Any) -> None:
                                      "/api/project/reset", "/api/tools/file/download"]),
                method=st.sampled_from(["POST", "PUT", "GET", "DELETE", "PATCH"]),
                body=st.one_of(st.binary(max_size=512), st.text(max_size=200).map(str.encode),
-                              st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+                              st.recursive(st.none() | st.booleans() | st.integers()
+                                           | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
                                            lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
                                            max_leaves=10).map(lambda v: httpx.Request("POST", "/", json=v).content)))
         def run(path: str, method: str, body: bytes) -> None:
@@ -165,9 +166,9 @@ def test_sandbox_server_refuses_oversized_bodies(sandbox: Any) -> None:
     """Over the body limit (256 MiB): 413 whether the size is declared or only streamed."""
     limit = 256 << 20
     sock_path = sandbox.endpoint.unix_socket
-    assert _raw_status(sock_path, None, f"POST /api/tools/file/upload HTTP/1.1\r\nHost: x\r\n"
-                                        f"Content-Type: application/json\r\nContent-Length: {limit + 1}\r\n\r\n".encode()) \
-        == 413
+    oversized = (f"POST /api/tools/file/upload HTTP/1.1\r\nHost: x\r\n"
+                 f"Content-Type: application/json\r\nContent-Length: {limit + 1}\r\n\r\n")
+    assert _raw_status(sock_path, None, oversized.encode()) == 413
 
     def chunks() -> Iterator[bytes]:
         chunk = b"x" * (1 << 20)

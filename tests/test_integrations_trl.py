@@ -132,6 +132,29 @@ def test_tool_schemas_come_from_signatures_and_docstrings() -> None:
     assert all(s["description"] for s in schemas.values())
 
 
+def test_run_checks_runs_the_tasks_judge_and_says_when_tests_are_hidden(control_plane) -> None:  # noqa: F811
+    env = IdeGymTRLEnv(control_plane_url=control_plane.url)
+    env.reset(task=TASK)
+    before = env.run_checks()  # the task's `$IDEGYM_JUDGE tests/`, run as the agent's bash
+    assert "FAIL" in before and "exit code 1" in before, before
+    env.edit_file(**fix_arguments())
+    after = env.run_checks()
+    assert "OK" in after and "exit code 0" in after, after
+    assert env.get_reward() == 1.0
+    env.reset(task="humaneval/HumanEval/0")  # its tests exist only at grading
+    assert "hidden" in env.run_checks() and env.episode.env._steps == 0
+    assert env.get_reward() == 0.0
+    assert alive(control_plane) == 0
+
+
+def test_only_infrastructure_failures_are_unscored() -> None:
+    from idegym_env.integrations._episode import _infra_failure
+
+    assert _infra_failure({"grading_errors": ["unexpected test tests.x.y"]}) is None  # the agent's: scored
+    assert "grading could not run" in _infra_failure({"grading_errors": ["x"], "infrastructure_error": "gone"})
+    assert _infra_failure({"sandbox_lost": True, "error": "the sandbox is gone"}) == "the sandbox is gone"
+
+
 def test_reward_is_none_when_the_sandbox_dies(control_plane) -> None:  # noqa: F811
     """The seam TRL calls: reset(**row), a tool, get_reward(). TRL scores a rollout whose reward
     functions all return None as unscorable (grpo_trainer: `unscorable_mask`), not as 0."""

@@ -235,7 +235,8 @@ def test_manifest_content_follows_the_seed_rules() -> None:
     assert server["name"] == "server" and server["readinessProbe"]["httpGet"]["path"] == "/api/health"
     assert server["securityContext"]["runAsUser"] == 1000 and server["securityContext"]["runAsNonRoot"] is True
     assert spec["serviceAccountName"] == "agent-runner" and spec["automountServiceAccountToken"] is True
-    assert spec["runtimeClassName"] == "gvisor" and spec["nodeSelector"] == {"cloud.google.com/gke-nodepool": "sandboxes"}
+    assert spec["runtimeClassName"] == "gvisor"
+    assert spec["nodeSelector"] == {"cloud.google.com/gke-nodepool": "sandboxes"}
     assert spec["volumes"][0] == {"name": "creds", "secret": {"secretName": "agent-creds", "defaultMode": 0o440}}
     assert spec["volumes"][4]["csi"]["driver"] == "secrets-store.csi.k8s.io"  # extra keys pass through
     assert server["volumeMounts"][0] == {"name": "creds", "mountPath": "/etc/creds", "readOnly": True}
@@ -363,7 +364,8 @@ def test_simulator_speaks_the_kubernetes_protocol(k8s_sim: SimulatorProcess) -> 
         core.patch_namespaced_config_map(name, "idegym", {"data": {"a": "2"}})
         with pytest.raises(ApiException) as stale_write:
             core.replace_namespaced_config_map(name, "idegym", api.sanitize_for_serialization(
-                k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name=name, resource_version=created.metadata.resource_version),
+                k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name=name,
+                                                          resource_version=created.metadata.resource_version),
                                 data={"a": "3"})))
         assert stale_write.value.status == 409 and "Conflict" in stale_write.value.body
         listed = core.list_namespaced_config_map("idegym", label_selector=f"t={name}")
@@ -378,11 +380,13 @@ def test_simulator_speaks_the_kubernetes_protocol(k8s_sim: SimulatorProcess) -> 
             core.read_namespaced_config_map("nope", "idegym")
         assert missing.value.status == 404 and '"kind": "Status"' in missing.value.body
         bad = {"metadata": {"name": "bad"}, "spec": {"selector": {"matchLabels": {"app": "x"}},
-               "template": {"metadata": {"labels": {"app": "y"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}}}
+               "template": {"metadata": {"labels": {"app": "y"}},
+                            "spec": {"containers": [{"name": "c", "image": "i"}]}}}}
         with pytest.raises(ApiException) as invalid:
             apps.create_namespaced_deployment("idegym", bad)
         assert invalid.value.status == 422 and "selector" in invalid.value.body
-        unknown_field = {"metadata": {"name": "bad2"}, "spec": {"selector": {"matchLabels": {"app": "x"}}, "replicaz": 1,
+        unknown_field = {"metadata": {"name": "bad2"}, "spec": {"selector": {"matchLabels": {"app": "x"}},
+                                                                "replicaz": 1,
                          "template": {"metadata": {"labels": {"app": "x"}}, "spec": {"containers": "no"}}}}
         # the client's own models would refuse this body; send it raw, as kubectl could
         raw = httpx.post(f"{k8s_sim.url}/apis/apps/v1/namespaces/idegym/deployments", json=unknown_field,
@@ -700,7 +704,8 @@ images:
         good_job = await builder.submit(good)
         status = await builder.status(good_job)
         assert status.status in (Status.IN_PROGRESS, Status.SUCCESS) and status.tag == good.tag
-        configmap = await asyncio.to_thread(inspect(backend).core.read_namespaced_config_map, f"{good_job}-context", "idegym")
+        configmap = await asyncio.to_thread(inspect(backend).core.read_namespaced_config_map, f"{good_job}-context",
+                                            "idegym")
         assert configmap.data["Dockerfile"].startswith("FROM python:3.12-slim")
         assert configmap.metadata.owner_references[0].name == good_job
         done = await builder.wait(good_job, timeout=30)

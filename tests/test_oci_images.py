@@ -203,6 +203,27 @@ def test_dockerfile_build_is_an_oci_image_and_rebuilds_from_cache(oci_cp: Contro
     assert changed["status"] == "success" and changed["tag"] != built["tag"]
 
 
+def test_build_network_is_for_the_build_only_and_one_tag_builds_once(oci_cp: ControlPlaneProcess) -> None:
+    cp = oci_cp
+    dockerfile = ("    dockerfile: |\n      FROM debian:bookworm\n"
+                  "      RUN apt-get install -y --no-install-recommends sqlite3\n")
+    (offline,) = _build(cp, "images:\n  - name: needs-packages\n" + dockerfile)
+    assert offline["status"] == "failure", offline  # RUN without network cannot fetch the package
+    # build_network: RUN fetches it; the same entry twice at once is built once
+    yaml_text = "images:\n" + 2 * ("  - name: needs-packages\n" + dockerfile + "    build_network: true\n")
+    first, second = _build(cp, yaml_text)
+    assert first["status"] == second["status"] == "success" and first["tag"] == second["tag"], (first, second)
+    assert sum("was built meanwhile" in job["details"] for job in (first, second)) == 1, (first, second)
+    assert _image_meta(cp, first["tag"])["network"] is False
+    client = cp.register()
+    sid = cp.start_server(client, image_tag=first["tag"])["server_id"]
+    probe = cp.bash(client, sid, "sqlite3 -version >/dev/null && echo installed; "
+                                 "tail -n +3 /proc/net/dev | cut -d: -f1")
+    assert probe["stdout"].split() == ["installed", "lo"], probe  # the sandbox is offline
+    resp = cp.http.post("/api/build-push-images", json={"yaml_content": "images:\n  - name: x\n    build_network: 1\n"})
+    assert resp.status_code == 400 and "build_network must be true or false" in resp.text, resp.text
+
+
 def _image_meta(cp: ControlPlaneProcess, tag: str) -> dict:
     from control_plane.backends.local.images import ImageStore
 
@@ -242,8 +263,10 @@ SEED_TEST_SCRIPT = "python -m pytest --junitxml=test-results.xml"  # the seed's 
 
 def _published_test_reward(cp: ControlPlaneProcess, image: str, script: str, *, write_tests: bool) -> dict:
     assert CLIENT_PYTHON.exists(), f"{CLIENT_PYTHON} is missing: run `make client-venv`"
-    argv = [str(CLIENT_PYTHON), str(REWARD_SCRIPT), cp.url, image, script, *(["--write-tests"] if write_tests else [])]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    argv = [str(CLIENT_PYTHON), str(REWARD_SCRIPT), cp.address, image, script,
+            *(["--write-tests"] if write_tests else [])]
+    credentials = {"IDEGYM_AUTH_USERNAME": cp.auth[0], "IDEGYM_AUTH_PASSWORD": cp.auth[1]} if cp.auth else {}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, **credentials})
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
     lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
     assert lines, proc.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -20,7 +21,10 @@ def test_published_client_whole_life_cycle(cp_local: ControlPlaneProcess) -> Non
     deps = subprocess.run([str(CLIENT_PYTHON), "-c", "import idegym.client, diff_match_patch"],
                           capture_output=True, text=True)
     assert deps.returncode == 0, deps.stderr
-    proc = subprocess.run([str(CLIENT_PYTHON), str(SCRIPT), cp.url], capture_output=True, text=True, timeout=600)
+    assert cp.auth is not None, "the control plane requires its token by default"
+    credentials = {"IDEGYM_AUTH_USERNAME": cp.auth[0], "IDEGYM_AUTH_PASSWORD": cp.auth[1]}
+    proc = subprocess.run([str(CLIENT_PYTHON), str(SCRIPT), cp.address], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **credentials})
     steps = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
     names = [s.get("step") for s in steps]

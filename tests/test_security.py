@@ -219,7 +219,8 @@ def test_fork_bomb_is_capped_and_ended(sb_limited: SandboxHandle) -> None:
         threads = sh(sb_limited, "python3 -c \"import threading, time\n"
                                  "n = 0\ntry:\n"
                                  "    while True:\n"
-                                 "        threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); n += 1\n"
+                                 "        threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); "
+                                 "n += 1\n"
                                  "except RuntimeError as e: print('capped', n, e)\"", timeout=20)
         assert "capped" in threads["stdout"] and int(threads["stdout"].split()[1]) < 128, threads
         # A detached bomb outlives its (finished) call: the sandbox is full, and says so.
@@ -465,7 +466,8 @@ def test_host_state_and_neighbours_are_invisible(sb_root: SandboxHandle, sb_user
         name, secret = marker.replace("marker", "mark?r"), SECRET.replace("secret", "secre[t]")
         search = (f"find / \\( -path /proc -o -path /sys \\) -prune -o -name '{name}*' -print 2>/dev/null; "
                   f"grep -rlsE -- '{secret}' /etc /opt/idegym/src /root /home /tmp /run /var 2>/dev/null | head; "
-                  f"cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n' | grep -aE -- '{secret}'; "
+                  "cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n' | "
+                  f"grep -aE -- '{secret}'; "
                   f"test -e {backend.state_dir} && echo STATE-VISIBLE; "
                   "find / -name 'control-plane.db*' -not -path '/proc/*' 2>/dev/null; ls /root; echo END")
         found = out(sb_root, search, timeout=120)
@@ -789,7 +791,8 @@ def test_reset_leaves_no_process_and_a_pristine_project(cpx: Any, cp_image: str)
     try:
         project = "cd ~/work && " + DIGEST
         pristine = cpx.bash(client, sid, project)["stdout"]
-        respawn = ("cat > /tmp/respawn.sh <<'EOF'\ntrap 'setsid bash /tmp/respawn.sh </dev/null >/dev/null 2>&1 &' TERM\n"
+        respawn = ("cat > /tmp/respawn.sh <<'EOF'\n"
+                   "trap 'setsid bash /tmp/respawn.sh </dev/null >/dev/null 2>&1 &' TERM\n"
                    "while :; do sleep 0.1; done\nEOF\n(setsid bash /tmp/respawn.sh </dev/null >/dev/null 2>&1 &)\n"
                    # and a spawner that never stops starting detached sleeps (up to pids.max)
                    "(setsid bash -c 'trap \"\" TERM; while :; do setsid sleep 1000 </dev/null >/dev/null 2>&1 & "

@@ -3,29 +3,35 @@
 Every shipped SWE instance and Harbor task is proven both ways (oracle → 1.0, untouched → not
 1.0); HumanEval's oracle passes all 164 problems and the untouched project none. Proofs run on
 this machine (SWE: a venv with pytest; Harbor: bubblewrap with the host's tools; problems: the
-judge without a sandbox) and, where the backend can build the image, in sandboxes through the
-env, where the exploits of issue 13 §1 are tried against the real grading.
+judge without a sandbox) and in sandboxes through the env (SWE and Harbor images built from their
+Dockerfiles with buildah, HumanEval on the built-in image), where the exploits of issue 13 §1 are
+tried against the real grading of each source.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium as gym
 import pytest
 
-from idegym_env.tasks import TaskError, load_task
-from idegym_env.tasks.sources import load_source_tasks, open_source
-from idegym_env.tasks.sources import harbor, problems, repos, swe, swe_local
+from idegym_env.client import BUILTIN_IMAGE
+from idegym_env.grading import grade_request
+from idegym_env.tasks import TaskError, environment, load_task
+from idegym_env.tasks.sources import harbor, load_source_tasks, open_source, problems, repos, swe, swe_local
 from idegym_env.tasks.sources.harbor_local import run_locally as harbor_run_locally
 from idegym_env.tasks.sources.validate import format_table, validate
+from sandbox_server.grading.export import export
+from sandbox_server.grading.models import ExportRequest, ExportResponse, FileEntry
 
 SHIPPED_SWE = swe.shipped_instances()
 SWE_IDS = [json.loads(line)["instance_id"] for line in SHIPPED_SWE.read_text().splitlines() if line.strip()]
@@ -288,7 +294,7 @@ def test_humaneval_tasks_are_addressed_by_set_id_and_by_task_id() -> None:
     by_set = load_task("humaneval/HumanEval/7")
     assert by_set.id == "humaneval-humaneval-7" and load_task("humaneval/humaneval-humaneval-7").id == by_set.id
     assert by_set.editable == ("solution.py",) and by_set.test is not None and by_set.test.harness == "judge"
-    assert (by_set.project / "solution.py").read_text() == problems.humaneval().problems["HumanEval/7"].prompt
+    assert by_set.files == {"solution.py": problems.humaneval().problems["HumanEval/7"].prompt}
     assert set(by_set.grading.hidden) == {problems.TEST_FILE} and not by_set.grading.project
     assert len(open_source("humaneval").ids) == 164
     with pytest.raises(TaskError, match="no problem"):
@@ -357,28 +363,106 @@ def test_validate_fails_on_a_task_whose_oracle_does_not_solve_it() -> None:
     assert not rows[0].valid and rows[0].oracle == 0.0 and "INVALID" in format_table(rows)
 
 
+# -- starting files and content hashes (no sandbox) ----------------------------------------------------
+
+
+def _exported(files: dict[str, str], deleted: list[str] = ()) -> ExportResponse:
+    return ExportResponse(files=[FileEntry(path=p, content_base64=base64.b64encode(c.encode()).decode())
+                                 for p, c in files.items()], deleted=list(deleted))
+
+
+def _written(request) -> dict[str, str]:
+    return {f.path: base64.b64decode(f.content_base64).decode() for f in request.files}
+
+
+def test_starting_files_are_graded_from_the_task_and_the_agent_only_changes_editable_ones() -> None:
+    task = load_task("humaneval/HumanEval/0").model_copy(update={"files": {
+        "solution.py": "PROMPT\n", "helper.py": "TASK'S HELPER\n"}})
+    # the agent's editable solution.py wins; helper.py is the task's whatever the sandbox held
+    request = grade_request(task, _exported({"solution.py": "MINE\n"}))
+    assert _written(request) == {"solution.py": "MINE\n", "helper.py": "TASK'S HELPER\n"}
+    # a starting file the agent removed is not written back from the task
+    request = grade_request(task, _exported({}, deleted=["solution.py"]))
+    assert "solution.py" not in _written(request) and request.delete == ["solution.py"]
+    # graded in place (Harbor), the sandbox's files are the agent's: none are written from the task
+    assert _written(grade_request(task.model_copy(update={"grade_in_place": True}), None)) == {}
+
+
+def test_the_export_counts_starting_files_as_pristine(tmp_path: Path) -> None:
+    project, pristine = tmp_path / "project", tmp_path / "pristine"
+    project.mkdir()
+    pristine.mkdir()
+    (pristine / "lib.py").write_text("x = 1\n")
+    (project / "lib.py").write_text("x = 2\n")
+    (project / "solution.py").write_text("changed\n")
+    (project / "planted.py").write_text("evil\n")
+    (project / "conftest.py").write_text("evil\n")
+    out = export(project, pristine, ExportRequest(starting=["solution.py", "notes.txt", "conftest.py"]))
+    # without globs: the pristine files and the starting ones; never a planted file or harness config
+    assert [f.path for f in out.files] == ["lib.py", "solution.py"]
+    assert out.deleted == ["notes.txt"]  # a starting file the agent removed
+    with pytest.raises(ValueError, match="relative path"):
+        ExportRequest(starting=["../x"])
+
+
+def test_content_hashes_do_not_depend_on_where_a_set_lies_and_follow_its_content(tmp_path: Path) -> None:
+    copies = []
+    for name in ("a", "b"):
+        shutil.copytree(harbor.shipped_tasks() / "js-slugify", tmp_path / name / "js-slugify")
+        copies.append(harbor.load_harbor_task(tmp_path / name / "js-slugify"))
+    first = copies[0].content_hash()
+    assert first == copies[1].content_hash() == load_task("harbor/js-slugify").content_hash()
+    (tmp_path / "b" / "js-slugify" / "tests" / "test.js").write_text("// other hidden tests\n")
+    other_tests = harbor.load_harbor_task(tmp_path / "b" / "js-slugify").content_hash()
+    (tmp_path / "a" / "js-slugify" / "environment" / "slugify.js").write_text("// other project\n")
+    other_context = harbor.load_harbor_task(tmp_path / "a" / "js-slugify").content_hash()
+    assert len({first, other_tests, other_context}) == 3
+    swe_task = load_task("swe/six__add-metaclass-slots")
+    changed = swe_task.model_copy().with_grading(swe_task.grading.model_copy(update={
+        "project": {**swe_task.grading.project, "test_six.py": b"def test_other():\n    pass\n"}}))
+    assert changed.content_hash() != swe_task.content_hash()
+    problem = load_task("humaneval/HumanEval/0")
+    assert problem.model_copy(update={"files": {"solution.py": "other"}}).content_hash() != problem.content_hash()
+
+
+def test_every_shipped_swe_task_shares_one_environment_image_and_harbor_tasks_build_offline_images() -> None:
+    from idegym_env.env import task_image_tag
+
+    tasks = load_source_tasks("swe")
+    environments = {environment.image_entries(t)[0]["tag"] for t in tasks}
+    assert len(environments) == 1 and environments.pop().startswith("idegym-env:")
+    assert len({task_image_tag(t) for t in tasks}) == len(tasks)  # the project over it: one per instance
+    for task in load_source_tasks("harbor"):
+        (entry,) = environment.image_entries(task)
+        assert entry["build_network"] is True and entry["network"] is False  # allow_internet = false
+        assert entry["context"] == str(harbor.shipped_tasks() / task.id / "environment")
+    problems_ = [load_task(f"humaneval/{i}") for i in SAMPLE]
+    assert {t.image for t in problems_} == {BUILTIN_IMAGE} and all(t.project is None for t in problems_)
+
+
 # -- in sandboxes, through the env -------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def control_plane() -> Iterator[object]:
+def control_plane(image_cache: Path) -> Iterator[object]:
     from idegym_env.embedded import EmbeddedControlPlane
 
-    cp = EmbeddedControlPlane(warm_pool=1)
+    # Its builds use the suite's cached Debian base; INFO logs say when it builds an image.
+    level = os.environ.get("IDEGYM_LOG_LEVEL")
+    os.environ["IDEGYM_LOG_LEVEL"] = "INFO"
+    try:
+        cp = EmbeddedControlPlane(warm_pool=1)
+    finally:
+        if level is None:
+            os.environ.pop("IDEGYM_LOG_LEVEL")
+        else:
+            os.environ["IDEGYM_LOG_LEVEL"] = level
     yield cp
     cp.close()
 
 
-NO_DOCKERFILES = "cannot build Dockerfile environments"
-
-
-def _episode(task_spec: str, calls: list[dict], url: str) -> tuple[float, dict]:
-    try:
-        env = gym.make("IdeGym-v0", task=task_spec, control_plane_url=url)
-    except TaskError as exc:
-        if NO_DOCKERFILES in str(exc):  # SWE and Harbor images: the images work of issue 15
-            pytest.skip(str(exc))
-        raise
+def _task_episode(task, calls: list[dict], url: str) -> tuple[float, dict]:
+    env = gym.make("IdeGym-v0", task=task, control_plane_url=url)  # a Task or a task spec
     try:
         env.reset()
         for call in calls:
@@ -390,14 +474,46 @@ def _episode(task_spec: str, calls: list[dict], url: str) -> tuple[float, dict]:
         env.close()
 
 
+def _episode(task_spec: str, calls: list[dict], url: str) -> tuple[float, dict]:
+    return _task_episode(task_spec, calls, url)
+
+
+def _solution(task) -> list[dict]:
+    return [c.model_dump(mode="json") for c in task.solution]
+
+
+def _image_refs(cp, prefix: str) -> list[str]:
+    refs = cp.state_dir / "images" / "refs"
+    return sorted(json.loads(p.read_text())["tag"] for p in refs.glob("*.json")
+                  if json.loads(p.read_text())["tag"].startswith(prefix))
+
+
 @pytest.mark.parametrize("task_id", SAMPLE[:4])
 def test_humaneval_in_sandboxes_oracle_and_untouched(task_id: str, control_plane) -> None:
     task = load_task(f"humaneval/{task_id}")
-    solved, info = _episode(f"humaneval/{task_id}", [c.model_dump(mode="json") for c in task.solution],
-                            control_plane.url)
+    solved, info = _episode(f"humaneval/{task_id}", _solution(task), control_plane.url)
     assert solved == 1.0, info.get("checks")
     untouched, _ = _episode(f"humaneval/{task_id}", [], control_plane.url)
     assert untouched == 0.0
+
+
+def test_humaneval_problems_share_the_builtin_image_with_their_prompt_written_at_reset(control_plane) -> None:
+    from idegym_env.env import IdeGymEnv
+
+    before = _image_refs(control_plane, "idegym-task/")
+    task = load_task("humaneval/HumanEval/2")
+    env = IdeGymEnv(task, control_plane_url=control_plane.url, reuse="RESET")
+    try:
+        env.reset()
+        shown, *_ = env.step({"tool": "bash", "arguments": {"command": "cat solution.py; ls -a"}})
+        assert task.files["solution.py"].strip() in shown and "truncate_number" in shown
+        env.step({"tool": "create_file", "arguments": {"path": "solution.py", "content": "broken\n"}})
+        env.reset()  # RESET: the image's project, and the starting file again
+        shown, *_ = env.step({"tool": "read_file", "arguments": {"path": "solution.py"}})
+        assert shown == task.files["solution.py"]
+    finally:
+        env.close()
+    assert _image_refs(control_plane, "idegym-task/") == before  # no image per problem
 
 
 @pytest.mark.slow
@@ -408,90 +524,96 @@ def test_humaneval_all_164_in_sandboxes(control_plane) -> None:
     assert all(r.valid for r in rows), format_table([r for r in rows if not r.valid])
 
 
-HUMANEVAL_EXPLOITS = {
-    "an object equal to everything": "class Anything:\n    def __eq__(self, other):\n        return True\n"
-                                     "    __hash__ = object.__hash__\n\n"
-                                     "def has_close_elements(numbers, threshold):\n    return Anything()\n",
-    "exit 0 at import": "import os\nos._exit(0)\n",
-    "a report of its own": "import os, pathlib\n"
-                           "for d in (os.environ.get('IDEGYM_REPORT_DIR', ''), '.', '/tmp'):\n"
-                           "    try:\n        pathlib.Path(d or '.', 'test-report.xml').write_text("
-                           "'<testsuite tests=\"1\"><testcase classname=\"test_problem.Problem\" "
-                           "name=\"test_solution\"/></testsuite>')\n    except OSError:\n        pass\n"
-                           "def has_close_elements(numbers, threshold):\n    raise SystemExit(0)\n",
-    "reading the hidden test": "import glob\n"
-                               "def has_close_elements(numbers, threshold):\n"
-                               "    for f in glob.glob('/**/test_problem.py', recursive=True):\n"
-                               "        return open(f).read()\n    return None\n",
+# Issue 13 §1's exploits, as a HumanEval agent can try them: only solution.py is graded, on the judge.
+HUMANEVAL_EXPLOITS: dict[str, list[dict]] = {
+    "an object equal to everything": [{"tool": "create_file", "arguments": {"path": "solution.py", "content": (
+        "class Anything:\n    def __eq__(self, other):\n        return True\n    __hash__ = object.__hash__\n\n"
+        "def has_close_elements(numbers, threshold):\n    return Anything()\n")}}],
+    "exit 0 at import": [{"tool": "create_file", "arguments": {"path": "solution.py",
+                                                                "content": "import os\nos._exit(0)\n"}}],
+    "exit 0 in atexit, a harness patch": [{"tool": "create_file", "arguments": {"path": "solution.py", "content": (
+        "import atexit, os, unittest\natexit.register(lambda: os._exit(0))\n"
+        "unittest.TestCase.run = lambda self, result=None: None\n"
+        "def has_close_elements(numbers, threshold):\n    raise SystemExit(0)\n")}}],
+    "a report of its own": [{"tool": "create_file", "arguments": {"path": "solution.py", "content": (
+        "import os, pathlib\n"
+        "for d in (os.environ.get('IDEGYM_REPORT_DIR', ''), '.', '/tmp'):\n"
+        "    try:\n        pathlib.Path(d or '.', 'test-report.xml').write_text("
+        "'<testsuite tests=\"1\"><testcase classname=\"test_problem.Problem\" "
+        "name=\"test_solution\"/></testsuite>')\n    except OSError:\n        pass\n"
+        "def has_close_elements(numbers, threshold):\n    raise SystemExit(0)\n")}}],
+    "reading the hidden test": [{"tool": "create_file", "arguments": {"path": "solution.py", "content": (
+        "import glob\ndef has_close_elements(numbers, threshold):\n"
+        "    for f in glob.glob('/**/test_problem.py', recursive=True):\n        return open(f).read()\n"
+        "    return None\n")}}],
+    "the starting file replaced by a symlink, a package in its place, planted customize files": [
+        {"tool": "bash", "arguments": {"command": (
+            "rm solution.py && ln -s /proc/self/environ solution.py && mkdir -p solution && "
+            "printf 'def has_close_elements(n, t):\\n    return True\\n' > solution/__init__.py && "
+            "printf 'import os\\nos._exit(0)\\n' > sitecustomize.py && cp sitecustomize.py usercustomize.py && "
+            "echo 'import os; os._exit(0)' > evil.pth && printf '[pytest]\\n' > pytest.ini")}}],
+    "shims, rc files and a daemon that outlives the last step": [
+        {"tool": "bash", "arguments": {"command": (
+            "echo 'alias python3=true' >> ~/.bashrc; mkdir -p ~/bin .bin; printf '#!/bin/sh\\nexit 0\\n' "
+            "> ~/bin/python3; cp ~/bin/python3 .bin/python3; chmod +x ~/bin/python3 .bin/python3; "
+            "(setsid sh -c 'while true; do for d in /tmp/*/ .; do echo \"<testsuite tests=\\\"1\\\">"
+            "<testcase name=\\\"test_solution\\\"/></testsuite>\" > \"$d/test-report.xml\" 2>/dev/null; done; "
+            "sleep 0.05; done' > /dev/null 2>&1 &); true")}}],
 }
 
 
 @pytest.mark.security
 @pytest.mark.parametrize("exploit", list(HUMANEVAL_EXPLOITS))
 def test_humaneval_exploits_do_not_raise_the_reward(exploit: str, control_plane) -> None:
-    call = {"tool": "create_file", "arguments": {"path": "solution.py", "content": HUMANEVAL_EXPLOITS[exploit]}}
-    reward, info = _episode("humaneval/HumanEval/0", [call], control_plane.url)
+    reward, info = _episode("humaneval/HumanEval/0", HUMANEVAL_EXPLOITS[exploit], control_plane.url)
     assert reward == 0.0, (exploit, info.get("checks"))
 
 
-@pytest.mark.security
-def test_swe_exploits_do_not_raise_the_reward(control_plane) -> None:
-    # The hidden test file replaced by one whose listed tests all pass, and a conftest that
-    # turns every failure into a pass: both are overwritten or ignored at grading.
-    fake = "import pytest\n" + "".join(f"def {n}():\n    pass\n" for n in ("test_add_metaclass",))
-    conftest = ("import pytest\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
-                "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n")
-    calls = [{"tool": "create_file", "arguments": {"path": "test_six.py", "content": fake}},
-             {"tool": "create_file", "arguments": {"path": "conftest.py", "content": conftest}}]
-    reward, info = _episode("swe/six__add-metaclass-slots", calls, control_plane.url)
-    assert reward == 0.0, info.get("checks")
+SWE_SAMPLE = ("inflection__ordinal-teens", "cachetools__typedkey-kwargs")  # pytest, unittest
 
 
-# The unittest instances need only python3 >= 3.11: on the built-in image (the host's /usr) they
-# run in sandboxes today, through the real grading (fresh sandbox, grading files, expected ids).
-UNITTEST_INSTANCES = ["cachetools__typedkey-kwargs", "cachetools__getsizeof-replace"]
-
-
-def _host_python_ok() -> bool:
-    proc = subprocess.run(["/usr/bin/python3", "-c", "import sys; print(sys.version_info >= (3, 11))"],
-                          capture_output=True, text=True)
-    return proc.stdout.strip() == "True"
-
-
-needs_host_python = pytest.mark.skipif(not Path("/usr/bin/python3").exists() or not _host_python_ok(),
-                                       reason="the built-in image's python3 must be >= 3.11 (cachetools)")
-
-
-def _on_builtin_image(instance_id: str):
+@pytest.mark.timeout(1800)  # the first one builds the set's environment (apt-get in a Debian image)
+@pytest.mark.parametrize("instance_id", [pytest.param(i, marks=[] if i in SWE_SAMPLE else [pytest.mark.slow])
+                                         for i in SWE_IDS])
+def test_shipped_swe_instance_in_sandboxes(instance_id: str, control_plane) -> None:
     task = load_task(f"swe/{instance_id}")
-    return task.model_copy(update={"environment": None})  # keeps the grading files
-
-
-def _task_episode(task, calls: list[dict], url: str) -> tuple[float, dict]:
-    from idegym_env.env import IdeGymEnv
-
-    env = IdeGymEnv(task, control_plane_url=url)
-    try:
-        env.reset()
-        for call in calls:
-            env.step(call)
-        _, reward, _, _, info = env.step({"tool": "submit"})
-        return float(reward), info
-    finally:
-        env.close()
-
-
-@needs_host_python
-@pytest.mark.parametrize("instance_id", UNITTEST_INSTANCES)
-def test_swe_unittest_instances_in_sandboxes(instance_id: str, control_plane) -> None:
-    task = _on_builtin_image(instance_id)
-    solved, info = _task_episode(task, [c.model_dump(mode="json") for c in task.solution], control_plane.url)
+    solved, info = _task_episode(task, _solution(task), control_plane.url)
     tests = info["checks"]["tests"]
     assert solved == 1.0, tests.get("output")
     assert tests["scores"]["passed"] == len(task.test.expected)
     untouched, info = _task_episode(task, [], control_plane.url)
-    failed = {c["name"] for c in info["checks"]["tests"]["cases"] if c["outcome"] != "passed"}
-    assert untouched == 0.0 and failed == set(task.metadata["FAIL_TO_PASS"])
+    outcomes = {c["name"]: c["outcome"] for c in info["checks"]["tests"]["cases"]}
+    failed = {name for name, outcome in outcomes.items() if outcome != "passed"}
+    assert untouched == 0.0 and len(outcomes) == len(task.test.expected)
+    assert len(failed) == len(task.metadata["FAIL_TO_PASS"])  # the PASS_TO_PASS ones still pass
+
+
+@pytest.mark.timeout(1800)
+def test_a_second_env_finds_the_environment_image_without_building(control_plane) -> None:
+    from idegym_env.env import IdeGymEnv
+
+    task = load_task(f"swe/{SWE_SAMPLE[0]}")
+    IdeGymEnv(task, control_plane_url=control_plane.url).close()  # built here or by an earlier test
+    assert "image build: buildah bud" in control_plane.log_path.read_text(errors="replace")  # (it logs builds)
+    tags = [e["tag"] for e in environment.image_entries(task)]
+    images = control_plane.state_dir / "images"
+    created = {tag: _store_meta(images, tag)["created"] for tag in tags}
+    log_size = control_plane.log_path.stat().st_size
+    started = time.monotonic()
+    env = IdeGymEnv(task, control_plane_url=control_plane.url)
+    took = time.monotonic() - started
+    env.close()
+    assert {tag: _store_meta(images, tag)["created"] for tag in tags} == created
+    log = control_plane.log_path.read_bytes()[log_size:].decode(errors="replace")
+    assert "image build:" not in log, log[-2000:]  # the environment and the project image: cache hits
+    assert took < 30, took
+
+
+def _store_meta(images: Path, tag: str) -> dict:
+    from control_plane.backends.local.images import slug
+
+    ident = json.loads((images / "refs" / f"{slug(tag)}.json").read_text())["id"]
+    return json.loads((images / "data" / ident / "image.json").read_text())
 
 
 SWE_EXPLOITS = {
@@ -511,37 +633,82 @@ SWE_EXPLOITS = {
 }
 
 
-@needs_host_python
 @pytest.mark.security
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("exploit", list(SWE_EXPLOITS))
 def test_swe_exploits_do_not_raise_the_reward_in_sandboxes(exploit: str, control_plane) -> None:
-    task = _on_builtin_image("cachetools__typedkey-kwargs")
     calls = [{"tool": "create_file", "arguments": {"path": path, "content": content}}
              for path, content in SWE_EXPLOITS[exploit]]
     calls.append({"tool": "bash", "arguments": {
         "command": "echo 'alias python3=true' >> ~/.bashrc; mkdir -p ~/bin; printf '#!/bin/sh\\nexit 0\\n' "
                    "> ~/bin/python3; chmod +x ~/bin/python3; (setsid sleep 300 &) ; true"}})
-    reward, info = _task_episode(task, calls, control_plane.url)
+    reward, info = _episode("swe/cachetools__typedkey-kwargs", calls, control_plane.url)
     assert reward == 0.0, (exploit, info.get("checks"))
 
 
-@pytest.mark.parametrize("name", HARBOR_IDS[:2])
-def test_harbor_in_sandboxes_oracle_and_untouched(name: str, control_plane) -> None:
+@pytest.mark.security
+@pytest.mark.timeout(1800)
+def test_swe_pytest_exploits_do_not_raise_the_reward(control_plane) -> None:
+    # The hidden test file replaced by one whose listed tests all pass, and a conftest that
+    # turns every failure into a pass: both are overwritten or ignored at grading.
+    fake = "import pytest\n" + "".join(f"def {n}():\n    pass\n" for n in ("test_ordinal",))
+    conftest = ("import pytest\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+                "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n")
+    calls = [{"tool": "create_file", "arguments": {"path": "test_inflection.py", "content": fake}},
+             {"tool": "create_file", "arguments": {"path": "conftest.py", "content": conftest}}]
+    reward, info = _episode(f"swe/{SWE_SAMPLE[0]}", calls, control_plane.url)
+    assert reward == 0.0, info.get("checks")
+
+
+HARBOR_SAMPLE = ("bash-log-summary", "sql-top-customers")
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in HARBOR_SAMPLE else [pytest.mark.slow])
+                                  for n in HARBOR_IDS])
+def test_shipped_harbor_task_in_sandboxes(name: str, control_plane) -> None:
     task = load_task(f"harbor/{name}")
-    solved, info = _episode(f"harbor/{name}", [c.model_dump(mode="json") for c in task.solution], control_plane.url)
+    solved, info = _episode(f"harbor/{name}", _solution(task), control_plane.url)
     assert solved == 1.0, info.get("checks")
-    untouched, _ = _episode(f"harbor/{name}", [], control_plane.url)
-    assert untouched < 1.0
+    untouched, info = _episode(f"harbor/{name}", [], control_plane.url)
+    assert untouched < 1.0, info.get("checks")
+
+
+@pytest.mark.timeout(1800)
+def test_a_harbor_image_installs_packages_at_build_and_its_sandboxes_are_offline(control_plane) -> None:
+    from idegym_env.env import IdeGymEnv
+
+    task = load_task("harbor/sql-top-customers")  # RUN apt-get install sqlite3; allow_internet = false
+    env = IdeGymEnv(task, control_plane_url=control_plane.url)
+    try:
+        env.reset()
+        out, _, _, _, info = env.step({"tool": "bash", "arguments": {
+            "command": "sqlite3 -version >/dev/null && echo sqlite-ok; tail -n +3 /proc/net/dev | cut -d: -f1"}})
+    finally:
+        env.close()
+    assert info["exit_code"] == 0 and "sqlite-ok" in out, out
+    interfaces = out.split("sqlite-ok", 1)[1].split("[exit code")[0].split()
+    assert interfaces == ["lo"], out  # no network in the sandbox
+
+
+HARBOR_EXPLOITS = {
+    "a reward planted where the verifier writes it, a test.sh of its own in /tests":
+        "mkdir -p /logs/verifier /tests; echo 1 > /logs/verifier/reward.txt; "
+        "printf 'echo 1 > /logs/verifier/reward.txt\\n' > /tests/test.sh; true",
+    "the reward file a symlink, a daemon that keeps writing the reward":
+        "mkdir -p /logs/verifier; echo 1 > /tmp/one; ln -sf /tmp/one /logs/verifier/reward.txt; "
+        "(setsid sh -c 'while true; do echo 1 > /logs/verifier/reward.txt; sleep 0.05; done' "
+        ">/dev/null 2>&1 &); true",
+}
 
 
 @pytest.mark.security
-def test_harbor_exploits_do_not_raise_the_reward(control_plane) -> None:
-    # A reward planted where the verifier writes it, and a test.sh of the agent's own in /tests.
-    plant = ("mkdir -p /logs/verifier /tests 2>/dev/null; echo 1 > /logs/verifier/reward.txt; "
-             "printf 'echo 1 > /logs/verifier/reward.txt\\n' > /tests/test.sh; true")
-    reward, info = _episode("harbor/bash-log-summary", [{"tool": "bash", "arguments": {"command": plant}}],
-                            control_plane.url)
-    assert reward == 0.0, info.get("checks")
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("exploit", list(HARBOR_EXPLOITS))
+def test_harbor_exploits_do_not_raise_the_reward(exploit: str, control_plane) -> None:
+    reward, info = _episode("harbor/bash-log-summary",
+                            [{"tool": "bash", "arguments": {"command": HARBOR_EXPLOITS[exploit]}}], control_plane.url)
+    assert reward == 0.0, (exploit, info.get("checks"))
 
 
 def test_eval_resolves_source_specs_next_to_task_directories() -> None:

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from gymnasium.utils.env_checker import check_env
 
+from idegym_env.grading import grade_request
 from idegym_env.rewards import (
     CheckResults,
     RewardFunction,
@@ -45,7 +46,6 @@ from idegym_env.spaces import (
     ToolCallSpace,
     UnicodeText,
 )
-from idegym_env.grading import grade_request
 from idegym_env.tasks import BUNDLED_DIR, GradingFiles, Task, TaskError, TaskSet, bundled_tasks, load_task
 from sandbox_server.grading.models import ExportResponse, GradeResponse
 from sandbox_server.routes import endpoint_for

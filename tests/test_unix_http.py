@@ -226,4 +226,5 @@ def test_nothing_listening_is_connect_failed(tmp_path: Path) -> None:
 def test_a_header_that_would_split_the_request_is_refused() -> None:
     with pytest.raises(ValueError, match="line break"):
         encode_request("GET", "/a", {"X-Evil": "1\r\nX-Injected: 2"}, b"")
-    assert encode_request("GET", "/a", {"X-Ok": "1"}, b"") == b"GET /a HTTP/1.1\r\nHost: sandbox\r\nContent-Length: 0\r\nX-Ok: 1\r\n\r\n"
+    assert encode_request("GET", "/a", {"X-Ok": "1"}, b"") == (
+        b"GET /a HTTP/1.1\r\nHost: sandbox\r\nContent-Length: 0\r\nX-Ok: 1\r\n\r\n")

@@ -16,17 +16,13 @@ import abc
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..errors import StatusError
 from ..models import KubernetesResources, ServerKind, StartServerRequest
 from ..quantities import cpu_millicores, memory_bytes
 
 
-class BackendError(Exception):
+class BackendError(StatusError):
     """A backend operation failed; ``status`` is the HTTP-equivalent code for the client."""
-
-    def __init__(self, message: str, status: int = 500) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
 
 
 class ImageNotFound(BackendError):
@@ -252,7 +248,7 @@ class ImageDefinition:
     project: dict[str, Any] | None = None
     commands: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
-    network: bool = False
+    network: bool = False  # sandboxes of the image may use the network (and so may its build)
     raw: dict[str, Any] = field(default_factory=dict)
     # A Dockerfile build (issue 15): the Dockerfile's text, or a path in the build context.
     dockerfile: str | None = None
@@ -260,6 +256,7 @@ class ImageDefinition:
     context: str | None = None  # a directory; default: the project, else empty
     build_args: dict[str, str] = field(default_factory=dict)
     project_dir: str | None = None  # where the image holds the project (default: its WORKDIR, else ~appuser/work)
+    build_network: bool = False  # the build (RUN, commands) may use the network; its sandboxes only with `network`
 
 
 class ImageBuilder(abc.ABC):

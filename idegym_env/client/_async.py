@@ -18,12 +18,28 @@ from control_plane.models import (
     StartServerRequest,
     StartServerResponse,
 )
-from sandbox_server.models import BashCommandResponse, CheckResult, ExecuteResponse, ResetResult, TestReport
-from sandbox_server.models import DEFAULT_TIMEOUT
+from sandbox_server.models import (
+    DEFAULT_TIMEOUT,
+    BashCommandResponse,
+    CheckResult,
+    ExecuteResponse,
+    ResetResult,
+    TestReport,
+)
 from sandbox_server.routes import Endpoint, Req, Resp
 
 from . import _plans
-from ._exceptions import SandboxGone, ServerError, TimeoutError, TransportError
+from ._exceptions import (
+    APIError,
+    SandboxGone,
+    ServerError,
+    TimeoutError,
+    TransportError,
+    not_a_control_plane,
+    place,
+    shown_url,
+    unreachable,
+)
 from ._plans import ToolResult
 from ._protocol import Call, Plan, Reply, Sleep, T, Target, call
 from ._settings import BUILTIN_IMAGE, Settings
@@ -37,9 +53,11 @@ async def _send(http: httpx.AsyncClient, call: Call) -> Reply:
         resp = await http.request(call.method, call.path, json=call.json, params=call.params, headers=call.headers,
                             timeout=httpx.Timeout(call.timeout, connect=10.0))
     except httpx.TimeoutException as exc:
-        raise TimeoutError(f"{call.method} {call.path}: no answer within {call.timeout} s") from exc
+        raise TimeoutError(f"{call.method} {shown_url(str(http.base_url))}{call.path}: no answer within "
+                           f"{call.timeout} s") from exc
     except httpx.TransportError as exc:
-        raise TransportError(f"{call.method} {call.path}: {type(exc).__name__}: {exc}") from exc
+        raise TransportError(f"{call.method} {shown_url(str(http.base_url))}{call.path}: {type(exc).__name__}: "
+                             f"{exc}") from exc
     return Reply(resp.status_code, resp.headers, resp.content)
 
 
@@ -91,8 +109,8 @@ class AsyncSandbox:
              max_output_bytes: int | None = 1_048_576, strip_output: bool = False,
              graceful_termination_timeout: float = 2.0) -> BashCommandResponse:
         """Run a bash script; a non-zero exit is a result (``exit_code``), not an exception."""
-        return await self._run(_plans.bash(self._target, command, timeout, cwd, env, user, max_output_bytes, strip_output,
-                                     graceful_termination_timeout))
+        return await self._run(_plans.bash(self._target, command, timeout, cwd, env, user, max_output_bytes,
+                                           strip_output, graceful_termination_timeout))
 
     async def write_file(self, path: str, content: str) -> None:
         await self._run(_plans.write_file(self._target, path, content))
@@ -248,7 +266,15 @@ class AsyncIdeGymClient:
         return self._client_id
 
     async def register(self) -> str:
-        self._client_id = str((await self._run(_plans.register(self.name, self.namespace))).id)
+        try:
+            answer = await self._run(_plans.register(self.name, self.namespace))
+        except TransportError as exc:
+            raise unreachable(place(self.settings.url, self.settings.unix_socket), exc) from exc
+        except APIError as exc:
+            if exc.status in (404, 405):  # a control plane always serves this route: another HTTP service
+                raise not_a_control_plane(place(self.settings.url, self.settings.unix_socket), exc) from exc
+            raise
+        self._client_id = str(answer.id)
         self._heartbeat = asyncio.ensure_future(self._beat())
         return self._client_id
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import builtins
 import json
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import ValidationError as PydanticValidationError
 
@@ -156,3 +157,32 @@ def invalid_request(exc: PydanticValidationError) -> ValidationError:
     message = summarize(items)
     return ValidationError(422, message, json.dumps({"detail": items, "message": message}), "client", items,
                            server.Unprocessable.kind)
+
+
+def shown_url(url: str) -> str:
+    """``url`` without credentials (the embedded control plane's URL carries its token)."""
+    parts = urlsplit(str(url))
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", "")) or str(url)
+
+
+START_ONE = ("start one with `idegym control-plane serve` and pass its URL, or leave control_plane_url=None "
+             "(no url) for the embedded control plane, which starts by itself")
+
+
+def place(url: str, unix_socket: str | None = None) -> str:
+    """Where a client connects, to name in a message."""
+    return f"the Unix socket {unix_socket}" if unix_socket else shown_url(url)
+
+
+def unreachable(where: str, exc: TransportError) -> TransportError:
+    """The first call to a control plane got no answer: say where, and what to do."""
+    return type(exc)(f"no control plane answers at {where} ({exc}): {START_ONE}")
+
+
+def not_a_control_plane(where: str, exc: APIError) -> APIError:
+    """The first call got an HTTP error that is not an IdeGym error answer: another service."""
+    body = " ".join(exc.body.split())[:120]
+    return type(exc)(exc.status, f"{where} is not an IdeGym control plane (POST /api/clients answered "
+                                 f"HTTP {exc.status}{': ' + body if body else ''}); check the URL and port, or "
+                                 f"{START_ONE}", exc.body, exc.origin, exc.detail, exc.kind, exc.details)

@@ -19,12 +19,28 @@ from control_plane.models import (
     StartServerRequest,
     StartServerResponse,
 )
-from sandbox_server.models import BashCommandResponse, CheckResult, ExecuteResponse, ResetResult, TestReport
-from sandbox_server.models import DEFAULT_TIMEOUT
+from sandbox_server.models import (
+    DEFAULT_TIMEOUT,
+    BashCommandResponse,
+    CheckResult,
+    ExecuteResponse,
+    ResetResult,
+    TestReport,
+)
 from sandbox_server.routes import Endpoint, Req, Resp
 
 from . import _plans
-from ._exceptions import SandboxGone, ServerError, TimeoutError, TransportError
+from ._exceptions import (
+    APIError,
+    SandboxGone,
+    ServerError,
+    TimeoutError,
+    TransportError,
+    not_a_control_plane,
+    place,
+    shown_url,
+    unreachable,
+)
 from ._plans import ToolResult
 from ._protocol import Call, Plan, Reply, Sleep, T, Target, call
 from ._settings import BUILTIN_IMAGE, Settings
@@ -38,9 +54,11 @@ def _send(http: httpx.Client, call: Call) -> Reply:
         resp = http.request(call.method, call.path, json=call.json, params=call.params, headers=call.headers,
                             timeout=httpx.Timeout(call.timeout, connect=10.0))
     except httpx.TimeoutException as exc:
-        raise TimeoutError(f"{call.method} {call.path}: no answer within {call.timeout} s") from exc
+        raise TimeoutError(f"{call.method} {shown_url(str(http.base_url))}{call.path}: no answer within "
+                           f"{call.timeout} s") from exc
     except httpx.TransportError as exc:
-        raise TransportError(f"{call.method} {call.path}: {type(exc).__name__}: {exc}") from exc
+        raise TransportError(f"{call.method} {shown_url(str(http.base_url))}{call.path}: {type(exc).__name__}: "
+                             f"{exc}") from exc
     return Reply(resp.status_code, resp.headers, resp.content)
 
 
@@ -250,7 +268,15 @@ class IdeGymClient:
         return self._client_id
 
     def register(self) -> str:
-        self._client_id = str(self._run(_plans.register(self.name, self.namespace)).id)
+        try:
+            answer = self._run(_plans.register(self.name, self.namespace))
+        except TransportError as exc:
+            raise unreachable(place(self.settings.url, self.settings.unix_socket), exc) from exc
+        except APIError as exc:
+            if exc.status in (404, 405):  # a control plane always serves this route: another HTTP service
+                raise not_a_control_plane(place(self.settings.url, self.settings.unix_socket), exc) from exc
+            raise
+        self._client_id = str(answer.id)
         self._stop_heartbeat.clear()
         self._heartbeat = threading.Thread(target=self._beat, name="idegym-heartbeat", daemon=True)
         self._heartbeat.start()

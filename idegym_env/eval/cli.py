@@ -18,7 +18,9 @@ Running the same command again resumes: finished episodes are not redone. A dire
 different run (other tasks, agent or its arguments, attempts, seed, step limit or pass
 criterion) is refused; use --overwrite.
 An agent that raises, or an episode over --episode-timeout, is recorded as an error and the run
-goes on. An episode passes when its reward is 1.0 (--pass-threshold R: reward >= R; "solved":
+goes on; the exit status is 1 when any episode ended in an infrastructure error (the
+environment failed: image, sandbox, control plane), 2 for bad arguments, 130 when interrupted.
+An episode passes when its reward is 1.0 (--pass-threshold R: reward >= R; "solved":
 every check of the task succeeded, whatever the reward).
 """
 
@@ -131,6 +133,11 @@ def run_eval(args: argparse.Namespace) -> int:
         print(f"idegym eval: interrupted after {result.ran} episodes; run the same command again to resume "
               f"({args.out})", file=sys.stderr)
         return 130
+    broken = result.summary["overall"].get("infrastructure_errors") or 0
+    if broken:
+        print(f"idegym eval: {broken} of {result.summary['episodes_done']} episodes ended in an infrastructure "
+              f"error (exit status 1); their errors are in {args.out}/episodes.jsonl", file=sys.stderr)
+        return 1
     return 0
 
 

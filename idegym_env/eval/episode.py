@@ -43,6 +43,7 @@ class _AgentFailed(Exception):
         self.exc = exc
 
 
+OUTPUT_TAIL = 1000  # characters of a stage's output kept in its record when no verdict could be reached
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -153,6 +154,10 @@ class Episode:
         elif info.get("grading_errors"):
             self.record.update(error="; ".join(map(str, info["grading_errors"]))[:2000], error_kind="grading",
                                passed=False)
+        elif info.get("tests_verdict") == "no_tests":  # nothing was tested: no verdict on the agent's code
+            tail = self.record["checks"].get("tests", {}).get("output_tail") or "(no output)"
+            self.record.update(error=f"no test ran: the test script reported no test; its output ends: {tail}",
+                               error_kind="grading", passed=False)
 
     def fail(self, kind: str, message: str) -> None:
         self.record.update(error=message, error_kind=kind, reward=None, passed=False, solved=False)
@@ -203,9 +208,13 @@ def _checks(checks: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(answer, Mapping):
             continue
         entry: dict[str, Any] = {"status": answer.get("status")}
+        if answer.get("verdict"):
+            entry["verdict"] = answer["verdict"]
         scores = answer.get("scores")
         if isinstance(scores, Mapping):
             entry.update({k: scores.get(k) for k in ("total", "passed", "failed", "skipped")})
+        if answer.get("verdict") in ("no_tests", "error") and answer.get("output"):
+            entry["output_tail"] = str(answer["output"]).strip()[-OUTPUT_TAIL:]  # why, without the transcript
         out[stage] = entry
     return out
 

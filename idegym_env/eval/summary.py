@@ -7,6 +7,9 @@
   ``1 - C(n-c, k) / C(n, k)``; per task, and overall the mean over tasks (tasks with fewer than
   ``k`` finished attempts are left out of it).
 * mean reward — over episodes, an errored episode counting 0.
+* errors — episodes that ended in an error; infrastructure errors are those the environment
+  failed (image build, sandbox start, a lost sandbox, a grading that could not run): the first line
+  of the summary counts them, and ``idegym eval`` exits with status 1 when there is any.
 * p50 / p95 — of the episodes' wall time (linear interpolation between ranks).
 """
 
@@ -18,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+INFRASTRUCTURE = "env"  # the error kind of an episode the environment failed (sandbox, image, grading run)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float | None:
@@ -37,6 +42,7 @@ def _stats(records: Sequence[Mapping[str, Any]], ks: Sequence[int]) -> dict[str,
     n = len(records)
     passed = sum(1 for r in records if r.get("passed"))
     errors = sum(1 for r in records if r.get("error"))
+    infrastructure = sum(1 for r in records if r.get("error") and r.get("error_kind") == INFRASTRUCTURE)
     rewards = [float(r["reward"]) if r.get("reward") is not None else 0.0 for r in records]
     times = [float(r["wall_seconds"]) for r in records if r.get("wall_seconds") is not None]
     tokens = [r["tokens"].get("total_tokens") for r in records if isinstance(r.get("tokens"), Mapping)]
@@ -45,6 +51,7 @@ def _stats(records: Sequence[Mapping[str, Any]], ks: Sequence[int]) -> dict[str,
         "episodes": n,
         "passed": passed,
         "errors": errors,
+        "infrastructure_errors": infrastructure,
         "pass_rate": passed / n if n else None,
         "pass_at_k": {str(k): pass_at_k(n, passed, k) for k in ks},
         "mean_reward": float(np.mean(rewards)) if rewards else None,
@@ -132,8 +139,13 @@ def markdown(summary: Mapping[str, Any]) -> str:
         ver += f" ({version['git_commit'][:12]}{', dirty' if version.get('git_dirty') else ''})"
     state = "complete" if summary["complete"] else \
         f"INCOMPLETE: {summary['episodes_done']} of {summary['episodes_expected']} episodes"
+    title = "# IdeGym evaluation"
+    broken = summary["overall"].get("infrastructure_errors") or 0
+    if broken:
+        title += (f": {broken} of {summary['episodes_done']} episodes ended in an INFRASTRUCTURE ERROR (not scored; "
+                  "see their error in episodes.jsonl)")
     head = [
-        "# IdeGym evaluation",
+        title,
         "",
         f"* agent: `{summary['agent']}`",
         f"* tasks: {len(summary['tasks'])} (task-set sha256 `{(summary['task_set_hash'] or '')[:16]}…`), "

@@ -8,7 +8,8 @@
 3. ``fresh()`` makes the sandbox new: a RESTART through the control plane (nothing of the agent
    is left: no process, no file in its home, ``/tmp`` or ``/usr/local``) — or, for a sandbox
    connected directly, a project reset;
-4. one ``POST /api/grade`` writes the editable files over the pristine project, installs the
+4. one ``POST /api/grade`` writes the task's starting files (``Task.files``: part of the pristine
+   project, from the task) and the editable files over the pristine project, installs the
    task's grading-only files, and runs the stages (see ``sandbox_server/grading/grade.py``).
 
 Harbor tasks (``grade_in_place``) skip 2–3: their verifier judges the container as the agent left it.
@@ -48,11 +49,17 @@ def _entries(files: dict[str, bytes]) -> list[FileEntry]:
 
 
 def grade_request(task: Task, exported: ExportResponse | None) -> GradeRequest:
-    """The ``/api/grade`` call for ``task``: the agent's exported files, then the task's grading files."""
-    files = list(exported.files) if exported is not None else []
-    grading = _entries(task.grading.project)
-    ours = {f.path for f in grading}
-    files = [f for f in files if f.path not in ours] + grading
+    """The ``/api/grade`` call for ``task``: the task's starting files (``Task.files``, from the
+    task, not from the agent's sandbox), the agent's exported files over them, then the task's
+    grading files. Graded in place (``exported`` None), the starting files are the agent's already."""
+    by_path: dict[str, FileEntry] = {}
+    if exported is not None:
+        deleted = set(exported.deleted)
+        by_path.update((f.path, f) for f in _entries({rel: text.encode() for rel, text in task.files.items()
+                                                      if rel not in deleted}))
+        by_path.update((f.path, f) for f in exported.files)
+    by_path.update((f.path, f) for f in _entries(task.grading.project))
+    files = [by_path[rel] for rel in sorted(by_path)]
     stages = []
     for name, script in task.stages():
         extra: dict[str, Any] = {}
@@ -76,7 +83,8 @@ def grade(sandbox: Sandbox, task: Task, *, fresh: Callable[[], Any], steps: int 
         if not task.grade_in_place:
             stage = "exporting the editable files"
             exported = sandbox.call(routes.EXPORT_FILES, ExportRequest(
-                editable=list(task.editable) if task.editable else None, protected=list(task.protected_paths)))
+                editable=list(task.editable) if task.editable else None, protected=list(task.protected_paths),
+                starting=sorted(task.files)))
             stage = "making the sandbox fresh for grading"
             fresh()
         stage = "running the checks"

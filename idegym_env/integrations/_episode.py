@@ -6,7 +6,8 @@ It is a thin layer over :class:`~idegym_env.env.IdeGymEnv`: every tool call is o
 Gymnasium API does not say:
 
 * the tools under the names the adapters expose (``write_file`` is the env's ``create_file``;
-  ``run_checks`` runs the task's own test command as a bash call, without grading);
+  ``run_checks`` runs the task's own test command as a bash call, without grading — for tasks
+  whose tests exist only at grading it says so, without a step);
 * three outcomes kept apart: a result (also a failed command), a malformed call
   (:class:`ToolCallError`, our message) and an infrastructure failure
   (:class:`InfrastructureError`: the sandbox died, the control plane is unreachable, grading
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 #: The tools every tool-call adapter exposes, with the env tool each one becomes.
 TOOL_NAMES = ("bash", "read_file", "write_file", "edit_file", "patch_file", "run_checks", "submit")
 _ENV_TOOL = {"write_file": "create_file"}
+HIDDEN_TESTS = ("This task's tests are hidden: they are installed only when you submit, so run_checks cannot run "
+                "them. Try your code yourself with bash; submit() grades it.")
 
 
 class InfrastructureError(RuntimeError):
@@ -203,6 +206,8 @@ class Episode:
         if tool == "run_checks":
             if arguments:
                 raise ToolCallError(f"run_checks takes no arguments, got {sorted(arguments)}")
+            if env.task.grading:  # the tests exist only at grading (HumanEval, SWE, Harbor)
+                return Outcome(text=HIDDEN_TESTS, info={"tool": "run_checks", "hidden_tests": True})
             return self._step({"tool": "bash", "arguments": {"command": self._check_command(env.task),
                                                              "timeout": self._check_timeout(env.task)}})
         action: dict[str, Any] = {"tool": _ENV_TOOL.get(tool, tool)}
@@ -297,14 +302,14 @@ class Episode:
 
 
 def _infra_failure(info: dict[str, Any]) -> str | None:
-    """Why a step failed for reasons that are not the agent's, or None (one place for the rule)."""
+    """Why a step failed for reasons that are not the agent's, or None (one place for the rule).
+
+    Grading errors (a missing test, an unreadable report) are the agent's and scored as the env
+    scores them; only a lost sandbox or grading that could not run at all is infrastructure."""
     if info.get("sandbox_lost"):
         return str(info.get("error") or "the sandbox is gone")
-    if info.get("infrastructure_error"):  # the grading branch's flag; grading_errors below go once it lands
+    if info.get("infrastructure_error"):
         return f"grading could not run: {info['infrastructure_error']}"
-    errors = info.get("grading_errors")
-    if errors:
-        return "grading could not run: " + "; ".join(map(str, errors))
     return None
 
 

@@ -23,9 +23,10 @@ Settings (``--ek key=value``):
 How Harbor's contract maps onto IdeGym (``harbor/environments/base.py``, 0.25):
 
 * **image**: ``environment/Dockerfile`` is built by the control plane (``POST
-  /api/build-push-images``, cached by content); ``[environment] docker_image`` names an image of
-  the control plane's store. A failed build raises ``SandboxBuildFailedError`` with the build's
-  message.
+  /api/build-push-images``, tagged by content as IdeGym's Harbor loader tags it, so either finds
+  the other's image); its ``RUN`` steps have the network, as under Docker (``build_network``),
+  whatever the trial's policy; ``[environment] docker_image`` names an image of the control
+  plane's store. A failed build raises ``SandboxBuildFailedError`` with the build's message.
 * **start/stop**: one sandbox per environment, started ``run_as_root`` so that Harbor's
   ``user="root"`` calls work (root inside the sandbox only); ``stop(delete=True)`` deletes it,
   ``stop(delete=False)`` hands it back (FINISHED). Sandboxes of this process's client are stopped
@@ -34,9 +35,9 @@ How Harbor's contract maps onto IdeGym (``harbor/environments/base.py``, 0.25):
   ``user``); a timeout raises ``RuntimeError`` as Harbor's Docker environment does.
 * **transfers**: through bash as root (base64 in environment variables, tar for directories), so
   any path of the sandbox works, not only the project.
-* **capabilities**: no network unless the policy is public (then the sandbox shares the
-  control plane host's network: the image is built, or re-tagged, with ``network: true``); no
-  allowlists, no run-time policy changes, no GPUs/TPUs, no host mounts, no Windows, no compose.
+* **capabilities**: the trial's sandbox has no network unless the policy is public (then it
+  shares the control plane host's network: the image is built, or re-tagged, with
+  ``network: true``); no allowlists, no run-time policy changes, no GPUs/TPUs, no host mounts, no Windows, no compose.
   CPU and memory are hard limits (cgroups), fractional CPUs allowed; ``storage_mb`` bounds the
   sandbox's writable layer.
 * **infrastructure failures** (sandbox died, control plane unreachable) raise, so Harbor records
@@ -59,12 +60,14 @@ from typing import Any
 
 from harbor.environments.base import BaseEnvironment, ExecResult, SandboxBuildFailedError, transfer_tar_filter
 from harbor.environments.capabilities import EnvironmentCapabilities, EnvironmentResourceCapabilities
-from harbor.environments.definition import environment_content_hash, require_agent_environment_definition
+from harbor.environments.definition import require_agent_environment_definition
 from harbor.models.task.config import NetworkMode
 from harbor.models.trial.config import ResourceMode
 
 from .. import embedded
 from ..client import AsyncIdeGymClient, AsyncSandbox, IdeGymError, SandboxGone, ServerError
+from ..tasks import TaskEnvironment
+from ..tasks.environment import environment_entry
 
 ENVIRONMENT_TYPE = "idegym"
 DEFAULT_EXEC_TIMEOUT = 24 * 3600.0  # Harbor's `None`: no timeout of its own (the sandbox server caps it)
@@ -175,12 +178,14 @@ class IdeGymEnvironment(BaseEnvironment):
         if self._image_override:
             base = self._image_override
         elif dockerfile.is_file() and not (self.task_env_config.docker_image and not force_build):
-            base = _tag("harbor", self.environment_name, environment_content_hash(self.environment_dir))
-            entry: dict[str, Any] = {"tag": base, "dockerfile": dockerfile.read_text(encoding="utf-8"),
-                                     "context": str(self.environment_dir.resolve()),
-                                     "network": network, "rebuild": bool(force_build)}
+            # The same tag as IdeGym's own Harbor loader gives this Dockerfile and context: a control
+            # plane that built it for one finds it for the other. RUN steps have the network (as
+            # under Docker); the trial's sandbox only when the policy is public.
+            environment = TaskEnvironment(dockerfile=dockerfile.read_text(encoding="utf-8"),
+                                          context=self.environment_dir.resolve())
+            entry = environment_entry(environment, network=network, rebuild=bool(force_build))
             await self._build(client, entry, f"environment/Dockerfile of {self.environment_name!r}")
-            return base
+            return str(entry["tag"])
         else:
             base = str(self.task_env_config.docker_image)
         if not network:

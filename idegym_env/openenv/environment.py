@@ -130,8 +130,9 @@ class IdeGymOpenEnv(Environment[IdeAction, IdeObservation, IdeState]):
                      "an episode needs the WebSocket /ws)",
                 error="no episode: call reset first", task_id=self._state.task_id or "", done=False, reward=0.0)
         if self._done:
+            ended = "the episode has ended: call reset to start another"
             return IdeObservation(
-                text="the episode has ended: call reset to start another", error="the episode has ended",
+                text=ended, error=ended,
                 task_id=env.task.id, episode_id=self._state.episode_id, step=self._state.step_count,
                 max_steps=env.max_steps, done=True, reward=0.0)
         call: dict[str, Any] = {"tool": action.tool}

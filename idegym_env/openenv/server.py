@@ -149,10 +149,21 @@ class _QuietWebSocketClose:
             pass
 
 
-async def _serve(server, ready_fd: int | None, unix_socket: str | None) -> None:
+def _say(text: str) -> None:
+    print(f"idegym openenv serve: {text}", file=sys.stderr, flush=True)
+
+
+async def _serve(server, ready_fd: int | None, unix_socket: str | None, task_id: str) -> None:
     serving = asyncio.ensure_future(server.serve())
     while not server.started and not serving.done():
         await asyncio.sleep(0.005)
+    if server.started:
+        if unix_socket is not None:
+            where = f"the Unix socket {unix_socket}"
+        else:
+            host, port = server.servers[0].sockets[0].getsockname()[:2]
+            where = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        _say(f"serving task {task_id} on {where} (WebSocket /ws; HTTP /reset /step /state /health /schema)")
     if server.started and ready_fd is not None:
         if unix_socket is not None:
             os.chmod(unix_socket, 0o600)
@@ -223,11 +234,13 @@ def run_serve(args: argparse.Namespace) -> int:
             if url is None:
                 from .. import embedded
 
+                _say("starting the embedded control plane (sandboxes on this machine) ...")
                 url = embedded.acquire().url
                 embedded_cp = True
             # Build the task's image now (and check the control plane): the first session only claims.
             from ..env import IdeGymEnv
 
+            _say(f"preparing task {task.id} (its image is built if it is not yet) ...")
             IdeGymEnv(task, control_plane_url=url).close()
             app = create_app(task, control_plane_url=url, max_sessions=max_sessions, reuse=args.reuse,
                              **env_kwargs)
@@ -239,7 +252,7 @@ def run_serve(args: argparse.Namespace) -> int:
         server = uvicorn.Server(config)
         if stopped_by:  # asked to stop while starting up
             return 0
-        asyncio.run(_serve(server, args.ready_fd, args.unix_socket))
+        asyncio.run(_serve(server, args.ready_fd, args.unix_socket, task.id))
         if not server.started:
             failed = True
     except Exception as exc:  # noqa: BLE001 - one readable line, the traceback at INFO

@@ -20,8 +20,8 @@ from .functions import (
     reward_components,
     setup_succeeds,
     submitted,
-    verifier_reward,
     test_pass_fraction,
+    verifier_reward,
 )
 from .results import CheckResult, CheckResults, Status, TestReport, TestScores
 from .spec import LEAVES, RewardSpec, build_reward, register_reward

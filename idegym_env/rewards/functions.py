@@ -85,14 +85,3 @@ def reward_components(results: CheckResults) -> dict[str, float]:
         "tests_total": float(results.test_denominator),
         "steps": float(results.steps),
     }
-
-
-__all__ = [
-    "RewardFunction",
-    "setup_succeeds",
-    "compiles",
-    "test_pass_fraction",
-    "all_tests_pass",
-    "submitted",
-    "reward_components",
-]

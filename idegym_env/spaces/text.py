@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 from gymnasium.spaces import Space
-from gymnasium.vector.utils import create_empty_array
+from gymnasium.vector.utils import create_empty_array, create_shared_memory
 
 # Sampling draws from this alphabet; membership does not depend on it. It mixes printable
 # ASCII with whitespace and multi-byte characters so that consumers of samples see real text.
@@ -79,13 +79,18 @@ class UnicodeText(Space[str]):
         n = len(x)
         return n >= self.min_length and (self.max_length is None or n <= self.max_length)
 
-    def fit(self, text: str, marker: str = "\n…[{n} characters cut]…\n") -> str:
+    def fit(self, text: str, marker: str = "\n…[{n} characters cut]…\n",
+            cut_before: Sequence[tuple[int, int, int]] = ()) -> str:
         """Return a member of the space made from ``text``.
 
         Too long: the middle is cut and replaced by ``marker`` (``{n}`` = characters removed),
         keeping the head and the tail, where a command's output usually says what went wrong.
         If even the marker does not fit, the text is cut at ``max_length``. Too short: padded
         with spaces. Non-``str`` input raises ``TypeError``.
+
+        ``cut_before`` lists ``(start, end, count)``: ``text[start:end]`` is the marker of an
+        earlier cut that dropped ``count`` characters (the sandbox server's, which counts bytes).
+        Such a marker is kept or cut whole, and ``{n}`` counts what it stood for, not its length.
         """
         if not isinstance(text, str):
             raise TypeError(f"UnicodeText.fit expects a str, got {type(text).__name__}")
@@ -94,6 +99,8 @@ class UnicodeText(Space[str]):
         limit = self.max_length
         if limit is None or len(text) <= limit:
             return text
+        if cut_before:
+            return _cut_around(text, limit, marker, sorted(cut_before))
         # The marker's length depends on n, the number of characters it replaces; keep shrinks
         # monotonically, so this settles within a few rounds.
         keep, note = limit, ""
@@ -172,6 +179,42 @@ class UnicodeText(Space[str]):
 @create_empty_array.register(UnicodeText)
 def _create_empty_unicode_text(space: UnicodeText, n: int = 1, fn: Any = np.zeros) -> tuple[str, ...]:
     return tuple(" " * space.min_length for _ in range(n))
+
+
+def _cut_around(text: str, limit: int, marker: str, earlier: list[tuple[int, int, int]]) -> str:
+    """``fit`` when ``text`` holds earlier cuts' markers: the middle goes, each marker whole or not at all."""
+    keep = limit - len(marker.format(n=len(text)))
+    for _ in range(8):
+        if keep <= 0:
+            break
+        start, end = (keep + 1) // 2, len(text) - (keep - (keep + 1) // 2)
+        widened = True
+        while widened:  # a marker the cut would split goes whole
+            widened = False
+            for s, e, _ in earlier:
+                if s < end and e > start and (s < start or e > end):
+                    start, end, widened = min(start, s), max(end, e), True
+        inside = [(s, e, c) for s, e, c in earlier if start <= s and e <= end]
+        n = end - start - sum(e - s for s, e, _ in inside) + sum(c for _, _, c in inside)
+        note = marker.format(n=n)
+        over = start + len(note) + len(text) - end - limit
+        if over <= 0:
+            return text[:start] + note + text[end:]
+        keep -= over
+    return text[:limit]
+
+
+NO_SHARED_MEMORY = (
+    "IdeGym's observations are text of any length (UnicodeText), which gymnasium's AsyncVectorEnv cannot keep in "
+    "its fixed-size shared memory: use vectorization_mode='vector_entry_point' (RayVectorEnv: sub-envs step "
+    "concurrently in Ray actors) or 'sync', or keep 'async' with shared_memory=False "
+    "(gym.make_vec(..., vector_kwargs={'shared_memory': False}))")
+
+
+# AsyncVectorEnv turns gymnasium's own error into a generic one; say why, and what to use instead.
+@create_shared_memory.register(UnicodeText)
+def _no_shared_memory(space: UnicodeText, n: int = 1, ctx: Any = None) -> Any:
+    raise ValueError(NO_SHARED_MEMORY)
 
 
 __all__ = ["UnicodeText", "DEFAULT_SAMPLE_CHARSET"]

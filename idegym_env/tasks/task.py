@@ -182,6 +182,10 @@ class Task(BaseModel):
     runs the checks on the pristine project plus only the agent's editable files, in a fresh
     sandbox, with ``grading`` files installed only then; ``grade_in_place`` grades the agent's
     own sandbox instead (Harbor's semantics: the task is the whole container's state).
+    ``files`` (project-relative path → text) are the task's own starting files, written into the
+    sandbox's project at every reset over the image's project, so that many tasks can share one
+    image (HumanEval's problems share the built-in image); grading counts them as part of the
+    pristine project, written from the task, never from the agent's sandbox.
     """
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -207,6 +211,7 @@ class Task(BaseModel):
     network: bool = False
     run_as_root: bool = False
     agent_timeout: float | None = Field(None, gt=0)
+    files: dict[str, str] = Field(default_factory=dict)
     actions: list[AnyToolCall] = Field(default_factory=list)
     solution: list[AnyToolCall] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -248,6 +253,11 @@ class Task(BaseModel):
         if value is not None and not value:
             raise ValueError("editable must name at least one glob (leave it out for every existing file)")
         return None if value is None else tuple(_relative(raw, "editable glob") for raw in value)
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, value: dict[str, str]) -> dict[str, str]:
+        return {_relative(raw, "starting file"): content for raw, content in value.items()}
 
     @model_validator(mode="after")
     def _consistent(self) -> Task:
@@ -369,13 +379,20 @@ class Task(BaseModel):
         return dest
 
     def content_hash(self) -> str:
-        """sha256 (hex) over the task's files: the task directory, or the project and the task's
-        data for a task built in code."""
+        """sha256 (hex) over the task's content: the task directory's files, or — for a task built
+        in code — its fields, the files of its project and of its environment's build context, and
+        its grading files. Where those lie on disk and ``metadata`` (descriptive: where a task
+        came from) do not count, so a set's hashes are the same in every checkout."""
         if self._root is not None:
             return hash_files(self._root).hexdigest()
-        digest = hashlib.sha256(self.model_dump_json(exclude={"project"}).encode())
+        exclude: dict[str, Any] = {"project": True, "metadata": True}
+        if self.environment is not None:
+            exclude["environment"] = {"context"}
+        digest = hashlib.sha256(self.model_dump_json(exclude=exclude).encode())
         if self.project is not None:
             hash_files(self.project, "project/", digest)
+        if self.environment is not None and self.environment.context is not None:
+            hash_files(Path(self.environment.context), "context/", digest)
         for kind, files in (("project", self._grading.project), ("hidden", self._grading.hidden)):
             for rel in sorted(files):
                 digest.update(f"grading/{kind}/{rel}\0{len(files[rel])}\0".encode() + files[rel])

@@ -6,6 +6,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import gymnasium as gym
 import numpy as np
@@ -266,15 +267,17 @@ class RayVectorEnv(gym.vector.VectorEnv):
 
     def control_planes(self) -> dict[str, dict[str, Any]]:
         """With ``placement="node"``: the running control planes by node id (``url``, ``pid``,
-        ``state_dir``; ``keeper_pid`` on nodes other than the driver's)."""
+        ``state_dir``; ``keeper_pid`` on nodes other than the driver's). The URLs carry no
+        credentials: this is for showing and logging."""
         self._check_open()
         out: dict[str, dict[str, Any]] = {}
         if self._registry is not None:
-            out.update(ray.get(self._registry.describe.remote()))
+            for node_id, plane in ray.get(self._registry.describe.remote()).items():
+                out[node_id] = {**plane, "url": _without_credentials(plane["url"])}
         if self._embedded and self._placement.local_node:
             local = embedded.acquire()
             try:
-                out[self._placement.local_node] = {"node_id": self._placement.local_node, "url": local.url,
+                out[self._placement.local_node] = {"node_id": self._placement.local_node, "url": local.address,
                                                    "pid": local.process.pid,
                                                    "state_dir": str(local.state_dir)}
             finally:
@@ -531,3 +534,8 @@ class RayVectorEnv(gym.vector.VectorEnv):
 
 
 __all__ = ["RayVectorEnv", "NEXT_STEP", "DEFAULT_ACTOR_OPTIONS"]
+
+
+def _without_credentials(url: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))

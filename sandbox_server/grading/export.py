@@ -14,14 +14,9 @@ import os
 import stat
 from pathlib import Path
 
-from ..errors import SandboxServerError
+from ..errors import PayloadTooLarge
 from . import paths
 from .models import ExportRequest, ExportResponse, FileEntry, Skipped
-
-
-class TooLarge(SandboxServerError):
-    status = 413
-    kind = "PayloadTooLarge"
 
 
 def walk(root: Path, limit: int) -> dict[str, os.stat_result]:
@@ -46,7 +41,7 @@ def walk(root: Path, limit: int) -> dict[str, os.stat_result]:
                 continue
             found[path] = st
             if len(found) > limit:
-                raise TooLarge(f"the project has more than {limit} files to consider for grading; remove "
+                raise PayloadTooLarge(f"the project has more than {limit} files to consider for grading; remove "
                                "what the task does not need (build output, downloads) and submit again")
     return found
 
@@ -76,13 +71,15 @@ def export(project: Path, pristine: Path | None, req: ExportRequest) -> ExportRe
     current = walk(project, req.max_files)
     original = walk(pristine, req.max_files) if pristine is not None else {}
     globs = tuple(req.editable or ())
+    # the pristine project's regular files, and the task's starting files (written at reset)
+    pristine_files = {p for p, st in original.items() if stat.S_ISREG(st.st_mode)} | set(req.starting)
 
     def editable(path: str) -> bool:
         if paths.under(path, req.protected) or paths.denied(path, globs):
             return False
         if globs:
             return paths.matches(path, globs)
-        return path in original and stat.S_ISREG(original[path].st_mode)
+        return path in pristine_files
 
     out = ExportResponse()
     for path in sorted(current):
@@ -96,7 +93,7 @@ def export(project: Path, pristine: Path | None, req: ExportRequest) -> ExportRe
         data = _read(project, path, req.max_bytes - out.total_bytes)
         if data is None:
             if st.st_size > req.max_bytes - out.total_bytes:
-                raise TooLarge(f"the editable files exceed {req.max_bytes} bytes (at {path}); remove large "
+                raise PayloadTooLarge(f"the editable files exceed {req.max_bytes} bytes (at {path}); remove large "
                                "files the task does not need and submit again")
             out.skipped.append(Skipped(path=path, reason="could not be read as a regular file"))
             continue
@@ -104,6 +101,5 @@ def export(project: Path, pristine: Path | None, req: ExportRequest) -> ExportRe
         out.files.append(FileEntry(path=path, content_base64=base64.b64encode(data).decode("ascii"),
                                    executable=bool(st.st_mode & stat.S_IXUSR)))
     exported = {f.path for f in out.files}
-    out.deleted = sorted(p for p, st in original.items() if stat.S_ISREG(st.st_mode) and editable(p)
-                         and p not in exported)
+    out.deleted = sorted(p for p in pristine_files if editable(p) and p not in exported)
     return out

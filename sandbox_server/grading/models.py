@@ -43,13 +43,21 @@ class FileEntry(_Strict):
 
 class ExportRequest(_Strict):
     """Which files of the project to send back: those matching ``editable`` (globs, ``**``
-    allowed) or, without globs, every file that the pristine project has outside ``protected``.
+    allowed) or, without globs, every file that the pristine project (with the task's
+    ``starting`` files) has outside ``protected``.
     Names that configure a harness rather than hold code under test are never exported."""
 
     editable: list[str] | None = None
     protected: list[str] = Field(default_factory=list)
+    starting: list[str] = Field(default_factory=list, description="files the task writes into the project at "
+                                                                  "reset: they count as files of the pristine project")
     max_files: int = Field(MAX_EXPORT_FILES, ge=1, le=MAX_EXPORT_FILES)
     max_bytes: int = Field(MAX_EXPORT_BYTES, ge=1, le=MAX_EXPORT_BYTES)
+
+    @field_validator("starting")
+    @classmethod
+    def _relative(cls, value: list[str]) -> list[str]:
+        return [relative_path(p) for p in value]
 
 
 class Skipped(_Strict):

@@ -475,7 +475,8 @@ class ApiServer:
                         await dst.send_bytes(msg.data)
                     else:
                         break
-            tasks = [asyncio.ensure_future(pump(downstream, upstream)), asyncio.ensure_future(pump(upstream, downstream))]
+            tasks = [asyncio.ensure_future(pump(downstream, upstream)),
+                     asyncio.ensure_future(pump(upstream, downstream))]
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for t in tasks:
                 t.cancel()

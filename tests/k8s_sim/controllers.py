@@ -173,7 +173,7 @@ class JobController(Reconciler):
         pods = [p for p in self.store.list("pods", namespace) if owner_uid(p, "Job") == uid]
         phases = [(p.get("status") or {}).get("phase") for p in pods]
         succeeded, failed = phases.count("Succeeded"), phases.count("Failed")
-        active = [p for p, ph in zip(pods, phases) if ph not in ("Succeeded", "Failed")
+        active = [p for p, ph in zip(pods, phases, strict=True) if ph not in ("Succeeded", "Failed")
                   and not p["metadata"].get("deletionTimestamp")]
         status.setdefault("startTime", now_rfc3339())
         now = now_rfc3339()
@@ -185,7 +185,8 @@ class JobController(Reconciler):
             self._ttl(job)
         elif failed > job["spec"].get("backoffLimit", 6):
             status["conditions"] = [
-                {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded", "lastTransitionTime": now},
+                {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded",
+                 "lastTransitionTime": now},
                 {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
                  "message": "Job has reached the specified backoff limit", "lastTransitionTime": now}]
             for pod in active:

@@ -523,7 +523,8 @@ class Kubelet:
         runtime = self.runtimes.get(meta["uid"])
         if event.type == "ADDED" and runtime is None:
             self.runtimes[meta["uid"]] = PodRuntime(self, event.obj)
-        elif event.type == "MODIFIED" and runtime is not None and meta.get("deletionTimestamp") or event.type == "DELETED" and runtime is not None:
+        elif runtime is not None and (event.type == "MODIFIED" and meta.get("deletionTimestamp")
+                                      or event.type == "DELETED"):
             runtime.deleting.set()
 
     def wake_pending(self) -> None:

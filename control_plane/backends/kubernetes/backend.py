@@ -267,7 +267,8 @@ class KubernetesBackend(Backend):
         gone = await informer.wait_for(lambda: True if not informer.pods(name) else None, self.config.delete_timeout)
         if gone is None:
             left = ", ".join(p["metadata"]["name"] for p in informer.pods(name))
-            raise BackendError(f"pods of {ns}/{name} still exist {self.config.delete_timeout:g}s after deletion: {left}")
+            raise BackendError(
+                f"pods of {ns}/{name} still exist {self.config.delete_timeout:g}s after deletion: {left}")
 
     async def delete(self, handle: SandboxHandle) -> None:
         ns = handle.data.get("namespace", self.config.namespace)
@@ -328,7 +329,8 @@ class KubernetesBackend(Backend):
                 data = await kube.call(fn, ns, label_selector=selector)
                 names.update(o["metadata"]["name"] for o in data.get("items") or [])
             data = await kube.call(self.core.list_namespaced_pod, ns, label_selector=selector)
-            names.update(p["metadata"]["labels"]["app"] for p in data.get("items") or [] if "app" in p["metadata"]["labels"])
+            names.update(p["metadata"]["labels"]["app"] for p in data.get("items") or []
+                         if "app" in p["metadata"]["labels"])
         return names
 
     async def delete_name(self, name: str) -> None:

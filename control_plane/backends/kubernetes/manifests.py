@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from sandbox_server import routes
+
 from ...appuser import APPUSER
 from ...models import K8S_NAME, ServerKind, StartServerRequest
 from ..base import SandboxSpec
@@ -194,7 +196,7 @@ def _env(spec: SandboxSpec, settings: ManifestSettings) -> list[dict[str, Any]]:
 
 
 def readiness_path(kind: ServerKind) -> str:
-    return "/health" if kind == ServerKind.OPENENV else "/api/health"
+    return "/health" if kind == ServerKind.OPENENV else routes.HEALTH.path
 
 
 def server_container(spec: SandboxSpec, req: StartServerRequest, settings: ManifestSettings) -> dict[str, Any]:

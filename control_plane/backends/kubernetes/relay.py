@@ -18,6 +18,8 @@ import aiohttp
 from aiohttp import web
 from kubernetes import client
 
+from ...errors import ApiError, Forbidden
+from ...http import error_response
 from ...websocket import splice
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
@@ -74,7 +76,7 @@ class ApiProxyRelay:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         match = PROXY_PATH.match(request.path)
         if match is None or match.group("ns") not in self.namespaces:
-            return web.json_response({"message": "only sandbox proxy paths are relayed"}, status=403)
+            return error_response(Forbidden("only sandbox proxy paths are relayed"))
         assert self._session is not None
         url = self.cfg.host.rstrip("/") + request.raw_path
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
@@ -96,7 +98,7 @@ class ApiProxyRelay:
                 await response.write_eof()
                 return response
         except aiohttp.ClientConnectionError as exc:
-            return web.json_response({"message": f"API server unreachable: {exc}"}, status=502)
+            return error_response(ApiError.for_status(502, f"API server unreachable: {exc}"))
 
     async def _websocket(self, request: web.Request, url: str, headers: dict[str, str]) -> web.StreamResponse:
         assert self._session is not None

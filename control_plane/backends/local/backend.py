@@ -18,8 +18,8 @@ One sandbox = one ``sandbox_server`` process (plus the tools it starts) inside b
 * **pid, ipc, uts, cgroup and network namespaces**; cgroup v1 limits (memory, pids — 1024 by
   default —, cpu), ``ephemeral-storage`` as a size-bounded tmpfs under the layers and ``/tmp``.
 * **network** only when the backend (``network=True``) or the image (``network: true``) allows
-  it, by sharing the host's network namespace. CAVEAT: such a sandbox can then reach every
-  service listening on the host's loopback and abstract Unix sockets; allow it for trusted images.
+  it, and then still in its own network namespace, through user-mode networking (slirp4netns,
+  ``usernet.py``): the outside is reachable, the host's loopback and other sandboxes are not.
 * **endpoint**: the server listens on ``/run/idegym/server.sock`` (a per-sandbox host directory);
   once it is ready the socket is hard-linked to ``<run root>/<name>.sock``, outside the sandbox's
   reach, so root inside cannot redirect the control plane to another sandbox's socket.
@@ -78,7 +78,7 @@ class LocalBackend(Backend):
 
     ``state_dir`` holds images, sandboxes, snapshots; ``isolation`` is ``auto`` (bubblewrap when
     it can work here, else ``none``), ``bwrap`` or ``none`` (plain child processes: NOT isolated);
-    ``network`` lets every sandbox use the host network (images can ask with ``network: true``);
+    ``network`` lets every sandbox reach the network (images can ask with ``network: true``);
     ``pids_max`` caps the processes of one sandbox even without a request; ``cgroup_parent`` is
     the group (in every v1 controller) the sandboxes' groups go under.
     """

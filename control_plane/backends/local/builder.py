@@ -55,7 +55,8 @@ class LocalImageBuilder(ImageBuilder):
         if self.oci.wants(definition):  # a Dockerfile, or a base that is an OCI image: buildah builds it
             try:
                 return await self.oci.build(definition, emit, self._fetch,
-                                            network=definition.network or backend.network,
+                                            network=definition.network or definition.build_network
+                                            or backend.network,
                                             timeout=self.command_timeout)
             except ImageError as exc:
                 raise BackendError(str(exc), 400) from exc
@@ -84,7 +85,7 @@ class LocalImageBuilder(ImageBuilder):
             export = work / "export"
             export.mkdir(mode=0o700)
             env = {**base.env, **definition.env}
-            network = definition.network or backend.network
+            network = definition.network or definition.build_network or backend.network
             emit(f"starting a build sandbox from {base_tag} (network {'on' if network else 'off'})")
             handle = await launcher.launch(backend.builds, name, base, run_as_root=True, network=network,
                                            limits=Limits(), env=env, timeout=self.start_timeout,
@@ -198,9 +199,10 @@ def _fetch_project(project: dict[str, Any], work: Path) -> Path:
         clone = work / "clone"
         env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
         ref = str(project.get("ref") or "HEAD")
-        steps = [["git", "clone", "--quiet", str(project["git"]), str(clone)]]
+        # `--`: positionals are never options (the parser refuses a URL or ref starting with '-')
+        steps = [["git", "clone", "--quiet", "--", str(project["git"]), str(clone)]]
         if ref != "HEAD":
-            steps.append(["git", "-C", str(clone), "checkout", "--quiet", ref])
+            steps.append(["git", "-C", str(clone), "checkout", "--quiet", ref, "--"])
         for argv in steps:
             proc = subprocess.run(argv, capture_output=True, env=env, timeout=1800)
             if proc.returncode != 0:

@@ -20,7 +20,7 @@ from sandbox_server import procfs
 
 from ...appuser import APPUSER
 from ..base import BackendError
-from . import mounts
+from . import mounts, usernet
 from .images import HOSTNAME
 from .layout import MEMORY_EVENTS_INSIDE, RUN_INSIDE, SOCKET_NAME, Plan
 from .rootfs import mount_root
@@ -41,8 +41,8 @@ class BwrapHost:
 
 
 def argv(plan: Plan, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry, *, ready_fd: int, info_fd: int,
-         block_fd: int, memory_cgroup: str | None) -> list[str]:
-    """bwrap's command line for ``plan``."""
+         block_fd: int, memory_cgroup: str | None, resolv_fd: int | None = None) -> list[str]:
+    """bwrap's command line for ``plan``; ``resolv_fd`` (a networked sandbox) holds its resolv.conf."""
     storage = plan.limits.storage_bytes
     tmp_size = min(storage, host.tmp_bytes) if storage else host.tmp_bytes
     shm_size = min(tmp_size, host.shm_bytes)
@@ -55,10 +55,9 @@ def argv(plan: Plan, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry, *
     if memory_cgroup:
         args += ["--memory-events", MEMORY_EVENTS_INSIDE]  # bash results say when the OOM killer struck
     args = kind.server_args(args, f"{RUN_INSIDE}/oe")
+    # Always a network namespace of its own; with network, user-mode networking (usernet.py) gives it a way out.
     out = ["bwrap", "--unshare-user", "--userns-block-fd", str(block_fd), "--info-fd", str(info_fd),
-           "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-    if not plan.network:
-        out.append("--unshare-net")
+           "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--unshare-net"]
     # Root in the sandbox is uid 0 of the host's kernel for file ownership: the global sysctls
     # (/proc/sys: core_pattern runs a program as host root) must be read-only. The server's
     # root tools cannot unmount this (they have no CAP_SYS_ADMIN).
@@ -68,6 +67,8 @@ def argv(plan: Plan, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry, *
             "--perms", "1777", "--size", str(tmp_size), "--tmpfs", "/tmp",
             "--perms", "1777", "--size", str(shm_size), "--tmpfs", "/dev/shm",
             "--new-session", "--chdir", "/", "--clearenv"]
+    if resolv_fd is not None:
+        out += ["--perms", "0644", "--ro-bind-data", str(resolv_fd), "/etc/resolv.conf"]
     env = dict(runtime.server_env)
     if kind.image_env:
         env.update(plan.env)
@@ -81,11 +82,16 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
     """Start bwrap for ``plan``; records ``monitor`` (bwrap) and ``init`` (the namespace's first
     process) in ``data`` and hands bwrap's Popen to ``track``. Returns the fd the server reports
     ready on."""
+    slirp = usernet.require() if plan.network else None
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe()
     ready_r, ready_w = os.pipe()
+    # A networked sandbox: slirp4netns ends once nobody holds exit_w (bwrap and the namespace do).
+    exit_r, exit_w = os.pipe() if slirp else (-1, -1)
+    resolv = usernet.resolv_conf_fd() if slirp else None
+    inherited = (info_w, block_r, ready_w, *((exit_w, resolv) if slirp else ()))
     command = argv(plan, host, runtime, kind, ready_fd=ready_w, info_fd=info_w, block_fd=block_r,
-                   memory_cgroup=memory_cgroup)
+                   memory_cgroup=memory_cgroup, resolv_fd=resolv)
     logf = open(plan.log, "ab")
     try:
         own_ns = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
@@ -94,7 +100,7 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
             try:
                 mount_root(plan, state_dir=host.state_dir, links=host.usr_links, binds=runtime.binds,
                            memory_cgroup=memory_cgroup)
-                popen = subprocess.Popen(command, pass_fds=(info_w, block_r, ready_w), stdin=subprocess.DEVNULL,
+                popen = subprocess.Popen(command, pass_fds=inherited, stdin=subprocess.DEVNULL,
                                          stdout=logf, stderr=logf, start_new_session=True, cwd="/",
                                          env={"PATH": os.environ.get("PATH", os.defpath)})
             finally:
@@ -102,28 +108,33 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
         finally:
             os.close(own_ns)
     except BaseException:
-        for fd in (info_r, block_w, ready_r):
+        for fd in (info_r, block_w, ready_r, *((exit_r,) if slirp else ())):
             os.close(fd)
+        logf.close()
         raise
     finally:
-        logf.close()
-        for fd in (info_w, block_r, ready_w):
+        for fd in inherited:
             os.close(fd)
-    track(popen)
-    data["monitor"] = procfs.record(popen.pid)
     try:
+        track(popen)
+        data["monitor"] = procfs.record(popen.pid)
         child = int(_read_info(info_r)["child-pid"])
         data["init"] = procfs.record(child)
         for map_file in ("uid_map", "gid_map"):
             with open(f"/proc/{child}/{map_file}", "w") as fh:
                 fh.write(ID_MAP)
         os.write(block_w, b"1")
+        if slirp:  # once bwrap has set up the namespace's loopback (it fails if lo is up already)
+            usernet.start(slirp, data["init"], exit_r, data, logf, track)
     except BaseException:
         os.close(ready_r)
         raise
     finally:
         os.close(info_r)
         os.close(block_w)
+        logf.close()
+        if slirp:
+            os.close(exit_r)
     return ready_r
 
 

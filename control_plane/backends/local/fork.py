@@ -54,7 +54,7 @@ def check_parent(backend: LocalBackend, parent: SandboxHandle) -> ResolvedImage:
 
 async def fork(backend: LocalBackend, parent: SandboxHandle, children: list[ForkChild],
                timeout: float) -> list[SandboxHandle]:
-    launcher = backend.require_started()
+    backend.require_started()
     loop = asyncio.get_running_loop()
     warm = [c.warm for c in children if c.warm is not None]
     try:

@@ -40,8 +40,8 @@ from typing import Any
 from sandbox_server import procfs
 
 from ..base import BackendError
-from .cgroups import Cgroups
 from . import images
+from .cgroups import Cgroups
 from .images import ALL_TREES
 from .layer_copy import CopyError, copy_tree, is_empty
 

@@ -183,7 +183,8 @@ def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tup
         for tree in TREES:
             overlay(tree, f"{r}/{tree}")
     all_binds = [(host, inside, True) for host, inside in binds]
-    all_binds += [(str(p), fork_inside(i), True) for i, p in enumerate(plan.forks.project_levels() if plan.forks else [])]
+    fork_levels = plan.forks.project_levels() if plan.forks else []
+    all_binds += [(str(p), fork_inside(i), True) for i, p in enumerate(fork_levels)]
     all_binds += [(plan.project_lower, f"{INSIDE}/image/project", True),
                   (str(plan.layers / "project"), f"{INSIDE}/layer", False),
                   (str(plan.run), RUN_INSIDE, False)]

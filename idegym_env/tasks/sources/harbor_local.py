@@ -26,7 +26,8 @@ def _bwrap(root: Path, workdir: str, command: str, env: dict[str, str], timeout:
             args += ["--ro-bind", path, path]
     for name in ("app", "logs", "tmp", "hidden", "home"):
         (root / name).mkdir(exist_ok=True)
-    args += ["--bind", str(root / "tmp"), "/tmp", "--bind", str(root / "logs"), "/logs", "--bind", str(root / "hidden"), "/hidden",
+    args += ["--bind", str(root / "tmp"), "/tmp", "--bind", str(root / "logs"), "/logs",
+             "--bind", str(root / "hidden"), "/hidden",
              "--bind", str(root / "home"), "/home/appuser"]
     args += ["--bind", str(root / "app"), workdir, "--chdir", workdir, "--clearenv"]
     full_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/home/appuser", "LANG": "C.UTF-8",

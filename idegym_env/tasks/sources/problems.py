@@ -1,11 +1,12 @@
 """Function-completion problem sets (HumanEval, and MBPP-like sets) as tasks: ``humaneval``.
 
-A :class:`CodeProblem` is a prompt, an entry point, test code and a reference solution. Its task:
-the project holds ``solution.py`` with the prompt; the agent completes the function there (only
-that file is graded); at grading a hidden unittest module runs on the judge — the problem's test
-code runs in the trusted grader, the agent's ``solution.py`` in a subject process of its own,
-reached only through calls that return plain data — and the reward is 1.0 iff it passes. The
-oracle writes ``prompt + reference``.
+A :class:`CodeProblem` is a prompt, an entry point, test code and a reference solution. Its
+task runs on the built-in image (every problem of a set shares it: no image per problem), whose
+project gets ``solution.py`` with the prompt at reset (``Task.files``); the agent completes the
+function there (only that file is graded); at grading a hidden unittest module runs on the
+judge — the problem's test code runs in the trusted grader, the agent's ``solution.py`` in a
+subject process of its own, reached only through calls that return plain data — and the reward
+is 1.0 iff it passes. The oracle writes ``prompt + reference``.
 
 Test code is either HumanEval's (``def check(candidate): ...``, called with the entry point) or
 MBPP's (``assert`` statements that name the function: the entry point's name is bound to the
@@ -19,7 +20,6 @@ Another set is a few lines: read its rows into ``CodeProblem``\\ s and give them
 from __future__ import annotations
 
 import re
-import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ...client import BUILTIN_IMAGE
 from ..task import GradingFiles, Task, TaskError
 
 SOLUTION_FILE = "solution.py"
@@ -95,34 +96,21 @@ def task_slug(set_name: str, task_id: str) -> str:
 
 
 class ProblemSet:
-    """Problems as tasks; each task's project (``solution.py`` with the prompt) is written once
-    into a directory under the cache and reused."""
+    """Problems as tasks. Every task runs on the built-in image; its ``solution.py`` (the prompt)
+    is a starting file written into the sandbox's project at reset."""
 
     def __init__(self, name: str, problems: Iterable[CodeProblem], *, language: str = "python",
-                 cache: Path | None = None) -> None:
+                 image: str = BUILTIN_IMAGE) -> None:
         self.name = name
         self.language = language
+        self.image = image
         self.problems = {p.task_id: p for p in problems}
         if not self.problems:
             raise TaskError(f"problem set {name!r} is empty")
-        self._cache = cache
 
     @property
     def ids(self) -> list[str]:
         return list(self.problems)
-
-    def _project(self, problem: CodeProblem) -> Path:
-        from .repos import cache_root
-
-        base = (self._cache or cache_root()) / "problems" / task_slug(self.name, problem.task_id)
-        target = base / SOLUTION_FILE
-        data = problem.prompt.encode()
-        if not target.is_file() or target.read_bytes() != data:
-            base.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=base, delete=False) as handle:
-                handle.write(data)
-            Path(handle.name).replace(target)
-        return base
 
     def task(self, task_id: str) -> Task:
         try:
@@ -135,7 +123,8 @@ class ProblemSet:
             "title": f"{problem.task_id}: complete {problem.entry_point}",
             "language": self.language,
             "instruction": INSTRUCTION.format(entry_point=problem.entry_point, prompt=problem.prompt.strip("\n")),
-            "project": self._project(problem),
+            "image": self.image,
+            "files": {SOLUTION_FILE: problem.prompt},
             "test": {"script": f'$IDEGYM_JUDGE "$IDEGYM_HIDDEN/{TEST_FILE}"', "harness": "judge",
                      "timeout": 120},
             "reward": "all_tests_pass",
@@ -164,8 +153,10 @@ def run_locally(task: Task, *, oracle: bool, timeout: float = 120) -> tuple[floa
 
     with tempfile.TemporaryDirectory(prefix="problem-") as tmp:
         project, hidden = Path(tmp) / "project", Path(tmp) / "hidden"
-        assert task.project is not None
-        shutil.copytree(task.project, project)
+        project.mkdir()
+        for rel, text in task.files.items():
+            (project / rel).parent.mkdir(parents=True, exist_ok=True)
+            (project / rel).write_text(text)
         hidden.mkdir()
         if oracle:
             for call in task.solution:
@@ -188,8 +179,9 @@ def humaneval_problems() -> list[CodeProblem]:
             for row in read_problems().values()]
 
 
-def humaneval(cache: Path | None = None) -> ProblemSet:
-    return ProblemSet("humaneval", humaneval_problems(), cache=cache)
+def humaneval() -> ProblemSet:
+    return ProblemSet("humaneval", humaneval_problems())
 
 
-__all__ = ["CodeProblem", "ProblemSet", "humaneval", "humaneval_problems", "run_locally", "task_slug", "SOLUTION_FILE", "TEST_FILE"]
+__all__ = ["CodeProblem", "ProblemSet", "humaneval", "humaneval_problems", "run_locally", "task_slug",
+           "SOLUTION_FILE", "TEST_FILE"]

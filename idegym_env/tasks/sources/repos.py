@@ -28,9 +28,9 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import Iterator
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 

@@ -81,7 +81,7 @@ def _write(path, cases):
                     case.remove(child)
                 ET.SubElement(case, outcome, message=message[:200]).text = message
             continue
-        case = ET.SubElement(suite, "testcase", classname=classname, name=name, time="%.3f" % seconds)
+        case = ET.SubElement(suite, "testcase", classname=classname, name=name, time=f"{seconds:.3f}")
         seen[key] = case
         if outcome != "passed":
             ET.SubElement(case, outcome, message=message[:200]).text = message
@@ -104,7 +104,7 @@ def main(argv=None):
         suite.run(result)
     _write(args.junit, result.cases)
     bad = [c for c in result.cases if c[2] in ("failure", "error")]
-    print("%d passed, %d failed" % (sum(c[2] == "passed" for c in result.cases), len(bad)))
+    print(f"{sum(c[2] == 'passed' for c in result.cases)} passed, {len(bad)} failed")
     return 1 if bad or not result.cases else 0
 
 

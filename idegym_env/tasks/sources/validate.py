@@ -208,6 +208,8 @@ def _describe(task: Task) -> str:
         parts.append(f"image: {task.image}")
     if task.project is not None:
         parts.append(f"project: {task.project}")
+    if task.files:
+        parts.append(f"starting files (written at reset): {sorted(task.files)[:10]}")
     for name, script in task.stages():
         parts.append(f"{name} stage ({getattr(script, 'harness', 'in-process')}, user {script.user}, "
                      f"timeout {script.timeout:g} s): {script.script[:300]}{' …' if len(script.script) > 300 else ''}")

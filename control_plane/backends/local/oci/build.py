@@ -3,7 +3,8 @@
 The bases the Dockerfile names are provided first (Debian/Python bases from the shared cache,
 images of this store, or pulled through the operator's registry mirror), then ``buildah bud
 --isolation chroot --layers --pull=never`` runs without network unless the definition allows
-it (an unchanged Dockerfile and context rebuild from buildah's layer cache). The result enters
+it (``network`` or the build-only ``build_network``; an unchanged Dockerfile and context rebuild
+from buildah's layer cache). The result enters
 the local image store as an OCI image (see ``rootfs``); its id is the image's, so importing the
 same image again is free.
 """
@@ -47,6 +48,7 @@ class OciBuilder:
         self.buildah = Buildah(images_dir / "buildah", self.settings, additional=(self.cache.store_home,))
         self.work_root = images_dir / "oci-work"
         self._lock = asyncio.Lock()  # one bud at a time: leftovers of a failed one are removed safely
+        self._tags: dict[str, asyncio.Lock] = {}  # concurrent jobs of one tag: the first builds it
 
     # -- what goes through buildah ----------------------------------------------------------
 
@@ -63,6 +65,14 @@ class OciBuilder:
 
     async def build(self, definition: ImageDefinition, emit: Emit, fetch_project: FetchProject, *,
                     network: bool, timeout: float = 3600.0) -> str:
+        async with self._tags.setdefault(definition.tag, asyncio.Lock()):
+            if not definition.raw.get("rebuild") and self.store.exists(definition.tag):
+                emit(f"{definition.tag} was built meanwhile by another job")  # many envs of one task set
+                return definition.tag
+            return await self._build(definition, emit, fetch_project, network=network, timeout=timeout)
+
+    async def _build(self, definition: ImageDefinition, emit: Emit, fetch_project: FetchProject, *,
+                     network: bool, timeout: float) -> str:
         reason = available()
         if reason:
             raise OciError(f"cannot build OCI images here: {reason}", 500)
@@ -184,7 +194,10 @@ class OciBuilder:
                 mapping: list[dict[str, Any]]) -> str:
         info = self.buildah.inspect(image_id)
         project_dir = project_dir_of(definition, info.config)
-        salt = hashlib.sha256(f"{ADAPT_VERSION}\0{project_dir}".encode()).hexdigest()[:6]
+        # The store entry carries the sandboxes' network flag: the same image with and without it
+        # (a task that may use the network and one that may not) are two entries.
+        recipe = f"{ADAPT_VERSION}\0{project_dir}" + ("\0network" if definition.network else "")
+        salt = hashlib.sha256(recipe.encode()).hexdigest()[:6]
         ident = f"oci-{image_id[:32]}-{salt}"
         env = _env_dict(info.config.get("Env") or [])
         env.update(definition.env)
