@@ -8,7 +8,8 @@ import sys
 import time
 
 BENCHMARKS = ["bash_roundtrip", "tool_call", "lifecycle", "env_step", "vector_throughput", "vector_cluster",
-              "code_runner", "scale", "soak", "images", "task_sources", "integrations", "fork"]
+              "code_runner", "scale", "soak", "images", "task_sources", "integrations",
+              "neighbours", "fork"]
 
 
 def main() -> None:

@@ -84,7 +84,7 @@ from .models import (
     StopServerRequest,
 )
 from .service import ControlPlane
-from .startup import lifecycle_context, make_backend
+from .startup import Shutdown, lifecycle_context, make_backend
 from .store import SQLiteStore
 from .watcher import Watcher
 
@@ -98,6 +98,7 @@ METRICS = web.AppKey("metrics", Metrics)
 OPENAPI = web.AppKey("openapi", dict)
 RUNNER = web.AppKey("runner", CodeRunnerPool)
 FORWARDS = web.AppKey("forwards", Forwards)
+SHUTDOWN = web.AppKey("shutdown", Shutdown)
 
 SANDBOX_HEADER = "X-IdeGym-Forwarded"
 OPERATION_HEADER = "X-IdeGym-Operation-Id"
@@ -460,12 +461,16 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     builder = builder_for(backend)
     images = ImageJobs(cp, builder, getattr(builder, "parse_yaml", None) or parse_build_yaml)
     meter = Metrics()
+    shutdown = Shutdown()
     middlewares = [error_middleware("control plane", meter.observe, config.max_body_bytes)]
     credentials = required_credentials(config)
     if credentials is not None:
         hint = (f"user {TOKEN_USER!r} and the token in {token_path(config.state_dir)} as password"
                 if config.auth is None else "the credentials given to --auth")
-        middlewares.insert(1, auth_middleware(credentials, hint))
+        middlewares.append(auth_middleware(credentials, hint))
+    # after auth (an unauthenticated caller learns nothing), before the body budget (a call
+    # waiting for its reservation is cut off too)
+    middlewares.append(shutdown.middleware())
     budget = BodyBudget(config.body_budget_bytes or COPIES * config.max_body_bytes, config.body_wait)
     middlewares.append(body_budget_middleware(budget, config.max_body_bytes))
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
@@ -477,7 +482,8 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     app[RUNNER] = CodeRunnerPool(cp, config.runner_image, config.runner_concurrency)
     app[FORWARDS] = Forwards(cp, meter)
     app[OPENAPI] = build_openapi(ROUTES, title="IdeGym control plane", version=__version__)
-    app.cleanup_ctx.append(lifecycle_context(cp, watcher, images))
+    app[SHUTDOWN] = shutdown
+    app.cleanup_ctx.append(lifecycle_context(cp, watcher, images, shutdown))
     for route in ROUTES:
         app.router.add_route(route.method, route.path, route.handler)
     for method in FORWARD_METHODS:

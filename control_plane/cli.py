@@ -19,6 +19,7 @@ from sandbox_server.http import run_loop, setup_logging
 
 from .auth import TOKEN_USER, token_path
 from .config import ControlPlaneConfig, WatcherConfig
+from .quantities import memory_bytes
 
 T = TypeVar("T")
 
@@ -44,6 +45,16 @@ def _default(name: str, value: T, parse: Callable[[str], T]) -> T:
     if parse is bool:
         parse = _flag  # type: ignore[assignment] # bool("0") is True
     return value if raw in (None, "") else parse(raw)
+
+
+def _bytes(text: str) -> int:
+    """``8Gi``, ``512Mi``, ``1000000``: a size as Kubernetes writes quantities."""
+    if text.strip() == "0":
+        return 0
+    try:
+        return memory_bytes(text.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 8Gi, 512Mi, 1000000): {exc}") from None
 
 
 def _flag(text: str) -> bool:
@@ -121,6 +132,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="local backend: bubblewrap sandboxes (auto uses them when available)")
     parser.add_argument("--network", action="store_true", default=_default("NETWORK", cfg.network, bool),
                         help="local backend: give sandboxes network access (off by default)")
+    parser.add_argument("--sandbox-storage", type=_bytes,
+                        default=_default("SANDBOX_STORAGE", cfg.sandbox_storage, _bytes),
+                        metavar="BYTES", help="local backend: what a sandbox may write when its request sets no "
+                        f"ephemeral-storage, e.g. 8Gi; 0: unbounded [$IDEGYM_CONTROL_PLANE_SANDBOX_STORAGE, default "
+                        f"{cfg.sandbox_storage >> 30}Gi]")
+    parser.add_argument("--sandbox-inodes", type=int, default=_default("SANDBOX_INODES", cfg.sandbox_inodes, int),
+                        metavar="N", help="local backend: files and directories a sandbox may make; 0: unbounded "
+                        f"[$IDEGYM_CONTROL_PLANE_SANDBOX_INODES, default {cfg.sandbox_inodes}]")
+    parser.add_argument("--orphan-ttl", type=float, default=_default("ORPHAN_TTL", cfg.orphan_ttl, float),
+                        metavar="SECONDS", help="local backend: every sandbox holds a lease this control plane "
+                        "renews; one not renewed for this long (the control plane died and did not come back) "
+                        "ends itself, processes, mounts and cgroups [$IDEGYM_CONTROL_PLANE_ORPHAN_TTL, default "
+                        f"{cfg.orphan_ttl:g}]")
     parser.add_argument("--image-registry", default=os.environ.get("IDEGYM_IMAGE_REGISTRY") or None,
                         metavar="HOST[:PORT][/PREFIX]",
                         help="local backend: a registry mirror OCI builds may pull bases other than Debian/Python "
@@ -208,6 +232,7 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
         no_auth=args.auth == "none", build_roots=build_roots, header_timeout=args.header_timeout,
         body_budget_bytes=args.body_budget,
         backend=args.backend, isolation=args.isolation, network=args.network, warm_pool=args.warm_pool,
+        sandbox_storage=args.sandbox_storage, sandbox_inodes=args.sandbox_inodes, orphan_ttl=args.orphan_ttl,
         image_registry=args.image_registry, image_cache=args.image_cache,
         warm_pool_max=args.warm_pool_max, pool_images=list(args.pool_image), max_servers=args.max_servers,
         ephemeral=args.ephemeral,
@@ -230,12 +255,13 @@ async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
 
 async def serve(config: ControlPlaneConfig, ready_fd: int | None = None, parent_pid: int | None = None,
                 remove_state: bool = False) -> None:
-    from .app import create_app
+    from .app import SHUTDOWN, create_app
 
     app = create_app(config)
     # aiohttp's keep-alive timer runs from the connection's start and from each answer until the next
     # request's head is complete: it is the header timeout.
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=config.header_timeout)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0,
+                           keepalive_timeout=config.header_timeout)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
     await site.start()
@@ -261,6 +287,7 @@ async def serve(config: ControlPlaneConfig, ready_fd: int | None = None, parent_
         loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.ensure_future(_watch_parent(parent_pid, stop)) if parent_pid else None
     await stop.wait()
+    app[SHUTDOWN].begin()  # calls in flight answer 503 now
     if watcher is not None:
         watcher.cancel()
     await runner.cleanup()

@@ -6,6 +6,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .backends.local.lease import DEFAULT_ORPHAN_TTL
+from .backends.local.storage import DEFAULT_STORAGE_BYTES, DEFAULT_STORAGE_INODES
+
 
 def default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
@@ -34,6 +37,9 @@ class ControlPlaneConfig:
     backend: str = "local"  # local | kubernetes
     isolation: str = "auto"  # local backend: auto | bwrap | none
     network: bool = False  # local backend: sandboxes get the host network unless their image says otherwise
+    sandbox_storage: int = DEFAULT_STORAGE_BYTES  # local backend: bound of a sandbox's writes without ephemeral-storage
+    sandbox_inodes: int = DEFAULT_STORAGE_INODES  # local backend: bound of the files a sandbox makes (0: none)
+    orphan_ttl: float = DEFAULT_ORPHAN_TTL  # local backend: a sandbox whose lease is this stale ends itself
     image_registry: str | None = None  # local backend: a registry mirror buildah may pull other bases from
     image_cache: Path | None = None  # local backend: the shared cache of OCI bases (default ~/.cache/idegym/images)
     warm_pool: int = 2  # spare sandboxes kept ready per image in use (upper bound learned from demand)

@@ -153,6 +153,13 @@ class StopClientResponse(Response):
 # -- server requests and responses (§5.6–§5.16) ---------------------------------------------------
 
 
+def resources_key(resources: KubernetesResources | dict | None) -> str | None:
+    """Limits and requests in one comparable spelling (a stored request's, or a new one's)."""
+    if resources is None:
+        return None
+    return KubernetesResources.model_validate(resources).model_dump_json(exclude_none=True)
+
+
 class StartServerRequest(Request):
     client_id: UUID
     namespace: str = "idegym"
@@ -229,8 +236,10 @@ class StartServerRequest(Request):
         return value
 
     def reuse_key(self) -> tuple:
-        """What a FINISHED server must match (with the client name) to be reused."""
-        return (self.image_tag, self.runtime_class_name, self.run_as_root, self.server_kind.value, self.server_name)
+        """What a FINISHED server must match (with the client name) to be reused: a server started
+        with other limits is not the sandbox this request asks for."""
+        return (self.image_tag, self.runtime_class_name, self.run_as_root, self.server_kind.value, self.server_name,
+                resources_key(self.resources))
 
 
 class StartServerResponse(Response):

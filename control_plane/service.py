@@ -12,8 +12,9 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import replace
+from typing import Any
 
 from . import lifecycle
 from .backends.base import Backend, BackendError, Endpoint, SandboxHandle, SandboxSpec
@@ -448,13 +449,32 @@ class ControlPlane:
 
     # -- shutdown -------------------------------------------------------------------------------
 
-    async def close(self) -> None:
-        await self.ops.shutdown()
-        await self.pool.close(delete_members=True)
+    async def close(self, budget: float = 30.0) -> None:
+        """Stop within ``budget`` seconds: operations get a short grace, the warm pool is deleted,
+        live servers are deleted (``ephemeral``) or kept for the next start on this state."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget
+
+        def left(share: float = 1.0) -> float:
+            return max((deadline - loop.time()) * share, 0.05)
+
+        await self.ops.shutdown(grace=min(2.0, left(0.25)))
+        await _within("deleting the warm pool", self.pool.close(delete_members=True), left(0.5))
+        live = self.store.servers(availability=lifecycle.LIVE)
         if self.config.ephemeral:
-            live = self.store.servers(availability=lifecycle.LIVE)
-            await asyncio.gather(*(self.stop(s, A.STOPPED, "control plane shut down") for s in live),
-                                 return_exceptions=True)
+            await _within("deleting live servers", asyncio.gather(
+                *(self.stop(s, A.STOPPED, "control plane shut down") for s in live), return_exceptions=True),
+                left(0.8))
+        elif live:
+            log.warning("control plane stopped: kept %d live server(s) for the next start on %s", len(live),
+                        self.config.state_dir)
         if self._background:
-            await asyncio.wait(set(self._background), timeout=30)
+            await asyncio.wait(set(self._background), timeout=left())
         await self.forwarder.close()
+
+
+async def _within(what: str, work: Awaitable[Any], seconds: float) -> None:
+    try:
+        await asyncio.wait_for(work, seconds)
+    except TimeoutError:
+        log.warning("shutdown: %s did not finish within %.1f s", what, seconds)

@@ -20,7 +20,7 @@ from uuid import UUID
 
 from . import lifecycle
 from .errors import Unavailable
-from .models import AsyncOperationStatus, AsyncOperationType, AvailabilityStatus
+from .models import AsyncOperationStatus, AsyncOperationType, AvailabilityStatus, resources_key
 from .records import (  # noqa: F401 - the store's row types, imported from here
     SCHEMA,
     ClientRow,
@@ -238,15 +238,17 @@ class SQLiteStore:
     def claim_finished(self, client_id: str, client_name: str, key: tuple) -> ServerRow | None:
         """Atomically take the newest FINISHED server matching ``key`` for ``client_id``: → REUSED
         (``lifecycle.CLAIM``)."""
-        image_tag, runtime, root, kind, server_name = key
+        image_tag, runtime, root, kind, server_name, resources = key
         source, target = lifecycle.CLAIM
         with self.tx() as db:
-            row = db.execute(
-                "SELECT id FROM servers WHERE availability=? AND client_name=? AND image_tag=? "
+            rows = db.execute(
+                "SELECT id, request FROM servers WHERE availability=? AND client_name=? AND image_tag=? "
                 "AND runtime_class_name IS ? AND run_as_root=? AND server_kind=? AND server_name=? "
-                "ORDER BY last_activity_at DESC, id DESC LIMIT 1",
+                "ORDER BY last_activity_at DESC, id DESC",
                 (source.value, client_name, image_tag, runtime, int(root), kind, server_name),
-            ).fetchone()
+            ).fetchall()
+            row = next((r for r in rows if resources_key(json.loads(r["request"]).get("resources")) == resources),
+                       None)
             if row is None:
                 return None
             cur = db.execute(

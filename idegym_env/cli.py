@@ -44,6 +44,13 @@ def main(argv: list[str] | None = None) -> None:
                                            formatter_class=argparse.RawDescriptionHelpFormatter)
     add_openenv_arguments(openenv_serve)
 
+    sandboxes = sub.add_parser("sandboxes", help="list or end the local sandboxes on this host",
+                               description="The local backend's sandboxes on this host: list them, or end "
+                                           "them (prune) when their control plane is gone.")
+    from control_plane.sandboxes_cli import add_arguments as add_sandboxes_arguments
+
+    add_sandboxes_arguments(sandboxes)
+
     mcp = sub.add_parser("mcp", help="serve IdeGym episodes as MCP tools (stdio or streamable HTTP)",
                          description="IdeGym episodes for MCP clients (pip install 'idegym[mcp]').")
     mcp_sub = mcp.add_subparsers(dest="mcp_command", required=True, metavar="COMMAND")
@@ -94,6 +101,10 @@ def main(argv: list[str] | None = None) -> None:
         from .openenv.server import run_serve as run_openenv
 
         sys.exit(run_openenv(args))
+    elif args.command == "sandboxes":
+        from control_plane.sandboxes_cli import run as run_sandboxes
+
+        sys.exit(run_sandboxes(args))
     elif args.command == "mcp":
         from .integrations.mcp import run_serve as run_mcp
 

@@ -29,6 +29,7 @@ from .grading.models import ExportRequest, GradeRequest
 from .http import parse_model
 from .judge import judge_env
 from .junit import find_reports, fresh_reports, parse_reports
+from .memory_events import MemoryEvents
 from .models import (
     BashCommandRequest,
     BashCommandResponse,
@@ -57,9 +58,10 @@ from .models import (
     UploadFileChunkResponse,
 )
 from .openapi import Route, build_openapi
-from .process import MemoryEvents, ProcessResult, Supervisor, UserSpec
+from .process import ProcessResult, Supervisor, UserSpec
 from .project import CopyProject, OverlayProject, Project, prepare_pristine
 from .runner import CodeRunner
+from .tool_cgroups import ToolCgroups
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -442,7 +444,8 @@ def create_app(config: ServerConfig) -> web.App:
     user = UserSpec.lookup(config.tool_user) if config.tool_user else UserSpec.current()
     base_env = config.tool_environment()
     base_env.update(judge_env(base_env.get("PATH", "")))
-    supervisor = Supervisor(MemoryEvents(config.memory_events))
+    groups = ToolCgroups(config.tool_cgroups) if config.tool_cgroups else None
+    supervisor = Supervisor(MemoryEvents(config.memory_events), groups)
     roots = config.file_roots or [config.project]
     state = SandboxState(
         config=config,

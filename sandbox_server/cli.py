@@ -52,6 +52,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the sandbox's cgroup memory.oom_control (v1) or memory.events (v2) file: bash results "
                              "then say when the OOM killer struck [$IDEGYM_MEMORY_EVENTS; default: "
                              "/sys/fs/cgroup/memory.events when present]")
+    parser.add_argument("--tool-cgroups", type=Path, default=env("IDEGYM_TOOL_CGROUPS") or None,
+                        help="directory holding the tools' delegated cgroup v1 groups, one per controller "
+                             "(<dir>/memory, <dir>/pids…): every tool starts in them, and stages run in child "
+                             "groups that are emptied when they end [$IDEGYM_TOOL_CGROUPS]")
     parser.add_argument("--log-json", action="store_true", default=bool(env("IDEGYM_LOG_JSON")),
                         help="one JSON object per log line [$IDEGYM_LOG_JSON]")
     parser.add_argument("--log-level", default=env("IDEGYM_LOG_LEVEL", "WARNING"),
@@ -84,6 +88,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         log_json=args.log_json,
         ready_fd=args.ready_fd,
         memory_events=args.memory_events,
+        tool_cgroups=args.tool_cgroups,
     )
 
 

@@ -40,6 +40,7 @@ class ServerConfig:
     log_json: bool = False
     ready_fd: int | None = None
     memory_events: Path | None = None  # the sandbox's memory.oom_control / memory.events (OOM reporting)
+    tool_cgroups: Path | None = None  # the tools' delegated cgroups, <dir>/<controller> (tool_cgroups.py)
 
     def tool_environment(self) -> dict[str, str]:
         """The base environment of every tool process: no variable of the server's own."""

@@ -14,15 +14,20 @@ CAP_SYS_ADMIN or CAP_SYS_PTRACE: the server drops them from its bounding set at 
 them for itself), so tools cannot undo the sandbox's read-only mounts or take over the server.
 (No ``preexec_fn``: it would cost every call a few milliseconds.) Tools are the OOM killer's first
 choice (oom_score_adj), and when the sandbox's memory cgroup counts an OOM kill during a
-command, its result says so.
+command, its result says so. With delegated tool cgroups (``tool_cgroups.py``) every tool is
+started from a spawner thread that lives in the tools' groups, and ``Supervisor.stage`` runs a
+stage in child groups it empties at the end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import ctypes
 import errno
 import fcntl
+import functools
 import logging
 import os
 import pwd
@@ -30,12 +35,15 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from . import procfs
+from .memory_events import MemoryEvents
 from .output import BoundedOutput
 from .polling import until
+from .tool_cgroups import ToolCgroups
+from .trees import freeze_trees, marked_processes, pipe_holders, signal_group_and_holders
 
 log = logging.getLogger(__name__)
 
@@ -102,33 +110,6 @@ def drop_tool_capabilities() -> bool:
         if _libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1 and _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             return False
     return True
-
-
-class MemoryEvents:
-    """The sandbox's OOM-kill counter: ``oom_kill`` of a cgroup v1 ``memory.oom_control`` or a v2
-    ``memory.events`` file (the local backend binds its sandbox's file in; a pod sees its own v2
-    file, which the root of a host's hierarchy does not have, so no host-wide count is taken)."""
-
-    DEFAULT_PATHS = ("/sys/fs/cgroup/memory.events",)
-
-    def __init__(self, path: str | os.PathLike | None = None) -> None:
-        candidates = [str(path)] if path else list(self.DEFAULT_PATHS)
-        self.path = next((p for p in candidates if self._read(p) is not None), None)
-
-    @staticmethod
-    def _read(path: str) -> int | None:
-        try:
-            with open(path, "rb") as fh:
-                for line in fh.read().splitlines():
-                    key, _, value = line.partition(b" ")
-                    if key == b"oom_kill":
-                        return int(value)
-        except (OSError, ValueError):
-            return None
-        return None
-
-    def count(self) -> int | None:
-        return None if self.path is None else self._read(self.path)
 
 
 class _Job:
@@ -216,8 +197,11 @@ class _Job:
 class Supervisor:
     """Spawns the server's child processes and reaps orphans re-parented to it."""
 
-    def __init__(self, memory_events: MemoryEvents | None = None) -> None:
+    def __init__(self, memory_events: MemoryEvents | None = None, tool_cgroups: ToolCgroups | None = None) -> None:
         self._tracked: set[int] = set()
+        self.tool_cgroups = tool_cgroups if tool_cgroups is not None and tool_cgroups.available else None
+        # Tools are started from this thread, which lives in the tools' cgroups (tool_cgroups.py).
+        self._spawner: concurrent.futures.ThreadPoolExecutor | None = None
         self._drainers = 0
         self._reaper: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -240,11 +224,48 @@ class Supervisor:
             self.root_tools_confined = drop_tool_capabilities()
             if not self.root_tools_confined:
                 log.warning("cannot drop CAP_SYS_ADMIN/CAP_SYS_PTRACE from the bounding set: tools are refused root")
+        if self.tool_cgroups is not None:
+            self._spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="idegym-spawner")
+            # Queued first: no tool starts before the spawner is in the tools' groups.
+            self._spawner.submit(self._join_tool_groups, None)
         self._schedule_reaper()
+
+    def _join_tool_groups(self, stage: str | None) -> None:
+        assert self.tool_cgroups is not None
+        try:
+            self.tool_cgroups.join(stage)
+        except OSError as exc:
+            log.error("cannot move the tool spawner into the tools' cgroups %s: %s", self.tool_cgroups.root, exc)
+            raise
 
     def stop(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
+        if self._spawner is not None:
+            self._spawner.shutdown(wait=True)
+
+    @contextlib.asynccontextmanager
+    async def stage(self, name: str) -> AsyncIterator[None]:
+        """Run a stage (e.g. one grading step) in fresh cgroups: every tool started inside the
+        block is born in the stage's child groups, and when the block ends every process in them
+        (``setsid`` daemons included) is killed and the groups are removed. Stages do not nest;
+        tools started concurrently by other requests land in the stage too. Raises ``RuntimeError``
+        without delegated tool cgroups; a survivor (stuck in the kernel) is named in a
+        ``RuntimeError`` after the block."""
+        groups, spawner = self.tool_cgroups, self._spawner
+        if groups is None or spawner is None:
+            raise RuntimeError("stages need the tools' cgroups (--tool-cgroups), which this sandbox has not")
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, groups.create, name)
+        await loop.run_in_executor(spawner, self._join_tool_groups, name)
+        try:
+            yield
+        finally:
+            await loop.run_in_executor(spawner, self._join_tool_groups, None)
+            left = await loop.run_in_executor(None, groups.empty, name)
+            await loop.run_in_executor(None, groups.remove, name)
+        if left:
+            raise RuntimeError(f"stage {name!r}: processes {left} did not end")
 
     def _schedule_reaper(self) -> None:
         assert self._loop is not None
@@ -299,17 +320,9 @@ class Supervisor:
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         in_r, in_w = os.pipe2(os.O_CLOEXEC) if stdin else (subprocess.DEVNULL, None)
         try:
-            proc = subprocess.Popen(
-                list(argv),
-                cwd=cwd,
-                env=dict(env),
-                stdin=in_r,
-                stdout=out_w,
-                stderr=err_w,
-                start_new_session=True,
-                close_fds=True,
-                **kwargs,
-            )
+            proc = await self._spawn(functools.partial(
+                subprocess.Popen, list(argv), cwd=cwd, env=dict(env), stdin=in_r, stdout=out_w, stderr=err_w,
+                start_new_session=True, close_fds=True, **kwargs))
         except BaseException as exc:
             for fd in (out_r, err_r, in_w):
                 if fd is not None:
@@ -347,6 +360,24 @@ class Supervisor:
         oom = ooms is not None and (self.memory_events.count() or 0) > ooms
         return ProcessResult(code, out, err, job.timed_out, time.monotonic() - started, oom)
 
+    async def _spawn(self, popen: Callable[[], subprocess.Popen]) -> subprocess.Popen:
+        """Start a tool: on the spawner thread when there are tool cgroups. The start is never
+        abandoned half-way (the caller closes the fds it passed once this returns)."""
+        if self._spawner is None:
+            return popen()
+        future = asyncio.get_running_loop().run_in_executor(self._spawner, popen)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            while not future.done():
+                try:
+                    await asyncio.wait([future])
+                except asyncio.CancelledError:
+                    continue
+            if not future.cancelled() and future.exception() is None:
+                procfs.kill(future.result().pid, signal.SIGKILL)
+            raise
+
     async def _terminate(self, job: _Job, grace: float) -> None:
         # The command's tree, taken before any signal: once its top process is gone, what it
         # double-forked is re-parented to the server and can no longer be told apart.
@@ -356,7 +387,7 @@ class Supervisor:
         for pid in holders:
             family.update(procfs.descendants(pid, tree))
         family |= holders
-        _signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGTERM)
+        signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGTERM)
         for pid in family:
             procfs.kill(pid, signal.SIGTERM)
 
@@ -365,8 +396,8 @@ class Supervisor:
 
         if not await until(settled, grace, first=0.001, cap=0.01):
             roots = {p for p in family if procfs.alive(p)} | ({job.pid} if job.exit_code is None else set())
-            frozen = _freeze_trees(roots, include_roots=True)
-            _signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGKILL)
+            frozen = freeze_trees(roots, include_roots=True)
+            signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGKILL)
             for pid in frozen:
                 procfs.kill(pid, signal.SIGKILL)
             await until(settled, 0.3, first=0.005, cap=0.005)
@@ -404,7 +435,7 @@ class Supervisor:
         await until(lambda: not any(procfs.alive(p) for p in victims), grace, first=0.001)
         # Stop everything still there (and what it forks meanwhile), then kill it all: a fork
         # bomb or a daemon that respawns on SIGTERM cannot outrun one scan-and-kill pass.
-        survivors = _freeze_trees({os.getpid()}, include_roots=False)
+        survivors = freeze_trees({os.getpid()}, include_roots=False)
         for pid in survivors:
             procfs.kill(pid, signal.SIGKILL)
         await until(lambda: not any(procfs.alive(p) for p in survivors), 2.0, first=0.005, cap=0.005)
@@ -468,69 +499,3 @@ async def _feed_stdin(loop: asyncio.AbstractEventLoop, fd: int, data: bytes) -> 
         pass
     finally:
         os.close(fd)
-
-
-def _freeze_trees(roots: set[int], include_roots: bool, rounds: int = 200) -> set[int]:
-    """SIGSTOP every live descendant of ``roots`` (and the roots themselves if asked), looking
-    again until a scan finds nothing new; returns the stopped processes. A stopped process
-    cannot fork, exit or re-parent its children, so the set stops growing."""
-    me = os.getpid()
-    frozen: set[int] = set()
-    for _ in range(rounds):
-        children = procfs.process_tree()
-        found = {p for p in roots if p != me and procfs.alive(p)} if include_roots else set()
-        stack = list(roots | frozen)
-        while stack:
-            for child in children.get(stack.pop(), ()):
-                if child not in found and child != me:
-                    found.add(child)
-                    stack.append(child)
-        new = found - frozen
-        if not new:
-            break
-        for pid in new:
-            procfs.kill(pid, signal.SIGSTOP)
-        frozen |= new
-    return frozen
-
-
-def _signal_group_and_holders(pgid: int, pipe_ids: set[int], sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for pid in pipe_holders(pipe_ids):
-        procfs.kill(pid, sig)
-
-
-def marked_processes(mark: bytes) -> set[int]:
-    """Descendants of this server whose environment holds ``mark`` (one command's processes,
-    including those that left its process tree)."""
-    found = set()
-    for pid in procfs.descendants(os.getpid()):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                if mark in fh.read().split(b"\0"):
-                    found.add(pid)
-        except OSError:
-            continue
-    return found
-
-
-def pipe_holders(pipe_inodes: set[int]) -> list[int]:
-    """Processes (other than us) holding one of the given pipes open."""
-    targets = {f"pipe:[{ino}]" for ino in pipe_inodes}
-    found = []
-    for pid in procfs.other_pids():
-        try:
-            for fd in os.scandir(f"/proc/{pid}/fd"):
-                try:
-                    if os.readlink(fd.path) in targets:
-                        found.append(pid)
-                        break
-                except OSError:
-                    continue
-        except OSError as exc:
-            if exc.errno not in (errno.ENOENT, errno.EACCES, errno.ESRCH, errno.EPERM):
-                raise
-    return found

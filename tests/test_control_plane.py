@@ -241,6 +241,14 @@ def test_reuse_matches_on_all_fields(cp: ControlPlaneProcess) -> None:
     assert cp.start_server(second, server_name="beta")["server_id"] != sid  # server name differs
     assert cp.start_server(second, server_name="alpha", run_as_root=True)["server_id"] != sid  # root differs
     assert cp.start_server(second, server_name="alpha")["server_id"] == sid
+    # Limits are part of the sandbox: a server started with others is not the one asked for.
+    limited = {"limits": {"memory": "128Mi"}}
+    small = cp.start_server(second, reuse_strategy="NONE", server_name="gamma", resources=limited)["server_id"]
+    cp.http.post("/api/idegym-servers/finish", json={"client_id": second, "server_id": small})
+    assert cp.start_server(second, server_name="gamma")["server_id"] != small  # unlimited asked
+    assert cp.start_server(second, server_name="gamma",
+                           resources={"limits": {"memory": "256Mi"}})["server_id"] != small
+    assert cp.start_server(second, server_name="gamma", resources=limited)["server_id"] == small
 
 
 def test_two_clients_racing_for_one_finished_server(cp: ControlPlaneProcess) -> None:

@@ -162,7 +162,14 @@ def test_stop_client_leaves_no_process_or_mount(cp_local: ControlPlaneProcess) -
     assert not [m for m in _mounts_under(cp.state_dir) if any(n in m for n in names)]
     leftover = _sandbox_processes(cp.state_dir) - before
     pool = {p for p in leftover if _is_pool_member(p)}
-    assert not leftover - pool, leftover - pool
+    assert not leftover - pool, {pid: _cmdline(pid) for pid in leftover - pool}
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()[:300]
+    except OSError:
+        return b"(gone)"
 
 
 def _is_pool_member(pid: int) -> bool:
@@ -171,7 +178,8 @@ def _is_pool_member(pid: int) -> bool:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True
-    return b"sandbox_server" in cmd or b"bwrap" in cmd
+    # (a pool sandbox's lease monitor names the pool sandbox's directory)
+    return b"sandbox_server" in cmd or b"bwrap" in cmd or (b"idegym-lease" in cmd and b"/sandboxes/pool-" in cmd)
 
 
 def test_orphaned_sandboxes_are_swept(cp_local: ControlPlaneProcess) -> None:

@@ -207,7 +207,7 @@ def test_state_disk_full(small_state: Path) -> None:
     ROLLBACK failed and hid the error: 500 "cannot rollback - no transaction is active" (seen
     before the fix, and again with it reverted in a scratch copy).
     """
-    cp = ControlPlaneProcess(small_state, ["--warm-pool", "0", "--ephemeral"])
+    cp = ControlPlaneProcess(small_state, ["--warm-pool", "0", "--ephemeral", "--sandbox-storage", "0"])
     try:
         client = cp.register("full")
         sid = cp.start_server(client)["server_id"]

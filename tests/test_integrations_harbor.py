@@ -79,6 +79,7 @@ def trial_results(jobs: Path) -> list[dict]:
 
 
 @pytest.mark.heavy
+@pytest.mark.slow  # every shipped task's oracle (2 minutes); the untouched trials below run in `make test`
 def test_harbor_runs_the_shipped_tasks_oracle_trials_in_parallel_on_the_embedded_control_plane(
         tmp_path: Path) -> None:
     jobs = tmp_path / "jobs"

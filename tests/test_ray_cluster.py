@@ -196,6 +196,7 @@ def test_losing_a_node_mid_episode_ends_only_its_sub_env_which_comes_back_elsewh
     assert not os.path.exists(doomed["state_dir"])
 
 
+@pytest.mark.slow
 def test_eval_reruns_the_episodes_of_a_lost_node(cluster: SimulatedCluster, vec: Any, seen: Seen,
                                                  tmp_path: Path) -> None:
     from idegym_env.eval import evaluate

@@ -345,8 +345,18 @@ def episode(env: IdeGymEnv, commands: list[str]) -> tuple[float, dict]:
     return float(reward), info
 
 
+# `make test` runs the suite against the Python tasks (the harness, import and collection exploits
+# bite there first); `make test-slow` against every bundled task, compiled languages included.
+FAST_TASKS = {"python-lru-cache", "python-roman-numerals"}
+
+
+def by_speed(task_ids: list[str]) -> list:
+    return [task_id if task_id in FAST_TASKS else pytest.param(task_id, marks=pytest.mark.slow)
+            for task_id in task_ids]
+
+
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("task_id", sorted(TASKS))
+@pytest.mark.parametrize("task_id", by_speed(sorted(TASKS)))
 def test_no_exploit_scores_more_than_the_untouched_task(task_id: str, control_plane: EmbeddedControlPlane) -> None:
     env = IdeGymEnv(task_id, control_plane_url=control_plane.url, max_steps=50)
     try:
@@ -364,6 +374,19 @@ def test_no_exploit_scores_more_than_the_untouched_task(task_id: str, control_pl
     assert not gained, f"exploits that scored more than the untouched {untouched}: {gained}"
     assert not infra, infra
     assert len(EXPLOITS) >= 12
+
+
+def test_a_planted_annotation_processor_does_not_run_in_the_compile_check(
+        control_plane: EmbeddedControlPlane) -> None:
+    """The Java reproduction of the issue, in `make test` (the whole Java matrix is `slow`)."""
+    env = IdeGymEnv("java-fraction", control_plane_url=control_plane.url, max_steps=50)
+    try:
+        untouched, _ = episode(env, [])
+        reward, info = episode(env, java_annotation_processor(env.task))
+    finally:
+        env.close()
+    assert 0.0 < untouched < 1.0 and reward <= untouched, (untouched, reward, info.get("checks"))
+    assert "infrastructure_error" not in info, info["infrastructure_error"]
 
 
 def test_a_stage_leaves_nothing_running_for_the_next(control_plane: EmbeddedControlPlane) -> None:
@@ -394,7 +417,7 @@ def test_a_stage_leaves_nothing_running_for_the_next(control_plane: EmbeddedCont
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("task_id", sorted(TASKS))
+@pytest.mark.parametrize("task_id", by_speed(sorted(TASKS)))
 def test_gold_solutions_grade_the_same_ten_times(task_id: str, control_plane: EmbeddedControlPlane) -> None:
     env = IdeGymEnv(task_id, control_plane_url=control_plane.url)
     try:

@@ -27,6 +27,7 @@ if not (os.geteuid() == 0 and shutil.which("bwrap")):  # pragma: no cover
     pytest.skip("the soak runs real sandboxes (needs root and bubblewrap)", allow_module_level=True)
 
 
+@pytest.mark.slow  # benchmarks/soak.py measures the long version
 def test_short_soak(tmp_path: Path) -> None:
     report = soak(tmp_path / "cp", sandboxes=10, calls=4000, progress=False, window=1000)
     assert report.problems() == [], report.problems()

@@ -785,7 +785,9 @@ def task_servers(
             server.stop()
 
 
-@pytest.mark.parametrize("task_id", [t.id for t in bundled_tasks()])
+# The compiled-language tasks take a minute here: `slow` (their episodes run in test_env and test_eval).
+@pytest.mark.parametrize("task_id", [t.id if t.language not in ("java", "cpp") else
+                                     pytest.param(t.id, marks=pytest.mark.slow) for t in bundled_tasks()])
 def test_bundled_task_end_to_end(task_id: str, task_servers: dict[str, tuple[Task, SandboxProcess]]) -> None:
     task, server = task_servers[task_id]
     reward = task.reward_function()

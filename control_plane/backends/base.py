@@ -168,13 +168,13 @@ class Backend(abc.ABC):
 
     name: str = "abstract"
 
-    async def start(self) -> None:
+    async def start(self) -> None:  # noqa: B027 - optional hook: most backends need nothing here
         """Prepare (directories, clients). Called once before any other method."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook
         """Release the backend's own resources. Sandboxes stay: they outlive the control plane."""
 
-    async def settle(self) -> None:
+    async def settle(self) -> None:  # noqa: B027 - optional hook
         """Wait until no create is in flight (each ends made or undone); called at shutdown."""
 
     @abc.abstractmethod
@@ -216,7 +216,7 @@ class Backend(abc.ABC):
     async def snapshot_exists(self, snapshot_id: str) -> bool:
         return False
 
-    async def delete_snapshot(self, snapshot_id: str) -> None:
+    async def delete_snapshot(self, snapshot_id: str) -> None:  # noqa: B027 - optional hook
         """Remove one snapshot (no-op when it does not exist)."""
 
     def supports_snapshots(self) -> bool:

@@ -3,8 +3,10 @@
 Called on a fresh sandbox of the task's image (``idegym_env.grading``), so no process and no
 file of the agent is there but the editable files it sends. Per stage:
 
-* every process the stage leaves (``setsid`` daemons included: the server is the sandbox's
-  subreaper) is ended before the next stage starts and before any report is read;
+* every tool of the stage starts in fresh child cgroups of the tools' (``Supervisor.stage``), and
+  every process the stage leaves (``setsid`` daemons included: the server is the sandbox's
+  subreaper) is ended before the next stage starts and before any report is read: its
+  descendants get SIGTERM and the stage's grace, then its groups are frozen, killed and removed;
 * the environment is pinned (``judge.subject.PINNED_ENV``), ``HOME`` and ``TMPDIR`` are fresh;
 * reports are read from ``$IDEGYM_REPORT_DIR``, a directory made for the stage — only root can
   write it when the stage runs as root (the judge tier, whose code under test runs as the tool
@@ -164,6 +166,14 @@ class Grading:
             self.hidden = self._dir("idegym-hidden-", None, 0o700)
             _write_hidden(self.hidden, self.req.hidden)
 
+    def _stage_group(self, name: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """The stage's own cgroups (emptied at its end, whatever left the server's process tree);
+        without delegated tool cgroups (no root, no cgroup v1) only the descendant kill remains."""
+        supervisor = self.state.supervisor
+        if supervisor.tool_cgroups is None:
+            return contextlib.nullcontext()
+        return supervisor.stage(name)
+
     def _stage_env(self, stage: GradeStage, user: UserSpec, home: str, report_dir: str) -> dict[str, str]:
         env = dict(self.state.base_env)
         env.update({k: v for k, v in PINNED_ENV.items() if k != "PATH"})
@@ -191,13 +201,22 @@ class Grading:
         before = {}
         if stage.report_glob:
             before = await loop.run_in_executor(None, find_reports, state.config.project, stage.report_glob)
-        result = await state.supervisor.run(
-            [state.bash, "-c", stage.script], cwd=str(state.config.project), env=self._stage_env(stage, user, home,
-                                                                                             report_dir),
-            user=user, timeout=min(stage.timeout, state.config.max_timeout), grace=stage.graceful_termination_timeout,
-            max_output=STAGE_OUTPUT)
-        # Nothing of the stage may run on while its results are read, or into the next stage.
-        self.response.killed_processes += await state.supervisor.kill_descendants(stage.graceful_termination_timeout)
+        result: ProcessResult | None = None
+        try:
+            async with self._stage_group(stage.name):
+                result = await state.supervisor.run(
+                    [state.bash, "-c", stage.script], cwd=str(state.config.project),
+                    env=self._stage_env(stage, user, home, report_dir), user=user,
+                    timeout=min(stage.timeout, state.config.max_timeout), grace=stage.graceful_termination_timeout,
+                    max_output=STAGE_OUTPUT)
+                # Nothing of the stage may run on while its results are read, or into the next stage:
+                # its descendants get SIGTERM and the grace, then the stage's groups are emptied.
+                self.response.killed_processes += await state.supervisor.kill_descendants(
+                    stage.graceful_termination_timeout)
+        except RuntimeError as exc:
+            if result is None:
+                raise
+            self.response.errors.append(str(exc))  # a process of the stage survived its group's emptying
         ok = result.exit_code == 0 and not result.timed_out
         if stage.name != "tests":
             check = CheckResult(status=Status.SUCCESS if ok else Status.FAILURE,

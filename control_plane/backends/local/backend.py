@@ -57,14 +57,16 @@ from ..base import (
     SnapshotInfo,
 )
 from . import fork, inventory, teardown
-from .cgroups import Cgroups
+from .cgroups import DEFAULT_SERVER_MEMORY_RESERVE, Cgroups
 from .images import BUILTIN_IMAGE, ImageError, ImageStore, ResolvedImage
 from .isolation import ISOLATIONS, choose_isolation, say_once
-from .launcher import BACKEND_NAME, Launcher
-from .layout import Space, pick_run_root, state_key, tail
+from .launcher import BACKEND_NAME, DEFAULT_DELETE_TIMEOUT, Launcher
+from .layout import Space, pick_run_root, register_state, state_key, tail
+from .lease import DEFAULT_ORPHAN_TTL, Lease
 from .oci.settings import OciSettings
 from .runtime import Runtime, detect
 from .snapshots import Snapshots
+from .storage import DEFAULT_STORAGE_BYTES, DEFAULT_STORAGE_INODES, LayerStorage
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +82,12 @@ class LocalBackend(Backend):
     it can work here, else ``none``), ``bwrap`` or ``none`` (plain child processes: NOT isolated);
     ``network`` lets every sandbox reach the network (images can ask with ``network: true``);
     ``pids_max`` caps the processes of one sandbox even without a request; ``cgroup_parent`` is
-    the group (in every v1 controller) the sandboxes' groups go under.
+    the group (in every v1 controller) the sandboxes' groups go under; ``server_memory_reserve``
+    is the memory the tools can never take from their sandbox server (cgroups.py); a delete that
+    takes longer than ``delete_timeout`` seconds fails (and goes on in the background);
+    ``storage_bytes`` and ``storage_inodes`` bound a sandbox's writes when its request does not
+    (``ephemeral-storage``), 0 or None for no bound (storage.py); a sandbox whose lease this
+    backend has not renewed for ``orphan_ttl`` seconds ends itself (lease.py; None: never).
     """
 
     name = BACKEND_NAME
@@ -88,6 +95,9 @@ class LocalBackend(Backend):
     def __init__(self, state_dir: str | os.PathLike, *, isolation: str = "auto", network: bool = False,
                  pids_max: int | None = DEFAULT_PIDS_MAX, cgroup_parent: str = "idegym",
                  tmp_bytes: int = DEFAULT_TMP_BYTES, shm_bytes: int = DEFAULT_SHM_BYTES,
+                 server_memory_reserve: int = DEFAULT_SERVER_MEMORY_RESERVE,
+                 delete_timeout: float = DEFAULT_DELETE_TIMEOUT, storage_bytes: int | None = DEFAULT_STORAGE_BYTES,
+                 storage_inodes: int | None = DEFAULT_STORAGE_INODES, orphan_ttl: float | None = DEFAULT_ORPHAN_TTL,
                  oci: OciSettings | None = None) -> None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation!r}")
@@ -101,6 +111,11 @@ class LocalBackend(Backend):
         self._pids_max = pids_max
         self.tmp_bytes = tmp_bytes
         self.shm_bytes = shm_bytes
+        self.server_memory_reserve = server_memory_reserve
+        self.delete_timeout = delete_timeout
+        self.storage_bytes = storage_bytes or None
+        self.storage_inodes = storage_inodes or None
+        self.lease = Lease(self.state_dir, orphan_ttl) if orphan_ttl else None
         self.store = ImageStore(self.state_dir / "images")
         self.oci_settings = oci or OciSettings.from_env()  # OCI builds: the bases' cache, a registry mirror
         self.snapshots = Snapshots(self.state_dir / "snapshots")
@@ -140,8 +155,9 @@ class LocalBackend(Backend):
         # other than root must not reach them.
         os.chmod(self.state_dir, 0o700)
         self.isolation = choose_isolation(self.requested_isolation)
+        key = state_key(self.state_dir)
         self.store.ensure()
-        cg = Cgroups(self._cgroup_parent)
+        cg = Cgroups(self._cgroup_parent, self.server_memory_reserve)
         if not cg.available:
             say_once("cgroups", logging.WARNING,
                      "local backend: cgroups unavailable (%s); sandboxes run WITHOUT memory, pid and cpu limits",
@@ -149,8 +165,22 @@ class LocalBackend(Backend):
         self.sandboxes = Space("sandboxes", self.state_dir / "sandboxes", cg, self.state_dir, self._run_root)
         self.builds = Space("builds", self.state_dir / "builds" / "sandboxes", Cgroups(self._cgroup_parent + "-build"),
                             self.state_dir, self._run_root)
+        storage = None
+        if self.isolation == "bwrap" and (self.storage_bytes or self.storage_inodes):
+            reason = LayerStorage.unavailable()
+            if reason is None:
+                storage = LayerStorage(self.state_dir)
+            else:
+                say_once("storage", logging.WARNING, "local backend: sandbox storage is NOT bounded by default (%s); "
+                         "a sandbox can fill this host's disk", reason)
         self.launcher = Launcher(state_dir=self.state_dir, isolation=self.isolation, runtime=detect(self.state_dir),
-                                 pids_max=self.pids_max, tmp_bytes=self.tmp_bytes, shm_bytes=self.shm_bytes)
+                                 pids_max=self.pids_max, tmp_bytes=self.tmp_bytes, shm_bytes=self.shm_bytes,
+                                 delete_timeout=self.delete_timeout, storage=storage,
+                                 storage_bytes=self.storage_bytes if storage else None,
+                                 storage_inodes=self.storage_inodes if storage else None, lease=self.lease)
+        if self.lease is not None:
+            self.lease.start()
+        register_state(self.state_dir, key)
         self._sweep_fork_layers()
 
     def require_started(self) -> Launcher:
@@ -168,6 +198,8 @@ class LocalBackend(Backend):
             return
         await self.launcher.close()
         self.launcher = None
+        if self.lease is not None:
+            self.lease.stop()  # what is left lives on until the lease lapses (or a next run renews it)
         for space in (self.sandboxes, self.builds):
             if space is not None:
                 teardown.tidy(space)

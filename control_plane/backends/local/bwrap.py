@@ -22,7 +22,7 @@ from ...appuser import APPUSER
 from ..base import BackendError
 from . import mounts, usernet
 from .images import HOSTNAME
-from .layout import MEMORY_EVENTS_INSIDE, RUN_INSIDE, SOCKET_NAME, Plan
+from .layout import MEMORY_EVENTS_INSIDE, RUN_INSIDE, SOCKET_NAME, TOOL_CGROUPS_INSIDE, Plan
 from .rootfs import mount_root
 from .runtime import INSIDE, Runtime
 from .server_kinds import ServerKindEntry, sandbox_server_args
@@ -40,20 +40,26 @@ class BwrapHost:
     shm_bytes: int
 
 
-def argv(plan: Plan, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry, *, ready_fd: int, info_fd: int,
-         block_fd: int, memory_cgroup: str | None, resolv_fd: int | None = None) -> list[str]:
-    """bwrap's command line for ``plan``; ``resolv_fd`` (a networked sandbox) holds its resolv.conf."""
+def tmp_size(plan: Plan, host: BwrapHost) -> int:
+    """``/tmp`` (RAM): the backend's size, or less when the sandbox asked for less storage."""
     storage = plan.limits.storage_bytes
-    tmp_size = min(storage, host.tmp_bytes) if storage else host.tmp_bytes
-    shm_size = min(tmp_size, host.shm_bytes)
+    return min(storage, host.tmp_bytes) if storage else host.tmp_bytes
+
+
+def argv(plan: Plan, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry, *, ready_fd: int, info_fd: int,
+         block_fd: int, tool_cgroups: dict[str, str], resolv_fd: int | None = None) -> list[str]:
+    """bwrap's command line for ``plan``; ``resolv_fd`` (a networked sandbox) holds its resolv.conf."""
+    shm_size = min(tmp_size(plan, host), host.shm_bytes)
     args = sandbox_server_args(plan, runtime.tool_env, plan.image.project_dir, ready_fd,
                                f"{RUN_INSIDE}/{SOCKET_NAME}")
     args += ["--overlay-lower", f"{INSIDE}/image/project", "--overlay-layer", f"{INSIDE}/layer"]
     if not plan.run_as_root:
         # tools run as appuser, and a request's `user` can never make them root
         args += ["--tool-user", APPUSER.name, "--no-root-tools"]
-    if memory_cgroup:
+    if "memory" in tool_cgroups:
         args += ["--memory-events", MEMORY_EVENTS_INSIDE]  # bash results say when the OOM killer struck
+    if tool_cgroups:
+        args += ["--tool-cgroups", TOOL_CGROUPS_INSIDE]
     args = kind.server_args(args, f"{RUN_INSIDE}/oe")
     # Always a network namespace of its own; with network, user-mode networking (usernet.py) gives it a way out.
     out = ["bwrap", "--unshare-user", "--userns-block-fd", str(block_fd), "--info-fd", str(info_fd),
@@ -64,7 +70,6 @@ def argv(plan: Plan, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry, *
     out += ["--hostname", HOSTNAME, "--bind", str(plan.sb / "root"), "/", "--proc", "/proc",
             "--ro-bind", "/proc/sys", "/proc/sys", "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger",
             "--dev", "/dev",
-            "--perms", "1777", "--size", str(tmp_size), "--tmpfs", "/tmp",
             "--perms", "1777", "--size", str(shm_size), "--tmpfs", "/dev/shm",
             "--new-session", "--chdir", "/", "--clearenv"]
     if resolv_fd is not None:
@@ -78,7 +83,7 @@ def argv(plan: Plan, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry, *
 
 
 def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, kind: ServerKindEntry,
-          memory_cgroup: str | None, track: Callable[[subprocess.Popen], None]) -> int:
+          tool_cgroups: dict[str, str], track: Callable[[subprocess.Popen], None]) -> int:
     """Start bwrap for ``plan``; records ``monitor`` (bwrap) and ``init`` (the namespace's first
     process) in ``data`` and hands bwrap's Popen to ``track``. Returns the fd the server reports
     ready on."""
@@ -91,15 +96,23 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
     resolv = usernet.resolv_conf_fd() if slirp else None
     inherited = (info_w, block_r, ready_w, *((exit_w, resolv) if slirp else ()))
     command = argv(plan, host, runtime, kind, ready_fd=ready_w, info_fd=info_w, block_fd=block_r,
-                   memory_cgroup=memory_cgroup, resolv_fd=resolv)
+                   tool_cgroups=tool_cgroups, resolv_fd=resolv)
     logf = open(plan.log, "ab")
     try:
         own_ns = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         try:
             mounts.unshare_mount_namespace()
             try:
+                # bwrap's monitor lives on in this private copy of the host's mounts: without this,
+                # it would hold every other sandbox's layers (and their disk space) until it ends.
+                for point in mounts.other_sandboxes_mounts(plan.layers):
+                    try:
+                        mounts.umount(point, detach=True)
+                    except OSError:
+                        pass
                 mount_root(plan, state_dir=host.state_dir, links=host.usr_links, binds=runtime.binds,
-                           memory_cgroup=memory_cgroup)
+                           tool_cgroups=tool_cgroups, tmp_bytes=tmp_size(plan, host),
+                           skeletons=tuple(runtime.skeletons))
                 popen = subprocess.Popen(command, pass_fds=inherited, stdin=subprocess.DEVNULL,
                                          stdout=logf, stderr=logf, start_new_session=True, cwd="/",
                                          env={"PATH": os.environ.get("PATH", os.defpath)})

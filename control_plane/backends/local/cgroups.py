@@ -1,10 +1,22 @@
 """Resource limits through cgroup v1 (memory, pids, cpu) and the freezer.
 
-Each sandbox gets ``<controller mount>/<parent>/<sandbox name>`` in every controller the host
-mounts; ``parent`` is derived from the backend's state directory so that two backends never
-share groups and an orphan sweep finds exactly its own. The sandbox's init and server are moved
-in while the server imports (each move costs an RCU grace period, ~3 ms per controller), before
-it can start any tool, so everything the tools start inherits the groups.
+Each sandbox gets a small tree in every controller the host mounts, under a parent derived from
+the backend's state directory (two backends never share groups; an orphan sweep finds exactly
+its own)::
+
+    <parent>/<name>                    the sandbox: its memory, pids and cpu limits, its CPU weight
+    <parent>/<name>/server             the namespace's init and the sandbox server
+    <parent>/<name>/tools              every tool: the sandbox's memory minus the server's reserve,
+                                       its pids minus a few for the server
+    <parent>/<name>/tools/delegated    bound into the sandbox (``/run/idegym-cgroup/tools/<ctrl>``):
+                                       the server starts its tools here and may make and empty
+                                       child groups (a grading stage); limits set in here are
+                                       bounded by ``tools``, which the sandbox cannot see
+
+So whatever the tools do to memory, the server keeps its reserve: the tools' own OOM killer
+only ever chooses among tools. The sandbox's init and server are moved into ``server`` while
+the server imports (each move costs an RCU grace period, ~3-20 ms for the four controllers),
+before it can start any tool.
 """
 
 from __future__ import annotations
@@ -13,6 +25,7 @@ import errno
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 
 from sandbox_server import procfs
@@ -22,6 +35,12 @@ log = logging.getLogger(__name__)
 
 CONTROLLERS = ("memory", "pids", "cpu", "freezer")
 CFS_PERIOD_US = 100_000
+SERVER = "server"
+TOOLS = "tools"
+DELEGATED = "tools/delegated"
+DEFAULT_SERVER_MEMORY_RESERVE = 96 << 20  # the server's RSS is ~50-60 MiB
+SERVER_PIDS_RESERVE = 16  # threads of the server (its executor) even when the tools are at their cap
+CPU_SHARES_PER_CORE = 1024  # v1's default weight of a group; a sandbox asking for N cores weighs N times that
 
 
 def controller_mounts() -> dict[str, Path]:
@@ -44,11 +63,26 @@ def controller_mounts() -> dict[str, Path]:
     return found
 
 
+def host_memory() -> int:
+    """The host's RAM in bytes (what bounds the tools when the sandbox has no memory limit)."""
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def sub(paths: dict[str, str], child: str) -> dict[str, str]:
+    """The ``child`` group (``server``, ``tools``, ``tools/delegated``) of a sandbox's groups."""
+    return {ctrl: os.path.join(path, child) for ctrl, path in paths.items()}
+
+
 class Cgroups:
     """The cgroup v1 groups of one backend (``available`` is False when the host has none)."""
 
-    def __init__(self, parent: str) -> None:
+    def __init__(self, parent: str, server_memory_reserve: int = DEFAULT_SERVER_MEMORY_RESERVE) -> None:
         self.parent = parent.strip("/")
+        self.server_memory_reserve = server_memory_reserve
         self.mounts = controller_mounts() if os.geteuid() == 0 else {}
         self.reason = ""
         if os.geteuid() != 0:
@@ -69,28 +103,43 @@ class Cgroups:
     def paths(self, name: str) -> dict[str, str]:
         return {ctrl: str(point / self.parent / name) for ctrl, point in self.mounts.items()}
 
-    def create(self, name: str, *, memory: int | None, pids: int | None, cpu_millicores: int | None) -> dict[str, str]:
+    def create(self, name: str, *, memory: int | None, pids: int | None, cpu_millicores: int | None
+               ) -> dict[str, str]:
+        """The sandbox's groups with their limits (see the module docstring); returns its paths."""
         paths = self.paths(name)
         for path in paths.values():
-            try:
-                os.makedirs(path, exist_ok=True)
-            except FileNotFoundError:  # a parent was just removed by a concurrent delete
-                os.makedirs(path, exist_ok=True)
-        if memory and "memory" in paths:
-            _write(paths["memory"], "memory.limit_in_bytes", str(memory))
-            # No swap either, where the kernel accounts it (fails harmlessly when it does not).
-            _write(paths["memory"], "memory.memsw.limit_in_bytes", str(memory), quiet=True)
+            for child in ("", SERVER, DELEGATED):
+                target = os.path.join(path, child)
+                try:
+                    os.makedirs(target, exist_ok=True)
+                except FileNotFoundError:  # a parent was just removed by a concurrent delete
+                    os.makedirs(target, exist_ok=True)
+        tools = sub(paths, TOOLS)
+        if "memory" in paths:
+            if memory:
+                _write(paths["memory"], "memory.limit_in_bytes", str(memory))
+                # No swap either, where the kernel accounts it (fails harmlessly when it does not).
+                _write(paths["memory"], "memory.memsw.limit_in_bytes", str(memory), quiet=True)
+            total = memory or host_memory()
+            reserve = min(self.server_memory_reserve, total // 2)
+            _write(tools["memory"], "memory.limit_in_bytes", str(total - reserve))
+            _write(tools["memory"], "memory.memsw.limit_in_bytes", str(total - reserve), quiet=True)
         if pids and "pids" in paths:
             _write(paths["pids"], "pids.max", str(pids))
-        if cpu_millicores and "cpu" in paths:
-            _write(paths["cpu"], "cpu.cfs_period_us", str(CFS_PERIOD_US))
-            _write(paths["cpu"], "cpu.cfs_quota_us", str(max(cpu_millicores * CFS_PERIOD_US // 1000, 1000)))
+            _write(tools["pids"], "pids.max", str(max(pids - SERVER_PIDS_RESERVE, pids // 2, 1)))
+        if "cpu" in paths:
+            cores = (cpu_millicores or 1000) / 1000
+            _write(paths["cpu"], "cpu.shares", str(max(int(CPU_SHARES_PER_CORE * cores), 2)))
+            if cpu_millicores:
+                _write(paths["cpu"], "cpu.cfs_period_us", str(CFS_PERIOD_US))
+                _write(paths["cpu"], "cpu.cfs_quota_us", str(max(cpu_millicores * CFS_PERIOD_US // 1000, 1000)))
         return paths
 
     # -- operations on recorded paths (work after a control-plane restart) ----------------------
 
     @staticmethod
     def attach(paths: dict[str, str], pid: int) -> None:
+        """Move ``pid`` into ``paths`` (one group per controller) unless it is there already."""
         try:
             with open(f"/proc/{pid}/cgroup") as fh:
                 current = {ctrl: line.rstrip("\n").split(":", 2)[2] for line in fh
@@ -104,19 +153,22 @@ class Cgroups:
 
     @staticmethod
     def procs(paths: dict[str, str]) -> set[int]:
+        """Every process in the groups and their descendant groups."""
         found: set[int] = set()
         for path in paths.values():
-            try:
-                with open(os.path.join(path, "cgroup.procs")) as fh:
-                    found.update(int(p) for p in fh.read().split())
-            except OSError:
-                continue
+            for group in _tree(path):
+                try:
+                    with open(os.path.join(group, "cgroup.procs")) as fh:
+                        found.update(int(p) for p in fh.read().split())
+                except OSError:
+                    continue
         return found
 
     @staticmethod
     def freeze(paths: dict[str, str], timeout: float = 2.0) -> bool | None:
-        """Freeze the group: True once frozen, False if still freezing at the deadline, None
-        without a freezer. Whenever it returns non-None, the caller must ``thaw`` afterwards."""
+        """Freeze the group (its descendants with it): True once frozen, False if still freezing
+        at the deadline, None without a freezer. Whenever it returns non-None, the caller must
+        ``thaw`` afterwards."""
         path = paths.get("freezer")
         if not path or not os.path.isdir(path):
             return None
@@ -124,47 +176,62 @@ class Cgroups:
         return wait_until(lambda: _read(path, "freezer.state") == "FROZEN", timeout, first=0.001, cap=0.002)
 
     @staticmethod
-    def thaw(paths: dict[str, str]) -> None:
+    def thaw(paths: dict[str, str], descendants: bool = False) -> None:
+        """Thaw the group; with ``descendants``, also child groups frozen on their own (a stage
+        group the server froze, or a root tool did)."""
         path = paths.get("freezer")
         if path and os.path.isdir(path):
-            _write(path, "freezer.state", "THAWED", quiet=True)
+            for group in (_tree(path) if descendants else [path]):
+                _write(group, "freezer.state", "THAWED", quiet=True)
 
     @staticmethod
     def oom_kills(paths: dict[str, str]) -> int:
+        """OOM kills in the sandbox's memory groups (v1 counts them per group, not up the tree)."""
         path = paths.get("memory")
         if not path:
             return 0
-        for line in _read(path, "memory.oom_control").splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-        return 0
+        kills = 0
+        for group in _tree(path):
+            for line in _read(group, "memory.oom_control").splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    kills += int(value)
+        return kills
 
     @classmethod
     def kill_all(cls, paths: dict[str, str], timeout: float = 5.0, extra: set[int] = frozenset()) -> list[int]:
-        """SIGKILL every process in the groups (and ``extra``), frozen first so nothing forks."""
+        """SIGKILL every process in the groups (and ``extra``), frozen first so nothing forks;
+        returns those still there after ``timeout`` (e.g. stuck in the kernel)."""
+        me = os.getpid()
         freezing = cls.freeze(paths, 1.0)
         try:
-            for pid in cls.procs(paths) | set(extra):
+            for pid in (cls.procs(paths) | set(extra)) - {me}:
                 procfs.kill(pid, signal.SIGKILL)
         finally:
             if freezing is not None:
-                cls.thaw(paths)  # frozen tasks only die once thawed: never leave the group frozen
+                cls.thaw(paths, descendants=True)  # frozen tasks only die once thawed
 
         def empty() -> bool:
-            left = cls.procs(paths)
+            left = cls.procs(paths) - {me}
             for pid in left:
                 procfs.kill(pid, signal.SIGKILL)
                 procfs.reap(pid)
             return not left
 
-        wait_until(empty, timeout, first=0.001, cap=0.005)
-        return sorted(cls.procs(paths))
+        wait_until(empty, timeout, first=0.001, cap=0.01)
+        return sorted(cls.procs(paths) - {me})
 
     @staticmethod
     def remove(paths: dict[str, str], timeout: float = 2.0) -> list[str]:
-        """rmdir every group; returns those that could not be removed."""
-        return [path for path in paths.values() if not _rmdir_when_free(path, timeout)]
+        """rmdir every group, child groups first, within ``timeout`` in all; returns those that
+        could not be removed (a group keeps a task that has not died yet)."""
+        deadline = time.monotonic() + timeout
+        left = []
+        for path in paths.values():
+            for group in reversed(_tree(path)):
+                if not _rmdir_when_free(group, max(deadline - time.monotonic(), 0.0)):
+                    left.append(group)
+        return left
 
     def names(self) -> set[str]:
         found: set[str] = set()
@@ -185,6 +252,19 @@ class Cgroups:
                 except OSError:
                     break
                 path = path.parent
+
+
+def _tree(path: str) -> list[str]:
+    """``path`` and every group below it, parents before children (empty if it does not exist)."""
+    if not os.path.isdir(path):
+        return []
+    found = [path]
+    for group in found:  # grows while it is walked: breadth first
+        try:
+            found.extend(e.path for e in os.scandir(group) if e.is_dir(follow_symlinks=False))
+        except OSError:
+            continue
+    return found
 
 
 def _rmdir_when_free(path: str, timeout: float) -> bool:

@@ -12,31 +12,66 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sandbox_server import procfs
+
 from ..base import BackendError, Endpoint, Limits, SandboxHandle
-from . import bwrap, plain, readiness, rootfs, teardown
+from . import bwrap, cgroups, plain, readiness, rootfs, teardown
 from .fork_layers import ForkLayers, ForkStack, sandbox_holder
 from .images import ResolvedImage
 from .isolation import say_once
 from .layout import NAME_RE, SOCKET_NAME, Plan, Space, tail, write_meta
+from .lease import Lease
 from .oci.hostrt import oci_runtime
 from .runtime import Runtime
 from .server_kinds import entry, runtime_for
+from .storage import LayerStorage
 
 log = logging.getLogger(__name__)
 
 BACKEND_NAME = "local"
+DEFAULT_DELETE_TIMEOUT = 20.0
+
+
+def _in_thread(work: Callable[..., None], *args: Any) -> asyncio.Future:
+    """Run ``work`` on a thread of its own: a teardown stuck in the kernel holds only its own
+    thread (a daemon: it never keeps the process from exiting), never a shared pool's."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+
+    def settle(exc: BaseException | None) -> None:
+        if not future.done():
+            future.set_result(None) if exc is None else future.set_exception(exc)
+
+    def run() -> None:
+        outcome: BaseException | None = None
+        try:
+            work(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            outcome = exc
+        try:
+            loop.call_soon_threadsafe(settle, outcome)
+        except RuntimeError:  # the loop is gone (the control plane shut down meanwhile)
+            pass
+
+    threading.Thread(target=run, name="idegym-teardown", daemon=True).start()
+    return future
 
 
 class Launcher:
     """Launches of one backend: ``isolation`` is ``bwrap`` or ``none`` (already chosen)."""
 
     def __init__(self, *, state_dir: Path, isolation: str, runtime: Runtime, pids_max: int | None,
-                 tmp_bytes: int, shm_bytes: int) -> None:
+                 tmp_bytes: int, shm_bytes: int, delete_timeout: float = DEFAULT_DELETE_TIMEOUT,
+                 storage: LayerStorage | None = None, storage_bytes: int | None = None,
+                 storage_inodes: int | None = None, lease: Lease | None = None) -> None:
         self.state_dir = state_dir
         self.isolation = isolation
         self.runtime = runtime
@@ -48,6 +83,13 @@ class Launcher:
         self.creating: set[str] = set()  # in flight here: never reported as orphans
         self._settling: set[asyncio.Task] = set()  # cancelled launches, being undone
         self._launches: set[asyncio.Future] = set()  # launches in flight
+        self.delete_timeout = delete_timeout
+        self.storage = storage  # bounded layer filesystems, when the host can make them
+        self.storage_bytes = storage_bytes  # the default bound of a sandbox's layers (None: unbounded)
+        self.storage_inodes = storage_inodes
+        self.lease = lease  # every sandbox's monitor watches it (lease.py)
+        self._teardowns: dict[tuple[str, str, str], asyncio.Future] = {}  # in flight, by (what, space, name)
+        self._steps: dict[tuple[str, str, str], list[str]] = {}
 
     # -- the API -------------------------------------------------------------------------------
 
@@ -70,12 +112,17 @@ class Launcher:
         plan = Plan(name=name, space=space, sb=sb, run=space.run_dir(name), image=image,
                     project_lower=project_lower or image.project, run_as_root=run_as_root, network=network,
                     limits=limits, pids_max=self.pids_max, env=env, kind=kind, snapshot=snapshot, export=export,
-                    forks=forks)
+                    forks=forks,
+                    # image builds keep their layers on the state disk: they become the image's
+                    storage_bytes=limits.storage_bytes or (self.storage_bytes if space.kind == "sandboxes" else None),
+                    storage_inodes=self.storage_inodes if space.kind == "sandboxes" else None)
         data: dict[str, Any] = {
             "v": 1, "isolation": self.isolation, "dir": str(sb), "run_dir": str(plan.run),
             "socket": str(plan.run / SOCKET_NAME), "log": str(plan.log), "image": image.tag,
             "image_id": image.id, "run_as_root": run_as_root, "network": network, "cgroups": {},
             "snapshot": snapshot.name if snapshot else None, "space": space.kind,
+            # While this process creates it, another process's orphan sweep leaves it alone (inventory.py).
+            "creator": procfs.record(os.getpid()),
         }
         if forks is not None:
             data["forks"] = list(forks.ids)
@@ -98,11 +145,38 @@ class Launcher:
 
     async def stop(self, space: Space, name: str, data: dict[str, Any] | None) -> None:
         """End every process of the sandbox; its files and cgroups stay."""
-        await asyncio.get_running_loop().run_in_executor(None, self._stop_sync, space, name, data)
+        await self._bounded("stop", space, name, self._stop_sync, data)
 
     async def remove(self, space: Space, name: str, data: dict[str, Any] | None) -> None:
-        """End the sandbox and remove everything it holds; ``data`` None: found from its record."""
-        await asyncio.get_running_loop().run_in_executor(None, self._remove_sync, space, name, data)
+        """End the sandbox and remove everything it holds; ``data`` None: found from its record.
+
+        Bounded by ``delete_timeout``: a sandbox whose processes are stuck in the kernel raises
+        ``BackendError`` saying where it is stuck, while its teardown goes on in the background;
+        asking again joins that teardown instead of starting a second one."""
+        await self._bounded("remove", space, name, self._remove_sync, data)
+
+    async def _bounded(self, what: str, space: Space, name: str, work: Callable[..., None],
+                       data: dict[str, Any] | None) -> None:
+        key = (what, space.kind, name)
+        future = self._teardowns.get(key)
+        if future is None:
+            steps = self._steps[key] = ["starting"]
+            future = self._teardowns[key] = _in_thread(work, space, name, data, steps.append)
+
+            def done(finished: asyncio.Future) -> None:
+                self._teardowns.pop(key, None)
+                self._steps.pop(key, None)
+                if not finished.cancelled() and finished.exception() is not None:  # seen, whoever waits
+                    log.debug("teardown of %s: %s", name, finished.exception())
+
+            future.add_done_callback(done)
+        try:
+            await asyncio.wait_for(asyncio.shield(future), self.delete_timeout)
+        except TimeoutError:
+            step = (self._steps.get(key) or ["?"])[-1]
+            raise BackendError(f"{'deleting' if what == 'remove' else 'stopping'} sandbox {name!r} did not finish "
+                               f"within {self.delete_timeout:g} s (it was {step}); it goes on in the background "
+                               "and can be retried") from None
 
     async def settle(self) -> None:
         """Until no launch is in flight (each ends made or undone)."""
@@ -130,6 +204,10 @@ class Launcher:
             prepared = time.perf_counter()
             ready_fd = await loop.run_in_executor(self._thread, self._spawn, plan, data)
             spawned = time.perf_counter()
+            if self.lease is not None:  # from now on the sandbox ends itself if we stop renewing
+                monitor = self.lease.watch(data)
+                self._children[monitor.pid] = monitor
+            write_meta(plan.sb, plan.name, data)  # the pids recorded: findable if we die now
             # Moving tasks into v1 cgroups is slow (readiness.attach): do it while the server imports.
             results = await asyncio.gather(
                 readiness.wait_ready(ready_fd, max(deadline - time.monotonic(), 0.1), timeout),
@@ -143,12 +221,12 @@ class Launcher:
                                   "spawn": round((spawned - prepared) * 1e3, 2),
                                   "server_start": round((ended - spawned) * 1e3, 2),
                                   "total": round((ended - started) * 1e3, 2)}
+            data.pop("creator", None)  # created: from now on a record must name it, or it is an orphan
             write_meta(plan.sb, plan.name, data)
         except BaseException as exc:
             detail = tail(plan.log, 30).strip()
             if data.get("owned"):  # never clean up a same-named sandbox we did not make
-                cleanup = asyncio.ensure_future(
-                    loop.run_in_executor(None, self._remove_sync, plan.space, plan.name, data))
+                cleanup = asyncio.ensure_future(self.remove(plan.space, plan.name, data))
                 try:
                     await asyncio.shield(cleanup)
                 except BaseException:  # noqa: BLE001 - cancelled again, or cleanup trouble: it was tried
@@ -182,7 +260,7 @@ class Launcher:
                 if attempt == 2:
                     raise
         (plan.run / ".name").write_text(plan.name)
-        rootfs.prepare_layers(plan, data, isolated=self.isolation == "bwrap")
+        rootfs.prepare_layers(plan, data, isolated=self.isolation == "bwrap", storage=self.storage)
         cg = plan.space.cgroups
         if cg.available:
             data["cgroups"] = cg.paths(plan.name)
@@ -210,9 +288,8 @@ class Launcher:
             if plan.image.is_oci:  # nothing of the host's /usr in the sandbox: the server brings its own
                 runtime = oci_runtime(runtime, self.state_dir)
             self._runtimes[key] = runtime
-        cg = plan.space.cgroups
-        memory = cg.paths(plan.name).get("memory") if cg.available else None
-        return bwrap.spawn(plan, data, self.bwrap_host, runtime, kind, memory, track)
+        tools = cgroups.sub(data["cgroups"], cgroups.TOOLS) if data["cgroups"] else {}
+        return bwrap.spawn(plan, data, self.bwrap_host, runtime, kind, tools, track)
 
     async def _remove_when_settled(self, launch: asyncio.Future, space: Space, name: str) -> None:
         try:
@@ -229,15 +306,17 @@ class Launcher:
 
     # -- ending ---------------------------------------------------------------------------------
 
-    def _stop_sync(self, space: Space, name: str, data: dict[str, Any] | None) -> None:
-        *_, problems = teardown.kill(name, space, data, self.isolation)
+    def _stop_sync(self, space: Space, name: str, data: dict[str, Any] | None, progress: teardown.Progress = None
+                   ) -> None:
+        *_, problems = teardown.kill(name, space, data, self.isolation, progress)
         self.reap()
         if problems:
             raise BackendError(f"stopping sandbox {name!r}: {'; '.join(problems)}")
 
-    def _remove_sync(self, space: Space, name: str, data: dict[str, Any] | None) -> None:
+    def _remove_sync(self, space: Space, name: str, data: dict[str, Any] | None,
+                     progress: teardown.Progress = None) -> None:
         try:
-            teardown.destroy(name, space, data, self.isolation)
+            teardown.destroy(name, space, data, self.isolation, progress)
         finally:
             self.reap()
 

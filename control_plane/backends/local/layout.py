@@ -33,13 +33,43 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 PROJECT_INSIDE = PROJECT_DIR
 SOCKET_NAME = "server.sock"
 RUN_INSIDE = "/run/idegym"
-MEMORY_EVENTS_INSIDE = "/run/idegym-cgroup/memory.oom_control"
+TOOL_CGROUPS_INSIDE = "/run/idegym-cgroup/tools"  # <ctrl>/: the tools' delegated groups (cgroups.py)
+# The tools' OOM-kill counter (v1 counts a kill in the victim's own group: this one and its children).
+MEMORY_EVENTS_INSIDE = f"{TOOL_CGROUPS_INSIDE}/memory/memory.oom_control"
 META_FILE = "sandbox.json"
+IMAGE_FILE = "layers.ext4"  # the bounded filesystem of the sandbox's layers (storage.py)
 
 
 def state_key(state_dir: Path) -> str:
     """The short key a state directory's cgroups and socket directory are named by."""
     return hashlib.sha1(str(Path(state_dir).absolute()).encode()).hexdigest()[:10]
+
+
+INDEX = Path("/run/idegym-index")  # <key> → state directory, for ``idegym sandboxes --all``
+
+
+def register_state(state_dir: Path, key: str) -> None:
+    """Note on the host (until reboot) that a backend runs on ``state_dir``."""
+    if os.geteuid() != 0:
+        return
+    try:
+        INDEX.mkdir(mode=0o700, exist_ok=True)
+        (INDEX / key).write_text(str(state_dir) + "\n")
+    except OSError:
+        pass
+
+
+def registered_states() -> dict[str, Path]:
+    found = {}
+    try:
+        for entry in os.scandir(INDEX):
+            try:
+                found[entry.name] = Path(Path(entry.path).read_text().strip())
+            except OSError:
+                continue
+    except OSError:
+        pass
+    return found
 
 
 def pick_run_root(state_dir: Path, key: str) -> Path:
@@ -84,6 +114,8 @@ class Plan:
     pids_max: int | None
     env: dict[str, str]
     kind: str = "idegym"  # a ServerKind value: which server runs in the sandbox (server_kinds.py)
+    storage_bytes: int | None = None  # the bound of its layers: the request's, else the backend's default
+    storage_inodes: int | None = None
     snapshot: Path | None = None
     export: Path | None = None
     forks: ForkStack | None = None  # a fork's child: the layers it stands on (fork_layers.py)
@@ -92,6 +124,10 @@ class Plan:
     @property
     def layers(self) -> Path:
         return self.sb / "layers"
+
+    @property
+    def layers_image(self) -> Path:
+        return self.sb / IMAGE_FILE
 
     @property
     def log(self) -> Path:

@@ -89,5 +89,21 @@ def mounts_under(prefix: str | os.PathLike) -> list[str]:
     return sorted(set(found), key=lambda p: p.count("/"), reverse=True)
 
 
+def other_sandboxes_mounts(own: str | os.PathLike) -> list[str]:
+    """Mount points of sandboxes' layers (``.../sandboxes/<name>/layers``) other than ``own``, of
+    any state directory, in this mount namespace, deepest first."""
+    mine = os.fspath(own).rstrip("/")
+    found = []
+    try:
+        with open("/proc/self/mountinfo", "rb") as fh:
+            for line in fh:
+                point = _unescape(line.split(b" ", 5)[4].decode())
+                if point != mine and point.endswith("/layers") and "/sandboxes/" in point:
+                    found.append(point)
+    except OSError:
+        return []
+    return sorted(found, key=lambda p: p.count("/"), reverse=True)
+
+
 def _unescape(path: str) -> str:
     return path.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")

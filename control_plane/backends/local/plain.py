@@ -14,6 +14,7 @@ from typing import Any
 
 from sandbox_server import procfs
 
+from . import cgroups
 from .layout import SOCKET_NAME, Plan
 from .server_kinds import ServerKindEntry, sandbox_server_args
 
@@ -25,6 +26,14 @@ def spawn(plan: Plan, data: dict[str, Any], kind: ServerKindEntry, track: Callab
     tool_env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": os.environ.get("LANG", "C.UTF-8")}
     args = sandbox_server_args(plan, tool_env, str(plan.sb / "project"), ready_w, str(plan.run / SOCKET_NAME))
     args += ["--project-source", plan.project_lower, "--state-dir", str(plan.sb / "server-state")]
+    if data["cgroups"]:  # the tools' groups, in the <dir>/<controller> shape the server expects
+        links = plan.sb / "tool-cgroups"
+        links.mkdir()
+        for ctrl, path in cgroups.sub(data["cgroups"], cgroups.DELEGATED).items():
+            os.symlink(path, links / ctrl)
+        args += ["--tool-cgroups", str(links)]
+        if "memory" in data["cgroups"]:
+            args += ["--memory-events", str(links / "memory" / "memory.oom_control")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("IDEGYM_")}
     if kind.image_env:
         env.update(plan.env)

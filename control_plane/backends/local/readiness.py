@@ -13,7 +13,7 @@ from sandbox_server import procfs
 from sandbox_server.polling import wait_until
 
 from ..base import BackendError
-from .cgroups import Cgroups
+from .cgroups import SERVER, Cgroups, sub
 from .layout import SOCKET_NAME
 
 INIT_CHILD_TIMEOUT = 30.0
@@ -75,7 +75,7 @@ def attach(data: dict[str, Any]) -> None:
         pids = [data["server"][0]]
     if data["cgroups"]:
         for pid in pids:
-            Cgroups.attach(data["cgroups"], pid)
+            Cgroups.attach(sub(data["cgroups"], SERVER), pid)
 
 
 def publish_socket(data: dict[str, Any]) -> None:

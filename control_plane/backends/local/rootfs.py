@@ -29,8 +29,9 @@ from ..base import BackendError
 from . import mounts
 from .images import ALL_TREES, ROOTFS, TREES, ResolvedImage, copy_tree
 from .isolation import say_once
-from .layout import MEMORY_EVENTS_INSIDE, RUN_INSIDE, Plan
+from .layout import RUN_INSIDE, TOOL_CGROUPS_INSIDE, Plan
 from .runtime import INSIDE
+from .storage import DEFAULT_STORAGE_INODES, LayerStorage
 
 log = logging.getLogger(__name__)
 
@@ -87,14 +88,19 @@ def stage_snapshot(plan: Plan) -> None:
         copy_tree(snap / "project", plan.layers / "project" / "upper")
 
 
-def prepare_layers(plan: Plan, data: dict[str, Any], *, isolated: bool) -> None:
-    """The sandbox's writable layers on the host (``plan.layers``), its log, and ``plan.lowers``."""
+def prepare_layers(plan: Plan, data: dict[str, Any], *, isolated: bool, storage: LayerStorage | None) -> None:
+    """The sandbox's writable layers on the host (``plan.layers``), its log, and ``plan.lowers``.
+    With ``storage``, the layers are a filesystem of their own bounded by ``plan.storage_bytes``
+    and ``plan.storage_inodes``; without, a requested bound is a tmpfs (RAM)."""
     layers = plan.layers
     layers.mkdir(mode=0o700)
-    if plan.limits.storage_bytes and isolated:
+    if plan.storage_bytes and isolated and storage is not None:
+        storage.mount(layers, plan.layers_image, plan.storage_bytes, plan.storage_inodes or DEFAULT_STORAGE_INODES)
+        data["layers_fs"] = "ext4"
+    elif plan.limits.storage_bytes and isolated:
         mounts.mount("idegym-layers", layers, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV,
                      f"size={plan.limits.storage_bytes},mode=0700")
-        data["layers_tmpfs"] = True
+        data["layers_fs"] = "tmpfs"
     elif plan.limits.storage_bytes:
         say_once("storage-ignored", logging.WARNING,
                  "local backend: ephemeral-storage limits are not enforced without isolation")
@@ -146,9 +152,11 @@ def _stores_inside_state(plan: Plan, lowers: list[str], state: str) -> list[str]
 
 
 def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tuple[str, str]],
-               memory_cgroup: str | None) -> None:
+               tool_cgroups: dict[str, str], tmp_bytes: int, skeletons: tuple[str, ...] = ()) -> None:
     """The sandbox's root tree at ``<sb>/root``, mounted in the calling thread's private mount
-    namespace (which bwrap inherits); ``binds`` are the runtime's read-only (host, inside) pairs."""
+    namespace (which bwrap inherits); ``binds`` are the runtime's read-only (host, inside) pairs,
+    ``skeletons`` the directories that hold only binds (read-only tmpfs: nothing else can appear
+    there), ``tool_cgroups`` the tools' groups (``<sandbox>/tools`` per controller) if any."""
     root = plan.sb / "root"
     r = str(root)
     # Paths relative to the state directory (this thread's cwd is private after unshare):
@@ -182,6 +190,16 @@ def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tup
             os.symlink(f"usr/{name}", f"{r}/{name}")
         for tree in TREES:
             overlay(tree, f"{r}/{tree}")
+    # /tmp: RAM, bounded in bytes and in files (bwrap's own --tmpfs has no inode bound)
+    inodes = f",nr_inodes={plan.storage_inodes}" if plan.storage_inodes else ""
+    mounts.mount("idegym-tmp", f"{r}/tmp", "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV,
+                 f"size={tmp_bytes},mode=1777{inodes}")
+    # A skeleton that is itself a bind target would make the remount below the bound filesystem's
+    # (the host's!) read-only: only directories that hold binds below them are skeletons.
+    skeletons = tuple(inside for inside in skeletons if inside not in {i for _, i in binds})
+    for inside in sorted(skeletons, key=len):
+        os.makedirs(r + inside, exist_ok=True)
+        mounts.mount("idegym-runtime", r + inside, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV, "size=64k,mode=0755")
     all_binds = [(host, inside, True) for host, inside in binds]
     fork_levels = plan.forks.project_levels() if plan.forks else []
     all_binds += [(str(p), fork_inside(i), True) for i, p in enumerate(fork_levels)]
@@ -192,12 +210,15 @@ def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tup
         all_binds.append((str(plan.export), f"{INSIDE}/export", False))
     for host, inside, readonly in all_binds:
         target = r + inside
-        if not os.path.isdir(target):
-            os.makedirs(target)
-        mounts.bind(host, target, readonly=readonly)
-    if memory_cgroup:  # the sandbox's OOM-kill counter, read-only
-        target = r + MEMORY_EVENTS_INSIDE
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        if not os.path.exists(target):  # (an OCI image's layer has it: touching would copy it up)
+        if os.path.isdir(host):
+            os.makedirs(target, exist_ok=True)
+        elif not os.path.exists(target):  # a file (e.g. rustup's settings.toml)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
             Path(target).touch()
-        mounts.bind(os.path.join(memory_cgroup, "memory.oom_control"), target, readonly=True)
+        mounts.bind(host, target, readonly=readonly)
+    for inside in skeletons:
+        mounts.mount(None, r + inside, None, mounts.MS_REMOUNT | mounts.MS_RDONLY | mounts.MS_NOSUID | mounts.MS_NODEV)
+    for ctrl, path in tool_cgroups.items():  # delegated to the server: it starts its tools there
+        target = f"{r}{TOOL_CGROUPS_INSIDE}/{ctrl}"
+        os.makedirs(target, exist_ok=True)
+        mounts.bind(os.path.join(path, "delegated"), target, readonly=False)

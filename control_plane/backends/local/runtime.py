@@ -1,10 +1,12 @@
 """How the sandbox server's own Python runtime and the host's toolchains appear in a sandbox.
 
 Everything is bound read-only at neutral paths under ``/opt/idegym`` so that no host home
-directory is ever visible: the interpreter's prefix (``sys.base_prefix``) at
-``/opt/idegym/python``, each site-packages directory at ``/opt/idegym/site/<n>``, a compiled copy
-of the ``sandbox_server`` package (when it is not inside a site-packages directory, e.g. an
-editable install) at ``/opt/idegym/src``, and rustup/cargo at ``/opt/idegym/toolchains/...``.
+directory is ever visible, and only what runs is bound, never a whole home or prefix (where
+credentials live: ``~/.cargo/credentials.toml``, ``config.toml``…): the interpreter's ``bin`` and
+``lib`` (of ``sys.base_prefix``) under ``/opt/idegym/python``, each site-packages directory at
+``/opt/idegym/site/<n>``, a compiled copy of the ``sandbox_server`` package (when it is not inside
+a site-packages directory, e.g. an editable install) at ``/opt/idegym/src``, and of rustup and
+cargo their toolchains, ``settings.toml`` and ``bin`` under ``/opt/idegym/toolchains/...``.
 The server starts with ``python -I -c <bootstrap>``, which adds exactly those paths and calls
 the ``main(argv)`` of its server kind's module (``server_kinds.py``).
 """
@@ -22,6 +24,8 @@ from pathlib import Path
 
 INSIDE = "/opt/idegym"
 TOOL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PYTHON_PARTS = ("bin", "lib")  # of the interpreter's prefix: what it needs to run
+RUSTUP_PARTS = ("toolchains", "update-hashes", "settings.toml")  # what rustup's proxies (cargo, rustc…) read
 
 # The bound site-packages (the control plane's virtualenv) go before the interpreter's own, so
 # the sandbox runs the very packages the control plane was installed with; ``first`` goes before
@@ -48,6 +52,8 @@ class Runtime:
     sites: list[str] = field(default_factory=list)  # site directories inside, added with site.addsitedir
     src: list[str] = field(default_factory=list)  # package copies inside, first on sys.path
     first: list[str] = field(default_factory=list)  # extra paths before the interpreter's own
+    # Directories inside that hold only binds (of parts of a host directory): made read-only tmpfs.
+    skeletons: list[str] = field(default_factory=list)
     host_python: str = sys.executable
 
     def bootstrap(self, module: str = SERVER_MODULE) -> str:
@@ -64,6 +70,7 @@ def _under(path: Path, parent: str) -> bool:
 
 def detect(state_dir: Path) -> Runtime:
     binds: list[tuple[str, str]] = []
+    skeletons: list[str] = []
     # The server makes no TLS connections; an empty CA store spares it the ~40 ms aiohttp spends
     # loading the system's certificates at import time. Tools never see these variables.
     server_env = {"PATH": TOOL_PATH, "LANG": "C.UTF-8", "HOME": "/root",
@@ -73,7 +80,8 @@ def detect(state_dir: Path) -> Runtime:
     if _under(base, "/usr"):
         python = str(exe)
     else:
-        binds.append((str(base), f"{INSIDE}/python"))
+        binds += [(str(base / part), f"{INSIDE}/python/{part}") for part in PYTHON_PARTS if (base / part).is_dir()]
+        skeletons.append(f"{INSIDE}/python")
         python = f"{INSIDE}/python/{exe.relative_to(base)}" if _under(exe, str(base)) else str(exe)
         libdir = base / "lib"
         if any(libdir.glob("libpython*.so*")):
@@ -99,12 +107,16 @@ def detect(state_dir: Path) -> Runtime:
     home = Path(os.path.expanduser("~"))
     rustup = Path(os.environ.get("RUSTUP_HOME") or home / ".rustup")
     cargo = Path(os.environ.get("CARGO_HOME") or home / ".cargo")
-    if rustup.is_dir() and (cargo / "bin").is_dir():
-        binds.append((str(rustup.resolve()), f"{INSIDE}/toolchains/rustup"))
-        binds.append((str(cargo.resolve()), f"{INSIDE}/toolchains/cargo"))
+    if (rustup / "toolchains").is_dir() and (cargo / "bin").is_dir():
+        rustup, cargo = rustup.resolve(), cargo.resolve()
+        binds += [(str(rustup / part), f"{INSIDE}/toolchains/rustup/{part}") for part in RUSTUP_PARTS
+                  if (rustup / part).exists()]
+        binds.append((str(cargo / "bin"), f"{INSIDE}/toolchains/cargo/bin"))
+        skeletons += [f"{INSIDE}/toolchains/rustup", f"{INSIDE}/toolchains/cargo"]
         tool_env.update(RUSTUP_HOME=f"{INSIDE}/toolchains/rustup", CARGO_HOME=f"{INSIDE}/toolchains/cargo",
                         PATH=f"{TOOL_PATH}:{INSIDE}/toolchains/cargo/bin")
-    return Runtime(python=python, binds=binds, server_env=server_env, tool_env=tool_env, sites=sites, src=src)
+    return Runtime(python=python, binds=binds, server_env=server_env, tool_env=tool_env, sites=sites, src=src,
+                   skeletons=skeletons)
 
 
 def sync_package(package: Path, dest_root: Path) -> Path:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,62 +22,96 @@ from .cgroups import Cgroups
 from .fork_layers import ForkLayers, sandbox_holder
 from .layout import NAME_RE, Space, read_meta
 
+Progress = Callable[[str], None] | None  # told each step, for a timeout's message
 
-def kill(name: str, space: Space, data: dict[str, Any] | None, isolation: str
+
+KILL_TIMEOUT = 5.0  # for the sandbox's processes to end once killed
+MONITOR_TIMEOUT = 2.0  # for bwrap's monitor to exit once the namespace's init has
+
+
+def kill(name: str, space: Space, data: dict[str, Any] | None, isolation: str, progress: Progress = None
          ) -> tuple[Path, Path, dict[str, str], list[str]]:
-    """End every process of a sandbox (its whole pid namespace); files and groups stay.
-    Returns its directory, run directory, existing cgroups and what went wrong."""
+    """End every process of a sandbox; files and groups stay. Returns its directory, run
+    directory, existing cgroups and what went wrong.
+
+    The processes are found from the sandbox's own records only: its cgroups (the whole tree)
+    and the pids recorded with their start times (bwrap's monitor, the namespace's init, the
+    server, slirp4netns). Killing init ends its whole pid namespace. Nothing reads other processes' ``/proc``
+    files: one of them stuck in the kernel must not hang this sandbox's delete, nor another's.
+    Every wait is bounded; what is left is named with its state."""
     if not NAME_RE.match(name):
         raise BackendError(f"invalid sandbox name {name!r}", 400)
+    step = progress or (lambda _: None)
     sb = space.root / name
     if data is None:
         data = read_meta(sb) or {}
     sb = Path(data.get("dir") or sb)
     run = Path(data.get("run_dir") or space.run_dir(name))
     cgroups = {c: p for c, p in (data.get("cgroups") or space.cgroups.paths(name)).items() if os.path.isdir(p)}
-    matches = set(procfs.pids_with_cmdline(f"{sb}/")) | set(procfs.pids_with_cmdline(f"{run}/"))
-    for key in ("init", "server", "monitor"):
-        rec = data.get(key)
-        if procfs.recorded_alive(rec):
-            matches.add(rec[0])
-    # Processes whose command line names the sandbox directory: bwrap's launcher ("monitor")
-    # and the namespace's init (even when the control plane died before recording them), or a
-    # plain server. The monitor is left to reap init, so that no zombie lingers.
-    monitors: set[int] = set()
-    if data.get("isolation", isolation) == "bwrap":
-        parents = {pid: (procfs.stat(pid) or ("", 0, 0))[1] for pid in matches}
-        monitors = {pid for pid, ppid in parents.items() if ppid not in matches}
-        monitors -= {data["init"][0]} if data.get("init") else set()
-    victims = matches - monitors
-    if victims:
-        tree = procfs.process_tree()
-        family = set(victims)
-        for pid in victims:
-            family.update(procfs.descendants(pid, tree))
-        if not cgroups.get("freezer"):
-            # No freezer: stop them first so that nothing forks or re-parents meanwhile.
-            # (Never combined with the freezer: a stopped task keeps a group FREEZING.)
-            for pid in family:
-                procfs.kill(pid, signal.SIGSTOP)
-        victims = family
+    recorded = {key: data[key][0] for key in ("init", "server", "monitor", "net")
+                if key in data and procfs.recorded_alive(data[key])}
+    bwrap = data.get("isolation", isolation) == "bwrap"
+    monitor = recorded.pop("monitor", None) if bwrap else None
+    victims = set(recorded.values())
+    if not cgroups and not bwrap and "server" in recorded:
+        # A plain server without cgroups: its tree, from its own children (stopped first so that
+        # nothing forks or re-parents meanwhile).
+        family = _tree_of(recorded["server"])
+        for pid in family:
+            procfs.kill(pid, signal.SIGSTOP)
+        victims |= family
+    left: list[int] = []
+    deadline = time.monotonic() + KILL_TIMEOUT
     if cgroups:
-        victims |= Cgroups.procs(cgroups)
-        Cgroups.kill_all(cgroups, extra=victims)  # frozen, killed, thawed
-    for pid in victims:
+        step("killing the processes in the sandbox's cgroups")
+        left = Cgroups.kill_all(cgroups, KILL_TIMEOUT, extra=victims)
+    for pid in victims:  # init first among them: the kernel then ends the rest of its namespace
         procfs.kill(pid, signal.SIGKILL)
-    left = procfs.wait_gone(victims, 10.0)
-    if monitors:  # they exit once init has; force them if they do not
-        left += procfs.wait_gone(monitors, 1.0)
-        for pid in monitors:
-            procfs.kill(pid, signal.SIGKILL)
-        left = [p for p in left if p not in monitors] + procfs.wait_gone(monitors, 5.0)
-    problems = [f"processes {left} did not die"] if left else []
+    step("waiting for the sandbox's processes to end")
+    left = sorted(set(left) | set(procfs.wait_gone(victims, max(deadline - time.monotonic(), 0.05))))
+    if monitor is not None:  # bwrap's monitor exits once init has; forced if it does not
+        step("waiting for bubblewrap's monitor process to exit")
+        if procfs.wait_gone([monitor], MONITOR_TIMEOUT if not left else 0.05):
+            procfs.kill(monitor, signal.SIGKILL)
+            left += procfs.wait_gone([monitor], 0.5)
+    problems = [f"processes {describe(left)} did not end within {KILL_TIMEOUT:g} s"] if left else []
+    lease = data.get("lease_monitor")
+    if not left and lease and procfs.recorded_alive(lease):  # while processes are left, it keeps watching
+        try:  # its session: the monitor and the sleep it waits in
+            os.killpg(lease[0], signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     return sb, run, cgroups, problems
 
 
-def destroy(name: str, space: Space, data: dict[str, Any] | None, isolation: str) -> None:
+def describe(pids: list[int]) -> str:
+    """``[pid (state), …]``: a process in state D is stuck in the kernel, T stopped or frozen."""
+    out = []
+    for pid in pids:
+        st = procfs.stat(pid)
+        out.append(f"{pid} ({st.state})" if st else str(pid))
+    return "[" + ", ".join(out) + "]"
+
+
+def _tree_of(root: int) -> set[int]:
+    found, stack = {root}, [root]
+    while stack:
+        for child in procfs.children(stack.pop()):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
+def destroy(name: str, space: Space, data: dict[str, Any] | None, isolation: str, progress: Progress = None) -> None:
     """Kill, unmount, remove; raises ``BackendError`` naming what was left behind."""
-    sb, run, cgroups, problems = kill(name, space, data, isolation)
+    step = progress or (lambda _: None)
+    sb, run, cgroups, problems = kill(name, space, data, isolation, progress)
+    if problems:
+        # Processes are left: its files and record stay (they may still be in use), so that the
+        # next attempt (the watcher's orphan sweep) finds everything and finishes the job.
+        raise BackendError(f"deleting sandbox {name!r} left something behind: {'; '.join(problems)}")
+    step("removing the sandbox's cgroups, mounts and files")
     if cgroups:
         stuck = Cgroups.remove(cgroups)
         if stuck:

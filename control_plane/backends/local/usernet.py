@@ -11,7 +11,7 @@ of the host. So it reaches what the host reaches, except:
 
 Services the host exposes on its other addresses are reachable, as from any machine that can
 reach the host. slirp4netns runs in its own mount namespace with only CAP_NET_BIND_SERVICE and a
-seccomp filter, in the sandbox's cgroups (its work is the sandbox's), and it exits when the
+seccomp filter, in the sandbox's server cgroups (its work is the sandbox's), and it exits when the
 sandbox does: its ``--exit-fd`` is a pipe whose other end only bubblewrap and the namespace's
 processes hold.
 """
@@ -30,7 +30,7 @@ from sandbox_server import procfs
 from sandbox_server.polling import wait_until
 
 from ..base import BackendError
-from .cgroups import Cgroups
+from .cgroups import SERVER, Cgroups, sub
 
 SLIRP = "slirp4netns"
 RESOLV_CONF = b"nameserver 10.0.2.3\n"  # slirp4netns forwards it to the host's resolver
@@ -74,8 +74,8 @@ def start(slirp: str, init: Any, exit_fd: int, data: dict[str, Any], log: Any,
     track(popen)
     try:
         data["net"] = procfs.record(popen.pid)
-        if data.get("cgroups"):
-            Cgroups.attach(data["cgroups"], popen.pid)
+        if data.get("cgroups"):  # with the server (its reserve): the tools' OOM killer never picks it
+            Cgroups.attach(sub(data["cgroups"], SERVER), popen.pid)
         ready, _, _ = select.select([ready_r], [], [], READY_TIMEOUT)
         if not ready or not os.read(ready_r, 1):
             raise BackendError(f"slirp4netns did not set up the sandbox's network within {READY_TIMEOUT:g} s "

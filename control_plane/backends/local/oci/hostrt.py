@@ -86,7 +86,7 @@ def oci_runtime(runtime: Runtime, state_dir: Path) -> Runtime:
     server_env["LD_LIBRARY_PATH"] = LIB_INSIDE
     tool_env = {"PATH": TOOL_PATH, "LANG": "C.UTF-8"}  # the image's ENV comes on top
     return replace(runtime, python=f"{PYTHON_INSIDE}/bin/{layout.exe_name}", binds=[*binds, *keep],
-                   server_env=server_env, tool_env=tool_env, sites=sites)
+                   server_env=server_env, tool_env=tool_env, sites=sites, skeletons=[])  # whole directories bound
 
 
 def prepare(root: Path) -> Layout:

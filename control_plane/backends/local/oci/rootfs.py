@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from ....appuser import APPUSER, PROJECT_DIR
+from ..cgroups import CONTROLLERS as CGROUP_CONTROLLERS
 from .settings import OciError
 
-ADAPT_VERSION = 2
+ADAPT_VERSION = 3
 RUNTIME_MOUNTS = ("idegym/lib", "idegym/packages/0", "idegym/packages/1", "idegym/packages/2")
 ROOT_DIRS = (("proc", 0o555), ("dev", 0o755), ("tmp", 0o1777), ("run", 0o755), ("run/idegym", 0o755),
              ("run/idegym-cgroup", 0o755), ("run/lock", 0o1777), ("mnt", 0o755), ("srv", 0o755),
@@ -53,7 +54,8 @@ def write_adapt_layer(dest: Path, facts: dict[str, Any], host_files: dict[str, s
     for rel, mode in ROOT_DIRS:
         (dest / rel).mkdir(parents=True, exist_ok=True)
         os.chmod(dest / rel, mode)
-    (dest / "run" / "idegym-cgroup" / "memory.oom_control").touch()  # a bind target (the OOM counter)
+    for ctrl in CGROUP_CONTROLLERS:  # bind targets: the tools' delegated cgroups (backends/local/cgroups.py)
+        (dest / "run" / "idegym-cgroup" / "tools" / ctrl).mkdir(parents=True, exist_ok=True)
     name, uid, gid, home = APPUSER
     accounts = facts.get("accounts") or {}
     shell = "/bin/bash" if facts.get("bash") else "/bin/sh"

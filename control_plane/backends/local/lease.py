@@ -1,0 +1,145 @@
+"""Leases: a local sandbox ends itself once the control plane that owns it stops renewing it.
+
+The backend renews one lease per state directory (``<state>/lease``: its mtime is the last
+renewal, its content the time-to-live in seconds) from a thread of its own, so a busy event loop
+never lets it lapse. Every sandbox gets a monitor: a small shell process outside the sandbox, in
+its own session (it survives the control plane), that looks at the lease every ``interval``
+seconds and exits once the sandbox is gone (if only its directory is gone, with processes left in
+its cgroups — its state directory was removed under it — it ends them). When the lease has not
+been renewed for its TTL it
+ends the sandbox the way ``teardown.py`` does, with host tools only: it freezes and kills every
+process in the sandbox's cgroups and its recorded processes (the namespace's init ends the rest),
+unmounts what the sandbox has mounted on the host, and removes its directories and cgroups.
+
+A control plane that is SIGKILLed and never restarted so leaks nothing past the TTL; one that is
+restarted on the same state directory in time adopts its sandboxes as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from sandbox_server import procfs
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ORPHAN_TTL = 600.0
+LEASE_FILE = "lease"
+
+MONITOR = r"""
+lease=$1 ttl=$2 interval=$3 sb=$4 run=$5
+shift 5
+recs=
+while [ $# -gt 0 ] && [ "$1" != -- ]; do recs="$recs $1"; shift; done
+[ $# -gt 0 ] && shift
+groups=$*
+procs() { for g in $groups; do find "$g" -name cgroup.procs -exec cat {} + 2>/dev/null; done; }
+cd "$sb" || exit 0  # the working directory follows the sandbox's directory if it is moved
+while :; do
+  PWD=/ sleep "$interval"  # (its environment need not name the sandbox)
+  here=$(readlink "/proc/$$/cwd")
+  case $here in
+    *" (deleted)")  # deleted; or its state directory was removed under a running sandbox
+      [ -n "$(procs)" ] && break
+      exit 0 ;;
+    *) sb=$here ;;
+  esac
+  now=$(date +%s)
+  renewed=$(stat -c %Y "$lease" 2>/dev/null || echo 0)
+  given=$(cat "$lease" 2>/dev/null)
+  case $given in ''|*[!0-9]*) ;; *) ttl=$given ;; esac
+  [ $((now - renewed)) -ge "$ttl" ] && break
+done
+echo "idegym: the lease of $sb lapsed: ending the sandbox" >&2
+for g in $groups; do case $g in */freezer/*) echo FROZEN > "$g/freezer.state" 2>/dev/null ;; esac; done
+for p in $(procs); do kill -9 "$p" 2>/dev/null; done
+for rec in $recs; do
+  p=${rec%%:*}
+  started=$(sed 's/^.*) //' "/proc/$p/stat" 2>/dev/null | cut -d' ' -f20)
+  [ "$started" = "${rec#*:}" ] && kill -9 "$p" 2>/dev/null
+done
+for g in $groups; do
+  case $g in */freezer/*) find "$g" -name freezer.state -exec sh -c 'echo THAWED > "$1"' _ {} \; ;; esac
+done
+i=0
+while [ $i -lt 100 ] && [ -n "$(procs)" ]; do
+  for p in $(procs); do kill -9 "$p" 2>/dev/null; done
+  sleep 0.1; i=$((i + 1))
+done
+grep " $sb/" /proc/self/mountinfo | cut -d' ' -f5 | sort -r | while read -r m; do umount -l "$m"; done
+rm -rf "$sb" "$run" "$run.sock"
+i=0
+while [ $i -lt 50 ]; do  # a killed task leaves its group a moment after it left cgroup.procs
+  left=
+  for g in $groups; do
+    find "$g" -depth -type d -exec rmdir {} + 2>/dev/null
+    [ -d "$g" ] && left=1
+  done
+  [ -z "$left" ] && break
+  sleep 0.1; i=$((i + 1))
+done
+for g in $groups; do rmdir "${g%/*}" "${g%/*/*}" 2>/dev/null; done
+exit 0
+"""
+
+
+class Lease:
+    """The lease of one state directory, renewed every ``ttl / 4`` seconds (at most 30)."""
+
+    def __init__(self, state_dir: Path, ttl: float = DEFAULT_ORPHAN_TTL) -> None:
+        self.path = state_dir / LEASE_FILE
+        self.ttl = max(float(ttl), 1.0)
+        self.interval = min(max(self.ttl / 4, 0.25), 30.0)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.renew()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="idegym-lease", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop renewing (the sandboxes left then end after the TTL unless a new run renews)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def renew(self) -> None:
+        tmp = self.path.with_name(f".{LEASE_FILE}.{os.getpid()}")
+        tmp.write_text(f"{int(self.ttl)}\n")
+        tmp.replace(self.path)  # atomic: a monitor never reads a half-written TTL
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.renew()
+            except OSError as exc:  # e.g. the disk is full: say so, keep trying
+                log.error("cannot renew the sandboxes' lease %s: %s", self.path, exc)
+
+    def age(self) -> float | None:
+        """Seconds since the last renewal (None: no lease)."""
+        try:
+            return time.time() - self.path.stat().st_mtime
+        except OSError:
+            return None
+
+    def watch(self, data: dict[str, Any]) -> subprocess.Popen:
+        """Start the monitor of a sandbox (``data``: its handle's data, with the pids recorded so
+        far); records it in ``data``. The caller reaps the returned process."""
+        records = [f"{data[k][0]}:{data[k][1]}" for k in ("monitor", "init", "server", "net") if data.get(k)]
+        groups = list((data.get("cgroups") or {}).values())
+        argv = ["sh", "-c", MONITOR, "idegym-lease", str(self.path), str(int(self.ttl)), f"{self.interval:g}",
+                data["dir"], data["run_dir"], *records, "--", *groups]
+        with open(data["log"], "ab") as logf:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=logf,
+                                    start_new_session=True, cwd="/",
+                                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"})
+        data["lease_monitor"] = procfs.record(proc.pid)
+        return proc

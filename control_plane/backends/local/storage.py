@@ -1,0 +1,143 @@
+"""A sandbox's writable layers on a filesystem of their own, bounded in bytes and in inodes.
+
+Every isolated sandbox's ``layers/`` directory (the upper layers of its root trees and of its
+project, and its server log) is an ext4 filesystem in a sparse image file in the sandbox's
+directory, on a loop device that detaches itself once the filesystem is unmounted. Writes past
+the bound fail with ENOSPC inside the sandbox instead of filling the host's disk, and so do
+files past the inode bound; the image holds only what was written, and deleting the sandbox
+gives it all back at once (one unmount, one file).
+
+Images are copied from a formatted template per (size, inodes), made once per state directory
+with ``mkfs.ext4`` (no journal: a sandbox's layer does not outlive a crash of its host anyway).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import stat
+import struct
+import subprocess
+from pathlib import Path
+
+from ..base import BackendError
+from . import mounts
+
+DEFAULT_STORAGE_BYTES = 8 << 30
+DEFAULT_STORAGE_INODES = 262_144
+MIN_BYTES_PER_INODE = 4096  # a small bound gets fewer inodes: the inode table must fit in it
+IMAGE_NAME = "layers.ext4"
+
+LOOP_CTL_GET_FREE = 0x4C82
+LOOP_CONFIGURE = 0x4C0A
+LO_FLAGS_AUTOCLEAR = 4
+# struct loop_config { u32 fd; u32 block_size; struct loop_info64 info; u64 reserved[8]; }
+_LOOP_CONFIG = struct.Struct("=II QQQQQ IIII 64s64s32s QQ 8Q")
+
+
+def inodes_for(size: int, inodes: int) -> int:
+    return max(min(inodes, size // MIN_BYTES_PER_INODE), 1024)
+
+
+class LayerStorage:
+    """Bounded layer filesystems for the sandboxes of one state directory."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.templates = state_dir / "storage"
+
+    @staticmethod
+    def unavailable() -> str | None:
+        """Why bounded layers cannot be made here, or None."""
+        if shutil.which("mkfs.ext4") is None:
+            return "mkfs.ext4 is not installed (Debian package e2fsprogs)"
+        if not os.path.exists("/dev/loop-control"):
+            return "the kernel has no loop devices (/dev/loop-control)"
+        return None
+
+    def template(self, size: int, inodes: int) -> Path:
+        """The formatted image for (``size``, ``inodes``), made once (under a lock)."""
+        path = self.templates / f"{size}-{inodes}.ext4"
+        if path.exists():
+            return path
+        self.templates.mkdir(parents=True, exist_ok=True)
+        with open(self.templates / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if path.exists():
+                return path
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            with open(tmp, "wb") as fh:
+                fh.truncate(size)
+            proc = subprocess.run(["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-N", str(inodes), "-m", "0",
+                                   "-E", "lazy_itable_init=1,nodiscard", str(tmp)], capture_output=True, timeout=120)
+            if proc.returncode != 0:
+                tmp.unlink(missing_ok=True)
+                raise BackendError(f"mkfs.ext4 failed for a {size}-byte sandbox layer: "
+                                   f"{proc.stderr.decode(errors='replace').strip()}")
+            tmp.rename(path)
+        return path
+
+    def mount(self, target: Path, image: Path, size: int, inodes: int) -> None:
+        """A fresh bounded filesystem at ``target`` (an empty directory), stored in ``image``."""
+        _sparse_copy(self.template(size, inodes_for(size, inodes)), image)
+        device, fd = _attach(image)
+        try:  # with the device open: its last close before the mount would detach it
+            mounts.mount(device, target, "ext4", mounts.MS_NOSUID | mounts.MS_NODEV)
+        except OSError as exc:
+            raise BackendError(f"cannot mount the sandbox's layer {image} ({device}): {exc}") from exc
+        finally:
+            os.close(fd)
+        lost = target / "lost+found"
+        if lost.is_dir():
+            os.rmdir(lost)
+        os.chmod(target, 0o700)
+
+
+def _sparse_copy(src: Path, dst: Path) -> None:
+    """Copy only the data of a sparse file (a formatted image is a few MiB in a few GiB)."""
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        size = os.fstat(fin.fileno()).st_size
+        offset = 0
+        while offset < size:
+            try:
+                start = os.lseek(fin.fileno(), offset, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # no data after offset
+                    break
+                raise
+            end = os.lseek(fin.fileno(), start, os.SEEK_HOLE)
+            done = start
+            while done < end:
+                done += os.copy_file_range(fin.fileno(), fout.fileno(), end - done, done, done)
+            offset = end
+        fout.truncate(size)
+
+
+def _attach(image: Path) -> tuple[str, int]:
+    """A free loop device backed by ``image`` and an open fd of it (the caller closes it once the
+    filesystem is mounted); the device detaches itself when its last user is gone."""
+    backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        control = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            for _ in range(16):  # another process may take the free device first
+                number = fcntl.ioctl(control, LOOP_CTL_GET_FREE)
+                device = f"/dev/loop{number}"
+                if not os.path.exists(device):
+                    os.mknod(device, 0o660 | stat.S_IFBLK, os.makedev(7, number))
+                fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
+                config = _LOOP_CONFIG.pack(backing, 0, 0, 0, 0, 0, 0, number, 0, 0, LO_FLAGS_AUTOCLEAR,
+                                           os.fsencode(image)[:63], b"", b"", 0, 0, *([0] * 8))
+                try:
+                    fcntl.ioctl(fd, LOOP_CONFIGURE, config)
+                    return device, fd
+                except OSError as exc:
+                    os.close(fd)
+                    if exc.errno != errno.EBUSY:
+                        raise BackendError(f"cannot set up a loop device for {image}: {exc}") from exc
+        finally:
+            os.close(control)
+    finally:
+        os.close(backing)
+    raise BackendError(f"no free loop device for {image}")

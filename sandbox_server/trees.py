@@ -1,0 +1,77 @@
+"""A command's processes, wherever they went: its tree, whatever holds its output pipes, whatever
+carries its mark (``IDEGYM_CALL`` in the environment); and stopping a tree so that nothing in it
+forks its way out."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+
+from . import procfs
+
+
+def freeze_trees(roots: set[int], include_roots: bool, rounds: int = 200) -> set[int]:
+    """SIGSTOP every live descendant of ``roots`` (and the roots themselves if asked), looking
+    again until a scan finds nothing new; returns the stopped processes. A stopped process
+    cannot fork, exit or re-parent its children, so the set stops growing."""
+    me = os.getpid()
+    frozen: set[int] = set()
+    for _ in range(rounds):
+        children = procfs.process_tree()
+        found = {p for p in roots if p != me and procfs.alive(p)} if include_roots else set()
+        stack = list(roots | frozen)
+        while stack:
+            for child in children.get(stack.pop(), ()):
+                if child not in found and child != me:
+                    found.add(child)
+                    stack.append(child)
+        new = found - frozen
+        if not new:
+            break
+        for pid in new:
+            procfs.kill(pid, signal.SIGSTOP)
+        frozen |= new
+    return frozen
+
+
+def signal_group_and_holders(pgid: int, pipe_ids: set[int], sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for pid in pipe_holders(pipe_ids):
+        procfs.kill(pid, sig)
+
+
+def marked_processes(mark: bytes) -> set[int]:
+    """Descendants of this server whose environment holds ``mark`` (one command's processes,
+    including those that left its process tree)."""
+    found = set()
+    for pid in procfs.descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if mark in fh.read().split(b"\0"):
+                    found.add(pid)
+        except OSError:
+            continue
+    return found
+
+
+def pipe_holders(pipe_inodes: set[int]) -> list[int]:
+    """Processes (other than us) holding one of the given pipes open."""
+    targets = {f"pipe:[{ino}]" for ino in pipe_inodes}
+    found = []
+    for pid in procfs.other_pids():
+        try:
+            for fd in os.scandir(f"/proc/{pid}/fd"):
+                try:
+                    if os.readlink(fd.path) in targets:
+                        found.append(pid)
+                        break
+                except OSError:
+                    continue
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.EACCES, errno.ESRCH, errno.EPERM):
+                raise
+    return found
