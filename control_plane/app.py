@@ -20,6 +20,7 @@ from sandbox_server.models import ExecuteRequest
 from sandbox_server.openapi import Route, build_openapi
 
 from . import __version__
+from . import fork as forking
 from .auth import TOKEN_USER, token_credentials, token_path
 from .backends.base import Backend
 from .body_budget import COPIES, BodyBudget
@@ -55,6 +56,8 @@ from .models import (
     ErrorResponse,
     FinishClientRequest,
     FinishServerRequest,
+    ForkServerRequest,
+    ForkServerResponse,
     ForwardRequestResponse,
     HealthCheckResponse,
     JobStatusResponse,
@@ -246,6 +249,16 @@ async def snapshot_server(request: web.Request) -> web.Response:
                                                                       operation_id=op))
 
 
+async def fork_server(request: web.Request) -> web.Response:
+    req = await read_model(request, ForkServerRequest)
+    cp = _cp(request)
+    row = forking.check_can_fork(cp, req)
+    op = cp.ops.submit(AsyncOperationType.FORK_SERVER, req.model_dump_json(), lambda: forking.fork_server(cp, row, req),
+                       client_id=row.client_id, server_id=row.id)
+    return await _accepted_or_wait(request, op, ForkServerResponse(server_id=row.id, server_name=row.generated_name,
+                                                                  operation_id=op))
+
+
 # -- operations, jobs, snapshots ------------------------------------------------------------------
 
 
@@ -399,6 +412,8 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/api/idegym-servers/snapshot", snapshot_server, "Create Snapshot",
           "create_snapshot_api_idegym_servers_snapshot_post", CreateSnapshotRequest, CreateSnapshotResponse,
           async_operation=True),
+    Route("POST", "/api/idegym-servers/fork", fork_server, "Fork Server", "fork_server_api_idegym_servers_fork_post",
+          ForkServerRequest, ForkServerResponse, async_operation=True),
     Route("POST", "/api/build-push-images", build_images, "Build And Push", "build_and_push_api_build_push_images_post",
           BuildFromYamlRequest, BuildFromYamlResponse),
     Route("GET", "/api/jobs/status/{job_name}", job_status, "Job Status", "job_status_api_jobs_status__job_name__get",

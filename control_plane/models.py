@@ -69,6 +69,7 @@ class AsyncOperationType(StrEnum):
     STOP_CLIENT = "STOP_CLIENT"
     FORWARD_REQUEST = "FORWARD_REQUEST"
     SNAPSHOT_SERVER = "SNAPSHOT_SERVER"
+    FORK_SERVER = "FORK_SERVER"
 
 
 class ServerReuseStrategy(StrEnum):
@@ -330,6 +331,33 @@ class CreateSnapshotResponse(Response):
     snapshot_id: str | None = None
     snapshot_tag: str | None = None
     operation_id: int | None = None
+
+
+# -- fork (issue 17) -------------------------------------------------------------------------------
+
+MAX_FORK_COUNT = 64
+
+
+class ForkServerRequest(Request):
+    client_id: UUID
+    namespace: str = "idegym"
+    server_id: int
+    count: int = Field(ge=1, le=MAX_FORK_COUNT, description=f"children to make (1 to {MAX_FORK_COUNT})")
+    server_name: str | None = Field(None, min_length=1, max_length=63, pattern=K8S_NAME.pattern,
+                                    description="the children's server name (default: the parent's)")
+
+
+class ForkedServer(Response):
+    server_id: int
+    generated_name: str
+    service_name: str | None = None  # the backend's name of its sandbox (as StartServerResponse's)
+
+
+class ForkServerResponse(Response):
+    server_id: int  # the parent's
+    server_name: str  # the parent's generated name
+    operation_id: int | None = None
+    servers: list[ForkedServer] = Field(default_factory=list)  # the children, once the fork is done
 
 
 class PrepareSnapshotsRequest(Request):

@@ -82,6 +82,25 @@ class WarmPool:
         named = replace(spec, generated_name=new_sandbox_name())
         return await self.create(named, timeout), False
 
+    def take(self, spec: SandboxSpec, count: int) -> list[SandboxHandle]:
+        """Up to ``count`` ready members of ``spec``'s kind, creating none (a fork turns them into
+        its children); what is asked for counts as demand, as claims do."""
+        key = spec.pool_key()
+        now = time.monotonic()
+        self._templates.setdefault(key, self.template(spec))
+        self._demand.setdefault(key, deque()).extend([now] * count)
+        self._last_used[key] = now
+        ready = self._ready.get(key) or deque()
+        taken: list[SandboxHandle] = []
+        while ready and len(taken) < count:
+            handle = ready.popleft()
+            self.store.remove_pool_member(handle.name)
+            taken.append(handle)
+        return taken
+
+    def refill(self, spec: SandboxSpec) -> None:
+        self._refill(spec.pool_key())
+
     async def create(self, spec: SandboxSpec, timeout: float) -> SandboxHandle:
         self.creating.add(spec.generated_name)
         try:

@@ -27,6 +27,9 @@ Episode
     once; the embedded control plane stays up for a grace period (``$IDEGYM_EMBEDDED_GRACE``, 60 s
     by default) so that the next ``gym.make`` finds it, and ends at interpreter exit at the latest.
 
+    ``fork(n)`` returns ``n`` envs that continue the running episode, each in a sandbox forked
+    from this one's (the whole filesystem as it is, fresh processes): tree search, best-of-n.
+
 A sandbox of your own
     ``IdeGymEnv(task, sandbox=Sandbox.connect(unix_socket=...))`` works on a sandbox server you
     connected to directly, with no control plane: no image is built and no server is started.
@@ -338,6 +341,13 @@ class IdeGymEnv(gym.Env[str, dict]):
             return "\n\n".join(self._transcript) + "\n"
         return None
 
+    def fork(self, n: int = 1) -> list[IdeGymEnv]:
+        """``n`` envs continuing this episode (same task, step count, transcript), each in a sandbox
+        forked from this one's (the whole filesystem, fresh processes); see ``env_fork.py``."""
+        from .env_fork import fork_env
+
+        return fork_env(self, n)
+
     def close(self) -> None:
         if getattr(self, "_closed", True):
             return
@@ -350,6 +360,8 @@ class IdeGymEnv(gym.Env[str, dict]):
                     pass  # already gone: nothing to hand back
             if self._owns_client:
                 self.client.close(stop=True)
+            elif getattr(self, "_client_share", None) is not None:  # shared with forks (env_fork.py)
+                self._client_share.release()
         finally:
             self.sandbox = None
             if self._embedded:

@@ -320,7 +320,8 @@ async def reset_project(request: web.Request) -> web.Response:
                 status=Status.FAILURE, output="Can not reset project without an archive!", killed_processes=killed,
             ))
         try:
-            restored = await asyncio.get_running_loop().run_in_executor(None, state.project.reset)
+            restored = await asyncio.get_running_loop().run_in_executor(None, state.project.reset,
+                                                                      req.to_fork_point)
         except Exception as exc:  # noqa: BLE001 - reported to the caller, who decides
             log.exception("project reset failed")
             return json_response(ResetResult(

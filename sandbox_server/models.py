@@ -214,7 +214,8 @@ class TestReport(Response):
 
 
 class ResetRequest(TimedRequest):
-    pass
+    to_fork_point: bool = Field(False, description="a forked sandbox: back to the project as it was at the fork, "
+                                                   "not to the image")
 
 
 class ResetResult(Response):

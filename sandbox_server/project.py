@@ -4,7 +4,10 @@ Two ways to restore, picked at start-up:
 
 * ``OverlayProject`` — the project is an overlay mount whose lower layer is the pristine tree;
   reset unmounts, empties the upper layer and mounts again. Cost follows what the agent changed.
-  Needs mount rights (root, or root in the sandbox's user namespace).
+  Needs mount rights (root, or root in the sandbox's user namespace). A sandbox forked from
+  another (the control plane's fork) starts from its parent's frozen project layers stacked
+  over the pristine tree (named in ``<layer>/fork-layers.json``); a reset goes back to the
+  pristine tree, or with ``to_fork_point`` to those layers: the project as it was at the fork.
 * ``CopyProject`` — anywhere else. A manifest records each entry's (inode, ctime) after the
   last restore; ctime cannot be set from user space, so an entry whose pair is unchanged is
   byte-identical, and only the others are copied back. Exact, and cheap when little changed.
@@ -14,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -37,8 +42,9 @@ class Project(Protocol):
     path: Path
     pristine: Path  # the tree a reset restores (read-only to tools)
 
-    def reset(self) -> int:
-        """Restore the project to its pristine state; returns how many entries were restored."""
+    def reset(self, to_fork_point: bool = False) -> int:
+        """Restore the project to its pristine state (or, forked, to the fork point); returns how
+        many entries were restored."""
 
 
 def prepare_pristine(source: Path | None, project: Path, private_dir: Path) -> tuple[Path, bool]:
@@ -128,7 +134,10 @@ class CopyProject:
         self._manifest = _scan(path) if identical else {}
         self._root_stamp = _root_stamp(path)
 
-    def reset(self) -> int:
+    def reset(self, to_fork_point: bool = False) -> int:
+        if to_fork_point:
+            raise ProjectError("this sandbox's project is a copy, not an overlay: it was not forked and has no "
+                               "fork point (reset without to_fork_point)")
         root = self.path
         if not root.is_dir() or root.is_symlink():
             _remove(root)
@@ -193,8 +202,26 @@ def _copy_entry(src: Path, dst: Path) -> None:
 # -- overlay restore --------------------------------------------------------------------------------
 
 
+FORK_LAYERS = "fork-layers.json"  # in the layer directory: the fork's project layers, top first
+_LAYER_PATH = re.compile(r"^/[A-Za-z0-9_.@+-]+(/[A-Za-z0-9_.@+-]+)*$")  # nothing an overlay option could split
+
+
+def fork_layers(layer: Path) -> list[Path]:
+    """The read-only project layers a forked sandbox started from (``[]`` when it was not forked)."""
+    try:
+        names = json.loads((layer / FORK_LAYERS).read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        raise ProjectError(f"unreadable {layer / FORK_LAYERS}: {exc}") from exc
+    if not isinstance(names, list) or not all(isinstance(n, str) and _LAYER_PATH.match(n) and ".." not in n
+                                                  for n in names):
+        raise ProjectError(f"{layer / FORK_LAYERS} must list absolute directory paths")
+    return [Path(n) for n in names]
+
+
 class OverlayProject:
-    """The project as an overlay mount over a read-only pristine tree."""
+    """The project as an overlay mount over a read-only pristine tree (and, forked, the fork's layers)."""
 
     def __init__(self, path: Path, lower: Path, layer: Path) -> None:
         self.path = path
@@ -202,13 +229,14 @@ class OverlayProject:
         self.pristine = lower
         self.layer = layer
         self.path.mkdir(parents=True, exist_ok=True)
-        self._mount()
+        self._mount(fork_layers(layer))
 
-    def _options(self) -> str:
-        opts = f"lowerdir={self.lower},upperdir={self.layer}/upper,workdir={self.layer}/work"
+    def _options(self, forks: list[Path]) -> str:
+        lowers = ":".join(str(p) for p in [*forks, self.lower])
+        opts = f"lowerdir={lowers},upperdir={self.layer}/upper,workdir={self.layer}/work"
         return opts + (",userxattr" if _in_child_userns() else "")
 
-    def _mount(self) -> None:
+    def _mount(self, forks: list[Path]) -> None:
         upper = self.layer / "upper"
         fresh = not upper.exists()
         for sub in ("upper", "work"):
@@ -217,17 +245,18 @@ class OverlayProject:
             # The overlay's root directory takes its owner and mode from the upper directory: a
             # new upper must look like the pristine root, or a root-run server would hand the
             # project root to root after a reset.
-            st = self.lower.stat()
+            st = (forks[0] if forks else self.lower).stat()
             if os.geteuid() == 0:
                 os.chown(upper, st.st_uid, st.st_gid)
             os.chmod(upper, stat.S_IMODE(st.st_mode))
             os.utime(upper, ns=(st.st_atime_ns, st.st_mtime_ns))
         with _no_symlink(self.path) as target:
-            if _libc.mount(b"overlay", target, b"overlay", 0, self._options().encode()) != 0:
+            if _libc.mount(b"overlay", target, b"overlay", 0, self._options(forks).encode()) != 0:
                 err = ctypes.get_errno()
                 raise ProjectError(f"cannot mount the project overlay on {self.path}: {os.strerror(err)}")
 
-    def reset(self) -> int:
+    def reset(self, to_fork_point: bool = False) -> int:
+        forks = fork_layers(self.layer) if to_fork_point else []
         upper = self.layer / "upper"
         changed = sum(1 for _ in upper.rglob("*")) if upper.exists() else 0
         with _no_symlink(self.path) as target:
@@ -236,7 +265,7 @@ class OverlayProject:
                 raise ProjectError(f"cannot unmount the project overlay: {os.strerror(err)}")
         for sub in ("upper", "work"):
             shutil.rmtree(self.layer / sub, ignore_errors=True)
-        self._mount()
+        self._mount(forks)
         return changed
 
     def close(self) -> None:

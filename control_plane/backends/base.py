@@ -35,6 +35,11 @@ class SnapshotsUnsupported(BackendError):
         super().__init__(message, 400)
 
 
+class ForkUnsupported(BackendError):
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 400)
+
+
 @dataclass(frozen=True)
 class Limits:
     """Resources a sandbox is held to (the limit, else the request); ``None`` means unbounded."""
@@ -99,6 +104,16 @@ class SandboxSpec:
         """Sandboxes with the same key are interchangeable before they are bound to a server."""
         return (self.image_tag, self.server_kind.value, self.run_as_root, self.runtime_class_name,
                 self.container_port, self.limits, self.snapshot_source, self.isolated_runs)
+
+
+@dataclass
+class ForkChild:
+    """One child of a fork: its spec (the parent's, with the child's server id and sandbox name in
+    ``generated_name``) and, maybe, a ready warm-pool sandbox of the parent's kind that the
+    backend may turn into the child instead of starting one."""
+
+    spec: SandboxSpec
+    warm: SandboxHandle | None = None
 
 
 @dataclass
@@ -207,6 +222,16 @@ class Backend(abc.ABC):
 
     def supports_snapshots(self) -> bool:
         return False
+
+    def supports_fork(self) -> bool:
+        return False
+
+    async def fork(self, parent: SandboxHandle, children: list[ForkChild], timeout: float) -> list[SandboxHandle]:
+        """New sandboxes, one per child (in order), each with ``parent``'s whole filesystem as it
+        was at one instant and fresh processes; ``parent`` keeps running and sees none of them.
+        All or nothing: on failure every child made is removed. A warm sandbox handed in is
+        either turned into its child or deleted."""
+        raise ForkUnsupported(f"the {self.name} backend cannot fork sandboxes")
 
     def endpoint(self, handle: SandboxHandle) -> Endpoint:
         return handle.endpoint

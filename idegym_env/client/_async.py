@@ -162,9 +162,10 @@ class AsyncSandbox:
     async def capabilities(self) -> list[str]:
         return await self._run(_plans.capabilities(self._target))
 
-    async def reset(self, timeout: float = 600.0) -> ResetResult:
-        """Project back to the image byte for byte; every process a tool started ends."""
-        return await self._run(_plans.reset(self._target, timeout))
+    async def reset(self, timeout: float = 600.0, *, to_fork_point: bool = False) -> ResetResult:
+        """Project back to the image byte for byte; every process a tool started ends. A fork's
+        child with ``to_fork_point``: back to the project as it was when it was forked."""
+        return await self._run(_plans.reset(self._target, timeout, to_fork_point))
 
     # -- life cycle (through the control plane) ----------------------------------------------
 
@@ -179,6 +180,16 @@ class AsyncSandbox:
         return await c._run(_plans.server_action("POST", "/api/idegym-servers/restart", c.client_id, self.server_id,
                                            c.namespace, {"server_start_wait_timeout_in_seconds": timeout},
                                            timeout + 60))
+
+    async def fork(self, n: int = 1, *, server_name: str | None = None, timeout: float = 600.0) -> list[AsyncSandbox]:
+        """``n`` new servers (1 to 64), each with this sandbox's whole filesystem as it is now and
+        fresh processes (no process state is copied); this sandbox keeps running and sees none of
+        them. They are ordinary servers of this client, under ``server_name`` (default: this
+        one's)."""
+        c = self._owner()
+        answer = await c._run(_plans.fork(c.client_id, self.server_id, c.namespace, n, server_name, timeout))
+        return [AsyncSandbox(self._http, Target.forwarded(c.client_id, s.server_id), c,
+                        _plans.forked_info(self.info, c.namespace, c.client_id, s)) for s in answer.servers]
 
     async def snapshot(self) -> CreateSnapshotResponse:
         c = self._owner()

@@ -9,6 +9,9 @@ from pydantic import ValidationError as PydanticValidationError
 
 from control_plane.models import (
     CreateSnapshotResponse,
+    ForkedServer,
+    ForkServerRequest,
+    ForkServerResponse,
     JobStatusResponse,
     KeepaliveServerResponse,
     ListServersResponse,
@@ -130,8 +133,9 @@ def run_tests(target: Target, script: str, timeout: float, report_glob: str) -> 
                             wire(TestRequest, test_script=script, timeout=timeout, report_glob=report_glob)))
 
 
-def reset(target: Target, timeout: float = 600.0) -> Plan[ResetResult]:
-    result = yield from call(target, routes.RESET_PROJECT, wire(ResetRequest, timeout=timeout))
+def reset(target: Target, timeout: float = 600.0, to_fork_point: bool = False) -> Plan[ResetResult]:
+    result = yield from call(target, routes.RESET_PROJECT, wire(ResetRequest, timeout=timeout,
+                                                                 to_fork_point=to_fork_point))
     if result.status != "success":
         raise ServerError(500, f"project reset failed: {result.output}", result.output, "sandbox")
     return result
@@ -211,6 +215,23 @@ def list_servers(client_id: str, include_terminal: bool) -> Plan[ListServersResp
 def snapshot(client_id: str, server_id: int, namespace: str) -> Plan[CreateSnapshotResponse]:
     return (yield from cp_operation("POST", "/api/idegym-servers/snapshot", {
         "client_id": client_id, "server_id": server_id, "namespace": namespace}, CreateSnapshotResponse, 300))
+
+
+def fork(client_id: str, server_id: int, namespace: str, count: int, server_name: str | None,
+         timeout: float) -> Plan[ForkServerResponse]:
+    body = wire(ForkServerRequest, client_id=client_id, server_id=server_id, namespace=namespace, count=count,
+                server_name=server_name)
+    return (yield from cp_operation("POST", "/api/idegym-servers/fork", body.model_dump(mode="json"),
+                                    ForkServerResponse, timeout))
+
+
+def forked_info(parent: StartServerResponse | None, namespace: str, client_id: str,
+                child: ForkedServer) -> StartServerResponse:
+    """What a fork's child handle records: the parent's server, under the child's id and name."""
+    return StartServerResponse(namespace=namespace, client_id=client_id, server_id=child.server_id,
+                               generated_name=child.generated_name, service_name=child.service_name,
+                               server_name=parent.server_name if parent else None,
+                               image_tag=parent.image_tag if parent else None)
 
 
 def build_images(yaml_text: str, namespace: str) -> Plan[list[str]]:

@@ -18,6 +18,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from .. import embedded
 from ..spaces.object_batch import batched_space, is_numeric_space, object_array
 from ..urls import is_loopback_url
+from . import groups
 from .failures import SlotFailure, gather, reason
 from .node_control_plane import STOP_TIMEOUT, RemoteControlPlaneRegistry, stop_client
 from .placement import NODE, SHARED, NodeSpreader, Placement, driver_node_id, required_resources
@@ -44,7 +45,8 @@ class RayVectorEnv(gym.vector.VectorEnv):
     ``step``/``reset`` of a sub-env. ``envs_per_actor`` sub-envs share one actor (default 1): a
     step then costs one Ray call per actor, which on a small machine is most of Ray's cost (about
     1 ms per call on two cores), but a failing actor or a timeout ends the episodes of all its
-    sub-envs.
+    sub-envs. ``group_size=k`` makes each k consecutive sub-envs a group that starts every episode
+    from one reset state, forked rather than reset k times (``groups.py``; GRPO).
     """
 
     metadata: dict[str, Any] = {"autoreset_mode": NEXT_STEP, "render_modes": ["ansi"]}
@@ -61,8 +63,9 @@ class RayVectorEnv(gym.vector.VectorEnv):
         max_slot_restarts: int = 3,
         ray_init_kwargs: dict[str, Any] | None = None,
         max_episode_steps: int | None = None,
-        envs_per_actor: int = 1,
+        envs_per_actor: int | None = None,
         node_warm_pool: int = 1,
+        group_size: int = 1,
         **env_kwargs: Any,
     ) -> None:
         self.closed = True  # until the actors exist; makes __del__ and close() safe on a failed __init__
@@ -72,10 +75,14 @@ class RayVectorEnv(gym.vector.VectorEnv):
             raise ValueError("RayVectorEnv cannot share a client with its actors; pass control_plane_url")
         if step_timeout is not None and step_timeout <= 0:
             raise ValueError(f"step_timeout must be > 0 or None, got {step_timeout!r}")
+        given = envs_per_actor is not None
+        envs_per_actor = 1 if envs_per_actor is None else envs_per_actor
         if (isinstance(envs_per_actor, bool) or not isinstance(envs_per_actor, (int, np.integer))
                 or envs_per_actor < 1):
             raise ValueError(f"envs_per_actor must be an int >= 1, got {envs_per_actor!r}")
         self.num_envs = int(num_envs)
+        self.group_size = int(group_size) if isinstance(group_size, np.integer) else group_size
+        envs_per_actor = groups.check_group_size(self.group_size, self.num_envs, int(envs_per_actor), given)
         self.envs_per_actor = min(int(envs_per_actor), self.num_envs)
         # Slot i lives in actor i // envs_per_actor, as its sub-env i % envs_per_actor.
         self._members = [list(range(g, min(g + self.envs_per_actor, self.num_envs)))
@@ -308,7 +315,11 @@ class RayVectorEnv(gym.vector.VectorEnv):
         pending, wanted = list(slots), set(slots)
         attempts = 0
         while pending:
-            values = self._run({i: ("reset", (), {"seed": seeds[i], "options": options}) for i in pending})
+            if self.group_size > 1:
+                calls = groups.reset_calls(pending, seeds, options, self.group_size)
+                values = groups.spread(self._run(calls), calls, self.group_size)
+            else:
+                values = self._run({i: ("reset", (), {"seed": seeds[i], "options": options}) for i in pending})
             failed = {i: v for i, v in values.items() if isinstance(v, SlotFailure)}
             for i, value in values.items():
                 if i not in failed:
@@ -349,6 +360,8 @@ class RayVectorEnv(gym.vector.VectorEnv):
                 raise ValueError(f"options['reset_mask'] must have shape ({self.num_envs},), "
                                  f"got {mask.shape}")
             slots = [i for i in range(self.num_envs) if mask[i]]
+            if self.group_size > 1:
+                slots = groups.whole_groups(slots, self.group_size)
         else:
             slots = list(range(self.num_envs))
         if seeds[0] is not None:
@@ -368,8 +381,15 @@ class RayVectorEnv(gym.vector.VectorEnv):
         items = self._split_actions(actions)
         # NEXT_STEP autoreset: a slot whose episode ended last step is reset now, its action ignored.
         resetting = [bool(self._autoreset[i] or self._needs_reset[i]) for i in range(self.num_envs)]
-        values = self._run({i: ("reset", (), {"seed": None, "options": None}) if resetting[i]
-                             else ("step", (items[i],), {}) for i in range(self.num_envs)})
+        calls = {i: ("reset", (), {"seed": None, "options": None}) if resetting[i]
+                 else ("step", (items[i],), {}) for i in range(self.num_envs)}
+        waiting: set[int] = set()
+        if self.group_size > 1:  # a group resets once all its members have ended (groups.py)
+            calls, resetting, waiting = groups.step_calls(calls, resetting, self.group_size)
+            values = groups.spread(self._run(calls), calls, self.group_size)
+            values.update({i: groups.waiting_step(self._last_obs[i]) for i in waiting})
+        else:
+            values = self._run(calls)
 
         rewards = np.zeros(self.num_envs, dtype=np.float64)
         terminated = np.zeros(self.num_envs, dtype=np.bool_)
@@ -409,6 +429,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
             self._last_obs[i] = obs
             infos = self._add_info(infos, info, i)
         self._autoreset = terminated | truncated
+        self._autoreset[list(waiting)] = True  # still ended: reset with the rest of its group
         return self._batch_obs(), rewards, terminated, truncated, infos
 
     def render(self) -> tuple[Any, ...] | None:

@@ -71,9 +71,11 @@ class SubEnvGroup:
         """``(sub-env, "reset" | "step", args, kwargs)`` each; ``(True, result)`` or ``(False, reason)``."""
         def one(call: tuple[int, str, tuple, dict[str, Any]]) -> tuple[bool, Any]:
             j, method, args, kwargs = call
-            if method not in ("reset", "step"):
+            if method not in ("reset", "step", "reset_group"):
                 return False, f"ValueError: {method!r} is not a sub-env call"
             try:
+                if method == "reset_group":
+                    return True, self.reset_group(j, *args, **kwargs)
                 return True, getattr(self.envs[j], method)(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - reported as this sub-env's failure
                 return False, reason(exc)
@@ -81,6 +83,26 @@ class SubEnvGroup:
         if self._threads is None or len(calls) < 2:
             return [one(c) for c in calls]
         return list(self._threads.map(one, calls))
+
+    def reset_group(self, j: int, size: int, seed: int | None = None, options: dict[str, Any] | None = None
+                    ) -> list[tuple[Any, dict[str, Any]]]:
+        """Sub-envs ``j .. j+size-1`` start one episode from one reset state (``vector/groups.py``):
+        sub-env ``j`` resets, its episode is forked into the others, which replace theirs (their
+        old sandboxes are stopped, not kept for reuse)."""
+        obs, info = self.envs[j].reset(seed=seed, options=options)
+        forks = self.envs[j].unwrapped.fork(size - 1)  # type: ignore[attr-defined]
+        out = [(obs, {**info, "group": j, "group_leader": True})]
+        for m, fork in enumerate(forks, start=1):
+            old, self.envs[j + m] = self.envs[j + m], self._wrap(fork)
+            _discard(old)
+            out.append((obs, {**info, "server_id": fork.sandbox.server_id, "sandbox": "forked", "group": j,
+                              "group_leader": False, "forked_from": info.get("server_id")}))
+        return out
+
+    def _wrap(self, env: gym.Env) -> gym.Env:
+        for wrapper in self._wrappers:
+            env = wrapper(env)
+        return env
 
     def rebuild(self, j: int) -> None:
         """Replace sub-env ``j`` after its env raised: the old one is closed as far as it can be."""
@@ -117,6 +139,25 @@ class SubEnvGroup:
                 errors.append(exc)
         if errors:
             raise errors[0]
+
+
+def _discard(env: gym.Env) -> None:
+    """Close a sub-env a group's fork replaces; its sandbox is stopped (a fork of an old episode is
+    of no use to anybody)."""
+    from ..client import APIError
+
+    inner = env.unwrapped
+    sandbox = getattr(inner, "sandbox", None)
+    if sandbox is not None and getattr(sandbox, "server_id", None) is not None:
+        try:
+            sandbox.stop()
+        except APIError:
+            pass
+        inner.sandbox = None  # type: ignore[attr-defined]
+    try:
+        env.close()
+    except Exception:  # noqa: BLE001 - it is being thrown away
+        pass
 
 
 RemoteSubEnvGroup = ray.remote(SubEnvGroup)

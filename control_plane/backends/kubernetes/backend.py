@@ -29,18 +29,21 @@ from ..base import (
     Backend,
     BackendError,
     Endpoint,
+    ForkChild,
     ImageNotFound,
     Observation,
     SandboxHandle,
     SandboxSpec,
     SnapshotInfo,
 )
-from . import kube, podstate
+from . import fork, kube, podstate
 from .builds import KubernetesImageBuilder
 from .config import ADDRESSING, KubernetesConfig, load_api_client  # noqa: F401 - KubernetesConfig re-exported
 from .informer import PodInformer
 from .manifests import (
     RESTARTED_AT,
+    RESTORE_ANNOTATION,
+    SNAPSHOT_ID_LABEL,
     api_version_label,
     build_node_holder,
     build_server_manifests,
@@ -271,6 +274,8 @@ class KubernetesBackend(Backend):
         ns = handle.data.get("namespace", self.config.namespace)
         try:
             await self._remove(ns, handle.name, handle.data.get("kind"), wait=True)
+            if handle.data.get(fork.FORK_DATA):  # a fork's child: its snapshot goes with the last of them
+                await fork.release(self, ns, handle.data[fork.FORK_DATA], handle.name)
         except ApiException as exc:
             raise self._api_error(f"cannot delete server {ns}/{handle.name}", exc) from exc
 
@@ -296,13 +301,20 @@ class KubernetesBackend(Backend):
             return await self.create(spec, timeout)
         old = {p["metadata"]["name"] for p in self._pods(ns, handle.name)}
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        patch = {"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: stamp}}}}}
+        patch: dict[str, Any] = {"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: stamp}}}}}
+        forked = handle.data.pop(fork.FORK_DATA, None)
+        if forked:  # as fresh as a new server of the image: no longer restored from the fork's snapshot
+            patch["spec"]["template"]["metadata"].update(
+                annotations={RESTARTED_AT: stamp, RESTORE_ANNOTATION: None},
+                labels={SNAPSHOT_ID_LABEL: str(handle.data.get("server_id", spec.server_id))})
         try:
             await kube.call(self.apps.patch_namespaced_deployment, handle.name, ns, patch)
         except ApiException as exc:
             raise self._api_error(f"cannot restart server {ns}/{handle.name}", exc) from exc
         await self._wait_ready(ns, handle.name, handle.data.get("image", spec.image_tag), spec.max_restarts,
                                timeout, exclude=old)
+        if forked:
+            await fork.release(self, ns, forked, handle.name)
         handle.endpoint = self.endpoint(handle)
         return handle
 
@@ -363,6 +375,14 @@ class KubernetesBackend(Backend):
         name = await self.snapshots.take(ns, pod["metadata"]["name"], str(group))
         # one PodSnapshot is one snapshot: its name is both the id and the SnapshotRef tag
         return SnapshotInfo(snapshot_id=name, snapshot_tag=name)
+
+    # -- forks (fork.py) --
+
+    def supports_fork(self) -> bool:
+        return self.snapshots.available
+
+    async def fork(self, parent: SandboxHandle, children: list[ForkChild], timeout: float) -> list[SandboxHandle]:
+        return await fork.fork(self, parent, children, timeout)
 
     async def snapshot_exists(self, snapshot_id: str) -> bool:
         for ns in self.namespaces:

@@ -31,7 +31,8 @@ directory, for the orphan sweep).
 Where each part lives: ``launcher.py`` (a launch, start to ready), ``rootfs.py`` (layers and
 mounts), ``bwrap.py`` / ``plain.py`` (starting the server), ``server_kinds.py`` (which server),
 ``readiness.py``, ``teardown.py`` (kill, unmount, remove), ``inventory.py`` (what exists, for the
-orphan sweep), ``snapshots.py``, ``cgroups.py``, ``images.py`` (the image store).
+orphan sweep), ``snapshots.py``, ``fork.py`` (fork into N: ``fork_layers.py``, ``adopt.py``),
+``cgroups.py``, ``images.py`` (the image store).
 """
 
 from __future__ import annotations
@@ -48,13 +49,14 @@ from sandbox_server import procfs
 from ..base import (
     Backend,
     BackendError,
+    ForkChild,
     ImageNotFound,
     Observation,
     SandboxHandle,
     SandboxSpec,
     SnapshotInfo,
 )
-from . import inventory, teardown
+from . import fork, inventory, teardown
 from .cgroups import DEFAULT_SERVER_MEMORY_RESERVE, Cgroups
 from .images import BUILTIN_IMAGE, ImageError, ImageStore, ResolvedImage
 from .isolation import ISOLATIONS, choose_isolation, say_once
@@ -117,6 +119,7 @@ class LocalBackend(Backend):
         self.store = ImageStore(self.state_dir / "images")
         self.oci_settings = oci or OciSettings.from_env()  # OCI builds: the bases' cache, a registry mirror
         self.snapshots = Snapshots(self.state_dir / "snapshots")
+        self.fork_layers = self.snapshots.layers
         key = state_key(self.state_dir)
         self._cgroup_parent = f"{cgroup_parent.strip('/')}/{key}"
         self._run_root = pick_run_root(self.state_dir, key)
@@ -178,6 +181,7 @@ class LocalBackend(Backend):
         if self.lease is not None:
             self.lease.start()
         register_state(self.state_dir, key)
+        self._sweep_fork_layers()
 
     def require_started(self) -> Launcher:
         """The launcher; ``BackendError`` before ``start()``."""
@@ -235,7 +239,7 @@ class LocalBackend(Backend):
 
     async def create(self, spec: SandboxSpec, timeout: float) -> SandboxHandle:
         launcher = self.require_started()
-        snapshot = None
+        snapshot = forks = None
         if spec.snapshot_source:
             snapshot = self.snapshots.path(spec.snapshot_source)
             meta = self.snapshots.meta(snapshot)
@@ -243,13 +247,15 @@ class LocalBackend(Backend):
                 image = self.store.resolve_id(meta["image_id"], meta.get("image"))
             except ImageError as exc:
                 raise BackendError(f"snapshot {spec.snapshot_source}: {exc}", 404) from exc
+            if meta.get("forks"):  # taken of a fork's child: it stands on the same fork layers
+                forks = self.fork_layers.stack(meta["forks"])
         else:
             image = self.resolve(spec.image_tag)
         assert self.sandboxes is not None
         return await launcher.launch(self.sandboxes, spec.generated_name, image, run_as_root=spec.run_as_root,
                                      network=self.network or image.network, limits=spec.limits, env=dict(image.env),
                                      snapshot=snapshot, timeout=timeout, kind=spec.server_kind.value,
-                                     isolated_runs=spec.isolated_runs)
+                                     isolated_runs=spec.isolated_runs, forks=forks)
 
     async def observe(self, handle: SandboxHandle) -> Observation:
         data = handle.data
@@ -302,6 +308,29 @@ class LocalBackend(Backend):
 
     async def snapshot_exists(self, snapshot_id: str) -> bool:
         return self.snapshots.exists(snapshot_id)
+
+    # -- forks (fork.py) -----------------------------------------------------------------------------
+
+    def supports_fork(self) -> bool:
+        return self.isolation == "bwrap"
+
+    async def fork(self, parent: SandboxHandle, children: list[ForkChild], timeout: float) -> list[SandboxHandle]:
+        return await fork.fork(self, parent, children, timeout)
+
+    def _sweep_fork_layers(self) -> None:
+        """Let go of holders a previous run left behind (forks cut off, sandboxes and snapshots
+        removed while it was down) and remove the layers nobody holds."""
+        roots = {"s": self.state_dir / "sandboxes", "p": self.snapshots.root}
+
+        def alive(holder: str) -> bool:
+            kind, _, name = holder.partition("-")
+            if kind == "o":  # a fork in progress, in the process named
+                return os.path.isdir(f"/proc/{name.partition('-')[0]}")
+            return kind in roots and bool(name) and (roots[kind] / name).is_dir()
+
+        freed = self.fork_layers.sweep(alive)
+        if freed:
+            log.info("removed %d fork layers nobody uses any more", len(freed))
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         trash = self.snapshots.retire(snapshot_id)

@@ -24,6 +24,7 @@ from sandbox_server import procfs
 
 from ..base import BackendError, Endpoint, Limits, SandboxHandle
 from . import bwrap, cgroups, plain, readiness, rootfs, teardown
+from .fork_layers import ForkLayers, ForkStack, sandbox_holder
 from .images import ResolvedImage
 from .isolation import say_once
 from .layout import NAME_RE, SOCKET_NAME, Plan, Space, tail, write_meta
@@ -95,9 +96,11 @@ class Launcher:
     async def launch(self, space: Space, name: str, image: ResolvedImage, *, run_as_root: bool, network: bool,
                      limits: Limits, env: dict[str, str], timeout: float, kind: str = "idegym",
                      snapshot: Path | None = None, project_lower: str | None = None,
-                     export: Path | None = None, isolated_runs: int = 0) -> SandboxHandle:
+                     export: Path | None = None, isolated_runs: int = 0,
+                     forks: ForkStack | None = None) -> SandboxHandle:
         """A ready sandbox ``name`` in ``space`` running ``kind``'s server on ``image``; ``export``
-        is bound writable at ``/opt/idegym/export`` (image builds take their project out there)."""
+        is bound writable at ``/opt/idegym/export`` (image builds take their project out there);
+        ``forks`` are the fork layers a fork's child stands on (it holds them until deleted)."""
         if not NAME_RE.match(name):
             raise BackendError(f"invalid sandbox name {name!r}: use letters, digits, '-', '_', '.'", 400)
         entry(kind)  # an unknown kind fails here, before anything is made
@@ -110,7 +113,7 @@ class Launcher:
         plan = Plan(name=name, space=space, sb=sb, run=space.run_dir(name), image=image,
                     project_lower=project_lower or image.project, run_as_root=run_as_root, network=network,
                     limits=limits, pids_max=self.pids_max, env=env, kind=kind, snapshot=snapshot, export=export,
-                    isolated_runs=isolated_runs,
+                    isolated_runs=isolated_runs, forks=forks,
                     # image builds keep their layers on the state disk: they become the image's
                     storage_bytes=limits.storage_bytes or (self.storage_bytes if space.kind == "sandboxes" else None),
                     storage_inodes=self.storage_inodes if space.kind == "sandboxes" else None)
@@ -122,6 +125,8 @@ class Launcher:
             # While this process creates it, another process's orphan sweep leaves it alone (inventory.py).
             "creator": procfs.record(os.getpid()),
         }
+        if forks is not None:
+            data["forks"] = list(forks.ids)
         self.creating.add(name)
         launch = asyncio.ensure_future(self._launch(plan, data, timeout))
         self._launches.add(launch)
@@ -245,6 +250,8 @@ class Launcher:
             raise BackendError(f"a sandbox named {plan.name!r} already exists", 409) from None
         data["owned"] = True
         write_meta(plan.sb, plan.name, data)
+        if plan.forks is not None:  # released when the sandbox is removed (teardown.destroy)
+            ForkLayers(self.state_dir).hold(plan.forks.ids, sandbox_holder(plan.name))
         for attempt in range(3):  # a concurrent delete may remove an empty run root meanwhile
             plan.space.run_root.mkdir(mode=0o700, parents=True, exist_ok=True)
             try:

@@ -26,6 +26,7 @@ from typing import Any
 from ...appuser import PROJECT_DIR
 from ..base import Limits
 from .cgroups import Cgroups
+from .fork_layers import ForkStack
 from .images import ResolvedImage
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -117,6 +118,7 @@ class Plan:
     storage_inodes: int | None = None
     snapshot: Path | None = None
     export: Path | None = None
+    forks: ForkStack | None = None  # a fork's child: the layers it stands on (fork_layers.py)
     lowers: dict[str, list[str]] = field(default_factory=dict)
     isolated_runs: int = 0  # the server runs this many code-runner runs at once, each in namespaces of its own
 

@@ -2,7 +2,8 @@
 
 Three steps, each with one job (an image format only has to provide the first's input):
 
-1. ``lower_layers``: image (and the snapshot it is restored from) → the lower directories of
+1. ``lower_layers``: image (and the snapshot it is restored from, the fork layers it stands on:
+   ``fork_layers.py``) → the lower directories of
    each root tree, top layer first: ``/usr /etc /var /opt /root /home`` for the built-in image's
    family, one tree ``rootfs`` (the whole root, ``oci/rootfs.py``) for an OCI image.
 2. ``prepare_layers``: on the host, the sandbox's writable layer of each tree (``upper``/``work``
@@ -16,10 +17,13 @@ Isolation ``none`` has no root filesystem: the sandbox gets a copy of the projec
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
 from typing import Any
+
+from sandbox_server.project import FORK_LAYERS
 
 from ..base import BackendError
 from . import mounts
@@ -34,6 +38,11 @@ log = logging.getLogger(__name__)
 MERGED_USR_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 ROOT_DIRS = (*TREES, "proc", "dev", "tmp", "run", "run/idegym", "run/lock", "mnt", "srv")
 MAX_OVERLAY_OPTIONS = 4000  # the mount options must fit in a page
+
+
+def fork_inside(index: int) -> str:
+    """Where a forked sandbox sees its ``index``-th fork layer of the project (read-only)."""
+    return f"{INSIDE}/fork/{index}"
 
 
 def usr_links() -> list[str]:
@@ -53,8 +62,9 @@ def lower_layers(plan: Plan) -> dict[str, list[str]]:
     lowers = {}
     for tree in trees(plan.image):
         staged = [plan.sb / "snap" / str(level) / tree for level in levels]
+        forked = plan.forks.tree_levels(tree) if plan.forks else []  # below a snapshot's: older
         image = plan.image.rootfs if tree == ROOTFS else plan.image.lowers[tree]
-        lowers[tree] = [str(p) for p in staged if p.is_dir()] + list(image)
+        lowers[tree] = [str(p) for p in staged if p.is_dir()] + forked + list(image)
     return lowers
 
 
@@ -106,7 +116,8 @@ def prepare_layers(plan: Plan, data: dict[str, Any], *, isolated: bool, storage:
         (layers / tree / "upper").mkdir(parents=True)
         (layers / tree / "work").mkdir()
     os.chmod(layers / "project", 0o700)
-    lower = os.stat(plan.project_lower)
+    forked = plan.forks.project_levels() if plan.forks else []
+    lower = os.stat(forked[0] if forked else plan.project_lower)
     # The overlay's root directory takes its owner and mode from the upper directory.
     upper = layers / "project" / "upper"
     os.chown(upper, lower.st_uid, lower.st_gid)
@@ -115,6 +126,8 @@ def prepare_layers(plan: Plan, data: dict[str, Any], *, isolated: bool, storage:
     (plan.sb / "root").mkdir()
     if plan.snapshot is not None:
         stage_snapshot(plan)
+    if forked:  # the server stacks them under the project (sandbox_server.project.fork_layers)
+        (layers / "project" / FORK_LAYERS).write_text(json.dumps([fork_inside(i) for i in range(len(forked))]))
     plan.lowers = lower_layers(plan)
 
 
@@ -188,6 +201,8 @@ def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tup
         os.makedirs(r + inside, exist_ok=True)
         mounts.mount("idegym-runtime", r + inside, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV, "size=64k,mode=0755")
     all_binds = [(host, inside, True) for host, inside in binds]
+    fork_levels = plan.forks.project_levels() if plan.forks else []
+    all_binds += [(str(p), fork_inside(i), True) for i, p in enumerate(fork_levels)]
     all_binds += [(plan.project_lower, f"{INSIDE}/image/project", True),
                   (str(plan.layers / "project"), f"{INSIDE}/layer", False),
                   (str(plan.run), RUN_INSIDE, False)]

@@ -3,7 +3,9 @@
 A snapshot is ``<state>/snapshots/<id>/``: ``levels/<n>/<tree>`` (the sandbox's writable layer
 as level 0, the layers of the snapshot it was itself restored from below), ``project/`` (its
 project layer) and ``snapshot.json``. The sandbox is frozen while it is copied when the host
-has a freezer. Restoring stages the levels as lower layers (``rootfs.stage_snapshot``).
+has a freezer. Restoring stages the levels as lower layers (``rootfs.stage_snapshot``). A
+snapshot of a fork's child also names (and holds) the fork layers the child stands on: those
+go below the levels when it is restored.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from ..base import BackendError, SnapshotInfo
 from .cgroups import Cgroups
+from .fork_layers import ForkLayers, snapshot_holder
 from .images import ALL_TREES, ImageError, copy_tree
 
 SNAPSHOT_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -26,6 +29,7 @@ SNAPSHOT_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
 class Snapshots:
     def __init__(self, root: Path) -> None:
         self.root = root
+        self.layers = ForkLayers(root.parent)
 
     def path(self, snapshot_id: str) -> Path:
         if not SNAPSHOT_ID.match(snapshot_id) or snapshot_id.startswith("."):
@@ -75,6 +79,14 @@ class Snapshots:
         size = sum(e.stat(follow_symlinks=False).st_size for e in tmp.rglob("*"))
         meta = {"id": snapshot_id, "group": group, "image": data["image"], "image_id": data["image_id"],
                 "isolation": data["isolation"], "created": time.time(), "frozen": frozen, "size_bytes": size}
+        forks = list(data.get("forks") or [])
+        if forks:  # a fork's child: the snapshot stands on its fork layers, and holds them
+            meta["forks"] = forks
+            try:
+                self.layers.hold(forks, snapshot_holder(snapshot_id))
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
         (tmp / "snapshot.json").write_text(json.dumps(meta, indent=1))
         tmp.rename(self.root / snapshot_id)
         return SnapshotInfo(snapshot_id, data["image"], size)
@@ -92,4 +104,5 @@ class Snapshots:
             return None
         trash = self.root / f".del-{snapshot_id}-{secrets.token_hex(3)}"
         snap.rename(trash)  # sandboxes restored from it hold hard links: they keep working
+        self.layers.release(snapshot_holder(snapshot_id))  # (and their own holds on its fork layers)
         return trash

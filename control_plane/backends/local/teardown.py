@@ -19,6 +19,7 @@ from sandbox_server import procfs
 from ..base import BackendError
 from . import mounts
 from .cgroups import Cgroups
+from .fork_layers import ForkLayers, sandbox_holder
 from .layout import NAME_RE, Space, read_meta
 
 Progress = Callable[[str], None] | None  # told each step, for a timeout's message
@@ -128,6 +129,8 @@ def destroy(name: str, space: Space, data: dict[str, Any] | None, isolation: str
         shutil.rmtree(base, ignore_errors=True)
         if base.exists():
             problems.append(f"{base} could not be removed")
+    if space.kind == "sandboxes" and not sb.exists():  # the fork layers it stood on, once nobody else does
+        ForkLayers(space.state_dir).release(sandbox_holder(name))
     tidy(space)
     if problems:
         raise BackendError(f"deleting sandbox {name!r} left something behind: {'; '.join(problems)}")

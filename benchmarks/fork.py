@@ -1,0 +1,269 @@
+"""Fork a live sandbox into N (issue 17) against starting N fresh ones and replaying its changes.
+
+A parent sandbox holds a project of 5,000 (then 50,000) files, 100 of which it changed. Timed,
+from the client: ``Sandbox.fork(n)`` until every child answered a bash call, for n = 1, 8, 32;
+and the baseline: starting n sandboxes of the same image and replaying the parent's 100 changes
+into each (one bash call per sandbox writing the 100 files: the cheapest replay there is), until
+every one answered. Both draw from a warm pool that is full and idle before each repetition
+(refilling it is not timed); the fork also without a warm pool (children launched on the fork's
+layers). Beside the totals: how long the fork call itself took (the rest is the children's
+first answers), how long the parent was paused (frozen while its changes were copied), and the
+same bash calls again on the children once they run: the floor this host sets (its load) under
+any "ready" time.
+
+Disk: a child's own directory (its writable layers, log, record) against an unused sandbox's,
+and the fork layer, which all children of one fork share, separately.
+
+``BENCH_FORK_N`` repetitions per row (default 5), ``BENCH_FORK_SIZES`` (default ``5000,50000``).
+Writes ``results/fork.json`` and ``results/fork.png``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import sqlite3
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ._common import RESULTS, Progress, Result, Stats, check_target, stats_table, table
+from ._servers import control_plane, make_project
+
+N = int(os.environ.get("BENCH_FORK_N", "5"))
+SIZES = [int(s) for s in os.environ.get("BENCH_FORK_SIZES", "5000,50000").split(",")]
+COUNTS = (1, 8, 32)
+COLD_COUNTS = (1, 8)
+CHANGED = 100
+
+
+def _changes(files: int) -> str:
+    """Bash that changes 100 of the project's files (spread over its packages) the same way every time."""
+    step = files // CHANGED
+    return "; ".join(f"echo 'CHANGED = {i}' >> pkg{i % 50:02d}/mod{i % 7}/file{i}.py"
+                     for i in range(0, files, step)[:CHANGED])
+
+
+def _register(url: str, project: Path, tag: str) -> None:
+    from idegym_env.client import IdeGymClient
+
+    with IdeGymClient(url, name="bench-images") as client:
+        client.build_images(json.dumps({"images": [{"tag": tag, "project": {"path": str(project)}}]}), timeout=1800)
+
+
+def _pool_ready(url: str, tag: str) -> int:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("idegym_warm_pool_ready{") and tag in line))
+
+
+def _wait_pool(url: str, tag: str, want: int, timeout: float = 900) -> None:
+    """Until the pool holds ``want`` ready sandboxes of ``tag`` (then a moment for the last
+    one's start and the deleted sandboxes' teardown to settle)."""
+    deadline = time.monotonic() + timeout
+    while _pool_ready(url, tag) < want:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the warm pool did not reach {want} sandboxes of {tag} in {timeout:g} s")
+        time.sleep(0.2)
+    time.sleep(0.5)
+
+
+def _all_answer(sandboxes: list) -> None:
+    with concurrent.futures.ThreadPoolExecutor(len(sandboxes)) as pool:
+        for answer in pool.map(lambda s: s.bash("true"), sandboxes):
+            assert answer.exit_code == 0, answer
+
+
+def _du_kib(path: Path) -> int:
+    out = subprocess.run(["du", "-sk", "--one-file-system", str(path)], capture_output=True, text=True)
+    return int(out.stdout.split()[0]) if out.returncode == 0 else 0
+
+
+def _stop_all(sandboxes: list) -> None:
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda s: s.stop(), sandboxes))
+
+
+def _paused_ms(state: Path, children: list) -> float:
+    """How long the parent was frozen for this fork (the backend records it in each child's handle)."""
+    db = sqlite3.connect(f"file:{state / 'control-plane.db'}?mode=ro", uri=True)
+    try:
+        row = db.execute("SELECT handle FROM servers WHERE id = ?", (children[0].server_id,)).fetchone()
+    finally:
+        db.close()
+    return float(json.loads(row[0])["data"].get("fork_frozen_ms", float("nan")))
+
+
+def _disk(state: Path, client: Any, tag: str, children: list) -> dict[str, float]:
+    """KiB of a child's own directory against an unused sandbox's; the shared fork layer apart."""
+    idle = client.start(tag, reuse="NONE")
+    try:
+        own = [_du_kib(state / "sandboxes" / c.info.service_name) for c in children]
+        base = _du_kib(state / "sandboxes" / idle.info.service_name)
+        newest = max((p for p in (state / "forks").glob("f-*")), key=lambda p: p.stat().st_mtime)
+        return {"child directory KiB (largest of 8)": max(own), "unused sandbox directory KiB": base,
+                "extra disk per child KiB": max(own) - base, "shared fork layer KiB": _du_kib(newest)}
+    finally:
+        idle.stop()
+
+
+def _measure_size(files: int, tmp: Path, result: Result, samples: dict[str, list[float]],
+                  parts: dict[str, list[float]]) -> None:
+    from idegym_env.client import IdeGymClient
+
+    project = make_project(tmp / f"project{files}", files)
+    tag = f"bench/fork{files}:1"
+    change = _changes(files)
+    pool = max(COUNTS)
+    state = tmp / f"cp{files}"
+    with control_plane(state, ["--warm-pool", str(pool), "--warm-pool-max", str(pool),
+                               "--max-servers", str(4 * pool + 10)]) as url:
+        _register(url, project, tag)
+        with IdeGymClient(url, name=f"bench-fork-{files}") as client:
+            parent = client.start(tag, reuse="NONE")
+            assert parent.bash(change).exit_code == 0
+            for count in COUNTS:
+                fork_s, fresh_s = [], []
+                progress = Progress(f"{files} files: fork / fresh+replay into {count}", 2 * N)
+                for _ in range(N):
+                    _wait_pool(url, tag, pool)
+                    t = time.perf_counter()
+                    children = parent.fork(count)
+                    returned = time.perf_counter()
+                    _all_answer(children)
+                    fork_s.append(time.perf_counter() - t)
+                    parts.setdefault(f"{files} files: fork into {count}: the fork call", []).append(returned - t)
+                    parts.setdefault(f"{files} files: fork into {count}: parent paused", []).append(
+                        _paused_ms(state, children) / 1e3)
+                    t = time.perf_counter()  # the same calls again, on sandboxes that run: the host's floor
+                    _all_answer(children)
+                    parts.setdefault(f"{files} files: fork into {count}: the children answer again", []).append(
+                        time.perf_counter() - t)
+                    progress.step()
+                    if count == 8 and f"{files} files: extra disk per child KiB" not in result.figures:
+                        for key, value in _disk(state, client, tag, children).items():
+                            result.figures[f"{files} files: {key}"] = value
+                    _stop_all(children)
+                    _wait_pool(url, tag, pool)
+                    t = time.perf_counter()
+                    with concurrent.futures.ThreadPoolExecutor(count) as threads:
+                        fresh = list(threads.map(lambda _: client.start(tag, reuse="NONE"), range(count)))
+                        for answer in threads.map(lambda s: s.bash(change), fresh):
+                            assert answer.exit_code == 0, answer
+                    fresh_s.append(time.perf_counter() - t)
+                    progress.step()
+                    _stop_all(fresh)
+                samples[f"{files} files: fork into {count} (warm pool)"] = fork_s
+                samples[f"{files} files: {count} fresh + replay 100 changes (warm pool)"] = fresh_s
+            parent.stop()
+    with control_plane(tmp / f"cold{files}", ["--warm-pool", "0", "--warm-pool-max", "0"]) as url:
+        _register(url, project, tag)
+        with IdeGymClient(url, name=f"bench-fork-cold-{files}") as client:
+            parent = client.start(tag, reuse="NONE")
+            assert parent.bash(change).exit_code == 0
+            for count in COLD_COUNTS:
+                cold = []
+                progress = Progress(f"{files} files: fork into {count}, no warm pool", N)
+                for _ in range(N):
+                    t = time.perf_counter()
+                    children = parent.fork(count)
+                    _all_answer(children)
+                    cold.append(time.perf_counter() - t)
+                    progress.step()
+                    _stop_all(children)
+                    time.sleep(1.0)  # the children's teardown, before the next fork
+                samples[f"{files} files: fork into {count} (no warm pool)"] = cold
+            parent.stop()
+
+
+def _plot(by: dict[str, Stats]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / (2 * len(SIZES))
+    series = [(f"{files} files: fork into {{n}} (warm pool)", f"fork, {files:,} files") for files in SIZES]
+    series += [(f"{files} files: {{n}} fresh + replay 100 changes (warm pool)", f"fresh + replay, {files:,} files")
+               for files in SIZES]
+    for i, (pattern, label) in enumerate(series):
+        xs = [c + (i - len(series) / 2 + 0.5) * width for c in range(len(COUNTS))]
+        ax.bar(xs, [by[pattern.format(n=n)].median_ms for n in COUNTS], width, label=label)
+    ax.set_xticks(range(len(COUNTS)), [f"{n} children" for n in COUNTS])
+    ax.set_yscale("log")
+    ax.set_ylabel("until every child answered bash, p50 (ms, log)")
+    ax.axhline(100, color="grey", linestyle=":", linewidth=1)
+    ax.set_title("Fork a live sandbox vs fresh sandboxes replaying its 100 changes")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    fig.savefig(RESULTS / "fork.png", dpi=120)
+    plt.close(fig)
+
+
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def run() -> Result:
+    result = Result("fork", "Fork a live sandbox into N vs N fresh sandboxes replaying its changes")
+    samples: dict[str, list[float]] = {}
+    parts: dict[str, list[float]] = {}
+    loads = [f"start {_load()}"]
+    with tempfile.TemporaryDirectory(prefix="bench-fork-") as tmpdir:
+        for files in SIZES:
+            _measure_size(files, Path(tmpdir), result, samples, parts)
+            loads.append(f"after {files} files {_load()}")
+    stats = [Stats.of(label, s) for label, s in samples.items()]
+    result.stats = stats
+    by = {s.label: s for s in stats}
+    for label, values in parts.items():
+        result.figures[f"{label} p50 ms"] = round(statistics.median(values) * 1e3, 2)
+    result.figures["load average (1, 5, 15 min)"] = "; ".join(loads)
+    print()
+    print(stats_table(stats))
+    print()
+    rows = []
+    for files in SIZES:
+        for n in COUNTS:
+            fork, fresh = by[f"{files} files: fork into {n} (warm pool)"], \
+                by[f"{files} files: {n} fresh + replay 100 changes (warm pool)"]
+            rows.append([f"{files} files, {n} children", fork.median_ms,
+                         result.figures[f"{files} files: fork into {n}: the fork call p50 ms"],
+                         result.figures[f"{files} files: fork into {n}: parent paused p50 ms"],
+                         result.figures[f"{files} files: fork into {n}: the children answer again p50 ms"],
+                         fresh.median_ms, f"{fresh.median_ms / fork.median_ms:.1f}x"])
+    print(table(["case", "fork p50 ms", "fork call ms", "parent paused ms", "answer again ms", "fresh+replay p50 ms",
+                 "fork faster"], rows))
+    small, large = min(SIZES), max(SIZES)
+    eight = by[f"{small} files: fork into 8 (warm pool)"].median_ms
+    result.targets["eight"] = check_target(f"8 children ready p50 ({small} files)", eight, 100.0)
+    if large != small:
+        eight_large = by[f"{large} files: fork into 8 (warm pool)"].median_ms
+        result.targets["eight_large"] = check_target(f"8 children ready p50 ({large} files)", eight_large, 100.0)
+        result.targets["flat"] = check_target(f"8 children, {large} vs {small} files", eight_large / eight, 1.5,
+                                              unit="x")
+    for files in SIZES:
+        extra = result.figures.get(f"{files} files: extra disk per child KiB")
+        if extra is not None:
+            result.targets[f"disk{files}"] = check_target(
+                f"extra disk per child, no writes of its own ({files} files)", extra / 1024, 1.0, unit="MiB")
+    print()
+    for target in result.targets.values():
+        print(target["text"])
+    print(f"load average (1, 5, 15 min): {result.figures['load average (1, 5, 15 min)']}")
+    result.notes.append("2-core host shared with other agents' test runs; load average (1, 5, 15 min) "
+                        f"{result.figures['load average (1, 5, 15 min)']}")
+    _plot(by)
+    return result
+
+
+if __name__ == "__main__":
+    run().write()

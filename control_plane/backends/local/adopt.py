@@ -1,0 +1,177 @@
+"""Turning a ready warm-pool sandbox into a fork's child, in a few milliseconds.
+
+A warm sandbox of the parent's image and kind runs a sandbox server that nothing has used yet.
+Its root trees are replaced under it: a new overlay per tree the fork changed (the fork's levels
+over the same image layers, a fresh writable layer) is made here, with paths resolved in this
+namespace, and attached in the sandbox's mount namespace on top of the old one (``mount_api``),
+which nothing reaches any more; what was mounted inside a replaced tree (the server's runtime
+under ``/opt/idegym``, ``/etc/resolv.conf``) is moved up onto the new one. The project overlay is
+replaced the same way, over the fork's project levels, which are bound read-only where the
+server finds them for a reset to the fork point. The server keeps running: every path it and
+the tools it starts look up from then on resolves in the new trees, exactly as in a child
+launched on the fork's layers (``rootfs.lower_layers``).
+
+Not for an OCI image: its root is one overlay mounted as ``/``, which a running process cannot
+be moved off. Such a child is launched instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import stat
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sandbox_server import procfs
+from sandbox_server.project import FORK_LAYERS
+
+from ..base import BackendError, SandboxHandle
+from . import mount_api, mounts
+from .fork_layers import ForkStack, sandbox_holder
+from .images import TREES, ResolvedImage
+from .rootfs import fork_inside
+
+if TYPE_CHECKING:
+    from .backend import LocalBackend
+
+CLONE_FS = 0x00000200
+
+
+def unsuitable(warm: SandboxHandle, image: ResolvedImage, parent: SandboxHandle) -> str | None:
+    """Why ``warm`` cannot become a child of ``parent`` (None when it can)."""
+    d, p = warm.data, parent.data
+    if image.is_oci:
+        return "an OCI image's root is one overlay, which cannot be swapped under a running server"
+    if d.get("isolation") != "bwrap" or d.get("space") != "sandboxes":
+        return "not a bubblewrap sandbox"
+    for key in ("image_id", "run_as_root", "network"):
+        if d.get(key) != p.get(key):
+            return f"its {key} differs from the parent's"
+    if d.get("forks") or d.get("snapshot") or d.get("adopted"):
+        return "it has layers of its own already"
+    if not procfs.recorded_alive(d.get("server")):
+        return "its server is gone"
+    return None
+
+
+def adopt(backend: LocalBackend, warm: SandboxHandle, image: ResolvedImage, stack: ForkStack) -> None:
+    """Remount ``warm``'s trees and project onto ``stack`` (see the module doc); its data records
+    the stack. Runs in a thread of its own: joining another mount namespace is per thread, and
+    that thread ends with the work."""
+    data = warm.data
+    backend.fork_layers.hold(stack.ids, sandbox_holder(warm.name))  # released when it is deleted
+    data["forks"] = list(stack.ids)
+    data["adopted"] = True
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            _remount(backend.state_dir, data, image, stack)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="idegym-adopt")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+
+
+def _remount(state_dir: Path, data: dict[str, Any], image: ResolvedImage, stack: ForkStack) -> None:
+    if mounts._libc.unshare(CLONE_FS) != 0:  # a working directory and mount namespace of this thread's own
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare(CLONE_FS): {os.strerror(err)}")
+    os.chdir(state_dir)  # lower paths relative to it: the sandbox's /proc/mounts shows no host path
+    state = f"{state_dir}/"
+
+    def rel(path: str | Path) -> str:
+        text = str(path)
+        return text[len(state):] if text.startswith(state) else text
+
+    layers = Path(data["dir"]) / "layers"
+    server = data["server"][0]
+    project_dir = image.project_dir
+    trees = [t for t in TREES if stack.tree_levels(t)]
+    fds: list[int] = []
+    try:
+        tree_fds = {}
+        for tree in trees:
+            upper, work = _fresh_layer(layers / tree)
+            fd = mount_api.overlay([rel(p) for p in [*stack.tree_levels(tree), *image.lowers[tree]]], rel(upper),
+                                   rel(work), attrs=mount_api.MOUNT_ATTR_NOSUID | mount_api.MOUNT_ATTR_NODEV)
+            fds.append(fd)
+            tree_fds[tree] = fd
+        project_levels = stack.project_levels()
+        upper, work = _fresh_layer(layers / "project", like=project_levels[0] if project_levels else None)
+        (layers / "project" / FORK_LAYERS).write_text(json.dumps([fork_inside(i) for i in
+                                                                  range(len(project_levels))]))
+        project_fd = mount_api.overlay([rel(p) for p in [*project_levels, image.project]], rel(upper), rel(work),
+                                       userxattr=True)
+        fds.append(project_fd)
+        binds = []
+        for level in project_levels:
+            binds.append(mount_api.clone(level, recursive=False, readonly=True))
+            fds.append(binds[-1])
+        keep = _submounts(server, trees, project_dir)
+        ns = os.open(f"/proc/{server}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            mounts.enter_mount_namespace(ns)  # from here on, paths are the sandbox's
+        finally:
+            os.close(ns)
+        moved = []
+        for point in keep:
+            moved.append((point, mount_api.clone(point, recursive=True)))
+            fds.append(moved[-1][1])
+        mount_api.detach(project_dir)
+        for tree in trees:
+            mount_api.attach(tree_fds[tree], f"/{tree}")
+        for point, fd in moved:
+            os.makedirs(point, exist_ok=True)
+            mount_api.attach(fd, point)
+        for i, fd in enumerate(binds):
+            os.makedirs(fork_inside(i), exist_ok=True)
+            mount_api.attach(fd, fork_inside(i))
+        mount_api.attach(project_fd, project_dir)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _fresh_layer(layer: Path, like: Path | None = None) -> tuple[Path, Path]:
+    """New ``upper``/``work`` in ``layer``; the old pair (still used by the overlay being covered)
+    is kept under other names. The upper's root takes ``like``'s owner and mode (the overlay's
+    root takes them from its upper)."""
+    upper, work = layer / "upper", layer / "work"
+    for path in (upper, work):
+        if path.exists():
+            path.rename(layer / f".warm-{path.name}")
+    upper.mkdir(mode=0o755)
+    work.mkdir(mode=0o700)
+    if like is not None:
+        st = os.stat(like)
+        os.chown(upper, st.st_uid, st.st_gid)
+        os.chmod(upper, stat.S_IMODE(st.st_mode))
+        os.utime(upper, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return upper, work
+
+
+def _submounts(pid: int, trees: list[str], project_dir: str) -> list[str]:
+    """Mount points mounted directly inside the trees about to be covered (their contents are
+    carried along by a recursive clone), the project's own mount excepted."""
+    try:
+        lines = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+    except OSError as exc:
+        raise BackendError(f"the sandbox's server (pid {pid}) is gone: {exc}", 409) from exc
+    entries = []
+    for line in lines:
+        fields = line.split(" ", 5)
+        entries.append((fields[0], fields[1], mounts._unescape(fields[4])))
+    tops = {}
+    for mount_id, _parent, point in entries:  # later lines are mounted later: on top
+        if point in {f"/{t}" for t in trees}:
+            tops[point] = mount_id
+    wanted = set(tops.values())
+    return [point for _mid, parent, point in entries if parent in wanted and point != project_dir]

@@ -1,0 +1,127 @@
+"""Fork of a local sandbox into N children (``LocalBackend.fork``).
+
+1. The parent's processes are frozen (cgroup freezer) for the instant its writable layers and
+   its /tmp are copied into a new fork layer (``fork_layers.py``): what the parent wrote since
+   its start, never its image, so the cost does not grow with the project.
+2. Each child stands on that layer, then the layers the parent itself stood on, then the image:
+   its own writable layer starts empty, so its disk is only what it writes. A child is a warm-
+   pool sandbox of the parent's kind remounted onto that stack (``adopt.py``, a few
+   milliseconds) when one is at hand and the image allows it, else a new sandbox launched on it.
+3. The parent's /tmp is copied into each child's.
+
+No process state is copied: a child's processes are new (its sandbox server, then whatever its
+tools start). The parent runs on and sees nothing of its children; a child outlives its parent
+(the layers are held until their last user is gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+from typing import TYPE_CHECKING
+
+from sandbox_server import procfs
+
+from ..base import BackendError, ForkChild, SandboxHandle
+from . import adopt
+from .fork_layers import ForkStack, seed_tmp
+from .images import ImageError, ResolvedImage
+from .layout import write_meta
+
+if TYPE_CHECKING:
+    from .backend import LocalBackend
+
+log = logging.getLogger(__name__)
+
+
+def check_parent(backend: LocalBackend, parent: SandboxHandle) -> ResolvedImage:
+    """The parent's image; ``BackendError`` when this parent cannot be forked here."""
+    data = parent.data
+    if data.get("isolation") != "bwrap":
+        raise BackendError("fork needs bubblewrap isolation (overlay layers to stack): this sandbox runs as a "
+                           "plain process", 400)
+    if data.get("space") == "builds":
+        raise BackendError("image-build sandboxes cannot be forked", 400)
+    if not procfs.recorded_alive(data.get("server")):
+        raise BackendError(f"sandbox {parent.name!r} is not running: nothing to fork", 409)
+    try:
+        return backend.store.resolve_id(data["image_id"], data.get("image"))
+    except ImageError as exc:
+        raise BackendError(f"the image of sandbox {parent.name!r} is gone: {exc}", 409) from exc
+
+
+async def fork(backend: LocalBackend, parent: SandboxHandle, children: list[ForkChild],
+               timeout: float) -> list[SandboxHandle]:
+    backend.require_started()
+    loop = asyncio.get_running_loop()
+    warm = [c.warm for c in children if c.warm is not None]
+    try:
+        image = check_parent(backend, parent)
+    except BaseException:
+        await _delete_all(backend, warm)
+        raise
+    layers = backend.fork_layers
+    op = f"o-{os.getpid()}-{secrets.token_hex(6)}"  # a holder for the fork's own time
+    below = list(parent.data.get("forks") or [])
+    made: list[SandboxHandle] = []
+    try:
+        await loop.run_in_executor(None, layers.hold, below, op)  # nothing below goes while we work
+        layer_id, timings = await loop.run_in_executor(None, layers.take, parent.data, op)
+        stack = layers.stack([layer_id, *below])
+        results = await asyncio.gather(*(_child(backend, image, parent, stack, c, timeout) for c in children),
+                                       return_exceptions=True)
+        made = [r for r in results if isinstance(r, SandboxHandle)]
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
+        log.info("forked %s into %d (layer %s: frozen %.1f ms)", parent.name, len(made), layer_id,
+                 timings.get("frozen", 0.0))
+        for handle in made:
+            handle.data["fork_frozen_ms"] = round(timings.get("frozen", 0.0), 2)
+        return made
+    except BaseException:
+        await _delete_all(backend, made)
+        raise
+    finally:
+        await loop.run_in_executor(None, layers.release, op)
+
+
+async def _child(backend: LocalBackend, image: ResolvedImage, parent: SandboxHandle, stack: ForkStack,
+                 child: ForkChild, timeout: float) -> SandboxHandle:
+    """One child: ``child.warm`` remounted onto ``stack`` when it can be, else a new sandbox."""
+    launcher = backend.require_started()
+    loop = asyncio.get_running_loop()
+    if child.warm is not None:
+        why_not = adopt.unsuitable(child.warm, image, parent)
+        if why_not is None:
+            try:
+                await loop.run_in_executor(None, adopt.adopt, backend, child.warm, image, stack)
+                await loop.run_in_executor(None, seed_tmp, stack, child.warm.data)
+                write_meta(backend.sandboxes.root / child.warm.name, child.warm.name, child.warm.data)
+                return child.warm
+            except Exception as exc:  # noqa: BLE001 - the child is launched instead
+                log.warning("turning warm sandbox %s into a fork child failed (%s); launching one", child.warm.name,
+                            exc)
+        else:
+            log.debug("warm sandbox %s not used for a fork: %s", child.warm.name, why_not)
+        await _delete_all(backend, [child.warm])
+    spec = child.spec
+    assert backend.sandboxes is not None
+    handle = await launcher.launch(backend.sandboxes, spec.generated_name, image, run_as_root=spec.run_as_root,
+                                   network=bool(parent.data.get("network")), limits=spec.limits,
+                                   env=dict(image.env), timeout=timeout, kind=spec.server_kind.value, forks=stack)
+    try:
+        await loop.run_in_executor(None, seed_tmp, stack, handle.data)
+    except BaseException:
+        await _delete_all(backend, [handle])
+        raise
+    return handle
+
+
+async def _delete_all(backend: LocalBackend, handles: list[SandboxHandle]) -> None:
+    results = await asyncio.gather(*(backend.delete(h) for h in handles), return_exceptions=True)
+    for handle, result in zip(handles, results, strict=True):
+        if isinstance(result, BaseException):
+            log.warning("deleting sandbox %s after a failed fork: %s", handle.name, result)

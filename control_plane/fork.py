@@ -1,0 +1,110 @@
+"""``POST /api/idegym-servers/fork``: one live server into ``count`` new ones (issue 17).
+
+Each child is an ordinary server of the parent's client, with the parent's request (image,
+limits, kind, root), its own id and ``generated_name``, and the parent's whole filesystem as it
+was at one instant: the backend copies no process (``Backend.fork``). Children are reused,
+kept alive, snapshotted, stopped and forked again like any server; a RESTART (or a crash
+restart) gives a child a fresh sandbox of the image, as for any server.
+
+Refused before an operation is made: an unknown server or another client's (404), a FINISHED
+one (409: handed back for reuse, it may be reset at any moment), a stopped or crashed one (410),
+a backend that cannot fork (400); ``count`` outside 1..64 is a validation error (422). When
+the children would exceed ``max_servers`` the operation fails with 429.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import replace
+
+from . import lifecycle
+from .backends.base import BackendError, ForkChild, SandboxHandle, SandboxSpec
+from .errors import ApiError, BadRequest, Conflict, Gone, NotFound
+from .models import AvailabilityStatus as A
+from .models import ForkedServer, ForkServerRequest, ForkServerResponse, StartServerRequest
+from .pool import new_sandbox_name
+from .service import ControlPlane
+from .store import ServerRow, now_ms
+
+log = logging.getLogger(__name__)
+
+
+def check_can_fork(cp: ControlPlane, req: ForkServerRequest) -> ServerRow:
+    """The parent, when it can be forked now (else the error that says why)."""
+    row = cp.owned_server(req.client_id, req.server_id)
+    if row.namespace != req.namespace:
+        raise NotFound(f"server {req.server_id} is not in namespace {req.namespace!r} (it is in {row.namespace!r})")
+    if row.availability == A.FINISHED:
+        raise Conflict(f"server {row.id} is FINISHED: it was handed back for reuse and may be reset at any moment; "
+                       "fork a server before finishing it")
+    if not lifecycle.is_usable(row.availability) or not row.handle:
+        detail = f": {row.details}" if row.details else ""
+        raise Gone(f"server {row.id} is {row.availability.value}, not running: nothing to fork{detail}")
+    if not cp.backend.supports_fork():
+        raise BadRequest(f"the {cp.backend.name} backend cannot fork servers here (the local backend needs "
+                         "bubblewrap isolation; Kubernetes needs GKE pod snapshots)")
+    return row
+
+
+def child_request(parent: ServerRow, server_name: str | None) -> StartServerRequest:
+    """A child's request: the parent's, under ``server_name`` when given, never restoring a
+    snapshot (its own restart starts from the image)."""
+    req = StartServerRequest.model_validate_json(parent.request)
+    return req.model_copy(update={"server_name": server_name or req.server_name, "snapshot": None})
+
+
+async def fork_server(cp: ControlPlane, parent: ServerRow, req: ForkServerRequest) -> ForkServerResponse:
+    child_req = child_request(parent, req.server_name)
+    if len(cp.store.servers(availability=lifecycle.LIVE)) + req.count > cp.config.max_servers:
+        raise ApiError.for_status(429, f"Resource limit exceeded: {req.count} more servers would pass the "
+                                      f"{cp.config.max_servers} live servers allowed; finish or stop servers first")
+    now = now_ms()
+    rows: list[ServerRow] = []
+    for _ in range(req.count):
+        server_id = cp.store.add_server(replace(
+            parent, id=0, server_name=child_req.server_name, generated_name="", availability=A.ALIVE,
+            details=f"forking from server {parent.id}", created_at=now, last_activity_at=now, keepalive_until=None,
+            restarts=0, request=child_req.model_dump_json(), handle=None))
+        row = cp.store.get_server(server_id)
+        assert row is not None
+        rows.append(row)
+    specs = [replace(SandboxSpec.from_request(child_req, row.id, row.generated_name), generated_name=new_sandbox_name())
+             for row in rows]
+    template = SandboxSpec.from_request(child_req, parent.id, parent.generated_name)
+    warm = cp.pool.take(template, req.count) if getattr(cp.backend, "warm_pool", True) else []
+    children = [ForkChild(spec, warm[i] if i < len(warm) else None) for i, spec in enumerate(specs)]
+    names = {s.generated_name for s in specs} | {h.name for h in warm}
+    cp.creating.update(names)  # the orphan sweep leaves them alone until they are recorded
+    assert parent.handle
+    timeout = child_req.server_start_wait_timeout_in_seconds or 300
+    try:
+        handles = await cp.backend.fork(SandboxHandle.from_json(json.loads(parent.handle)), children, timeout)
+    except BackendError as exc:
+        for row in rows:
+            cp.store.set_server_status(row.id, A.FAILED_TO_START, f"fork of server {parent.id} failed: {exc.message}")
+        raise ApiError.for_status(exc.status, f"Forking server {parent.id} ({parent.generated_name}) failed: "
+                                             f"{exc.message}") from exc
+    except asyncio.CancelledError:
+        for row in rows:
+            cp.store.set_server_status(row.id, A.FAILED_TO_START, "fork cancelled")
+        raise
+    finally:
+        cp.creating.difference_update(names)
+        if warm:
+            cp.pool.refill(template)
+    servers = []
+    for row, handle in zip(rows, handles, strict=True):
+        if cp.store.set_server_status(row.id, A.ALIVE, "", handle=json.dumps(handle.to_json()),
+                                      last_activity_at=now_ms()):
+            servers.append(ForkedServer(server_id=row.id, generated_name=row.generated_name,
+                                        service_name=handle.name))
+        else:  # stopped while forking (its client went away): do not leak the sandbox
+            cp.spawn(cp.delete_handle(handle))
+    if len(servers) < len(rows):
+        raise Gone(f"servers {[r.id for r in rows if r.id not in {s.server_id for s in servers}]} "
+                   "were stopped while they were being forked")
+    log.info("forked server %s into %s", parent.id, [s.server_id for s in servers])
+    return ForkServerResponse(server_id=parent.id, server_name=parent.generated_name, servers=servers)
+

@@ -1,0 +1,235 @@
+"""Fork on the local backend with real sandboxes (issue 17): ``LocalBackend.fork``.
+
+Children launched on the fork's layers and warm sandboxes remounted onto them are checked
+side by side: each must hold exactly the parent's filesystem at the fork, then go its own way.
+One backend and one event loop for the module; every test removes what it made and checks that
+nothing (process, mount, cgroup, directory, fork layer) is left.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from control_plane.backends.base import BackendError, ForkChild, Limits, SandboxHandle
+from control_plane.backends.local import LocalBackend
+from control_plane.backends.local.cgroups import Cgroups
+from control_plane.backends.local.fork_layers import ForkLayers
+from tests.local_helpers import LoopThread, bash, leftovers, ok, spec
+from tests.local_helpers import client as _client
+
+CAN_ISOLATE = os.geteuid() == 0 and shutil.which("bwrap") is not None
+pytestmark = pytest.mark.skipif(not CAN_ISOLATE, reason="needs root and bubblewrap")
+MiB = 1 << 20
+
+# What the parent leaves in every tree: new files, a changed and a deleted image file, a
+# directory replaced by a new one (opaque), a symlink, a hard link, modes and owners.
+ROOT_WRITES = """set -e
+mkdir -p /usr/local/forked && echo usr > /usr/local/forked/u && ln /usr/local/forked/u /usr/local/forked/hard
+echo etc > /etc/forked.conf; echo var > /var/forked; mkdir -p /opt/forked && echo opt > /opt/forked/o
+echo root > /root/forked; echo tmp > /tmp/forked; mkdir -p /tmp/forked.d && echo deep > /tmp/forked.d/x
+cd /home/appuser/work
+echo changed >> src/calc.py; rm README.md; ln -s src/calc.py link2.py; chmod 600 run.sh
+rm -rf src/deep && mkdir src/deep && echo new > src/deep/only.txt
+mkdir -p /home/appuser/.cache && echo cache > /home/appuser/.cache/c && chown -R 1000:1000 /home/appuser/.cache
+"""
+PATHS = "/usr/local/forked /etc /var /opt/forked /root /home /tmp"
+DIGEST = (f"find {PATHS} -path /var/tmp -prune -o -printf '%y %m %U %G %n %p %l\\n' 2>/dev/null | LC_ALL=C sort; "
+          f"find {PATHS} -type f -print0 2>/dev/null | LC_ALL=C sort -z | xargs -0 -r sha256sum")
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[LoopThread]:
+    lt = LoopThread()
+    yield lt
+    lt.close()
+
+
+@pytest.fixture(scope="module")
+def backend(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBackend]:
+    b = LocalBackend(tmp_path_factory.mktemp("fork") / "state", isolation="bwrap")
+    loop.run(b.start())
+    yield b
+    for name in loop.run(b.list_names()):
+        loop.run(b.delete_name(name))
+    assert loop.run(b.list_names()) == set()
+    assert b.fork_layers.layer_ids() == set()
+    loop.run(b.close())
+
+
+@pytest.fixture(scope="module")
+def image(backend: LocalBackend, tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp("proj") / "calc"
+    (root / "src" / "deep").mkdir(parents=True)
+    (root / "src" / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (root / "src" / "deep" / "data.bin").write_bytes(bytes(range(256)) * 64)
+    (root / "README.md").write_text("calc\n")
+    (root / "run.sh").write_text("#!/bin/sh\necho run\n")
+    os.chmod(root / "run.sh", 0o755)
+    return backend.register_project("test/fork-calc:1", root)
+
+
+def _fork(loop: LoopThread, backend: LocalBackend, parent: SandboxHandle, names: list[str],
+          warm: dict[str, SandboxHandle] | None = None, image: str | None = None,
+          root: bool = False, limits: Limits | None = None) -> list[SandboxHandle]:
+    children = [ForkChild(spec(n, image or parent.data["image"], root=root, limits=limits), (warm or {}).get(n))
+                for n in names]
+    return loop.run(backend.fork(parent, children, 120))
+
+
+def _remove(loop: LoopThread, backend: LocalBackend, *handles: SandboxHandle) -> None:
+    for h in handles:
+        loop.run(backend.delete(h))
+        assert leftovers(h) == [], h.name
+
+
+def test_children_hold_the_parents_whole_filesystem_and_are_isolated_every_way(
+        loop: LoopThread, backend: LocalBackend, image: str) -> None:
+    parent = loop.run(backend.create(spec("p-full", image, root=True), 120))
+    warm = loop.run(backend.create(spec("w-full", image, root=True), 120))
+    ok(parent, ROOT_WRITES)
+    at_fork = ok(parent, DIGEST)
+    cold, adopted = _fork(loop, backend, parent, ["c-full", "w-full"], {"w-full": warm}, image, root=True)
+    assert adopted.name == "w-full" and adopted.data.get("adopted") and not cold.data.get("adopted")
+    for child in (cold, adopted):
+        assert ok(child, DIGEST) == at_fork, child.name
+        # the read-only runtime, the project's overlay and the checks still work in the child
+        out = ok(child, "python3 -c 'print(40 + 2)'; cat src/calc.py | tail -1; ls README.md 2>&1 | grep -c 'No such'")
+        assert out.splitlines() == ["42", "changed", "1"], child.name
+    # every side writes; nobody else sees it
+    ok(parent, "echo later > /etc/parent-later; rm src/calc.py")
+    ok(cold, "echo mine > /root/cold-only; echo cold >> run.sh")
+    ok(adopted, "echo mine > /usr/local/forked/adopted-only; rm -rf src")
+    assert ok(parent, "ls /root/cold-only /usr/local/forked/adopted-only 2>&1 | grep -c 'No such'; ls src") \
+        == "2\ndeep\n"
+    assert ok(cold, "cat src/calc.py | tail -1; ls /etc/parent-later /usr/local/forked/adopted-only 2>&1 "
+                    "| grep -c 'No such'") == "changed\n2\n"
+    assert ok(adopted, "ls /etc/parent-later /root/cold-only src 2>&1 | grep -c 'No such'; tail -1 run.sh") \
+        == "3\necho run\n"
+    # the parent's tools never see a child's processes, nor the other way round
+    ok(cold, "(sleep 300 &) ; true")
+    assert "sleep 300" not in ok(parent, "ps -eo args")
+    _remove(loop, backend, parent, cold, adopted)
+
+
+def test_a_file_being_written_during_the_fork_is_never_torn(loop: LoopThread, backend: LocalBackend,
+                                                            image: str) -> None:
+    """The parent rewrites 8 MiB in place, one write() at a time, without pause: each child has
+    one whole version of it (the freezer stops the writer between two writes, never inside one)."""
+    parent = loop.run(backend.create(spec("p-torn", image), 120))
+    writer = ("import os\nfd = os.open('big.bin', os.O_RDWR | os.O_CREAT, 0o644)\n"
+              "data = [bytes([k]) * (8 << 20) for k in range(4)]\nk = 0\n"
+              "while True:\n    os.pwrite(fd, data[k % 4], 0)\n    k += 1\n")
+    ok(parent, f"cat > writer.py <<'EOF'\n{writer}EOF\n(python3 writer.py > /dev/null 2>&1 &); "
+               "while [ \"$(stat -c %s big.bin 2>/dev/null)\" != 8388608 ]; do sleep 0.05; done")
+    children = []
+    try:
+        for round_ in range(3):
+            (child,) = _fork(loop, backend, parent, [f"c-torn-{round_}"])
+            children.append(child)
+            out = ok(child, "python3 -c \"d = open('big.bin', 'rb').read(); print(len(d), len(set(d)))\"")
+            assert out == f"{8 << 20} 1\n", f"round {round_}: a torn copy ({out.strip()}: size, distinct bytes)"
+            assert "writer.py" not in ok(child, "ps -eo args")  # no process is copied
+    finally:
+        _remove(loop, backend, parent, *children)
+
+
+def test_fork_of_a_fork_of_a_fork_and_resets(loop: LoopThread, backend: LocalBackend, image: str) -> None:
+    """Depth 3: each generation adds a file and deletes one of its parent's; RESET of a child goes
+    back to the image, ``to_fork_point`` back to the project at its fork; a parent stopped first
+    leaves its children working."""
+    gen0 = loop.run(backend.create(spec("g0", image), 120))
+    ok(gen0, "echo 0 > gen0.txt; echo zero > /home/appuser/gen0-home")
+    handles = [gen0]
+    for depth in (1, 2, 3):
+        (child,) = _fork(loop, backend, handles[-1], [f"g{depth}"])
+        ok(child, f"echo {depth} > gen{depth}.txt; rm gen{depth - 1}.txt")
+        handles.append(child)
+    g3 = handles[-1]
+    assert ok(g3, "ls gen*.txt; cat /home/appuser/gen0-home") == "gen3.txt\nzero\n"
+    assert len(g3.data["forks"]) == 3
+    layers = backend.fork_layers.layer_ids()
+    # the parents go first; the youngest keeps working on what it stands on
+    for h in handles[:-1]:
+        loop.run(backend.delete(h))
+    assert set(g3.data["forks"]) <= backend.fork_layers.layer_ids()
+    assert ok(g3, "ls gen*.txt; echo more > more.txt && cat more.txt") == "gen3.txt\nmore\n"
+    with _client(g3) as c:
+        r = c.post("/api/project/reset", json={"to_fork_point": True})
+        assert r.status_code == 200 and r.json()["status"] == "success", r.text
+    assert ok(g3, "ls gen*.txt; ls more.txt 2>&1 | grep -c 'No such'") == "gen2.txt\n1\n"
+    with _client(g3) as c:
+        r = c.post("/api/project/reset", json={})
+        assert r.status_code == 200 and r.json()["status"] == "success", r.text
+    assert ok(g3, "ls; cat /home/appuser/gen0-home") == "README.md\nrun.sh\nsrc\nzero\n"  # the image's project
+    _remove(loop, backend, g3)
+    assert backend.fork_layers.layer_ids() & layers == set()  # the last user gone, the layers went
+
+
+def test_children_keep_the_parents_limits(loop: LoopThread, backend: LocalBackend, image: str) -> None:
+    limits = Limits(memory_bytes=192 * MiB, cpu_millicores=500)
+    parent = loop.run(backend.create(spec("p-lim", image, limits=limits), 120))
+    (child,) = _fork(loop, backend, parent, ["c-lim"], limits=limits)
+    try:
+        for h in (parent, child):
+            memory = Path(h.data["cgroups"]["memory"], "memory.limit_in_bytes").read_text().strip()
+            assert int(memory) == 192 * MiB, h.name
+            assert Path(h.data["cgroups"]["cpu"], "cpu.cfs_quota_us").read_text().strip() == "50000"
+        hog = bash(child, "python3 -c 'b = bytearray(1 << 30); print(len(b))'")
+        assert hog["exit_code"] == 137 and hog.get("oom_killed"), hog
+        assert ok(parent, "echo alive") == "alive\n"  # the child's OOM is the child's
+    finally:
+        _remove(loop, backend, parent, child)
+
+
+def test_layers_nobody_holds_are_removed_when_the_backend_starts(loop: LoopThread, backend: LocalBackend,
+                                                                 image: str, tmp_path: Path) -> None:
+    """A fork cut off by a crash (its holder names a dead process) and a child deleted while the
+    control plane was down leave holders nobody will release: the next start removes them."""
+    parent = loop.run(backend.create(spec("p-sweep", image), 120))
+    (child,) = _fork(loop, backend, parent, ["c-sweep"])
+    layer = child.data["forks"][0]
+    dead = 1 << 22  # above pid_max's default: no such process
+    backend.fork_layers.hold([layer], f"o-{dead}-cutoff")
+    backend.fork_layers.hold([layer], "s-deleted-while-down")
+    again = LocalBackend(backend.state_dir, isolation="bwrap")
+    loop.run(again.start())
+    try:
+        assert backend.fork_layers.holders(layer) == {"s-c-sweep"}  # the live child's hold stays
+        _remove(loop, backend, child)
+        assert layer not in backend.fork_layers.layer_ids()
+    finally:
+        loop.run(again.close())
+        _remove(loop, backend, parent)
+
+
+def test_a_parent_that_is_not_running_cannot_be_forked_and_nothing_is_left(loop: LoopThread, backend: LocalBackend,
+                                                                           image: str) -> None:
+    parent = loop.run(backend.create(spec("p-dead", image), 120))
+    warm = loop.run(backend.create(spec("w-dead", image), 120))
+    loop.run(backend.require_started().stop(backend.sandboxes, parent.name, parent.data))
+    with pytest.raises(BackendError) as err:
+        _fork(loop, backend, parent, ["c-dead", "w-dead"], {"w-dead": warm})
+    assert err.value.status == 409 and "not running" in err.value.message
+    assert leftovers(warm) == []  # a warm sandbox handed in is used or removed
+    assert not (backend.sandboxes.root / "c-dead").exists()
+    _remove(loop, backend, parent)
+
+
+def test_freezing_is_what_keeps_copies_whole(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The fork layer is copied between ``freeze`` and ``thaw`` of the parent's groups (the order
+    the torn-write test depends on)."""
+    calls: list[str] = []
+    monkeypatch.setattr(Cgroups, "freeze", staticmethod(lambda paths, timeout=2.0: calls.append("freeze") or True))
+    monkeypatch.setattr(Cgroups, "thaw", staticmethod(lambda paths: calls.append("thaw")))
+    monkeypatch.setattr(ForkLayers, "_copy_layers", staticmethod(lambda sb, level: calls.append("copy") or 0))
+    monkeypatch.setattr(ForkLayers, "_copy_tmp", staticmethod(lambda data, dest: calls.append("tmp") or 0))
+    layers = ForkLayers(tmp_path)
+    layer, _ = layers.take({"dir": "/nonexistent/sb", "cgroups": {"freezer": "/x"}}, "o-1-test")
+    assert calls == ["freeze", "copy", "tmp", "thaw"]
+    assert layers.holders(layer) == {"o-1-test"}
+    assert layers.release("o-1-test") == [layer] and layers.layer_ids() == set()
