@@ -120,7 +120,8 @@ def test_every_status_change_follows_the_lifecycle(tmp_path: Path) -> None:
         server = _server(store, client, A.FINISHED, '{"h": 1}')
         row = store.get_server(server)
         assert row is not None
-        key = (row.image_tag, row.runtime_class_name, row.run_as_root, row.server_kind, row.server_name)
+        key = (row.image_tag, row.runtime_class_name, row.run_as_root, row.server_kind, row.server_name,
+               None)  # no resources asked
         claimed = store.claim_finished(client, "c", key)
         assert claimed is not None and claimed.availability == lifecycle.CLAIM[1]
         assert store.claim_finished(client, "c", key) is None  # only a FINISHED server is claimed
