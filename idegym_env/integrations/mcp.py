@@ -315,11 +315,20 @@ class EpisodeServer:
         server = self
 
         async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
-            await app(scope, receive, send)
+            key = None
             if scope.get("type") == "http" and scope.get("method") == "DELETE":
                 key = dict(scope.get("headers") or []).get(SESSION_HEADER.encode())
-                if key:
+            if not key:
+                return await app(scope, receive, send)
+
+            async def send_after_ending(message: dict[str, Any]) -> None:
+                # The episode ends before the client hears that its session did, so a client that
+                # counts sandboxes right after its DELETE sees this one handed back.
+                if message.get("type") == "http.response.start" and message.get("status", 500) < 300:
                     await anyio.to_thread.run_sync(server.end_session, key.decode())
+                await send(message)
+
+            await app(scope, receive, send_after_ending)
 
         return wrapped
 
