@@ -53,7 +53,7 @@ def _control_plane(tmp_path: Path, backend: str, request: pytest.FixtureRequest)
     from tests.cp_helpers import ControlPlaneProcess
 
     if backend == "local":
-        return ControlPlaneProcess(tmp_path / "state", ["--warm-pool", "1", "--ephemeral"], backend="local")
+        return ControlPlaneProcess(tmp_path / "state", ["--warm-pool", "0", "--ephemeral"], backend="local")
     sim = request.getfixturevalue("k8s_sim")
     config = sim.backend_config()
     env = dict(os.environ, IDEGYM_CONTROL_PLANE_BACKEND="kubernetes")

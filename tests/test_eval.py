@@ -173,39 +173,45 @@ def test_a_hanging_episode_times_out_and_the_run_goes_on(tmp_path: Path,
 # -- resume ---------------------------------------------------------------------------------------------
 
 
-def _start_cli(out: Path, url: str, attempts: int) -> subprocess.Popen[str]:
+def _start_cli(out: Path, url: str, attempts: int, gate: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "idegym_env.cli", "eval", "--tasks", PY_TASK,
-         "--agent", f"{FIXTURES}:SlowOracle", "--attempts", str(attempts), "--out", str(out),
+         "--agent", f"{FIXTURES}:GatedOracle", "--attempts", str(attempts), "--out", str(out),
          "--control-plane-url", url],
-        cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=REPO, env={**cli_env(), "IDEGYM_TEST_GATE": str(gate)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
 
 
 def test_an_interrupted_run_resumes_without_redoing_finished_episodes(
         tmp_path: Path, control_plane: EmbeddedControlPlane) -> None:
-    out, attempts = tmp_path / "resume", 6
-    # 1. Ctrl-C: the run stops cleanly, says so, and writes an incomplete summary.
-    proc = _start_cli(out, control_plane.url, attempts)
+    out, attempts, gate = tmp_path / "resume", 6, tmp_path / "gate"
+    # 1. Ctrl-C: the run stops cleanly, says so, and writes an incomplete summary. Attempt 0 may
+    # finish; the others wait at the gate until the signal.
+    gate.write_text("1")
+    proc = _start_cli(out, control_plane.url, attempts, gate)
     assert wait_until(lambda: len(lines(out, complete_only=True)) >= 1, timeout=60)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr[-2000:]
     assert "interrupted" in stderr
     first = lines(out)
-    assert 1 <= len(first) < attempts
+    assert [r["attempt"] for r in first] == [0]
     assert json.loads((out / "summary.json").read_text())["complete"] is False
-    # 2. SIGKILL mid-run: nothing gets to clean up; the finished episodes are on disk (fsync'ed).
-    proc = _start_cli(out, control_plane.url, attempts)
-    assert wait_until(lambda: len(lines(out, complete_only=True)) >= len(first) + 1, timeout=60)
+    # 2. SIGKILL mid-run (attempt 1 let through): nothing gets to clean up; the finished episodes
+    # are on disk (fsync'ed).
+    gate.write_text("2")
+    proc = _start_cli(out, control_plane.url, attempts, gate)
+    assert wait_until(lambda: len(lines(out, complete_only=True)) >= 2, timeout=60)
     proc.kill()
     proc.communicate(timeout=30)
     second = lines(out, complete_only=True)
-    assert second[:len(first)] == first and len(second) < attempts
+    assert second[:1] == first and [r["attempt"] for r in second] == [0, 1]
     # A record torn by the kill (simulated) is dropped, not misread.
     with open(out / "episodes.jsonl", "a") as f:
         f.write('{"id": "python-roman-numerals#5", "task": "python-rom')
     # 3. The rerun does only what is missing.
-    proc = _start_cli(out, control_plane.url, attempts)
+    gate.write_text(str(attempts))
+    proc = _start_cli(out, control_plane.url, attempts, gate)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr[-2000:]
     assert f"resuming: {len(second)} of {attempts} episodes already done" in stderr
@@ -219,9 +225,10 @@ def test_an_interrupted_run_resumes_without_redoing_finished_episodes(
     assert summary["complete"] and summary["overall"]["episodes"] == attempts
     assert len(json.loads((out / "manifest.json").read_text())["resumed_at"]) == 2
     # 4. Once complete, a rerun runs nothing (and needs no control plane).
-    again = idegym("eval", "--tasks", PY_TASK, "--agent", f"{FIXTURES}:SlowOracle",
-                   "--attempts", str(attempts), "--out", str(out),
-                   "--control-plane-url", "http://127.0.0.1:9")
+    again = subprocess.run([sys.executable, "-m", "idegym_env.cli", "eval", "--tasks", PY_TASK,
+                            "--agent", f"{FIXTURES}:GatedOracle", "--attempts", str(attempts), "--out", str(out),
+                            "--control-plane-url", "http://127.0.0.1:9"], cwd=REPO, capture_output=True, text=True,
+                           env={**cli_env(), "IDEGYM_TEST_GATE": str(gate)}, timeout=240)
     assert again.returncode == 0, again.stderr[-2000:]
     assert lines(out) == final
 

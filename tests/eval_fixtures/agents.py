@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -38,15 +39,20 @@ class HangOnFirstAttempt(OracleAgent):
         return super().__call__(observation, info)
 
 
-class SlowOracle(OracleAgent):
-    """The oracle, a little slower, so that a test can interrupt a run in the middle."""
+class GatedOracle(OracleAgent):
+    """The oracle, that starts attempt ``a`` only once the number in the file ``$IDEGYM_TEST_GATE``
+    is above ``a``: a test lets exactly the attempts it wants finish before it interrupts a run."""
 
-    def __init__(self, delay: float = 0.3) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.delay = delay
+        self.gate = os.environ["IDEGYM_TEST_GATE"]
 
     def __call__(self, observation: str, info: dict[str, Any]) -> Any:
-        time.sleep(self.delay)
+        deadline = time.monotonic() + 300
+        while int(open(self.gate).read() or 0) <= int(info.get("attempt", 0)):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"attempt {info.get('attempt')} was never let through {self.gate}")
+            time.sleep(0.02)
         return super().__call__(observation, info)
 
 

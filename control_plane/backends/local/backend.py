@@ -173,7 +173,7 @@ class LocalBackend(Backend):
             else:
                 say_once("storage", logging.WARNING, "local backend: sandbox storage is NOT bounded by default (%s); "
                          "a sandbox can fill this host's disk", reason)
-        self.launcher = Launcher(state_dir=self.state_dir, isolation=self.isolation, runtime=detect(self.state_dir),
+        self.launcher = Launcher(state_dir=self.state_dir, isolation=self.isolation, runtime=detect(),
                                  pids_max=self.pids_max, tmp_bytes=self.tmp_bytes, shm_bytes=self.shm_bytes,
                                  delete_timeout=self.delete_timeout, storage=storage,
                                  storage_bytes=self.storage_bytes if storage else None,

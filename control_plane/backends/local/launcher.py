@@ -285,7 +285,7 @@ class Launcher:
         key = f"{plan.kind}/oci" if plan.image.is_oci else plan.kind
         runtime = self._runtimes.get(key)
         if runtime is None:
-            runtime = runtime_for(self.runtime, kind, self.state_dir)
+            runtime = runtime_for(self.runtime, kind)
             if plan.image.is_oci:  # nothing of the host's /usr in the sandbox: the server brings its own
                 runtime = oci_runtime(runtime, self.state_dir)
             self._runtimes[key] = runtime

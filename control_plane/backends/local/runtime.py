@@ -19,6 +19,7 @@ import os
 import shutil
 import site
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,8 @@ BOOTSTRAP = (
     "main(sys.argv[1:])\n"
 )
 SERVER_MODULE = "sandbox_server.cli"
+# A package copy unused this long is removed (one in use is touched at every control plane start).
+COPY_RETENTION = 7 * 86400.0
 
 
 @dataclass
@@ -68,7 +71,7 @@ def _under(path: Path, parent: str) -> bool:
     return path == Path(parent) or Path(parent) in path.parents
 
 
-def detect(state_dir: Path) -> Runtime:
+def detect() -> Runtime:
     binds: list[tuple[str, str]] = []
     skeletons: list[str] = []
     # The server makes no TLS connections; an empty CA store spares it the ~40 ms aiohttp spends
@@ -100,7 +103,7 @@ def detect(state_dir: Path) -> Runtime:
 
     package = Path(sandbox_server.__file__).resolve().parent
     if not any(_under(package, str(d)) for d in site_dirs):
-        copy = sync_package(package, state_dir / "runtime" / "src")
+        copy = sync_package(package)
         binds.append((str(copy), f"{INSIDE}/src"))
         src.append(f"{INSIDE}/src")
     tool_env = {"PATH": TOOL_PATH, "LANG": "C.UTF-8"}
@@ -119,22 +122,38 @@ def detect(state_dir: Path) -> Runtime:
                    skeletons=skeletons)
 
 
-def sync_package(package: Path, dest_root: Path) -> Path:
+def runtime_cache_dir() -> Path:
+    """Where the compiled package copies live: shared by every state directory of this user
+    (``$IDEGYM_RUNTIME_CACHE``, default ``~/.cache/idegym/runtime``), so that a control plane on
+    a new state directory does not compile them again (the judge's Java subject alone is ~1.5 s)."""
+    explicit = os.environ.get("IDEGYM_RUNTIME_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "idegym" / "runtime"
+
+
+def sync_package(package: Path, dest_root: Path | None = None) -> Path:
     """A compiled copy of a package, e.g. ``sandbox_server`` (refreshed when the sources change).
 
     Bound read-only, the package could not cache its bytecode; compiling it once here saves
     every sandbox start the compile time.
     """
+    dest_root = runtime_cache_dir() if dest_root is None else dest_root
     files = sorted(p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts
                    and p.suffix not in (".pyc", ".pyo"))
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(f"{package.name}\0{sys.version}\n".encode())
     for path in files:
         st = path.stat()
         digest.update(f"{path.relative_to(package)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     stamp = digest.hexdigest()[:16]
     dest = dest_root / stamp
     if (dest / ".complete").exists():
+        os.utime(dest / ".complete")
         return dest
+    dest_root.mkdir(parents=True, exist_ok=True)
+    os.chmod(dest_root, 0o755)  # (the copies are bound into sandboxes; nothing in them is secret)
+    _prune_copies(dest_root)
     tmp = dest_root / f".tmp-{stamp}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     target = tmp / package.name
@@ -153,7 +172,20 @@ def sync_package(package: Path, dest_root: Path) -> Path:
             os.chmod(mode_dir, 0o755)
     try:
         tmp.rename(dest)
-    except OSError:  # another backend won the race
+    except OSError:  # another control plane won the race
         shutil.rmtree(tmp, ignore_errors=True)
-    # Older copies stay: running sandboxes have them bound (they are a few hundred KiB).
     return dest
+
+
+def _prune_copies(dest_root: Path) -> None:
+    """Remove copies no control plane has started with for ``COPY_RETENTION`` (a running sandbox
+    has its copy bound: a copy in use is younger than that), and what a killed copy left."""
+    cutoff = time.time() - COPY_RETENTION
+    for entry in dest_root.iterdir():
+        marker = entry / ".complete"
+        try:
+            used = marker.stat().st_mtime if marker.exists() else entry.stat().st_mtime
+        except OSError:
+            continue
+        if used < cutoff or (entry.name.startswith(".tmp-") and used < time.time() - 3600):
+            shutil.rmtree(entry, ignore_errors=True)

@@ -62,7 +62,7 @@ def entry(kind: str) -> ServerKindEntry:
         raise BackendError(f"the local backend runs {' and '.join(SERVER_KINDS)} servers, not {kind!r}", 400) from None
 
 
-def runtime_for(base: Runtime, kind: ServerKindEntry, state_dir: Path) -> Runtime:
+def runtime_for(base: Runtime, kind: ServerKindEntry) -> Runtime:
     """The sandbox runtime ``kind`` needs: ``base`` plus its packages, bound where it finds them."""
     if not kind.packages and not kind.ca_store:
         return base
@@ -76,7 +76,7 @@ def runtime_for(base: Runtime, kind: ServerKindEntry, state_dir: Path) -> Runtim
         package = Path(next(iter(found.submodule_search_locations))).resolve()
         if any(package.is_relative_to(d) for d in site_dirs):
             continue  # importable from a bound site-packages directory already
-        copy = sync_package(package, state_dir / "runtime" / "packages")
+        copy = sync_package(package)
         binds.append((str(copy), f"{INSIDE}/packages/{index}"))
         first.append(f"{INSIDE}/packages/{index}")
     if kind.packages:
