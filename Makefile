@@ -109,7 +109,7 @@ lint: venv  ## ruff over the whole repository (configured in pyproject.toml)
 	@$(VENV)/bin/ruff check .
 
 test: venv client-venv harbor-venv gym-versions lint  ## lint, then the test suite (everything but `slow`)
-	@$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
+	@$(VENV)/bin/pytest -m "not slow" -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 test-slow: venv client-venv harbor-venv gym-versions  ## only the long-running tests
 	@$(VENV)/bin/pytest -m slow $(PYTEST_ARGS)

@@ -46,6 +46,16 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``pytest -n N --dist loadgroup`` (``make test``) a module's tests run on one worker
+    (its module fixtures start once), and every test that starts Ray on one worker, one at a
+    time: two Ray instances on one host would share its ports and ``/tmp/ray``."""
+    for item in items:
+        group = "ray" if item.get_closest_marker("ray") else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 pytest_plugins = ["tests.k8s_sim.fixtures", "tests.oci_fixtures"]
 
 
