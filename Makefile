@@ -8,10 +8,14 @@ PY         := $(VENV)/bin/python
 PIP        := $(PY) -m pip --quiet --disable-pip-version-check
 EXTRAS     ?= dev,kubernetes,openenv,ray,trl,skyrl,mcp
 HARBOR_VENV:= .venv-harbor
+# The venvs are made in parallel; setuptools writes idegym.egg-info in this tree at every editable
+# install, so those take turns.
+EDITABLE   := flock $(CURDIR)/.editable-install.lock
+HARBOR_REQ := $(shell grep -o 'harbor==[0-9.]*' pyproject.toml | head -n1)
 # The published idegym-client 0.13.1 needs Python >= 3.12; pyenv keeps one off PATH.
 PYTHON312  ?= $(shell command -v python3.12 >/dev/null 2>&1 && python3.12 -c pass 2>/dev/null && echo python3.12 || ls -1d $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 2>/dev/null | head -n1)
 
-.PHONY: help lint demo test test-all test-slow bench system-deps net-deps venv demo-venv client-venv harbor-venv gym-versions clean
+.PHONY: help lint demo test test-deps test-all test-slow bench system-deps net-deps venv demo-venv client-venv harbor-venv gym-versions clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -48,7 +52,7 @@ $(VENV)/.stamp: pyproject.toml
 	@$(PIP) install --upgrade pip setuptools wheel
 	@# RLlib needs torch; this pin takes the CPU build that lies on disk instead of a multi-GB CUDA download.
 	@case ",$(EXTRAS)," in *,ray,*|*,trl,*) $(PIP) install torch==2.13.0 ;; esac
-	@$(PIP) install -e '.[$(EXTRAS)]'
+	@$(EDITABLE) $(PIP) install -e '.[$(EXTRAS)]'
 	@touch $@ $(VENV)/.stamp-demo
 
 # The demo needs only the base install: no torch, Ray or Kubernetes client (those are for the tests).
@@ -56,11 +60,11 @@ $(VENV)/.stamp-demo: pyproject.toml
 	@echo "creating $(VENV) and installing idegym (the demo's dependencies only)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PIP) install --upgrade pip setuptools wheel
-	@$(PIP) install -e .
+	@$(EDITABLE) $(PIP) install -e .
 	@touch $@
 
 # Sandboxes allowed the network get their own network namespace with user-mode networking.
-net-deps:  ## Debian package slirp4netns (networking for sandboxes allowed the network)
+net-deps: system-deps  ## Debian package slirp4netns (networking for sandboxes allowed the network)
 	@if ! command -v slirp4netns >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing slirp4netns (apt-get)"; \
@@ -88,7 +92,8 @@ $(HARBOR_VENV)/.stamp: pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "ERROR: Python 3.12 not found (needed for harbor)"; exit 1; }
 	@echo "creating $(HARBOR_VENV) with idegym[harbor] on $(PYTHON312)"
 	@test -x $(HARBOR_VENV)/bin/python || $(PYTHON312) -m venv $(HARBOR_VENV)
-	@$(HARBOR_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[harbor]'
+	@$(HARBOR_VENV)/bin/python -m pip install --quiet --disable-pip-version-check '$(HARBOR_REQ)'
+	@$(EDITABLE) $(HARBOR_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[harbor]'
 	@touch $@
 
 harbor-venv: $(HARBOR_VENV)/.stamp  ## Python 3.12 venv with Harbor and idegym[harbor]
@@ -108,10 +113,14 @@ demo: demo-venv  ## run real episodes end to end on the embedded local control p
 lint: venv  ## ruff over the whole repository (configured in pyproject.toml)
 	@$(VENV)/bin/ruff check .
 
-test: venv client-venv harbor-venv gym-versions lint  ## lint, then the test suite (everything but `slow`)
+test-deps:  ## everything the tests need (the three venvs are made in parallel)
+	@$(MAKE) --no-print-directory -j3 venv client-venv harbor-venv
+	@$(MAKE) --no-print-directory gym-versions
+
+test: test-deps lint  ## lint, then the test suite (everything but `slow`) on two workers
 	@$(VENV)/bin/pytest -m "not slow" -n 2 --dist loadgroup $(PYTEST_ARGS)
 
-test-slow: venv client-venv harbor-venv gym-versions  ## only the long-running tests
+test-slow: test-deps  ## only the long-running tests
 	@$(VENV)/bin/pytest -m slow $(PYTEST_ARGS)
 
 bench: venv client-venv harbor-venv  ## the benchmark suite; writes benchmarks/results/

@@ -49,10 +49,17 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``pytest -n N --dist loadgroup`` (``make test``) a module's tests run on one worker
-    (its module fixtures start once), and every test that starts Ray on one worker, one at a
-    time: two Ray instances on one host would share its ports and ``/tmp/ray``."""
+    (its module fixtures start once); every test that starts Ray runs on one worker, one at a
+    time (two Ray instances on one host would share its ports and ``/tmp/ray``); and every test
+    on the Kubernetes simulator on one worker, in file order, as without xdist: the session's
+    simulator audits the calls of them all (``test_the_documented_role_grants_every_call…``)."""
     for item in items:
-        group = "ray" if item.get_closest_marker("ray") else item.nodeid.split("::", 1)[0]
+        if item.get_closest_marker("ray"):
+            group = "ray"
+        elif item.get_closest_marker("kubernetes") or "k8s_sim" in item.fixturenames:
+            group = "kubernetes"
+        else:
+            group = item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(group))
 
 

@@ -52,6 +52,12 @@ def request(**fields: Any) -> StartServerRequest:
     return StartServerRequest(client_id=uuid.uuid4(), image_tag=fields.pop("image_tag", IMAGE), **fields)
 
 
+def _is_pod_ip(ip: str) -> bool:
+    """A simulated pod's own loopback address (127.N.x.y, N >= 77), not the host's 127.0.0.1."""
+    parts = ip.split(".")
+    return len(parts) == 4 and parts[0] == "127" and 77 <= int(parts[1]) < 127
+
+
 def spec_for(req: StartServerRequest, server_id: int | None = None) -> SandboxSpec:
     server_id = server_id or int(uuid.uuid4().int % 100_000) + 1
     return SandboxSpec.from_request(req, server_id, f"{req.server_name}-{server_id}")
@@ -417,7 +423,7 @@ def test_create_ready_bash_through_the_api_server_proxy_and_delete_leaves_nothin
         # the typed client reads the simulator's objects (the protocol, not only our dicts)
         pods = (await asyncio.to_thread(inspect(backend).core.list_namespaced_pod, "idegym",
                                         label_selector=f"app={spec.generated_name}")).items
-        assert len(pods) == 1 and pods[0].status.pod_ip.startswith("127.77.")
+        assert len(pods) == 1 and _is_pod_ip(pods[0].status.pod_ip)
         assert {c.type: c.status for c in pods[0].status.conditions}["Ready"] == "True"
         assert pods[0].metadata.labels["team"] == "research"
         assert pods[0].metadata.annotations["example.com/task"] == "t-1"
@@ -446,7 +452,7 @@ def test_pod_ip_addressing_and_restart_gives_a_fresh_pod(k8s_sim: SimulatorProce
         spec = spec_for(request())
         handle = await backend.create(spec, 30)
         first = backend.endpoint(handle).base_url
-        assert first.startswith("http://127.77.") and first.endswith(":8000")
+        assert _is_pod_ip(first.removeprefix("http://").rsplit(":", 1)[0]) and first.endswith(":8000")
         await bash(backend, handle, "echo scratch > left-behind.txt")
         assert (await bash(backend, handle, "cat left-behind.txt"))["stdout"] == "scratch\n"
 

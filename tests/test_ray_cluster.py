@@ -216,11 +216,13 @@ def test_eval_reruns_the_episodes_of_a_lost_node(cluster: SimulatedCluster, vec:
 
     runner = threading.Thread(target=run)
     runner.start()
-    victim = cluster.workers[-1]
-    on_victim = lambda: [m.name for m in markers.iterdir() if m.name.split("-")[1] == victim.node_id]  # noqa: E731
-    assert wait_until(lambda: bool(on_victim()), 120, interval=0.2), \
-        f"no episode started on the worker node: {[m.name for m in markers.iterdir()]}"
-    lost_attempt = int(on_victim()[0].split("-")[0])
+    workers = {w.node_id: w for w in cluster.workers}
+    on_workers = lambda: [m.name for m in markers.iterdir() if m.name.split("-")[1] in workers]  # noqa: E731
+    assert wait_until(lambda: bool(on_workers()), 120, interval=0.2), \
+        f"no episode started on a worker node {sorted(workers)}: {[m.name for m in markers.iterdir()]}"
+    lost_attempt, victim_id = on_workers()[0].split("-")[:2]
+    lost_attempt = int(lost_attempt)
+    victim = workers[victim_id]
     cluster.remove(victim)
     runner.join(300)
     assert not runner.is_alive(), "the eval run did not finish after the node was lost"

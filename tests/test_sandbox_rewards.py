@@ -85,7 +85,7 @@ def test_test_reward_with_real_pytest(server: SandboxProcess, project: Path) -> 
         "test_script": f"{sys.executable} -m pytest -q -p no:cacheprovider --junitxml=test-results.xml test_calc.py",
     }).json()
     assert body["status"] == "failure"
-    assert body["scores"] == {"total": 4, "passed": 1, "failed": 2, "skipped": 1}
+    assert body["scores"] == {"total": 4, "passed": 1, "failed": 2, "skipped": 1}, body
     assert body["reports"] == ["test-results.xml"]
 
 

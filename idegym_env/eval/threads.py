@@ -20,6 +20,8 @@ from .episode import Episode, close_agent, close_env, kill_env, make_env, timed_
 if TYPE_CHECKING:
     from .runner import Runner
 
+INTERRUPT_GRACE = 5.0  # seconds a Ctrl-C waits for running episodes' workers (their sandboxes go at once)
+
 
 class ThreadExecutor:
     def __init__(self, runner: Runner) -> None:
@@ -45,8 +47,11 @@ class ThreadExecutor:
                     w.join(0.2)
         except KeyboardInterrupt:
             self._cancel()
+            # An agent blocked in its own call (a model request) cannot be cut off: the workers
+            # get one grace in all, and are daemons.
+            deadline = time.monotonic() + INTERRUPT_GRACE
             for w in workers:
-                w.join(15)
+                w.join(max(deadline - time.monotonic(), 0.0))
             return True
         return False
 

@@ -3,7 +3,8 @@
 * Scheduling: nodeSelector, required node affinity (In/NotIn/Exists), NoSchedule taints vs
   tolerations, required pod anti-affinity on ``kubernetes.io/hostname``. No fit → PodScheduled
   False/Unschedulable with the scheduler's style of message, retried when nodes or pods change.
-* Each scheduled pod gets its own loopback address (127.77.x.y), checked to be bindable on the
+* Each scheduled pod gets its own loopback address (127.77.x.y, or the next free
+  127.N block while another simulator runs), checked to be bindable on the
   container port, as its podIP. The ``server`` container (else the first one) runs the program
   ``images.ImageCatalog`` maps its image to; other containers are reported running without a
   process (sidecars are not simulated).
@@ -25,6 +26,7 @@ import asyncio
 import base64
 import contextlib
 import ctypes
+import fcntl
 import os
 import shutil
 import signal
@@ -105,18 +107,36 @@ def _tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
 
 
 class IpPool:
-    """Loopback addresses for pods, one per live pod, never reused while the simulator runs."""
+    """Loopback addresses for pods, one per live pod, never reused while the simulator runs.
+
+    They lie in a /16 of 127/8 (``127.77.x.y`` first) that this simulator holds by a lock file:
+    a pod that never listens leaves its address bindable, and a second simulator on the host (a
+    parallel test worker) must not hand it out to a pod that does."""
 
     def __init__(self) -> None:
         self.next = 1
+        self.prefix, self._lock_fd = _claim_block()
 
     def take(self, port: int | None) -> str:
         while True:
             n = self.next
             self.next += 1
-            ip = f"127.77.{(n // 250) % 250}.{n % 250 + 1}"
+            ip = f"{self.prefix}.{(n // 250) % 250}.{n % 250 + 1}"
             if port is None or _bindable(ip, port):
                 return ip
+
+
+def _claim_block() -> tuple[str, int]:
+    """The first ``127.N`` (N from 77) no other simulator holds; held until this process ends."""
+    for second in range(77, 127):
+        fd = os.open(f"/tmp/idegym-k8s-sim-127.{second}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return f"127.{second}", fd
+    raise RuntimeError("every 127.77-126 address block is held by another simulator")
 
 
 def _bindable(ip: str, port: int) -> bool:
