@@ -118,7 +118,7 @@ test-deps:  ## everything the tests need (the three venvs are made in parallel)
 	@$(MAKE) --no-print-directory gym-versions
 
 test: test-deps lint  ## lint, then the test suite (everything but `slow`) on two workers
-	@$(VENV)/bin/pytest -m "not slow" -n 2 --dist loadgroup $(PYTEST_ARGS)
+	@$(VENV)/bin/pytest -m "not slow" -n 2 $(PYTEST_ARGS)
 
 test-slow: test-deps  ## only the long-running tests
 	@$(VENV)/bin/pytest -m slow $(PYTEST_ARGS)
