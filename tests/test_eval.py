@@ -178,8 +178,18 @@ def _start_cli(out: Path, url: str, attempts: int, gate: Path) -> subprocess.Pop
         [sys.executable, "-m", "idegym_env.cli", "eval", "--tasks", PY_TASK,
          "--agent", f"{FIXTURES}:GatedOracle", "--attempts", str(attempts), "--out", str(out),
          "--control-plane-url", url],
-        cwd=REPO, env={**cli_env(), "IDEGYM_TEST_GATE": str(gate)}, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        cwd=REPO, env={**cli_env(), "IDEGYM_TEST_GATE": str(gate), "PYTHONFAULTHANDLER": "1"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _interrupted(proc: subprocess.Popen[str]) -> str:
+    """SIGINT the run; its stderr once it has ended (its threads' stacks if it hangs)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.communicate(timeout=60)[1]
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+        raise AssertionError(f"no exit 60 s after SIGINT:\n{proc.communicate(timeout=30)[1][-8000:]}") from None
 
 
 def test_an_interrupted_run_resumes_without_redoing_finished_episodes(
@@ -190,8 +200,7 @@ def test_an_interrupted_run_resumes_without_redoing_finished_episodes(
     gate.write_text("1")
     proc = _start_cli(out, control_plane.url, attempts, gate)
     assert wait_until(lambda: len(lines(out, complete_only=True)) >= 1, timeout=60)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
+    stderr = _interrupted(proc)
     assert proc.returncode == 130, stderr[-2000:]
     assert "interrupted" in stderr
     first = lines(out)

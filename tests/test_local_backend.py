@@ -287,8 +287,9 @@ def test_pids_limit_stops_a_fork_bomb(sb_limited: SandboxHandle) -> None:
     done = threading.Event()
     threading.Thread(target=watch, daemon=True).start()
     try:
-        # The bomb detaches from the call; it keeps forking in the background, capped at 64.
-        bash(sb_limited, "bomb() { bomb | bomb & }; bomb", timeout=10)
+        # The bomb detaches from the call; it keeps forking in the background, capped at 64. Each
+        # copy forks forever (a failed fork is retried), so it cannot die out before the reset.
+        bash(sb_limited, "bomb() { while :; do bomb & done; }; bomb >/dev/null 2>&1 &", timeout=10)
         assert wait_for(lambda: _pids_events(pids) > 100, 10)
         with client(sb_limited) as c:  # the server stays responsive (a request needs no fork)
             assert c.get("/api/health").status_code == 200

@@ -46,22 +46,25 @@ class ThreadExecutor:
                 while w.is_alive():
                     w.join(0.2)
         except KeyboardInterrupt:
-            self._cancel()
-            # An agent blocked in its own call (a model request) cannot be cut off: the workers
-            # get one grace in all, and are daemons.
+            # Stopping the running episodes' sandboxes and an agent blocked in its own call (a
+            # model request) get one grace in all; the workers are daemons, and a sandbox still
+            # running past it ends by the control plane's reaper once this client is gone.
             deadline = time.monotonic() + INTERRUPT_GRACE
-            for w in workers:
-                w.join(max(deadline - time.monotonic(), 0.0))
+            for t in [*self._cancel(), *workers]:
+                t.join(max(deadline - time.monotonic(), 0.0))
             return True
         return False
 
-    def _cancel(self) -> None:
+    def _cancel(self) -> list[threading.Thread]:
+        """Stop recording and abandon the running episodes, each from a thread of its own."""
         self.runner.stop_recording()
         with self._lock:
             self._stop.set()
             running = list(self._running.values())
-        for episode in running:
-            episode.abandon()
+        stoppers = [threading.Thread(target=episode.abandon, name="eval-abandon", daemon=True) for episode in running]
+        for t in stoppers:
+            t.start()
+        return stoppers
 
     def _worker(self, index: int, work: queue.Queue[tuple[Task, int]], url: str) -> None:
         # The env this worker keeps for the next attempt of the same task (at most one). Each
