@@ -39,7 +39,8 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from . import procfs
-from .jail import Isolation, JailError, Jails, RunSpec
+from .isolated_runs import JailError, Jails
+from .jail import Isolation, RunSpec
 from .memory_events import MemoryEvents
 from .output import BoundedOutput
 from .polling import until
@@ -222,7 +223,7 @@ class Supervisor:
         self.tool_cgroups = tool_cgroups if tool_cgroups is not None and tool_cgroups.available else None
         # Tools are started from this thread, which lives in the tools' cgroups (tool_cgroups.py).
         self._spawner: concurrent.futures.ThreadPoolExecutor | None = None
-        # Isolated runs (jail.py): their zygote starts with the server, while it holds CAP_SYS_ADMIN.
+        # Isolated runs (isolated_runs.py): their zygote starts with the server, while it holds CAP_SYS_ADMIN.
         self.jails: Jails | None = Jails() if isolated_runs else None
         self._drainers = 0
         self._reaper: asyncio.TimerHandle | None = None
