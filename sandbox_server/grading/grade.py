@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING
 from ..judge.subject import PINNED_ENV
 from ..junit import canonical_test_id, find_reports, fresh_reports, parse_cases
 from ..models import CheckResult, Status, TestScores
-from ..process import ProcessResult, UserSpec
+from ..process import ProcessResult
+from ..users import UserSpec
 from .models import FileEntry, GradedTests, GradeRequest, GradeResponse, GradeStage, TestCase
 
 if TYPE_CHECKING:
