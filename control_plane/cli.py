@@ -168,20 +168,16 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="close a connection whose request head is not complete this many seconds after it "
                              f"opened or after its last answer (slow-header clients, idle keep-alive) "
                              f"[default {cfg.header_timeout:g}]")
-    parser.add_argument("--watch-interval", type=float, default=_default("WATCH_INTERVAL", watch.interval, float),
-                        help="seconds between watcher passes")
-    parser.add_argument("--inactive-timeout", type=float,
-                        default=_default("INACTIVE_TIMEOUT", watch.inactive_timeout, float),
-                        help="reap ALIVE servers idle this many seconds (keepalive extends)")
-    parser.add_argument("--finished-timeout", type=float,
-                        default=_default("FINISHED_TIMEOUT", watch.finished_timeout, float),
-                        help="reap FINISHED servers not reused within this many seconds")
-    parser.add_argument("--heartbeat-timeout", type=float,
-                        default=_default("HEARTBEAT_TIMEOUT", watch.heartbeat_timeout, float),
-                        help="reap clients silent this many seconds")
-    parser.add_argument("--operation-retention", type=float,
-                        default=_default("RETENTION", watch.operation_retention, float),
-                        help="seconds of request history kept")
+    for flag, variable, value, text in (
+        ("--watch-interval", "WATCH_INTERVAL", watch.interval, "seconds between watcher passes"),
+        ("--inactive-timeout", "INACTIVE_TIMEOUT", watch.inactive_timeout,
+         "reap ALIVE servers idle this many seconds (keepalive extends)"),
+        ("--finished-timeout", "FINISHED_TIMEOUT", watch.finished_timeout,
+         "reap FINISHED servers not reused within this many seconds"),
+        ("--heartbeat-timeout", "HEARTBEAT_TIMEOUT", watch.heartbeat_timeout, "reap clients silent this many seconds"),
+        ("--operation-retention", "RETENTION", watch.operation_retention, "seconds of request history kept"),
+    ):
+        parser.add_argument(flag, type=float, default=_default(variable, value, float), help=text)
     parser.add_argument("--ephemeral", action="store_true", default=_default("EPHEMERAL", cfg.ephemeral, bool),
                         help="delete every sandbox on shutdown (for embedded use)")
     if _wants_kubernetes():

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
+
+
+def _serve_parser(sub: Any, name: str, dest: str, command_help: str, command_description: str,
+                  **serve: Any) -> argparse.ArgumentParser:
+    """The parser of ``idegym NAME serve``, for a command whose subcommand runs a server."""
+    command = sub.add_parser(name, help=command_help, description=command_description)
+    return command.add_subparsers(dest=dest, required=True, metavar="COMMAND").add_parser("serve", **serve)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -13,35 +21,31 @@ def main(argv: list[str] | None = None) -> None:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    sandbox = sub.add_parser("sandbox", help="the in-sandbox server", description="The in-sandbox server.")
-    sandbox_sub = sandbox.add_subparsers(dest="sandbox_command", required=True, metavar="COMMAND")
-    serve = sandbox_sub.add_parser("serve", help="run the sandbox server (tools, rewards, reset, code runner)",
-                                   description="Run the sandbox server: bash and file tools, rewards, project "
-                                               "reset and a code runner over HTTP.")
+    serve = _serve_parser(sub, "sandbox", "sandbox_command", "the in-sandbox server", "The in-sandbox server.",
+                          help="run the sandbox server (tools, rewards, reset, code runner)",
+                          description="Run the sandbox server: bash and file tools, rewards, project reset and a "
+                                      "code runner over HTTP.")
     from sandbox_server.cli import add_serve_arguments
 
     add_serve_arguments(serve)
 
-    cp = sub.add_parser("control-plane", help="the orchestrator (clients, servers, forwarding…)",
-                        description="The IdeGym control plane.")
-    cp_sub = cp.add_subparsers(dest="cp_command", required=True, metavar="COMMAND")
-    cp_serve = cp_sub.add_parser("serve", help="run the control plane (local backend by default)",
-                                 description="Run the control plane. With no options it runs on this machine: "
-                                             "sandboxes are local processes isolated with bubblewrap.")
+    cp_serve = _serve_parser(sub, "control-plane", "cp_command", "the orchestrator (clients, servers, forwarding…)",
+                             "The IdeGym control plane.", help="run the control plane (local backend by default)",
+                             description="Run the control plane. With no options it runs on this machine: "
+                                         "sandboxes are local processes isolated with bubblewrap.")
     from control_plane.cli import add_serve_arguments as add_cp_arguments
 
     add_cp_arguments(cp_serve)
 
-    openenv = sub.add_parser("openenv", help="serve IdeGym episodes with OpenEnv's protocol (/ws, /reset, /step…)",
-                             description="IdeGym episodes for OpenEnv's clients (pip install 'idegym[openenv]').")
-    openenv_sub = openenv.add_subparsers(dest="openenv_command", required=True, metavar="COMMAND")
     from .openenv.server import DESCRIPTION as OPENENV_DESCRIPTION
     from .openenv.server import EPILOG as OPENENV_EPILOG
     from .openenv.server import add_serve_arguments as add_openenv_arguments
 
-    openenv_serve = openenv_sub.add_parser("serve", help="run an OpenEnv server for a task",
-                                           description=OPENENV_DESCRIPTION, epilog=OPENENV_EPILOG,
-                                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    openenv_serve = _serve_parser(sub, "openenv", "openenv_command",
+                                  "serve IdeGym episodes with OpenEnv's protocol (/ws, /reset, /step…)",
+                                  "IdeGym episodes for OpenEnv's clients (pip install 'idegym[openenv]').",
+                                  help="run an OpenEnv server for a task", description=OPENENV_DESCRIPTION,
+                                  epilog=OPENENV_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_openenv_arguments(openenv_serve)
 
     sandboxes = sub.add_parser("sandboxes", help="list or end the local sandboxes on this host",
@@ -51,12 +55,12 @@ def main(argv: list[str] | None = None) -> None:
 
     add_sandboxes_arguments(sandboxes)
 
-    mcp = sub.add_parser("mcp", help="serve IdeGym episodes as MCP tools (stdio or streamable HTTP)",
-                         description="IdeGym episodes for MCP clients (pip install 'idegym[mcp]').")
-    mcp_sub = mcp.add_subparsers(dest="mcp_command", required=True, metavar="COMMAND")
-    mcp_serve = mcp_sub.add_parser("serve", help="run an MCP server whose tools act on an IdeGym episode",
-                                   description="Run an MCP server whose tools (reset, bash, file tools, run_checks, "
-                                               "submit) act on an IdeGym episode.")
+    mcp_serve = _serve_parser(sub, "mcp", "mcp_command",
+                              "serve IdeGym episodes as MCP tools (stdio or streamable HTTP)",
+                              "IdeGym episodes for MCP clients (pip install 'idegym[mcp]').",
+                              help="run an MCP server whose tools act on an IdeGym episode",
+                              description="Run an MCP server whose tools (reset, bash, file tools, run_checks, "
+                                          "submit) act on an IdeGym episode.")
     from .integrations.mcp_cli import add_serve_arguments as add_mcp_arguments
 
     add_mcp_arguments(mcp_serve)

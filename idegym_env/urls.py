@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 _LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 
@@ -25,4 +25,12 @@ def is_loopback_url(url: str) -> bool:
     return address.is_loopback or address.is_unspecified
 
 
-__all__ = ["is_loopback_url"]
+def without_credentials(url: str) -> str:
+    """``url`` without its ``user:password@`` part: for showing and logging."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+__all__ = ["is_loopback_url", "without_credentials"]

@@ -58,10 +58,11 @@ from .models import (
     UploadFileChunkResponse,
 )
 from .openapi import Route, build_openapi
-from .process import ProcessResult, Supervisor, UserSpec
+from .process import ProcessResult, Supervisor
 from .project import CopyProject, OverlayProject, Project, prepare_pristine
 from .runner import CodeRunner
 from .tool_cgroups import ToolCgroups
+from .users import UserSpec
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)

@@ -17,7 +17,7 @@ from pathlib import Path
 from diff_match_patch import diff_match_patch
 
 from .errors import BadRequest, Conflict, Forbidden, Unprocessable, from_os_error
-from .process import UserSpec
+from .users import UserSpec
 
 MAX_CHUNK = 16 << 20
 _libc = ctypes.CDLL(None, use_errno=True)

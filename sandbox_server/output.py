@@ -1,6 +1,20 @@
-"""Bounded capture of a process's output stream: keep the head and the tail, count the rest."""
+"""Bounded capture of a process's output stream: keep the head and the tail, count the rest;
+and reading such a stream from a non-blocking descriptor."""
 
 from __future__ import annotations
+
+import os
+
+
+def read_available(fd: int, size: int) -> bytes | None:
+    """``os.read`` of a non-blocking ``fd``: None when nothing is there yet, ``b""`` at its end
+    or when reading fails (either way the stream is over)."""
+    try:
+        return os.read(fd, size)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
 
 
 def omitted_marker(dropped: int) -> str:

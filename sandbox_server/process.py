@@ -16,7 +16,8 @@ them for itself), so tools cannot undo the sandbox's read-only mounts or take ov
 choice (oom_score_adj), and when the sandbox's memory cgroup counts an OOM kill during a
 command, its result says so. With delegated tool cgroups (``tool_cgroups.py``) every tool is
 started from a spawner thread that lives in the tools' groups, and ``Supervisor.stage`` runs a
-stage in child groups it empties at the end.
+stage in child groups it empties at the end. One running command's pipes and exit: ``job.py``;
+who it runs as: ``users.py``; isolated runs: ``isolated_runs.py``.
 """
 
 from __future__ import annotations
@@ -26,11 +27,9 @@ import concurrent.futures
 import contextlib
 import ctypes
 import errno
-import fcntl
 import functools
 import logging
 import os
-import pwd
 import shutil
 import signal
 import subprocess
@@ -39,12 +38,15 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from . import procfs
-from .jail import Isolation, JailError, Jails, RunSpec
+from .isolated_runs import JailError, Jails
+from .jail import Isolation, RunSpec
+from .job import READ_CHUNK, Job, feed_stdin
 from .memory_events import MemoryEvents
 from .output import BoundedOutput
 from .polling import until
 from .tool_cgroups import ToolCgroups
 from .trees import freeze_trees, marked_processes, pipe_holders, signal_group_and_holders
+from .users import UserSpec, groups_of
 
 log = logging.getLogger(__name__)
 
@@ -57,37 +59,7 @@ CAP_SYS_ADMIN = 21
 # of the server (which holds them, to remount the project) would be ways back to them.
 ROOT_TOOL_DROPPED_CAPS = (CAP_SYS_ADMIN, CAP_SYS_PTRACE)
 TOOL_OOM_SCORE_ADJ = b"500"
-F_SETPIPE_SZ = 1031
-READ_CHUNK = 1 << 20
-PIPE_SIZE = 1 << 20
-DEFAULT_PIPE_SIZE = 1 << 16
-# After the command's main process exits, how long to wait for the pipes to close: a background
-# child that inherited them would otherwise hold the call open.
-EXIT_LINGER = 0.1
 MAX_DRAINERS = 256
-
-
-@dataclass(frozen=True)
-class UserSpec:
-    name: str
-    uid: int
-    gid: int
-    home: str
-    shell: str
-
-    @classmethod
-    def lookup(cls, name_or_uid: str) -> UserSpec:
-        """Raises ``KeyError`` when the user does not exist in this (sandbox's) passwd database."""
-        entry = pwd.getpwuid(int(name_or_uid)) if name_or_uid.isdigit() else pwd.getpwnam(name_or_uid)
-        return cls(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir, entry.pw_shell or "/bin/bash")
-
-    @classmethod
-    def current(cls) -> UserSpec:
-        try:
-            return cls.lookup(str(os.getuid()))
-        except KeyError:
-            uid = os.getuid()
-            return cls(str(uid), uid, os.getgid(), os.environ.get("HOME", "/"), "/bin/bash")
 
 
 @dataclass
@@ -121,98 +93,6 @@ RUN_PIDS_MAX = 256  # processes of one isolated run: a fork bomb in one never st
 PER_RUN_GROUPS = False
 
 
-class _Job:
-    """One running command: done once it has exited and its pipes are closed (or lingered)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, pid: int, pipes: dict[int, BoundedOutput],
-                 exit_status: asyncio.Future[int] | None = None) -> None:
-        self.loop = loop
-        self.pid = pid
-        self.done: asyncio.Future[None] = loop.create_future()
-        self.exit_code: int | None = None
-        self.timed_out = False
-        self.mark = ""  # the command's CALL_ENV value
-        self.open_pipes = set(pipes)
-        self.pipe_ids = set()
-        for fd, sink in pipes.items():
-            os.set_blocking(fd, False)
-            self.pipe_ids.add(os.fstat(fd).st_ino)
-            loop.add_reader(fd, self._reader(fd, sink))
-        self.pidfd: int | None = None
-        if exit_status is not None:  # someone else's child: its parent tells us how it ended
-            exit_status.add_done_callback(lambda f: self._exited(f.result() if not f.cancelled() else 9))
-            return
-        try:
-            self.pidfd = os.pidfd_open(pid)
-            loop.add_reader(self.pidfd, self._poll_exit)
-        except OSError:  # pragma: no cover - kernels before 5.3
-            self.pidfd = None
-            self._poll_handle = loop.call_later(0.005, self._poll_exit)
-        self._poll_exit()  # it may already have exited
-
-    def _reader(self, fd: int, sink: BoundedOutput):
-        grown = False
-
-        def read() -> None:
-            nonlocal grown
-            for _ in range(64):
-                try:
-                    data = os.read(fd, READ_CHUNK)
-                except BlockingIOError:
-                    return
-                except OSError:
-                    data = b""
-                if not data:
-                    self.loop.remove_reader(fd)
-                    os.close(fd)
-                    self.open_pipes.discard(fd)
-                    if self.exit_code is not None and not self.open_pipes:
-                        self._finish()
-                    return
-                sink.feed(data)
-                if not grown and len(data) >= DEFAULT_PIPE_SIZE:
-                    grown = True  # a heavy writer: a bigger pipe means fewer wake-ups
-                    _grow_pipe(fd)
-
-        return read
-
-    def _poll_exit(self) -> None:
-        if self.exit_code is not None:
-            return
-        try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:
-            pid, status = self.pid, 0
-        if pid == 0:
-            if self.pidfd is None:
-                self._poll_handle = self.loop.call_later(0.005, self._poll_exit)
-            return
-        self._exited(status)
-
-    def _exited(self, status: int) -> None:
-        if self.exit_code is not None:
-            return
-        code = os.waitstatus_to_exitcode(status)
-        self.exit_code = 128 - code if code < 0 else code
-        if self.pidfd is not None:
-            self.loop.remove_reader(self.pidfd)
-            os.close(self.pidfd)
-            self.pidfd = None
-        if not self.open_pipes:
-            self._finish()
-        else:  # a background child may hold the pipes: give them a moment, then stop waiting
-            self.loop.call_later(EXIT_LINGER, self._finish)
-
-    def _finish(self) -> None:
-        if not self.done.done():
-            self.done.set_result(None)
-
-    def expire(self) -> None:
-        if not self.done.done():
-            self.timed_out = True
-            self.done.set_result(None)
-
-
 class Supervisor:
     """Spawns the server's child processes and reaps orphans re-parented to it."""
 
@@ -222,7 +102,7 @@ class Supervisor:
         self.tool_cgroups = tool_cgroups if tool_cgroups is not None and tool_cgroups.available else None
         # Tools are started from this thread, which lives in the tools' cgroups (tool_cgroups.py).
         self._spawner: concurrent.futures.ThreadPoolExecutor | None = None
-        # Isolated runs (jail.py): their zygote starts with the server, while it holds CAP_SYS_ADMIN.
+        # Isolated runs (isolated_runs.py): their zygote starts with the server, while it holds CAP_SYS_ADMIN.
         self.jails: Jails | None = Jails() if isolated_runs else None
         self._drainers = 0
         self._reaper: asyncio.TimerHandle | None = None
@@ -339,7 +219,7 @@ class Supervisor:
             if self.jails is None:
                 raise JailError("isolated runs are unavailable in this sandbox")
         elif user is not None and user.uid != os.getuid():
-            groups = _groups_of(user)
+            groups = groups_of(user)
             if self._setpriv:
                 # Popen(user=...) cannot vfork: forking this server costs ~2 ms, setpriv's exec half that.
                 argv = [self._setpriv, f"--reuid={user.uid}", f"--regid={user.gid}",
@@ -384,10 +264,10 @@ class Supervisor:
             self._tracked.add(pid)
             procfs.write(pid, "oom_score_adj", TOOL_OOM_SCORE_ADJ)  # the OOM killer takes tools first
         try:
-            job = _Job(loop, pid, {out_r: out, err_r: err}, exit_status)
+            job = Job(loop, pid, {out_r: out, err_r: err}, exit_status)
             job.mark = mark
             if in_w is not None:
-                asyncio.ensure_future(_feed_stdin(loop, in_w, stdin or b""))
+                asyncio.ensure_future(feed_stdin(loop, in_w, stdin or b""))
             timer = loop.call_later(timeout, job.expire)
             try:
                 await job.done
@@ -418,7 +298,7 @@ class Supervisor:
                         stderr: int) -> tuple[asyncio.Future[int], asyncio.Future[int]]:
         assert self.jails is not None
         who = user or UserSpec.current()
-        spec = RunSpec.of(list(argv), dict(env), cwd, who.uid, who.gid, _groups_of(who), isolation,
+        spec = RunSpec.of(list(argv), dict(env), cwd, who.uid, who.gid, groups_of(who), isolation,
                           int(TOOL_OOM_SCORE_ADJ))
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if stdin == subprocess.DEVNULL else None
         try:
@@ -445,7 +325,7 @@ class Supervisor:
                 procfs.kill(future.result().pid, signal.SIGKILL)
             raise
 
-    async def _terminate(self, job: _Job, grace: float) -> None:
+    async def _terminate(self, job: Job, grace: float) -> None:
         # The command's tree, taken before any signal: once its top process is gone, what it
         # double-forked is re-parented to the server and can no longer be told apart.
         tree = procfs.process_tree()
@@ -517,52 +397,3 @@ class Supervisor:
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:
                     pass
-
-
-def _groups_of(user: UserSpec) -> list[int]:
-    """The user's supplementary groups, read again only when /etc/group changes."""
-    try:
-        stamp = os.stat("/etc/group").st_mtime_ns
-    except OSError:
-        stamp = None
-    key = (user.name, user.gid, stamp)
-    if key not in _GROUPS:
-        import grp
-
-        if any(k[2] != stamp for k in _GROUPS):  # /etc/group changed: forget what it said before
-            _GROUPS.clear()
-        try:
-            _GROUPS[key] = [g.gr_gid for g in grp.getgrall() if user.name in g.gr_mem and g.gr_gid != user.gid]
-        except OSError:
-            _GROUPS[key] = []
-    return _GROUPS[key]
-
-
-_GROUPS: dict[tuple[str, int, int | None], list[int]] = {}
-
-
-def _grow_pipe(fd: int) -> None:
-    try:
-        fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
-    except OSError:
-        pass
-
-
-async def _feed_stdin(loop: asyncio.AbstractEventLoop, fd: int, data: bytes) -> None:
-    os.set_blocking(fd, False)
-    view = memoryview(data)
-    try:
-        while view:
-            try:
-                view = view[os.write(fd, view) :]
-            except BlockingIOError:
-                ready = loop.create_future()
-                loop.add_writer(fd, ready.set_result, None)
-                try:
-                    await ready
-                finally:
-                    loop.remove_writer(fd)
-    except OSError:  # the program closed its stdin early
-        pass
-    finally:
-        os.close(fd)

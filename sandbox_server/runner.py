@@ -24,7 +24,8 @@ from .errors import BadRequest, Unprocessable
 from .jail import Isolation
 from .models import ExecuteRequest, ExecuteResponse, LanguageInfo
 from .output import BoundedOutput
-from .process import Supervisor, UserSpec
+from .process import Supervisor
+from .users import UserSpec
 
 MAX_OUTPUT = 1 << 20
 COMPILE_TIMEOUT = 60.0

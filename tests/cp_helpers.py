@@ -120,3 +120,14 @@ class ControlPlaneProcess:
         resp = self.http.get(f"/api/idegym-servers/{server_id}/status", params={"client_id": client_id})
         assert resp.status_code == 200, resp.text
         return resp.json()
+
+
+def wait_job(cp: ControlPlaneProcess, name: str, timeout: float, interval: float) -> dict:
+    """The status of build job ``name`` once it is no longer in progress."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = cp.http.get(f"/api/jobs/status/{name}").json()
+        if job["status"] != "in_progress":
+            return job
+        time.sleep(interval)
+    raise AssertionError(f"job {name} still in progress after {timeout} s")

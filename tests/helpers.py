@@ -9,8 +9,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -119,3 +120,41 @@ def rss_peak_kib(pid: int) -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1])
     raise RuntimeError("no VmHWM")
+
+
+# -- env and vector-env tests ------------------------------------------------------------------------
+
+
+def embedded_control_plane(warm_pool: int) -> Iterator[Any]:
+    """An ``EmbeddedControlPlane`` for a fixture (``yield from``), closed at its teardown."""
+    from idegym_env.embedded import EmbeddedControlPlane
+
+    with EmbeddedControlPlane(warm_pool=warm_pool) as cp:
+        yield cp
+
+
+def local_ray_session() -> Iterator[None]:
+    """A local Ray for a module's fixture (``yield from``); the module calls ``use_loopback()``
+    before it imports ray."""
+    import ray
+
+    from idegym_env.vector.local_ray import init_local
+
+    init_local(num_cpus=2, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def bash_action(command: str) -> dict:
+    """An IdeGym env's bash tool call."""
+    return {"tool": "bash", "arguments": {"command": command}}
+
+
+def object_actions(*calls: dict) -> Any:
+    """One action per sub-env, as the object array a vector env takes."""
+    import numpy as np
+
+    out = np.empty(len(calls), dtype=object)
+    for i, call in enumerate(calls):
+        out[i] = call
+    return out

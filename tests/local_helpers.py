@@ -1,4 +1,4 @@
-"""Helpers for the local backend tests: a loop thread, specs, Unix-socket clients, leak checks."""
+"""Helpers for the local backend tests: a loop thread, a backend, specs, Unix-socket clients, leak checks."""
 
 from __future__ import annotations
 
@@ -6,17 +6,16 @@ import asyncio
 import os
 import subprocess
 import threading
-import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 
 from control_plane.backends.base import Limits, SandboxHandle, SandboxSpec
-from control_plane.backends.local import BUILTIN_IMAGE
+from control_plane.backends.local import BUILTIN_IMAGE, LocalBackend
 from control_plane.models import ServerKind
-from tests.helpers import processes_mentioning
+from tests.helpers import processes_mentioning, wait_until
 
 T = TypeVar("T")
 
@@ -36,6 +35,38 @@ class LoopThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
+
+
+def loop_thread() -> Iterator[LoopThread]:
+    """A ``LoopThread`` for a module's fixture (``yield from``), closed at its teardown."""
+    lt = LoopThread()
+    yield lt
+    lt.close()
+
+
+def start_backend(loop: LoopThread, state: Path, **options: Any) -> LocalBackend:
+    """A started ``LocalBackend`` on ``state``, isolated with bubblewrap."""
+    backend = LocalBackend(state, isolation="bwrap", **options)
+    loop.run(backend.start())
+    return backend
+
+
+def delete_sandboxes(loop: LoopThread, backend: LocalBackend) -> None:
+    """Delete every sandbox of ``backend`` and check that none is left."""
+    for name in loop.run(backend.list_names()):
+        loop.run(backend.delete_name(name))
+    assert loop.run(backend.list_names()) == set()
+
+
+def write_calc_project(root: Path) -> Path:
+    """A small project at ``root``: a module, a nested binary file, a README and an executable."""
+    (root / "src" / "deep").mkdir(parents=True)
+    (root / "src" / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (root / "src" / "deep" / "data.bin").write_bytes(bytes(range(256)) * 64)
+    (root / "README.md").write_text("calc\n")
+    (root / "run.sh").write_text("#!/bin/sh\necho run\n")
+    os.chmod(root / "run.sh", 0o755)
+    return root
 
 
 def spec(name: str, image: str = BUILTIN_IMAGE, *, root: bool = False, limits: Limits | None = None,
@@ -120,12 +151,8 @@ def _alive(pid: int, started: int) -> bool:
 
 
 def wait_for(predicate, timeout: float = 5.0, interval: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())
+    """``wait_until`` with these tests' shorter default timeout."""
+    return bool(wait_until(predicate, timeout, interval))
 
 
 def tree_digest(root: Path) -> dict[str, tuple]:

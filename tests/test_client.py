@@ -33,13 +33,12 @@ from idegym_env.spaces.tools import (
 )
 from sandbox_server import routes
 from sandbox_server.models import BashCommandResponse, DownloadFileChunkResponse, FileResult, HealthResponse
+from tests.helpers import embedded_control_plane
 
 
 @pytest.fixture(scope="module")
 def control_plane() -> Iterator[EmbeddedControlPlane]:
-    cp = EmbeddedControlPlane(warm_pool=0)
-    yield cp
-    cp.close()
+    yield from embedded_control_plane(warm_pool=0)
 
 
 @pytest.fixture

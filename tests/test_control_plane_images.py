@@ -6,17 +6,11 @@ import json
 import time
 from pathlib import Path
 
-from tests.cp_helpers import ControlPlaneProcess
+from tests.cp_helpers import ControlPlaneProcess, wait_job
 
 
 def _wait_job(cp: ControlPlaneProcess, name: str, timeout: float = 180) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = cp.http.get(f"/api/jobs/status/{name}").json()
-        if job["status"] != "in_progress":
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"job {name} still in progress after {timeout} s")
+    return wait_job(cp, name, timeout, 0.1)
 
 
 def test_build_an_image_from_yaml_and_start_it(cp_local: ControlPlaneProcess, tmp_path: Path) -> None:

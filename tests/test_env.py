@@ -17,16 +17,14 @@ import idegym_env
 from idegym_env.embedded import EmbeddedControlPlane
 from idegym_env.env import IdeGymEnv
 from idegym_env.tasks import bundled_tasks
-from tests.helpers import REPO, wait_until
+from tests.helpers import REPO, embedded_control_plane, wait_until
 
 PY_TASK = "python-roman-numerals"
 
 
 @pytest.fixture(scope="module")
 def control_plane() -> Iterator[EmbeddedControlPlane]:
-    cp = EmbeddedControlPlane(warm_pool=1)
-    yield cp
-    cp.close()
+    yield from embedded_control_plane(warm_pool=1)
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from idegym_env.eval import (
 from idegym_env.eval.records import ResultsDir
 from idegym_env.eval.summary import markdown
 from idegym_env.tasks import TaskSet, load_task
-from tests.helpers import REPO, wait_until
+from tests.helpers import REPO, embedded_control_plane, wait_until
 
 PY_TASK = "python-roman-numerals"
 PY_TASK_2 = "python-lru-cache"
@@ -39,9 +39,7 @@ FIXTURES = "tests.eval_fixtures.agents"
 
 @pytest.fixture(scope="module")
 def control_plane() -> Iterator[EmbeddedControlPlane]:
-    cp = EmbeddedControlPlane(warm_pool=1)
-    yield cp
-    cp.close()
+    yield from embedded_control_plane(warm_pool=1)
 
 
 def cli_env() -> dict[str, str]:

@@ -32,7 +32,7 @@ import pytest
 from idegym_env.client import IdeGymClient, NotFound, TransportError
 from idegym_env.embedded import EmbeddedControlPlane
 from idegym_env.env import EpisodeEnded, IdeGymEnv
-from tests.helpers import REPO, free_port, process_alive, wait_until
+from tests.helpers import REPO, embedded_control_plane, free_port, process_alive, wait_until
 
 PY_TASK = "python-roman-numerals"
 IDEGYM = [sys.executable, "-m", "idegym_env.cli"]
@@ -290,9 +290,7 @@ def test_fit_keeps_earlier_markers_whole_or_counts_them() -> None:
 
 @pytest.fixture(scope="module")
 def control_plane() -> Iterator[EmbeddedControlPlane]:
-    cp = EmbeddedControlPlane(warm_pool=1)
-    yield cp
-    cp.close()
+    yield from embedded_control_plane(warm_pool=1)
 
 
 def test_step_after_the_end_raises_and_never_grades_again(control_plane: EmbeddedControlPlane) -> None:

@@ -8,15 +8,14 @@ import pytest
 
 from idegym_env.embedded import EmbeddedControlPlane
 from idegym_env.env import IdeGymEnv
+from tests.helpers import embedded_control_plane
 
 PY_TASK = "python-roman-numerals"
 
 
 @pytest.fixture(scope="module")
 def control_plane() -> Iterator[EmbeddedControlPlane]:
-    cp = EmbeddedControlPlane(warm_pool=2)
-    yield cp
-    cp.close()
+    yield from embedded_control_plane(warm_pool=2)
 
 
 def _bash(command: str) -> dict:

@@ -19,7 +19,17 @@ from control_plane.backends.base import BackendError, ForkChild, Limits, Sandbox
 from control_plane.backends.local import LocalBackend
 from control_plane.backends.local.cgroups import Cgroups
 from control_plane.backends.local.fork_layers import ForkLayers
-from tests.local_helpers import LoopThread, bash, leftovers, ok, spec
+from tests.local_helpers import (
+    LoopThread,
+    bash,
+    delete_sandboxes,
+    leftovers,
+    loop_thread,
+    ok,
+    spec,
+    start_backend,
+    write_calc_project,
+)
 from tests.local_helpers import client as _client
 
 CAN_ISOLATE = os.geteuid() == 0 and shutil.which("bwrap") is not None
@@ -44,19 +54,14 @@ DIGEST = (f"find {PATHS} -path /var/tmp -prune -o -printf '%y %m %U %G %n %p %l\
 
 @pytest.fixture(scope="module")
 def loop() -> Iterator[LoopThread]:
-    lt = LoopThread()
-    yield lt
-    lt.close()
+    yield from loop_thread()
 
 
 @pytest.fixture(scope="module")
 def backend(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBackend]:
-    b = LocalBackend(tmp_path_factory.mktemp("fork") / "state", isolation="bwrap")
-    loop.run(b.start())
+    b = start_backend(loop, tmp_path_factory.mktemp("fork") / "state")
     yield b
-    for name in loop.run(b.list_names()):
-        loop.run(b.delete_name(name))
-    assert loop.run(b.list_names()) == set()
+    delete_sandboxes(loop, b)
     assert b.fork_layers.layer_ids() == set()
     loop.run(b.close())
 
@@ -64,12 +69,7 @@ def backend(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Itera
 @pytest.fixture(scope="module")
 def image(backend: LocalBackend, tmp_path_factory: pytest.TempPathFactory) -> str:
     root = tmp_path_factory.mktemp("proj") / "calc"
-    (root / "src" / "deep").mkdir(parents=True)
-    (root / "src" / "calc.py").write_text("def add(a, b):\n    return a + b\n")
-    (root / "src" / "deep" / "data.bin").write_bytes(bytes(range(256)) * 64)
-    (root / "README.md").write_text("calc\n")
-    (root / "run.sh").write_text("#!/bin/sh\necho run\n")
-    os.chmod(root / "run.sh", 0o755)
+    write_calc_project(root)
     return backend.register_project("test/fork-calc:1", root)
 
 

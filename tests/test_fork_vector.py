@@ -5,17 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import numpy as np
 import pytest
 
 pytest.importorskip("ray")
-from idegym_env.vector.local_ray import init_local, use_loopback  # noqa: E402
+from idegym_env.vector.local_ray import use_loopback  # noqa: E402
 
 use_loopback()
-import ray  # noqa: E402
 
 from idegym_env.embedded import EmbeddedControlPlane  # noqa: E402
 from idegym_env.vector import RayVectorEnv  # noqa: E402
+from tests.helpers import bash_action as bash  # noqa: E402
+from tests.helpers import embedded_control_plane, local_ray_session  # noqa: E402
+from tests.helpers import object_actions as actions  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -23,28 +24,14 @@ TASK = "python-roman-numerals"
 FORKED = "grep -c ' /home/appuser/work .*lowerdir.*fork' /proc/self/mountinfo || true"
 
 
-def bash(command: str) -> dict:
-    return {"tool": "bash", "arguments": {"command": command}}
-
-
-def actions(*calls: dict) -> np.ndarray:
-    out = np.empty(len(calls), dtype=object)
-    for i, call in enumerate(calls):
-        out[i] = call
-    return out
-
-
 @pytest.fixture(scope="module")
 def ray_session() -> Iterator[None]:
-    init_local(num_cpus=2, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
+    yield from local_ray_session()
 
 
 @pytest.fixture(scope="module")
 def control_plane() -> Iterator[EmbeddedControlPlane]:
-    with EmbeddedControlPlane(warm_pool=2) as cp:
-        yield cp
+    yield from embedded_control_plane(warm_pool=2)
 
 
 def test_bad_group_sizes_are_refused(ray_session: None, control_plane: EmbeddedControlPlane) -> None:

@@ -23,7 +23,7 @@ from control_plane.backends.base import BackendError, Limits, SandboxHandle
 from control_plane.backends.local import LocalBackend
 from control_plane.backends.local.cgroups import CONTROLLERS, controller_mounts
 from sandbox_server import procfs
-from tests.local_helpers import LoopThread, bash, client, leftovers, ok, spec, wait_for
+from tests.local_helpers import LoopThread, bash, client, leftovers, loop_thread, ok, spec, start_backend, wait_for
 
 MiB = 1 << 20
 
@@ -32,15 +32,12 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (bubblewra
 
 @pytest.fixture(scope="module")
 def loop() -> Iterator[LoopThread]:
-    lt = LoopThread()
-    yield lt
-    lt.close()
+    yield from loop_thread()
 
 
 @pytest.fixture(scope="module")
 def backend(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBackend]:
-    b = LocalBackend(tmp_path_factory.mktemp("iso") / "state", isolation="bwrap", delete_timeout=12)
-    loop.run(b.start())
+    b = start_backend(loop, tmp_path_factory.mktemp("iso") / "state", delete_timeout=12)
     yield b
     for name in loop.run(b.list_names()):
         try:

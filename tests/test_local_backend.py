@@ -27,10 +27,14 @@ from tests.local_helpers import (
     LoopThread,
     bash,
     client,
+    delete_sandboxes,
     leftovers,
+    loop_thread,
     ok,
     spec,
+    start_backend,
     wait_for,
+    write_calc_project,
 )
 
 CAN_ISOLATE = os.geteuid() == 0 and shutil.which("bwrap") is not None
@@ -42,9 +46,7 @@ DIGEST = ("find . -printf '%y %m %U %G %T@ %p %l\\n' | LC_ALL=C sort; "
 
 @pytest.fixture(scope="module")
 def loop() -> Iterator[LoopThread]:
-    lt = LoopThread()
-    yield lt
-    lt.close()
+    yield from loop_thread()
 
 
 @pytest.fixture(scope="module")
@@ -56,24 +58,16 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def backend(loop: LoopThread, state: Path) -> Iterator[LocalBackend]:
     if not CAN_ISOLATE:
         pytest.skip("needs root and bubblewrap")
-    b = LocalBackend(state, isolation="bwrap")
-    loop.run(b.start())
+    b = start_backend(loop, state)
     yield b
-    for name in loop.run(b.list_names()):
-        loop.run(b.delete_name(name))
-    assert loop.run(b.list_names()) == set()
+    delete_sandboxes(loop, b)
     loop.run(b.close())
 
 
 @pytest.fixture(scope="module")
 def project_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("proj") / "calc"
-    (root / "src" / "deep").mkdir(parents=True)
-    (root / "src" / "calc.py").write_text("def add(a, b):\n    return a + b\n")
-    (root / "src" / "deep" / "data.bin").write_bytes(bytes(range(256)) * 64)
-    (root / "README.md").write_text("calc\n")
-    (root / "run.sh").write_text("#!/bin/sh\necho run\n")
-    os.chmod(root / "run.sh", 0o755)
+    write_calc_project(root)
     os.symlink("src/calc.py", root / "link.py")
     return root
 

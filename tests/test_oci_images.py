@@ -21,7 +21,7 @@ import pytest
 from control_plane.backends.local.oci import bases
 from control_plane.backends.local.oci.dockerfile import base_images
 from control_plane.backends.local.oci.settings import OciError, find_debian_mirror
-from tests.cp_helpers import ControlPlaneProcess
+from tests.cp_helpers import ControlPlaneProcess, wait_job
 
 # -- the catalogue of bases (no builds) ------------------------------------------------------------
 
@@ -82,13 +82,7 @@ def test_debian_mirror_comes_from_apts_sources(tmp_path: Path) -> None:
 
 
 def _wait_job(cp: ControlPlaneProcess, name: str, timeout: float = 600) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = cp.http.get(f"/api/jobs/status/{name}").json()
-        if job["status"] != "in_progress":
-            return job
-        time.sleep(0.2)
-    raise AssertionError(f"job {name} still in progress after {timeout} s")
+    return wait_job(cp, name, timeout, 0.2)
 
 
 def _build(cp: ControlPlaneProcess, yaml_text: str, timeout: float = 600) -> list[dict]:

@@ -26,15 +26,12 @@ pytest.importorskip("ray")
 
 from idegym_env.vector.local_ray import SimulatedCluster, non_loopback_listeners  # noqa: E402
 from tests.helpers import REPO, wait_until  # noqa: E402
+from tests.helpers import bash_action as bash  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
 TASK = "python-roman-numerals"
 FIXTURES = "tests.eval_fixtures.agents"
-
-
-def bash(command: str) -> dict:
-    return {"tool": "bash", "arguments": {"command": command}}
 
 
 def actions(*commands: str) -> np.ndarray:

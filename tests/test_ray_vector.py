@@ -33,7 +33,9 @@ from idegym_env.embedded import EmbeddedControlPlane  # noqa: E402
 from idegym_env.spaces import ToolCallSpace, UnicodeText  # noqa: E402
 from idegym_env.vector import NEXT_STEP, ObjectBatch, RayVectorEnv, rllib_env_creator  # noqa: E402
 from idegym_env.wrappers import ByteTokenizer, DiscreteActions, HashedWordTokenizer, TokenizeObservation  # noqa: E402
-from tests.helpers import wait_until  # noqa: E402
+from tests.helpers import bash_action as bash  # noqa: E402
+from tests.helpers import embedded_control_plane, local_ray_session, wait_until  # noqa: E402
+from tests.helpers import object_actions as actions  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -41,28 +43,14 @@ TASK = "python-roman-numerals"
 N = 3
 
 
-def bash(command: str) -> dict:
-    return {"tool": "bash", "arguments": {"command": command}}
-
-
-def actions(*calls: dict) -> np.ndarray:
-    out = np.empty(len(calls), dtype=object)
-    for i, call in enumerate(calls):
-        out[i] = call
-    return out
-
-
 @pytest.fixture(scope="module")
 def ray_session() -> Iterator[None]:
-    init_local(num_cpus=2, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
+    yield from local_ray_session()
 
 
 @pytest.fixture(scope="module")
 def control_plane() -> Iterator[EmbeddedControlPlane]:
-    with EmbeddedControlPlane(warm_pool=2) as cp:
-        yield cp
+    yield from embedded_control_plane(warm_pool=2)
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ import pytest
 from idegym_env.embedded import EmbeddedControlPlane
 from idegym_env.env import IdeGymEnv
 from idegym_env.tasks import Task, bundled_tasks
+from tests.helpers import embedded_control_plane
 
 pytestmark = pytest.mark.security
 
@@ -329,9 +330,7 @@ EXPLOITS = [Exploit(f.__name__, f) for f in (
 
 @pytest.fixture(scope="module")
 def control_plane() -> Iterator[EmbeddedControlPlane]:
-    cp = EmbeddedControlPlane(warm_pool=2)
-    yield cp
-    cp.close()
+    yield from embedded_control_plane(warm_pool=2)
 
 
 def episode(env: IdeGymEnv, commands: list[str]) -> tuple[float, dict]:

@@ -331,7 +331,8 @@ def test_each_isolated_run_has_a_pids_group_of_its_own(tmp_path: Path) -> None:
     """
     import asyncio
 
-    from sandbox_server.jail import Isolation, Jails, RunSpec
+    from sandbox_server.isolated_runs import Jails
+    from sandbox_server.jail import Isolation, RunSpec
 
     tools = PIDS_ROOT / f"idegym-test-jail-{os.getpid()}-{time.monotonic_ns()}"
     tools.mkdir()

@@ -31,7 +31,16 @@ import pytest
 
 from control_plane.backends.base import Limits, SandboxHandle
 from control_plane.backends.local import LocalBackend
-from tests.local_helpers import LoopThread, client, leftovers, spec, wait_for
+from tests.local_helpers import (
+    LoopThread,
+    client,
+    delete_sandboxes,
+    leftovers,
+    loop_thread,
+    spec,
+    start_backend,
+    wait_for,
+)
 
 pytestmark = pytest.mark.security
 
@@ -50,9 +59,7 @@ DIGEST = ("find . -printf '%y %m %U %G %p %l\\n' | LC_ALL=C sort; "
 
 @pytest.fixture(scope="module")
 def loop() -> Iterator[LoopThread]:
-    lt = LoopThread()
-    yield lt
-    lt.close()
+    yield from loop_thread()
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +71,10 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def backend(loop: LoopThread, state: Path) -> Iterator[LocalBackend]:
     # A secret in the control plane's own environment (the backend runs in this process).
     os.environ["IDEGYM_TEST_SECRET_TOKEN"] = SECRET
-    b = LocalBackend(state, isolation="bwrap")
-    loop.run(b.start())
+    b = start_backend(loop, state)
     yield b
     os.environ.pop("IDEGYM_TEST_SECRET_TOKEN", None)
-    for name in loop.run(b.list_names()):
-        loop.run(b.delete_name(name))
-    assert loop.run(b.list_names()) == set()
+    delete_sandboxes(loop, b)
     loop.run(b.close())
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..tasks import BUNDLED_DIR, Task, TaskError, TaskSet, load_task
 from ..tasks.task import TASK_FILE, hash_files
+from ..urls import without_credentials
 
 MANIFEST_VERSION = 1
 IDENTITY = ("task_set_hash", "agent", "agent_args", "attempts", "seed", "max_steps", "pass_criterion")
@@ -160,7 +161,7 @@ def build_manifest(
         "parallel": parallel,
         "executor": executor,
         "episode_timeout": episode_timeout,
-        "control_plane": _without_credentials(control_plane),
+        "control_plane": without_credentials(control_plane),
         "pass_criterion": ("solved" if pass_threshold is None else f"reward >= {pass_threshold:g}"),
         "resumed_at": [],
     }
@@ -179,17 +180,6 @@ def check_same_run(old: Mapping[str, Any], new: Mapping[str, Any], out: Path) ->
             f"{out} holds the results of a different run, so they cannot be resumed or mixed:\n  "
             + "\n  ".join(diffs)
             + "\nUse another --out directory, or --overwrite to discard those results.")
-
-
-def _without_credentials(url: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = host + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def episode_seed(seed: int, task_id: str, attempt: int) -> int:

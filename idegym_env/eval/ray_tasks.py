@@ -148,32 +148,18 @@ class RayExecutor:
         import ray
 
         if self._registry is None:
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+            from ..vector.node_control_plane import start_registry
 
-            from ..vector.node_control_plane import RemoteControlPlaneRegistry
-
-            here = ray.get_runtime_context().get_node_id()
-            self._registry = RemoteControlPlaneRegistry.options(
-                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
-            ).remote(self.config.warm_pool)
+            self._registry = start_registry(self.config.warm_pool)
         return ray.get(self._registry.url_for.remote(node))
 
     def _close_registry(self) -> None:
         registry, self._registry = self._registry, None
         if registry is None:
             return
-        import ray
+        from ..vector.node_control_plane import close_registry
 
-        from ..vector.node_control_plane import STOP_TIMEOUT
-
-        try:
-            ray.get(registry.close.remote(), timeout=STOP_TIMEOUT + 10)
-        except Exception:  # noqa: BLE001 - killed below; each keeper then stops its control plane
-            pass
-        try:
-            ray.kill(registry, no_restart=True)
-        except Exception:  # noqa: BLE001
-            pass
+        close_registry(registry)
 
 
 def _pythonpath() -> str:

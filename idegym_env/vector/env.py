@@ -6,21 +6,20 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import gymnasium as gym
 import numpy as np
 import ray
-from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 from ray.exceptions import GetTimeoutError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import embedded
-from ..spaces.object_batch import batched_space, is_numeric_space, object_array
-from ..urls import is_loopback_url
+from ..spaces.object_batch import batched_space, is_numeric_space
+from ..urls import is_loopback_url, without_credentials
 from . import groups
+from .batching import batch_observations, check_count, failure_info, reset_slots, seeds_for, split_actions
 from .failures import SlotFailure, gather, reason
-from .node_control_plane import STOP_TIMEOUT, RemoteControlPlaneRegistry, stop_client
+from .node_control_plane import close_registry, start_registry, stop_client
 from .placement import NODE, SHARED, NodeSpreader, Placement, driver_node_id, required_resources
 from .ray_session import acquire_ray, ray_usable, release_ray
 from .sub_envs import RemoteSubEnvGroup
@@ -69,17 +68,14 @@ class RayVectorEnv(gym.vector.VectorEnv):
         **env_kwargs: Any,
     ) -> None:
         self.closed = True  # until the actors exist; makes __del__ and close() safe on a failed __init__
-        if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
-            raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+        check_count("num_envs", num_envs)
         if "client" in env_kwargs:
             raise ValueError("RayVectorEnv cannot share a client with its actors; pass control_plane_url")
         if step_timeout is not None and step_timeout <= 0:
             raise ValueError(f"step_timeout must be > 0 or None, got {step_timeout!r}")
         given = envs_per_actor is not None
         envs_per_actor = 1 if envs_per_actor is None else envs_per_actor
-        if (isinstance(envs_per_actor, bool) or not isinstance(envs_per_actor, (int, np.integer))
-                or envs_per_actor < 1):
-            raise ValueError(f"envs_per_actor must be an int >= 1, got {envs_per_actor!r}")
+        check_count("envs_per_actor", envs_per_actor)
         self.num_envs = int(num_envs)
         self.group_size = int(group_size) if isinstance(group_size, np.integer) else group_size
         envs_per_actor = groups.check_group_size(self.group_size, self.num_envs, int(envs_per_actor), given)
@@ -173,11 +169,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
     def _ensure_registry(self) -> Any:
         """The actor that starts and finds the other nodes' control planes, started on first need."""
         if self._registry is None:
-            # On this process's own node: it must not go with another node.
-            here = ray.get_runtime_context().get_node_id()
-            self._registry = RemoteControlPlaneRegistry.options(
-                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
-            ).remote(self._node_warm_pool)
+            self._registry = start_registry(self._node_warm_pool)
         return self._registry
 
     def _describe_all(self) -> list[dict[str, Any]]:
@@ -273,7 +265,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
         out: dict[str, dict[str, Any]] = {}
         if self._registry is not None:
             for node_id, plane in ray.get(self._registry.describe.remote()).items():
-                out[node_id] = {**plane, "url": _without_credentials(plane["url"])}
+                out[node_id] = {**plane, "url": without_credentials(plane["url"])}
         if self._embedded and self._placement.local_node:
             local = embedded.acquire()
             try:
@@ -344,26 +336,8 @@ class RayVectorEnv(gym.vector.VectorEnv):
     def reset(self, *, seed: int | Sequence[int | None] | None = None,
               options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         self._check_open()
-        if seed is None:
-            seeds: list[Any] = [None] * self.num_envs
-        elif isinstance(seed, (int, np.integer)):
-            seeds = [int(seed) + i for i in range(self.num_envs)]
-        else:
-            seeds = list(seed)
-            if len(seeds) != self.num_envs:
-                raise ValueError(f"{len(seeds)} seeds for {self.num_envs} sub-envs")
-        options = dict(options) if options else None
-        mask = options.pop("reset_mask", None) if options else None
-        if mask is not None:
-            mask = np.asarray(mask, dtype=np.bool_)
-            if mask.shape != (self.num_envs,):
-                raise ValueError(f"options['reset_mask'] must have shape ({self.num_envs},), "
-                                 f"got {mask.shape}")
-            slots = [i for i in range(self.num_envs) if mask[i]]
-            if self.group_size > 1:
-                slots = groups.whole_groups(slots, self.group_size)
-        else:
-            slots = list(range(self.num_envs))
+        seeds = seeds_for(seed, self.num_envs)
+        options, slots = reset_slots(options, self.num_envs, self.group_size)
         if seeds[0] is not None:
             self.action_space.seed(int(seeds[0]))
             self.observation_space.seed(int(seeds[0]))
@@ -378,7 +352,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         self._check_open()
-        items = self._split_actions(actions)
+        items = split_actions(actions, self.action_space, self.num_envs, self._numeric_act)
         # NEXT_STEP autoreset: a slot whose episode ended last step is reset now, its action ignored.
         resetting = [bool(self._autoreset[i] or self._needs_reset[i]) for i in range(self.num_envs)]
         calls = {i: ("reset", (), {"seed": None, "options": None}) if resetting[i]
@@ -411,15 +385,8 @@ class RayVectorEnv(gym.vector.VectorEnv):
                 info = {**info, **self._where(i)}
                 self._needs_reset[i] = False
             elif isinstance(value, SlotFailure):
-                # An infrastructure failure, not a result: the reward of 0 is no score, and
-                # infrastructure_error says so (as for a failed grading).
                 obs = self._last_obs[i]
-                info = {"error": value.message, "slot_failure": value.kind,
-                        "infrastructure_error": value.message,
-                        "slot_restarts": int(self.restarts[i]), "placement": self.placement,
-                        "node_id": lost_on[i]}
-                if value.node_lost:
-                    info["node_lost"] = True
+                info = failure_info(value, int(self.restarts[i]), self.placement, lost_on[i])
                 truncated[i] = True
             else:
                 obs, reward, term, trunc, info = value
@@ -477,15 +444,8 @@ class RayVectorEnv(gym.vector.VectorEnv):
                     except Exception:  # noqa: BLE001
                         pass
             registry, self._registry = self._registry, None
-            if registry is not None and ray_usable():
-                try:  # the other nodes' control planes, after the sub-envs have handed their sandboxes back
-                    ray.get(registry.close.remote(), timeout=STOP_TIMEOUT + 10)
-                except Exception:  # noqa: BLE001 - killed below; each keeper then stops its control plane
-                    pass
-                try:
-                    ray.kill(registry, no_restart=True)
-                except Exception:  # noqa: BLE001
-                    pass
+            if registry is not None and ray_usable():  # after the sub-envs have handed their sandboxes back
+                close_registry(registry)
         finally:
             if self._embedded:
                 self._embedded = False
@@ -514,28 +474,8 @@ class RayVectorEnv(gym.vector.VectorEnv):
         if self.closed:
             raise RuntimeError("the vector environment is closed")
 
-    def _split_actions(self, actions: Any) -> list[Any]:
-        if self._numeric_act:
-            return list(iterate(self.action_space, actions))
-        if isinstance(actions, (str, bytes, dict)) or not hasattr(actions, "__len__"):
-            raise ValueError(f"expected {self.num_envs} actions (an object array, list or tuple), got "
-                             f"{type(actions).__name__}")
-        items = list(actions)
-        if len(items) != self.num_envs:
-            raise ValueError(f"expected {self.num_envs} actions, got {len(items)}")
-        return items
-
     def _batch_obs(self) -> Any:
-        if self._numeric_obs:
-            filled = [o if o is not None else self.single_observation_space.sample() for o in self._last_obs]
-            return concatenate(self.single_observation_space, filled,
-                               create_empty_array(self.single_observation_space, self.num_envs))
-        return object_array(self._last_obs)
+        return batch_observations(self._last_obs, self.single_observation_space, self._numeric_obs)
 
 
 __all__ = ["RayVectorEnv", "NEXT_STEP", "DEFAULT_ACTOR_OPTIONS"]
-
-
-def _without_credentials(url: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))

@@ -190,6 +190,26 @@ async def _quiet(ref: Any) -> Any:
 RemoteControlPlaneRegistry = ray.remote(ControlPlaneRegistry)
 
 
+def start_registry(warm_pool: int) -> Any:
+    """A ``ControlPlaneRegistry`` actor on this process's own node: it must not go with another node."""
+    here = ray.get_runtime_context().get_node_id()
+    return RemoteControlPlaneRegistry.options(
+        num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
+    ).remote(warm_pool)
+
+
+def close_registry(registry: Any) -> None:
+    """Stop the other nodes' control planes (once the sandboxes are handed back), then ``registry``."""
+    try:
+        ray.get(registry.close.remote(), timeout=STOP_TIMEOUT + 10)
+    except Exception:  # noqa: BLE001 - killed below; each keeper then stops its control plane
+        pass
+    try:
+        ray.kill(registry, no_restart=True)
+    except Exception:  # noqa: BLE001
+        pass
+
+
 def stop_client(url: str, client_id: str) -> None:
     """Best effort: stop a dead actor's client so that its sandboxes go now, not when its heartbeat
     times out."""
@@ -207,4 +227,4 @@ def stop_client(url: str, client_id: str) -> None:
 
 
 __all__ = ["ControlPlaneRegistry", "NodeControlPlane", "RemoteControlPlaneRegistry", "RemoteNodeControlPlane",
-           "process_alive", "stop_client"]
+           "close_registry", "process_alive", "start_registry", "stop_client"]

@@ -7,7 +7,7 @@ file of the agent is there but the editable files it sends. Per stage:
   every process the stage leaves (``setsid`` daemons included: the server is the sandbox's
   subreaper) is ended before the next stage starts and before any report is read: its
   descendants get SIGTERM and the stage's grace, then its groups are frozen, killed and removed;
-* the environment is pinned (``judge.subject.PINNED_ENV``), ``HOME`` and ``TMPDIR`` are fresh;
+* the environment is pinned (``judge.subject_process.PINNED_ENV``), ``HOME`` and ``TMPDIR`` are fresh;
 * reports are read from ``$IDEGYM_REPORT_DIR``, a directory made for the stage — only root can
   write it when the stage runs as root (the judge tier, whose code under test runs as the tool
   user), — without following symlinks; a reward file's directory is emptied before the stage;
@@ -29,10 +29,11 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..judge.subject import PINNED_ENV
+from ..judge.subject_process import PINNED_ENV
 from ..junit import canonical_test_id, find_reports, fresh_reports, parse_cases
 from ..models import CheckResult, Status, TestScores
-from ..process import ProcessResult, UserSpec
+from ..process import ProcessResult
+from ..users import UserSpec
 from .models import FileEntry, GradedTests, GradeRequest, GradeResponse, GradeStage, TestCase
 
 if TYPE_CHECKING:

@@ -31,7 +31,8 @@ from sandbox_server.project import FORK_LAYERS
 from ..base import BackendError, SandboxHandle
 from . import mount_api, mounts
 from .fork_layers import ForkStack, sandbox_holder
-from .images import TREES, ResolvedImage
+from .image_trees import TREES
+from .images import ResolvedImage
 from .rootfs import fork_inside
 
 if TYPE_CHECKING:

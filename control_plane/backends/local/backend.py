@@ -32,7 +32,7 @@ Where each part lives: ``launcher.py`` (a launch, start to ready), ``rootfs.py``
 mounts), ``bwrap.py`` / ``plain.py`` (starting the server), ``server_kinds.py`` (which server),
 ``readiness.py``, ``teardown.py`` (kill, unmount, remove), ``inventory.py`` (what exists, for the
 orphan sweep), ``snapshots.py``, ``fork.py`` (fork into N: ``fork_layers.py``, ``adopt.py``),
-``cgroups.py``, ``images.py`` (the image store).
+``cgroups.py``, ``images.py`` (the image store; ``builtin_image.py``, ``image_trees.py``).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from pathlib import Path
 
 from sandbox_server import procfs
 
+from ...images import BUILTIN_IMAGE
 from ..base import (
     Backend,
     BackendError,
@@ -58,7 +59,8 @@ from ..base import (
 )
 from . import fork, inventory, teardown
 from .cgroups import DEFAULT_SERVER_MEMORY_RESERVE, Cgroups
-from .images import BUILTIN_IMAGE, ImageError, ImageStore, ResolvedImage
+from .image_trees import ImageError
+from .images import ImageStore, ResolvedImage
 from .isolation import ISOLATIONS, choose_isolation, say_once
 from .launcher import BACKEND_NAME, DEFAULT_DELETE_TIMEOUT, Launcher
 from .layout import Space, pick_run_root, register_state, state_key, tail

@@ -23,9 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from ...appuser import PROJECT_DIR
+from ...appuser import APPUSER, PROJECT_DIR
+from ...images import BUILTIN_IMAGE
 from ..base import BackendError, ImageBuilder, ImageDefinition, Limits
-from .images import APPUSER, BUILTIN_IMAGE, TREES, ImageError, check_tag, chown_tree, copy_tree, local_notes
+from .image_trees import TREES, ImageError, chown_tree, copy_tree
+from .images import check_tag
 from .oci.build import OciBuilder
 
 if TYPE_CHECKING:
@@ -148,6 +150,43 @@ def _notes(raw: dict[str, Any]) -> list[str]:
     if isinstance(attached, list):
         return [str(n) for n in attached]
     return local_notes(raw)
+
+
+_IGNORED_TOP = {
+    "runtime_class_name": "sandboxes run under bubblewrap locally, not a container runtime",
+    "resources": "limits come from each server request's `resources`",
+    "platforms": "local images are built for this host only",
+    "base_image": None,
+}
+
+
+def local_notes(raw: dict[str, Any]) -> list[str]:
+    """What a build YAML entry asks for that the local backend ignores or translates."""
+    notes = []
+    for key, why in _IGNORED_TOP.items():  # noqa: B007
+        if key in raw and why:
+            notes.append(f"`{key}` ignored: {why}")
+    for plugin in raw.get("plugins") or []:
+        kind = plugin.get("type") if isinstance(plugin, dict) else None
+        if kind == "base-system":
+            notes.append("plugin `base-system` ignored: the built-in image uses the host's installed packages "
+                         "(install more with `commands` and `network: true`)")
+        elif kind == "user":
+            if str(plugin.get("username")) == APPUSER[0] or int(plugin.get("uid", 1000)) == APPUSER[1]:
+                notes.append("plugin `user` ignored: `appuser` (uid 1000) always exists locally")
+            else:
+                notes.append(f"plugin `user` translated to useradd commands for {plugin.get('username')!r}")
+            if plugin.get("sudo"):
+                notes.append("`sudo: true` ignored: sandboxes run with no_new_privs; use run_as_root instead")
+        elif kind == "idegym-server":
+            notes.append("plugin `idegym-server` ignored: the local backend injects its own sandbox server")
+        elif kind in ("pycharm", "idea", "mcp-upstream"):
+            notes.append(f"plugin `{kind}` ignored: not available in local images")
+        elif kind == "permissions":
+            notes.append("plugin `permissions` translated to chown/chmod commands")
+        elif kind not in ("project", None):
+            notes.append(f"plugin `{kind}` ignored: unknown to the local backend")
+    return notes
 
 
 def _emitter(sink: Any):

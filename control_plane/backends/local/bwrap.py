@@ -21,7 +21,7 @@ from sandbox_server import procfs
 from ...appuser import APPUSER
 from ..base import BackendError
 from . import mounts, usernet
-from .images import HOSTNAME
+from .image_trees import HOSTNAME
 from .layout import MEMORY_EVENTS_INSIDE, RUN_INSIDE, SOCKET_NAME, TOOL_CGROUPS_INSIDE, Plan
 from .rootfs import mount_root
 from .runtime import INSIDE, Runtime

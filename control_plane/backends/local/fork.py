@@ -27,7 +27,8 @@ from sandbox_server import procfs
 from ..base import BackendError, ForkChild, SandboxHandle
 from . import adopt
 from .fork_layers import ForkStack, seed_tmp
-from .images import ImageError, ResolvedImage
+from .image_trees import ImageError
+from .images import ResolvedImage
 from .layout import write_meta
 
 if TYPE_CHECKING:

@@ -40,9 +40,9 @@ from typing import Any
 from sandbox_server import procfs
 
 from ..base import BackendError
-from . import images
+from . import image_trees
 from .cgroups import Cgroups
-from .images import ALL_TREES
+from .image_trees import ALL_TREES
 from .layer_copy import CopyError, copy_tree, is_empty
 
 FORKS = "forks"
@@ -214,7 +214,7 @@ class ForkLayers:
             snap = sb / "snap"  # the snapshot the parent was restored from: its levels go below
             if snap.is_dir():  # hard links: those levels never change
                 for level in sorted(int(p.name) for p in snap.iterdir() if p.name.isdigit()):
-                    images.copy_tree(snap / str(level), tmp / "levels" / str(level + 1), hardlink=True)
+                    image_trees.copy_tree(snap / str(level), tmp / "levels" / str(level + 1), hardlink=True)
             meta = {"id": layer_id, "image": data.get("image"), "image_id": data.get("image_id"),
                     "below": list(data.get("forks") or []), "from": sb.name, "created": time.time(),
                     "size_bytes": size}

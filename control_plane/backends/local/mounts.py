@@ -77,15 +77,7 @@ def enter_mount_namespace(fd: int) -> None:
 def mounts_under(prefix: str | os.PathLike) -> list[str]:
     """Mount points of *this* mount namespace at or below ``prefix``, deepest first."""
     root = os.fspath(prefix).rstrip("/")
-    found = []
-    try:
-        with open("/proc/self/mountinfo", "rb") as fh:
-            for line in fh:
-                point = _unescape(line.split(b" ", 5)[4].decode())
-                if point == root or point.startswith(root + "/"):
-                    found.append(point)
-    except OSError:
-        return []
+    found = [p for p in _mount_points() if p == root or p.startswith(root + "/")]
     return sorted(set(found), key=lambda p: p.count("/"), reverse=True)
 
 
@@ -93,16 +85,17 @@ def other_sandboxes_mounts(own: str | os.PathLike) -> list[str]:
     """Mount points of sandboxes' layers (``.../sandboxes/<name>/layers``) other than ``own``, of
     any state directory, in this mount namespace, deepest first."""
     mine = os.fspath(own).rstrip("/")
-    found = []
+    found = [p for p in _mount_points() if p != mine and p.endswith("/layers") and "/sandboxes/" in p]
+    return sorted(found, key=lambda p: p.count("/"), reverse=True)
+
+
+def _mount_points() -> list[str]:
+    """Every mount point of this mount namespace, in mountinfo's order (none when unreadable)."""
     try:
         with open("/proc/self/mountinfo", "rb") as fh:
-            for line in fh:
-                point = _unescape(line.split(b" ", 5)[4].decode())
-                if point != mine and point.endswith("/layers") and "/sandboxes/" in point:
-                    found.append(point)
+            return [_unescape(line.split(b" ", 5)[4].decode()) for line in fh]
     except OSError:
         return []
-    return sorted(found, key=lambda p: p.count("/"), reverse=True)
 
 
 def _unescape(path: str) -> str:

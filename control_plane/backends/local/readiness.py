@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox_server import procfs
+from sandbox_server.output import read_available
 from sandbox_server.polling import wait_until
 
 from ..base import BackendError
@@ -26,12 +27,9 @@ async def wait_ready(fd: int, remaining: float, timeout: float) -> None:
     buf = bytearray()
 
     def readable() -> None:
-        try:
-            chunk = os.read(fd, 64)
-        except BlockingIOError:
+        chunk = read_available(fd, 64)
+        if chunk is None:
             return
-        except OSError:
-            chunk = b""
         buf.extend(chunk)
         if (not chunk or b"\n" in buf) and not done.done():
             done.set_result(bytes(buf))

@@ -27,7 +27,8 @@ from sandbox_server.project import FORK_LAYERS
 
 from ..base import BackendError
 from . import mounts
-from .images import ALL_TREES, ROOTFS, TREES, ResolvedImage, copy_tree
+from .image_trees import ALL_TREES, ROOTFS, TREES, copy_tree
+from .images import ResolvedImage
 from .isolation import say_once
 from .layout import RUN_INSIDE, TOOL_CGROUPS_INSIDE, Plan
 from .runtime import INSIDE

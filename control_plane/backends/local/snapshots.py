@@ -21,7 +21,7 @@ from typing import Any
 from ..base import BackendError, SnapshotInfo
 from .cgroups import Cgroups
 from .fork_layers import ForkLayers, snapshot_holder
-from .images import ALL_TREES, ImageError, copy_tree
+from .image_trees import ALL_TREES, ImageError, copy_tree
 
 SNAPSHOT_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
 

@@ -25,7 +25,8 @@ from typing import Any
 
 from ....appuser import APPUSER, PROJECT_DIR
 from ...base import BackendError, ImageDefinition
-from ..images import OPT_SKELETON, ImageStore, chown_tree, host_files
+from ..image_trees import OPT_SKELETON, chown_tree, host_files
+from ..images import ImageStore
 from . import bases as base_catalog
 from .buildah import Buildah, available, storage_name
 from .dockerfile import base_images

@@ -1,0 +1,174 @@
+"""The server's side of isolated runs: ``Jails`` starts the zygote, hands it runs and learns on
+the event loop how each ended (what a run sees, and how the zygote makes it: ``jail.py``).
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+
+from . import jail
+from .jail import RunSpec
+from .output import read_available
+
+
+class JailError(Exception):
+    """The zygote is not there (any more): isolated runs are unavailable."""
+
+
+class Jails:
+    """The server's handle on its zygote: ``spawn`` a run, learn how it ended."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+        self.reason = "not started"
+        self.cgroups: list[str] = []
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # (pid, exit status) of each request not answered yet: answers come in request order
+        self._spawned: list[tuple[asyncio.Future[int], asyncio.Future[int]]] = []
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def start(self, cgroups: Sequence[str] = (), pids_max: int | None = None, per_run: bool = False) -> bool:
+        """Start the zygote (synchronously: while this process still holds CAP_SYS_ADMIN), in the
+        ``cgroups`` directories (the tools' groups, one per controller) if any; with ``per_run``,
+        each run then in child groups of its own, held to ``pids_max`` processes (on cgroup v1 a
+        move into them takes an RCU grace period during which the sandbox's forks and exits
+        wait: milliseconds per run). False, with ``reason`` set, when this process cannot make
+        namespaces (not root in its user namespace, or a kernel that refuses)."""
+        problem = jail.probe()
+        if problem:
+            self.reason = problem
+            return False
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-B", os.path.abspath(jail.__file__), str(theirs.fileno()),
+                 json.dumps({"cgroups": list(cgroups), "pids_max": pids_max, "per_run": per_run})],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, close_fds=True)
+        except OSError as exc:
+            ours.close()
+            self.reason = f"cannot start the zygote: {exc}"
+            return False
+        finally:
+            theirs.close()
+        self._sock = ours
+        self.reason = ""
+        self.cgroups = list(cgroups)
+        return True
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the zygote's answers on ``loop`` (once it runs)."""
+        assert self._sock is not None
+        self._loop = loop
+        self._sock.setblocking(False)
+        loop.add_reader(self._sock.fileno(), self._on_message)
+
+    def spawn(self, spec: RunSpec, stdin: int, stdout: int,
+              stderr: int) -> tuple[asyncio.Future[int], asyncio.Future[int]]:
+        """Start ``spec``: futures of its init's pid (a ``JailError`` when the zygote refused or is
+        gone) and of the program's wait status (a SIGKILL's when the init was killed first). The
+        run goes on while the pid is on its way; the fds stay the caller's."""
+        if self._sock is None or self._loop is None:
+            raise JailError(f"isolated runs are unavailable: {self.reason}")
+        loop = self._loop
+        data = json.dumps(asdict(spec)).encode()
+        # The init writes the program's wait status here just before it exits: no hop through the zygote.
+        status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        exit_status: asyncio.Future[int] = loop.create_future()
+        answer: asyncio.Future[int] = loop.create_future()
+        try:
+            self._sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                         array.array("i", [stdin, stdout, stderr, status_w]))])
+        except OSError as exc:  # the zygote is gone (a full socket: it never reads that slowly)
+            os.close(status_r)
+            self._fail(f"the zygote is gone: {exc}")
+            raise JailError(f"isolated runs are unavailable: {self.reason}") from exc
+        finally:
+            os.close(status_w)
+        self._spawned.append((answer, exit_status))
+        loop.add_reader(status_r, _read_status, loop, status_r, exit_status)
+        return answer, exit_status
+
+    def _on_message(self) -> None:
+        assert self._sock is not None
+        while True:
+            try:
+                data = self._sock.recv(4096)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                data, problem = b"", str(exc)
+            else:
+                problem = "it exited"
+            if not data:
+                self._fail(f"the zygote is gone: {problem}")
+                return
+            message = json.loads(data)
+            if self._spawned:
+                answer, exit_status = self._spawned.pop(0)
+                if "error" in message:  # a request it could not act on (it never cloned for it)
+                    _refused(answer, exit_status, message["error"])
+                else:
+                    answer.set_result(message["pid"])
+
+    def _fail(self, reason: str) -> None:
+        self.reason = reason
+        if self._sock is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+        for answer, exit_status in self._spawned:
+            _refused(answer, exit_status, f"isolated runs are unavailable: {reason}")
+        self._spawned.clear()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """End the zygote; the inits of runs still going die with it (parent-death signal), and
+        their groups are removed once empty."""
+        self._fail("stopped")
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+        deadline = time.monotonic() + timeout
+        left = [g for g in self.cgroups if os.path.isdir(g)]
+        while left:
+            children = [e.path for g in left for e in os.scandir(g) if e.is_dir() and e.name.startswith("run-")]
+            for child in children:
+                with contextlib.suppress(OSError):  # busy while its last processes exit
+                    os.rmdir(child)
+            if not any(os.path.isdir(c) for c in children) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+
+
+def _refused(answer: asyncio.Future[int], exit_status: asyncio.Future[int], reason: str) -> None:
+    if not answer.done():
+        answer.set_exception(JailError(reason))
+    if not exit_status.done():
+        exit_status.set_result(jail.FAILED_TO_ISOLATE << 8)
+
+
+def _read_status(loop: asyncio.AbstractEventLoop, fd: int, exit_status: asyncio.Future[int]) -> None:
+    data = read_available(fd, 4)
+    if data is None:
+        return
+    loop.remove_reader(fd)
+    os.close(fd)
+    if not exit_status.done():  # nothing written: the init was killed (SIGKILL) before its program ended
+        exit_status.set_result(struct.unpack("i", data)[0] if len(data) == 4 else signal.SIGKILL)

@@ -1,0 +1,135 @@
+"""One running command as the event loop sees it: its output pipes read into bounded sinks, its
+exit watched through a pidfd (or told by the zygote, for an isolated run), done once it has
+exited and its pipes are closed or have lingered (``Supervisor.run`` in ``process.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+
+from .output import BoundedOutput, read_available
+
+F_SETPIPE_SZ = 1031
+READ_CHUNK = 1 << 20
+PIPE_SIZE = 1 << 20
+DEFAULT_PIPE_SIZE = 1 << 16
+# After the command's main process exits, how long to wait for the pipes to close: a background
+# child that inherited them would otherwise hold the call open.
+EXIT_LINGER = 0.1
+
+
+class Job:
+    """One running command: done once it has exited and its pipes are closed (or lingered)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, pid: int, pipes: dict[int, BoundedOutput],
+                 exit_status: asyncio.Future[int] | None = None) -> None:
+        self.loop = loop
+        self.pid = pid
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.exit_code: int | None = None
+        self.timed_out = False
+        self.mark = ""  # the command's CALL_ENV value
+        self.open_pipes = set(pipes)
+        self.pipe_ids = set()
+        for fd, sink in pipes.items():
+            os.set_blocking(fd, False)
+            self.pipe_ids.add(os.fstat(fd).st_ino)
+            loop.add_reader(fd, self._reader(fd, sink))
+        self.pidfd: int | None = None
+        if exit_status is not None:  # someone else's child: its parent tells us how it ended
+            exit_status.add_done_callback(lambda f: self._exited(f.result() if not f.cancelled() else 9))
+            return
+        try:
+            self.pidfd = os.pidfd_open(pid)
+            loop.add_reader(self.pidfd, self._poll_exit)
+        except OSError:  # pragma: no cover - kernels before 5.3
+            self.pidfd = None
+            self._poll_handle = loop.call_later(0.005, self._poll_exit)
+        self._poll_exit()  # it may already have exited
+
+    def _reader(self, fd: int, sink: BoundedOutput):
+        grown = False
+
+        def read() -> None:
+            nonlocal grown
+            for _ in range(64):
+                data = read_available(fd, READ_CHUNK)
+                if data is None:
+                    return
+                if not data:
+                    self.loop.remove_reader(fd)
+                    os.close(fd)
+                    self.open_pipes.discard(fd)
+                    if self.exit_code is not None and not self.open_pipes:
+                        self._finish()
+                    return
+                sink.feed(data)
+                if not grown and len(data) >= DEFAULT_PIPE_SIZE:
+                    grown = True  # a heavy writer: a bigger pipe means fewer wake-ups
+                    grow_pipe(fd)
+
+        return read
+
+    def _poll_exit(self) -> None:
+        if self.exit_code is not None:
+            return
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            pid, status = self.pid, 0
+        if pid == 0:
+            if self.pidfd is None:
+                self._poll_handle = self.loop.call_later(0.005, self._poll_exit)
+            return
+        self._exited(status)
+
+    def _exited(self, status: int) -> None:
+        if self.exit_code is not None:
+            return
+        code = os.waitstatus_to_exitcode(status)
+        self.exit_code = 128 - code if code < 0 else code
+        if self.pidfd is not None:
+            self.loop.remove_reader(self.pidfd)
+            os.close(self.pidfd)
+            self.pidfd = None
+        if not self.open_pipes:
+            self._finish()
+        else:  # a background child may hold the pipes: give them a moment, then stop waiting
+            self.loop.call_later(EXIT_LINGER, self._finish)
+
+    def _finish(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def expire(self) -> None:
+        if not self.done.done():
+            self.timed_out = True
+            self.done.set_result(None)
+
+
+def grow_pipe(fd: int) -> None:
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
+    except OSError:
+        pass
+
+
+async def feed_stdin(loop: asyncio.AbstractEventLoop, fd: int, data: bytes) -> None:
+    os.set_blocking(fd, False)
+    view = memoryview(data)
+    try:
+        while view:
+            try:
+                view = view[os.write(fd, view) :]
+            except BlockingIOError:
+                ready = loop.create_future()
+                loop.add_writer(fd, ready.set_result, None)
+                try:
+                    await ready
+                finally:
+                    loop.remove_writer(fd)
+    except OSError:  # the program closed its stdin early
+        pass
+    finally:
+        os.close(fd)
