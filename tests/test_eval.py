@@ -177,7 +177,10 @@ def _start_cli(out: Path, url: str, attempts: int, gate: Path) -> subprocess.Pop
          "--agent", f"{FIXTURES}:GatedOracle", "--attempts", str(attempts), "--out", str(out),
          "--control-plane-url", url],
         cwd=REPO, env={**cli_env(), "IDEGYM_TEST_GATE": str(gate), "PYTHONFAULTHANDLER": "1"},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # A suite started with `cmd &` from a script ignores SIGINT, and so would the CLI (Python
+        # then installs no KeyboardInterrupt handler): it gets the disposition a terminal gives.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _interrupted(proc: subprocess.Popen[str]) -> str:

@@ -200,8 +200,13 @@ def test_losing_a_node_mid_episode_ends_only_its_sub_env_which_comes_back_elsewh
 def test_eval_reruns_the_episodes_of_a_lost_node(cluster: SimulatedCluster, vec: Any, seen: Seen,
                                                  tmp_path: Path) -> None:
     from idegym_env.eval import evaluate
+    from idegym_env.vector.placement import alive_nodes
 
     vec.close()  # its sandboxes go now: the eval run has the two remaining nodes to itself
+    # Ray calls a SIGKILLed node alive until its heartbeats are missed (~15 s, more under load);
+    # a run that starts before then may pin an episode to it (noted in docs/rllib.md).
+    live = {cluster.head.node_id, *(w.node_id for w in cluster.workers)}
+    assert wait_until(lambda: set(alive_nodes()) == live, 120, interval=0.5), (alive_nodes(), live)
     markers = tmp_path / "markers"
     markers.mkdir()
     result: dict[str, Any] = {}
