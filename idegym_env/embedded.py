@@ -22,13 +22,37 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from control_plane.auth import TOKEN_USER, read_token, token_path
+from control_plane.backends.local.lease import DEFAULT_ORPHAN_TTL, LEASE_FILE
 
 START_TIMEOUT = 60.0
 GRACE_SECONDS = 60.0
+STATE_PREFIX = "idegym-embedded-"
+LAPSE_MARGIN = 60.0  # seconds past a lease's TTL before its directory counts as abandoned
+
+
+def sweep_lapsed_state_dirs(root: Path) -> list[Path]:
+    """Remove the state directories of embedded control planes that were killed outright (with
+    their embedding process): the lease they renewed has lapsed, so their sandboxes have ended
+    (by their monitors), but nothing was left to delete the directory itself."""
+    removed = []
+    now = time.time()
+    for path in root.glob(f"{STATE_PREFIX}*"):
+        lease = path / LEASE_FILE
+        try:
+            ttl = float(lease.read_text().strip() or DEFAULT_ORPHAN_TTL)
+            lapsed = now - lease.stat().st_mtime > ttl + LAPSE_MARGIN
+            if not lapsed or any((path / "sandboxes").iterdir()):
+                continue  # alive, or its sandboxes' monitors have not finished
+        except (OSError, ValueError):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 class EmbeddedControlPlane:
@@ -39,7 +63,9 @@ class EmbeddedControlPlane:
         private state directory), and it reads files as its owner, who can read them anyway;
         the env builds task images from wherever its tasks are."""
         self._owns_state = state_dir is None
-        self.state_dir = state_dir or Path(tempfile.mkdtemp(prefix="idegym-embedded-"))
+        if state_dir is None:
+            sweep_lapsed_state_dirs(Path(tempfile.gettempdir()))
+        self.state_dir = state_dir or Path(tempfile.mkdtemp(prefix=STATE_PREFIX))
         self.log_path = self.state_dir / "control-plane.log"
         read_fd, write_fd = os.pipe()
         argv = [sys.executable, "-m", "control_plane", "--port", "0", "--state-dir", str(self.state_dir),

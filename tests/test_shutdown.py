@@ -204,3 +204,27 @@ def test_idegym_sandboxes_lists_and_prunes_what_a_killed_control_plane_left(tmp_
     assert _cgroups(state) == [] and _mounts(state) == []
     after = subprocess.run([*idegym, "sandboxes", "list", "--state-dir", str(state)], capture_output=True, text=True)
     assert "no sandboxes" in after.stdout, after.stdout
+
+
+def test_an_embedded_state_directory_left_by_a_sigkill_is_swept_once_its_lease_lapsed(tmp_path: Path) -> None:
+    """SIGKILL the trainer and its embedded control plane together: the sandboxes end by their
+    leases, and the next embedded control plane removes the directory nothing else would."""
+    from idegym_env.embedded import LAPSE_MARGIN, STATE_PREFIX, sweep_lapsed_state_dirs
+
+    def state(name: str, renewed_ago: float, sandbox: bool = False) -> Path:
+        path = tmp_path / f"{STATE_PREFIX}{name}"
+        (path / "sandboxes").mkdir(parents=True)
+        if sandbox:
+            (path / "sandboxes" / "sbx-1").mkdir()
+        (path / "lease").write_text("30\n")
+        then = time.time() - renewed_ago
+        os.utime(path / "lease", (then, then))
+        return path
+
+    lapsed = state("lapsed", 30 + LAPSE_MARGIN + 5)
+    alive = state("alive", 1)
+    ending = state("ending", 30 + LAPSE_MARGIN + 5, sandbox=True)  # its monitor has not finished
+    other = tmp_path / "someone-else"
+    other.mkdir()
+    assert sweep_lapsed_state_dirs(tmp_path) == [lapsed]
+    assert not lapsed.exists() and alive.exists() and ending.exists() and other.exists()
