@@ -73,15 +73,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return xdist_group(nodeid)
 
-    config.option.loadscopereorder = False  # groups in collection order: the long serial ones first
     return ByGroup(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if hasattr(config, "workerinput"):
-        # The Ray and Kubernetes groups run one test at a time on one worker (several minutes):
-        # started first, they do not leave the other worker idle at the end.
-        items.sort(key=lambda item: {"ray": 0, "kubernetes": 1}.get(xdist_group(item.nodeid), 2))
     for item in items:
         group = xdist_group(item.nodeid)
         needs = "ray" if item.get_closest_marker("ray") else (
