@@ -228,3 +228,30 @@ def test_an_embedded_state_directory_left_by_a_sigkill_is_swept_once_its_lease_l
     other.mkdir()
     assert sweep_lapsed_state_dirs(tmp_path) == [lapsed]
     assert not lapsed.exists() and alive.exists() and ending.exists() and other.exists()
+
+
+@pytest.mark.security
+def test_a_delete_cut_off_after_its_kill_step_is_finished_by_the_lease(tmp_path: Path) -> None:
+    """A control plane that dies half-way through deleting a sandbox (an ephemeral shutdown out
+    of budget did, under load): the processes are ended, the layers' mount, the cgroups and the
+    directory are not yet. The sandbox's lease monitor finishes the job once the lease lapses.
+
+    Can fail: the kill step ended the lease monitor too, so the fuzz control plane's shutdown
+    left a mounted ext4 layer and the cgroups of a sandbox with no process, for good."""
+    from control_plane.backends.local import LocalBackend, teardown
+    from tests.local_helpers import LoopThread, spec
+
+    state = tmp_path / "state"
+    loop = LoopThread()
+    backend = LocalBackend(state, isolation="bwrap", orphan_ttl=2)
+    try:
+        loop.run(backend.start())
+        handle = loop.run(backend.create(spec("cut-off"), 60))
+        assert _cgroups(state) and _mounts(state)
+        *_, problems = teardown.kill(handle.name, backend.sandboxes, handle.data, "bwrap")
+        assert problems == []
+        loop.run(backend.close())  # no more renewals: as if the control plane were gone
+    finally:
+        loop.close()
+    assert wait_until(lambda: not _cgroups(state) and not _mounts(state)
+                      and not (state / "sandboxes" / handle.name).exists(), 30), (_cgroups(state), _mounts(state))

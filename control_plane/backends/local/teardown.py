@@ -75,13 +75,19 @@ def kill(name: str, space: Space, data: dict[str, Any] | None, isolation: str, p
             procfs.kill(monitor, signal.SIGKILL)
             left += procfs.wait_gone([monitor], 0.5)
     problems = [f"processes {describe(left)} did not end within {KILL_TIMEOUT:g} s"] if left else []
-    lease = data.get("lease_monitor")
-    if not left and lease and procfs.recorded_alive(lease):  # while processes are left, it keeps watching
+    return sb, run, cgroups, problems
+
+
+def end_lease_monitor(data: dict[str, Any] | None) -> None:
+    """End the sandbox's lease monitor (lease.py). Only once nothing of the sandbox is left to
+    end: a control plane that dies half-way through a teardown (a shutdown out of budget did)
+    leaves the rest to it."""
+    lease = (data or {}).get("lease_monitor")
+    if lease and procfs.recorded_alive(lease):
         try:  # its session: the monitor and the sleep it waits in
             os.killpg(lease[0], signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    return sb, run, cgroups, problems
 
 
 def describe(pids: list[int]) -> str:
@@ -106,6 +112,8 @@ def _tree_of(root: int) -> set[int]:
 def destroy(name: str, space: Space, data: dict[str, Any] | None, isolation: str, progress: Progress = None) -> None:
     """Kill, unmount, remove; raises ``BackendError`` naming what was left behind."""
     step = progress or (lambda _: None)
+    if data is None and NAME_RE.match(name):
+        data = read_meta(space.root / name) or {}
     sb, run, cgroups, problems = kill(name, space, data, isolation, progress)
     if problems:
         # Processes are left: its files and record stay (they may still be in use), so that the
@@ -134,6 +142,7 @@ def destroy(name: str, space: Space, data: dict[str, Any] | None, isolation: str
     tidy(space)
     if problems:
         raise BackendError(f"deleting sandbox {name!r} left something behind: {'; '.join(problems)}")
+    end_lease_monitor(data)
 
 
 def tidy(space: Space) -> None:
