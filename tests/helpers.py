@@ -100,7 +100,7 @@ def processes_mentioning(marker: bytes) -> dict[int, bytes]:
 def process_alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
+    except (OSError, IndexError):  # gone, or being reaped while read (ESRCH)
         return False
     return state not in ("Z", "X")
 
