@@ -86,7 +86,8 @@ def cluster() -> Iterator[SimulatedCluster]:
     # The raylets pass their environment to the workers: the eval agents of tests/ must import there.
     before = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), before]))
-    sim = SimulatedCluster(3, cpus_per_node=1)
+    # A killed node is called dead after ~5 s, not Ray's ~15 s: the two node-loss tests wait on it.
+    sim = SimulatedCluster(3, cpus_per_node=1, node_death_s=5.0)
     try:
         yield sim
     finally:
@@ -203,7 +204,7 @@ def test_eval_reruns_the_episodes_of_a_lost_node(cluster: SimulatedCluster, vec:
     from idegym_env.vector.placement import alive_nodes
 
     vec.close()  # its sandboxes go now: the eval run has the two remaining nodes to itself
-    # Ray calls a SIGKILLed node alive until its heartbeats are missed (~15 s, more under load);
+    # Ray calls a SIGKILLed node alive until its health checks are missed (5 s here, more under load);
     # a run that starts before then may pin an episode to it (noted in docs/rllib.md).
     live = {cluster.head.node_id, *(w.node_id for w in cluster.workers)}
     assert wait_until(lambda: set(alive_nodes()) == live, 120, interval=0.5), (alive_nodes(), live)

@@ -255,3 +255,24 @@ def test_a_delete_cut_off_after_its_kill_step_is_finished_by_the_lease(tmp_path:
         loop.close()
     assert wait_until(lambda: not _cgroups(state) and not _mounts(state)
                       and not (state / "sandboxes" / handle.name).exists(), 30), (_cgroups(state), _mounts(state))
+
+
+def test_a_parent_that_died_unreaped_stops_the_control_plane(tmp_path: Path) -> None:
+    """``--parent-pid``: a parent that died is gone even while nobody reaps it (a zombie).
+
+    Can fail: the watch used ``kill(pid, 0)``, which finds a zombie; a Ray node's keeper that
+    was SIGKILLed with its node so kept its control plane and sandboxes up for 40 s."""
+    import subprocess
+
+    parent = subprocess.Popen(["sh", "-c", "read line"], stdin=subprocess.PIPE)  # never reaped below
+    cp = ControlPlaneProcess(tmp_path / "state", ["--warm-pool", "0", "--parent-pid", str(parent.pid)])
+    try:
+        time.sleep(1.5)  # three of the watch's checks, with the parent alive
+        assert cp.proc.poll() is None, "the control plane stopped while its parent ran"
+        os.kill(parent.pid, signal.SIGKILL)
+        assert wait_until(lambda: Path(f"/proc/{parent.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z",
+                          5)
+        assert wait_until(lambda: cp.proc.poll() is not None, 15), "a zombie parent kept the control plane up"
+    finally:
+        cp.kill()
+        parent.wait()

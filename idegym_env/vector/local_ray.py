@@ -52,16 +52,27 @@ def wants_local_ray(address: str | None) -> bool:
     return address in (None, "", "local") and not os.environ.get("RAY_ADDRESS")
 
 
+def health_checks(node_death_s: float) -> dict[str, int]:
+    """Ray's system config for GCS health checks that call a silent node dead after about
+    ``node_death_s`` seconds (checks every quarter of it, four misses)."""
+    if node_death_s <= 0:
+        raise ValueError(f"node_death_s must be > 0, got {node_death_s}")
+    period = max(int(node_death_s * 1000 / 4), 100)
+    return {"health_check_initial_delay_ms": period, "health_check_period_ms": period,
+            "health_check_timeout_ms": period, "health_check_failure_threshold": 4}
+
+
 class SimulatedCluster:
     """``nodes`` Ray nodes on this host (a head and ``nodes - 1`` workers), connected as the driver.
 
-    Each node has ``cpus_per_node`` CPUs and listens on 127.0.0.1 only. ``remove(node)`` kills a
+    Each node has ``cpus_per_node`` CPUs and listens on 127.0.0.1 only; ``node_death_s`` (None:
+    Ray's default, ~15 s) is how long a killed node is still called alive. ``remove(node)`` kills a
     node's processes the way a crash does (SIGKILL, unless ``graceful``); ``close()`` shuts the
     driver and every node down. A context manager.
     """
 
     def __init__(self, nodes: int = 3, cpus_per_node: int = 1, *, object_store_mb: int = 80,
-                 **init_kwargs: Any) -> None:
+                 node_death_s: float | None = None, **init_kwargs: Any) -> None:
         import ray
         from ray.cluster_utils import Cluster
 
@@ -70,8 +81,10 @@ class SimulatedCluster:
         use_loopback()
         self._node_args = {"num_cpus": cpus_per_node, "node_ip_address": LOOPBACK,
                            "object_store_memory": object_store_mb * 1024 * 1024}
-        self.cluster = Cluster(initialize_head=True,
-                               head_node_args={**self._node_args, "include_dashboard": False})
+        head_args: dict[str, Any] = {**self._node_args, "include_dashboard": False}
+        if node_death_s is not None:  # Ray's default: a killed node is called dead after ~15 s
+            head_args["_system_config"] = health_checks(node_death_s)
+        self.cluster = Cluster(initialize_head=True, head_node_args=head_args)
         try:
             for _ in range(nodes - 1):
                 self.cluster.add_node(**self._node_args)
@@ -207,5 +220,5 @@ def _name(pid: int) -> str:
         return "?"
 
 
-__all__ = ["LOOPBACK", "LOOPBACK_ENV", "SimulatedCluster", "init_local", "non_loopback_listeners",
+__all__ = ["LOOPBACK", "LOOPBACK_ENV", "SimulatedCluster", "health_checks", "init_local", "non_loopback_listeners",
            "use_loopback", "wants_local_ray"]
