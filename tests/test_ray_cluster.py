@@ -84,18 +84,22 @@ class Seen:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SimulatedCluster]:
     # The raylets pass their environment to the workers: the eval agents of tests/ must import there.
-    before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), before]))
+    before = {k: os.environ.get(k) for k in ("PYTHONPATH", "IDEGYM_EMBEDDED_GRACE")}
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), before["PYTHONPATH"]]))
+    # The head node's plane is this process's shared embedded control plane: the last test waits
+    # for it to end, so it must not outlive its last env by the default minute.
+    os.environ["IDEGYM_EMBEDDED_GRACE"] = "1"
     # A killed node is called dead after ~5 s, not Ray's ~15 s: the two node-loss tests wait on it.
     sim = SimulatedCluster(3, cpus_per_node=1, node_death_s=5.0)
     try:
         yield sim
     finally:
         sim.close()
-        if before is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @pytest.fixture(scope="module")
