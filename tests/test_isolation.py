@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -199,7 +200,7 @@ def test_ending_a_sandbox_reads_only_its_own_records(loop: LoopThread, backend: 
     h = _create(loop, backend, "iso-records")
     ok(h, "(setsid sleep 1000 >/dev/null 2>&1 &); sleep 1000 >/dev/null 2>&1 &")
     bystander = subprocess.Popen(["sh", "-c", "sleep 1000; :", "bystander", f"{h.data['dir']}/",
-                                  f"{h.data['run_dir']}/"])
+                                  f"{h.data['run_dir']}/"], start_new_session=True)
     audit = _ProcOpens.get()
     try:
         audit.seen.clear()
@@ -212,7 +213,7 @@ def test_ending_a_sandbox_reads_only_its_own_records(loop: LoopThread, backend: 
         assert others == [], others
         assert bystander.poll() is None, "a process outside the sandbox was killed"
     finally:
-        bystander.kill()
+        os.killpg(bystander.pid, signal.SIGKILL)  # its sleep too: killing sh alone left it to init
         bystander.wait()
     assert leftovers(h) == []
 
