@@ -21,7 +21,7 @@ import pytest
 
 from control_plane.backends.local.layout import state_key
 from tests.cp_helpers import ControlPlaneProcess
-from tests.helpers import processes_mentioning, wait_until
+from tests.helpers import REPO, processes_mentioning, wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (bubblewrap sandboxes, cgroups)")
 
@@ -276,3 +276,39 @@ def test_a_parent_that_died_unreaped_stops_the_control_plane(tmp_path: Path) -> 
     finally:
         cp.kill()
         parent.wait()
+
+
+KILLED_WHILE_MAKING = """
+import asyncio, os, signal, sys
+from control_plane.backends.local import LocalBackend, bwrap
+from tests.local_helpers import spec
+
+spawn = bwrap.spawn
+
+def spawn_then_die(*args, **kwargs):  # started, not yet in its cgroups nor unblocked
+    spawn(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+bwrap.spawn = spawn_then_die
+backend = LocalBackend(sys.argv[1], isolation="bwrap", orphan_ttl=2)
+asyncio.run(backend.start())
+asyncio.run(backend.create(spec("half-made"), 60))
+"""
+
+
+@pytest.mark.security
+def test_a_sandbox_whose_control_plane_is_killed_while_making_it_ends_by_its_lease(tmp_path: Path) -> None:
+    """SIGKILL right after bubblewrap started, before the sandbox's processes joined its cgroups:
+    its lease monitor (started before anything ran) ends them, and its mounts and cgroups go.
+
+    Can fail: the monitor was started only after the spawn; a control plane killed during
+    creates (test_faults) left a bubblewrap waiting on its block fd, for good."""
+    import subprocess
+
+    state = tmp_path / "state"
+    died = subprocess.run([sys.executable, "-c", KILLED_WHILE_MAKING, str(state)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert died.returncode == -signal.SIGKILL, died.stderr[-3000:]
+    assert _sandbox_pids(state), "bubblewrap had not started: the test kills too early"
+    assert wait_until(lambda: not _sandbox_pids(state) and not _cgroups(state) and not _mounts(state), 30), \
+        (_sandbox_pids(state), _cgroups(state), _mounts(state))

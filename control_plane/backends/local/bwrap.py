@@ -133,6 +133,7 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
         data["monitor"] = procfs.record(popen.pid)
         child = int(_read_info(info_r)["child-pid"])
         data["init"] = procfs.record(child)
+        track(popen)  # with init recorded
         for map_file in ("uid_map", "gid_map"):
             with open(f"/proc/{child}/{map_file}", "w") as fh:
                 fh.write(ID_MAP)

@@ -28,7 +28,7 @@ from .fork_layers import ForkLayers, ForkStack, sandbox_holder
 from .images import ResolvedImage
 from .isolation import say_once
 from .layout import NAME_RE, SOCKET_NAME, Plan, Space, tail, write_meta
-from .lease import Lease
+from .lease import Lease, record_pids
 from .oci.hostrt import oci_runtime
 from .runtime import Runtime
 from .server_kinds import entry, runtime_for
@@ -202,12 +202,16 @@ class Launcher:
         deadline = time.monotonic() + timeout
         try:
             await loop.run_in_executor(None, self._prepare, plan, data)
+            if self.lease is not None:
+                # From now on the sandbox ends itself if we stop renewing, even one we are killed
+                # while making (a SIGKILLed control plane left a bubblewrap waiting for good).
+                monitor = self.lease.watch(data)
+                self._children[monitor.pid] = monitor
             prepared = time.perf_counter()
             ready_fd = await loop.run_in_executor(self._thread, self._spawn, plan, data)
             spawned = time.perf_counter()
-            if self.lease is not None:  # from now on the sandbox ends itself if we stop renewing
-                monitor = self.lease.watch(data)
-                self._children[monitor.pid] = monitor
+            if self.lease is not None:
+                record_pids(data)
             write_meta(plan.sb, plan.name, data)  # the pids recorded: findable if we die now
             # Moving tasks into v1 cgroups is slow (readiness.attach): do it while the server imports.
             results = await asyncio.gather(
@@ -278,7 +282,11 @@ class Launcher:
         kind = entry(plan.kind)
 
         def track(popen: subprocess.Popen) -> None:
+            """Reap ``popen``; and, as soon as it runs, tell the sandbox's monitor (called again
+            once more of the sandbox's pids are recorded in ``data``)."""
             self._children[popen.pid] = popen
+            if self.lease is not None:
+                record_pids(data, procfs.record(popen.pid))
 
         if self.isolation != "bwrap":
             return plain.spawn(plan, data, kind, track)

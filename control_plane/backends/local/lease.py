@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ORPHAN_TTL = 600.0
 LEASE_FILE = "lease"
+PIDS_FILE = "lease-pids"  # in the sandbox's directory: what it runs, for its monitor
+RECORDED = ("monitor", "init", "server", "net")
 
 MONITOR = r"""
 lease=$1 ttl=$2 interval=$3 sb=$4 run=$5
@@ -57,6 +59,8 @@ while :; do
   [ $((now - renewed)) -ge "$ttl" ] && break
 done
 echo "idegym: the lease of $sb lapsed: ending the sandbox" >&2
+# The pids of a sandbox cut off while it was made (started, not yet in its cgroups; record_pids).
+recs="$recs $(cat "$sb/lease-pids" 2>/dev/null)"
 for g in $groups; do case $g in */freezer/*) echo FROZEN > "$g/freezer.state" 2>/dev/null ;; esac; done
 for p in $(procs); do kill -9 "$p" 2>/dev/null; done
 for rec in $recs; do
@@ -133,7 +137,7 @@ class Lease:
     def watch(self, data: dict[str, Any]) -> subprocess.Popen:
         """Start the monitor of a sandbox (``data``: its handle's data, with the pids recorded so
         far); records it in ``data``. The caller reaps the returned process."""
-        records = [f"{data[k][0]}:{data[k][1]}" for k in ("monitor", "init", "server", "net") if data.get(k)]
+        records = [f"{data[k][0]}:{data[k][1]}" for k in RECORDED if data.get(k)]
         groups = list((data.get("cgroups") or {}).values())
         argv = ["sh", "-c", MONITOR, "idegym-lease", str(self.path), str(int(self.ttl)), f"{self.interval:g}",
                 data["dir"], data["run_dir"], *records, "--", *groups]
@@ -143,3 +147,15 @@ class Lease:
                                     env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"})
         data["lease_monitor"] = procfs.record(proc.pid)
         return proc
+
+
+def record_pids(data: dict[str, Any], *extra: list[int] | None) -> None:
+    """Write the sandbox's recorded pids (and ``extra`` ``[pid, start]`` records) where its
+    monitor reads them when it ends the sandbox. The monitor starts before anything runs in
+    the sandbox, and its processes join the sandbox's cgroups only once they run: a control
+    plane killed in between leaves them to the monitor by this file."""
+    records = [data[k] for k in RECORDED if data.get(k)] + [r for r in extra if r]
+    path = Path(data["dir"]) / PIDS_FILE
+    tmp = path.with_name(f".{PIDS_FILE}.{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(" ".join(f"{pid}:{start}" for pid, start in records) + "\n")
+    tmp.replace(path)
