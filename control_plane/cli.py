@@ -241,8 +241,9 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
 async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
     from sandbox_server import procfs
 
-    # A dead parent nobody reaps stays a zombie, which ``kill(pid, 0)`` still finds (a Ray node's
-    # keeper, SIGKILLed with its node, kept its control plane up for 40 s so); its pid may be reused.
+    # A dead parent nobody reaps stays a zombie, which ``kill(pid, 0)`` still finds (the node
+    # keepers are double-forked: their parent is init, which need not reap promptly); and its pid
+    # may be reused.
     started = procfs.record(pid)
     while not stop.is_set():
         if started is None or not procfs.alive(pid, started[1]):

@@ -260,8 +260,7 @@ def test_a_delete_cut_off_after_its_kill_step_is_finished_by_the_lease(tmp_path:
 def test_a_parent_that_died_unreaped_stops_the_control_plane(tmp_path: Path) -> None:
     """``--parent-pid``: a parent that died is gone even while nobody reaps it (a zombie).
 
-    Can fail: the watch used ``kill(pid, 0)``, which finds a zombie; a Ray node's keeper that
-    was SIGKILLed with its node so kept its control plane and sandboxes up for 40 s."""
+    Can fail: the watch used ``kill(pid, 0)``, which finds a zombie, so the control plane ran on."""
     import subprocess
 
     parent = subprocess.Popen(["sh", "-c", "read line"], stdin=subprocess.PIPE)  # never reaped below

@@ -2,8 +2,9 @@
 
 The backend renews one lease per state directory (``<state>/lease``: its mtime is the last
 renewal, its content the time-to-live in seconds) from a thread of its own, so a busy event loop
-never lets it lapse. Every sandbox gets a monitor: a small shell process outside the sandbox, in
-its own session (it survives the control plane), that looks at the lease every ``interval``
+never lets it lapse. Every sandbox gets a monitor, started before anything runs in it: a small
+shell process outside the sandbox, in its own session (it survives the control plane), that looks
+at the lease every ``interval``
 seconds and exits once the sandbox is gone (if only its directory is gone, with processes left in
 its cgroups — its state directory was removed under it — it ends them). When the lease has not
 been renewed for its TTL it
