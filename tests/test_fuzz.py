@@ -36,6 +36,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
 from control_plane.backends.local import LocalBackend
+from control_plane.models import MAX_FORK_COUNT
 from tests.cp_helpers import ControlPlaneProcess
 from tests.local_helpers import LoopThread, client, spec
 
@@ -52,6 +53,10 @@ AUTH = ("fuzz", "not-a-real-secret")
 # Random commands must end quickly: time limits in fuzzed bodies are clamped to these.
 CLAMP = {"timeout": 3.0, "graceful_termination_timeout": 0.5, "server_start_wait_timeout_in_seconds": 5,
          "minutes": 1}
+# Valid fork counts (1 to 64) become 2: at up to 64 children a call, the real-ids pass started
+# hundreds of sandboxes on 2 cores, slowed the whole suite for a minute and overran the
+# control plane's shutdown. Invalid counts (0, 65, ...) are left for the validation to refuse.
+VALID_CLAMP = {"count": (2, MAX_FORK_COUNT)}
 
 
 def _settings(examples: int = EXAMPLES) -> settings:
@@ -65,6 +70,10 @@ def _clamp(case: Any) -> None:
         for key, limit in CLAMP.items():
             value = body.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value > limit:
+                body[key] = limit
+        for key, (limit, valid_max) in VALID_CLAMP.items():
+            value = body.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and limit < value <= valid_max:
                 body[key] = limit
 
 
