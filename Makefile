@@ -12,7 +12,10 @@ HARBOR_VENV:= .venv-harbor
 # took 175 s, with the same versions (pip remains in each venv, and installs torch below).
 UV_VENV    := .venv-uv
 UV         := $(UV_VENV)/bin/uv
-UV_PIP     := $(UV) pip install --quiet --python
+# --compile-bytecode: uv, unlike pip, writes no bytecode by default, and sandbox servers run these
+# packages from a read-only bind, so each one compiled aiohttp and pydantic again at every start
+# (make test took 992 s without it; see the closing note of session 6).
+UV_PIP     := $(UV) pip install --quiet --compile-bytecode --python
 # The venvs are made in parallel; setuptools writes idegym.egg-info in this tree at every editable
 # install, so those take turns.
 EDITABLE   := flock $(CURDIR)/.editable-install.lock
@@ -20,7 +23,7 @@ HARBOR_REQ := $(shell grep -o 'harbor==[0-9.]*' pyproject.toml | head -n1)
 # The published idegym-client 0.13.1 needs Python >= 3.12; pyenv keeps one off PATH.
 PYTHON312  ?= $(shell command -v python3.12 >/dev/null 2>&1 && python3.12 -c pass 2>/dev/null && echo python3.12 || ls -1d $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 2>/dev/null | head -n1)
 
-.PHONY: help lint demo test test-deps test-all test-slow bench system-deps net-deps venv demo-venv client-venv harbor-venv gym-versions clean
+.PHONY: help bytecode lint demo test test-deps test-all test-slow bench system-deps net-deps venv demo-venv client-venv harbor-venv gym-versions clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -117,7 +120,12 @@ GYM_VERSIONS := 1.0.0 1.4.0
 
 gym-versions: $(foreach v,$(GYM_VERSIONS),.gym-versions/$(v)/.stamp)
 
-demo: demo-venv  ## run real episodes end to end on the embedded local control plane
+# Our own packages' bytecode, written ahead: PYTHONDONTWRITEBYTECODE (set on these machines) would
+# otherwise make every control plane, CLI and worker process compile them again.
+bytecode:
+	@$(PY) -m compileall -q -j 0 control_plane idegym_env sandbox_server
+
+demo: demo-venv bytecode  ## run real episodes end to end on the embedded local control plane
 	@$(VENV)/bin/idegym demo
 
 lint: venv  ## ruff over the whole repository (configured in pyproject.toml)
@@ -127,7 +135,7 @@ test-deps:  ## everything the tests need (the three venvs are made in parallel)
 	@$(MAKE) --no-print-directory -j3 venv client-venv harbor-venv
 	@$(MAKE) --no-print-directory gym-versions
 
-test: test-deps lint  ## lint, then the test suite (everything but `slow`) on two workers
+test: test-deps lint bytecode  ## lint, then the test suite (everything but `slow`) on two workers
 	@$(VENV)/bin/pytest -m "not slow" -n 2 $(PYTEST_ARGS)
 
 test-slow: test-deps  ## only the long-running tests

@@ -51,3 +51,20 @@ def test_the_cache_follows_xdg_cache_home(monkeypatch: pytest.MonkeyPatch, tmp_p
     monkeypatch.delenv("IDEGYM_RUNTIME_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert runtime.runtime_cache_dir() == tmp_path / "idegym" / "runtime"
+
+
+def test_server_dependencies_without_bytecode_are_named_in_a_warning(
+        package: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # Sandbox servers import these from a read-only bind: without bytecode every start compiles them.
+    monkeypatch.syspath_prepend(str(package.parent))
+    monkeypatch.setattr(runtime, "SERVER_DEPENDENCIES", ("demo_pkg",))
+    with caplog.at_level("WARNING", logger=runtime.__name__):
+        runtime._warn_without_bytecode()
+    assert "demo_pkg installed without bytecode" in caplog.text
+    import compileall
+
+    compileall.compile_dir(str(package), quiet=2)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=runtime.__name__):
+        runtime._warn_without_bytecode()
+    assert caplog.text == ""

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import compileall
 import hashlib
+import importlib.util
+import logging
 import os
 import shutil
 import site
@@ -42,8 +44,13 @@ BOOTSTRAP = (
     "main(sys.argv[1:])\n"
 )
 SERVER_MODULE = "sandbox_server.cli"
+# Imported by every sandbox server: without their bytecode each start compiles them again.
+SERVER_DEPENDENCIES = ("aiohttp", "pydantic")
 # A package copy unused this long is removed (one in use is touched at every control plane start).
 COPY_RETENTION = 7 * 86400.0
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -98,6 +105,7 @@ def detect() -> Runtime:
             inside = f"{INSIDE}/site/{index}"
             binds.append((str(path), inside))
         sites.append(inside)
+    _warn_without_bytecode()
     src: list[str] = []
     import sandbox_server
 
@@ -120,6 +128,21 @@ def detect() -> Runtime:
                         PATH=f"{TOOL_PATH}:{INSIDE}/toolchains/cargo/bin")
     return Runtime(python=python, binds=binds, server_env=server_env, tool_env=tool_env, sites=sites, src=src,
                    skeletons=skeletons)
+
+
+def _warn_without_bytecode() -> None:
+    """Sandbox servers see site-packages read-only, so they cannot cache the bytecode they lack:
+    an install without it (``uv pip install`` by default) costs every sandbox start ~0.5 s."""
+    missing = []
+    for name in SERVER_DEPENDENCIES:
+        spec = importlib.util.find_spec(name)
+        origin = spec.origin if spec is not None else None
+        if origin and origin.endswith(".py") and not os.path.exists(importlib.util.cache_from_source(origin)):
+            missing.append(name)
+    if missing:
+        log.warning("%s installed without bytecode: every sandbox start compiles them again. Reinstall "
+                    "with bytecode (uv pip install --compile-bytecode, or pip) or run python -m compileall "
+                    "on %s", ", ".join(missing), sys.prefix)
 
 
 def runtime_cache_dir() -> Path:
