@@ -1,0 +1,1 @@
+"""Grading inside the sandbox: the pristine tree, the check stages, the graded report."""
