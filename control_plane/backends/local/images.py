@@ -5,7 +5,7 @@ to each root tree (``layers/usr``, ``layers/etc``… — overlayfs upper directo
 included) and its full project (``project/``). A tag points at an id through
 ``images/refs/<slug>.json``; ids never change once written, so re-registering a tag never alters
 a running sandbox or an image built on the old one (an image records its base by *id*). The
-built-in image is generated once per state directory (``builtin_image.py``); what images are
+built-in image is made once per state directory (``builtin_image.py``); what images are
 made of, and copying their trees, is in ``image_trees.py``.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 from ...appuser import APPUSER
 from ...image_tags import check_image_tag
 from ...images import BUILTIN_IMAGE
-from .builtin_image import BUILTIN_ID, build_builtin
+from .builtin_image import BUILTIN_ID, materialize_builtin
 from .image_trees import TREES, ImageError, chown_tree, copy_tree
 
 log = logging.getLogger(__name__)
@@ -85,12 +85,12 @@ class ImageStore:
             started = time.monotonic()
             tmp = self.data / f".tmp-{BUILTIN_ID}-{secrets.token_hex(4)}"
             try:
-                build_builtin(tmp)
+                how = materialize_builtin(tmp)
                 tmp.rename(self.data / BUILTIN_ID)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
             self._write_ref(BUILTIN_IMAGE, BUILTIN_ID)
-            log.info("generated the built-in image in %.0f ms", (time.monotonic() - started) * 1000)
+            log.info("the built-in image (%s) in %.0f ms", how, (time.monotonic() - started) * 1000)
 
     def image_id(self, tag: str) -> str | None:
         try:
