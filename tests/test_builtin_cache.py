@@ -1,14 +1,15 @@
-"""The built-in image is built once per host state and linked into every new state directory."""
+"""The built-in image is built once per state of the host and shared by every state directory."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 from control_plane.backends.local import builtin_image
-from control_plane.backends.local.builtin_image import materialize_builtin, source_key
+from control_plane.backends.local.builtin_image import BUILTIN_ID, materialize_builtin, source_key
 from control_plane.backends.local.images import ImageStore
 
 
@@ -19,26 +20,26 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
-def _tree(root: Path) -> dict[str, tuple[int, int, int, int]]:
+def _tree(root: Path) -> dict[str, tuple[int, int, int, int, int]]:
     out = {}
     for path in sorted(root.rglob("*")):
         st = path.lstat()
-        out[str(path.relative_to(root))] = (st.st_mode, st.st_uid, st.st_gid, st.st_size)
+        out[str(path.relative_to(root))] = (st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_nlink)
     return out
 
 
-def test_a_second_state_directory_links_the_shared_build(cache: Path, tmp_path: Path) -> None:
+def test_a_second_state_directory_uses_the_shared_build(cache: Path, tmp_path: Path) -> None:
     first, second = ImageStore(tmp_path / "a" / "images"), ImageStore(tmp_path / "b" / "images")
     first.ensure()
     second.ensure()
-    one = first.data / builtin_image.BUILTIN_ID
-    two = second.data / builtin_image.BUILTIN_ID
-    assert _tree(one) == _tree(two) and len(_tree(one)) > 100
-    passwd = Path("layers/etc/passwd")
-    assert (one / passwd).stat().st_ino == (two / passwd).stat().st_ino  # linked, not copied
-    assert (one / passwd).stat().st_ino == (cache / source_key() / "image" / passwd).stat().st_ino
-    assert second.resolve("idegym/builtin:latest").id == builtin_image.BUILTIN_ID
-    assert oct(cache.stat().st_mode & 0o777) == oct(0o700)  # its files run in every sandbox
+    one, two = first.data / BUILTIN_ID, second.data / BUILTIN_ID
+    shared = cache / source_key() / "image"
+    assert one.resolve() == two.resolve() == shared.resolve()
+    assert len(_tree(shared)) > 100 and (shared / "layers" / "etc" / "passwd").is_file()
+    # No file gains a link per state directory: sandboxes see link counts.
+    assert (shared / "layers" / "etc" / "passwd").stat().st_nlink == 1
+    assert second.resolve("idegym/builtin:latest").id == BUILTIN_ID
+    assert oct(cache.stat().st_mode & 0o777) == oct(0o700)  # its files are in every sandbox
 
 
 def test_a_changed_source_gives_a_new_build(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,19 +48,33 @@ def test_a_changed_source_gives_a_new_build(cache: Path, tmp_path: Path, monkeyp
     monkeypatch.setattr(builtin_image, "SOURCE_PATHS", (*builtin_image.SOURCE_PATHS, str(source)))
     before = source_key()
     assert source_key() == before
-    assert materialize_builtin(tmp_path / "x") == "built"
-    assert materialize_builtin(tmp_path / "y").startswith("linked")
+    for name in ("x", "y"):
+        (tmp_path / name).mkdir()
+        assert materialize_builtin(tmp_path / name).startswith("shared")
+    assert sorted(p.name for p in cache.iterdir()) == [before]
     source.write_text("two!")
     assert source_key() != before
-    assert materialize_builtin(tmp_path / "z") == "built"
+    (tmp_path / "z").mkdir()
+    materialize_builtin(tmp_path / "z")
     assert sorted(p.name for p in cache.iterdir()) == sorted([before, source_key()])
+    assert (tmp_path / "z" / BUILTIN_ID).resolve() == (cache / source_key() / "image").resolve()
+
+
+def test_a_pruned_build_is_replaced_at_the_next_start(cache: Path, tmp_path: Path) -> None:
+    store = ImageStore(tmp_path / "a" / "images")
+    store.ensure()
+    shutil.rmtree(cache / source_key())  # e.g. pruned, or the cache deleted
+    assert not (store.data / BUILTIN_ID / "image.json").exists()
+    store.ensure()
+    assert (store.data / BUILTIN_ID / "image.json").is_file()
 
 
 def test_a_cache_others_can_write_is_not_used(cache: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    assert materialize_builtin(tmp_path / "x") == "built"
+    cache.mkdir(mode=0o700)
     os.chmod(cache, 0o777)
+    (tmp_path / "x").mkdir()
     with caplog.at_level("WARNING"):
-        assert materialize_builtin(tmp_path / "y") == "built"
+        assert materialize_builtin(tmp_path / "x") == "built for this state directory"
     assert "not using the shared cache" in caplog.text
-    assert (tmp_path / "y" / "layers" / "etc" / "passwd").stat().st_ino != \
-        (tmp_path / "x" / "layers" / "etc" / "passwd").stat().st_ino
+    assert not (tmp_path / "x" / BUILTIN_ID).is_symlink() and list(cache.iterdir()) == []
+    assert (tmp_path / "x" / BUILTIN_ID / "layers" / "etc" / "passwd").is_file()

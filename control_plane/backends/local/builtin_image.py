@@ -4,10 +4,9 @@ Its lowest layer is the host's ``/usr``, plus a sanitized ``/etc`` (no shadow, s
 keys, nothing that is not world-readable; ``root``, ``appuser`` (1000) and ``nobody`` as users),
 a ``/var`` skeleton with the dpkg/apt databases, and small ``/opt``, ``/root`` and ``/home``
 skeletons; ``python`` and pytest for the host's python3 when it lacks them. The image store
-gives each state directory its own copy (``ImageStore.ensure``), hard-linked from a build shared by
-every state directory of this user and keyed by what it is made of (``materialize_builtin``):
-building it costs ~0.7 s, linking ~0.1 s, at every new state directory (each test, each embedded
-control plane).
+links each state directory to a build shared by every state directory of this user, keyed by what
+it is made of (``materialize_builtin``): building it costs ~0.7 s at every new state directory
+(each test, each embedded control plane), linking ~30 ms.
 """
 
 from __future__ import annotations
@@ -46,7 +45,9 @@ SOURCE_TREES = ("/etc", "/var/lib/dpkg", "/var/lib/apt")
 SOURCE_PATHS = ("/usr/bin/python3", "/usr/bin/python", "/var/cache/debconf/config.dat",
                 "/var/cache/debconf/templates.dat", "/usr/lib/python3/dist-packages")
 SOURCE_GLOBS = ("/usr/lib/python3.*", "/usr/local/lib/python3.*/dist-packages")
-CACHE_RETENTION = 7 * 86400.0  # a shared build unused this long is removed (the copies are links)
+# Shared builds are pruned beyond the newest CACHE_KEEP once unused for CACHE_RETENTION.
+CACHE_KEEP = 3
+CACHE_RETENTION = 7 * 86400.0
 
 
 def builtin_cache_dir() -> Path:
@@ -91,27 +92,42 @@ def source_key() -> str:
     return digest.hexdigest()[:24]
 
 
-def materialize_builtin(dest: Path) -> str:
-    """The built-in image at ``dest``: hard links to the shared build of this host's current
-    sources when there is one, else built here and then shared. Returns how it was made."""
+def materialize_builtin(data: Path) -> str:
+    """Put the built-in image at ``data / BUILTIN_ID``: a link to the shared build of this host's
+    current sources (built first when there is none), or, when no trusted cache can be had, a
+    build of this state directory's own. Returns how it was made.
+
+    A symbolic link, not hard links: a sandbox sees a file's link count, which would then count
+    the state directories on this host and change under it."""
     root = builtin_cache_dir()
     key = source_key()
     entry = root / key
-    if (entry / ".complete").exists() and _trusted(root):
-        try:
-            copy_tree(entry / "image", dest, hardlink=True)
-            os.utime(entry / ".complete")
-            return f"linked from {entry}"
-        except (ImageError, OSError) as exc:
-            log.warning("built-in image: the shared build %s is unusable (%s); building it here", entry, exc)
-            shutil.rmtree(dest, ignore_errors=True)
-    build_builtin(dest)
     try:
-        _share(dest, root, key)
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        shared = _trusted(root)
+        if shared:
+            _share(root, key)
     except (ImageError, OSError) as exc:
-        log.warning("built-in image: could not share the build in %s (%s); each state directory builds its own",
+        log.warning("built-in image: could not share the build in %s (%s); this state directory builds its own",
                     root, exc)
-    return "built"
+        shared = False
+    if shared and (entry / ".complete").exists():
+        link = data / f".tmp-link-{key}-{os.getpid()}"
+        link.unlink(missing_ok=True)
+        os.symlink(entry / "image", link)
+        os.replace(link, data / BUILTIN_ID)
+        os.utime(entry / ".complete")
+        return f"shared: {entry}"
+    tmp = data / f".tmp-{BUILTIN_ID}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        build_builtin(tmp)
+        if (data / BUILTIN_ID).is_symlink():  # to a shared build since pruned
+            (data / BUILTIN_ID).unlink()
+        tmp.rename(data / BUILTIN_ID)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return "built for this state directory"
 
 
 def _trusted(root: Path) -> bool:
@@ -128,26 +144,33 @@ def _trusted(root: Path) -> bool:
     return True
 
 
-def _share(built: Path, root: Path, key: str) -> None:
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if not _trusted(root):
-        return
-    cutoff = time.time() - CACHE_RETENTION
+def _share(root: Path, key: str) -> None:
+    """Build the image into ``root / key`` (unless another control plane did first) and prune
+    old builds: only beyond the ``CACHE_KEEP`` newest, and unused for ``CACHE_RETENTION`` (a
+    state directory whose build was pruned links a new one at its next start)."""
+    entries = []
     for old in root.iterdir():
         try:
             marker = old / ".complete"
-            used = (marker if marker.exists() else old).stat().st_mtime
+            entries.append(((marker if marker.exists() else old).stat().st_mtime, old))
         except OSError:
             continue
-        if used < cutoff or (old.name.startswith(".tmp-") and used < time.time() - 3600):
+    entries.sort(reverse=True)
+    for rank, (used, old) in enumerate(entries):
+        stale = old.name.startswith(".tmp-") and used < time.time() - 3600
+        if stale or (rank >= CACHE_KEEP and used < time.time() - CACHE_RETENTION and old.name != key):
             shutil.rmtree(old, ignore_errors=True)
+    if (root / key / ".complete").exists():
+        return
+    started = time.monotonic()
     tmp = root / f".tmp-{key}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(mode=0o700)
     try:
-        copy_tree(built, tmp / "image", hardlink=True)
+        build_builtin(tmp / "image")
         (tmp / ".complete").write_text(key)
         tmp.rename(root / key)
+        log.info("built-in image: built in %.0f ms and shared in %s", (time.monotonic() - started) * 1000, root / key)
     except OSError:  # another control plane shared it first
         if not (root / key / ".complete").exists():
             raise

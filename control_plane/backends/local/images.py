@@ -83,12 +83,7 @@ class ImageStore:
             if (self.data / BUILTIN_ID / "image.json").exists():
                 return
             started = time.monotonic()
-            tmp = self.data / f".tmp-{BUILTIN_ID}-{secrets.token_hex(4)}"
-            try:
-                how = materialize_builtin(tmp)
-                tmp.rename(self.data / BUILTIN_ID)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+            how = materialize_builtin(self.data)
             self._write_ref(BUILTIN_IMAGE, BUILTIN_ID)
             log.info("the built-in image (%s) in %.0f ms", how, (time.monotonic() - started) * 1000)
 
