@@ -28,6 +28,7 @@ from pathlib import Path
 from ...appuser import APPUSER
 from ...images import BUILTIN_IMAGE
 from .image_trees import OPT_SKELETON, TREES, ImageError, copy_tree, host_files
+from .user_cache import user_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +53,7 @@ CACHE_RETENTION = 7 * 86400.0
 
 def builtin_cache_dir() -> Path:
     """Where the shared builds live: ``$IDEGYM_BUILTIN_CACHE``, default ``~/.cache/idegym/builtin``."""
-    explicit = os.environ.get("IDEGYM_BUILTIN_CACHE")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "idegym" / "builtin"
+    return user_cache_dir("builtin", "IDEGYM_BUILTIN_CACHE")
 
 
 def source_key() -> str:

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .user_cache import user_cache_dir
+
 INSIDE = "/opt/idegym"
 TOOL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PYTHON_PARTS = ("bin", "lib")  # of the interpreter's prefix: what it needs to run
@@ -149,11 +151,7 @@ def runtime_cache_dir() -> Path:
     """Where the compiled package copies live: shared by every state directory of this user
     (``$IDEGYM_RUNTIME_CACHE``, default ``~/.cache/idegym/runtime``), so that a control plane on
     a new state directory does not compile them again (the judge's Java subject alone is ~1.5 s)."""
-    explicit = os.environ.get("IDEGYM_RUNTIME_CACHE")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "idegym" / "runtime"
+    return user_cache_dir("runtime", "IDEGYM_RUNTIME_CACHE")
 
 
 def sync_package(package: Path, dest_root: Path | None = None) -> Path:

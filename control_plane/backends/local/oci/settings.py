@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...base import BackendError
+from ..user_cache import user_cache_dir
 
 DEBIAN_SUITES = ("bookworm", "trixie", "forky", "bullseye", "sid", "stable", "testing", "unstable", "oldstable")
 
@@ -20,8 +21,7 @@ class OciError(BackendError):
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "idegym" / "images"
+    return user_cache_dir("images")
 
 
 @dataclass(frozen=True)
