@@ -28,7 +28,7 @@ from pathlib import Path
 from ...appuser import APPUSER
 from ...images import BUILTIN_IMAGE
 from .image_trees import OPT_SKELETON, TREES, ImageError, copy_tree, host_files
-from .user_cache import user_cache_dir
+from .user_cache import prune, user_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def builtin_cache_dir() -> Path:
 
 
 def source_key() -> str:
-    """A digest of everything ``build_builtin`` reads (~0.1 s of stat calls, no reads)."""
+    """A digest of everything ``build_builtin`` reads (~25 ms of stat calls, no reads)."""
     digest = hashlib.sha256(f"{BUILTIN_ID}\0{os.geteuid()}\0{APPUSER}\0{sys.version}\0{sys.prefix}\n".encode())
 
     def add(path: str, st: os.stat_result) -> None:
@@ -145,18 +145,7 @@ def _share(root: Path, key: str) -> None:
     """Build the image into ``root / key`` (unless another control plane did first) and prune
     old builds: only beyond the ``CACHE_KEEP`` newest, and unused for ``CACHE_RETENTION`` (a
     state directory whose build was pruned links a new one at its next start)."""
-    entries = []
-    for old in root.iterdir():
-        try:
-            marker = old / ".complete"
-            entries.append(((marker if marker.exists() else old).stat().st_mtime, old))
-        except OSError:
-            continue
-    entries.sort(reverse=True)
-    for rank, (used, old) in enumerate(entries):
-        stale = old.name.startswith(".tmp-") and used < time.time() - 3600
-        if stale or (rank >= CACHE_KEEP and used < time.time() - CACHE_RETENTION and old.name != key):
-            shutil.rmtree(old, ignore_errors=True)
+    prune(root, CACHE_RETENTION, keep=CACHE_KEEP, spare=key)
     if (root / key / ".complete").exists():
         return
     started = time.monotonic()

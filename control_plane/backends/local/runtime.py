@@ -21,11 +21,10 @@ import os
 import shutil
 import site
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .user_cache import user_cache_dir
+from .user_cache import prune, user_cache_dir
 
 INSIDE = "/opt/idegym"
 TOOL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -174,7 +173,8 @@ def sync_package(package: Path, dest_root: Path | None = None) -> Path:
         return dest
     dest_root.mkdir(parents=True, exist_ok=True)
     os.chmod(dest_root, 0o755)  # (the copies are bound into sandboxes; nothing in them is secret)
-    _prune_copies(dest_root)
+    # a running sandbox has its copy bound: a copy in use is younger than COPY_RETENTION
+    prune(dest_root, COPY_RETENTION)
     tmp = dest_root / f".tmp-{stamp}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     target = tmp / package.name
@@ -196,17 +196,3 @@ def sync_package(package: Path, dest_root: Path | None = None) -> Path:
     except OSError:  # another control plane won the race
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
-
-
-def _prune_copies(dest_root: Path) -> None:
-    """Remove copies no control plane has started with for ``COPY_RETENTION`` (a running sandbox
-    has its copy bound: a copy in use is younger than that), and what a killed copy left."""
-    cutoff = time.time() - COPY_RETENTION
-    for entry in dest_root.iterdir():
-        marker = entry / ".complete"
-        try:
-            used = marker.stat().st_mtime if marker.exists() else entry.stat().st_mtime
-        except OSError:
-            continue
-        if used < cutoff or (entry.name.startswith(".tmp-") and used < time.time() - 3600):
-            shutil.rmtree(entry, ignore_errors=True)
