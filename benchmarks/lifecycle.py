@@ -43,20 +43,53 @@ def _pss_kib(pid: int) -> int:
 
 
 def _sandbox_pids(state: Path) -> list[int]:
-    """Processes of the sandboxes of the control plane whose state is ``state``."""
+    """Processes of the sandboxes of the control plane whose state is ``state``: every process in
+    their cgroups, their bwrap monitors, and the template processes their servers were forked
+    from (children of that control plane)."""
+    from control_plane.backends.local.layout import state_key
+
+    pids = set()
+    for procs in Path("/sys/fs/cgroup/pids/idegym", state_key(state)).glob("**/cgroup.procs"):
+        pids.update(int(p) for p in procs.read_text().split())
     marker = str(state).encode()
-    pids = []
+    planes = set()
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
-            cgroup = Path(f"/proc/{entry.name}/cgroup").read_bytes()
             cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"idegym" in cgroup and (b"sandbox_server" in cmd or b"bwrap" in cmd or marker in cmd):
-            pids.append(int(entry.name))
-    return pids
+        if b"control_plane" in cmd and marker in cmd:
+            planes.add(int(entry.name))
+        elif marker in cmd and cmd.startswith(b"bwrap"):
+            pids.add(int(entry.name))
+    for pid in _descendants(planes):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"sandbox_server.zygote" in cmd or (cmd.startswith(b"bwrap") and b"--die-with-parent" in cmd):
+            pids.add(pid)
+    return sorted(pids)
+
+
+def _descendants(roots: set[int]) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, stack = set(), list(roots)
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
 
 
 def _register_image(url: str, project: Path) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import logging
 import os
 import shutil
@@ -381,10 +382,14 @@ async def languages(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(request.app[OPENAPI])
+    return web.json_response(openapi_document())
 
 
-OPENAPI = web.AppKey("openapi", dict)
+@functools.cache
+def openapi_document() -> dict:
+    """Built once per process, on first use (a few MiB of schemas that most servers never serve;
+    the zygote builds it for every server it forks)."""
+    return build_openapi(ROUTES, title="IdeGym sandbox server", version=__version__)
 
 ROUTES: tuple[Route, ...] = (
     Route.of(routes.BASH, bash, "Execute Bash Script", "execute_bash_script_api_tools_bash_post"),
@@ -474,7 +479,6 @@ def create_app(config: ServerConfig) -> web.App:
     app = web.App(client_max_size=config.max_body_bytes, on_error=on_error)
     app[CONFIG] = config
     app[STATE] = state
-    app[OPENAPI] = build_openapi(ROUTES, title="IdeGym sandbox server", version=__version__)
     app.cleanup_ctx.append(_lifecycle(state))
     for route in ROUTES:
         app.add_route(route.method, route.path, route.handler)

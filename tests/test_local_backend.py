@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from control_plane.backends.base import BackendError, ImageNotFound, Limits, SandboxHandle
-from control_plane.backends.local import BUILTIN_IMAGE, LocalBackend, local_notes, parse_images_yaml
+from control_plane.backends.local import BUILTIN_IMAGE, LocalBackend, bwrap, local_notes, parse_images_yaml
 from tests.local_helpers import (
     LoopThread,
     bash,
@@ -446,9 +446,12 @@ def test_sandboxes_outlive_a_killed_control_plane(loop: LoopThread, backend: Loc
     assert leftovers(h) == []
 
 
-def test_failed_create_cleans_up_and_reports_the_server_log(loop: LoopThread, backend: LocalBackend) -> None:
+def test_failed_create_cleans_up_and_reports_the_server_log(loop: LoopThread, backend: LocalBackend,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     assert backend.runtime is not None
     runtime = backend.runtime
+    # A server started afresh (no zygote): one that refuses to start, one that never gets ready.
+    monkeypatch.setattr(backend.launcher, "zygotes", False)
     runtime.bootstrap = lambda *_: "raise SystemExit('idegym-test: the server refuses to start')"  # type: ignore
     try:
         with pytest.raises(BackendError) as err:
@@ -461,8 +464,15 @@ def test_failed_create_cleans_up_and_reports_the_server_log(loop: LoopThread, ba
         assert "ready" in err.value.message and time.monotonic() - started < 10
     finally:
         del runtime.bootstrap  # the method again
+    # A server forked by the zygote that refuses its arguments.
+    monkeypatch.setattr(backend.launcher, "zygotes", True)
+    server_args = bwrap.server_args
+    monkeypatch.setattr(bwrap, "server_args", lambda *a, **k: [*server_args(*a, **k), "--idegym-test-refused"])
+    with pytest.raises(BackendError) as err:
+        loop.run(backend.create(spec("sb-refused"), 30))
+    assert "unrecognized arguments: --idegym-test-refused" in err.value.message
     names = loop.run(backend.list_names())
-    assert "sb-fail" not in names and "sb-slow" not in names
+    assert not {"sb-fail", "sb-slow", "sb-refused"} & set(names)
     assert not (backend.state_dir / "sandboxes" / "sb-slow").exists()
     with pytest.raises(ImageNotFound) as err:
         loop.run(backend.create(spec("sb-none", "nope/missing:1"), 30))

@@ -28,6 +28,9 @@ from .runtime import INSIDE, Runtime
 from .server_kinds import ServerKindEntry, sandbox_server_args
 
 ID_MAP = "0 0 65536\n"  # uids/gids 0-65535 are themselves inside: files keep their owners
+# The init of a sandbox whose server comes from the zygote (bwrap --as-pid-1): it reads its stdin
+# until the server, the write end's only holder, is gone; then it exits and the sandbox ends.
+PLACEHOLDER = ("/usr/bin/cat",)
 
 
 @dataclass
@@ -46,10 +49,9 @@ def tmp_size(plan: Plan, host: BwrapHost) -> int:
     return min(storage, host.tmp_bytes) if storage else host.tmp_bytes
 
 
-def argv(plan: Plan, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry, *, ready_fd: int, info_fd: int,
-         block_fd: int, tool_cgroups: dict[str, str], resolv_fd: int | None = None) -> list[str]:
-    """bwrap's command line for ``plan``; ``resolv_fd`` (a networked sandbox) holds its resolv.conf."""
-    shm_size = min(tmp_size(plan, host), host.shm_bytes)
+def server_args(plan: Plan, runtime: Runtime, kind: ServerKindEntry, *, ready_fd: int,
+                tool_cgroups: dict[str, str]) -> list[str]:
+    """The arguments of ``kind``'s ``main(argv)`` in the sandbox of ``plan``."""
     args = sandbox_server_args(plan, runtime.tool_env, plan.image.project_dir, ready_fd,
                                f"{RUN_INSIDE}/{SOCKET_NAME}")
     args += ["--overlay-lower", f"{INSIDE}/image/project", "--overlay-layer", f"{INSIDE}/layer"]
@@ -60,7 +62,21 @@ def argv(plan: Plan, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry, *
         args += ["--memory-events", MEMORY_EVENTS_INSIDE]  # bash results say when the OOM killer struck
     if tool_cgroups:
         args += ["--tool-cgroups", TOOL_CGROUPS_INSIDE]
-    args = kind.server_args(args, f"{RUN_INSIDE}/oe")
+    return kind.server_args(args, f"{RUN_INSIDE}/oe")
+
+
+def server_env(plan: Plan, runtime: Runtime, kind: ServerKindEntry) -> dict[str, str]:
+    env = dict(runtime.server_env)
+    if kind.image_env:
+        env.update(plan.env)
+    return env
+
+
+def argv(plan: Plan, host: BwrapHost, command: list[str], env: dict[str, str], *, info_fd: int, block_fd: int,
+         resolv_fd: int | None = None, as_pid_1: bool = False) -> list[str]:
+    """bwrap's command line for ``plan`` running ``command`` (as the namespace's init itself with
+    ``as_pid_1``); ``resolv_fd`` (a networked sandbox) holds its resolv.conf."""
+    shm_size = min(tmp_size(plan, host), host.shm_bytes)
     # Always a network namespace of its own; with network, user-mode networking (usernet.py) gives it a way out.
     out = ["bwrap", "--unshare-user", "--userns-block-fd", str(block_fd), "--info-fd", str(info_fd),
            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--unshare-net"]
@@ -74,29 +90,50 @@ def argv(plan: Plan, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry, *
             "--new-session", "--chdir", "/", "--clearenv"]
     if resolv_fd is not None:
         out += ["--perms", "0644", "--ro-bind-data", str(resolv_fd), "/etc/resolv.conf"]
-    env = dict(runtime.server_env)
-    if kind.image_env:
-        env.update(plan.env)
+    if as_pid_1:  # the placeholder: root without a single capability, as bwrap's own init is
+        out += ["--as-pid-1", "--cap-drop", "ALL"]
     for key, value in env.items():
         out += ["--setenv", key, value]
-    return [*out, "--", *runtime.argv(kind.module), *args]
+    return [*out, "--", *command]
+
+
+@dataclass
+class Pending:
+    """A sandbox whose server the zygote is to fork (``zygote.fork_server``): its init is
+    ``PLACEHOLDER``, which ends the sandbox when the server, the only holder of ``keep_w``, has."""
+
+    argv: list[str]
+    env: dict[str, str]
+    ready_w: int
+    keep_w: int
+    log_fd: int
+
+    def close(self) -> None:
+        for fd in (self.ready_w, self.keep_w, self.log_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, kind: ServerKindEntry,
-          tool_cgroups: dict[str, str], track: Callable[[subprocess.Popen], None]) -> int:
+          tool_cgroups: dict[str, str], track: Callable[[subprocess.Popen], None], *, forked: bool = False
+          ) -> tuple[int, Pending | None]:
     """Start bwrap for ``plan``; records ``monitor`` (bwrap) and ``init`` (the namespace's first
     process) in ``data`` and hands bwrap's Popen to ``track``. Returns the fd the server reports
-    ready on."""
+    ready on, and with ``forked`` (and an image that has the placeholder) what the zygote needs to
+    fork the server: bwrap then runs only the placeholder."""
     slirp = usernet.require() if plan.network else None
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe()
     ready_r, ready_w = os.pipe()
+    keep_r, keep_w = os.pipe() if forked else (-1, -1)
     # A networked sandbox: slirp4netns ends once nobody holds exit_w (bwrap and the namespace do).
     exit_r, exit_w = os.pipe() if slirp else (-1, -1)
     resolv = usernet.resolv_conf_fd() if slirp else None
-    inherited = (info_w, block_r, ready_w, *((exit_w, resolv) if slirp else ()))
-    command = argv(plan, host, runtime, kind, ready_fd=ready_w, info_fd=info_w, block_fd=block_r,
-                   tool_cgroups=tool_cgroups, resolv_fd=resolv)
+    args = server_args(plan, runtime, kind, ready_fd=ready_w, tool_cgroups=tool_cgroups)
+    env = server_env(plan, runtime, kind)
+    pending: Pending | None = None
     logf = open(plan.log, "ab")
     try:
         own_ns = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
@@ -113,21 +150,37 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
                 mount_root(plan, state_dir=host.state_dir, links=host.usr_links, binds=runtime.binds,
                            tool_cgroups=tool_cgroups, tmp_bytes=tmp_size(plan, host),
                            skeletons=tuple(runtime.skeletons))
-                popen = subprocess.Popen(command, pass_fds=inherited, stdin=subprocess.DEVNULL,
-                                         stdout=logf, stderr=logf, start_new_session=True, cwd="/",
+                if forked and os.access(f"{plan.sb}/root{PLACEHOLDER[0]}", os.X_OK):
+                    pending = Pending(args, env, ready_w, keep_w, os.dup(logf.fileno()))
+                    command, stdin, inherited = list(PLACEHOLDER), keep_r, (info_w, block_r)
+                else:  # an image without the placeholder: its server starts the long way
+                    command, stdin, inherited = [*runtime.argv(kind.module), *args], subprocess.DEVNULL, \
+                        (info_w, block_r, ready_w)
+                inherited += (exit_w, resolv) if slirp else ()
+                popen = subprocess.Popen(argv(plan, host, command, env, info_fd=info_w, block_fd=block_r,
+                                              resolv_fd=resolv, as_pid_1=pending is not None),
+                                         pass_fds=inherited, stdin=stdin, stdout=logf, stderr=logf,
+                                         start_new_session=True, cwd="/",
                                          env={"PATH": os.environ.get("PATH", os.defpath)})
             finally:
                 mounts.enter_mount_namespace(own_ns)
         finally:
             os.close(own_ns)
     except BaseException:
+        if pending is not None:
+            pending.close()
         for fd in (info_r, block_w, ready_r, *((exit_r,) if slirp else ())):
             os.close(fd)
         logf.close()
         raise
     finally:
-        for fd in inherited:
-            os.close(fd)
+        for fd in (info_w, block_r, keep_r, *((exit_w, resolv) if slirp else ())):
+            if fd >= 0:
+                os.close(fd)
+        if pending is None:
+            for fd in (ready_w, keep_w):
+                if fd >= 0:
+                    os.close(fd)
     try:
         track(popen)
         data["monitor"] = procfs.record(popen.pid)
@@ -139,9 +192,12 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
                 fh.write(ID_MAP)
         os.write(block_w, b"1")
         if slirp:  # once bwrap has set up the namespace's loopback (it fails if lo is up already)
-            usernet.start(slirp, data["init"], exit_r, data, logf, track)
+            usernet.start(slirp, data["init"], exit_r, data, logf, track,
+                          lambda: set_up(data["init"], placeholder=pending is not None))
     except BaseException:
         os.close(ready_r)
+        if pending is not None:
+            pending.close()
         raise
     finally:
         os.close(info_r)
@@ -149,7 +205,18 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
         logf.close()
         if slirp:
             os.close(exit_r)
-    return ready_r
+    return ready_r, pending
+
+
+def set_up(init: list[int], *, placeholder: bool) -> bool:
+    """Whether bwrap has made the sandbox (its mounts, its loopback): once init runs the
+    placeholder, or has started the server as its child."""
+    if not placeholder:
+        return bool(procfs.children(init[0]))
+    try:
+        return os.readlink(f"/proc/{init[0]}/exe") == PLACEHOLDER[0]
+    except OSError:
+        return False
 
 
 def _read_info(fd: int) -> dict[str, Any]:

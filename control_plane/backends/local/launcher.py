@@ -22,6 +22,7 @@ from typing import Any
 
 from sandbox_server import procfs
 
+from ...models import ServerKind
 from ..base import BackendError, Endpoint, Limits, SandboxHandle
 from . import bwrap, cgroups, plain, readiness, rootfs, teardown
 from .fork_layers import ForkLayers, ForkStack, sandbox_holder
@@ -33,6 +34,7 @@ from .oci.hostrt import oci_runtime
 from .runtime import Runtime
 from .server_kinds import entry, runtime_for
 from .storage import LayerStorage
+from .zygote import Zygote, fork_server
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +73,7 @@ class Launcher:
     def __init__(self, *, state_dir: Path, isolation: str, runtime: Runtime, pids_max: int | None,
                  tmp_bytes: int, shm_bytes: int, delete_timeout: float = DEFAULT_DELETE_TIMEOUT,
                  storage: LayerStorage | None = None, storage_bytes: int | None = None,
-                 storage_inodes: int | None = None, lease: Lease | None = None) -> None:
+                 storage_inodes: int | None = None, lease: Lease | None = None, zygotes: bool = True) -> None:
         self.state_dir = state_dir
         self.isolation = isolation
         self.runtime = runtime
@@ -79,6 +81,9 @@ class Launcher:
         self.bwrap_host = bwrap.BwrapHost(state_dir, rootfs.usr_links(), tmp_bytes, shm_bytes)
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="idegym-launch")
         self._runtimes: dict[str, Runtime] = {}
+        # Servers forked from a template process (zygote.py), one per server kind; off: started afresh.
+        self.zygotes = zygotes and isolation == "bwrap"
+        self._zygote_of: dict[str, Zygote] = {}
         self._children: dict[int, subprocess.Popen] = {}
         self.creating: set[str] = set()  # in flight here: never reported as orphans
         self._settling: set[asyncio.Task] = set()  # cancelled launches, being undone
@@ -187,6 +192,8 @@ class Launcher:
     async def close(self) -> None:
         await self.settle()
         self._thread.shutdown(wait=True)
+        for zygote in self._zygote_of.values():
+            zygote.close()
 
     def reap(self) -> None:
         """Collect the exited processes this launcher started (bwrap or plain servers)."""
@@ -208,7 +215,13 @@ class Launcher:
                 monitor = self.lease.watch(data)
                 self._children[monitor.pid] = monitor
             prepared = time.perf_counter()
-            ready_fd = await loop.run_in_executor(self._thread, self._spawn, plan, data)
+            ready_fd, pending = await loop.run_in_executor(self._thread, self._spawn, plan, data)
+            if pending is not None:
+                try:
+                    await loop.run_in_executor(None, fork_server, self._zygote(plan), data, pending)
+                except BaseException:
+                    os.close(ready_fd)
+                    raise
             spawned = time.perf_counter()
             if self.lease is not None:
                 record_pids(data)
@@ -277,8 +290,31 @@ class Launcher:
                      cg.reason)
         write_meta(plan.sb, plan.name, data)
 
-    def _spawn(self, plan: Plan, data: dict[str, Any]) -> int:
-        """On the launcher thread: start the server; returns the fd it reports ready on."""
+    def _forks_server(self, plan: Plan) -> bool:
+        """Whether the zygote forks ``plan``'s server: ``sandbox_server`` itself on the host's
+        runtime (an OCI image's sandbox brings its own; other kinds start the long way)."""
+        return self.zygotes and plan.kind == ServerKind.IDEGYM.value and not plan.image.is_oci
+
+    def _zygote(self, plan: Plan) -> Zygote:
+        zygote = self._zygote_of.get(plan.kind)
+        if zygote is None:
+            zygote = self._zygote_of[plan.kind] = Zygote(self._runtime(plan), self.bwrap_host.usr_links,
+                                                          self.state_dir / "zygote.log")
+        return zygote
+
+    def _runtime(self, plan: Plan) -> Runtime:
+        key = f"{plan.kind}/oci" if plan.image.is_oci else plan.kind
+        runtime = self._runtimes.get(key)
+        if runtime is None:
+            runtime = runtime_for(self.runtime, entry(plan.kind))
+            if plan.image.is_oci:  # nothing of the host's /usr in the sandbox: the server brings its own
+                runtime = oci_runtime(runtime, self.state_dir)
+            self._runtimes[key] = runtime
+        return runtime
+
+    def _spawn(self, plan: Plan, data: dict[str, Any]) -> tuple[int, bwrap.Pending | None]:
+        """On the launcher thread: start the server, or (``Pending``) the sandbox the zygote is to
+        fork it into; returns the fd it reports ready on."""
         kind = entry(plan.kind)
 
         def track(popen: subprocess.Popen) -> None:
@@ -289,16 +325,10 @@ class Launcher:
                 record_pids(data, procfs.record(popen.pid))
 
         if self.isolation != "bwrap":
-            return plain.spawn(plan, data, kind, track)
-        key = f"{plan.kind}/oci" if plan.image.is_oci else plan.kind
-        runtime = self._runtimes.get(key)
-        if runtime is None:
-            runtime = runtime_for(self.runtime, kind)
-            if plan.image.is_oci:  # nothing of the host's /usr in the sandbox: the server brings its own
-                runtime = oci_runtime(runtime, self.state_dir)
-            self._runtimes[key] = runtime
+            return plain.spawn(plan, data, kind, track), None
         tools = cgroups.sub(data["cgroups"], cgroups.TOOLS) if data["cgroups"] else {}
-        return bwrap.spawn(plan, data, self.bwrap_host, runtime, kind, tools, track)
+        return bwrap.spawn(plan, data, self.bwrap_host, self._runtime(plan), kind, tools, track,
+                           forked=self._forks_server(plan))
 
     async def _remove_when_settled(self, launch: asyncio.Future, space: Space, name: str) -> None:
         try:

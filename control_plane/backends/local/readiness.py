@@ -50,12 +50,15 @@ async def wait_ready(fd: int, remaining: float, timeout: float) -> None:
 def attach(data: dict[str, Any]) -> None:
     """Record the server's pid and put the sandbox's processes into its cgroups.
 
-    In a bwrap sandbox the server is the only child of the namespace's init; until it is ready
+    In a bwrap sandbox the server is the only child of the namespace's init (a forked server
+    is nobody's there: zygote.py); until it is ready
     it starts nothing, so every later process inherits the groups. Moving a task into a v1 cgroup
     costs an RCU grace period per controller (~3 ms each): the launcher does it while the server
     imports.
     """
-    if data["isolation"] == "bwrap":
+    if data.get("forked"):  # the server joined its groups itself (zygote.py); its init here
+        pids = [data["init"][0]]
+    elif data["isolation"] == "bwrap":
         init = data["init"]
         kids: list[int] = []
 

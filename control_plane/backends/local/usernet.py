@@ -55,11 +55,11 @@ def resolv_conf_fd() -> int:
 
 
 def start(slirp: str, init: Any, exit_fd: int, data: dict[str, Any], log: Any,
-          track: Callable[[subprocess.Popen], None]) -> None:
+          track: Callable[[subprocess.Popen], None], set_up: Callable[[], bool]) -> None:
     """Give the network namespace of the sandbox's ``init`` (a ``procfs.record``) its tap device,
-    once bubblewrap has set the namespace up (init then starts the server); returns once it is
-    configured. Records slirp4netns as ``data["net"]``."""
-    if not wait_until(lambda: bool(procfs.children(init[0])) or not procfs.recorded_alive(init),
+    once bubblewrap has set the namespace up (``set_up``); returns once it is configured.
+    Records slirp4netns as ``data["net"]``."""
+    if not wait_until(lambda: set_up() or not procfs.recorded_alive(init),
                       READY_TIMEOUT, first=0.0005, cap=0.002) or not procfs.recorded_alive(init):
         raise BackendError("bubblewrap did not set up the sandbox's namespaces")
     ready_r, ready_w = os.pipe()

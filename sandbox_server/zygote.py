@@ -1,0 +1,274 @@
+"""The template process: sandbox servers forked from one interpreter that has imported them.
+
+Started fresh, a sandbox server holds ~24 MiB of its own (PSS): the modules it imports (aiohttp,
+pydantic, its own) are private heap in every process. Forked from here, they are pages shared
+with every other sandbox until written, and a start skips the imports.
+
+The control plane (``control_plane/backends/local/zygote.py``) runs this as root in the host's
+user namespace, in a mount namespace that holds the sandbox runtime at the paths a sandbox has
+it (what is imported here is where the server expects it), and sends requests on a
+``SOCK_SEQPACKET`` socket: JSON (the server's ``argv`` and environment, the target number of each
+descriptor) with descriptors: the sandbox's namespaces, its server cgroups' ``cgroup.procs``
+and the descriptors the server is to have. Per request this process forks a child that joins
+the namespaces — the user namespace first, which leaves it root in the sandbox and nothing
+outside; the mount namespace, which makes its root the sandbox's — and forks the server into
+the sandbox's pid namespace, reports its pid and exits. The server joins its cgroups, starts a
+session of its own, takes its descriptors and environment and calls ``main(argv)``: what
+bubblewrap would have executed, minus the interpreter's start.
+
+This process is single-threaded (``setns`` into a user namespace refuses threaded callers) and
+is the subreaper of every server it made. It ends when the control plane closes the socket.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import gc
+import json
+import os
+import signal
+import socket
+import sys
+import traceback
+from typing import Any
+
+# setns(2) namespace types, in the order they are joined: the user namespace first (it grants
+# the rights the others need), the pid namespace last (it applies to children only).
+NAMESPACES = {"user": 0x10000000, "mnt": 0x00020000, "ipc": 0x08000000, "uts": 0x04000000,
+              "net": 0x40000000, "cgroup": 0x02000000, "pid": 0x20000000}
+PR_SET_CHILD_SUBREAPER = 36
+PR_CAPBSET_READ, PR_CAPBSET_DROP = 23, 24
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+MAX_FDS = 32
+MAX_REQUEST = 1 << 20
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_capabilities: set[int] = set()  # the zygote's bounding set: what a server may hold in its sandbox
+_exited: dict[int, int] = {}  # intermediate children reaped by the SIGCHLD handler: pid -> status
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def bounding_set() -> set[int]:
+    """This process's capability bounding set."""
+    caps = set()
+    for cap in range(64):
+        held = _libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0)
+        if held < 0:  # past the last capability this kernel knows
+            break
+        if held == 1:
+            caps.add(cap)
+    return caps
+
+
+def _limit_capabilities(allowed: set[int]) -> None:
+    """Joining a user namespace grants every capability in it; keep only ``allowed`` (the
+    zygote's, which bubblewrap leaves a sandbox's root too), in the bounding, permitted and
+    effective sets alike."""
+    extra = bounding_set() - allowed
+    for cap in extra:
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), f"dropping capability {cap} from the bounding set")
+    if not extra:
+        return
+    header = _CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if _libc.capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget")
+    for cap in extra:
+        mask = ~(1 << (cap % 32)) & 0xFFFFFFFF
+        data[cap // 32].effective &= mask
+        data[cap // 32].permitted &= mask
+        data[cap // 32].inheritable &= mask
+    if _libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
+def preload() -> None:
+    """Import what every server imports, and build what every server builds the same way."""
+    import concurrent.futures.thread  # noqa: F401 - the server's executor threads
+    import queue  # noqa: F401
+
+    import pydantic._internal._dataclasses  # noqa: F401
+    import pydantic.type_adapter  # noqa: F401
+
+    from . import app, cli, http, web  # noqa: F401
+    from .app import openapi_document
+
+    openapi_document()
+
+
+def _reap(signum: int, frame: Any) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _exited[pid] = status
+
+
+def _setns(fd: int, kind: str) -> None:
+    if _libc.setns(fd, NAMESPACES[kind]) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"joining the sandbox's {kind} namespace: {os.strerror(err)}")
+
+
+def _place_fds(targets: list[int], fds: list[int], cloexec: set[int]) -> None:
+    """Descriptor ``fds[i]`` at number ``targets[i]`` (inherited by what the server executes unless
+    in ``cloexec``); every other descriptor closed."""
+    above = max(targets, default=2) + 1  # copies no dup2 below can overwrite
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, above) for fd in fds]
+    for target, fd in zip(targets, moved, strict=True):
+        os.dup2(fd, target, inheritable=target not in cloexec)
+    start = 0
+    for fd in sorted(set(targets)):
+        if fd > start:
+            os.closerange(start, fd)
+        start = fd + 1
+    os.closerange(start, 1 << 20)
+
+
+def _become_server(request: dict[str, Any], cgroup_fds: list[int], fds: list[int]) -> None:
+    """In the server, in the sandbox's namespaces: never returns."""
+    code = 1
+    try:
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        for fd in cgroup_fds:  # "0": the writing process (cgroup v1 and v2)
+            os.write(fd, b"0")
+        os.setsid()
+        _place_fds(request["targets"], fds, set(request.get("cloexec", ())))
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir("/")
+        module = __import__(request["module"], fromlist=["main"])
+        sys.argv = [request["module"], *request["argv"]]
+        module.main(request["argv"])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - reported on the sandbox's log, then the process ends
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _intermediate(request: dict[str, Any], ns_fds: list[int], cgroup_fds: list[int], fds: list[int],
+                  report: int) -> None:
+    """In the first child: join the namespaces, fork the server, report its pid. Never returns."""
+    code = 1
+    try:
+        for kind, fd in zip(request["namespaces"], ns_fds, strict=True):
+            _setns(fd, kind)
+            os.close(fd)
+            if kind == "user":
+                _limit_capabilities(_capabilities)
+        pid = os.fork()
+        if pid == 0:
+            os.close(report)
+            _become_server(request, cgroup_fds, fds)
+        os.write(report, json.dumps({"pid": pid}).encode())
+        code = 0
+    except BaseException as exc:  # noqa: BLE001 - reported to the control plane
+        try:
+            os.write(report, json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+        except OSError:
+            pass
+    finally:
+        os._exit(code)
+
+
+def handle(request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+    """One server for ``request``; its descriptors ``fds`` are closed here."""
+    n_ns, n_cg = len(request["namespaces"]), request["cgroups"]
+    ns_fds, cgroup_fds, passed = fds[:n_ns], fds[n_ns:n_ns + n_cg], fds[n_ns + n_cg:]
+    if (unknown := set(request["namespaces"]) - set(NAMESPACES)) or len(passed) != len(request["targets"]):
+        for fd in fds:
+            os.close(fd)
+        return {"error": f"malformed request (namespaces {sorted(unknown)}, {len(passed)} descriptors for "
+                         f"{len(request['targets'])} targets)"}
+    order = sorted(range(n_ns), key=lambda i: list(NAMESPACES).index(request["namespaces"][i]))
+    request = {**request, "namespaces": [request["namespaces"][i] for i in order]}
+    ns_fds = [ns_fds[i] for i in order]
+    read, write = os.pipe()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os.close(read)
+            _intermediate(request, ns_fds, cgroup_fds, passed, write)
+    finally:
+        os.close(write)
+        for fd in fds:
+            os.close(fd)
+    try:
+        raw = b""
+        while chunk := os.read(read, 4096):
+            raw += chunk
+    finally:
+        os.close(read)
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:  # reaped by the SIGCHLD handler first
+        pass
+    _exited.pop(pid, None)
+    try:
+        return json.loads(raw) if raw else {"error": "the zygote's child ended without a word"}
+    except ValueError:
+        return {"error": f"the zygote's child said {raw[:200]!r}"}
+
+
+def serve(sock: socket.socket) -> None:
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST, MAX_FDS)
+        except InterruptedError:  # pragma: no cover - retried by Python itself (PEP 475)
+            continue
+        if not message:
+            for fd in fds:
+                os.close(fd)
+            return
+        try:
+            request = json.loads(message)
+            reply = {"pong": True} if request.get("ping") else handle(request, fds)
+        except Exception as exc:  # noqa: BLE001 - one bad request never ends the zygote
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        _exited.clear()  # servers that ended meanwhile: nobody asks for their status
+        sock.send(json.dumps(reply).encode())
+
+
+def main(argv: list[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="sandbox_server.zygote", description=__doc__.split("\n")[0])
+    parser.add_argument("--socket-fd", type=int, required=True, help="the control plane's SOCK_SEQPACKET socket")
+    args = parser.parse_args(argv)
+    if _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise SystemExit("zygote: cannot become a child subreaper (servers would be nobody's children)")
+    signal.signal(signal.SIGCHLD, _reap)
+    global _capabilities
+    _capabilities = bounding_set()
+    preload()
+    # What is imported now is shared with every server: the collector never walks it (walking
+    # it would write every object's header, and so copy every page, in each server).
+    gc.collect()
+    gc.freeze()
+    sock = socket.socket(fileno=args.socket_fd)
+    os.write(2, b"zygote: ready\n")
+    serve(sock)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
