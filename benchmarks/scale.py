@@ -1,8 +1,11 @@
-"""How memory and start latency grow with the number of live sandboxes, 1 to 200, on this host.
+"""How memory and start latency grow with the number of live sandboxes, 1 to 500, on this host.
 
 Sandboxes are started one after another through the control plane (warm pool on, as deployed);
-at each checkpoint the proportional set size of every sandbox process is summed, and the start
-latency is the median of the last few starts. Writes a PNG of both curves.
+at each checkpoint the proportional set size of every sandbox process (their bwrap, init and
+server, and the template process the servers are forked from) is summed, and the start latency
+is the median of the last few starts. Then every sandbox answers one bash call, all are stopped,
+and nothing of them may be left: no process, cgroup, mount or directory. Writes a PNG of both
+curves. Target: 8 MiB per idle sandbox at 200 live.
 """
 
 from __future__ import annotations
@@ -13,15 +16,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from ._common import RESULTS, Progress, Result, table
+from ._common import RESULTS, Progress, Result, Stats, check_target, stats_table, table
 from ._servers import control_plane
 from .lifecycle import _pss_kib, _sandbox_pids
 
-TOTAL = int(os.environ.get("BENCH_SCALE_MAX", "200"))
-CHECKPOINTS = [c for c in (1, 10, 25, 50, 100, 150, 200) if c <= TOTAL]
+TOTAL = int(os.environ.get("BENCH_SCALE_MAX", "500"))
+CHECKPOINTS = [c for c in (1, 10, 25, 50, 100, 200, 300, 400, 500) if c <= TOTAL]
+TARGET_AT, TARGET_MIB = 200, 8.0
 
 
 def run() -> Result:
+    from control_plane.backends.local.layout import state_key
     from idegym_env.client import IdeGymClient
 
     result = Result("scale", f"Memory and start latency from 1 to {TOTAL} live sandboxes")
@@ -34,6 +39,7 @@ def run() -> Result:
                 client.start(reuse="NONE").stop()
                 live, latencies = [], []
                 progress = Progress("starting sandboxes", TOTAL)
+                started = time.perf_counter()
                 for i in range(1, TOTAL + 1):
                     t = time.perf_counter()
                     live.append(client.start(reuse="NONE"))
@@ -49,11 +55,50 @@ def run() -> Result:
                                  "start_max_ms": round(max(recent) * 1000, 2)}
                         points.append(point)
                         rows.append(list(point.values()))
+                start_seconds = time.perf_counter() - started
+                calls = []
+                progress = Progress("one bash call each", TOTAL)
+                for sandbox in live:
+                    t = time.perf_counter()
+                    reply = sandbox.bash("echo hi")
+                    calls.append(time.perf_counter() - t)
+                    if reply.stdout.strip() != "hi":
+                        raise RuntimeError(f"a sandbox answered {reply!r}")
+                    progress.step()
+                progress = Progress("stopping them", TOTAL)
+                t = time.perf_counter()
                 for sandbox in live:
                     sandbox.stop()
+                    progress.step()
+                stop_seconds = time.perf_counter() - t
+        # After the control plane's exit: nothing of any sandbox may be left.
+        key = state_key(state)
+        left = {
+            "processes": len([p for p in _sandbox_pids(state) if Path(f"/proc/{p}").exists()]),
+            "cgroups": len([d for d in Path("/sys/fs/cgroup").glob(f"*/idegym/{key}/*") if d.is_dir()]),
+            "mounts": sum(str(state) in line for line in Path("/proc/self/mountinfo").read_text().splitlines()),
+            "sandbox directories": len(list((state / "sandboxes").glob("*"))) if (state / "sandboxes").exists() else 0,
+        }
+    call_stats = Stats.of("bash call, one per live sandbox", calls)
+    result.stats = [call_stats]
     result.figures["points"] = points
+    result.figures["start rate sandboxes/s"] = round(TOTAL / start_seconds, 2)
+    result.figures["stop rate sandboxes/s"] = round(TOTAL / stop_seconds, 2)
+    result.figures["left after stopping"] = left
     print()
     print(table(["live sandboxes", "total PSS MiB", "per sandbox MiB", "start p50 ms", "start max ms"], rows))
+    print()
+    print(stats_table([call_stats]))
+    print(f"\n{TOTAL} sandboxes: started at {result.figures['start rate sandboxes/s']}/s, stopped at "
+          f"{result.figures['stop rate sandboxes/s']}/s; left after stopping: {left}")
+    at = next((p for p in points if p["sandboxes"] == TARGET_AT), None)
+    if at is not None:
+        result.targets["memory"] = check_target(f"PSS per idle sandbox at {TARGET_AT} live", at["per_sandbox_mib"],
+                                                TARGET_MIB, "MiB")
+    result.targets["left"] = check_target("processes, cgroups, mounts, directories left", sum(left.values()), 0,
+                                          "items")
+    for target in result.targets.values():
+        print(f"- {target['text']}")
     _plot(points)
     return result
 

@@ -291,7 +291,7 @@ def serve(sock: socket.socket) -> None:
             return
         try:
             request = json.loads(message)
-            reply = {"pong": True} if request.get("ping") else handle(request, fds)
+            reply = {"pong": os.getpid()} if request.get("ping") else handle(request, fds)
         except Exception as exc:  # noqa: BLE001 - one bad request never ends the zygote
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         _exited.clear()  # servers that ended meanwhile: nobody asks for their status

@@ -53,6 +53,7 @@ class Zygote:
         self._popen: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()  # one request at a time on the socket
+        self._pid: int | None = None
 
     def argv(self, child_fd: int) -> list[str]:
         # /proc and /tmp for its warm-up (sandbox_server/zygote.py): a server, run once here.
@@ -68,7 +69,8 @@ class Zygote:
 
     @property
     def pid(self) -> int | None:
-        return self._popen.pid if self._popen is not None and self._popen.poll() is None else None
+        """The template process's (bubblewrap's child), while it runs."""
+        return self._pid if self._popen is not None and self._popen.poll() is None else None
 
     def ensure(self) -> None:
         """Running, or started now (and ready to fork: the imports done)."""
@@ -89,6 +91,7 @@ class Zygote:
         if not reply.get("pong"):
             self.close()
             raise ZygoteError(f"the sandbox server zygote did not start: {reply}; see {self.log_path}", 500)
+        self._pid = int(reply["pong"])
 
     def spawn(self, *, module: str, argv: list[str], env: dict[str, str], namespaces: dict[str, int],
               cgroup_procs: list[int], fds: dict[int, int], cloexec: tuple[int, ...] = ()) -> int:
