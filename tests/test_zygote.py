@@ -17,6 +17,7 @@ import pytest
 
 from control_plane.backends.base import SandboxHandle
 from control_plane.backends.local import LocalBackend
+from control_plane.backends.local.layout import state_key
 from control_plane.backends.local.zygote import NAMESPACES
 from tests.helpers import wait_until
 from tests.local_helpers import LoopThread, delete_sandboxes, loop_thread, ok, spec, start_backend
@@ -146,7 +147,7 @@ from control_plane.backends.local import LocalBackend
 from tests.local_helpers import spec
 
 async def main():
-    backend = LocalBackend(sys.argv[1], isolation="bwrap")
+    backend = LocalBackend(sys.argv[1], isolation="bwrap", orphan_ttl=2)
     await backend.start()
     h = await backend.create(spec("zy-orphan"), 60)
     zygote = next(z.pid for z in backend.launcher._zygote_of.values())
@@ -159,9 +160,16 @@ asyncio.run(main())
 
 def test_the_zygote_ends_with_its_control_plane(tmp_path: Path) -> None:
     """A SIGKILLed control plane leaves no zygote (bubblewrap's --die-with-parent) and, once
-    its lease runs out, no sandbox either (that part is test_shutdown's)."""
+    its lease runs out, nothing of the sandbox whose server the zygote forked."""
     died = subprocess.run([sys.executable, "-c", KILLED, str(tmp_path / "state")], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert died.returncode == -signal.SIGKILL, died.stderr[-3000:]
     zygote = int(died.stdout.split()[0])
     assert wait_until(lambda: _state(zygote) in ("gone", "Z"), 10), f"zygote {zygote} outlived its control plane"
+    state, key = tmp_path / "state", state_key(tmp_path / "state")
+
+    def left() -> list[str]:
+        mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(state) in line]
+        return mounts + [str(p) for p in Path("/sys/fs/cgroup").glob(f"*/idegym/{key}/*") if p.is_dir()]
+
+    assert wait_until(lambda: not left(), 30), left()
