@@ -156,6 +156,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="spare sandboxes kept ready per image in use (grows with demand)")
     parser.add_argument("--warm-pool-max", type=int, default=_default("WARM_POOL_MAX", cfg.warm_pool_max, int),
                         help="ceiling of the warm pool per image")
+    parser.add_argument("--warm-pool-parallel", type=int,
+                        default=_default("WARM_POOL_PARALLEL", cfg.warm_pool_parallel, int),
+                        help="pool sandboxes made at once (refill rate under demand)")
     parser.add_argument("--pool-image", action="append", default=_default("POOL_IMAGE", [], _names),
                         help="keep this image warm from start-up (repeatable; comma-separated in the variable)")
     parser.add_argument("--max-servers", type=int, default=_default("MAX_SERVERS", cfg.max_servers, int),
@@ -230,7 +233,8 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
         backend=args.backend, isolation=args.isolation, network=args.network, warm_pool=args.warm_pool,
         sandbox_storage=args.sandbox_storage, sandbox_inodes=args.sandbox_inodes, orphan_ttl=args.orphan_ttl,
         image_registry=args.image_registry, image_cache=args.image_cache,
-        warm_pool_max=args.warm_pool_max, pool_images=list(args.pool_image), max_servers=args.max_servers,
+        warm_pool_max=args.warm_pool_max, warm_pool_parallel=args.warm_pool_parallel,
+        pool_images=list(args.pool_image), max_servers=args.max_servers,
         ephemeral=args.ephemeral,
         watcher=WatcherConfig(interval=args.watch_interval, inactive_timeout=args.inactive_timeout,
                               finished_timeout=args.finished_timeout, heartbeat_timeout=args.heartbeat_timeout,

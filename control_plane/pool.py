@@ -31,7 +31,7 @@ def new_sandbox_name(prefix: str = "sbx") -> str:
 
 class WarmPool:
     def __init__(self, backend: Backend, store: SQLiteStore, floor: int, ceiling: int,
-                 create_timeout: float = 120.0, parallel: int = 2, creating: set[str] | None = None) -> None:
+                 create_timeout: float = 120.0, parallel: int = 4, creating: set[str] | None = None) -> None:
         self.backend = backend
         # names of sandboxes being created right now (shared with the control plane): the
         # orphan sweep must never take one of them for a leak

@@ -52,7 +52,8 @@ class ControlPlane:
         self._endpoints: dict[str, Endpoint] = {}
         self.creating: set[str] = set()  # sandbox names being created (the sweep leaves them alone)
         self.leased: set[str] = set()  # sandboxes in use outside any server (the code runner's)
-        self.pool = WarmPool(backend, store, config.warm_pool, config.warm_pool_max, creating=self.creating)
+        self.pool = WarmPool(backend, store, config.warm_pool, config.warm_pool_max,
+                             parallel=config.warm_pool_parallel, creating=self.creating)
         self._background: set[asyncio.Task] = set()
         self._busy: dict[int, int] = {}  # servers with a life-cycle change under way
 
