@@ -63,11 +63,13 @@ def _pool_ready(url: str, tag: str) -> int:
                    if line.startswith("idegym_warm_pool_ready{") and tag in line))
 
 
-def _wait_pool(url: str, tag: str, want: int, timeout: float = 900) -> None:
-    """Until the pool holds ``want`` ready sandboxes of ``tag`` (then a moment for the last
-    one's start and the deleted sandboxes' teardown to settle)."""
+def _wait_pool(url: str, tag: str, want: int, state: Path, live: int = 1, timeout: float = 900) -> None:
+    """Until the pool holds ``want`` ready sandboxes of ``tag`` and the sandboxes stopped before
+    are gone (only the pool's and ``live`` others are left in ``state``): each sample starts on
+    a host that is not still tearing down the last one's sandboxes (then a moment to settle)."""
     deadline = time.monotonic() + timeout
-    while _pool_ready(url, tag) < want:
+    sandboxes = state / "sandboxes"
+    while _pool_ready(url, tag) < want or sum(1 for _ in sandboxes.iterdir()) > want + live:
         if time.monotonic() > deadline:
             raise RuntimeError(f"the warm pool did not reach {want} sandboxes of {tag} in {timeout:g} s")
         time.sleep(0.2)
@@ -132,7 +134,7 @@ def _measure_size(files: int, tmp: Path, result: Result, samples: dict[str, list
                 fork_s, fresh_s = [], []
                 progress = Progress(f"{files} files: fork / fresh+replay into {count}", 2 * N)
                 for _ in range(N):
-                    _wait_pool(url, tag, pool)
+                    _wait_pool(url, tag, pool, state)
                     t = time.perf_counter()
                     children = parent.fork(count)
                     returned = time.perf_counter()
@@ -150,7 +152,7 @@ def _measure_size(files: int, tmp: Path, result: Result, samples: dict[str, list
                         for key, value in _disk(state, client, tag, children).items():
                             result.figures[f"{files} files: {key}"] = value
                     _stop_all(children)
-                    _wait_pool(url, tag, pool)
+                    _wait_pool(url, tag, pool, state)
                     t = time.perf_counter()
                     with concurrent.futures.ThreadPoolExecutor(count) as threads:
                         fresh = list(threads.map(lambda _: client.start(tag, reuse="NONE"), range(count)))
