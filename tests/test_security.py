@@ -622,7 +622,7 @@ EOF'''
 def test_ptrace_reaches_nothing_outside_the_tools(sb_root: SandboxHandle, sb_user: SandboxHandle) -> None:
     """Neither appuser nor root tools can ptrace (or read the memory of) the sandbox server,
     which holds the capabilities they lack, and host processes do not even exist for them.
-    Root tools may trace the sandbox's init (bubblewrap's, uid 0 without any capability): it
+    Root tools may trace the sandbox's init (the placeholder, uid 0 without any capability): it
     has nothing to give.
 
     Can fail: before root tools lost CAP_SYS_PTRACE, the root sandbox attached to its server
