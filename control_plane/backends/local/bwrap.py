@@ -152,12 +152,14 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
                            skeletons=tuple(runtime.skeletons))
                 if forked and os.access(f"{plan.sb}/root{PLACEHOLDER[0]}", os.X_OK):
                     pending = Pending(args, env, ready_w, keep_w, os.dup(logf.fileno()))
-                    command, stdin, inherited = list(PLACEHOLDER), keep_r, (info_w, block_r)
+                    # The placeholder runs on the image's own libraries: none of the server's
+                    # environment (an OCI image's server has LD_LIBRARY_PATH on the host's).
+                    command, command_env, stdin, inherited = list(PLACEHOLDER), {}, keep_r, (info_w, block_r)
                 else:  # an image without the placeholder: its server starts the long way
-                    command, stdin, inherited = [*runtime.argv(kind.module), *args], subprocess.DEVNULL, \
-                        (info_w, block_r, ready_w)
+                    command, command_env, stdin = [*runtime.argv(kind.module), *args], env, subprocess.DEVNULL
+                    inherited = (info_w, block_r, ready_w)
                 inherited += (exit_w, resolv) if slirp else ()
-                popen = subprocess.Popen(argv(plan, host, command, env, info_fd=info_w, block_fd=block_r,
+                popen = subprocess.Popen(argv(plan, host, command, command_env, info_fd=info_w, block_fd=block_r,
                                               resolv_fd=resolv, as_pid_1=pending is not None),
                                          pass_fds=inherited, stdin=stdin, stdout=logf, stderr=logf,
                                          start_new_session=True, cwd="/",

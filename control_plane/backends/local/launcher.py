@@ -42,6 +42,10 @@ BACKEND_NAME = "local"
 DEFAULT_DELETE_TIMEOUT = 20.0
 
 
+def _runtime_key(plan: Plan) -> str:
+    return f"{plan.kind}/oci" if plan.image.is_oci else plan.kind
+
+
 def _in_thread(work: Callable[..., None], *args: Any) -> asyncio.Future:
     """Run ``work`` on a thread of its own: a teardown stuck in the kernel holds only its own
     thread (a daemon: it never keeps the process from exiting), never a shared pool's."""
@@ -81,7 +85,7 @@ class Launcher:
         self.bwrap_host = bwrap.BwrapHost(state_dir, rootfs.usr_links(), tmp_bytes, shm_bytes)
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="idegym-launch")
         self._runtimes: dict[str, Runtime] = {}
-        # Servers forked from a template process (zygote.py), one per server kind; off: started afresh.
+        # Servers forked from a template process (zygote.py), one per runtime; off: started afresh.
         self.zygotes = zygotes and isolation == "bwrap"
         self._zygote_of: dict[str, Zygote] = {}
         self._children: dict[int, subprocess.Popen] = {}
@@ -291,19 +295,22 @@ class Launcher:
         write_meta(plan.sb, plan.name, data)
 
     def _forks_server(self, plan: Plan) -> bool:
-        """Whether the zygote forks ``plan``'s server: ``sandbox_server`` itself on the host's
-        runtime (an OCI image's sandbox brings its own; other kinds start the long way)."""
-        return self.zygotes and plan.kind == ServerKind.IDEGYM.value and not plan.image.is_oci
+        """Whether a zygote forks ``plan``'s server: ``sandbox_server`` itself (other kinds start
+        the long way)."""
+        return self.zygotes and plan.kind == ServerKind.IDEGYM.value
 
     def _zygote(self, plan: Plan) -> Zygote:
-        zygote = self._zygote_of.get(plan.kind)
+        """The zygote of ``plan``'s runtime (the host's, or the one an OCI image's sandbox brings)."""
+        key = _runtime_key(plan)
+        zygote = self._zygote_of.get(key)
         if zygote is None:
-            zygote = self._zygote_of[plan.kind] = Zygote(self._runtime(plan), self.bwrap_host.usr_links,
-                                                          self.state_dir / "zygote.log")
+            log_name = f"zygote-{key.replace('/', '-')}.log"
+            zygote = self._zygote_of[key] = Zygote(self._runtime(plan), self.bwrap_host.usr_links,
+                                                    self.state_dir / log_name)
         return zygote
 
     def _runtime(self, plan: Plan) -> Runtime:
-        key = f"{plan.kind}/oci" if plan.image.is_oci else plan.kind
+        key = _runtime_key(plan)
         runtime = self._runtimes.get(key)
         if runtime is None:
             runtime = runtime_for(self.runtime, entry(plan.kind))
