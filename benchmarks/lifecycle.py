@@ -75,17 +75,11 @@ def _sandbox_pids(state: Path) -> list[int]:
 
 
 def _descendants(roots: set[int]) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
+    from sandbox_server import procfs
+
     found, stack = set(), list(roots)
     while stack:
-        for child in children.get(stack.pop(), ()):
+        for child in procfs.children(stack.pop()):
             if child not in found:
                 found.add(child)
                 stack.append(child)

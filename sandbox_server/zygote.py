@@ -49,7 +49,6 @@ WARM_UP_CALLS = 20
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _capabilities: set[int] = set()  # the zygote's bounding set: what a server may hold in its sandbox
-_exited: dict[int, int] = {}  # intermediate children reaped by the SIGCHLD handler: pid -> status
 
 
 class _CapHeader(ctypes.Structure):
@@ -155,14 +154,15 @@ def warm_up(calls: int = WARM_UP_CALLS) -> None:
 
 
 def _reap(signum: int, frame: Any) -> None:
+    """Collect every child that ended: the servers (this is their subreaper) and the children
+    that forked them (``handle`` waits for those itself, and may find them collected here)."""
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
-        _exited[pid] = status
 
 
 def _setns(fd: int, kind: str) -> None:
@@ -249,9 +249,10 @@ def handle(request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
             os.close(fd)
         return {"error": f"malformed request (namespaces {sorted(unknown)}, {len(passed)} descriptors for "
                          f"{len(request['targets'])} targets)"}
-    order = sorted(range(n_ns), key=lambda i: list(NAMESPACES).index(request["namespaces"][i]))
-    request = {**request, "namespaces": [request["namespaces"][i] for i in order]}
-    ns_fds = [ns_fds[i] for i in order]
+    if request["namespaces"] != [name for name in NAMESPACES if name in request["namespaces"]]:
+        for fd in fds:
+            os.close(fd)
+        return {"error": f"namespaces {request['namespaces']} out of order: join them as {list(NAMESPACES)}"}
     read, write = os.pipe()
     try:
         pid = os.fork()
@@ -272,7 +273,6 @@ def handle(request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         os.waitpid(pid, 0)
     except ChildProcessError:  # reaped by the SIGCHLD handler first
         pass
-    _exited.pop(pid, None)
     try:
         return json.loads(raw) if raw else {"error": "the zygote's child ended without a word"}
     except ValueError:
@@ -294,7 +294,6 @@ def serve(sock: socket.socket) -> None:
             reply = {"pong": os.getpid()} if request.get("ping") else handle(request, fds)
         except Exception as exc:  # noqa: BLE001 - one bad request never ends the zygote
             reply = {"error": f"{type(exc).__name__}: {exc}"}
-        _exited.clear()  # servers that ended meanwhile: nobody asks for their status
         sock.send(json.dumps(reply).encode())
 
 

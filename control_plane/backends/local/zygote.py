@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox_server import procfs
+from sandbox_server import zygote as zygote_side
 from sandbox_server.polling import wait_until
 
 from ..base import BackendError
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 ZYGOTE_MODULE = "sandbox_server.zygote"
 START_TIMEOUT = 60.0
 REPLY_TIMEOUT = 10.0
-NAMESPACES = ("user", "mnt", "ipc", "uts", "net", "cgroup", "pid")
+NAMESPACES = tuple(zygote_side.NAMESPACES)  # in the order the zygote joins them
 
 
 class ZygoteError(BackendError):
