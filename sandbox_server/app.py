@@ -122,6 +122,7 @@ class SandboxState:
     async def run_script(
         self, script: str, timeout: float, grace: float, *, user: UserSpec | None = None,
         cwd: str | None = None, env: dict[str, str] | None = None, max_output: int | None = 1 << 20,
+        via_spawner: bool = True,
     ) -> ProcessResult:
         who = user or self.user
         run_env = self.env_for(who)
@@ -135,16 +136,18 @@ class SandboxState:
             timeout=min(timeout, self.config.max_timeout),
             grace=min(grace, 60.0),
             max_output=max_output,
+            via_spawner=via_spawner,
         )
 
     async def run_check(self, script: str, timeout: float, grace: float) -> ProcessResult:
         """A reward check: the task's script as the tool user in the project, with a fresh, empty
         HOME and TMPDIR and no Python user site, so that nothing the agent left in its home
-        (usercustomize.py, .npmrc, git config, shims, caches) takes part in the check."""
+        (usercustomize.py, .npmrc, git config, shims, caches) takes part in the check; started
+        by the server itself, never by the spawner the agent's user can signal."""
         loop = asyncio.get_running_loop()
         home = await loop.run_in_executor(None, _check_home, self.user)
         try:
-            return await self.run_script(script, timeout, grace,
+            return await self.run_script(script, timeout, grace, via_spawner=False,
                                          env={"HOME": home, "TMPDIR": home, "PYTHONNOUSERSITE": "1"})
         finally:
             await loop.run_in_executor(None, shutil.rmtree, home, True)

@@ -1,5 +1,6 @@
 """One running command as the event loop sees it: its output pipes read into bounded sinks, its
-exit watched through a pidfd (or told by the zygote, for an isolated run), done once it has
+exit watched through a pidfd (or told by its parent: the zygote of isolated runs, or the tool user's
+spawner), done once it has
 exited and its pipes are closed or have lingered (``Supervisor.run`` in ``process.py``)."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class Job:
     """One running command: done once it has exited and its pipes are closed (or lingered)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, pid: int, pipes: dict[int, BoundedOutput],
-                 exit_status: asyncio.Future[int] | None = None) -> None:
+                 exit_status: asyncio.Future[int | None] | None = None) -> None:
         self.loop = loop
         self.pid = pid
         self.done: asyncio.Future[None] = loop.create_future()
@@ -38,14 +39,24 @@ class Job:
             loop.add_reader(fd, self._reader(fd, sink))
         self.pidfd: int | None = None
         if exit_status is not None:  # someone else's child: its parent tells us how it ended
-            exit_status.add_done_callback(lambda f: self._exited(f.result() if not f.cancelled() else 9))
+            exit_status.add_done_callback(self._told)
             return
+        self._watch()
+
+    def _told(self, exit_status: asyncio.Future[int | None]) -> None:
+        status = 9 if exit_status.cancelled() else exit_status.result()
+        if status is None and self.pid:  # its parent died first: it is ours now (we are a subreaper)
+            self._watch()
+        else:
+            self._exited(9 if status is None else status)
+
+    def _watch(self) -> None:
         try:
-            self.pidfd = os.pidfd_open(pid)
-            loop.add_reader(self.pidfd, self._poll_exit)
+            self.pidfd = os.pidfd_open(self.pid)
+            self.loop.add_reader(self.pidfd, self._poll_exit)
         except OSError:  # pragma: no cover - kernels before 5.3
             self.pidfd = None
-            self._poll_handle = loop.call_later(0.005, self._poll_exit)
+            self._poll_handle = self.loop.call_later(0.005, self._poll_exit)
         self._poll_exit()  # it may already have exited
 
     def _reader(self, fd: int, sink: BoundedOutput):

@@ -24,7 +24,10 @@ class MemoryEvents:
         files = [path]
         if os.path.basename(path) == "memory.oom_control":
             parent = os.path.dirname(path)
-            files += [os.path.join(root, "memory.oom_control") for root, _, _ in os.walk(parent) if root != parent]
+            # A directory's link count is 2 plus its subdirectories: one stat, not a walk, per call.
+            if _subdirectories(parent):
+                files += [os.path.join(root, "memory.oom_control") for root, _, _ in os.walk(parent)
+                          if root != parent]
         total = None
         for name in files:
             try:
@@ -39,3 +42,10 @@ class MemoryEvents:
 
     def count(self) -> int | None:
         return None if self.path is None else self._read(self.path)
+
+
+def _subdirectories(path: str) -> bool:
+    try:
+        return os.stat(path).st_nlink != 2
+    except OSError:
+        return False

@@ -44,6 +44,7 @@ from .job import READ_CHUNK, Job, feed_stdin
 from .memory_events import MemoryEvents
 from .output import BoundedOutput
 from .polling import until
+from .spawner import Spawner, SpawnRefused
 from .tool_cgroups import ToolCgroups
 from .trees import freeze_trees, marked_processes, pipe_holders, signal_group_and_holders
 from .users import UserSpec, groups_of
@@ -97,8 +98,11 @@ class Supervisor:
     """Spawns the server's child processes and reaps orphans re-parented to it."""
 
     def __init__(self, memory_events: MemoryEvents | None = None, tool_cgroups: ToolCgroups | None = None,
-                 isolated_runs: bool = False) -> None:
+                 isolated_runs: bool = False, spawners: bool = True) -> None:
         self._tracked: set[int] = set()
+        # Tools of another user started by a process that is that user (spawner.py), uid -> spawner.
+        self._spawners: dict[int, Spawner] | None = {} if spawners and os.geteuid() == 0 else None
+        self._staged = False
         self.tool_cgroups = tool_cgroups if tool_cgroups is not None and tool_cgroups.available else None
         # Tools are started from this thread, which lives in the tools' cgroups (tool_cgroups.py).
         self._spawner: concurrent.futures.ThreadPoolExecutor | None = None
@@ -151,6 +155,7 @@ class Supervisor:
     def stop(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
+        self._stop_spawners()
         if self.jails is not None:
             self.jails.stop()
         if self._spawner is not None:
@@ -170,9 +175,11 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, groups.create, name)
         await loop.run_in_executor(spawner, self._join_tool_groups, name)
+        self._staged = True  # every tool the long way, so that it is born in the stage's groups
         try:
             yield
         finally:
+            self._staged = False
             await loop.run_in_executor(spawner, self._join_tool_groups, None)
             left = await loop.run_in_executor(None, groups.empty, name)
             await loop.run_in_executor(None, groups.remove, name)
@@ -201,9 +208,12 @@ class Supervisor:
         max_output: int | None,
         stdin: bytes | None = None,
         isolation: Isolation | None = None,
+        via_spawner: bool = True,
     ) -> ProcessResult:
         """Run ``argv`` in a new session and wait for it, its pipes and, on timeout, its tree;
-        with ``isolation``, in namespaces of its own (``jail.py``; needs ``isolated_runs``).
+        with ``isolation``, in namespaces of its own (``jail.py``; needs ``isolated_runs``). A tool
+        of another user is started by that user's spawner (``spawner.py``) unless ``via_spawner``
+        is false (reward checks: nothing the agent's user can signal takes part in them).
 
         Returns within ``timeout + grace`` plus a few tens of milliseconds, whatever the command
         does: on timeout the process group, the command's whole process tree (daemons it
@@ -215,16 +225,20 @@ class Supervisor:
         started = time.monotonic()
         out, err = BoundedOutput(max_output), BoundedOutput(max_output)
         kwargs: dict = {}
+        spawner: Spawner | None = None
+        long_way = argv
         if isolation is not None:
             if self.jails is None:
                 raise JailError("isolated runs are unavailable in this sandbox")
         elif user is not None and user.uid != os.getuid():
             groups = groups_of(user)
+            spawner = self._spawner_for(user, groups) if via_spawner else None
             if self._setpriv:
                 # Popen(user=...) cannot vfork: forking this server costs ~2 ms, setpriv's exec half that.
-                argv = [self._setpriv, f"--reuid={user.uid}", f"--regid={user.gid}",
-                        f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups", "--", *argv]
+                long_way = [self._setpriv, f"--reuid={user.uid}", f"--regid={user.gid}",
+                            f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups", "--", *argv]
             else:
+                long_way = list(argv)
                 kwargs.update(user=user.uid, group=user.gid, extra_groups=groups)
         if (user.uid if user is not None else os.getuid()) == 0 and not self.root_tools_confined:
             err.feed(b"idegym: root tools are refused: the server could not drop CAP_SYS_ADMIN/CAP_SYS_PTRACE\n")
@@ -237,17 +251,25 @@ class Supervisor:
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         in_r, in_w = os.pipe2(os.O_CLOEXEC) if stdin else (subprocess.DEVNULL, None)
         proc: subprocess.Popen | None = None
-        exit_status: asyncio.Future[int] | None = None
+        exit_status: asyncio.Future[int | None] | None = None
         init_pid: asyncio.Future[int] | None = None
         try:
             if isolation is not None:
                 init_pid, exit_status = self._spawn_isolated(argv, cwd, env, user, isolation, in_r, out_w, err_w)
                 pid = 0  # known once the zygote answers; the run goes on meanwhile
             else:
-                proc = await self._spawn(functools.partial(
-                    subprocess.Popen, list(argv), cwd=cwd, env=dict(env), stdin=in_r, stdout=out_w, stderr=err_w,
-                    start_new_session=True, close_fds=True, **kwargs))
-                pid = proc.pid
+                if spawner is not None:
+                    try:
+                        pid, exit_status = await spawner.spawn(argv, env, cwd, in_r, out_w, err_w)
+                    except SpawnRefused as refused:
+                        if refused.errno in (errno.EAGAIN, errno.ENOMEM):
+                            raise OSError(refused.errno, os.strerror(refused.errno)) from refused
+                        log.debug("the spawner refused a tool (%s): started the long way", refused)
+                if exit_status is None:
+                    proc = await self._spawn(functools.partial(
+                        subprocess.Popen, list(long_way), cwd=cwd, env=dict(env), stdin=in_r, stdout=out_w,
+                        stderr=err_w, start_new_session=True, close_fds=True, **kwargs))
+                    pid = proc.pid
         except BaseException as exc:
             for fd in (out_r, err_r, in_w):
                 if fd is not None:
@@ -260,9 +282,10 @@ class Supervisor:
         finally:
             for fd in (out_w, err_w) + ((in_r,) if in_w is not None else ()):
                 os.close(fd)
-        if proc is not None:  # an isolated run's init is the zygote's child and sets its own
-            self._tracked.add(pid)
+        if proc is not None:  # an isolated run's init and a spawner's tools have theirs already
             procfs.write(pid, "oom_score_adj", TOOL_OOM_SCORE_ADJ)  # the OOM killer takes tools first
+        if pid:
+            self._tracked.add(pid)  # not the reaper's: a spawner's tool is ours if the spawner dies
         try:
             job = Job(loop, pid, {out_r: out, err_r: err}, exit_status)
             job.mark = mark
@@ -292,6 +315,35 @@ class Supervisor:
         code = 124 if job.timed_out else returncode
         oom = ooms is not None and (self.memory_events.count() or 0) > ooms
         return ProcessResult(code, out, err, job.timed_out, time.monotonic() - started, oom)
+
+    def _spawner_for(self, user: UserSpec, groups: list[int]) -> Spawner | None:
+        """The user's spawner, forked on first use (again after it died); None while a stage
+        runs, or when there is none to be had (the tool is then started the long way)."""
+        if self._spawners is None or self._staged or self._loop is None:
+            return None
+        spawner = self._spawners.get(user.uid)
+        if spawner is not None and spawner.alive and spawner.key == (user.uid, user.gid, tuple(groups)):
+            return spawner
+        if spawner is not None:
+            self._tracked.discard(spawner.pid)
+            spawner.stop()
+        cgroup_dirs = [str(d) for d in self.tool_cgroups.dirs.values()] if self.tool_cgroups else []
+        spawner = Spawner(user.uid, user.gid, groups, cgroup_dirs, TOOL_OOM_SCORE_ADJ)
+        try:
+            spawner.start(self._loop)
+        except OSError as exc:
+            log.warning("cannot fork a spawner for uid %d (tools start the long way): %s", user.uid, exc)
+            return None
+        self._tracked.add(spawner.pid)  # reaped by its own stop(), never by the orphan reaper
+        self._spawners[user.uid] = spawner
+        return spawner
+
+    def _stop_spawners(self) -> None:
+        for spawner in (self._spawners or {}).values():
+            self._tracked.discard(spawner.pid)
+            spawner.stop()
+        if self._spawners:
+            self._spawners.clear()
 
     def _spawn_isolated(self, argv: Sequence[str], cwd: str, env: Mapping[str, str], user: UserSpec | None,
                         isolation: Isolation, stdin: int, stdout: int,
@@ -374,6 +426,7 @@ class Supervisor:
 
     async def kill_descendants(self, grace: float) -> int:
         """End every process this server started, directly or not. Returns how many there were."""
+        self._stop_spawners()  # the next episode's tools get a fresh one
         victims = procfs.descendants(os.getpid())
         if not victims:
             return 0

@@ -223,7 +223,7 @@ def test_root_can_be_refused_to_tools(project: Path, tmp_path: Path) -> None:
 
 
 def test_a_tool_user_gets_its_identity_groups_and_no_capabilities(project: Path, tmp_path: Path) -> None:
-    """The switch to the tool user (setpriv, or Popen's own when setpriv is missing) must give the
+    """The switch to the tool user (its spawner, setpriv, or Popen's own) must give the
     user's uid, primary and supplementary groups, and an empty capability set."""
     import grp
     import os

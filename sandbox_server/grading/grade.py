@@ -209,7 +209,7 @@ class Grading:
                     [state.bash, "-c", stage.script], cwd=str(state.config.project),
                     env=self._stage_env(stage, user, home, report_dir), user=user,
                     timeout=min(stage.timeout, state.config.max_timeout), grace=stage.graceful_termination_timeout,
-                    max_output=STAGE_OUTPUT)
+                    max_output=STAGE_OUTPUT, via_spawner=False)
                 # Nothing of the stage may run on while its results are read, or into the next stage:
                 # its descendants get SIGTERM and the grace, then the stage's groups are emptied.
                 self.response.killed_processes += await state.supervisor.kill_descendants(
