@@ -60,6 +60,22 @@ asyncio.run(main(sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])))
 """
 
 
+class _Httpx:
+    """httpx.Client in the place of the client's own HTTP session (same call shape)."""
+
+    def __init__(self, url: str, auth: tuple[str, str] | None) -> None:
+        import httpx
+
+        self.base_url = url
+        self._http = httpx.Client(base_url=url, auth=auth)
+
+    def request(self, method: str, path: str, **kw: object):
+        return self._http.request(method, path, **kw)
+
+    def close(self) -> None:
+        self._http.close()
+
+
 def _n(label: str) -> int:
     return max(N // 4, 10) if label == "1MB output" else N
 
@@ -91,13 +107,17 @@ def run() -> Result:
                 sockets = sorted((tmp / "cp" / "run").glob("*.sock"))
                 assert len(sockets) == 1, f"expected the one sandbox's socket, found {sockets}"
                 inside = Sandbox.connect(unix_socket=str(sockets[0]))
+                # The same calls over httpx, the sync client's transport until it had its own (_http.py).
+                over_httpx = Sandbox(_Httpx(client.settings.url, client.settings.auth), sandbox._target, client)
                 for label, cmd in COMMANDS.items():
                     both = interleaved({
                         "sandboxed server (direct)": lambda c=cmd: inside.bash(c),
                         "control plane, Prefer: wait": lambda c=cmd: sandbox.bash(c),
+                        "control plane via httpx": lambda c=cmd: over_httpx.bash(c),
                     }, _n(label), label=f"sandboxed server vs control plane: {label}")
                     samples[label].update(both)
                 inside.close()
+                over_httpx._http.close()
                 sandbox.stop()
             if CLIENT_PYTHON.exists():
                 print("  published idegym-client 0.13.1 (202 + polling) ...", flush=True)
@@ -127,7 +147,11 @@ def run() -> Result:
     target = check_target("control-plane forward overhead over a direct call to the same sandbox (median, bash true)",
                           via - direct, 1.0)
     result.targets["forward_overhead"] = target
-    print("\n" + target["text"])
+    raw = Stats.of("", samples["true"]["raw subprocess"]).median_ms
+    isolated = check_target("isolated call through the control plane over a raw subprocess (median, bash true)",
+                            via - raw, 1.5)
+    result.targets["isolated_call_overhead"] = isolated
+    print("\n" + target["text"] + "\n" + isolated["text"])
     return result
 
 

@@ -27,7 +27,7 @@ from .metrics import Metrics
 from .models import AsyncOperationStatus, AsyncOperationType, ForwardRequestResponse
 from .operations import Outcome
 from .service import ControlPlane
-from .store import StoreError, now_ms
+from .store import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*(\d+(?:\.\d+)?)", re.IGNORECAS
 MAX_WAIT = 3600.0
 STORED_BODY_LIMIT = 64 << 10
 UNSTORED_HEADERS = ("authorization", "cookie", "host")
+RECORD_DELAY = 0.05  # inline answers' records wait this long at most, to be written together
 
 
 def prefer_wait(headers: Mapping[str, str]) -> float | None:
@@ -95,6 +96,7 @@ class Forwards:
     def __init__(self, cp: ControlPlane, metrics: Metrics) -> None:
         self.cp = cp
         self.metrics = metrics
+        self._flush_due = False
 
     async def forward(self, call: ForwardedCall, endpoint: Endpoint, release: Callable[[], None] | None = None
                       ) -> Answer:
@@ -141,20 +143,25 @@ class Forwards:
             return Answer(op_id)
         value = self._settled(call, pending, started)
         op_id = cp.store.reserve_operation_id()
+        finished_ms = now_ms()
 
-        def write_record() -> None:
-            # Runs once the handler's task yields, which is after aiohttp has written the answer:
-            # the record costs the caller nothing, and it exists before any later request is read.
+        def record() -> dict[str, Any]:
             outcome = self._outcome(call, value, cp.config.inline_result_limit)
-            try:
-                cp.store.record_operation(AsyncOperationType.FORWARD_REQUEST, call.record(endpoint.base_url),
-                                          str(call.client_id), call.server_id, cp.config.pod_name, started_ms,
-                                          outcome.status, outcome.result, outcome.touch_server, op_id=op_id)
-            except StoreError as exc:  # the caller has its answer; only the history misses this call
-                log.error("operation %s not recorded: %s", op_id, exc)
+            return dict(request_type=AsyncOperationType.FORWARD_REQUEST, request=call.record(endpoint.base_url),
+                        client_id=str(call.client_id), server_id=call.server_id, pod=cp.config.pod_name,
+                        started=started_ms, status=outcome.status, result=outcome.result,
+                        touch_server=outcome.touch_server, op_id=op_id, finished=finished_ms)
 
-        asyncio.get_running_loop().call_soon(write_record)
+        # Written with the others of its instant (one transaction), before anything reads the store.
+        cp.store.defer_record(record)
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_later(RECORD_DELAY, self._flush)
         return Answer(op_id, value, wait)
+
+    def _flush(self) -> None:
+        self._flush_due = False
+        self.cp.store.flush()
 
     def _settled(self, call: ForwardedCall, pending: Pending, started: float) -> Reply | ForwardError:
         """The reply or the failure of an ended forward, counted in the metrics."""

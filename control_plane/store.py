@@ -10,9 +10,10 @@ share a database.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ from .records import (  # noqa: F401 - the store's row types, imported from here
     from_db,
     now_ms,
 )
+
+log = logging.getLogger(__name__)
 
 
 def _in(statuses: Iterable[AvailabilityStatus]) -> str:
@@ -80,10 +83,44 @@ class SQLiteStore:
         self._generation = 0
         self._usable: dict[tuple[str, int], str] = {}
         self._usable_seen: tuple[int, int] = (-1, -1)
+        # Ended operations not written yet (``defer_record``): each produces record_operation's arguments.
+        self._deferred: list[Callable[[], dict[str, Any]]] = []
 
     def close(self) -> None:
         with self._lock:
+            self.flush()
             self._db.close()
+
+    def defer_record(self, produce: Callable[[], dict[str, Any]]) -> None:
+        """Record an ended operation later: at the next ``flush`` (the forward path calls it within
+        ``forward_calls.RECORD_DELAY``), or before anything else reads or writes the database,
+        whichever comes first, so nothing reads a history without it. Calls answered inline are
+        then not held up by a transaction each (and the arguments, JSON included, are made only
+        then); a control plane killed with SIGKILL loses the records of its last such instant."""
+        with self._lock:
+            self._deferred.append(produce)
+
+    def flush(self) -> None:
+        """Write the deferred records (one transaction); a failure is logged, never raised: the
+        callers had their answers, only the history misses them."""
+        with self._lock:
+            if not self._deferred:
+                return
+            try:
+                with self.tx(servers_unchanged=True):
+                    pass  # tx writes what is deferred first
+            except StoreError as exc:
+                log.error("operations not recorded: %s", exc)
+
+    def _write_deferred(self, db: sqlite3.Connection) -> None:
+        produced, self._deferred = self._deferred, []
+        for produce in produced:
+            try:
+                self._insert_record(db, **produce())
+            except sqlite3.OperationalError:
+                raise
+            except Exception:  # noqa: BLE001 - one bad record must not lose the others
+                log.exception("an operation record could not be made")
 
     @contextmanager
     def tx(self, *, servers_unchanged: bool = False) -> Iterator[sqlite3.Connection]:
@@ -97,6 +134,8 @@ class SQLiteStore:
             except sqlite3.OperationalError as exc:
                 raise StoreError(f"cannot write the state database {self.path}: {exc}") from exc
             try:
+                if self._deferred:
+                    self._write_deferred(self._db)
                 yield self._db
                 self._db.execute("COMMIT")
             except BaseException as exc:
@@ -115,6 +154,7 @@ class SQLiteStore:
 
     def _query(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
+            self.flush()
             return self._db.execute(sql, tuple(args)).fetchall()
 
     def _write(self, sql: str, args: Iterable[Any] = ()) -> sqlite3.Cursor:
@@ -312,17 +352,25 @@ class SQLiteStore:
                          result: str, touch_server: int | None = None, op_id: int | None = None) -> int:
         """Insert an operation that has already ended (a forward answered inline): one transaction.
         Its touch may turn REUSED into ALIVE, which leaves the server usable."""
-        now = now_ms()
         with self.tx(servers_unchanged=True) as db:
-            cur = db.execute(
-                "INSERT INTO operations (id, request_type, status, request, result, client_id, server_id, "
-                "orchestrator_pod, scheduled_at, started_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (op_id, request_type.value, status.value, request, result, client_id, server_id, pod, started,
-                 started, now),
-            )
-            if touch_server is not None:
-                _touch(db, touch_server, now)
-            return int(cur.lastrowid)
+            return self._insert_record(db, request_type, request, client_id, server_id, pod, started, status, result,
+                                       touch_server, op_id)
+
+    @staticmethod
+    def _insert_record(db: sqlite3.Connection, request_type: AsyncOperationType, request: str | None,
+                       client_id: str | None, server_id: int | None, pod: str | None, started: int,
+                       status: AsyncOperationStatus, result: str, touch_server: int | None = None,
+                       op_id: int | None = None, finished: int | None = None) -> int:
+        now = finished if finished is not None else now_ms()
+        cur = db.execute(
+            "INSERT INTO operations (id, request_type, status, request, result, client_id, server_id, "
+            "orchestrator_pod, scheduled_at, started_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (op_id, request_type.value, status.value, request, result, client_id, server_id, pod, started,
+             started, now),
+        )
+        if touch_server is not None:
+            _touch(db, touch_server, now)
+        return int(cur.lastrowid)
 
     def start_operation(self, op_id: int) -> None:
         self._write("UPDATE operations SET status=?, started_at=? WHERE id=? AND status=?",

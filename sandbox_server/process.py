@@ -264,6 +264,14 @@ class Supervisor:
                     except SpawnRefused as refused:
                         if refused.errno in (errno.EAGAIN, errno.ENOMEM):
                             raise OSError(refused.errno, os.strerror(refused.errno)) from refused
+                        if refused.maybe_started:
+                            for fd in (out_r, err_r, in_w):
+                                if fd is not None:
+                                    os.close(fd)
+                            await loop.run_in_executor(None, _end_marked, mark)
+                            err.feed(f"idegym: the command was interrupted as it started: {refused} (by a "
+                                     "process of this sandbox); it may have run in part and was ended\n".encode())
+                            return ProcessResult(126, out, err, False, time.monotonic() - started)
                         log.debug("the spawner refused a tool (%s): started the long way", refused)
                 if exit_status is None:
                     proc = await self._spawn(functools.partial(
@@ -450,3 +458,9 @@ class Supervisor:
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:
                     pass
+
+
+def _end_marked(mark: str) -> None:
+    """Kill every process of one command (its call mark), stopped first so none forks away."""
+    for pid in freeze_trees(marked_processes(f"{CALL_ENV}={mark}".encode()), include_roots=True):
+        procfs.kill(pid, signal.SIGKILL)

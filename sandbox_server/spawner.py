@@ -11,9 +11,12 @@ new session, so a tool is born in the tools' groups as the user; the server watc
 before (its pid, its process group, its call mark) and learns its wait status on a pipe.
 
 The tool user can kill or stop its spawner (it is the same user); that costs it nothing but its
-own calls' speed: a spawner that is gone, or does not answer within ``ANSWER_TIMEOUT``, is killed,
-and the call is started the long way (``process.Supervisor``); the next call forks a fresh
-spawner. A tool whose spawner died or stopped is re-parented to the server (a subreaper), which
+own calls: a spawner that is gone, or never read the request (stopped: no answer within
+``ANSWER_TIMEOUT``, the request still in its socket), is replaced and the call is started the
+long way (``process.Supervisor``); one that went after it had read the request is killed, and so
+is whatever of that call may have started (found by its call mark): the call answers exit 126
+and says why, and is never run twice. The next call forks a
+fresh spawner. A tool whose spawner died or stopped is re-parented to the server (a subreaper), which
 then reaps it itself. Reward checks and grading never use a spawner, and a project reset or
 ``/api/processes/terminate`` ends it with everything else the episode left. The protocol is the isolated runs'
 one (``isolated_runs.py``): a JSON request with stdin, stdout, stderr and a status pipe as
@@ -25,6 +28,7 @@ from __future__ import annotations
 import array
 import asyncio
 import ctypes
+import fcntl
 import gc
 import json
 import os
@@ -39,6 +43,7 @@ from .output import read_available
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
+SIOCOUTQ = 0x5411  # bytes sent on a socket and not yet read by its peer
 MAX_MESSAGE = 1 << 20  # argv and env, never file contents
 ANSWER_TIMEOUT = 2.0  # a spawner stopped by its user: the call goes the long way after this
 STATUS_GRACE = 0.2  # a tool ended this long ago and its spawner has not said how: it is stopped
@@ -46,11 +51,14 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 
 class SpawnRefused(Exception):
-    """The spawner could not start the tool (``errno`` as the spawner saw it), or is gone."""
+    """The spawner could not start the tool (``errno`` as the spawner saw it), or is gone. With
+    ``maybe_started`` it went (was killed or stopped) after it had the request: the tool may be
+    running, so it must not be started again."""
 
-    def __init__(self, message: str, errno: int = 0) -> None:
+    def __init__(self, message: str, errno: int = 0, maybe_started: bool = False) -> None:
         super().__init__(message)
         self.errno = errno
+        self.maybe_started = maybe_started
 
 
 class Spawner:
@@ -158,9 +166,21 @@ class Spawner:
         exit_status.add_done_callback(told)
 
     def _unanswered(self, answer: asyncio.Future[int]) -> None:
-        if not answer.done():  # stopped by its user: what it may still start is found by the call mark
-            answer.set_exception(SpawnRefused(f"the spawner did not answer within {ANSWER_TIMEOUT} s"))
-            self.stop()
+        if answer.done() or self._sock is None:
+            return
+        # Stopped by its user, most likely: held still, its socket says whether it ever read the
+        # newest request (unread bytes stay charged to our end until it does).
+        try:
+            os.kill(self.pid, signal.SIGSTOP)
+            unread = struct.unpack("i", fcntl.ioctl(self._sock.fileno(), SIOCOUTQ, b"\0" * 4))[0]
+        except OSError:
+            unread = 0
+        message = f"the spawner did not answer within {ANSWER_TIMEOUT} s"
+        if unread and self._answers and not self._answers[-1].done():
+            self._answers.pop().set_exception(SpawnRefused(message))  # never read: nothing of it ran
+        if not answer.done():
+            answer.set_exception(SpawnRefused(message, maybe_started=True))
+        self.stop()
 
     def _on_message(self) -> None:
         assert self._sock is not None
@@ -191,9 +211,9 @@ class Spawner:
                 self._loop.remove_reader(self._sock.fileno())
             self._sock.close()
             self._sock = None
-        for answer in self._answers:
+        for answer in self._answers:  # requests it had: it may have started their tools
             if not answer.done():
-                answer.set_exception(SpawnRefused("the spawner is gone"))
+                answer.set_exception(SpawnRefused("the spawner was killed", maybe_started=True))
         self._answers.clear()
         if self.pid:
             try:

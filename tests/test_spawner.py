@@ -54,15 +54,25 @@ def test_tools_of_the_tool_user_come_from_one_spawner_they_cannot_read_or_trace(
     assert probe["stdout"].startswith("-1 Operation not permitted"), probe
 
 
+def own_status_or_interrupted(result: dict, code: int, stdout: str) -> bool:
+    """The tool's own ending, or — when its spawner went before answering the start — exit 126
+    saying so; never the command run a second time the long way."""
+    if result["timed_out"] or result["stdout"].count(stdout) > 1:
+        return False
+    return (result["exit_code"], result["stdout"]) == (code, stdout) or (
+        result["exit_code"] == 126 and "interrupted as it started" in result["stderr"])
+
+
 def test_a_tool_whose_spawner_is_killed_or_stopped_still_ends_with_its_own_status(server: SandboxProcess) -> None:
     first = spawner_of(server)
     killed = server.bash("kill -9 $PPID; sleep 0.2; echo after; exit 3", timeout=10)
-    assert (killed["exit_code"], killed["stdout"], killed["timed_out"]) == (3, "after\n", False), killed
+    assert own_status_or_interrupted(killed, 3, "after\n"), killed
+    assert "Operation not permitted" not in killed["stderr"], killed  # the server was never its parent
     second = spawner_of(server)
     assert second != first and uid_of(second) == 65534
     # Stopped, it never reaps the tool: the server notices the exit, ends the spawner, reaps the tool.
     stopped = server.bash("kill -STOP $PPID; echo stopped; exit 4", timeout=10)
-    assert (stopped["exit_code"], stopped["stdout"], stopped["timed_out"]) == (4, "stopped\n", False), stopped
+    assert own_status_or_interrupted(stopped, 4, "stopped\n"), stopped
     assert stopped["duration_seconds"] < 5, stopped
     third = spawner_of(server)
     assert third not in (first, second)

@@ -133,3 +133,37 @@ def test_every_status_change_follows_the_lifecycle(tmp_path: Path) -> None:
         assert not store.set_server_status(server, A.ALIVE)  # terminal: never changes again
     finally:
         store.close()
+
+
+def test_a_deferred_record_is_there_for_the_next_read_and_written_once_for_all(tmp_path: Path) -> None:
+    """Records of calls answered inline wait (``defer_record``) but never where a reader could
+    miss them: any query, any write and ``close`` write them first, all in one transaction.
+
+    Can fail: with the flush left out of ``_query``, the first lookup finds nothing; without it in
+    ``close``, the reopened store misses the last records.
+    """
+    store = SQLiteStore(tmp_path / "s.db")
+    made: list[int] = []
+
+    def deferred(op_id: int):
+        def produce() -> dict:
+            made.append(op_id)
+            return dict(request_type=FORWARD, request="{}", client_id=None, server_id=None, pod=None, started=1,
+                        status=AsyncOperationStatus.SUCCEEDED, result="{}", op_id=op_id, finished=2)
+        return produce
+
+    first, second = store.reserve_operation_id(), store.reserve_operation_id()
+    store.defer_record(deferred(first))
+    store.defer_record(deferred(second))
+    assert made == []  # nothing made (no JSON, no transaction) until something reads or writes
+    op = store.get_operation(first)
+    assert op is not None and op.finished_at == 2 and made == [first, second]
+    assert store.get_operation(second) is not None
+    third = store.reserve_operation_id()
+    store.defer_record(deferred(third))
+    store.close()
+    reopened = SQLiteStore(tmp_path / "s.db")
+    try:
+        assert reopened.get_operation(third) is not None
+    finally:
+        reopened.close()

@@ -2,7 +2,8 @@
 
 Every API call is a *plan*: a generator that yields ``Call`` (an HTTP request) or ``Sleep``
 instructions and receives ``Reply`` objects, then returns the typed result. ``_sync.py`` and
-``_async.py`` only drive plans with httpx — so the sync and async clients cannot drift apart.
+``_async.py`` only drive plans (over ``_http.HTTPSession`` and httpx) — so the sync and async
+clients cannot drift apart.
 
 Calls through the control plane send ``Prefer: wait=<seconds>`` and so take one round trip; when
 the control plane answers 202 instead (the call outlived the wait, or an older server ignores

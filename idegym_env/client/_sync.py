@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import builtins
+import http.client as http_client
 import threading
 import time
 from typing import TYPE_CHECKING, Any
-
-import httpx
 
 from control_plane.models import (
     CreateSnapshotResponse,
@@ -41,6 +41,7 @@ from ._exceptions import (
     shown_url,
     unreachable,
 )
+from ._http import HTTPSession
 from ._plans import ToolResult
 from ._protocol import Call, Plan, Reply, Sleep, T, Target, call
 from ._settings import BUILTIN_IMAGE, Settings
@@ -49,20 +50,20 @@ if TYPE_CHECKING:
     from ..spaces.tools import ToolCall
 
 
-def _send(http: httpx.Client, call: Call) -> Reply:
+def _send(http: HTTPSession, call: Call) -> Reply:
     try:
         resp = http.request(call.method, call.path, json=call.json, params=call.params, headers=call.headers,
-                            timeout=httpx.Timeout(call.timeout, connect=10.0))
-    except httpx.TimeoutException as exc:
-        raise TimeoutError(f"{call.method} {shown_url(str(http.base_url))}{call.path}: no answer within "
+                            timeout=call.timeout)
+    except builtins.TimeoutError as exc:
+        raise TimeoutError(f"{call.method} {shown_url(http.base_url)}{call.path}: no answer within "
                            f"{call.timeout} s") from exc
-    except httpx.TransportError as exc:
-        raise TransportError(f"{call.method} {shown_url(str(http.base_url))}{call.path}: {type(exc).__name__}: "
+    except (OSError, http_client.HTTPException) as exc:
+        raise TransportError(f"{call.method} {shown_url(http.base_url)}{call.path}: {type(exc).__name__}: "
                              f"{exc}") from exc
     return Reply(resp.status_code, resp.headers, resp.content)
 
 
-def drive(http: httpx.Client, plan: Plan[T]) -> T:
+def drive(http: HTTPSession, plan: Plan[T]) -> T:
     try:
         step = next(plan)
         while True:
@@ -82,7 +83,7 @@ class Sandbox:
     ``Sandbox.connect(url)`` / ``Sandbox.connect(unix_socket=...)`` (no control plane: life-cycle
     calls then raise). Used as a context manager it finishes the server on exit (reusable)."""
 
-    def __init__(self, http: httpx.Client, target: Target, client: IdeGymClient | None = None,
+    def __init__(self, http: HTTPSession, target: Target, client: IdeGymClient | None = None,
                  info: StartServerResponse | None = None) -> None:
         self._http = http
         self._target = target
@@ -93,8 +94,7 @@ class Sandbox:
     @classmethod
     def connect(cls, url: str = "http://sandbox", *, unix_socket: str | None = None,
                 timeout: float = 60.0) -> Sandbox:
-        transport = httpx.HTTPTransport(uds=unix_socket) if unix_socket else None
-        return cls(httpx.Client(base_url=url, transport=transport, timeout=timeout), Target.direct())
+        return cls(HTTPSession(url, unix_socket=unix_socket, default_timeout=timeout), Target.direct())
 
     @property
     def server_id(self) -> int | None:
@@ -251,9 +251,7 @@ class IdeGymClient:
         self.name = name
         self.namespace = namespace
         self.heartbeat_interval = heartbeat_interval
-        transport = httpx.HTTPTransport(uds=self.settings.unix_socket) if self.settings.unix_socket else None
-        self._http = httpx.Client(base_url=self.settings.url, transport=transport, auth=self.settings.auth,
-                                  timeout=60.0, limits=httpx.Limits(max_keepalive_connections=32))
+        self._http = HTTPSession(self.settings.url, unix_socket=self.settings.unix_socket, auth=self.settings.auth)
         self._client_id: str | None = None
         self._stop_heartbeat = threading.Event()
         self._heartbeat: threading.Thread | None = None
