@@ -346,6 +346,18 @@ class Supervisor:
         self._spawners[user.uid] = spawner
         return spawner
 
+    def _keep_spawners(self) -> frozenset[int]:
+        """The spawners fit for the next episode (``Spawner.pristine``); the others are stopped."""
+        kept = set()
+        for uid, spawner in list((self._spawners or {}).items()):
+            if spawner.pristine():
+                kept.add(spawner.pid)
+            else:
+                self._tracked.discard(spawner.pid)
+                spawner.stop()
+                del self._spawners[uid]
+        return frozenset(kept)
+
     def _stop_spawners(self) -> None:
         for spawner in (self._spawners or {}).values():
             self._tracked.discard(spawner.pid)
@@ -434,8 +446,8 @@ class Supervisor:
 
     async def kill_descendants(self, grace: float) -> int:
         """End every process this server started, directly or not. Returns how many there were."""
-        self._stop_spawners()  # the next episode's tools get a fresh one
-        victims = procfs.descendants(os.getpid())
+        spare = self._keep_spawners()
+        victims = [p for p in procfs.descendants(os.getpid()) if p not in spare]
         if not victims:
             return 0
         for pid in victims:
@@ -443,7 +455,7 @@ class Supervisor:
         await until(lambda: not any(procfs.alive(p) for p in victims), grace, first=0.001)
         # Stop everything still there (and what it forks meanwhile), then kill it all: a fork
         # bomb or a daemon that respawns on SIGTERM cannot outrun one scan-and-kill pass.
-        survivors = freeze_trees({os.getpid()}, include_roots=False)
+        survivors = freeze_trees({os.getpid()}, include_roots=False, spare=spare)
         for pid in survivors:
             procfs.kill(pid, signal.SIGKILL)
         await until(lambda: not any(procfs.alive(p) for p in survivors), 2.0, first=0.005, cap=0.005)

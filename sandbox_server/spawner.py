@@ -1,24 +1,31 @@
 """Tools started by a process that already is their user: no setpriv exec, no thread hop per call.
 
 A root server that runs a tool as the tool user (``appuser``) would otherwise execute
-``setpriv`` for every call (~1.1 ms: its exec, dynamic linking and capability work, measured in
-``benchmarks/bash_roundtrip.py``), or fork itself without vfork (``Popen(user=...)``, ~1 ms).
+``setpriv`` for every call (~1.1 ms: its exec, dynamic linking and capability work, over a
+plain vfork and exec of the tool), or fork itself without vfork (``Popen(user=...)``, ~1 ms).
 Instead the server forks one *spawner* per tool user: it joins the tools' cgroups and takes the
 tool user's oom_score_adj while still root, then becomes the user (groups, gid, uid: no
 capability left) and is made non-dumpable, so that the user's own processes can neither ptrace
-it nor read its memory or descriptors. It starts each tool with ``Popen`` (vfork and exec) in a
-new session, so a tool is born in the tools' groups as the user; the server watches it as
-before (its pid, its process group, its call mark) and learns its wait status on a pipe.
+it nor read its memory or descriptors. It starts each tool with ``posix_spawn`` (vfork and
+exec) in a new session, so a tool is born in the tools' groups as the user; the server watches
+it as before (its pid, its process group, its call mark) and learns its wait status on a pipe.
 
 The tool user can kill or stop its spawner (it is the same user); that costs it nothing but its
 own calls: a spawner that is gone, or never read the request (stopped: no answer within
 ``ANSWER_TIMEOUT``, the request still in its socket), is replaced and the call is started the
 long way (``process.Supervisor``); one that went after it had read the request is killed, and so
 is whatever of that call may have started (found by its call mark): the call answers exit 126
-and says why, and is never run twice. The next call forks a
-fresh spawner. A tool whose spawner died or stopped is re-parented to the server (a subreaper), which
-then reaps it itself. Reward checks and grading never use a spawner, and a project reset or
-``/api/processes/terminate`` ends it with everything else the episode left. The protocol is the isolated runs'
+and says why, and is never run twice. The next call forks a fresh spawner. A tool whose spawner
+died or stopped is re-parented to the server (a subreaper), which then reaps it itself. Reward
+checks and grading never use a spawner.
+
+A spawner costs memory: ~3.3 MiB of its own dirty pages (a Python fork copies every page it
+writes, refcounts included, out of what it shares with the server) and the server's pages it
+pins; at 200 live sandboxes, 5.8 MiB PSS each before their first call, ~9.7 after
+(``benchmarks/scale.py``). It is forked at the first tool call, and a project reset or
+``/api/processes/terminate``, which ends everything else the episode started, keeps it when it
+is ``pristine`` (its user may have changed its resource limits, priority or CPU affinity, which
+the next episode's tools would inherit: then it is replaced). The protocol is the isolated runs'
 one (``isolated_runs.py``): a JSON request with stdin, stdout, stderr and a status pipe as
 SCM_RIGHTS descriptors, answered in order with the pid or an error.
 """
@@ -36,9 +43,9 @@ import select
 import signal
 import socket
 import struct
-import subprocess
 from collections.abc import Mapping, Sequence
 
+from .jail import RESET_SIGNALS, _executable
 from .output import read_available
 
 PR_SET_PDEATHSIG = 1
@@ -73,6 +80,7 @@ class Spawner:
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._answers: list[asyncio.Future[int]] = []
+        self._pristine: tuple = ()
 
     @property
     def alive(self) -> bool:
@@ -95,9 +103,22 @@ class Spawner:
         theirs.close()
         self.pid = pid
         self._sock = ours
-        self._loop = loop
+        self._pristine = _attributes(pid)
         ours.setblocking(False)
+        self._loop = loop
         loop.add_reader(ours.fileno(), self._on_message)
+
+    def pristine(self) -> bool:
+        """Whether the spawner has what it was given: nothing its user can change on it (resource
+        limits, priority, CPU affinity) was changed, and it runs (it is continued if stopped).
+        One that is not is no fit for the next episode's tools."""
+        if self._sock is None:
+            return False
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+            return _attributes(self.pid) == self._pristine
+        except OSError:
+            return False
 
     async def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, stdin: int, stdout: int,
                     stderr: int) -> tuple[int, asyncio.Future[int | None]]:
@@ -224,6 +245,13 @@ class Spawner:
             self.pid = 0
 
 
+def _attributes(pid: int) -> tuple:
+    """What a process's own user may change on it and its children would inherit."""
+    with open(f"/proc/{pid}/limits") as fh:
+        limits = fh.read()
+    return limits, os.getpriority(os.PRIO_PROCESS, pid), frozenset(os.sched_getaffinity(pid))
+
+
 def _read_status(loop: asyncio.AbstractEventLoop, fd: int, exit_status: asyncio.Future[int | None]) -> None:
     data = read_available(fd, 4)
     if data is None:
@@ -267,7 +295,7 @@ def _serve(sock: socket.socket) -> int:
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    running: dict[int, tuple[subprocess.Popen, int]] = {}
+    running: dict[int, int] = {}  # pid -> its status pipe
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     poller.register(wake_r, select.POLLIN)
@@ -288,22 +316,28 @@ def _drain(fd: int) -> None:
         pass
 
 
-def _request(sock: socket.socket, running: dict[int, tuple[subprocess.Popen, int]]) -> bool:
+def _request(sock: socket.socket, running: dict[int, int]) -> bool:
+    # Little Python runs here, and nothing of subprocess: every object a call touches has its
+    # page copied out of what the spawner shares with the server (~2 MiB a sandbox with Popen).
     fds = array.array("i")
-    data, ancdata, _flags, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(4 * fds.itemsize))
+    data, ancdata, _flags, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(4 * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
     for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
     if not data:
         return False
-    status_fd = -1
     try:
         if len(fds) != 4:
             raise ValueError(f"a tool needs stdin, stdout, stderr and a status pipe, got {len(fds)} fds")
         request = json.loads(data)
-        status_fd = fds[3]
-        proc = subprocess.Popen(request["argv"], cwd=request["cwd"], env=request["env"], stdin=fds[0],
-                                stdout=fds[1], stderr=fds[2], start_new_session=True, close_fds=True)
+        env = request["env"]
+        os.chdir(request["cwd"])
+        # A new session, the signals Python ignores back at their defaults, only 0-2 inherited
+        # (the received descriptors are close-on-exec): what Popen(start_new_session=True) gives.
+        pid = os.posix_spawn(_executable(request["argv"][0], env), request["argv"], env, setsid=True,
+                             file_actions=[(os.POSIX_SPAWN_DUP2, fds[0], 0), (os.POSIX_SPAWN_DUP2, fds[1], 1),
+                                           (os.POSIX_SPAWN_DUP2, fds[2], 2)],
+                             setsigdef=RESET_SIGNALS, setsigmask=())
     except Exception as exc:  # noqa: BLE001 - answered; the server starts the tool the long way
         sock.send(json.dumps({"error": str(exc), "errno": getattr(exc, "errno", None) or 0}).encode())
         for fd in fds:
@@ -311,12 +345,12 @@ def _request(sock: socket.socket, running: dict[int, tuple[subprocess.Popen, int
         return True
     for fd in fds[:3]:
         os.close(fd)
-    running[proc.pid] = (proc, status_fd)
-    sock.send(json.dumps({"pid": proc.pid}).encode())
+    running[pid] = fds[3]
+    sock.send(json.dumps({"pid": pid}).encode())
     return True
 
 
-def _reap(running: dict[int, tuple[subprocess.Popen, int]]) -> None:
+def _reap(running: dict[int, int]) -> None:
     while running:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -324,9 +358,8 @@ def _reap(running: dict[int, tuple[subprocess.Popen, int]]) -> None:
             return
         if pid == 0:
             return
-        proc, status_fd = running.pop(pid, (None, -1))
-        if proc is not None:
-            proc.returncode = status  # Popen must not wait for it again
+        status_fd = running.pop(pid, -1)
+        if status_fd >= 0:
             try:
                 os.write(status_fd, struct.pack("i", status))
             except OSError:

@@ -11,19 +11,23 @@ import signal
 from . import procfs
 
 
-def freeze_trees(roots: set[int], include_roots: bool, rounds: int = 200) -> set[int]:
+def freeze_trees(roots: set[int], include_roots: bool, rounds: int = 200,
+                 spare: frozenset[int] = frozenset()) -> set[int]:
     """SIGSTOP every live descendant of ``roots`` (and the roots themselves if asked), looking
     again until a scan finds nothing new; returns the stopped processes. A stopped process
-    cannot fork, exit or re-parent its children, so the set stops growing."""
+    cannot fork, exit or re-parent its children, so the set stops growing. ``spare`` processes
+    are not stopped, their descendants are."""
     me = os.getpid()
     frozen: set[int] = set()
     for _ in range(rounds):
         children = procfs.process_tree()
         found = {p for p in roots if p != me and procfs.alive(p)} if include_roots else set()
-        stack = list(roots | frozen)
+        stack = list(roots | frozen | spare)
         while stack:
             for child in children.get(stack.pop(), ()):
-                if child not in found and child != me:
+                if child in spare:
+                    stack.append(child)
+                elif child not in found and child != me:
                     found.add(child)
                     stack.append(child)
         new = found - frozen

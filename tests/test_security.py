@@ -243,7 +243,8 @@ def test_fork_bomb_is_capped_and_ended(sb_limited: SandboxHandle) -> None:
         # How many it counts depends on the churn at that instant; what matters is that the
         # bomb is gone at once, and it does not end by itself (bash retries a failed fork).
         assert ended["killed_processes"] >= 1, ended
-        assert wait_for(lambda: tool_pids(sb_limited) <= 1, 5), tool_pids(sb_limited)  # the spawner thread
+        # Left: the spawner thread and the tool user's spawner (kept: nothing changed it)
+        assert wait_for(lambda: tool_pids(sb_limited) <= 2, 5), tool_pids(sb_limited)
     finally:
         done.set()
     assert 64 < peak[0] <= 128, peak

@@ -87,11 +87,27 @@ def test_a_spawner_stopped_between_calls_costs_one_slow_call(server: SandboxProc
     assert spawner_of(server) not in (first, server.pid)
 
 
-def test_reward_checks_and_terminate_do_not_go_through_the_spawner(server: SandboxProcess) -> None:
-    before = spawner_of(server)
+def test_reward_checks_do_not_go_through_the_spawner(server: SandboxProcess) -> None:
+    spawner_of(server)
     script = f"test $PPID = {server.pid} && test $(id -u) = 65534"  # started by the server itself
     check = server.post("/api/rewards/setup", {"setup_check_script": script})
     assert check.status_code == 200 and check.json()["status"] == "success", check.text
+
+
+def test_the_next_episode_keeps_a_pristine_spawner_and_never_a_tampered_one(server: SandboxProcess) -> None:
+    """What the tool user can change on its spawner (resource limits, priority) its next tools
+    would inherit: after a terminate (as after a reset) such a spawner is replaced.
+
+    Can fail: without the check the tampered spawner is kept and the next tool has 64 files."""
+    before = spawner_of(server)
+    server.bash("sleep 30 >/dev/null 2>&1 &")
+    assert server.post("/api/processes/terminate", {}).json()["killed_processes"] >= 1
+    assert spawner_of(server) == before  # untouched: kept (it was forked while the server was small)
+    normal = server.bash("ulimit -n")["stdout"]
+    tamper = server.bash("prlimit --pid $PPID --nofile=64:64 && renice -n 5 -p $PPID >/dev/null && echo done")
+    assert tamper["stdout"] == "done\n", tamper
+    assert server.bash("ulimit -n")["stdout"] == "64\n"  # within the episode: its own business
     assert server.post("/api/processes/terminate", {}).status_code == 200
-    assert not Path(f"/proc/{before}").exists()  # the next episode's tools get a fresh one
-    assert spawner_of(server) != before
+    assert not Path(f"/proc/{before}").exists()
+    after = spawner_of(server)
+    assert after != before and server.bash("ulimit -n")["stdout"] == normal != "64\n"
