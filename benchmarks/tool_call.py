@@ -130,6 +130,7 @@ def run() -> Result:
                     result.notes.append(f"published client run failed: {proc.stderr[-500:]}")
             else:
                 result.notes.append("published client not measured: .venv-client missing (make client-venv)")
+        _with_tool_spawner(tmp, samples)
         try:
             _swerex(samples)
         except ImportError:
@@ -151,8 +152,33 @@ def run() -> Result:
     isolated = check_target("isolated call through the control plane over a raw subprocess (median, bash true)",
                             via - raw, 1.5)
     result.targets["isolated_call_overhead"] = isolated
-    print("\n" + target["text"] + "\n" + isolated["text"])
+    again = Stats.of("", samples["true"]["raw subprocess (again)"]).median_ms
+    spawned = Stats.of("", samples["true"]["control plane, Prefer: wait, tool spawner"]).median_ms
+    with_spawner = check_target("the same with the tool spawner, over the raw subprocess interleaved with it",
+                                spawned - again, 1.5)
+    result.targets["isolated_call_overhead_tool_spawner"] = with_spawner
+    print("\n" + "\n".join(t["text"] for t in (target, isolated, with_spawner)))
     return result
+
+
+def _with_tool_spawner(tmp: Path, samples: dict[str, dict[str, list[float]]]) -> None:
+    """The control-plane call again, the tool user's tools started by its spawner (--tool-spawner,
+    ``sandbox_server/spawner.py``), interleaved with the raw subprocess once more."""
+    from idegym_env.client import IdeGymClient
+
+    os.environ["IDEGYM_TOOL_SPAWNER"] = "1"  # passed on to the control plane's servers
+    try:
+        with control_plane(tmp / "cp-spawner", ["--warm-pool", "0"]) as url, IdeGymClient(url, name="bench") as client:
+            sandbox = client.start(reuse="NONE")
+            for label, cmd in COMMANDS.items():
+                samples[label].update(interleaved({
+                    "raw subprocess (again)": lambda c=cmd: subprocess.run(["bash", "-c", c], capture_output=True,
+                                                                           check=True),
+                    "control plane, Prefer: wait, tool spawner": lambda c=cmd: sandbox.bash(c),
+                }, _n(label), label=f"control plane with the tool spawner: {label}"))
+            sandbox.stop()
+    finally:
+        del os.environ["IDEGYM_TOOL_SPAWNER"]
 
 
 def _swerex(samples: dict[str, dict[str, list[float]]]) -> None:

@@ -469,7 +469,8 @@ def create_app(config: ServerConfig) -> web.App:
     base_env = config.tool_environment()
     base_env.update(judge_env(base_env.get("PATH", "")))
     groups = ToolCgroups(config.tool_cgroups) if config.tool_cgroups else None
-    supervisor = Supervisor(MemoryEvents(config.memory_events), groups, isolated_runs=config.isolated_runs)
+    supervisor = Supervisor(MemoryEvents(config.memory_events), groups, isolated_runs=config.isolated_runs,
+                            spawners=config.tool_spawner)
     roots = config.file_roots or [config.project]
     state = SandboxState(
         config=config,

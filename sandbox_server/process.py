@@ -98,7 +98,7 @@ class Supervisor:
     """Spawns the server's child processes and reaps orphans re-parented to it."""
 
     def __init__(self, memory_events: MemoryEvents | None = None, tool_cgroups: ToolCgroups | None = None,
-                 isolated_runs: bool = False, spawners: bool = True) -> None:
+                 isolated_runs: bool = False, spawners: bool = False) -> None:
         self._tracked: set[int] = set()
         # Tools of another user started by a process that is that user (spawner.py), uid -> spawner.
         self._spawners: dict[int, Spawner] | None = {} if spawners and os.geteuid() == 0 else None

@@ -27,7 +27,7 @@ def server(tmp_path: Path):
         project.mkdir()
         os.chmod(shared, 0o755)
         project.chmod(0o777)
-        proc = SandboxProcess(project, "unix", tmp_path, extra=["--tool-user", "nobody"])
+        proc = SandboxProcess(project, "unix", tmp_path, extra=["--tool-user", "nobody", "--tool-spawner"])
         yield proc
         proc.stop()
 
