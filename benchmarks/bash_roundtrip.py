@@ -88,6 +88,7 @@ def run() -> Result:
                     result.figures[key + " ms"] = round(s.median_ms - direct, 4)
                     result.figures[key + " ratio"] = round(s.median_ms / direct, 3)
             worst = max(v for k, v in result.figures.items() if k.endswith(" ms"))
+            _user_switches(result, tmp)
             target = check_target("median server overhead over direct call (worst case)", worst, 1.0)
             result.targets["server_overhead"] = target
             print("\n" + target["text"])
@@ -97,6 +98,34 @@ def run() -> Result:
                     proc.terminate()
                     proc.wait(10)
     return result
+
+
+def _user_switches(result: Result, tmp: Path) -> None:
+    """What a root server pays to run a tool as the tool user: the same bash, started as is,
+    through setpriv, and through our static helper (``sandbox_server/native/as_user.c``)."""
+    import shutil
+
+    from sandbox_server.process import AS_USER
+
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None or not os.access(AS_USER, os.X_OK):
+        result.notes.append("user switch not measured: needs root, setpriv and the built helper (make)")
+        return
+    bash = shutil.which("bash")
+    run = {
+        "bash as root": [bash, "-c", "true"],
+        "setpriv, then bash as nobody": [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--", bash,
+                                         "-c", "true"],
+        "as-user helper, then bash as nobody": [AS_USER, "65534", "65534", "-", bash, "-c", "true"],
+    }
+    samples = interleaved({k: lambda a=a: subprocess.run(a, capture_output=True, check=True, cwd=tmp)
+                           for k, a in run.items()}, N, label="switching to the tool user")
+    stats = [Stats.of(name, s) for name, s in samples.items()]
+    result.stats += stats
+    print("\nswitching to the tool user:")
+    print(stats_table(stats, baseline="bash as root"))
+    for s in stats[1:]:
+        result.figures[f"user switch {s.label} ms"] = round(s.median_ms - stats[0].median_ms, 4)
 
 
 if __name__ == "__main__":
