@@ -2,8 +2,9 @@
 
 Each pool key (image, kind, root, runtime class, port, limits) keeps ``target`` sandboxes ready.
 The target starts at the configured floor for keys in use and grows with demand (claims in the
-last minute), up to a ceiling; keys nobody asked for in a while shrink back to nothing. Members
-are recorded in the store, so a restarted control plane adopts them instead of leaking them.
+last minute, and the recent claim rate times a fill's duration), up to a ceiling; keys nobody
+asked for in a while shrink back to nothing. Members are recorded in the store, so a restarted
+control plane adopts them instead of leaking them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import secrets
 import time
 from collections import deque
@@ -23,6 +25,8 @@ log = logging.getLogger(__name__)
 
 DEMAND_WINDOW = 60.0
 IDLE_KEY_TTL = 600.0
+RATE_CLAIMS, RATE_WINDOW = 10, 5.0  # the claim rate: from the last 10 claims within 5 s
+DEFAULT_FILL_SECONDS = 0.1  # until a fill of the key has been timed
 
 
 def new_sandbox_name(prefix: str = "sbx") -> str:
@@ -46,6 +50,7 @@ class WarmPool:
         self._demand: dict[tuple, deque[float]] = {}
         self._last_used: dict[tuple, float] = {}
         self._failures: dict[tuple, int] = {}
+        self._fill_seconds: dict[tuple, float] = {}  # how long a fill takes (moving average)
         self._slots = asyncio.Semaphore(parallel)
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
@@ -117,7 +122,15 @@ class WarmPool:
             return 0
         if self._failures.get(key, 0) >= 3:
             return 0  # this image does not start; stop burning CPU on it
-        return min(self.ceiling, max(self.floor, len(demand) // 2))
+        # Claims in the last minute say how busy the key is; the recent claim rate times how long
+        # a fill takes says how many must be on their way now, so that a burst of episodes (a
+        # trainer's first batch) does not drain the pool before the minute's count catches up.
+        recent = [t for t in list(demand)[-RATE_CLAIMS:] if t >= time.monotonic() - RATE_WINDOW]
+        in_flight = 0
+        if len(recent) >= 2 and recent[-1] > recent[0]:
+            rate = (len(recent) - 1) / (recent[-1] - recent[0])
+            in_flight = math.ceil(rate * self._fill_seconds.get(key, DEFAULT_FILL_SECONDS) * 2)
+        return min(self.ceiling, max(self.floor, len(demand) // 2, self.floor + in_flight))
 
     def sizes(self) -> dict[str, int]:
         return {self._templates[k].image_tag: len(v) for k, v in self._ready.items() if k in self._templates}
@@ -143,7 +156,10 @@ class WarmPool:
                 if self._closed:
                     return
                 spec = replace(self._templates[key], generated_name=new_sandbox_name("pool"))
+                started = time.monotonic()
                 handle = await self.create(spec, self.create_timeout)
+                took = time.monotonic() - started
+                self._fill_seconds[key] = 0.7 * self._fill_seconds.get(key, took) + 0.3 * took
             if self._closed:
                 await self.backend.delete(handle)
                 return
