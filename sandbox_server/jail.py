@@ -375,11 +375,7 @@ class _Zygote:
 
     def request(self) -> bool:
         """One request from the server, answered; False once the server is gone."""
-        fds = array.array("i")
-        data, ancdata, _flags, _ = self.sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(16 * fds.itemsize))
-        for level, kind, payload in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+        data, fds = recv_with_fds(self.sock, 16)
         if not data:
             return False
         try:
@@ -393,6 +389,16 @@ class _Zygote:
             for fd in fds:
                 os.close(fd)
         return True
+
+
+def recv_with_fds(sock: socket.socket, most: int, flags: int = 0) -> tuple[bytes, array.array]:
+    """One message and the descriptors that came with it (at most ``most``)."""
+    fds = array.array("i")
+    data, ancdata, _flags, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(most * fds.itemsize), flags)
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return data, fds
 
 
 def _write(path: str, value: str) -> None:

@@ -45,13 +45,12 @@ import socket
 import struct
 from collections.abc import Mapping, Sequence
 
-from .jail import RESET_SIGNALS, _executable
+from .jail import RESET_SIGNALS, _executable, recv_with_fds
 from .output import read_available
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 SIOCOUTQ = 0x5411  # bytes sent on a socket and not yet read by its peer
-MAX_MESSAGE = 1 << 20  # argv and env, never file contents
 ANSWER_TIMEOUT = 2.0  # a spawner stopped by its user: the call goes the long way after this
 STATUS_GRACE = 0.2  # a tool ended this long ago and its spawner has not said how: it is stopped
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -319,11 +318,7 @@ def _drain(fd: int) -> None:
 def _request(sock: socket.socket, running: dict[int, int]) -> bool:
     # Little Python runs here, and nothing of subprocess: every object a call touches has its
     # page copied out of what the spawner shares with the server (~2 MiB a sandbox with Popen).
-    fds = array.array("i")
-    data, ancdata, _flags, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(4 * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    data, fds = recv_with_fds(sock, 4, socket.MSG_CMSG_CLOEXEC)
     if not data:
         return False
     try:
