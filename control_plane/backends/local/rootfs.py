@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -215,7 +216,9 @@ def mount_root(plan: Plan, *, state_dir: Path, links: list[str], binds: list[tup
             os.makedirs(target, exist_ok=True)
         elif not os.path.exists(target):  # a file (e.g. rustup's settings.toml)
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            Path(target).touch()
+            # mknod, not open: a thread forking meanwhile would hold a writable descriptor on the
+            # skeleton until its child execs, and the read-only remount below would fail (EBUSY)
+            os.mknod(target, stat.S_IFREG | 0o644)
         mounts.bind(host, target, readonly=readonly)
     for inside in skeletons:
         mounts.mount(None, r + inside, None, mounts.MS_REMOUNT | mounts.MS_RDONLY | mounts.MS_NOSUID | mounts.MS_NODEV)
