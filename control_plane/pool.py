@@ -4,7 +4,9 @@ Each pool key (image, kind, root, runtime class, port, limits) keeps ``target`` 
 The target starts at the configured floor for keys in use and grows with demand (claims in the
 last minute, and the recent claim rate times a fill's duration), up to a ceiling; keys nobody
 asked for in a while shrink back to nothing. Members are recorded in the store, so a restarted
-control plane adopts them instead of leaking them.
+control plane adopts them instead of leaking them. Fills are background work: the backend
+makes them at a lower priority than the sandboxes that serve (``Backend.create(background=True)``)
+and gives a member its full share when it is claimed.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class WarmPool:
             self.store.remove_pool_member(handle.name)
             observed = await self.backend.observe(handle)
             if observed.running and observed.ready:
+                self.backend.claim(handle)
                 self._refill(key)
                 return handle, True
             self._spawn(self._discard(handle))  # died while waiting: never hand it out
@@ -100,16 +103,17 @@ class WarmPool:
         while ready and len(taken) < count:
             handle = ready.popleft()
             self.store.remove_pool_member(handle.name)
+            self.backend.claim(handle)
             taken.append(handle)
         return taken
 
     def refill(self, spec: SandboxSpec) -> None:
         self._refill(spec.pool_key())
 
-    async def create(self, spec: SandboxSpec, timeout: float) -> SandboxHandle:
+    async def create(self, spec: SandboxSpec, timeout: float, *, background: bool = False) -> SandboxHandle:
         self.creating.add(spec.generated_name)
         try:
-            return await self.backend.create(spec, timeout)
+            return await self.backend.create(spec, timeout, background=background)
         finally:
             self.creating.discard(spec.generated_name)
 
@@ -157,7 +161,7 @@ class WarmPool:
                     return
                 spec = replace(self._templates[key], generated_name=new_sandbox_name("pool"))
                 started = time.monotonic()
-                handle = await self.create(spec, self.create_timeout)
+                handle = await self.create(spec, self.create_timeout, background=True)
                 took = time.monotonic() - started
                 self._fill_seconds[key] = 0.7 * self._fill_seconds.get(key, took) + 0.3 * took
             if self._closed:

@@ -194,6 +194,10 @@ def _become_server(request: dict[str, Any], cgroup_fds: list[int], fds: list[int
             signal.signal(sig, signal.SIG_DFL)
         for fd in cgroup_fds:  # "0": the writing process (cgroup v1 and v2)
             os.write(fd, b"0")
+        # After the move: a low-priority process holding the lock cgroup moves take would hold up
+        # every fork on the host (a server made ahead of demand runs at a low priority until claimed).
+        if nice := int(request.get("nice", 0)):
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
         os.setsid()
         _place_fds(request["targets"], fds, set(request.get("cloexec", ())))
         os.environ.clear()

@@ -179,13 +179,18 @@ class Backend(abc.ABC):
         """Wait until no create is in flight (each ends made or undone); called at shutdown."""
 
     @abc.abstractmethod
-    async def create(self, spec: SandboxSpec, timeout: float) -> SandboxHandle:
+    async def create(self, spec: SandboxSpec, timeout: float, *, background: bool = False) -> SandboxHandle:
         """Create a sandbox and return once its server answers health checks.
 
         Raises ``ImageNotFound`` for an unknown image, ``BackendError`` (with the backend's own
         reason: image pull error, unschedulable, crash…) when it does not become ready in time.
-        A failed create leaves nothing behind.
+        A failed create leaves nothing behind. ``background``: made ahead of demand (the warm
+        pool); the backend may give it fewer resources than serving sandboxes until ``claim``.
         """
+
+    def claim(self, handle: SandboxHandle) -> None:  # noqa: B027 - optional hook
+        """A sandbox made with ``background`` is about to serve: give it its full share. Cheap:
+        it is on the path of a start."""
 
     @abc.abstractmethod
     async def delete(self, handle: SandboxHandle) -> None:

@@ -166,7 +166,7 @@ class KubernetesBackend(Backend):
 
     # -- create / wait --
 
-    async def create(self, spec: SandboxSpec, timeout: float) -> SandboxHandle:
+    async def create(self, spec: SandboxSpec, timeout: float, *, background: bool = False) -> SandboxHandle:
         ns = self._namespace(spec.namespace)
         started = time.monotonic()
         ref = spec.request.snapshot if spec.request is not None else None

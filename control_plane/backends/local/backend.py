@@ -239,7 +239,7 @@ class LocalBackend(Backend):
 
     # -- sandboxes --------------------------------------------------------------------------------
 
-    async def create(self, spec: SandboxSpec, timeout: float) -> SandboxHandle:
+    async def create(self, spec: SandboxSpec, timeout: float, *, background: bool = False) -> SandboxHandle:
         launcher = self.require_started()
         snapshot = forks = None
         if spec.snapshot_source:
@@ -257,7 +257,10 @@ class LocalBackend(Backend):
         return await launcher.launch(self.sandboxes, spec.generated_name, image, run_as_root=spec.run_as_root,
                                      network=self.network or image.network, limits=spec.limits, env=dict(image.env),
                                      snapshot=snapshot, timeout=timeout, kind=spec.server_kind.value,
-                                     isolated_runs=spec.isolated_runs, forks=forks)
+                                     isolated_runs=spec.isolated_runs, forks=forks, background=background)
+
+    def claim(self, handle: SandboxHandle) -> None:
+        self.require_started().claim(handle.data)
 
     async def observe(self, handle: SandboxHandle) -> Observation:
         data = handle.data

@@ -24,7 +24,7 @@ from sandbox_server import procfs
 
 from ...models import ServerKind
 from ..base import BackendError, Endpoint, Limits, SandboxHandle
-from . import bwrap, cgroups, plain, readiness, rootfs, teardown
+from . import bwrap, cgroups, plain, priority, readiness, rootfs, teardown
 from .fork_layers import ForkLayers, ForkStack, sandbox_holder
 from .images import ResolvedImage
 from .isolation import say_once
@@ -84,6 +84,11 @@ class Launcher:
         self.pids_max = pids_max
         self.bwrap_host = bwrap.BwrapHost(state_dir, rootfs.usr_links(), tmp_bytes, shm_bytes)
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="idegym-launch")
+        # Sandboxes made ahead of demand (priority.py): their own threads, at a low priority.
+        self._background_thread = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="idegym-launch-bg", initializer=priority.lower_this_thread)
+        self._background = concurrent.futures.ThreadPoolExecutor(
+            4, thread_name_prefix="idegym-bg", initializer=priority.lower_this_thread)
         self._runtimes: dict[str, Runtime] = {}
         # Servers forked from a template process (zygote.py), one per runtime; off: started afresh.
         self.zygotes = zygotes and isolation == "bwrap"
@@ -106,10 +111,11 @@ class Launcher:
                      limits: Limits, env: dict[str, str], timeout: float, kind: str = "idegym",
                      snapshot: Path | None = None, project_lower: str | None = None,
                      export: Path | None = None, isolated_runs: int = 0,
-                     forks: ForkStack | None = None) -> SandboxHandle:
+                     forks: ForkStack | None = None, background: bool = False) -> SandboxHandle:
         """A ready sandbox ``name`` in ``space`` running ``kind``'s server on ``image``; ``export``
         is bound writable at ``/opt/idegym/export`` (image builds take their project out there);
-        ``forks`` are the fork layers a fork's child stands on (it holds them until deleted)."""
+        ``forks`` are the fork layers a fork's child stands on (it holds them until deleted).
+        ``background``: made ahead of demand, at a low CPU priority until ``claim`` (priority.py)."""
         if not NAME_RE.match(name):
             raise BackendError(f"invalid sandbox name {name!r}: use letters, digits, '-', '_', '.'", 400)
         entry(kind)  # an unknown kind fails here, before anything is made
@@ -137,7 +143,7 @@ class Launcher:
         if forks is not None:
             data["forks"] = list(forks.ids)
         self.creating.add(name)
-        launch = asyncio.ensure_future(self._launch(plan, data, timeout))
+        launch = asyncio.ensure_future(self._launch(plan, data, timeout, background))
         self._launches.add(launch)
         launch.add_done_callback(self._launches.discard)
         try:
@@ -195,9 +201,15 @@ class Launcher:
 
     async def close(self) -> None:
         await self.settle()
-        self._thread.shutdown(wait=True)
+        for executor in (self._thread, self._background_thread, self._background):
+            executor.shutdown(wait=True)
         for zygote in self._zygote_of.values():
             zygote.close()
+
+    @staticmethod
+    def claim(data: dict[str, Any]) -> None:
+        """A sandbox made in the background is about to serve: the normal priority for all of it."""
+        priority.restore(data)
 
     def reap(self) -> None:
         """Collect the exited processes this launcher started (bwrap or plain servers)."""
@@ -207,22 +219,25 @@ class Launcher:
 
     # -- a launch -------------------------------------------------------------------------------
 
-    async def _launch(self, plan: Plan, data: dict[str, Any], timeout: float) -> SandboxHandle:
+    async def _launch(self, plan: Plan, data: dict[str, Any], timeout: float, background: bool) -> SandboxHandle:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         deadline = time.monotonic() + timeout
+        host_work = self._background if background else None
         try:
-            await loop.run_in_executor(None, self._prepare, plan, data)
+            await loop.run_in_executor(host_work, self._prepare, plan, data)
             if self.lease is not None:
                 # From now on the sandbox ends itself if we stop renewing, even one we are killed
                 # while making (a SIGKILLed control plane left a bubblewrap waiting for good).
                 monitor = self.lease.watch(data)
                 self._children[monitor.pid] = monitor
             prepared = time.perf_counter()
-            ready_fd, pending = await loop.run_in_executor(self._thread, self._spawn, plan, data)
+            ready_fd, pending = await loop.run_in_executor(self._background_thread if background else self._thread,
+                                                           self._spawn, plan, data)
             if pending is not None:
+                nice = priority.BACKGROUND_NICE if background else priority.NORMAL_NICE
                 try:
-                    await loop.run_in_executor(None, fork_server, self._zygote(plan), data, pending)
+                    await loop.run_in_executor(None, fork_server, self._zygote(plan), data, pending, nice)
                 except BaseException:
                     os.close(ready_fd)
                     raise

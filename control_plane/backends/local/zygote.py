@@ -95,13 +95,14 @@ class Zygote:
         self._pid = int(reply["pong"])
 
     def spawn(self, *, module: str, argv: list[str], env: dict[str, str], namespaces: dict[str, int],
-              cgroup_procs: list[int], fds: dict[int, int], cloexec: tuple[int, ...] = ()) -> int:
+              cgroup_procs: list[int], fds: dict[int, int], cloexec: tuple[int, ...] = (), nice: int = 0) -> int:
         """A server in the sandbox whose namespaces are ``namespaces`` (name -> descriptor):
         ``module``'s ``main(argv)`` with environment ``env``, descriptor ``fds[n]`` at number n.
-        It joins the groups whose ``cgroup.procs`` are open in ``cgroup_procs``. Returns its pid.
-        Every descriptor stays the caller's to close."""
+        It joins the groups whose ``cgroup.procs`` are open in ``cgroup_procs``, then takes the
+        nice value ``nice`` (whatever the zygote's own). Returns its pid. Every descriptor stays
+        the caller's to close."""
         request = {"module": module, "argv": argv, "env": env, "namespaces": list(namespaces),
-                   "cgroups": len(cgroup_procs), "targets": list(fds), "cloexec": list(cloexec)}
+                   "cgroups": len(cgroup_procs), "targets": list(fds), "cloexec": list(cloexec), "nice": nice}
         with self._lock:
             self.ensure()
             reply = self._ask(request, [*namespaces.values(), *cgroup_procs, *fds.values()], REPLY_TIMEOUT)
@@ -142,11 +143,11 @@ class Zygote:
             self._popen = None
 
 
-def fork_server(zygote: Zygote, data: dict[str, Any], pending: Pending) -> None:
+def fork_server(zygote: Zygote, data: dict[str, Any], pending: Pending, nice: int = 0) -> None:
     """The server of a sandbox whose init is the placeholder, forked by ``zygote`` into its
     namespaces and its server cgroups once the placeholder runs (bwrap has made the sandbox's
-    root by then); records ``server``. Closes ``pending``'s descriptors whatever happens (the
-    server holds its own)."""
+    root by then), at the nice value ``nice``; records ``server``. Closes ``pending``'s
+    descriptors whatever happens (the server holds its own)."""
     opened: list[int] = []
     try:
         init = data["init"]
@@ -171,7 +172,7 @@ def fork_server(zygote: Zygote, data: dict[str, Any], pending: Pending) -> None:
         fds = {0: devnull, 1: pending.log_fd, 2: pending.log_fd, pending.ready_w: pending.ready_w,
                pending.keep_w: pending.keep_w}
         pid = zygote.spawn(module=SERVER_MODULE, argv=pending.argv, env=pending.env, namespaces=namespaces,
-                           cgroup_procs=cgroup_procs, fds=fds, cloexec=(pending.keep_w,))
+                           cgroup_procs=cgroup_procs, fds=fds, cloexec=(pending.keep_w,), nice=nice)
         data["server"] = procfs.record(pid)
         if data["server"] is None:
             raise BackendError("the sandbox server exited as soon as it was forked")
