@@ -6,6 +6,7 @@ VENV       := .venv
 CLIENT_VENV:= .venv-client
 PY         := $(VENV)/bin/python
 AS_USER    := sandbox_server/native/idegym-as-user
+SPAWNER    := sandbox_server/native/idegym-spawner
 PIP        := $(PY) -m pip --quiet --disable-pip-version-check
 EXTRAS     ?= dev,kubernetes,openenv,ray,trl,skyrl,mcp
 HARBOR_VENV:= .venv-harbor
@@ -24,7 +25,7 @@ HARBOR_REQ := $(shell grep -o 'harbor==[0-9.]*' pyproject.toml | head -n1)
 # The published idegym-client 0.13.1 needs Python >= 3.12; pyenv keeps one off PATH.
 PYTHON312  ?= $(shell command -v python3.12 >/dev/null 2>&1 && python3.12 -c pass 2>/dev/null && echo python3.12 || ls -1d $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 2>/dev/null | head -n1)
 
-.PHONY: help bytecode lint demo test test-deps test-all test-slow bench system-deps net-deps venv demo-venv client-venv harbor-venv gym-versions clean
+.PHONY: help bytecode lint demo test test-deps test-all test-slow bench system-deps net-deps venv demo-venv client-venv harbor-venv gym-versions native clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -88,9 +89,11 @@ net-deps: system-deps  ## Debian package slirp4netns (networking for sandboxes a
 	  else echo "WARNING: slirp4netns not found and apt-get unavailable; sandboxes with network will not start"; fi; \
 	fi
 
-venv: system-deps net-deps $(VENV)/.stamp $(AS_USER)  ## create .venv with everything the tests need
+venv: system-deps net-deps $(VENV)/.stamp native  ## create .venv with everything the tests need
 
-demo-venv: system-deps $(VENV)/.stamp-demo $(AS_USER)  ## create .venv with what the demo needs
+demo-venv: system-deps $(VENV)/.stamp-demo native  ## create .venv with what the demo needs
+
+native: $(AS_USER) $(SPAWNER)  ## the sandbox server's two small C programs (each optional: see below)
 
 # The tools' switch to the tool user (sandbox_server/native/as_user.c); without a C compiler the
 # server uses setpriv instead (~1 ms more a call).
@@ -100,6 +103,16 @@ $(AS_USER): sandbox_server/native/as_user.c
 	  cc -O2 -static -Wall -Wextra -o $@ $< 2>/dev/null || cc -O2 -Wall -Wextra -o $@ $< || \
 	    echo "WARNING: could not build $@; tools switch users with setpriv (slower)"; \
 	else echo "WARNING: no C compiler (apt-get install gcc libc6-dev); tools switch users with setpriv (slower)"; fi
+
+# The tool user's spawner (sandbox_server/native/spawner.c, the server's side in spawner.py): it
+# starts the tool user's tools, being that user already. Without it tools start the long way
+# (through the helper above; benchmarks/tool_call.py measures both).
+$(SPAWNER): sandbox_server/native/spawner.c
+	@mkdir -p $(@D)
+	@if command -v cc >/dev/null 2>&1; then \
+	  cc -O2 -static -Wall -Wextra -o $@ $< 2>/dev/null || cc -O2 -Wall -Wextra -o $@ $< || \
+	    echo "WARNING: could not build $@; tools of the tool user start the long way (slower)"; \
+	else echo "WARNING: no C compiler (apt-get install gcc libc6-dev); tools of the tool user start the long way (slower)"; fi
 
 $(CLIENT_VENV)/.stamp: | $(UV)
 	@test -n "$(PYTHON312)" || { echo "ERROR: Python 3.12 not found (needed for the published idegym-client)"; exit 1; }

@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .config import ServerConfig
+from .config import ServerConfig, env_flag
 from .http import run_loop, setup_logging
 
 
@@ -53,10 +53,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run every code-runner program in mount, pid, IPC and network namespaces of its "
                              "own, with only its directory writable (needs root in the sandbox's user namespace; "
                              "GET /api/capabilities lists 'isolated-runs' when it is on) [$IDEGYM_ISOLATED_RUNS]")
-    parser.add_argument("--tool-spawner", action="store_true", default=bool(env("IDEGYM_TOOL_SPAWNER")),
-                        help="start the tool user's tools from a process that already is that user: ~1.4 ms less "
-                             "a call (no setpriv exec), ~3 MiB more memory a sandbox once it has served a call "
-                             "(see sandbox_server/spawner.py) [$IDEGYM_TOOL_SPAWNER]")
+    parser.add_argument("--tool-spawner", action=argparse.BooleanOptionalAction,
+                        default=env_flag("IDEGYM_TOOL_SPAWNER", True),
+                        help="start the tool user's tools from a small process that already is that user "
+                             "(sandbox_server/native/spawner.c, built by make): less time a call than a user switch "
+                             "per tool; --no-tool-spawner starts each the long way [$IDEGYM_TOOL_SPAWNER=0 for "
+                             "no; default: on when the program is built]")
     parser.add_argument("--memory-events", type=Path, default=env("IDEGYM_MEMORY_EVENTS") or None,
                         help="the sandbox's cgroup memory.oom_control (v1) or memory.events (v2) file: bash results "
                              "then say when the OOM killer struck [$IDEGYM_MEMORY_EVENTS; default: "

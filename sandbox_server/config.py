@@ -41,7 +41,7 @@ class ServerConfig:
     ready_fd: int | None = None
     memory_events: Path | None = None  # the sandbox's memory.oom_control / memory.events (OOM reporting)
     isolated_runs: bool = False  # every code-runner run in namespaces of its own (jail.py)
-    tool_spawner: bool = False  # the tool user's tools started by a process that is that user (spawner.py)
+    tool_spawner: bool = True  # the tool user's tools started by a process that is that user (spawner.py)
     tool_cgroups: Path | None = None  # the tools' delegated cgroups, <dir>/<controller> (tool_cgroups.py)
 
     def tool_environment(self) -> dict[str, str]:
@@ -56,6 +56,12 @@ class ServerConfig:
         env.setdefault("LANG", "C.UTF-8")
         env.update(self.tool_env)
         return env
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """A yes/no environment variable: unset or empty is ``default``; 0, false, no, off are no."""
+    value = os.environ.get(name, "").strip().lower()
+    return default if not value else value not in ("0", "false", "no", "off")
 
 
 def _opt_path(value: str | None) -> Path | None:

@@ -44,7 +44,8 @@ from .job import READ_CHUNK, Job, feed_stdin
 from .memory_events import MemoryEvents
 from .output import BoundedOutput
 from .polling import until
-from .spawner import Spawner, SpawnRefused
+from .spawner import SPAWNER, Spawner, SpawnRefused
+from .spawner import available as spawner_available
 from .tool_cgroups import ToolCgroups
 from .trees import freeze_trees, marked_processes, pipe_holders, signal_group_and_holders
 from .users import UserSpec, groups_of
@@ -101,7 +102,9 @@ class Supervisor:
                  isolated_runs: bool = False, spawners: bool = False) -> None:
         self._tracked: set[int] = set()
         # Tools of another user started by a process that is that user (spawner.py), uid -> spawner.
-        self._spawners: dict[int, Spawner] | None = {} if spawners and os.geteuid() == 0 else None
+        self._spawners: dict[int, Spawner] | None = {} if spawners and spawner_available() else None
+        if spawners and os.geteuid() == 0 and self._spawners is None:
+            log.info("no tool spawner (%s is not built: make native): tools start the long way", SPAWNER)
         self._staged = False
         self.tool_cgroups = tool_cgroups if tool_cgroups is not None and tool_cgroups.available else None
         # Tools are started from this thread, which lives in the tools' cgroups (tool_cgroups.py).
@@ -324,24 +327,26 @@ class Supervisor:
         return ProcessResult(code, out, err, job.timed_out, time.monotonic() - started, oom)
 
     def _spawner_for(self, user: UserSpec, groups: list[int]) -> Spawner | None:
-        """The user's spawner, forked on first use (again after it died); None while a stage
-        runs, or when there is none to be had (the tool is then started the long way)."""
+        """The user's spawner, started on first use (again after it died); None while a stage
+        runs, or when there is none to be had (the tool is then started the long way). One that
+        cannot be started or failed its set-up is reported once, and no other is tried."""
         if self._spawners is None or self._staged or self._loop is None:
             return None
         spawner = self._spawners.get(user.uid)
         if spawner is not None and spawner.alive and spawner.key == (user.uid, user.gid, tuple(groups)):
             return spawner
         if spawner is not None:
-            self._tracked.discard(spawner.pid)
             spawner.stop()
+            if spawner.broken:
+                self._no_spawners(f"the tool spawner failed ({spawner.broken})")
+                return None
         cgroup_dirs = [str(d) for d in self.tool_cgroups.dirs.values()] if self.tool_cgroups else []
         spawner = Spawner(user.uid, user.gid, groups, cgroup_dirs, TOOL_OOM_SCORE_ADJ)
         try:
             spawner.start(self._loop)
         except OSError as exc:
-            log.warning("cannot fork a spawner for uid %d (tools start the long way): %s", user.uid, exc)
+            self._no_spawners(f"cannot start the tool spawner {SPAWNER}: {exc}")
             return None
-        self._tracked.add(spawner.pid)  # reaped by its own stop(), never by the orphan reaper
         self._spawners[user.uid] = spawner
         return spawner
 
@@ -352,17 +357,20 @@ class Supervisor:
             if spawner.pristine():
                 kept.add(spawner.pid)
             else:
-                self._tracked.discard(spawner.pid)
                 spawner.stop()
                 del self._spawners[uid]
         return frozenset(kept)
 
     def _stop_spawners(self) -> None:
         for spawner in (self._spawners or {}).values():
-            self._tracked.discard(spawner.pid)
             spawner.stop()
         if self._spawners:
             self._spawners.clear()
+
+    def _no_spawners(self, why: str) -> None:
+        log.warning("%s: tools start the long way", why)
+        self._stop_spawners()
+        self._spawners = None
 
     def _spawn_isolated(self, argv: Sequence[str], cwd: str, env: Mapping[str, str], user: UserSpec | None,
                         isolation: Isolation, stdin: int, stdout: int,
@@ -463,8 +471,9 @@ class Supervisor:
 
     def _reap_orphans_now(self) -> None:
         """Collect exited children we did not start ourselves (daemons re-parented to us)."""
+        spawners = {s.pid for s in (self._spawners or {}).values()}  # each reaped by its own stop()
         for pid in procfs.children(os.getpid()):
-            if pid not in self._tracked:
+            if pid not in self._tracked and pid not in spawners:
                 try:
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:

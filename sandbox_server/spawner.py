@@ -1,59 +1,70 @@
-"""Tools started by a process that already is their user: no setpriv exec, no thread hop per call.
+"""Tools started by a process that already is their user: no user switch, no thread hop per call.
 
-A root server that runs a tool as the tool user (``appuser``) would otherwise execute
-``setpriv`` for every call (~1.1 ms: its exec, dynamic linking and capability work, over a
-plain vfork and exec of the tool), or fork itself without vfork (``Popen(user=...)``, ~1 ms).
-Instead the server forks one *spawner* per tool user: it joins the tools' cgroups and takes the
-tool user's oom_score_adj while still root, then becomes the user (groups, gid, uid: no
-capability left) and is made non-dumpable, so that the user's own processes can neither ptrace
-it nor read its memory or descriptors. It starts each tool with ``posix_spawn`` (vfork and
-exec) in a new session, so a tool is born in the tools' groups as the user; the server watches
-it as before (its pid, its process group, its call mark) and learns its wait status on a pipe.
+A root server that runs a tool as the tool user (``appuser``) would otherwise execute a helper
+that switches users (``native/idegym-as-user``, or setpriv) for every call, or fork itself
+without vfork (``Popen(user=...)``). Instead the server starts one *spawner* per tool user, a
+small static C program (``native/spawner.c``, built by ``make``; without it tools start the long
+way, ``process.Supervisor``): it joins the tools' cgroups and takes the tool user's oom_score_adj
+while still root, then becomes the user (groups, gid, uid: no capability left), dies with the
+server (parent-death signal, set after the uid change that would clear it) and is made
+non-dumpable, so that the user's own processes can neither ptrace it nor read its memory,
+environment or descriptors. It keeps no descriptor but its socket. It starts each tool with
+``posix_spawn`` (vfork and exec) in a new session, so a tool is born in the tools' groups as the
+user; the server watches it as before (its pid, its process group, its call mark) and learns its
+wait status on a pipe. The server starts it with ``posix_spawn`` too: nothing of the server's
+memory is copied (~0.1 MiB PSS a sandbox, where a fork of the Python server cost ~3).
 
 The tool user can kill or stop its spawner (it is the same user); that costs it nothing but its
 own calls: a spawner that is gone, or never read the request (stopped: no answer within
 ``ANSWER_TIMEOUT``, the request still in its socket), is replaced and the call is started the
-long way (``process.Supervisor``); one that went after it had read the request is killed, and so
-is whatever of that call may have started (found by its call mark): the call answers exit 126
-and says why, and is never run twice. The next call forks a fresh spawner. A tool whose spawner
-died or stopped is re-parented to the server (a subreaper), which then reaps it itself. Reward
-checks and grading never use a spawner.
+long way; one that went after it had read the request is killed, and so is whatever of that call
+may have started (found by its call mark): the call answers exit 126 and says why, and is never
+run twice. The next call starts a fresh spawner. A tool whose spawner died or stopped is
+re-parented to the server (a subreaper), which then reaps it itself. Reward checks and grading
+never use a spawner. A spawner that cannot be started, or fails its set-up, is reported once and
+no other is tried: tools then start the long way.
 
-A spawner costs memory: ~3.3 MiB of its own dirty pages (a Python fork copies every page it
-writes, refcounts included, out of what it shares with the server) and the server's pages it
-pins; at 200 live sandboxes, 5.8 MiB PSS each before their first call, ~9.7 after
-(``benchmarks/scale.py``). It is forked at the first tool call, and a project reset or
-``/api/processes/terminate``, which ends everything else the episode started, keeps it when it
-is ``pristine`` (its user may have changed its resource limits, priority or CPU affinity, which
-the next episode's tools would inherit: then it is replaced). The protocol is the isolated runs'
-one (``isolated_runs.py``): a JSON request with stdin, stdout, stderr and a status pipe as
-SCM_RIGHTS descriptors, answered in order with the pid or an error.
+It is started at the first tool call, and a project reset or ``/api/processes/terminate``, which
+ends everything else the episode started, keeps it when it is ``pristine`` (its user may have
+changed its resource limits, priority or CPU affinity, which the next episode's tools would
+inherit: then it is replaced).
+
+The protocol (both ends are ours; ``native/spawner.c`` has the details): the spawner's first
+message says it is ready (or why not); then each request (cwd, argv and environment as
+NUL-terminated strings after their counts, with stdin, stdout, stderr and a status pipe as
+SCM_RIGHTS descriptors) is answered in order with the tool's pid, or an errno and why not. A
+request longer than the socket takes (``Spawner.max_request``: its send buffer, raised to
+``MAX_REQUEST`` as far as the kernel allows) is not sent: that tool starts the long way.
 """
 
 from __future__ import annotations
 
 import array
 import asyncio
-import ctypes
+import errno
 import fcntl
-import gc
-import json
 import os
-import select
 import signal
 import socket
 import struct
 from collections.abc import Mapping, Sequence
 
-from .jail import RESET_SIGNALS, _executable, recv_with_fds
+from .jail import RESET_SIGNALS
 from .output import read_available
 
-PR_SET_PDEATHSIG = 1
-PR_SET_DUMPABLE = 4
+SPAWNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "idegym-spawner")
+SOCKET_FD = 3  # the spawner's end of the socket, as spawner.c expects it
+MAX_REQUEST = 2 << 20  # the longest request spawner.c reads (its MAX_REQUEST)
+ANSWER = struct.Struct("=ii")  # pid, errno; then a short text
+COUNTS = struct.Struct("=II")  # a request's argc and envc
 SIOCOUTQ = 0x5411  # bytes sent on a socket and not yet read by its peer
 ANSWER_TIMEOUT = 2.0  # a spawner stopped by its user: the call goes the long way after this
 STATUS_GRACE = 0.2  # a tool ended this long ago and its spawner has not said how: it is stopped
-_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def available() -> bool:
+    """Whether this server can have spawners: root, and the program built."""
+    return os.geteuid() == 0 and os.access(SPAWNER, os.X_OK)
 
 
 class SpawnRefused(Exception):
@@ -76,6 +87,9 @@ class Spawner:
         self._cgroup_dirs = list(cgroup_dirs)
         self._oom_score_adj = oom_score_adj
         self.pid = 0
+        self.max_request = 0
+        self.broken = ""  # why it failed its set-up (then no spawner is of use: it is reported once)
+        self._ready = False  # it said so: from then on, it may have read what was sent
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._answers: list[asyncio.Future[int]] = []
@@ -86,23 +100,37 @@ class Spawner:
         return self._sock is not None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Fork the spawner (it is this process's child); raises ``OSError`` when it cannot."""
+        """Start the spawner (this process's child); raises ``OSError`` when it cannot."""
+        # What it inherits from this thread, read here: read from the spawner, it could already be
+        # what its user made of it.
+        self._pristine = _attributes(os.getpid())
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the spawner; never returns into the server's code
-            code = 1
+        try:
+            # The longest message a SOCK_SEQPACKET socket takes is its send buffer (less 32 bytes);
+            # the kernel holds it to twice net.core.wmem_max (425952 bytes by default).
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_REQUEST)
+            self.max_request = min(MAX_REQUEST, ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) - 32)
+            theirs_fd = theirs.fileno()
+            if theirs_fd == SOCKET_FD:  # dup2 onto itself would leave it close-on-exec with some libcs
+                theirs_fd = fcntl.fcntl(theirs_fd, fcntl.F_DUPFD_CLOEXEC, SOCKET_FD + 1)
             try:
-                ours.close()
-                _become(self.key, self._cgroup_dirs, self._oom_score_adj, theirs.fileno())
-                code = _serve(theirs)
-            except BaseException as exc:  # noqa: BLE001 - said on the server's stderr, then gone
-                os.write(2, f"idegym spawner: {type(exc).__name__}: {exc}\n".encode(errors="replace"))
+                groups = ",".join(map(str, self.key[2])) or "-"
+                self.pid = os.posix_spawn(
+                    SPAWNER, [SPAWNER, str(self.key[0]), str(self.key[1]), groups,
+                              self._oom_score_adj.decode(), *self._cgroup_dirs], {},
+                    file_actions=[(os.POSIX_SPAWN_DUP2, theirs_fd, SOCKET_FD),
+                                  (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                                  (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)],
+                    setsigdef=RESET_SIGNALS, setsigmask=())
             finally:
-                os._exit(code)
-        theirs.close()
-        self.pid = pid
+                if theirs_fd != theirs.fileno():
+                    os.close(theirs_fd)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
         self._sock = ours
-        self._pristine = _attributes(pid)
         ours.setblocking(False)
         self._loop = loop
         loop.add_reader(ours.fileno(), self._on_message)
@@ -125,19 +153,26 @@ class Spawner:
         first: the tool, if it still runs, is then this process's child, re-parented to it)."""
         if self._sock is None or self._loop is None:
             raise SpawnRefused("the spawner is gone")
+        request = _request(argv, env, cwd)
+        if len(request) > self.max_request:
+            raise SpawnRefused(f"a request of {len(request)} bytes, over the spawner's {self.max_request}")
         loop = self._loop
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if stdin < 0 else None  # subprocess.DEVNULL
         status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         answer: asyncio.Future[int] = loop.create_future()
         exit_status: asyncio.Future[int | None] = loop.create_future()
         try:
-            self._sock.sendmsg([json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd}).encode()],
-                               [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                 array.array("i", [stdin if null is None else null, stdout, stderr, status_w]))])
+            self._sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                            array.array("i", [stdin if null is None else null, stdout, stderr,
+                                                              status_w]))])
         except OSError as exc:
             os.close(status_r)
-            self.stop()
-            raise SpawnRefused(f"the spawner is gone: {exc}") from exc
+            # A message is sent whole or not at all: one the socket has no room for (other
+            # requests not read yet, or too long for the kernel) is started the long way.
+            if not isinstance(exc, (BlockingIOError, InterruptedError)) and exc.errno not in (
+                    errno.EMSGSIZE, errno.ENOBUFS, errno.ENOMEM):
+                self.stop()
+            raise SpawnRefused(f"the spawner cannot be sent the request: {exc}") from exc
         finally:
             os.close(status_w)
             if null is not None:
@@ -199,30 +234,37 @@ class Spawner:
         if unread and self._answers and not self._answers[-1].done():
             self._answers.pop().set_exception(SpawnRefused(message))  # never read: nothing of it ran
         if not answer.done():
-            answer.set_exception(SpawnRefused(message, maybe_started=True))
+            answer.set_exception(SpawnRefused(message, maybe_started=self._ready))
         self.stop()
 
     def _on_message(self) -> None:
         assert self._sock is not None
-        while True:
+        while self._sock is not None:
             try:
                 data = self._sock.recv(4096)
             except BlockingIOError:
                 return
             except OSError:
                 data = b""
-            if not data:
+            if len(data) < ANSWER.size:  # its end closed (or an answer of no spawner of ours)
                 self.stop()
                 return
-            message = json.loads(data)
-            if self._answers:
+            pid, error = ANSWER.unpack_from(data)
+            text = data[ANSWER.size:].decode(errors="replace")
+            if not self._ready:
+                if error:
+                    self.broken = text
+                    self.stop()
+                    return
+                self._ready = True
+            elif self._answers:
                 answer = self._answers.pop(0)
                 if answer.done():
                     continue
-                if "error" in message:
-                    answer.set_exception(SpawnRefused(message["error"], message.get("errno", 0)))
+                if pid > 0:
+                    answer.set_result(pid)
                 else:
-                    answer.set_result(message["pid"])
+                    answer.set_exception(SpawnRefused(text, error))
 
     def stop(self) -> None:
         """End the spawner; the tools it started go on (re-parented to this process)."""
@@ -231,17 +273,31 @@ class Spawner:
                 self._loop.remove_reader(self._sock.fileno())
             self._sock.close()
             self._sock = None
-        for answer in self._answers:  # requests it had: it may have started their tools
+        # Requests it had: once it was ready, it may have started their tools.
+        for answer in self._answers:
             if not answer.done():
-                answer.set_exception(SpawnRefused("the spawner was killed", maybe_started=True))
+                answer.set_exception(SpawnRefused("the spawner was killed", maybe_started=self._ready))
         self._answers.clear()
         if self.pid:
             try:
                 os.kill(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
+                _, status = os.waitpid(self.pid, 0)
+                if not self._ready and not self.broken and os.WIFEXITED(status):
+                    self.broken = f"it exited with {os.WEXITSTATUS(status)} before it was ready"
             except (ProcessLookupError, ChildProcessError):
                 pass
             self.pid = 0
+
+
+def _request(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> bytes:
+    """cwd, argv and the environment as spawner.c reads them (a NUL of their own is refused, as
+    ``posix_spawn`` refuses it: the long way then says so)."""
+    parts = [os.fsencode(cwd), *map(os.fsencode, argv),
+             *(os.fsencode(name) + b"=" + os.fsencode(value) for name, value in env.items())]
+    body = b"\0".join(parts) + b"\0"
+    if body.count(b"\0") != len(parts) or not argv or not argv[0] or any(not n or "=" in n for n in env):
+        raise SpawnRefused("a NUL byte, an empty program or a malformed variable name: not for the spawner")
+    return COUNTS.pack(len(argv), len(env)) + body
 
 
 def _attributes(pid: int) -> tuple:
@@ -259,104 +315,3 @@ def _read_status(loop: asyncio.AbstractEventLoop, fd: int, exit_status: asyncio.
     os.close(fd)
     if not exit_status.done():
         exit_status.set_result(struct.unpack("i", data)[0] if len(data) == 4 else None)
-
-
-# -- the spawner -------------------------------------------------------------------------------------
-
-
-def _become(key: tuple[int, int, tuple[int, ...]], cgroup_dirs: Sequence[str], oom_score_adj: bytes,
-            keep: int) -> None:
-    """In the fresh fork, still root: what the tools inherit, then the tool user for good."""
-    gc.disable()  # no collection walks (and so copies) the pages shared with the server
-    gc.freeze()
-    signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGCHLD):
-        signal.signal(sig, signal.SIG_DFL)
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the server
-    if os.getppid() == 1:  # the server died before the line above
-        os._exit(1)
-    os.closerange(3, keep)
-    os.closerange(keep + 1, 1 << 16)
-    for directory in cgroup_dirs:
-        with open(os.path.join(directory, "cgroup.procs"), "w") as fh:
-            fh.write("0")
-    with open("/proc/self/oom_score_adj", "wb") as fh:
-        fh.write(oom_score_adj)
-    uid, gid, groups = key
-    os.setgroups(list(groups))
-    os.setresgid(gid, gid, gid)
-    os.setresuid(uid, uid, uid)  # every capability gone with root
-    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the user's processes cannot ptrace or read it
-
-
-def _serve(sock: socket.socket) -> int:
-    """Requests in, tools started and their pids out; each ended tool's wait status to its pipe."""
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    running: dict[int, int] = {}  # pid -> its status pipe
-    poller = select.poll()
-    poller.register(sock.fileno(), select.POLLIN)
-    poller.register(wake_r, select.POLLIN)
-    while True:
-        for ready, _ in poller.poll():
-            if ready == wake_r:
-                _drain(wake_r)
-            elif not _request(sock, running):
-                return 0
-        _reap(running)
-
-
-def _drain(fd: int) -> None:
-    try:
-        while os.read(fd, 4096):
-            pass
-    except BlockingIOError:
-        pass
-
-
-def _request(sock: socket.socket, running: dict[int, int]) -> bool:
-    # Little Python runs here, and nothing of subprocess: every object a call touches has its
-    # page copied out of what the spawner shares with the server (~2 MiB a sandbox with Popen).
-    data, fds = recv_with_fds(sock, 4, socket.MSG_CMSG_CLOEXEC)
-    if not data:
-        return False
-    try:
-        if len(fds) != 4:
-            raise ValueError(f"a tool needs stdin, stdout, stderr and a status pipe, got {len(fds)} fds")
-        request = json.loads(data)
-        env = request["env"]
-        os.chdir(request["cwd"])
-        # A new session, the signals Python ignores back at their defaults, only 0-2 inherited
-        # (the received descriptors are close-on-exec): what Popen(start_new_session=True) gives.
-        pid = os.posix_spawn(_executable(request["argv"][0], env), request["argv"], env, setsid=True,
-                             file_actions=[(os.POSIX_SPAWN_DUP2, fds[0], 0), (os.POSIX_SPAWN_DUP2, fds[1], 1),
-                                           (os.POSIX_SPAWN_DUP2, fds[2], 2)],
-                             setsigdef=RESET_SIGNALS, setsigmask=())
-    except Exception as exc:  # noqa: BLE001 - answered; the server starts the tool the long way
-        sock.send(json.dumps({"error": str(exc), "errno": getattr(exc, "errno", None) or 0}).encode())
-        for fd in fds:
-            os.close(fd)
-        return True
-    for fd in fds[:3]:
-        os.close(fd)
-    running[pid] = fds[3]
-    sock.send(json.dumps({"pid": pid}).encode())
-    return True
-
-
-def _reap(running: dict[int, int]) -> None:
-    while running:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        status_fd = running.pop(pid, -1)
-        if status_fd >= 0:
-            try:
-                os.write(status_fd, struct.pack("i", status))
-            except OSError:
-                pass
-            os.close(status_fd)

@@ -31,6 +31,7 @@ import pytest
 
 from control_plane.backends.base import Limits, SandboxHandle
 from control_plane.backends.local import LocalBackend
+from sandbox_server.config import env_flag
 from tests.local_helpers import (
     LoopThread,
     client,
@@ -192,9 +193,9 @@ def cgroup_value(h: SandboxHandle, controller: str, name: str) -> str:
     return Path(h.data["cgroups"][controller], name).read_text()
 
 
-# What stays in the tools' groups: the server's spawner thread, and with IDEGYM_TOOL_SPAWNER (the
-# suite can run both ways) the tool user's spawner, kept across a terminate while nothing changed it.
-LEFT = 2 if os.environ.get("IDEGYM_TOOL_SPAWNER") else 1
+# What stays in the tools' groups: the server's spawner thread, and the tool user's spawner (unless
+# IDEGYM_TOOL_SPAWNER=0: the suite can run both ways), kept across a terminate while nothing changed it.
+LEFT = 2 if env_flag("IDEGYM_TOOL_SPAWNER", True) else 1
 
 
 def tool_pids(h: SandboxHandle, name: str = "pids.current") -> int:

@@ -1,25 +1,42 @@
-"""The tool user's spawner (``sandbox_server/spawner.py``): tools of the tool user are started by
-a process that already is that user, which the user can stop or kill at no cost but speed, and
-cannot read or trace; reward checks never go through it."""
+"""The tool user's spawner (``sandbox_server/native/spawner.c``, the server's side in
+``sandbox_server/spawner.py``): tools of the tool user are started by a small process that already
+is that user, which the user can stop or kill at no cost but speed, and cannot read or trace;
+reward checks never go through it. Its protocol refuses what is malformed and carries large
+requests, or leaves them to the long way."""
 
 from __future__ import annotations
 
+import array
+import asyncio
+import errno
+import fcntl
 import os
+import resource
+import signal
+import socket
+import struct
+import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import SandboxProcess
+from sandbox_server.spawner import ANSWER, COUNTS, MAX_REQUEST, SPAWNER, Spawner, SpawnRefused, _request
+from tests.helpers import SandboxProcess, process_alive, wait_until
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to the tool user")
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to the tool user"),
+    pytest.mark.skipif(not os.access(SPAWNER, os.X_OK), reason="the spawner is not built (make native)"),
+]
 
 PTRACE = ("python3 -c \"import ctypes, os, sys; libc = ctypes.CDLL(None, use_errno=True); "
           "r = libc.ptrace(16, int(sys.argv[1]), 0, 0); print(r, os.strerror(ctypes.get_errno()))\" ")
+NOBODY = 65534
 
 
 @pytest.fixture
-def server(tmp_path: Path):
+def server(tmp_path: Path) -> Iterator[SandboxProcess]:
     # The tool user must reach its project: pytest's tmp_path sits below a directory only root enters
     # (where a spawner cannot chdir, so every call would go the long way).
     with tempfile.TemporaryDirectory(prefix="idegym-spawner-") as shared:
@@ -27,7 +44,7 @@ def server(tmp_path: Path):
         project.mkdir()
         os.chmod(shared, 0o755)
         project.chmod(0o777)
-        proc = SandboxProcess(project, "unix", tmp_path, extra=["--tool-user", "nobody", "--tool-spawner"])
+        proc = SandboxProcess(project, "unix", tmp_path, extra=["--tool-user", "nobody"])  # the spawner: by default
         yield proc
         proc.stop()
 
@@ -36,22 +53,47 @@ def spawner_of(server: SandboxProcess) -> int:
     return int(server.bash("echo $PPID")["stdout"])
 
 
+def status_field(pid: int, name: str) -> str:
+    return next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if line.startswith(f"{name}:")).split(":", 1)[1].strip()
+
+
 def uid_of(pid: int) -> int:
-    return int(next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                    if line.startswith("Uid:")).split()[1])
+    return int(status_field(pid, "Uid").split()[0])
+
+
+def descriptors(pid: int) -> dict[int, str]:
+    return {int(fd): os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
 
 
 def test_tools_of_the_tool_user_come_from_one_spawner_they_cannot_read_or_trace(server: SandboxProcess) -> None:
     spawner = spawner_of(server)
-    assert spawner != server.pid and uid_of(spawner) == 65534
+    assert spawner != server.pid and uid_of(spawner) == NOBODY
     assert spawner_of(server) == spawner  # one for every call, not one per call
+    assert Path(f"/proc/{spawner}/cmdline").read_bytes().split(b"\0")[0] == SPAWNER.encode()  # the small program
     status = Path(f"/proc/{spawner}/status").read_text()
     assert "CapEff:\t0000000000000000" in status and "CapPrm:\t0000000000000000" in status
+    assert status_field(spawner, "Uid").split() == status_field(spawner, "Gid").split() == [str(NOBODY)] * 4
+    assert status_field(spawner, "Groups") == ""
+    assert Path(f"/proc/{spawner}/oom_score_adj").read_text() == "500\n"  # the tools' own, from the start
+    # Nothing of the server: no environment, no descriptor but /dev/null, stderr, its socket, its signalfd.
+    assert Path(f"/proc/{spawner}/environ").read_bytes() == b""
+    fds = descriptors(spawner)
+    assert sorted(fds) == [0, 1, 2, 3, 4] and fds[0] == fds[1] == "/dev/null", fds
+    assert fds[3].startswith("socket:") and fds[4] == "anon_inode:[signalfd]", fds
     assert server.bash("id -u")["stdout"] == "65534\n"
     probe = server.bash(f"cat /proc/{spawner}/environ >/dev/null; ls /proc/{spawner}/fd >/dev/null; "
                         f"{PTRACE} {spawner}")
     assert probe["stderr"].count("Permission denied") == 2, probe
     assert probe["stdout"].startswith("-1 Operation not permitted"), probe
+
+
+def test_the_spawner_dies_with_the_server(server: SandboxProcess) -> None:
+    """Can fail: it did: the Python spawner set its parent-death signal before it changed its uid,
+    which clears it; SIGKILLed, the server left its spawner running as the tool user."""
+    spawner = spawner_of(server)
+    os.kill(server.pid, signal.SIGKILL)
+    assert wait_until(lambda: not process_alive(spawner), 5), Path(f"/proc/{spawner}/status").read_text()
 
 
 def own_status_or_interrupted(result: dict, code: int, stdout: str) -> bool:
@@ -69,7 +111,7 @@ def test_a_tool_whose_spawner_is_killed_or_stopped_still_ends_with_its_own_statu
     assert own_status_or_interrupted(killed, 3, "after\n"), killed
     assert "Operation not permitted" not in killed["stderr"], killed  # the server was never its parent
     second = spawner_of(server)
-    assert second != first and uid_of(second) == 65534
+    assert second != first and uid_of(second) == NOBODY
     # Stopped, it never reaps the tool: the server notices the exit, ends the spawner, reaps the tool.
     stopped = server.bash("kill -STOP $PPID; echo stopped; exit 4", timeout=10)
     assert own_status_or_interrupted(stopped, 4, "stopped\n"), stopped
@@ -80,7 +122,7 @@ def test_a_tool_whose_spawner_is_killed_or_stopped_still_ends_with_its_own_statu
 
 def test_a_spawner_stopped_between_calls_costs_one_slow_call(server: SandboxProcess) -> None:
     first = spawner_of(server)
-    os.kill(first, 19)  # SIGSTOP, as the tool user could
+    os.kill(first, signal.SIGSTOP)  # as the tool user could
     late = server.bash("echo $PPID", timeout=20)
     assert late["exit_code"] == 0 and int(late["stdout"]) == server.pid  # started the long way
     assert not Path(f"/proc/{first}").exists() or "zombie" in Path(f"/proc/{first}/status").read_text()
@@ -102,7 +144,7 @@ def test_the_next_episode_keeps_a_pristine_spawner_and_never_a_tampered_one(serv
     before = spawner_of(server)
     server.bash("sleep 30 >/dev/null 2>&1 &")
     assert server.post("/api/processes/terminate", {}).json()["killed_processes"] >= 1
-    assert spawner_of(server) == before  # untouched: kept (it was forked while the server was small)
+    assert spawner_of(server) == before  # untouched: kept
     normal = server.bash("ulimit -n")["stdout"]
     tamper = server.bash("prlimit --pid $PPID --nofile=64:64 && renice -n 5 -p $PPID >/dev/null && echo done")
     assert tamper["stdout"] == "done\n", tamper
@@ -111,3 +153,215 @@ def test_the_next_episode_keeps_a_pristine_spawner_and_never_a_tampered_one(serv
     assert not Path(f"/proc/{before}").exists()
     after = spawner_of(server)
     assert after != before and server.bash("ulimit -n")["stdout"] == normal != "64\n"
+
+
+def socket_limit() -> int:
+    """The longest request a spawner's socket carries on this host (its send buffer, spawner.py)."""
+    wmem_max = int(Path("/proc/sys/net/core/wmem_max").read_text())
+    return min(MAX_REQUEST, 2 * min(MAX_REQUEST, wmem_max) - 32)
+
+
+def test_a_large_environment_is_carried_whole_and_a_larger_one_goes_the_long_way(server: SandboxProcess) -> None:
+    """A request holds the environment: as long as the socket carries it, the spawner starts the
+    tool; longer, the tool starts the long way, with every byte of it all the same."""
+    # An exec's arguments and environment may take a quarter of the stack limit: 16 MiB of it
+    # gives the long way room for more than the spawner's 2 MiB (the limit is inherited).
+    subprocess.run(["prlimit", f"--pid={server.pid}", f"--stack={64 << 20}"], check=True)
+    value = 100_000  # bytes a variable (the kernel's limit for one is 128 KiB)
+    script = "echo $PPID; for v in ${!BIG_*}; do x=${!v}; echo ${#v} ${#x}; done | sort | uniq -c"
+    for total, via_spawner in ((min(1_500_000, socket_limit() - 100_000), True), (3_000_000, False)):
+        count = total // value
+        env = {f"BIG_{i:03}": chr(ord("a") + i % 26) * value for i in range(count)}
+        result = server.bash(script, env=env)
+        assert result["exit_code"] == 0, result["stderr"]
+        ppid, *lines = result["stdout"].splitlines()
+        assert [line.split() for line in lines] == [[str(count), "7", str(value)]], result["stdout"][:300]
+        spawner = spawner_of(server)
+        assert (int(ppid) == spawner) is via_spawner and (int(ppid) == server.pid) is not via_spawner, (total, ppid)
+
+
+# -- the protocol, spoken to the program directly ---------------------------------------------------
+
+
+@pytest.fixture
+def native() -> Iterator[tuple[int, socket.socket]]:
+    """The spawner as nobody (no cgroups), this process its server, its socket a blocking one, its
+    stack limit room for an exec of 2 MiB of environment (a quarter of it)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+    fd = fcntl.fcntl(theirs.fileno(), fcntl.F_DUPFD_CLOEXEC, 10)
+    stack = resource.getrlimit(resource.RLIMIT_STACK)
+    resource.setrlimit(resource.RLIMIT_STACK, (max(stack[0], min(64 << 20, stack[1])), stack[1]))
+    try:
+        pid = os.posix_spawn(SPAWNER, [SPAWNER, str(NOBODY), str(NOBODY), "-", "500"], {},
+                             file_actions=[(os.POSIX_SPAWN_DUP2, fd, 3)])
+    finally:
+        resource.setrlimit(resource.RLIMIT_STACK, stack)
+        os.close(fd)
+        theirs.close()
+    ours.settimeout(10)
+    try:
+        assert answer(ours) == (0, 0, "ready")
+        yield pid, ours
+    finally:
+        ours.close()
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def answer(sock: socket.socket) -> tuple[int, int, str]:
+    data = sock.recv(4096)
+    pid, error = ANSWER.unpack_from(data)
+    return pid, error, data[ANSWER.size:].decode()
+
+
+class Tool:
+    """A tool's descriptors as the server hands them over: stdin, stdout and stderr (one pipe),
+    and the write end of its status pipe."""
+
+    def __init__(self) -> None:
+        self.out_r, self.out_w = os.pipe2(os.O_CLOEXEC)
+        self.status_r, self.status_w = os.pipe2(os.O_CLOEXEC)
+        self.null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+
+    def fds(self, count: int = 4) -> list[int]:
+        return [self.null, self.out_w, self.out_w, self.status_w, self.null][:count]
+
+    def handed_over(self) -> None:
+        for fd in (self.out_w, self.status_w, self.null):
+            os.close(fd)
+
+    def ending(self) -> tuple[bytes, int]:
+        """Its output, and the wait status its spawner wrote (then closed)."""
+        chunks = []
+        while chunk := os.read(self.out_r, 1 << 16):
+            chunks.append(chunk)
+        status = os.read(self.status_r, 8)
+        assert os.read(self.status_r, 1) == b""
+        os.close(self.out_r)
+        os.close(self.status_r)
+        return b"".join(chunks), struct.unpack("i", status)[0]
+
+
+def send(sock: socket.socket, data: bytes, fds: list[int]) -> None:
+    sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else [])
+
+
+def start(sock: socket.socket, argv: list[str], env: dict[str, str], cwd: str = "/tmp") -> Tool:
+    tool = Tool()
+    send(sock, _request(argv, env, cwd), tool.fds())
+    tool.handed_over()
+    return tool
+
+
+def test_a_tool_gets_a_session_default_signals_its_user_cwd_environment_and_three_descriptors(
+        native: tuple[int, socket.socket]) -> None:
+    _, sock = native
+    probe = "id -u; id -G; ps -o sid= -p $$; pwd; grep -E '^Sig(Blk|Ign)' /proc/$$/status; ls /proc/$$/fd; exit 7"
+    tools = [start(sock, ["sh", "-c", probe], {"PATH": "/nowhere::/usr/bin:/bin"}, "/"),  # found on PATH
+             start(sock, ["env"], {"PATH": "/usr/bin:/bin", "ONLY": "this"}),
+             start(sock, ["/bin/sh", "-c", "exit 3"], {})]
+    pids = [answer(sock) for _ in tools]  # in order, each with its pid
+    assert all(pid > 0 and error == 0 for pid, error, _ in pids) and len({p for p, _, _ in pids}) == 3, pids
+    out, status = tools[0].ending()
+    lines = out.decode().splitlines()
+    assert lines[:4] == [str(NOBODY), str(NOBODY), str(pids[0][0]), "/"], lines  # its own session
+    assert lines[4:6] == ["SigBlk:\t0000000000000000", "SigIgn:\t0000000000000000"], lines
+    assert lines[6:] == ["0", "1", "2"], lines
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 7
+    assert tools[1].ending() == (b"PATH=/usr/bin:/bin\nONLY=this\n", 0)  # exactly its environment
+    assert tools[2].ending() == (b"", 3 << 8)
+
+
+def test_malformed_requests_are_refused_and_change_nothing(native: tuple[int, socket.socket]) -> None:
+    """Requests come from the root server only, yet none crashes or confuses the spawner: each
+    malformed one is answered with an error, and its descriptors are closed."""
+    pid, sock = native
+    fds_before = descriptors(pid)
+    good = _request(["/bin/true"], {"PATH": "/bin"}, "/tmp")
+    body = good[COUNTS.size:]
+    malformed = {
+        "too short": b"\1\0\0",
+        "counts alone": COUNTS.pack(1, 0),
+        "not NUL-terminated": good[:-1],
+        "bytes after the last string": good + b"junk",
+        "a string more than counted": good + b"junk\0",
+        "fewer strings than counted": COUNTS.pack(3, 5) + body,
+        "huge counts": COUNTS.pack(0xFFFFFFFF, 0xFFFFFFFF) + body,
+        "counts that wrap": COUNTS.pack(0xFFFFFFFF, 3) + body,
+        "no program": COUNTS.pack(0, 0) + b"/tmp\0",
+        "an empty program": COUNTS.pack(1, 0) + b"/tmp\0\0",
+        "a relative cwd": COUNTS.pack(1, 0) + b"tmp\0/bin/true\0",
+        "a variable without =": COUNTS.pack(1, 1) + b"/tmp\0/bin/true\0PATH\0",
+        "a variable without a name": COUNTS.pack(1, 1) + b"/tmp\0/bin/true\0=x\0",
+        "nothing but NULs": b"\0" * 64,
+    }
+    for what, data in malformed.items():
+        tool = Tool()
+        send(sock, data, tool.fds())
+        tool.handed_over()
+        got = answer(sock)
+        assert got[:2] == (0, errno.EINVAL) and "malformed" in got[2], (what, got)
+        assert os.read(tool.status_r, 4) == os.read(tool.out_r, 4) == b"", what  # closed, unused
+    for count in (0, 3, 5):
+        tool = Tool()
+        send(sock, good, tool.fds(count))
+        tool.handed_over()
+        got = answer(sock)
+        assert got[:2] == (0, errno.EINVAL) and "needs stdin" in got[2], (count, got)
+    # What fails as the tool user, not as root: each said with its errno.
+    refusals = {("no-such-program", "/tmp"): errno.ENOENT, ("/bin/true", "/no/such/dir"): errno.ENOENT,
+                ("/bin/true", "/root"): errno.EACCES, ("/etc/passwd", "/tmp"): errno.EACCES}
+    for (program, cwd), code in refusals.items():
+        tool = Tool()
+        send(sock, _request([program], {"PATH": "/usr/bin:/bin"}, cwd), tool.fds())
+        tool.handed_over()
+        got = answer(sock)
+        assert got[:2] == (0, code), (program, cwd, got)
+    assert descriptors(pid) == fds_before  # nothing kept of any of them
+    assert start(sock, ["/bin/sh", "-c", "echo fine"], {}).ending() == (b"fine\n", 0) and answer(sock)[0] > 0
+
+
+def test_a_request_up_to_the_spawner_s_limit_is_carried_and_a_longer_one_refused(
+        native: tuple[int, socket.socket]) -> None:
+    pid, sock = native
+    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) - 32 <= MAX_REQUEST:
+        pytest.skip("this host's net.core.wmem_max keeps a socket's messages below the spawner's limit")
+    env = {f"V{i}": "x" * 100_000 for i in range(20)}
+    request = _request(["/bin/sh", "-c", "echo ${#V0} ${#V19}"], env, "/tmp")
+    assert MAX_REQUEST - 200_000 < len(request) <= MAX_REQUEST
+    tool = Tool()
+    send(sock, request, tool.fds())
+    tool.handed_over()
+    got = answer(sock)
+    assert got[0] > 0, got
+    assert tool.ending() == (b"100000 100000\n", 0)
+    rss_anon_kib = int(status_field(pid, "RssAnon").split()[0])
+    assert rss_anon_kib < 512, rss_anon_kib  # the request's pages given back
+    tool = Tool()
+    send(sock, request + b"x" * (MAX_REQUEST + 100 - len(request)), tool.fds())
+    tool.handed_over()
+    assert answer(sock)[:2] == (0, errno.EMSGSIZE)
+    assert start(sock, ["/bin/sh", "-c", "echo fine"], {}).ending() == (b"fine\n", 0) and answer(sock)[0] > 0
+
+
+def test_a_request_over_the_socket_s_limit_goes_the_long_way_and_keeps_the_spawner() -> None:
+    async def main() -> None:
+        spawner = Spawner(NOBODY, NOBODY, [], [], b"500")
+        spawner.start(asyncio.get_running_loop())
+        try:
+            tool = Tool()
+            spawner.max_request = 1000
+            with pytest.raises(SpawnRefused) as refused:
+                await spawner.spawn(["/bin/true"], {"V": "x" * 1000}, "/tmp", tool.null, tool.out_w, tool.out_w)
+            assert not refused.value.maybe_started and "over the spawner's 1000" in str(refused.value)
+            assert spawner.alive
+            pid, exit_status = await spawner.spawn(["/bin/sh", "-c", "echo ok; exit 5"], {"V": "x"}, "/tmp",
+                                                   tool.null, tool.out_w, tool.out_w)
+            assert pid > 0 and await exit_status == 5 << 8
+            tool.handed_over()
+            assert os.read(tool.out_r, 100) == b"ok\n"
+        finally:
+            spawner.stop()
+
+    asyncio.run(main())

@@ -115,7 +115,7 @@ def detect() -> Runtime:
         copy = sync_package(package)
         binds.append((str(copy), f"{INSIDE}/src"))
         src.append(f"{INSIDE}/src")
-    if os.environ.get("IDEGYM_TOOL_SPAWNER"):  # the servers' --tool-spawner, chosen for the control plane
+    if "IDEGYM_TOOL_SPAWNER" in os.environ:  # the servers' --[no-]tool-spawner, chosen for the control plane
         server_env["IDEGYM_TOOL_SPAWNER"] = os.environ["IDEGYM_TOOL_SPAWNER"]
     tool_env = {"PATH": TOOL_PATH, "LANG": "C.UTF-8"}
     home = Path(os.path.expanduser("~"))

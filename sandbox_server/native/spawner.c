@@ -1,0 +1,366 @@
+/* idegym-spawner UID GID GROUPS OOM_SCORE_ADJ [CGROUP_DIR...]      (its socket: descriptor 3)
+ *
+ * The tool user's spawner: the process that starts the tools of one user of a sandbox, being that
+ * user already (sandbox_server/spawner.py is the server's side, and says why). The root server
+ * starts it with posix_spawn, its end of a SOCK_SEQPACKET socket pair as descriptor 3. Still root,
+ * it joins the tools' cgroups (CGROUP_DIR/cgroup.procs) and takes their OOM_SCORE_ADJ, then
+ * becomes UID:GID with the supplementary GROUPS (comma-separated gids, or "-" for none): real,
+ * effective and saved ids alike, no capability left. Then, and not before (a change of uid clears
+ * both), it dies with its parent (PR_SET_PDEATHSIG) and is made non-dumpable: the user's own
+ * processes can neither ptrace it nor read its environment, memory or descriptors. It keeps no
+ * descriptor but 0-2 (/dev/null, /dev/null, the server's stderr), its socket and a signalfd.
+ *
+ * It first answers "ready" (or why it could not be: pid 0, an errno, a text) and exits on a failed
+ * step. Then, per request, in order:
+ *
+ *   request: uint32 argc, uint32 envc, then cwd, argv[0..argc) and envp[0..envc) ("NAME=value"),
+ *            each NUL-terminated, nothing after; with exactly four descriptors (SCM_RIGHTS):
+ *            the tool's stdin, stdout and stderr, and the write end of its status pipe;
+ *   answer:  int32 pid, int32 errno, a short text: the tool's pid (errno 0), or pid 0 with why not.
+ *
+ * A tool is started with posix_spawn (vfork and exec) in a new session, every signal at its
+ * default, an empty signal mask, only the three descriptors, in cwd, with envp; a bare
+ * program name is looked up on envp's PATH as execvp would (as the tool user: its access rights).
+ * When a tool exits, its wait status (native int) is written to its status pipe, which is then
+ * closed. A malformed request is answered with an error (EINVAL, EMSGSIZE) and changes nothing.
+ * The spawner exits when the server closes the socket; its tools go on, re-parented to the server.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <linux/capability.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SOCK 3
+#define MAX_REQUEST (2 << 20)       /* the server sends nothing longer (spawner.py: MAX_REQUEST) */
+#define KEEP_RESIDENT (64 << 10)    /* of the request buffer: returned to the kernel beyond this */
+#define MAX_GROUPS 1024
+#define MAX_TEXT 200
+#define DEFAULT_PATH "/bin:/usr/bin" /* Python's os.defpath, as the server's own lookup */
+
+struct answer {
+    int32_t pid;
+    int32_t error;
+    char text[MAX_TEXT];
+};
+
+struct tool {
+    pid_t pid;
+    int status_fd;
+};
+
+static char *request;               /* MAX_REQUEST bytes, touched only as far as requests go */
+static struct tool *tools;
+static size_t tool_count, tool_room;
+static sigset_t every_signal; /* a tool's signals: every one at its default (jail.RESET_SIGNALS and more) */
+
+static void say(pid_t pid, int error, const char *what) {
+    struct answer a = {pid, error, ""};
+    int n = !what ? 0 : error ? snprintf(a.text, sizeof a.text, "%s: %s", what, strerror(error))
+                              : snprintf(a.text, sizeof a.text, "%s", what);
+    size_t len = offsetof(struct answer, text) + (n < 0 ? 0 : (size_t)n >= sizeof a.text ? sizeof a.text - 1 : (size_t)n);
+    if (send(SOCK, &a, len, MSG_NOSIGNAL) != (ssize_t)len) _exit(0); /* the server is gone */
+}
+
+static void setup_failed(const char *what) {
+    say(0, errno ? errno : EINVAL, what);
+    _exit(1);
+}
+
+static int number(const char *text, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long value = strtol(text, &end, 10);
+    if (!*text || *end || errno || value < lo || value > hi) return 0;
+    *out = value;
+    return 1;
+}
+
+static void write_file(const char *path, const char *value) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    ssize_t len = (ssize_t)strlen(value);
+    if (fd < 0) setup_failed(path);
+    if (write(fd, value, (size_t)len) != len) setup_failed(path);
+    close(fd);
+}
+
+static void close_other_descriptors(void) {
+    if (syscall(SYS_close_range, SOCK + 1, ~0U, 0) == 0) return; /* Linux 5.9 */
+    struct rlimit limit;
+    long most = getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_max != RLIM_INFINITY ? (long)limit.rlim_max : 1 << 20;
+    for (long fd = SOCK + 1; fd < most; fd++) close((int)fd);
+}
+
+/* Everything that needs root, then the tool user for good. */
+static int become(int argc, char **argv) {
+    pid_t parent = getppid();
+    long uid, gid, one, adj;
+    gid_t groups[MAX_GROUPS];
+    size_t n = 0;
+    char path[PATH_MAX], adj_text[16];
+    struct sigaction dfl = {.sa_handler = SIG_DFL};
+    sigset_t chld;
+
+    close_other_descriptors();
+    for (int sig = 1; sig < NSIG; sig++) sigaction(sig, &dfl, NULL); /* some are refused: fine */
+    /* Bit by bit: sigaddset refuses glibc's two internal signals (32, 33), which its posix_spawn
+     * would then leave ignored in the tool (Popen's tools have them at their defaults). */
+    unsigned long *words = (unsigned long *)&every_signal;
+    sigemptyset(&every_signal);
+    for (int sig = 1; sig < NSIG; sig++) words[(sig - 1) / (8 * sizeof *words)] |= 1UL << ((sig - 1) % (8 * sizeof *words));
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    if (sigprocmask(SIG_SETMASK, &chld, NULL) != 0) setup_failed("sigprocmask");
+    int signals = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (signals < 0) setup_failed("signalfd");
+    request = mmap(NULL, MAX_REQUEST, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (request == MAP_FAILED) setup_failed("mmap");
+
+    errno = EINVAL;
+    if (!number(argv[1], 1, 0xfffffffeL, &uid)) setup_failed("uid (never 0: no tool of a spawner is root)");
+    if (!number(argv[2], 0, 0xfffffffeL, &gid)) setup_failed("gid");
+    if (!number(argv[4], -1000, 1000, &adj)) setup_failed("oom_score_adj");
+    if (strcmp(argv[3], "-") != 0) {
+        for (char *item = strtok(argv[3], ","); item; item = strtok(NULL, ",")) {
+            errno = EINVAL;
+            if (n == MAX_GROUPS || !number(item, 0, 0xfffffffeL, &one)) setup_failed("groups");
+            groups[n++] = (gid_t)one;
+        }
+    }
+    for (int i = 5; i < argc; i++) {
+        errno = ENAMETOOLONG;
+        if ((size_t)snprintf(path, sizeof path, "%s/cgroup.procs", argv[i]) >= sizeof path) setup_failed(argv[i]);
+        write_file(path, "0");
+    }
+    snprintf(adj_text, sizeof adj_text, "%ld", adj);
+    write_file("/proc/self/oom_score_adj", adj_text);
+
+    if (setgroups(n, groups) != 0) setup_failed("setgroups");
+    if (setresgid((gid_t)gid, (gid_t)gid, (gid_t)gid) != 0) setup_failed("setresgid");
+    if (setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid) != 0) setup_failed("setresuid");
+    /* No capability left, whatever securebits the server had (a uid change alone would do). */
+    struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct caps[2];
+    memset(caps, 0, sizeof caps);
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    if (syscall(SYS_capset, &header, caps) != 0) setup_failed("capset");
+    /* After the uid change, which clears both. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) setup_failed("PR_SET_PDEATHSIG");
+    if (getppid() != parent) _exit(1); /* the server went before the line above */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) setup_failed("PR_SET_DUMPABLE");
+    if (chdir("/") != 0) setup_failed("chdir /");
+    say(0, 0, "ready");
+    return signals;
+}
+
+/* A bare name looked up on the request's PATH, as execvp would in cwd (an empty entry is cwd). */
+static const char *executable(const char *name, const char *cwd, char *const *envp, char *path, size_t size) {
+    if (strchr(name, '/')) return name; /* a relative one: from cwd, where posix_spawn has gone */
+    const char *dirs = DEFAULT_PATH;
+    for (char *const *e = envp; *e; e++)
+        if (strncmp(*e, "PATH=", 5) == 0) dirs = *e + 5;
+    size_t name_len = strlen(name);
+    for (const char *dir = dirs;; dir++) {
+        const char *end = strchrnul(dir, ':');
+        size_t len = (size_t)(end - dir), base = *dir == '/' ? 0 : strlen(cwd) + 1;
+        struct stat st;
+        if (base + len + 1 + name_len < size) {
+            if (base) {
+                memcpy(path, cwd, base - 1);
+                path[base - 1] = '/';
+            }
+            memcpy(path + base, dir, len);
+            path[base + len] = '/';
+            memcpy(path + base + len + 1, name, name_len + 1);
+            if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0) return path;
+        }
+        if (!*end) break;
+        dir = end;
+    }
+    errno = ENOENT;
+    return NULL;
+}
+
+/* Room for one more tool in the table (made before it starts: a started tool is never lost). */
+static int room_for_one(void) {
+    if (tool_count < tool_room) return 1;
+    size_t room = tool_room ? tool_room * 2 : 16;
+    struct tool *more = realloc(tools, room * sizeof *tools);
+    if (!more) return 0;
+    tools = more;
+    tool_room = room;
+    return 1;
+}
+
+/* The tool of a request of `size` bytes: its pid, or 0 with *error and *why saying why not. */
+static pid_t start(size_t size, const int fds[3], int *error, const char **why) {
+    uint32_t counts[2];
+    size_t strings = 0;
+    *why = "malformed request";
+    *error = EINVAL;
+    if (size < sizeof counts + 1 || request[size - 1] != '\0') return 0;
+    memcpy(counts, request, sizeof counts);
+    size_t argc = counts[0], envc = counts[1];
+    if (argc < 1 || argc > size || envc > size) return 0;
+    for (const char *p = request + sizeof counts, *end = request + size; p < end;
+         p = (const char *)memchr(p, '\0', (size_t)(end - p)) + 1)
+        strings++;
+    if (strings != 1 + argc + envc) return 0;
+    char *cwd = request + sizeof counts, *p = cwd + strlen(cwd) + 1;
+    if (cwd[0] != '/' || p[0] == '\0') return 0; /* cwd absolute, argv[0] not empty */
+    char **argv = malloc((argc + envc + 2) * sizeof *argv);
+    if (!argv || !room_for_one()) {
+        free(argv);
+        *why = "out of memory";
+        *error = ENOMEM;
+        return 0;
+    }
+    char **envp = argv + argc + 1;
+    for (size_t i = 0; i < argc; i++, p += strlen(p) + 1) argv[i] = p;
+    argv[argc] = NULL;
+    for (size_t i = 0; i < envc; i++, p += strlen(p) + 1) envp[i] = p;
+    envp[envc] = NULL;
+    pid_t pid = 0;
+    int well_formed = 1;
+    for (size_t i = 0; well_formed && i < envc; i++) well_formed = envp[i][0] != '=' && strchr(envp[i], '=') != NULL;
+    char found[PATH_MAX];
+    const char *program = well_formed ? executable(argv[0], cwd, envp, found, sizeof found) : NULL;
+    if (!well_formed) {
+        *why = "malformed environment";
+    } else if (!program) {
+        *why = argv[0];
+        *error = ENOENT;
+    } else {
+        posix_spawn_file_actions_t actions;
+        posix_spawnattr_t attr;
+        sigset_t none;
+        sigemptyset(&none);
+        posix_spawn_file_actions_init(&actions);
+        posix_spawnattr_init(&attr);
+        int failed = posix_spawn_file_actions_addchdir_np(&actions, cwd);
+        for (int fd = 0; fd < 3 && !failed; fd++) failed = posix_spawn_file_actions_adddup2(&actions, fds[fd], fd);
+        if (!failed)
+            failed = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+        if (!failed) failed = posix_spawnattr_setsigdefault(&attr, &every_signal);
+        if (!failed) failed = posix_spawnattr_setsigmask(&attr, &none);
+        if (!failed) failed = posix_spawn(&pid, program, &actions, &attr, argv, envp);
+        posix_spawn_file_actions_destroy(&actions);
+        posix_spawnattr_destroy(&attr);
+        if (failed) {
+            pid = 0;
+            *why = program;
+            *error = failed;
+        }
+    }
+    free(argv);
+    return pid;
+}
+
+/* One request read and answered: 1, or 0 when there is none, or -1 when the server is gone. */
+static int serve_one(void) {
+    char control[CMSG_SPACE(8 * sizeof(int))];
+    struct iovec iov = {request, MAX_REQUEST};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+    ssize_t size = recvmsg(SOCK, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (size < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
+    if (size == 0) return -1;
+    int fds[4], count = 0, extra = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof fd, sizeof fd);
+            if (count < 4) fds[count++] = fd;
+            else {
+                close(fd);
+                extra = 1;
+            }
+        }
+    }
+    pid_t pid = 0;
+    int error;
+    const char *why;
+    if (msg.msg_flags & MSG_TRUNC) {
+        why = "request too long";
+        error = EMSGSIZE;
+    } else if (count != 4 || extra || (msg.msg_flags & MSG_CTRUNC)) {
+        why = "a tool needs stdin, stdout, stderr and a status pipe";
+        error = EINVAL;
+    } else {
+        pid = start((size_t)size, fds, &error, &why);
+    }
+    for (int i = 0; i < count; i++)
+        if (!pid || i < 3) close(fds[i]);
+    if (pid) tools[tool_count++] = (struct tool){pid, fds[3]};
+    if (size > KEEP_RESIDENT) madvise(request + KEEP_RESIDENT, (size_t)size - KEEP_RESIDENT, MADV_DONTNEED);
+    if (pid) say(pid, 0, NULL);
+    else say(0, error, why);
+    return 1;
+}
+
+/* Ended tools: each one's wait status to its pipe. */
+static void reap(void) {
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (size_t i = 0; i < tool_count; i++) {
+            if (tools[i].pid != pid) continue;
+            int32_t value = status;
+            if (write(tools[i].status_fd, &value, sizeof value) < 0) { /* the server stopped listening */ }
+            close(tools[i].status_fd);
+            tools[i] = tools[--tool_count];
+            break;
+        }
+    }
+}
+
+int main(int argc, char **argv) {
+    struct stat st;
+    if (argc < 5) {
+        fprintf(stderr, "usage: idegym-spawner UID GID GROUPS|- OOM_SCORE_ADJ [CGROUP_DIR...] (socket at fd 3)\n");
+        return 2;
+    }
+    if (fstat(SOCK, &st) != 0 || !S_ISSOCK(st.st_mode)) {
+        fprintf(stderr, "idegym-spawner: descriptor %d is not its socket\n", SOCK);
+        return 2;
+    }
+    for (int fd = 0; fd < 3; fd++) /* a received descriptor must never land on 0-2 */
+        if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDWR) != fd) return 2;
+    if (fcntl(SOCK, F_SETFD, FD_CLOEXEC) != 0) return 2;
+    int signals = become(argc, argv);
+    struct pollfd ready[2] = {{SOCK, POLLIN, 0}, {signals, POLLIN, 0}};
+    for (;;) {
+        if (poll(ready, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            return 1;
+        }
+        if (ready[1].revents) {
+            struct signalfd_siginfo info;
+            while (read(signals, &info, sizeof info) > 0) {}
+            reap();
+        }
+        if (ready[0].revents) {
+            int served;
+            while ((served = serve_one()) > 0) {}
+            if (served < 0) return 0;
+        }
+    }
+}
