@@ -47,6 +47,7 @@ import os
 import signal
 import socket
 import struct
+import sys
 from collections.abc import Mapping, Sequence
 
 from .jail import RESET_SIGNALS
@@ -60,6 +61,7 @@ COUNTS = struct.Struct("=II")  # a request's argc and envc
 SIOCOUTQ = 0x5411  # bytes sent on a socket and not yet read by its peer
 ANSWER_TIMEOUT = 2.0  # a spawner stopped by its user: the call goes the long way after this
 STATUS_GRACE = 0.2  # a tool ended this long ago and its spawner has not said how: it is stopped
+_FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 
 
 def available() -> bool:
@@ -291,13 +293,12 @@ class Spawner:
 
 def _request(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> bytes:
     """cwd, argv and the environment as spawner.c reads them (a NUL of their own is refused, as
-    ``posix_spawn`` refuses it: the long way then says so)."""
-    parts = [os.fsencode(cwd), *map(os.fsencode, argv),
-             *(os.fsencode(name) + b"=" + os.fsencode(value) for name, value in env.items())]
-    body = b"\0".join(parts) + b"\0"
-    if body.count(b"\0") != len(parts) or not argv or not argv[0] or any(not n or "=" in n for n in env):
+    ``posix_spawn`` refuses it: the long way then says so). Encoded as ``os.fsencode`` would."""
+    strings = [cwd, *argv, *[f"{name}={value}" for name, value in env.items()]]
+    body = "\0".join(strings) + "\0"
+    if body.count("\0") != len(strings) or not argv or not argv[0] or any(not n or "=" in n for n in env):
         raise SpawnRefused("a NUL byte, an empty program or a malformed variable name: not for the spawner")
-    return COUNTS.pack(len(argv), len(env)) + body
+    return COUNTS.pack(len(argv), len(env)) + body.encode(_FS_ENCODING, _FS_ERRORS)
 
 
 def _attributes(pid: int) -> tuple:
