@@ -24,7 +24,38 @@ CONNECT_TIMEOUT = 10.0
 MAX_IDLE = 32
 
 
-class _UnixConnection(http.client.HTTPConnection):
+class _OneWrite:
+    """A request's head and body sent in one write. ``http.client`` writes them apart, which wakes
+    the server twice for one request and, over TCP, holds the body back until the head is
+    acknowledged (Nagle's algorithm): ~0.2 ms of a call through the control plane."""
+
+    _held: list[bytes] | None = None
+
+    def send(self, data: Any) -> None:
+        if self._held is not None and isinstance(data, bytes):
+            self._held.append(data)
+        else:
+            super().send(data)  # type: ignore[misc]
+
+    def send_request(self, method: str, target: str, body: bytes | None, headers: Mapping[str, str]) -> None:
+        self._held = []
+        try:
+            self.request(method, target, body=body, headers=headers)  # type: ignore[attr-defined]
+            data = b"".join(self._held)
+        finally:
+            self._held = None
+        self.send(data)
+
+
+class _Connection(_OneWrite, http.client.HTTPConnection):
+    pass
+
+
+class _TLSConnection(_OneWrite, http.client.HTTPSConnection):
+    pass
+
+
+class _UnixConnection(_OneWrite, http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float) -> None:
         super().__init__("localhost", timeout=timeout)
         self._path = path
@@ -69,7 +100,7 @@ class HTTPSession:
             token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode("ascii")
             self._headers["Authorization"] = f"Basic {token}"
         self._ssl: ssl.SSLContext | None = None
-        self._idle: list[http.client.HTTPConnection] = []
+        self._idle: list[_Connection | _TLSConnection | _UnixConnection] = []
         self._max_idle = max_idle
         self._lock = threading.Lock()
         self._closed = False
@@ -94,7 +125,7 @@ class HTTPSession:
             if conn.sock is None:
                 conn.connect()
             conn.sock.settimeout(self.default_timeout if timeout is None else timeout)
-            conn.request(method, target, body=body, headers=sent)
+            conn.send_request(method, target, body, sent)
             resp = conn.getresponse()
             content = resp.read()
         except BaseException:
@@ -107,7 +138,7 @@ class HTTPSession:
             self._checkin(conn)
         return answer
 
-    def _checkout(self) -> http.client.HTTPConnection:
+    def _checkout(self) -> _Connection | _TLSConnection | _UnixConnection:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the client is closed")
@@ -122,10 +153,10 @@ class HTTPSession:
         if self._scheme == "https":
             if self._ssl is None:
                 self._ssl = ssl.create_default_context()
-            return http.client.HTTPSConnection(self._host, self._port, timeout=CONNECT_TIMEOUT, context=self._ssl)
-        return http.client.HTTPConnection(self._host, self._port, timeout=CONNECT_TIMEOUT)
+            return _TLSConnection(self._host, self._port, timeout=CONNECT_TIMEOUT, context=self._ssl)
+        return _Connection(self._host, self._port, timeout=CONNECT_TIMEOUT)
 
-    def _checkin(self, conn: http.client.HTTPConnection) -> None:
+    def _checkin(self, conn: _Connection | _TLSConnection | _UnixConnection) -> None:
         with self._lock:
             if not self._closed and len(self._idle) < self._max_idle:
                 self._idle.append(conn)
