@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -22,7 +23,7 @@ from mcp.shared.exceptions import MCPError  # noqa: E402
 from tests.integration_helpers import TASK, alive, control_plane, fix_arguments  # noqa: E402,F401
 
 pytestmark = pytest.mark.timeout(300)
-TOOLS = ["reset", "bash", "read_file", "write_file", "edit_file", "patch_file", "run_checks", "submit"]
+TOOL_NAMES = ["reset", "bash", "read_file", "write_file", "edit_file", "patch_file", "run_checks", "submit"]
 
 
 def serve_argv(cp_url: str, *extra: str) -> list[str]:
@@ -33,13 +34,14 @@ def serve_argv(cp_url: str, *extra: str) -> list[str]:
 async def solve(client: Client) -> dict:
     """List the tools, solve the bundled task through them, return submit's structured result."""
     tools = await client.list_tools()
-    assert [t.name for t in tools.tools] == TOOLS
+    assert [t.name for t in tools.tools] == TOOL_NAMES
     schema = next(t for t in tools.tools if t.name == "edit_file").input_schema
     assert schema["required"] == ["path", "start_line", "end_line", "new_content"]
     instruction = await client.call_tool("reset", {})
     assert not instruction.is_error and "Roman" in instruction.content[0].text
     listing = await client.call_tool("bash", {"command": "ls"})
     assert "roman.py" in listing.content[0].text
+    assert listing.structured_content == {"result": listing.content[0].text}  # the wire MCPServer gave
     edited = await client.call_tool("edit_file", fix_arguments())
     assert not edited.is_error, edited.content[0].text
     checks = await client.call_tool("run_checks", {})
@@ -189,3 +191,152 @@ def test_idle_episodes_are_handed_back(control_plane) -> None:  # noqa: F811
     finally:
         server.close()
         close_shared_clients()
+
+
+def test_sigterm_over_stdio_hands_the_episode_back(control_plane) -> None:  # noqa: F811
+    proc = subprocess.Popen(serve_argv(control_plane.url), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        answers = _converse(proc, [("tools/call", {"name": "reset", "arguments": {}})])
+        assert not answers[-1]["result"]["isError"]
+        assert alive(control_plane) == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        assert alive(control_plane) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_episodes_run_at_once_and_an_episode_one_call_at_a_time(control_plane) -> None:  # noqa: F811
+    from idegym_env.integrations._episode import close_shared_clients
+    from idegym_env.integrations.mcp import EpisodeServer
+
+    server = EpisodeServer(task=TASK, control_plane_url=control_plane.url)
+
+    async def main() -> None:
+        async with Client(server.mcp) as client:
+            one = (await client.call_tool("reset", {"new": True})).structured_content["episode_id"]
+            two = (await client.call_tool("reset", {"new": True})).structured_content["episode_id"]
+
+            async def timed(*episodes: str) -> float:
+                started = anyio.current_time()
+                async with anyio.create_task_group() as tg:
+                    for episode in episodes:
+                        tg.start_soon(client.call_tool, "bash", {"command": "sleep 1", "episode_id": episode})
+                return anyio.current_time() - started
+
+            apart = await timed(one, two)
+            together = await timed(one, one)
+            assert apart < 1.8, f"two episodes' calls took {apart:.2f} s: they did not run at once"
+            assert together >= 2.0, f"one episode's two calls took {together:.2f} s: they overlapped"
+
+    try:
+        anyio.run(main)
+    finally:
+        server.close()
+        close_shared_clients()
+
+
+def test_malformed_calls_are_tool_errors_with_our_message() -> None:
+    from idegym_env.integrations.mcp import EpisodeServer
+
+    server = EpisodeServer(task=TASK)  # no call here reaches an episode: no sandbox, no control plane
+
+    async def main() -> None:
+        async with Client(server.mcp) as client:
+            missing = await client.call_tool("bash", {})
+            assert missing.is_error and missing.content[0].text == (
+                "Error executing tool bash: invalid arguments (command: Field required); expected "
+                "bash(command: string, timeout?: number, episode_id?: string)")
+            wrong = await client.call_tool("edit_file", {"path": "a.py", "start_line": "one", "end_line": 1,
+                                                         "new_content": ""})
+            assert wrong.is_error and "start_line: Input should be a valid integer" in wrong.content[0].text
+            unknown = await client.call_tool("rm_rf", {})
+            assert unknown.is_error and unknown.content[0].text == "Unknown tool: rm_rf"
+            stale = await client.call_tool("bash", {"command": "ls", "episode_id": "gone"})
+            assert stale.is_error and "unknown episode 'gone'" in stale.content[0].text
+
+    anyio.run(main)
+    assert server.session_count == 0
+
+
+def test_tool_schemas_come_from_the_argument_models() -> None:
+    from idegym_env.integrations.mcp import TOOLS, EpisodeServer, ResetResult, SubmitResult
+
+    async def main() -> dict:
+        async with Client(EpisodeServer(task=TASK).mcp) as client:
+            return {tool.name: tool for tool in (await client.list_tools()).tools}
+
+    tools = anyio.run(main)
+    assert list(tools) == TOOL_NAMES and list(TOOLS) == TOOL_NAMES
+    for name, tool in tools.items():
+        assert tool.input_schema == TOOLS[name].arguments.model_json_schema()
+        assert tool.input_schema["title"] == f"{name}Arguments"
+    assert tools["reset"].output_schema == ResetResult.model_json_schema()
+    assert tools["submit"].output_schema == SubmitResult.model_json_schema()
+    assert tools["bash"].output_schema["properties"] == {"result": {"title": "Result", "type": "string"}}
+    assert "command: The bash script" in tools["bash"].description
+
+
+def _converse(proc: subprocess.Popen, calls: list[tuple[str, dict]]) -> list[dict]:
+    """initialize, then each request in turn over a server's stdin/stdout; returns every answer."""
+    assert proc.stdin is not None and proc.stdout is not None
+    requests = [("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                "clientInfo": {"name": "test", "version": "0"}}), *calls]
+    answers = []
+    for number, (method, params) in enumerate(requests, 1):
+        proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": number, "method": method, "params": params}).encode()
+                         + b"\n")
+        if number == 1:
+            proc.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+        proc.stdin.flush()
+        answer = json.loads(proc.stdout.readline())
+        assert answer["id"] == number, answer
+        answers.append(answer)
+    return answers
+
+
+NOISY_SERVER = r'''
+import os, subprocess, sys
+import anyio
+import mcp_types as types
+from mcp.server.lowlevel import Server
+from idegym_env.integrations._mcp_stdio import stdio_streams
+
+async def list_tools(ctx, params):
+    return types.ListToolsResult(tools=[types.Tool(name="noisy", input_schema={"type": "object"})])
+
+async def call_tool(ctx, params):
+    print("stray print")                                  # buffered: flushed at exit, to stderr
+    print("stray print, flushed", flush=True)
+    os.write(1, b"stray write to fd 1\n")
+    subprocess.run(["sh", "-c", "echo child stdout; cat"], check=True)  # cat reads EOF, not the wire
+    return types.CallToolResult(content=[types.TextContent(type="text", text="quiet answer")])
+
+async def main():
+    server = Server("noisy", on_list_tools=list_tools, on_call_tool=call_tool)
+    async with stdio_streams() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
+
+anyio.run(main)
+print("after serving", flush=True)                        # fd 1 is the wire again
+'''
+
+
+def test_stray_output_of_the_server_and_its_children_never_reaches_the_wire(tmp_path) -> None:
+    with open(tmp_path / "stderr", "wb") as stderr:
+        proc = subprocess.Popen([sys.executable, "-c", NOISY_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=stderr)
+    try:
+        answers = _converse(proc, [("tools/call", {"name": "noisy", "arguments": {}})] * 2)
+        assert [a["result"]["content"][0]["text"] for a in answers[1:]] == ["quiet answer"] * 2
+        proc.stdin.close()  # the client goes: the server ends
+        assert proc.stdout.read() == b"after serving\n"
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    errors = (tmp_path / "stderr").read_text()
+    for stray in ("stray print\n", "stray print, flushed", "stray write to fd 1", "child stdout"):
+        assert errors.count(stray) == 2, (stray, errors)

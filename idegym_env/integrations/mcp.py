@@ -27,25 +27,39 @@ control plane is unreachable, grading could not run) is a JSON-RPC error (code -
 Cleanup: an episode's sandbox is handed back when it is graded, when ``reset`` replaces it, when
 its HTTP session ends (``DELETE``), when it has had no call for ``--session-idle-timeout``
 seconds, and when the server exits.
+
+Serving: the SDK's lowlevel ``Server``, with one pydantic model per tool's arguments (it gives the
+tool's input schema and validates a call) and the answers ``MCPServer`` gave before (text; for
+``reset`` and ``submit`` also structured content under an output schema). Stdio goes through
+:mod:`._mcp_stdio` (the SDK's ``stdio_server`` on asyncio pipes instead of worker threads).
+Episodes are synchronous, so a call runs on a worker thread: calls on different episodes run at
+once, an episode's one at a time. ``python -m benchmarks integrations`` says what a call costs
+over the same call made with the client directly, and where that goes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
+import os
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-import anyio
-from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+import mcp_types as types
+import pydantic_core
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..tasks import BUNDLED_DIR, Task, load_task
 from ._episode import Episode, InfrastructureError, Outcome, ToolCallError, close_shared_clients
@@ -56,7 +70,85 @@ log = logging.getLogger(__name__)
 INTERNAL_ERROR = -32603
 DEFAULT_EPISODE = "default"
 SESSION_HEADER = "mcp-session-id"
+#: Threads that run the episodes' (synchronous) calls: one per call in flight, made as needed.
+MAX_WORKERS = 64
 
+
+# -- the tools' arguments and results ----------------------------------------------------------------
+
+
+EpisodeId = Annotated[str | None, Field(description="The episode to act on (reset's episode_id); omit it for "
+                                                    "this connection's episode.")]
+
+
+class _Arguments(BaseModel):
+    """A tool's arguments; names it does not take are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class ResetArguments(_Arguments):
+    model_config = ConfigDict(title="resetArguments")
+
+    task: str | None = Field(None, description="A task id; omit it for the server's default task.")
+    new: bool = Field(False, description="Start an additional episode with an id of its own (for clients without "
+                                         "sessions that run several episodes at once) instead of replacing this "
+                                         "connection's episode.")
+
+
+class BashArguments(_Arguments):
+    model_config = ConfigDict(title="bashArguments")
+
+    command: str = Field(description="The bash script, e.g. `ls` or `python3 -m pytest -q`.")
+    timeout: float | None = Field(None, description="Seconds before it is killed (default: the environment's limit).")
+    episode_id: EpisodeId = None
+
+
+class ReadFileArguments(_Arguments):
+    model_config = ConfigDict(title="read_fileArguments")
+
+    path: str = Field(description="The file's path, relative to the project directory.")
+    offset: int | None = Field(None, description="Byte offset to start at (default 0).")
+    length: int | None = Field(None, description="Maximum number of bytes (default: the environment's limit).")
+    episode_id: EpisodeId = None
+
+
+class WriteFileArguments(_Arguments):
+    model_config = ConfigDict(title="write_fileArguments")
+
+    path: str = Field(description="The file's path, relative to the project directory.")
+    content: str = Field(description="The complete new content.")
+    episode_id: EpisodeId = None
+
+
+class EditFileArguments(_Arguments):
+    model_config = ConfigDict(title="edit_fileArguments")
+
+    path: str = Field(description="The file's path, relative to the project directory.")
+    start_line: int = Field(description="First line to replace.")
+    end_line: int = Field(description="Last line to replace.")
+    new_content: str = Field(description="The replacement text; empty deletes the lines.")
+    episode_id: EpisodeId = None
+
+
+class PatchFileArguments(_Arguments):
+    model_config = ConfigDict(title="patch_fileArguments")
+
+    path: str = Field(description="The file's path, relative to the project directory.")
+    patch: str = Field(description="The patch text.")
+    episode_id: EpisodeId = None
+
+
+class RunChecksArguments(_Arguments):
+    model_config = ConfigDict(title="run_checksArguments")
+
+    episode_id: EpisodeId = None
+
+
+class SubmitArguments(_Arguments):
+    model_config = ConfigDict(title="submitArguments")
+
+    episode_id: EpisodeId = None
 
 
 class ResetResult(BaseModel):
@@ -77,6 +169,107 @@ class SubmitResult(BaseModel):
     checks: dict[str, Any] = Field(default_factory=dict, description="Each stage's result as the sandbox reported it.")
 
 
+@dataclass(frozen=True)
+class _Tool:
+    """One tool: its arguments' model (which gives its input schema and validates a call) and its
+    result: a model (structured content, and the same JSON as text) or text, which goes out as
+    ``{"result": text}`` too: the wire the SDK's ``MCPServer`` gave before, kept for its clients."""
+
+    name: str
+    summary: str
+    arguments: type[_Arguments]
+    result: type[BaseModel] | None = None
+
+    def definition(self) -> types.Tool:
+        fields = self.arguments.model_fields
+        description = self.summary
+        if fields:
+            description += "\n\nArgs:\n" + "\n".join(f"    {name}: {field.description}"
+                                                   for name, field in fields.items())
+        output = self.result.model_json_schema() if self.result is not None else {
+            "properties": {"result": {"title": "Result", "type": "string"}}, "required": ["result"],
+            "title": f"{self.name}Output", "type": "object"}
+        return types.Tool(name=self.name, description=description, input_schema=self.arguments.model_json_schema(),
+                          output_schema=output)
+
+    def parse(self, arguments: dict[str, Any]) -> Any:
+        """The call's arguments, validated (lax: ``"4"`` is 4). As the SDK's ``MCPServer`` did for
+        clients that quote everything, a string that is JSON ``null``, an object or an array is read
+        as such for an argument that takes no string."""
+        fields = self.arguments.model_fields
+        for key, value in arguments.items():
+            if isinstance(value, str) and key in fields and key not in _TAKES_STR[self.name]:
+                try:
+                    parsed = json.loads(value)
+                except (ValueError, RecursionError):
+                    continue
+                if not isinstance(parsed, str | int | float):
+                    arguments = {**arguments, key: parsed}
+        return self.arguments.model_validate(arguments)
+
+    def refusal(self, exc: ValidationError) -> str:
+        """Why the arguments were refused and what the tool takes, in a line for the model."""
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
+                             for e in exc.errors(include_url=False))
+        return f"invalid arguments ({problems}); expected {_SIGNATURES[self.name]}"
+
+    def signature(self) -> str:
+        """``bash(command: string, timeout?: number, episode_id?: string)``"""
+        schema = self.arguments.model_json_schema()
+        parts = []
+        for name, prop in schema["properties"].items():
+            kinds = [prop["type"]] if "type" in prop else [a.get("type") for a in prop.get("anyOf", ())]
+            kind = next((k for k in kinds if k and k != "null"), "any")
+            parts.append(f"{name}{'' if name in schema.get('required', ()) else '?'}: {kind}")
+        return f"{self.name}({', '.join(parts)})"
+
+    def answer(self, value: Any) -> types.CallToolResult:
+        if isinstance(value, BaseModel):
+            return types.CallToolResult(content=[types.TextContent(type="text", text=pydantic_core.to_json(
+                value, indent=2).decode())], structured_content=value.model_dump(mode="json"))
+        return types.CallToolResult(content=[types.TextContent(type="text", text=value)],
+                                    structured_content={"result": value})
+
+
+TOOLS = {tool.name: tool for tool in (
+    _Tool("reset", "Start an episode (ending the one it replaces) and return its id and the task's instruction.",
+          ResetArguments, ResetResult),
+    _Tool("bash", "Run a bash script in the project directory; returns its output and exit code.", BashArguments),
+    _Tool("read_file", "Read a text file of the project.", ReadFileArguments),
+    _Tool("write_file", "Create or overwrite a file with this content (missing directories are created).",
+          WriteFileArguments),
+    _Tool("edit_file", "Replace lines start_line..end_line (inclusive, from 1) of a file; end_line = start_line - 1 "
+          "inserts.", EditFileArguments),
+    _Tool("patch_file", "Apply diff-match-patch patch text (patch_toText) to a file; fails if a hunk does not apply.",
+          PatchFileArguments),
+    _Tool("run_checks", "Run the task's tests and return their output (does not end the episode).",
+          RunChecksArguments),
+    _Tool("submit", "Grade the episode with the task's checks and end it; returns the reward.", SubmitArguments,
+          SubmitResult),
+)}
+_SIGNATURES = {name: tool.signature() for name, tool in TOOLS.items()}
+_TAKES_STR = {name: {key for key, field in tool.arguments.model_fields.items()
+                     if field.annotation is str or str in getattr(field.annotation, "__args__", ())}
+              for name, tool in TOOLS.items()}
+
+
+def _tool_error(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+
+
+def _tracing() -> bool:
+    """Whether OpenTelemetry is set up in this process (a tracer provider, or OTEL_* settings)."""
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return False
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider) or \
+        any(name.startswith("OTEL_") for name in os.environ)
+
+
+# -- the server -------------------------------------------------------------------------------------
+
+
 class _Session:
     def __init__(self, episode: Episode) -> None:
         self.episode = episode
@@ -85,7 +278,7 @@ class _Session:
 
 
 class EpisodeServer:
-    """The MCP server object and the episodes of its sessions."""
+    """The MCP server (:attr:`mcp`, the SDK's lowlevel ``Server``) and the episodes of its sessions."""
 
     def __init__(self, *, task: Task | str | Path | None = None, control_plane_url: str | None = None,
                  allowed_tasks: tuple[str, ...] | None = None, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
@@ -100,12 +293,27 @@ class EpisodeServer:
         self.env_kwargs = env_kwargs
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
-        self.mcp = MCPServer("idegym", instructions=_INSTRUCTIONS, log_level="WARNING")
-        self._add_tools()
+        # Episodes are synchronous: each call runs on one of these threads, so that calls on
+        # different episodes run at once (one at a time per episode: _Session.lock).
+        self._executor = ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="idegym-mcp")
+        self._tools = types.ListToolsResult(tools=[tool.definition() for tool in TOOLS.values()])
+        self._input_schemas = {tool.name: tool.input_schema for tool in self._tools.tools}
+        self.mcp: Server[Any] = Server(
+            "idegym", instructions=_INSTRUCTIONS, get_tool_input_schema=self._input_schemas.get,
+            on_list_tools=self._list_tools, on_call_tool=self._call_tool,
+            # Empty, as MCPServer answered them, for clients that list everything without asking.
+            on_list_resources=_empty(types.ListResourcesResult(resources=[])),
+            on_list_resource_templates=_empty(types.ListResourceTemplatesResult(resource_templates=[])),
+            on_list_prompts=_empty(types.ListPromptsResult(prompts=[])))
+        if not _tracing():
+            # The SDK's OpenTelemetry middleware makes a span per message even with no exporter
+            # (~40 µs of a call here); it stays when the process traces.
+            self.mcp.middleware = [m for m in self.mcp.middleware if type(m).__name__ != "OpenTelemetryMiddleware"]
 
     # -- sessions -------------------------------------------------------------------------------------
 
-    def _session(self, ctx: Context, episode_id: str | None = None, *, new: bool = False) -> tuple[str, _Session]:
+    def _session(self, ctx: ServerRequestContext[Any], episode_id: str | None = None, *,
+                 new: bool = False) -> tuple[str, _Session]:
         """The episode a call acts on: ``episode_id`` when given; else the transport's session
         (legacy streamable-HTTP sessions) or the server's default episode (stdio, or a stateless
         HTTP client that names none); ``new`` makes a fresh one with an id of its own."""
@@ -115,10 +323,10 @@ class EpisodeServer:
             key = episode_id
             with self._lock:
                 if key not in self._sessions and key != DEFAULT_EPISODE:
-                    raise ToolError(f"unknown episode {episode_id!r}: it ended or never existed; call reset "
-                                    "(new=true) to start one")
+                    raise ToolCallError(f"unknown episode {episode_id!r}: it ended or never existed; call reset "
+                                        "(new=true) to start one")
         else:
-            headers = ctx.headers
+            headers = getattr(ctx.request, "headers", None)
             key = (headers.get(SESSION_HEADER) if headers else None) or DEFAULT_EPISODE
         with self._lock:
             session = self._sessions.get(key)
@@ -156,155 +364,102 @@ class EpisodeServer:
         with self._lock:
             return len(self._sessions)
 
-    # -- calling the episode --------------------------------------------------------------------------
+    # -- the handlers ---------------------------------------------------------------------------------
 
-    async def _run(self, ctx: Context, fn: Any, episode_id: str | None = None, *, new: bool = False) -> Any:
-        key, session = self._session(ctx, episode_id, new=new)
+    async def _list_tools(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
+        return self._tools
 
-        def call() -> Any:
-            with session.lock:
-                episode = session.episode
-                if episode.env is None and not episode.done and self.default_task is not None \
-                        and not isinstance(fn, _Start):
-                    episode.start(self.default_task)
-                return fn(key, episode)
-
+    async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) \
+            -> types.CallToolResult:
+        name = params.name
+        tool = TOOLS.get(name)
+        if tool is None:
+            return _tool_error(f"Unknown tool: {name}")
         try:
-            return await anyio.to_thread.run_sync(call)
+            arguments = tool.parse(params.arguments or {})
+        except ValidationError as exc:
+            return _tool_error(f"Error executing tool {name}: {tool.refusal(exc)}")
+        try:
+            key, session = self._session(ctx, getattr(arguments, "episode_id", None),
+                                         new=getattr(arguments, "new", False))
+            value = await self._in_thread(self._in_episode, session, key, name, arguments)
         except ToolCallError as exc:
-            raise ToolError(str(exc)) from None
+            return _tool_error(f"Error executing tool {name}: {exc}")
         except InfrastructureError as exc:
             raise MCPError(INTERNAL_ERROR, f"IdeGym infrastructure failure (the episode is not scored): {exc}",
                            {"infrastructure_error": str(exc)}) from None
+        except Exception as exc:  # noqa: BLE001 - a failure of ours: the model reads it, the log keeps the trace
+            log.exception("MCP tool %s failed", name)
+            return _tool_error(f"Error executing tool {name}: {exc}")
+        return tool.answer(value)
 
-    async def _tool(self, ctx: Context, name: str, arguments: dict[str, Any] | None,
-                    episode_id: str | None) -> str:
-        outcome: Outcome = await self._run(ctx, lambda _key, e: e.call(name, arguments), episode_id)
-        if outcome.error is not None and name != "bash":
-            raise ToolError(outcome.text)
-        return outcome.text
+    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on a worker thread: asyncio's executor hand-off, ~15 µs a call cheaper here than
+        ``anyio.to_thread`` (which also works under trio; every server here runs on asyncio)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def _start(self, episode: Episode, task: str | None) -> str:
+    def _in_episode(self, session: _Session, key: str, name: str, arguments: Any) -> Any:
+        with session.lock:
+            episode = session.episode
+            if name == "reset":
+                return self._reset(key, episode, arguments)
+            if episode.env is None and not episode.done and self.default_task is not None:
+                episode.start(self.default_task)
+            if name == "submit":
+                return self._submit(key, episode)
+            outcome: Outcome = episode.call(name, arguments.model_dump(exclude={"episode_id"}) or None)
+            if outcome.error is not None and name != "bash":
+                raise ToolCallError(outcome.text)
+            return outcome.text
+
+    def _reset(self, key: str, episode: Episode, arguments: ResetArguments) -> ResetResult:
+        task = arguments.task
         if task is None or (self.default_task is not None and task == self.default_task.id):
             if self.default_task is None:
                 raise ToolCallError(f"name a task: this server has no default task; tasks: "
                                     f"{', '.join(self.allowed_tasks)}")
-            return episode.start(self.default_task)
-        return episode.start(task)
+            instruction = episode.start(self.default_task)
+        else:
+            instruction = episode.start(task)
+        assert episode.task is not None
+        return ResetResult(episode_id=key, task_id=episode.task.id, instruction=instruction)
 
-    # -- the tools --------------------------------------------------------------------------------------
-
-    def _add_tools(self) -> None:
-        server = self
-
-        @self.mcp.tool()
-        async def reset(ctx: Context, task: str | None = None, new: bool = False) -> ResetResult:
-            """Start an episode (ending the one it replaces) and return its id and the task's instruction.
-
-            Args:
-                task: A task id; omit it for the server's default task.
-                new: Start an additional episode with an id of its own (for clients without sessions that
-                    run several episodes at once) instead of replacing this connection's episode.
-            """
-            def start(key: str, episode: Episode) -> ResetResult:
-                instruction = server._start(episode, task)
-                assert episode.task is not None
-                return ResetResult(episode_id=key, task_id=episode.task.id, instruction=instruction)
-
-            return await server._run(ctx, _Start(start), new=new)
-
-        @self.mcp.tool()
-        async def bash(ctx: Context, command: str, timeout: float | None = None, episode_id: str | None = None) -> str:
-            """Run a bash script in the project directory; returns its output and exit code.
-
-            Args:
-                command: The bash script, e.g. `ls` or `python3 -m pytest -q`.
-                timeout: Seconds before it is killed (default: the environment's limit).
-                episode_id: The episode to act on (reset's episode_id); omit it for this connection's episode.
-            """
-            return await server._tool(ctx, "bash", {"command": command, "timeout": timeout}, episode_id)
-
-        @self.mcp.tool()
-        async def read_file(ctx: Context, path: str, offset: int | None = None, length: int | None = None,
-                            episode_id: str | None = None) -> str:
-            """Read a text file of the project.
-
-            Args:
-                path: The file's path, relative to the project directory.
-                offset: Byte offset to start at (default 0).
-                length: Maximum number of bytes (default: the environment's limit).
-                episode_id: The episode to act on (reset's episode_id); omit it for this connection's episode.
-            """
-            return await server._tool(ctx, "read_file", {"path": path, "offset": offset, "length": length},
-                                      episode_id)
-
-        @self.mcp.tool()
-        async def write_file(ctx: Context, path: str, content: str, episode_id: str | None = None) -> str:
-            """Create or overwrite a file with this content (missing directories are created).
-
-            Args:
-                path: The file's path, relative to the project directory.
-                content: The complete new content.
-                episode_id: The episode to act on (reset's episode_id); omit it for this connection's episode.
-            """
-            return await server._tool(ctx, "write_file", {"path": path, "content": content}, episode_id)
-
-        @self.mcp.tool()
-        async def edit_file(ctx: Context, path: str, start_line: int, end_line: int, new_content: str,
-                            episode_id: str | None = None) -> str:
-            """Replace lines start_line..end_line (inclusive, from 1) of a file; end_line = start_line - 1 inserts.
-
-            Args:
-                path: The file's path, relative to the project directory.
-                start_line: First line to replace.
-                end_line: Last line to replace.
-                new_content: The replacement text; empty deletes the lines.
-                episode_id: The episode to act on (reset's episode_id); omit it for this connection's episode.
-            """
-            return await server._tool(ctx, "edit_file", {"path": path, "start_line": start_line,
-                                                         "end_line": end_line, "new_content": new_content},
-                                      episode_id)
-
-        @self.mcp.tool()
-        async def patch_file(ctx: Context, path: str, patch: str, episode_id: str | None = None) -> str:
-            """Apply diff-match-patch patch text (patch_toText) to a file; fails if a hunk does not apply.
-
-            Args:
-                path: The file's path, relative to the project directory.
-                patch: The patch text.
-                episode_id: The episode to act on (reset's episode_id); omit it for this connection's episode.
-            """
-            return await server._tool(ctx, "patch_file", {"path": path, "patch": patch}, episode_id)
-
-        @self.mcp.tool()
-        async def run_checks(ctx: Context, episode_id: str | None = None) -> str:
-            """Run the task's tests and return their output (does not end the episode).
-
-            Args:
-                episode_id: The episode to act on (reset's episode_id); omit it for this connection's episode.
-            """
-            return await server._tool(ctx, "run_checks", None, episode_id)
-
-        @self.mcp.tool()
-        async def submit(ctx: Context, episode_id: str | None = None) -> SubmitResult:
-            """Grade the episode with the task's checks and end it; returns the reward.
-
-            Args:
-                episode_id: The episode to act on (reset's episode_id); omit it for this connection's episode.
-            """
-            def grade(key: str, episode: Episode) -> SubmitResult:
-                task_id = episode.task.id if episode.task is not None else ""
-                outcome = episode.submit()
-                return SubmitResult(reward=outcome.reward, task_id=task_id, episode_id=key, summary=outcome.text,
-                                    checks=outcome.info.get("checks") or {})
-
-            return await server._run(ctx, grade, episode_id)
+    @staticmethod
+    def _submit(key: str, episode: Episode) -> SubmitResult:
+        task_id = episode.task.id if episode.task is not None else ""
+        outcome = episode.submit()
+        return SubmitResult(reward=outcome.reward, task_id=task_id, episode_id=key, summary=outcome.text,
+                            checks=outcome.info.get("checks") or {})
 
     # -- serving ---------------------------------------------------------------------------------------
 
     def serve_stdio(self) -> None:
+        """Serve one client over stdin and stdout until it closes them (or SIGTERM, or Ctrl-C)."""
+        import signal
+
+        from ._mcp_stdio import stdio_streams
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            task = asyncio.current_task()
+            assert task is not None
+            previous = signal.getsignal(signal.SIGTERM)
+            try:  # SIGTERM unwinds the serving, then the episodes are handed back (below)
+                loop.add_signal_handler(signal.SIGTERM, task.cancel)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
+                previous = None
+            try:
+                async with stdio_streams() as (read, write):
+                    await self.mcp.run(read, write, self.mcp.create_initialization_options())
+            finally:
+                if previous is not None:
+                    loop.remove_signal_handler(signal.SIGTERM)
+                    signal.signal(signal.SIGTERM, previous)
+
         try:
-            self.mcp.run("stdio")
+            asyncio.run(main())
+        except asyncio.CancelledError:
+            pass
         finally:
             self.close()
 
@@ -325,7 +480,7 @@ class EpisodeServer:
                 # The episode ends before the client hears that its session did, so a client that
                 # counts sandboxes right after its DELETE sees this one handed back.
                 if message.get("type") == "http.response.start" and message.get("status", 500) < 300:
-                    await anyio.to_thread.run_sync(server.end_session, key.decode())
+                    await server._in_thread(server.end_session, key.decode())
                 await send(message)
 
             await app(scope, receive, send_after_ending)
@@ -343,7 +498,7 @@ class EpisodeServer:
             async def reaper() -> None:
                 while True:
                     await asyncio.sleep(min(60.0, self.idle_timeout / 4))
-                    await anyio.to_thread.run_sync(self.end_idle)
+                    await self._in_thread(self.end_idle)
 
             task = asyncio.ensure_future(reaper())
             serving = asyncio.ensure_future(userver.serve())
@@ -363,14 +518,11 @@ class EpisodeServer:
             self.close()
 
 
-class _Start:
-    """Marks the reset tool's call, which must not auto-start the default task first."""
+def _empty(result: Any) -> Callable[..., Any]:
+    async def handler(ctx: ServerRequestContext[Any], params: Any) -> Any:
+        return result
 
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-
-    def __call__(self, key: str, episode: Episode) -> Any:
-        return self.fn(key, episode)
+    return handler
 
 
 _INSTRUCTIONS = ("An IdeGym coding task in a disposable sandbox. Call reset to start (or restart) an episode and "
@@ -382,12 +534,13 @@ _INSTRUCTIONS = ("An IdeGym coding task in a disposable sandbox. Call reset to s
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import os
     import signal
 
     # SIGTERM unwinds like Ctrl-C, so the episodes' sandboxes are handed back before exit (uvicorn
-    # re-raises the signal it caught once it has shut down; this handler is what it then calls).
+    # re-raises the signal it caught once it has shut down; this handler is what it then calls;
+    # over stdio the serving loop handles it itself).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 
     url = args.control_plane_url or os.environ.get("IDEGYM_URL") or None
     server = EpisodeServer(task=args.task, control_plane_url=url,
@@ -407,4 +560,4 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["EpisodeServer", "ResetResult", "SubmitResult", "add_serve_arguments", "run_serve"]
+__all__ = ["EpisodeServer", "ResetResult", "SubmitResult", "TOOLS", "add_serve_arguments", "run_serve"]
