@@ -3,21 +3,36 @@ class, SkyRL's text env, the MCP server (the SDK's client over stdio) and Harbor
 provider, against the same call made with our client directly, in one run on one control plane.
 
 TRL, SkyRL and MCP are timed round-robin (interleaved) with a direct ``Sandbox.bash`` on a
-sandbox of the same image; Harbor runs in its own Python 3.12 venv, where ``env.exec`` is timed
-interleaved with ``AsyncSandbox.bash`` on the provider's own sandbox. Target: each adapter at
-most 10 % over its direct call (medians).
+sandbox of the same image, all in one asyncio loop on one thread: the synchronous calls (direct,
+TRL, SkyRL) run inline, the MCP client's calls are awaited, so no sample pays a thread hop that
+another does not. The baseline is our fastest direct call, the synchronous client's
+(``AsyncSandbox.bash``, over httpx, is timed too, to show it). Harbor runs in its own Python 3.12
+venv, where ``env.exec`` is timed interleaved with ``AsyncSandbox.bash`` on the provider's own
+sandbox. Target: each adapter at most 10 % over its direct call (medians).
+
+MCP's excess over the direct call is split four ways, each the difference of two rows: the SDK's
+client and the stdio pipes (a call to a null server: a hand-written JSON-RPC responder, no SDK,
+``_mcp_null_server.py``); the direct call made from a second, mostly idle process (the null
+server making the same ``Sandbox.bash`` itself); the SDK's server (a call our handler refuses at
+argument validation, before any episode); and our handler (the rest: the thread hop into the
+synchronous episode, the episode's step, the answer). The first two are what any MCP server over
+stdio costs with the SDK's client; the null server making the direct call is that floor.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from ._common import Result, Stats, check_target, interleaved, stats_table
+from ._common import Progress, Result, Stats, check_target, stats_table
 from ._servers import control_plane
 
 N = int(os.environ.get("BENCH_N", "300"))
@@ -25,10 +40,17 @@ REPO = Path(__file__).resolve().parent.parent
 HARBOR_PYTHON = REPO / ".venv-harbor" / "bin" / "python"
 TASK = "python-roman-numerals"
 DIRECT = "client Sandbox.bash (direct)"
+ASYNC_DIRECT = "client AsyncSandbox.bash (direct, async client)"
+TRL = "TRL IdeGymTRLEnv.bash"
+SKYRL = "SkyRL IdeGymTextEnv.step"
+MCP = "MCP call_tool bash (stdio, SDK client)"
+MCP_LOCAL = "MCP call_tool bash (in-process SDK client, no transport)"
+MCP_FLOOR = "MCP call_tool refused at argument validation (stdio, SDK client and server, no episode)"
+MCP_NULL = "MCP call_tool to a null server (stdio, SDK client only)"
+MCP_NULL_DIRECT = "MCP call_tool to a null server making the direct call (stdio: any server's floor)"
 HARBOR_DIRECT = "harbor: AsyncSandbox.bash (direct)"
 HARBOR_EXEC = "harbor: IdeGymEnvironment.exec"
-MCP_LOCAL = "MCP call_tool bash (in-process SDK client, no transport)"
-MCP_FLOOR = "MCP call_tool refused by the SDK's input validation (transport floor)"
+NULL_SERVER = Path(__file__).resolve().parent / "_mcp_null_server.py"
 
 
 def run() -> Result:
@@ -38,30 +60,49 @@ def run() -> Result:
     result.notes.append("load average at start: " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
     with tempfile.TemporaryDirectory() as tmp, control_plane(Path(tmp) / "cp", ["--warm-pool", "0"]) as url:
         try:
-            samples = _measure(url, 20 * N)
+            samples = asyncio.run(_measure(url, 20 * N))
         finally:
             close_shared_clients()
         harbor = _harbor(url)
     stats = [Stats.of(label, s) for label, s in samples.items()]
+    ours = len(stats)
     if harbor is not None:
         stats += [Stats.of(label, [ms / 1000 for ms in values]) for label, values in harbor.items()]
     result.stats = stats
     print()
-    print(stats_table(stats[:6], baseline=DIRECT))
+    print(stats_table(stats[:ours], baseline=DIRECT))
     if harbor is not None:
-        print(stats_table(stats[6:], baseline=HARBOR_DIRECT))
-    base = stats[0].median_ms
-    for s in stats[1:4]:
-        name = s.label.split(" ", 1)[0]
-        pct = (s.median_ms / base - 1) * 100
-        result.figures[f"{name} overhead %"] = round(pct, 2)
-        result.targets[name] = check_target(f"{name} adapter overhead over the direct call", pct, 10.0, unit="%")
+        print(stats_table(stats[ours:], baseline=HARBOR_DIRECT))
     medians = {s.label: s.median_ms for s in stats}
-    local = medians[MCP_LOCAL]
-    result.figures["MCP in-process overhead %"] = round((local / base - 1) * 100, 2)
+    base = medians[DIRECT]
+
+    def over(label: str) -> float:
+        return (medians[label] / base - 1) * 100
+
+    for label, name in ((TRL, "TRL"), (SKYRL, "SkyRL"), (MCP, "MCP")):
+        result.figures[f"{name} overhead %"] = round(over(label), 2)
+        result.targets[name] = check_target(f"{name} adapter overhead over the direct call", over(label), 10.0,
+                                            unit="%")
+    result.figures["async client overhead over the sync client %"] = round(over(ASYNC_DIRECT), 2)
+    result.figures["MCP in-process overhead %"] = round(over(MCP_LOCAL), 2)
     result.targets["MCP-in-process"] = check_target("MCP adapter overhead, in-process SDK client (no transport)",
-                                                    (local / base - 1) * 100, 10.0, unit="%")
-    floor, mcp = medians[MCP_FLOOR], medians["MCP call_tool bash (stdio, SDK client)"]
+                                                    over(MCP_LOCAL), 10.0, unit="%")
+    # MCP's excess over the direct call, in four parts that add up to it.
+    client, floor, mcp = medians[MCP_NULL], medians[MCP_FLOOR], medians[MCP]
+    any_server = medians[MCP_NULL_DIRECT]
+    parts = {"SDK client and stdio": client,  # the null server
+             "direct call from a second process": any_server - client - base,  # the null server making it
+             "SDK server": floor - client,  # the refused call, over the null server
+             "our handler": mcp - floor - (any_server - client)}  # the rest
+    for part, ms in parts.items():
+        result.figures[f"MCP excess: {part} ms"] = round(ms, 3)
+        result.figures[f"MCP excess: {part} %"] = round(ms / base * 100, 2)
+    result.figures["MCP floor over stdio, any server (null server making the direct call) %"] = round(
+        over(MCP_NULL_DIRECT), 2)
+    print("MCP's excess over the direct call: " + ", ".join(f"{part} {ms:.2f} ms ({ms / base * 100:.0f} %)"
+                                                           for part, ms in parts.items()))
+    result.notes.append(f"MCP over stdio: a null server making the direct call itself is {over(MCP_NULL_DIRECT):.0f} % "
+                        "over the direct call, the least any server costs with the SDK's client.")
     beyond = (mcp - floor) / base * 100 - 100
     result.figures["MCP overhead beyond the SDK's tool-call round trip %"] = round(beyond, 2)
     result.figures["MCP SDK tool-call round trip ms"] = round(floor, 3)
@@ -74,19 +115,42 @@ def run() -> Result:
         result.targets["Harbor"] = check_target("Harbor adapter overhead over the direct call", pct, 10.0, unit="%")
     else:
         result.notes.append("Harbor not measured: .venv-harbor is missing (make harbor-venv)")
-    result.notes.append("MCP's figure includes the SDK's JSON-RPC over stdio to a server process and a portal "
-                        "thread hop in the benchmark; TRL and SkyRL run in-process.")
+    result.notes.append("One asyncio loop times every row but Harbor's: the synchronous calls inline, the MCP "
+                        "client's awaited (no thread hop in the benchmark). MCP's stdio figure includes JSON-RPC "
+                        "to a server process; TRL and SkyRL run in-process.")
     for target in result.targets.values():
         print(target["text"])
     return result
 
 
-def _measure(url: str, steps: int) -> dict[str, list[float]]:
-    import anyio.from_thread
+async def _interleaved(calls: dict[str, Callable[[], Any]], n: int, warmup: int = 20) -> dict[str, list[float]]:
+    """``_common.interleaved`` for a mix of plain and async calls, in the running loop."""
+    async def once(fn: Callable[[], Any]) -> None:
+        answer = fn()
+        if asyncio.iscoroutine(answer):
+            await answer
+
+    for fn in calls.values():
+        for _ in range(warmup):
+            await once(fn)
+    samples: dict[str, list[float]] = {label: [] for label in calls}
+    progress = Progress("adapters vs direct client call", n * len(calls))
+    for _ in range(n):
+        for label, fn in calls.items():
+            started = time.perf_counter()
+            await once(fn)
+            samples[label].append(time.perf_counter() - started)
+            progress.step()
+    return samples
+
+
+async def _measure(url: str, steps: int) -> dict[str, list[float]]:
+    from contextlib import AsyncExitStack
+
     from mcp.client import Client
     from mcp.client.stdio import StdioServerParameters
 
-    from idegym_env.client import IdeGymClient
+    from idegym_env.client import AsyncIdeGymClient, IdeGymClient
     from idegym_env.env import IdeGymEnv
     from idegym_env.integrations.mcp import EpisodeServer
     from idegym_env.integrations.skyrl import IdeGymTextEnv
@@ -105,24 +169,39 @@ def _measure(url: str, steps: int) -> dict[str, list[float]]:
             "-m", "idegym_env.cli", "mcp", "serve", "--task", TASK, "--control-plane-url", url,
             "--max-steps", str(steps)])
         in_process = EpisodeServer(task=TASK, control_plane_url=url, max_steps=steps)
-        with anyio.from_thread.start_blocking_portal() as portal, \
-                portal.wrap_async_context_manager(Client(server)) as mcp, \
-                portal.wrap_async_context_manager(Client(in_process.mcp)) as local:
-            portal.call(mcp.call_tool, "reset", {})
-            portal.call(local.call_tool, "reset", {})
+        async with AsyncIdeGymClient(url, name="bench-async") as aclient, AsyncExitStack() as stack:
+            adirect = await aclient.start(image, server_name="bench-async", reuse="NONE")
+            mcp = await stack.enter_async_context(Client(server))
+            local = await stack.enter_async_context(Client(in_process.mcp))
+            null = await stack.enter_async_context(Client(StdioServerParameters(
+                command=sys.executable, args=[str(NULL_SERVER)])))
+            null_direct = await stack.enter_async_context(Client(StdioServerParameters(
+                command=sys.executable, args=[str(NULL_SERVER), url, image], env={**os.environ})))
+            await mcp.call_tool("reset", {})
+            await local.call_tool("reset", {})
 
-            def bash_through(client: Client) -> None:
-                answer = portal.call(client.call_tool, "bash", {"command": "echo hello"})
-                assert not answer.is_error
+            async def bash_through(client: Client) -> None:
+                answer = await client.call_tool("bash", {"command": "echo hello"})
+                assert not answer.is_error, answer
 
-            samples = interleaved({
-                DIRECT: lambda: direct.bash("echo hello", timeout=120),
-                "TRL IdeGymTRLEnv.bash": lambda: trl_env.bash("echo hello"),
-                "SkyRL IdeGymTextEnv.step": lambda: sky.step(sky_action),
-                "MCP call_tool bash (stdio, SDK client)": lambda: bash_through(mcp),
-                MCP_LOCAL: lambda: bash_through(local),
-                MCP_FLOOR: lambda: portal.call(mcp.call_tool, "bash", {}),  # refused by the SDK's schema check
-            }, N, label="adapters vs direct client call")
+            async def refused() -> None:
+                answer = await mcp.call_tool("bash", {})  # no command: refused before any episode
+                assert answer.is_error, answer
+
+            try:
+                samples = await _interleaved({
+                    DIRECT: lambda: direct.bash("echo hello", timeout=120),
+                    ASYNC_DIRECT: lambda: adirect.bash("echo hello", timeout=120),
+                    TRL: lambda: trl_env.bash("echo hello"),
+                    SKYRL: lambda: sky.step(sky_action),
+                    MCP: lambda: bash_through(mcp),
+                    MCP_LOCAL: lambda: bash_through(local),
+                    MCP_FLOOR: refused,
+                    MCP_NULL: lambda: bash_through(null),
+                    MCP_NULL_DIRECT: lambda: bash_through(null_direct),
+                }, N)
+            finally:
+                await adirect.stop()
         in_process.close()
         trl_env.get_reward()
         sky.close()

@@ -1,0 +1,72 @@
+"""A null MCP server for ``benchmarks/integrations.py``: a hand-written JSON-RPC responder over
+stdio, no SDK, whose ``bash`` answers what ``idegym mcp serve`` answers for ``echo hello`` (text
+content, ``{"result": ...}`` structured content, an output schema), so the SDK's client does the
+same work as against ours.
+
+``python _mcp_null_server.py`` answers at once: what no MCP server can remove (the SDK's client,
+the pipes, a process's wake-up). ``python _mcp_null_server.py URL IMAGE`` starts a sandbox of
+IMAGE and makes each call's ``Sandbox.bash`` itself, inline, with our synchronous client: the
+least any MCP server over stdio can cost, the direct call made from a second process included."""
+
+import json
+import sys
+from pathlib import Path
+
+TEXT = "hello\n[exit code 0]"
+BASH = {"name": "bash", "inputSchema": {"type": "object", "properties": {"command": {"type": "string"}},
+                                        "required": ["command"]},
+        "outputSchema": {"type": "object", "properties": {"result": {"type": "string"}}, "required": ["result"]}}
+MODERN = "io.modelcontextprotocol/protocolVersion"  # the 2026-07-28 protocol's per-request envelope
+
+
+def answer(method: str, params: dict, sandbox) -> dict:
+    if method == "initialize":  # a client of the handshake-era protocol
+        return {"protocolVersion": params["protocolVersion"], "capabilities": {"tools": {"listChanged": False}},
+                "serverInfo": {"name": "null", "version": ""}}
+    if method == "server/discover":
+        result = {"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {"listChanged": False}}}
+    elif method == "tools/list":
+        result = {"tools": [BASH]}
+    elif method == "tools/call":
+        text = TEXT
+        if sandbox is not None:
+            done = sandbox.bash(params["arguments"]["command"], timeout=120)
+            text = f"{done.stdout}{done.stderr}[exit code {done.exit_code}]"
+        result = {"content": [{"type": "text", "text": text}], "structuredContent": {"result": text}, "isError": False}
+    else:
+        result = {}
+    if MODERN in (params.get("_meta") or {}):  # what the SDK's server adds to 2026-07-28 answers
+        if method in ("server/discover", "tools/list"):
+            result.update(ttlMs=0, cacheScope="private")
+        result.update(resultType="complete", _meta={"io.modelcontextprotocol/serverInfo": {"name": "null",
+                                                                                            "version": ""}})
+    return result
+
+
+def serve(sandbox) -> None:
+    out = sys.stdout.buffer
+    for line in sys.stdin.buffer:
+        message = json.loads(line)
+        if "id" in message:
+            result = answer(message.get("method", ""), message.get("params") or {}, sandbox)
+            out.write(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}).encode() + b"\n")
+            out.flush()
+
+
+def main() -> None:
+    if len(sys.argv) < 3:
+        serve(None)
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from idegym_env.client import IdeGymClient
+
+    with IdeGymClient(sys.argv[1], name="bench-null") as client:
+        sandbox = client.start(sys.argv[2], server_name="bench-null", reuse="NONE")
+        try:
+            serve(sandbox)
+        finally:
+            sandbox.stop()
+
+
+if __name__ == "__main__":
+    main()
