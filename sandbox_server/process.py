@@ -177,9 +177,11 @@ class Supervisor:
             raise RuntimeError("stages need the tools' cgroups (--tool-cgroups), which this sandbox has not")
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, groups.create, name)
-        await loop.run_in_executor(spawner, self._join_tool_groups, name)
-        self._staged = True  # every tool the long way, so that it is born in the stage's groups
+        # Every tool the long way, so that it is born in the stage's groups; set first, so that no
+        # tool user's spawner is started on the thread once it is in them (it would be ended with them).
+        self._staged = True
         try:
+            await loop.run_in_executor(spawner, self._join_tool_groups, name)
             yield
         finally:
             self._staged = False
@@ -235,7 +237,7 @@ class Supervisor:
                 raise JailError("isolated runs are unavailable in this sandbox")
         elif user is not None and user.uid != os.getuid():
             groups = groups_of(user)
-            spawner = self._spawner_for(user, groups) if via_spawner else None
+            spawner = await self._spawner_for(user, groups) if via_spawner else None
             if self._switch is not None:
                 # Popen(user=...) cannot vfork: forking this server costs ~2 ms, a helper's exec less.
                 long_way = self._switch(user, groups, argv, env.get("PATH"))
@@ -326,7 +328,7 @@ class Supervisor:
         oom = ooms is not None and (self.memory_events.count() or 0) > ooms
         return ProcessResult(code, out, err, job.timed_out, time.monotonic() - started, oom)
 
-    def _spawner_for(self, user: UserSpec, groups: list[int]) -> Spawner | None:
+    async def _spawner_for(self, user: UserSpec, groups: list[int]) -> Spawner | None:
         """The user's spawner, started on first use (again after it died); None while a stage
         runs, or when there is none to be had (the tool is then started the long way). One that
         cannot be started or failed its set-up is reported once, and no other is tried."""
@@ -340,14 +342,13 @@ class Supervisor:
             if spawner.broken:
                 self._no_spawners(f"the tool spawner failed ({spawner.broken})")
                 return None
-        cgroup_dirs = [str(d) for d in self.tool_cgroups.dirs.values()] if self.tool_cgroups else []
-        spawner = Spawner(user.uid, user.gid, groups, cgroup_dirs, TOOL_OOM_SCORE_ADJ)
+        spawner = self._spawners[user.uid] = Spawner(user.uid, user.gid, groups, TOOL_OOM_SCORE_ADJ)
         try:
-            spawner.start(self._loop)
+            # From the thread in the tools' groups, when there is one: the spawner is born in them.
+            await spawner.start(self._loop, self._on_tools_thread if self._spawner is not None else None)
         except OSError as exc:
             self._no_spawners(f"cannot start the tool spawner {SPAWNER}: {exc}")
             return None
-        self._spawners[user.uid] = spawner
         return spawner
 
     def _keep_spawners(self) -> frozenset[int]:
@@ -391,17 +392,28 @@ class Supervisor:
         abandoned half-way (the caller closes the fds it passed once this returns)."""
         if self._spawner is None:
             return popen()
-        future = asyncio.get_running_loop().run_in_executor(self._spawner, popen)
+        started: list[subprocess.Popen] = []
         try:
-            return await asyncio.shield(future)
+            await self._on_tools_thread(lambda: started.append(popen()))
+        except asyncio.CancelledError:
+            if started:
+                procfs.kill(started[0].pid, signal.SIGKILL)
+            raise
+        return started[0]
+
+    async def _on_tools_thread(self, fn: Callable[[], object]) -> None:
+        """``fn()`` on the thread that lives in the tools' cgroups, always to its end: a caller
+        cancelled meanwhile hears of it once ``fn`` has returned."""
+        assert self._spawner is not None
+        future = asyncio.get_running_loop().run_in_executor(self._spawner, fn)
+        try:
+            await asyncio.shield(future)
         except asyncio.CancelledError:
             while not future.done():
                 try:
                     await asyncio.wait([future])
                 except asyncio.CancelledError:
                     continue
-            if not future.cancelled() and future.exception() is None:
-                procfs.kill(future.result().pid, signal.SIGKILL)
             raise
 
     async def _terminate(self, job: Job, grace: float) -> None:

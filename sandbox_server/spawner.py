@@ -4,15 +4,17 @@ A root server that runs a tool as the tool user (``appuser``) would otherwise ex
 that switches users (``native/idegym-as-user``, or setpriv) for every call, or fork itself
 without vfork (``Popen(user=...)``). Instead the server starts one *spawner* per tool user, a
 small static C program (``native/spawner.c``, built by ``make``; without it tools start the long
-way, ``process.Supervisor``): it joins the tools' cgroups and takes the tool user's oom_score_adj
-while still root, then becomes the user (groups, gid, uid: no capability left), dies with the
-server (parent-death signal, set after the uid change that would clear it) and is made
-non-dumpable, so that the user's own processes can neither ptrace it nor read its memory,
-environment or descriptors. It keeps no descriptor but its socket. It starts each tool with
-``posix_spawn`` (vfork and exec) in a new session, so a tool is born in the tools' groups as the
-user; the server watches it as before (its pid, its process group, its call mark) and learns its
-wait status on a pipe. The server starts it with ``posix_spawn`` too: nothing of the server's
-memory is copied (~0.1 MiB PSS a sandbox, where a fork of the Python server cost ~3).
+way, ``process.Supervisor``). The server starts it with ``posix_spawn`` from its thread that lives
+in the tools' cgroups, so it is born in them (moving it there would hold up every fork on the
+host for an RCU grace period: ~10 ms of a sandbox's first call), and nothing of the server's
+memory is copied (~0.1 MiB PSS a sandbox, where a fork of the Python server cost ~3). It takes
+the tool user's oom_score_adj while still root, then becomes the user (groups, gid, uid: no
+capability left), dies with the server (parent-death signal, set after the uid change that would
+clear it) and is made non-dumpable, so that the user's own processes can neither ptrace it nor
+read its memory, environment or descriptors. It keeps no descriptor but its socket. It starts
+each tool with ``posix_spawn`` (vfork and exec) in a new session, so a tool is born in the tools'
+groups as the user; the server watches it as before (its pid, its process group, its call mark)
+and learns its wait status on a pipe.
 
 The tool user can kill or stop its spawner (it is the same user); that costs it nothing but its
 own calls: a spawner that is gone, or never read the request (stopped: no answer within
@@ -43,12 +45,14 @@ import array
 import asyncio
 import errno
 import fcntl
+import functools
 import os
 import signal
 import socket
 import struct
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from .jail import RESET_SIGNALS
 from .output import read_available
@@ -83,10 +87,8 @@ class SpawnRefused(Exception):
 class Spawner:
     """The server's handle on the spawner of one tool user."""
 
-    def __init__(self, uid: int, gid: int, groups: Sequence[int], cgroup_dirs: Sequence[str],
-                 oom_score_adj: bytes) -> None:
+    def __init__(self, uid: int, gid: int, groups: Sequence[int], oom_score_adj: bytes) -> None:
         self.key = (uid, gid, tuple(groups))
-        self._cgroup_dirs = list(cgroup_dirs)
         self._oom_score_adj = oom_score_adj
         self.pid = 0
         self.max_request = 0
@@ -95,57 +97,65 @@ class Spawner:
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._answers: list[asyncio.Future[int]] = []
-        self._pristine: tuple = ()
+        self._parent = 0  # the thread that started it, whose priority, limits and affinity it inherited
 
     @property
     def alive(self) -> bool:
         return self._sock is not None
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Start the spawner (this process's child); raises ``OSError`` when it cannot."""
-        # What it inherits from this thread, read here: read from the spawner, it could already be
-        # what its user made of it.
-        self._pristine = _attributes(os.getpid())
+    async def start(self, loop: asyncio.AbstractEventLoop,
+                    launch_on: Callable[[Callable[[], None]], Awaitable[None]] | None = None) -> None:
+        """Start the spawner (this process's child), on the thread ``launch_on`` runs a function
+        on (to the end, even when the caller is cancelled; the thread that lives in the tools'
+        cgroups: the spawner is born in them), else on this one. Raises ``OSError`` when it cannot."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        self._sock = ours  # stop() closes it
         try:
             # The longest message a SOCK_SEQPACKET socket takes is its send buffer (less 32 bytes);
             # the kernel holds it to twice net.core.wmem_max (425952 bytes by default).
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_REQUEST)
             self.max_request = min(MAX_REQUEST, ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) - 32)
-            theirs_fd = theirs.fileno()
-            if theirs_fd == SOCKET_FD:  # dup2 onto itself would leave it close-on-exec with some libcs
-                theirs_fd = fcntl.fcntl(theirs_fd, fcntl.F_DUPFD_CLOEXEC, SOCKET_FD + 1)
-            try:
-                groups = ",".join(map(str, self.key[2])) or "-"
-                self.pid = os.posix_spawn(
-                    SPAWNER, [SPAWNER, str(self.key[0]), str(self.key[1]), groups,
-                              self._oom_score_adj.decode(), *self._cgroup_dirs], {},
-                    file_actions=[(os.POSIX_SPAWN_DUP2, theirs_fd, SOCKET_FD),
-                                  (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                                  (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)],
-                    setsigdef=RESET_SIGNALS, setsigmask=())
-            finally:
-                if theirs_fd != theirs.fileno():
-                    os.close(theirs_fd)
+            if launch_on is None:
+                self._launch(theirs)
+            else:
+                await launch_on(functools.partial(self._launch, theirs))
         except BaseException:
-            ours.close()
+            self.stop()  # one that was started all the same (its caller cancelled) is ended
             raise
         finally:
             theirs.close()
-        self._sock = ours
         ours.setblocking(False)
         self._loop = loop
         loop.add_reader(ours.fileno(), self._on_message)
 
+    def _launch(self, theirs: socket.socket) -> None:
+        fd = theirs.fileno()
+        if fd == SOCKET_FD:  # dup2 onto itself would leave it close-on-exec with some libcs
+            fd = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, SOCKET_FD + 1)
+        try:
+            self._parent = threading.get_native_id()
+            self.pid = os.posix_spawn(
+                SPAWNER, [SPAWNER, str(self.key[0]), str(self.key[1]), ",".join(map(str, self.key[2])) or "-",
+                          self._oom_score_adj.decode()], {},
+                file_actions=[(os.POSIX_SPAWN_DUP2, fd, SOCKET_FD),
+                              (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                              (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)],
+                setsigdef=RESET_SIGNALS, setsigmask=())
+        finally:
+            if fd != theirs.fileno():
+                os.close(fd)
+
     def pristine(self) -> bool:
-        """Whether the spawner has what it was given: nothing its user can change on it (resource
-        limits, priority, CPU affinity) was changed, and it runs (it is continued if stopped).
-        One that is not is no fit for the next episode's tools."""
+        """Whether the spawner has what a fresh one would inherit: nothing its user can change on
+        it (resource limits, priority, CPU affinity) differs from the thread that started it, and
+        it runs (it is continued if stopped). One that is not is no fit for the next episode's
+        tools. (Compared with that thread now, not as it was: a claimed warm sandbox's tasks are
+        all given the normal priority, the spawner with them.)"""
         if self._sock is None:
             return False
         try:
             os.kill(self.pid, signal.SIGCONT)
-            return _attributes(self.pid) == self._pristine
+            return _attributes(self.pid) == _attributes(self._parent)
         except OSError:
             return False
 
@@ -302,7 +312,7 @@ def _request(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> bytes:
 
 
 def _attributes(pid: int) -> tuple:
-    """What a process's own user may change on it and its children would inherit."""
+    """What a process's (or thread's) own user may change on it and its children would inherit."""
     with open(f"/proc/{pid}/limits") as fh:
         limits = fh.read()
     return limits, os.getpriority(os.PRIO_PROCESS, pid), frozenset(os.sched_getaffinity(pid))

@@ -24,6 +24,7 @@ from control_plane.backends.base import BackendError, Limits, SandboxHandle
 from control_plane.backends.local import LocalBackend
 from control_plane.backends.local.cgroups import CONTROLLERS, controller_mounts
 from sandbox_server import procfs
+from sandbox_server.spawner import SPAWNER
 from tests.local_helpers import LoopThread, bash, client, leftovers, loop_thread, ok, spec, start_backend, wait_for
 
 MiB = 1 << 20
@@ -86,7 +87,9 @@ def test_the_server_survives_whatever_its_tools_do_to_memory(loop: LoopThread, b
 def test_a_stage_runs_in_fresh_groups_that_are_emptied_when_it_ends(tmp_path: Path) -> None:
     """``Supervisor.stage``: every tool started inside the block is born in the stage's child
     groups, and when the block ends every process in them, ``setsid`` daemons included, is gone
-    and so are the groups; tools outside a stage run in the tools' groups."""
+    and so are the groups; tools outside a stage run in the tools' groups, and so does the tool
+    user's spawner (born there: no move) and the tools it starts. Inside a stage, tools of the
+    tool user start the long way (from the server), in the stage's groups."""
     mounts = controller_mounts()
     tools = {ctrl: mounts[ctrl] / f"idegym-test-stage-{os.getpid()}" for ctrl in CONTROLLERS if ctrl in mounts}
     links = tmp_path / "tools"
@@ -97,23 +100,34 @@ def test_a_stage_runs_in_fresh_groups_that_are_emptied_when_it_ends(tmp_path: Pa
     # In a process of its own: a supervisor running as root drops CAP_SYS_ADMIN from its
     # process's bounding set (for its tools), which would cripple everything this one starts.
     scenario = f"""
-import asyncio, json
+import asyncio, json, os
 from sandbox_server import procfs
+from sandbox_server.spawner import SPAWNER
 from sandbox_server.process import Supervisor
 from sandbox_server.tool_cgroups import ToolCgroups
+from sandbox_server.users import UserSpec
 
 async def main():
-    supervisor = Supervisor(tool_cgroups=ToolCgroups({str(links)!r}))
+    supervisor = Supervisor(tool_cgroups=ToolCgroups({str(links)!r}), spawners=True)
     supervisor.start()
+    nobody = UserSpec.lookup("nobody")
+    path = {{"PATH": "/usr/bin:/bin"}}
     try:
         plain = await supervisor.run(["cat", "/proc/self/cgroup"], cwd="/", env={{}}, timeout=10, grace=1,
                                      max_output=None)
+        spawned = await supervisor.run(["sh", "-c", "echo $PPID; cat /proc/self/cgroup"], cwd="/", env=path,
+                                       user=nobody, timeout=10, grace=1, max_output=None)
+        spawner = int(spawned.stdout.text().splitlines()[0])
+        spawner_groups = open(f"/proc/{{spawner}}/cgroup").read()
         async with supervisor.stage("check"):
             inside = await supervisor.run(["sh", "-c", "cat /proc/self/cgroup; setsid sleep 1000 & echo $!"],
                                           cwd="/", env={{}}, timeout=10, grace=1, max_output=None)
             daemon = int(inside.stdout.text().splitlines()[-1])
             ran = procfs.alive(daemon)
-        print(json.dumps([plain.stdout.text(), inside.stdout.text(), ran, procfs.alive(daemon)]))
+            staged = await supervisor.run(["sh", "-c", "echo $PPID; cat /proc/self/cgroup"], cwd="/", env=path,
+                                          user=nobody, timeout=10, grace=1, max_output=None)
+        print(json.dumps([plain.stdout.text(), inside.stdout.text(), ran, procfs.alive(daemon),
+                          spawned.stdout.text(), spawner == os.getpid(), spawner_groups, staged.stdout.text()]))
     finally:
         supervisor.stop()
 
@@ -123,11 +137,16 @@ asyncio.run(main())
     try:
         run = subprocess.run([sys.executable, "-c", scenario], capture_output=True, text=True, timeout=60)
         assert run.returncode == 0, run.stderr
-        plain, inside, daemon_ran, daemon_after = json.loads(run.stdout)
+        plain, inside, daemon_ran, daemon_after, spawned, spawner_is_server, spawner, staged = json.loads(run.stdout)
         name = f"idegym-test-stage-{os.getpid()}"
         assert re.search(rf"pids:/{name}\n", plain), plain
         assert re.search(rf"pids:/{name}/check\n", inside), inside
         assert daemon_ran and not daemon_after
+        if os.access(SPAWNER, os.X_OK):
+            assert not spawner_is_server, spawned
+            for groups in (spawned, spawner):
+                assert all(re.search(rf"[:,]{ctrl}:/{name}\n", groups) for ctrl in tools), groups
+        assert re.search(rf"pids:/{name}/check\n", staged) and staged.splitlines()[0] != spawned.splitlines()[0]
         assert not any((path / "check").exists() for path in tools.values())
     finally:
         for path in tools.values():

@@ -257,20 +257,21 @@ def start(sock: socket.socket, argv: list[str], env: dict[str, str], cwd: str = 
 def test_a_tool_gets_a_session_default_signals_its_user_cwd_environment_and_three_descriptors(
         native: tuple[int, socket.socket]) -> None:
     _, sock = native
-    probe = "id -u; id -G; ps -o sid= -p $$; pwd; grep -E '^Sig(Blk|Ign)' /proc/$$/status; ls /proc/$$/fd; exit 7"
-    tools = [start(sock, ["sh", "-c", probe], {"PATH": "/nowhere::/usr/bin:/bin"}, "/"),  # found on PATH
+    path = {"PATH": "/nowhere::/usr/bin:/bin"}  # found on PATH, past what is not there
+    tools = [start(sock, ["sh", "-c", "id -u; id -G; ps -o sid= -p $$; pwd; exit 7"], path, "/"),
              start(sock, ["env"], {"PATH": "/usr/bin:/bin", "ONLY": "this"}),
-             start(sock, ["/bin/sh", "-c", "exit 3"], {})]
+             start(sock, ["/bin/sh", "-c", "exit 3"], {}),
+             start(sock, ["grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status"], path),
+             start(sock, ["ls", "/proc/self/fd"], path)]
     pids = [answer(sock) for _ in tools]  # in order, each with its pid
-    assert all(pid > 0 and error == 0 for pid, error, _ in pids) and len({p for p, _, _ in pids}) == 3, pids
+    assert all(pid > 0 and error == 0 for pid, error, _ in pids) and len({p for p, _, _ in pids}) == 5, pids
     out, status = tools[0].ending()
-    lines = out.decode().splitlines()
-    assert lines[:4] == [str(NOBODY), str(NOBODY), str(pids[0][0]), "/"], lines  # its own session
-    assert lines[4:6] == ["SigBlk:\t0000000000000000", "SigIgn:\t0000000000000000"], lines
-    assert lines[6:] == ["0", "1", "2"], lines
+    assert out.decode().splitlines() == [str(NOBODY), str(NOBODY), str(pids[0][0]), "/"], out  # its own session
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 7
     assert tools[1].ending() == (b"PATH=/usr/bin:/bin\nONLY=this\n", 0)  # exactly its environment
     assert tools[2].ending() == (b"", 3 << 8)
+    assert tools[3].ending() == (b"SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n", 0)
+    assert tools[4].ending() == (b"0\n1\n2\n3\n", 0)  # 3: ls's own, reading the directory
 
 
 def test_malformed_requests_are_refused_and_change_nothing(native: tuple[int, socket.socket]) -> None:
@@ -347,8 +348,8 @@ def test_a_request_up_to_the_spawner_s_limit_is_carried_and_a_longer_one_refused
 
 def test_a_request_over_the_socket_s_limit_goes_the_long_way_and_keeps_the_spawner() -> None:
     async def main() -> None:
-        spawner = Spawner(NOBODY, NOBODY, [], [], b"500")
-        spawner.start(asyncio.get_running_loop())
+        spawner = Spawner(NOBODY, NOBODY, [], b"500")
+        await spawner.start(asyncio.get_running_loop())
         try:
             tool = Tool()
             spawner.max_request = 1000

@@ -1,9 +1,10 @@
-/* idegym-spawner UID GID GROUPS OOM_SCORE_ADJ [CGROUP_DIR...]      (its socket: descriptor 3)
+/* idegym-spawner UID GID GROUPS OOM_SCORE_ADJ      (its socket: descriptor 3)
  *
  * The tool user's spawner: the process that starts the tools of one user of a sandbox, being that
  * user already (sandbox_server/spawner.py is the server's side, and says why). The root server
- * starts it with posix_spawn, its end of a SOCK_SEQPACKET socket pair as descriptor 3. Still root,
- * it joins the tools' cgroups (CGROUP_DIR/cgroup.procs) and takes their OOM_SCORE_ADJ, then
+ * starts it with posix_spawn from its thread that lives in the tools' cgroups, so it is born in
+ * them (a move would cost the host an RCU grace period of stalled forks), its end of a
+ * SOCK_SEQPACKET socket pair as descriptor 3. Still root, it takes the tools' OOM_SCORE_ADJ, then
  * becomes UID:GID with the supplementary GROUPS (comma-separated gids, or "-" for none): real,
  * effective and saved ids alike, no capability left. Then, and not before (a change of uid clears
  * both), it dies with its parent (PR_SET_PDEATHSIG) and is made non-dumpable: the user's own
@@ -19,11 +20,11 @@
  *   answer:  int32 pid, int32 errno, a short text: the tool's pid (errno 0), or pid 0 with why not.
  *
  * A tool is started with posix_spawn (vfork and exec) in a new session, every signal at its
- * default, an empty signal mask, only the three descriptors, in cwd, with envp; a bare
- * program name is looked up on envp's PATH as execvp would (as the tool user: its access rights).
- * When a tool exits, its wait status (native int) is written to its status pipe, which is then
- * closed. A malformed request is answered with an error (EINVAL, EMSGSIZE) and changes nothing.
- * The spawner exits when the server closes the socket; its tools go on, re-parented to the server.
+ * default, an empty signal mask, only the three descriptors, in cwd, with envp; a bare program
+ * name is looked up on envp's PATH as execvp would (as the tool user: its access rights). When a
+ * tool exits, its wait status (native int) is written to its status pipe, which is then closed.
+ * A malformed request is answered with an error (EINVAL, EMSGSIZE) and changes nothing. The
+ * spawner exits when the server closes the socket; its tools go on, re-parented to the server.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -94,7 +95,7 @@ static int number(const char *text, long lo, long hi, long *out) {
     return 1;
 }
 
-static void write_file(const char *path, const char *value) {
+static void write_file(const char *path, const char *value) { /* as root, in the set-up */
     int fd = open(path, O_WRONLY | O_CLOEXEC);
     ssize_t len = (ssize_t)strlen(value);
     if (fd < 0) setup_failed(path);
@@ -110,12 +111,12 @@ static void close_other_descriptors(void) {
 }
 
 /* Everything that needs root, then the tool user for good. */
-static int become(int argc, char **argv) {
+static int become(char **argv) {
     pid_t parent = getppid();
     long uid, gid, one, adj;
     gid_t groups[MAX_GROUPS];
     size_t n = 0;
-    char path[PATH_MAX], adj_text[16];
+    char adj_text[16];
     struct sigaction dfl = {.sa_handler = SIG_DFL};
     sigset_t chld;
 
@@ -144,11 +145,6 @@ static int become(int argc, char **argv) {
             if (n == MAX_GROUPS || !number(item, 0, 0xfffffffeL, &one)) setup_failed("groups");
             groups[n++] = (gid_t)one;
         }
-    }
-    for (int i = 5; i < argc; i++) {
-        errno = ENAMETOOLONG;
-        if ((size_t)snprintf(path, sizeof path, "%s/cgroup.procs", argv[i]) >= sizeof path) setup_failed(argv[i]);
-        write_file(path, "0");
     }
     snprintf(adj_text, sizeof adj_text, "%ld", adj);
     write_file("/proc/self/oom_score_adj", adj_text);
@@ -334,8 +330,8 @@ static void reap(void) {
 
 int main(int argc, char **argv) {
     struct stat st;
-    if (argc < 5) {
-        fprintf(stderr, "usage: idegym-spawner UID GID GROUPS|- OOM_SCORE_ADJ [CGROUP_DIR...] (socket at fd 3)\n");
+    if (argc != 5) {
+        fprintf(stderr, "usage: idegym-spawner UID GID GROUPS|- OOM_SCORE_ADJ (its socket at descriptor 3)\n");
         return 2;
     }
     if (fstat(SOCK, &st) != 0 || !S_ISSOCK(st.st_mode)) {
@@ -345,7 +341,7 @@ int main(int argc, char **argv) {
     for (int fd = 0; fd < 3; fd++) /* a received descriptor must never land on 0-2 */
         if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDWR) != fd) return 2;
     if (fcntl(SOCK, F_SETFD, FD_CLOEXEC) != 0) return 2;
-    int signals = become(argc, argv);
+    int signals = become(argv);
     struct pollfd ready[2] = {{SOCK, POLLIN, 0}, {signals, POLLIN, 0}};
     for (;;) {
         if (poll(ready, 2, -1) < 0) {
