@@ -3,6 +3,7 @@ server: kept-alive connections, one the server closed while idle, timeouts, Unix
 
 from __future__ import annotations
 
+import http.client
 import http.server
 import json
 import select
@@ -107,3 +108,112 @@ def test_unix_sockets_and_a_clear_error_when_nothing_listens(tmp_path: Path) -> 
         HTTPSession("http://sandbox", unix_socket=str(tmp_path / "none.sock")).request("POST", "/x", json={})
     with pytest.raises(ValueError, match="not an http"):
         HTTPSession("ftp://x")
+
+
+
+class Scripted:
+    """A TCP server that answers the requests it reads, on whatever connection, with the next
+    step of ``script``: raw bytes, then whether to close the connection (an answer of None closes
+    it without answering). It records every request and counts connections."""
+
+    def __init__(self, script: list[tuple[bytes | None, bool]]) -> None:
+        self.script = list(script)
+        self.requests: list[bytes] = []
+        self.connections = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while self.script:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            with conn:
+                data = b""
+                while self.script:
+                    while b"\r\n\r\n" not in data and (chunk := conn.recv(65536)):
+                        data += chunk
+                    if b"\r\n\r\n" not in data:
+                        break
+                    head, _, data = data.partition(b"\r\n\r\n")
+                    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                                   if line.lower().startswith(b"content-length:")), 0)
+                    while len(data) < length:
+                        data += conn.recv(65536)
+                    self.requests.append(head + b"\r\n\r\n" + data[:length])
+                    data = data[length:]
+                    answer, close = self.script.pop(0)
+                    if answer is not None:
+                        conn.sendall(answer)
+                    if close or answer is None:
+                        break
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_every_framing_of_an_answer_is_read() -> None:
+    """The session reads answers itself (not with http.client): Content-Length, chunked (with an
+    extension and trailers), 204 and HEAD without a body, an interim 100 skipped, a folded header,
+    an HTTP/1.0 answer delimited by the connection's end; ``Connection: close`` is obeyed. A
+    request goes out in one piece: head (Host, Content-Length) and body."""
+    script = [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Folded: a\r\n b\r\n\r\nok", False),
+        (b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nT: x\r\n\r\n",
+         False),
+        (b"HTTP/1.1 204 No Content\r\n\r\n", False),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", False),
+        (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\n1", False),
+        (b"HTTP/1.0 200 OK\r\n\r\nuntil the end", True),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nbye", False),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlast", False),
+    ]
+    server = Scripted(script)
+    session = HTTPSession(f"http://127.0.0.1:{server.port}")
+    try:
+        first = session.request("POST", "/a", json={"n": 1}, headers={"Prefer": "wait=5"})
+        assert (first.status_code, first.content, first.headers["x-folded"]) == (200, b"ok", "a b")
+        got = [(r.status_code, r.content) for r in (session.request("GET", "/b"), session.request("POST", "/c"),
+                                                    session.request("HEAD", "/d"), session.request("POST", "/e"),
+                                                    session.request("GET", "/f"))]
+        assert got == [(201, b"abcde"), (204, b""), (200, b""), (200, b"1"), (200, b"until the end")]
+        assert server.connections == 1  # all on one kept-alive connection, until the HTTP/1.0 answer
+        assert session.request("GET", "/g").content == b"bye" and server.connections == 2
+        assert session.request("GET", "/h").content == b"last" and server.connections == 3  # not reused
+    finally:
+        session.close()
+        server.close()
+    head, _, body = server.requests[0].partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"POST /a HTTP/1.1" and b"Host: 127.0.0.1:%d" % server.port in lines
+    assert b"Content-Length: 7" in lines and b"Prefer: wait=5" in lines and body == b'{"n":1}'
+    assert not any(line.startswith(b"Content-Length") for line in server.requests[1].split(b"\r\n"))  # a GET
+
+
+def test_a_bad_answer_is_an_http_client_error_and_a_bad_request_is_never_sent() -> None:
+    server = Scripted([
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", True),
+        (b"HTTP/9 200 OK\r\n\r\n", True),
+        (None, True),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", False),
+    ])
+    session = HTTPSession(f"http://127.0.0.1:{server.port}")
+    try:
+        with pytest.raises(http.client.IncompleteRead):
+            session.request("GET", "/truncated")
+        with pytest.raises(http.client.BadStatusLine):
+            session.request("GET", "/bad-status")
+        with pytest.raises(http.client.RemoteDisconnected):
+            session.request("GET", "/no-answer")
+        with pytest.raises(ValueError, match="line break"):
+            session.request("GET", "/x", headers={"X-Evil": "a\r\nX-Injected: 1"})
+        with pytest.raises(http.client.InvalidURL):
+            session.request("GET", "/a b")
+        assert session.request("GET", "/fine").content == b"ok"
+    finally:
+        session.close()
+        server.close()
+    assert [r.split(b" ")[1] for r in server.requests] == [b"/truncated", b"/bad-status", b"/no-answer", b"/fine"]
