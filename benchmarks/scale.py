@@ -65,7 +65,7 @@ def run() -> Result:
                     if reply.stdout.strip() != "hi":
                         raise RuntimeError(f"a sandbox answered {reply!r}")
                     progress.step()
-                # Served a call, a sandbox also has its tool user's spawner (sandbox_server/spawner.py).
+                # Served a call, a sandbox also has its tool user's spawner (sandbox_server/native/spawner.c).
                 used_mib = sum(_pss_kib(p) for p in _sandbox_pids(state)) / 1024 / TOTAL
                 progress = Progress("stopping them", TOTAL)
                 t = time.perf_counter()
