@@ -28,6 +28,7 @@ from tests.local_helpers import (
     ok,
     spec,
     start_backend,
+    wait_for,
     write_calc_project,
 )
 from tests.local_helpers import client as _client
@@ -95,6 +96,13 @@ def test_children_hold_the_parents_whole_filesystem_and_are_isolated_every_way(
     at_fork = ok(parent, DIGEST)
     cold, adopted = _fork(loop, backend, parent, ["c-full", "w-full"], {"w-full": warm}, image, root=True)
     assert adopted.name == "w-full" and adopted.data.get("adopted") and not cold.data.get("adopted")
+    # The copy went to a filesystem of the layer's own, which the children's overlays hold: it is
+    # not left in the host's mount tree (a killed control plane would leave it there for good;
+    # it is detached just after the fork answers).
+    layer = backend.fork_layers.path(cold.data["forks"][0])
+    assert (layer / "layers.ext4").is_file()
+    assert wait_for(lambda: not os.path.ismount(layer / "fs"), timeout=10)
+    assert [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(layer) in line] == []
     for child in (cold, adopted):
         assert ok(child, DIGEST) == at_fork, child.name
         # the read-only runtime, the project's overlay and the checks still work in the child

@@ -241,7 +241,7 @@ class LocalBackend(Backend):
 
     async def create(self, spec: SandboxSpec, timeout: float, *, background: bool = False) -> SandboxHandle:
         launcher = self.require_started()
-        snapshot = forks = None
+        snapshot, fork_ids = None, []
         if spec.snapshot_source:
             snapshot = self.snapshots.path(spec.snapshot_source)
             meta = self.snapshots.meta(snapshot)
@@ -249,15 +249,16 @@ class LocalBackend(Backend):
                 image = self.store.resolve_id(meta["image_id"], meta.get("image"))
             except ImageError as exc:
                 raise BackendError(f"snapshot {spec.snapshot_source}: {exc}", 404) from exc
-            if meta.get("forks"):  # taken of a fork's child: it stands on the same fork layers
-                forks = self.fork_layers.stack(meta["forks"])
+            fork_ids = meta.get("forks") or []  # taken of a fork's child: it stands on the same fork layers
         else:
             image = self.resolve(spec.image_tag)
         assert self.sandboxes is not None
-        return await launcher.launch(self.sandboxes, spec.generated_name, image, run_as_root=spec.run_as_root,
-                                     network=self.network or image.network, limits=spec.limits, env=dict(image.env),
-                                     snapshot=snapshot, timeout=timeout, kind=spec.server_kind.value,
-                                     isolated_runs=spec.isolated_runs, forks=forks, background=background)
+        with self.fork_layers.reachable(fork_ids) as forks:
+            return await launcher.launch(self.sandboxes, spec.generated_name, image, run_as_root=spec.run_as_root,
+                                         network=self.network or image.network, limits=spec.limits,
+                                         env=dict(image.env), snapshot=snapshot, timeout=timeout,
+                                         kind=spec.server_kind.value, isolated_runs=spec.isolated_runs,
+                                         forks=forks if fork_ids else None, background=background)
 
     def claim(self, handle: SandboxHandle) -> None:
         self.require_started().claim(handle.data)

@@ -1,8 +1,9 @@
 """Fork of a local sandbox into N children (``LocalBackend.fork``).
 
 1. The parent's processes are frozen (cgroup freezer) for the instant its writable layers and
-   its /tmp are copied into a new fork layer (``fork_layers.py``): what the parent wrote since
-   its start, never its image, so the cost does not grow with the project.
+   its /tmp are copied into a new fork layer (``fork_layers.py``, a filesystem of its own made
+   before the freeze): what the parent wrote since its start, never its image, so the cost does
+   not grow with the project.
 2. Each child stands on that layer, then the layers the parent itself stood on, then the image:
    its own writable layer starts empty, so its disk is only what it writes. A child is a warm-
    pool sandbox of the parent's kind remounted onto that stack (``adopt.py``, a few
@@ -20,7 +21,8 @@ import asyncio
 import logging
 import os
 import secrets
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from sandbox_server import procfs
 
@@ -55,7 +57,7 @@ def check_parent(backend: LocalBackend, parent: SandboxHandle) -> ResolvedImage:
 
 async def fork(backend: LocalBackend, parent: SandboxHandle, children: list[ForkChild],
                timeout: float) -> list[SandboxHandle]:
-    backend.require_started()
+    launcher = backend.require_started()
     loop = asyncio.get_running_loop()
     warm = [c.warm for c in children if c.warm is not None]
     try:
@@ -69,10 +71,18 @@ async def fork(backend: LocalBackend, parent: SandboxHandle, children: list[Fork
     made: list[SandboxHandle] = []
     try:
         await loop.run_in_executor(None, layers.hold, below, op)  # nothing below goes while we work
-        layer_id, timings = await loop.run_in_executor(None, layers.take, parent.data, op)
-        stack = layers.stack([layer_id, *below])
-        results = await asyncio.gather(*(_child(backend, image, parent, stack, c, timeout) for c in children),
-                                       return_exceptions=True)
+        layer_id, timings = await loop.run_in_executor(None, layers.take, parent.data, op, launcher.storage)
+        try:
+            await loop.run_in_executor(None, layers.enter, below)
+            try:
+                stack = layers.stack([layer_id, *below])
+                results = await asyncio.gather(*(_child(backend, image, parent, stack, c, timeout)
+                                                 for c in children), return_exceptions=True)
+            finally:
+                _in_background(layers.leave, below)
+        finally:
+            # The new layer's copy is written out as it is detached (5-20 ms): after the answer.
+            _in_background(layers.leave, [layer_id])
         made = [r for r in results if isinstance(r, SandboxHandle)]
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
@@ -119,6 +129,22 @@ async def _child(backend: LocalBackend, image: ResolvedImage, parent: SandboxHan
         await _delete_all(backend, [handle])
         raise
     return handle
+
+
+_background: set[asyncio.Future] = set()
+
+
+def _in_background(work: Callable[..., None], *args: Any) -> None:
+    """``work`` on an executor thread, not waited for (a failure is logged)."""
+    future = asyncio.get_running_loop().run_in_executor(None, work, *args)
+    _background.add(future)
+
+    def done(f: asyncio.Future) -> None:
+        _background.discard(f)
+        if not f.cancelled() and f.exception() is not None:
+            log.warning("after a fork: %s", f.exception())
+
+    future.add_done_callback(done)
 
 
 async def _delete_all(backend: LocalBackend, handles: list[SandboxHandle]) -> None:

@@ -28,6 +28,7 @@ from ..base import Limits
 from .cgroups import Cgroups
 from .fork_layers import ForkStack
 from .images import ResolvedImage
+from .storage import IMAGE_NAME
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 PROJECT_INSIDE = PROJECT_DIR
@@ -37,7 +38,6 @@ TOOL_CGROUPS_INSIDE = "/run/idegym-cgroup/tools"  # <ctrl>/: the tools' delegate
 # The tools' OOM-kill counter (v1 counts a kill in the victim's own group: this one and its children).
 MEMORY_EVENTS_INSIDE = f"{TOOL_CGROUPS_INSIDE}/memory/memory.oom_control"
 META_FILE = "sandbox.json"
-IMAGE_FILE = "layers.ext4"  # the bounded filesystem of the sandbox's layers (storage.py)
 
 
 def state_key(state_dir: Path) -> str:
@@ -128,7 +128,7 @@ class Plan:
 
     @property
     def layers_image(self) -> Path:
-        return self.sb / IMAGE_FILE
+        return self.sb / IMAGE_NAME
 
     @property
     def log(self) -> Path:

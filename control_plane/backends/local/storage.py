@@ -28,10 +28,11 @@ from . import mounts
 DEFAULT_STORAGE_BYTES = 8 << 30
 DEFAULT_STORAGE_INODES = 262_144
 MIN_BYTES_PER_INODE = 4096  # a small bound gets fewer inodes: the inode table must fit in it
-IMAGE_NAME = "layers.ext4"
+IMAGE_NAME = "layers.ext4"  # a bounded filesystem's image, beside its mount point
 
 LOOP_CTL_GET_FREE = 0x4C82
 LOOP_CONFIGURE = 0x4C0A
+LO_FLAGS_READ_ONLY = 1
 LO_FLAGS_AUTOCLEAR = 4
 # struct loop_config { u32 fd; u32 block_size; struct loop_info64 info; u64 reserved[8]; }
 _LOOP_CONFIG = struct.Struct("=II QQQQQ IIII 64s64s32s QQ 8Q")
@@ -78,12 +79,13 @@ class LayerStorage:
             tmp.rename(path)
         return path
 
-    def mount(self, target: Path, image: Path, size: int, inodes: int) -> None:
-        """A fresh bounded filesystem at ``target`` (an empty directory), stored in ``image``."""
+    def mount(self, target: Path, image: Path, size: int, inodes: int, options: str | None = None) -> None:
+        """A fresh bounded filesystem at ``target`` (an empty directory), stored in ``image``,
+        mounted with ext4's ``options``."""
         _sparse_copy(self.template(size, inodes_for(size, inodes)), image)
         device, fd = _attach(image)
         try:  # with the device open: its last close before the mount would detach it
-            mounts.mount(device, target, "ext4", mounts.MS_NOSUID | mounts.MS_NODEV)
+            mounts.mount(device, target, "ext4", mounts.MS_NOSUID | mounts.MS_NODEV, options)
         except OSError as exc:
             raise BackendError(f"cannot mount the sandbox's layer {image} ({device}): {exc}") from exc
         finally:
@@ -92,6 +94,17 @@ class LayerStorage:
         if lost.is_dir():
             os.rmdir(lost)
         os.chmod(target, 0o700)
+
+
+def mount_readonly(target: Path, image: Path) -> None:
+    """Mount the existing ``image`` read-only at ``target`` (a read-only loop device too)."""
+    device, fd = _attach(image, readonly=True)
+    try:
+        mounts.mount(device, target, "ext4", mounts.MS_RDONLY | mounts.MS_NOSUID | mounts.MS_NODEV)
+    except OSError as exc:
+        raise BackendError(f"cannot mount {image} ({device}): {exc}") from exc
+    finally:
+        os.close(fd)
 
 
 def _sparse_copy(src: Path, dst: Path) -> None:
@@ -114,10 +127,11 @@ def _sparse_copy(src: Path, dst: Path) -> None:
         fout.truncate(size)
 
 
-def _attach(image: Path) -> tuple[str, int]:
+def _attach(image: Path, readonly: bool = False) -> tuple[str, int]:
     """A free loop device backed by ``image`` and an open fd of it (the caller closes it once the
     filesystem is mounted); the device detaches itself when its last user is gone."""
-    backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
+    backing = os.open(image, (os.O_RDONLY if readonly else os.O_RDWR) | os.O_CLOEXEC)
+    flags = LO_FLAGS_AUTOCLEAR | (LO_FLAGS_READ_ONLY if readonly else 0)
     try:
         control = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
         try:
@@ -126,8 +140,8 @@ def _attach(image: Path) -> tuple[str, int]:
                 device = f"/dev/loop{number}"
                 if not os.path.exists(device):
                     os.mknod(device, 0o660 | stat.S_IFBLK, os.makedev(7, number))
-                fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
-                config = _LOOP_CONFIG.pack(backing, 0, 0, 0, 0, 0, 0, number, 0, 0, LO_FLAGS_AUTOCLEAR,
+                fd = os.open(device, (os.O_RDONLY if readonly else os.O_RDWR) | os.O_CLOEXEC)
+                config = _LOOP_CONFIG.pack(backing, 0, 0, 0, 0, 0, 0, number, 0, 0, flags,
                                            os.fsencode(image)[:63], b"", b"", 0, 0, *([0] * 8))
                 try:
                     fcntl.ioctl(fd, LOOP_CONFIGURE, config)
