@@ -24,7 +24,7 @@ from .backends.base import BackendError, ForkChild, SandboxHandle, SandboxSpec
 from .errors import ApiError, BadRequest, Conflict, Gone, NotFound
 from .models import AvailabilityStatus as A
 from .models import ForkedServer, ForkServerRequest, ForkServerResponse, StartServerRequest
-from .pool import new_sandbox_name
+from .pool import HOLD_OFF_AFTER_FORK, new_sandbox_name
 from .service import ControlPlane
 from .store import ServerRow, now_ms
 
@@ -93,7 +93,7 @@ async def fork_server(cp: ControlPlane, parent: ServerRow, req: ForkServerReques
     finally:
         cp.creating.difference_update(names)
         if warm:
-            cp.pool.refill(template)
+            cp.pool.refill(template, after=HOLD_OFF_AFTER_FORK)
     servers = []
     for row, handle in zip(rows, handles, strict=True):
         if cp.store.set_server_status(row.id, A.ALIVE, "", handle=json.dumps(handle.to_json()),

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from control_plane.backends.local.layout import read_meta
+from sandbox_server.polling import wait_until
 from tests.cp_helpers import ControlPlaneProcess
 
 CAN_ISOLATE = os.geteuid() == 0 and shutil.which("bwrap") is not None
@@ -186,6 +188,37 @@ def test_a_control_plane_restart_keeps_the_children_and_leaks_nothing(cp: Contro
     while ours & set(_layers(layers)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not ours & set(_layers(layers))
+
+
+def test_the_pool_refills_after_a_fork_only_once_its_children_had_their_moment(cp: ControlPlaneProcess) -> None:
+    """The fork takes the warm pool's members; new ones start only after ``HOLD_OFF_AFTER_FORK``
+    (the children's first calls come first), then the pool is full again. Can fail: a refill
+    started with the fork's answer (as it did) makes new members at once."""
+    from control_plane.pool import HOLD_OFF_AFTER_FORK
+
+    client = cp.register("fork-refill")
+    parent = cp.start_server(client, reuse_strategy="NONE")["server_id"]
+    sandboxes = cp.state_dir / "sandboxes"
+
+    def members() -> set[str]:
+        return {p.name for p in sandboxes.glob("pool-*")}
+
+    def ready() -> set[str]:
+        metas = {name: read_meta(sandboxes / name) or {} for name in members()}
+        return {name for name, meta in metas.items() if os.path.exists(meta.get("socket") or "/nonexistent")}
+
+    assert wait_until(lambda: len(ready()) >= 2, 60), members()
+    before = members()
+    children = _fork(cp, client, parent, 2)
+    answered = time.monotonic()
+    taken = {c.get("service_name") for c in children}
+    assert len(taken) == 2 and taken <= before, (children, before)  # the children were the pool's members
+    while time.monotonic() - answered < HOLD_OFF_AFTER_FORK * 0.6:
+        assert members() <= before, members() - before  # nothing new is being made yet
+        time.sleep(0.02)
+    assert wait_until(lambda: len(members() - before) >= 2, 60), members()
+    assert len(children) == 2
+    _op(cp, "/api/clients", {"client_id": client}, method="DELETE")  # its servers with it
 
 
 def test_nothing_is_left_when_everything_stops(cp: ControlPlaneProcess) -> None:
