@@ -95,24 +95,26 @@ demo-venv: system-deps $(VENV)/.stamp-demo native  ## create .venv with what the
 
 native: $(AS_USER) $(SPAWNER)  ## the sandbox server's two small C programs (each optional: see below)
 
-# The tools' switch to the tool user (sandbox_server/native/as_user.c); without a C compiler the
-# server uses setpriv instead (~1 ms more a call).
-$(AS_USER): sandbox_server/native/as_user.c
+# A small C program of the sandbox server, static where the libc allows; $(1) says what the server
+# does without it (each is optional).
+define build_native
 	@mkdir -p $(@D)
 	@if command -v cc >/dev/null 2>&1; then \
 	  cc -O2 -static -Wall -Wextra -o $@ $< 2>/dev/null || cc -O2 -Wall -Wextra -o $@ $< || \
-	    echo "WARNING: could not build $@; tools switch users with setpriv (slower)"; \
-	else echo "WARNING: no C compiler (apt-get install gcc libc6-dev); tools switch users with setpriv (slower)"; fi
+	    echo "WARNING: could not build $@; $(1)"; \
+	else echo "WARNING: no C compiler (apt-get install gcc libc6-dev); $(1)"; fi
+endef
+
+# The tools' switch to the tool user (sandbox_server/native/as_user.c); without a C compiler the
+# server uses setpriv instead (~1 ms more a call).
+$(AS_USER): sandbox_server/native/as_user.c
+	$(call build_native,tools switch users with setpriv (slower))
 
 # The tool user's spawner (sandbox_server/native/spawner.c, the server's side in spawner.py): it
 # starts the tool user's tools, being that user already. Without it tools start the long way
 # (through the helper above; benchmarks/tool_call.py measures both).
 $(SPAWNER): sandbox_server/native/spawner.c
-	@mkdir -p $(@D)
-	@if command -v cc >/dev/null 2>&1; then \
-	  cc -O2 -static -Wall -Wextra -o $@ $< 2>/dev/null || cc -O2 -Wall -Wextra -o $@ $< || \
-	    echo "WARNING: could not build $@; tools of the tool user start the long way (slower)"; \
-	else echo "WARNING: no C compiler (apt-get install gcc libc6-dev); tools of the tool user start the long way (slower)"; fi
+	$(call build_native,tools of the tool user start the long way (slower))
 
 $(CLIENT_VENV)/.stamp: | $(UV)
 	@test -n "$(PYTHON312)" || { echo "ERROR: Python 3.12 not found (needed for the published idegym-client)"; exit 1; }

@@ -81,6 +81,9 @@ EpisodeId = Annotated[str | None, Field(description="The episode to act on (rese
                                                     "this connection's episode.")]
 
 
+ProjectPath = Annotated[str, Field(description="The file's path, relative to the project directory.")]
+
+
 class _Arguments(BaseModel):
     """A tool's arguments; names it does not take are ignored."""
 
@@ -107,7 +110,7 @@ class BashArguments(_Arguments):
 class ReadFileArguments(_Arguments):
     model_config = ConfigDict(title="read_fileArguments")
 
-    path: str = Field(description="The file's path, relative to the project directory.")
+    path: ProjectPath
     offset: int | None = Field(None, description="Byte offset to start at (default 0).")
     length: int | None = Field(None, description="Maximum number of bytes (default: the environment's limit).")
     episode_id: EpisodeId = None
@@ -116,7 +119,7 @@ class ReadFileArguments(_Arguments):
 class WriteFileArguments(_Arguments):
     model_config = ConfigDict(title="write_fileArguments")
 
-    path: str = Field(description="The file's path, relative to the project directory.")
+    path: ProjectPath
     content: str = Field(description="The complete new content.")
     episode_id: EpisodeId = None
 
@@ -124,7 +127,7 @@ class WriteFileArguments(_Arguments):
 class EditFileArguments(_Arguments):
     model_config = ConfigDict(title="edit_fileArguments")
 
-    path: str = Field(description="The file's path, relative to the project directory.")
+    path: ProjectPath
     start_line: int = Field(description="First line to replace.")
     end_line: int = Field(description="Last line to replace.")
     new_content: str = Field(description="The replacement text; empty deletes the lines.")
@@ -134,7 +137,7 @@ class EditFileArguments(_Arguments):
 class PatchFileArguments(_Arguments):
     model_config = ConfigDict(title="patch_fileArguments")
 
-    path: str = Field(description="The file's path, relative to the project directory.")
+    path: ProjectPath
     patch: str = Field(description="The patch text.")
     episode_id: EpisodeId = None
 

@@ -57,7 +57,7 @@ from ..base import (
     SandboxSpec,
     SnapshotInfo,
 )
-from . import fork, inventory, teardown
+from . import fork, inventory, priority, teardown
 from .cgroups import DEFAULT_SERVER_MEMORY_RESERVE, Cgroups
 from .image_trees import ImageError
 from .images import ImageStore, ResolvedImage
@@ -261,7 +261,7 @@ class LocalBackend(Backend):
                                          forks=forks if fork_ids else None, background=background)
 
     def claim(self, handle: SandboxHandle) -> None:
-        self.require_started().claim(handle.data)
+        priority.restore(handle.data)  # made in the background: the normal priority for all of it
 
     async def observe(self, handle: SandboxHandle) -> Observation:
         data = handle.data

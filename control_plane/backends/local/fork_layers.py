@@ -190,14 +190,14 @@ class ForkLayers:
         """The stack of ``layer_ids`` with every layer's filesystem mounted for the block (see the
         module doc): what makes overlays on it or copies out of it runs inside."""
         ids = list(layer_ids)
-        stack = self.enter(ids)
+        self.enter(ids)
         try:
-            yield stack
+            yield self.stack(ids)
         finally:
             self.leave(ids)
 
-    def enter(self, layer_ids: Iterable[str]) -> ForkStack:
-        """``reachable``'s entry: the stack, every layer's filesystem mounted until ``leave``."""
+    def enter(self, layer_ids: Iterable[str]) -> None:
+        """``reachable``'s entry: every layer's filesystem mounted until ``leave``."""
         ids = list(layer_ids)
         entered: list[str] = []
         try:
@@ -209,7 +209,6 @@ class ForkLayers:
                         mount_readonly(layer / FS, layer / IMAGE_NAME)
                     _users[str(layer)] = users + 1
                 entered.append(layer_id)
-            return self.stack(ids)
         except BaseException:
             self.leave(entered)
             raise

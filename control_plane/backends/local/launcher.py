@@ -206,11 +206,6 @@ class Launcher:
         for zygote in self._zygote_of.values():
             zygote.close()
 
-    @staticmethod
-    def claim(data: dict[str, Any]) -> None:
-        """A sandbox made in the background is about to serve: the normal priority for all of it."""
-        priority.restore(data)
-
     def reap(self) -> None:
         """Collect the exited processes this launcher started (bwrap or plain servers)."""
         for pid, popen in list(self._children.items()):

@@ -15,14 +15,11 @@ a client waits for them.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterable
 from typing import Any
 
 from sandbox_server import procfs
-
-log = logging.getLogger(__name__)
 
 BACKGROUND_NICE = 19
 NORMAL_NICE = 0
