@@ -125,6 +125,7 @@ _users = 0
 _lock = threading.Lock()
 _closing = threading.Lock()
 _idle_timer: threading.Timer | None = None
+_exiting = False  # set at interpreter exit: no grace timer (a thread started then never runs)
 
 
 def grace_seconds() -> float:
@@ -147,6 +148,8 @@ def acquire() -> EmbeddedControlPlane:
     """The process-wide embedded control plane, started on first use (or still up from the last)."""
     global _shared, _users
     with _lock:
+        if _exiting:
+            raise RuntimeError("the interpreter is exiting: no embedded control plane starts now")
         _cancel_idle_timer()
         if _shared is None or _shared._closed or _shared.process.poll() is not None:
             _shared = EmbeddedControlPlane()
@@ -162,7 +165,10 @@ def release() -> None:
         _users = max(_users - 1, 0)
         if _users or _shared is None:
             return
-        grace = grace_seconds()
+        # At interpreter exit (an env closed by its finaliser, a script that never called close()),
+        # a grace timer would keep the process alive, or hang it: a thread started while the
+        # interpreter finalises never runs, and Thread.start() waits for it forever.
+        grace = 0.0 if _exiting or sys.is_finalizing() else grace_seconds()
         if grace > 0:
             _cancel_idle_timer()
             _idle_timer = threading.Timer(grace, _stop_if_idle, args=(_shared,))
@@ -179,6 +185,13 @@ def _stop_if_idle(control_plane: EmbeddedControlPlane) -> None:
             return  # someone took it again
         _shared = None
     control_plane.close()
+
+
+@atexit.register
+def _at_exit() -> None:
+    global _exiting
+    _exiting = True
+    shutdown()
 
 
 def shutdown() -> None:
