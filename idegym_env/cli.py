@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -120,7 +121,11 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "tasks":
         from .tasks.sources.validate import run_tasks_command
 
-        sys.exit(run_tasks_command(args))
+        try:
+            sys.exit(run_tasks_command(args))
+        except BrokenPipeError:  # `idegym tasks list humaneval | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(0)
     elif args.command == "eval":
         from .eval.cli import run_eval
 

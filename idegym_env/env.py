@@ -460,6 +460,12 @@ def _format_checks(checks: dict[str, Any], reward: float, errors: list[str] | No
             else:
                 lines.append(f"tests: {verdict} — {s.get('passed', 0)}/{s.get('total', 0)} passed, "
                              f"{s.get('failed', 0)} failed, {s.get('skipped', 0)} skipped")
+                if verdict == "passed" and s.get("skipped") and reward < 1.0:
+                    names = [c["name"] for c in answer.get("cases", []) if c.get("outcome") == "skipped"]
+                    shown = ", ".join(names[:3]) + (" …" if len(names) > 3 else "")
+                    lines.append(f"no test failed, but {s['skipped']} skipped test(s) count as not passed in this "
+                                 f"task's reward{f' ({shown})' if shown else ''}: a test that skips in the sandbox "
+                                 "(a module or tool its image lacks) cannot pass")
             if verdict in ("no_tests", "error") and answer.get("output"):
                 lines.append(_tail(answer["output"]))
         else:

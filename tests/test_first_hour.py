@@ -543,32 +543,3 @@ def test_the_embedded_control_plane_ends_at_interpreter_exit_within_its_grace() 
     assert wait_until(lambda: not process_alive(int(pid)), 30), "the control plane outlived the interpreter"
     assert not Path(state_dir).exists()
 
-
-@pytest.mark.parametrize("ending", ["falls off the end", "raises", "reset failed"])
-def test_a_script_that_never_calls_close_still_exits(ending: str) -> None:
-    """Can fail: the env's finaliser, run at interpreter exit, started the embedded control plane's
-    grace timer; a thread started then never runs, and the script hung forever."""
-    tail = {
-        "falls off the end": "",
-        "raises": "raise SystemExit('boom')",
-        "reset failed": "env.reset(options={'task': 'no-such-task'})",
-    }[ending]
-    script = textwrap.dedent(f"""\
-        import gymnasium as gym, idegym_env
-        from idegym_env import embedded
-        env = gym.make("IdeGym-v0", task="{PY_TASK}")
-        env.reset(seed=0)
-        print(embedded._shared.process.pid, embedded._shared.state_dir, flush=True)
-        {tail}
-        """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=REPO, env={**os.environ, "IDEGYM_EMBEDDED_GRACE": "600"})
-    try:
-        out, err = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"the script did not exit ({ending}): {err[-2000:]}") from None
-    pid, state_dir = out.split()
-    assert wait_until(lambda: not process_alive(int(pid)), 30), "the control plane outlived the interpreter"
-    assert not Path(state_dir).exists()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..task import Task, TaskError
-from . import load_source_tasks, open_source
+from . import _split, is_source_spec, load_source_tasks, open_source
 
 DESCRIPTION = "List, show and validate the tasks of a source (humaneval, swe[:FILE], harbor[:DIR], bundled)."
 EPILOG = """\
@@ -43,6 +44,7 @@ class Row:
     oracle: float | None = None
     untouched: float | None = None
     error: str | None = None
+    why: str | None = None  # why the oracle missed 1.0, from its checks
     seconds: float = 0.0
 
     @property
@@ -50,8 +52,50 @@ class Row:
         return self.error is None and self.oracle == 1.0 and self.untouched is not None and self.untouched < 1.0
 
 
-def _episode(task: Task, *, oracle: bool, env_kwargs: dict[str, Any]) -> float:
-    """One episode through the env; an infrastructure failure raises instead of scoring 0."""
+# Grading runs Python with PYTHONSAFEPATH=1: the directory pytest or python starts in is not put on
+# sys.path, so a test that imports a module at the project's top level needs the test layout to
+# put it there.
+SAFE_PATH_HINT = (
+    "grading runs Python with PYTHONSAFEPATH=1, so the project directory is not on sys.path by itself "
+    "(`python -m pytest` adds it only in your shell): give the tests a `tests/__init__.py` (pytest then "
+    "puts the project root on sys.path) or `pythonpath = .` in the project's pytest.ini")
+
+
+def diagnose(checks: dict[str, Any], reward: float) -> str | None:
+    """Why an oracle run missed 1.0, in one line: the first failing stage and its cause."""
+    if reward >= 1.0:
+        return None
+    for stage in ("setup", "compilation", "tests"):
+        check = checks.get(stage)
+        if not isinstance(check, dict) or check.get("status") == "success":
+            continue
+        output = str(check.get("output", ""))
+        cases = check.get("cases") or []
+        collection = [c for c in cases if "collection" in str(c.get("message", "")).lower()] or (
+            ["x"] if "error during collection" in output or "errors during collection" in output else [])
+        if stage == "tests" and collection:
+            missing = re.search(r"(ModuleNotFoundError|ImportError): [^\n]+", output)
+            cause = f" ({missing.group(0)})" if missing else ""
+            hint = f": {SAFE_PATH_HINT}" if missing else ""
+            return f"the oracle's tests failed at collection{cause}{hint}"
+        if check.get("timed_out"):
+            return f"the {stage} check timed out"
+        failed = [c for c in cases if c.get("outcome") not in ("passed", "skipped")]
+        if failed:
+            names = ", ".join(str(c.get("name")) for c in failed[:3]) + (" …" if len(failed) > 3 else "")
+            return f"the {stage} check failed: {len(failed)} test(s) did not pass ({names})"
+        skipped = [c for c in cases if c.get("outcome") == "skipped"]
+        if skipped:
+            return (f"{len(skipped)} expected test(s) were skipped in the sandbox "
+                    f"({', '.join(str(c.get('name')) for c in skipped[:3])}…): a skipped test counts as not passed")
+        tail = output.strip().splitlines()[-1:] or [""]
+        return f"the {stage} check failed (exit code {check.get('exit_code')}): {tail[0][:200]}"
+    return f"reward {reward:.3f} < 1.0 with every check passing: see the task's reward spec"
+
+
+def _episode(task: Task, *, oracle: bool, env_kwargs: dict[str, Any]) -> tuple[float, str | None]:
+    """One episode through the env, and why it missed 1.0 (``diagnose``); an infrastructure
+    failure raises instead of scoring 0."""
     from ...env import IdeGymEnv
 
     env = IdeGymEnv(task, **env_kwargs)
@@ -67,7 +111,7 @@ def _episode(task: Task, *, oracle: bool, env_kwargs: dict[str, Any]) -> float:
             _, reward, _, _, info = env.step({"tool": "submit"})
         if info.get("infrastructure_error"):
             raise RuntimeError(f"infrastructure: {info['infrastructure_error']}")
-        return float(reward)
+        return float(reward), diagnose(info.get("checks") or {}, float(reward))
     finally:
         env.close()
 
@@ -104,10 +148,11 @@ def validate(tasks: list[Task], *, parallel: int = 4, local: bool = False, progr
         row = Row(task.id)
         started = time.perf_counter()
         try:
-            run = (lambda o: _local(task, oracle=o)) if local else (
-                lambda o: _episode(task, oracle=o, env_kwargs=env_kwargs or {}))
-            row.oracle = run(True)
-            row.untouched = run(False)
+            if local:
+                row.oracle, row.untouched = _local(task, oracle=True), _local(task, oracle=False)
+            else:
+                row.oracle, row.why = _episode(task, oracle=True, env_kwargs=env_kwargs or {})
+                row.untouched = _episode(task, oracle=False, env_kwargs=env_kwargs or {})[0]
         except Exception as exc:  # noqa: BLE001 - one task's failure is a row, not the end of the run
             row.error = f"{type(exc).__name__}: {exc}"[:500]
         row.seconds = time.perf_counter() - started
@@ -133,6 +178,8 @@ def format_table(rows: list[Row]) -> str:
         lines.append(f"{r.task_id:<{width}}  {fmt(r.oracle):>6}  {fmt(r.untouched):>9}  {verdict:<7}  {r.seconds:7.1f}")
         if r.error:
             lines.append(f"{'':<{width}}  {r.error}")
+        elif r.why and not r.valid:
+            lines.append(f"{'':<{width}}  {r.why}")
     ok = sum(r.valid for r in rows)
     errors = sum(r.error is not None for r in rows)
     lines.append(f"{ok}/{len(rows)} valid, {len(rows) - ok - errors} invalid, {errors} errors")
@@ -158,25 +205,45 @@ def add_tasks_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _tasks_of(spec: str) -> list[Task]:
-    if spec == "bundled" or spec.startswith("bundled/"):
-        from ..loader import bundled_tasks, load_task
+    """The tasks a source spec (``humaneval``, ``swe:FILE``, ``bundled``, a directory of task
+    directories) or a task spec (anything ``gym.make`` takes as ``task=``) names."""
+    from pathlib import Path
 
-        return bundled_tasks() if spec == "bundled" else [load_task(spec.split("/", 1)[1])]
-    return load_source_tasks(spec)
+    from ..loader import TASK_FILE, TaskSet, bundled_tasks, load_task
+
+    if spec == "bundled":
+        return bundled_tasks()
+    if spec.startswith("bundled/"):
+        return [load_task(spec.split("/", 1)[1])]
+    if is_source_spec(spec):
+        return load_source_tasks(spec)
+    path = Path(spec).expanduser()
+    if path.is_dir() and not (path / TASK_FILE).is_file() and any(path.glob(f"*/{TASK_FILE}")):
+        return list(TaskSet(path))  # a directory of task directories
+    return [load_task(spec)]
+
+
+def _listing(spec: str) -> list[tuple[str, str]]:
+    """(task spec, title) of every task ``spec`` names: each spec is what ``gym.make(task=...)``,
+    ``tasks show`` and ``tasks validate`` take."""
+    if is_source_spec(spec) and _split(spec)[1] is None:
+        source = open_source(spec)
+        joint = "#" if ":" in spec else "/"
+        return [(f"{spec}{joint}{i}", "") for i in source.ids]
+    if spec == "bundled":
+        return [(t.id, t.title) for t in _tasks_of(spec)]
+    tasks = _tasks_of(spec)
+    if len(tasks) == 1:
+        return [(spec, tasks[0].title)]
+    return [(str(t.root), t.title) for t in tasks]  # a directory of task directories
 
 
 def run_tasks_command(args: argparse.Namespace) -> int:
     try:
         if args.tasks_command == "list":
-            if args.source == "bundled":
-                tasks = _tasks_of("bundled")
-                rows = [(t.id, t.id, t.title) for t in tasks]
-            else:
-                source = open_source(args.source)
-                rows = [(i, i, "") for i in source.ids]
-            for ident, _, title in rows:
-                print(json.dumps({"id": ident, "title": title}) if args.json else
-                      (f"{ident}  {title}" if title else ident))
+            for spec, title in _listing(args.source):
+                print(json.dumps({"task": spec, "title": title}) if args.json else
+                      (f"{spec}  {title}" if title else spec))
             return 0
         if args.tasks_command == "show":
             from ..loader import load_task
