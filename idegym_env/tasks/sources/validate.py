@@ -28,10 +28,11 @@ sources:
   humaneval                  HumanEval's 164 problems (pip install 'idegym[humaneval]')
   swe | swe:FILE             SWE-style instances (the shipped set, or a SWE-bench JSON/JSONL file)
   harbor | harbor:DIR        Harbor task directories (the shipped ones, or yours)
-  one task: humaneval/HumanEval/0, swe/<instance_id>, harbor:DIR#<task>
+  one task: humaneval/HumanEval/0, swe/<instance_id>, harbor:DIR#<task>, a task directory,
+            a bundled task's name; `validate` also takes a directory of task directories
 
 examples:
-  idegym tasks list swe
+  idegym tasks list swe                     (task specs, one a line)
   idegym tasks show harbor/js-slugify
   idegym tasks validate humaneval --parallel 4
   idegym tasks validate swe --local
