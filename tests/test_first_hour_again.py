@@ -177,3 +177,29 @@ def test_a_reward_below_one_next_to_passed_tests_says_why() -> None:
     text = _format_checks(checks, 0.0)
     assert "1 skipped test(s) count as not passed" in text and "t.tk" in text, text
     assert "count as not passed" not in _format_checks(checks, 1.0)
+
+
+# -- 4. a client without a URL names the way that exists ------------------------------------------------
+
+def test_a_client_without_a_url_names_a_way_that_works(monkeypatch: pytest.MonkeyPatch) -> None:
+    from idegym_env.client import IdeGymClient
+
+    monkeypatch.delenv("IDEGYM_URL", raising=False)
+    with pytest.raises(ValueError, match=r"IdeGymClient\.embedded\(\)"):
+        IdeGymClient()
+    assert callable(IdeGymClient.embedded)
+
+
+def _readme_snippet(start: str) -> str:
+    text = (REPO / "README.md").read_text()
+    begin = text.index(start)
+    block = text.rindex("```python", 0, begin)
+    return text[block + len("```python"):text.index("```", begin)]
+
+
+def test_the_readme_client_snippet_runs_as_written() -> None:
+    snippet = _readme_snippet("with IdeGymClient.embedded() as client:")
+    done = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env={**os.environ, "IDEGYM_EMBEDDED_GRACE": "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "gcc" in done.stdout

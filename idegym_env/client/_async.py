@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -254,7 +255,24 @@ class AsyncIdeGymClient:
         self._http = httpx.AsyncClient(base_url=self.settings.url, transport=transport, auth=self.settings.auth,
                                   timeout=60.0, limits=httpx.Limits(max_keepalive_connections=32))
         self._client_id: str | None = None
+        self._release: Callable[[], None] | None = None  # hands an embedded control plane back
         self._heartbeat: asyncio.Task | None = None
+
+    @classmethod
+    def embedded(cls, **kwargs: Any) -> AsyncIdeGymClient:
+        """A client of this process's embedded control plane, started on demand as ``gym.make``
+        starts it (``idegym_env.embedded``); ``close()`` hands it back, and it stops once its
+        grace period passes without another user."""
+        from .. import embedded
+
+        control_plane = embedded.acquire()
+        try:
+            client = cls(control_plane.url, **kwargs)
+        except BaseException:
+            embedded.release()
+            raise
+        client._release = embedded.release
+        return client
 
     async def _run(self, plan: Plan[T]) -> T:
         return await drive(self._http, plan)
@@ -320,6 +338,9 @@ class AsyncIdeGymClient:
         finally:
             self._client_id = None
             await self._http.aclose()
+            release, self._release = self._release, None
+            if release is not None:
+                release()
 
     async def __aenter__(self) -> AsyncIdeGymClient:
         await self.register()

@@ -37,8 +37,8 @@ class Settings:
                 auth: tuple[str, str] | None = None) -> Settings:
         url = url or os.environ.get("IDEGYM_URL") or ("http://control-plane" if unix_socket else None)
         if url is None:
-            raise ValueError("no control plane: pass url=..., set $IDEGYM_URL, or use the embedded one "
-                             "(idegym_env.client.embedded())")
+            raise ValueError("no control plane: pass url=..., set $IDEGYM_URL, or start the embedded one "
+                             "with IdeGymClient.embedded() (AsyncIdeGymClient.embedded())")
         if "://" not in url:
             url = f"http://{url}"
         url, in_url = _split_credentials(url)

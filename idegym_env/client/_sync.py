@@ -6,6 +6,7 @@ import builtins
 import http.client as http_client
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from control_plane.models import (
@@ -253,8 +254,25 @@ class IdeGymClient:
         self.heartbeat_interval = heartbeat_interval
         self._http = HTTPSession(self.settings.url, unix_socket=self.settings.unix_socket, auth=self.settings.auth)
         self._client_id: str | None = None
+        self._release: Callable[[], None] | None = None  # hands an embedded control plane back
         self._stop_heartbeat = threading.Event()
         self._heartbeat: threading.Thread | None = None
+
+    @classmethod
+    def embedded(cls, **kwargs: Any) -> IdeGymClient:
+        """A client of this process's embedded control plane, started on demand as ``gym.make``
+        starts it (``idegym_env.embedded``); ``close()`` hands it back, and it stops once its
+        grace period passes without another user."""
+        from .. import embedded
+
+        control_plane = embedded.acquire()
+        try:
+            client = cls(control_plane.url, **kwargs)
+        except BaseException:
+            embedded.release()
+            raise
+        client._release = embedded.release
+        return client
 
     def _run(self, plan: Plan[T]) -> T:
         return drive(self._http, plan)
@@ -320,6 +338,9 @@ class IdeGymClient:
         finally:
             self._client_id = None
             self._http.close()
+            release, self._release = self._release, None
+            if release is not None:
+                release()
 
     def __enter__(self) -> IdeGymClient:
         self.register()
