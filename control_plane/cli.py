@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import logging
 import os
-import shutil
 import signal
 import sys
 from collections.abc import Callable
@@ -17,8 +16,10 @@ from aiohttp import web
 
 from sandbox_server.http import run_loop, setup_logging
 
+from . import ephemeral_state
 from .auth import TOKEN_USER, token_path
 from .config import ControlPlaneConfig, WatcherConfig
+from .ephemeral_state import ErrorCounter
 from .quantities import memory_bytes
 
 T = TypeVar("T")
@@ -261,6 +262,8 @@ async def serve(config: ControlPlaneConfig, ready_fd: int | None = None, parent_
                 remove_state: bool = False) -> None:
     from .app import SHUTDOWN, create_app
 
+    errors = ErrorCounter()
+    logging.getLogger().addHandler(errors)
     app = create_app(config)
     # aiohttp's keep-alive timer runs from the connection's start and from each answer until the next
     # request's head is complete: it is the header timeout.
@@ -296,7 +299,8 @@ async def serve(config: ControlPlaneConfig, ready_fd: int | None = None, parent_
         watcher.cancel()
     await runner.cleanup()
     if config.ephemeral and remove_state:
-        shutil.rmtree(config.state_dir, ignore_errors=True)
+        ephemeral_state.remove(config.state_dir, keep_logs=bool(errors.count) or ephemeral_state.has_failed_builds(
+            config.state_dir))
 
 
 def run_serve(args: argparse.Namespace) -> None:

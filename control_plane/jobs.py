@@ -12,9 +12,11 @@ import json
 import logging
 import secrets
 from collections.abc import Callable
+from pathlib import Path
 
 from .backends.base import BackendError, ImageBuilder, ImageDefinition, SandboxSpec
 from .build_sources import SourceNotAllowed, check_allowed
+from .ephemeral_state import BUILD_LOGS
 from .errors import BadRequest, Forbidden
 from .images import host_sources_of
 from .models import (
@@ -69,11 +71,20 @@ class ImageJobs:
 
     async def _run(self, job_name: str, definition: ImageDefinition) -> None:
         lines: list[str] = [f"building {definition.tag} from {definition.base}"]
+        log_path = build_log_path(self.cp.config.state_dir, job_name)
 
         def log_line(text: str) -> None:
             lines.append(str(text))
             details = "\n".join(lines)
             self.cp.store.update_job(job_name, "in_progress", details[-MAX_DETAILS:])
+
+        def failed(cause: str) -> None:
+            # The cause first (a reader, or a message cut to its head, sees it), then the log's end.
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_path.write_text("\n".join(lines) + f"\nFAILED: {cause}\n")
+            head = f"FAILED: {cause}\nthe whole build log: {log_path} (idegym images logs {job_name})"
+            tail = "\n".join(lines)[-max(MAX_DETAILS - len(head) - 40, 0):]
+            self.cp.store.update_job(job_name, "failure", f"{head}\n--- the build log's end ---\n{tail}"[:MAX_DETAILS])
 
         assert self.builder is not None
         try:
@@ -84,15 +95,18 @@ class ImageJobs:
                 return
             tag = await self.builder.build(definition, log_line)
         except BackendError as exc:
-            lines.append(f"FAILED: {exc.message}")
-            self.cp.store.update_job(job_name, "failure", "\n".join(lines)[-MAX_DETAILS:])
+            failed(exc.message)
         except Exception as exc:  # noqa: BLE001 - a build failure is reported, never raised
             log.exception("image build %s failed", job_name)
-            lines.append(f"FAILED: {type(exc).__name__}: {exc}")
-            self.cp.store.update_job(job_name, "failure", "\n".join(lines)[-MAX_DETAILS:])
+            failed(f"{type(exc).__name__}: {exc}")
         else:
             lines.append(f"done: {tag}")
             self.cp.store.update_job(job_name, "success", "\n".join(lines)[-MAX_DETAILS:], tag=tag)
+
+
+def build_log_path(state_dir: Path, job_name: str) -> Path:
+    """Where a failed build's whole log is kept (``idegym images logs JOB`` prints it)."""
+    return state_dir / BUILD_LOGS / f"{job_name}.log"
 
 
 def request_hash(req: StartServerRequest) -> str:

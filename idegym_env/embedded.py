@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from control_plane import ephemeral_state
 from control_plane.auth import TOKEN_USER, read_token, token_path
 from control_plane.backends.local.lease import DEFAULT_ORPHAN_TTL, LEASE_FILE
 
@@ -33,6 +34,7 @@ START_TIMEOUT = 60.0
 GRACE_SECONDS = 60.0
 STATE_PREFIX = "idegym-embedded-"
 LAPSE_MARGIN = 60.0  # seconds past a lease's TTL before its directory counts as abandoned
+KEPT_LOGS_RETENTION = 7 * 86400.0  # a failed run's kept logs (no lease left) are swept after this
 
 
 def sweep_lapsed_state_dirs(root: Path) -> list[Path]:
@@ -44,6 +46,11 @@ def sweep_lapsed_state_dirs(root: Path) -> list[Path]:
     for path in root.glob(f"{STATE_PREFIX}*"):
         lease = path / LEASE_FILE
         try:
+            if not lease.exists():  # only the logs of a run where something failed are left
+                if now - path.stat().st_mtime > KEPT_LOGS_RETENTION:
+                    shutil.rmtree(path, ignore_errors=True)
+                    removed.append(path)
+                continue
             ttl = float(lease.read_text().strip() or DEFAULT_ORPHAN_TTL)
             lapsed = now - lease.stat().st_mtime > ttl + LAPSE_MARGIN
             if not lapsed or any((path / "sandboxes").iterdir()):
@@ -111,7 +118,15 @@ class EmbeddedControlPlane:
                 self.process.wait()
         self._log.close()
         if self._owns_state:
-            shutil.rmtree(self.state_dir, ignore_errors=True)
+            # The control plane removed its state (--remove-state), but for its logs when something
+            # failed; killed, or ended by a signal it did not handle, it left the state here.
+            failed = self.process.returncode not in (0, -signal.SIGTERM)
+            if failed or ephemeral_state.only_logs_left(self.state_dir):
+                ephemeral_state.remove(self.state_dir, keep_logs=True)
+                print(f"idegym: something failed in the embedded control plane; its logs are kept in "
+                      f"{self.state_dir}", file=sys.stderr)
+            else:
+                shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def __enter__(self) -> EmbeddedControlPlane:
         return self

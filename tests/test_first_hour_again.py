@@ -203,3 +203,43 @@ def test_the_readme_client_snippet_runs_as_written() -> None:
                           env={**os.environ, "IDEGYM_EMBEDDED_GRACE": "0"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "gcc" in done.stdout
+
+
+# -- 7 and 9. a failed build says its cause first and its whole log stays where the error says -----------
+
+def test_a_failed_build_says_its_step_and_error_first_and_keeps_its_log(tmp_path: Path) -> None:
+    """Can fail: the error was the head of the build log (mmdebstrap's chatter) cut at 500
+    characters, and the embedded control plane's state, logs included, was deleted at exit."""
+    import re
+
+    task = tmp_path / "bad-build"
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "environment" / "Dockerfile").write_text(
+        "FROM debian:bookworm-slim\nWORKDIR /app\nRUN echo step two && ls /no-such-dir-here\nRUN echo never\n")
+    (task / "instruction.md").write_text("Nothing to do.\n")
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    (task / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 60\n')
+    report = tmp_path / "rows.json"
+    done = _idegym("tasks", "validate", f"harbor:{task}", "--json", str(report))
+    assert done.returncode == 2, done.stdout + done.stderr
+    error = json.loads(report.read_text())[0]["error"]
+    head = "\n".join(error.splitlines()[:4])
+    assert "failed at STEP 3/4: RUN echo step two" in head, error[:2000]
+    assert 'Error: building at STEP "RUN echo step two' in head, error[:2000]
+    assert "failed at STEP 3/4" in done.stdout  # the table shows the cause too
+    found = re.search(r"the whole build log: (\S+) \(idegym images logs (build-[0-9a-f]+)\)", error)
+    assert found, error[:3000]
+    log = Path(found.group(1))
+    try:
+        assert log.is_file(), "the log the error names is gone"
+        assert "No such file or directory" in log.read_text()
+        state_dir = log.parent.parent
+        assert "its logs are kept in" in done.stderr and str(state_dir) in done.stderr
+        assert {p.name for p in state_dir.iterdir()} <= {"control-plane.log", "build-logs"}
+        shown = _idegym("images", "logs", found.group(2), "--state-dir", str(state_dir), timeout=60)
+        assert shown.returncode == 0 and "exit status 2" in shown.stdout, shown.stderr
+    finally:
+        import shutil
+
+        shutil.rmtree(log.parent.parent, ignore_errors=True)

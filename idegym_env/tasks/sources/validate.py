@@ -155,7 +155,7 @@ def validate(tasks: list[Task], *, parallel: int = 4, local: bool = False, progr
                 row.oracle, row.why = _episode(task, oracle=True, env_kwargs=env_kwargs or {})
                 row.untouched = _episode(task, oracle=False, env_kwargs=env_kwargs or {})[0]
         except Exception as exc:  # noqa: BLE001 - one task's failure is a row, not the end of the run
-            row.error = f"{type(exc).__name__}: {exc}"[:500]
+            row.error = f"{type(exc).__name__}: {exc}"
         row.seconds = time.perf_counter() - started
         bar.finished({"id": task.id, "passed": row.valid, "error": row.error, "error_kind": "run",
                       "reward": row.oracle or 0.0, "wall_seconds": row.seconds})
@@ -177,14 +177,19 @@ def format_table(rows: list[Row]) -> str:
         verdict = "error" if r.error else ("ok" if r.valid else "INVALID")
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         lines.append(f"{r.task_id:<{width}}  {fmt(r.oracle):>6}  {fmt(r.untouched):>9}  {verdict:<7}  {r.seconds:7.1f}")
-        if r.error:
-            lines.append(f"{'':<{width}}  {r.error}")
+        if r.error:  # its head says what failed (the table shows that much; --json has all of it)
+            lines.append(f"{'':<{width}}  {_head(r.error)}")
         elif r.why and not r.valid:
             lines.append(f"{'':<{width}}  {r.why}")
     ok = sum(r.valid for r in rows)
     errors = sum(r.error is not None for r in rows)
     lines.append(f"{ok}/{len(rows)} valid, {len(rows) - ok - errors} invalid, {errors} errors")
     return "\n".join(lines)
+
+
+def _head(text: str, lines: int = 12, chars: int = 1500) -> str:
+    kept = "\n".join(text.splitlines()[:lines])[:chars]
+    return kept if kept == text else kept + " […]"
 
 
 def add_tasks_arguments(parser: argparse.ArgumentParser) -> None:

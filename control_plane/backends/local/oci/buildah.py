@@ -58,18 +58,23 @@ def storage_name(tag: str) -> str:
     return f"localhost/{tag}"
 
 
+STEP_LINE = re.compile(r"^STEP \d+/\d+: ")
+
+
 @dataclass
 class Result:
     returncode: int
     tail: list[str] = field(default_factory=list)
     timed_out: bool = False
+    step: str | None = None  # the last ``STEP n/m: …`` line buildah printed: where it stopped
 
     def message(self, lines: int = 25) -> str:
+        """What went wrong first (the step, buildah's error), then its last lines."""
         errors = [ln for ln in self.tail if ln.startswith(("Error:", "error", "level=error"))]
+        head = [f"failed at {self.step}"] if self.step else []
+        head += errors[-1:]
         text = "\n".join(self.tail[-lines:])
-        if errors and errors[-1] not in text:
-            text += "\n" + errors[-1]
-        return text
+        return "\n".join(head + ["buildah's last lines:", text]) if head else text
 
 
 @dataclass(frozen=True)
@@ -171,6 +176,7 @@ class Buildah:
             cwd=str(cwd) if cwd else None)
         tail: deque[str] = deque(maxlen=keep)
         timed_out = False
+        step: str | None = None
 
         async def pump() -> None:
             assert proc.stdout is not None
@@ -182,6 +188,9 @@ class Buildah:
                 if not raw:
                     return
                 line = raw.decode(errors="replace").rstrip("\n")
+                if STEP_LINE.match(line):
+                    nonlocal step
+                    step = line[:300]
                 tail.append(line)
                 if emit is not None:
                     emit(line)
@@ -195,7 +204,7 @@ class Buildah:
             await asyncio.shield(proc.wait())
             if not timed_out:
                 raise
-        return Result(proc.returncode if not timed_out else -signal.SIGKILL, list(tail), timed_out)
+        return Result(proc.returncode if not timed_out else -signal.SIGKILL, list(tail), timed_out, step)
 
     def query(self, args: list[str], timeout: float = 120.0) -> str:
         proc = subprocess.run(self.argv(args, network=False), capture_output=True, env=self.env(), timeout=timeout)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from .buildah import Buildah, available
 from .settings import OciError, OciSettings
 
 TRANSPORTS = {"docker", "oci", "oci-archive", "docker-archive", "dir"}
-DESCRIPTION = "The local backend's image store: list the images, push an OCI image to a registry."
+DESCRIPTION = ("The local backend's image store: list the images, push an OCI image to a registry, "
+               "print a failed build's whole log.")
 PUSH_EPILOG = """\
 The image goes with `buildah push` (its layers as they are in the store, compressed for the
 registry). DEST is REGISTRY/REPOSITORY:TAG (or any buildah destination such as oci:/dir:tag).
@@ -40,9 +42,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     push.add_argument("--authfile", type=Path, help="credentials file (Docker config.json format)")
     push.add_argument("--tls-verify", default="true", choices=("true", "false"),
                       help="verify the registry's TLS certificate; false also allows plain HTTP (default: true)")
+    logs = sub.add_parser("logs", help="a failed build's whole log (its job name: build-…)", parents=[common])
+    logs.add_argument("job", help="the build job's name, as its error names it (build-1a2b3c4d)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.images_command == "logs":
+        from control_plane.jobs import build_log_path
+
+        if not re.fullmatch(r"build-[0-9a-f]+", args.job):
+            print(f"idegym images logs: {args.job!r} is not a build job's name (build-<hex>)", file=sys.stderr)
+            return 2
+        path = build_log_path(Path(args.state_dir), args.job)
+        try:
+            sys.stdout.write(path.read_text(errors="replace"))
+        except FileNotFoundError:
+            print(f"idegym images logs: no log of {args.job} in {path.parent} (only failed builds keep one; "
+                  "is --state-dir the control plane's?)", file=sys.stderr)
+            return 2
+        return 0
     store = ImageStore(Path(args.state_dir) / "images")
     if args.images_command == "list":
         for tag in store.tags():
