@@ -243,3 +243,63 @@ def test_a_failed_build_says_its_step_and_error_first_and_keeps_its_log(tmp_path
         import shutil
 
         shutil.rmtree(log.parent.parent, ignore_errors=True)
+
+
+# -- 8. idegym eval after an infrastructure failure ---------------------------------------------------------
+
+def test_eval_checks_the_control_plane_before_running_anything(tmp_path: Path) -> None:
+    """Can fail: every episode failed on the dead URL one by one and was recorded as an error."""
+    import time
+
+    from tests.helpers import free_port
+
+    out = tmp_path / "run"
+    started = time.monotonic()
+    done = _idegym("eval", "--tasks", PY_TASK, "--agent", "noop", "--out", str(out),
+                   "--control-plane-url", f"http://127.0.0.1:{free_port()}", timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "cannot be used" in done.stderr and "nothing was run" in done.stderr, done.stderr
+    assert time.monotonic() - started < 30
+    episodes = out / "episodes.jsonl"
+    assert not episodes.exists() or not episodes.read_text().strip()
+
+
+def test_a_resumed_run_says_how_to_retry_its_infrastructure_errors(control_plane: EmbeddedControlPlane,
+                                                                    tmp_path: Path) -> None:
+    task = tmp_path / "unbuildable"
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "environment" / "Dockerfile").write_text("FROM debian:bookworm-slim\nRUN false\n")
+    (task / "instruction.md").write_text("Nothing to do.\n")
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    (task / "task.toml").write_text('version = "1.0"\n')
+    args = ["eval", "--tasks", f"harbor:{task}", "--agent", "noop", "--out", str(tmp_path / "run"),
+            "--control-plane-url", control_plane.url, "--no-progress"]
+    first = _idegym(*args)
+    assert first.returncode == 1, first.stderr
+    assert "--retry-errors" in first.stderr, first.stderr
+    again = _idegym(*args)
+    assert again.returncode == 1
+    assert "already recorded ended in an infrastructure error" in again.stderr, again.stderr
+    assert "--retry-errors" in again.stderr
+
+
+def test_the_openai_agent_without_a_key_or_a_network_fails_fast_and_says_why(
+        control_plane: EmbeddedControlPlane, tmp_path: Path) -> None:
+    """Can fail: it retried a name that does not resolve for 48 s per episode, the run exited 0 and the
+    reason shown was cut to "…Name"."""
+    import time
+
+    env = {"OPENAI_API_KEY": "", "OPENAI_BASE_URL": ""}
+    no_key = _idegym("eval", "--tasks", PY_TASK, "--agent", "openai", "--agent-arg", "model=m",
+                     "--out", str(tmp_path / "a"), "--control-plane-url", control_plane.url, timeout=120, **env)
+    assert no_key.returncode == 2 and "OPENAI_API_KEY" in no_key.stderr, no_key.stderr
+    started = time.monotonic()
+    offline = _idegym("eval", "--tasks", PY_TASK, "--agent", "openai", "--agent-arg", "model=m",
+                      "--agent-arg", "base_url=http://no-such-model-host.invalid/v1", "--out", str(tmp_path / "b"),
+                      "--control-plane-url", control_plane.url, timeout=300, **env)
+    assert offline.returncode == 1, offline.stderr
+    assert time.monotonic() - started < 60
+    record = json.loads((tmp_path / "b" / "episodes.jsonl").read_text().splitlines()[0])
+    assert record["error_kind"] == "model" and "does not resolve" in record["error"], record["error"]
+    assert "does not resolve" in offline.stderr  # the progress line shows the cause

@@ -153,6 +153,14 @@ def load_agent(spec: str | Callable[..., Any], kwargs: Mapping[str, Any] | None 
                 if not (kwargs.get("model") or os.environ.get("OPENAI_MODEL")):
                     raise AgentSpecError("the openai agent needs a model: --agent-arg model=NAME or "
                                          "$OPENAI_MODEL")
+                from .openai_agent import DEFAULT_BASE_URL
+
+                base_url = kwargs.get("base_url") or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
+                if base_url.rstrip("/") == DEFAULT_BASE_URL and not (kwargs.get("api_key")
+                                                                       or os.environ.get("OPENAI_API_KEY")):
+                    raise AgentSpecError(f"the openai agent talks to {DEFAULT_BASE_URL} by default, which needs "
+                                         "a key: set $OPENAI_API_KEY, or point it at your own server with "
+                                         "--agent-arg base_url=URL")
             else:
                 _check_kwargs(spec, target, kwargs)
             return _PerEpisode(target, kwargs)

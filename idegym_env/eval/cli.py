@@ -18,8 +18,10 @@ Running the same command again resumes: finished episodes are not redone. A dire
 different run (other tasks, agent or its arguments, attempts, seed, step limit or pass
 criterion) is refused; use --overwrite.
 An agent that raises, or an episode over --episode-timeout, is recorded as an error and the run
-goes on; the exit status is 1 when any episode ended in an infrastructure error (the
-environment failed: image, sandbox, control plane), 2 for bad arguments, 130 when interrupted.
+goes on. Exit status: 0 when the run finished (whatever the pass rate); 1 when any episode ended
+in an infrastructure error (the environment failed: image, sandbox, control plane; or the agent's
+model endpoint was unreachable) or the control plane could not be used at all; 2 for bad
+arguments; 130 when interrupted.
 An episode passes when its reward is 1.0 (--pass-threshold R: reward >= R; "solved":
 every check of the task succeeded, whatever the reward).
 """
@@ -113,6 +115,7 @@ def _interrupt(signum: int, frame: Any) -> None:
 def run_eval(args: argparse.Namespace) -> int:
     from ..tasks import TaskError
     from . import AgentSpecError, ManifestMismatch, evaluate
+    from .runner import ControlPlaneUnavailable
 
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the run like Ctrl-C: resumable
     try:
@@ -126,6 +129,9 @@ def run_eval(args: argparse.Namespace) -> int:
     except (ManifestMismatch, AgentSpecError, TaskError, ValueError) as exc:
         print(f"idegym eval: {exc}", file=sys.stderr)
         return 2
+    except ControlPlaneUnavailable as exc:
+        print(f"idegym eval: {exc}; nothing was run (exit status 1)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"idegym eval: interrupted; run the same command again to resume ({args.out})", file=sys.stderr)
         return 130
@@ -136,7 +142,8 @@ def run_eval(args: argparse.Namespace) -> int:
     broken = result.summary["overall"].get("infrastructure_errors") or 0
     if broken:
         print(f"idegym eval: {broken} of {result.summary['episodes_done']} episodes ended in an infrastructure "
-              f"error (exit status 1); their errors are in {args.out}/episodes.jsonl", file=sys.stderr)
+              f"error (exit status 1); their errors are in {args.out}/episodes.jsonl. Once the cause is fixed, "
+              "run the same command with --retry-errors to run them again", file=sys.stderr)
         return 1
     return 0
 

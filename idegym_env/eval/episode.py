@@ -47,6 +47,15 @@ OUTPUT_TAIL = 1000  # characters of a stage's output kept in its record when no 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
+MODEL = "model"  # the error kind of an episode whose agent could not reach its model endpoint
+
+
+def _model_unreachable(exc: BaseException) -> bool:
+    from .openai_agent import ModelUnreachable
+
+    return isinstance(exc, ModelUnreachable)
+
+
 def describe(exc: BaseException) -> str:
     text = _ANSI.sub("", f"{type(exc).__name__}: {exc}".strip())
     frames = traceback.extract_tb(exc.__traceback__)
@@ -80,7 +89,7 @@ class Episode:
         try:
             self._play(get_env, agent_factory)
         except _AgentFailed as failed:
-            self._fail_if_live("agent", describe(failed.exc))
+            self._fail_if_live(MODEL if _model_unreachable(failed.exc) else "agent", describe(failed.exc))
         except BaseException as exc:  # noqa: BLE001 - anything else is the environment's failure
             self._fail_if_live("env", describe(exc))
         finally:

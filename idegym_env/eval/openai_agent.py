@@ -43,6 +43,17 @@ class ChatCompletionError(RuntimeError):
     """The endpoint answered with an error that retrying does not fix (or retries ran out)."""
 
 
+class ModelUnreachable(ChatCompletionError):
+    """The model endpoint cannot be reached (its name does not resolve, or connections failed
+    until the retries ran out): neither the agent's fault nor the task's, so the harness records
+    the episode as an infrastructure failure (``error_kind`` ``model``)."""
+
+
+# What a failed name lookup looks like in httpx's ConnectError (glibc's and musl's wording).
+NAME_RESOLUTION = ("Name or service not known", "Temporary failure in name resolution", "nodename nor servname",
+                   "No address associated with hostname", "Name does not resolve")
+
+
 class OpenAIAgent:
     def __init__(
         self,
@@ -157,9 +168,14 @@ class OpenAIAgent:
             try:
                 response = self._http.post(path, json=body)
             except httpx.TransportError as exc:
+                host = httpx.URL(self.base_url).host
+                if any(text in str(exc) for text in NAME_RESOLUTION):  # retrying does not bring a network back
+                    raise ModelUnreachable(f"the model endpoint {self.base_url} is unreachable: {host!r} does not "
+                                           "resolve (no network here, or a wrong base_url: --agent-arg "
+                                           "base_url=URL or $OPENAI_BASE_URL)") from exc
                 if attempt >= self.max_retries:
-                    raise ChatCompletionError(f"POST {self.base_url}{path} failed after {attempt + 1} tries: "
-                                              f"{type(exc).__name__}: {exc}") from exc
+                    raise ModelUnreachable(f"the model endpoint {self.base_url} is unreachable after {attempt + 1} "
+                                           f"tries: {type(exc).__name__}: {exc}") from exc
                 self._sleep(attempt, None)
                 attempt += 1
                 continue
@@ -187,4 +203,4 @@ class OpenAIAgent:
         time.sleep(delay)
 
 
-__all__ = ["OpenAIAgent", "ChatCompletionError", "SYSTEM_PROMPT", "DEFAULT_BASE_URL"]
+__all__ = ["OpenAIAgent", "ChatCompletionError", "ModelUnreachable", "SYSTEM_PROMPT", "DEFAULT_BASE_URL"]

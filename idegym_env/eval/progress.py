@@ -61,7 +61,7 @@ class Progress:
                 self._draw()
             elif self.enabled:
                 reward = record.get("reward")
-                what = (f"error ({record.get('error_kind')}): {str(record.get('error'))[:120]}"
+                what = (f"error ({record.get('error_kind')}): {str(record.get('error'))[:240]}"
                         if record.get("error") else
                         f"reward {reward:.3f}{' passed' if record.get('passed') else ''}")
                 wall = record.get("wall_seconds") or 0.0

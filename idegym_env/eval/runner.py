@@ -25,7 +25,7 @@ from .manifest import ManifestMismatch, build_manifest, check_same_run, now
 from .progress import Progress
 from .ray_tasks import RayExecutor
 from .records import ResultsDir, latest
-from .summary import markdown, summarize, table, to_json
+from .summary import INFRASTRUCTURE, markdown, summarize, table, to_json
 from .threads import ThreadExecutor
 
 DEFAULT_EPISODE_TIMEOUT = 1800.0
@@ -126,6 +126,11 @@ class Runner:
         finished = {k: v for k, v in finished.items() if k in wanted}
         if self.config.retry_errors:
             finished = {k: v for k, v in finished.items() if not v.get("error")}
+        else:
+            broken = sum(1 for r in finished.values() if r.get("error_kind") in INFRASTRUCTURE)
+            if broken:
+                print(f"[eval] {broken} episode(s) already recorded ended in an infrastructure error and are not "
+                      "run again; add --retry-errors to run them again", file=sys.stderr)
         pending = [(t, a) for t in self.tasks for a in range(self.config.attempts)
                    if (t.id, a) not in finished]
         self.progress = Progress(len(wanted), skipped=len(finished),
@@ -157,6 +162,8 @@ class Runner:
 
                 embedded = EmbeddedControlPlane(warm_pool=self.config.warm_pool)
                 url = embedded.url
+            else:
+                preflight(url)
             executor = RayExecutor(self) if self.config.use_ray else ThreadExecutor(self)
             return executor.run(pending, url)
         finally:
@@ -187,5 +194,22 @@ class Runner:
             self._cancelled = True
 
 
-__all__ = ["Runner", "RunConfig", "EvalResult", "Episode", "is_solved", "run_standalone",
+class ControlPlaneUnavailable(RuntimeError):
+    """The run's control plane cannot be used (unreachable, not a control plane, refused the
+    credentials): nothing was run."""
+
+
+def preflight(url: str) -> None:
+    """Register and drop a client at ``url`` before any episode starts, so that a wrong URL or
+    credentials fail the run at once with the client's own explanation instead of every episode."""
+    from ..client import IdeGymClient, IdeGymError
+
+    try:
+        with IdeGymClient(url, name="idegym-eval-preflight"):
+            pass
+    except (IdeGymError, ValueError) as exc:
+        raise ControlPlaneUnavailable(f"the control plane at {url.rpartition('@')[2]} cannot be used: {exc}") from exc
+
+
+__all__ = ["Runner", "ControlPlaneUnavailable", "RunConfig", "EvalResult", "Episode", "is_solved", "run_standalone",
            "DEFAULT_EPISODE_TIMEOUT"]

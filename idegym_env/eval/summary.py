@@ -22,7 +22,9 @@ from typing import Any
 
 import numpy as np
 
-INFRASTRUCTURE = "env"  # the error kind of an episode the environment failed (sandbox, image, grading run)
+# The error kinds of episodes that neither the agent nor the task failed: the environment (sandbox,
+# image, grading run) or the agent's model endpoint.
+INFRASTRUCTURE = ("env", "model")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float | None:
@@ -42,7 +44,7 @@ def _stats(records: Sequence[Mapping[str, Any]], ks: Sequence[int]) -> dict[str,
     n = len(records)
     passed = sum(1 for r in records if r.get("passed"))
     errors = sum(1 for r in records if r.get("error"))
-    infrastructure = sum(1 for r in records if r.get("error") and r.get("error_kind") == INFRASTRUCTURE)
+    infrastructure = sum(1 for r in records if r.get("error") and r.get("error_kind") in INFRASTRUCTURE)
     rewards = [float(r["reward"]) if r.get("reward") is not None else 0.0 for r in records]
     times = [float(r["wall_seconds"]) for r in records if r.get("wall_seconds") is not None]
     tokens = [r["tokens"].get("total_tokens") for r in records if isinstance(r.get("tokens"), Mapping)]
