@@ -6,7 +6,7 @@ directory's ``sandboxes/`` (and ``builds/sandboxes/``), and its cgroups (``idegy
 the key naming the state directory). ``--all`` looks at every state directory a local backend
 has run on since boot, and at every IdeGym cgroup, even one whose state directory is gone.
 ``prune`` ends them as a delete does (processes, mounts, cgroups, files); it leaves alone the
-sandboxes of a control plane that is still renewing their lease, unless ``--force``.
+sandboxes of a control plane that is still running on their state directory, unless ``--force``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .backends.base import BackendError
 from .backends.local import teardown
 from .backends.local.cgroups import Cgroups, controller_mounts
 from .backends.local.layout import Space, pick_run_root, read_meta, registered_states, state_key
-from .backends.local.lease import LEASE_FILE
+from .backends.local.lease import LEASE_FILE, owned
 from .config import ControlPlaneConfig
 
 CGROUP_PARENT = "idegym"  # LocalBackend's default cgroup_parent
@@ -47,12 +47,14 @@ class Found:
     def owner_alive(self) -> bool:
         """Whether a control plane may still own it: a fresh lease, a state directory that exists
         without a lease (a control plane that predates leases), or no known state directory at
-        all. Such sandboxes are pruned only with --force; those whose state directory is gone or
-        whose lease lapsed, always."""
+        all. Such sandboxes are pruned only with --force; those whose state directory is gone, whose
+        lease lapsed or whose control plane stopped (no running backend holds the state), always."""
         if self.state_dir is None:
             return True
         if not Path(self.state_dir).is_dir():
             return False
+        if self.lease_age_s is not None and not owned(Path(self.state_dir)):
+            return False  # stopped (cleanly or not): a lease nobody renews any more
         return self.lease_age_s is None or self.lease_age_s < _ttl(self.state_dir)
 
 
@@ -137,7 +139,7 @@ def prune(found: Found, force: bool) -> str:
         if found.state_dir is None:
             why = "its state directory is unknown (a control plane may still own it)"
         elif found.lease_age_s is not None:
-            why = f"its control plane renewed the lease {found.lease_age_s:.0f} s ago"
+            why = f"a control plane runs on {found.state_dir} (it renewed the lease {found.lease_age_s:.0f} s ago)"
         else:
             why = f"its state directory {found.state_dir} has no lease (a control plane may still own it)"
         return f"kept: {why}; stop it, or pass --force"

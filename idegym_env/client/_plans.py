@@ -163,7 +163,10 @@ def capabilities(target: Target) -> Plan[list[str]]:
 
 def register(name: str, namespace: str) -> Plan[RegisteredClientResponse]:
     reply = yield from cp_call("POST", "/api/clients", {"name": name, "nodes_count": 0, "namespace": namespace})
-    return RegisteredClientResponse.model_validate(reply.json())
+    try:
+        return RegisteredClientResponse.model_validate(reply.json())
+    except ValueError:  # not JSON, or not a client: a successful answer of some other service
+        raise ServerError(reply.status, reply.text, reply.text, "control-plane") from None
 
 
 def heartbeat(client_id: str) -> Plan[RegisteredClientResponse]:

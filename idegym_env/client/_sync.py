@@ -289,7 +289,9 @@ class IdeGymClient:
         except TransportError as exc:
             raise unreachable(place(self.settings.url, self.settings.unix_socket), exc) from exc
         except APIError as exc:
-            if exc.status in (404, 405):  # a control plane always serves this route: another HTTP service
+            # A control plane always serves this route, and its errors always name their kind
+            # (but the seed's 422 shape): anything else is another HTTP service.
+            if exc.status in (404, 405) or (exc.kind is None and exc.status != 422):
                 raise not_a_control_plane(place(self.settings.url, self.settings.unix_socket), exc) from exc
             raise
         self._client_id = str(answer.id)

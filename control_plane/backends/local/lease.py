@@ -18,6 +18,7 @@ restarted on the same state directory in time adopts its sandboxes as before.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import subprocess
@@ -32,6 +33,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ORPHAN_TTL = 600.0
 LEASE_FILE = "lease"
+# Held (a shared flock) by every running backend of the state directory, for its whole run: a
+# lease still fresh after a clean stop belongs to nobody then (``idegym sandboxes prune``).
+OWNER_LOCK = "lease.lock"
 PIDS_FILE = "lease-pids"  # in the sandbox's directory: what it runs, for its monitor
 RECORDED = ("monitor", "init", "server", "net")
 
@@ -94,6 +98,21 @@ exit 0
 """
 
 
+def owned(state_dir: Path) -> bool:
+    """Whether a running backend holds ``state_dir`` (its ``OWNER_LOCK``)."""
+    try:
+        fd = os.open(state_dir / OWNER_LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 class Lease:
     """The lease of one state directory, renewed every ``ttl / 4`` seconds (at most 30)."""
 
@@ -103,8 +122,12 @@ class Lease:
         self.interval = min(max(self.ttl / 4, 0.25), 30.0)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._owner: int | None = None
 
     def start(self) -> None:
+        if self._owner is None:
+            self._owner = os.open(self.path.with_name(OWNER_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.flock(self._owner, fcntl.LOCK_SH)
         self.renew()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="idegym-lease", daemon=True)
@@ -115,6 +138,9 @@ class Lease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
+        if self._owner is not None:
+            os.close(self._owner)  # (releases the flock)
+            self._owner = None
 
     def renew(self) -> None:
         tmp = self.path.with_name(f".{LEASE_FILE}.{os.getpid()}")
