@@ -303,3 +303,53 @@ def test_the_openai_agent_without_a_key_or_a_network_fails_fast_and_says_why(
     record = json.loads((tmp_path / "b" / "episodes.jsonl").read_text().splitlines()[0])
     assert record["error_kind"] == "model" and "does not resolve" in record["error"], record["error"]
     assert "does not resolve" in offline.stderr  # the progress line shows the cause
+
+
+# -- 9. smaller ones -------------------------------------------------------------------------------------
+
+def _doc_snippet(doc: str, marker: str) -> str:
+    text = (REPO / "docs" / doc).read_text()
+    begin = text.index(marker)
+    block = text.rindex("```python", 0, begin)
+    return textwrap.dedent(text[block + len("```python"):text.index("```", begin)])
+
+
+def test_the_fork_snippet_of_docs_fork_runs_as_written() -> None:
+    snippet = _doc_snippet("fork.md", "children = env.unwrapped.fork(4)")
+    done = subprocess.run([sys.executable, "-c", snippet + "\nprint(len(children), reward)\n"], capture_output=True,
+                          text=True, cwd=REPO, timeout=300, env={**os.environ, "IDEGYM_EMBEDDED_GRACE": "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    count, reward = done.stdout.split()
+    assert count == "4" and 0.0 <= float(reward) <= 1.0
+
+
+@pytest.mark.parametrize("status", [200, 401, 403, 500, 502])
+def test_another_http_service_answering_html_is_named_as_such(status: int) -> None:
+    """Can fail: a 200 HTML page raised a bare JSONDecodeError; 401/403/5xx showed the raw page as
+    the control plane's error."""
+    import http.server
+    import threading
+
+    from idegym_env.client import IdeGymClient, IdeGymError
+
+    class Html(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's spelling
+            body = b"<html><body><h1>Welcome to nginx!</h1></body></html>"
+            self.send_response(status)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Html)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(IdeGymError, match="is not an IdeGym control plane") as caught:
+            IdeGymClient(f"http://127.0.0.1:{server.server_port}").register()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert f"HTTP {status}" in str(caught.value)
