@@ -79,14 +79,16 @@ $(VENV)/.stamp-demo: pyproject.toml | $(UV)
 	@touch $@
 
 # Sandboxes allowed the network get their own network namespace with user-mode networking.
-net-deps: system-deps  ## Debian package slirp4netns (networking for sandboxes allowed the network)
-	@if ! command -v slirp4netns >/dev/null 2>&1; then \
+net-deps: system-deps  ## Debian packages slirp4netns and iptables (networking for sandboxes allowed the network)
+	@missing=""; for tool in slirp4netns:slirp4netns iptables-restore:iptables; do \
+	  command -v $${tool%%:*} >/dev/null 2>&1 || missing="$$missing $${tool#*:}"; done; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing slirp4netns (apt-get)"; \
-	    (apt-get install -y -q slirp4netns >/dev/null 2>&1 || \
-	     (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q slirp4netns >/dev/null)) || \
-	     echo "WARNING: could not install slirp4netns; sandboxes with network will not start"; \
-	  else echo "WARNING: slirp4netns not found and apt-get unavailable; sandboxes with network will not start"; fi; \
+	    echo "installing$$missing (apt-get)"; \
+	    (apt-get install -y -q $$missing >/dev/null 2>&1 || \
+	     (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $$missing >/dev/null)) || \
+	     echo "WARNING: could not install$$missing; sandboxes with network will not start"; \
+	  else echo "WARNING:$$missing not found and apt-get unavailable; sandboxes with network will not start"; fi; \
 	fi
 
 venv: system-deps net-deps $(VENV)/.stamp native  ## create .venv with everything the tests need

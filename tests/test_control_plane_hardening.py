@@ -333,6 +333,16 @@ for name, fam, addr in %s:
     s.close()
 EOF'''
 
+def _host_interface_address() -> str:
+    """An address of the host on a real interface (what a machine next to it would connect to)."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True,
+                         check=True).stdout
+    addresses = [line.split()[3].split("/")[0] for line in out.splitlines()
+                 if not line.split()[3].startswith(OUTSIDE_NET[0])]
+    assert addresses, out
+    return addresses[0]
+
+
 OUTSIDE_NET = ("198.18.213.1", "198.18.213.2")  # RFC 2544 benchmarking range: never routed anywhere
 
 
@@ -392,12 +402,20 @@ def test_a_networked_sandbox_reaches_out_but_not_the_host_or_its_neighbours(
     abstract.bind(abstract_name)
     abstract.listen(16)
     port = loopback.getsockname()[1]
+    wide = socket.socket()  # a host service on every address, as a trainer's Ray GCS listens
+    wide.bind(("0.0.0.0", 0))
+    wide.listen(16)
+    wide_port = wide.getsockname()[1]
+    interface = _host_interface_address()
     targets = [("outside", "AF_INET", list(outside)), ("host-loopback", "AF_INET", ["127.0.0.1", port]),
+               ("host-veth-address", "AF_INET", [OUTSIDE_NET[0], wide_port]),
+               ("host-interface-address", "AF_INET", [interface, wide_port]),
                ("gateway-to-host-loopback", "AF_INET", ["10.0.2.2", port]),
                ("abstract", "AF_UNIX", abstract_name), ("neighbour", "AF_INET", ["10.0.2.100", 8765])]
     probe = PROBE % json.dumps(targets)
     control = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60).stdout
     assert "CONNECTED outside hello-from-outside" in control and "CONNECTED host-loopback" in control, control
+    assert "CONNECTED host-veth-address" in control and "CONNECTED host-interface-address" in control, control
 
     loop = LoopThread()
     backend = LocalBackend(tmp_path / "state", isolation="bwrap", network=True)
@@ -414,7 +432,8 @@ def test_a_networked_sandbox_reaches_out_but_not_the_host_or_its_neighbours(
         assert "CONNECTED" in bash(b, PROBE % json.dumps([("self", "AF_INET", ["127.0.0.1", 8765])]))["stdout"]
         seen = bash(a, probe + f"\ngrep -ci ':{port:04X} ' /proc/net/tcp || true")["stdout"]
         assert "CONNECTED outside hello-from-outside" in seen, seen
-        for target in ("host-loopback", "gateway-to-host-loopback", "abstract", "neighbour"):
+        for target in ("host-loopback", "gateway-to-host-loopback", "abstract", "neighbour", "host-veth-address",
+                       "host-interface-address"):
             assert f"blocked {target}" in seen, (target, seen)
         assert seen.split()[-1] == "0", "the host's sockets are not in the sandbox's /proc/net/tcp"
         with pytest.raises(OSError):
@@ -433,6 +452,7 @@ def test_a_networked_sandbox_reaches_out_but_not_the_host_or_its_neighbours(
         loop.run(backend.close())
         loop.close()
         loopback.close()
+        wide.close()
         abstract.close()
     assert all(leftovers(h) == [] for h in handles)
     assert not any(procfs.recorded_alive(rec) for rec in slirps), "slirp4netns outlived its sandbox"

@@ -9,8 +9,10 @@ of the host. So it reaches what the host reaches, except:
   there, and the sandbox's own 127.0.0.1 is its own;
 * other sandboxes: each has its own namespace, and nothing is forwarded into one.
 
-Services the host exposes on its other addresses are reachable, as from any machine that can
-reach the host. slirp4netns runs in its own mount namespace with only CAP_NET_BIND_SERVICE and a
+* any other address of the host (its interface addresses, bridges): slirp4netns runs in a cgroup
+  whose packets to the host's own addresses the host's firewall refuses (``netguard.py``).
+
+slirp4netns runs in its own mount namespace with only CAP_NET_BIND_SERVICE and a
 seccomp filter, in the sandbox's server cgroups (its work is the sandbox's), and it exits when the
 sandbox does: its ``--exit-fd`` is a pipe whose other end only bubblewrap and the namespace's
 processes hold.
@@ -30,6 +32,7 @@ from sandbox_server import procfs
 from sandbox_server.polling import wait_until
 
 from ..base import BackendError
+from . import netguard
 from .cgroups import SERVER, Cgroups, sub
 
 SLIRP = "slirp4netns"
@@ -66,8 +69,8 @@ def start(slirp: str, init: Any, exit_fd: int, data: dict[str, Any], log: Any,
     argv = [slirp, "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-sandbox", "--enable-seccomp",
             f"--ready-fd={ready_w}", f"--exit-fd={exit_fd}", str(init[0]), "tap0"]
     try:
-        popen = subprocess.Popen(argv, pass_fds=(ready_w, exit_fd), stdin=subprocess.DEVNULL, stdout=log,
-                                 stderr=log, start_new_session=True, cwd="/",
+        popen = subprocess.Popen(netguard.confined(argv), pass_fds=(ready_w, exit_fd), stdin=subprocess.DEVNULL,
+                                 stdout=log, stderr=log, start_new_session=True, cwd="/",
                                  env={"PATH": os.environ.get("PATH", os.defpath)})
     finally:
         os.close(ready_w)
