@@ -195,8 +195,14 @@ def test_another_http_service_is_not_taken_for_a_control_plane(tmp_path: Path) -
 
 
 def test_eval_exits_non_zero_and_says_so_first_when_episodes_failed_on_infrastructure(tmp_path: Path) -> None:
-    dead = f"http://127.0.0.1:{free_port()}"
-    done = subprocess.run([*IDEGYM, "eval", "--tasks", PY_TASK, "--agent", "noop", "--control-plane-url", dead,
+    task = tmp_path / "unbuildable"  # its image cannot be built: an infrastructure error, not a reward
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "environment" / "Dockerfile").write_text("FROM debian:bookworm-slim\nRUN false\n")
+    (task / "instruction.md").write_text("Nothing to do.\n")
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    (task / "task.toml").write_text('version = "1.0"\n')
+    done = subprocess.run([*IDEGYM, "eval", "--tasks", f"harbor:{task}", "--agent", "noop",
                            "--out", str(tmp_path / "out"), "--no-progress"],
                           capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
@@ -207,7 +213,7 @@ def test_eval_exits_non_zero_and_says_so_first_when_episodes_failed_on_infrastru
     assert summary["overall"]["infrastructure_errors"] == 1
     assert (tmp_path / "out" / "summary.md").read_text().splitlines()[0] == first
     record = json.loads((tmp_path / "out" / "episodes.jsonl").read_text().splitlines()[0])
-    assert record["error_kind"] == "env" and "no control plane answers at" in record["error"]
+    assert record["error_kind"] == "env" and "image build failed" in record["error"], record["error"]
 
 
 # -- servers that say what they do ---------------------------------------------------------------------
