@@ -38,7 +38,6 @@ from .http import (
     json_response,
     path_int,
     path_uuid,
-    query_client,
     query_model,
     read_body,
     read_model,
@@ -63,6 +62,7 @@ from .models import (
     JobStatusResponse,
     KeepaliveServerRequest,
     KeepaliveServerResponse,
+    ListServersQuery,
     ListServersResponse,
     PrepareSnapshotsRequest,
     PrepareSnapshotsResponse,
@@ -72,6 +72,7 @@ from .models import (
     RestartServerRequest,
     SendClientHeartbeatRequest,
     ServerActionResponse,
+    ServerQuery,
     ServerStatusResponse,
     SnapshotExistsRequest,
     SnapshotExistsResponse,
@@ -218,21 +219,22 @@ async def keepalive(request: web.Request) -> web.Response:
 
 
 async def list_servers(request: web.Request) -> web.Response:
-    client_id = query_client(request)
-    include = request.query.get("include_terminal", "false").lower() in ("true", "1", "yes")
-    servers = _cp(request).list_servers(client_id, include, tenant_of(request))
-    return json_response(ListServersResponse(client_id=client_id, servers=servers))
+    q = query_model(request, ListServersQuery)
+    servers = _cp(request).list_servers(q.client_id, q.include_terminal, tenant_of(request))
+    return json_response(ListServersResponse(client_id=q.client_id, servers=servers))
 
 
 async def server_status(request: web.Request) -> web.Response:
     cp = _cp(request)
-    row = cp.owned_server(query_client(request), path_int(request, "server_id"), tenant_of(request))
+    row = cp.owned_server(query_model(request, ServerQuery).client_id, path_int(request, "server_id"),
+                          tenant_of(request))
     return json_response(await cp.status(row))
 
 
 async def capabilities(request: web.Request) -> web.Response:
     cp = _cp(request)
-    row = cp.usable_server(query_client(request), path_int(request, "server_id"), tenant_of(request))
+    row = cp.usable_server(query_model(request, ServerQuery).client_id, path_int(request, "server_id"),
+                           tenant_of(request))
     try:
         reply = await cp.forwarder.request(cp.endpoint_of(row), "GET", routes.CAPABILITIES.relative, timeout=30)
     except ForwardError as exc:
@@ -404,15 +406,15 @@ ROUTES: tuple[Route, ...] = (
     Route("DELETE", "/api/idegym-servers", stop_server, "Stop Server", "stop_server_api_idegym_servers_delete",
           StopServerRequest, ServerActionResponse, async_operation=True),
     Route("GET", "/api/idegym-servers", list_servers, "List Servers", "list_servers_api_idegym_servers_get",
-          None, ListServersResponse),
+          None, ListServersResponse, query=ListServersQuery),
     Route("POST", "/api/idegym-servers/finish", finish_server, "Finish Server",
           "finish_server_api_idegym_servers_finish_post", FinishServerRequest, ServerActionResponse),
     Route("GET", "/api/idegym-servers/{server_id}/capabilities", capabilities, "Capabilities",
-          "capabilities_api_idegym_servers__server_id__capabilities_get", None, None),
+          "capabilities_api_idegym_servers__server_id__capabilities_get", None, None, query=ServerQuery),
     Route("POST", "/api/idegym-servers/keepalive", keepalive, "Keepalive",
           "keepalive_api_idegym_servers_keepalive_post", KeepaliveServerRequest, KeepaliveServerResponse),
     Route("GET", "/api/idegym-servers/{server_id}/status", server_status, "Server Status",
-          "server_status_api_idegym_servers__server_id__status_get", None, ServerStatusResponse),
+          "server_status_api_idegym_servers__server_id__status_get", None, ServerStatusResponse, query=ServerQuery),
     Route("POST", "/api/idegym-servers/restart", restart_server, "Restart Server",
           "restart_server_api_idegym_servers_restart_post", RestartServerRequest, ServerActionResponse,
           async_operation=True),
@@ -435,7 +437,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/api/snapshots/jobs/{job_id}", snapshot_job, "Get Snapshot Job Status",
           "snapshot_job_api_snapshots_jobs__job_id__get", None, SnapshotJobStatusResponse),
     Route("GET", "/api/snapshots/exists", snapshot_exists, "Snapshot Exists",
-          "snapshot_exists_api_snapshots_exists_get", None, SnapshotExistsResponse),
+          "snapshot_exists_api_snapshots_exists_get", None, SnapshotExistsResponse, query=SnapshotExistsRequest),
     Route("POST", routes.EXECUTE.path, execute, "Run code, isolated from other runs", "execute", ExecuteRequest, None),
     Route("GET", routes.LANGUAGES.path, languages, "Available languages", "languages", None, None),
 )

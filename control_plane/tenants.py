@@ -81,11 +81,15 @@ def parse(text: str, where: str) -> dict[str, tuple[bytes, ...]]:
     return {name: tuple(digests) for name, digests in table.items()}
 
 
-def _stat_key(st: os.stat_result) -> tuple[int, int, int, int]:
-    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+StatKey = tuple[int, int, int, int, int, int]
 
 
-def read(path: Path) -> tuple[dict[str, tuple[bytes, ...]], tuple[int, int, int, int]]:
+def _stat_key(st: os.stat_result) -> StatKey:
+    """What changes when the file is edited, replaced, chmod-ed or chown-ed."""
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode, st.st_uid
+
+
+def read(path: Path) -> tuple[dict[str, tuple[bytes, ...]], StatKey]:
     """The tenants of the file at ``path`` and the identity of what was read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -125,7 +129,7 @@ class Tenants:
         """Read the file again if it changed (or ``force``). A file that cannot be used is logged
         once (until it changes again) and the tenants read before stay in force."""
         try:
-            key: tuple[int, int, int, int] | None = _stat_key(os.stat(self.path))
+            key: StatKey | None = _stat_key(os.stat(self.path))
         except OSError:
             key = None
         if key == self._seen and not force:
