@@ -320,8 +320,10 @@ async def snapshot_job(request: web.Request) -> web.Response:
 
 async def snapshot_exists(request: web.Request) -> web.Response:
     q = query_model(request, SnapshotExistsRequest)
-    snap = _cp(request).store.find_snapshot(q.namespace, q.image_tag, q.server_name, q.runtime_class_name,
-                                            q.run_as_root, q.server_kind.value, tenant_of(request))
+    cp, tenant = _cp(request), tenant_of(request)
+    image = cp.images.resolve(tenant, q.image_tag) or q.image_tag  # servers record the image they ran
+    snap = cp.store.find_snapshot(q.namespace, image, q.server_name, q.runtime_class_name, q.run_as_root,
+                                  q.server_kind.value, tenant)
     if snap is None:
         return json_response(SnapshotExistsResponse(exists=False))
     return json_response(SnapshotExistsResponse(exists=True, snapshot_name=snap.group_id, snapshot_tag=snap.tag))
