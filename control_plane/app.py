@@ -38,7 +38,6 @@ from .http import (
     json_response,
     path_int,
     path_uuid,
-    query_client,
     query_model,
     read_body,
     read_model,
@@ -63,6 +62,7 @@ from .models import (
     JobStatusResponse,
     KeepaliveServerRequest,
     KeepaliveServerResponse,
+    ListServersQuery,
     ListServersResponse,
     PrepareSnapshotsRequest,
     PrepareSnapshotsResponse,
@@ -72,6 +72,7 @@ from .models import (
     RestartServerRequest,
     SendClientHeartbeatRequest,
     ServerActionResponse,
+    ServerQuery,
     ServerStatusResponse,
     SnapshotExistsRequest,
     SnapshotExistsResponse,
@@ -86,6 +87,8 @@ from .models import (
 from .service import ControlPlane
 from .startup import Shutdown, lifecycle_context, make_backend
 from .store import SQLiteStore
+from .tenants import Tenants, tenant_of
+from .tenants import middleware as tenants_middleware
 from .watcher import Watcher
 
 log = logging.getLogger(__name__)
@@ -99,6 +102,7 @@ OPENAPI = web.AppKey("openapi", dict)
 RUNNER = web.AppKey("runner", CodeRunnerPool)
 FORWARDS = web.AppKey("forwards", Forwards)
 SHUTDOWN = web.AppKey("shutdown", Shutdown)
+TENANTS = web.AppKey("tenants", Tenants)
 
 SANDBOX_HEADER = "X-IdeGym-Forwarded"
 OPERATION_HEADER = "X-IdeGym-Operation-Id"
@@ -138,7 +142,7 @@ async def health(request: web.Request) -> web.Response:
 async def register_client(request: web.Request) -> web.Response:
     req = await read_model(request, RegisterClientRequest)
     cp = _cp(request)
-    row = cp.register_client(req.name, req.namespace, req.nodes_count)
+    row = cp.register_client(req.name, req.namespace, req.nodes_count, tenant_of(request))
     if cp.needs_nodes(req.nodes_count):
         op = cp.ops.submit(AsyncOperationType.REGISTER_CLIENT_WITH_NODES, req.model_dump_json(),
                            lambda: cp.reserve_nodes(row), client_id=row.id)
@@ -149,20 +153,20 @@ async def register_client(request: web.Request) -> web.Response:
 async def heartbeat(request: web.Request) -> web.Response:
     req = await read_model(request, SendClientHeartbeatRequest)
     cp = _cp(request)
-    return json_response(cp.client_response(cp.heartbeat(req.client_id, req.availability)))
+    return json_response(cp.client_response(cp.heartbeat(req.client_id, req.availability, tenant_of(request))))
 
 
 async def finish_client(request: web.Request) -> web.Response:
     req = await read_model(request, FinishClientRequest)
     cp = _cp(request)
-    return json_response(cp.client_response(cp.finish_client(req.client_id)))
+    return json_response(cp.client_response(cp.finish_client(req.client_id, tenant_of(request))))
 
 
 async def stop_client(request: web.Request) -> web.Response:
     req = await read_model(request, StopClientRequest)
     cp = _cp(request)
-    row = cp.client(req.client_id)
-    op = cp.ops.submit(AsyncOperationType.STOP_CLIENT, req.model_dump_json(), lambda: cp.stop_client(row.id),
+    row = cp.client(req.client_id, tenant_of(request))
+    op = cp.ops.submit(AsyncOperationType.STOP_CLIENT, req.model_dump_json(), lambda: cp.stop_client(row),
                        client_id=row.id)
     return await _accepted_or_wait(request, op, StopClientResponse(operation_id=op))
 
@@ -173,7 +177,7 @@ async def stop_client(request: web.Request) -> web.Response:
 async def start_server(request: web.Request) -> web.Response:
     req = await read_model(request, StartServerRequest)
     cp = _cp(request)
-    client = cp.check_can_start(req)
+    client = cp.check_can_start(req, tenant_of(request))
     op = cp.ops.submit(AsyncOperationType.START_SERVER, req.model_dump_json(),
                        lambda: cp.start_server(req, client), client_id=client.id)
     return await _accepted_or_wait(request, op, StartServerResponse(namespace=req.namespace,
@@ -183,7 +187,7 @@ async def start_server(request: web.Request) -> web.Response:
 async def stop_server(request: web.Request) -> web.Response:
     req = await read_model(request, StopServerRequest)
     cp = _cp(request)
-    row = cp.owned_server(req.client_id, req.server_id)
+    row = cp.owned_server(req.client_id, req.server_id, tenant_of(request))
     op = cp.ops.submit(AsyncOperationType.STOP_SERVER, req.model_dump_json(), lambda: cp.stop_server(row),
                        client_id=row.client_id, server_id=row.id)
     return await _accepted_or_wait(request, op, ServerActionResponse(
@@ -193,13 +197,13 @@ async def stop_server(request: web.Request) -> web.Response:
 async def finish_server(request: web.Request) -> web.Response:
     req = await read_model(request, FinishServerRequest)
     cp = _cp(request)
-    return json_response(cp.finish_server(cp.owned_server(req.client_id, req.server_id)))
+    return json_response(cp.finish_server(cp.owned_server(req.client_id, req.server_id, tenant_of(request))))
 
 
 async def restart_server(request: web.Request) -> web.Response:
     req = await read_model(request, RestartServerRequest)
     cp = _cp(request)
-    row = cp.usable_server(req.client_id, req.server_id)
+    row = cp.usable_server(req.client_id, req.server_id, tenant_of(request))
     op = cp.ops.submit(AsyncOperationType.RESTART_SERVER, req.model_dump_json(),
                        lambda: cp.restart_server(row, req.server_start_wait_timeout_in_seconds),
                        client_id=row.client_id, server_id=row.id)
@@ -210,26 +214,27 @@ async def restart_server(request: web.Request) -> web.Response:
 async def keepalive(request: web.Request) -> web.Response:
     req = await read_model(request, KeepaliveServerRequest)
     cp = _cp(request)
-    until, minutes = cp.keepalive(cp.owned_server(req.client_id, req.server_id), req.minutes)
+    until, minutes = cp.keepalive(cp.owned_server(req.client_id, req.server_id, tenant_of(request)), req.minutes)
     return json_response(KeepaliveServerResponse(server_id=req.server_id, keepalive_until=until, minutes=minutes))
 
 
 async def list_servers(request: web.Request) -> web.Response:
-    client_id = query_client(request)
-    include = request.query.get("include_terminal", "false").lower() in ("true", "1", "yes")
-    servers = _cp(request).list_servers(client_id, include)
-    return json_response(ListServersResponse(client_id=client_id, servers=servers))
+    q = query_model(request, ListServersQuery)
+    servers = _cp(request).list_servers(q.client_id, q.include_terminal, tenant_of(request))
+    return json_response(ListServersResponse(client_id=q.client_id, servers=servers))
 
 
 async def server_status(request: web.Request) -> web.Response:
     cp = _cp(request)
-    row = cp.owned_server(query_client(request), path_int(request, "server_id"))
+    row = cp.owned_server(query_model(request, ServerQuery).client_id, path_int(request, "server_id"),
+                          tenant_of(request))
     return json_response(await cp.status(row))
 
 
 async def capabilities(request: web.Request) -> web.Response:
     cp = _cp(request)
-    row = cp.usable_server(query_client(request), path_int(request, "server_id"))
+    row = cp.usable_server(query_model(request, ServerQuery).client_id, path_int(request, "server_id"),
+                           tenant_of(request))
     try:
         reply = await cp.forwarder.request(cp.endpoint_of(row), "GET", routes.CAPABILITIES.relative, timeout=30)
     except ForwardError as exc:
@@ -240,10 +245,12 @@ async def capabilities(request: web.Request) -> web.Response:
 async def snapshot_server(request: web.Request) -> web.Response:
     req = await read_model(request, CreateSnapshotRequest)
     cp = _cp(request)
-    row = cp.usable_server(req.client_id, req.server_id)
+    tenant = tenant_of(request)
+    row = cp.usable_server(req.client_id, req.server_id, tenant)
     if not cp.backend.supports_snapshots():
         raise BadRequest(f"Pod snapshot feature is not enabled on the {cp.backend.name} backend")
-    op = cp.ops.submit(AsyncOperationType.SNAPSHOT_SERVER, req.model_dump_json(), lambda: cp.snapshot_server(row),
+    op = cp.ops.submit(AsyncOperationType.SNAPSHOT_SERVER, req.model_dump_json(),
+                       lambda: cp.snapshot_server(row, tenant),
                        client_id=row.client_id, server_id=row.id)
     return await _accepted_or_wait(request, op, CreateSnapshotResponse(server_id=row.id, server_name=row.generated_name,
                                                                       operation_id=op))
@@ -252,7 +259,7 @@ async def snapshot_server(request: web.Request) -> web.Response:
 async def fork_server(request: web.Request) -> web.Response:
     req = await read_model(request, ForkServerRequest)
     cp = _cp(request)
-    row = forking.check_can_fork(cp, req)
+    row = forking.check_can_fork(cp, req, tenant_of(request))
     op = cp.ops.submit(AsyncOperationType.FORK_SERVER, req.model_dump_json(), lambda: forking.fork_server(cp, row, req),
                        client_id=row.client_id, server_id=row.id)
     return await _accepted_or_wait(request, op, ForkServerResponse(server_id=row.id, server_name=row.generated_name,
@@ -264,7 +271,7 @@ async def fork_server(request: web.Request) -> web.Response:
 
 async def operation_status(request: web.Request) -> web.Response:
     op_id = path_int(request, "operation_id")
-    row = _cp(request).store.get_operation(op_id)
+    row = _cp(request).store.tenant_operation(op_id, tenant_of(request))
     if row is None:
         raise NotFound(f"operation {op_id} not found (operations are kept for the configured retention)")
     return json_response(AsyncOperationStatusResponse(
@@ -277,12 +284,13 @@ async def operation_status(request: web.Request) -> web.Response:
 
 async def build_images(request: web.Request) -> web.Response:
     req = await read_model(request, BuildFromYamlRequest)
-    return json_response(BuildFromYamlResponse(job_names=request.app[IMAGES].submit(req.yaml_content)))
+    return json_response(BuildFromYamlResponse(job_names=request.app[IMAGES].submit(req.yaml_content,
+                                                                                    tenant_of(request))))
 
 
 async def job_status(request: web.Request) -> web.Response:
     name = request.match_info["job_name"]
-    job = _cp(request).store.get_job(name)
+    job = _cp(request).store.get_job(name, tenant_of(request))
     if job is None:
         raise NotFound(f"job {name!r} not found; POST /api/build-push-images returns job names")
     return json_response(JobStatusResponse(id=job.id, job_name=job.job_name, status=Status(job.status),
@@ -292,18 +300,19 @@ async def job_status(request: web.Request) -> web.Response:
 
 async def prepare_snapshots(request: web.Request) -> web.Response:
     req = await read_model(request, PrepareSnapshotsRequest)
-    return _accepted(PrepareSnapshotsResponse(request_id=request.app[SNAPSHOTS].submit(req.requests)))
+    return _accepted(PrepareSnapshotsResponse(request_id=request.app[SNAPSHOTS].submit(req.requests,
+                                                                                       tenant_of(request))))
 
 
 async def prepare_status(request: web.Request) -> web.Response:
-    status = request.app[SNAPSHOTS].status(request.match_info["request_id"])
+    status = request.app[SNAPSHOTS].status(request.match_info["request_id"], tenant_of(request))
     if status is None:
         raise NotFound(f"snapshot preparation {request.match_info['request_id']!r} not found")
     return json_response(status)
 
 
 async def snapshot_job(request: web.Request) -> web.Response:
-    job = request.app[SNAPSHOTS].job(request.match_info["job_id"])
+    job = request.app[SNAPSHOTS].job(request.match_info["job_id"], tenant_of(request))
     if job is None:
         raise NotFound(f"snapshot job {request.match_info['job_id']!r} not found")
     return json_response(job)
@@ -311,8 +320,10 @@ async def snapshot_job(request: web.Request) -> web.Response:
 
 async def snapshot_exists(request: web.Request) -> web.Response:
     q = query_model(request, SnapshotExistsRequest)
-    snap = _cp(request).store.find_snapshot(q.namespace, q.image_tag, q.server_name, q.runtime_class_name,
-                                            q.run_as_root, q.server_kind.value)
+    cp, tenant = _cp(request), tenant_of(request)
+    image = cp.images.resolve(tenant, q.image_tag) or q.image_tag  # servers record the image they ran
+    snap = cp.store.find_snapshot(q.namespace, image, q.server_name, q.runtime_class_name, q.run_as_root,
+                                  q.server_kind.value, tenant)
     if snap is None:
         return json_response(SnapshotExistsResponse(exists=False))
     return json_response(SnapshotExistsResponse(exists=True, snapshot_name=snap.group_id, snapshot_tag=snap.tag))
@@ -328,7 +339,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
     path = request.match_info["path"]
     if request.query_string:
         path = f"{path}?{request.query_string}"
-    endpoint = cp.forward_endpoint(client_id, server_id)
+    endpoint = cp.forward_endpoint(client_id, server_id, tenant_of(request))
     body = await read_body(request, cp.config.max_body_bytes)
     call = ForwardedCall(client_id, server_id, request.method, path, request.headers, body)
     reservation = request.pop(RESERVATION, None)  # held until the sandbox has answered
@@ -355,7 +366,7 @@ async def ws_forward(request: web.Request) -> web.StreamResponse:
     from .ws import relay
 
     cp = _cp(request)
-    row = cp.usable_server(path_uuid(request, "client_id"), path_int(request, "server_id"))
+    row = cp.usable_server(path_uuid(request, "client_id"), path_int(request, "server_id"), tenant_of(request))
     return await relay(request, cp, row)
 
 
@@ -379,7 +390,7 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return request.app[METRICS].render(request.app[CP])
+    return request.app[METRICS].render(request.app[CP], tenant_of(request))
 
 
 ROUTES: tuple[Route, ...] = (
@@ -397,15 +408,15 @@ ROUTES: tuple[Route, ...] = (
     Route("DELETE", "/api/idegym-servers", stop_server, "Stop Server", "stop_server_api_idegym_servers_delete",
           StopServerRequest, ServerActionResponse, async_operation=True),
     Route("GET", "/api/idegym-servers", list_servers, "List Servers", "list_servers_api_idegym_servers_get",
-          None, ListServersResponse),
+          None, ListServersResponse, query=ListServersQuery),
     Route("POST", "/api/idegym-servers/finish", finish_server, "Finish Server",
           "finish_server_api_idegym_servers_finish_post", FinishServerRequest, ServerActionResponse),
     Route("GET", "/api/idegym-servers/{server_id}/capabilities", capabilities, "Capabilities",
-          "capabilities_api_idegym_servers__server_id__capabilities_get", None, None),
+          "capabilities_api_idegym_servers__server_id__capabilities_get", None, None, query=ServerQuery),
     Route("POST", "/api/idegym-servers/keepalive", keepalive, "Keepalive",
           "keepalive_api_idegym_servers_keepalive_post", KeepaliveServerRequest, KeepaliveServerResponse),
     Route("GET", "/api/idegym-servers/{server_id}/status", server_status, "Server Status",
-          "server_status_api_idegym_servers__server_id__status_get", None, ServerStatusResponse),
+          "server_status_api_idegym_servers__server_id__status_get", None, ServerStatusResponse, query=ServerQuery),
     Route("POST", "/api/idegym-servers/restart", restart_server, "Restart Server",
           "restart_server_api_idegym_servers_restart_post", RestartServerRequest, ServerActionResponse,
           async_operation=True),
@@ -428,7 +439,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/api/snapshots/jobs/{job_id}", snapshot_job, "Get Snapshot Job Status",
           "snapshot_job_api_snapshots_jobs__job_id__get", None, SnapshotJobStatusResponse),
     Route("GET", "/api/snapshots/exists", snapshot_exists, "Snapshot Exists",
-          "snapshot_exists_api_snapshots_exists_get", None, SnapshotExistsResponse),
+          "snapshot_exists_api_snapshots_exists_get", None, SnapshotExistsResponse, query=SnapshotExistsRequest),
     Route("POST", routes.EXECUTE.path, execute, "Run code, isolated from other runs", "execute", ExecuteRequest, None),
     Route("GET", routes.LANGUAGES.path, languages, "Available languages", "languages", None, None),
 )
@@ -440,8 +451,8 @@ FORWARD_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
 
 
 def required_credentials(config: ControlPlaneConfig) -> tuple[str, str] | None:
-    """What every route but ``/health`` requires: ``--auth USER:PASSWORD``, else the state
-    directory's token (made on first start); None only with ``--auth none``."""
+    """What every route but ``/health`` requires without a tenants file: ``--auth USER:PASSWORD``,
+    else the state directory's token (made on first start); None only with ``--auth none``."""
     if config.no_auth:
         log.warning("AUTHENTICATION IS OFF (--auth none): anyone who can connect to this control plane "
                     "can start sandboxes, build images from allowed directories and run commands")
@@ -454,17 +465,21 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     from .images import builder_for, parse_build_yaml
 
     config.state_dir.mkdir(parents=True, exist_ok=True)
+    tenants = Tenants(config.tenants) if config.tenants is not None else None  # a bad file: refused now
     backend = backend or make_backend(config)
     store = SQLiteStore(config.db_path)
     cp = ControlPlane(config, store, backend)
     watcher = Watcher(cp, config.watcher)
     builder = builder_for(backend)
+    cp.images.builder = builder
     images = ImageJobs(cp, builder, getattr(builder, "parse_yaml", None) or parse_build_yaml)
     meter = Metrics()
     shutdown = Shutdown()
     middlewares = [error_middleware("control plane", meter.observe, config.max_body_bytes)]
-    credentials = required_credentials(config)
-    if credentials is not None:
+    credentials = None if tenants is not None else required_credentials(config)
+    if tenants is not None:
+        middlewares.append(tenants_middleware(tenants))
+    elif credentials is not None:
         hint = (f"user {TOKEN_USER!r} and the token in {token_path(config.state_dir)} as password"
                 if config.auth is None else "the credentials given to --auth")
         middlewares.append(auth_middleware(credentials, hint))
@@ -483,6 +498,8 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     app[FORWARDS] = Forwards(cp, meter)
     app[OPENAPI] = build_openapi(ROUTES, title="IdeGym control plane", version=__version__)
     app[SHUTDOWN] = shutdown
+    if tenants is not None:
+        app[TENANTS] = tenants
     app.cleanup_ctx.append(lifecycle_context(cp, watcher, images, shutdown))
     app.cleanup_ctx.append(app[RUNNER].context)  # after the backend starts, ends before it closes
     for route in ROUTES:

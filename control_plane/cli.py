@@ -21,6 +21,7 @@ from .auth import TOKEN_USER, token_path
 from .config import ControlPlaneConfig, WatcherConfig
 from .ephemeral_state import ErrorCounter
 from .quantities import memory_bytes
+from .tenants import TenantsFileError
 
 T = TypeVar("T")
 
@@ -63,6 +64,10 @@ def _flag(text: str) -> bool:
     if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
         raise SystemExit(f"expected a boolean (1/0, true/false, yes/no, on/off) in the environment, got {text!r}")
     return value in ("1", "true", "yes", "on")
+
+
+def _optional_path(text: str) -> Path | None:
+    return Path(text) if text else None  # "" turns a variable's file off (the embedded control plane)
 
 
 def _names(text: str) -> list[str]:
@@ -120,8 +125,22 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--auth", default=_env("AUTH") or "token", metavar="token|none|USER:PASSWORD",
                         help="credentials every route but /health requires: 'token' (default) makes a random token "
                              "in <state-dir>/token (HTTP Basic, user 'idegym', the token as password); "
-                             "USER:PASSWORD uses those; 'none' turns authentication off "
-                             "[$IDEGYM_CONTROL_PLANE_AUTH]")
+                             "USER:PASSWORD uses those; 'none' turns authentication off; one tenant for every "
+                             "client (see --tenants) [$IDEGYM_CONTROL_PLANE_AUTH]")
+    parser.add_argument("--tenants", type=_optional_path, default=_default("TENANTS", cfg.tenants, _optional_path),
+                        metavar="FILE",
+                        help="several trainers on one control plane: each tenant's clients, servers, operations, "
+                             "snapshots and builds are its own, and another tenant's ids answer 404. FILE has one "
+                             "'NAME sha256:HEX' line per tenant (the SHA-256 of its token; 'idegym control-plane "
+                             "tenants add NAME --file FILE' makes a token and its line), may be written by its "
+                             "owner only, and is read again when it changes and on SIGHUP. Clients send HTTP Basic "
+                             "auth: the tenant's name as user, its token as password. Replaces --auth; '' turns a "
+                             "variable's file off")
+    parser.add_argument("--tenant-host-builds", action="store_true",
+                        default=_default("TENANT_HOST_BUILDS", cfg.tenant_host_builds, bool),
+                        help="with --tenants: let tenants build Dockerfiles and images on OCI bases, whose steps "
+                             "buildah runs as this host's root (refused otherwise): only for tenants trusted with "
+                             "the host")
     parser.add_argument("--build-root", action="append", type=Path, default=None, metavar="DIR",
                         help="image builds may take project paths, archives and file:// git repositories from "
                              "under this directory (repeatable; default: none) "
@@ -216,6 +235,9 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
         if not sep or not user:
             raise SystemExit("--auth: expected 'token', 'none' or USER:PASSWORD")
         auth = (user, password)
+    if args.tenants is not None and args.auth != "token":
+        raise SystemExit(f"--tenants and --auth {args.auth.partition(':')[0]}...: choose one (with a tenants file "
+                         "every client authenticates as its tenant)")
     build_roots = args.build_root
     if build_roots is None:
         build_roots = [Path(p) for p in (_env("BUILD_ROOTS") or "").split(":") if p]
@@ -229,7 +251,8 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
     return ControlPlaneConfig(
         kubernetes=kubernetes,
         state_dir=args.state_dir, host=args.host, port=args.port, unix_socket=args.unix_socket, auth=auth,
-        no_auth=args.auth == "none", build_roots=build_roots, header_timeout=args.header_timeout,
+        no_auth=args.auth == "none", tenants=args.tenants, tenant_host_builds=args.tenant_host_builds,
+        build_roots=build_roots, header_timeout=args.header_timeout,
         body_budget_bytes=args.body_budget,
         backend=args.backend, isolation=args.isolation, network=args.network, warm_pool=args.warm_pool,
         sandbox_storage=args.sandbox_storage, sandbox_inodes=args.sandbox_inodes, orphan_ttl=args.orphan_ttl,
@@ -260,7 +283,7 @@ async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
 
 async def serve(config: ControlPlaneConfig, ready_fd: int | None = None, parent_pid: int | None = None,
                 remove_state: bool = False) -> None:
-    from .app import SHUTDOWN, create_app
+    from .app import SHUTDOWN, TENANTS, create_app
 
     errors = ErrorCounter()
     logging.getLogger().addHandler(errors)
@@ -277,7 +300,9 @@ async def serve(config: ControlPlaneConfig, ready_fd: int | None = None, parent_
         if config.unix_socket.exists():
             config.unix_socket.unlink()
         await web.UnixSite(runner, str(config.unix_socket)).start()
-    if config.no_auth:
+    if config.tenants is not None:
+        credentials = f"tenants {', '.join(app[TENANTS].names)} of {config.tenants}"
+    elif config.no_auth:
         credentials = "NO AUTHENTICATION (--auth none)"
     elif config.auth:
         credentials = f"HTTP Basic user {config.auth[0]!r} (--auth)"
@@ -292,6 +317,8 @@ async def serve(config: ControlPlaneConfig, ready_fd: int | None = None, parent_
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if config.tenants is not None:
+        loop.add_signal_handler(signal.SIGHUP, app[TENANTS].reload, True)
     watcher = asyncio.ensure_future(_watch_parent(parent_pid, stop)) if parent_pid else None
     await stop.wait()
     app[SHUTDOWN].begin()  # calls in flight answer 503 now
@@ -308,10 +335,46 @@ def run_serve(args: argparse.Namespace) -> None:
     config = config_from_args(args)
     try:
         run_loop(serve(config, args.ready_fd, args.parent_pid, args.remove_state))
+    except TenantsFileError as exc:
+        print(f"idegym control-plane: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
     except OSError as exc:
         print(f"idegym control-plane: cannot serve on {config.host}:{config.port}: {exc}; "
               "choose another --port or stop what uses it", file=sys.stderr)
         raise SystemExit(2) from exc
+
+
+def add_tenants_arguments(parser: argparse.ArgumentParser) -> None:
+    """``idegym control-plane tenants add|remove NAME``: edit a tenants file (``tenants.py``)."""
+    sub = parser.add_subparsers(dest="tenants_command", required=True, metavar="COMMAND")
+    file_default = _optional_path(_env("TENANTS") or "")
+    for name, text in (("add", "make a random token for tenant NAME, append 'NAME sha256:<its hash>' to FILE "
+                                "(made 0600) and print the token: it is shown only once"),
+                       ("remove", "remove every line of tenant NAME from FILE: its clients are refused at their "
+                                  "next request")):
+        command = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        command.add_argument("name", metavar="NAME")
+        command.add_argument("--file", type=Path, default=file_default, required=file_default is None,
+                             help="the tenants file [$IDEGYM_CONTROL_PLANE_TENANTS]")
+
+
+def run_tenants(args: argparse.Namespace) -> int:
+    from . import tenants
+
+    try:
+        if args.tenants_command == "add":
+            token = tenants.add(args.file, args.name)
+            print(f"tenant {args.name!r} added to {args.file}; its clients use HTTP Basic user {args.name!r} and "
+                  f"this token as password (IDEGYM_AUTH_USERNAME={args.name} IDEGYM_AUTH_PASSWORD=<token>):",
+                  file=sys.stderr)
+            print(token)
+        elif not tenants.remove(args.file, args.name):
+            print(f"no tenant {args.name!r} in {args.file}", file=sys.stderr)
+            return 1
+    except (OSError, TenantsFileError) as exc:
+        print(f"idegym control-plane tenants: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,6 +33,8 @@ class ControlPlaneConfig:
     unix_socket: Path | None = None
     auth: tuple[str, str] | None = None  # HTTP Basic credentials; None = the state directory's token (auth.py)
     no_auth: bool = False  # --auth none: every route open to anyone who can connect (warned loudly)
+    tenants: Path | None = None  # --tenants FILE: one tenant per line (tenants.py); replaces --auth
+    tenant_host_builds: bool = False  # tenants may build what runs as the host's root (Dockerfiles, buildah)
     build_roots: list[Path] = field(default_factory=list)  # host directories build sources may come from
     backend: str = "local"  # local | kubernetes
     isolation: str = "auto"  # local backend: auto | bwrap | none

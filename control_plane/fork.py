@@ -31,9 +31,9 @@ from .store import ServerRow, now_ms
 log = logging.getLogger(__name__)
 
 
-def check_can_fork(cp: ControlPlane, req: ForkServerRequest) -> ServerRow:
+def check_can_fork(cp: ControlPlane, req: ForkServerRequest, tenant: str) -> ServerRow:
     """The parent, when it can be forked now (else the error that says why)."""
-    row = cp.owned_server(req.client_id, req.server_id)
+    row = cp.owned_server(req.client_id, req.server_id, tenant)
     if row.namespace != req.namespace:
         raise NotFound(f"server {req.server_id} is not in namespace {req.namespace!r} (it is in {row.namespace!r})")
     if row.availability == A.FINISHED:

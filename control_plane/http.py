@@ -139,16 +139,6 @@ def path_uuid(request: web.Request, name: str) -> UUID:
         raise Unprocessable.field(["path", name], "must be a UUID", raw, "uuid_parsing") from None
 
 
-def query_client(request: web.Request) -> UUID:
-    raw = request.query.get("client_id")
-    if raw is None:
-        raise Unprocessable.field(["query", "client_id"], "Field required", None, "missing")
-    try:
-        return UUID(raw)
-    except ValueError:
-        raise Unprocessable.field(["query", "client_id"], "must be a UUID", raw, "uuid_parsing") from None
-
-
 def auth_middleware(credentials: tuple[str, str], hint: str) -> Any:
     """HTTP Basic auth on every route but ``/health``; ``hint`` says where the credentials are."""
     user, password = credentials

@@ -12,12 +12,13 @@ import json
 import logging
 import secrets
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
-from .backends.base import BackendError, ImageBuilder, ImageDefinition, SandboxSpec
+from .backends.base import ImageBuilder, ImageDefinition, SandboxSpec
 from .build_sources import SourceNotAllowed, check_allowed
 from .ephemeral_state import BUILD_LOGS
-from .errors import BadRequest, Forbidden
+from .errors import ApiError, BadRequest, Forbidden, NotFound
 from .images import host_sources_of
 from .models import (
     PrepareSnapshotsStatusResponse,
@@ -29,6 +30,7 @@ from .models import (
 from .pool import new_sandbox_name
 from .service import ControlPlane
 from .store import SnapshotRow, now_ms
+from .tenants import SINGLE
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ class ImageJobs:
             self.cp.store.update_job(job.job_name, "failure",
                                      (job.details or "") + "\nthe control plane restarted during the build; rebuild")
 
-    def submit(self, yaml_content: str) -> list[str]:
+    def submit(self, yaml_content: str, tenant: str) -> list[str]:
         if self.builder is None:
             raise BadRequest(f"the {self.cp.backend.name} backend cannot build images")
         try:
@@ -60,18 +62,25 @@ class ImageJobs:
             raise BadRequest(f"invalid image YAML: {exc}") from exc
         if not definitions:
             raise BadRequest("the YAML defines no images: add an 'images:' list")
+        if tenant != SINGLE and not self.cp.config.tenant_host_builds:
+            for definition in definitions:
+                if self.builder.runs_as_host_root(definition):
+                    raise Forbidden(f"{definition.tag}: a Dockerfile build (or one on an OCI base) runs its steps as "
+                                    "this host's root, which a control plane with tenants does not do for them "
+                                    "(--tenant-host-builds allows it, for tenants trusted with the host)")
         names = []
         request_id = secrets.token_hex(6)
         for definition in definitions:
             name = f"build-{secrets.token_hex(4)}"
-            self.cp.store.add_job(name, request_id, f"queued: build {definition.tag}")
-            self.cp.spawn(self._run(name, definition))
+            self.cp.store.add_job(name, request_id, f"queued: build {definition.tag}", tenant)
+            self.cp.spawn(self._run(name, definition, tenant))
             names.append(name)
         return names
 
-    async def _run(self, job_name: str, definition: ImageDefinition) -> None:
+    async def _run(self, job_name: str, definition: ImageDefinition, tenant: str) -> None:
         lines: list[str] = [f"building {definition.tag} from {definition.base}"]
         log_path = build_log_path(self.cp.config.state_dir, job_name)
+        asked = definition.tag
 
         def log_line(text: str) -> None:
             lines.append(str(text))
@@ -87,14 +96,20 @@ class ImageJobs:
             self.cp.store.update_job(job_name, "failure", f"{head}\n--- the build log's end ---\n{tail}"[:MAX_DETAILS])
 
         assert self.builder is not None
+        images = self.cp.images
         try:
-            if not definition.raw.get("rebuild") and await self.builder.exists(definition.tag):
+            target, built = await images.build_target(tenant, asked, bool(definition.raw.get("rebuild")))
+            if built:
                 # tags are content-addressed (or chosen by the user): same tag, same image
-                lines.append(f"{definition.tag} is already built; set 'rebuild: true' to build it again")
-                self.cp.store.update_job(job_name, "success", "\n".join(lines), tag=definition.tag)
+                lines.append(f"{asked} is already built; set 'rebuild: true' to build it again")
+                self.cp.store.update_job(job_name, "success", "\n".join(lines), tag=asked)
                 return
-            tag = await self.builder.build(definition, log_line)
-        except BackendError as exc:
+            base = images.resolve(tenant, definition.base)
+            if base is None:
+                raise NotFound(f"base image {definition.base!r} not found")
+            await self.builder.build(replace(definition, tag=target, base=base), log_line)
+            tag = asked
+        except ApiError as exc:  # a backend's failure (BackendError) too
             failed(exc.message)
         except Exception as exc:  # noqa: BLE001 - a build failure is reported, never raised
             log.exception("image build %s failed", job_name)
@@ -120,22 +135,27 @@ class SnapshotJobs:
     def __init__(self, cp: ControlPlane) -> None:
         self.cp = cp
 
-    def submit(self, requests: list[StartServerRequest]) -> str:
+    def submit(self, requests: list[StartServerRequest], tenant: str) -> str:
+        for req in requests:  # on behalf of the tenant's own clients only
+            self.cp.client(req.client_id, tenant)
         if not self.cp.backend.supports_snapshots():
             raise BadRequest(f"Pod snapshot feature is not enabled: the {self.cp.backend.name} backend has none")
         request_id = f"prep-{secrets.token_hex(6)}"
-        self.cp.store.add_batch(request_id, len(requests))
+        self.cp.store.add_batch(request_id, len(requests), tenant)
         for index, req in enumerate(requests):
-            self.cp.spawn(self._prepare(request_id, index, req))
+            self.cp.spawn(self._prepare(request_id, index, req, tenant))
         return request_id
 
-    async def _prepare(self, request_id: str, index: int, req: StartServerRequest) -> None:
+    async def _prepare(self, request_id: str, index: int, req: StartServerRequest, tenant: str) -> None:
         digest = request_hash(req)
-        group = f"prepared-{digest[:16]}"
+        # a group of its own per tenant: the same request prepared by two is two snapshots
+        group = f"prepared-{digest[:16]}" if tenant == SINGLE else \
+            f"prepared-{hashlib.sha256(f'{tenant}/{digest}'.encode()).hexdigest()[:16]}"
         result = {"job_id": f"{request_id}-{index}", "request_hash": digest, "status": Status.FAILURE.value,
                   "snapshot_name": None, "snapshot_tag": None, "details": None}
         handle = None
         try:
+            req = req.model_copy(update={"image_tag": await self.cp.images.startable(tenant, req.image_tag)})
             spec = SandboxSpec.from_request(req, 0, new_sandbox_name("prep"))
             handle = await self.cp.pool.create(spec, req.server_start_wait_timeout_in_seconds or 300)
             info = await self.cp.backend.snapshot(handle, group)
@@ -143,11 +163,11 @@ class SnapshotJobs:
                 id=info.snapshot_id, group_id=group, server_id=None, namespace=req.namespace,
                 image_tag=req.image_tag, server_name=req.server_name, runtime_class_name=req.runtime_class_name,
                 run_as_root=req.run_as_root, server_kind=req.server_kind.value,
-                tag=info.snapshot_tag or info.snapshot_id, created_at=now_ms(),
+                tag=info.snapshot_tag or info.snapshot_id, created_at=now_ms(), tenant=tenant,
             ))
             result.update(status=Status.SUCCESS.value, snapshot_name=group,
                           snapshot_tag=info.snapshot_tag or info.snapshot_id)
-        except BackendError as exc:
+        except ApiError as exc:  # a backend's failure (BackendError) too
             result["details"] = exc.message
         except Exception as exc:  # noqa: BLE001
             log.exception("snapshot preparation failed")
@@ -160,8 +180,8 @@ class SnapshotJobs:
                     log.exception("could not delete snapshot preparation sandbox")
             self.cp.store.batch_add_result(request_id, result)
 
-    def status(self, request_id: str) -> PrepareSnapshotsStatusResponse | None:
-        batch = self.cp.store.get_batch(request_id)
+    def status(self, request_id: str, tenant: str) -> PrepareSnapshotsStatusResponse | None:
+        batch = self.cp.store.get_batch(request_id, tenant)
         if batch is None:
             return None
         total, results = batch
@@ -174,9 +194,9 @@ class SnapshotJobs:
             if done else None,
         )
 
-    def job(self, job_id: str) -> SnapshotJobStatusResponse | None:
+    def job(self, job_id: str, tenant: str) -> SnapshotJobStatusResponse | None:
         request_id, _, index = job_id.rpartition("-")
-        batch = self.cp.store.get_batch(request_id)
+        batch = self.cp.store.get_batch(request_id, tenant)
         if batch is None or not index.isdigit() or int(index) >= batch[0]:
             return None
         for r in batch[1]:

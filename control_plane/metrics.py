@@ -40,15 +40,18 @@ class Metrics:
         self.requests.labels(request.method, route, str(status)).inc()
         self.latency.labels(route).observe(seconds)
 
-    def render(self, cp: ControlPlane) -> web.Response:
+    def render(self, cp: ControlPlane, tenant: str) -> web.Response:
+        """The metrics as ``tenant`` may see them: its own servers; images it can name. Request
+        and forward counts are the control plane's (by route template and status, no ids)."""
         counts: dict[str, int] = {}
-        for row in cp.store.servers():
+        for row in cp.store.servers(tenant=tenant):
             counts[row.availability.value] = counts.get(row.availability.value, 0) + 1
         self.servers.clear()
         for availability, n in counts.items():
             self.servers.labels(availability).set(n)
         self.pool.clear()
         for image, n in cp.pool.sizes().items():
-            self.pool.labels(image).set(n)
+            if cp.images.shown(tenant, image):
+                self.pool.labels(image).set(n)
         body = generate_latest(self.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -393,6 +393,16 @@ class SnapshotJobStatusResponse(Response):
     details: str | None = None
 
 
+class ServerQuery(Request):
+    """The query string of a server's routes: whose server it is."""
+
+    client_id: UUID
+
+
+class ListServersQuery(ServerQuery):
+    include_terminal: bool = False
+
+
 class SnapshotExistsRequest(Request):
     namespace: str = "idegym"
     image_tag: str

@@ -24,6 +24,7 @@ class ClientRow:
     availability: AvailabilityStatus
     created_at: int
     last_heartbeat_time: int
+    tenant: str = ""  # whose client it is (tenants.py); everything of the client is the tenant's
 
 
 @dataclass
@@ -80,6 +81,7 @@ class JobRow:
     details: str | None
     tag: str | None
     request_id: str | None
+    tenant: str = ""
 
 
 @dataclass
@@ -95,6 +97,7 @@ class SnapshotRow:
     server_kind: str
     tag: str | None
     created_at: int
+    tenant: str = ""
 
 
 @dataclass
@@ -108,7 +111,8 @@ class PoolRow:
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS clients (
     id TEXT PRIMARY KEY, name TEXT NOT NULL, namespace TEXT NOT NULL, nodes_count INTEGER NOT NULL,
-    availability TEXT NOT NULL, created_at INTEGER NOT NULL, last_heartbeat_time INTEGER NOT NULL);
+    availability TEXT NOT NULL, created_at INTEGER NOT NULL, last_heartbeat_time INTEGER NOT NULL,
+    tenant TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS clients_name ON clients(name);
 CREATE TABLE IF NOT EXISTS servers (
     id INTEGER PRIMARY KEY AUTOINCREMENT, client_id TEXT NOT NULL, client_name TEXT NOT NULL,
@@ -127,17 +131,24 @@ CREATE INDEX IF NOT EXISTS operations_status ON operations(status);
 CREATE INDEX IF NOT EXISTS operations_scheduled ON operations(scheduled_at);
 CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY AUTOINCREMENT, job_name TEXT UNIQUE NOT NULL, status TEXT NOT NULL,
-    created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, details TEXT, tag TEXT, request_id TEXT);
+    created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, details TEXT, tag TEXT, request_id TEXT,
+    tenant TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS snapshots (
     id TEXT PRIMARY KEY, group_id TEXT NOT NULL, server_id INTEGER, namespace TEXT NOT NULL,
     image_tag TEXT NOT NULL, server_name TEXT NOT NULL, runtime_class_name TEXT, run_as_root INTEGER NOT NULL,
-    server_kind TEXT NOT NULL, tag TEXT, created_at INTEGER NOT NULL);
+    server_kind TEXT NOT NULL, tag TEXT, created_at INTEGER NOT NULL, tenant TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS snapshots_group ON snapshots(group_id);
 CREATE TABLE IF NOT EXISTS snapshot_batches (
-    request_id TEXT PRIMARY KEY, created_at INTEGER NOT NULL, total INTEGER NOT NULL, results TEXT NOT NULL);
+    request_id TEXT PRIMARY KEY, created_at INTEGER NOT NULL, total INTEGER NOT NULL, results TEXT NOT NULL,
+    tenant TEXT NOT NULL DEFAULT '');
+CREATE TABLE IF NOT EXISTS tenant_images (tenant TEXT NOT NULL, tag TEXT NOT NULL, PRIMARY KEY (tenant, tag));
 CREATE TABLE IF NOT EXISTS pool (
     name TEXT PRIMARY KEY, pool_key TEXT NOT NULL, handle TEXT NOT NULL, created_at INTEGER NOT NULL);
 """
+
+# Columns added since a state directory may have been made: (table, column, its definition).
+ADDED_COLUMNS = tuple((table, "tenant", "TEXT NOT NULL DEFAULT ''")
+                      for table in ("clients", "jobs", "snapshots", "snapshot_batches"))
 
 
 def from_db(cls: type, row: sqlite3.Row) -> Any:

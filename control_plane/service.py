@@ -21,6 +21,7 @@ from .backends.base import Backend, BackendError, Endpoint, SandboxHandle, Sandb
 from .config import ControlPlaneConfig
 from .errors import ApiError, Gone, NotFound
 from .forwarding import Forwarder
+from .image_access import ImageAccess
 from .models import (
     AvailabilityStatus as A,
 )
@@ -49,6 +50,7 @@ class ControlPlane:
         self.backend = backend
         self.ops = Operations(store, config.pod_name)
         self.forwarder = Forwarder(config.client_request_timeout)
+        self.images = ImageAccess(store)  # its builder is set with the app's (app.create_app)
         self._endpoints: dict[str, Endpoint] = {}
         self.creating: set[str] = set()  # sandbox names being created (the sweep leaves them alone)
         self.leased: set[str] = set()  # sandboxes in use outside any server (the code runner's)
@@ -80,21 +82,22 @@ class ControlPlane:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def client(self, client_id: uuid.UUID | str) -> ClientRow:
+    def client(self, client_id: uuid.UUID | str, tenant: str) -> ClientRow:
+        """``tenant``'s client ``client_id``; another tenant's is not found, like one never registered."""
         row = self.store.get_client(client_id)
-        if row is None:
+        if row is None or row.tenant != tenant:
             raise NotFound(f"client {client_id} is not registered; register it with POST /api/clients")
         return row
 
-    def owned_server(self, client_id: uuid.UUID | str, server_id: int) -> ServerRow:
-        self.client(client_id)
+    def owned_server(self, client_id: uuid.UUID | str, server_id: int, tenant: str) -> ServerRow:
+        self.client(client_id, tenant)
         row = self.store.get_server(server_id)
         if row is None or row.client_id != str(client_id):
             raise NotFound(f"server {server_id} not found for client {client_id}")
         return row
 
-    def usable_server(self, client_id: uuid.UUID | str, server_id: int) -> ServerRow:
-        row = self.owned_server(client_id, server_id)
+    def usable_server(self, client_id: uuid.UUID | str, server_id: int, tenant: str) -> ServerRow:
+        row = self.owned_server(client_id, server_id, tenant)
         if not lifecycle.is_usable(row.availability) or not row.handle:
             detail = f": {row.details}" if row.details else ""
             raise Gone(f"server {server_id} is {row.availability.value}, not usable{detail}")
@@ -104,12 +107,12 @@ class ControlPlane:
         assert row.handle
         return self._endpoint(row.handle)
 
-    def forward_endpoint(self, client_id: uuid.UUID | str, server_id: int) -> Endpoint:
+    def forward_endpoint(self, client_id: uuid.UUID | str, server_id: int, tenant: str) -> Endpoint:
         """Where to send a call for a usable server the client owns. Forwards are the hot path:
         one query, and the full lookup only to say what is wrong."""
-        handle = self.store.usable_handle(str(client_id), server_id)
+        handle = self.store.usable_handle(str(client_id), server_id, tenant)
         if handle is None:
-            return self.endpoint_of(self.usable_server(client_id, server_id))
+            return self.endpoint_of(self.usable_server(client_id, server_id, tenant))
         return self._endpoint(handle)
 
     def _endpoint(self, handle: str) -> Endpoint:
@@ -139,9 +142,9 @@ class ControlPlane:
 
     # -- clients ------------------------------------------------------------------------------
 
-    def register_client(self, name: str, namespace: str, nodes_count: int) -> ClientRow:
+    def register_client(self, name: str, namespace: str, nodes_count: int, tenant: str) -> ClientRow:
         now = now_ms()
-        row = ClientRow(str(uuid.uuid4()), name, namespace, nodes_count, A.ALIVE, now, now)
+        row = ClientRow(str(uuid.uuid4()), name, namespace, nodes_count, A.ALIVE, now, now, tenant)
         self.store.add_client(row)
         return row
 
@@ -151,51 +154,52 @@ class ControlPlane:
     async def reserve_nodes(self, row: ClientRow) -> RegisteredClientResponse:
         """Provision ``nodes_count`` nodes for the client's name (backends that schedule on nodes)."""
         try:
-            await self.backend.reserve_nodes(row.name, row.nodes_count)  # type: ignore[attr-defined]
+            await self.backend.reserve_nodes(_node_group(row), row.nodes_count)  # type: ignore[attr-defined]
         except BackendError as exc:
             raise ApiError.for_status(exc.status, f"reserving {row.nodes_count} nodes failed: {exc.message}") from exc
-        return self.client_response(self.client(row.id))
+        return self.client_response(self.client(row.id, row.tenant))
 
     async def _release_nodes(self, row: ClientRow) -> None:
         if not self.needs_nodes(row.nodes_count):
             return
         others = [c.nodes_count for c in self.store.clients([A.ALIVE, A.FINISHED])
-                  if c.name == row.name and c.id != row.id]
+                  if _node_group(c) == _node_group(row) and c.id != row.id]
         try:
-            await self.backend.release_nodes(row.name, max(others, default=0))  # type: ignore[attr-defined]
+            await self.backend.release_nodes(_node_group(row), max(others, default=0))  # type: ignore[attr-defined]
         except Exception:  # noqa: BLE001 - a failed release is retried by the next client stop
             log.exception("could not release nodes of %s", row.name)
 
-    def heartbeat(self, client_id: uuid.UUID, availability: A) -> ClientRow:
-        row = self.client(client_id)
+    def heartbeat(self, client_id: uuid.UUID, availability: A, tenant: str) -> ClientRow:
+        row = self.client(client_id, tenant)
         if not lifecycle.is_terminal(row.availability):
             self.store.set_client_status(row.id, availability if availability in (A.ALIVE, A.FINISHED) else
                                          row.availability, heartbeat=now_ms())
-        return self.client(client_id)
+        return self.client(client_id, tenant)
 
-    def finish_client(self, client_id: uuid.UUID) -> ClientRow:
-        row = self.client(client_id)
+    def finish_client(self, client_id: uuid.UUID, tenant: str) -> ClientRow:
+        row = self.client(client_id, tenant)
         for server in self.store.servers(client_id=row.id, availability=lifecycle.USABLE):
             self.store.set_server_status(server.id, A.FINISHED)
         self.store.set_client_status(row.id, A.FINISHED)
-        return self.client(client_id)
+        return self.client(client_id, tenant)
 
-    async def stop_client(self, client_id: str) -> RegisteredClientResponse:
+    async def stop_client(self, row: ClientRow) -> RegisteredClientResponse:
+        client_id = row.id
         servers = self.store.servers(client_id=client_id, availability=lifecycle.USABLE)
         results = await asyncio.gather(*(self.stop(s, A.STOPPED, "stopped with its client") for s in servers),
                                        return_exceptions=True)
         failed = [s.id for s, r in zip(servers, results, strict=True) if isinstance(r, BaseException) or r is False]
         target = A.DELETION_FAILED if failed else A.STOPPED
         self.store.set_client_status(client_id, target)
-        await self._release_nodes(self.client(client_id))
+        await self._release_nodes(self.client(client_id, row.tenant))
         if failed:
             raise ApiError(f"could not delete servers {failed} of client {client_id}")
-        return self.client_response(self.client(client_id))
+        return self.client_response(self.client(client_id, row.tenant))
 
     # -- starting -------------------------------------------------------------------------------
 
-    def check_can_start(self, req: StartServerRequest) -> ClientRow:
-        row = self.client(req.client_id)
+    def check_can_start(self, req: StartServerRequest, tenant: str) -> ClientRow:
+        row = self.client(req.client_id, tenant)
         if lifecycle.is_terminal(row.availability):
             raise Gone(f"client {req.client_id} is {row.availability.value}; register a new client")
         return row
@@ -203,14 +207,15 @@ class ControlPlane:
     async def start_server(self, req: StartServerRequest, client: ClientRow) -> StartServerResponse:
         base = dict(namespace=req.namespace, client_id=req.client_id, image_tag=req.image_tag,
                     server_name=req.server_name)
+        req = req.model_copy(update={"image_tag": await self.images.startable(client.tenant, req.image_tag)})
         if req.reuse_strategy != ServerReuseStrategy.NONE and req.snapshot is None:
-            claimed = self.store.claim_finished(client.id, client.name, req.reuse_key())
+            claimed = self.store.claim_finished(client.id, req.reuse_key())
             if claimed is not None:
                 return await self._reuse(claimed, req, base)
         if len(self.store.servers(availability=lifecycle.LIVE)) >= self.config.max_servers:
             raise ApiError.for_status(429, f"Resource limit exceeded: {self.config.max_servers} live servers; "
                                        "finish or stop servers, or retry later")
-        snapshot_source = self._resolve_snapshot(req) if req.snapshot else None
+        snapshot_source = self._resolve_snapshot(req, client.tenant) if req.snapshot else None
         now = now_ms()
         server_id = self.store.add_server(ServerRow(
             id=0, client_id=client.id, client_name=client.name, server_name=req.server_name, generated_name="",
@@ -266,9 +271,9 @@ class ControlPlane:
         return StartServerResponse(**base, server_id=row.id, generated_name=row.generated_name,
                                    service_name=handle.name, reused=True, need_to_reset=need_reset)
 
-    def _resolve_snapshot(self, req: StartServerRequest) -> str:
+    def _resolve_snapshot(self, req: StartServerRequest, tenant: str) -> str:
         assert req.snapshot is not None
-        candidates = self.store.snapshots(group_id=req.snapshot.id)
+        candidates = self.store.snapshots(req.snapshot.id, tenant)
         if req.snapshot.tag:
             candidates = [s for s in candidates if s.tag == req.snapshot.tag or s.id == req.snapshot.tag]
         if not candidates:
@@ -372,15 +377,15 @@ class ControlPlane:
         return ServerStatusResponse(**self.summary(row), idle_seconds=idle, pod_phase=phase, pod_ready=ready,
                                     restarts=row.restarts, max_restarts=row.max_restarts)
 
-    def list_servers(self, client_id: uuid.UUID, include_terminal: bool) -> list[ServerSummary]:
-        row = self.client(client_id)
+    def list_servers(self, client_id: uuid.UUID, include_terminal: bool, tenant: str) -> list[ServerSummary]:
+        row = self.client(client_id, tenant)
         servers = self.store.servers(client_id=row.id)
         return [ServerSummary(**self.summary(s)) for s in servers
                 if include_terminal or not lifecycle.is_terminal(s.availability)]
 
     # -- snapshots -----------------------------------------------------------------------------
 
-    async def snapshot_server(self, row: ServerRow) -> CreateSnapshotResponse:
+    async def snapshot_server(self, row: ServerRow, tenant: str) -> CreateSnapshotResponse:
         assert row.handle
         handle = SandboxHandle.from_json(json.loads(row.handle))
         group = str(row.id)
@@ -392,7 +397,7 @@ class ControlPlane:
         self.store.add_snapshot(SnapshotRow(
             id=info.snapshot_id, group_id=group, server_id=row.id, namespace=row.namespace,
             image_tag=row.image_tag, server_name=row.server_name, runtime_class_name=row.runtime_class_name,
-            run_as_root=row.run_as_root, server_kind=row.server_kind, tag=tag, created_at=now_ms(),
+            run_as_root=row.run_as_root, server_kind=row.server_kind, tag=tag, created_at=now_ms(), tenant=tenant,
         ))
         return CreateSnapshotResponse(server_id=row.id, server_name=row.generated_name, snapshot_id=group,
                                       snapshot_tag=tag)
@@ -472,6 +477,11 @@ class ControlPlane:
         if self._background:
             await asyncio.wait(set(self._background), timeout=left())
         await self.forwarder.close()
+
+
+def _node_group(row: ClientRow) -> str:
+    """Whose nodes a client's reservation keeps: its name's, within its tenant."""
+    return f"{row.tenant}/{row.name}" if row.tenant else row.name
 
 
 async def _within(what: str, work: Awaitable[Any], seconds: float) -> None:

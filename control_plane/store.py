@@ -23,6 +23,7 @@ from . import lifecycle
 from .errors import Unavailable
 from .models import AsyncOperationStatus, AsyncOperationType, AvailabilityStatus, resources_key
 from .records import (  # noqa: F401 - the store's row types, imported from here
+    ADDED_COLUMNS,
     SCHEMA,
     ClientRow,
     JobRow,
@@ -76,12 +77,15 @@ class SQLiteStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
+        for table, column, definition in ADDED_COLUMNS:  # a state directory made before the column
+            if column not in {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
         self._operation_ids: Iterator[int] = iter(())
         # Forwards look up (client, server) → handle; the answers stay good until the database
         # changes: by us (``_generation``, bumped by every write but a forward's own record) or
         # by another connection (SQLite's data_version), e.g. a replica sharing the file.
         self._generation = 0
-        self._usable: dict[tuple[str, int], str] = {}
+        self._usable: dict[tuple[str, int, str], str] = {}
         self._usable_seen: tuple[int, int] = (-1, -1)
         # Ended operations not written yet (``defer_record``): each produces record_operation's arguments.
         self._deferred: list[Callable[[], dict[str, Any]]] = []
@@ -168,9 +172,9 @@ class SQLiteStore:
 
     def add_client(self, client: ClientRow) -> None:
         self._write(
-            "INSERT INTO clients VALUES (?,?,?,?,?,?,?)",
+            "INSERT INTO clients VALUES (?,?,?,?,?,?,?,?)",
             (client.id, client.name, client.namespace, client.nodes_count, client.availability.value,
-             client.created_at, client.last_heartbeat_time),
+             client.created_at, client.last_heartbeat_time, client.tenant),
         )
 
     def get_client(self, client_id: UUID | str) -> ClientRow | None:
@@ -222,31 +226,34 @@ class SQLiteStore:
         rows = self._query("SELECT * FROM servers WHERE id=?", (server_id,))
         return from_db(ServerRow, rows[0]) if rows else None
 
-    def usable_handle(self, client_id: str, server_id: int) -> str | None:
-        """The handle of a server the client owns while it is usable (ALIVE or REUSED), as a
-        forward needs it: remembered until the database changes. None says only that something
-        is wrong, not what."""
+    def usable_handle(self, client_id: str, server_id: int, tenant: str) -> str | None:
+        """The handle of a server the client (of ``tenant``) owns while it is usable (ALIVE or
+        REUSED), as a forward needs it: remembered until the database changes. None says only
+        that something is wrong, not what."""
         with self._lock:
             seen = (self._db.execute("PRAGMA data_version").fetchall()[0][0], self._generation)
             if seen != self._usable_seen:
                 self._usable.clear()
                 self._usable_seen = seen
-            handle = self._usable.get((client_id, server_id))
+            handle = self._usable.get((client_id, server_id, tenant))
             if handle is None:
                 rows = self._db.execute(
                     "SELECT s.handle FROM servers s JOIN clients c ON c.id = s.client_id WHERE s.id=? AND "
-                    f"s.client_id=? AND s.availability IN {_in(lifecycle.USABLE)} AND s.handle IS NOT NULL",
-                    (server_id, client_id)).fetchall()
+                    f"s.client_id=? AND c.tenant=? AND s.availability IN {_in(lifecycle.USABLE)} "
+                    "AND s.handle IS NOT NULL", (server_id, client_id, tenant)).fetchall()
                 if rows:
-                    handle = self._usable[(client_id, server_id)] = rows[0][0]
+                    handle = self._usable[(client_id, server_id, tenant)] = rows[0][0]
             return handle
 
-    def servers(self, *, client_id: str | None = None,
+    def servers(self, *, client_id: str | None = None, tenant: str | None = None,
                 availability: Iterable[AvailabilityStatus] | None = None) -> list[ServerRow]:
         sql, args = "SELECT * FROM servers WHERE 1=1", []
         if client_id is not None:
             sql += " AND client_id=?"
             args.append(client_id)
+        if tenant is not None:
+            sql += " AND client_id IN (SELECT id FROM clients WHERE tenant=?)"
+            args.append(tenant)
         if availability is not None:
             wanted = [a.value for a in availability]
             sql += f" AND availability IN ({','.join('?' * len(wanted))})"
@@ -275,26 +282,27 @@ class SQLiteStore:
         )
         return cur.rowcount == 1
 
-    def claim_finished(self, client_id: str, client_name: str, key: tuple) -> ServerRow | None:
-        """Atomically take the newest FINISHED server matching ``key`` for ``client_id``: → REUSED
-        (``lifecycle.CLAIM``)."""
+    def claim_finished(self, client_id: str, key: tuple) -> ServerRow | None:
+        """Atomically take the newest FINISHED server of ``client_id`` matching ``key``: → REUSED
+        (``lifecycle.CLAIM``). Never another client's: what a sandbox keeps across a RESET (its
+        ``/tmp``, its user's site-packages) is its client's own."""
         image_tag, runtime, root, kind, server_name, resources = key
         source, target = lifecycle.CLAIM
         with self.tx() as db:
             rows = db.execute(
-                "SELECT id, request FROM servers WHERE availability=? AND client_name=? AND image_tag=? "
+                "SELECT id, request FROM servers WHERE availability=? AND client_id=? AND image_tag=? "
                 "AND runtime_class_name IS ? AND run_as_root=? AND server_kind=? AND server_name=? "
                 "ORDER BY last_activity_at DESC, id DESC",
-                (source.value, client_name, image_tag, runtime, int(root), kind, server_name),
+                (source.value, client_id, image_tag, runtime, int(root), kind, server_name),
             ).fetchall()
             row = next((r for r in rows if resources_key(json.loads(r["request"]).get("resources")) == resources),
                        None)
             if row is None:
                 return None
             cur = db.execute(
-                "UPDATE servers SET availability=?, client_id=?, last_activity_at=?, keepalive_until=NULL, "
-                "details=NULL WHERE id=? AND availability=?",
-                (target.value, client_id, now_ms(), row["id"], source.value),
+                "UPDATE servers SET availability=?, last_activity_at=?, keepalive_until=NULL, details=NULL "
+                "WHERE id=? AND availability=?",
+                (target.value, now_ms(), row["id"], source.value),
             )
             if cur.rowcount != 1:
                 return None
@@ -392,6 +400,12 @@ class SQLiteStore:
         rows = self._query("SELECT * FROM operations WHERE id=?", (op_id,))
         return from_db(OperationRow, rows[0]) if rows else None
 
+    def tenant_operation(self, op_id: int, tenant: str) -> OperationRow | None:
+        """Operation ``op_id`` if one of ``tenant``'s clients made it (else None, as for no such id)."""
+        rows = self._query("SELECT o.* FROM operations o JOIN clients c ON c.id = o.client_id "
+                           "WHERE o.id=? AND c.tenant=?", (op_id, tenant))
+        return from_db(OperationRow, rows[0]) if rows else None
+
     def unfinished_operations(self) -> list[OperationRow]:
         rows = self._query("SELECT * FROM operations WHERE status IN ('SCHEDULED','IN_PROGRESS')")
         return [from_db(OperationRow, r) for r in rows]
@@ -405,17 +419,17 @@ class SQLiteStore:
 
     # -- jobs -----------------------------------------------------------------------------------
 
-    def add_job(self, job_name: str, request_id: str | None, details: str) -> None:
+    def add_job(self, job_name: str, request_id: str | None, details: str, tenant: str) -> None:
         now = now_ms()
-        self._write("INSERT INTO jobs (job_name, status, created_at, updated_at, details, request_id) "
-                    "VALUES (?,?,?,?,?,?)", (job_name, "in_progress", now, now, details, request_id))
+        self._write("INSERT INTO jobs (job_name, status, created_at, updated_at, details, request_id, tenant) "
+                    "VALUES (?,?,?,?,?,?,?)", (job_name, "in_progress", now, now, details, request_id, tenant))
 
     def update_job(self, job_name: str, status: str, details: str | None = None, tag: str | None = None) -> None:
         self._write("UPDATE jobs SET status=?, updated_at=?, details=COALESCE(?, details), tag=COALESCE(?, tag) "
                     "WHERE job_name=?", (status, now_ms(), details, tag, job_name))
 
-    def get_job(self, job_name: str) -> JobRow | None:
-        rows = self._query("SELECT * FROM jobs WHERE job_name=?", (job_name,))
+    def get_job(self, job_name: str, tenant: str) -> JobRow | None:
+        rows = self._query("SELECT * FROM jobs WHERE job_name=? AND tenant=?", (job_name, tenant))
         return from_db(JobRow, rows[0]) if rows else None
 
     def jobs(self, status: str | None = None) -> list[JobRow]:
@@ -425,25 +439,28 @@ class SQLiteStore:
     # -- snapshots ------------------------------------------------------------------------------
 
     def add_snapshot(self, snap: SnapshotRow) -> None:
-        self._write("INSERT INTO snapshots VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        self._write("INSERT INTO snapshots VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                     (snap.id, snap.group_id, snap.server_id, snap.namespace, snap.image_tag, snap.server_name,
-                     snap.runtime_class_name, int(snap.run_as_root), snap.server_kind, snap.tag, snap.created_at))
+                     snap.runtime_class_name, int(snap.run_as_root), snap.server_kind, snap.tag, snap.created_at,
+                     snap.tenant))
 
-    def snapshots(self, group_id: str | None = None) -> list[SnapshotRow]:
-        sql = "SELECT * FROM snapshots" + (" WHERE group_id=?" if group_id else "") + " ORDER BY created_at DESC"
-        return [from_db(SnapshotRow, r) for r in self._query(sql, (group_id,) if group_id else ())]
+    def snapshots(self, group_id: str, tenant: str) -> list[SnapshotRow]:
+        """The snapshots ``tenant`` took under ``group_id``, newest first."""
+        rows = self._query("SELECT * FROM snapshots WHERE group_id=? AND tenant=? ORDER BY created_at DESC",
+                           (group_id, tenant))
+        return [from_db(SnapshotRow, r) for r in rows]
 
     def find_snapshot(self, namespace: str, image_tag: str, server_name: str, runtime: str | None, root: bool,
-                      kind: str) -> SnapshotRow | None:
+                      kind: str, tenant: str) -> SnapshotRow | None:
         rows = self._query(
             "SELECT * FROM snapshots WHERE namespace=? AND image_tag=? AND server_name=? AND runtime_class_name IS ? "
-            "AND run_as_root=? AND server_kind=? ORDER BY created_at DESC LIMIT 1",
-            (namespace, image_tag, server_name, runtime, int(root), kind),
+            "AND run_as_root=? AND server_kind=? AND tenant=? ORDER BY created_at DESC LIMIT 1",
+            (namespace, image_tag, server_name, runtime, int(root), kind, tenant),
         )
         return from_db(SnapshotRow, rows[0]) if rows else None
 
-    def add_batch(self, request_id: str, total: int) -> None:
-        self._write("INSERT INTO snapshot_batches VALUES (?,?,?,?)", (request_id, now_ms(), total, "[]"))
+    def add_batch(self, request_id: str, total: int, tenant: str) -> None:
+        self._write("INSERT INTO snapshot_batches VALUES (?,?,?,?,?)", (request_id, now_ms(), total, "[]", tenant))
 
     def batch_add_result(self, request_id: str, result: dict[str, Any]) -> None:
         with self.tx() as db:
@@ -451,9 +468,19 @@ class SQLiteStore:
             results = json.loads(row["results"]) + [result]
             db.execute("UPDATE snapshot_batches SET results=? WHERE request_id=?", (json.dumps(results), request_id))
 
-    def get_batch(self, request_id: str) -> tuple[int, list[dict[str, Any]]] | None:
-        rows = self._query("SELECT total, results FROM snapshot_batches WHERE request_id=?", (request_id,))
+    def get_batch(self, request_id: str, tenant: str) -> tuple[int, list[dict[str, Any]]] | None:
+        rows = self._query("SELECT total, results FROM snapshot_batches WHERE request_id=? AND tenant=?",
+                           (request_id, tenant))
         return (int(rows[0]["total"]), json.loads(rows[0]["results"])) if rows else None
+
+    # -- images ---------------------------------------------------------------------------------
+
+    def add_tenant_image(self, tenant: str, tag: str) -> None:
+        """Record that ``tenant`` builds images tagged ``tag`` (``image_access``)."""
+        self._write("INSERT OR IGNORE INTO tenant_images VALUES (?,?)", (tenant, tag))
+
+    def has_tenant_image(self, tenant: str, tag: str) -> bool:
+        return bool(self._query("SELECT 1 FROM tenant_images WHERE tenant=? AND tag=?", (tenant, tag)))
 
     # -- warm pool ----------------------------------------------------------------------------
 

@@ -8,11 +8,16 @@ import sys
 from typing import Any
 
 
+def _commands(sub: Any, name: str, dest: str, command_help: str, command_description: str) -> Any:
+    """The subcommands of ``idegym NAME``."""
+    command = sub.add_parser(name, help=command_help, description=command_description)
+    return command.add_subparsers(dest=dest, required=True, metavar="COMMAND")
+
+
 def _serve_parser(sub: Any, name: str, dest: str, command_help: str, command_description: str,
                   **serve: Any) -> argparse.ArgumentParser:
     """The parser of ``idegym NAME serve``, for a command whose subcommand runs a server."""
-    command = sub.add_parser(name, help=command_help, description=command_description)
-    return command.add_subparsers(dest=dest, required=True, metavar="COMMAND").add_parser("serve", **serve)
+    return _commands(sub, name, dest, command_help, command_description).add_parser("serve", **serve)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,13 +35,18 @@ def main(argv: list[str] | None = None) -> None:
 
     add_serve_arguments(serve)
 
-    cp_serve = _serve_parser(sub, "control-plane", "cp_command", "the orchestrator (clients, servers, forwarding…)",
-                             "The IdeGym control plane.", help="run the control plane (local backend by default)",
-                             description="Run the control plane. With no options it runs on this machine: "
-                                         "sandboxes are local processes isolated with bubblewrap.")
+    cp_commands = _commands(sub, "control-plane", "cp_command", "the orchestrator (clients, servers, forwarding…)",
+                            "The IdeGym control plane.")
+    cp_serve = cp_commands.add_parser("serve", help="run the control plane (local backend by default)",
+                                      description="Run the control plane. With no options it runs on this machine: "
+                                                  "sandboxes are local processes isolated with bubblewrap.")
     from control_plane.cli import add_serve_arguments as add_cp_arguments
+    from control_plane.cli import add_tenants_arguments
 
     add_cp_arguments(cp_serve)
+    add_tenants_arguments(cp_commands.add_parser(
+        "tenants", help="add or remove a tenant of a tenants file (serve --tenants)",
+        description="Edit a tenants file: one 'NAME sha256:HEX' line per tenant (see serve --help, --tenants)."))
 
     from .openenv.server import DESCRIPTION as OPENENV_DESCRIPTION
     from .openenv.server import EPILOG as OPENENV_EPILOG
@@ -98,6 +108,10 @@ def main(argv: list[str] | None = None) -> None:
         from sandbox_server.cli import run_serve
 
         run_serve(args)
+    elif args.command == "control-plane" and args.cp_command == "tenants":
+        from control_plane.cli import run_tenants
+
+        sys.exit(run_tenants(args))
     elif args.command == "control-plane":
         from control_plane.cli import run_serve as run_cp
 

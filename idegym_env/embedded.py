@@ -77,6 +77,7 @@ class EmbeddedControlPlane:
         read_fd, write_fd = os.pipe()
         argv = [sys.executable, "-m", "control_plane", "--port", "0", "--state-dir", str(self.state_dir),
                 "--ephemeral", "--warm-pool", str(warm_pool), "--ready-fd", str(write_fd), "--auth", "token",
+                "--tenants=",  # single-tenant with its private token, whatever the environment says
                 "--parent-pid", str(os.getpid()), *(["--remove-state"] if state_dir is None else []),
                 *(f"--build-root={root}" for root in build_roots),
                 *(extra_args or [])]

@@ -203,7 +203,9 @@ class IdeGymEnv(gym.Env[str, dict]):
             self.sandbox.reset()
             how = "reset"
         elif self.sandbox is None:
-            reuse = "RESET" if self.reuse == "RESET" else ("RESTART" if self.reuse == "RESTART" else "NONE")
+            # A server handed back by another env (of this client) is restarted, never reset: RESET
+            # keeps what lies outside the project, which only this env's own episodes may share.
+            reuse = "NONE" if self.reuse == "NONE" else "RESTART"
             self.sandbox = self.client.start(self.image, server_name=_server_name(self.task), reuse=reuse,
                                              **self._start_fields())
             how = "reused" if self.sandbox.info and self.sandbox.info.reused else "started"

@@ -25,6 +25,7 @@ class Route:
     request: type[BaseModel] | None
     response: type[BaseModel] | None
     async_operation: bool = False  # control plane: answers 202 with an operation id
+    query: type[BaseModel] | None = None  # the query string's parameters, one per field
 
     @classmethod
     def of(cls, endpoint: Endpoint[Any, Any], handler: Callable[..., Awaitable[Any]], summary: str,
@@ -41,7 +42,7 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
 def build_openapi(routes: Sequence[Route], title: str, version: str, description: str = "") -> dict[str, Any]:
     models: list[type[BaseModel]] = [HTTPValidationError]
     for route in routes:
-        for model in (route.request, route.response):
+        for model in (route.request, route.response, route.query):
             if model is not None and model not in models:
                 models.append(model)
     _, schema = models_json_schema(
@@ -53,10 +54,13 @@ def build_openapi(routes: Sequence[Route], title: str, version: str, description
     for route in routes:
         op: dict[str, Any] = {"summary": route.summary, "operationId": route.operation_id}
         params = [p.strip("{}") for p in route.path.split("/") if p.startswith("{")]
-        if params:
-            op["parameters"] = [
-                {"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in params
-            ]
+        parameters = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in params]
+        if route.query is not None:
+            query = components[route.query.__name__]
+            parameters += [{"name": name, "in": "query", "required": name in query.get("required", ()),
+                            "schema": schema} for name, schema in query["properties"].items()]
+        if parameters:
+            op["parameters"] = parameters
         if route.request is not None:
             op["requestBody"] = {
                 "content": {"application/json": {"schema": _ref(route.request)}},

@@ -185,14 +185,14 @@ def test_finish_then_forward_is_410_and_stop_is_idempotent(cp: ControlPlaneProce
 
 
 def _reuse(cp: ControlPlaneProcess, strategy: str) -> tuple[int, int, dict]:
-    first = cp.register("reuser")
-    sid = cp.start_server(first, reuse_strategy="NONE")["server_id"]
-    cp.bash(first, sid, f"echo tmpnote > /tmp/note-{sid}; echo changed > file.txt; "
-                        f"(sleep 300 & echo $! > /tmp/sleeper-{sid})")
-    cp.http.post("/api/idegym-servers/finish", json={"client_id": first, "server_id": sid})
-    second = cp.register("reuser")
-    started = cp.start_server(second, reuse_strategy=strategy)
-    return sid, started["server_id"], started | {"client": second}
+    """A client finishes a server it used, then starts one again (reuse stays within a client)."""
+    client = cp.register("reuser")
+    sid = cp.start_server(client, reuse_strategy="NONE")["server_id"]
+    cp.bash(client, sid, f"echo tmpnote > /tmp/note-{sid}; echo changed > file.txt; "
+                         f"(sleep 300 & echo $! > /tmp/sleeper-{sid})")
+    cp.http.post("/api/idegym-servers/finish", json={"client_id": client, "server_id": sid})
+    started = cp.start_server(client, reuse_strategy=strategy)
+    return sid, started["server_id"], started | {"client": client}
 
 
 def test_reuse_reset_keeps_the_server_and_asks_for_a_reset(cp: ControlPlaneProcess) -> None:
@@ -235,41 +235,39 @@ def test_reuse_matches_on_all_fields(cp: ControlPlaneProcess) -> None:
     first = cp.register("matcher")
     sid = cp.start_server(first, reuse_strategy="NONE", server_name="alpha")["server_id"]
     cp.http.post("/api/idegym-servers/finish", json={"client_id": first, "server_id": sid})
-    other_name = cp.register("someone-else")
-    assert cp.start_server(other_name, server_name="alpha")["server_id"] != sid  # client name differs
-    second = cp.register("matcher")
-    assert cp.start_server(second, server_name="beta")["server_id"] != sid  # server name differs
-    assert cp.start_server(second, server_name="alpha", run_as_root=True)["server_id"] != sid  # root differs
-    assert cp.start_server(second, server_name="alpha")["server_id"] == sid
+    namesake = cp.register("matcher")
+    assert cp.start_server(namesake, server_name="alpha")["server_id"] != sid  # another client, of the same name
+    assert cp.start_server(first, server_name="beta")["server_id"] != sid  # server name differs
+    assert cp.start_server(first, server_name="alpha", run_as_root=True)["server_id"] != sid  # root differs
+    assert cp.start_server(first, server_name="alpha")["server_id"] == sid
     # Limits are part of the sandbox: a server started with others is not the one asked for.
     limited = {"limits": {"memory": "128Mi"}}
-    small = cp.start_server(second, reuse_strategy="NONE", server_name="gamma", resources=limited)["server_id"]
-    cp.http.post("/api/idegym-servers/finish", json={"client_id": second, "server_id": small})
-    assert cp.start_server(second, server_name="gamma")["server_id"] != small  # unlimited asked
-    assert cp.start_server(second, server_name="gamma",
+    small = cp.start_server(first, reuse_strategy="NONE", server_name="gamma", resources=limited)["server_id"]
+    cp.http.post("/api/idegym-servers/finish", json={"client_id": first, "server_id": small})
+    assert cp.start_server(first, server_name="gamma")["server_id"] != small  # unlimited asked
+    assert cp.start_server(first, server_name="gamma",
                            resources={"limits": {"memory": "256Mi"}})["server_id"] != small
-    assert cp.start_server(second, server_name="gamma", resources=limited)["server_id"] == small
+    assert cp.start_server(first, server_name="gamma", resources=limited)["server_id"] == small
 
 
-def test_two_clients_racing_for_one_finished_server(cp: ControlPlaneProcess) -> None:
-    first = cp.register("racer")
-    sid = cp.start_server(first, reuse_strategy="NONE")["server_id"]
-    cp.http.post("/api/idegym-servers/finish", json={"client_id": first, "server_id": sid})
-    racers = [cp.register("racer") for _ in range(4)]
-    results: dict[str, dict] = {}
+def test_four_starts_racing_for_one_finished_server(cp: ControlPlaneProcess) -> None:
+    client = cp.register("racer")
+    sid = cp.start_server(client, reuse_strategy="NONE")["server_id"]
+    cp.http.post("/api/idegym-servers/finish", json={"client_id": client, "server_id": sid})
+    results: list[dict] = []
 
-    def go(client: str) -> None:
-        results[client] = cp.start_server(client, reuse_strategy="RESET")
+    def go() -> None:
+        results.append(cp.start_server(client, reuse_strategy="RESET"))
 
-    threads = [threading.Thread(target=go, args=(c,)) for c in racers]
+    threads = [threading.Thread(target=go) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    ids = [results[c]["server_id"] for c in racers]
+    ids = [r["server_id"] for r in results]
     assert ids.count(sid) == 1, ids  # exactly one took the FINISHED server
-    assert len(set(ids)) == len(ids)
-    assert sum(results[c]["reused"] for c in racers) == 1
+    assert len(set(ids)) == len(ids) == 4
+    assert sum(r["reused"] for r in results) == 1
 
 
 def test_keepalive_extends_and_never_shortens(cp: ControlPlaneProcess) -> None:

@@ -164,6 +164,65 @@ def test_reset_reuse_restores_the_project_and_ends_processes(control_plane: Embe
         env.close()
 
 
+_LEFT_BEHIND = ("echo a-secret > /tmp/a-note; site=$(python3 -m site --user-site); mkdir -p \"$site\"; "
+                "echo 'print(\"planted by a\")' > \"$site/usercustomize.py\"")
+_LOOK_AROUND = "cat /tmp/a-note 2>&1; python3 -c pass 2>&1"
+
+
+def _leave_a_sandbox_behind(env: IdeGymEnv) -> int:
+    """Episode of a first trainer: it leaves a note in /tmp and a ``usercustomize.py`` that runs
+    in every later ``python3`` of its user, then hands its sandbox back (``close`` finishes it)."""
+    try:
+        env.reset(seed=0)
+        env.step({"tool": "bash", "arguments": {"command": _LEFT_BEHIND}})
+        obs, *_ = env.step({"tool": "bash", "arguments": {"command": _LOOK_AROUND}})
+        assert "a-secret" in obs and "planted by a" in obs, obs  # the probe sees what is there
+        return env.sandbox.server_id
+    finally:
+        env.close()
+
+
+@pytest.mark.security
+def test_reset_reuse_never_hands_a_sandbox_to_another_trainer(control_plane: EmbeddedControlPlane) -> None:
+    """Two trainers (two envs, each its own client) with ``reuse="RESET"`` on one control plane:
+    the second never gets the first's sandbox with its ``/tmp`` and its ``usercustomize.py``.
+
+    Can fail: it did. Every env registers under one client name and a start claimed the newest
+    FINISHED server of that name: B's ``python3`` printed "planted by a" and ``cat`` showed A's note.
+    """
+    first = _leave_a_sandbox_behind(IdeGymEnv(PY_TASK, control_plane_url=control_plane.url, reuse="RESET"))
+    second = IdeGymEnv(PY_TASK, control_plane_url=control_plane.url, reuse="RESET")
+    try:
+        second.reset(seed=0)
+        obs, *_ = second.step({"tool": "bash", "arguments": {"command": _LOOK_AROUND}})
+        assert "a-secret" not in obs and "planted by a" not in obs, obs
+        assert second.sandbox.server_id != first
+    finally:
+        second.close()
+
+
+@pytest.mark.security
+def test_reset_reuse_stays_within_one_envs_episodes(control_plane: EmbeddedControlPlane) -> None:
+    """Two envs sharing one client: RESET keeps files outside the project between an env's own
+    episodes only; a sandbox another env handed back comes fresh (restarted), never reset.
+
+    Can fail: it did (as above, through the shared client's own FINISHED server).
+    """
+    from idegym_env.client import IdeGymClient
+
+    with IdeGymClient(control_plane.url, name="shared-trainer") as client:
+        client.register()
+        first = _leave_a_sandbox_behind(IdeGymEnv(PY_TASK, client=client, reuse="RESET"))
+        second = IdeGymEnv(PY_TASK, client=client, reuse="RESET")
+        try:
+            _, info = second.reset(seed=0)
+            obs, *_ = second.step({"tool": "bash", "arguments": {"command": _LOOK_AROUND}})
+            assert "a-secret" not in obs and "planted by a" not in obs, (info, obs)
+            assert info["sandbox"] == "reused" and second.sandbox.server_id == first  # reused, but restarted
+        finally:
+            second.close()
+
+
 @pytest.mark.parametrize("action", [
     "not json at all", '{"tool": "bash"}', {"tool": "rm_rf"}, {"tool": "bash", "arguments": {"command": 3}},
     {"tool": "edit_file", "arguments": {"path": "roman.py", "start_line": 0, "end_line": 1, "new_content": ""}},

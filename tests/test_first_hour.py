@@ -101,7 +101,7 @@ def _sample(action: argparse.Action) -> tuple[str, object]:
         return "a,b", ["a", "b"]
     if action.type in (int, float) or isinstance(action.default, int | float):
         return "7", (action.type or type(action.default))("7")
-    if action.type is not None and getattr(action.type, "__name__", "") in ("Path", "PosixPath"):
+    if action.type is not None and getattr(action.type, "__name__", "") in ("Path", "PosixPath", "_optional_path"):
         return "/tmp/first-hour", Path("/tmp/first-hour")
     return "first-hour", "first-hour"
 

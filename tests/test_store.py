@@ -63,19 +63,24 @@ def _server(store: SQLiteStore, client_id: str, availability: AvailabilityStatus
 def test_usable_handle_only_for_the_owner_of_a_usable_server(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "s.db")
     try:
-        mine, other = str(uuid.uuid4()), str(uuid.uuid4())
+        mine, other, tenants = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
         for cid in (mine, other):
             store.add_client(ClientRow(cid, "c", "ns", 0, A.ALIVE, 0, 0))
+        store.add_client(ClientRow(tenants, "c", "ns", 0, A.ALIVE, 0, 0, "alice"))
         alive = _server(store, mine, A.ALIVE, '{"h": 1}')
         reused = _server(store, mine, A.REUSED, '{"h": 2}')
         finished = _server(store, mine, A.FINISHED, '{"h": 3}')
         no_handle = _server(store, mine, A.ALIVE, None)
         orphan = _server(store, str(uuid.uuid4()), A.ALIVE, '{"h": 4}')  # its client is not registered
-        assert store.usable_handle(mine, alive) == '{"h": 1}'
-        assert store.usable_handle(mine, reused) == '{"h": 2}'
-        assert store.usable_handle(other, alive) is None
-        assert [store.usable_handle(mine, s) for s in (finished, no_handle, 999)] == [None] * 3
-        assert store.usable_handle(store.get_server(orphan).client_id, orphan) is None  # type: ignore[union-attr]
+        alices = _server(store, tenants, A.ALIVE, '{"h": 5}')
+        assert store.usable_handle(mine, alive, "") == '{"h": 1}'
+        assert store.usable_handle(mine, reused, "") == '{"h": 2}'
+        assert store.usable_handle(other, alive, "") is None
+        assert [store.usable_handle(mine, s, "") for s in (finished, no_handle, 999)] == [None] * 3
+        assert store.usable_handle(store.get_server(orphan).client_id, orphan, "") is None  # type: ignore[union-attr]
+        assert store.usable_handle(tenants, alices, "alice") == '{"h": 5}'
+        assert store.usable_handle(tenants, alices, "bob") is None  # another tenant's client
+        assert store.usable_handle(mine, alive, "alice") is None
     finally:
         store.close()
 
@@ -92,15 +97,15 @@ def test_a_remembered_handle_is_dropped_when_this_or_another_connection_changes_
         cid = str(uuid.uuid4())
         store.add_client(ClientRow(cid, "c", "ns", 0, A.ALIVE, 0, 0))
         sid = _server(store, cid, A.ALIVE, '{"h": 1}')
-        assert store.usable_handle(cid, sid) == '{"h": 1}'
+        assert store.usable_handle(cid, sid, "") == '{"h": 1}'
         _record(store, store.reserve_operation_id())
-        assert (cid, sid) in store._usable  # a forward's own record does not forget it
+        assert (cid, sid, "") in store._usable  # a forward's own record does not forget it
         other.set_server_status(sid, A.FINISHED)
-        assert store.usable_handle(cid, sid) is None
+        assert store.usable_handle(cid, sid, "") is None
         other.set_server_status(sid, A.REUSED)
-        assert store.usable_handle(cid, sid) == '{"h": 1}'
+        assert store.usable_handle(cid, sid, "") == '{"h": 1}'
         store.set_server_status(sid, A.FINISHED)
-        assert store.usable_handle(cid, sid) is None
+        assert store.usable_handle(cid, sid, "") is None
     finally:
         store.close()
         other.close()
@@ -122,9 +127,12 @@ def test_every_status_change_follows_the_lifecycle(tmp_path: Path) -> None:
         assert row is not None
         key = (row.image_tag, row.runtime_class_name, row.run_as_root, row.server_kind, row.server_name,
                None)  # no resources asked
-        claimed = store.claim_finished(client, "c", key)
+        namesake = str(uuid.uuid4())
+        store.add_client(ClientRow(namesake, "c", "ns", 0, A.ALIVE, 0, 0))
+        assert store.claim_finished(namesake, key) is None  # another client's, though of the same name
+        claimed = store.claim_finished(client, key)
         assert claimed is not None and claimed.availability == lifecycle.CLAIM[1]
-        assert store.claim_finished(client, "c", key) is None  # only a FINISHED server is claimed
+        assert store.claim_finished(client, key) is None  # only a FINISHED server is claimed
         store.touch_server(server, 1)
         assert store.get_server(server).availability == lifecycle.ON_ACTIVITY[A.REUSED]  # type: ignore[union-attr]
         with pytest.raises(lifecycle.IllegalTransition):
@@ -167,3 +175,34 @@ def test_a_deferred_record_is_there_for_the_next_read_and_written_once_for_all(t
         assert reopened.get_operation(third) is not None
     finally:
         reopened.close()
+
+
+def test_a_state_directory_made_before_tenants_is_migrated(tmp_path: Path) -> None:
+    """A database made before the tenant columns gets them (its rows belong to the single
+    tenant), and a tenant's operation is found only for that tenant."""
+    import sqlite3
+
+    from control_plane import records
+
+    old = records.SCHEMA.replace(",\n    tenant TEXT NOT NULL DEFAULT ''", "").replace(
+        ", tenant TEXT NOT NULL DEFAULT ''", "")
+    db = sqlite3.connect(tmp_path / "s.db")
+    db.executescript(old)
+    for table, column, _ in records.ADDED_COLUMNS:
+        assert column not in {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+    cid = str(uuid.uuid4())
+    db.execute("INSERT INTO clients VALUES (?,?,?,?,?,?,?)", (cid, "c", "ns", 0, "ALIVE", 0, 0))
+    db.commit()
+    db.close()
+    store = SQLiteStore(tmp_path / "s.db")
+    try:
+        assert store.get_client(cid).tenant == ""  # type: ignore[union-attr]
+        alice = str(uuid.uuid4())
+        store.add_client(ClientRow(alice, "c", "ns", 0, A.ALIVE, 0, 0, "alice"))
+        op = store.add_operation(FORWARD, None, alice, None, AsyncOperationStatus.SCHEDULED, None)
+        assert store.tenant_operation(op, "alice") is not None
+        assert store.tenant_operation(op, "bob") is None and store.tenant_operation(op, "") is None
+        store.add_job("build-1", None, "queued", "alice")
+        assert store.get_job("build-1", "alice") is not None and store.get_job("build-1", "bob") is None
+    finally:
+        store.close()

@@ -275,3 +275,7 @@ class ImageBuilder(abc.ABC):
     @abc.abstractmethod
     async def exists(self, tag: str) -> bool:
         """Whether ``tag`` names an image this backend can start."""
+
+    def runs_as_host_root(self, definition: ImageDefinition) -> bool:
+        """Whether building ``definition`` runs its steps as the control plane host's root."""
+        return False

@@ -232,8 +232,8 @@ class LocalBackend(Backend):
                 f"image {tag!r} is not in the local image store ({self.store.root}). Build it from a YAML "
                 f"definition (POST /api/build-push-images, or LocalImageBuilder), register a project folder "
                 f"with LocalBackend.register_project({tag!r}, '<dir>'), or use the built-in image "
-                f"{BUILTIN_IMAGE!r} (the host's toolchains and an empty project). Known images: "
-                f"{', '.join(self.store.tags())}"
+                f"{BUILTIN_IMAGE!r} (the host's toolchains and an empty project); `idegym images list` on this "
+                "host lists the images"
             )
         return image
 

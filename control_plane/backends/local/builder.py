@@ -45,6 +45,9 @@ class LocalImageBuilder(ImageBuilder):
     async def exists(self, tag: str) -> bool:
         return self.backend.store.exists(tag)
 
+    def runs_as_host_root(self, definition: ImageDefinition) -> bool:
+        return self.oci.wants(definition)  # buildah's chroot isolation (docs/security.md §6)
+
     async def build(self, definition: ImageDefinition, log: Any = None) -> str:
         emit = _emitter(log)
         backend = self.backend

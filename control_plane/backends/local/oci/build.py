@@ -158,10 +158,9 @@ class OciBuilder:
                 raise OciError(f"pulling {ref!r} through the registry mirror {self.settings.registry} failed:\n"
                                f"{result.message(10)}")
             return {"ref": ref, "pulled_from": self.settings.registry}
-        oci_tags = [t for t in self.store.tags() if (self.store.meta(t) or {}).get("kind") == "oci"]
-        local = f"; OCI images built here: {', '.join(oci_tags)}" if oci_tags else ""
         raise OciError(f"base image {ref!r} is not available: no registry is reachable and no registry mirror is "
-                       f"configured (--image-registry). Supported bases: {base_catalog.supported_text()}{local}")
+                       f"configured (--image-registry). Supported bases: {base_catalog.supported_text()}, and OCI "
+                       "images built here (`idegym images list` on this host)")
 
     async def _bud(self, definition: ImageDefinition, dockerfile: Path, context: Path, network: bool, emit: Emit,
                    timeout: float) -> str:
