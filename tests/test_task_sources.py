@@ -820,7 +820,7 @@ def test_no_sandbox_holds_an_answer_of_any_shipped_task(case: str, control_plane
 # Reading the answer where the sandbox runtime might show it: the fixed release of the package a
 # SWE instance is about, HumanEval's data set with its canonical solutions.
 COPY_THE_FIXED_RELEASE = (
-    "f=$(find / \\( -path /proc -o -path /sys -o -path \"$PWD\" \\) -prune -o -path '*/cachetools/keys.py' "
+    "f=$(find / \\( -path /proc -o -path /sys \\) -prune -o -path '*/cachetools/keys.py' -not -path '*/src/*' "
     "-print 2>/dev/null | head -n1); if [ -n \"$f\" ]; then cp \"$(dirname \"$f\")\"/*.py src/cachetools/; fi; true")
 READ_THE_CANONICAL_SOLUTION = (
     "f=$(find / \\( -path /proc -o -path /sys \\) -prune -o -name 'HumanEval.jsonl*' -print 2>/dev/null | head -n1); "

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from .user_cache import fill_once, prune, user_cache_dir
 
-FORMAT = "closure-v1"  # part of the key: a change to what a closure holds makes new ones
+FORMAT = "closure-v2"  # part of the key: a change to what a closure holds makes new ones
 # A closure unused this long is removed (one in use is touched at every control plane start).
 RETENTION = 7 * 86400.0
 PROBE_TIMEOUT = 300.0
@@ -141,7 +141,7 @@ def _package_files(package: Path, everything: bool) -> list[Path]:
 def _key(closure: Closure, packages: dict[str, Path]) -> str:
     digest = hashlib.sha256(f"{FORMAT}\0{closure!r}\0{sys.version}\0{os.path.realpath(sys.executable)}\n".encode())
     for name, package in packages.items():
-        for path in _package_files(package, everything=True):
+        for path in _package_files(package, everything=name in closure.resources):  # what is copied
             st = path.stat()
             digest.update(f"{name}\0{path.relative_to(package)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     for directory in _site_dirs():
@@ -200,6 +200,14 @@ def _owners(modules: dict[str, Path]) -> tuple[dict[str, metadata.Distribution],
 
 def _copy(src: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
+    if ".so" in src.suffixes:
+        # An extension module is linked where it can be: the sandboxes' servers then share its
+        # pages with the control plane, which has it loaded too (a copy cost ~5 MiB of memory).
+        try:
+            os.link(src, dest)
+            return
+        except OSError:  # another filesystem
+            pass
     shutil.copy2(src, dest)
 
 

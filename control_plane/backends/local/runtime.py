@@ -57,7 +57,6 @@ class Runtime:
     # Directories inside that hold only binds (of parts of a host directory): made read-only tmpfs.
     skeletons: list[str] = field(default_factory=list)
     empty: str = ""  # an empty host directory: bound over what must not be seen (see ``hidden``)
-    host_python: str = sys.executable
 
     def bootstrap(self, module: str = SERVER_MODULE) -> str:
         return BOOTSTRAP.format(path=self.path, module=module)
