@@ -768,9 +768,11 @@ def _scan(sandbox, needles: bytes, hosts_own: bytes | None) -> list[str]:
                f"printf '+  %s\\n' {_shell(plain)} > /tmp/planted-{token}.diff && "
                "PY=$(ls /opt/idegym/python/bin/python3* 2>/dev/null | head -n1); "
                f"${{PY:-python3}} -I -S .scan-{token}.py .needles-{token}{own}; rm -f /tmp/planted-{token}.*")
+    started = time.monotonic()
     done = sandbox.bash(command, timeout=240, max_output_bytes=4 << 20)
     lines = done.stdout.splitlines()
     assert done.exit_code == 0 and lines and lines[-1].startswith("SCANNED"), (done.stdout[-2000:], done.stderr)
+    print(f"{lines[-1]} (files, bytes read, the host's own skipped) in {time.monotonic() - started:.1f} s")
     hits = [line for line in lines if line.startswith("HIT\t")]
     assert {h.split("\t")[1] for h in hits if token in h} == {f"/tmp/planted-{token}.jsonl.gz",
                                                           f"/tmp/planted-{token}.diff"}, hits

@@ -87,6 +87,8 @@ def entry(kind: str) -> ServerKindEntry:
 
 def runtime_for(base: Runtime, kind: ServerKindEntry) -> Runtime:
     """The sandbox runtime ``kind`` needs: ``base`` with its own closure at /opt/idegym/site."""
+    if kind.closure == SERVER_CLOSURE and not kind.ca_store:
+        return base
     for name in kind.needs:
         if importlib.util.find_spec(name) is None:
             raise BackendError(f"{kind.module} servers need the {name} package installed next to the control "
