@@ -11,6 +11,7 @@ import pytest
 from control_plane.backends.local import builtin_image
 from control_plane.backends.local.builtin_image import BUILTIN_ID, materialize_builtin, source_key
 from control_plane.backends.local.images import ImageStore
+from control_plane.backends.local.user_cache import LOCK
 
 
 @pytest.fixture
@@ -18,6 +19,11 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "cache"
     monkeypatch.setenv("IDEGYM_BUILTIN_CACHE", str(root))
     return root
+
+
+def entries(cache: Path) -> list[str]:
+    """The builds in the cache (not its lock file)."""
+    return sorted(p.name for p in cache.iterdir() if p.name != LOCK)
 
 
 def _tree(root: Path) -> dict[str, tuple[int, int, int, int, int]]:
@@ -51,12 +57,12 @@ def test_a_changed_source_gives_a_new_build(cache: Path, tmp_path: Path, monkeyp
     for name in ("x", "y"):
         (tmp_path / name).mkdir()
         assert materialize_builtin(tmp_path / name).startswith("shared")
-    assert sorted(p.name for p in cache.iterdir()) == [before]
+    assert entries(cache) == [before]
     source.write_text("two!")
     assert source_key() != before
     (tmp_path / "z").mkdir()
     materialize_builtin(tmp_path / "z")
-    assert sorted(p.name for p in cache.iterdir()) == sorted([before, source_key()])
+    assert entries(cache) == sorted([before, source_key()])
     assert (tmp_path / "z" / BUILTIN_ID).resolve() == (cache / source_key() / "image").resolve()
 
 
@@ -76,5 +82,5 @@ def test_a_cache_others_can_write_is_not_used(cache: Path, tmp_path: Path, caplo
     with caplog.at_level("WARNING"):
         assert materialize_builtin(tmp_path / "x") == "built for this state directory"
     assert "not using the shared cache" in caplog.text
-    assert not (tmp_path / "x" / BUILTIN_ID).is_symlink() and list(cache.iterdir()) == []
+    assert not (tmp_path / "x" / BUILTIN_ID).is_symlink() and entries(cache) == []
     assert (tmp_path / "x" / BUILTIN_ID / "layers" / "etc" / "passwd").is_file()

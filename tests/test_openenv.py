@@ -24,7 +24,7 @@ from openenv.core import GenericEnvClient  # noqa: E402
 
 from idegym_env.client import IdeGymClient, Sandbox  # noqa: E402
 from idegym_env.env import IdeGymEnv  # noqa: E402
-from idegym_env.tasks import load_task  # noqa: E402
+from idegym_env.tasks import TaskSet, load_task  # noqa: E402
 from tests.helpers import REPO, SandboxProcess, wait_until  # noqa: E402
 
 TASK = "python-roman-numerals"
@@ -292,6 +292,44 @@ def test_openenv_server_through_the_control_plane(cp_local) -> None:
         assert gone.status_code == 410
         assert cp.http.get(f"/api/ws-forward/{cid}/999/ws").status_code == 404
         assert start_seconds < 60
+    finally:
+        owner.close(stop=True)
+
+
+@pytest.mark.security
+def test_an_openenv_sandbox_holds_no_task_file(cp_local) -> None:
+    """An ``openenv`` sandbox's server loads its task from a private copy it deletes at once, and
+    runs on the closure of its imports (our code, not our data): no ``task.yaml`` anywhere and no
+    line of any bundled task's solution where the tool user reads — yet the task still grades.
+
+    Can fail: the runtime copied the whole ``idegym_env`` package (bundled tasks and task data
+    included) into every ``openenv`` sandbox: ``task.yaml`` files and the solutions are found."""
+    from tests.answer_needles import answers, needles
+
+    cp = cp_local
+    task = load_task("cpp-csv-fields")  # its solution has long, distinctive lines
+    lines = sorted(needles(TaskSet.bundled()))
+    assert any(line in text for text in answers(task) for line in lines)
+    tag = "idegym-openenv/cpp-csv-fields:test"
+    build = {"images": [{"tag": tag, "project": {"path": str(task.project)}, "env": {"IDEGYM_TASK": task.id}}]}
+    owner = IdeGymClient(cp.url, name="openenv-scanner")
+    owner.register()
+    try:
+        owner.build_images(yaml.safe_dump(build), timeout=300)
+        sandbox = owner.start(tag, server_name="csv-openenv", server_kind="openenv", reuse="NONE", timeout=120)
+        with client(f"{cp.url}/api/ws-forward/{owner.client_id}/{sandbox.server_id}") as env:
+            env.reset()
+            env.step({"tool": "create_file", "arguments": {"path": ".needles", "content": "\n".join(lines)}})
+            search = ("printf '%s\\n' \"$(head -n1 .needles)\" > /tmp/planted; "
+                      "grep -rlsF --exclude=.needles -f .needles /opt /run /tmp /home /root /etc /var /srv /mnt; "
+                      "rm -f .needles /tmp/planted; "
+                      "find / \\( -path /proc -o -path /sys \\) -prune -o -name task.yaml -print 2>/dev/null; "
+                      "echo END")
+            found = env.step({"tool": "bash", "arguments": {"command": search}}).observation["text"]
+            listed = found.split("END")[0].split()
+            assert listed == ["/tmp/planted"], found  # the planted line is found; nothing else
+            result = solve(env, task.id)
+            assert result.reward == 1.0, result.observation["checks"]
     finally:
         owner.close(stop=True)
 

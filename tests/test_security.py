@@ -478,7 +478,7 @@ def test_host_state_and_neighbours_are_invisible(sb_root: SandboxHandle, sb_user
         # command line must not be what the search finds.
         name, secret = marker.replace("marker", "mark?r"), SECRET.replace("secret", "secre[t]")
         search = (f"find / \\( -path /proc -o -path /sys \\) -prune -o -name '{name}*' -print 2>/dev/null; "
-                  f"grep -rlsE -- '{secret}' /etc /opt/idegym/src /root /home /tmp /run /var 2>/dev/null | head; "
+                  f"grep -rlsE -- '{secret}' /etc /opt/idegym/site /root /home /tmp /run /var 2>/dev/null | head; "
                   "cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n' | "
                   f"grep -aE -- '{secret}'; "
                   f"test -e {backend.state_dir} && echo STATE-VISIBLE; "

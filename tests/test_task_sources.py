@@ -14,6 +14,7 @@ import base64
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -32,6 +33,8 @@ from idegym_env.tasks.sources.harbor_local import run_locally as harbor_run_loca
 from idegym_env.tasks.sources.validate import format_table, validate
 from sandbox_server.grading.export import export
 from sandbox_server.grading.models import ExportRequest, ExportResponse, FileEntry
+from tests.answer_needles import needles, shipped_tasks
+from tests.answer_scan import identity
 
 SHIPPED_SWE = swe.shipped_instances()
 SWE_IDS = [json.loads(line)["instance_id"] for line in SHIPPED_SWE.read_text().splitlines() if line.strip()]
@@ -712,6 +715,138 @@ def test_harbor_exploits_do_not_raise_the_reward(exploit: str, control_plane) ->
     reward, info = _episode("harbor/bash-log-summary",
                             [{"tool": "bash", "arguments": {"command": HARBOR_EXPLOITS[exploit]}}], control_plane.url)
     assert reward == 0.0, (exploit, info.get("checks"))
+
+
+# -- no answer in any sandbox ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def answer_needles() -> bytes:
+    """Distinctive lines of every shipped task's solution and hidden tests (``answer_needles.py``)."""
+    return "\n".join(sorted(needles(shipped_tasks()))).encode()
+
+
+@pytest.fixture(scope="module")
+def hosts_own() -> bytes:
+    """The ``answer_scan.identity`` of every file a sandbox of the built-in image shows as the
+    host has it: the host's /usr (the image's), its Rust toolchains (bound for the tools)."""
+    home = Path.home()
+    rustup = Path(os.environ.get("RUSTUP_HOME") or home / ".rustup")
+    cargo = Path(os.environ.get("CARGO_HOME") or home / ".cargo")
+    trees = [("/usr", "/usr"), (str(rustup / "toolchains"), "/opt/idegym/toolchains/rustup/toolchains"),
+             (str(cargo / "bin"), "/opt/idegym/toolchains/cargo/bin")]
+    out = []
+    for host, inside in trees:
+        host = os.path.realpath(host)
+        for directory, _, names in os.walk(host):
+            for name in names:
+                path = os.path.join(directory, name)
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    out.append(identity(inside + path[len(host):], st.st_size, st.st_mtime_ns))
+    return b"".join(out)
+
+
+def _scan(sandbox, needles: bytes, hosts_own: bytes | None) -> list[str]:
+    """Every answer found in a readable file of ``sandbox`` (as its tool user) by one scanning
+    process (``answer_scan.py``); a planted answer (a .jsonl.gz in /tmp, a diff) must be found,
+    so a scanner that reads nothing fails here. ``hosts_own``: the host's files a sandbox of the
+    built-in image shows (``hosts_own``), which, unchanged, are the host's userland and are not read."""
+    plain = needles.split(b"\n")[0].decode()
+    planted = json.dumps({"canonical_solution": f"    {plain}\n    pass\n"})
+    token = os.urandom(6).hex()
+    sandbox.upload(f".scan-{token}.py", (Path(__file__).parent / "answer_scan.py").read_bytes())
+    sandbox.upload(f".needles-{token}", needles)
+    own = ""
+    if hosts_own is not None:
+        sandbox.upload(f".own-{token}", hosts_own)
+        own = f" .own-{token}"
+    command = (f"printf '%s\\n' {_shell(planted)} | gzip > /tmp/planted-{token}.jsonl.gz && "
+               f"printf '+  %s\\n' {_shell(plain)} > /tmp/planted-{token}.diff && "
+               "PY=$(ls /opt/idegym/python/bin/python3* 2>/dev/null | head -n1); "
+               f"${{PY:-python3}} -I -S .scan-{token}.py .needles-{token}{own}; rm -f /tmp/planted-{token}.*")
+    started = time.monotonic()
+    done = sandbox.bash(command, timeout=240, max_output_bytes=4 << 20)
+    lines = done.stdout.splitlines()
+    assert done.exit_code == 0 and lines and lines[-1].startswith("SCANNED"), (done.stdout[-2000:], done.stderr)
+    print(f"{lines[-1]} (files, bytes read, the host's own skipped) in {time.monotonic() - started:.1f} s")
+    hits = [line for line in lines if line.startswith("HIT\t")]
+    assert {h.split("\t")[1] for h in hits if token in h} == {f"/tmp/planted-{token}.jsonl.gz",
+                                                          f"/tmp/planted-{token}.diff"}, hits
+    return [h for h in hits if token not in h]
+
+
+def _shell(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+SCANNED = {  # every task source; the built-in image and OCI images; the tool user, and root
+    "bundled (built-in image)": "python-roman-numerals",
+    "HumanEval (built-in image)": "humaneval/HumanEval/0",
+    "SWE (OCI image)": "swe/cachetools__typedkey-kwargs",
+    "Harbor (OCI image, run_as_root)": "harbor/bash-log-summary",
+}
+
+
+@pytest.mark.security
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("case", list(SCANNED))
+def test_no_sandbox_holds_an_answer_of_any_shipped_task(case: str, control_plane, answer_needles: bytes,
+                                                       hosts_own: bytes) -> None:
+    """A sandbox of each task source, scanned from inside (every readable file but /proc and
+    /sys, gzip and zip files decompressed) for the solutions and hidden tests of every shipped
+    task, finds none of them: the server's runtime holds only what it imports. (The built-in
+    image's /usr and the toolchains are the host's: their files, unchanged, are not read.)
+
+    Can fail: on a runtime that binds the control plane's site-packages, the HumanEval data set
+    (canonical solutions, tests) and the fixed cachetools release are found in every sandbox.
+    """
+    from idegym_env.env import IdeGymEnv
+
+    task = load_task(SCANNED[case])
+    env = IdeGymEnv(task, control_plane_url=control_plane.url)
+    try:
+        env.reset()
+        assert env.sandbox is not None
+        who = env.sandbox.bash("id -un").stdout.strip()
+        assert who == ("root" if task.run_as_root else "appuser"), who
+        leaks = _scan(env.sandbox, answer_needles, hosts_own if task.environment is None else None)
+    finally:
+        env.close()
+    assert not leaks, "\n".join(leaks[:40])
+
+
+# Reading the answer where the sandbox runtime might show it: the fixed release of the package a
+# SWE instance is about, HumanEval's data set with its canonical solutions.
+COPY_THE_FIXED_RELEASE = (
+    "f=$(find / \\( -path /proc -o -path /sys \\) -prune -o -path '*/cachetools/keys.py' -not -path '*/src/*' "
+    "-print 2>/dev/null | head -n1); if [ -n \"$f\" ]; then cp \"$(dirname \"$f\")\"/*.py src/cachetools/; fi; true")
+READ_THE_CANONICAL_SOLUTION = (
+    "f=$(find / \\( -path /proc -o -path /sys \\) -prune -o -name 'HumanEval.jsonl*' -print 2>/dev/null | head -n1); "
+    "[ -n \"$f\" ] && python3 - \"$f\" <<'EOF'\n"
+    "import gzip, json, sys\n"
+    "for line in gzip.open(sys.argv[1], 'rt'):\n"
+    "    p = json.loads(line)\n"
+    "    if p['task_id'] == 'HumanEval/0':\n"
+    "        open('solution.py', 'w').write(p['prompt'] + p['canonical_solution'])\n"
+    "EOF\ntrue")
+
+
+@pytest.mark.security
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("spec, command", [("swe/cachetools__typedkey-kwargs", COPY_THE_FIXED_RELEASE),
+                                           ("swe/cachetools__getsizeof-replace", COPY_THE_FIXED_RELEASE),
+                                           ("humaneval/HumanEval/0", READ_THE_CANONICAL_SOLUTION)])
+def test_reading_the_answer_from_the_runtime_scores_no_more_than_the_untouched_task(
+        spec: str, command: str, control_plane) -> None:
+    """Can fail: with the control plane's site-packages bound into sandboxes, the copy of
+    cachetools 8.0.2 and HumanEval's data set are there, and each exploit scores 1.0."""
+    untouched, _ = _episode(spec, [], control_plane.url)
+    exploited, info = _episode(spec, [{"tool": "bash", "arguments": {"command": command}}], control_plane.url)
+    assert exploited <= untouched, (spec, info.get("checks"))
 
 
 def test_eval_resolves_source_specs_next_to_task_directories() -> None:

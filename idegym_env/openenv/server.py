@@ -27,6 +27,7 @@ import asyncio
 import functools
 import logging
 import os
+import shutil
 import signal
 import sys
 from typing import Any
@@ -92,6 +93,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inner-dir", default=None, metavar="DIR",
                         help="with --in-sandbox: directory (made mode 0700) for the private sandbox server's "
                              "socket (default: a new temporary directory)")
+    parser.add_argument("--forget-task", action="store_true",
+                        help="with --in-sandbox: delete the task directory (--task) once it is loaded: the "
+                             "backend's private copy, which holds the solution and hidden tests, is gone before "
+                             "any tool runs")
     parser.add_argument("--reuse", choices=["RESTART", "RESET", "NONE"], default="RESTART",
                         help="control-plane mode: how a session's sandbox is made fresh for its next episode "
                              "(default RESTART; --in-sandbox always RESETs the project)")
@@ -181,9 +186,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from ..tasks import TaskError, load_task
 
     extra = list(args.sandbox_server_args)
-    if (extra or args.inner_dir) and not args.in_sandbox:
-        print("idegym openenv serve: --inner-dir and the arguments after -- are for --in-sandbox only",
-              file=sys.stderr)
+    if (extra or args.inner_dir or args.forget_task) and not args.in_sandbox:
+        print("idegym openenv serve: --inner-dir, --forget-task and the arguments after -- are for --in-sandbox "
+              "only", file=sys.stderr)
         return 2
     task_ref = args.task
     if task_ref is None:
@@ -199,6 +204,11 @@ def run_serve(args: argparse.Namespace) -> int:
     except TaskError as exc:
         print(f"idegym openenv serve: {exc}", file=sys.stderr)
         return 2
+    if args.forget_task:
+        if task.root is None:
+            print(f"idegym openenv serve: --forget-task needs a task directory, not {task_ref!r}", file=sys.stderr)
+            return 2
+        shutil.rmtree(task.root)
     max_sessions = args.max_sessions if args.max_sessions is not None else (
         1 if args.in_sandbox else DEFAULT_MAX_SESSIONS)
     env_kwargs = dict(max_steps=args.max_steps, bash_timeout=args.bash_timeout,

@@ -28,7 +28,7 @@ from pathlib import Path
 from ...appuser import APPUSER
 from ...images import BUILTIN_IMAGE
 from .image_trees import OPT_SKELETON, TREES, ImageError, copy_tree, host_files
-from .user_cache import prune, user_cache_dir
+from .user_cache import fill_once, prune, user_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -142,26 +142,19 @@ def _trusted(root: Path) -> bool:
 
 
 def _share(root: Path, key: str) -> None:
-    """Build the image into ``root / key`` (unless another control plane did first) and prune
-    old builds: only beyond the ``CACHE_KEEP`` newest, and unused for ``CACHE_RETENTION`` (a
-    state directory whose build was pruned links a new one at its next start)."""
+    """Build the image into ``root / key`` (unless another control plane did first: one builds,
+    the others wait for it) and prune old builds: only beyond the ``CACHE_KEEP`` newest, and unused
+    for ``CACHE_RETENTION`` (a state directory whose build was pruned links a new one at its next
+    start)."""
     prune(root, CACHE_RETENTION, keep=CACHE_KEEP, spare=key)
-    if (root / key / ".complete").exists():
-        return
-    started = time.monotonic()
-    tmp = root / f".tmp-{key}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(mode=0o700)
-    try:
+
+    def fill(tmp: Path) -> None:
+        started = time.monotonic()
+        os.chmod(tmp, 0o700)
         build_builtin(tmp / "image")
-        (tmp / ".complete").write_text(key)
-        tmp.rename(root / key)
         log.info("built-in image: built in %.0f ms and shared in %s", (time.monotonic() - started) * 1000, root / key)
-    except OSError:  # another control plane shared it first
-        if not (root / key / ".complete").exists():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    fill_once(root, key, fill)
 
 
 def build_builtin(dest: Path) -> None:

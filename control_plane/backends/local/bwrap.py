@@ -25,7 +25,7 @@ from .image_trees import HOSTNAME
 from .layout import MEMORY_EVENTS_INSIDE, RUN_INSIDE, SOCKET_NAME, TOOL_CGROUPS_INSIDE, Plan
 from .rootfs import mount_root
 from .runtime import INSIDE, Runtime
-from .server_kinds import ServerKindEntry, sandbox_server_args
+from .server_kinds import ServerKindEntry, sandbox_server_args, stage_task
 
 ID_MAP = "0 0 65536\n"  # uids/gids 0-65535 are themselves inside: files keep their owners
 # The init of a sandbox whose server comes from the zygote (bwrap --as-pid-1): it reads its stdin
@@ -50,7 +50,7 @@ def tmp_size(plan: Plan, host: BwrapHost) -> int:
 
 
 def server_args(plan: Plan, runtime: Runtime, kind: ServerKindEntry, *, ready_fd: int,
-                tool_cgroups: dict[str, str]) -> list[str]:
+                tool_cgroups: dict[str, str], forget_task: bool = False) -> list[str]:
     """The arguments of ``kind``'s ``main(argv)`` in the sandbox of ``plan``."""
     args = sandbox_server_args(plan, runtime.tool_env, plan.image.project_dir, ready_fd,
                                f"{RUN_INSIDE}/{SOCKET_NAME}")
@@ -62,7 +62,7 @@ def server_args(plan: Plan, runtime: Runtime, kind: ServerKindEntry, *, ready_fd
         args += ["--memory-events", MEMORY_EVENTS_INSIDE]  # bash results say when the OOM killer struck
     if tool_cgroups:
         args += ["--tool-cgroups", TOOL_CGROUPS_INSIDE]
-    return kind.server_args(args, f"{RUN_INSIDE}/oe")
+    return kind.server_args(args, f"{RUN_INSIDE}/oe", forget_task=forget_task)
 
 
 def server_env(plan: Plan, runtime: Runtime, kind: ServerKindEntry) -> dict[str, str]:
@@ -124,6 +124,7 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
     ready on, and with ``forked`` (and an image that has the placeholder) what the zygote needs to
     fork the server: bwrap then runs only the placeholder."""
     slirp = usernet.require() if plan.network else None
+    staged = stage_task(plan, kind)  # (before any descriptor is opened: nothing to close if it fails)
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe()
     ready_r, ready_w = os.pipe()
@@ -131,8 +132,8 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
     # A networked sandbox: slirp4netns ends once nobody holds exit_w (bwrap and the namespace do).
     exit_r, exit_w = os.pipe() if slirp else (-1, -1)
     resolv = usernet.resolv_conf_fd() if slirp else None
-    args = server_args(plan, runtime, kind, ready_fd=ready_w, tool_cgroups=tool_cgroups)
-    env = server_env(plan, runtime, kind)
+    args = server_args(plan, runtime, kind, ready_fd=ready_w, tool_cgroups=tool_cgroups, forget_task=bool(staged))
+    env = {**server_env(plan, runtime, kind), **staged}
     pending: Pending | None = None
     logf = open(plan.log, "ab")
     try:

@@ -90,6 +90,8 @@ class Launcher:
         self._background = concurrent.futures.ThreadPoolExecutor(
             4, thread_name_prefix="idegym-bg", initializer=priority.lower_this_thread)
         self._runtimes: dict[str, Runtime] = {}
+        # The foreground and background launch threads both make runtimes and zygotes on first use.
+        self._runtime_lock = threading.RLock()
         # Servers forked from a template process (zygote.py), one per runtime; off: started afresh.
         self.zygotes = zygotes and isolation == "bwrap"
         self._zygote_of: dict[str, Zygote] = {}
@@ -312,21 +314,23 @@ class Launcher:
     def _zygote(self, plan: Plan) -> Zygote:
         """The zygote of ``plan``'s runtime (the host's, or the one an OCI image's sandbox brings)."""
         key = _runtime_key(plan)
-        zygote = self._zygote_of.get(key)
-        if zygote is None:
-            log_name = f"zygote-{key.replace('/', '-')}.log"
-            zygote = self._zygote_of[key] = Zygote(self._runtime(plan), self.bwrap_host.usr_links,
-                                                    self.state_dir / log_name)
+        with self._runtime_lock:
+            zygote = self._zygote_of.get(key)
+            if zygote is None:
+                log_name = f"zygote-{key.replace('/', '-')}.log"
+                zygote = self._zygote_of[key] = Zygote(self._runtime(plan), self.bwrap_host.usr_links,
+                                                        self.state_dir / log_name)
         return zygote
 
     def _runtime(self, plan: Plan) -> Runtime:
         key = _runtime_key(plan)
-        runtime = self._runtimes.get(key)
-        if runtime is None:
-            runtime = runtime_for(self.runtime, entry(plan.kind))
-            if plan.image.is_oci:  # nothing of the host's /usr in the sandbox: the server brings its own
-                runtime = oci_runtime(runtime, self.state_dir)
-            self._runtimes[key] = runtime
+        with self._runtime_lock:
+            runtime = self._runtimes.get(key)
+            if runtime is None:
+                runtime = runtime_for(self.runtime, entry(plan.kind))
+                if plan.image.is_oci:  # nothing of the host's /usr in the sandbox: the server brings its own
+                    runtime = oci_runtime(runtime, self.state_dir)
+                self._runtimes[key] = runtime
         return runtime
 
     def _spawn(self, plan: Plan, data: dict[str, Any]) -> tuple[int, bwrap.Pending | None]:

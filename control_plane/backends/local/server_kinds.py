@@ -8,33 +8,45 @@ differs is recorded here:
 * ``openenv`` [openenv]: the OpenEnv server (``idegym_env.openenv.server --in-sandbox``) in front
   of a private ``sandbox_server``: it takes the socket and the ready fd, and passes the arguments
   ``sandbox_server`` would have had (after ``--``) to the one it starts, whose socket goes in
-  ``<run dir>/oe``. It imports our three packages, so those not inside a bound site-packages
-  directory (an editable install) are copied and bound like ``sandbox_server``; it makes HTTP
-  clients, so it keeps the real CA store; the image's env names its task, so it sees that env.
+  ``<run dir>/oe``. Its runtime is the closure of its own imports (our three packages' code,
+  openenv-core, uvicorn…: ``closure.py``), which holds no task; it makes HTTP clients, so it
+  keeps the real CA store; the image's env names its task (``IDEGYM_TASK``), so it sees that env.
+  A bundled task named there reaches it as a private copy in the sandbox's run directory (root's
+  only), which it deletes once it has read it (``--forget-task``), before any tool can run:
+  the task's solution never lies where a tool could read it.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import site
+import re
+import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ...models import ServerKind
 from ..base import BackendError
-from .layout import Plan
-from .runtime import INSIDE, SERVER_MODULE, Runtime, sync_package
+from .closure import SITE, Closure, ClosureError, assemble
+from .layout import RUN_INSIDE, Plan
+from .runtime import SERVER_CLOSURE, SERVER_MODULE, SITE_INSIDE, Runtime
 
 
 @dataclass(frozen=True)
 class ServerKindEntry:
     module: str  # its ``main(argv)`` is the sandbox's server
-    packages: tuple[str, ...] = ()  # importable inside beyond sandbox_server (copied if not installed)
+    closure: Closure = SERVER_CLOSURE  # what it runs on: the packages bound at /opt/idegym/site
+    needs: tuple[str, ...] = ()  # top-level modules it cannot run without, from the pip extra ``extra``
+    extra: str = ""
     fronts_sandbox_server: bool = False  # starts its own sandbox_server with the arguments after ``--``
     image_env: bool = False  # the image's env reaches the server process itself, not only its tools
     ca_store: bool = False  # it makes TLS clients: keep the system's CA store
+    # The image env variable that names the task the server loads, and where (package, directory
+    # in it) the tasks it may name are: a copy of the one named is staged for it (``stage_task``).
+    task_env: str = ""
+    tasks: tuple[str, str] = ("", "")
 
-    def server_args(self, sandbox_server_args: list[str], inner_dir: str) -> list[str]:
+    def server_args(self, sandbox_server_args: list[str], inner_dir: str, *, forget_task: bool = False
+                    ) -> list[str]:
         """The server's arguments, given those ``sandbox_server`` would have had."""
         if not self.fronts_sandbox_server:
             return sandbox_server_args
@@ -44,14 +56,25 @@ class ServerKindEntry:
                 own += [item, next(items)]
             else:
                 rest.append(item)
-        return ["--in-sandbox", *own, "--inner-dir", inner_dir, "--", *rest]
+        return ["--in-sandbox", *own, "--inner-dir", inner_dir, *(["--forget-task"] if forget_task else []),
+                "--", *rest]
 
+
+# The OpenEnv server's modules and what it imports as it starts in a sandbox: openenv-core's
+# server (without the Gradio UI, as it imports it), uvicorn with every protocol it may pick, the
+# task loader and the env; and the sandbox server it starts.
+OPENENV_CLOSURE = Closure(
+    "openenv", packages=("idegym_env", "control_plane", "sandbox_server"), resources=("sandbox_server",),
+    imports=(*SERVER_CLOSURE.imports, "idegym_env.openenv.*", "idegym_env.openenv._compat:import_openenv",
+             "openenv.core.env_server.http_server", "idegym_env.tasks", "idegym_env.env", "idegym_env.grading",
+             "uvicorn.*", "starlette.websockets"))
 
 SERVER_KINDS: dict[str, ServerKindEntry] = {
     ServerKind.IDEGYM.value: ServerKindEntry(SERVER_MODULE),
     ServerKind.OPENENV.value: ServerKindEntry(  # [openenv]
-        "idegym_env.openenv.server", packages=("idegym_env", "control_plane", "sandbox_server"),
-        fronts_sandbox_server=True, image_env=True, ca_store=True),
+        "idegym_env.openenv.server", closure=OPENENV_CLOSURE, needs=("openenv", "uvicorn"), extra="openenv",
+        fronts_sandbox_server=True, image_env=True, ca_store=True, task_env="IDEGYM_TASK",
+        tasks=("idegym_env", "tasks/bundled")),
 }
 
 
@@ -63,31 +86,45 @@ def entry(kind: str) -> ServerKindEntry:
 
 
 def runtime_for(base: Runtime, kind: ServerKindEntry) -> Runtime:
-    """The sandbox runtime ``kind`` needs: ``base`` plus its packages, bound where it finds them."""
-    if not kind.packages and not kind.ca_store:
+    """The sandbox runtime ``kind`` needs: ``base`` with its own closure at /opt/idegym/site."""
+    if kind.closure == SERVER_CLOSURE and not kind.ca_store:
         return base
-    site_dirs = [Path(p).resolve() for p in site.getsitepackages() if Path(p).is_dir()]  # as runtime.detect
-    binds, first = list(base.binds), []
-    for index, name in enumerate(kind.packages):
-        found = importlib.util.find_spec(name)
-        if found is None or not found.submodule_search_locations:
+    for name in kind.needs:
+        if importlib.util.find_spec(name) is None:
             raise BackendError(f"{kind.module} servers need the {name} package installed next to the control "
-                               "plane (pip install 'idegym[openenv]')", 500)
-        package = Path(next(iter(found.submodule_search_locations))).resolve()
-        if any(package.is_relative_to(d) for d in site_dirs):
-            continue  # importable from a bound site-packages directory already
-        copy = sync_package(package)
-        binds.append((str(copy), f"{INSIDE}/packages/{index}"))
-        first.append(f"{INSIDE}/packages/{index}")
-    if kind.packages:
-        # The bound site-packages (a virtualenv's) go before the interpreter's own, which the
-        # bootstrap leaves first on sys.path: there, e.g. an old typing_extensions would shadow
-        # the one openenv-core needs.
-        first += [inside for _, inside in base.binds if inside.startswith(f"{INSIDE}/site/")]
+                               f"plane (pip install 'idegym[{kind.extra}]')", 500)
+    binds = base.binds
+    if kind.closure != SERVER_CLOSURE:
+        try:
+            site = assemble(kind.closure) / SITE
+        except ClosureError as exc:
+            raise BackendError(str(exc), 500) from exc
+        binds = [(host, inside) if inside != SITE_INSIDE else (str(site), inside) for host, inside in base.binds]
     server_env = dict(base.server_env)
     if kind.ca_store:
         server_env = {k: v for k, v in server_env.items() if not k.startswith("SSL_CERT_")}
-    return replace(base, binds=binds, first=first, server_env=server_env)
+    return replace(base, binds=binds, server_env=server_env)
+
+
+TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def stage_task(plan: Plan, kind: ServerKindEntry) -> dict[str, str]:
+    """A private copy, for ``kind``'s server, of the task its image's env names, in the sandbox's
+    run directory (``<run>/task``, root's only): the server env that names the copy, which the
+    server deletes once it has read it. Nothing for a kind without tasks or an env that names
+    none of them (e.g. a task directory in the image)."""
+    name = plan.env.get(kind.task_env, "") if kind.task_env else ""
+    package = importlib.util.find_spec(kind.tasks[0]) if name and TASK_ID.fullmatch(name) else None
+    if package is None or not package.submodule_search_locations:
+        return {}
+    source = Path(next(iter(package.submodule_search_locations)), kind.tasks[1], name)
+    if not (source / "task.yaml").is_file():
+        return {}
+    staged = plan.run / "task"
+    staged.mkdir(mode=0o700, exist_ok=True)
+    shutil.copytree(source, staged / name, symlinks=True)
+    return {kind.task_env: f"{RUN_INSIDE}/task/{name}"}
 
 
 def sandbox_server_args(plan: Plan, tool_env: dict[str, str], project: str, ready_fd: int, socket: str) -> list[str]:

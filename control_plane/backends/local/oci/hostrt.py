@@ -10,9 +10,12 @@ maybe no Python at all — so the server brings everything from outside, read-on
   server's modules once and reading ``/proc/self/maps``);
 * ``/opt/idegym/python``: a small tree with a copy of the interpreter whose ELF interpreter is
   ``/opt/idegym/lib/ld.so`` and whose run path is ``/opt/idegym/lib`` (patched in place: both
-  strings only get shorter), and the standard library bound at ``lib/pythonX.Y``;
-* the site-packages directories and the compiled ``sandbox_server`` copy, as ``runtime`` binds
-  them for every image.
+  strings only get shorter), and the standard library bound at ``lib/pythonX.Y`` (its
+  site-packages hidden, as on the built-in image);
+* the server's closure at ``/opt/idegym/site``, as ``runtime`` binds it for every image.
+
+Both are made once per content in ``<state>/runtime/oci``, by one start while any other waits
+(``user_cache.fill_once``).
 
 The server gets ``LD_LIBRARY_PATH=/opt/idegym/lib`` (never passed to tools), so extension
 modules resolve the host libraries too; the tools run on the image's own loader and libraries.
@@ -31,10 +34,10 @@ import sysconfig
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..runtime import INSIDE, TOOL_PATH, Runtime
+from ..runtime import INSIDE, PYTHON_INSIDE, TOOL_PATH, Runtime, hidden
+from ..user_cache import fill_once
 
 LIB_INSIDE = f"{INSIDE}/lib"
-PYTHON_INSIDE = f"{INSIDE}/python"
 LOADER_INSIDE = f"{LIB_INSIDE}/ld.so"
 # Libraries glibc opens at run time (dlopen), which neither ldd nor an import reveals.
 DLOPENED = ("libgcc_s.so.1",)
@@ -61,32 +64,21 @@ class Layout:
 
 def oci_runtime(runtime: Runtime, state_dir: Path) -> Runtime:
     """``runtime`` (as ``runtime.detect`` and the server kind made it) for sandboxes whose /usr is
-    an OCI image's: the same packages, the interpreter and host libraries brought along."""
-    import site
-
+    an OCI image's: the same closure, the interpreter and host libraries brought along."""
     layout = prepare(state_dir / "runtime" / "oci")
     stdlib_inside = f"{PYTHON_INSIDE}/lib/{layout.stdlib.name}"
     binds: list[tuple[str, str]] = [(str(layout.python_dir), PYTHON_INSIDE), (str(layout.stdlib), stdlib_inside),
+                                    *hidden(layout.stdlib, stdlib_inside, runtime.empty),
                                     (str(layout.lib_dir), LIB_INSIDE)]
-    sites: list[str] = []
-    bound = {host: inside for host, inside in runtime.binds}
-    for index, path in enumerate(Path(p).resolve() for p in site.getsitepackages() if Path(p).is_dir()):
-        if path.is_relative_to(layout.stdlib):
-            sites.append(f"{stdlib_inside}/{path.relative_to(layout.stdlib)}")
-        else:
-            inside = bound.get(str(path), f"{INSIDE}/site/{index}")
-            binds.append((str(path), inside))
-            sites.append(inside)
-    base = Path(sys.base_prefix).resolve()
-    # The host's toolchains (rustup, cargo) stay out: an OCI image brings its own.
+    # The host interpreter's binds give way to these; the host's toolchains (rustup, cargo) stay
+    # out: an OCI image brings its own.
     keep = [(h, i) for h, i in runtime.binds
-            if not i.startswith((PYTHON_INSIDE, f"{INSIDE}/site/", f"{INSIDE}/toolchains/"))
-            and Path(h).resolve() != base]
+            if i != PYTHON_INSIDE and not i.startswith((f"{PYTHON_INSIDE}/", f"{INSIDE}/toolchains/"))]
     server_env = {k: v for k, v in runtime.server_env.items() if k != "LD_LIBRARY_PATH"}
     server_env["LD_LIBRARY_PATH"] = LIB_INSIDE
     tool_env = {"PATH": TOOL_PATH, "LANG": "C.UTF-8"}  # the image's ENV comes on top
     return replace(runtime, python=f"{PYTHON_INSIDE}/bin/{layout.exe_name}", binds=[*binds, *keep],
-                   server_env=server_env, tool_env=tool_env, sites=sites, skeletons=[])  # whole directories bound
+                   server_env=server_env, tool_env=tool_env, skeletons=[])  # whole directories bound
 
 
 def prepare(root: Path) -> Layout:
@@ -98,34 +90,27 @@ def prepare(root: Path) -> Layout:
     for path in [exe, *libs.values()]:
         st = path.stat()
         digest.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    target = root / digest.hexdigest()[:16]
-    layout = Layout(target / "lib", target / "python", stdlib, exe.name)
-    if (target / ".complete").exists():
-        return layout
-    tmp = root / f".tmp-{os.getpid()}-{digest.hexdigest()[:8]}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "lib").mkdir(parents=True)
-    loader = _interpreter(exe)
-    shutil.copy2(os.path.realpath(loader), tmp / "lib" / "ld.so")
-    for name, lib in libs.items():  # under the name the loader looks for
-        shutil.copy2(lib, tmp / "lib" / name)
-    bindir = tmp / "python" / "bin"
-    bindir.mkdir(parents=True)
-    shutil.copy2(exe, bindir / exe.name)
-    patch_elf(bindir / exe.name, LOADER_INSIDE, LIB_INSIDE)
-    for alias in ("python3", "python"):
-        if alias != exe.name:
-            os.symlink(exe.name, bindir / alias)
-    (tmp / "python" / "lib" / stdlib.name).mkdir(parents=True)  # the standard library's mount point
-    for path in [tmp, *tmp.rglob("*")]:
-        if path.is_dir() and not path.is_symlink():
-            os.chmod(path, 0o755)
-    (tmp / ".complete").write_text("")
-    try:
-        tmp.rename(target)
-    except OSError:  # made meanwhile by another backend
-        shutil.rmtree(tmp, ignore_errors=True)
-    return layout
+
+    def fill(tmp: Path) -> None:
+        (tmp / "lib").mkdir()
+        loader = _interpreter(exe)
+        shutil.copy2(os.path.realpath(loader), tmp / "lib" / "ld.so")
+        for name, lib in libs.items():  # under the name the loader looks for
+            shutil.copy2(lib, tmp / "lib" / name)
+        bindir = tmp / "python" / "bin"
+        bindir.mkdir(parents=True)
+        shutil.copy2(exe, bindir / exe.name)
+        patch_elf(bindir / exe.name, LOADER_INSIDE, LIB_INSIDE)
+        for alias in ("python3", "python"):
+            if alias != exe.name:
+                os.symlink(exe.name, bindir / alias)
+        (tmp / "python" / "lib" / stdlib.name).mkdir(parents=True)  # the standard library's mount point
+        for path in [tmp, *tmp.rglob("*")]:
+            if path.is_dir() and not path.is_symlink():
+                os.chmod(path, 0o755)
+
+    target = fill_once(root, digest.hexdigest()[:16], fill)
+    return Layout(target / "lib", target / "python", stdlib, exe.name)
 
 
 def _needed_libraries(exe: Path, stdlib: Path) -> dict[str, Path]:
@@ -154,7 +139,7 @@ def _needed_libraries(exe: Path, stdlib: Path) -> dict[str, Path]:
     for name, path in sorted(found.items()):
         real = Path(os.path.realpath(path))
         if any(real.is_relative_to(tree) for tree in bound_trees) or name.startswith("ld-linux"):
-            continue  # reachable where it is bound (wheels' bundled .libs), or the loader itself
+            continue  # in the closure with its distribution (wheels' bundled .libs), or the loader itself
         out[name] = real
     return out
 
