@@ -346,7 +346,7 @@ def test_unknown_sources_and_ambiguous_specs_are_clear_errors() -> None:
 def test_the_tasks_cli_lists_shows_and_validates(tmp_path: Path) -> None:
     cli = [sys.executable, "-m", "idegym_env.cli", "tasks"]
     listed = subprocess.run(cli + ["list", "harbor"], capture_output=True, text=True, timeout=120)
-    assert listed.returncode == 0 and listed.stdout.split() == HARBOR_IDS
+    assert listed.returncode == 0 and listed.stdout.split() == [f"harbor/{i}" for i in HARBOR_IDS]
     shown = subprocess.run(cli + ["show", "humaneval/HumanEval/0"], capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and "has_close_elements" in shown.stdout and "judge" in shown.stdout
     bad = subprocess.run(cli + ["list", "nope:x"], capture_output=True, text=True, timeout=120)

@@ -226,6 +226,8 @@ def _tasks_of(spec: str) -> list[Task]:
     path = Path(spec).expanduser()
     if path.is_dir() and not (path / TASK_FILE).is_file() and any(path.glob(f"*/{TASK_FILE}")):
         return list(TaskSet(path))  # a directory of task directories
+    if not path.exists() and ":" in spec.split("/", 1)[0]:
+        open_source(spec)  # `kind:where` of no kind we know: says which sources there are
     return [load_task(spec)]
 
 
