@@ -77,6 +77,28 @@ def test_stdio_solves_the_task_and_reports_errors_the_mcp_way(control_plane) -> 
     assert alive(control_plane) == 0
 
 
+@pytest.mark.security
+def test_a_bash_call_cannot_ask_for_more_time_than_the_server_allows(control_plane) -> None:  # noqa: F811
+    """Can fail: without the cap the call asks for 3600 s and the sleep runs its full 30 s (seen on
+    the code before the cap in ``BashCall.to_request``)."""
+    async def main() -> None:
+        server = StdioServerParameters(command=sys.executable,
+                                       args=serve_argv(control_plane.url, "--bash-timeout", "2")[1:],
+                                       env={**os.environ})
+        async with Client(server) as client:
+            await client.call_tool("reset", {})
+            started = anyio.current_time()
+            long = await client.call_tool("bash", {"command": "sleep 30; echo overslept", "timeout": 3600})
+            took = anyio.current_time() - started
+            text = long.content[0].text
+            assert "timed out" in text and "overslept" not in text, text
+            assert took < 10, f"the call ran {took:.1f} s past a 2 s limit"
+            assert "capped at 2 s" in text, text
+
+    anyio.run(main)
+    assert alive(control_plane) == 0
+
+
 def test_control_plane_down_is_a_protocol_error_not_a_reward(cp_local) -> None:
     async def main() -> None:
         server = StdioServerParameters(command=sys.executable, args=serve_argv(cp_local.url)[1:], env={**os.environ})
