@@ -282,6 +282,7 @@ def test_episodes_are_bounded_per_session_and_in_all(control_plane, start_http) 
     assert alive(control_plane) == 0  # each session's end took all of its episodes
 
 
+@pytest.mark.security
 def test_a_sessions_end_hands_back_every_episode_it_started(control_plane, http_server) -> None:  # noqa: F811
     async def main() -> None:
         async with Client(http_server) as client:  # the handshake: mcp-session-id
