@@ -305,13 +305,14 @@ class IdeGymEnvironment(BaseEnvironment):
             await self._root(f"{prefix}printf %s \"{joined}\" | base64 -d {redirect} {quoted}{tail}", env,
                              f"upload to {target}")
 
-    async def _fetch(self, source: str, target: Path, limit: int, what: str) -> None:
+    async def _fetch(self, source: str, target: Path, limit: int, what: str, remedy: str) -> None:
         """Copy the sandbox's file ``source`` into ``target`` a chunk at a time (one chunk in
-        memory), refusing it once more than ``limit`` bytes came, whatever its size said."""
+        memory), refusing it once more than ``limit`` bytes came, whatever its size said
+        (``remedy`` ends the refusal's message)."""
         quoted = shlex.quote(source)
         size = int((await self._root(f"stat -c %s -- {quoted}", what=f"download of {what}")).strip())
         if size > limit:
-            raise DownloadTooLarge(self._too_large(what, limit))
+            raise DownloadTooLarge(f"{what} is larger than {limit} bytes: {remedy}")
         received = 0
         with open(target, "wb") as out:
             while True:
@@ -324,13 +325,13 @@ class IdeGymEnvironment(BaseEnvironment):
                 out.write(piece)
                 received += len(piece)
                 if received > limit:
-                    raise DownloadTooLarge(self._too_large(what, limit))
+                    raise DownloadTooLarge(f"{what} is larger than {limit} bytes: {remedy}")
                 if len(piece) < _READ_CHUNK:
                     return
 
-    def _too_large(self, what: str, limit: int) -> str:
-        return (f"{what} is larger than {limit} bytes, the bound download_limit_mb={self._download_limit_mb} sets "
-                "(--ek download_limit_mb=N raises it)")
+    @property
+    def _setting(self) -> str:
+        return f"download_limit_mb={self._download_limit_mb} (--ek download_limit_mb=N)"
 
     async def _download_tree(self, source_dir: str, target: Path, what: str, *, tar_args: str) -> None:
         """``tar`` in the sandbox (holes kept where its ``tar`` can), the archive streamed to a
@@ -346,9 +347,10 @@ class IdeGymEnvironment(BaseEnvironment):
             with tempfile.TemporaryDirectory(prefix=".idegym-download-", dir=target.parent) as scratch:
                 archive = Path(scratch) / "transfer.tar.gz"
                 # gzip may add a little to what it cannot compress
-                await self._fetch(staged, archive, limit + limit // 100 + (1 << 20), what)
+                await self._fetch(staged, archive, limit + limit // 100 + (1 << 20), f"the archive of {what}",
+                                  f"the bound {self._setting} sets, with room for gzip's overhead")
                 extract_within(archive, target, limit=limit, what=what, tar_filter=transfer_tar_filter,
-                               setting=f"download_limit_mb={self._download_limit_mb} (--ek download_limit_mb=N)")
+                               setting=self._setting)
         finally:
             await self._root(f"rm -f -- {shlex.quote(staged)}", what="cleanup")
 
@@ -382,7 +384,8 @@ class IdeGymEnvironment(BaseEnvironment):
         if kind != "regular file":
             raise RuntimeError(f"download of {source_path}: not a regular file ({kind})")
         if int(size) > self._download_limit_mb << 20:
-            raise DownloadTooLarge(self._too_large(source_path, self._download_limit_mb << 20))
+            raise DownloadTooLarge(f"{source_path} is {size} bytes, more than the bound {self._setting} sets: "
+                                   "raise it, or download less")
         name = PurePosixPath(source_path).name
         with tempfile.TemporaryDirectory(prefix=".idegym-download-", dir=target.parent) as scratch:
             await self._download_tree(str(PurePosixPath(source_path).parent), Path(scratch) / "tree", source_path,
@@ -418,7 +421,8 @@ class IdeGymEnvironment(BaseEnvironment):
             await self._root(f"cd {shlex.quote(source_dir)} && find . -type f > {shlex.quote(names)}",
                              what=f"listing of {source_dir}")
             with tempfile.TemporaryDirectory(prefix=".idegym-download-", dir=target.parent) as scratch:
-                await self._fetch(names, Path(scratch) / "names", _LISTING_LIMIT, f"the listing of {source_dir}")
+                await self._fetch(names, Path(scratch) / "names", _LISTING_LIMIT, f"the listing of {source_dir}",
+                                  "download a part of it")
                 paths = []
                 with open(Path(scratch) / "names", encoding="utf-8", errors="surrogateescape") as listing:
                     for line in listing:
@@ -428,7 +432,8 @@ class IdeGymEnvironment(BaseEnvironment):
                         if line.strip():
                             paths.append(line.rstrip("\n").removeprefix("./"))
             selected = filter_paths_by_patterns(paths, include=include, exclude=exclude)
-            selected += [path for path in paths if path in set(protect or ()) - set(selected)]
+            missing = set(protect or ()) - set(selected)
+            selected += [path for path in paths if path in missing]
             if not selected:
                 self.logger.warning(f"No files in {source_dir!r} matched include={include} exclude={exclude}; "
                                     "downloading nothing")
