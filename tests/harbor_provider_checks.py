@@ -66,6 +66,11 @@ async def downloads_are_streamed_bounded_and_keep_holes(url: str, env_dir: Path,
     growth["sparse dir"] = await peak_growth(env.download_dir("/logs/agent", tree))
     assert (tree / "run" / "sparse.bin").stat().st_size == gib and disk_bytes(tree) < 1 << 20, disk_bytes(tree)
     assert (tree / "run" / "small.txt").read_text() == "ok\n"
+    chosen, kept = work / "chosen", work / "kept"
+    await env.download_dir_filtered(source_dir="/logs/agent", target_dir=chosen, include=["run/*.txt"])
+    await env.download_dir_with_exclusions(source_dir="/logs/agent", target_dir=kept, exclude=["*.bin"])
+    for tree in (chosen, kept):
+        assert sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_file()) == ["run/small.txt"]
     dense = work / "dense.bin"
     growth["dense file"] = await peak_growth(env.download_file("/opt/dense/dense.bin", dense))
     assert dense.stat().st_size == 64 << 20
