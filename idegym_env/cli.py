@@ -66,15 +66,18 @@ def main(argv: list[str] | None = None) -> None:
 
     add_sandboxes_arguments(sandboxes)
 
-    mcp_serve = _serve_parser(sub, "mcp", "mcp_command",
-                              "serve IdeGym episodes as MCP tools (stdio or streamable HTTP)",
-                              "IdeGym episodes for MCP clients (pip install 'idegym[mcp]').",
-                              help="run an MCP server whose tools act on an IdeGym episode",
-                              description="Run an MCP server whose tools (reset, bash, file tools, run_checks, "
-                                          "submit) act on an IdeGym episode.")
+    mcp = _commands(sub, "mcp", "mcp_command", "serve IdeGym episodes as MCP tools (stdio or streamable HTTP)",
+                    "IdeGym episodes for MCP clients (pip install 'idegym[mcp]').")
     from .integrations.mcp_cli import add_serve_arguments as add_mcp_arguments
+    from .integrations.mcp_cli import add_token_arguments as add_mcp_token_arguments
 
-    add_mcp_arguments(mcp_serve)
+    add_mcp_arguments(mcp.add_parser("serve", help="run an MCP server whose tools act on an IdeGym episode",
+                                     description="Run an MCP server whose tools (reset, bash, file tools, "
+                                                 "run_checks, submit) act on an IdeGym episode."))
+    add_mcp_token_arguments(mcp.add_parser(
+        "token", help="print the token `idegym mcp serve` requires over HTTP (made if there is none)",
+        description="Print the token `idegym mcp serve` requires over streamable HTTP; it is made (0600) if "
+                    "there is none."))
 
     sub.add_parser("demo", help="run a short real session end to end and print what happened",
                    description="Run a short real session end to end and print what happened.")
@@ -124,6 +127,10 @@ def main(argv: list[str] | None = None) -> None:
         from control_plane.sandboxes_cli import run as run_sandboxes
 
         sys.exit(run_sandboxes(args))
+    elif args.command == "mcp" and args.mcp_command == "token":
+        from .integrations.mcp_cli import run_token
+
+        sys.exit(run_token(args))
     elif args.command == "mcp":
         from .integrations.mcp import run_serve as run_mcp
 

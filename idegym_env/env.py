@@ -38,6 +38,10 @@ A sandbox of your own
     ``close()`` leaves the sandbox to whoever connected it. The OpenEnv server uses this when it
     runs inside its own sandbox (``idegym openenv serve --in-sandbox``).
 
+A bash call runs at most ``bash_timeout`` seconds (also its timeout when it names none), and no
+longer than the task's ``agent_timeout`` has left: an action that asks for more is held to that,
+and its observation (and ``info["timeout_capped"]``) says so.
+
 ``info`` carries the structured details: ``tool``, ``exit_code``, ``timed_out``, ``error``, and
 after grading ``checks`` and ``reward_components``. A step's info leaves its wall time out, so two
 runs give identical infos (Gymnasium's ``check_env`` demands it): the time is
@@ -64,13 +68,15 @@ from . import embedded, grading
 from .client import APIError, BadRequest, Conflict, IdeGymClient, NotFound, Sandbox, SandboxGone, Unauthorized
 from .rewards import RewardFunction, reward_components
 from .spaces import InvalidAction, ToolCallSpace, UnicodeText
-from .spaces.tools import SubmitCall, ToolCall
+from .spaces.tools import BashCall, SubmitCall, ToolCall
 from .tasks import Task, bundled_tasks, environment, load_task
 
 DEFAULT_TASK = "python-roman-numerals"
 _SERVER_CUT = re.compile(re.escape(omitted_marker(0)).replace("0", r"(\d+)"))  # the sandbox server's cut
 ENV_CLIENT_NAME = "idegym-env"
 RESET_OPTIONS = ("task",)
+DEFAULT_BASH_TIMEOUT = 120.0
+MIN_CALL_SECONDS = 1.0  # a call's timeout when the episode's wall time is (almost) spent
 
 
 class EpisodeEnded(gym.error.ResetNeeded, RuntimeError):
@@ -105,7 +111,7 @@ class IdeGymEnv(gym.Env[str, dict]):
         max_steps: int | None = None,
         max_observation_chars: int = 16_384,
         invalid_action_penalty: float = 0.0,
-        bash_timeout: float = 120.0,
+        bash_timeout: float = DEFAULT_BASH_TIMEOUT,
         render_mode: str | None = None,
         info_timing: bool = False,
         client: IdeGymClient | None = None,
@@ -378,10 +384,20 @@ class IdeGymEnv(gym.Env[str, dict]):
 
     # -- tools and grading -----------------------------------------------------------------------
 
+    def bash_limit(self) -> float:
+        """The most a bash call may run now: ``bash_timeout``, and no longer than the task's
+        ``agent_timeout`` (the episode's wall time) has left."""
+        limit = self.bash_timeout
+        if self.task.agent_timeout is not None:
+            left = self.task.agent_timeout - (time.monotonic() - self._episode_started)
+            limit = min(limit, max(left, MIN_CALL_SECONDS))
+        return limit
+
     def _run_tool(self, call: ToolCall, info: dict[str, Any]) -> str:
         assert self.sandbox is not None
+        limit = self.bash_limit()
         try:
-            answer = self.sandbox.run_tool(call, bash_timeout=self.bash_timeout)
+            answer = self.sandbox.run_tool(call, bash_timeout=limit)
         except (BadRequest, NotFound, Conflict, Unauthorized) as exc:
             info["error"] = exc.message
             return f"error: {exc.message}"
@@ -389,7 +405,10 @@ class IdeGymEnv(gym.Env[str, dict]):
             info.update(exit_code=answer.exit_code, timed_out=answer.timed_out)
             if answer.oom_killed:
                 info["oom_killed"] = True
-            return _format_bash(answer)
+            capped = isinstance(call, BashCall) and call.capped(limit)
+            if capped:
+                info["timeout_capped"] = limit
+            return _format_bash(answer, capped_at=limit if capped else None)
         if isinstance(answer, DownloadFileChunkResponse):
             data = base64.b64decode(answer.content_base64)
             info.update(bytes_read=answer.bytes_read, size=answer.size, eof=answer.eof)
@@ -438,14 +457,16 @@ def _server_name(task: Task) -> str:
     return name[:63].rstrip("-")
 
 
-def _format_bash(answer: BashCommandResponse) -> str:
+def _format_bash(answer: BashCommandResponse, capped_at: float | None = None) -> str:
     parts = []
     if answer.stdout:
         parts.append(answer.stdout.rstrip("\n"))
     if answer.stderr:
         parts.append("[stderr]\n" + answer.stderr.rstrip("\n"))
     status = (f"[exit code {answer.exit_code}" + (", timed out" if answer.timed_out else "")
-              + (", out of memory: killed by the sandbox's memory limit" if answer.oom_killed else "") + "]")
+              + (", out of memory: killed by the sandbox's memory limit" if answer.oom_killed else "")
+              + (f"; the timeout asked for was capped at {capped_at:g} s, this environment's limit"
+                 if capped_at is not None else "") + "]")
     parts.append(status)
     return "\n".join(parts)
 

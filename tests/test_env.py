@@ -263,6 +263,26 @@ def test_step_budget_truncates_and_grades(control_plane: EmbeddedControlPlane) -
         env.close()
 
 
+@pytest.mark.security
+def test_an_action_cannot_ask_for_more_time_than_the_environment_allows(control_plane: EmbeddedControlPlane
+                                                                         ) -> None:
+    """Can fail: without the cap in ``BashCall.to_request`` the call asks the sandbox for 3600 s and
+    the sleep runs its full 30 s (seen on the code before the cap)."""
+    env = IdeGymEnv(PY_TASK, control_plane_url=control_plane.url, bash_timeout=2)
+    try:
+        env.reset(seed=0)
+        action = {"tool": "bash", "arguments": {"command": "sleep 30; echo overslept", "timeout": 3600}}
+        obs, _, _, _, info = env.step(action)
+        assert info["timed_out"] and "overslept" not in obs, obs
+        assert env.last_step_seconds < 10, f"the call ran {env.last_step_seconds:.1f} s past a 2 s limit"
+        assert info["timeout_capped"] == 2 and "capped at 2 s" in obs, obs
+        # a call may ask for less than the limit, and is not told anything about a cap then
+        obs, _, _, _, info = env.step({"tool": "bash", "arguments": {"command": "sleep 5", "timeout": 0.5}})
+        assert info["timed_out"] and "timeout_capped" not in info and "capped" not in obs
+    finally:
+        env.close()
+
+
 def test_planted_reports_and_edited_tests_do_not_change_the_reward(env: IdeGymEnv) -> None:
     env.reset(seed=0)
     env.step({"tool": "bash", "arguments": {"command":

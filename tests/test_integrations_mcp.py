@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -9,15 +10,20 @@ import select
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 
 pytest.importorskip("mcp")
 
+import httpx2  # noqa: E402 - the MCP SDK's HTTP client
 from mcp.client import Client  # noqa: E402
 from mcp.client.stdio import StdioServerParameters  # noqa: E402
+from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from mcp.shared.exceptions import MCPError  # noqa: E402
 
 from tests.integration_helpers import TASK, alive, control_plane, fix_arguments  # noqa: E402,F401
@@ -77,6 +83,28 @@ def test_stdio_solves_the_task_and_reports_errors_the_mcp_way(control_plane) -> 
     assert alive(control_plane) == 0
 
 
+@pytest.mark.security
+def test_a_bash_call_cannot_ask_for_more_time_than_the_server_allows(control_plane) -> None:  # noqa: F811
+    """Can fail: without the cap the call asks for 3600 s and the sleep runs its full 30 s (seen on
+    the code before the cap in ``BashCall.to_request``)."""
+    async def main() -> None:
+        server = StdioServerParameters(command=sys.executable,
+                                       args=serve_argv(control_plane.url, "--bash-timeout", "2")[1:],
+                                       env={**os.environ})
+        async with Client(server) as client:
+            await client.call_tool("reset", {})
+            started = anyio.current_time()
+            long = await client.call_tool("bash", {"command": "sleep 30; echo overslept", "timeout": 3600})
+            took = anyio.current_time() - started
+            text = long.content[0].text
+            assert "timed out" in text and "overslept" not in text, text
+            assert took < 10, f"the call ran {took:.1f} s past a 2 s limit"
+            assert "capped at 2 s" in text, text
+
+    anyio.run(main)
+    assert alive(control_plane) == 0
+
+
 def test_control_plane_down_is_a_protocol_error_not_a_reward(cp_local) -> None:
     async def main() -> None:
         server = StdioServerParameters(command=sys.executable, args=serve_argv(cp_local.url)[1:], env={**os.environ})
@@ -95,80 +123,191 @@ def test_control_plane_down_is_a_protocol_error_not_a_reward(cp_local) -> None:
     anyio.run(main)
 
 
-@pytest.fixture
-def http_process(control_plane) -> Iterator[tuple[str, subprocess.Popen]]:  # noqa: F811
-    proc = subprocess.Popen(serve_argv(control_plane.url, "--transport", "streamable-http", "--port", "0"),
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    assert proc.stderr is not None
-    url = None
-    ready, _, _ = select.select([proc.stderr], [], [], 60)
-    if ready:
-        match = re.search(r"(http://\S+)", proc.stderr.readline())
-        url = match.group(1) if match else None
+async def refusal(client: Client, tool: str | None = None) -> str:
+    """Why ``client`` could not connect (or call ``tool``): the MCP errors' messages."""
     try:
-        assert url, "the MCP server did not say where it listens"
-        yield url, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
+        async with client:
+            if tool is not None:
+                await client.call_tool(tool, {})
+    except Exception as exc:  # noqa: BLE001 - the SDK raises from its task group: an ExceptionGroup
+        pending, messages = [exc], []
+        while pending:
+            error = pending.pop()
+            pending.extend(getattr(error, "exceptions", ()))
+            if isinstance(error, MCPError):
+                messages.append(str(error))
+        return "; ".join(messages)
+    raise AssertionError("the client connected")
+
+
+class HttpServer:
+    """An ``idegym mcp serve --transport streamable-http`` process with a token of its own."""
+
+    def __init__(self, cp_url: str, token_dir: Path, *extra: str) -> None:
+        self.proc = subprocess.Popen(serve_argv(cp_url, "--transport", "streamable-http", "--port", "0",
+                                                "--token-dir", str(token_dir), *extra),
+                                     stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        assert self.proc.stderr is not None
+        self.banner = ""
+        deadline = time.monotonic() + 60
+        while "idegym MCP server on" not in self.banner and time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stderr], [], [], deadline - time.monotonic())
+            if not ready:
+                break
+            line = self.proc.stderr.readline()
+            if not line:
+                break
+            self.banner += line
+        match = re.search(r"(http://\S+)", self.banner)
+        assert match, f"the MCP server did not say where it listens: {self.banner}"
+        self.plain_url = match.group(1)
+        token_file = token_dir / "token"
+        self.token = token_file.read_text().strip() if token_file.exists() else None
+        # HTTP Basic in the URL: user idegym, the token as password
+        self.url = self.plain_url.replace("http://", f"http://idegym:{self.token}@") if self.token else self.plain_url
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(60)
 
 
 @pytest.fixture
-def http_server(http_process: tuple[str, subprocess.Popen]) -> str:
-    return http_process[0]
+def start_http(control_plane, tmp_path: Path) -> Iterator[Callable[..., HttpServer]]:  # noqa: F811
+    servers: list[HttpServer] = []
+
+    def start(*extra: str, token_dir: Path | None = None) -> HttpServer:
+        server = HttpServer(control_plane.url, token_dir or tmp_path / f"token{len(servers)}", *extra)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        assert server.stop() == 0
 
 
-def test_stateless_http_clients_run_separate_episodes_by_id(control_plane, http_server) -> None:  # noqa: F811
+@pytest.fixture
+def http_process(start_http: Callable[..., HttpServer]) -> HttpServer:
+    return start_http()
+
+
+@pytest.fixture
+def http_server(http_process: HttpServer) -> str:
+    return http_process.url
+
+
+@pytest.mark.security
+def test_http_needs_the_token_on_every_request(http_process: HttpServer, start_http, tmp_path: Path) -> None:
+    """Can fail: before the token, any caller that reached the port could reset episodes and run
+    commands in sandboxes (seen on the code before this check)."""
+    server = http_process
+    token_file = tmp_path / "token0" / "token"
+    assert server.token and token_file.stat().st_mode & 0o777 == 0o600
+    assert "Authorization: Bearer" in server.banner and str(token_file) in server.banner
+    for method, path in (("POST", "/mcp"), ("GET", "/mcp"), ("DELETE", "/mcp"), ("GET", "/elsewhere")):
+        for auth in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer {server.token}x"},
+                     {"Authorization": "Basic " + base64.b64encode(f"someone:{server.token}".encode()).decode()}):
+            answer = httpx.request(method, server.plain_url.replace("/mcp", path), headers=auth,
+                                   json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+            assert answer.status_code == 401, (method, path, auth, answer.text)
+            assert "needs credentials" in answer.json()["error"]["message"]
+
     async def main() -> None:
-        async with Client(http_server) as first, Client(http_server) as second:  # 2026-07-28: no sessions
-            one = (await first.call_tool("reset", {"new": True})).structured_content
-            two = (await second.call_tool("reset", {"new": True})).structured_content
-            assert one["episode_id"] != two["episode_id"] and one["task_id"] == TASK
-            assert alive(control_plane) == 2  # a sandbox per episode
-            await first.call_tool("write_file", {"path": "mine.txt", "content": "first",
-                                                 "episode_id": one["episode_id"]})
-            seen = await second.call_tool("bash", {"command": "ls mine.txt", "episode_id": two["episode_id"]})
-            assert "No such file" in seen.content[0].text  # the episodes do not share a sandbox
-            await first.call_tool("edit_file", {**fix_arguments(), "episode_id": one["episode_id"]})
-            graded = (await first.call_tool("submit", {"episode_id": one["episode_id"]})).structured_content
-            assert graded["reward"] == 1.0 and graded["episode_id"] == one["episode_id"]
-            untouched = (await second.call_tool("submit", {"episode_id": two["episode_id"]})).structured_content
-            assert untouched["reward"] < 1.0
+        assert "needs credentials" in await refusal(Client(server.plain_url))
+        async with Client(server.url) as client:  # HTTP Basic, the token as password
+            assert not (await client.call_tool("bash", {"command": "true"})).is_error
+        bearer = httpx2.AsyncClient(headers={"Authorization": f"Bearer {server.token}"})
+        async with bearer, Client(streamable_http_client(server.plain_url, http_client=bearer)) as client:
+            assert not (await client.call_tool("bash", {"command": "true"})).is_error
+
+    anyio.run(main)
+    assert start_http(token_dir=token_file.parent).token == server.token  # made once, then kept
+    open_server = start_http("--auth", "none")
+    assert "AUTHENTICATION IS OFF" in open_server.banner and open_server.token is None
+
+    async def without_credentials() -> None:
+        async with Client(open_server.plain_url) as client:
+            assert not (await client.call_tool("bash", {"command": "true"})).is_error
+
+    anyio.run(without_credentials)
+
+
+@pytest.mark.security
+def test_each_http_client_has_episodes_of_its_own(control_plane, http_server) -> None:  # noqa: F811
+    """Can fail: before sessions were required, every client without one acted on the server's
+    shared default episode: a second client's reset wiped the first's files (seen on the code before)."""
+    async def main() -> None:
+        async with Client(http_server) as first, Client(http_server) as second:
+            one = (await first.call_tool("reset", {})).structured_content
+            await first.call_tool("write_file", {"path": "mine.txt", "content": "first"})
+            two = (await second.call_tool("reset", {})).structured_content
+            assert one["episode_id"] != two["episode_id"] and alive(control_plane) == 2  # a sandbox each
+            kept = await first.call_tool("read_file", {"path": "mine.txt"})
+            assert not kept.is_error and kept.content[0].text == "first"
+            seen = await second.call_tool("bash", {"command": "ls mine.txt"})
+            assert "No such file" in seen.content[0].text
+            theirs = await second.call_tool("bash", {"command": "ls", "episode_id": one["episode_id"]})
+            assert theirs.is_error and "unknown episode" in theirs.content[0].text  # not another session's
+            await first.call_tool("edit_file", fix_arguments())
+            assert (await first.call_tool("submit", {})).structured_content["reward"] == 1.0
+            assert (await second.call_tool("submit", {})).structured_content["reward"] < 1.0
             assert alive(control_plane) == 0
-            stale = await first.call_tool("bash", {"command": "ls", "episode_id": "no-such-episode"})
-            assert stale.is_error and "unknown episode" in stale.content[0].text
+        # a client that insists on the protocol without sessions
+        assert "has no sessions" in await refusal(Client(http_server, mode="2026-07-28"), "reset")
 
     anyio.run(main)
 
 
-def test_legacy_http_session_has_its_own_episode_ended_with_the_session(control_plane,  # noqa: F811
-                                                                        http_server) -> None:
+@pytest.mark.security
+def test_episodes_are_bounded_per_session_and_in_all(control_plane, start_http) -> None:  # noqa: F811
+    """Can fail: before the bounds, reset(new=true) started episodes without limit (seen on the
+    code before them: four of them outlived their client)."""
+    url = start_http("--max-episodes-per-session", "2", "--max-episodes", "3").url
+
     async def main() -> None:
-        async with Client(http_server, mode="legacy") as client:  # initialize handshake, mcp-session-id
+        async with Client(url) as first, Client(url) as second:
+            await first.call_tool("reset", {})
+            extra = (await first.call_tool("reset", {"new": True})).structured_content["episode_id"]
+            refused = await first.call_tool("reset", {"new": True})
+            assert refused.is_error and "--max-episodes-per-session 2" in refused.content[0].text
+            await second.call_tool("reset", {})
+            refused = await second.call_tool("reset", {"new": True})
+            assert refused.is_error and "--max-episodes 3" in refused.content[0].text
+            assert alive(control_plane) == 3
+            await first.call_tool("submit", {"episode_id": extra})  # graded: its place is free again
+            assert not (await second.call_tool("reset", {"new": True})).is_error
+            assert alive(control_plane) == 3
+
+    anyio.run(main)
+    assert alive(control_plane) == 0  # each session's end took all of its episodes
+
+
+@pytest.mark.security
+def test_a_sessions_end_hands_back_every_episode_it_started(control_plane, http_server) -> None:  # noqa: F811
+    async def main() -> None:
+        async with Client(http_server) as client:  # the handshake: mcp-session-id
             result = await solve(client)
             assert result["reward"] == 1.0
             await client.call_tool("reset", {})
-            assert alive(control_plane) == 1
-        # the client's DELETE ended the session, and with it the episode
+            await client.call_tool("reset", {"new": True})
+            await client.call_tool("reset", {"new": True})
+            assert alive(control_plane) == 3
+        # the client's DELETE ended the session, and with it all three episodes
 
     anyio.run(main)
     assert alive(control_plane) == 0
 
 
-def test_server_exit_hands_open_episodes_back(control_plane, http_process) -> None:  # noqa: F811
-    url, proc = http_process
-
+def test_server_exit_hands_open_episodes_back(control_plane, http_process: HttpServer) -> None:  # noqa: F811
     async def main() -> None:
-        async with Client(url) as client:
+        async with Client(http_process.url) as client:
             await client.call_tool("reset", {"new": True})
             await client.call_tool("reset", {})
+            assert alive(control_plane) == 2
+            assert http_process.stop() == 0  # SIGTERM while the session is open
+            assert alive(control_plane) == 0
 
     anyio.run(main)
-    assert alive(control_plane) == 2
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(60) == 0
-    assert alive(control_plane) == 0
 
 
 def test_idle_episodes_are_handed_back(control_plane) -> None:  # noqa: F811

@@ -16,14 +16,15 @@ Gymnasium API does not say:
   episode ends, when it fails, and at interpreter exit.
 
 Sandboxes come from one :class:`~idegym_env.client.IdeGymClient` per control-plane URL and
-process (:func:`shared_client`); with no URL that is the embedded control plane, started on
-first use and stopped at exit.
+process (:func:`shared_client`); with no URL and no ``$IDEGYM_URL`` that is the embedded control
+plane, started on first use and stopped at exit.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -78,8 +79,10 @@ _clients_lock = threading.Lock()
 
 
 def shared_client(control_plane_url: str | None = None) -> IdeGymClient:
-    """The process's registered client for ``control_plane_url`` (``None``: the embedded control
-    plane, started now if needed). Closed, with every sandbox it still holds, at exit."""
+    """The process's registered client for ``control_plane_url`` (``None``: ``$IDEGYM_URL``, else
+    the embedded control plane, started now if needed). Closed, with every sandbox it still holds,
+    at exit."""
+    control_plane_url = control_plane_url or os.environ.get("IDEGYM_URL") or None
     with _clients_lock:
         client = _clients.get(control_plane_url)
         if client is None:

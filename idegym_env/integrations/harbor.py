@@ -18,7 +18,9 @@ Settings (``--ek key=value``):
   control plane of this process, started on first use and stopped at exit);
 * ``image`` — run this image instead of building ``environment/Dockerfile`` (e.g.
   ``idegym/builtin:latest`` for tasks whose Dockerfile needs nothing);
-* ``start_timeout_sec`` — how long a sandbox may take to start (default 300).
+* ``start_timeout_sec`` — how long a sandbox may take to start (default 300);
+* ``download_limit_mb`` — the most one download (a file, or a directory's files together, at
+  their apparent sizes) may bring to this machine (default 512).
 
 How Harbor's contract maps onto IdeGym (``harbor/environments/base.py``, 0.25):
 
@@ -34,7 +36,13 @@ How Harbor's contract maps onto IdeGym (``harbor/environments/base.py``, 0.25):
 * **exec**: one bash call (``cwd``, ``env`` merged with the task's and trial's environment,
   ``user``); a timeout raises ``RuntimeError`` as Harbor's Docker environment does.
 * **transfers**: through bash as root (base64 in environment variables, tar for directories), so
-  any path of the sandbox works, not only the project.
+  any path of the sandbox works, not only the project. A download (file or directory, filtered
+  or not) is a ``tar --sparse`` made in the sandbox, streamed here a 1 MiB chunk at a time into a
+  file beside the target and extracted within ``download_limit_mb`` (:mod:`.bounded_tar`): the
+  trainer's memory stays flat whatever the size, a sparse file's holes stay holes, and what is
+  over the bound is refused (:class:`~.bounded_tar.DownloadTooLarge`) before it is written.
+  After a start that failed there is nothing to download: Harbor's recovery of logs and
+  artifacts then gets nothing instead of a second error burying the first.
 * **capabilities**: the trial's sandbox has no network unless the policy is public (then it
   shares the control plane host's network: the image is built, or re-tagged, with
   ``network: true``); no allowlists, no run-time policy changes, no GPUs/TPUs, no host mounts, no Windows, no compose.
@@ -48,14 +56,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import io
 import json
 import os
 import re
 import shlex
 import tarfile
+import tempfile
 import uuid
-from pathlib import Path
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from harbor.environments.base import BaseEnvironment, ExecResult, SandboxBuildFailedError, transfer_tar_filter
@@ -63,18 +74,25 @@ from harbor.environments.capabilities import EnvironmentCapabilities, Environmen
 from harbor.environments.definition import require_agent_environment_definition
 from harbor.models.task.config import NetworkMode
 from harbor.models.trial.config import ResourceMode
+from harbor.utils.path_filter import filter_paths_by_patterns
 
 from .. import embedded
 from ..client import AsyncIdeGymClient, AsyncSandbox, IdeGymError, SandboxGone, ServerError
 from ..tasks import TaskEnvironment
 from ..tasks.environment import environment_entry
+from .bounded_tar import MAX_ENTRIES, DownloadTooLarge, extract_within
 
 ENVIRONMENT_TYPE = "idegym"
 DEFAULT_EXEC_TIMEOUT = 24 * 3600.0  # Harbor's `None`: no timeout of its own (the sandbox server caps it)
 MAX_OUTPUT = 16 << 20
+DEFAULT_DOWNLOAD_LIMIT_MB = 512
 _PIECE = 96 << 10  # one environment variable: below Linux's 128 KiB per string
 _PIECES_PER_CALL = 12  # ~1.1 MiB of base64 per bash call: well inside ARG_MAX
-_READ_CHUNK = 4 << 20
+# A download's piece per bash call: a call holds ~4x it in memory while it is decoded, and the
+# allocator keeps what the largest pieces fragmented (4 MiB pieces: 99 MiB more at the peak for a
+# 64 MiB file, 151 for 256 MiB; 1 MiB pieces: 40 and 44), for ~25 % more time per byte.
+_READ_CHUNK = 1 << 20
+_LISTING_LIMIT = 64 << 20  # the names of the files a filtered download chooses from
 _TAG_CHARS = re.compile(r"[^a-z0-9._-]+")
 _NAME_CHARS = re.compile(r"[^a-z0-9-]+")
 
@@ -98,12 +116,17 @@ class IdeGymEnvironment(BaseEnvironment):
 
     def __init__(self, environment_dir: Path, environment_name: str, session_id: str, trial_paths: Any,
                  task_env_config: Any, *, control_plane_url: str | None = None, image: str | None = None,
-                 start_timeout_sec: int = 300, **kwargs: Any) -> None:
+                 start_timeout_sec: int = 300, download_limit_mb: int = DEFAULT_DOWNLOAD_LIMIT_MB,
+                 **kwargs: Any) -> None:
         self._image_override = image
         self._control_plane_url = control_plane_url
         self._start_timeout = int(start_timeout_sec)
+        self._download_limit_mb = int(download_limit_mb)
+        if self._download_limit_mb < 1:
+            raise ValueError(f"download_limit_mb must be at least 1, not {download_limit_mb!r}")
         self._client: AsyncIdeGymClient | None = None
         self._sandbox: AsyncSandbox | None = None
+        self._start_failed: str | None = None  # why the last start failed
         super().__init__(environment_dir=environment_dir, environment_name=environment_name, session_id=session_id,
                          trial_paths=trial_paths, task_env_config=task_env_config, **kwargs)
         self._maybe_override_task_env_config()
@@ -153,9 +176,11 @@ class IdeGymEnvironment(BaseEnvironment):
             except IdeGymError as exc:
                 raise RuntimeError(f"the IdeGym sandbox for {self.environment_name!r} (image {image}) did not "
                                    f"start: {exc}") from exc
-        except BaseException:
+        except BaseException as exc:
+            self._start_failed = f"{type(exc).__name__}: {exc}"
             await self.stop(delete=True)
             raise
+        self._start_failed = None
         await self.ensure_dirs(self._mount_targets(writable_only=True))
         await self._upload_environment_dir_after_start()
 
@@ -217,6 +242,16 @@ class IdeGymEnvironment(BaseEnvironment):
             limits["ephemeral_storage"] = f"{int(self._effective_storage_mb)}Mi"
         return {"limits": limits} if limits else None
 
+    def _never_started(self, what: str) -> bool:
+        """Whether the last start failed, so that there is nothing to download: Harbor recovers
+        logs and artifacts after any failure, and a second error there ("not running") would
+        bury the one that matters (a build that failed, say)."""
+        if self._sandbox is None and self._start_failed is not None:
+            self.logger.debug(f"nothing to download from {what}: the environment did not start "
+                              f"({self._start_failed[:200]})")
+            return True
+        return False
+
     def _require(self) -> AsyncSandbox:
         if self._sandbox is None:
             raise RuntimeError("the IdeGym sandbox is not running: start the environment first")
@@ -270,15 +305,54 @@ class IdeGymEnvironment(BaseEnvironment):
             await self._root(f"{prefix}printf %s \"{joined}\" | base64 -d {redirect} {quoted}{tail}", env,
                              f"upload to {target}")
 
-    async def _get(self, source: str) -> bytes:
+    async def _fetch(self, source: str, target: Path, limit: int, what: str, remedy: str) -> None:
+        """Copy the sandbox's file ``source`` into ``target`` a chunk at a time (one chunk in
+        memory), refusing it once more than ``limit`` bytes came, whatever its size said
+        (``remedy`` ends the refusal's message)."""
         quoted = shlex.quote(source)
-        size = int((await self._root(f"stat -c %s -- {quoted}", what=f"download of {source}")).strip())
-        chunks = []
-        for offset in range(0, size, _READ_CHUNK):
-            out = await self._root(f"dd if={quoted} iflag=skip_bytes,count_bytes skip={offset} count={_READ_CHUNK} "
-                                   "status=none | base64 -w0", what=f"download of {source}")
-            chunks.append(base64.b64decode(out))
-        return b"".join(chunks)
+        size = int((await self._root(f"stat -c %s -- {quoted}", what=f"download of {what}")).strip())
+        if size > limit:
+            raise DownloadTooLarge(f"{what} is larger than {limit} bytes: {remedy}")
+        received = 0
+        with open(target, "wb") as out:
+            while True:
+                text = await self._root(f"dd if={quoted} iflag=skip_bytes,count_bytes skip={received} "
+                                        f"count={_READ_CHUNK} status=none | base64 -w0", what=f"download of {what}")
+                try:
+                    piece = base64.b64decode(text, validate=True)
+                except binascii.Error:
+                    raise RuntimeError(f"download of {what}: the sandbox sent something that is not base64") from None
+                out.write(piece)
+                received += len(piece)
+                if received > limit:
+                    raise DownloadTooLarge(f"{what} is larger than {limit} bytes: {remedy}")
+                if len(piece) < _READ_CHUNK:
+                    return
+
+    @property
+    def _setting(self) -> str:
+        return f"download_limit_mb={self._download_limit_mb} (--ek download_limit_mb=N)"
+
+    async def _download_tree(self, source_dir: str, target: Path, what: str, *, tar_args: str) -> None:
+        """``tar`` in the sandbox (holes kept where its ``tar`` can), the archive streamed to a
+        file beside ``target``, and extracted there within the bound (``bounded_tar``)."""
+        limit = self._download_limit_mb << 20
+        staged = f"/tmp/.idegym-transfer-{uuid.uuid4().hex}.tar.gz"
+        target.mkdir(parents=True, exist_ok=True)
+        # GNU tar's --sparse stores a file's data and where its holes are; others store zeros
+        sparse = "$(tar --sparse --version >/dev/null 2>&1 && echo --sparse)"
+        try:
+            await self._root(f"tar {sparse} -czf {shlex.quote(staged)} -C {shlex.quote(source_dir)} {tar_args}",
+                             what=f"download of {what}")
+            with tempfile.TemporaryDirectory(prefix=".idegym-download-", dir=target.parent) as scratch:
+                archive = Path(scratch) / "transfer.tar.gz"
+                # gzip may add a little to what it cannot compress
+                await self._fetch(staged, archive, limit + limit // 100 + (1 << 20), f"the archive of {what}",
+                                  f"the bound {self._setting} sets, with room for gzip's overhead")
+                extract_within(archive, target, limit=limit, what=what, tar_filter=transfer_tar_filter,
+                               setting=self._setting)
+        finally:
+            await self._root(f"rm -f -- {shlex.quote(staged)}", what="cleanup")
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         source = Path(source_path)
@@ -300,22 +374,74 @@ class IdeGymEnvironment(BaseEnvironment):
                              "exit $s")
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        if self._never_started(source_path):
+            return
         target = Path(target_path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(await self._get(source_path))
+        quoted = shlex.quote(source_path)
+        kind, _, size = (await self._root(f"stat -L -c '%F %s' -- {quoted}", what=f"download of {source_path}")
+                         ).strip().rpartition(" ")
+        if kind != "regular file":
+            raise RuntimeError(f"download of {source_path}: not a regular file ({kind})")
+        if int(size) > self._download_limit_mb << 20:
+            raise DownloadTooLarge(f"{source_path} is {size} bytes, more than the bound {self._setting} sets: "
+                                   "raise it, or download less")
+        name = PurePosixPath(source_path).name
+        with tempfile.TemporaryDirectory(prefix=".idegym-download-", dir=target.parent) as scratch:
+            await self._download_tree(str(PurePosixPath(source_path).parent), Path(scratch) / "tree", source_path,
+                                      tar_args=f"--dereference -- {shlex.quote(name)}")
+            got = Path(scratch) / "tree" / name
+            if got.is_symlink() or not got.is_file():
+                raise RuntimeError(f"download of {source_path}: the sandbox sent no regular file of that name")
+            os.replace(got, target)
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
-        staged = f"/tmp/.idegym-transfer-{uuid.uuid4().hex}.tar.gz"
-        await self._root(f"tar czf {shlex.quote(staged)} -C {shlex.quote(source_dir)} .",
-                         what=f"download of {source_dir}")
-        try:
-            data = await self._get(staged)
-        finally:
-            await self._root(f"rm -f {shlex.quote(staged)}", what="cleanup")
+        if self._never_started(source_dir):
+            return
+        await self._download_tree(source_dir, Path(target_dir), source_dir, tar_args=".")
+
+    async def download_dir_with_exclusions(self, *, source_dir: str, target_dir: Path | str,
+                                           exclude: list[str]) -> None:
+        if self._never_started(source_dir):
+            return
+        flags = " ".join(f"--exclude={shlex.quote(pattern)}" for pattern in exclude)
+        await self._download_tree(source_dir, Path(target_dir), source_dir, tar_args=f"{flags} .")
+
+    async def download_dir_filtered(self, *, source_dir: str, target_dir: Path | str,
+                                    include: Sequence[str] | None = None, exclude: Sequence[str] | None = None,
+                                    protect: Sequence[str] | None = None) -> None:
+        """Harbor's selection (``include``/``exclude`` globs, ``protect`` paths always), through
+        the bounded download."""
+        if self._never_started(source_dir):
+            return
         target = Path(target_dir)
         target.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            tar.extractall(path=target, filter=transfer_tar_filter)
+        names = f"/tmp/.idegym-transfer-{uuid.uuid4().hex}.list"
+        try:
+            await self._root(f"cd {shlex.quote(source_dir)} && find . -type f > {shlex.quote(names)}",
+                             what=f"listing of {source_dir}")
+            with tempfile.TemporaryDirectory(prefix=".idegym-download-", dir=target.parent) as scratch:
+                await self._fetch(names, Path(scratch) / "names", _LISTING_LIMIT, f"the listing of {source_dir}",
+                                  "download a part of it")
+                paths = []
+                with open(Path(scratch) / "names", encoding="utf-8", errors="surrogateescape") as listing:
+                    for line in listing:
+                        if len(paths) >= MAX_ENTRIES:
+                            raise DownloadTooLarge(f"{source_dir} holds more than {MAX_ENTRIES} files: download a "
+                                                   "part of it")
+                        if line.strip():
+                            paths.append(line.rstrip("\n").removeprefix("./"))
+            selected = filter_paths_by_patterns(paths, include=include, exclude=exclude)
+            missing = set(protect or ()) - set(selected)
+            selected += [path for path in paths if path in missing]
+            if not selected:
+                self.logger.warning(f"No files in {source_dir!r} matched include={include} exclude={exclude}; "
+                                    "downloading nothing")
+                return
+            await self._put(("\n".join(selected) + "\n").encode("utf-8", "surrogateescape"), names)
+            await self._download_tree(source_dir, target, source_dir, tar_args=f"-T {shlex.quote(names)}")
+        finally:
+            await self._root(f"rm -f -- {shlex.quote(names)}", what="cleanup")
 
 
 def _tag(prefix: str, name: str, version: str) -> str:
@@ -323,5 +449,5 @@ def _tag(prefix: str, name: str, version: str) -> str:
     return f"{prefix}/{repo}:{_TAG_CHARS.sub('-', version.lower())[:32]}"
 
 
-__all__ = ["IdeGymEnvironment", "ENVIRONMENT_TYPE"]
+__all__ = ["IdeGymEnvironment", "ENVIRONMENT_TYPE", "DownloadTooLarge"]
 

@@ -12,11 +12,15 @@ Tools: ``reset(task?)`` starts an episode and returns its instruction; ``bash``,
 ``{"reward", "task_id", "summary", "checks"}``. With ``--task`` a tool called before any
 ``reset`` starts an episode of that task.
 
-Episodes: a call acts on the episode named by its ``episode_id`` argument, else on its
-connection's episode: over stdio the one client's; over streamable HTTP the MCP session's
-(``mcp-session-id``, legacy protocol versions) or, for the stateless 2026-07-28 protocol, the
-server's default episode. ``reset(new=true)`` starts an additional episode with an id of its own,
-so a client without sessions can run several at once; each episode has a sandbox of its own.
+Episodes: each connection has episodes of its own — over stdio the one client, over streamable
+HTTP each MCP session (``mcp-session-id``, made by the ``initialize`` handshake; the sessionless
+2026-07-28 protocol is refused so that clients fall back to it, see :mod:`._mcp_http`). A call
+acts on the episode named by its ``episode_id`` argument (one of its connection's), else on the
+connection's own; ``reset(new=true)`` starts another with an id of its own, each in a sandbox of
+its own. ``--max-episodes-per-session`` and ``--max-episodes`` bound how many exist at once.
+
+Credentials (streamable HTTP): the token of :mod:`.mcp_token` on every request, unless
+``--auth none``.
 
 Errors: a malformed call or one the episode refuses (no episode, episode ended, a missing file, a
 patch that does not apply) is a tool error (``isError: true``) carrying our message, the MCP
@@ -25,8 +29,9 @@ control plane is unreachable, grading could not run) is a JSON-RPC error (code -
 *client program*, never a reward: the episode is over and unscored.
 
 Cleanup: an episode's sandbox is handed back when it is graded, when ``reset`` replaces it, when
-its HTTP session ends (``DELETE``), when it has had no call for ``--session-idle-timeout``
-seconds, and when the server exits.
+its connection ends (an HTTP session's ``DELETE``, stdio's end of input), when it has had no call
+for ``--session-idle-timeout`` seconds (the SDK ends an HTTP session without a request in flight
+for as long), and when the server exits.
 
 Serving: the SDK's lowlevel ``Server``, with one pydantic model per tool's arguments (it gives the
 tool's input schema and validates a call) and the answers ``MCPServer`` gave before (text; for
@@ -61,15 +66,23 @@ from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from control_plane.auth import TokenFileError
+
 from ..tasks import BUNDLED_DIR, Task, load_task
 from ._episode import Episode, InfrastructureError, Outcome, ToolCallError, close_shared_clients
-from .mcp_cli import DEFAULT_IDLE_TIMEOUT, add_serve_arguments
+from ._mcp_http import SESSION_HEADER, guard
+from .mcp_cli import (
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_EPISODES,
+    DEFAULT_MAX_EPISODES_PER_SESSION,
+    add_serve_arguments,
+)
+from .mcp_token import TOKEN_USER, ensure_mcp_token
 
 log = logging.getLogger(__name__)
 
 INTERNAL_ERROR = -32603
-DEFAULT_EPISODE = "default"
-SESSION_HEADER = "mcp-session-id"
+LOCAL = "local"  # the connection of stdio's one client (and of an in-process one)
 #: Threads that run the episodes' (synchronous) calls: one per call in flight, made as needed.
 MAX_WORKERS = 64
 
@@ -77,8 +90,8 @@ MAX_WORKERS = 64
 # -- the tools' arguments and results ----------------------------------------------------------------
 
 
-EpisodeId = Annotated[str | None, Field(description="The episode to act on (reset's episode_id); omit it for "
-                                                    "this connection's episode.")]
+EpisodeId = Annotated[str | None, Field(description="The episode to act on (an episode_id reset returned on this "
+                                                    "connection); omit it for this connection's own episode.")]
 
 
 ProjectPath = Annotated[str, Field(description="The file's path, relative to the project directory.")]
@@ -94,8 +107,8 @@ class ResetArguments(_Arguments):
     model_config = ConfigDict(title="resetArguments")
 
     task: str | None = Field(None, description="A task id; omit it for the server's default task.")
-    new: bool = Field(False, description="Start an additional episode with an id of its own (for clients without "
-                                         "sessions that run several episodes at once) instead of replacing this "
+    new: bool = Field(False, description="Start an additional episode with an id of its own (to run several at "
+                                         "once; pass its episode_id to act on it) instead of replacing this "
                                          "connection's episode.")
 
 
@@ -273,19 +286,30 @@ def _tracing() -> bool:
 # -- the server -------------------------------------------------------------------------------------
 
 
-class _Session:
-    def __init__(self, episode: Episode) -> None:
+class _Slot:
+    """One episode of the server, and the connection it belongs to."""
+
+    def __init__(self, episode: Episode, owner: str) -> None:
         self.episode = episode
+        self.owner = owner  # an HTTP session's id, or LOCAL
         self.lock = threading.Lock()  # one call at a time per episode
         self.used = time.monotonic()
 
 
 class EpisodeServer:
-    """The MCP server (:attr:`mcp`, the SDK's lowlevel ``Server``) and the episodes of its sessions."""
+    """The MCP server (:attr:`mcp`, the SDK's lowlevel ``Server``) and the episodes of its sessions.
+
+    Each connection (an HTTP session; over stdio or in-process, the one client) has episodes of
+    its own: the one its calls act on when they name none, and those ``reset(new=true)`` started.
+    ``max_episodes_per_session`` and ``max_episodes`` (every connection's) bound how many exist at
+    once; a graded episode started by ``reset(new=true)`` no longer counts."""
 
     def __init__(self, *, task: Task | str | Path | None = None, control_plane_url: str | None = None,
                  allowed_tasks: tuple[str, ...] | None = None, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-                 **env_kwargs: Any) -> None:
+                 max_episodes_per_session: int = DEFAULT_MAX_EPISODES_PER_SESSION,
+                 max_episodes: int = DEFAULT_MAX_EPISODES, **env_kwargs: Any) -> None:
+        if max_episodes_per_session < 1 or max_episodes < 1:
+            raise ValueError("max_episodes_per_session and max_episodes must be at least 1")
         self.default_task: Task | None = None if task is None else (task if isinstance(task, Task)
                                                                       else load_task(task))
         if allowed_tasks is None:
@@ -293,11 +317,14 @@ class EpisodeServer:
         self.allowed_tasks = allowed_tasks
         self.control_plane_url = control_plane_url
         self.idle_timeout = idle_timeout
+        self.max_episodes_per_session = max_episodes_per_session
+        self.max_episodes = max_episodes
         self.env_kwargs = env_kwargs
-        self._sessions: dict[str, _Session] = {}
+        self._slots: dict[str, _Slot] = {}  # episode id -> its slot
+        self._main: dict[str, str] = {}  # connection -> the episode its calls act on when they name none
         self._lock = threading.Lock()
         # Episodes are synchronous: each call runs on one of these threads, so that calls on
-        # different episodes run at once (one at a time per episode: _Session.lock).
+        # different episodes run at once (one at a time per episode: _Slot.lock).
         self._executor = ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="idegym-mcp")
         self._tools = types.ListToolsResult(tools=[tool.definition() for tool in TOOLS.values()])
         self._input_schemas = {tool.name: tool.input_schema for tool in self._tools.tools}
@@ -315,57 +342,101 @@ class EpisodeServer:
 
     # -- sessions -------------------------------------------------------------------------------------
 
-    def _session(self, ctx: ServerRequestContext[Any], episode_id: str | None = None, *,
-                 new: bool = False) -> tuple[str, _Session]:
-        """The episode a call acts on: ``episode_id`` when given; else the transport's session
-        (legacy streamable-HTTP sessions) or the server's default episode (stdio, or a stateless
-        HTTP client that names none); ``new`` makes a fresh one with an id of its own."""
-        if new:
-            key = uuid.uuid4().hex
-        elif episode_id is not None:
-            key = episode_id
-            with self._lock:
-                if key not in self._sessions and key != DEFAULT_EPISODE:
-                    raise ToolCallError(f"unknown episode {episode_id!r}: it ended or never existed; call reset "
-                                        "(new=true) to start one")
-        else:
-            headers = getattr(ctx.request, "headers", None)
-            key = (headers.get(SESSION_HEADER) if headers else None) or DEFAULT_EPISODE
+    @staticmethod
+    def _owner(ctx: ServerRequestContext[Any]) -> str:
+        """The connection a call comes from: its HTTP session, else the one local client."""
+        headers = getattr(ctx.request, "headers", None)
+        if headers is None:
+            return LOCAL
+        session = headers.get(SESSION_HEADER)
+        if not session:  # _mcp_http admits no request without the handshake; a session comes with it
+            raise ToolCallError("this connection has no MCP session: connect with the initialize handshake")
+        return session
+
+    def _slot(self, ctx: ServerRequestContext[Any], episode_id: str | None = None, *,
+              new: bool = False) -> tuple[str, _Slot]:
+        """The episode a call acts on: ``episode_id`` (one of this connection's) when given, else
+        the connection's own; ``new`` makes another one with an id of its own."""
+        owner = self._owner(ctx)
         with self._lock:
-            session = self._sessions.get(key)
-            if session is None:
+            if episode_id is not None:
+                key = episode_id
+                slot = self._slots.get(key)
+                if slot is None or slot.owner != owner:
+                    raise ToolCallError(f"unknown episode {episode_id!r}: it ended, never existed or is another "
+                                        "connection's; call reset (new=true) to start one")
+            elif not new and owner in self._main:
+                key = self._main[owner]
+                slot = self._slots[key]
+            else:
+                self._admit(owner)
+                key = uuid.uuid4().hex
                 episode = Episode(control_plane_url=self.control_plane_url, allowed_tasks=self.allowed_tasks,
                                   **self.env_kwargs)
-                session = self._sessions[key] = _Session(episode)
-            session.used = time.monotonic()
-            return key, session
+                slot = self._slots[key] = _Slot(episode, owner)
+                if not new:
+                    self._main[owner] = key
+            slot.used = time.monotonic()
+            return key, slot
 
-    def end_session(self, key: str) -> None:
-        """Hand back the episode of a session that ended."""
+    def _admit(self, owner: str) -> None:
+        """Refuse another episode beyond the bounds (under ``_lock``)."""
+        mine = sum(slot.owner == owner for slot in self._slots.values())
+        if mine >= self.max_episodes_per_session:
+            raise ToolCallError(f"this connection already has {mine} episodes, the most one may have "
+                                f"(--max-episodes-per-session {self.max_episodes_per_session}): submit one of "
+                                "them (or reset one without new) before starting another")
+        if len(self._slots) >= self.max_episodes:
+            raise ToolCallError(f"this server already runs {len(self._slots)} episodes, the most it runs at once "
+                                f"(--max-episodes {self.max_episodes}): try again when one has ended")
+
+    def _settle(self, key: str, slot: _Slot) -> None:
+        """After a call: an extra episode (``reset(new=true)``'s) that is no longer running gives
+        its place back; the connection's own stays, so that its calls say it has ended."""
+        slot.used = time.monotonic()
         with self._lock:
-            session = self._sessions.pop(key, None)
-        if session is not None:
-            with session.lock:
-                session.episode.end()
+            if not slot.episode.active and self._main.get(slot.owner) != key and self._slots.get(key) is slot:
+                del self._slots[key]
+
+    def end_session(self, owner: str) -> None:
+        """Hand back every episode of a connection that ended."""
+        with self._lock:
+            slots = [(k, s) for k, s in self._slots.items() if s.owner == owner]
+            for key, _ in slots:
+                del self._slots[key]
+            self._main.pop(owner, None)
+        for _, slot in slots:
+            with slot.lock:
+                slot.episode.end()
+
+    def _end_episode(self, key: str) -> None:
+        with self._lock:
+            slot = self._slots.pop(key, None)
+            if slot is not None and self._main.get(slot.owner) == key:
+                del self._main[slot.owner]
+        if slot is not None:
+            with slot.lock:
+                slot.episode.end()
 
     def end_idle(self) -> None:
         now = time.monotonic()
         with self._lock:
-            idle = [k for k, s in self._sessions.items() if now - s.used > self.idle_timeout]
+            idle = [k for k, s in self._slots.items() if now - s.used > self.idle_timeout and not s.lock.locked()]
         for key in idle:
-            log.info("MCP session %s idle for %.0f s: its episode is ended", key[:16], self.idle_timeout)
-            self.end_session(key)
+            log.info("MCP episode %s idle for %.0f s: it is ended", key[:16], self.idle_timeout)
+            self._end_episode(key)
 
     def close(self) -> None:
         with self._lock:
-            keys = list(self._sessions)
+            keys = list(self._slots)
         for key in keys:
-            self.end_session(key)
+            self._end_episode(key)
 
     @property
     def session_count(self) -> int:
+        """How many episodes the server holds (running, or a connection's own that ended)."""
         with self._lock:
-            return len(self._sessions)
+            return len(self._slots)
 
     # -- the handlers ---------------------------------------------------------------------------------
 
@@ -383,9 +454,11 @@ class EpisodeServer:
         except ValidationError as exc:
             return _tool_error(f"Error executing tool {name}: {tool.refusal(exc)}")
         try:
-            key, session = self._session(ctx, getattr(arguments, "episode_id", None),
-                                         new=getattr(arguments, "new", False))
-            value = await self._in_thread(self._in_episode, session, key, name, arguments)
+            key, slot = self._slot(ctx, getattr(arguments, "episode_id", None), new=getattr(arguments, "new", False))
+            try:
+                value = await self._in_thread(self._in_episode, slot, key, name, arguments)
+            finally:
+                self._settle(key, slot)
         except ToolCallError as exc:
             return _tool_error(f"Error executing tool {name}: {exc}")
         except InfrastructureError as exc:
@@ -401,9 +474,9 @@ class EpisodeServer:
         ``anyio.to_thread`` (which also works under trio; every server here runs on asyncio)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def _in_episode(self, session: _Session, key: str, name: str, arguments: Any) -> Any:
-        with session.lock:
-            episode = session.episode
+    def _in_episode(self, slot: _Slot, key: str, name: str, arguments: Any) -> Any:
+        with slot.lock:
+            episode = slot.episode
             if name == "reset":
                 return self._reset(key, episode, arguments)
             if episode.env is None and not episode.done and self.default_task is not None:
@@ -466,35 +539,24 @@ class EpisodeServer:
         finally:
             self.close()
 
-    def http_app(self, *, path: str = "/mcp", host: str = "127.0.0.1") -> Any:
-        """The streamable-HTTP ASGI app; a session's ``DELETE`` also ends its episode."""
+    def http_app(self, *, token: str | None, path: str = "/mcp", host: str = "127.0.0.1",
+                 credentials_hint: str = "the server's token") -> Any:
+        """The streamable-HTTP ASGI app behind :func:`._mcp_http.guard`: ``token`` is required
+        (``None``: no authentication); a session's ``DELETE`` ends its episodes."""
         app = self.mcp.streamable_http_app(streamable_http_path=path, session_idle_timeout=self.idle_timeout,
                                            host=host)
-        server = self
 
-        async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
-            key = None
-            if scope.get("type") == "http" and scope.get("method") == "DELETE":
-                key = dict(scope.get("headers") or []).get(SESSION_HEADER.encode())
-            if not key:
-                return await app(scope, receive, send)
+        async def end_session(session: str) -> None:
+            await self._in_thread(self.end_session, session)
 
-            async def send_after_ending(message: dict[str, Any]) -> None:
-                # The episode ends before the client hears that its session did, so a client that
-                # counts sandboxes right after its DELETE sees this one handed back.
-                if message.get("type") == "http.response.start" and message.get("status", 500) < 300:
-                    await server._in_thread(server.end_session, key.decode())
-                await send(message)
+        return guard(app, token=token, credentials_hint=credentials_hint, end_session=end_session)
 
-            await app(scope, receive, send_after_ending)
-
-        return wrapped
-
-    def serve_http(self, host: str, port: int, path: str = "/mcp", ready: Any = None) -> None:
+    def serve_http(self, host: str, port: int, path: str = "/mcp", ready: Any = None, *, token: str | None,
+                   credentials_hint: str = "the server's token") -> None:
         import uvicorn
 
-        config = uvicorn.Config(self.http_app(path=path, host=host), host=host, port=port, log_level="warning",
-                                lifespan="on")
+        app = self.http_app(token=token, path=path, host=host, credentials_hint=credentials_hint)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
         userver = uvicorn.Server(config)
 
         async def main() -> None:
@@ -545,19 +607,34 @@ def run_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 
+    token, credentials = None, "NO AUTHENTICATION (--auth none)"
+    if args.transport != "stdio":
+        if args.auth == "none":
+            log.warning("AUTHENTICATION IS OFF (--auth none): anyone who can connect to %s:%s can start sandboxes "
+                        "and run commands in them", args.host, args.port)
+        else:
+            try:
+                path, token = ensure_mcp_token(args.token_dir)
+            except (OSError, TokenFileError) as exc:
+                print(f"idegym mcp serve: {exc}", file=sys.stderr)
+                return 2
+            credentials = (f"Authorization: Bearer <the token in {path}>, or HTTP Basic user {TOKEN_USER!r} with "
+                           "it as password; `idegym mcp token` prints it")
     url = args.control_plane_url or os.environ.get("IDEGYM_URL") or None
     server = EpisodeServer(task=args.task, control_plane_url=url,
                            allowed_tasks=tuple(args.allowed_tasks) if args.allowed_tasks else None,
                            idle_timeout=args.session_idle_timeout, max_steps=args.max_steps,
-                           bash_timeout=args.bash_timeout)
+                           bash_timeout=args.bash_timeout, max_episodes_per_session=args.max_episodes_per_session,
+                           max_episodes=args.max_episodes)
     try:
         if args.transport == "stdio":
             server.serve_stdio()
         else:
             def ready(port: int) -> None:
-                print(f"idegym MCP server on http://{args.host}:{port}{args.path}", file=sys.stderr, flush=True)
+                print(f"idegym MCP server on http://{args.host}:{port}{args.path} ({credentials})", file=sys.stderr,
+                      flush=True)
 
-            server.serve_http(args.host, args.port, args.path, ready=ready)
+            server.serve_http(args.host, args.port, args.path, ready=ready, token=token, credentials_hint=credentials)
     finally:
         close_shared_clients()
     return 0

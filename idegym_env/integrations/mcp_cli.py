@@ -1,10 +1,21 @@
-"""The arguments of ``idegym mcp serve``, importable without the ``mcp`` SDK (``idegym --help``)."""
+"""The arguments of ``idegym mcp serve`` and ``idegym mcp token``, importable without the ``mcp`` SDK
+(``idegym --help``)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 DEFAULT_IDLE_TIMEOUT = 1800.0
+DEFAULT_MAX_EPISODES_PER_SESSION = 4
+DEFAULT_MAX_EPISODES = 16
+
+
+def _token_dir_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--token-dir", type=Path, default=None, metavar="DIR",
+                        help="where the token is kept: DIR/token (default: $XDG_STATE_HOME/idegym-mcp, else "
+                             "~/.local/state/idegym-mcp)")
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,12 +26,44 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="streamable-http: address to listen on")
     parser.add_argument("--port", type=int, default=8765, help="streamable-http: port (0 picks a free one)")
     parser.add_argument("--path", default="/mcp", help="streamable-http: the endpoint's path")
+    parser.add_argument("--auth", choices=("token", "none"), default="token",
+                        help="streamable-http: 'token' (default) requires the token of --token-dir (made on first "
+                             "start; `idegym mcp token` prints it) as a Bearer token or as HTTP Basic password of "
+                             "user 'idegym'; 'none' lets anyone who can connect run commands in sandboxes")
+    _token_dir_argument(parser)
     parser.add_argument("--control-plane-url", default=None,
                         help="where sandboxes come from (default: $IDEGYM_URL, else the embedded control plane)")
     parser.add_argument("--max-steps", type=int, default=None, help="tool calls per episode (default: the task's)")
-    parser.add_argument("--bash-timeout", type=float, default=120.0, help="default timeout of a bash call")
+    parser.add_argument("--bash-timeout", type=float, default=120.0,
+                        help="the most a bash call may run, and its timeout when it names none")
+    parser.add_argument("--max-episodes-per-session", type=int, default=DEFAULT_MAX_EPISODES_PER_SESSION,
+                        metavar="N", help="episodes one connection (an HTTP session; stdio's client) may have at "
+                                          "once, its own and reset(new=true)'s (default "
+                                          f"{DEFAULT_MAX_EPISODES_PER_SESSION})")
+    parser.add_argument("--max-episodes", type=int, default=DEFAULT_MAX_EPISODES, metavar="N",
+                        help=f"episodes of all connections at once (default {DEFAULT_MAX_EPISODES})")
     parser.add_argument("--session-idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT,
-                        help="streamable-http: end a session's episode after this many seconds without a request")
+                        help="end an episode (and an HTTP session) after this many seconds without a call")
 
 
-__all__ = ["add_serve_arguments", "DEFAULT_IDLE_TIMEOUT"]
+def add_token_arguments(parser: argparse.ArgumentParser) -> None:
+    _token_dir_argument(parser)
+
+
+def run_token(args: argparse.Namespace) -> int:
+    """Print the token ``idegym mcp serve`` requires over HTTP (made if there is none)."""
+    from control_plane.auth import TokenFileError
+
+    from .mcp_token import ensure_mcp_token
+
+    try:
+        _, token = ensure_mcp_token(args.token_dir)
+    except (OSError, TokenFileError) as exc:
+        print(f"idegym mcp token: {exc}", file=sys.stderr)
+        return 2
+    print(token)
+    return 0
+
+
+__all__ = ["add_serve_arguments", "add_token_arguments", "run_token", "DEFAULT_IDLE_TIMEOUT",
+           "DEFAULT_MAX_EPISODES", "DEFAULT_MAX_EPISODES_PER_SESSION"]

@@ -71,8 +71,8 @@ class BashArguments(ToolArguments):
     command: Annotated[str, Field(min_length=1, description="Bash script to run in the project directory, "
                                   "e.g. `ls src` or `grep -n foo src/app.py`."), AfterValidator(_not_blank)]
     timeout: Annotated[float, Field(gt=0, le=MAX_TIMEOUT, allow_inf_nan=False)] | None = Field(
-        None, description=f"Seconds before the command is killed (at most {MAX_TIMEOUT:g}); "
-                          "the environment's default when omitted.")
+        None, description="Seconds before the command is killed: at most the environment's limit, "
+                          "which is also what it gets when omitted.")
 
 
 class CreateFileArguments(ToolArguments):
@@ -146,8 +146,8 @@ class ToolCall(BaseModel):
         return json.dumps(self.to_action(), ensure_ascii=False)
 
     def to_request(self, bash_timeout: float = DEFAULT_TIMEOUT) -> Request | None:
-        """The request; ``bash_timeout`` is the timeout of a bash call that names none. An
-        argument left out takes the wire model's default; ``path`` is the wire's ``file_path``."""
+        """The request; ``bash_timeout`` is a bash call's limit (see :meth:`BashCall.to_request`).
+        An argument left out takes the wire model's default; ``path`` is the wire's ``file_path``."""
         if self.request is None:
             return None
         fields = self.arguments.model_dump(exclude_none=True)
@@ -166,8 +166,19 @@ class BashCall(ToolCall):
     request = BashCommandRequest
 
     def to_request(self, bash_timeout: float = DEFAULT_TIMEOUT) -> BashCommandRequest:
-        timeout = bash_timeout if self.arguments.timeout is None else self.arguments.timeout
-        return BashCommandRequest(command=self.arguments.command, timeout=timeout)
+        """``bash_timeout`` is the call's limit: its timeout when it names none, and the most it may
+        name (the agent does not choose how long it may hold the sandbox). Every path that carries
+        an agent's call out (the env, and through it MCP, TRL, SkyRL, OpenEnv) builds it here."""
+        return BashCommandRequest(command=self.arguments.command, timeout=self.timeout_within(bash_timeout))
+
+    def timeout_within(self, limit: float) -> float:
+        """The timeout this call gets under ``limit``."""
+        asked = self.arguments.timeout
+        return limit if asked is None else min(asked, limit)
+
+    def capped(self, limit: float) -> bool:
+        """Whether the call named a longer timeout than ``limit`` allows."""
+        return self.arguments.timeout is not None and self.arguments.timeout > limit
 
 
 class CreateFileCall(ToolCall):

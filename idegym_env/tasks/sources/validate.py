@@ -97,8 +97,12 @@ def diagnose(checks: dict[str, Any], reward: float) -> str | None:
 def _episode(task: Task, *, oracle: bool, env_kwargs: dict[str, Any]) -> tuple[float, str | None]:
     """One episode through the env, and why it missed 1.0 (``diagnose``); an infrastructure
     failure raises instead of scoring 0."""
-    from ...env import IdeGymEnv
+    from ...env import DEFAULT_BASH_TIMEOUT, IdeGymEnv
+    from ...spaces.tools import BashCall
 
+    asked = [c.arguments.timeout for c in task.solution if isinstance(c, BashCall) and c.arguments.timeout]
+    if oracle and asked:  # the task author's own calls get the time they name (an agent's are capped)
+        env_kwargs = {**env_kwargs, "bash_timeout": max(env_kwargs.get("bash_timeout", DEFAULT_BASH_TIMEOUT), *asked)}
     env = IdeGymEnv(task, **env_kwargs)
     try:
         env.reset()
