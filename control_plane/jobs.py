@@ -91,6 +91,8 @@ class ImageJobs:
             # The cause first (a reader, or a message cut to its head, sees it), then the log's end.
             log_path.parent.mkdir(parents=True, exist_ok=True)
             log_path.write_text("\n".join(lines) + f"\nFAILED: {cause}\n")
+            # (buildah's last lines follow in the log's end: the cause keeps only what went wrong)
+            cause = cause.split("\nbuildah's last lines:", 1)[0]
             head = f"FAILED: {cause}\nthe whole build log: {log_path} (idegym images logs {job_name})"
             tail = "\n".join(lines)[-max(MAX_DETAILS - len(head) - 40, 0):]
             self.cp.store.update_job(job_name, "failure", f"{head}\n--- the build log's end ---\n{tail}"[:MAX_DETAILS])
