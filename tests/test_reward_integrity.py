@@ -390,7 +390,8 @@ def test_a_planted_annotation_processor_does_not_run_in_the_compile_check(
 
 def test_a_stage_leaves_nothing_running_for_the_next(control_plane: EmbeddedControlPlane) -> None:
     """A setup script that starts a detached daemon rewriting the report after the tests ran:
-    the daemon is gone before the tests start, and the report counts as written."""
+    the daemon is gone before the tests start, and the report counts as written. A service the
+    task keeps on purpose (``keep_processes``) serves the tests and is gone after them."""
     from idegym_env.client import IdeGymClient
     from sandbox_server import routes
     from sandbox_server.grading.models import GradeRequest, GradeStage
@@ -412,6 +413,18 @@ def test_a_stage_leaves_nothing_running_for_the_next(control_plane: EmbeddedCont
         assert answer.tests.scores.passed == 0 and answer.tests.verdict == "failed", answer.tests
         assert answer.killed_processes >= 1  # the daemon was found and ended
         left = sandbox.bash("ps -eo pid,args | grep -c '[c]p /tmp/green.xml' || true").stdout.strip()
+        assert left == "0", left
+        # A service kept on purpose (keep_processes) is there for the tests, and gone after them.
+        service = "exec -a idegym-kept-service sleep 300"
+        request = GradeRequest(stages=[
+            GradeStage(name="setup", script=f"(setsid bash -c '{service}' </dev/null >/dev/null 2>&1 &)",
+                       keep_processes=True),
+            GradeStage(name="tests", script="if ps -eo args | grep -q '^idegym-kept-service'; then "
+                                            f"echo '{green}' > test-results.xml; fi",
+                       report_glob="test-results.xml")])
+        answer = sandbox.call(routes.GRADE, request)
+        assert answer.tests is not None and answer.tests.scores.passed == 5, answer.tests
+        left = sandbox.bash("ps -eo args | grep -c '^idegym-kept-service' || true").stdout.strip()
         assert left == "0", left
 
 
