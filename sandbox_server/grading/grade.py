@@ -9,7 +9,9 @@ file of the agent is there but the editable files it sends. Per stage:
   descendants get SIGTERM and the stage's grace, then its groups are frozen, killed and removed
   (a setup or compile stage with ``keep_processes`` leaves its services to the next stages: they
   end before the tests' report is read);
-* the environment is pinned (``judge.subject_process.PINNED_ENV``), ``HOME`` and ``TMPDIR`` are fresh;
+* the environment is pinned (``judge.subject_process.PINNED_ENV``), ``HOME`` and ``TMPDIR`` are fresh,
+  and every Python the stage starts imports the standard library and the image's packages from
+  where they are installed, never from the project (``python_env.py``);
 * reports are read from ``$IDEGYM_REPORT_DIR``, a directory made for the stage — only root can
   write it when the stage runs as root (the judge tier, whose code under test runs as the tool
   user), — without following symlinks; a reward file's directory is emptied before the stage;
@@ -37,6 +39,7 @@ from ..models import CheckResult, Status, TestScores
 from ..process import ProcessResult
 from ..users import UserSpec
 from .models import FileEntry, GradedTests, GradeRequest, GradeResponse, GradeStage, TestCase
+from .python_env import guarded
 
 if TYPE_CHECKING:
     from ..app import SandboxState
@@ -187,7 +190,8 @@ class Grading:
         if user.uid == 0 and self.state.user.uid != 0:
             env["IDEGYM_SUBJECT_USER"] = str(self.state.user.uid)  # the judge runs the code under test so
         env.update(stage.env)
-        return env
+        project = self.state.project
+        return guarded(env, self.state.config.project, project.pristine if project is not None else None)
 
     async def _stage(self, stage: GradeStage) -> bool:
         state, loop = self.state, asyncio.get_running_loop()
