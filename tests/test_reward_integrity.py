@@ -75,7 +75,7 @@ TARGETS = [
     Target("bundled", "js-query-string", "src/querystring.js", slow=True),
     Target("humaneval", "humaneval/HumanEval/4", "solution.py"),  # abs(candidate(xs) - expected) < 1e-6
     Target("swe", "swe/cachetools__typedkey-kwargs", "src/cachetools/keys.py"),  # unittest, PYTHONPATH=src:.
-    Target("swe", "swe/parse__number-dot-grouping", "parse.py"),  # pytest, PYTHONPATH=.
+    Target("swe", "swe/parse__number-dot-grouping", "parse/__init__.py"),  # pytest, PYTHONPATH=.
     Target("harbor", "harbor/bash-log-summary", "/app/summarize.sh"),
     Target("harbor", "harbor/python-inventory-report", "/app/report.py"),
 ]
