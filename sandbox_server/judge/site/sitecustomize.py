@@ -26,8 +26,8 @@ def _main():
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
     guard = _load("_idegym_path_guard", os.path.join(os.path.dirname(HERE), "path_guard.py"))
     exempt = [n for n in os.environ.get("IDEGYM_PROJECT_MODULES", "").split(",") if n]
-    guard.install(os.environ.get("IDEGYM_PROJECT_DIR") or None, exempt)
-    own = importlib.machinery.PathFinder.find_spec("sitecustomize", sys.path)
+    installed = guard.install(os.environ.get("IDEGYM_PROJECT_DIR") or None, exempt)
+    own = importlib.machinery.PathFinder.find_spec("sitecustomize", installed.trusted)
     if own is not None and own.origin and os.path.dirname(os.path.abspath(own.origin)) != HERE:
         try:
             _load("_image_sitecustomize", own.origin)
