@@ -194,3 +194,25 @@ def test_a_humaneval_result_whose_difference_is_always_zero_scores_nothing() -> 
     reward, output = problems.run_locally(task, oracle=True)
     assert reward == 0.0, output
     assert problems.run_locally(load_task("humaneval/HumanEval/4"), oracle=True)[0] == 1.0
+
+
+@pytest.mark.security
+def test_a_module_planted_beside_the_tests_does_not_shadow_what_they_import(tmp_path: Path) -> None:
+    """The grader puts a test file's directory first on ``sys.path`` (for its helpers): a module
+    planted there under a standard-library name that a test imports must not be the one that
+    runs in the grader, whose report it could write. The grader installs the import guard
+    (``judge/path_guard.py``) before it loads a test.
+
+    Can fail: without the guard in the runner, the planted ``fractions.py`` ran in the grader."""
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    marker = tmp_path / "planted-ran"
+    (tests / "fractions.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\nimport os\nos._exit(0)\n")
+    (tests / "test_uses_fractions.py").write_text(
+        "import unittest\n\nclass T(unittest.TestCase):\n    def test_half(self):\n"
+        "        import fractions\n        self.assertEqual(fractions.Fraction(1, 2), 0.5)\n")
+    report = tmp_path / "report.xml"
+    run = subprocess.run([sys.executable, "-I", ENTRY, "--junit", str(report), "tests"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert not marker.exists(), run.stdout + run.stderr
+    assert run.returncode == 0 and "1 passed, 0 failed" in run.stdout, run.stdout + run.stderr
