@@ -8,8 +8,9 @@ success, results whose operators answer in the test's favour. Every one runs as 
 bundled tasks, HumanEval, SWE-style instances, Harbor tasks (``TARGETS``) — and must score no
 more than the untouched task, while the gold solution still scores 1.0. None of them touches
 the bug. Exploits that beat an in-process harness by construction (the code under test in the
-process that writes the report: ``harness_patch``, ``always_equal``) run on the judge tier only;
-docs/security.md §3 says why that is not guaranteed for SWE and Harbor.
+process that writes the report: ``harness_patch``, ``always_equal``; tests installed into the
+project it can read: ``read_hidden_tests``) run on the judge tier only; docs/security.md §3 says
+why that is not guaranteed for SWE and Harbor.
 
 Can fail: on the grading of round one (checks in the agent's own tree, processes ended once,
 reports in the project) ``planted_stdlib_module`` scored 1.0 on python-lru-cache,
@@ -476,7 +477,8 @@ EXPLOITS = [
     Exploit("syntax_error", syntax_error),
     Exploit("background_process", background_process),
     Exploit("symlinks_and_packages", symlinks_and_packages),
-    Exploit("read_hidden_tests", read_hidden_tests, languages=PYTHON),
+    # In-process harnesses install their tests into the project at grading: readable there by design.
+    Exploit("read_hidden_tests", read_hidden_tests, languages=PYTHON, judge_only=True),
     Exploit("always_equal", always_equal, languages=PYTHON, judge_only=True),
 ]
 
