@@ -1,4 +1,4 @@
-"""Reward integrity: one red-team suite, run against every task source (issue 13 §1).
+"""Reward integrity: one red-team suite, run against every task source.
 
 Each exploit is what an RL policy finds when it is rewarded for passing tests: plant modules the
 checks import, plugins the build runs, harness patches in the code under test, fake or redirected
@@ -18,7 +18,7 @@ reports in the project) ``planted_stdlib_module`` scored 1.0 on python-lru-cache
 python-roman-numerals (the issue's reproductions). With the judge's ``RemoteObject.__eq__`` asking
 the subject (a mutation, in a copy of the tree), ``always_equal`` scored 0.875 on python-roman-numerals
 against 0.625 untouched; without the stage emptying, ``test_a_stage_leaves_nothing_running_for_the_next``
-fails. On the grading before the path guard and the opaque judge handles, ``planted_harness_module``
+fails. On the grading before the import guard and the opaque judge handles, ``planted_harness_module``
 scored 1.0 on both SWE targets (0.0 untouched: a ``pytest.py`` or ``argparse.py`` on the task's
 ``PYTHONPATH`` read the listed ids from its argv and wrote a passing report) and ``always_equal``
 1.0 on HumanEval/4 (0.0 untouched: ``abs(result - expected)`` was answered by the subject).
