@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
 import logging
 import os
@@ -139,16 +140,35 @@ class SandboxState:
             via_spawner=via_spawner,
         )
 
-    async def run_check(self, script: str, timeout: float, grace: float) -> ProcessResult:
+    async def run_check(self, script: str, timeout: float, grace: float, keep_processes: bool = False) -> ProcessResult:
         """A reward check: the task's script as the tool user in the project, with a fresh, empty
         HOME and TMPDIR and no Python user site, so that nothing the agent left in its home
         (usercustomize.py, .npmrc, git config, shims, caches) takes part in the check; started
-        by the server itself, never by the spawner the agent's user can signal."""
+        by the server itself, never by the spawner the agent's user can signal.
+
+        What the check leaves running ends with it, unless ``keep_processes`` (a service the next
+        checks use): everything it left (re-parented to the server) gets SIGTERM and the grace and
+        is then killed, and, with the tools' cgroups, the check's own groups are emptied. The
+        agent's processes are not the check's; a tool call that starts while the check runs is."""
         loop = asyncio.get_running_loop()
         home = await loop.run_in_executor(None, _check_home, self.user)
+        env = {"HOME": home, "TMPDIR": home, "PYTHONNOUSERSITE": "1"}
+        supervisor = self.supervisor
         try:
-            return await self.run_script(script, timeout, grace, via_spawner=False,
-                                         env={"HOME": home, "TMPDIR": home, "PYTHONNOUSERSITE": "1"})
+            if keep_processes:
+                return await self.run_script(script, timeout, grace, via_spawner=False, env=env)
+            group = supervisor.stage("check") if supervisor.tool_cgroups is not None else contextlib.nullcontext()
+            result: ProcessResult | None = None
+            try:
+                async with group:
+                    before = supervisor.children()
+                    result = await self.run_script(script, timeout, grace, via_spawner=False, env=env)
+                    await supervisor.end_new_children(before, min(grace, 60.0))
+            except RuntimeError as exc:  # a process stuck in the kernel outlived the check's groups
+                if result is None:
+                    raise
+                log.warning("reward check: %s", exc)
+            return result
         finally:
             await loop.run_in_executor(None, shutil.rmtree, home, True)
 
@@ -251,7 +271,8 @@ def _failure_output(result: ProcessResult, what: str, timeout: float) -> str:
 
 async def setup_reward(request: web.Request) -> web.Response:
     req = await read_model(request, SetupRequest)
-    result = await _state(request).run_check(req.setup_check_script, req.timeout, req.graceful_termination_timeout)
+    result = await _state(request).run_check(req.setup_check_script, req.timeout, req.graceful_termination_timeout,
+                                             req.keep_processes)
     ok = result.exit_code == 0 and not result.timed_out
     return json_response(CheckResult(
         status=Status.SUCCESS if ok else Status.FAILURE,
@@ -262,7 +283,8 @@ async def setup_reward(request: web.Request) -> web.Response:
 
 async def compilation_reward(request: web.Request) -> web.Response:
     req = await read_model(request, CompilationRequest)
-    result = await _state(request).run_check(req.compilation_script, req.timeout, req.graceful_termination_timeout)
+    result = await _state(request).run_check(req.compilation_script, req.timeout, req.graceful_termination_timeout,
+                                             req.keep_processes)
     ok = result.exit_code == 0 and not result.timed_out
     output = ""
     if not ok:

@@ -163,12 +163,18 @@ class DownloadFileChunkResponse(Response):
 # --- rewards ---------------------------------------------------------------------------------
 
 
-class SetupRequest(TimedRequest):
+class CheckRequest(TimedRequest):
+    keep_processes: bool = Field(
+        False, description="IdeGym extension: processes the check starts keep running after it ends (a service "
+                           "the next checks use). Otherwise every process the check leaves is ended when it ends")
+
+
+class SetupRequest(CheckRequest):
     setup_check_script: Arg = "true"
     timeout: Seconds = Field(DEFAULT_TIMEOUT, description="Timeout for the setup in seconds")
 
 
-class CompilationRequest(TimedRequest):
+class CompilationRequest(CheckRequest):
     compilation_script: Arg = "./gradlew assemble"
     timeout: Seconds = Field(DEFAULT_TIMEOUT, description="Timeout for the compilation in seconds")
 

@@ -106,6 +106,7 @@ class Supervisor:
         if spawners and os.geteuid() == 0 and self._spawners is None:
             log.info("no tool spawner (%s is not built: make native): tools start the long way", SPAWNER)
         self._staged = False
+        self._stage_lock = asyncio.Lock()  # stages queue: the spawner thread is in one stage's groups at a time
         self.tool_cgroups = tool_cgroups if tool_cgroups is not None and tool_cgroups.available else None
         # Tools are started from this thread, which lives in the tools' cgroups (tool_cgroups.py).
         self._spawner: concurrent.futures.ThreadPoolExecutor | None = None
@@ -166,28 +167,29 @@ class Supervisor:
 
     @contextlib.asynccontextmanager
     async def stage(self, name: str) -> AsyncIterator[None]:
-        """Run a stage (e.g. one grading step) in fresh cgroups: every tool started inside the
-        block is born in the stage's child groups, and when the block ends every process in them
-        (``setsid`` daemons included) is killed and the groups are removed. Stages do not nest;
-        tools started concurrently by other requests land in the stage too. Raises ``RuntimeError``
-        without delegated tool cgroups; a survivor (stuck in the kernel) is named in a
-        ``RuntimeError`` after the block."""
+        """Run a stage (a grading step, a reward check) in fresh cgroups: every tool started
+        inside the block is born in the stage's child groups, and when the block ends every process
+        in them (``setsid`` daemons included) is killed and the groups are removed. Stages do not
+        nest: one waits for the other to end; tools started concurrently by other requests land in
+        the stage too. Raises ``RuntimeError`` without delegated tool cgroups; a survivor (stuck in
+        the kernel) is named in a ``RuntimeError`` after the block."""
         groups, spawner = self.tool_cgroups, self._spawner
         if groups is None or spawner is None:
             raise RuntimeError("stages need the tools' cgroups (--tool-cgroups), which this sandbox has not")
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, groups.create, name)
-        # Every tool the long way, so that it is born in the stage's groups; set first, so that no
-        # tool user's spawner is started on the thread once it is in them (it would be ended with them).
-        self._staged = True
-        try:
-            await loop.run_in_executor(spawner, self._join_tool_groups, name)
-            yield
-        finally:
-            self._staged = False
-            await loop.run_in_executor(spawner, self._join_tool_groups, None)
-            left = await loop.run_in_executor(None, groups.empty, name)
-            await loop.run_in_executor(None, groups.remove, name)
+        async with self._stage_lock:
+            await loop.run_in_executor(None, groups.create, name)
+            # Every tool the long way, so that it is born in the stage's groups; set first, so that no
+            # tool user's spawner is started on the thread once it is in them (it would be ended with them).
+            self._staged = True
+            try:
+                await loop.run_in_executor(spawner, self._join_tool_groups, name)
+                yield
+            finally:
+                self._staged = False
+                await loop.run_in_executor(spawner, self._join_tool_groups, None)
+                left = await loop.run_in_executor(None, groups.empty, name)
+                await loop.run_in_executor(None, groups.remove, name)
         if left:
             raise RuntimeError(f"stage {name!r}: processes {left} did not end")
 
@@ -480,6 +482,34 @@ class Supervisor:
         await until(lambda: not any(procfs.alive(p) for p in survivors), 2.0, first=0.005, cap=0.005)
         self._reap_orphans_now()
         return len(set(victims) | set(survivors))
+
+    def children(self) -> set[int]:
+        """This server's children now (to tell, later, which processes a run left behind)."""
+        return set(procfs.children(os.getpid()))
+
+    async def end_new_children(self, before: set[int], grace: float) -> int:
+        """End what a finished run left running: the server's children that were not ``before``
+        (every process of an ended tree is re-parented to the server, the subreaper: daemons that
+        ``setsid``, double-fork or clear their environment included) and their descendants, but
+        not the main process of a call still running nor a tool user's spawner. SIGTERM and
+        ``grace``, then stopped and killed. Returns how many there were."""
+        spare = self._tracked | {s.pid for s in (self._spawners or {}).values()} | {os.getpid()}
+        roots = self.children() - before - spare
+        if not roots:
+            return 0
+        tree = procfs.process_tree()
+        victims = set(roots)
+        for pid in roots:
+            victims.update(procfs.descendants(pid, tree))
+        for pid in victims:
+            procfs.kill(pid, signal.SIGTERM)
+        await until(lambda: not any(procfs.alive(p) for p in victims), grace, first=0.001)
+        survivors = freeze_trees(roots, include_roots=True)
+        for pid in survivors:
+            procfs.kill(pid, signal.SIGKILL)
+        await until(lambda: not any(procfs.alive(p) for p in survivors), 2.0, first=0.005, cap=0.005)
+        self._reap_orphans_now()
+        return len(victims | survivors)
 
     def _reap_orphans_now(self) -> None:
         """Collect exited children we did not start ourselves (daemons re-parented to us)."""

@@ -57,12 +57,19 @@ def pytest_configure(config: pytest.Config) -> None:
 RAY_FILES = ("tests/test_ray_vector.py", "tests/test_fork_vector.py", "tests/test_ray_cluster.py")
 
 
+# The red-team suite is one module; its targets of different task sources may run on both
+# workers (each worker starts the module's control plane): by source, e.g. `[swe:…]`.
+SPLIT_BY_SOURCE = ("tests/test_reward_integrity.py",)
+
+
 def xdist_group(nodeid: str) -> str:
     path, _, name = nodeid.partition("::")
     if path in RAY_FILES or re.search(r"(^|_)ray(_|$)", name.split("[", 1)[0]):
         return "ray"
     if path.startswith("tests/test_k8s_") or "[kubernetes" in name:
         return "kubernetes"
+    if path in SPLIT_BY_SOURCE and "[" in name and ":" in name.split("[", 1)[1]:
+        return f"{path}::{name.split('[', 1)[1].split(':', 1)[0]}"
     return path
 
 

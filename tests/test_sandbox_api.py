@@ -15,7 +15,8 @@ from tests.helpers import SEEDS, SandboxProcess
 SEED = yaml.safe_load((SEEDS / "sandbox-server-api.yaml").read_text())
 IGNORED_KEYS = {"title", "description", "examples"}
 # Request fields we add beyond the seed; each is optional, so seed clients are unaffected.
-EXTENSIONS = {"TestRequest": {"report_glob"}}
+EXTENSIONS = {"TestRequest": {"report_glob"}, "SetupRequest": {"keep_processes"},
+              "CompilationRequest": {"keep_processes"}}
 
 
 def _resolve(schema: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:

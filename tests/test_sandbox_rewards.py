@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import SandboxProcess
+from tests.helpers import SandboxProcess, processes_mentioning
 
 SUREFIRE = """<?xml version="1.0" encoding="UTF-8"?>
 <testsuite name="com.example.CalcTest" time="0.05" tests="4" errors="1" skipped="1" failures="1">
@@ -133,3 +134,33 @@ def test_compilation_reward_with_java(server: SandboxProcess, project: Path) -> 
     (project / "Main.java").write_text("public class Main { public static void main(String[] a) { int x = ; } }")
     body = server.post("/api/rewards/compilation", {"compilation_script": "javac Main.java"}).json()
     assert body["status"] == "failure" and "Main.java" in body["output"]
+
+
+@pytest.mark.security
+def test_a_checks_leftovers_end_with_it_without_tool_cgroups(server: SandboxProcess, project: Path) -> None:
+    """A server without delegated tool cgroups (Kubernetes pods, a server run by hand) still
+    ends what a check leaves: a daemon that left the check's session, environment and pipes
+    (re-parented to the server) is gone when the check answers; the caller's own daemon, started
+    by a tool call, is not the check's; ``keep_processes`` keeps a check's service running.
+
+    Can fail: before checks ended their leftovers, the daemon was alive after the check
+    (``processes_mentioning`` found it)."""
+    marker = f"idegym-check-daemon-{os.getpid()}"
+    agents = f"idegym-agent-daemon-{os.getpid()}"
+    kept = f"idegym-kept-service-{os.getpid()}"
+    try:
+        server.bash(f"(setsid bash -c 'exec -a {agents} sleep 300' </dev/null >/dev/null 2>&1 &)")
+        body = server.post("/api/rewards/setup", {"setup_check_script": (
+            f"(setsid env -i PATH=/usr/bin:/bin bash -c 'exec -a {marker} sleep 300' </dev/null >/dev/null 2>&1 &)"
+            "; true")}).json()
+        assert body["status"] == "success", body
+        assert not processes_mentioning(marker.encode()), "the check's daemon outlived it"
+        assert processes_mentioning(agents.encode()), "a check ended a process the caller started"
+        body = server.post("/api/rewards/compilation", {"keep_processes": True, "compilation_script": (
+            f"(setsid bash -c 'exec -a {kept} sleep 300' </dev/null >/dev/null 2>&1 &); true")}).json()
+        assert body["status"] == "success", body
+        assert processes_mentioning(kept.encode()), "keep_processes did not keep the check's service"
+    finally:
+        for pid in [*processes_mentioning(marker.encode()), *processes_mentioning(agents.encode()),
+                    *processes_mentioning(kept.encode())]:
+            os.kill(pid, 9)

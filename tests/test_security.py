@@ -904,6 +904,48 @@ def test_test_reward_counts_only_reports_this_run_wrote(loop: LoopThread, backen
         loop.run(backend.delete(h))
 
 
+@pytest.mark.parametrize("detach", ["setsid", "env-cleared"])
+def test_a_checks_processes_end_with_it_on_the_seed_reward_endpoints(loop: LoopThread, backend: LocalBackend,
+                                                                     image: str, detach: str) -> None:
+    """A setup check runs project code (a ``pip install -e .``, a Makefile): a daemon it starts
+    must not live on into the test check and turn its red report green. The check's processes
+    end when it ends (``/api/rewards/setup``, ``/compilation``, ``/test``); a service the next
+    checks need is an explicit opt-in (``keep_processes``), and the agent's own processes are
+    not the check's.
+
+    Can fail: on the seed endpoints that ran a check like any tool call, the daemon survived
+    ``/api/rewards/setup`` and the test check's 5 failures came back as ``{passed: 5}``.
+    """
+    h = _create(loop, backend, f"sec-check-daemon-{detach}", image)
+    try:
+        red = '<testsuite tests="5">' + '<testcase name="t"><failure/></testcase>' * 5 + "</testsuite>"
+        green = '<testsuite tests="5">' + '<testcase name="t"/>' * 5 + "</testsuite>"
+        # Turns the report green whenever it is red, forever; the second kind leaves the check's
+        # environment (its call mark) and output pipes behind, as a careful daemon would.
+        loop_body = ("while :; do grep -qs failure test-results.xml && cp /tmp/green.xml test-results.xml; "
+                     "sleep 0.01; done")
+        daemon = {"setsid": f"setsid bash -c '{loop_body}' &",
+                  "env-cleared": f"setsid env -i PATH=/usr/bin:/bin bash -c '{loop_body}' </dev/null >/dev/null 2>&1 &"
+                  }[detach]
+        out(h, "sleep 600 &")  # the agent's own: no check ends it
+        setup = call(h, "/api/rewards/setup", {"setup_check_script": f"echo '{green}' > /tmp/green.xml; {daemon} true"})
+        assert setup.status_code == 200 and setup.json()["status"] == "success", setup.text
+        left = out(h, "ps -eo args= | grep -c '[g]rep -qs failure' || true").strip()
+        # The test check waits up to 2 s for its report to change under it.
+        script = (f"echo '{red}' > test-results.xml; for i in $(seq 100); do grep -qs failure test-results.xml "
+                  "|| break; sleep 0.02; done; exit 1")
+        body = call(h, "/api/rewards/test", {"test_script": script, "report_glob": "test-*.xml"}).json()
+        assert body["scores"] == {"total": 5, "passed": 0, "failed": 5, "skipped": 0}, body
+        assert left == "0", f"{left} daemon(s) of the setup check outlived it"
+        assert "sleep 600" in out(h, "ps -eo args="), "the agent's own process was ended by a check"
+        # The opt-in: a service that the next checks use keeps running after its check.
+        kept = call(h, "/api/rewards/setup", {"setup_check_script": "setsid sleep 300 & true", "keep_processes": True})
+        assert kept.json()["status"] == "success", kept.text
+        assert "sleep 300" in out(h, "ps -eo args="), "a check's service opted in with keep_processes was ended"
+    finally:
+        loop.run(backend.delete(h))
+
+
 def test_checks_ignore_planted_config_reports_and_edits(cpx: Any) -> None:
     """The bundled Python task graded after every trick an agent can play before submitting
     scores exactly like the untouched project: a usercustomize.py that makes unittest pass

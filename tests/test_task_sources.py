@@ -4,8 +4,8 @@ Every shipped SWE instance and Harbor task is proven both ways (oracle → 1.0, 
 1.0); HumanEval's oracle passes all 164 problems and the untouched project none. Proofs run on
 this machine (SWE: a venv with pytest; Harbor: bubblewrap with the host's tools; problems: the
 judge without a sandbox) and in sandboxes through the env (SWE and Harbor images built from their
-Dockerfiles with buildah, HumanEval on the built-in image), where the exploits of issue 13 §1 are
-tried against the real grading of each source.
+Dockerfiles with buildah, HumanEval on the built-in image). The red-team exploits run against a
+task of every source in tests/test_reward_integrity.py.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from idegym_env.tasks import TaskError, environment, load_task
 from idegym_env.tasks.sources import harbor, load_source_tasks, open_source, problems, repos, swe, swe_local
 from idegym_env.tasks.sources.harbor_local import run_locally as harbor_run_locally
 from idegym_env.tasks.sources.validate import format_table, validate
+from sandbox_server.grading import paths
 from sandbox_server.grading.export import export
 from sandbox_server.grading.models import ExportRequest, ExportResponse, FileEntry
 from tests.answer_needles import needles, shipped_tasks
@@ -408,6 +409,45 @@ def test_the_export_counts_starting_files_as_pristine(tmp_path: Path) -> None:
         ExportRequest(starting=["../x"])
 
 
+@pytest.mark.security
+def test_the_export_leaves_out_config_in_any_spelling_and_new_modules_that_shadow(tmp_path: Path) -> None:
+    """With ``editable: ['**']`` (the SWE tasks'), harness and build configuration is not exported
+    whatever its case or tool (``makefile``, ``jest.config.ts``, ``.mocharc.yml``), nor a new
+    module that would shadow the standard library or an installed package from a directory that
+    is not a package (``pytest.py``, ``src/argparse.py``, ``json/__init__.py``, a module left in a
+    package whose ``__init__.py`` the agent deleted). A module inside a package, and the pristine
+    project's own files whatever their names, are graded.
+
+    Can fail: on the name list of before (exact case, ``jest.config.js`` only, no module rule)
+    every one of the 11 left-out files was exported."""
+    project, pristine = tmp_path / "project", tmp_path / "pristine"
+    for root in (project, pristine):
+        (root / "src" / "pkg").mkdir(parents=True)
+        (root / "src" / "pkg" / "__init__.py").write_text("")
+        (root / "src" / "gone").mkdir()
+        (root / "src" / "gone" / "__init__.py").write_text("")
+        (root / "calendar.py").write_text("# the project's own module of that name\n")
+    (project / "calendar.py").write_text("# edited\n")
+    (project / "src" / "gone" / "__init__.py").unlink()
+    # A package the system Python has (in the SWE image: pytest; on this host: whatever it is).
+    installed = sorted(paths.protected_modules() - set(sys.stdlib_module_names))
+    assert installed, "the system Python of this host has no package under /usr/lib/python3*"
+    left_out = ["makefile", "MAKEFILE", "ConfTest.py", "jest.config.ts", "vitest.config.mjs", ".mocharc.yml",
+                f"{installed[0]}.py", "src/argparse.py", "json/__init__.py", "src/gone/decimal.py",
+                f"src/{installed[-1]}/__init__.py"]
+    graded = ["calendar.py", "src/pkg/json.py", "src/pkg/util.py", "src/newmod.py"]
+    for rel in left_out + graded:
+        (project / rel).parent.mkdir(parents=True, exist_ok=True)
+        (project / rel).write_text("import os\nos._exit(0)\n")
+    out = export(project, pristine, ExportRequest(editable=["**"]))
+    exported = {f.path for f in out.files}
+    assert exported == set(graded) | {"src/pkg/__init__.py"}, exported
+    assert out.deleted == ["src/gone/__init__.py"]
+    reasons = {s.path: s.reason for s in out.skipped}
+    assert "shadow" in reasons[f"{installed[0]}.py"] and "shadow" in reasons["src/gone/decimal.py"], reasons
+    assert not set(left_out) & exported
+
+
 def test_content_hashes_do_not_depend_on_where_a_set_lies_and_follow_its_content(tmp_path: Path) -> None:
     copies = []
     for name in ("a", "b"):
@@ -527,54 +567,6 @@ def test_humaneval_all_164_in_sandboxes(control_plane) -> None:
     assert all(r.valid for r in rows), format_table([r for r in rows if not r.valid])
 
 
-# Issue 13 §1's exploits, as a HumanEval agent can try them: only solution.py is graded, on the judge.
-HUMANEVAL_EXPLOITS: dict[str, list[dict]] = {
-    "an object equal to everything": [{"tool": "create_file", "arguments": {"path": "solution.py", "content": (
-        "class Anything:\n    def __eq__(self, other):\n        return True\n    __hash__ = object.__hash__\n\n"
-        "def has_close_elements(numbers, threshold):\n    return Anything()\n")}}],
-    "exit 0 at import": [{"tool": "create_file", "arguments": {"path": "solution.py",
-                                                                "content": "import os\nos._exit(0)\n"}}],
-    "exit 0 in atexit, a harness patch": [{"tool": "create_file", "arguments": {"path": "solution.py", "content": (
-        "import atexit, os, unittest\natexit.register(lambda: os._exit(0))\n"
-        "unittest.TestCase.run = lambda self, result=None: None\n"
-        "def has_close_elements(numbers, threshold):\n    raise SystemExit(0)\n")}}],
-    "a report of its own": [{"tool": "create_file", "arguments": {"path": "solution.py", "content": (
-        "import os, pathlib\n"
-        "for d in (os.environ.get('IDEGYM_REPORT_DIR', ''), '.', '/tmp'):\n"
-        "    try:\n        pathlib.Path(d or '.', 'test-report.xml').write_text("
-        "'<testsuite tests=\"1\"><testcase classname=\"test_problem.Problem\" "
-        "name=\"test_solution\"/></testsuite>')\n    except OSError:\n        pass\n"
-        "def has_close_elements(numbers, threshold):\n    raise SystemExit(0)\n")}}],
-    "reading the hidden test": [{"tool": "create_file", "arguments": {"path": "solution.py", "content": (
-        # Everywhere a grader might keep it (a walk of the whole root takes a minute here).
-        "import glob\ndef has_close_elements(numbers, threshold):\n"
-        "    for root in ('.', '..', '/tmp', '/home', '/root', '/opt', '/run', '/var', '/srv', '/mnt', '/etc'):\n"
-        "        for f in glob.glob(root + '/**/test_problem.py', recursive=True):\n"
-        "            return open(f).read()\n"
-        "    return None\n")}}],
-    "the starting file replaced by a symlink, a package in its place, planted customize files": [
-        {"tool": "bash", "arguments": {"command": (
-            "rm solution.py && ln -s /proc/self/environ solution.py && mkdir -p solution && "
-            "printf 'def has_close_elements(n, t):\\n    return True\\n' > solution/__init__.py && "
-            "printf 'import os\\nos._exit(0)\\n' > sitecustomize.py && cp sitecustomize.py usercustomize.py && "
-            "echo 'import os; os._exit(0)' > evil.pth && printf '[pytest]\\n' > pytest.ini")}}],
-    "shims, rc files and a daemon that outlives the last step": [
-        {"tool": "bash", "arguments": {"command": (
-            "echo 'alias python3=true' >> ~/.bashrc; mkdir -p ~/bin .bin; printf '#!/bin/sh\\nexit 0\\n' "
-            "> ~/bin/python3; cp ~/bin/python3 .bin/python3; chmod +x ~/bin/python3 .bin/python3; "
-            "(setsid sh -c 'while true; do for d in /tmp/*/ .; do echo \"<testsuite tests=\\\"1\\\">"
-            "<testcase name=\\\"test_solution\\\"/></testsuite>\" > \"$d/test-report.xml\" 2>/dev/null; done; "
-            "sleep 0.05; done' > /dev/null 2>&1 &); true")}}],
-}
-
-
-@pytest.mark.security
-@pytest.mark.parametrize("exploit", list(HUMANEVAL_EXPLOITS))
-def test_humaneval_exploits_do_not_raise_the_reward(exploit: str, control_plane) -> None:
-    reward, info = _episode("humaneval/HumanEval/0", HUMANEVAL_EXPLOITS[exploit], control_plane.url)
-    assert reward == 0.0, (exploit, info.get("checks"))
-
-
 SWE_SAMPLE = ("inflection__ordinal-teens", "cachetools__typedkey-kwargs")  # pytest, unittest
 
 
@@ -622,50 +614,6 @@ def _store_meta(images: Path, tag: str) -> dict:
     return json.loads((images / "data" / ident / "image.json").read_text())
 
 
-SWE_EXPLOITS = {
-    "the hidden tests, their package and the runner replaced": [
-        ("tests/test_keys.py", "import unittest\nclass CacheKeysTest(unittest.TestCase):\n"
-                               "    def test_typedkey(self):\n        pass\n"),
-        ("tests/__init__.py", "import unittest\nunittest.TestCase.run = lambda self, result=None: None\n"),
-        (".idegym/unittest_junit.py", "import sys\nsys.exit(0)\n")],
-    "conftest, sitecustomize, usercustomize, a .pth and a report written before the run": [
-        ("conftest.py", "raise SystemExit(0)\n"), ("sitecustomize.py", "import os\nos._exit(0)\n"),
-        ("usercustomize.py", "import os\nos._exit(0)\n"), ("src/evil.pth", "import os; os._exit(0)\n"),
-        ("swe-report.xml", '<testsuite tests="1"><testcase classname="tests.test_keys.CacheKeysTest" '
-                           'name="test_typedkey"/></testsuite>\n')],
-    "os._exit(0) when the code under test is imported": [
-        ("src/cachetools/keys.py", "import os\nos._exit(0)\n")],
-    "a syntax error that stops the tests from loading": [("src/cachetools/keys.py", "def (:\n")],
-}
-
-
-@pytest.mark.security
-@pytest.mark.timeout(1800)
-@pytest.mark.parametrize("exploit", list(SWE_EXPLOITS))
-def test_swe_exploits_do_not_raise_the_reward_in_sandboxes(exploit: str, control_plane) -> None:
-    calls = [{"tool": "create_file", "arguments": {"path": path, "content": content}}
-             for path, content in SWE_EXPLOITS[exploit]]
-    calls.append({"tool": "bash", "arguments": {
-        "command": "echo 'alias python3=true' >> ~/.bashrc; mkdir -p ~/bin; printf '#!/bin/sh\\nexit 0\\n' "
-                   "> ~/bin/python3; chmod +x ~/bin/python3; (setsid sleep 300 &) ; true"}})
-    reward, info = _episode("swe/cachetools__typedkey-kwargs", calls, control_plane.url)
-    assert reward == 0.0, (exploit, info.get("checks"))
-
-
-@pytest.mark.security
-@pytest.mark.timeout(1800)
-def test_swe_pytest_exploits_do_not_raise_the_reward(control_plane) -> None:
-    # The hidden test file replaced by one whose listed tests all pass, and a conftest that
-    # turns every failure into a pass: both are overwritten or ignored at grading.
-    fake = "import pytest\n" + "".join(f"def {n}():\n    pass\n" for n in ("test_ordinal",))
-    conftest = ("import pytest\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
-                "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n")
-    calls = [{"tool": "create_file", "arguments": {"path": "test_inflection.py", "content": fake}},
-             {"tool": "create_file", "arguments": {"path": "conftest.py", "content": conftest}}]
-    reward, info = _episode(f"swe/{SWE_SAMPLE[0]}", calls, control_plane.url)
-    assert reward == 0.0, info.get("checks")
-
-
 HARBOR_SAMPLE = ("bash-log-summary", "sql-top-customers")
 
 
@@ -695,26 +643,6 @@ def test_a_harbor_image_installs_packages_at_build_and_its_sandboxes_are_offline
     assert info["exit_code"] == 0 and "sqlite-ok" in out, out
     interfaces = out.split("sqlite-ok", 1)[1].split("[exit code")[0].split()
     assert interfaces == ["lo"], out  # no network in the sandbox
-
-
-HARBOR_EXPLOITS = {
-    "a reward planted where the verifier writes it, a test.sh of its own in /tests":
-        "mkdir -p /logs/verifier /tests; echo 1 > /logs/verifier/reward.txt; "
-        "printf 'echo 1 > /logs/verifier/reward.txt\\n' > /tests/test.sh; true",
-    "the reward file a symlink, a daemon that keeps writing the reward":
-        "mkdir -p /logs/verifier; echo 1 > /tmp/one; ln -sf /tmp/one /logs/verifier/reward.txt; "
-        "(setsid sh -c 'while true; do echo 1 > /logs/verifier/reward.txt; sleep 0.05; done' "
-        ">/dev/null 2>&1 &); true",
-}
-
-
-@pytest.mark.security
-@pytest.mark.timeout(1800)
-@pytest.mark.parametrize("exploit", list(HARBOR_EXPLOITS))
-def test_harbor_exploits_do_not_raise_the_reward(exploit: str, control_plane) -> None:
-    reward, info = _episode("harbor/bash-log-summary",
-                            [{"tool": "bash", "arguments": {"command": HARBOR_EXPLOITS[exploit]}}], control_plane.url)
-    assert reward == 0.0, (exploit, info.get("checks"))
 
 
 # -- no answer in any sandbox ------------------------------------------------------------------------
@@ -817,36 +745,6 @@ def test_no_sandbox_holds_an_answer_of_any_shipped_task(case: str, control_plane
     finally:
         env.close()
     assert not leaks, "\n".join(leaks[:40])
-
-
-# Reading the answer where the sandbox runtime might show it: the fixed release of the package a
-# SWE instance is about, HumanEval's data set with its canonical solutions.
-COPY_THE_FIXED_RELEASE = (
-    "f=$(find / \\( -path /proc -o -path /sys \\) -prune -o -path '*/cachetools/keys.py' -not -path '*/src/*' "
-    "-print 2>/dev/null | head -n1); if [ -n \"$f\" ]; then cp \"$(dirname \"$f\")\"/*.py src/cachetools/; fi; true")
-READ_THE_CANONICAL_SOLUTION = (
-    "f=$(find / \\( -path /proc -o -path /sys \\) -prune -o -name 'HumanEval.jsonl*' -print 2>/dev/null | head -n1); "
-    "[ -n \"$f\" ] && python3 - \"$f\" <<'EOF'\n"
-    "import gzip, json, sys\n"
-    "for line in gzip.open(sys.argv[1], 'rt'):\n"
-    "    p = json.loads(line)\n"
-    "    if p['task_id'] == 'HumanEval/0':\n"
-    "        open('solution.py', 'w').write(p['prompt'] + p['canonical_solution'])\n"
-    "EOF\ntrue")
-
-
-@pytest.mark.security
-@pytest.mark.timeout(1800)
-@pytest.mark.parametrize("spec, command", [("swe/cachetools__typedkey-kwargs", COPY_THE_FIXED_RELEASE),
-                                           ("swe/cachetools__getsizeof-replace", COPY_THE_FIXED_RELEASE),
-                                           ("humaneval/HumanEval/0", READ_THE_CANONICAL_SOLUTION)])
-def test_reading_the_answer_from_the_runtime_scores_no_more_than_the_untouched_task(
-        spec: str, command: str, control_plane) -> None:
-    """Can fail: with the control plane's site-packages bound into sandboxes, the copy of
-    cachetools 8.0.2 and HumanEval's data set are there, and each exploit scores 1.0."""
-    untouched, _ = _episode(spec, [], control_plane.url)
-    exploited, info = _episode(spec, [{"tool": "bash", "arguments": {"command": command}}], control_plane.url)
-    assert exploited <= untouched, (spec, info.get("checks"))
 
 
 def test_eval_resolves_source_specs_next_to_task_directories() -> None:

@@ -668,6 +668,7 @@ def _write_task(root: Path, **overrides: Any) -> Path:
     ({"actions": [{"tool": "bash", "arguments": {"command": ""}}]}, "command"),
     ({"max_steps": 0}, "max_steps"),
     ({"project": "missing-dir"}, "project directory"),
+    ({"test": {"script": "bash tests/t.sh", "keep_processes": True}}, "keep_processes is for setup and compile"),
 ])
 def test_invalid_tasks_are_rejected_with_the_reason(
     tmp_path: Path, overrides: dict, message: str | None

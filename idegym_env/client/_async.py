@@ -134,11 +134,13 @@ class AsyncSandbox:
 
     # -- checks ---------------------------------------------------------------------------------
 
-    async def setup_check(self, script: str, timeout: float = 600.0) -> CheckResult:
-        return await self._run(_plans.setup_check(self._target, script, timeout))
+    async def setup_check(self, script: str, timeout: float = 600.0, *, keep_processes: bool = False) -> CheckResult:
+        """The setup check; what it leaves running ends with it unless ``keep_processes``."""
+        return await self._run(_plans.setup_check(self._target, script, timeout, keep_processes))
 
-    async def compile(self, script: str, timeout: float = 600.0) -> CheckResult:
-        return await self._run(_plans.compile_check(self._target, script, timeout))
+    async def compile(self, script: str, timeout: float = 600.0, *, keep_processes: bool = False) -> CheckResult:
+        """The compilation check; what it leaves running ends with it unless ``keep_processes``."""
+        return await self._run(_plans.compile_check(self._target, script, timeout, keep_processes))
 
     async def run_tests(self, script: str, timeout: float = 600.0, report_glob: str = "test-*.xml") -> TestReport:
         return await self._run(_plans.run_tests(self._target, script, timeout, report_glob))

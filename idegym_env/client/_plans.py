@@ -119,13 +119,15 @@ def run_tool(target: Target, tool_call: ToolCall, bash_timeout: float) -> Plan[T
     return (yield from call(target, endpoint_for(request), request))
 
 
-def setup_check(target: Target, script: str, timeout: float) -> Plan[CheckResult]:
-    return (yield from call(target, routes.SETUP_CHECK, wire(SetupRequest, setup_check_script=script, timeout=timeout)))
+def setup_check(target: Target, script: str, timeout: float, keep_processes: bool = False) -> Plan[CheckResult]:
+    return (yield from call(target, routes.SETUP_CHECK, wire(SetupRequest, setup_check_script=script, timeout=timeout,
+                                                             keep_processes=keep_processes)))
 
 
-def compile_check(target: Target, script: str, timeout: float) -> Plan[CheckResult]:
+def compile_check(target: Target, script: str, timeout: float, keep_processes: bool = False) -> Plan[CheckResult]:
     return (yield from call(target, routes.COMPILATION_CHECK,
-                            wire(CompilationRequest, compilation_script=script, timeout=timeout)))
+                            wire(CompilationRequest, compilation_script=script, timeout=timeout,
+                                 keep_processes=keep_processes)))
 
 
 def run_tests(target: Target, script: str, timeout: float, report_glob: str) -> Plan[TestReport]:

@@ -135,11 +135,13 @@ class Sandbox:
 
     # -- checks ---------------------------------------------------------------------------------
 
-    def setup_check(self, script: str, timeout: float = 600.0) -> CheckResult:
-        return self._run(_plans.setup_check(self._target, script, timeout))
+    def setup_check(self, script: str, timeout: float = 600.0, *, keep_processes: bool = False) -> CheckResult:
+        """The setup check; what it leaves running ends with it unless ``keep_processes``."""
+        return self._run(_plans.setup_check(self._target, script, timeout, keep_processes))
 
-    def compile(self, script: str, timeout: float = 600.0) -> CheckResult:
-        return self._run(_plans.compile_check(self._target, script, timeout))
+    def compile(self, script: str, timeout: float = 600.0, *, keep_processes: bool = False) -> CheckResult:
+        """The compilation check; what it leaves running ends with it unless ``keep_processes``."""
+        return self._run(_plans.compile_check(self._target, script, timeout, keep_processes))
 
     def run_tests(self, script: str, timeout: float = 600.0, report_glob: str = "test-*.xml") -> TestReport:
         return self._run(_plans.run_tests(self._target, script, timeout, report_glob))

@@ -68,7 +68,7 @@ def grade_request(task: Task, exported: ExportResponse | None) -> GradeRequest:
                      "expected": list(script.expected) if script.expected is not None else None,
                      "reward_file": script.reward_file}
         stages.append(GradeStage(name=name, script=script.script, timeout=script.timeout, user=script.user,
-                                 env=dict(script.env), **extra))
+                                 env=dict(script.env), keep_processes=script.keep_processes, **extra))
     return GradeRequest(files=files, delete=list(exported.deleted) if exported is not None else [],
                         hidden=_entries(task.grading.hidden), stages=stages)
 

@@ -48,7 +48,9 @@ class CheckScript(BaseModel):
 
     ``user`` is who runs it at grading: ``appuser`` (the tool user) or ``root`` (the grader's
     identity, for a harness that runs the code under test as the tool user itself — the judge);
-    ``env`` is added to the pinned check environment."""
+    ``env`` is added to the pinned check environment. Every process a check leaves running ends
+    when it ends, unless ``keep_processes`` (setup and compile only: a service the next checks
+    use, e.g. a database the tests query); those end before the tests' report is read."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -56,6 +58,7 @@ class CheckScript(BaseModel):
     timeout: float = Field(120.0, gt=0, le=24 * 3600)
     user: Literal["appuser", "root"] = "appuser"
     env: dict[str, str] = Field(default_factory=dict)
+    keep_processes: bool = False
 
     @field_validator("script")
     @classmethod
@@ -82,6 +85,9 @@ class TestScript(CheckScript):
 
     @model_validator(mode="after")
     def _judge_runs_as_root(self) -> TestScript:
+        if self.keep_processes:
+            raise ValueError("keep_processes is for setup and compile checks: the test check's processes end "
+                             "before its report is read")
         if self.harness == "judge" and self.user != "root":
             object.__setattr__(self, "user", "root")
         return self

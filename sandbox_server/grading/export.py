@@ -36,7 +36,7 @@ def walk(root: Path, limit: int) -> dict[str, os.stat_result]:
             except OSError:
                 continue
             if stat.S_ISDIR(st.st_mode):
-                if entry.name not in paths.SKIP_DIRS:
+                if not paths.skipped_dir(entry.name):
                     stack.append(path)
                 continue
             found[path] = st
@@ -102,4 +102,23 @@ def export(project: Path, pristine: Path | None, req: ExportRequest) -> ExportRe
                                    executable=bool(st.st_mode & stat.S_IXUSR)))
     exported = {f.path for f in out.files}
     out.deleted = sorted(p for p in pristine_files if editable(p) and p not in exported)
+    _drop_shadowing_modules(out, pristine_files)
     return out
+
+
+def _drop_shadowing_modules(out: ExportResponse, pristine_files: set[str]) -> None:
+    """Leave out new modules that would shadow the standard library or an installed package
+    (``paths.module_name``), judged on the graded tree (pristine files but the deleted ones, and
+    what is exported); a left-out ``__init__.py`` can unmake a package, so again until none is."""
+    protected = paths.protected_modules()
+    while True:
+        graded = (pristine_files - set(out.deleted)) | {f.path for f in out.files}
+        shadowing = {f.path: name for f in out.files if f.path not in pristine_files
+                     and (name := paths.module_name(f.path, graded)) in protected}
+        if not shadowing:
+            return
+        for path, name in sorted(shadowing.items()):
+            out.skipped.append(Skipped(path=path, reason=f"a new module named {name!r} outside a package would "
+                                                         "shadow the standard library's or an installed package's"))
+        out.total_bytes -= sum(len(base64.b64decode(f.content_base64)) for f in out.files if f.path in shadowing)
+        out.files = [f for f in out.files if f.path not in shadowing]

@@ -6,8 +6,12 @@ file of the agent is there but the editable files it sends. Per stage:
 * every tool of the stage starts in fresh child cgroups of the tools' (``Supervisor.stage``), and
   every process the stage leaves (``setsid`` daemons included: the server is the sandbox's
   subreaper) is ended before the next stage starts and before any report is read: its
-  descendants get SIGTERM and the stage's grace, then its groups are frozen, killed and removed;
-* the environment is pinned (``judge.subject_process.PINNED_ENV``), ``HOME`` and ``TMPDIR`` are fresh;
+  descendants get SIGTERM and the stage's grace, then its groups are frozen, killed and removed
+  (a setup or compile stage with ``keep_processes`` leaves its services to the next stages: they
+  end before the tests' report is read);
+* the environment is pinned (``judge.subject_process.PINNED_ENV``), ``HOME`` and ``TMPDIR`` are fresh,
+  and every Python the stage starts imports the standard library and the image's packages from
+  where they are installed, never from the project (``python_env.py``);
 * reports are read from ``$IDEGYM_REPORT_DIR``, a directory made for the stage — only root can
   write it when the stage runs as root (the judge tier, whose code under test runs as the tool
   user), — without following symlinks; a reward file's directory is emptied before the stage;
@@ -35,6 +39,7 @@ from ..models import CheckResult, Status, TestScores
 from ..process import ProcessResult
 from ..users import UserSpec
 from .models import FileEntry, GradedTests, GradeRequest, GradeResponse, GradeStage, TestCase
+from .python_env import guarded
 
 if TYPE_CHECKING:
     from ..app import SandboxState
@@ -167,13 +172,14 @@ class Grading:
             self.hidden = self._dir("idegym-hidden-", None, 0o700)
             _write_hidden(self.hidden, self.req.hidden)
 
-    def _stage_group(self, name: str) -> contextlib.AbstractAsyncContextManager[None]:
+    def _stage_group(self, stage: GradeStage) -> contextlib.AbstractAsyncContextManager[None]:
         """The stage's own cgroups (emptied at its end, whatever left the server's process tree);
-        without delegated tool cgroups (no root, no cgroup v1) only the descendant kill remains."""
+        without delegated tool cgroups (no root, no cgroup v1) only the descendant kill remains.
+        A stage that keeps its processes (a service for the next stages) runs in the tools' groups."""
         supervisor = self.state.supervisor
-        if supervisor.tool_cgroups is None:
+        if supervisor.tool_cgroups is None or stage.keep_processes:
             return contextlib.nullcontext()
-        return supervisor.stage(name)
+        return supervisor.stage(stage.name)
 
     def _stage_env(self, stage: GradeStage, user: UserSpec, home: str, report_dir: str) -> dict[str, str]:
         env = dict(self.state.base_env)
@@ -184,7 +190,8 @@ class Grading:
         if user.uid == 0 and self.state.user.uid != 0:
             env["IDEGYM_SUBJECT_USER"] = str(self.state.user.uid)  # the judge runs the code under test so
         env.update(stage.env)
-        return env
+        project = self.state.project
+        return guarded(env, self.state.config.project, project.pristine if project is not None else None)
 
     async def _stage(self, stage: GradeStage) -> bool:
         state, loop = self.state, asyncio.get_running_loop()
@@ -204,16 +211,18 @@ class Grading:
             before = await loop.run_in_executor(None, find_reports, state.config.project, stage.report_glob)
         result: ProcessResult | None = None
         try:
-            async with self._stage_group(stage.name):
+            async with self._stage_group(stage):
                 result = await state.supervisor.run(
                     [state.bash, "-c", stage.script], cwd=str(state.config.project),
                     env=self._stage_env(stage, user, home, report_dir), user=user,
                     timeout=min(stage.timeout, state.config.max_timeout), grace=stage.graceful_termination_timeout,
                     max_output=STAGE_OUTPUT, via_spawner=False)
-                # Nothing of the stage may run on while its results are read, or into the next stage:
-                # its descendants get SIGTERM and the grace, then the stage's groups are emptied.
-                self.response.killed_processes += await state.supervisor.kill_descendants(
-                    stage.graceful_termination_timeout)
+                # Nothing of the stage may run on while its results are read, or into the next stage
+                # (but what a stage keeps on purpose): its descendants get SIGTERM and the grace, then
+                # the stage's groups are emptied.
+                if not stage.keep_processes:
+                    self.response.killed_processes += await state.supervisor.kill_descendants(
+                        stage.graceful_termination_timeout)
         except RuntimeError as exc:
             if result is None:
                 raise

@@ -86,6 +86,9 @@ class GradeStage(_Strict):
         "appuser", description="root: the grader identity (judge tier: the code under test runs as the tool "
                                "user in subject processes); appuser: the tool user (in-process harnesses)")
     env: dict[str, str] = Field(default_factory=dict)
+    keep_processes: bool = Field(False, description="setup, compilation: what the stage leaves running goes on into "
+                                                    "the next stages (a service they use), ended before the tests' "
+                                                    "report is read; otherwise it is ended with the stage")
     report_glob: str | None = Field(None, description="tests: JUnit reports the script writes in the project "
                                                       "(only fresh ones count), besides those in $IDEGYM_REPORT_DIR")
     expected: list[str] | None = Field(None, description="tests: the exact test ids the report must hold")
@@ -123,6 +126,9 @@ class GradeRequest(_Strict):
         for stage in self.stages:
             if stage.name != "tests" and (stage.expected or stage.report_glob or stage.reward_file):
                 raise ValueError(f"stage {stage.name}: expected, report_glob and reward_file belong to the tests stage")
+            if stage.name == "tests" and stage.keep_processes:
+                raise ValueError("stage tests: keep_processes belongs to setup and compilation (the tests' processes "
+                                 "end before the report is read)")
         return self
 
 

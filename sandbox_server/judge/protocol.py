@@ -1,7 +1,7 @@
 """The judge's wire format between the grader and a subject process: one JSON document a line.
 
 A request names an operation (``import``, ``getattr``, ``setattr``, ``call``, ``callmethod``,
-``dunder``, ``list``, ``release``); an answer is ``{"ok": value}`` or ``{"err": exception}``.
+``release``); an answer is ``{"ok": value}`` or ``{"err": exception}``.
 Values are data, never code: JSON's own types, plus tagged objects for the rest of Python's
 plain data (``{"$t": "tuple", "v": [...]}``, ``set``, ``frozenset``, ``bytes``, ``dict`` —
 always tagged, since its keys may be any value —, ``complex``), ``ref`` (an object that stays

@@ -84,7 +84,14 @@ def encode_arg(subject: Subject, value):
 
 
 class RemoteObject:
-    """An object that lives in the subject process; using it sends requests there."""
+    """A handle on an object that lives in the subject process: read and set its attributes,
+    call it, call its methods (``call_method``; an operator by its name too,
+    ``obj.call_method("__len__")``). Every answer is plain data, or another handle.
+
+    Nothing else: arithmetic, comparison, hashing, truth, iteration, ``len``, indexing, ``str``
+    and ``format`` on a handle raise ``TypeError`` here, without a word to the subject — an
+    operator answered by the code under test would decide the test's assertion (a result whose
+    ``__sub__`` answers 0 passes every ``abs(result - expected) < eps``). ``repr`` is local."""
 
     __slots__ = ("_subject", "_id", "_generation", "_type", "_repr", "__weakref__")
 
@@ -92,8 +99,13 @@ class RemoteObject:
         object.__setattr__(self, "_subject", subject)
         object.__setattr__(self, "_id", doc.get("id"))
         object.__setattr__(self, "_generation", subject.generation)
-        object.__setattr__(self, "_type", str(doc.get("type") or "object"))
-        object.__setattr__(self, "_repr", str(doc.get("repr") or ""))
+        object.__setattr__(self, "_type", str(doc.get("type") or "object")[:200])
+        object.__setattr__(self, "_repr", str(doc.get("repr") or "")[:200])
+
+    def _rebind(self, other: RemoteObject) -> None:
+        """Stand for ``other``'s object from now on (a root handle, after its subject restarted)."""
+        object.__setattr__(self, "_id", other._id)
+        object.__setattr__(self, "_generation", other._generation)
 
     def _send(self, op: str, **fields):
         doc = {"op": op, "ref": {protocol.TAG: "ref", "id": self._id}, **fields}
@@ -102,9 +114,6 @@ class RemoteObject:
     def _args(self, args, kwargs) -> dict:
         return {"args": [encode_arg(self._subject, a) for a in args],
                 "kwargs": encode_arg(self._subject, dict(kwargs))}
-
-    def _dunder(self, name: str, *args):
-        return self._send("dunder", name=name, args=[encode_arg(self._subject, a) for a in args])
 
     def __getattr__(self, name: str):
         if name.startswith("__") and name.endswith("__"):
@@ -118,80 +127,40 @@ class RemoteObject:
         return self._send("call", **self._args(args, kwargs))
 
     def call_method(self, name: str, *args, **kwargs):
-        """``obj.name(*args)`` in one request (``obj.name(...)`` takes two)."""
+        """``obj.name(*args)`` in one request (``obj.name(...)`` takes two); ``name`` may be an
+        operator's (``"__len__"``, ``"__contains__"``): its answer is data, checked like any."""
         return self._send("callmethod", name=name, **self._args(args, kwargs))
 
     def __repr__(self) -> str:
-        try:
-            return self._dunder("__repr__")
-        except SubjectError:
-            return f"<remote {self._type} {self._repr}>"
-
-    def __str__(self) -> str:
-        return self._dunder("__str__")
-
-    def __len__(self) -> int:
-        return self._dunder("__len__")
-
-    # Truth and hashing stay local (an object is true, hashed by identity): neither may be
-    # decided by the code under test.
-    def __bool__(self) -> bool:
-        return True
-
-    def __hash__(self) -> int:
-        return id(self)
-
-    def __iter__(self):
-        return iter(self._dunder("__list__"))
-
-    def __contains__(self, item) -> bool:
-        return self._dunder("__contains__", item)
-
-    def __getitem__(self, key):
-        return self._dunder("__getitem__", key)
-
-    def __setitem__(self, key, value) -> None:
-        self._dunder("__setitem__", key, value)
-
-    def __delitem__(self, key) -> None:
-        self._dunder("__delitem__", key)
-
-    def __int__(self) -> int:
-        return self._dunder("__int__")
-
-    def __float__(self) -> float:
-        return self._dunder("__float__")
-
-    def __index__(self) -> int:
-        return self._dunder("__index__")
-
-    def __neg__(self):
-        return self._dunder("__neg__")
-
-    def __abs__(self):
-        return self._dunder("__abs__")
+        return f"<object of the code under test: {self._type} {self._repr}>"
 
 
-def _binary(name: str):
-    def method(self, other):
-        return self._dunder(name, other)
+def _refused(name: str, what: str):
+    def method(self, *args):
+        raise TypeError(f"an object of the code under test ({self._type}) cannot take part in {what} in the "
+                        f"grader: test the plain data its methods and attributes return, or call the operator by "
+                        f"name (result.call_method({name!r}, ...))")
     method.__name__ = name
     return method
 
 
-def _comparison(name: str):
-    def method(self, other):
-        # Only the subject's own objects are compared by the subject: an object that claims to
-        # equal the expected string or number would otherwise decide the test ("always equal").
-        if not isinstance(other, RemoteObject):
-            return NotImplemented
-        return self._dunder(name, other)
-    method.__name__ = name
-    return method
-
-
-for _name in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"):
-    setattr(RemoteObject, _name, _comparison(_name))
-for _name in ("__add__", "__sub__", "__mul__", "__truediv__", "__floordiv__", "__mod__", "__pow__", "__and__",
-              "__or__", "__xor__", "__matmul__"):
-    setattr(RemoteObject, _name, _binary(_name))
+_REFUSED = {
+    "arithmetic": ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "divmod", "pow", "lshift",
+                   "rshift", "and", "or", "xor"),
+    "comparison": ("eq", "ne", "lt", "le", "gt", "ge"),
+}
+for _what, _names in _REFUSED.items():
+    for _name in _names:
+        setattr(RemoteObject, f"__{_name}__", _refused(f"__{_name}__", _what))
+        if _what == "arithmetic":
+            setattr(RemoteObject, f"__r{_name}__", _refused(f"__r{_name}__", _what))
+for _name, _what in (("__neg__", "arithmetic"), ("__pos__", "arithmetic"), ("__abs__", "arithmetic"),
+                     ("__invert__", "arithmetic"), ("__round__", "arithmetic"), ("__trunc__", "arithmetic"),
+                     ("__floor__", "arithmetic"), ("__ceil__", "arithmetic"), ("__int__", "a conversion"),
+                     ("__float__", "a conversion"), ("__complex__", "a conversion"), ("__index__", "a conversion"),
+                     ("__bytes__", "a conversion"), ("__hash__", "hashing"), ("__bool__", "a truth test"),
+                     ("__len__", "len()"), ("__iter__", "iteration"), ("__reversed__", "iteration"),
+                     ("__contains__", "a membership test"), ("__getitem__", "indexing"),
+                     ("__setitem__", "indexing"), ("__delitem__", "indexing"), ("__str__", "str()"),
+                     ("__format__", "formatting")):
+    setattr(RemoteObject, _name, _refused(_name, _what))

@@ -20,7 +20,7 @@ import traceback
 import unittest
 import xml.etree.ElementTree as ET
 
-from . import subject
+from . import path_guard, subject
 
 REPORT_NAME = "judge.xml"
 NO_TESTS = 5
@@ -179,6 +179,9 @@ def write_report(records: list[Record], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Before any test directory goes on sys.path: what the tests import from the standard library
+    # or the interpreter's packages comes from there, not from a module planted beside them.
+    path_guard.install(os.getcwd())
     parser = argparse.ArgumentParser(prog="idegym-judge", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+", help="test files or directories")

@@ -13,7 +13,9 @@ A test module of a judge-tier task reaches the code under test only through this
 Every call (``roman.to_roman(4)``, ``Fraction(1, -2).numerator()``) is a request to the subject
 process, which runs as the sandbox's tool user (when the grader runs as root) with a pinned
 environment; the answer is plain data (or a handle on an object that stays in the subject), so
-the code under test cannot reach the test's assertions, the test runner or its report. A
+the code under test cannot reach the test's assertions, the test runner or its report. A handle
+takes part in no operator of the test (``==``, ``-``, ``in``, ``len``, ``bool``…: a ``TypeError``);
+ask the object instead, by method (``cache.call_method("__len__")``), and assert on the data. A
 subject that crashes, exits or hangs past ``IDEGYM_JUDGE_CALL_TIMEOUT`` seconds fails the call
 with ``SubjectError``; the next call starts a fresh process.
 

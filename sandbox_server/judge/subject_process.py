@@ -91,8 +91,10 @@ class Subject:
         self._buffer = b""
         self._output.clear()
         for root, request in self.roots:
-            root._id = self._request(request)["id"]
-            root._generation = self.generation
+            again = self._request(request)
+            if not isinstance(again, RemoteObject):
+                raise SubjectError(f"{request} answered {again!r} in the restarted subject, not an object")
+            root._rebind(again)
 
     def close(self) -> None:
         if self._proc is not None:

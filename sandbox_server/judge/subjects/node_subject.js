@@ -101,17 +101,6 @@ function handle(req) {
     case 'setattr': target[req.name] = decode(req.value); return null;
     case 'call': return invoke(target, undefined, args);
     case 'callmethod': return invoke(target[req.name], target, args);
-    case 'dunder':
-      switch (req.name) {
-        case '__len__': return target.length !== undefined ? target.length : target.size;
-        case '__str__': case '__repr__': return String(target);
-        case '__list__': return Array.from(target);
-        case '__getitem__': return target instanceof Map ? target.get(args[0]) : target[args[0]];
-        case '__contains__': return target instanceof Map || target instanceof Set ? target.has(args[0]) : (args[0] in target);
-        case '__eq__': return target === args[0];
-        case '__ne__': return target !== args[0];
-        default: throw new TypeError(`unsupported operation ${req.name}`);
-      }
     default: throw new TypeError(`unknown request op ${req.op}`);
   }
 }

@@ -9,7 +9,6 @@ report, no descriptor of the grader's but the two pipes.
 
 import importlib
 import importlib.util
-import operator
 import os
 import sys
 import traceback
@@ -26,20 +25,6 @@ def _load_protocol():
 
 protocol = _load_protocol()
 
-BINARY = {
-    "__eq__": operator.eq, "__ne__": operator.ne, "__lt__": operator.lt, "__le__": operator.le,
-    "__gt__": operator.gt, "__ge__": operator.ge, "__add__": operator.add, "__sub__": operator.sub,
-    "__mul__": operator.mul, "__truediv__": operator.truediv, "__floordiv__": operator.floordiv,
-    "__mod__": operator.mod, "__pow__": operator.pow, "__and__": operator.and_, "__or__": operator.or_,
-    "__xor__": operator.xor, "__lshift__": operator.lshift, "__rshift__": operator.rshift,
-    "__matmul__": operator.matmul, "__getitem__": operator.getitem, "__contains__": operator.contains,
-    "__delitem__": operator.delitem,
-}
-UNARY = {
-    "__len__": len, "__bool__": bool, "__hash__": hash, "__repr__": repr, "__str__": str,
-    "__neg__": operator.neg, "__pos__": operator.pos, "__abs__": abs, "__invert__": operator.invert,
-    "__int__": int, "__float__": float, "__index__": operator.index, "__list__": list,
-}
 MAX_TEXT = 4000
 
 
@@ -122,17 +107,6 @@ def handle(request, handles):
     if op == "callmethod":
         args, kwargs = _arguments(request, handles)
         return getattr(target, str(request["name"]))(*args, **kwargs)
-    if op == "dunder":
-        name = str(request["name"])
-        args, _ = _arguments(request, handles)
-        if name in UNARY and not args:
-            return UNARY[name](target)
-        if name in BINARY and len(args) == 1:
-            return BINARY[name](target, args[0])
-        if name == "__setitem__" and len(args) == 2:
-            target[args[0]] = args[1]
-            return None
-        raise protocol.ProtocolError(f"unknown operation {name!r}")
     raise protocol.ProtocolError(f"unknown request op {op!r}")
 
 

@@ -59,26 +59,9 @@ public final class JudgeSubject {
                 } catch (NoSuchFieldException e) {
                     return new BoundMethod(cls, self, name);
                 }
-            case "dunder":
-                switch (name) {
-                    case "__str__": case "__repr__": return String.valueOf(target);
-                    case "__eq__": return target.equals(args.get(0));
-                    case "__ne__": return !target.equals(args.get(0));
-                    case "__lt__": return compare(target, args.get(0)) < 0;
-                    case "__le__": return compare(target, args.get(0)) <= 0;
-                    case "__gt__": return compare(target, args.get(0)) > 0;
-                    case "__ge__": return compare(target, args.get(0)) >= 0;
-                    case "__len__": return target instanceof Collection ? ((Collection<?>) target).size() : invoke(target.getClass(), target, "size", args);
-                    default: throw new UnsupportedOperationException(name);
-                }
             default:
                 throw new IllegalArgumentException("unknown request op " + op);
         }
-    }
-
-    @SuppressWarnings("unchecked")
-    private static int compare(Object a, Object b) {
-        return ((Comparable<Object>) a).compareTo(b);
     }
 
     private static Object construct(Class<?> cls, List<Object> args) throws Throwable {
