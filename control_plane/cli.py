@@ -19,7 +19,6 @@ from sandbox_server.http import run_loop, setup_logging
 from . import ephemeral_state
 from .auth import TOKEN_USER, token_path
 from .config import ControlPlaneConfig, WatcherConfig
-from .ephemeral_state import ErrorCounter
 from .quantities import memory_bytes
 from .tenants import TenantsFileError
 
@@ -285,8 +284,6 @@ async def serve(config: ControlPlaneConfig, ready_fd: int | None = None, parent_
                 remove_state: bool = False) -> None:
     from .app import SHUTDOWN, TENANTS, create_app
 
-    errors = ErrorCounter()
-    logging.getLogger().addHandler(errors)
     app = create_app(config)
     # aiohttp's keep-alive timer runs from the connection's start and from each answer until the next
     # request's head is complete: it is the header timeout.
@@ -326,8 +323,7 @@ async def serve(config: ControlPlaneConfig, ready_fd: int | None = None, parent_
         watcher.cancel()
     await runner.cleanup()
     if config.ephemeral and remove_state:
-        ephemeral_state.remove(config.state_dir, keep_logs=bool(errors.count) or ephemeral_state.has_failed_builds(
-            config.state_dir))
+        ephemeral_state.remove(config.state_dir, keep_logs=ephemeral_state.logs_named(config.state_dir))
 
 
 def run_serve(args: argparse.Namespace) -> None:

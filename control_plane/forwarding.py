@@ -60,6 +60,11 @@ def forward_error(exc: BaseException, url: str) -> ForwardError:
     return ForwardError(500, f"{FORWARD_FAILED} to {url}: {kind}")
 
 
+def _retrieved(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 @dataclass
 class Pending:
     """A request under way: ``future`` ends when it does; ``result()`` then gives the reply or
@@ -67,6 +72,11 @@ class Pending:
 
     future: asyncio.Future
     url: str
+
+    def __post_init__(self) -> None:
+        # A caller that stopped waiting (a shutdown, an abandoned operation) never reads the
+        # outcome: its failure is expected then, not an "exception never retrieved".
+        self.future.add_done_callback(_retrieved)
 
     async def wait(self) -> None:
         """Until the request ends; cancelling the wait cancels the request (and drops its connection)."""

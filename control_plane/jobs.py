@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from . import ephemeral_state
 from .backends.base import ImageBuilder, ImageDefinition, SandboxSpec
 from .build_sources import SourceNotAllowed, check_allowed
 from .ephemeral_state import BUILD_LOGS
@@ -93,7 +94,8 @@ class ImageJobs:
             log_path.write_text("\n".join(lines) + f"\nFAILED: {cause}\n")
             # (buildah's last lines follow in the log's end: the cause keeps only what went wrong)
             cause = cause.split("\nbuildah's last lines:", 1)[0]
-            head = f"FAILED: {cause}\nthe whole build log: {log_path} (idegym images logs {job_name})"
+            head = (f"FAILED: {cause}\nthe whole build log: {ephemeral_state.named(log_path)} "
+                    f"(idegym images logs {job_name})")
             tail = "\n".join(lines)[-max(MAX_DETAILS - len(head) - 40, 0):]
             self.cp.store.update_job(job_name, "failure", f"{head}\n--- the build log's end ---\n{tail}"[:MAX_DETAILS])
 

@@ -119,8 +119,8 @@ class EmbeddedControlPlane:
                 self.process.wait()
         self._log.close()
         if self._owns_state:
-            # The control plane removed its state (--remove-state), but for its logs when something
-            # failed; killed, or ended by a signal it did not handle, it left the state here.
+            # The control plane removed its state (--remove-state), but for the logs an error named;
+            # killed, or ended by a signal it did not handle, it left the state here.
             failed = self.process.returncode not in (0, -signal.SIGTERM)
             if failed or ephemeral_state.only_logs_left(self.state_dir):
                 ephemeral_state.remove(self.state_dir, keep_logs=True)

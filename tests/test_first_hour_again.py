@@ -236,7 +236,7 @@ def test_a_failed_build_says_its_step_and_error_first_and_keeps_its_log(tmp_path
         assert "No such file or directory" in log.read_text()
         state_dir = log.parent.parent
         assert "its logs are kept in" in done.stderr and str(state_dir) in done.stderr
-        assert {p.name for p in state_dir.iterdir()} <= {"control-plane.log", "build-logs"}
+        assert {p.name for p in state_dir.iterdir()} <= {"control-plane.log", "build-logs", "keep-logs"}
         shown = _idegym("images", "logs", found.group(2), "--state-dir", str(state_dir), timeout=60)
         assert shown.returncode == 0 and "exit status 2" in shown.stdout, shown.stderr
     finally:

@@ -26,6 +26,7 @@ from sandbox_server import procfs
 from sandbox_server import zygote as zygote_side
 from sandbox_server.polling import wait_until
 
+from ...ephemeral_state import named
 from ..base import BackendError
 from .bwrap import Pending, set_up
 from .cgroups import SERVER, sub
@@ -91,7 +92,7 @@ class Zygote:
         reply = self._ask({"ping": True}, [], START_TIMEOUT)
         if not reply.get("pong"):
             self.close()
-            raise ZygoteError(f"the sandbox server zygote did not start: {reply}; see {self.log_path}", 500)
+            raise ZygoteError(f"the sandbox server zygote did not start: {reply}; see {named(self.log_path)}", 500)
         self._pid = int(reply["pong"])
 
     def spawn(self, *, module: str, argv: list[str], env: dict[str, str], namespaces: dict[str, int],
@@ -119,14 +120,14 @@ class Zygote:
             raw = self._sock.recv(1 << 16)
         except TimeoutError:
             self.close()  # a late reply would answer the next request
-            raise ZygoteError(f"the sandbox server zygote did not answer within {timeout:g} s; see {self.log_path}",
-                              500) from None
+            raise ZygoteError(f"the sandbox server zygote did not answer within {timeout:g} s; "
+                              f"see {named(self.log_path)}", 500) from None
         except OSError as exc:
             self.close()
-            raise ZygoteError(f"the sandbox server zygote is gone ({exc}); see {self.log_path}", 500) from exc
+            raise ZygoteError(f"the sandbox server zygote is gone ({exc}); see {named(self.log_path)}", 500) from exc
         if not raw:
             self.close()
-            raise ZygoteError(f"the sandbox server zygote exited; see {self.log_path}", 500)
+            raise ZygoteError(f"the sandbox server zygote exited; see {named(self.log_path)}", 500)
         return json.loads(raw)
 
     def close(self) -> None:
