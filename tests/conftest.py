@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,8 +44,28 @@ def any_server(project: Path, tmp_path: Path, transport: str) -> Iterator[Sandbo
     proc.stop()
 
 
+_STARTED = time.time()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Tests that fail builds on purpose leave the embedded control planes' kept logs (what a user
+    is shown after a real failure): remove those this run made."""
+    import shutil
+    import tempfile
+
+    from control_plane import ephemeral_state
+    from idegym_env.embedded import STATE_PREFIX
+
+    for path in Path(tempfile.gettempdir()).glob(f"{STATE_PREFIX}*"):
+        try:
+            if path.stat().st_mtime >= _STARTED and ephemeral_state.only_logs_left(path):
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue
 
 
 # `make test` runs on two pytest-xdist workers. A module's tests stay on one worker (its module
