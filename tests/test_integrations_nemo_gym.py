@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, process_alive
 from tests.integration_helpers import alive, control_plane  # noqa: F401 - fixture
 
 NEMO_VENV = REPO / ".venv-nemo-gym"
@@ -50,3 +50,17 @@ def test_package_installs_on_nemo_gyms_python() -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-2:] == ["0.4.0", "idegym_env.integrations.nemo_gym:IdeGymSandboxProvider"]
     assert "(3, 12)" in proc.stdout
+
+
+def test_embedded_control_plane_ends_quietly_at_exit_on_python_312() -> None:
+    # The plug-ins' shared client hands the embedded control plane back from an atexit hook, where
+    # Python 3.12 refuses to start the grace timer's thread: it must stop the control plane there.
+    proc = subprocess.run([str(PYTHON), "-c",
+                           "from idegym_env import embedded\n"
+                           "from idegym_env.integrations._episode import shared_client\n"
+                           "shared_client(None)\n"
+                           "print(embedded._shared.process.pid)\n"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert proc.returncode == 0 and "Exception ignored" not in proc.stderr, proc.stderr[-3000:]
+    assert not process_alive(int(proc.stdout.split()[-1]))
