@@ -132,3 +132,19 @@ def test_configuration_errors_name_the_problem(control_plane) -> None:  # noqa: 
     with pytest.raises(ValueError, match="control_plane\n.*Extra inputs are not permitted"):
         get_environment({"environment_class": CLASS, "task": TASK, "control_plane": control_plane.url})
     assert alive(control_plane) == 0
+
+
+def test_sandbox_is_handed_back_when_the_agent_process_exits(control_plane) -> None:  # noqa: F811
+    import subprocess
+    import sys
+
+    script = ("import os, sys\n"
+              "os.environ['MSWEA_SILENT_STARTUP'] = '1'\n"
+              "from idegym_env.integrations.mini_swe_agent import IdeGymEnvironment\n"
+              f"env = IdeGymEnvironment(task={TASK!r}, control_plane_url={control_plane.url!r})\n"
+              "env.execute({'command': 'echo busy'})\n"
+              "print('holding', flush=True)\n"
+              "sys.exit(0)  # no submission, no cleanup of its own\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "holding" in proc.stdout, proc.stderr[-2000:]
+    assert alive(control_plane) == 0
