@@ -7,7 +7,7 @@ selecting it is YAML alone::
 
     sandbox:
       idegym:
-        control_plane_url: http://127.0.0.1:8000   # optional: default the embedded control plane
+        control_plane_url: http://127.0.0.1:8000   # optional: default $IDEGYM_URL, else an embedded control plane
     ...
       sandbox_provider: sandbox                     # in the agent's config (e.g. mini_swe_agent_2)
 

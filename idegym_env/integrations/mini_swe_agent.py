@@ -6,7 +6,7 @@
     environment:
       environment_class: idegym_env.integrations.mini_swe_agent.IdeGymEnvironment
       task: python-roman-numerals          # any IdeGym task spec: id, directory, humaneval/..., swe/..., harbor:...
-      control_plane_url: http://127.0.0.1:8000   # optional: default the embedded control plane
+      control_plane_url: http://127.0.0.1:8000   # optional: default $IDEGYM_URL, else an embedded control plane
 
     # Python
     env = IdeGymEnvironment(task="python-roman-numerals")
@@ -64,7 +64,8 @@ class IdeGymEnvironmentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     task: str = Field(description="An IdeGym task: bundled id, task directory, humaneval/..., swe/..., harbor:...")
-    control_plane_url: str | None = Field(None, description="IdeGym control plane; default: the embedded one")
+    control_plane_url: str | None = Field(None, description="IdeGym control plane; default: $IDEGYM_URL, else the "
+                                                            "embedded one")
     cwd: str = Field("", description="Working directory of commands; default: the task's project")
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables of every command")
     timeout: int = Field(30, ge=1, description="Seconds a command may run (mini-swe-agent's default)")

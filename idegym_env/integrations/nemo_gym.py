@@ -5,7 +5,7 @@ Selected by YAML alone::
 
     sandbox:
       idegym:
-        control_plane_url: http://127.0.0.1:8000   # optional: default the embedded control plane
+        control_plane_url: http://127.0.0.1:8000   # optional: default $IDEGYM_URL, else an embedded control plane
 
     my_agent:
       responses_api_agents:
@@ -87,7 +87,7 @@ class _Held:
 class IdeGymSandboxProvider:
     """NeMo Gym's ``SandboxProvider`` on IdeGym sandboxes (see the module docstring).
 
-    ``control_plane_url``: where sandboxes come from (default: the embedded control plane);
+    ``control_plane_url``: where sandboxes come from (default: ``$IDEGYM_URL``, else the embedded control plane);
     ``run_as_root``: image sandboxes whose tools may run as root (``exec(user="root")``);
     ``start_timeout_s``: a start's bound when the spec gives no ``ready_timeout_s``."""
 

@@ -5,7 +5,7 @@ verl finds it through the YAML named by ``actor_rollout_ref.rollout.agent.agent_
 
     - name: idegym
       _target_: idegym_env.integrations.verl.IdeGymAgentLoop
-      control_plane_url: http://127.0.0.1:8000   # optional: default the embedded control plane
+      control_plane_url: http://127.0.0.1:8000   # optional: default $IDEGYM_URL, else an embedded control plane
       max_steps: 30                               # optional: the task's own budget otherwise
 
 and each dataset row picks it with ``agent_name: idegym`` and names its task in
@@ -94,7 +94,7 @@ class _EpisodeTool(BaseTool):
 class IdeGymAgentLoop(ToolAgentLoop):
     """verl's tool agent loop on an IdeGym episode (see the module docstring).
 
-    ``control_plane_url``: where sandboxes come from (default: the embedded control plane);
+    ``control_plane_url``: where sandboxes come from (default: ``$IDEGYM_URL``, else the embedded control plane);
     ``env_kwargs`` go to ``IdeGymEnv`` (``max_steps``, ``bash_timeout``...)."""
 
     def __init__(self, *args: Any, tools: ToolListWrap | None = None, control_plane_url: str | None = None,
