@@ -204,7 +204,7 @@ test: test-deps lint bytecode  ## lint, then the test suite (everything but `slo
 test-slow: test-deps  ## only the long-running tests
 	@$(VENV)/bin/pytest -m slow $(PYTEST_ARGS)
 
-bench: venv client-venv harbor-venv nemo-gym-venv verl-venv  ## the benchmark suite; writes benchmarks/results/
+bench: venv client-venv harbor-venv nemo-gym-venv verl-venv verifiers-venv  ## the benchmark suite; writes benchmarks/results/
 	@$(PY) -m benchmarks $(BENCH)
 
 clean:  ## remove the virtual environments
