@@ -8,8 +8,12 @@ PY         := $(VENV)/bin/python
 AS_USER    := sandbox_server/native/idegym-as-user
 SPAWNER    := sandbox_server/native/idegym-spawner
 PIP        := $(PY) -m pip --quiet --disable-pip-version-check
-EXTRAS     ?= dev,kubernetes,openenv,ray,trl,skyrl,mcp
+EXTRAS     ?= dev,kubernetes,openenv,ray,trl,skyrl,mcp,mini-swe-agent
 HARBOR_VENV:= .venv-harbor
+# The framework plug-ins whose pins clash with the main venv's (docs/integrations.md): a venv each.
+NEMO_VENV  := .venv-nemo-gym
+VERL_VENV  := .venv-verl
+VERIFIERS_VENV := .venv-verifiers
 # uv installs the venvs' packages: on a fresh machine it made the three venvs in 60 s where pip
 # took 175 s, with the same versions (pip remains in each venv, and installs torch below).
 UV_VENV    := .venv-uv
@@ -25,7 +29,7 @@ HARBOR_REQ := $(shell grep -o 'harbor==[0-9.]*' pyproject.toml | head -n1)
 # The published idegym-client 0.13.1 needs Python >= 3.12; pyenv keeps one off PATH.
 PYTHON312  ?= $(shell command -v python3.12 >/dev/null 2>&1 && python3.12 -c pass 2>/dev/null && echo python3.12 || ls -1d $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 2>/dev/null | head -n1)
 
-.PHONY: help bytecode lint demo test test-deps test-all test-slow bench system-deps net-deps venv demo-venv client-venv harbor-venv gym-versions native clean
+.PHONY: help bytecode lint demo test test-deps test-all test-slow bench system-deps net-deps venv demo-venv client-venv harbor-venv nemo-gym-venv verl-venv verifiers-venv gym-versions native clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -138,6 +142,37 @@ $(HARBOR_VENV)/.stamp: pyproject.toml | $(UV)
 
 harbor-venv: $(HARBOR_VENV)/.stamp  ## Python 3.12 venv with Harbor and idegym[harbor]
 
+# NeMo Gym 0.4.0 needs Python >= 3.12 (0.5 and later >= 3.13.14, which these machines lack) and pins
+# openai and mcp below the main venv's; mini-swe-agent is there for its sandbox-backed agent.
+$(NEMO_VENV)/.stamp: pyproject.toml | $(UV)
+	@test -n "$(PYTHON312)" || { echo "ERROR: Python 3.12 not found (needed for nemo-gym)"; exit 1; }
+	@echo "creating $(NEMO_VENV) with idegym[nemo-gym,mini-swe-agent] on $(PYTHON312)"
+	@test -x $(NEMO_VENV)/bin/python || $(PYTHON312) -m venv $(NEMO_VENV)
+	@$(EDITABLE) $(UV_PIP) $(NEMO_VENV)/bin/python -e '.[nemo-gym,mini-swe-agent]'
+	@touch $@
+
+nemo-gym-venv: $(NEMO_VENV)/.stamp  ## Python 3.12 venv with NeMo Gym and idegym[nemo-gym]
+
+# verl pins transformers below TRL's; torch is the CPU build on disk (pip, as in the main venv).
+$(VERL_VENV)/.stamp: pyproject.toml | $(UV)
+	@echo "creating $(VERL_VENV) with idegym[verl]"
+	@test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
+	@$(UV_PIP) $(VERL_VENV)/bin/python --upgrade pip setuptools wheel
+	@$(VERL_VENV)/bin/python -m pip --quiet --disable-pip-version-check install torch==2.13.0
+	@$(EDITABLE) $(UV_PIP) $(VERL_VENV)/bin/python -e '.[verl]'
+	@touch $@
+
+verl-venv: $(VERL_VENV)/.stamp  ## venv with verl and idegym[verl]
+
+# verifiers pins mcp 2.0.0 (the main venv has 2.3.0 for the MCP server).
+$(VERIFIERS_VENV)/.stamp: pyproject.toml | $(UV)
+	@echo "creating $(VERIFIERS_VENV) with idegym[verifiers]"
+	@test -x $(VERIFIERS_VENV)/bin/python || $(PYTHON) -m venv $(VERIFIERS_VENV)
+	@$(EDITABLE) $(UV_PIP) $(VERIFIERS_VENV)/bin/python -e '.[verifiers]'
+	@touch $@
+
+verifiers-venv: $(VERIFIERS_VENV)/.stamp  ## venv with verifiers (its OpenEnv taskset) and idegym[verifiers]
+
 # Gymnasium at both ends of the supported range, beside the venv's own (Ray pins 1.2.2): the tests
 # run the env against each by putting one of these first on PYTHONPATH.
 GYM_VERSIONS := 1.0.0 1.4.0
@@ -159,8 +194,8 @@ demo: demo-venv bytecode  ## run real episodes end to end on the embedded local 
 lint: venv  ## ruff over the whole repository (configured in pyproject.toml)
 	@$(VENV)/bin/ruff check .
 
-test-deps:  ## everything the tests need (the three venvs are made in parallel)
-	@$(MAKE) --no-print-directory -j3 venv client-venv harbor-venv
+test-deps:  ## everything the tests need (the venvs are made in parallel)
+	@$(MAKE) --no-print-directory -j3 venv client-venv harbor-venv nemo-gym-venv verl-venv verifiers-venv
 	@$(MAKE) --no-print-directory gym-versions
 
 test: test-deps lint bytecode  ## lint, then the test suite (everything but `slow`) on two workers
@@ -169,8 +204,8 @@ test: test-deps lint bytecode  ## lint, then the test suite (everything but `slo
 test-slow: test-deps  ## only the long-running tests
 	@$(VENV)/bin/pytest -m slow $(PYTEST_ARGS)
 
-bench: venv client-venv harbor-venv  ## the benchmark suite; writes benchmarks/results/
+bench: venv client-venv harbor-venv nemo-gym-venv verl-venv verifiers-venv  ## the benchmark suite; writes benchmarks/results/
 	@$(PY) -m benchmarks $(BENCH)
 
 clean:  ## remove the virtual environments
-	rm -rf $(VENV) $(CLIENT_VENV) $(HARBOR_VENV) $(UV_VENV) .gym-versions
+	rm -rf $(VENV) $(CLIENT_VENV) $(HARBOR_VENV) $(NEMO_VENV) $(VERL_VENV) $(VERIFIERS_VENV) $(UV_VENV) .gym-versions

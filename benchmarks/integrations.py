@@ -56,6 +56,8 @@ NULL_SERVER = Path(__file__).resolve().parent / "_mcp_null_server.py"
 def run() -> Result:
     from idegym_env.integrations._episode import close_shared_clients
 
+    if os.environ.get("BENCH_INTEGRATIONS") == "plugins":  # only the framework plug-ins' rows
+        return _plugins_only()
     result = Result("integrations", "Trainer adapters (TRL, SkyRL, MCP, Harbor) against direct client calls")
     result.notes.append("load average at start: " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
     with tempfile.TemporaryDirectory() as tmp, control_plane(Path(tmp) / "cp", ["--warm-pool", "0"]) as url:
@@ -64,6 +66,7 @@ def run() -> Result:
         finally:
             close_shared_clients()
         harbor = _harbor(url)
+        plugins = _plugins(url)
     stats = [Stats.of(label, s) for label, s in samples.items()]
     ours = len(stats)
     if harbor is not None:
@@ -115,6 +118,7 @@ def run() -> Result:
         result.targets["Harbor"] = check_target("Harbor adapter overhead over the direct call", pct, 10.0, unit="%")
     else:
         result.notes.append("Harbor not measured: .venv-harbor is missing (make harbor-venv)")
+    _add_plugins(result, plugins)
     result.notes.append("One asyncio loop times every row but Harbor's: the synchronous calls inline, the MCP "
                         "client's awaited (no thread hop in the benchmark). MCP's stdio figure includes JSON-RPC "
                         "to a server process; TRL and SkyRL run in-process.")
@@ -218,3 +222,52 @@ def _harbor(url: str) -> dict[str, list[float]] | None:
     if proc.returncode != 0:
         raise RuntimeError(f"the Harbor benchmark failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# -- the framework plug-ins (mini-swe-agent, NeMo Gym, verl, verifiers) ----------------------------
+
+# Each plug-in runs in its venv (benchmarks/_plugin_steps.py), its call interleaved with the direct
+# call on its own sandbox; the row is the plug-in's median over that direct call's.
+PLUGIN_PYTHONS = {"mini-swe-agent": REPO / ".venv" / "bin" / "python",
+                  "nemo-gym": REPO / ".venv-nemo-gym" / "bin" / "python",
+                  "verl": REPO / ".venv-verl" / "bin" / "python",
+                  "verifiers": REPO / ".venv-verifiers" / "bin" / "python"}
+
+
+def _plugins(url: str) -> dict[str, dict[str, list[float]] | None]:
+    samples: dict[str, dict[str, list[float]] | None] = {}
+    for plugin, python in PLUGIN_PYTHONS.items():
+        if not python.exists():
+            samples[plugin] = None
+            continue
+        proc = subprocess.run([str(python), "-m", "benchmarks._plugin_steps", plugin, url, str(N)], cwd=REPO,
+                              capture_output=True, text=True, timeout=1800)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the {plugin} benchmark failed:\n{proc.stderr[-3000:]}")
+        samples[plugin] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return samples
+
+
+def _add_plugins(result: Result, plugins: dict[str, dict[str, list[float]] | None]) -> None:
+    for plugin, samples in plugins.items():
+        if samples is None:
+            result.notes.append(f"{plugin} not measured: its venv is missing (make test-deps)")
+            continue
+        stats = [Stats.of(label, [ms / 1000 for ms in values]) for label, values in samples.items()]
+        result.stats += stats
+        direct, through = stats
+        print(stats_table(stats, baseline=direct.label))
+        pct = (through.median_ms / direct.median_ms - 1) * 100
+        result.figures[f"{plugin} overhead %"] = round(pct, 2)
+        result.targets[plugin] = check_target(f"{plugin} plug-in overhead over the direct call", pct, 10.0, unit="%")
+
+
+def _plugins_only() -> Result:
+    result = Result("integrations_plugins", "Framework plug-ins (mini-swe-agent, NeMo Gym, verl, verifiers) against "
+                                            "direct client calls")
+    result.notes.append("load average at start: " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
+    with tempfile.TemporaryDirectory() as tmp, control_plane(Path(tmp) / "cp", ["--warm-pool", "0"]) as url:
+        _add_plugins(result, _plugins(url))
+    for target in result.targets.values():
+        print(target["text"])
+    return result

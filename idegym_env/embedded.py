@@ -189,8 +189,11 @@ def release() -> None:
             _cancel_idle_timer()
             _idle_timer = threading.Timer(grace, _stop_if_idle, args=(_shared,))
             _idle_timer.daemon = True  # interpreter exit does not wait for it: atexit closes the control plane
-            _idle_timer.start()
-            return
+            try:
+                _idle_timer.start()
+                return
+            except RuntimeError:  # Python >= 3.12 starts no thread once exit began (an atexit hook released)
+                _idle_timer = None
     _stop_if_idle(_shared)
 
 

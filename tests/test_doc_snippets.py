@@ -75,7 +75,15 @@ OPENENV = "OpenEnv: `idegym openenv serve`"
 OPENENV_SERVE, OPENENV_CLIENT = f"openenv: {OPENENV} [0]", f"openenv: {OPENENV} [1]"
 OPENENV_CP = "openenv: Through the control plane: servers of kind `openenv` [0]"
 OPENENV_APP = "openenv: In Python [0]"
-RUN = {HARBOR, TRL, SKYRL, MCP_SERVE, MCP_CLIENT, OPENENV_SERVE, OPENENV_CLIENT, OPENENV_CP, OPENENV_APP}
+MINI = "integrations: mini-swe-agent [0]"
+NEMO = "integrations: NeMo Gym [0]"
+VERL = "integrations: verl [0]"
+VF_SERVE, VF_EVAL = "integrations: verifiers / prime-rl [0]", "integrations: verifiers / prime-rl [1]"
+RUN = {HARBOR, TRL, SKYRL, MCP_SERVE, MCP_CLIENT, OPENENV_SERVE, OPENENV_CLIENT, OPENENV_CP, OPENENV_APP,
+       MINI, NEMO, VERL, VF_SERVE, VF_EVAL}
+# The plug-ins whose frameworks clash with the main venv run in their own (the Makefile's).
+NEMO_PYTHON, VERL_PYTHON = REPO / ".venv-nemo-gym" / "bin" / "python", REPO / ".venv-verl" / "bin" / "python"
+VERIFIERS_BIN = REPO / ".venv-verifiers" / "bin"
 
 
 def test_every_block_is_run() -> None:
@@ -89,11 +97,11 @@ def environment(control_plane: ControlPlaneProcess, tmp_path: Path) -> dict[str,
             "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
-def run(key: str, environment: dict[str, str], cwd: Path, timeout: float = 600) -> str:
-    """Run one block to its end; its output (stdout and stderr)."""
+def run(key: str, environment: dict[str, str], cwd: Path, timeout: float = 600, python: Path | None = None) -> str:
+    """Run one block to its end (a Python block by ``python``, default this venv's); its stdout."""
     block = blocks()[key]
-    argv = [sys.executable, "-c", block.text] if block.lang == "python" else ["bash", "-euo", "pipefail", "-c",
-                                                                              block.text]
+    argv = [str(python or sys.executable), "-c", block.text] if block.lang == "python" else [
+        "bash", "-euo", "pipefail", "-c", block.text]
     proc = subprocess.run(argv, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{key} failed (exit code {proc.returncode}):\n{block.text}\n---\n{output[-4000:]}"
@@ -195,4 +203,64 @@ def test_openenv_blocks(environment: dict[str, str], control_plane: ControlPlane
     out = run(OPENENV_CP, environment, tmp_path)
     assert "roman.py" in out, out
     run(OPENENV_APP, environment, tmp_path)
+    assert alive(control_plane) == 0
+
+
+def test_mini_swe_agent_block(environment: dict[str, str], control_plane: ControlPlaneProcess,  # noqa: F811
+                              tmp_path: Path) -> None:
+    out = run(MINI, {**environment, "MSWEA_SILENT_STARTUP": "1"}, tmp_path).splitlines()
+    status, reward = out[-1].split()[:2]
+    assert status == "Submitted" and 0 <= float(reward) < 1, out  # submitted at once: the untouched project
+    assert alive(control_plane) == 0
+
+
+def test_nemo_gym_block(environment: dict[str, str], control_plane: ControlPlaneProcess,  # noqa: F811
+                        tmp_path: Path) -> None:
+    out = run(NEMO, environment, tmp_path, python=NEMO_PYTHON).splitlines()
+    assert "roman.py" in out and 0 <= float(out[-1]) < 1, out
+    assert alive(control_plane) == 0
+
+
+def test_verl_block(environment: dict[str, str], tmp_path: Path) -> None:
+    run(VERL, environment, tmp_path, python=VERL_PYTHON)
+    check = ("import hydra, pandas\n"
+             "from omegaconf import OmegaConf\n"
+             "from verl.experimental.agent_loop.agent_loop import AgentLoopBase\n"
+             "[loop] = OmegaConf.load('agent_loops.yaml')\n"
+             "assert loop.name == 'idegym' and issubclass(hydra.utils.get_class(loop._target_), AgentLoopBase)\n"
+             "rows = pandas.read_parquet('train.parquet')\n"
+             "print(len(rows), set(rows.agent_name), sorted({r['task'] for r in rows.extra_info}))\n")
+    proc = subprocess.run([str(VERL_PYTHON), "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[0] == "16 {'idegym'} ['python-lru-cache', 'python-roman-numerals']", proc.stdout
+
+
+@pytest.mark.heavy
+def test_verifiers_blocks(environment: dict[str, str], control_plane: ControlPlaneProcess,  # noqa: F811
+                          server_block, tmp_path: Path) -> None:
+    from http.server import ThreadingHTTPServer
+    from threading import Thread
+
+    from idegym_env.tasks import load_task
+    from tests.integration_helpers import TASK
+    from tests.test_integrations_verifiers import Policy, action
+
+    fix = load_task(TASK).solution[0]
+    Policy.scripts = [[action(fix.tool, **fix.arguments.model_dump()), action("submit")], [action("submit")]]
+    Policy.episodes = {}
+    policy = ThreadingHTTPServer(("127.0.0.1", 0), Policy)
+    Thread(target=policy.serve_forever, daemon=True).start()
+    server = server_block(VF_SERVE, 8000)
+    try:
+        # vf-eval from verifiers' venv; uv on PATH keeps verifiers from installing one for its chat program
+        out = run(VF_EVAL, {**environment, "OPENAI_BASE_URL": f"http://127.0.0.1:{policy.server_address[1]}/v1",
+                            "OPENAI_API_KEY": "unused",
+                            "PATH": f"{VERIFIERS_BIN}:{REPO / '.venv-uv' / 'bin'}:{environment['PATH']}"},
+                  tmp_path, timeout=400)
+    finally:
+        policy.shutdown()
+    scores = sorted(float(x) for x in re.findall(r'"openenv_reward": \{\s*"score": ([0-9.]+)', out))
+    assert len(scores) == 2 and scores[0] < 1.0 and scores[1] == 1.0, out[-3000:]  # gave up; solved
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(60)
     assert alive(control_plane) == 0

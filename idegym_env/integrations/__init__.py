@@ -11,10 +11,20 @@ SkyRL (``skyrl_gym``)       :class:`.skyrl.IdeGymTextEnv`, registered as     ``i
                             ``"idegym"``
 MCP (official SDK)          ``idegym mcp serve`` (:mod:`.mcp`), stdio or      ``idegym[mcp]``
                             streamable HTTP
+mini-swe-agent              :class:`.mini_swe_agent.IdeGymEnvironment`, an   ``idegym[mini-swe-agent]``
+                            ``environment_class``
+NeMo Gym                    :class:`.nemo_gym.IdeGymSandboxProvider`, the    ``idegym[nemo-gym]``
+                            ``nemo_gym.sandbox_providers`` entry point       (Python >= 3.12)
+                            ``idegym``
+verl                        :class:`.verl.IdeGymAgentLoop`, an agent loop    ``idegym[verl]``
+                            (``agent_loop_config_path``)
+verifiers                   ``idegym openenv serve`` behind verifiers'       ``idegym[openenv]``
+                            OpenEnv taskset (no module here)
 ==========================  ===============================================  ====================
 
-TRL, SkyRL and MCP share :class:`._episode.Episode` (one episode's tool calls through
-``IdeGymEnv.step``); Harbor's provider drives sandboxes through the async client. None of them
+TRL, SkyRL, MCP, mini-swe-agent, verl and NeMo Gym's task sandboxes share
+:class:`._episode.Episode` (one episode's tool calls through ``IdeGymEnv.step``, its grading);
+Harbor's provider drives sandboxes through the async client. None of them
 grades or runs an episode by itself. Each module imports its framework on import, so importing
 this package costs nothing. See ``docs/integrations.md``.
 """

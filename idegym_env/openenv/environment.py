@@ -38,6 +38,7 @@ from openenv.core.env_server.types import EnvironmentMetadata  # noqa: E402
 
 from .. import __version__  # noqa: E402
 from ..env import IdeGymEnv  # noqa: E402
+from ..integrations._episode import InfrastructureError, _infra_failure  # noqa: E402
 from ..tasks import BUNDLED_DIR, Task, load_task  # noqa: E402
 from .inner import InnerSandbox  # noqa: E402
 from .models import IdeAction, IdeObservation, IdeState  # noqa: E402
@@ -140,6 +141,12 @@ class IdeGymOpenEnv(Environment[IdeAction, IdeObservation, IdeState]):
             call["arguments"] = action.arguments
         text, reward, terminated, truncated, info = env.step(call)
         self._done = bool(terminated or truncated)
+        failure = _infra_failure(info)
+        if failure is not None:  # no reward to give: OpenEnv's error frame (the client raises), not a 0
+            self._state = self._state.model_copy(update={"step_count": info.get("step", self._state.step_count + 1),
+                                                         "done": True, "reward": None})
+            self._done = True
+            raise InfrastructureError(f"{failure}: this episode has no reward; reset to start another")
         self._state = self._state.model_copy(update={"step_count": info.get("step", self._state.step_count + 1),
                                                      "done": self._done, "reward": float(reward)})
         return IdeObservation(

@@ -1,0 +1,132 @@
+"""Run by ``benchmarks/integrations.py``, each plug-in in its own venv: one bash call (``echo hello``)
+through the plug-in's per-call path, interleaved with the same call made with our client directly
+on the plug-in's own sandbox (verifiers: on a sandbox of the same image, as its episode lives in
+the OpenEnv server's process); prints the samples (ms) as JSON.
+
+``python -m benchmarks._plugin_steps PLUGIN URL N`` with PLUGIN one of ``mini-swe-agent``
+(``IdeGymEnvironment.execute``), ``nemo-gym`` (NeMo Gym's ``AsyncSandbox.exec`` on the provider),
+``verl`` (``IdeGymAgentLoop``'s bash tool: a verl ``BaseTool.execute``) and ``verifiers`` (the
+OpenEnv client's ``step``, what verifiers' OpenEnv taskset sends per action, against
+``idegym openenv serve``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+TASK = "python-roman-numerals"
+WARMUP = 20
+
+
+async def interleaved(calls: dict[str, Callable[[], Any]], n: int) -> dict[str, list[float]]:
+    async def once(fn: Callable[[], Any]) -> None:
+        answer = fn()
+        if isinstance(answer, Awaitable):
+            await answer
+
+    for fn in calls.values():
+        for _ in range(WARMUP):
+            await once(fn)
+    samples: dict[str, list[float]] = {label: [] for label in calls}
+    for _ in range(n):
+        for label, fn in calls.items():
+            started = time.perf_counter()
+            await once(fn)
+            samples[label].append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+async def mini_swe_agent(url: str, n: int) -> dict[str, list[float]]:
+    os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
+    from idegym_env.integrations.mini_swe_agent import IdeGymEnvironment
+
+    env = IdeGymEnvironment(task=TASK, control_plane_url=url)
+    sandbox = env.episode.env.sandbox
+    try:
+        return await interleaved({"mini-swe-agent: Sandbox.bash (direct)": lambda: sandbox.bash("echo hello"),
+                                  "mini-swe-agent: IdeGymEnvironment.execute":
+                                      lambda: env.execute({"command": "echo hello"})}, n)
+    finally:
+        env.cleanup()
+
+
+async def nemo_gym(url: str, n: int) -> dict[str, list[float]]:
+    from nemo_gym.sandbox import AsyncSandbox, SandboxSpec
+
+    box = await AsyncSandbox({"idegym": {"control_plane_url": url}}).start(SandboxSpec(image=f"idegym-task:{TASK}"))
+    sandbox = box._handle.raw.sandbox  # the provider's sandbox, called directly: the baseline
+    try:
+        return await interleaved({"nemo-gym: Sandbox.bash (direct)": lambda: sandbox.bash("echo hello"),
+                                  "nemo-gym: AsyncSandbox.exec": lambda: box.exec("echo hello")}, n)
+    finally:
+        await box.stop()
+
+
+async def verl(url: str, n: int) -> dict[str, list[float]]:
+    from idegym_env.integrations._episode import Episode
+    from idegym_env.integrations.verl import _EpisodeTool
+
+    episode = Episode(control_plane_url=url, max_steps=10 * n)
+    episode.start(TASK)
+    tool = _EpisodeTool("bash", episode)
+    sandbox = episode.env.sandbox
+    try:
+        return await interleaved({"verl: Sandbox.bash (direct)": lambda: sandbox.bash("echo hello"),
+                                  "verl: IdeGymAgentLoop bash tool (BaseTool.execute)":
+                                      lambda: tool.execute("bench", {"command": "echo hello"})}, n)
+    finally:
+        episode.end()
+
+
+async def verifiers(url: str, n: int) -> dict[str, list[float]]:
+    from openenv import GenericEnvClient
+
+    from idegym_env.client import IdeGymClient
+    from idegym_env.env import IdeGymEnv
+
+    read_fd, write_fd = os.pipe()
+    server = subprocess.Popen([str(REPO / ".venv" / "bin" / "python"), "-m", "idegym_env.cli", "openenv", "serve",
+                               "--task", TASK, "--control-plane-url", url, "--port", "0", "--ready-fd", str(write_fd),
+                               "--max-steps", str(10 * n)],
+                              pass_fds=(write_fd,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
+                              start_new_session=True)
+    os.close(write_fd)
+    ready, _, _ = select.select([read_fd], [], [], 120)
+    line = os.read(read_fd, 64).decode() if ready else ""
+    os.close(read_fd)
+    try:
+        if not line.startswith("ready "):
+            raise RuntimeError("idegym openenv serve did not start")
+        with IdeGymClient(url, name="bench-verifiers-direct") as client:
+            direct = client.start(IdeGymEnv(TASK, client=client).image, server_name="bench-verifiers", reuse="NONE")
+            async with GenericEnvClient(base_url=f"http://127.0.0.1:{int(line.split()[1])}",
+                                        message_timeout_s=120) as env:
+                await env.reset()
+                action = {"tool": "bash", "arguments": {"command": "echo hello"}}
+                samples = await interleaved({"verifiers: Sandbox.bash (direct)": lambda: direct.bash("echo hello"),
+                                             "verifiers: OpenEnv client step (its OpenEnv taskset's call)":
+                                                 lambda: env.step(action)}, n)
+            direct.stop()
+        return samples
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(90)
+
+
+PLUGINS: dict[str, Callable[[str, int], Awaitable[dict[str, list[float]]]]] = {
+    "mini-swe-agent": mini_swe_agent, "nemo-gym": nemo_gym, "verl": verl, "verifiers": verifiers}
+
+
+if __name__ == "__main__":
+    plugin, url, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    print(json.dumps(asyncio.run(PLUGINS[plugin](url, n))))
