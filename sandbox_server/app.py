@@ -22,6 +22,7 @@ from typing import TypeVar
 from pydantic import BaseModel
 
 from . import __version__, routes, web
+from .agent_gateway import AgentGateway
 from .config import ServerConfig
 from .errors import ApiError, BadRequest, Forbidden, Unprocessable, render
 from .files import FileTools
@@ -33,6 +34,12 @@ from .judge import judge_env
 from .junit import find_reports, fresh_reports, parse_reports
 from .memory_events import MemoryEvents
 from .models import (
+    AgentExchangeRequest,
+    AgentExchangeResponse,
+    AgentStartRequest,
+    AgentStartResponse,
+    AgentStopRequest,
+    AgentStopResponse,
     BashCommandRequest,
     BashCommandResponse,
     CapabilitiesResponse,
@@ -83,6 +90,12 @@ class SandboxState:
     runner: CodeRunner
     project: Project | None = None
     reset_lock: asyncio.Lock | None = None
+    agent: AgentGateway | None = None  # the running episode's harness and model endpoint
+
+    async def close_agent(self) -> None:
+        agent, self.agent = self.agent, None
+        if agent is not None:
+            await agent.close()
 
     def __post_init__(self) -> None:
         # Resolved once: a PATH search for every call costs more than the rest of the spawn.
@@ -341,6 +354,7 @@ async def reset_project(request: web.Request) -> web.Response:
     started = time.perf_counter()
     assert state.reset_lock is not None
     async with state.reset_lock:
+        await state.close_agent()
         killed = await state.supervisor.kill_descendants(min(req.graceful_termination_timeout, 60.0))
         if state.project is None:
             return json_response(ResetResult(
@@ -382,8 +396,64 @@ async def terminate_processes(request: web.Request) -> web.Response:
     """End every process a tool started, leaving the files alone (e.g. before a check runs, so no
     leftover daemon can touch what the check reads)."""
     req = await read_model(request, TerminateRequest)
+    await _state(request).close_agent()
     killed = await _state(request).supervisor.kill_descendants(min(req.graceful_termination_timeout, 60.0))
     return json_response(TerminateResult(killed_processes=killed))
+
+
+# -- agents that bring their own loop (agent_gateway.py) ------------------------------------------
+
+
+async def agent_start(request: web.Request) -> web.Response:
+    """Start a harness with its model endpoint; an earlier one of this sandbox ends first."""
+    req = await read_model(request, AgentStartRequest)
+    state = _state(request)
+    user = state.resolve_user(req.user)
+    cwd = state.resolve_cwd(req.cwd)
+    if state.agent is not None:
+        await state.close_agent()
+        await state.supervisor.kill_descendants(min(req.graceful_termination_timeout, 60.0))
+    agent = AgentGateway(key=req.key, call_timeout=req.call_timeout, max_output=req.max_output_bytes)
+    port = await agent.open()
+    base = f"http://127.0.0.1:{port}"
+    env = state.env_for(user)
+    env.update(req.env or {})
+    env.update(IDEGYM_GATEWAY_URL=base, OPENAI_BASE_URL=f"{base}/v1", OPENAI_API_KEY=req.key,
+               ANTHROPIC_BASE_URL=base, ANTHROPIC_API_KEY=req.key)
+    agent.run(lambda: state.supervisor.run(
+        list(req.command), cwd=cwd, env=env, user=user, timeout=min(req.timeout, state.config.max_timeout),
+        grace=min(req.graceful_termination_timeout, 60.0), max_output=req.max_output_bytes))
+    state.agent = agent
+    return json_response(AgentStartResponse(port=port, base_url=base))
+
+
+def _agent(request: web.Request) -> AgentGateway:
+    agent = _state(request).agent
+    if agent is None:
+        raise ApiError.for_status(409, "no agent runs in this sandbox: POST /api/agent/start first (a reset or "
+                                       "a terminate ends it)")
+    return agent
+
+
+async def agent_exchange(request: web.Request) -> web.Response:
+    req = await read_model(request, AgentExchangeRequest)
+    agent = _agent(request)
+    if req.reply is not None:
+        agent.answer(req.reply)
+    call = await agent.next_call(req.wait)
+    return json_response(AgentExchangeResponse(call=call, agent=agent.state()))
+
+
+async def agent_stop(request: web.Request) -> web.Response:
+    """End the harness (and every tool process) and close its endpoint; says how it ended."""
+    req = await read_model(request, AgentStopRequest)
+    state = _state(request)
+    agent = state.agent
+    await state.close_agent()
+    await state.supervisor.kill_descendants(min(req.graceful_termination_timeout, 60.0))
+    if agent is not None:
+        await agent.ended(5.0)
+    return json_response(AgentStopResponse(agent=agent.state() if agent is not None else None))
 
 
 async def health(request: web.Request) -> web.Response:
@@ -437,6 +507,10 @@ ROUTES: tuple[Route, ...] = (
     Route.of(routes.CAPABILITIES, capabilities, "Capabilities", "capabilities_api_capabilities_get"),
     Route.of(routes.EXECUTE, execute, "Run code in a sandboxed container", "execute"),
     Route.of(routes.LANGUAGES, languages, "Available languages", "languages"),
+    Route.of(routes.AGENT_START, agent_start, "Start an Agent Harness", "agent_start_api_agent_start_post"),
+    Route.of(routes.AGENT_EXCHANGE, agent_exchange, "Answer and Collect Model Calls",
+             "agent_exchange_api_agent_exchange_post"),
+    Route.of(routes.AGENT_STOP, agent_stop, "Stop the Agent Harness", "agent_stop_api_agent_stop_post"),
 )
 
 
@@ -450,6 +524,7 @@ def _lifecycle(state: SandboxState) -> Callable[[web.App], AsyncIterator[None]]:
         state.project = await asyncio.get_running_loop().run_in_executor(None, _open_project, state.config)
         state.runner.start()
         yield
+        await state.close_agent()
         await state.runner.stop()
         await state.supervisor.kill_descendants(1.0)
         state.supervisor.stop()

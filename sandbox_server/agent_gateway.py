@@ -1,0 +1,205 @@
+"""An agent that brings its own loop: its harness runs in the sandbox, its model calls go out
+through the sandbox server.
+
+``POST /api/agent/start`` starts the harness (a tool process, bounded like a bash call: its own
+session, capped output, a timeout that ends its tree) and opens its model endpoint: a listener
+on a loopback port of the sandbox's own network namespace, so nothing outside the sandbox can
+reach it and the sandbox reaches nothing through it but its caller. A call must carry the
+episode's key (``Authorization: Bearer``, ``x-api-key`` or ``api-key``); another key is a 401.
+Each call waits, unread by anyone else, until the caller collects it with
+``POST /api/agent/exchange`` (which also delivers the answer to the previous one): the caller —
+the trainer's env, through the control plane — is the model. A call not answered within
+``call_timeout`` is a 504 to the agent. A reset, a terminate or the next start closes the
+endpoint and fails its calls (503); the harness ends with the tool processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from . import web
+from .errors import ApiError
+from .models import AgentState, ModelCall, ModelReply
+from .process import ProcessResult
+
+log = logging.getLogger(__name__)
+
+MAX_CALL_BODY = 32 << 20  # a model request: messages and tools, never a file upload
+MAX_WAITING_CALLS = 64  # calls the caller has not collected yet; more is a 429 to the agent
+LOOPBACK = "127.0.0.1"
+KEY_HEADERS = ("authorization", "x-api-key", "api-key")
+# What of a call's headers the caller sees: what tells it how to answer (never the key).
+FORWARDED_HEADERS = ("content-type", "accept", "anthropic-version", "anthropic-beta", "openai-beta",
+                     "user-agent", "x-stainless-lang", "x-stainless-package-version")
+
+
+def _error(status: int, message: str, kind: str) -> web.Response:
+    # the shape both OpenAI's and Anthropic's clients read their errors from
+    body = {"type": "error", "error": {"type": kind, "message": message, "code": status}}
+    return web.json_response(body, status=status)
+
+
+@dataclass
+class _Call:
+    model: ModelCall
+    answer: asyncio.Future[web.Response]
+
+
+@dataclass
+class AgentGateway:
+    """One episode's harness and model endpoint."""
+
+    key: str
+    call_timeout: float
+    max_output: int
+    _server: web.Server | None = None
+    _waiting: asyncio.Queue[_Call] = field(default_factory=asyncio.Queue)
+    _handed: dict[str, _Call] = field(default_factory=dict)
+    _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    _process: asyncio.Task[ProcessResult] | None = None
+    _exited: asyncio.Event = field(default_factory=asyncio.Event)
+    calls: int = 0
+    port: int = 0
+
+    async def open(self) -> int:
+        app = _Endpoint(self)
+        self._server = web.Server(app)
+        await self._server.start(host=LOOPBACK, port=0)
+        self.port = int(self._server.address.rsplit(":", 1)[1])
+        return self.port
+
+    def run(self, start: Callable[[], Awaitable[ProcessResult]]) -> None:
+        """Run the harness (``start()`` returns once it ended)."""
+        self._process = asyncio.ensure_future(start())
+        self._process.add_done_callback(lambda _: self._exited.set())
+
+    async def ended(self, timeout: float) -> None:
+        """Return once the harness has ended (its processes were killed), or ``timeout`` passed."""
+        if self._process is not None:
+            await asyncio.wait({self._process}, timeout=timeout)
+
+    def state(self) -> AgentState:
+        task = self._process
+        if task is None or not task.done():
+            return AgentState(running=True, calls=self.calls)
+        if task.cancelled() or task.exception() is not None:
+            error = "cancelled" if task.cancelled() else f"{type(task.exception()).__name__}: {task.exception()}"
+            return AgentState(running=False, exit_code=-1, stderr=f"the harness could not run: {error}",
+                              calls=self.calls)
+        result = task.result()
+        return AgentState(running=False, exit_code=result.exit_code, timed_out=result.timed_out,
+                          stdout=result.stdout.text(True), stderr=result.stderr.text(True), calls=self.calls)
+
+    async def call_in(self, request: web.Request) -> web.Response:
+        """A model call from the agent: held until the caller answers it."""
+        presented = [request.headers.get(h, "") for h in KEY_HEADERS]
+        presented = [p[7:] if p.lower().startswith("bearer ") else p for p in presented]
+        if not any(p and hmac.compare_digest(p.encode(), self.key.encode()) for p in presented):
+            return _error(401, "this model endpoint serves one episode: its key is in OPENAI_API_KEY / "
+                               "ANTHROPIC_API_KEY of the harness", "authentication_error")
+        if self._server is None:
+            return _error(503, "the episode's model endpoint is closed", "unavailable")
+        if self._waiting.qsize() >= MAX_WAITING_CALLS:
+            return _error(429, f"over {MAX_WAITING_CALLS} model calls are waiting for an answer", "rate_limit_error")
+        self.calls += 1
+        headers = {k: v for k, v in request.headers.items() if k in FORWARDED_HEADERS}
+        path = request.path + (f"?{request.query_string}" if request.query_string else "")
+        call = _Call(ModelCall(id=f"call-{next(self._ids)}", method=request.method, path=path, headers=headers,
+                               body_base64=base64.b64encode(request.body).decode("ascii")),
+                     asyncio.get_running_loop().create_future())
+        self._waiting.put_nowait(call)
+        try:
+            return await asyncio.wait_for(asyncio.shield(call.answer), self.call_timeout)
+        except TimeoutError:
+            self._handed.pop(call.model.id, None)
+            return _error(504, f"no answer from the policy within {self.call_timeout:g} s", "timeout")
+        except asyncio.CancelledError:
+            if call.answer.cancelled():
+                return _error(503, "the episode's model endpoint was closed", "unavailable")
+            raise
+
+    def answer(self, reply: ModelReply) -> None:
+        call = self._handed.pop(reply.call_id, None)
+        if call is None:
+            raise ApiError.for_status(409, f"no model call {reply.call_id!r} is waiting for an answer (answered "
+                                           "already, timed out, or of an earlier episode)")
+        try:
+            body = base64.b64decode(reply.body_base64, validate=True)
+        except ValueError:
+            self._handed[reply.call_id] = call
+            raise ApiError.for_status(422, "reply.body_base64 is not valid base64") from None
+        if not call.answer.done():
+            call.answer.set_result(web.Response(body, status=reply.status, content_type=reply.content_type))
+
+    async def next_call(self, wait: float) -> ModelCall | None:
+        """The agent's next call, or None once it exited (and left none) or ``wait`` ran out."""
+        while True:
+            if not self._waiting.empty():
+                call = self._waiting.get_nowait()
+                if call.answer.done():  # its agent gave up on it (timeout, closed connection)
+                    continue
+                self._handed[call.model.id] = call
+                return call.model
+            if self._exited.is_set():
+                return None
+            getter = asyncio.ensure_future(self._waiting.get())
+            exited = asyncio.ensure_future(self._exited.wait())
+            try:
+                done, _ = await asyncio.wait({getter, exited}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                exited.cancel()
+                if not getter.done():
+                    getter.cancel()
+            if getter.done() and not getter.cancelled():
+                call = getter.result()
+                if call.answer.done():
+                    continue
+                self._handed[call.model.id] = call
+                return call.model
+            if not done:
+                return None
+
+    async def close(self) -> None:
+        server, self._server = self._server, None
+        for call in [*self._handed.values(), *_drain(self._waiting)]:
+            if not call.answer.done():
+                call.answer.cancel()
+        self._handed.clear()
+        if server is not None:
+            await server.close()
+        # the harness itself ends with the tool processes (every caller ends them next)
+
+
+def _drain(queue: asyncio.Queue[_Call]) -> list[_Call]:
+    out = []
+    while not queue.empty():
+        out.append(queue.get_nowait())
+    return out
+
+
+class _Endpoint(web.App):
+    """Every path of the listener is a model call (``/v1/chat/completions``, ``/v1/messages``,
+    ``/v1/responses``…): the caller decides what it means."""
+
+    def __init__(self, gateway: AgentGateway) -> None:
+        super().__init__(client_max_size=MAX_CALL_BODY, on_error=_on_error)
+        self.gateway = gateway
+
+    async def dispatch(self, request: web.Request) -> web.Response:
+        try:
+            return await self.gateway.call_in(request)
+        except Exception as exc:  # noqa: BLE001 - the agent gets an answer, never a dropped connection
+            return _on_error(request, exc)
+
+
+def _on_error(request: web.Request, exc: BaseException) -> web.Response:
+    if isinstance(exc, ApiError):
+        return _error(exc.status, exc.message, exc.kind)
+    log.error("model call %s %s failed", request.method, request.path, exc_info=exc)
+    return _error(500, f"the sandbox's model endpoint failed: {type(exc).__name__}: {exc}", "server_error")
