@@ -31,6 +31,7 @@ from .isolation import say_once
 from .layout import NAME_RE, SOCKET_NAME, Plan, Space, tail, write_meta
 from .lease import Lease, record_pids
 from .oci.hostrt import oci_runtime
+from .harness_layers import with_harness_layers
 from .runtime import Runtime
 from .server_kinds import entry, runtime_for
 from .storage import LayerStorage
@@ -330,6 +331,7 @@ class Launcher:
                 runtime = runtime_for(self.runtime, entry(plan.kind))
                 if plan.image.is_oci:  # nothing of the host's /usr in the sandbox: the server brings its own
                     runtime = oci_runtime(runtime, self.state_dir)
+                runtime = with_harness_layers(runtime)  # agent harnesses, read-only
                 self._runtimes[key] = runtime
         return runtime
 
