@@ -26,12 +26,12 @@ from ...models import ServerKind
 from ..base import BackendError, Endpoint, Limits, SandboxHandle
 from . import bwrap, cgroups, plain, priority, readiness, rootfs, teardown
 from .fork_layers import ForkLayers, ForkStack, sandbox_holder
+from .harness_layers import with_harness_layers
 from .images import ResolvedImage
 from .isolation import say_once
 from .layout import NAME_RE, SOCKET_NAME, Plan, Space, tail, write_meta
 from .lease import Lease, record_pids
 from .oci.hostrt import oci_runtime
-from .harness_layers import with_harness_layers
 from .runtime import Runtime
 from .server_kinds import entry, runtime_for
 from .storage import LayerStorage
