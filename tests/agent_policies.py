@@ -36,7 +36,18 @@ def tmux(solve: bool = True) -> Iterator[str]:
     yield json.dumps({"analysis": "done", "commands": [], "task_complete": True})
 
 
-def codex(solve: bool = True) -> Iterator[dict[str, Any] | str]:
-    if solve:
-        yield bash_call(FIX, name="shell_command")
-    yield "Done."
+def shell_tool(request: dict[str, Any]) -> tuple[str, Any]:
+    """The shell tool of a Codex request and how its command is written (a string or an argv)."""
+    for tool in request.get("tools", []):
+        fn = tool["function"]
+        if "shell" in fn["name"] or fn["name"] == "exec_command":
+            props = fn.get("parameters", {}).get("properties", {})
+            key = "command" if "command" in props else "cmd"
+            return fn["name"], key, props.get(key, {}).get("type")
+    raise AssertionError(f"no shell tool among {[t['function']['name'] for t in request.get('tools', [])]}")
+
+
+def codex_reply(request: dict[str, Any], command: str) -> dict[str, Any]:
+    name, key, kind = shell_tool(request)
+    value: Any = ["bash", "-lc", command] if kind == "array" else command
+    return {"content": None, "tool_calls": [{"function": {"name": name, "arguments": {key: value}}}]}

@@ -4,12 +4,18 @@ in each harness's own format; pass-through mode against a model server of the te
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from idegym_env.agents import Harness, LayerSpec
 from idegym_env.agents.env import IdeGymAgentEnv
 from idegym_env.embedded import EmbeddedControlPlane
+from sandbox_server import routes
+from sandbox_server.models import AgentExchangeRequest
 from tests import agent_policies as policies
 from tests.helpers import embedded_control_plane
 
@@ -44,3 +50,168 @@ def test_mini_swe_agent_solves_a_task_through_its_own_loop(control_plane: Embedd
         assert info["harness"]["name"] == "mini-swe-agent" and info["harness"]["installed"]["mini-swe-agent"] == "2.4.6"
     finally:
         env.close()
+
+
+def test_submitting_at_once_scores_less(control_plane: EmbeddedControlPlane) -> None:
+    env = IdeGymAgentEnv(policies.TASK, harness="mini-swe-agent", control_plane_url=control_plane.url)
+    try:
+        reward, terminated, _, info, _ = _play(env, policies.mini_swe_agent(solve=False))
+        assert terminated and reward < 1.0 and info["tests_verdict"] == "failed"
+        assert len(info["trajectory"]) == 1
+    finally:
+        env.close()
+
+
+def test_a_malformed_reply_is_an_observation_and_the_agent_goes_on(control_plane: EmbeddedControlPlane) -> None:
+    env = IdeGymAgentEnv(policies.TASK, harness="mini-swe-agent", control_plane_url=control_plane.url)
+    try:
+        first, info = env.reset()
+        observation, reward, terminated, truncated, info = env.step(12345)
+        assert not terminated and not truncated and info["invalid_action"] is True
+        assert "a reply is a string or an assistant message" in observation and first in observation
+        # well formed, but not mini-swe-agent's format: its own loop answers with its format error
+        observation, _, terminated, _, info = env.step(
+            {"content": "x", "tool_calls": [{"function": {"name": "python", "arguments": {"code": "1"}}}]})
+        assert not terminated and "Unknown tool 'python'" in info["request"]["messages"][-1]["content"]
+        _, reward, terminated, _, info = env.step(policies.bash_call(policies.SUBMIT_MINI))
+        assert terminated and "infrastructure_error" not in info and len(info["trajectory"]) == 2
+    finally:
+        env.close()
+
+
+def test_a_crashing_harness_is_an_infrastructure_failure_not_a_zero(control_plane: EmbeddedControlPlane) -> None:
+    crasher = Harness(name="crasher", layer=LayerSpec("tmux-agent", drivers=("tmux_agent.py",)),
+                      command=lambda inside: ["python3", "-c", "raise SystemExit('harness boom')"], api="chat",
+                      version="0")
+    env = IdeGymAgentEnv(policies.TASK, harness=crasher, control_plane_url=control_plane.url)
+    try:
+        observation, info = env.reset()
+        assert info["agent_ended_before_first_call"] is True
+        _, reward, terminated, truncated, info = env.step("anything")
+        assert (terminated, truncated) == (False, True) and reward == 0.0
+        assert "exited with code 1" in info["infrastructure_error"] and "harness boom" in info["infrastructure_error"]
+        assert "checks" not in info  # nothing was graded
+    finally:
+        env.close()
+
+
+def test_a_call_whose_answer_comes_too_late_ends_as_an_infrastructure_failure(
+        control_plane: EmbeddedControlPlane) -> None:
+    env = IdeGymAgentEnv(policies.TASK, harness="mini-swe-agent", control_plane_url=control_plane.url,
+                         call_timeout=1.0)
+    try:
+        env.reset()
+        deadline = time.monotonic() + 60
+        while True:  # the harness got its 504 and gave up: it is no longer running
+            state = env.sandbox.call(routes.AGENT_EXCHANGE, AgentExchangeRequest(wait=2)).agent
+            if not state.running or time.monotonic() > deadline:
+                break
+        assert not state.running
+        _, reward, terminated, truncated, info = env.step(policies.bash_call("ls"))
+        assert truncated and not terminated and reward == 0.0 and info["late_replies"] == 1
+        assert "no answer from the policy within 1 s" in info["infrastructure_error"]
+    finally:
+        env.close()
+
+
+def test_a_budget_of_seconds_truncates_and_grades(control_plane: EmbeddedControlPlane) -> None:
+    sleeper = Harness(name="sleeper", layer=LayerSpec("tmux-agent", drivers=("tmux_agent.py",)),
+                      command=lambda inside: ["sleep", "600"], api="chat", version="0")
+    env = IdeGymAgentEnv(policies.TASK, harness=sleeper, control_plane_url=control_plane.url, max_seconds=1.0)
+    try:
+        started = time.monotonic()
+        env.reset()
+        _, reward, terminated, truncated, info = env.step("x")
+        assert time.monotonic() - started < 60
+        assert truncated and not terminated and info["truncated_by"] == "max_seconds"
+        assert info["tests_verdict"] == "failed" and "infrastructure_error" not in info and reward < 1.0
+    finally:
+        env.close()
+
+
+def test_the_tmux_harness_solves_a_task(control_plane: EmbeddedControlPlane) -> None:
+    env = IdeGymAgentEnv(policies.TASK, harness="tmux", control_plane_url=control_plane.url)
+    try:
+        reward, terminated, _, info, requests = _play(env, policies.tmux())
+        assert reward == 1.0 and terminated, info
+        assert "Screen:" in requests[0]["messages"][1]["content"]
+        assert "MCMXCIV" in requests[1]["messages"][-1]["content"]  # the pane showed the check's output
+    finally:
+        env.close()
+
+
+def test_the_codex_cli_solves_a_task_through_the_responses_api(control_plane: EmbeddedControlPlane) -> None:
+    env = IdeGymAgentEnv(policies.TASK, harness="codex", control_plane_url=control_plane.url)
+    try:
+        observation, info = env.reset()
+        assert info["api"] == "responses"
+        request = info["request"]
+        _, _, terminated, _, info = env.step(policies.codex_reply(request, policies.FIX))
+        assert not terminated, info
+        assert info["request"]["messages"][-1]["role"] == "tool"  # the command's output came back
+        observation, reward, terminated, truncated, info = env.step("Done: the numerals are fixed.")
+        while not (terminated or truncated):  # codex may ask again (a summary, a title): say it is done
+            observation, reward, terminated, truncated, info = env.step("Done.")
+        assert reward == 1.0 and terminated, info
+        assert info["harness"]["installed"]["@openai/codex"] == "0.169.0"
+    finally:
+        env.close()
+
+
+class _ScriptedModel(BaseHTTPRequestHandler):
+    """An OpenAI-compatible server: scripted completions with token ids and logprobs."""
+
+    replies: list[dict] = []
+    seen: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).seen.append(body)
+        n = len(type(self).seen) - 1
+        message = type(self).replies[min(n, len(type(self).replies) - 1)]
+        answer = {"id": f"cmpl-{n}", "object": "chat.completion", "model": body.get("model"),
+                  "prompt_token_ids": [1, 2, 3, n],
+                  "choices": [{"index": 0, "message": {"role": "assistant", **message},
+                               "finish_reason": "tool_calls",
+                               "token_ids": [100 + n, 200 + n],
+                               "logprobs": {"content": [{"token": "t", "logprob": -0.5 - n, "top_logprobs": []}]}}],
+                  "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}}
+        data = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _tool_message(command: str) -> dict:
+    return {"content": None, "tool_calls": [{"id": f"call_{abs(hash(command))}", "type": "function",
+                                              "function": {"name": "bash",
+                                                           "arguments": json.dumps({"command": command})}}]}
+
+
+def test_pass_through_runs_mini_swe_agent_against_a_model_server(control_plane: EmbeddedControlPlane) -> None:
+    _ScriptedModel.replies = [_tool_message(policies.FIX), _tool_message(policies.SUBMIT_MINI)]
+    _ScriptedModel.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ScriptedModel)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    env = IdeGymAgentEnv(policies.TASK, harness="mini-swe-agent", control_plane_url=control_plane.url,
+                         model_url=f"http://127.0.0.1:{server.server_address[1]}/v1", model_name="scripted")
+    try:
+        reward, info = env.run_episode()
+        assert reward == 1.0 and info["submitted"] is True
+        calls = info["trajectory"]
+        assert len(calls) == 2 == len(_ScriptedModel.seen)
+        assert [c["completion_token_ids"] for c in calls] == [[100, 200], [101, 201]]
+        assert [c["prompt_token_ids"][-1] for c in calls] == [0, 1]
+        assert calls[1]["logprobs"]["content"][0]["logprob"] == -1.5
+        assert _ScriptedModel.seen[0]["logprobs"] is True and _ScriptedModel.seen[0]["model"] == "scripted"
+        assert _ScriptedModel.seen[0]["tools"][0]["function"]["name"] == "bash"
+    finally:
+        env.close()
+        server.shutdown()
+        server.server_close()

@@ -36,7 +36,7 @@ import httpx
 from sandbox_server import routes
 from sandbox_server.models import AgentExchangeRequest, AgentStartRequest, AgentState, AgentStopRequest, ModelReply
 
-from ..client import IdeGymError, SandboxGone
+from ..client import Conflict, IdeGymError, SandboxGone
 from ..env import EpisodeEnded, IdeGymEnv
 from ..spaces import UnicodeText
 from ..tasks import Task
@@ -75,6 +75,7 @@ class IdeGymAgentEnv(IdeGymEnv):
         self._key = ""
         self._deadline = 0.0
         self._agent_state: AgentState | None = None
+        self._late_replies = 0  # replies that came after their call's agent gave up waiting
         self._first: str | None = None  # how the episode ended before a step could (reset, pass-through)
 
     # -- episode ----------------------------------------------------------------------------------
@@ -82,6 +83,7 @@ class IdeGymAgentEnv(IdeGymEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         instruction, info = super().reset(seed=seed, options=options)
         self.trajectory = []
+        self._late_replies = 0
         info["harness"] = self.harness_info()
         try:
             self._start_agent()
@@ -197,6 +199,11 @@ class IdeGymAgentEnv(IdeGymEnv):
             try:
                 answer = self.sandbox.call(routes.AGENT_EXCHANGE, AgentExchangeRequest(reply=reply,
                                                                                       wait=min(left, POLL)))
+            except Conflict:
+                # the call the reply answers is gone: its agent stopped waiting (call_timeout)
+                self._late_replies += 1
+                reply = None
+                continue
             except IdeGymError as exc:
                 return f"lost: {getattr(exc, 'message', exc)}"
             reply = None
@@ -279,6 +286,8 @@ class IdeGymAgentEnv(IdeGymEnv):
 
     def _end(self, outcome: str, info: dict[str, Any], started: float) -> tuple[str, SupportsFloat, bool, bool, dict]:
         info.update(harness=self.harness_info(), calls=len(self.trajectory))
+        if self._late_replies:
+            info["late_replies"] = self._late_replies
         state = self._agent_state
         if outcome == "exited" and state is not None and state.exit_code == 0:
             info["agent"] = state.model_dump()
