@@ -4,20 +4,25 @@ in each harness's own format; pass-through mode against a model server of the te
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
 from idegym_env.agents import Harness, LayerSpec
 from idegym_env.agents.env import IdeGymAgentEnv
+from idegym_env.agents.trajectory import to_atif, training_samples, write_jsonl
 from idegym_env.embedded import EmbeddedControlPlane
 from sandbox_server import routes
 from sandbox_server.models import AgentExchangeRequest
 from tests import agent_policies as policies
-from tests.helpers import embedded_control_plane
+from tests.helpers import REPO, embedded_control_plane
+
+HARBOR_PYTHON = REPO / ".venv-harbor" / "bin" / "python"
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +198,29 @@ def _tool_message(command: str) -> dict:
                                                            "arguments": json.dumps({"command": command})}}]}
 
 
-def test_pass_through_runs_mini_swe_agent_against_a_model_server(control_plane: EmbeddedControlPlane) -> None:
+def _check_exports(tmp_path: Path, calls: list[dict], info: dict, reward: float) -> None:
+    """ATIF (validated by Harbor's own models) and JSONL samples hold every call."""
+    atif = to_atif(calls, info, session_id="s1", reward=reward)
+    agent_steps = [s for s in atif["steps"] if s["source"] == "agent"]
+    assert len(agent_steps) == 2 and agent_steps[1]["metrics"]["completion_token_ids"] == [101, 201]
+    assert agent_steps[0]["observation"]["results"][0]["source_call_id"] == agent_steps[0]["tool_calls"][0][
+        "tool_call_id"]
+    assert atif["agent"]["extra"]["installed"]["mini-swe-agent"] == "2.4.6"
+    path = tmp_path / "trajectory.json"
+    path.write_text(json.dumps(atif))
+    checked = subprocess.run([str(HARBOR_PYTHON), "-c", "import sys; from harbor.models.trajectories import "
+                              "Trajectory; t = Trajectory.model_validate_json(open(sys.argv[1]).read()); "
+                              "print(len(t.steps))", str(path)], capture_output=True, text=True)
+    assert checked.returncode == 0 and checked.stdout.strip() == str(len(atif["steps"])), checked.stderr
+    samples = training_samples(calls, info, reward)
+    write_jsonl(tmp_path / "samples.jsonl", samples)
+    rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [r["logprobs"] for r in rows] == [[-0.5], [-1.5]]
+    assert all(r["reward"] == 1.0 and r["infra_failure"] is False for r in rows)
+
+
+def test_pass_through_runs_mini_swe_agent_against_a_model_server(control_plane: EmbeddedControlPlane,
+                                                                 tmp_path: Path) -> None:
     _ScriptedModel.replies = [_tool_message(policies.FIX), _tool_message(policies.SUBMIT_MINI)]
     _ScriptedModel.seen = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _ScriptedModel)
@@ -211,7 +238,52 @@ def test_pass_through_runs_mini_swe_agent_against_a_model_server(control_plane: 
         assert calls[1]["logprobs"]["content"][0]["logprob"] == -1.5
         assert _ScriptedModel.seen[0]["logprobs"] is True and _ScriptedModel.seen[0]["model"] == "scripted"
         assert _ScriptedModel.seen[0]["tools"][0]["function"]["name"] == "bash"
+        _check_exports(tmp_path, calls, info, reward)
     finally:
         env.close()
         server.shutdown()
         server.server_close()
+
+
+def test_fork_gives_a_group_of_rollouts_from_one_state(control_plane: EmbeddedControlPlane) -> None:
+    env = IdeGymAgentEnv(policies.TASK, harness="mini-swe-agent", control_plane_url=control_plane.url)
+    children: list[IdeGymAgentEnv] = []
+    try:
+        observation, info = env.reset()
+        env.sandbox.write_file("NOTES.md", "set up before the fork\n")
+        children = env.fork(2)
+        rewards = []
+        for child, solve in zip(children, (True, False), strict=True):
+            assert child.sandbox.server_id != env.sandbox.server_id
+            replies = iter([policies.bash_call("cat NOTES.md"), *policies.mini_swe_agent(solve)])
+            _, _, terminated, _, step_info = child.step(next(replies))
+            assert "set up before the fork" in step_info["request"]["messages"][-1]["content"]
+            for reply in replies:
+                _, reward, terminated, truncated, step_info = child.step(reply)
+                if terminated or truncated:
+                    break
+            rewards.append(reward)
+        assert rewards[0] == 1.0 and rewards[1] < 1.0
+        with pytest.raises(RuntimeError, match="right after reset"):
+            children[0].fork(1)
+    finally:
+        for child in children:
+            child.close()
+        env.close()
+
+
+def test_make_vec_runs_agent_episodes_side_by_side(control_plane: EmbeddedControlPlane) -> None:
+    import gymnasium as gym
+
+    import idegym_env  # noqa: F401 - registers the env ids
+
+    envs = gym.make_vec(idegym_env.AGENT_ENV_ID, num_envs=2, vectorization_mode="sync", task=policies.TASK,
+                        harness="mini-swe-agent", control_plane_url=control_plane.url)
+    try:
+        observations, infos = envs.reset(seed=0)
+        assert all(json.loads(o)["tools"][0]["function"]["name"] == "bash" for o in observations)
+        submit = policies.bash_call(policies.SUBMIT_MINI)
+        _, rewards, terminated, truncated, infos = envs.step([submit, submit])
+        assert list(terminated) == [True, True] and all(r < 1.0 for r in rewards)
+    finally:
+        envs.close()

@@ -285,7 +285,7 @@ class IdeGymAgentEnv(IdeGymEnv):
     # -- the end ------------------------------------------------------------------------------------
 
     def _end(self, outcome: str, info: dict[str, Any], started: float) -> tuple[str, SupportsFloat, bool, bool, dict]:
-        info.update(harness=self.harness_info(), calls=len(self.trajectory))
+        info.update(harness=self.harness_info(), calls=len(self.trajectory), task_id=self.task.id)
         if self._late_replies:
             info["late_replies"] = self._late_replies
         state = self._agent_state
