@@ -31,8 +31,6 @@ import time
 from pathlib import Path
 from typing import Any, SupportsFloat
 
-import httpx
-
 from sandbox_server import routes
 from sandbox_server.models import AgentExchangeRequest, AgentStartRequest, AgentState, AgentStopRequest, ModelReply
 
@@ -43,6 +41,7 @@ from ..tasks import Task
 from . import apis
 from .harnesses import Harness, get_harness
 from .layers import Layer, ensure
+from .upstream import Upstream, UpstreamError
 
 DEFAULT_MAX_SECONDS = 1800.0
 POLL = 30.0  # one exchange waits at most this long (the control plane's wait), then asks again
@@ -67,8 +66,7 @@ class IdeGymAgentEnv(IdeGymEnv):
         self.model_url = model_url.rstrip("/") if model_url else None
         self.model_name = model_name
         self.upstream_params = {"logprobs": True} if upstream_params is None else dict(upstream_params)
-        self._upstream = httpx.Client(headers={"Authorization": f"Bearer {model_api_key or 'none'}"},
-                                      timeout=call_timeout) if self.model_url else None
+        self._upstream = Upstream(self.model_url, model_api_key, call_timeout) if self.model_url else None
         self.trajectory: list[dict[str, Any]] = []
         self._pending: apis.ParsedCall | None = None
         self._pending_id = ""
@@ -164,8 +162,7 @@ class IdeGymAgentEnv(IdeGymEnv):
         children = fork_env(self, n)
         for child in children:
             child.trajectory = []
-            child._upstream = httpx.Client(headers=self._upstream.headers, timeout=self.call_timeout) \
-                if self._upstream is not None else None
+            child._upstream = self._upstream.copy() if self._upstream is not None else None
             child._start_agent()
             child._first = child._next_call()
         return children  # type: ignore[return-value]
@@ -250,11 +247,8 @@ class IdeGymAgentEnv(IdeGymEnv):
             payload = {**self._pending.request, **self.upstream_params, "stream": False,
                        "model": self.model_name or self._pending.model or "default"}
             try:
-                resp = self._upstream.post(f"{self.model_url}/chat/completions", json=payload)
-                completion = resp.json()
-                if resp.status_code != 200 or not completion.get("choices"):
-                    raise ValueError(f"HTTP {resp.status_code}: {resp.text[:500]}")
-            except (httpx.HTTPError, ValueError) as exc:
+                completion = self._upstream.chat(payload)
+            except UpstreamError as exc:
                 return f"model: the model server at {self.model_url} failed: {exc}"
             self._steps += 1
             self._record(completion, started)
