@@ -95,6 +95,7 @@ def latency(url: str, result: Result) -> None:
         finally:
             env.close()
         through = _times(info["agent"]["stdout"])
+        result.figures["exchange"] = info.get("exchange")
     finally:
         server.shutdown()
         server.server_close()

@@ -9,7 +9,10 @@ episode's key (``Authorization: Bearer``, ``x-api-key`` or ``api-key``); another
 Each call waits, unread by anyone else, until the caller collects it with
 ``POST /api/agent/exchange`` (which also delivers the answer to the previous one): the caller —
 the trainer's env, through the control plane — is the model. A call not answered within
-``call_timeout`` is a 504 to the agent. A reset, a terminate or the next start closes the
+``call_timeout`` is a 504 to the agent. A caller on the sandbox's host can spare the control
+plane's round trip: it listens on a Unix socket the sandbox can see (``exchange_socket``), the
+server connects to it, proves itself with ``exchange_secret`` and serves the exchange route, and
+only that, on the connection. A reset, a terminate or the next start closes the
 endpoint and fails its calls (503); the harness ends with the tool processes.
 """
 
@@ -33,6 +36,7 @@ log = logging.getLogger(__name__)
 MAX_CALL_BODY = 32 << 20  # a model request: messages and tools, never a file upload
 MAX_WAITING_CALLS = 64  # calls the caller has not collected yet; more is a 429 to the agent
 LOOPBACK = "127.0.0.1"
+CONNECT_BACK_TIMEOUT = 5.0
 KEY_HEADERS = ("authorization", "x-api-key", "api-key")
 # What of a call's headers the caller sees: what tells it how to answer (never the key).
 FORWARDED_HEADERS = ("content-type", "accept", "anthropic-version", "anthropic-beta", "openai-beta",
@@ -66,6 +70,7 @@ class AgentGateway:
     _exited: asyncio.Event = field(default_factory=asyncio.Event)
     calls: int = 0
     port: int = 0
+    _back: tuple[asyncio.StreamWriter, asyncio.Task[None]] | None = None
 
     async def open(self) -> int:
         app = _Endpoint(self)
@@ -73,6 +78,20 @@ class AgentGateway:
         await self._server.start(host=LOOPBACK, port=0)
         self.port = int(self._server.address.rsplit(":", 1)[1])
         return self.port
+
+    async def connect_back(self, path: str, secret: str, app: web.App) -> str | None:
+        """Connect to the caller's socket at ``path``, say ``secret``, then serve ``app`` (the
+        exchange route) on that connection. Returns why it could not (the caller falls back to
+        the control plane), or None."""
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path, limit=web.READ_CHUNK),
+                                                    CONNECT_BACK_TIMEOUT)
+            writer.write(secret.encode() + b"\n")
+            await writer.drain()
+        except (OSError, TimeoutError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        self._back = (writer, asyncio.ensure_future(web.serve_connection(app, reader, writer)))
+        return None
 
     def run(self, start: Callable[[], Awaitable[ProcessResult]]) -> None:
         """Run the harness (``start()`` returns once it ended)."""
@@ -173,6 +192,11 @@ class AgentGateway:
         self._handed.clear()
         if server is not None:
             await server.close()
+        if self._back is not None:
+            writer, serving = self._back
+            self._back = None
+            writer.close()
+            serving.cancel()
         # the harness itself ends with the tool processes (every caller ends them next)
 
 

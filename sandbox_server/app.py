@@ -420,11 +420,23 @@ async def agent_start(request: web.Request) -> web.Response:
     env.update(req.env or {})
     env.update(IDEGYM_GATEWAY_URL=base, OPENAI_BASE_URL=f"{base}/v1", OPENAI_API_KEY=req.key,
                ANTHROPIC_BASE_URL=base, ANTHROPIC_API_KEY=req.key)
+    connected = False
+    if req.exchange_socket is not None:
+        if req.exchange_secret is None:
+            raise Unprocessable.field(["body", "exchange_secret"], "exchange_socket needs exchange_secret", None)
+        channel = web.App(client_max_size=state.config.max_body_bytes, on_error=on_error)
+        channel[CONFIG], channel[STATE] = request.app[CONFIG], state
+        channel.add_route(routes.AGENT_EXCHANGE.method, routes.AGENT_EXCHANGE.path, agent_exchange)
+        why = await agent.connect_back(req.exchange_socket, req.exchange_secret, channel)
+        connected = why is None
+        if why is not None:
+            log.warning("agent exchange socket %s: %s (the caller falls back to the control plane)",
+                        req.exchange_socket, why)
     agent.run(lambda: state.supervisor.run(
         list(req.command), cwd=cwd, env=env, user=user, timeout=min(req.timeout, state.config.max_timeout),
         grace=min(req.graceful_termination_timeout, 60.0), max_output=req.max_output_bytes))
     state.agent = agent
-    return json_response(AgentStartResponse(port=port, base_url=base))
+    return json_response(AgentStartResponse(port=port, base_url=base, exchange_connected=connected))
 
 
 def _agent(request: web.Request) -> AgentGateway:

@@ -335,6 +335,11 @@ class AgentStartRequest(TimedRequest):
     user: Arg | None = None
     call_timeout: Seconds = Field(600.0, description="how long one model call may wait for its reply (then 504)")
     max_output_bytes: int = Field(65_536, ge=0, le=DEFAULT_MAX_OUTPUT, description="kept of each output stream")
+    exchange_socket: Arg | None = Field(
+        None, description="a Unix socket (its path in the sandbox) the server connects to, says exchange_secret "
+                          "on, and then serves POST /api/agent/exchange on: the caller's model calls without the "
+                          "control plane's round trip")
+    exchange_secret: str | None = Field(None, min_length=16, max_length=256, pattern=r"^[A-Za-z0-9_.-]+$")
 
     @field_validator("env")
     @classmethod
@@ -348,6 +353,7 @@ class AgentStartRequest(TimedRequest):
 class AgentStartResponse(Response):
     port: int
     base_url: str
+    exchange_connected: bool = Field(False, description="the server is connected to exchange_socket")
 
 
 class ModelCall(Response):

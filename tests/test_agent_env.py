@@ -4,6 +4,7 @@ in each harness's own format; pass-through mode against a model server of the te
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import threading
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from idegym_env.agents import Harness, LayerSpec
+from idegym_env.agents.channel import DirectChannel
 from idegym_env.agents.env import IdeGymAgentEnv
 from idegym_env.agents.trajectory import to_atif, training_samples, write_jsonl
 from idegym_env.embedded import EmbeddedControlPlane
@@ -287,3 +289,36 @@ def test_make_vec_runs_agent_episodes_side_by_side(control_plane: EmbeddedContro
         assert list(terminated) == [True, True] and all(r < 1.0 for r in rewards)
     finally:
         envs.close()
+
+
+@pytest.mark.security
+def test_the_direct_exchange_socket_admits_only_its_sandbox_server(control_plane: EmbeddedControlPlane) -> None:
+    env = IdeGymAgentEnv(policies.TASK, harness="mini-swe-agent", control_plane_url=control_plane.url)
+    channel = DirectChannel(env.layer.host.parent)
+    try:
+        env.reset()
+        assert env._exchange_path == "direct"  # the env's own episode went the direct way
+        # the sandbox's user can neither list the sockets nor connect to one whose name it learnt
+        probe = ("import os, socket\n"
+                 "try:\n    os.listdir('/opt/idegym/harness/.gw'); print('listed')\n"
+                 "except PermissionError: print('no list')\n"
+                 f"s = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect({channel.inside!r}); print('connected')\n"
+                 "except PermissionError: print('no connect')\n")
+        env.sandbox.write_file("probe.py", probe)
+        out = env.sandbox.run_tool(policies_bash("python3 probe.py")).stdout.split()
+        assert out == ["no", "list", "no", "connect"], out
+        # a connection that does not say the secret is dropped
+        rogue = socket.socket(socket.AF_UNIX)
+        rogue.connect(str(channel.path))
+        rogue.sendall(b"not-the-secret-of-this-episode\n")
+        assert channel.accept() is False and not channel.path.exists()
+        rogue.close()
+    finally:
+        channel.close()
+        env.close()
+
+
+def policies_bash(command: str):
+    from idegym_env.spaces.tools import BashCall
+
+    return BashCall.model_validate({"tool": "bash", "arguments": {"command": command}})

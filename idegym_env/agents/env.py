@@ -25,6 +25,7 @@ loopback port of the sandbox's own network namespace that answers only this epis
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import secrets
 import time
@@ -32,13 +33,21 @@ from pathlib import Path
 from typing import Any, SupportsFloat
 
 from sandbox_server import routes
-from sandbox_server.models import AgentExchangeRequest, AgentStartRequest, AgentState, AgentStopRequest, ModelReply
+from sandbox_server.models import (
+    AgentExchangeRequest,
+    AgentExchangeResponse,
+    AgentStartRequest,
+    AgentState,
+    AgentStopRequest,
+    ModelReply,
+)
 
 from ..client import Conflict, IdeGymError, SandboxGone
 from ..env import EpisodeEnded, IdeGymEnv
 from ..spaces import UnicodeText
 from ..tasks import Task
 from . import apis
+from .channel import DirectChannel
 from .harnesses import Harness, get_harness
 from .layers import Layer, ensure
 from .upstream import Upstream, UpstreamError
@@ -55,7 +64,7 @@ class IdeGymAgentEnv(IdeGymEnv):
                  model_url: str | None = None, model_api_key: str | None = None, model_name: str | None = None,
                  upstream_params: dict[str, Any] | None = None, max_calls: int | None = None,
                  max_seconds: float | None = None, call_timeout: float = 600.0,
-                 max_observation_chars: int = 1 << 20, **kwargs: Any) -> None:
+                 max_observation_chars: int = 1 << 20, direct_exchange: bool = True, **kwargs: Any) -> None:
         self.harness = get_harness(harness)
         self.layer: Layer = ensure(self.harness.layer)
         super().__init__(task, max_observation_chars=max_observation_chars, **kwargs)
@@ -63,6 +72,9 @@ class IdeGymAgentEnv(IdeGymEnv):
         self.max_calls = max_calls or self.task.max_steps
         self.max_seconds = max_seconds or self.task.agent_timeout or DEFAULT_MAX_SECONDS
         self.call_timeout = call_timeout
+        self.direct_exchange = direct_exchange  # model calls straight from the sandbox server (channel.py)
+        self._channel: DirectChannel | None = None
+        self._exchange_path = ""  # how the model calls reach the env: "direct" or "control plane"
         self.model_url = model_url.rstrip("/") if model_url else None
         self.model_name = model_name
         self.upstream_params = {"logprobs": True} if upstream_params is None else dict(upstream_params)
@@ -162,12 +174,14 @@ class IdeGymAgentEnv(IdeGymEnv):
         children = fork_env(self, n)
         for child in children:
             child.trajectory = []
+            child._channel = None  # the parent's stays the parent's
             child._upstream = self._upstream.copy() if self._upstream is not None else None
             child._start_agent()
             child._first = child._next_call()
         return children  # type: ignore[return-value]
 
     def close(self) -> None:
+        self._close_channel()
         if self._upstream is not None:
             self._upstream.close()
         super().close()
@@ -181,9 +195,43 @@ class IdeGymAgentEnv(IdeGymEnv):
         self._pending, self._agent_state = None, None
         env = {"IDEGYM_INSTRUCTION": self.task.instruction, "IDEGYM_STEP_LIMIT": str(self.max_calls),
                "IDEGYM_MODEL_NAME": self.model_name or "idegym-policy", **self.harness.env}
-        self.sandbox.call(routes.AGENT_START, AgentStartRequest(
+        self._close_channel()
+        channel = self._open_channel()
+        started = self.sandbox.call(routes.AGENT_START, AgentStartRequest(
             command=self.harness.command(self.layer.inside), key=self._key, env=env, timeout=self.max_seconds + 60,
-            graceful_termination_timeout=STOP_GRACE, call_timeout=self.call_timeout))
+            graceful_termination_timeout=STOP_GRACE, call_timeout=self.call_timeout,
+            exchange_socket=channel.inside if channel else None, exchange_secret=channel.secret if channel else None))
+        if channel is not None and started.exchange_connected and channel.accept():
+            self._channel = channel
+            self._exchange_path = "direct"
+        else:
+            self._exchange_path = "control plane"
+            if channel is not None:
+                channel.close()
+
+    def _open_channel(self) -> DirectChannel | None:
+        """A direct line to the sandbox's endpoint, when it may be on this host (``channel.py``)."""
+        if not self.direct_exchange:
+            return None
+        try:
+            return DirectChannel(self.layer.host.parent)
+        except OSError:
+            return None
+
+    def _close_channel(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close()
+
+    def _call_exchange(self, request: AgentExchangeRequest) -> AgentExchangeResponse:
+        assert self.sandbox is not None
+        if self._channel is not None:
+            try:
+                return self._channel.exchange(request)
+            except (OSError, http.client.HTTPException):
+                self._close_channel()  # through the control plane from now on (a reply sent twice is a 409)
+                self._exchange_path = "control plane (the direct line broke)"
+        return self.sandbox.call(routes.AGENT_EXCHANGE, request)
 
     def _exchange(self, reply: ModelReply | None) -> str | None:
         """Deliver ``reply``; wait for the next model call (``self._pending``). None, or why the
@@ -194,8 +242,7 @@ class IdeGymAgentEnv(IdeGymEnv):
             if left <= 0:
                 return "max_seconds"
             try:
-                answer = self.sandbox.call(routes.AGENT_EXCHANGE, AgentExchangeRequest(reply=reply,
-                                                                                      wait=min(left, POLL)))
+                answer = self._call_exchange(AgentExchangeRequest(reply=reply, wait=min(left, POLL)))
             except Conflict:
                 # the call the reply answers is gone: its agent stopped waiting (call_timeout)
                 self._late_replies += 1
@@ -279,7 +326,8 @@ class IdeGymAgentEnv(IdeGymEnv):
     # -- the end ------------------------------------------------------------------------------------
 
     def _end(self, outcome: str, info: dict[str, Any], started: float) -> tuple[str, SupportsFloat, bool, bool, dict]:
-        info.update(harness=self.harness_info(), calls=len(self.trajectory), task_id=self.task.id)
+        info.update(harness=self.harness_info(), calls=len(self.trajectory), task_id=self.task.id,
+                    exchange=self._exchange_path)
         if self._late_replies:
             info["late_replies"] = self._late_replies
         state = self._agent_state
@@ -300,6 +348,7 @@ class IdeGymAgentEnv(IdeGymEnv):
             why = outcome.removeprefix("lost: ")
             info["agent"] = self._stop_agent()
         self._ended = True
+        self._close_channel()
         info.update(infrastructure_error=why, trajectory=list(self.trajectory))
         self._log("<episode ended>", why)
         self._timed(info, started)
@@ -307,6 +356,7 @@ class IdeGymAgentEnv(IdeGymEnv):
 
     def _graded(self, info: dict[str, Any], started: float, *, submitted: bool
                 ) -> tuple[str, SupportsFloat, bool, bool, dict]:
+        self._close_channel()
         observation, reward, terminated, truncated, info = self._finish(info, started, submitted=submitted)
         info["trajectory"] = list(self.trajectory)
         return observation, reward, terminated, truncated, info
