@@ -2,8 +2,8 @@
 
 * the gateway's added latency per model call: a client inside a sandbox calls its episode's
   model endpoint, which the env (pass-through mode) forwards to a local OpenAI-compatible server;
-  the same client on the host calls that server directly. Each side times its own calls; the
-  difference of the medians is what the gateway adds (target <= 1 ms);
+  the same client on the host calls that server directly, in alternating rounds. Each side times
+  its own calls; the difference of the medians is what the gateway adds (target <= 1 ms);
 * episodes per minute with 8 agents in parallel: 8 envs (mini-swe-agent, a scripted policy that
   fixes python-roman-numerals and submits), each on a thread of its own, graded.
 
@@ -31,6 +31,7 @@ from ._common import Result, Stats, check_target, stats_table
 N = int(os.environ.get("BENCH_N", "200"))
 AGENTS = int(os.environ.get("BENCH_AGENTS", "8"))
 EPISODES = int(os.environ.get("BENCH_EPISODES", "2"))  # per agent
+ROUNDS = 3
 
 # The client: N chat-completion calls over one kept-alive connection, each timed; prints the times.
 CLIENT = r"""
@@ -80,32 +81,42 @@ def _times(stdout: str) -> list[float]:
 
 
 def latency(url: str, result: Result) -> None:
+    """Rounds of the direct client and the client in the sandbox, alternated: both see the same
+    host load (on a shared 2-core machine it swings from 1 to 15)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Model)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     model_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    per_round = max(N // ROUNDS, 1)
+    client = Harness(name="latency-client", layer=LayerSpec("tmux-agent", drivers=("tmux_agent.py",)),
+                     command=lambda inside: ["python3", "-c", CLIENT, str(per_round + 20)], api="chat", version="1")
+    env = IdeGymAgentEnv(policies.TASK, harness=client, control_plane_url=url, model_url=model_url,
+                         upstream_params={}, max_calls=per_round + 100)
+    direct: list[float] = []
+    through: list[float] = []
     try:
-        direct = subprocess.run(["python3", "-c", CLIENT, str(N + 20)], capture_output=True, text=True, check=True,
-                                env={**os.environ, "OPENAI_BASE_URL": model_url, "OPENAI_API_KEY": "x"})
-        client = Harness(name="latency-client", layer=LayerSpec("tmux-agent", drivers=("tmux_agent.py",)),
-                         command=lambda inside: ["python3", "-c", CLIENT, str(N + 20)], api="chat", version="1")
-        env = IdeGymAgentEnv(policies.TASK, harness=client, control_plane_url=url, model_url=model_url,
-                             upstream_params={}, max_calls=N + 100)
-        try:
+        for _ in range(ROUNDS):
+            out = subprocess.run(["python3", "-c", CLIENT, str(per_round + 20)], capture_output=True, text=True,
+                                 check=True, env={**os.environ, "OPENAI_BASE_URL": model_url, "OPENAI_API_KEY": "x"})
+            direct += _times(out.stdout)
             _, info = env.run_episode()
-        finally:
-            env.close()
-        through = _times(info["agent"]["stdout"])
-        result.figures["exchange"] = info.get("exchange")
+            through += _times(info["agent"]["stdout"])
+            result.figures["exchange"] = info.get("exchange")
     finally:
+        env.close()
         server.shutdown()
         server.server_close()
-    stats = [Stats.of("direct: host client -> model server", _times(direct.stdout)),
+    stats = [Stats.of("direct: host client -> model server", direct),
              Stats.of("through the gateway: sandbox client -> endpoint -> env -> model server", through)]
     result.stats += stats
     added = stats[1].median_ms - stats[0].median_ms
     result.figures["added_latency_ms_per_call"] = round(added, 3)
+    result.figures["added_latency_ms_per_call_min"] = round(stats[1].min_ms - stats[0].min_ms, 3)
+    result.figures["load_average"] = os.getloadavg()[0]
     result.targets["added_latency"] = check_target("gateway's added latency per model call (median)", added, 1.0)
     print(stats_table(stats, baseline=stats[0].label))
+    print(f"added per call: median {added:.3f} ms, floor (min - min) "
+          f"{result.figures['added_latency_ms_per_call_min']:.3f} ms; model calls went {result.figures['exchange']}; "
+          f"load average {result.figures['load_average']:.1f}")
 
 
 def throughput(url: str, result: Result) -> None:
