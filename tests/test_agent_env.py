@@ -322,3 +322,31 @@ def policies_bash(command: str):
     from idegym_env.spaces.tools import BashCall
 
     return BashCall.model_validate({"tool": "bash", "arguments": {"command": command}})
+
+
+def test_eval_runs_a_harness_against_a_model_server(control_plane: EmbeddedControlPlane, tmp_path: Path) -> None:
+    from idegym_env.eval import AgentSpecError, evaluate
+
+    with pytest.raises(AgentSpecError, match="model_url"):
+        evaluate(policies.TASK, "harness:mini-swe-agent", out=tmp_path / "none", control_plane_url=control_plane.url)
+    with pytest.raises(AgentSpecError, match="unknown harness"):
+        evaluate(policies.TASK, "harness:nope", agent_args={"model_url": "http://127.0.0.1:9/v1"},
+                 out=tmp_path / "none", control_plane_url=control_plane.url)
+    _ScriptedModel.replies = [_tool_message(policies.FIX), _tool_message(policies.SUBMIT_MINI)]
+    _ScriptedModel.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ScriptedModel)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        result = evaluate(policies.TASK, "harness:mini-swe-agent", agent_args={"model_url": url}, out=tmp_path / "ok",
+                          control_plane_url=control_plane.url)
+        (record,) = result.records
+        assert record["reward"] == 1.0 and record["passed"] is True and record["error"] is None, record
+    finally:
+        server.shutdown()
+        server.server_close()
+    # a model server that is not there: the model's failure, not a score
+    result = evaluate(policies.TASK, "harness:mini-swe-agent", agent_args={"model_url": url},
+                      out=tmp_path / "down", control_plane_url=control_plane.url)
+    (record,) = result.records
+    assert record["error_kind"] == "model" and record["reward"] is None, record
