@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -56,6 +56,13 @@ from .models import (
     PatchFileRequest,
     ResetRequest,
     ResetResult,
+    SessionEndRequest,
+    SessionListResponse,
+    SessionReadRequest,
+    SessionReadResponse,
+    SessionResizeRequest,
+    SessionStartRequest,
+    SessionWriteRequest,
     SetupRequest,
     Status,
     TerminateRequest,
@@ -70,6 +77,7 @@ from .openapi import Route, build_openapi
 from .process import ProcessResult, Supervisor
 from .project import CopyProject, OverlayProject, Project, prepare_pristine
 from .runner import CodeRunner
+from .sessions import Sessions
 from .tool_cgroups import ToolCgroups
 from .users import UserSpec
 
@@ -91,6 +99,7 @@ class SandboxState:
     project: Project | None = None
     reset_lock: asyncio.Lock | None = None
     agent: AgentGateway | None = None  # the running episode's harness and model endpoint
+    sessions: Sessions = field(default_factory=Sessions)  # background processes and terminals
 
     async def close_agent(self) -> None:
         agent, self.agent = self.agent, None
@@ -356,6 +365,7 @@ async def reset_project(request: web.Request) -> web.Response:
     async with state.reset_lock:
         await state.close_agent()
         killed = await state.supervisor.kill_descendants(min(req.graceful_termination_timeout, 60.0))
+        state.sessions.forget()
         if state.project is None:
             return json_response(ResetResult(
                 status=Status.FAILURE, output="Can not reset project without an archive!", killed_processes=killed,
@@ -398,6 +408,7 @@ async def terminate_processes(request: web.Request) -> web.Response:
     req = await read_model(request, TerminateRequest)
     await _state(request).close_agent()
     killed = await _state(request).supervisor.kill_descendants(min(req.graceful_termination_timeout, 60.0))
+    _state(request).sessions.forget()
     return json_response(TerminateResult(killed_processes=killed))
 
 
@@ -468,6 +479,70 @@ async def agent_stop(request: web.Request) -> web.Response:
     return json_response(AgentStopResponse(agent=agent.state() if agent is not None else None))
 
 
+# -- background processes and terminal sessions (sessions.py) --------------------------------------
+
+
+async def session_start(request: web.Request) -> web.Response:
+    req = await read_model(request, SessionStartRequest)
+    state = _state(request)
+    user = state.resolve_user(req.user)
+    cwd = state.resolve_cwd(req.cwd)
+    env = state.env_for(user)
+    if req.pty:
+        env.update(TERM="xterm-256color", COLUMNS=str(req.cols), LINES=str(req.rows))
+    env.update(req.env or {})
+    program = {"bash": state.bash, "script": shutil.which("script", path=env.get("PATH")) or "script"}
+
+    def run(argv: list[str], sinks: tuple, stdin_fd: int, on_start: Callable[[int], None]):
+        return state.supervisor.run(
+            [program.get(argv[0], argv[0]), *argv[1:]], cwd=cwd, env=env, user=user,
+            timeout=min(req.timeout, state.config.max_timeout), grace=min(req.graceful_termination_timeout, 60.0),
+            max_output=None, sinks=sinks, stdin_fd=stdin_fd, on_start=on_start)
+
+    session = await state.sessions.start(req.command, pty=req.pty, cols=req.cols, rows=req.rows,
+                                         max_output=req.max_output_bytes, run=run)
+    return json_response(session.info())
+
+
+async def session_read(request: web.Request) -> web.Response:
+    req = await read_model(request, SessionReadRequest)
+    sessions = _state(request).sessions
+    session = sessions.get(req.id)
+    data, begin = await sessions.read(session, req.offset, req.wait, req.max_bytes)
+    return json_response(SessionReadResponse(
+        session=session.info(), output=data.decode("utf-8", "replace"), offset=begin, next_offset=begin + len(data),
+        dropped=max(begin - req.offset, 0),
+        screen=session.output.tail_lines(session.rows or 40) if session.pty else None))
+
+
+async def session_write(request: web.Request) -> web.Response:
+    req = await read_model(request, SessionWriteRequest)
+    sessions = _state(request).sessions
+    session = sessions.get(req.id)
+    await sessions.write(session, req.data.encode())
+    return json_response(session.info())
+
+
+async def session_resize(request: web.Request) -> web.Response:
+    req = await read_model(request, SessionResizeRequest)
+    sessions = _state(request).sessions
+    session = sessions.get(req.id)
+    await sessions.resize(session, req.cols, req.rows)
+    return json_response(session.info())
+
+
+async def session_end(request: web.Request) -> web.Response:
+    req = await read_model(request, SessionEndRequest)
+    sessions = _state(request).sessions
+    session = sessions.get(req.id)
+    await sessions.end(session, min(req.graceful_termination_timeout, 60.0))
+    return json_response(session.info())
+
+
+async def session_list(request: web.Request) -> web.Response:
+    return json_response(SessionListResponse(sessions=_state(request).sessions.list()))
+
+
 async def health(request: web.Request) -> web.Response:
     return json_response(HealthResponse())
 
@@ -523,6 +598,14 @@ ROUTES: tuple[Route, ...] = (
     Route.of(routes.AGENT_EXCHANGE, agent_exchange, "Answer and Collect Model Calls",
              "agent_exchange_api_agent_exchange_post"),
     Route.of(routes.AGENT_STOP, agent_stop, "Stop the Agent Harness", "agent_stop_api_agent_stop_post"),
+    Route.of(routes.SESSION_START, session_start, "Start a Background Process or Terminal Session",
+             "session_start_api_sessions_start_post"),
+    Route.of(routes.SESSION_READ, session_read, "Read a Session's Output", "session_read_api_sessions_read_post"),
+    Route.of(routes.SESSION_WRITE, session_write, "Write to a Session", "session_write_api_sessions_write_post"),
+    Route.of(routes.SESSION_RESIZE, session_resize, "Resize a Terminal Session",
+             "session_resize_api_sessions_resize_post"),
+    Route.of(routes.SESSION_END, session_end, "End a Session", "session_end_api_sessions_end_post"),
+    Route.of(routes.SESSION_LIST, session_list, "List Sessions", "session_list_api_sessions_get"),
 )
 
 
@@ -537,6 +620,7 @@ def _lifecycle(state: SandboxState) -> Callable[[web.App], AsyncIterator[None]]:
         state.runner.start()
         yield
         await state.close_agent()
+        state.sessions.forget()
         await state.runner.stop()
         await state.supervisor.kill_descendants(1.0)
         state.supervisor.stop()

@@ -405,3 +405,81 @@ class AgentStopRequest(Request):
 
 class AgentStopResponse(Response):
     agent: AgentState | None = None
+
+
+# --- background processes and terminal sessions (sessions.py) ----------------------------------
+
+MAX_SESSION_WAIT = 300.0
+
+
+class SessionStartRequest(TimedRequest):
+    """A background process (``command`` run by bash, its output kept as it comes) or, with
+    ``pty``, an interactive terminal session (``command`` in a pseudo-terminal, keys written to it)."""
+
+    command: Arg = Field(min_length=1, description="bash script; with pty, what runs in the terminal")
+    cwd: Arg | None = None
+    env: dict[str, Arg] | None = None
+    user: Arg | None = None
+    pty: bool = False
+    cols: int = Field(120, ge=10, le=1000)
+    rows: int = Field(40, ge=2, le=500)
+    max_output_bytes: int = Field(1 << 20, ge=1024, le=16 << 20, description="the latest output kept (stdout and "
+                                                                           "stderr together)")
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for name in value or {}:
+            if not ENV_NAME.match(name):
+                raise ValueError(f"invalid environment variable name {name!r}")
+        return value
+
+
+class SessionInfo(Response):
+    id: str
+    pid: int
+    pty: bool
+    command: str
+    running: bool
+    exit_code: int | None = None
+    timed_out: bool = False
+    output_bytes: int = Field(0, description="bytes of output so far (the offset a read starts from to see new ones)")
+    cols: int | None = None
+    rows: int | None = None
+
+
+class SessionRef(Request):
+    id: str = Field(min_length=1, max_length=64)
+
+
+class SessionReadRequest(SessionRef):
+    offset: int = Field(0, ge=0, description="the first byte wanted (a read's next_offset)")
+    wait: Annotated[Seconds, Field(le=MAX_SESSION_WAIT)] = Field(0.0, description="wait this long for new output "
+                                                                                  "or the end")
+    max_bytes: int = Field(65_536, ge=1, le=1 << 20)
+
+
+class SessionReadResponse(Response):
+    session: SessionInfo
+    output: str = Field(description="output from offset (UTF-8, undecodable bytes replaced)")
+    offset: int = Field(description="where output starts: later than asked when older output was dropped")
+    next_offset: int
+    dropped: int = Field(0, description="bytes asked for that are no longer kept")
+    screen: str | None = Field(None, description="pty: the terminal's latest lines, escape sequences removed")
+
+
+class SessionWriteRequest(SessionRef):
+    data: str = Field(max_length=65_536, description="keys for the terminal (or text for the process's stdin)")
+
+
+class SessionResizeRequest(SessionRef):
+    cols: int = Field(ge=10, le=1000)
+    rows: int = Field(ge=2, le=500)
+
+
+class SessionEndRequest(SessionRef):
+    graceful_termination_timeout: Seconds = DEFAULT_GRACE
+
+
+class SessionListResponse(Response):
+    sessions: list[SessionInfo]
