@@ -18,7 +18,8 @@ if ENV_ID not in _gym.registry:
     _gym.register(id=ENV_ID, entry_point="idegym_env.env:IdeGymEnv",
                   vector_entry_point="idegym_env.vector:RayVectorEnv")
 if AGENT_ENV_ID not in _gym.registry:
-    _gym.register(id=AGENT_ENV_ID, entry_point="idegym_env.agents.env:IdeGymAgentEnv", nondeterministic=True)
+    _gym.register(id=AGENT_ENV_ID, entry_point="idegym_env.agents.env:IdeGymAgentEnv", nondeterministic=True,
+                  vector_entry_point="idegym_env.agents.vector:make_agent_vector_env")
 
 
 def __getattr__(name: str):
