@@ -51,3 +51,53 @@ def codex_reply(request: dict[str, Any], command: str) -> dict[str, Any]:
     name, key, kind = shell_tool(request)
     value: Any = ["bash", "-lc", command] if kind == "array" else command
     return {"content": None, "tool_calls": [{"function": {"name": name, "arguments": {key: value}}}]}
+
+
+# A small agent that speaks Anthropic's Messages API (streamed), as Claude Code does: bash tool uses
+# until the model ends its turn. Run inside the sandbox with python3 -c.
+ANTHROPIC_AGENT = r"""
+import json, os, subprocess, urllib.request
+base = os.environ["ANTHROPIC_BASE_URL"]
+tools = [{"name": "bash", "description": "run bash", "input_schema": {"type": "object",
+          "properties": {"command": {"type": "string"}}, "required": ["command"]}}]
+messages = [{"role": "user", "content": os.environ["IDEGYM_INSTRUCTION"]}]
+while True:
+    body = json.dumps({"model": "claude-x", "max_tokens": 1024, "system": "You fix code.", "stream": True,
+                       "tools": tools, "messages": messages}).encode()
+    req = urllib.request.Request(base + "/v1/messages", data=body, method="POST", headers={
+        "x-api-key": os.environ["ANTHROPIC_API_KEY"], "anthropic-version": "2023-06-01",
+        "content-type": "application/json"})
+    blocks, stop = {}, None
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        for line in resp.read().decode().splitlines():
+            if not line.startswith("data: "):
+                continue
+            event = json.loads(line[6:])
+            if event["type"] == "content_block_start":
+                blocks[event["index"]] = dict(event["content_block"], _json="")
+            elif event["type"] == "content_block_delta":
+                delta = event["delta"]
+                if delta["type"] == "text_delta":
+                    blocks[event["index"]]["text"] += delta["text"]
+                else:
+                    blocks[event["index"]]["_json"] += delta["partial_json"]
+            elif event["type"] == "message_delta":
+                stop = event["delta"]["stop_reason"]
+    content = []
+    for _, block in sorted(blocks.items()):
+        raw = block.pop("_json")
+        if block["type"] == "tool_use":
+            block["input"] = json.loads(raw or "{}")
+        content.append(block)
+    messages.append({"role": "assistant", "content": content})
+    if stop != "tool_use":
+        print("ended:", stop)
+        break
+    results = []
+    for block in content:
+        if block["type"] == "tool_use":
+            out = subprocess.run(block["input"]["command"], shell=True, capture_output=True, text=True)
+            results.append({"type": "tool_result", "tool_use_id": block["id"], "content": out.stdout + out.stderr})
+    messages.append({"role": "user", "content": results})
+"""

@@ -350,3 +350,24 @@ def test_eval_runs_a_harness_against_a_model_server(control_plane: EmbeddedContr
                       out=tmp_path / "down", control_plane_url=control_plane.url)
     (record,) = result.records
     assert record["error_kind"] == "model" and record["reward"] is None, record
+
+
+def test_an_agent_speaking_anthropics_messages_api_solves_a_task(control_plane: EmbeddedControlPlane) -> None:
+    speaker = Harness(name="anthropic-speaker", layer=LayerSpec("tmux-agent", drivers=("tmux_agent.py",)),
+                      command=lambda inside: ["python3", "-c", policies.ANTHROPIC_AGENT], api="anthropic",
+                      version="0")
+    env = IdeGymAgentEnv(policies.TASK, harness=speaker, control_plane_url=control_plane.url)
+    try:
+        _, info = env.reset()
+        assert info["api"] == "anthropic"
+        assert info["request"]["messages"][0] == {"role": "system", "content": "You fix code."}
+        assert info["request"]["tools"][0]["function"]["name"] == "bash"
+        _, _, terminated, _, info = env.step(policies.bash_call(policies.FIX))
+        assert not terminated
+        tool = info["request"]["messages"][-1]
+        assert tool["role"] == "tool" and tool["tool_call_id"].startswith("toolu_")
+        _, reward, terminated, _, info = env.step("The numerals are fixed.")
+        assert terminated and reward == 1.0, info
+        assert "ended: end_turn" in info["agent"]["stdout"]
+    finally:
+        env.close()
