@@ -23,6 +23,7 @@ import base64
 import hmac
 import itertools
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -63,7 +64,8 @@ class AgentGateway:
     call_timeout: float
     max_output: int
     _server: web.Server | None = None
-    _waiting: asyncio.Queue[_Call] = field(default_factory=asyncio.Queue)
+    _waiting: deque[_Call] = field(default_factory=deque)
+    _wakeup: asyncio.Future[None] | None = None
     _handed: dict[str, _Call] = field(default_factory=dict)
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
     _process: asyncio.Task[ProcessResult] | None = None
@@ -96,7 +98,7 @@ class AgentGateway:
     def run(self, start: Callable[[], Awaitable[ProcessResult]]) -> None:
         """Run the harness (``start()`` returns once it ended)."""
         self._process = asyncio.ensure_future(start())
-        self._process.add_done_callback(lambda _: self._exited.set())
+        self._process.add_done_callback(lambda _: (self._exited.set(), self._wake()))
 
     async def ended(self, timeout: float) -> None:
         """Return once the harness has ended (its processes were killed), or ``timeout`` passed."""
@@ -124,7 +126,7 @@ class AgentGateway:
                                "ANTHROPIC_API_KEY of the harness", "authentication_error")
         if self._server is None:
             return _error(503, "the episode's model endpoint is closed", "unavailable")
-        if self._waiting.qsize() >= MAX_WAITING_CALLS:
+        if len(self._waiting) >= MAX_WAITING_CALLS:
             return _error(429, f"over {MAX_WAITING_CALLS} model calls are waiting for an answer", "rate_limit_error")
         self.calls += 1
         headers = {k: v for k, v in request.headers.items() if k in FORWARDED_HEADERS}
@@ -132,7 +134,8 @@ class AgentGateway:
         call = _Call(ModelCall(id=f"call-{next(self._ids)}", method=request.method, path=path, headers=headers,
                                body_base64=base64.b64encode(request.body).decode("ascii")),
                      asyncio.get_running_loop().create_future())
-        self._waiting.put_nowait(call)
+        self._waiting.append(call)
+        self._wake()
         try:
             return await asyncio.wait_for(asyncio.shield(call.answer), self.call_timeout)
         except TimeoutError:
@@ -158,38 +161,37 @@ class AgentGateway:
 
     async def next_call(self, wait: float) -> ModelCall | None:
         """The agent's next call, or None once it exited (and left none) or ``wait`` ran out."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
         while True:
-            if not self._waiting.empty():
-                call = self._waiting.get_nowait()
-                if call.answer.done():  # its agent gave up on it (timeout, closed connection)
-                    continue
-                self._handed[call.model.id] = call
-                return call.model
-            if self._exited.is_set():
+            while self._waiting:
+                call = self._waiting.popleft()
+                if not call.answer.done():  # else its agent gave up on it (timeout, closed connection)
+                    self._handed[call.model.id] = call
+                    return call.model
+            left = deadline - loop.time()
+            if self._exited.is_set() or left <= 0:
                 return None
-            getter = asyncio.ensure_future(self._waiting.get())
-            exited = asyncio.ensure_future(self._exited.wait())
+            self._wakeup = loop.create_future()
             try:
-                done, _ = await asyncio.wait({getter, exited}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait_for(self._wakeup, left)
+            except TimeoutError:
+                pass
             finally:
-                exited.cancel()
-                if not getter.done():
-                    getter.cancel()
-            if getter.done() and not getter.cancelled():
-                call = getter.result()
-                if call.answer.done():
-                    continue
-                self._handed[call.model.id] = call
-                return call.model
-            if not done:
-                return None
+                self._wakeup = None
+
+    def _wake(self) -> None:
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
 
     async def close(self) -> None:
         server, self._server = self._server, None
-        for call in [*self._handed.values(), *_drain(self._waiting)]:
+        for call in [*self._handed.values(), *self._waiting]:
             if not call.answer.done():
                 call.answer.cancel()
         self._handed.clear()
+        self._waiting.clear()
+        self._wake()
         if server is not None:
             await server.close()
         if self._back is not None:
@@ -198,13 +200,6 @@ class AgentGateway:
             writer.close()
             serving.cancel()
         # the harness itself ends with the tool processes (every caller ends them next)
-
-
-def _drain(queue: asyncio.Queue[_Call]) -> list[_Call]:
-    out = []
-    while not queue.empty():
-        out.append(queue.get_nowait())
-    return out
 
 
 class _Endpoint(web.App):
