@@ -371,3 +371,20 @@ def test_an_agent_speaking_anthropics_messages_api_solves_a_task(control_plane: 
         assert "ended: end_turn" in info["agent"]["stdout"]
     finally:
         env.close()
+
+
+def test_claude_code_solves_a_task_through_the_messages_api(control_plane: EmbeddedControlPlane) -> None:
+    env = IdeGymAgentEnv(policies.TASK, harness="claude-code", control_plane_url=control_plane.url)
+    try:
+        _, info = env.reset()
+        assert info["api"] == "anthropic" and "Bash" in [t["function"]["name"] for t in info["request"]["tools"]]
+        reply = {"content": None, "tool_calls": [{"function": {"name": "Bash", "arguments": {
+            "command": policies.FIX, "description": "fix the numerals"}}}]}
+        observation, reward, terminated, truncated, info = env.step(reply)
+        assert not terminated and info["request"]["messages"][-1]["role"] == "tool"
+        while not (terminated or truncated):  # it may ask again: say it is done
+            observation, reward, terminated, truncated, info = env.step("Done: the numerals are fixed.")
+        assert reward == 1.0 and terminated, info
+        assert info["harness"]["installed"]["@anthropic-ai/claude-code"] == "2.1.328"
+    finally:
+        env.close()

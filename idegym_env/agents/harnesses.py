@@ -11,6 +11,7 @@ from .layers import LayerSpec
 
 MINI_SWE_AGENT_VERSION = "2.4.6"
 CODEX_VERSION = "0.169.0"
+CLAUDE_CODE_VERSION = "2.1.328"
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,15 @@ register_harness(Harness(
     command=lambda inside: ["bash", f"{inside}/codex_agent.sh"],
     api=RESPONSES, version=CODEX_VERSION,
     submit_hint="a reply without tool calls (codex exec ends its turn)",
+))
+
+register_harness(Harness(
+    name="claude-code",
+    layer=LayerSpec("claude-code", npm=(f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}",),
+                    drivers=("claude_code_agent.sh",)),
+    command=lambda inside: ["bash", f"{inside}/claude_code_agent.sh"],
+    api=ANTHROPIC, version=CLAUDE_CODE_VERSION,
+    submit_hint="a reply without tool calls (claude -p ends its turn)",
 ))
 
 __all__ = ["Harness", "HARNESSES", "register_harness", "get_harness", "ANTHROPIC", "CHAT", "RESPONSES"]
