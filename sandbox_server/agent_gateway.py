@@ -35,7 +35,8 @@ from .process import ProcessResult
 log = logging.getLogger(__name__)
 
 MAX_CALL_BODY = 32 << 20  # a model request: messages and tools, never a file upload
-MAX_WAITING_CALLS = 64  # calls the caller has not collected yet; more is a 429 to the agent
+MAX_WAITING_CALLS = 64  # calls the caller has not collected or answered yet; more is a 429 to the agent
+MAX_WAITING_BYTES = 64 << 20  # and their bodies together: the server's memory is not the agent's to fill
 LOOPBACK = "127.0.0.1"
 CONNECT_BACK_TIMEOUT = 5.0
 KEY_HEADERS = ("authorization", "x-api-key", "api-key")
@@ -54,6 +55,7 @@ def _error(status: int, message: str, kind: str) -> web.Response:
 class _Call:
     model: ModelCall
     answer: asyncio.Future[web.Response]
+    size: int = 0
 
 
 @dataclass
@@ -126,14 +128,16 @@ class AgentGateway:
                                "ANTHROPIC_API_KEY of the harness", "authentication_error")
         if self._server is None:
             return _error(503, "the episode's model endpoint is closed", "unavailable")
-        if len(self._waiting) >= MAX_WAITING_CALLS:
-            return _error(429, f"over {MAX_WAITING_CALLS} model calls are waiting for an answer", "rate_limit_error")
+        held = [*self._waiting, *self._handed.values()]
+        if len(held) >= MAX_WAITING_CALLS or sum(c.size for c in held) + len(request.body) > MAX_WAITING_BYTES:
+            return _error(429, f"too many model calls are waiting for an answer (at most {MAX_WAITING_CALLS}, "
+                               f"{MAX_WAITING_BYTES >> 20} MiB together)", "rate_limit_error")
         self.calls += 1
         headers = {k: v for k, v in request.headers.items() if k in FORWARDED_HEADERS}
         path = request.path + (f"?{request.query_string}" if request.query_string else "")
         call = _Call(ModelCall(id=f"call-{next(self._ids)}", method=request.method, path=path, headers=headers,
                                body_base64=base64.b64encode(request.body).decode("ascii")),
-                     asyncio.get_running_loop().create_future())
+                     asyncio.get_running_loop().create_future(), len(request.body))
         self._waiting.append(call)
         self._wake()
         try:

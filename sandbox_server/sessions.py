@@ -39,6 +39,7 @@ from .trees import freeze_trees
 
 MAX_LIVE = 16
 MAX_KEPT = 64
+MAX_KEPT_BYTES = 64 << 20  # the output every kept session may hold, together: the server's memory
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)|\x1b[()][A-Za-z0-9]|\x1b[=>78c]|\r")
 
 
@@ -134,7 +135,11 @@ class Sessions:
         live = sum(1 for s in self._all.values() if s.task is not None and not s.task.done())
         if live >= MAX_LIVE:
             raise ApiError.for_status(429, f"{MAX_LIVE} sessions are running: end one first (POST /api/sessions/end)")
-        self._prune()
+        self._prune(room_for=max_output)
+        kept = sum(s.output.limit or 0 for s in self._all.values())
+        if kept + max_output > MAX_KEPT_BYTES:
+            raise ApiError.for_status(429, f"the sessions kept may hold {MAX_KEPT_BYTES >> 20} MiB of output together "
+                                           f"({kept >> 20} MiB now): end some, or ask for less max_output_bytes")
         argv = ["script", "-qfec", command, "/dev/null"] if pty else ["bash", "-c", command]
         stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
         buffer = StreamBuffer(max_output)
@@ -223,10 +228,16 @@ class Sessions:
             session.close_stdin()
         self._all.clear()
 
-    def _prune(self) -> None:
+    def _prune(self, room_for: int) -> None:
+        """Forget the oldest ended sessions beyond ``MAX_KEPT``, and as many more as it takes to
+        keep ``room_for`` bytes of output within ``MAX_KEPT_BYTES``."""
         ended = [s for s in self._all.values() if s.task is not None and s.task.done()]
-        for session in ended[:max(len(self._all) - MAX_KEPT + 1, 0)]:
+        kept = sum(s.output.limit or 0 for s in self._all.values())
+        for session in ended:
+            if len(self._all) < MAX_KEPT and kept + room_for <= MAX_KEPT_BYTES:
+                break
             del self._all[session.id]
+            kept -= session.output.limit or 0
 
 
 def _write_all(fd: int, data: bytes) -> None:

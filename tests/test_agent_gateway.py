@@ -121,3 +121,38 @@ def test_bad_requests_say_what_is_wrong(server: SandboxProcess) -> None:
     assert r.status_code == 422 and "key" in r.text
     r = server.client.post("/api/agent/exchange", json={"wait": 99999})
     assert r.status_code == 422
+
+
+@pytest.mark.security
+def test_calls_flooding_the_endpoint_are_refused_not_held(server: SandboxProcess) -> None:
+    # a harness that sends 70 calls of 2 MiB at once: the endpoint holds at most 64 MiB of them
+    (server.project / "flood.py").write_text(textwrap.dedent("""
+        import os, threading, urllib.request, urllib.error
+        codes = []
+        def one():
+            req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+                                         data=b"x" * (2 << 20), method="POST",
+                                         headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+            try:
+                urllib.request.urlopen(req, timeout=60)
+                codes.append(200)
+            except urllib.error.HTTPError as exc:
+                codes.append(exc.code)
+            except OSError:
+                codes.append(0)
+        threads = [threading.Thread(target=one) for _ in range(70)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        print(sorted(codes).count(429), len(codes))
+    """))
+    r = server.client.post("/api/agent/start", json={"command": [sys.executable, "flood.py"], "key": KEY,
+                                                      "call_timeout": 20})
+    assert r.status_code == 200
+    deadline = time.monotonic() + 90
+    state = None
+    while time.monotonic() < deadline:
+        state = server.client.post("/api/agent/exchange", json={"wait": 5}).json()
+        if state["call"] is None and not state["agent"]["running"]:
+            break
+    refused, total = map(int, state["agent"]["stdout"].split())
+    assert total == 70 and refused >= 70 - 32  # 2 MiB each: at most 32 held at once

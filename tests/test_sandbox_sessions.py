@@ -155,3 +155,14 @@ def _bash(command: str):
     from idegym_env.spaces.tools import BashCall
 
     return BashCall.model_validate({"tool": "bash", "arguments": {"command": command}})
+
+
+@pytest.mark.security
+def test_the_output_sessions_may_hold_is_bounded_together(server: SandboxProcess) -> None:
+    big = 16 << 20
+    ids = [_start(server, "sleep 300", max_output_bytes=big)["id"] for _ in range(4)]
+    over = server.client.post("/api/sessions/start", json={"command": "true", "max_output_bytes": big})
+    assert over.status_code == 429 and "MiB of output together" in over.json()["message"]
+    server.client.post("/api/sessions/end", json={"id": ids[0], "graceful_termination_timeout": 0.2})
+    assert server.client.post("/api/sessions/start", json={"command": "true", "max_output_bytes": big}
+                              ).status_code == 200  # the ended one's room is taken back
