@@ -31,6 +31,19 @@ SLACK = 30.0
 ACCEPT_FOR = 2.0
 
 
+STALE = 3600.0  # a socket this old was left by an env killed while it started an agent
+
+
+def _sweep(gw: Path) -> None:
+    now = time.time()
+    for entry in gw.iterdir():
+        try:
+            if now - entry.lstat().st_mtime > STALE:
+                entry.unlink()
+        except OSError:
+            pass
+
+
 class _Connected(http.client.HTTPConnection):
     def __init__(self, sock: socket.socket) -> None:
         super().__init__("sandbox")
@@ -47,6 +60,7 @@ class DirectChannel:
         gw = (harness_root() if root is None else root) / GATEWAYS
         gw.mkdir(parents=True, exist_ok=True)
         os.chmod(gw, 0o711)  # enter, not list: a socket is found only by its name
+        _sweep(gw)
         token = secrets.token_hex(16)
         self.path = gw / f"{token}.sock"
         self.inside = f"{HARNESS_INSIDE}/{GATEWAYS}/{token}.sock"
