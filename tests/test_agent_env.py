@@ -60,9 +60,9 @@ def test_mini_swe_agent_solves_a_task_through_its_own_loop(control_plane: Embedd
 
 
 def test_submitting_at_once_scores_less(control_plane: EmbeddedControlPlane) -> None:
-    env = IdeGymAgentEnv(policies.TASK, harness="mini-swe-agent", control_plane_url=control_plane.url)
+    env = IdeGymAgentEnv(policies.TASK, harness="tmux", control_plane_url=control_plane.url)
     try:
-        reward, terminated, _, info, _ = _play(env, policies.mini_swe_agent(solve=False))
+        reward, terminated, _, info, _ = _play(env, policies.tmux(solve=False))
         assert terminated and reward < 1.0 and info["tests_verdict"] == "failed"
         assert len(info["trajectory"]) == 1
     finally:
@@ -104,8 +104,7 @@ def test_a_crashing_harness_is_an_infrastructure_failure_not_a_zero(control_plan
 
 def test_a_call_whose_answer_comes_too_late_ends_as_an_infrastructure_failure(
         control_plane: EmbeddedControlPlane) -> None:
-    env = IdeGymAgentEnv(policies.TASK, harness="mini-swe-agent", control_plane_url=control_plane.url,
-                         call_timeout=1.0)
+    env = IdeGymAgentEnv(policies.TASK, harness="tmux", control_plane_url=control_plane.url, call_timeout=1.0)
     try:
         env.reset()
         deadline = time.monotonic() + 60
@@ -114,7 +113,7 @@ def test_a_call_whose_answer_comes_too_late_ends_as_an_infrastructure_failure(
             if not state.running or time.monotonic() > deadline:
                 break
         assert not state.running
-        _, reward, terminated, truncated, info = env.step(policies.bash_call("ls"))
+        _, reward, terminated, truncated, info = env.step(next(policies.tmux()))
         assert truncated and not terminated and reward == 0.0 and info["late_replies"] == 1
         assert "no answer from the policy within 1 s" in info["infrastructure_error"]
     finally:
@@ -248,19 +247,19 @@ def test_pass_through_runs_mini_swe_agent_against_a_model_server(control_plane: 
 
 
 def test_fork_gives_a_group_of_rollouts_from_one_state(control_plane: EmbeddedControlPlane) -> None:
-    env = IdeGymAgentEnv(policies.TASK, harness="mini-swe-agent", control_plane_url=control_plane.url)
+    env = IdeGymAgentEnv(policies.TASK, harness="tmux", control_plane_url=control_plane.url)
     children: list[IdeGymAgentEnv] = []
     try:
-        observation, info = env.reset()
+        env.reset()
         env.sandbox.write_file("NOTES.md", "set up before the fork\n")
         children = env.fork(2)
         rewards = []
         for child, solve in zip(children, (True, False), strict=True):
             assert child.sandbox.server_id != env.sandbox.server_id
-            replies = iter([policies.bash_call("cat NOTES.md"), *policies.mini_swe_agent(solve)])
-            _, _, terminated, _, step_info = child.step(next(replies))
+            look = json.dumps({"analysis": "look", "commands": [{"keystrokes": "cat NOTES.md\n", "duration": 0.5}]})
+            _, _, terminated, _, step_info = child.step(look)
             assert "set up before the fork" in step_info["request"]["messages"][-1]["content"]
-            for reply in replies:
+            for reply in policies.tmux(solve):
                 _, reward, terminated, truncated, step_info = child.step(reply)
                 if terminated or truncated:
                     break
@@ -280,11 +279,11 @@ def test_make_vec_runs_agent_episodes_side_by_side(control_plane: EmbeddedContro
     import idegym_env  # noqa: F401 - registers the env ids
 
     envs = gym.make_vec(idegym_env.AGENT_ENV_ID, num_envs=2, vectorization_mode="sync", task=policies.TASK,
-                        harness="mini-swe-agent", control_plane_url=control_plane.url)
+                        harness="tmux", control_plane_url=control_plane.url)
     try:
         observations, infos = envs.reset(seed=0)
-        assert all(json.loads(o)["tools"][0]["function"]["name"] == "bash" for o in observations)
-        submit = policies.bash_call(policies.SUBMIT_MINI)
+        assert all("Screen:" in json.loads(o)["messages"][1]["content"] for o in observations)
+        submit = next(policies.tmux(solve=False))
         _, rewards, terminated, truncated, infos = envs.step([submit, submit])
         assert list(terminated) == [True, True] and all(r < 1.0 for r in rewards)
     finally:
@@ -293,7 +292,7 @@ def test_make_vec_runs_agent_episodes_side_by_side(control_plane: EmbeddedContro
 
 @pytest.mark.security
 def test_the_direct_exchange_socket_admits_only_its_sandbox_server(control_plane: EmbeddedControlPlane) -> None:
-    env = IdeGymAgentEnv(policies.TASK, harness="mini-swe-agent", control_plane_url=control_plane.url)
+    env = IdeGymAgentEnv(policies.TASK, harness="tmux", control_plane_url=control_plane.url)
     channel = DirectChannel(env.layer.host.parent)
     try:
         env.reset()
@@ -332,13 +331,13 @@ def test_eval_runs_a_harness_against_a_model_server(control_plane: EmbeddedContr
     with pytest.raises(AgentSpecError, match="unknown harness"):
         evaluate(policies.TASK, "harness:nope", agent_args={"model_url": "http://127.0.0.1:9/v1"},
                  out=tmp_path / "none", control_plane_url=control_plane.url)
-    _ScriptedModel.replies = [_tool_message(policies.FIX), _tool_message(policies.SUBMIT_MINI)]
+    _ScriptedModel.replies = [{"content": reply} for reply in policies.tmux()]
     _ScriptedModel.seen = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _ScriptedModel)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        result = evaluate(policies.TASK, "harness:mini-swe-agent", agent_args={"model_url": url}, out=tmp_path / "ok",
+        result = evaluate(policies.TASK, "harness:tmux", agent_args={"model_url": url}, out=tmp_path / "ok",
                           control_plane_url=control_plane.url)
         (record,) = result.records
         assert record["reward"] == 1.0 and record["passed"] is True and record["error"] is None, record
@@ -346,7 +345,7 @@ def test_eval_runs_a_harness_against_a_model_server(control_plane: EmbeddedContr
         server.shutdown()
         server.server_close()
     # a model server that is not there: the model's failure, not a score
-    result = evaluate(policies.TASK, "harness:mini-swe-agent", agent_args={"model_url": url},
+    result = evaluate(policies.TASK, "harness:tmux", agent_args={"model_url": url},
                       out=tmp_path / "down", control_plane_url=control_plane.url)
     (record,) = result.records
     assert record["error_kind"] == "model" and record["reward"] is None, record

@@ -33,13 +33,13 @@ def control_plane() -> Iterator[EmbeddedControlPlane]:
 
 
 def test_make_vec_runs_agent_episodes_in_ray_actors(ray_session: None, control_plane: EmbeddedControlPlane) -> None:
-    envs = gym.make_vec(idegym_env.AGENT_ENV_ID, num_envs=2, task=policies.TASK, harness="mini-swe-agent",
+    envs = gym.make_vec(idegym_env.AGENT_ENV_ID, num_envs=2, task=policies.TASK, harness="tmux",
                         control_plane_url=control_plane.url)
     try:
         assert isinstance(envs.unwrapped, RayVectorEnv)
         observations, _ = envs.reset(seed=0)
-        assert all(json.loads(o)["tools"][0]["function"]["name"] == "bash" for o in observations)
-        fix, submit = policies.bash_call(policies.FIX), policies.bash_call(policies.SUBMIT_MINI)
+        assert all("Screen:" in json.loads(o)["messages"][1]["content"] for o in observations)
+        fix, submit = policies.tmux()
         _, rewards, terminated, _, _ = envs.step([fix, submit])  # the second submits at once
         assert list(terminated) == [False, True] and rewards[1] < 1.0
         _, rewards, terminated, _, _ = envs.step([submit, submit])  # the second's reset (NEXT_STEP)
