@@ -22,7 +22,6 @@ import fcntl
 import itertools
 import os
 import re
-import shlex
 import signal
 import struct
 import termios
@@ -258,7 +257,3 @@ def _terminal_of(pid: int) -> str | None:
         if target.startswith("/dev/pts/"):
             return target
     return None
-
-
-def quoted(argv: list[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)
