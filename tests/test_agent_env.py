@@ -387,3 +387,27 @@ def test_claude_code_solves_a_task_through_the_messages_api(control_plane: Embed
         assert info["harness"]["installed"]["@anthropic-ai/claude-code"] == "2.1.328"
     finally:
         env.close()
+
+
+@pytest.mark.security
+def test_another_episodes_endpoint_is_out_of_reach(control_plane: EmbeddedControlPlane) -> None:
+    first = IdeGymAgentEnv(policies.TASK, harness="tmux", control_plane_url=control_plane.url)
+    second = IdeGymAgentEnv(policies.TASK, harness="tmux", control_plane_url=control_plane.url)
+    try:
+        first.reset()
+        second.reset()
+        # from the first sandbox, the second's endpoint with the second's key: its loopback is not ours
+        probe = ("import json, sys, urllib.request\n"
+                 f"req = urllib.request.Request({second.endpoint + '/v1/chat/completions'!r}, data=b'{{}}', "
+                 f"method='POST', headers={{'Authorization': 'Bearer {second._key}'}})\n"
+                 "try:\n    urllib.request.urlopen(req, timeout=5); print('reached')\n"
+                 "except urllib.error.HTTPError as exc: print('http', exc.code)\n"
+                 "except OSError as exc: print('refused', type(exc).__name__)\n")
+        first.sandbox.write_file("probe.py", probe)
+        out = first.sandbox.run_tool(policies_bash("python3 probe.py")).stdout.split()
+        # refused, or (the same port by chance) the first episode's own endpoint, which wants its own key
+        assert out[0] == "refused" or out == ["http", "401"], out
+        assert second._call_exchange(AgentExchangeRequest(wait=0)).agent.calls == 1  # only its own agent's call
+    finally:
+        first.close()
+        second.close()

@@ -75,6 +75,7 @@ class IdeGymAgentEnv(IdeGymEnv):
         self.direct_exchange = direct_exchange  # model calls straight from the sandbox server (channel.py)
         self._channel: DirectChannel | None = None
         self._exchange_path = ""  # how the model calls reach the env: "direct" or "control plane"
+        self.endpoint = ""
         self.model_url = model_url.rstrip("/") if model_url else None
         self.model_name = model_name
         self.upstream_params = {"logprobs": True} if upstream_params is None else dict(upstream_params)
@@ -201,6 +202,7 @@ class IdeGymAgentEnv(IdeGymEnv):
             command=self.harness.command(self.layer.inside), key=self._key, env=env, timeout=self.max_seconds + 60,
             graceful_termination_timeout=STOP_GRACE, call_timeout=self.call_timeout,
             exchange_socket=channel.inside if channel else None, exchange_secret=channel.secret if channel else None))
+        self.endpoint = started.base_url  # the harness's model endpoint, inside the sandbox
         if channel is not None and started.exchange_connected and channel.accept():
             self._channel = channel
             self._exchange_path = "direct"
