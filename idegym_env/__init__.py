@@ -12,10 +12,14 @@ import gymnasium as _gym
 __version__ = "0.1.0"
 
 ENV_ID = "IdeGym-v0"
+AGENT_ENV_ID = "IdeGym-Agent-v0"  # an agent that brings its own loop (idegym_env.agents)
 
 if ENV_ID not in _gym.registry:
     _gym.register(id=ENV_ID, entry_point="idegym_env.env:IdeGymEnv",
                   vector_entry_point="idegym_env.vector:RayVectorEnv")
+if AGENT_ENV_ID not in _gym.registry:
+    _gym.register(id=AGENT_ENV_ID, entry_point="idegym_env.agents.env:IdeGymAgentEnv", nondeterministic=True,
+                  vector_entry_point="idegym_env.agents.vector:make_agent_vector_env")
 
 
 def __getattr__(name: str):
@@ -35,4 +39,4 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["ENV_ID", "IdeGymEnv", "RayVectorEnv", "evaluate", "__version__"]
+__all__ = ["AGENT_ENV_ID", "ENV_ID", "IdeGymEnv", "RayVectorEnv", "evaluate", "__version__"]

@@ -15,13 +15,14 @@ import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 from pydantic import BaseModel
 
 from . import __version__, routes, web
+from .agent_gateway import AgentGateway
 from .config import ServerConfig
 from .errors import ApiError, BadRequest, Forbidden, Unprocessable, render
 from .files import FileTools
@@ -33,6 +34,12 @@ from .judge import judge_env
 from .junit import find_reports, fresh_reports, parse_reports
 from .memory_events import MemoryEvents
 from .models import (
+    AgentExchangeRequest,
+    AgentExchangeResponse,
+    AgentStartRequest,
+    AgentStartResponse,
+    AgentStopRequest,
+    AgentStopResponse,
     BashCommandRequest,
     BashCommandResponse,
     CapabilitiesResponse,
@@ -49,6 +56,13 @@ from .models import (
     PatchFileRequest,
     ResetRequest,
     ResetResult,
+    SessionEndRequest,
+    SessionListResponse,
+    SessionReadRequest,
+    SessionReadResponse,
+    SessionResizeRequest,
+    SessionStartRequest,
+    SessionWriteRequest,
     SetupRequest,
     Status,
     TerminateRequest,
@@ -63,6 +77,7 @@ from .openapi import Route, build_openapi
 from .process import ProcessResult, Supervisor
 from .project import CopyProject, OverlayProject, Project, prepare_pristine
 from .runner import CodeRunner
+from .sessions import Sessions
 from .tool_cgroups import ToolCgroups
 from .users import UserSpec
 
@@ -83,6 +98,13 @@ class SandboxState:
     runner: CodeRunner
     project: Project | None = None
     reset_lock: asyncio.Lock | None = None
+    agent: AgentGateway | None = None  # the running episode's harness and model endpoint
+    sessions: Sessions = field(default_factory=Sessions)  # background processes and terminals
+
+    async def close_agent(self) -> None:
+        agent, self.agent = self.agent, None
+        if agent is not None:
+            await agent.close()
 
     def __post_init__(self) -> None:
         # Resolved once: a PATH search for every call costs more than the rest of the spawn.
@@ -341,7 +363,9 @@ async def reset_project(request: web.Request) -> web.Response:
     started = time.perf_counter()
     assert state.reset_lock is not None
     async with state.reset_lock:
+        await state.close_agent()
         killed = await state.supervisor.kill_descendants(min(req.graceful_termination_timeout, 60.0))
+        state.sessions.forget()
         if state.project is None:
             return json_response(ResetResult(
                 status=Status.FAILURE, output="Can not reset project without an archive!", killed_processes=killed,
@@ -382,8 +406,141 @@ async def terminate_processes(request: web.Request) -> web.Response:
     """End every process a tool started, leaving the files alone (e.g. before a check runs, so no
     leftover daemon can touch what the check reads)."""
     req = await read_model(request, TerminateRequest)
+    await _state(request).close_agent()
     killed = await _state(request).supervisor.kill_descendants(min(req.graceful_termination_timeout, 60.0))
+    _state(request).sessions.forget()
     return json_response(TerminateResult(killed_processes=killed))
+
+
+# -- agents that bring their own loop (agent_gateway.py) ------------------------------------------
+
+
+async def agent_start(request: web.Request) -> web.Response:
+    """Start a harness with its model endpoint; an earlier one of this sandbox ends first."""
+    req = await read_model(request, AgentStartRequest)
+    state = _state(request)
+    user = state.resolve_user(req.user)
+    cwd = state.resolve_cwd(req.cwd)
+    if state.agent is not None:
+        await state.close_agent()
+        await state.supervisor.kill_descendants(min(req.graceful_termination_timeout, 60.0))
+    agent = AgentGateway(key=req.key, call_timeout=req.call_timeout, max_output=req.max_output_bytes)
+    port = await agent.open()
+    base = f"http://127.0.0.1:{port}"
+    env = state.env_for(user)
+    env.update(req.env or {})
+    env.update(IDEGYM_GATEWAY_URL=base, OPENAI_BASE_URL=f"{base}/v1", OPENAI_API_KEY=req.key,
+               ANTHROPIC_BASE_URL=base, ANTHROPIC_API_KEY=req.key)
+    connected = False
+    if req.exchange_socket is not None:
+        if req.exchange_secret is None:
+            raise Unprocessable.field(["body", "exchange_secret"], "exchange_socket needs exchange_secret", None)
+        channel = web.App(client_max_size=state.config.max_body_bytes, on_error=on_error)
+        channel[CONFIG], channel[STATE] = request.app[CONFIG], state
+        channel.add_route(routes.AGENT_EXCHANGE.method, routes.AGENT_EXCHANGE.path, agent_exchange)
+        why = await agent.connect_back(req.exchange_socket, req.exchange_secret, channel)
+        connected = why is None
+        if why is not None:
+            log.warning("agent exchange socket %s: %s (the caller falls back to the control plane)",
+                        req.exchange_socket, why)
+    agent.run(lambda: state.supervisor.run(
+        list(req.command), cwd=cwd, env=env, user=user, timeout=min(req.timeout, state.config.max_timeout),
+        grace=min(req.graceful_termination_timeout, 60.0), max_output=req.max_output_bytes))
+    state.agent = agent
+    return json_response(AgentStartResponse(port=port, base_url=base, exchange_connected=connected))
+
+
+def _agent(request: web.Request) -> AgentGateway:
+    agent = _state(request).agent
+    if agent is None:
+        raise ApiError.for_status(409, "no agent runs in this sandbox: POST /api/agent/start first (a reset or "
+                                       "a terminate ends it)")
+    return agent
+
+
+async def agent_exchange(request: web.Request) -> web.Response:
+    req = await read_model(request, AgentExchangeRequest)
+    agent = _agent(request)
+    if req.reply is not None:
+        agent.answer(req.reply)
+    call = await agent.next_call(req.wait)
+    return json_response(AgentExchangeResponse(call=call, agent=agent.state()))
+
+
+async def agent_stop(request: web.Request) -> web.Response:
+    """End the harness (and every tool process) and close its endpoint; says how it ended."""
+    req = await read_model(request, AgentStopRequest)
+    state = _state(request)
+    agent = state.agent
+    await state.close_agent()
+    await state.supervisor.kill_descendants(min(req.graceful_termination_timeout, 60.0))
+    if agent is not None:
+        await agent.ended(5.0)
+    return json_response(AgentStopResponse(agent=agent.state() if agent is not None else None))
+
+
+# -- background processes and terminal sessions (sessions.py) --------------------------------------
+
+
+async def session_start(request: web.Request) -> web.Response:
+    req = await read_model(request, SessionStartRequest)
+    state = _state(request)
+    user = state.resolve_user(req.user)
+    cwd = state.resolve_cwd(req.cwd)
+    env = state.env_for(user)
+    if req.pty:
+        env.update(TERM="xterm-256color", COLUMNS=str(req.cols), LINES=str(req.rows))
+    env.update(req.env or {})
+    program = {"bash": state.bash, "script": shutil.which("script", path=env.get("PATH")) or "script"}
+
+    def run(argv: list[str], sinks: tuple, stdin_fd: int, on_start: Callable[[int], None]):
+        return state.supervisor.run(
+            [program.get(argv[0], argv[0]), *argv[1:]], cwd=cwd, env=env, user=user,
+            timeout=min(req.timeout, state.config.max_timeout), grace=min(req.graceful_termination_timeout, 60.0),
+            max_output=None, sinks=sinks, stdin_fd=stdin_fd, on_start=on_start)
+
+    session = await state.sessions.start(req.command, pty=req.pty, cols=req.cols, rows=req.rows,
+                                         max_output=req.max_output_bytes, run=run)
+    return json_response(session.info())
+
+
+async def session_read(request: web.Request) -> web.Response:
+    req = await read_model(request, SessionReadRequest)
+    sessions = _state(request).sessions
+    session = sessions.get(req.id)
+    data, begin = await sessions.read(session, req.offset, req.wait, req.max_bytes)
+    return json_response(SessionReadResponse(
+        session=session.info(), output=data.decode("utf-8", "replace"), offset=begin, next_offset=begin + len(data),
+        dropped=max(begin - req.offset, 0),
+        screen=session.output.tail_lines(session.rows or 40) if session.pty else None))
+
+
+async def session_write(request: web.Request) -> web.Response:
+    req = await read_model(request, SessionWriteRequest)
+    sessions = _state(request).sessions
+    session = sessions.get(req.id)
+    await sessions.write(session, req.data.encode())
+    return json_response(session.info())
+
+
+async def session_resize(request: web.Request) -> web.Response:
+    req = await read_model(request, SessionResizeRequest)
+    sessions = _state(request).sessions
+    session = sessions.get(req.id)
+    await sessions.resize(session, req.cols, req.rows)
+    return json_response(session.info())
+
+
+async def session_end(request: web.Request) -> web.Response:
+    req = await read_model(request, SessionEndRequest)
+    sessions = _state(request).sessions
+    session = sessions.get(req.id)
+    await sessions.end(session, min(req.graceful_termination_timeout, 60.0))
+    return json_response(session.info())
+
+
+async def session_list(request: web.Request) -> web.Response:
+    return json_response(SessionListResponse(sessions=_state(request).sessions.list()))
 
 
 async def health(request: web.Request) -> web.Response:
@@ -437,6 +594,18 @@ ROUTES: tuple[Route, ...] = (
     Route.of(routes.CAPABILITIES, capabilities, "Capabilities", "capabilities_api_capabilities_get"),
     Route.of(routes.EXECUTE, execute, "Run code in a sandboxed container", "execute"),
     Route.of(routes.LANGUAGES, languages, "Available languages", "languages"),
+    Route.of(routes.AGENT_START, agent_start, "Start an Agent Harness", "agent_start_api_agent_start_post"),
+    Route.of(routes.AGENT_EXCHANGE, agent_exchange, "Answer and Collect Model Calls",
+             "agent_exchange_api_agent_exchange_post"),
+    Route.of(routes.AGENT_STOP, agent_stop, "Stop the Agent Harness", "agent_stop_api_agent_stop_post"),
+    Route.of(routes.SESSION_START, session_start, "Start a Background Process or Terminal Session",
+             "session_start_api_sessions_start_post"),
+    Route.of(routes.SESSION_READ, session_read, "Read a Session's Output", "session_read_api_sessions_read_post"),
+    Route.of(routes.SESSION_WRITE, session_write, "Write to a Session", "session_write_api_sessions_write_post"),
+    Route.of(routes.SESSION_RESIZE, session_resize, "Resize a Terminal Session",
+             "session_resize_api_sessions_resize_post"),
+    Route.of(routes.SESSION_END, session_end, "End a Session", "session_end_api_sessions_end_post"),
+    Route.of(routes.SESSION_LIST, session_list, "List Sessions", "session_list_api_sessions_get"),
 )
 
 
@@ -450,6 +619,8 @@ def _lifecycle(state: SandboxState) -> Callable[[web.App], AsyncIterator[None]]:
         state.project = await asyncio.get_running_loop().run_in_executor(None, _open_project, state.config)
         state.runner.start()
         yield
+        await state.close_agent()
+        state.sessions.forget()
         await state.runner.stop()
         await state.supervisor.kill_descendants(1.0)
         state.supervisor.stop()

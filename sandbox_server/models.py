@@ -314,3 +314,172 @@ class ErrorBody(BaseModel):
     detail: str
     timestamp: str
     details: dict[str, Any] | None = None
+
+
+# --- agents that bring their own loop (agent_gateway.py) ------------------------------------------
+
+MAX_GATEWAY_WAIT = 3600.0
+
+
+class AgentStartRequest(TimedRequest):
+    """Start an agent harness in the sandbox with its model endpoint: a loopback port of the
+    sandbox's own network namespace that answers only ``key``. ``timeout`` bounds the harness's
+    whole run; its environment gains ``IDEGYM_GATEWAY_URL``, ``OPENAI_BASE_URL``,
+    ``OPENAI_API_KEY``, ``ANTHROPIC_BASE_URL`` and ``ANTHROPIC_API_KEY``."""
+
+    command: list[Arg] = Field(min_length=1, description="argv of the harness")
+    key: str = Field(min_length=16, max_length=256, pattern=r"^[A-Za-z0-9_.-]+$",
+                     description="the episode's key: a model call without it is refused (401)")
+    env: dict[str, Arg] | None = Field(None, description="environment on top of the tools' own")
+    cwd: Arg | None = Field(None, description="working directory, relative to the project")
+    user: Arg | None = None
+    call_timeout: Seconds = Field(600.0, description="how long one model call may wait for its reply (then 504)")
+    max_output_bytes: int = Field(65_536, ge=0, le=DEFAULT_MAX_OUTPUT, description="kept of each output stream")
+    exchange_socket: Arg | None = Field(
+        None, description="a Unix socket (its path in the sandbox) the server connects to, says exchange_secret "
+                          "on, and then serves POST /api/agent/exchange on: the caller's model calls without the "
+                          "control plane's round trip")
+    exchange_secret: str | None = Field(None, min_length=16, max_length=256, pattern=r"^[A-Za-z0-9_.-]+$")
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for name in value or {}:
+            if not ENV_NAME.match(name):
+                raise ValueError(f"invalid environment variable name {name!r}")
+        return value
+
+
+class AgentStartResponse(Response):
+    port: int
+    base_url: str
+    exchange_connected: bool = Field(False, description="the server is connected to exchange_socket")
+
+
+class ModelCall(Response):
+    """One HTTP request the agent sent to its model endpoint, as it came."""
+
+    id: str
+    method: str
+    path: str
+    headers: dict[str, str]
+    body_base64: str
+
+
+class ModelReply(Request):
+    """The answer to one ``ModelCall``, sent back to the agent as it is."""
+
+    call_id: str
+    status: int = Field(200, ge=200, le=599)
+    content_type: str = "application/json"
+    body_base64: str = ""
+
+
+class AgentState(Response):
+    """The harness process: running, or how it ended (the ends of its output)."""
+
+    running: bool
+    exit_code: int | None = None
+    timed_out: bool = False
+    stdout: str = ""
+    stderr: str = ""
+    calls: int = Field(0, description="model calls the gateway has received")
+
+
+class AgentExchangeRequest(Request):
+    """Answer the call handed out last (``reply``, if any), then wait up to ``wait`` seconds for
+    the agent's next call or its exit."""
+
+    reply: ModelReply | None = None
+    wait: Annotated[Seconds, Field(le=MAX_GATEWAY_WAIT)] = 60.0
+
+
+class AgentExchangeResponse(Response):
+    call: ModelCall | None = Field(None, description="the agent's next call; none when it exited or the wait ran out")
+    agent: AgentState
+
+
+class AgentStopRequest(Request):
+    graceful_termination_timeout: Seconds = DEFAULT_GRACE
+
+
+class AgentStopResponse(Response):
+    agent: AgentState | None = None
+
+
+# --- background processes and terminal sessions (sessions.py) ----------------------------------
+
+MAX_SESSION_WAIT = 300.0
+
+
+class SessionStartRequest(TimedRequest):
+    """A background process (``command`` run by bash, its output kept as it comes) or, with
+    ``pty``, an interactive terminal session (``command`` in a pseudo-terminal, keys written to it)."""
+
+    command: Arg = Field(min_length=1, description="bash script; with pty, what runs in the terminal")
+    cwd: Arg | None = None
+    env: dict[str, Arg] | None = None
+    user: Arg | None = None
+    pty: bool = False
+    cols: int = Field(120, ge=10, le=1000)
+    rows: int = Field(40, ge=2, le=500)
+    max_output_bytes: int = Field(1 << 20, ge=1024, le=16 << 20, description="the latest output kept (stdout and "
+                                                                           "stderr together)")
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for name in value or {}:
+            if not ENV_NAME.match(name):
+                raise ValueError(f"invalid environment variable name {name!r}")
+        return value
+
+
+class SessionInfo(Response):
+    id: str
+    pid: int
+    pty: bool
+    command: str
+    running: bool
+    exit_code: int | None = None
+    timed_out: bool = False
+    output_bytes: int = Field(0, description="bytes of output so far (the offset a read starts from to see new ones)")
+    cols: int | None = None
+    rows: int | None = None
+
+
+class SessionRef(Request):
+    id: str = Field(min_length=1, max_length=64)
+
+
+class SessionReadRequest(SessionRef):
+    offset: int = Field(0, ge=0, description="the first byte wanted (a read's next_offset)")
+    wait: Annotated[Seconds, Field(le=MAX_SESSION_WAIT)] = Field(0.0, description="wait this long for new output "
+                                                                                  "or the end")
+    max_bytes: int = Field(65_536, ge=1, le=1 << 20)
+
+
+class SessionReadResponse(Response):
+    session: SessionInfo
+    output: str = Field(description="output from offset (UTF-8, undecodable bytes replaced)")
+    offset: int = Field(description="where output starts: later than asked when older output was dropped")
+    next_offset: int
+    dropped: int = Field(0, description="bytes asked for that are no longer kept")
+    screen: str | None = Field(None, description="pty: the terminal's latest lines, escape sequences removed")
+
+
+class SessionWriteRequest(SessionRef):
+    data: str = Field(max_length=65_536, description="keys for the terminal (or text for the process's stdin)")
+
+
+class SessionResizeRequest(SessionRef):
+    cols: int = Field(ge=10, le=1000)
+    rows: int = Field(ge=2, le=500)
+
+
+class SessionEndRequest(SessionRef):
+    graceful_termination_timeout: Seconds = DEFAULT_GRACE
+
+
+class SessionListResponse(Response):
+    sessions: list[SessionInfo]

@@ -216,6 +216,9 @@ class Supervisor:
         stdin: bytes | None = None,
         isolation: Isolation | None = None,
         via_spawner: bool = True,
+        sinks: tuple[BoundedOutput, BoundedOutput] | None = None,
+        stdin_fd: int | None = None,
+        on_start: Callable[[int], object] | None = None,
     ) -> ProcessResult:
         """Run ``argv`` in a new session and wait for it, its pipes and, on timeout, its tree;
         with ``isolation``, in namespaces of its own (``jail.py``; needs ``isolated_runs``). A tool
@@ -227,10 +230,13 @@ class Supervisor:
         double-forked included) and every process still holding the output pipes get SIGTERM,
         then SIGKILL once ``grace`` has passed. A command that cannot be started because the
         sandbox is out of processes or memory ends with exit code 126 and says why on stderr.
+        ``sinks`` take the output instead of the result's own (a background process read as it
+        runs); ``stdin_fd`` is the read end of the caller's pipe (closed here once the tool has it);
+        ``on_start`` hears the tool's pid once it runs.
         """
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        out, err = BoundedOutput(max_output), BoundedOutput(max_output)
+        out, err = sinks if sinks is not None else (BoundedOutput(max_output), BoundedOutput(max_output))
         kwargs: dict = {}
         spawner: Spawner | None = None
         long_way = argv
@@ -248,6 +254,8 @@ class Supervisor:
                 kwargs.update(user=user.uid, group=user.gid, extra_groups=groups)
         if (user.uid if user is not None else os.getuid()) == 0 and not self.root_tools_confined:
             err.feed(b"idegym: root tools are refused: the server could not drop CAP_SYS_ADMIN/CAP_SYS_PTRACE\n")
+            if stdin_fd is not None:
+                os.close(stdin_fd)
             return ProcessResult(126, out, err, False, 0.0)
         self._calls += 1
         mark = f"{os.getpid()}.{self._calls}"
@@ -256,6 +264,8 @@ class Supervisor:
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         in_r, in_w = os.pipe2(os.O_CLOEXEC) if stdin else (subprocess.DEVNULL, None)
+        if stdin_fd is not None:
+            in_r = stdin_fd
         proc: subprocess.Popen | None = None
         exit_status: asyncio.Future[int | None] | None = None
         init_pid: asyncio.Future[int] | None = None
@@ -294,12 +304,14 @@ class Supervisor:
                 return ProcessResult(126, out, err, False, time.monotonic() - started)
             raise
         finally:
-            for fd in (out_w, err_w) + ((in_r,) if in_w is not None else ()):
+            for fd in (out_w, err_w) + ((in_r,) if in_w is not None or stdin_fd is not None else ()):
                 os.close(fd)
         if proc is not None:  # an isolated run's init and a spawner's tools have theirs already
             procfs.write(pid, "oom_score_adj", TOOL_OOM_SCORE_ADJ)  # the OOM killer takes tools first
         if pid:
             self._tracked.add(pid)  # not the reaper's: a spawner's tool is ours if the spawner dies
+            if on_start is not None:
+                on_start(pid)
         try:
             job = Job(loop, pid, {out_r: out, err_r: err}, exit_status)
             job.mark = mark

@@ -50,11 +50,22 @@ HEALTH = Endpoint("GET", "/api/health", None, m.HealthResponse)
 CAPABILITIES = Endpoint("GET", "/api/capabilities", None, m.CapabilitiesResponse)
 EXECUTE = Endpoint("POST", "/execute", m.ExecuteRequest, m.ExecuteResponse)
 LANGUAGES = Endpoint("GET", "/execute/languages", None, m.LanguagesResponse)
+AGENT_START = Endpoint("POST", "/api/agent/start", m.AgentStartRequest, m.AgentStartResponse)
+AGENT_EXCHANGE = Endpoint("POST", "/api/agent/exchange", m.AgentExchangeRequest, m.AgentExchangeResponse)
+AGENT_STOP = Endpoint("POST", "/api/agent/stop", m.AgentStopRequest, m.AgentStopResponse)
+SESSION_START = Endpoint("POST", "/api/sessions/start", m.SessionStartRequest, m.SessionInfo)
+SESSION_READ = Endpoint("POST", "/api/sessions/read", m.SessionReadRequest, m.SessionReadResponse)
+SESSION_WRITE = Endpoint("POST", "/api/sessions/write", m.SessionWriteRequest, m.SessionInfo)
+SESSION_RESIZE = Endpoint("POST", "/api/sessions/resize", m.SessionResizeRequest, m.SessionInfo)
+SESSION_END = Endpoint("POST", "/api/sessions/end", m.SessionEndRequest, m.SessionInfo)
+SESSION_LIST = Endpoint("GET", "/api/sessions", None, m.SessionListResponse)
 OPENAPI = "/openapi.json"
 
 ENDPOINTS: tuple[Endpoint[Any, Any], ...] = (
     BASH, CREATE_FILE, EDIT_FILE, PATCH_FILE, UPLOAD_FILE, DOWNLOAD_FILE, SETUP_CHECK, COMPILATION_CHECK,
     TEST_CHECK, RESET_PROJECT, EXPORT_FILES, GRADE, TERMINATE_PROCESSES, HEALTH, CAPABILITIES, EXECUTE, LANGUAGES,
+    AGENT_START, AGENT_EXCHANGE, AGENT_STOP, SESSION_START, SESSION_READ, SESSION_WRITE, SESSION_RESIZE,
+    SESSION_END, SESSION_LIST,
 )
 _BY_REQUEST: dict[type[Request], Endpoint[Any, Any]] = {e.request: e for e in ENDPOINTS if e.request is not None}
 

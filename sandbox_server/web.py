@@ -235,6 +235,11 @@ class _Connection:
         await self.writer.drain()
 
 
+async def serve_connection(app: App, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Serve ``app`` on one connection made some other way (e.g. one this process opened)."""
+    await _Connection(app, reader, writer).serve()
+
+
 class Server:
     """Serve an ``App`` on TCP or a Unix socket; ``start()`` runs the cleanup contexts' set-up."""
 

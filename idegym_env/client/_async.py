@@ -25,6 +25,8 @@ from sandbox_server.models import (
     CheckResult,
     ExecuteResponse,
     ResetResult,
+    SessionInfo,
+    SessionReadResponse,
     TestReport,
 )
 from sandbox_server.routes import Endpoint, Req, Resp
@@ -164,6 +166,28 @@ class AsyncSandbox:
 
     async def capabilities(self) -> list[str]:
         return await self._run(_plans.capabilities(self._target))
+
+    # -- background processes and terminal sessions (sandbox_server/sessions.py) -------------------
+
+    async def start_session(self, command: str, *, pty: bool = False, **fields: Any) -> SessionInfo:
+        """Start ``command`` (bash) in the background, or with ``pty`` in a terminal; its output is
+        kept as it comes (``read_session``). ``fields``: cwd, env, user, timeout, cols, rows,
+        max_output_bytes."""
+        return await self._run(_plans.start_session(self._target, command, {"pty": pty, **fields}))
+
+    async def read_session(self, sid: str, offset: int = 0, *, wait: float = 0.0,
+                     max_bytes: int = 65_536) -> SessionReadResponse:
+        """Output from ``offset`` (waiting up to ``wait`` s for some); ``next_offset`` continues it."""
+        return await self._run(_plans.read_session(self._target, sid, offset, wait, max_bytes))
+
+    async def write_session(self, sid: str, data: str) -> SessionInfo:
+        return await self._run(_plans.write_session(self._target, sid, data))
+
+    async def resize_session(self, sid: str, cols: int, rows: int) -> SessionInfo:
+        return await self._run(_plans.resize_session(self._target, sid, cols, rows))
+
+    async def end_session(self, sid: str, grace: float = 2.0) -> SessionInfo:
+        return await self._run(_plans.end_session(self._target, sid, grace))
 
     async def reset(self, timeout: float = 600.0, *, to_fork_point: bool = False) -> ResetResult:
         """Project back to the image byte for byte; every process a tool started ends. A fork's

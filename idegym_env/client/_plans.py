@@ -37,6 +37,13 @@ from sandbox_server.models import (
     PatchFileRequest,
     ResetRequest,
     ResetResult,
+    SessionEndRequest,
+    SessionInfo,
+    SessionReadRequest,
+    SessionReadResponse,
+    SessionResizeRequest,
+    SessionStartRequest,
+    SessionWriteRequest,
     SetupRequest,
     TerminateRequest,
     TestReport,
@@ -158,6 +165,31 @@ def execute(target: Target, language: str, code: str, args: list[str] | None, fi
 
 def capabilities(target: Target) -> Plan[list[str]]:
     return (yield from call(target, routes.CAPABILITIES)).plugins
+
+
+# -- background processes and terminal sessions ----------------------------------------------------
+
+
+def start_session(target: Target, command: str, fields: dict[str, Any]) -> Plan[SessionInfo]:
+    return (yield from call(target, routes.SESSION_START, wire(SessionStartRequest, command=command, **fields)))
+
+
+def read_session(target: Target, sid: str, offset: int, wait: float, max_bytes: int) -> Plan[SessionReadResponse]:
+    request = wire(SessionReadRequest, id=sid, offset=offset, wait=wait, max_bytes=max_bytes)
+    return (yield from call(target, routes.SESSION_READ, request))
+
+
+def write_session(target: Target, sid: str, data: str) -> Plan[SessionInfo]:
+    return (yield from call(target, routes.SESSION_WRITE, wire(SessionWriteRequest, id=sid, data=data)))
+
+
+def resize_session(target: Target, sid: str, cols: int, rows: int) -> Plan[SessionInfo]:
+    return (yield from call(target, routes.SESSION_RESIZE, wire(SessionResizeRequest, id=sid, cols=cols, rows=rows)))
+
+
+def end_session(target: Target, sid: str, grace: float) -> Plan[SessionInfo]:
+    request = wire(SessionEndRequest, id=sid, graceful_termination_timeout=grace)
+    return (yield from call(target, routes.SESSION_END, request))
 
 
 # -- control plane -------------------------------------------------------------------------------

@@ -85,6 +85,26 @@ def _openai_agent(**kwargs: Any) -> Agent:
 
 
 BUILTIN: dict[str, Callable[..., Agent]] = {"oracle": OracleAgent, "noop": NoopAgent, "openai": _openai_agent}
+HARNESS_PREFIX = "harness:"  # an agent that brings its own loop, its model calls passed through (agents/)
+
+
+class HarnessAgent:
+    """``harness:<name>``: the harness plays the episode in ``IdeGym-Agent-v0``'s pass-through
+    mode (``make_env`` builds that env from these arguments); its one step runs it to its end."""
+
+    def __init__(self, *, model_url: str, model_name: str | None = None, api_key: str | None = None) -> None:
+        self.model_url, self.model_name, self.api_key = model_url, model_name, api_key
+
+    def reset(self, task: Task, *, seed: int | None = None) -> None:
+        pass
+
+    def __call__(self, observation: str, info: dict[str, Any]) -> None:
+        return None
+
+
+def harness_name(spec: str) -> str | None:
+    """The harness an agent spec names (``harness:<name>``), or None."""
+    return spec[len(HARNESS_PREFIX):] if isinstance(spec, str) and spec.startswith(HARNESS_PREFIX) else None
 
 
 class AgentSpecError(ValueError):
@@ -143,6 +163,19 @@ def load_agent(spec: str | Callable[..., Any], kwargs: Mapping[str, Any] | None 
     """The factory of per-episode agents for ``spec`` (a built-in name, ``MODULE:NAME``,
     ``file.py:NAME``, a class, or a callable agent). ``kwargs`` go to a class's constructor."""
     kwargs = dict(kwargs or {})
+    harness = harness_name(spec) if isinstance(spec, str) else None
+    if harness is not None:
+        from ..agents import get_harness
+
+        try:
+            get_harness(harness)
+        except ValueError as exc:
+            raise AgentSpecError(str(exc)) from None
+        _check_kwargs(spec, HarnessAgent, kwargs)
+        if not kwargs.get("model_url"):
+            raise AgentSpecError(f"agent {spec}: the harness's model calls go to your server: "
+                                 "--agent-arg model_url=http://HOST:PORT/v1 (an OpenAI-compatible server)")
+        return _PerEpisode(HarnessAgent, kwargs)
     if isinstance(spec, str):
         if spec in BUILTIN:
             target: Any = BUILTIN[spec]
@@ -239,5 +272,6 @@ def agent_usage(agent: Agent) -> dict[str, int] | None:
     return out or None
 
 
-__all__ = ["Agent", "AgentFactory", "OracleAgent", "NoopAgent", "AgentSpecError", "BUILTIN", "load_agent",
+__all__ = ["Agent", "AgentFactory", "OracleAgent", "NoopAgent", "AgentSpecError", "BUILTIN", "HarnessAgent",
+           "harness_name", "load_agent",
            "reset_agent", "agent_usage", "agent_source", "SUBMIT"]

@@ -36,11 +36,16 @@ agents:
   MODULE:NAME          e.g. my_agents:Agent or ./agent.py:Agent. A class is instantiated per
                        episode with the --agent-arg values; any other callable
                        (observation, info) -> action is shared by all episodes.
+  harness:NAME         an agent that brings its own loop (mini-swe-agent, tmux, codex) runs in
+                       the sandbox, its model calls forwarded to --agent-arg model_url=URL (an
+                       OpenAI-compatible server) and recorded; model_name=, api_key= (docs/agents.md)
 
 examples:
   idegym eval --tasks bundled --agent oracle --parallel 4 --out results/oracle
   idegym eval --tasks ./my-tasks --agent openai --agent-arg model=qwen2.5-coder \\
       --agent-arg base_url=http://localhost:8000/v1 --attempts 5 --parallel 8 --out results/qwen
+  idegym eval --tasks bundled --agent harness:mini-swe-agent \
+      --agent-arg model_url=http://localhost:8000/v1 --agent-arg model_name=qwen2.5-coder --out results/msa
 """
 
 

@@ -158,8 +158,9 @@ class Episode:
         if info.get("sandbox_lost"):
             self.record.update(error=str(info.get("error")), error_kind="env", passed=False, reward=None)
         elif info.get("infrastructure_error"):  # the checks could not run: no result, nor the agent's failure
-            self.record.update(error=str(info["infrastructure_error"])[:2000], error_kind="env", passed=False,
-                               reward=None)
+            error = str(info["infrastructure_error"])
+            kind = MODEL if error.startswith("model: ") else "env"  # a harness's model server failed
+            self.record.update(error=error[:2000], error_kind=kind, passed=False, reward=None)
         elif info.get("grading_errors"):
             self.record.update(error="; ".join(map(str, info["grading_errors"]))[:2000], error_kind="grading",
                                passed=False)
@@ -230,7 +231,16 @@ def _checks(checks: Mapping[str, Any]) -> dict[str, Any]:
 
 def make_env(task: Task, config: RunConfig, url: str) -> Any:
     from ..env import IdeGymEnv
+    from .agents import harness_name
 
+    harness = harness_name(config.agent_name)
+    if harness is not None:  # the harness plays; its model calls go to the agent's model_url
+        from ..agents.env import IdeGymAgentEnv
+
+        args = config.agent_args
+        return IdeGymAgentEnv(task, harness=harness, control_plane_url=url, model_url=args["model_url"],
+                              model_name=args.get("model_name"), model_api_key=args.get("api_key"),
+                              max_calls=config.max_steps, render_mode="ansi")
     return IdeGymEnv(task, control_plane_url=url, max_steps=config.max_steps, render_mode="ansi",
                      bash_timeout=config.bash_timeout)
 

@@ -14,12 +14,22 @@ import ray
 from .failures import reason
 from .placement import Placement
 
+ENV_CLASS = "env_class"  # an env_kwargs key: another class than IdeGymEnv ("module:Name", e.g. the agent env)
+
 
 def build_env(env_kwargs: dict[str, Any], wrappers: Sequence[Callable[[gym.Env], gym.Env]]) -> gym.Env:
-    """One ``IdeGymEnv`` with ``wrappers`` applied, in order."""
+    """One ``IdeGymEnv`` (or the ``env_class`` named in ``env_kwargs``) with ``wrappers`` applied, in order."""
+    import importlib
+
     from ..env import IdeGymEnv
 
-    env: gym.Env = IdeGymEnv(**env_kwargs)
+    kwargs = dict(env_kwargs)
+    cls: Any = IdeGymEnv
+    if kwargs.get(ENV_CLASS):
+        module, _, name = kwargs.pop(ENV_CLASS).partition(":")
+        cls = getattr(importlib.import_module(module), name)
+    kwargs.pop(ENV_CLASS, None)
+    env: gym.Env = cls(**kwargs)
     for wrapper in wrappers:
         env = wrapper(env)
     return env

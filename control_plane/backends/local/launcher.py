@@ -26,6 +26,7 @@ from ...models import ServerKind
 from ..base import BackendError, Endpoint, Limits, SandboxHandle
 from . import bwrap, cgroups, plain, priority, readiness, rootfs, teardown
 from .fork_layers import ForkLayers, ForkStack, sandbox_holder
+from .harness_layers import with_harness_layers
 from .images import ResolvedImage
 from .isolation import say_once
 from .layout import NAME_RE, SOCKET_NAME, Plan, Space, tail, write_meta
@@ -330,6 +331,7 @@ class Launcher:
                 runtime = runtime_for(self.runtime, entry(plan.kind))
                 if plan.image.is_oci:  # nothing of the host's /usr in the sandbox: the server brings its own
                     runtime = oci_runtime(runtime, self.state_dir)
+                runtime = with_harness_layers(runtime)  # agent harnesses, read-only
                 self._runtimes[key] = runtime
         return runtime
 

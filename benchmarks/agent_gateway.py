@@ -1,0 +1,169 @@
+"""Agents that bring their own loop (``IdeGym-Agent-v0``), in one run:
+
+* the gateway's added latency per model call: a client inside a sandbox calls its episode's
+  model endpoint, which the env (pass-through mode) forwards to a local OpenAI-compatible server;
+  the same client on the host calls that server directly, in alternating rounds. Each side times
+  its own calls; the difference of the medians is what the gateway adds (target <= 1 ms);
+* episodes per minute with 8 agents in parallel: 8 envs (mini-swe-agent, a scripted policy that
+  fixes python-roman-numerals and submits), each on a thread of its own, graded.
+
+Writes ``results/agent_gateway.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from idegym_env.agents import Harness, LayerSpec
+from idegym_env.agents.env import IdeGymAgentEnv
+from idegym_env.embedded import EmbeddedControlPlane
+from tests import agent_policies as policies
+
+from ._common import Result, Stats, check_target, stats_table
+
+N = int(os.environ.get("BENCH_N", "200"))
+AGENTS = int(os.environ.get("BENCH_AGENTS", "8"))
+EPISODES = int(os.environ.get("BENCH_EPISODES", "2"))  # per agent
+ROUNDS = 3
+
+# The client: N chat-completion calls over one kept-alive connection, each timed; prints the times.
+CLIENT = r"""
+import http.client, json, os, sys, time, urllib.parse
+url = urllib.parse.urlparse(os.environ["OPENAI_BASE_URL"])
+conn = http.client.HTTPConnection(url.hostname, url.port)
+body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+headers = {"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
+times = []
+for _ in range(int(sys.argv[1])):
+    t = time.perf_counter()
+    conn.request("POST", url.path + "/chat/completions", body, headers)
+    resp = conn.getresponse(); resp.read()
+    assert resp.status == 200, resp.status
+    times.append(time.perf_counter() - t)
+print("TIMES " + json.dumps(times))
+"""
+
+ANSWER = json.dumps({"id": "c", "object": "chat.completion", "model": "m",
+                     "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                  "finish_reason": "stop"}],
+                     "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+
+
+class _Model(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no 40 ms delayed-ACK stalls
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(ANSWER)))
+        self.end_headers()
+        self.wfile.write(ANSWER)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _times(stdout: str) -> list[float]:
+    line = next(x for x in stdout.splitlines() if x.startswith("TIMES "))
+    return json.loads(line[6:])[20:]  # the first calls warm up
+
+
+def latency(url: str, result: Result) -> None:
+    """Rounds of the direct client and the client in the sandbox, alternated: both see the same
+    host load (on a shared 2-core machine it swings from 1 to 15)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Model)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    model_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    per_round = max(N // ROUNDS, 1)
+    client = Harness(name="latency-client", layer=LayerSpec("tmux-agent", drivers=("tmux_agent.py",)),
+                     command=lambda inside: ["python3", "-c", CLIENT, str(per_round + 20)], api="chat", version="1")
+    env = IdeGymAgentEnv(policies.TASK, harness=client, control_plane_url=url, model_url=model_url,
+                         upstream_params={}, max_calls=per_round + 100)
+    direct: list[float] = []
+    through: list[float] = []
+    try:
+        for _ in range(ROUNDS):
+            out = subprocess.run(["python3", "-c", CLIENT, str(per_round + 20)], capture_output=True, text=True,
+                                 check=True, env={**os.environ, "OPENAI_BASE_URL": model_url, "OPENAI_API_KEY": "x"})
+            direct += _times(out.stdout)
+            _, info = env.run_episode()
+            through += _times(info["agent"]["stdout"])
+            result.figures["exchange"] = info.get("exchange")
+    finally:
+        env.close()
+        server.shutdown()
+        server.server_close()
+    stats = [Stats.of("direct: host client -> model server", direct),
+             Stats.of("through the gateway: sandbox client -> endpoint -> env -> model server", through)]
+    result.stats += stats
+    added = stats[1].median_ms - stats[0].median_ms
+    result.figures["added_latency_ms_per_call"] = round(added, 3)
+    result.figures["added_latency_ms_per_call_min"] = round(stats[1].min_ms - stats[0].min_ms, 3)
+    result.figures["load_average"] = os.getloadavg()[0]
+    result.targets["added_latency"] = check_target("gateway's added latency per model call (median)", added, 1.0)
+    print(stats_table(stats, baseline=stats[0].label))
+    print(f"added per call: median {added:.3f} ms, floor (min - min) "
+          f"{result.figures['added_latency_ms_per_call_min']:.3f} ms; model calls went {result.figures['exchange']}; "
+          f"load average {result.figures['load_average']:.1f}")
+
+
+def throughput(url: str, result: Result) -> None:
+    done: list[float] = []
+    failures: list[str] = []
+
+    def agent() -> None:
+        env = IdeGymAgentEnv(policies.TASK, harness="mini-swe-agent", control_plane_url=url)
+        try:
+            for _ in range(EPISODES):
+                env.reset()
+                for reply in policies.mini_swe_agent():
+                    _, reward, terminated, truncated, info = env.step(reply)
+                    if terminated or truncated:
+                        break
+                (done if reward == 1.0 else failures).append(reward if reward == 1.0 else str(info)[:300])
+        except Exception as exc:  # noqa: BLE001 - counted, reported
+            failures.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            env.close()
+
+    threads = [threading.Thread(target=agent) for _ in range(AGENTS)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    minutes = (time.monotonic() - started) / 60
+    per_minute = len(done) / minutes if minutes else 0.0
+    result.figures.update(agents=AGENTS, episodes=len(done), failed=len(failures),
+                          episodes_per_minute=round(per_minute, 2), wall_seconds=round(minutes * 60, 1))
+    result.notes += failures[:5]
+    print(f"{AGENTS} agents x {EPISODES} episodes (mini-swe-agent, scripted fix + submit): {len(done)} solved, "
+          f"{len(failures)} failed, {per_minute:.2f} episodes/minute over {minutes * 60:.1f} s")
+
+
+def run() -> Result:
+    result = Result("agent_gateway", "IdeGym-Agent-v0: the gateway's added latency; episodes/minute, 8 agents")
+    with EmbeddedControlPlane(warm_pool=0) as cp:
+        latency(cp.url, result)
+        if AGENTS:
+            throughput(cp.url, result)
+    for target in result.targets.values():
+        print(target["text"])
+    return result
+
+
+if __name__ == "__main__":
+    run().write()
+    sys.exit(0)
