@@ -449,22 +449,22 @@ def test_sandboxes_outlive_a_killed_control_plane(loop: LoopThread, backend: Loc
 
 def test_failed_create_cleans_up_and_reports_the_server_log(loop: LoopThread, backend: LocalBackend,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from control_plane.backends.local.runtime import Runtime
+
     assert backend.runtime is not None
-    runtime = backend.runtime
     # A server started afresh (no zygote): one that refuses to start, one that never gets ready.
+    # (Every server kind's runtime is a Runtime of its own: the bootstrap is patched on the class.)
     monkeypatch.setattr(backend.launcher, "zygotes", False)
-    runtime.bootstrap = lambda *_: "raise SystemExit('idegym-test: the server refuses to start')"  # type: ignore
-    try:
+    with monkeypatch.context() as patched:
+        patched.setattr(Runtime, "bootstrap", lambda *_: "raise SystemExit('idegym-test: the server refuses to start')")
         with pytest.raises(BackendError) as err:
             loop.run(backend.create(spec("sb-fail"), 30))
         assert "the server refuses to start" in err.value.message
-        runtime.bootstrap = lambda *_: "import time; time.sleep(30)"  # type: ignore
+        patched.setattr(Runtime, "bootstrap", lambda *_: "import time; time.sleep(30)")
         started = time.monotonic()
         with pytest.raises(BackendError) as err:
             loop.run(backend.create(spec("sb-slow"), 1.5))
         assert "ready" in err.value.message and time.monotonic() - started < 10
-    finally:
-        del runtime.bootstrap  # the method again
     # A server forked by the zygote that refuses its arguments.
     monkeypatch.setattr(backend.launcher, "zygotes", True)
     server_args = bwrap.server_args

@@ -40,11 +40,12 @@ def use_loopback() -> None:
 
 
 def init_local(**kwargs: Any) -> None:
-    """``ray.init`` of a one-node Ray on loopback (``kwargs`` go to ``ray.init``)."""
+    """``ray.init`` of a new one-node Ray on loopback (``kwargs`` go to ``ray.init``): never a
+    Ray that another process of this host started (``address="local"``)."""
     import ray
 
     use_loopback()
-    ray.init(**{"include_dashboard": False, "_node_ip_address": LOOPBACK, **kwargs})
+    ray.init(**{"address": "local", "include_dashboard": False, "_node_ip_address": LOOPBACK, **kwargs})
 
 
 def wants_local_ray(address: str | None) -> bool:
