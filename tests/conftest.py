@@ -75,7 +75,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 # all: test_the_documented_role_grants_every_call...). xdist's own `xdist_group` marks do not
 # reach its scheduler under pytest 9.2 (a node id no longer follows `_nodeid`), so the scheduler
 # groups by node id, and each worker checks that the markers agree with it.
-RAY_FILES = ("tests/test_ray_vector.py", "tests/test_fork_vector.py", "tests/test_ray_cluster.py")
+RAY_FILES = ("tests/test_ray_vector.py", "tests/test_fork_vector.py", "tests/test_ray_cluster.py",
+             "tests/test_remote_ray.py")
 
 
 # The red-team suite is one module; its targets of different task sources may run on both
