@@ -27,8 +27,9 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from .config import ControlPlaneConfig
 from .errors import ApiError
@@ -286,10 +287,12 @@ class Admission:
     """The control plane's queues: ``sandboxes`` (starts, forks) and ``builds``."""
 
     def __init__(self, config: ControlPlaneConfig, store: SQLiteStore,
-                 stop_finished: Callable[[ServerRow, str], Awaitable[None]]) -> None:
+                 stop_finished: Callable[[ServerRow, str], Awaitable[None]],
+                 spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
         sharing = config.sharing
         self.store = store
         self._stop_finished = stop_finished
+        self._spawn = spawn  # background work the control plane waits for at shutdown
         self._giving_way: set[int] = set()
         rate = TokenBucket(sharing.start_rate, sharing.start_burst) if sharing.start_rate > 0 else None
         self.sandboxes = Turns("sandboxes", Caps(config.max_servers, sharing.tenant_max_servers,
@@ -315,7 +318,7 @@ class Admission:
         self._giving_way.add(row.id)
         # it counts until its sandbox is gone, not only until its status changes
         grant = self.sandboxes.reserve((owner.tenant if owner else "", row.client_id))
-        asyncio.get_running_loop().create_task(self._give_way(row, grant))
+        self._spawn(self._give_way(row, grant))
         return True
 
     async def _give_way(self, row: ServerRow, grant: Grant) -> None:

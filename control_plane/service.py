@@ -54,7 +54,7 @@ class ControlPlane:
         self.forwarder = Forwarder(config.client_request_timeout)
         self.images = ImageAccess(store)  # its builder is set with the app's (app.create_app)
         self.uploads = UploadStore(config.state_dir, store, config.sharing)
-        self.admission = Admission(config, store, self.give_way)
+        self.admission = Admission(config, store, self.give_way, self.spawn)
         self._endpoints: dict[str, Endpoint] = {}
         self.creating: set[str] = set()  # sandbox names being created (the sweep leaves them alone)
         self.leased: set[str] = set()  # sandboxes in use outside any server (the code runner's)

@@ -30,6 +30,7 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,7 +76,7 @@ class UploadStore:
         self.store = store
         self.sharing = sharing
         self.meter = UploadMeter()
-        self._incoming: dict[str, int] = {}  # bytes being received per tenant (quota)
+        self._incoming: dict[tuple[str, str], int] = {}  # bytes being received per (tenant, client)
         for path in (self.objects, self.tmp):
             path.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)
@@ -143,69 +144,69 @@ class UploadStore:
         if declared is not None and declared > limit:
             raise PayloadTooLarge(f"an upload of {declared} bytes is over this control plane's limit of {limit} "
                                   "bytes per upload (--max-upload-bytes)")
-        room = self._room(tenant, client)
-        if declared is not None and room is not None and declared > room[0]:
-            raise PayloadTooLarge(room[1].format(size=declared))
+        quota = self._quota(tenant, client)
+        if declared is not None:
+            quota(declared, f"{declared}")
         work = self.tmp / secrets.token_hex(8)
         archive = work.with_suffix(".tar")
-        self._incoming[tenant] = self._incoming.get(tenant, 0)
+        key = (tenant, client)
+        self._incoming.setdefault(key, 0)
         received = 0
+        outcome = "failed"
         try:
             sha = hashlib.sha256()
             with open(archive, "wb") as out:
                 # aiohttp undoes a gzip Content-Encoding as it reads: these are the tar's bytes
                 async for chunk in request.content.iter_chunked(_CHUNK):
                     received += len(chunk)
-                    self._incoming[tenant] += len(chunk)
+                    self._incoming[key] += len(chunk)
                     if received > limit:
                         raise PayloadTooLarge(f"the upload {digest} is over this control plane's limit of {limit} "
                                               "bytes per upload (--max-upload-bytes)")
-                    if room is not None and received > room[0]:
-                        raise PayloadTooLarge(room[1].format(size=f"more than {received}"))
+                    quota(0, f"more than {received}")
                     sha.update(chunk)
                     out.write(chunk)
-            size = received
-            self.meter.add(tenant, client, received, "sent")
             got = "sha256:" + sha.hexdigest()
             if got != digest:
-                raise BadRequest(f"the body sent as {digest} is {got} ({size} bytes): it changed on the way or was "
-                                 "cut short; send it again")
-            if not stored.tree.is_dir():
-                files = await asyncio.to_thread(self._unpack, archive, work, stored)
-            else:
-                files = -1
-            if files < 0:  # another upload put it in place first
-                _remove(archive)
-                files = await asyncio.to_thread(_count, stored.tree)
-            self.store.add_upload(tenant, digest, size, files)
-            return UploadResponse(digest=digest, stored=True, bytes=size, files=files)
-        except BaseException:
-            if received:
-                self.meter.add(tenant, client, 0, "failed")
-            raise
+                raise BadRequest(f"the body sent as {digest} is {got} ({received} bytes): it changed on the way or "
+                                 "was cut short; send it again")
+            files = await asyncio.to_thread(self._put_in_place, archive, work, stored)
+            self.store.add_upload(tenant, digest, received, files)
+            outcome = "sent"
+            return UploadResponse(digest=digest, stored=True, bytes=received, files=files)
         finally:
-            self._incoming[tenant] -= received
+            self.meter.add(tenant, client, received, outcome)
+            self._incoming[key] -= received
             _remove(work)
             _remove(archive)
 
-    def _room(self, tenant: str, client: str) -> tuple[int, str] | None:
-        """The bytes ``tenant``'s client may still send, and the message of a refusal."""
-        rooms = []
-        if self.sharing.tenant_upload_bytes:
-            held = self.store.upload_bytes(tenant) + self._incoming.get(tenant, 0)
-            rooms.append((self.sharing.tenant_upload_bytes - held,
-                          f"an upload of {{size}} bytes does not fit the tenant's upload quota: it holds {held} of "
-                          f"{self.sharing.tenant_upload_bytes} bytes (--tenant-upload-bytes); uploads no build used "
-                          "expire (--upload-retention), DELETE /api/uploads/<digest> drops one now"))
-        if self.sharing.client_upload_bytes and client:
-            sent = self.meter.bytes.get((tenant, client), 0)
-            rooms.append((self.sharing.client_upload_bytes - sent,
-                          f"an upload of {{size}} bytes is over client {client}'s upload quota: it sent {sent} of "
-                          f"{self.sharing.client_upload_bytes} bytes (--client-upload-bytes)"))
-        return min(rooms) if rooms else None
+    def _quota(self, tenant: str, client: str) -> Callable[[int, str], None]:
+        """A check of the tenant's and the client's upload quotas: ``check(more, size)`` raises 413
+        when the bytes being received (the tenant's, all its uploads under way) and ``more``
+        would pass one; ``size`` is how the refusal names this upload's size."""
+        held = self.store.upload_bytes(tenant) if self.sharing.tenant_upload_bytes else 0
+        sent = self.meter.bytes.get((tenant, client), 0) if client else 0
 
-    def _unpack(self, archive: Path, work: Path, stored: StoredUpload) -> int:
-        """Unpack into ``work``, then move archive and tree into place; -1 if another was first."""
+        def check(more: int, size: str) -> None:
+            incoming = sum(n for (owner, _), n in self._incoming.items() if owner == tenant)
+            limit = self.sharing.tenant_upload_bytes
+            if limit and held + incoming + more > limit:
+                raise PayloadTooLarge(
+                    f"an upload of {size} bytes does not fit the tenant's upload quota: it holds {held} of {limit} "
+                    "bytes (--tenant-upload-bytes); uploads no build used expire (--upload-retention), DELETE "
+                    "/api/uploads/<digest> drops one now")
+            limit = self.sharing.client_upload_bytes
+            if limit and client and sent + self._incoming.get((tenant, client), 0) + more > limit:
+                raise PayloadTooLarge(f"an upload of {size} bytes is over client {client}'s upload quota: it sent "
+                                      f"{sent} of {limit} bytes (--client-upload-bytes)")
+
+        return check
+
+    def _put_in_place(self, archive: Path, work: Path, stored: StoredUpload) -> int:
+        """Unpack into ``work``, then move archive and tree into place (unless another upload of
+        the same bytes did first); the tree's entries."""
+        if stored.tree.is_dir():
+            return _count(stored.tree)
         work.mkdir(mode=0o700)
         limits = tree_pack.Limits(max_bytes=self.sharing.max_upload_bytes, max_files=self.sharing.max_upload_files)
         try:
@@ -218,9 +219,8 @@ class UploadStore:
         try:
             os.rename(work, stored.tree)
         except OSError:
-            if stored.tree.is_dir():
-                return -1
-            raise
+            if not stored.tree.is_dir():
+                raise
         return files
 
 
