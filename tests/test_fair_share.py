@@ -136,6 +136,30 @@ def test_a_start_that_waited_too_long_says_which_limit_held_it(tmp_path: Path) -
         proc.stop()
 
 
+def test_the_start_rate_spaces_sandboxes_out(tmp_path: Path) -> None:
+    """``--start-rate 2``, bursts of one: four starts asked at once get their turns (their servers
+    are made) at least half a second apart, and none is refused."""
+    from idegym_env.client import IdeGymClient
+
+    proc = ControlPlaneProcess(tmp_path / "state", ["--start-rate", "2", "--start-burst", "1", "--warm-pool", "0",
+                                                    "--ephemeral"], build_roots=[])
+    try:
+        with IdeGymClient(proc.url, name="rated") as client:
+            threads = [threading.Thread(target=client.start, args=(BUILTIN,),
+                                        kwargs={"reuse": "NONE", "server_name": f"r{i}"}) for i in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            made = sorted(s.created_at for s in client.sandboxes())
+            assert len(made) == 4
+            gaps = [b - a for a, b in zip(made, made[1:])]
+            assert min(gaps) >= 490, gaps  # ms; the bucket refills a token every 500
+            assert metric(proc.http, "idegym_client_start_wait_seconds_total")[client.client_id] > 0
+    finally:
+        proc.stop()
+
+
 # -- two tenants ----------------------------------------------------------------------------------------
 
 
