@@ -94,9 +94,9 @@ class TokenBucket:
 class Turns:
     """One kind's queue (sandboxes, builds): who waits, what is held, whose turn is next."""
 
-    def __init__(self, kind: str, caps: Caps, counted: Callable[[], dict[Key, int]],
+    def __init__(self, kind: tuple[str, str], caps: Caps, counted: Callable[[], dict[Key, int]],
                  rate: TokenBucket | None = None, make_room: Callable[[Key, str], bool] | None = None) -> None:
-        self.kind = kind
+        self.kind = kind  # (one, several): ("sandbox", "sandboxes")
         self.caps = caps
         self.counted = counted
         self.rate = rate
@@ -126,7 +126,7 @@ class Turns:
             if not (waiter.future.done() and not waiter.future.cancelled()):
                 self._forget(waiter)
                 self.refused[key] = self.refused.get(key, 0) + 1
-                raise ApiError.for_status(429, f"waited {timeout:g} s for a turn to make {count} {self.kind}: "
+                raise ApiError.for_status(429, f"waited {timeout:g} s for a turn to make {self._noun(count)}: "
                                                f"{self.why(key)}; retry later") from None
         except BaseException:
             if waiter.future.done() and not waiter.future.cancelled():
@@ -194,8 +194,11 @@ class Turns:
                                    ("this control plane", f"tenant {key[0]!r}" if key[0] else "one tenant",
                                     f"client {key[1]}"), strict=True):
             if cap and count > cap:
-                raise ApiError.for_status(429, f"{count} {self.kind} at once can never fit: {what} may have "
+                raise ApiError.for_status(429, f"{self._noun(count)} at once can never fit: {what} may have "
                                                f"{cap} ({flag})")
+
+    def _noun(self, count: int) -> str:
+        return f"{count} {self.kind[0] if count == 1 else self.kind[1]}"
 
     def blocked(self, key: Key, count: int = 1) -> bool:
         """Whether ``count`` more for ``key`` would wait now."""
@@ -295,11 +298,11 @@ class Admission:
         self._spawn = spawn  # background work the control plane waits for at shutdown
         self._giving_way: set[int] = set()
         rate = TokenBucket(sharing.start_rate, sharing.start_burst) if sharing.start_rate > 0 else None
-        self.sandboxes = Turns("sandboxes", Caps(config.max_servers, sharing.tenant_max_servers,
+        self.sandboxes = Turns(("sandbox", "sandboxes"), Caps(config.max_servers, sharing.tenant_max_servers,
                                                  sharing.client_max_servers,
                                                  ("--max-servers", "--tenant-max-servers", "--client-max-servers")),
                                store.live_counts, rate, self._make_room)
-        self.builds = Turns("builds", Caps(0, sharing.tenant_max_builds, sharing.client_max_builds,
+        self.builds = Turns(("build", "builds"), Caps(0, sharing.tenant_max_builds, sharing.client_max_builds,
                                            ("", "--tenant-max-builds", "--client-max-builds")), dict)
         store.on_release = self.sandboxes.kick
 
