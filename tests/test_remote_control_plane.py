@@ -6,7 +6,8 @@ checkout's client package (every shipped task and its data) and the task cache h
 ``--build-root``. The test drives it from outside over TCP, as a trainer on another host would:
 a bundled task, a task directory of the test's own ``/tmp``, a shipped SWE instance, a shipped
 Harbor task (a Dockerfile and its context) and HumanEval, each to its oracle's reward, then all
-of them again, which sends no byte (``/metrics``). On main the first three were refused with 403
+of them again, which sends no byte (``/metrics``); ``idegym tasks validate`` and the eval
+harness on the trainer's own task directory. On main the first three were refused with 403
 ("... is not under a directory this control plane builds from").
 """
 
@@ -177,3 +178,11 @@ def test_a_dead_trainers_sandboxes_end_after_its_heartbeat_timeout(tmp_path: Pat
             os.killpg(trainer.pid, signal.SIGKILL)
             trainer.wait()
         stop_remote(cp)
+
+
+def test_the_eval_harness_drives_a_remote_control_plane(remote: ControlPlaneProcess, own_task: Path,
+                                                        tmp_path: Path) -> None:
+    from idegym_env.eval import evaluate
+
+    result = evaluate(str(own_task), "oracle", out=tmp_path / "out", control_plane_url=remote.url, progress=False)
+    assert result.pass_rate == 1.0, result.records
