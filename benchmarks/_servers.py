@@ -74,6 +74,53 @@ def control_plane(state: Path, extra: Sequence[str] = ()) -> Iterator[str]:
         log.close()
 
 
+# Run a command with a mount namespace of its own: a private /tmp, and every directory named in
+# $IDEGYM_HIDE (':'-separated) covered by an empty read-only tmpfs.
+_PRIVATE_VIEW = """set -e
+mount -t tmpfs -o mode=1777 tmpfs /tmp
+old_ifs=$IFS; IFS=:
+for d in $IDEGYM_HIDE; do [ -d "$d" ] && mount -t tmpfs -o ro,size=4k,mode=0755 tmpfs "$d"; done
+IFS=$old_ifs
+unset IDEGYM_HIDE
+exec "$@"
+"""
+
+
+def task_data_dirs() -> list[Path]:
+    """What a control plane on another machine would not see: this checkout's client package
+    (the shipped tasks and their data with it) and the cache of fetched task sources."""
+    cache = Path(os.environ.get("IDEGYM_TASK_CACHE") or Path.home() / ".cache" / "idegym" / "tasks")
+    return [REPO / "idegym_env", cache]
+
+
+def private_view(argv: Sequence[str], hide: Sequence[Path]) -> tuple[list[str], dict[str, str]]:
+    """``argv`` run in a mount namespace of its own (``unshare -m``): a private ``/tmp`` and
+    ``hide`` covered, as another machine would see this one; and the environment it needs."""
+    env = {**os.environ, "IDEGYM_HIDE": ":".join(str(p) for p in hide)}
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _PRIVATE_VIEW, "sh", *argv], env
+
+
+@contextlib.contextmanager
+def remote_control_plane(state: Path, extra: Sequence[str] = ()) -> Iterator[str]:
+    """A control plane as on another machine (``private_view``: its own ``/tmp``, no task data
+    of this checkout), no build roots, reached over TCP; yields its URL with credentials."""
+    password = os.urandom(16).hex()
+    read_fd, write_fd = os.pipe()
+    log = open(state.parent / f"{state.name}.log", "ab")
+    argv, env = private_view([sys.executable, "-m", "control_plane", "--state-dir", str(state), "--port", "0",
+                              "--ephemeral", "--remove-state", "--auth", f"idegym:{password}",
+                              "--ready-fd", str(write_fd), *extra], task_data_dirs())
+    proc = subprocess.Popen(argv, pass_fds=(write_fd,), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, env=env)
+    os.close(write_fd)
+    try:
+        port = int(_wait_ready(read_fd, proc, "namespaced control plane").split()[1])
+        yield f"http://idegym:{password}@127.0.0.1:{port}"
+    finally:
+        _stop(proc, timeout=120)
+        log.close()
+
+
 @contextlib.contextmanager
 def swerex_server() -> Iterator[tuple[int, str]]:
     """SWE-ReX's own server (``python -m swerex.server``); yields (port, auth token)."""

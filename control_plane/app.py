@@ -64,6 +64,8 @@ from .models import (
     KeepaliveServerResponse,
     ListServersQuery,
     ListServersResponse,
+    MissingUploadsRequest,
+    MissingUploadsResponse,
     PrepareSnapshotsRequest,
     PrepareSnapshotsResponse,
     PrepareSnapshotsStatusResponse,
@@ -83,6 +85,8 @@ from .models import (
     StopClientRequest,
     StopClientResponse,
     StopServerRequest,
+    UploadQuery,
+    UploadResponse,
 )
 from .service import ControlPlane
 from .startup import Shutdown, lifecycle_context, make_backend
@@ -284,8 +288,30 @@ async def operation_status(request: web.Request) -> web.Response:
 
 async def build_images(request: web.Request) -> web.Response:
     req = await read_model(request, BuildFromYamlRequest)
-    return json_response(BuildFromYamlResponse(job_names=request.app[IMAGES].submit(req.yaml_content,
-                                                                                    tenant_of(request))))
+    tenant = tenant_of(request)
+    client = str(_cp(request).client(req.client_id, tenant).id) if req.client_id else ""
+    return json_response(BuildFromYamlResponse(job_names=request.app[IMAGES].submit(req.yaml_content, tenant,
+                                                                                    client)))
+
+
+async def missing_uploads(request: web.Request) -> web.Response:
+    req = await read_model(request, MissingUploadsRequest)
+    return json_response(MissingUploadsResponse(missing=_cp(request).uploads.missing(tenant_of(request), req.digests)))
+
+
+async def put_upload(request: web.Request) -> web.Response:
+    q = query_model(request, UploadQuery)
+    tenant = tenant_of(request)
+    client = str(_cp(request).client(q.client_id, tenant).id) if q.client_id else ""
+    answer = await _cp(request).uploads.receive(request, tenant, request.match_info["digest"], client)
+    return json_response(answer, status=201 if answer.stored else 200)
+
+
+async def delete_upload(request: web.Request) -> web.Response:
+    digest = request.match_info["digest"]
+    if not _cp(request).uploads.remove(tenant_of(request), digest):
+        raise NotFound(f"upload {digest} not found")
+    return web.Response(status=204)
 
 
 async def job_status(request: web.Request) -> web.Response:
@@ -427,6 +453,12 @@ ROUTES: tuple[Route, ...] = (
           ForkServerRequest, ForkServerResponse, async_operation=True),
     Route("POST", "/api/build-push-images", build_images, "Build And Push", "build_and_push_api_build_push_images_post",
           BuildFromYamlRequest, BuildFromYamlResponse),
+    Route("POST", "/api/uploads/missing", missing_uploads, "Missing Uploads",
+          "missing_uploads_api_uploads_missing_post", MissingUploadsRequest, MissingUploadsResponse),
+    Route("PUT", "/api/uploads/{digest}", put_upload, "Upload A Tree", "put_upload_api_uploads__digest__put",
+          None, UploadResponse, query=UploadQuery),
+    Route("DELETE", "/api/uploads/{digest}", delete_upload, "Delete An Upload",
+          "delete_upload_api_uploads__digest__delete", None, None),
     Route("GET", "/api/jobs/status/{job_name}", job_status, "Job Status", "job_status_api_jobs_status__job_name__get",
           None, JobStatusResponse),
     Route("GET", "/api/operations/status/{operation_id}", operation_status, "Operation Status",

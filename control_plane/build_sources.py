@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from .tree_pack import REFERENCE_PREFIX
+
 REMOTE_GIT_SCHEMES = frozenset({"https", "http", "git", "ssh"})
 _TRANSPORT = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*::")
 
@@ -60,8 +62,9 @@ def host_sources(project: dict[str, Any] | None, entry: dict[str, Any], where: s
             local = git_local_path(str(project["git"]))
             if local is not None:
                 yield f"{where}.project.git", local
-    if entry.get("context") is not None:
-        yield f"{where}.context", str(entry["context"])
+    context = entry.get("context")
+    if context is not None and not (isinstance(context, str) and context.startswith(REFERENCE_PREFIX)):
+        yield f"{where}.context", str(context)
 
 
 def check_allowed(what: str, path: str, roots: Sequence[Path]) -> None:

@@ -18,7 +18,7 @@ from sandbox_server.http import run_loop, setup_logging
 
 from . import ephemeral_state
 from .auth import TOKEN_USER, token_path
-from .config import ControlPlaneConfig, WatcherConfig
+from .config import ControlPlaneConfig, SharingConfig, WatcherConfig
 from .quantities import memory_bytes
 from .tenants import TenantsFileError
 
@@ -181,7 +181,34 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pool-image", action="append", default=_default("POOL_IMAGE", [], _names),
                         help="keep this image warm from start-up (repeatable; comma-separated in the variable)")
     parser.add_argument("--max-servers", type=int, default=_default("MAX_SERVERS", cfg.max_servers, int),
-                        help="live servers allowed at once; more starts get 429 (the client retries)")
+                        help="live servers allowed at once, all tenants together; more starts wait their turn in the "
+                             "creation queue (--queue-timeout), and FINISHED servers give way to them")
+    share = cfg.sharing
+    for flag, variable, kind, value, text in (
+        ("--tenant-max-servers", "TENANT_MAX_SERVERS", int, share.tenant_max_servers,
+         "live servers of one tenant (0: no limit of its own); more of its starts wait their turn"),
+        ("--client-max-servers", "CLIENT_MAX_SERVERS", int, share.client_max_servers,
+         "live servers of one client (a trainer, an env; 0: no limit of its own)"),
+        ("--tenant-max-builds", "TENANT_MAX_BUILDS", int, share.tenant_max_builds,
+         "image builds of one tenant running at once (0: no limit); more wait their turn"),
+        ("--client-max-builds", "CLIENT_MAX_BUILDS", int, share.client_max_builds,
+         "image builds of one client running at once (0: no limit)"),
+        ("--tenant-upload-bytes", "TENANT_UPLOAD_BYTES", _bytes, share.tenant_upload_bytes,
+         "bytes of uploads one tenant holds, e.g. 20Gi (0: no limit); more are refused with 413"),
+        ("--client-upload-bytes", "CLIENT_UPLOAD_BYTES", _bytes, share.client_upload_bytes,
+         "bytes one client may upload in its life (0: no limit); more are refused with 413"),
+        ("--max-upload-bytes", "MAX_UPLOAD_BYTES", _bytes, share.max_upload_bytes,
+         "bytes of one upload (a task's project or build context, packed), e.g. 2Gi"),
+        ("--max-upload-files", "MAX_UPLOAD_FILES", int, share.max_upload_files, "entries of one upload"),
+        ("--upload-retention", "UPLOAD_RETENTION", float, share.upload_retention,
+         "seconds an upload no build used is kept"),
+        ("--start-rate", "START_RATE", float, share.start_rate,
+         "sandboxes made per second, all tenants together (0: as fast as asked); more wait their turn"),
+        ("--start-burst", "START_BURST", int, share.start_burst, "sandboxes made at once before --start-rate applies"),
+        ("--queue-timeout", "QUEUE_TIMEOUT", float, share.queue_timeout,
+         "seconds a start waits for its turn (or its own start timeout, if shorter), then 429"),
+    ):
+        parser.add_argument(flag, type=kind, default=_default(variable, value, kind), help=text)
     parser.add_argument("--body-budget", type=int, default=_default("BODY_BUDGET", cfg.body_budget_bytes, int),
                         metavar="BYTES", help="bytes of large request bodies held in memory at once (each counts "
                                               "3 times its size); more wait, then get 503 [default 3 × the "
@@ -259,6 +286,13 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
         warm_pool_max=args.warm_pool_max, warm_pool_parallel=args.warm_pool_parallel,
         pool_images=list(args.pool_image), max_servers=args.max_servers,
         ephemeral=args.ephemeral,
+        sharing=SharingConfig(
+            tenant_max_servers=args.tenant_max_servers, client_max_servers=args.client_max_servers,
+            tenant_max_builds=args.tenant_max_builds, client_max_builds=args.client_max_builds,
+            tenant_upload_bytes=args.tenant_upload_bytes, client_upload_bytes=args.client_upload_bytes,
+            max_upload_bytes=args.max_upload_bytes, max_upload_files=args.max_upload_files,
+            upload_retention=args.upload_retention, start_rate=args.start_rate, start_burst=args.start_burst,
+            queue_timeout=args.queue_timeout),
         watcher=WatcherConfig(interval=args.watch_interval, inactive_timeout=args.inactive_timeout,
                               finished_timeout=args.finished_timeout, heartbeat_timeout=args.heartbeat_timeout,
                               operation_retention=args.operation_retention),

@@ -26,6 +26,24 @@ class WatcherConfig:
 
 
 @dataclass
+class SharingConfig:
+    """Sharing one control plane (``admission.py``, ``uploads.py``); a limit of 0 is no limit."""
+
+    tenant_max_servers: int = 0  # live sandboxes of one tenant
+    client_max_servers: int = 0  # live sandboxes of one client
+    tenant_max_builds: int = 0  # image builds of one tenant running at once (more wait their turn)
+    client_max_builds: int = 0
+    tenant_upload_bytes: int = 0  # bytes of uploads one tenant holds
+    client_upload_bytes: int = 0  # bytes one client may upload in its life
+    start_rate: float = 0.0  # sandboxes made per second, all tenants together; 0: as fast as asked
+    start_burst: int = 8  # made at once before the rate applies
+    queue_timeout: float = 600.0  # a start waits this long for its turn, then 429
+    max_upload_bytes: int = 2 << 30  # one upload (its tar, and on the wire)
+    max_upload_files: int = 200_000  # entries of one upload
+    upload_retention: float = 7 * 86400.0  # an upload no build used for this long is deleted
+
+
+@dataclass
 class ControlPlaneConfig:
     state_dir: Path = field(default_factory=default_state_dir)
     host: str = "127.0.0.1"
@@ -63,6 +81,7 @@ class ControlPlaneConfig:
     ephemeral: bool = False  # delete every sandbox and the state on shutdown (embedded mode)
     pod_name: str | None = field(default_factory=lambda: os.environ.get("POD_NAME") or os.environ.get("HOSTNAME"))
     watcher: WatcherConfig = field(default_factory=WatcherConfig)
+    sharing: SharingConfig = field(default_factory=SharingConfig)
     kubernetes: dict = field(default_factory=dict)  # kubernetes backend settings
 
     @property

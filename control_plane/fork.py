@@ -8,8 +8,9 @@ restart) gives a child a fresh sandbox of the image, as for any server.
 
 Refused before an operation is made: an unknown server or another client's (404), a FINISHED
 one (409: handed back for reuse, it may be reset at any moment), a stopped or crashed one (410),
-a backend that cannot fork (400); ``count`` outside 1..64 is a validation error (422). When
-the children would exceed ``max_servers`` the operation fails with 429.
+a backend that cannot fork (400); ``count`` outside 1..64 is a validation error (422). The
+children wait for their turn in the creation queue (``admission.py``) like any start; the
+operation fails with 429 when they waited too long, or could never fit a limit.
 """
 
 from __future__ import annotations
@@ -57,19 +58,23 @@ def child_request(parent: ServerRow, server_name: str | None) -> StartServerRequ
 
 async def fork_server(cp: ControlPlane, parent: ServerRow, req: ForkServerRequest) -> ForkServerResponse:
     child_req = child_request(parent, req.server_name)
-    if len(cp.store.servers(availability=lifecycle.LIVE)) + req.count > cp.config.max_servers:
-        raise ApiError.for_status(429, f"Resource limit exceeded: {req.count} more servers would pass the "
-                                      f"{cp.config.max_servers} live servers allowed; finish or stop servers first")
+    owner = cp.store.get_client(parent.client_id)
+    grant = await cp.admission.sandboxes.acquire(  # the children wait their turn like any start
+        (owner.tenant if owner else "", parent.client_id), req.count,
+        cp.queue_timeout(child_req.server_start_wait_timeout_in_seconds))
     now = now_ms()
     rows: list[ServerRow] = []
-    for _ in range(req.count):
-        server_id = cp.store.add_server(replace(
-            parent, id=0, server_name=child_req.server_name, generated_name="", availability=A.ALIVE,
-            details=f"forking from server {parent.id}", created_at=now, last_activity_at=now, keepalive_until=None,
-            restarts=0, request=child_req.model_dump_json(), handle=None))
-        row = cp.store.get_server(server_id)
-        assert row is not None
-        rows.append(row)
+    try:
+        for _ in range(req.count):
+            server_id = cp.store.add_server(replace(
+                parent, id=0, server_name=child_req.server_name, generated_name="", availability=A.ALIVE,
+                details=f"forking from server {parent.id}", created_at=now, last_activity_at=now,
+                keepalive_until=None, restarts=0, request=child_req.model_dump_json(), handle=None))
+            row = cp.store.get_server(server_id)
+            assert row is not None
+            rows.append(row)
+    finally:
+        grant.release()  # the children's rows count from here
     specs = [replace(SandboxSpec.from_request(child_req, row.id, row.generated_name), generated_name=new_sandbox_name())
              for row in rows]
     template = SandboxSpec.from_request(child_req, parent.id, parent.generated_name)

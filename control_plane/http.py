@@ -42,6 +42,15 @@ async def read_body(request: web.Request, max_body: int) -> bytes | bytearray:
     return body
 
 
+STREAMED_PREFIX = "/api/uploads/"
+
+
+def streamed_to_disk(request: web.Request) -> bool:
+    """An upload's body goes to a file as it arrives, under its own limit (``uploads.py``): neither
+    the body limit nor the memory budget of bodies read whole applies to it."""
+    return request.method == "PUT" and request.path.startswith(STREAMED_PREFIX)
+
+
 def json_response(model: BaseModel, status: int = 200) -> web.Response:
     return web.Response(
         body=model.model_dump_json(by_alias=True).encode(), status=status, content_type="application/json"
@@ -77,7 +86,8 @@ def error_middleware(service: str, observe: Callable[[web.Request, int, float], 
         started = time.perf_counter()
         status = 500
         try:
-            if max_body is not None and request.content_length is not None and request.content_length > max_body:
+            if (max_body is not None and request.content_length is not None and request.content_length > max_body
+                    and not streamed_to_disk(request)):
                 raise web.HTTPRequestEntityTooLarge(max_size=max_body, actual_size=request.content_length)
             response = await handler(request)
             status = response.status
@@ -166,7 +176,7 @@ def body_budget_middleware(budget: BodyBudget, max_body: int) -> Any:
 
     @web.middleware
     async def middleware(request: web.Request, handler):
-        if not request.body_exists:
+        if not request.body_exists or streamed_to_disk(request):
             return await handler(request)
         size = request.content_length if request.content_length is not None else max_body
         if size < SMALL:

@@ -7,7 +7,8 @@
         tag: idegym/python-calc:1        # optional; must match ^[a-z0-9._/:@-]+$
         base: idegym/builtin:latest      # optional (default); or another built image's tag
         project:                         # optional; one of
-          path: ./calc                   #   a directory on the control plane's host
+          upload: sha256:…               #   a tree the client uploaded (uploads.py; what clients send)
+          # path: ./calc                 #   a directory on the control plane's host (under --build-root)
           # git: https://…   ref: main   #   a git repository (needs git, and network for remote URLs)
           # archive: ./calc.tar.gz       #   a .tar.gz / .zip archive
         commands:                        # run as root in a build sandbox, in order (set -eux)
@@ -20,7 +21,8 @@
         dockerfile: |                    # its text, or a path in the build context ("Dockerfile")
           FROM python:3.12-slim
           COPY . /home/appuser/work/
-        context: ./task                  # the build context (default: the project, else empty)
+        context: upload:sha256:…         # the build context: an upload, or a directory under --build-root
+                                         # (default: the project, else empty)
         build_args: {PIP_INDEX: "..."}   # --build-arg
         project_dir: /app                # where the image holds the project (default: its final
                                          # WORKDIR, else /home/appuser/work)
@@ -40,8 +42,9 @@ import json
 import os
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -51,6 +54,10 @@ from .appuser import APPUSER
 from .backends.base import Backend, ImageBuilder, ImageDefinition
 from .build_sources import check_git, host_sources
 from .image_tags import check_image_tag
+from .tree_pack import REFERENCE_PREFIX, check_digest
+
+if TYPE_CHECKING:
+    from .uploads import StoredUpload
 
 BUILTIN_IMAGE = "idegym/builtin:latest"
 
@@ -82,14 +89,19 @@ def load_build_yaml(text: str) -> Any:
     raise ValueError(f"the build YAML nests deeper than the limit of {MAX_JSON_DEPTH} levels")
 
 
-def parse_build_yaml(text: str, registry: str | None = None) -> list[ImageDefinition]:
+Uploads = Callable[[str], "StoredUpload"]  # an upload's digest -> where it is (NotFound when absent)
+
+
+def parse_build_yaml(text: str, registry: str | None = None, uploads: Uploads | None = None) -> list[ImageDefinition]:
     """The ``images:`` list of a build YAML as ``ImageDefinition``s with deterministic tags.
 
     Accepts the upstream fields (``name``, ``base``, ``plugins`` — ``project``, ``permissions``,
     ``user`` become local equivalents —, ``commands`` as a list or a Dockerfile-ish string,
     ``runtime_class_name``, ``resources``…) plus local ones (``tag``, ``project: {path|git|archive}``,
     ``env``, ``network``). What does not apply locally is listed by ``local_notes`` for the job log.
-    Raises ``ValueError`` with a readable message on malformed input.
+    ``uploads`` finds the trees named by ``upload`` references (the project's ``path`` and the
+    ``context`` become their directories). Raises ``ValueError`` with a readable message on
+    malformed input.
     """
     doc = load_build_yaml(text)
     if not isinstance(doc, dict) or not isinstance(doc.get("images"), list) or not doc["images"]:
@@ -98,11 +110,12 @@ def parse_build_yaml(text: str, registry: str | None = None) -> list[ImageDefini
     for index, entry in enumerate(doc["images"]):
         if not isinstance(entry, dict):
             raise ValueError(f"images[{index}] must be a mapping, not {type(entry).__name__}")
-        out.append(_definition(entry, index, registry))
+        out.append(_definition(entry, index, registry, uploads))
     return out
 
 
-def _definition(entry: dict[str, Any], index: int, registry: str | None = None) -> ImageDefinition:
+def _definition(entry: dict[str, Any], index: int, registry: str | None = None,
+                uploads: Uploads | None = None) -> ImageDefinition:
     where = f"images[{index}]"
     content_hash = hashlib.sha256(json.dumps([entry, _inputs_digest(entry)], sort_keys=True, default=str)
                                   .encode()).hexdigest()[:12]
@@ -134,7 +147,10 @@ def _definition(entry: dict[str, Any], index: int, registry: str | None = None) 
     env = entry.get("env") or {}
     if not isinstance(env, dict):
         raise ValueError(f"{where}.env must be a mapping of names to values")
-    docker = _dockerfile(entry, where, project)
+    project, context, archive = _resolve_uploads(project, entry.get("context"), where, uploads)
+    docker = _dockerfile({**entry, "context": context} if context is not None else entry, where, project)
+    if archive is not None:
+        docker["context_archive"] = archive
     if docker.get("dockerfile") is not None:
         if commands:
             raise ValueError(f"{where}: give either a `dockerfile` or `commands`/plugins, not both")
@@ -150,6 +166,40 @@ def _definition(entry: dict[str, Any], index: int, registry: str | None = None) 
         flags[key] = value
     return ImageDefinition(tag=tag, base=base, project=project, commands=commands,
                            env={str(k): str(v) for k, v in env.items()}, raw=entry, **flags, **docker)
+
+
+def upload_reference(context: Any) -> str | None:
+    """The digest a ``context: upload:<digest>`` names, or None for a directory."""
+    if isinstance(context, str) and context.startswith(REFERENCE_PREFIX):
+        return context[len(REFERENCE_PREFIX):]
+    return None
+
+
+def _resolve_uploads(project: dict[str, Any] | None, context: Any, where: str, uploads: Uploads | None
+                     ) -> tuple[dict[str, Any] | None, Any, str | None]:
+    """The project and context with their upload references made directories, and the archive
+    of the upload that is the build context (the context's, else the project's)."""
+    archive = None
+    digest = upload_reference(context)
+    if digest is not None:
+        stored = _stored(digest, f"{where}.context", uploads)
+        context, archive = str(stored.tree), str(stored.archive)
+    if project is not None and "upload" in project:
+        stored = _stored(project["upload"], f"{where}.project.upload", uploads)
+        project = {"path": str(stored.tree), "upload": project["upload"]}
+        if context is None:
+            archive = str(stored.archive)
+    return project, context, archive
+
+
+def _stored(digest: str, where: str, uploads: Uploads | None) -> StoredUpload:
+    try:
+        check_digest(digest)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    if uploads is None:
+        raise ValueError(f"{where}: uploads cannot be read here")
+    return uploads(digest)
 
 
 def _dockerfile(entry: dict[str, Any], where: str, project: dict[str, Any] | None) -> dict[str, Any]:
@@ -229,6 +279,13 @@ def _project(value: Any, where: str) -> dict[str, Any] | None:
         return None
     if not isinstance(value, dict):
         raise ValueError(f"{where}.project must be a mapping")
+    if "upload" in value:
+        if any(k in value for k in ("path", "git", "archive", "ref", "subdir")):
+            raise ValueError(f"{where}.project: an `upload` is the whole project; give it alone")
+        try:
+            return {"upload": check_digest(value["upload"])}
+        except ValueError as exc:
+            raise ValueError(f"{where}.project.upload: {exc}") from None
     if any(k in value for k in ("path", "git", "archive")):
         return _checked({k: value[k] for k in ("path", "git", "archive", "ref", "subdir") if k in value}, where)
     repo = value.get("repository")
@@ -237,7 +294,7 @@ def _project(value: Any, where: str) -> dict[str, Any] | None:
         return _checked({"git": f"https://{server}/{repo['owner']}/{repo['name']}.git",
                          "ref": str(value.get("reference") or "HEAD"),
                          **({"subdir": value["path"]} if value.get("path") else {})}, where)
-    raise ValueError(f"{where}.project needs `path`, `git` or `archive` (or an upstream `repository`)")
+    raise ValueError(f"{where}.project needs `upload`, `path`, `git` or `archive` (or an upstream `repository`)")
 
 
 def _project_plugin(plugin: dict[str, Any], where: str) -> dict[str, Any]:

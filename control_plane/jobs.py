@@ -40,7 +40,7 @@ MAX_DETAILS = 16_000
 
 class ImageJobs:
     def __init__(self, cp: ControlPlane, builder: ImageBuilder | None,
-                 parse: Callable[[str], list[ImageDefinition]]) -> None:
+                 parse: Callable[..., list[ImageDefinition]]) -> None:
         self.cp = cp
         self.builder = builder
         self.parse = parse
@@ -50,13 +50,13 @@ class ImageJobs:
             self.cp.store.update_job(job.job_name, "failure",
                                      (job.details or "") + "\nthe control plane restarted during the build; rebuild")
 
-    def submit(self, yaml_content: str, tenant: str) -> list[str]:
+    def submit(self, yaml_content: str, tenant: str, client: str = "") -> list[str]:
         if self.builder is None:
             raise BadRequest(f"the {self.cp.backend.name} backend cannot build images")
         try:
             for what, path in host_sources_of(yaml_content):  # before anything reads them
                 check_allowed(what, path, self.cp.config.build_roots)
-            definitions = self.parse(yaml_content)
+            definitions = self.parse(yaml_content, uploads=lambda digest: self.cp.uploads.resolve(tenant, digest))
         except SourceNotAllowed as exc:
             raise Forbidden(str(exc)) from exc
         except ValueError as exc:
@@ -74,11 +74,11 @@ class ImageJobs:
         for definition in definitions:
             name = f"build-{secrets.token_hex(4)}"
             self.cp.store.add_job(name, request_id, f"queued: build {definition.tag}", tenant)
-            self.cp.spawn(self._run(name, definition, tenant))
+            self.cp.spawn(self._run(name, definition, tenant, client))
             names.append(name)
         return names
 
-    async def _run(self, job_name: str, definition: ImageDefinition, tenant: str) -> None:
+    async def _run(self, job_name: str, definition: ImageDefinition, tenant: str, client: str) -> None:
         lines: list[str] = [f"building {definition.tag} from {definition.base}"]
         log_path = build_log_path(self.cp.config.state_dir, job_name)
         asked = definition.tag
@@ -111,7 +111,11 @@ class ImageJobs:
             base = images.resolve(tenant, definition.base)
             if base is None:
                 raise NotFound(f"base image {definition.base!r} not found")
-            await self.builder.build(replace(definition, tag=target, base=base), log_line)
+            turns = self.cp.admission.builds
+            if turns.blocked((tenant, client)):
+                log_line(f"waiting for a build turn: {turns.why((tenant, client))}")
+            async with turns.hold((tenant, client)):
+                await self.builder.build(replace(definition, tag=target, base=base), log_line)
             tag = asked
         except ApiError as exc:  # a backend's failure (BackendError) too
             failed(exc.message)

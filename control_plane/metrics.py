@@ -53,5 +53,61 @@ class Metrics:
         for image, n in cp.pool.sizes().items():
             if cp.images.shown(tenant, image):
                 self.pool.labels(image).set(n)
-        body = generate_latest(self.registry)
+        body = generate_latest(self.registry) + sharing_metrics(cp, tenant).encode()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+_SHARING = (
+    # name, type, help
+    ("idegym_client_servers", "gauge", "Live servers of a client (a sandbox behind each)"),
+    ("idegym_client_starts_waiting", "gauge", "Sandboxes a client waits for in the creation queue"),
+    ("idegym_client_starts_total", "counter", "Sandboxes a client was given a turn for"),
+    ("idegym_client_start_wait_seconds_total", "counter", "Seconds a client's starts waited for their turn"),
+    ("idegym_client_starts_refused_total", "counter", "Starts that waited past the queue timeout (429)"),
+    ("idegym_client_builds_running", "gauge", "Image builds of a client running"),
+    ("idegym_client_builds_waiting", "gauge", "Image builds of a client waiting for their turn"),
+    ("idegym_client_upload_bytes_total", "counter", "Bytes a client sent as uploads"),
+    ("idegym_uploads_total", "counter", "Upload requests of the tenant by outcome (sent, held, failed)"),
+    ("idegym_upload_bytes_held", "gauge", "Bytes of the uploads the tenant holds"),
+)
+
+
+def sharing_metrics(cp: ControlPlane, tenant: str) -> str:
+    """The tenant's share of the control plane, per client (``admission.py``, ``uploads.py``):
+    Prometheus text for its own clients only."""
+    sandboxes, builds, meter = cp.admission.sandboxes, cp.admission.builds, cp.uploads.meter
+    live = {k: n for k, n in cp.store.live_counts().items() if k[0] == tenant}
+    series: dict[str, dict[str, float]] = {name: {} for name, _, _ in _SHARING}
+    names: dict[str, str] = {}
+
+    def label(client: str) -> str:
+        if client not in names:
+            row = cp.store.get_client(client) if client else None
+            names[client] = _escape(row.name if row is not None else "")
+        return f'client_id="{client}",client_name="{names[client]}"'
+
+    for metric, source in (("idegym_client_servers", live), ("idegym_client_starts_waiting", sandboxes.queued()),
+                           ("idegym_client_starts_total", sandboxes.granted),
+                           ("idegym_client_start_wait_seconds_total", sandboxes.waited),
+                           ("idegym_client_starts_refused_total", sandboxes.refused),
+                           ("idegym_client_builds_running", builds.usage()),
+                           ("idegym_client_builds_waiting", builds.queued()),
+                           ("idegym_client_upload_bytes_total", meter.bytes)):
+        for (owner, client), value in source.items():
+            if owner == tenant:
+                series[metric][label(client)] = value
+    for (owner, _client, outcome), n in meter.count.items():
+        if owner == tenant:
+            key = f'outcome="{outcome}"'
+            series["idegym_uploads_total"][key] = series["idegym_uploads_total"].get(key, 0) + n
+    series["idegym_upload_bytes_held"][""] = cp.store.upload_bytes(tenant)
+    lines = []
+    for name, kind, text in _SHARING:
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+        lines += [f"{name}{{{labels}}} {value!r}" if labels else f"{name} {value!r}"
+                  for labels, value in sorted(series[name].items())]
+    return "\n".join(lines) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -7,7 +7,7 @@ published ``idegym-client`` 0.13.1 parses.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 from uuid import UUID
 
 from pydantic import (
@@ -424,6 +424,32 @@ class SnapshotExistsResponse(Response):
 class BuildFromYamlRequest(Request):
     namespace: str = "idegym"
     yaml_content: str
+    client_id: UUID | None = None  # whose builds these are, for per-client quotas and metrics
+
+
+# -- uploads (uploads.py) ---------------------------------------------------------------------------
+
+UPLOAD_DIGEST = r"^sha256:[0-9a-f]{64}$"
+MAX_DIGESTS = 1000
+
+
+class MissingUploadsRequest(Request):
+    digests: list[Annotated[str, Field(pattern=UPLOAD_DIGEST)]] = Field(max_length=MAX_DIGESTS)
+
+
+class MissingUploadsResponse(Response):
+    missing: list[str]  # of the digests asked, those this tenant must send (PUT /api/uploads/{digest})
+
+
+class UploadQuery(Request):
+    client_id: UUID | None = None  # the sending client, for per-client quotas and metrics
+
+
+class UploadResponse(Response):
+    digest: str
+    stored: bool  # False: this tenant held it already, nothing was read
+    bytes: int  # of the tar received
+    files: int = 0
 
 
 class BuildFromYamlResponse(Response):

@@ -144,6 +144,9 @@ CREATE TABLE IF NOT EXISTS snapshot_batches (
 CREATE TABLE IF NOT EXISTS tenant_images (tenant TEXT NOT NULL, tag TEXT NOT NULL, PRIMARY KEY (tenant, tag));
 CREATE TABLE IF NOT EXISTS pool (
     name TEXT PRIMARY KEY, pool_key TEXT NOT NULL, handle TEXT NOT NULL, created_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS uploads (
+    tenant TEXT NOT NULL, digest TEXT NOT NULL, bytes INTEGER NOT NULL, files INTEGER NOT NULL,
+    created_at INTEGER NOT NULL, used_at INTEGER NOT NULL, PRIMARY KEY (tenant, digest));
 """
 
 # Columns added since a state directory may have been made: (table, column, its definition).

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from . import lifecycle
+from .admission import Admission
 from .backends.base import Backend, BackendError, Endpoint, SandboxHandle, SandboxSpec
 from .config import ControlPlaneConfig
 from .errors import ApiError, Gone, NotFound
@@ -39,6 +40,7 @@ from .models import (
 from .operations import Operations
 from .pool import WarmPool, new_sandbox_name
 from .store import ClientRow, ServerRow, SnapshotRow, SQLiteStore, now_ms
+from .uploads import UploadStore
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,8 @@ class ControlPlane:
         self.ops = Operations(store, config.pod_name)
         self.forwarder = Forwarder(config.client_request_timeout)
         self.images = ImageAccess(store)  # its builder is set with the app's (app.create_app)
+        self.uploads = UploadStore(config.state_dir, store, config.sharing)
+        self.admission = Admission(config, store, self.give_way, self.spawn)
         self._endpoints: dict[str, Endpoint] = {}
         self.creating: set[str] = set()  # sandbox names being created (the sweep leaves them alone)
         self.leased: set[str] = set()  # sandboxes in use outside any server (the code runner's)
@@ -212,19 +216,21 @@ class ControlPlane:
             claimed = self.store.claim_finished(client.id, req.reuse_key())
             if claimed is not None:
                 return await self._reuse(claimed, req, base)
-        if len(self.store.servers(availability=lifecycle.LIVE)) >= self.config.max_servers:
-            raise ApiError.for_status(429, f"Resource limit exceeded: {self.config.max_servers} live servers; "
-                                       "finish or stop servers, or retry later")
         snapshot_source = self._resolve_snapshot(req, client.tenant) if req.snapshot else None
-        now = now_ms()
-        server_id = self.store.add_server(ServerRow(
-            id=0, client_id=client.id, client_name=client.name, server_name=req.server_name, generated_name="",
-            namespace=req.namespace, image_tag=req.image_tag, runtime_class_name=req.runtime_class_name,
-            run_as_root=req.run_as_root, server_kind=req.server_kind.value, service_port=req.service_port,
-            container_port=req.container_port, availability=A.ALIVE, details="starting", created_at=now,
-            last_activity_at=now, keepalive_until=None, max_restarts=req.max_restarts, restarts=0,
-            request=req.model_dump_json(), handle=None,
-        ))
+        grant = await self.admission.sandboxes.acquire(  # the creation queue: a turn, not a 429
+            (client.tenant, client.id), 1, self.queue_timeout(req.server_start_wait_timeout_in_seconds))
+        try:
+            now = now_ms()
+            server_id = self.store.add_server(ServerRow(
+                id=0, client_id=client.id, client_name=client.name, server_name=req.server_name, generated_name="",
+                namespace=req.namespace, image_tag=req.image_tag, runtime_class_name=req.runtime_class_name,
+                run_as_root=req.run_as_root, server_kind=req.server_kind.value, service_port=req.service_port,
+                container_port=req.container_port, availability=A.ALIVE, details="starting", created_at=now,
+                last_activity_at=now, keepalive_until=None, max_restarts=req.max_restarts, restarts=0,
+                request=req.model_dump_json(), handle=None,
+            ))
+        finally:
+            grant.release()  # the server's row counts from here
         row = self.store.get_server(server_id)
         assert row is not None
         spec = SandboxSpec.from_request(req, server_id, row.generated_name, snapshot_source)
@@ -245,6 +251,19 @@ class ControlPlane:
             raise Gone(f"server {server_id} was stopped while it was starting")
         return StartServerResponse(**base, server_id=server_id, generated_name=row.generated_name,
                                    service_name=handle.name, reused=False, need_to_reset=False)
+
+    def queue_timeout(self, start_timeout: float | None) -> float:
+        """How long a start waits in the creation queue: ``--queue-timeout``, or less when the
+        request's own start timeout is shorter."""
+        return min(self.config.sharing.queue_timeout, start_timeout or self.config.sharing.queue_timeout)
+
+    async def give_way(self, row: ServerRow, details: str) -> None:
+        """Stop a FINISHED server for a waiting start (``admission``); nothing if it was claimed."""
+        with self.busy(row.id):
+            if not self.store.set_server_status(row.id, A.STOPPED, details, only_from=[A.FINISHED]):
+                return
+            if row.handle:
+                await self.delete_handle(SandboxHandle.from_json(json.loads(row.handle)))
 
     async def _provision(self, spec: SandboxSpec, timeout: float) -> SandboxHandle:
         """A sandbox for ``spec``: claimed from the warm pool when one is ready."""

@@ -89,6 +89,7 @@ class SQLiteStore:
         self._usable_seen: tuple[int, int] = (-1, -1)
         # Ended operations not written yet (``defer_record``): each produces record_operation's arguments.
         self._deferred: list[Callable[[], dict[str, Any]]] = []
+        self.on_release: Callable[[], None] | None = None  # called when a server stops counting as live
 
     def close(self) -> None:
         with self._lock:
@@ -260,6 +261,13 @@ class SQLiteStore:
             args += wanted
         return [from_db(ServerRow, r) for r in self._query(sql + " ORDER BY id DESC", args)]
 
+    def live_counts(self) -> dict[tuple[str, str], int]:
+        """Servers with a sandbox behind them (``lifecycle.LIVE``) by (tenant, client id)."""
+        rows = self._query(
+            "SELECT c.tenant AS tenant, s.client_id AS client, COUNT(*) AS n FROM servers s JOIN clients c "
+            f"ON c.id = s.client_id WHERE s.availability IN {_in(lifecycle.LIVE)} GROUP BY c.tenant, s.client_id")
+        return {(r["tenant"], r["client"]): int(r["n"]) for r in rows}
+
     def set_server_status(self, server_id: int, target: AvailabilityStatus, details: str | None = None,
                           *, only_from: Iterable[AvailabilityStatus] | None = None, **extra: Any) -> bool:
         """Move a server to ``target`` if the lifecycle allows it from its current status (CAS).
@@ -280,6 +288,8 @@ class SQLiteStore:
             f"UPDATE servers SET {', '.join(sets)} WHERE id=? AND availability IN ({','.join('?' * len(src))})",
             [*args, server_id, *src],
         )
+        if cur.rowcount == 1 and target not in lifecycle.LIVE and self.on_release is not None:
+            self.on_release()
         return cur.rowcount == 1
 
     def claim_finished(self, client_id: str, key: tuple) -> ServerRow | None:
@@ -481,6 +491,52 @@ class SQLiteStore:
 
     def has_tenant_image(self, tenant: str, tag: str) -> bool:
         return bool(self._query("SELECT 1 FROM tenant_images WHERE tenant=? AND tag=?", (tenant, tag)))
+
+    # -- uploads (uploads.py) -------------------------------------------------------------------
+
+    def add_upload(self, tenant: str, digest: str, size: int, files: int) -> None:
+        """Record that ``tenant`` holds the upload ``digest`` (again: its use time is renewed)."""
+        now = now_ms()
+        with self.tx(servers_unchanged=True) as db:
+            db.execute("INSERT INTO uploads VALUES (?,?,?,?,?,?) ON CONFLICT (tenant, digest) DO UPDATE SET used_at=?",
+                       (tenant, digest, size, files, now, now, now))
+
+    def held_uploads(self, tenant: str, digests: Iterable[str]) -> set[str]:
+        wanted = list(digests)
+        held: set[str] = set()
+        for start in range(0, len(wanted), 500):
+            part = wanted[start:start + 500]
+            rows = self._query(f"SELECT digest FROM uploads WHERE tenant=? AND digest IN ({','.join('?' * len(part))})",
+                               (tenant, *part))
+            held.update(r["digest"] for r in rows)
+        return held
+
+    def touch_upload(self, tenant: str, digest: str) -> bool:
+        """Renew the use time of ``tenant``'s upload; False when it holds none of that name."""
+        with self.tx(servers_unchanged=True) as db:
+            return db.execute("UPDATE uploads SET used_at=? WHERE tenant=? AND digest=?",
+                              (now_ms(), tenant, digest)).rowcount == 1
+
+    def upload_bytes(self, tenant: str) -> int:
+        """Bytes of the uploads ``tenant`` holds."""
+        return int(self._query("SELECT COALESCE(SUM(bytes), 0) AS n FROM uploads WHERE tenant=?", (tenant,))[0]["n"])
+
+    def remove_uploads(self, pairs: Iterable[tuple[str, str]]) -> list[str]:
+        """Drop ``(tenant, digest)`` references; the digests no tenant holds any more."""
+        pairs = list(pairs)
+        with self.tx(servers_unchanged=True) as db:
+            for tenant, digest in pairs:
+                db.execute("DELETE FROM uploads WHERE tenant=? AND digest=?", (tenant, digest))
+            return [d for d in {d for _, d in pairs}
+                    if db.execute("SELECT 1 FROM uploads WHERE digest=?", (d,)).fetchone() is None]
+
+    def unused_uploads(self, before: int) -> list[tuple[str, str]]:
+        """``(tenant, digest)`` of the uploads not used since ``before`` (ms)."""
+        return [(r["tenant"], r["digest"]) for r in self._query("SELECT tenant, digest FROM uploads WHERE used_at<?",
+                                                                (before,))]
+
+    def stored_uploads(self) -> set[str]:
+        return {r["digest"] for r in self._query("SELECT DISTINCT digest FROM uploads")}
 
     # -- warm pool ----------------------------------------------------------------------------
 

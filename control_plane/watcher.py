@@ -12,6 +12,7 @@ One pass every ``interval`` seconds:
   been seen orphaned on two consecutive passes, so a sandbox being created is never swept (at
   start-up and at an ephemeral shutdown, when nothing is being created, on the first sight).
 * Operations older than the retention are purged; one stuck in progress too long is failed.
+* Uploads no build used for ``upload_retention`` are dropped (``uploads.py``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class Watcher:
         await self.cp.pool.maintain()
         await self.sweep_orphans()
         self.purge_operations()
+        self.cp.uploads.expire(self.cp.config.sharing.upload_retention)
         self.passes += 1
 
     async def reap_idle(self) -> None:

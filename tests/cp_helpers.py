@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +23,10 @@ class ControlPlaneProcess:
     """``python -m control_plane`` on a free port with its own state directory."""
 
     def __init__(self, state_dir: Path, extra: Sequence[str] = (), env: dict[str, str] | None = None,
-                 backend: str = "local", build_roots: Sequence[Path] | None = None) -> None:
+                 backend: str = "local", build_roots: Sequence[Path] | None = None,
+                 wrap: Callable[[list[str]], tuple[list[str], dict[str, str]]] | None = None) -> None:
         self.backend = backend
+        self.wrap = wrap  # argv -> (the argv that runs it, its environment): e.g. a namespace of its own
         self.state_dir = state_dir
         # Tests build from the repository (bundled tasks) and their temporary directories.
         roots = [REPO, Path(tempfile.gettempdir())] if build_roots is None else build_roots
@@ -39,9 +41,12 @@ class ControlPlaneProcess:
         port_args = ["--port", str(self.port)] if self.port else ["--port", "0"]
         argv = [sys.executable, "-m", "control_plane", "--state-dir", str(self.state_dir), *port_args,
                 "--ready-fd", str(write_fd), *FAST_WATCHER, *self.extra]
+        env = self.env
+        if self.wrap is not None:
+            argv, env = self.wrap(argv)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(argv, pass_fds=(write_fd,), stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, env=self.env)
+                                     start_new_session=True, env=env)
         os.close(write_fd)
         ready, _, _ = select.select([read_fd], [], [], 60)
         line = os.read(read_fd, 64).decode() if ready else ""

@@ -125,6 +125,27 @@ def test_network_policies_public_and_offline_reach_the_sandbox(
     assert alive(control_plane) == 0
 
 
+@pytest.mark.heavy
+@pytest.mark.slow  # Harbor's own CLI and a fresh build (1.5 minutes); the env's path to it runs in `make test`
+def test_a_shipped_task_on_a_control_plane_of_another_machine(tmp_path: Path) -> None:
+    """The provider on a control plane that sees none of this machine's files (a mount namespace
+    of its own, no build root): the task's environment/ directory crosses the wire as an upload.
+    Can fail: on main its build context was this machine's path, refused with 403."""
+    from tests.remote_helpers import remote_control_plane, stop_remote, uploaded_bytes
+
+    remote = remote_control_plane("harbor-remote", ["--warm-pool", "0"])
+    try:
+        jobs = tmp_path / "jobs"
+        harbor_run(SHIPPED, jobs, "--agent", "oracle", "--env", IMPORT_PATH, "--ek",
+                   f"control_plane_url={remote.url}", "-i", "bash-log-summary")
+        (trial,) = trial_results(jobs)
+        assert trial.get("exception_info") is None, trial.get("exception_info")
+        assert trial["verifier_result"]["rewards"]["reward"] == 1.0
+        assert uploaded_bytes(remote) > 0
+    finally:
+        stop_remote(remote)
+
+
 @pytest.mark.security
 def test_provider_api_against_the_control_plane(control_plane: ControlPlaneProcess) -> None:  # noqa: F811
     """Harbor's BaseEnvironment API, and downloads of what an agent left: a sparse 1 GiB file and

@@ -94,3 +94,45 @@ def test_kubernetes_build_yaml_needs_a_base_or_a_dockerfile() -> None:
         parse_build_yaml("images:\n  - name: nothing\n    commands: [\"true\"]\n")
     (definition,) = parse_build_yaml("images:\n  - name: df\n    dockerfile: |\n      FROM debian:bookworm\n")
     assert definition.dockerfile and definition.base == "debian:bookworm" and definition.network
+
+
+def test_an_upload_is_the_build_jobs_context_on_a_cluster(k8s_sim, tmp_path: Path) -> None:
+    """A control plane on the cluster with no build root: the client uploads the context and the
+    build Job gets the upload's own tar (the directory is gone by the time the Job runs).
+    Can fail: on main the YAML named the client's path, refused with 403 without a build root."""
+    import os
+    import shutil
+
+    from idegym_env.client import IdeGymClient
+    from tests.cp_helpers import ControlPlaneProcess
+
+    config = k8s_sim.backend_config()
+    env = dict(os.environ, IDEGYM_CONTROL_PLANE_BACKEND="kubernetes")
+    for key, value in (("KUBECONFIG", config.kubeconfig), ("IN_CLUSTER", "false"),
+                       ("ADDRESSING", config.addressing), ("NAMESPACE", config.namespace),
+                       ("INSTANCE", config.instance), ("READINESS_PERIOD_SECONDS", "1")):
+        env[f"IDEGYM_K8S_{key}"] = str(value)
+    cp = ControlPlaneProcess(tmp_path / "state", ["--backend", "kubernetes", "--ephemeral"], env=env,
+                             backend="kubernetes", build_roots=[])
+    project = tmp_path / "calc"
+    (project / "src").mkdir(parents=True)
+    (project / "src" / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (project / "test_calc.py").write_text("def test_add():\n    pass\n")
+    try:
+        with IdeGymClient(cp.url) as client:
+            digest = client.upload(project)
+            shutil.rmtree(project)
+            job, = client.build_images(f"""
+images:
+  - name: calc-uploaded
+    dockerfile: |
+      FROM python:3.12-slim
+      COPY --chown=1000:1000 src /home/appuser/work/src
+      COPY test_calc.py /home/appuser/work/
+    context: upload:{digest}
+    rebuild: true
+""")
+        assert job.status == Status.SUCCESS, job.details
+        assert "Taking files from the build context: src/calc.py test_calc.py" in job.details
+    finally:
+        cp.stop()

@@ -13,6 +13,7 @@ shared credential; each step is asserted here.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -29,7 +30,7 @@ from typing import Any
 import httpx
 import pytest
 
-from control_plane import tenants
+from control_plane import tenants, tree_pack
 from tests.cp_helpers import ControlPlaneProcess
 from tests.helpers import REPO
 
@@ -158,6 +159,10 @@ def _alice_does_everything(alice: Tenant, tmp: Path) -> None:
     assert from_image["status"] == "SUCCEEDED", from_image
     made["image_server"] = from_image["result"]["server_id"]
     made["stored_tag"] = "alice-calc:1--tenant-alice"
+    packed = io.BytesIO()
+    made["upload"] = digest = tree_pack.pack(project, packed).digest
+    put = alice.http.put(f"/api/uploads/{digest}", content=packed.getvalue(), params={"client_id": client})
+    assert put.status_code == 201, put.text
 
 
 # -- the walk over both documents ------------------------------------------------------------------
@@ -165,8 +170,8 @@ def _alice_does_everything(alice: Tenant, tmp: Path) -> None:
 ID_FIELDS = ("client_id", "server_id")
 # Routes that take no id of anyone's: nothing to answer 404 to; bob's answers still hold nothing of
 # alice's (and a GET answers the same for alice's names as for names nobody used).
-NO_IDS = {"GET /health", "POST /api/clients", "POST /api/build-push-images", "GET /api/snapshots/exists",
-          "POST /execute", "GET /execute/languages"}
+NO_IDS = {"GET /health", "POST /api/clients", "GET /api/snapshots/exists",
+          "POST /execute", "GET /execute/languages", "POST /api/uploads/missing"}
 
 
 def _ids(world: World, whose: str) -> dict[str, Any]:
@@ -175,10 +180,12 @@ def _ids(world: World, whose: str) -> dict[str, Any]:
         a = world.alice.made
         return {"client_id": a["client"], "server_id": a["server"], "operation_id": a["operation"],
                 "job_name": a["job"], "request_id": a["request"], "job_id": f"{a['request']}-0",
-                "server_name": "alice-task", "image_tag": "alice-calc:1"}
+                "server_name": "alice-task", "image_tag": "alice-calc:1", "digest": a["upload"],
+                "digests": [a["upload"]]}
     return {"client_id": str(uuid.uuid4()), "server_id": 987654321, "operation_id": 987654321012,
             "job_name": "build-0badf00d", "request_id": "prep-0badf00d0bad", "job_id": "prep-0badf00d0bad-0",
-            "server_name": "nobody-task", "image_tag": "nobody-calc:1"}
+            "server_name": "nobody-task", "image_tag": "nobody-calc:1", "digest": "sha256:" + "0" * 64,
+            "digests": ["sha256:" + "0" * 64]}
 
 
 def _sample(schema: dict[str, Any], doc: dict[str, Any], ids: dict[str, Any], required: bool = True) -> Any:
@@ -282,6 +289,10 @@ def test_every_route_of_both_documents_answers_404_to_another_tenant(world: Worl
             walked += 1
     assert without_ids == NO_IDS, without_ids ^ NO_IDS
     assert walked == sum(len(m) for m in doc["paths"].values()) >= 24
+    # Alice's upload is missing for bob like one nobody sent: asking confirms nothing of hers.
+    for ids in (mine, nobody):
+        asked = bob.post("/api/uploads/missing", json={"digests": ids["digests"]})
+        assert asked.status_code == 200 and asked.json()["missing"] == ids["digests"]
 
     # The sandbox's own document, read through alice's forward, walked through bob's.
     a = world.alice.made

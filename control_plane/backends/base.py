@@ -263,6 +263,9 @@ class ImageDefinition:
     build_args: dict[str, str] = field(default_factory=dict)
     project_dir: str | None = None  # where the image holds the project (default: its WORKDIR, else ~appuser/work)
     build_network: bool = False  # the build (RUN, commands) may use the network; its sandboxes only with `network`
+    # The build context as the tar it was uploaded as (``uploads.py``), when it is an upload:
+    # what a builder that ships the context elsewhere (a Kubernetes Job) sends.
+    context_archive: str | None = None
 
 
 class ImageBuilder(abc.ABC):

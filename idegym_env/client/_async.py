@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
 import httpx
 
@@ -31,7 +32,7 @@ from sandbox_server.models import (
 )
 from sandbox_server.routes import Endpoint, Req, Resp
 
-from . import _plans
+from . import _plans, _uploads
 from ._exceptions import (
     APIError,
     SandboxGone,
@@ -53,8 +54,12 @@ if TYPE_CHECKING:
 
 async def _send(http: httpx.AsyncClient, call: Call) -> Reply:
     try:
+        content = None
+        if call.content is not None:  # read as it is sent, a chunk at a time
+            content = _chunks(call.content)
+            call.headers["Content-Length"] = str(call.content_length or 0)
         resp = await http.request(call.method, call.path, json=call.json, params=call.params, headers=call.headers,
-                            timeout=httpx.Timeout(call.timeout, connect=10.0))
+                                  timeout=httpx.Timeout(call.timeout, connect=10.0), content=content)
     except httpx.TimeoutException as exc:
         raise TimeoutError(f"{call.method} {shown_url(str(http.base_url))}{call.path}: no answer within "
                            f"{call.timeout} s") from exc
@@ -62,6 +67,12 @@ async def _send(http: httpx.AsyncClient, call: Call) -> Reply:
         raise TransportError(f"{call.method} {shown_url(str(http.base_url))}{call.path}: {type(exc).__name__}: "
                              f"{exc}") from exc
     return Reply(resp.status_code, resp.headers, resp.content)
+
+
+async def _chunks(body: IO[bytes]) -> AsyncIterator[bytes]:
+    body.seek(0)
+    while chunk := body.read(1 << 20):
+        yield chunk
 
 
 async def drive(http: httpx.AsyncClient, plan: Plan[T]) -> T:
@@ -342,16 +353,50 @@ class AsyncIdeGymClient:
         info = await self._run(_plans.start(req))
         return AsyncSandbox(self._http, Target.forwarded(self.client_id, int(info.server_id or 0)), self, info)
 
-    async def build_images(self, yaml_text: str, timeout: float = 3600.0) -> list[JobStatusResponse]:
+    async def build_images(self, yaml_text: str, timeout: float = 3600.0, *, upload: bool = True
+                           ) -> list[JobStatusResponse]:
         """Build the images of a build YAML (see ``control_plane.images``); waits for every job and
-        raises ``ServerError`` naming the failed ones."""
-        names = await self._run(_plans.build_images(yaml_text, self.namespace))
+        raises ``ServerError`` naming the failed ones. With ``upload`` (the default) every
+        ``project.path`` and ``context`` that is a directory of this machine is sent as an upload
+        (only what the control plane lacks) and named by it: the control plane needs no access
+        to this machine's files. ``upload=False`` sends the paths as they are, for directories of
+        the control plane's own host (its ``--build-root``)."""
+        if upload:
+            yaml_text, trees = await asyncio.to_thread(_uploads.local_trees, yaml_text)
+            await self._send_trees(trees)
+        names = await self._run(_plans.build_images(yaml_text, self.namespace, self._client_id))
         jobs = [await self._run(_plans.wait_job(name, timeout)) for name in names]
         failed = [j for j in jobs if j.status != "success"]
         if failed:
             raise ServerError(500, "image build failed: " + "; ".join(f"{j.job_name}: {j.details}" for j in failed),
                               "", "control-plane")
         return jobs
+
+    async def upload(self, path: str | Path) -> str:
+        """Send the directory ``path`` as an upload unless the control plane has it; its digest,
+        for a build YAML's ``project: {upload: DIGEST}`` or ``context: upload:DIGEST``."""
+        tree = await asyncio.to_thread(_uploads.DIGESTS.tree, Path(path))
+        await self._send_trees([tree])
+        return tree.digest
+
+    async def _send_trees(self, trees: list[_uploads.LocalTree]) -> None:
+        if not trees:
+            return
+        wanted = set(await self._run(_uploads.missing([t.digest for t in trees])))
+        for tree in trees:
+            if tree.digest not in wanted:
+                continue
+            body = await asyncio.to_thread(tree.wire_body)
+            try:
+                for attempt in range(_uploads.UPLOAD_TRIES):  # a PUT cut off starts over
+                    try:
+                        await self._run(_uploads.put(tree, body, self._client_id))
+                        break
+                    except TransportError:
+                        if attempt == _uploads.UPLOAD_TRIES - 1:
+                            raise
+            finally:
+                body.close()
 
     async def sandboxes(self, include_terminal: bool = False) -> list[ServerSummary]:
         return (await self._run(_plans.list_servers(self.client_id, include_terminal))).servers

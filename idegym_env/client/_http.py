@@ -20,7 +20,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import IO, Any
 from urllib.parse import urlencode, urlsplit
 
 CONNECT_TIMEOUT = 10.0
@@ -54,11 +54,34 @@ class _Connection:
             self.sock.close()
             self.sock = None
 
-    def exchange(self, method: str, target: str, headers: Mapping[str, str], body: bytes | None
-                 ) -> tuple[int, dict[str, str], bytes, bool]:
+    def exchange(self, method: str, target: str, headers: Mapping[str, str], body: bytes | None,
+                 stream: IO[bytes] | None = None, stream_length: int = 0) -> tuple[int, dict[str, str], bytes, bool]:
         """One request and its answer: status, headers (names in lower case), body, and whether
-        the connection may carry another request."""
+        the connection may carry another request. ``stream`` is a body sent from a file."""
         assert self.sock is not None
+        if stream is not None:
+            return self._exchange_streamed(method, target, headers, stream, stream_length)
+        if body is not None or method in ("POST", "PUT", "PATCH"):
+            headers = {**headers, "Content-Length": str(len(body or b""))}
+        self.sock.sendall(self._head(method, target, headers) + (body or b""))
+        return self._answer(method)
+
+    def _exchange_streamed(self, method: str, target: str, headers: Mapping[str, str], stream: IO[bytes],
+                           length: int) -> tuple[int, dict[str, str], bytes, bool]:
+        """A body of ``length`` bytes from ``stream``; a server that answers before it has read
+        it all (a 413, say) is heard, and the connection is not used again."""
+        assert self.sock is not None
+        head = {**headers, "Content-Length": str(length)}
+        self.sock.sendall(self._head(method, target, head))
+        try:
+            while chunk := stream.read(1 << 20):
+                self.sock.sendall(chunk)
+        except OSError:
+            status, got, content, _ = self._answer(method)  # its answer, if it gave one before closing
+            return status, got, content, False
+        return self._answer(method)
+
+    def _head(self, method: str, target: str, headers: Mapping[str, str]) -> bytes:
         if _UNSAFE_TARGET.search(target):
             raise http.client.InvalidURL(f"the request target {target!r} holds a control character or a space")
         lines = [f"{method} {target} HTTP/1.1", f"Host: {self._host}", "Accept-Encoding: identity"]
@@ -66,10 +89,7 @@ class _Connection:
             if _UNSAFE_HEADER.search(name) or _UNSAFE_HEADER.search(value) or ":" in name:
                 raise ValueError(f"header {name!r} cannot be sent: it holds a line break, a NUL or a colon")
             lines.append(f"{name}: {value}")
-        if body is not None or method in ("POST", "PUT", "PATCH"):
-            lines.append(f"Content-Length: {len(body or b'')}")
-        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
-        return self._answer(method)
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
     def _answer(self, method: str) -> tuple[int, dict[str, str], bytes, bool]:
         fp = self._file
@@ -181,7 +201,8 @@ class HTTPSession:
         self._closed = False
 
     def request(self, method: str, path: str, *, json: Any = None, params: Mapping[str, str] | None = None,
-                headers: Mapping[str, str] | None = None, timeout: float | None = 60.0) -> Response:
+                headers: Mapping[str, str] | None = None, timeout: float | None = 60.0,
+                content: IO[bytes] | None = None, content_length: int = 0) -> Response:
         """Send one request and read its whole answer. Raises ``TimeoutError`` when no answer
         comes within ``timeout`` seconds (``default_timeout`` when None), ``OSError`` or
         ``http.client.HTTPException`` when the connection fails; it is then dropped, never reused."""
@@ -201,7 +222,7 @@ class HTTPSession:
                 conn.connect()
             assert conn.sock is not None
             conn.sock.settimeout(self.default_timeout if timeout is None else timeout)
-            status, got, content, reusable = conn.exchange(method, target, sent, body)
+            status, got, answer, reusable = conn.exchange(method, target, sent, body, content, content_length)
         except BaseException:
             conn.close()
             raise
@@ -209,7 +230,7 @@ class HTTPSession:
             self._checkin(conn)
         else:
             conn.close()
-        return Response(status, got, content)
+        return Response(status, got, answer)
 
     def _checkout(self) -> _Connection:
         with self._lock:

@@ -271,8 +271,9 @@ def forked_info(parent: StartServerResponse | None, namespace: str, client_id: s
                                image_tag=parent.image_tag if parent else None)
 
 
-def build_images(yaml_text: str, namespace: str) -> Plan[list[str]]:
-    reply = yield from cp_call("POST", "/api/build-push-images", {"namespace": namespace, "yaml_content": yaml_text})
+def build_images(yaml_text: str, namespace: str, client_id: str | None = None) -> Plan[list[str]]:
+    body = {"namespace": namespace, "yaml_content": yaml_text, **({"client_id": client_id} if client_id else {})}
+    reply = yield from cp_call("POST", "/api/build-push-images", body)
     return list(reply.json()["job_names"])
 
 

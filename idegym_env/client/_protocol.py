@@ -16,7 +16,7 @@ import json
 import time
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
@@ -71,6 +71,8 @@ class Call:
     params: dict[str, str] | None = None
     headers: dict[str, str] = field(default_factory=dict)
     timeout: float | None = 60.0
+    content: IO[bytes] | None = None  # a raw body, streamed from its start (instead of ``json``)
+    content_length: int | None = None
 
 
 @dataclass

@@ -7,6 +7,7 @@ import http.client as http_client
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from control_plane.models import (
@@ -32,7 +33,7 @@ from sandbox_server.models import (
 )
 from sandbox_server.routes import Endpoint, Req, Resp
 
-from . import _plans
+from . import _plans, _uploads
 from ._exceptions import (
     APIError,
     SandboxGone,
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 def _send(http: HTTPSession, call: Call) -> Reply:
     try:
         resp = http.request(call.method, call.path, json=call.json, params=call.params, headers=call.headers,
-                            timeout=call.timeout)
+                            timeout=call.timeout, content=call.content, content_length=call.content_length or 0)
     except builtins.TimeoutError as exc:
         raise TimeoutError(f"{call.method} {shown_url(http.base_url)}{call.path}: no answer within "
                            f"{call.timeout} s") from exc
@@ -343,16 +344,46 @@ class IdeGymClient:
         info = self._run(_plans.start(req))
         return Sandbox(self._http, Target.forwarded(self.client_id, int(info.server_id or 0)), self, info)
 
-    def build_images(self, yaml_text: str, timeout: float = 3600.0) -> list[JobStatusResponse]:
+    def build_images(self, yaml_text: str, timeout: float = 3600.0, *, upload: bool = True) -> list[JobStatusResponse]:
         """Build the images of a build YAML (see ``control_plane.images``); waits for every job and
-        raises ``ServerError`` naming the failed ones."""
-        names = self._run(_plans.build_images(yaml_text, self.namespace))
+        raises ``ServerError`` naming the failed ones. With ``upload`` (the default) every
+        ``project.path`` and ``context`` that is a directory of this machine is sent as an upload
+        (only what the control plane lacks) and named by it: the control plane needs no access
+        to this machine's files. ``upload=False`` sends the paths as they are, for directories of
+        the control plane's own host (its ``--build-root``)."""
+        if upload:
+            yaml_text, trees = _uploads.local_trees(yaml_text)
+            self._send_trees(trees)
+        names = self._run(_plans.build_images(yaml_text, self.namespace, self._client_id))
         jobs = [self._run(_plans.wait_job(name, timeout)) for name in names]
         failed = [j for j in jobs if j.status != "success"]
         if failed:
             raise ServerError(500, "image build failed: " + "; ".join(f"{j.job_name}: {j.details}" for j in failed),
                               "", "control-plane")
         return jobs
+
+    def upload(self, path: str | Path) -> str:
+        """Send the directory ``path`` as an upload unless the control plane has it; its digest,
+        for a build YAML's ``project: {upload: DIGEST}`` or ``context: upload:DIGEST``."""
+        tree = _uploads.DIGESTS.tree(Path(path))
+        self._send_trees([tree])
+        return tree.digest
+
+    def _send_trees(self, trees: list[_uploads.LocalTree]) -> None:
+        if not trees:
+            return
+        wanted = set(self._run(_uploads.missing([t.digest for t in trees])))
+        for tree in trees:
+            if tree.digest not in wanted:
+                continue
+            with tree.wire_body() as body:
+                for attempt in range(_uploads.UPLOAD_TRIES):  # a PUT cut off starts over
+                    try:
+                        self._run(_uploads.put(tree, body, self._client_id))
+                        break
+                    except TransportError:
+                        if attempt == _uploads.UPLOAD_TRIES - 1:
+                            raise
 
     def sandboxes(self, include_terminal: bool = False) -> list[ServerSummary]:
         return self._run(_plans.list_servers(self.client_id, include_terminal)).servers

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import io
 import json
 import re
@@ -36,6 +37,7 @@ from . import kube
 from .manifests import GROUP, managed_labels, owner_reference
 
 if TYPE_CHECKING:
+    from ...images import Uploads
     from .backend import KubernetesBackend
 
 IMAGE_TAG_ANNOTATION = f"{GROUP}/image-tag"
@@ -47,21 +49,22 @@ MAX_CONTEXT_BYTES = 700 * 1024  # a ConfigMap holds at most 1 MiB: base64 (4/3) 
 # -- the YAML -----------------------------------------------------------------------------------
 
 
-def parse_build_yaml(text: str, registry: str | None = None) -> list[ImageDefinition]:
+def parse_build_yaml(text: str, registry: str | None = None, uploads: Uploads | None = None
+                     ) -> list[ImageDefinition]:
     """The shared build YAML (``control_plane.images``), with what a cluster needs on top: every
     entry names a real ``base`` image or has a ``dockerfile`` (there is no built-in image on a
     cluster) and builds may use the network unless an entry says otherwise."""
     from ...images import BUILTIN_IMAGE
     from ...images import parse_build_yaml as parse_shared
 
-    definitions = parse_shared(text, registry)
+    definitions = parse_shared(text, registry, uploads)
     for index, definition in enumerate(definitions):
         if definition.dockerfile is None and ("base" not in definition.raw or definition.base == BUILTIN_IMAGE):
             raise ValueError(f"images[{index}]: needs a 'base' image (or a 'dockerfile') to build from on Kubernetes")
         if definition.dockerfile is None and definition.project and "path" not in definition.project \
                 and "url" not in definition.project:
-            raise ValueError(f"images[{index}]: on Kubernetes a project is a local `path` (sent as the build "
-                             "context) or an archive `url`")
+            raise ValueError(f"images[{index}]: on Kubernetes a project is an `upload` or a local `path` (sent as "
+                             "the build context) or an archive `url`")
         if "network" not in definition.raw:
             definition.network = True
     return definitions
@@ -84,9 +87,12 @@ def render_dockerfile(definition: ImageDefinition) -> str:
 
 
 def build_context(definition: ImageDefinition) -> bytes | None:
-    """The build context the Job gets, as a gzipped tar: the definition's ``context`` or its
-    project's ``path`` (a directory on the control plane's host). It travels in the Job's
-    ConfigMap, so it must stay under ``MAX_CONTEXT_BYTES``; bigger projects need a ``url``."""
+    """The build context the Job gets, as a gzipped tar: the upload's own archive when the
+    context (or the project) is an upload, else the definition's ``context`` or its project's
+    ``path`` (a directory under a build root of the control plane's host). It travels in the
+    Job's ConfigMap, so it must stay under ``MAX_CONTEXT_BYTES``; bigger projects need a ``url``."""
+    if definition.context_archive is not None:
+        return _uploaded_context(Path(definition.context_archive))
     root = definition.context or (definition.project or {}).get("path")
     if not root:
         return None
@@ -107,6 +113,22 @@ def build_context(definition: ImageDefinition) -> bytes | None:
         raise BackendError(f"the build context {directory} is over {MAX_CONTEXT_BYTES // 1024} KiB compressed: "
                            "too big for the build Job's ConfigMap; give the project as an archive `url`, or build "
                            "the image locally and push it (`idegym images push`)", 413)
+    return data
+
+
+def _uploaded_context(archive: Path) -> bytes:
+    """An upload's tar, gzipped as it is: the tree the client sent, byte for byte."""
+    buffer = io.BytesIO()
+    with archive.open("rb") as source, gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=6, mtime=0) as out:
+        while chunk := source.read(1 << 20):
+            out.write(chunk)
+            if buffer.tell() > MAX_CONTEXT_BYTES:
+                break
+    data = buffer.getvalue()
+    if len(data) > MAX_CONTEXT_BYTES:
+        raise BackendError(f"the uploaded build context is over {MAX_CONTEXT_BYTES // 1024} KiB compressed: too big "
+                           "for the build Job's ConfigMap; give the project as an archive `url`, or build the image "
+                           "locally and push it (`idegym images push`)", 413)
     return data
 
 
@@ -263,9 +285,9 @@ class KubernetesImageBuilder(ImageBuilder):
                 return BuildStatus(job_name, Status.FAILURE, status.tag, "timed out waiting for the build job")
             await asyncio.sleep(self.poll_interval)  # builds take minutes; a Job poll per second is cheap
 
-    def parse_yaml(self, text: str) -> list[ImageDefinition]:
+    def parse_yaml(self, text: str, uploads: Uploads | None = None) -> list[ImageDefinition]:
         """The build YAML as this cluster builds it: tags under the configured registry."""
-        return parse_build_yaml(text, registry=self.backend.config.registry)
+        return parse_build_yaml(text, registry=self.backend.config.registry, uploads=uploads)
 
     async def build(self, definition: ImageDefinition, log: Any) -> str:
         sink = _log_sink(log)
