@@ -315,6 +315,9 @@ class LocalBackend(Backend):
     async def snapshot_exists(self, snapshot_id: str) -> bool:
         return self.snapshots.exists(snapshot_id)
 
+    async def snapshot_bytes(self) -> int | None:
+        return await asyncio.get_running_loop().run_in_executor(None, self.snapshots.total_bytes)
+
     # -- forks (fork.py) -----------------------------------------------------------------------------
 
     def supports_fork(self) -> bool:
