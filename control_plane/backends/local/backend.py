@@ -57,14 +57,14 @@ from ..base import (
     SandboxSpec,
     SnapshotInfo,
 )
-from . import fork, inventory, priority, teardown
+from . import cgroups, fork, inventory, priority, teardown
 from .cgroups import DEFAULT_SERVER_MEMORY_RESERVE, Cgroups
 from .fork_layers import DEFAULT_MAX_STACK
 from .image_trees import ImageError
 from .images import ImageStore, ResolvedImage
 from .isolation import ISOLATIONS, choose_isolation, say_once
 from .launcher import BACKEND_NAME, DEFAULT_DELETE_TIMEOUT, Launcher
-from .layout import Space, pick_run_root, register_state, state_key, tail
+from .layout import Space, pick_run_root, register_state, registered_states, state_key, tail
 from .lease import DEFAULT_ORPHAN_TTL, Lease
 from .oci.settings import OciSettings
 from .runtime import Runtime, detect
@@ -126,7 +126,8 @@ class LocalBackend(Backend):
         self.fork_layers = self.snapshots.layers
         self.fork_layers.max_stack = max(max_fork_stack, 1)
         key = state_key(self.state_dir)
-        self._cgroup_parent = f"{cgroup_parent.strip('/')}/{key}"
+        self._cgroup_top = cgroup_parent.strip("/")
+        self._cgroup_parent = f"{self._cgroup_top}/{key}"
         self._run_root = pick_run_root(self.state_dir, key)
         self.sandboxes: Space | None = None
         self.builds: Space | None = None
@@ -186,6 +187,10 @@ class LocalBackend(Backend):
         if self.lease is not None:
             self.lease.start()
         register_state(self.state_dir, key)
+        if cg.available:
+            stale = cgroups.remove_stale(self._cgroup_top, registered_states())
+            if stale:
+                log.info("removed %d empty cgroups of state directories that are gone", len(stale))
         self._sweep_fork_layers()
 
     def require_started(self) -> Launcher:

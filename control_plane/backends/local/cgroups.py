@@ -278,6 +278,35 @@ class Cgroups:
                 path = path.parent
 
 
+def remove_stale(top: str, states: dict[str, Path]) -> list[str]:
+    """Remove, under ``top`` in every controller, the empty groups of state directories that are
+    gone (``states``: key -> state directory, as backends register them): what a delete could not
+    remove and nobody came back for. A group that still holds a process is left (``idegym
+    sandboxes prune --all`` ends those); so is every group of a state directory that exists."""
+    removed: list[str] = []
+    for point in controller_mounts().values():
+        root = point / top.strip("/")
+        try:
+            keys = [e for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+        for entry in keys:
+            state = states.get(entry.name.removesuffix("-build"))
+            if state is not None and state.is_dir():
+                continue
+            for group in reversed(_tree(entry.path)):
+                try:
+                    os.rmdir(group)
+                    removed.append(group)
+                except OSError:  # a process in it (or below it)
+                    continue
+        try:
+            os.rmdir(root)
+        except OSError:
+            pass
+    return removed
+
+
 def _tree(path: str) -> list[str]:
     """``path`` and every group below it, parents before children (empty if it does not exist)."""
     if not os.path.isdir(path):
