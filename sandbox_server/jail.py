@@ -14,10 +14,11 @@ What one run sees (``isolated_runs.Jails.spawn``), whatever the runs before it o
 * **cgroups** of its own, given the tools' cgroup directories (``Jails.start``): the zygote
   lives in them and puts every run in child groups of its own, held to ``pids.max`` processes
   (and, in the memory controller, to a memory limit when one is given), so one run's fork bomb
-  or memory hog is its own problem. The groups are a small pool (``run-<n>``, made with their limits once, when runs at
-  once first need that many), each reused once the run in it has ended: when a run's init has
-  been reaped, the kernel has ended every process of its pid namespace, so its groups are empty.
-  A spare moves itself into a free one while it waits for its run (``_join``: the cheap way).
+  or memory hog is its own problem. The groups are a small pool (``run-<n>``, made with their
+  limits when runs at once first need that many), each reused once the run in it has ended:
+  when a run's init has been reaped, the kernel has ended every process of its pid namespace,
+  so its groups are empty. A spare moves itself into free ones while it waits for its run
+  (``_join``: the cheap way), so nothing of a run is ever outside them.
 
 The namespaces are made by a *zygote*: a small single-threaded process the server starts while
 it still holds CAP_SYS_ADMIN (``Jails.start``), before it takes that out of its bounding set. It
@@ -327,7 +328,7 @@ class _Zygote:
         self.cgroups = [path for ctrl, path in cgroups.items() if ctrl == "pids" or (ctrl == "memory" and memory_max)]
         self.pids_max = pids_max
         self.memory_max = memory_max
-        self.free: list[str] = []  # run groups (``run-<n>`` in every controller) that hold nothing
+        self.free: list[str] = []  # run groups (``run-<n>`` in each of those controllers) that hold nothing
         self.made = 0
         self.slot_of: dict[int, str] = {}  # a spare's or a run's init -> its groups
         self.draining: list[str] = []  # groups of ended runs whose last tasks are still leaving
