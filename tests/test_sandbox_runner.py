@@ -400,6 +400,72 @@ def test_each_isolated_run_has_a_pids_group_of_its_own(tmp_path: Path) -> None:
                 time.sleep(0.05)
 
 
+MEMORY_ROOT = Path("/sys/fs/cgroup/memory")
+
+
+@pytest.mark.skipif(not CAN_ISOLATE or not (MEMORY_ROOT / "cgroup.procs").exists(),
+                    reason="needs root and cgroup v1 memory")
+def test_an_isolated_run_is_held_to_its_own_memory_limit(tmp_path: Path) -> None:
+    """With a memory limit for runs (``--run-memory-max``, a runner sandbox's share), a run that
+    takes more is killed by its own group's OOM killer; a run within it is untouched.
+
+    Can fail: with the zygote making run groups in the pids controller only (a scratch copy), the
+    hog took its 256 MiB from the tools' limit and exited 0."""
+    import asyncio
+
+    from sandbox_server.isolated_runs import Jails
+    from sandbox_server.jail import Isolation, RunSpec
+
+    tools = MEMORY_ROOT / f"idegym-test-jail-{os.getpid()}-{time.monotonic_ns()}"
+    tools.mkdir()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+
+    def spec(mib: int) -> RunSpec:
+        code = f"b = bytearray({mib} << 20)\nb[::4096] = b'x' * len(b[::4096])\nprint('kept', {mib})\n"
+        return RunSpec.of(["python3", "-c", code], {"PATH": "/usr/bin:/bin"}, str(run_dir), 0, 0, [0],
+                          Isolation(bind=str(run_dir)), 500)
+
+    async def run() -> list[tuple[int, bytes]]:
+        jails = Jails()
+        assert jails.start(cgroups={"memory": str(tools)}, memory_max=96 << 20), jails.reason
+        jails.attach(asyncio.get_running_loop())
+        results = []
+        try:
+            for mib in (256, 16):
+                r, w = os.pipe()
+                null = os.open(os.devnull, os.O_RDONLY)
+                try:
+                    _pid, status = jails.spawn(spec(mib), null, w, w)
+                    os.close(w)
+                    exit_status = await status
+                    out = b""
+                    while chunk := os.read(r, 4096):
+                        out += chunk
+                    results.append((os.waitstatus_to_exitcode(exit_status), out))
+                finally:
+                    os.close(r)
+                    os.close(null)
+        finally:
+            jails.stop()
+        return results
+
+    try:
+        (hog, hog_out), (small, small_out) = asyncio.run(run())
+        assert hog == -9 and b"kept" not in hog_out, (hog, hog_out)
+        assert small == 0 and small_out == b"kept 16\n", (small, small_out)
+    finally:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                for child in [c for c in tools.iterdir() if c.is_dir()]:
+                    child.rmdir()
+                tools.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
 def test_an_isolated_run_sees_no_other_run_directory_wherever_they_are(project: Path, tmp_path: Path) -> None:
     """With the runs' directories outside /tmp ($TMPDIR elsewhere), a run still sees no other
     directory beside its own.
