@@ -55,12 +55,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """Tests that fail builds on purpose leave the embedded control planes' kept logs (what a user
     is shown after a real failure): remove those this run made."""
     import shutil
-    import tempfile
 
     from control_plane import ephemeral_state
-    from idegym_env.embedded import STATE_PREFIX
+    from idegym_env.embedded import STATE_PREFIX, state_root
 
-    for path in Path(tempfile.gettempdir()).glob(f"{STATE_PREFIX}*"):
+    for path in state_root().glob(f"{STATE_PREFIX}*"):  # this run's (no_cgroup_left_behind)
         try:
             if path.stat().st_mtime >= _STARTED and ephemeral_state.only_logs_left(path):
                 shutil.rmtree(path, ignore_errors=True)
