@@ -326,8 +326,8 @@ async def job_status(request: web.Request) -> web.Response:
 
 async def prepare_snapshots(request: web.Request) -> web.Response:
     req = await read_model(request, PrepareSnapshotsRequest)
-    return _accepted(PrepareSnapshotsResponse(request_id=request.app[SNAPSHOTS].submit(req.requests,
-                                                                                       tenant_of(request))))
+    return _accepted(PrepareSnapshotsResponse(request_id=await request.app[SNAPSHOTS].submit(req.requests,
+                                                                                             tenant_of(request))))
 
 
 async def prepare_status(request: web.Request) -> web.Response:

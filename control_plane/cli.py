@@ -182,7 +182,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep this image warm from start-up (repeatable; comma-separated in the variable)")
     parser.add_argument("--max-servers", type=int, default=_default("MAX_SERVERS", cfg.max_servers, int),
                         help="live servers allowed at once, all tenants together; more starts wait their turn in the "
-                             "creation queue (--queue-timeout), and FINISHED servers give way to them")
+                             "creation queue (--queue-timeout), and FINISHED servers give way to them; snapshot "
+                             "preparations and the code runner's sandboxes count too")
+    parser.add_argument("--max-snapshots", type=int, default=_default("MAX_SNAPSHOTS", cfg.max_snapshots, int),
+                        help=f"snapshots kept; more snapshots get 429 [{cfg.max_snapshots}]")
+    parser.add_argument("--max-snapshot-bytes", type=_bytes,
+                        default=_default("MAX_SNAPSHOT_BYTES", cfg.max_snapshot_bytes, _bytes),
+                        help="what snapshots may take on disk (local backend), e.g. 64Gi; a snapshot past it "
+                             f"gets 429 [{cfg.max_snapshot_bytes >> 30}Gi]")
     share = cfg.sharing
     for flag, variable, kind, value, text in (
         ("--tenant-max-servers", "TENANT_MAX_SERVERS", int, share.tenant_max_servers,
@@ -285,6 +292,7 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
         image_registry=args.image_registry, image_cache=args.image_cache,
         warm_pool_max=args.warm_pool_max, warm_pool_parallel=args.warm_pool_parallel,
         pool_images=list(args.pool_image), max_servers=args.max_servers,
+        max_snapshots=args.max_snapshots, max_snapshot_bytes=args.max_snapshot_bytes,
         ephemeral=args.ephemeral,
         sharing=SharingConfig(
             tenant_max_servers=args.tenant_max_servers, client_max_servers=args.client_max_servers,

@@ -23,18 +23,23 @@ from aiohttp import web
 
 from sandbox_server import routes
 
+from .admission import Grant
 from .backends.base import BackendError, Limits, SandboxHandle, SandboxSpec
 from .errors import ApiError, Unavailable
 from .forwarding import FORWARD_FAILED, ForwardError, Reply
 from .models import ServerKind
 from .pool import new_sandbox_name
 from .service import ControlPlane
+from .tenants import SINGLE
 
 log = logging.getLogger(__name__)
 
 CLAIM_TIMEOUT = 120.0
 ISOLATED_RUNS = "isolated-runs"  # the capability a runner sandbox's server reports
 JSON = {"Content-Type": "application/json"}
+# Whose its sandboxes are in the creation queue (admission.py): nobody's but the control plane's,
+# so they count against --max-servers only.
+QUEUE_KEY = (SINGLE, "code-runner")
 
 
 class CodeRunnerPool:
@@ -51,6 +56,7 @@ class CodeRunnerPool:
         self._starting = asyncio.Lock()
         self._isolating = True  # until a runner's server says it cannot isolate runs
         self._closed = False
+        self._room: dict[str, Grant] = {}  # each of its sandboxes counts against --max-servers while it lives
 
     async def run(self, method: str, path: str, body: bytes) -> Reply:
         """The code runner's answer to one request: an isolated run on the runner sandbox (or,
@@ -98,10 +104,15 @@ class CodeRunnerPool:
 
     async def _start_runner(self) -> SandboxHandle | None:
         spec = replace(self.spec, generated_name=new_sandbox_name("runner"), isolated_runs=self.concurrency)
+        room = await self.cp.admission.sandboxes.acquire(QUEUE_KEY, 1, self.cp.queue_timeout(CLAIM_TIMEOUT))
         try:
             handle = await self.cp.pool.create(spec, CLAIM_TIMEOUT)
-        except BackendError as exc:
-            raise Unavailable(f"no sandbox for the code runner: {exc.message}") from exc
+        except BaseException as exc:
+            room.release()
+            if isinstance(exc, BackendError):
+                raise Unavailable(f"no sandbox for the code runner: {exc.message}") from exc
+            raise
+        self._room[handle.name] = room
         self.cp.leased.add(handle.name)  # bound to no server, yet no orphan either
         try:
             reply = await self.cp.forwarder.request(self.cp.backend.endpoint(handle), "GET",
@@ -123,10 +134,15 @@ class CodeRunnerPool:
             self.cp.spawn(self._discard(runner))
 
     async def _run_in_fresh_sandbox(self, method: str, path: str, body: bytes) -> Reply:
+        room = await self.cp.admission.sandboxes.acquire(QUEUE_KEY, 1, self.cp.queue_timeout(CLAIM_TIMEOUT))
         try:
             handle, _warm = await self.cp.pool.acquire(self.spec, CLAIM_TIMEOUT)
-        except BackendError as exc:
-            raise Unavailable(f"no sandbox for the code runner: {exc.message}") from exc
+        except BaseException as exc:
+            room.release()
+            if isinstance(exc, BackendError):
+                raise Unavailable(f"no sandbox for the code runner: {exc.message}") from exc
+            raise
+        self._room[handle.name] = room
         self.cp.leased.add(handle.name)
         try:
             return await self.cp.forwarder.request(self.cp.backend.endpoint(handle), method, path, JSON, body)
@@ -140,3 +156,6 @@ class CodeRunnerPool:
             await self.cp.delete_handle(handle)
         finally:
             self.cp.leased.discard(handle.name)
+            room = self._room.pop(handle.name, None)
+            if room is not None:
+                room.release()

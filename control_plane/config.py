@@ -68,7 +68,9 @@ class ControlPlaneConfig:
     # CPU: env_step's RESTART resets on 2 CPUs, reset p95 117 ms with 2 at once, 30-31 with 4, 25-35 with 6.
     warm_pool_parallel: int = 4
     pool_images: list[str] = field(default_factory=list)  # images to keep warm from start-up
-    max_servers: int = 200  # live servers (quota); more starts fail with 429 and the client retries
+    max_servers: int = 200  # sandboxes at once for any route (admission.py); more wait their turn, then 429
+    max_snapshots: int = 1000  # snapshots kept (snapshot_caps.py); more fail with 429
+    max_snapshot_bytes: int = 64 << 30  # what snapshots may take on disk, where the backend can tell
     client_request_timeout: float = 3600.0  # read timeout control plane → sandbox
     max_body_bytes: int = 256 << 20
     body_budget_bytes: int | None = None  # request bodies held at once (body_budget.py); None: 3 × max_body_bytes

@@ -30,6 +30,7 @@ from .models import (
 )
 from .pool import new_sandbox_name
 from .service import ControlPlane
+from .snapshot_caps import Reservation
 from .store import SnapshotRow, now_ms
 from .tenants import SINGLE
 
@@ -143,30 +144,52 @@ class SnapshotJobs:
     def __init__(self, cp: ControlPlane) -> None:
         self.cp = cp
 
-    def submit(self, requests: list[StartServerRequest], tenant: str) -> str:
+    async def submit(self, requests: list[StartServerRequest], tenant: str) -> str:
+        """Start the batch; 429 when its snapshots would pass a snapshot cap (``snapshot_caps.py``).
+        Each request's sandbox waits its turn in the creation queue like any start (``admission.py``)."""
         for req in requests:  # on behalf of the tenant's own clients only
             self.cp.client(req.client_id, tenant)
         if not self.cp.backend.supports_snapshots():
             raise BadRequest(f"Pod snapshot feature is not enabled: the {self.cp.backend.name} backend has none")
+        snapshots = await self.cp.snapshot_caps.reserve(
+            len(requests), f"preparing {len(requests)} snapshot{'s' if len(requests) != 1 else ''}")
         request_id = f"prep-{secrets.token_hex(6)}"
         self.cp.store.add_batch(request_id, len(requests), tenant)
         for index, req in enumerate(requests):
-            self.cp.spawn(self._prepare(request_id, index, req, tenant))
+            self.cp.spawn(self._prepare(request_id, index, req, tenant, snapshots))
         return request_id
 
-    async def _prepare(self, request_id: str, index: int, req: StartServerRequest, tenant: str) -> None:
+    async def _prepare(self, request_id: str, index: int, req: StartServerRequest, tenant: str,
+                       snapshots: Reservation) -> None:
         digest = request_hash(req)
         # a group of its own per tenant: the same request prepared by two is two snapshots
         group = f"prepared-{digest[:16]}" if tenant == SINGLE else \
             f"prepared-{hashlib.sha256(f'{tenant}/{digest}'.encode()).hexdigest()[:16]}"
         result = {"job_id": f"{request_id}-{index}", "request_hash": digest, "status": Status.FAILURE.value,
                   "snapshot_name": None, "snapshot_tag": None, "details": None}
-        handle = None
         try:
             req = req.model_copy(update={"image_tag": await self.cp.images.startable(tenant, req.image_tag)})
-            spec = SandboxSpec.from_request(req, 0, new_sandbox_name("prep"))
-            handle = await self.cp.pool.create(spec, req.server_start_wait_timeout_in_seconds or 300)
+            # a sandbox like a start's: it waits its turn under --max-servers, and counts until it is gone
+            async with self.cp.admission.sandboxes.hold(
+                    (tenant, str(req.client_id)), 1, self.cp.queue_timeout(req.server_start_wait_timeout_in_seconds)):
+                await self._snapshot(req, group, tenant, result)
+        except ApiError as exc:  # a backend's failure (BackendError) too, and the queue's 429
+            result["details"] = exc.message
+        except Exception as exc:  # noqa: BLE001
+            log.exception("snapshot preparation failed")
+            result["details"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            snapshots.release(1)
+            self.cp.store.batch_add_result(request_id, result)
+
+    async def _snapshot(self, req: StartServerRequest, group: str, tenant: str, result: dict) -> None:
+        """The request's sandbox made, snapshotted and deleted; ``result`` says what came of it."""
+        spec = SandboxSpec.from_request(req, 0, new_sandbox_name("prep"))
+        handle = await self.cp.pool.create(spec, req.server_start_wait_timeout_in_seconds or 300)
+        try:
             info = await self.cp.backend.snapshot(handle, group)
+            await self.cp.snapshot_caps.check_taken(info.snapshot_id, f"preparation {result['job_id']}",
+                                                    self.cp.backend.delete_snapshot)
             self.cp.store.add_snapshot(SnapshotRow(
                 id=info.snapshot_id, group_id=group, server_id=None, namespace=req.namespace,
                 image_tag=req.image_tag, server_name=req.server_name, runtime_class_name=req.runtime_class_name,
@@ -175,18 +198,11 @@ class SnapshotJobs:
             ))
             result.update(status=Status.SUCCESS.value, snapshot_name=group,
                           snapshot_tag=info.snapshot_tag or info.snapshot_id)
-        except ApiError as exc:  # a backend's failure (BackendError) too
-            result["details"] = exc.message
-        except Exception as exc:  # noqa: BLE001
-            log.exception("snapshot preparation failed")
-            result["details"] = f"{type(exc).__name__}: {exc}"
         finally:
-            if handle is not None:
-                try:
-                    await self.cp.backend.delete(handle)
-                except Exception:  # noqa: BLE001
-                    log.exception("could not delete snapshot preparation sandbox")
-            self.cp.store.batch_add_result(request_id, result)
+            try:
+                await self.cp.backend.delete(handle)
+            except Exception:  # noqa: BLE001
+                log.exception("could not delete snapshot preparation sandbox")
 
     def status(self, request_id: str, tenant: str) -> PrepareSnapshotsStatusResponse | None:
         batch = self.cp.store.get_batch(request_id, tenant)

@@ -39,6 +39,7 @@ from .models import (
 )
 from .operations import Operations
 from .pool import WarmPool, new_sandbox_name
+from .snapshot_caps import SnapshotCaps
 from .store import ClientRow, ServerRow, SnapshotRow, SQLiteStore, now_ms
 from .uploads import UploadStore
 
@@ -58,6 +59,7 @@ class ControlPlane:
         self._endpoints: dict[str, Endpoint] = {}
         self.creating: set[str] = set()  # sandbox names being created (the sweep leaves them alone)
         self.leased: set[str] = set()  # sandboxes in use outside any server (the code runner's)
+        self.snapshot_caps = SnapshotCaps(config, store, backend)
         self.pool = WarmPool(backend, store, config.warm_pool, config.warm_pool_max,
                              parallel=config.warm_pool_parallel, creating=self.creating)
         self._background: set[asyncio.Task] = set()
@@ -408,10 +410,15 @@ class ControlPlane:
         assert row.handle
         handle = SandboxHandle.from_json(json.loads(row.handle))
         group = str(row.id)
+        room = await self.snapshot_caps.reserve(1, f"a snapshot of server {row.id}")
         try:
             info = await self.backend.snapshot(handle, group)
+            await self.snapshot_caps.check_taken(info.snapshot_id, f"the snapshot of server {row.id}",
+                                            self.backend.delete_snapshot)
         except BackendError as exc:
             raise ApiError.for_status(exc.status, f"Snapshotting {row.generated_name} failed: {exc.message}") from exc
+        finally:
+            room.release()
         tag = info.snapshot_tag or info.snapshot_id
         self.store.add_snapshot(SnapshotRow(
             id=info.snapshot_id, group_id=group, server_id=row.id, namespace=row.namespace,

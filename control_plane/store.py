@@ -460,6 +460,10 @@ class SQLiteStore:
                            (group_id, tenant))
         return [from_db(SnapshotRow, r) for r in rows]
 
+    def count_snapshots(self) -> int:
+        """How many snapshots there are, every tenant's (what ``--max-snapshots`` bounds)."""
+        return int(self._query("SELECT COUNT(*) FROM snapshots")[0][0])
+
     def find_snapshot(self, namespace: str, image_tag: str, server_name: str, runtime: str | None, root: bool,
                       kind: str, tenant: str) -> SnapshotRow | None:
         rows = self._query(

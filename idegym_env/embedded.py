@@ -8,7 +8,8 @@ watches its parent: if this process is killed outright, it still shuts down and 
 One instance is shared by every environment of the process (``acquire()``/``release()``). When
 the last one releases it, it stays up for ``grace_seconds()`` (``$IDEGYM_EMBEDDED_GRACE``, default
 60; 0 stops it at once), so that the next ``gym.make`` does not pay for a new one; it ends at
-interpreter exit at the latest (``shutdown()`` ends it now).
+interpreter exit at the latest (``shutdown()`` ends it now). Its state directory is made in
+``$IDEGYM_EMBEDDED_STATE_ROOT`` (default: the temporary directory).
 """
 
 from __future__ import annotations
@@ -62,6 +63,13 @@ def sweep_lapsed_state_dirs(root: Path) -> list[Path]:
     return removed
 
 
+def state_root() -> Path:
+    """Where embedded control planes make their state directories: ``$IDEGYM_EMBEDDED_STATE_ROOT``,
+    else the temporary directory."""
+    raw = os.environ.get("IDEGYM_EMBEDDED_STATE_ROOT", "").strip()
+    return Path(raw) if raw else Path(tempfile.gettempdir())
+
+
 class EmbeddedControlPlane:
     def __init__(self, *, warm_pool: int = 2, extra_args: list[str] | None = None,
                  state_dir: Path | None = None, build_roots: Sequence[str | os.PathLike] = ("/",)) -> None:
@@ -71,14 +79,17 @@ class EmbeddedControlPlane:
         the env builds task images from wherever its tasks are."""
         self._owns_state = state_dir is None
         if state_dir is None:
-            sweep_lapsed_state_dirs(Path(tempfile.gettempdir()))
-        self.state_dir = state_dir or Path(tempfile.mkdtemp(prefix=STATE_PREFIX))
+            root = state_root()
+            root.mkdir(parents=True, exist_ok=True)
+            sweep_lapsed_state_dirs(root)
+            state_dir = Path(tempfile.mkdtemp(prefix=STATE_PREFIX, dir=root))
+        self.state_dir = state_dir
         self.log_path = self.state_dir / "control-plane.log"
         read_fd, write_fd = os.pipe()
         argv = [sys.executable, "-m", "control_plane", "--port", "0", "--state-dir", str(self.state_dir),
                 "--ephemeral", "--warm-pool", str(warm_pool), "--ready-fd", str(write_fd), "--auth", "token",
                 "--tenants=",  # single-tenant with its private token, whatever the environment says
-                "--parent-pid", str(os.getpid()), *(["--remove-state"] if state_dir is None else []),
+                "--parent-pid", str(os.getpid()), *(["--remove-state"] if self._owns_state else []),
                 *(f"--build-root={root}" for root in build_roots),
                 *(extra_args or [])]
         self._log = open(self.log_path, "ab")

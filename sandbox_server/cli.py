@@ -53,6 +53,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run every code-runner program in mount, pid, IPC and network namespaces of its "
                              "own, with only its directory writable (needs root in the sandbox's user namespace; "
                              "GET /api/capabilities lists 'isolated-runs' when it is on) [$IDEGYM_ISOLATED_RUNS]")
+    parser.add_argument("--run-memory-max", type=int, default=None, metavar="BYTES",
+                        help="with --isolated-runs and --tool-cgroups: each run's own memory limit (every run "
+                             "already has a pids limit of its own; default: only the tools' limit they share)")
     parser.add_argument("--tool-spawner", action=argparse.BooleanOptionalAction,
                         default=env_flag("IDEGYM_TOOL_SPAWNER", True),
                         help="start the tool user's tools from a small process that already is that user "
@@ -100,6 +103,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         ready_fd=args.ready_fd,
         memory_events=args.memory_events,
         isolated_runs=args.isolated_runs,
+        run_memory_max=args.run_memory_max,
         tool_spawner=args.tool_spawner,
         tool_cgroups=args.tool_cgroups,
     )

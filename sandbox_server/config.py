@@ -41,6 +41,7 @@ class ServerConfig:
     ready_fd: int | None = None
     memory_events: Path | None = None  # the sandbox's memory.oom_control / memory.events (OOM reporting)
     isolated_runs: bool = False  # every code-runner run in namespaces of its own (jail.py)
+    run_memory_max: int | None = None  # each isolated run's memory limit (in its own cgroups: jail.py)
     tool_spawner: bool = True  # the tool user's tools started by a process that is that user (spawner.py)
     tool_cgroups: Path | None = None  # the tools' delegated cgroups, <dir>/<controller> (tool_cgroups.py)
 

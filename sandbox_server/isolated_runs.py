@@ -15,7 +15,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import asdict
 
 from . import jail
@@ -43,13 +43,13 @@ class Jails:
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
-    def start(self, cgroups: Sequence[str] = (), pids_max: int | None = None, per_run: bool = False) -> bool:
+    def start(self, cgroups: Mapping[str, str] | None = None, pids_max: int | None = None,
+              memory_max: int | None = None) -> bool:
         """Start the zygote (synchronously: while this process still holds CAP_SYS_ADMIN), in the
-        ``cgroups`` directories (the tools' groups, one per controller) if any; with ``per_run``,
-        each run then in child groups of its own, held to ``pids_max`` processes (on cgroup v1 a
-        move into them takes an RCU grace period during which the sandbox's forks and exits
-        wait: milliseconds per run). False, with ``reason`` set, when this process cannot make
-        namespaces (not root in its user namespace, or a kernel that refuses)."""
+        ``cgroups`` directories (the tools' groups, by controller) if any, each run then in groups
+        of its own below them, held to ``pids_max`` processes and ``memory_max`` bytes (``jail.py``).
+        False, with ``reason`` set, when this process cannot make namespaces (not root in its user
+        namespace, or a kernel that refuses)."""
         problem = jail.probe()
         if problem:
             self.reason = problem
@@ -58,7 +58,7 @@ class Jails:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-B", os.path.abspath(jail.__file__), str(theirs.fileno()),
-                 json.dumps({"cgroups": list(cgroups), "pids_max": pids_max, "per_run": per_run})],
+                 json.dumps({"cgroups": dict(cgroups or {}), "pids_max": pids_max, "memory_max": memory_max})],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, close_fds=True)
         except OSError as exc:
             ours.close()
@@ -68,7 +68,7 @@ class Jails:
             theirs.close()
         self._sock = ours
         self.reason = ""
-        self.cgroups = list(cgroups)
+        self.cgroups = list((cgroups or {}).values())
         return True
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -148,7 +148,8 @@ class Jails:
         deadline = time.monotonic() + timeout
         left = [g for g in self.cgroups if os.path.isdir(g)]
         while left:
-            children = [e.path for g in left for e in os.scandir(g) if e.is_dir() and e.name.startswith("run-")]
+            children = [e.path for g in left for e in os.scandir(g)
+                        if e.is_dir() and e.name.startswith(jail.RUN_GROUP_PREFIX)]
             for child in children:
                 with contextlib.suppress(OSError):  # busy while its last processes exit
                     os.rmdir(child)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import signal
 
 from .output import BoundedOutput, read_available
 
@@ -18,6 +19,7 @@ DEFAULT_PIPE_SIZE = 1 << 16
 # After the command's main process exits, how long to wait for the pipes to close: a background
 # child that inherited them would otherwise hold the call open.
 EXIT_LINGER = 0.1
+ADOPTION_POLL = 0.002, 0.05  # first and longest wait between looks at a tool not re-parented to us yet
 
 
 class Job:
@@ -38,6 +40,7 @@ class Job:
             self.pipe_ids.add(os.fstat(fd).st_ino)
             loop.add_reader(fd, self._reader(fd, sink))
         self.pidfd: int | None = None
+        self._adoption_wait = 0.0  # while it is not our child yet: the next wait before looking again
         if exit_status is not None:  # someone else's child: its parent tells us how it ended
             exit_status.add_done_callback(self._told)
             return
@@ -88,12 +91,42 @@ class Job:
         try:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:
-            pid, status = self.pid, 0
+            if self._exists():
+                self._await_adoption()
+                return
+            pid, status = self.pid, 0  # reaped by someone else
         if pid == 0:
             if self.pidfd is None:
                 self._poll_handle = self.loop.call_later(0.005, self._poll_exit)
+            elif self._adoption_wait:  # adopted while it runs: its pidfd says when it ends
+                self._adoption_wait = 0.0
+                self.loop.add_reader(self.pidfd, self._poll_exit)
             return
         self._exited(status)
+
+    def _exists(self) -> bool:
+        try:
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, 0)  # a zombie too, until it is reaped
+            else:
+                os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def _await_adoption(self) -> None:
+        """The process exists but is not our child yet: a tool whose spawner was just killed is
+        re-parented to us (a subreaper) only after the spawner's pipes closed, which told us it
+        was gone; under load that takes a while. Look again shortly (its pidfd, readable once it
+        has exited, would wake us in a loop meanwhile)."""
+        if not self._adoption_wait:
+            if self.pidfd is not None:
+                self.loop.remove_reader(self.pidfd)
+            self._adoption_wait = ADOPTION_POLL[0]
+        self._poll_handle = self.loop.call_later(self._adoption_wait, self._poll_exit)
+        self._adoption_wait = min(self._adoption_wait * 2, ADOPTION_POLL[1])
 
     def _exited(self, status: int) -> None:
         if self.exit_code is not None:

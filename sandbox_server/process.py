@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from . import procfs
 from .isolated_runs import JailError, Jails
-from .jail import Isolation, RunSpec
+from .jail import RUN_PIDS_MAX, Isolation, RunSpec
 from .job import READ_CHUNK, Job, feed_stdin
 from .memory_events import MemoryEvents
 from .output import BoundedOutput
@@ -87,19 +87,11 @@ def drop_tool_capabilities() -> bool:
     return True
 
 
-RUN_PIDS_MAX = 256  # processes of one isolated run: a fork bomb in one never starves the runs beside it
-# Isolated runs in child groups of their own: off. On cgroup v1 each move into them takes an RCU
-# grace period during which the sandbox's forks and exits wait: HumanEval at 4 in flight fell to
-# 0.48-0.65x direct (0.76x without). Runs are born in the tools' groups instead (the zygote lives
-# there), held to the sandbox's limits together; born-in-group runs (a spawner per group) are next.
-PER_RUN_GROUPS = False
-
-
 class Supervisor:
     """Spawns the server's child processes and reaps orphans re-parented to it."""
 
     def __init__(self, memory_events: MemoryEvents | None = None, tool_cgroups: ToolCgroups | None = None,
-                 isolated_runs: bool = False, spawners: bool = False) -> None:
+                 isolated_runs: bool = False, spawners: bool = False, run_memory_max: int | None = None) -> None:
         self._tracked: set[int] = set()
         # Tools of another user started by a process that is that user (spawner.py), uid -> spawner.
         self._spawners: dict[int, Spawner] | None = {} if spawners and spawner_available() else None
@@ -112,6 +104,7 @@ class Supervisor:
         self._spawner: concurrent.futures.ThreadPoolExecutor | None = None
         # Isolated runs (isolated_runs.py): their zygote starts with the server, while it holds CAP_SYS_ADMIN.
         self.jails: Jails | None = Jails() if isolated_runs else None
+        self.run_memory_max = run_memory_max  # each isolated run's own memory limit (with the tools' cgroups)
         self._drainers = 0
         self._reaper: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -132,8 +125,8 @@ class Supervisor:
             log.warning("prctl unavailable; daemons may escape reset")
         if self.jails is not None:
             # Runs live below the tools' groups, each in child groups of its own (jail.py).
-            run_groups = [str(d) for d in self.tool_cgroups.dirs.values()] if self.tool_cgroups else []
-            if self.jails.start(run_groups, pids_max=RUN_PIDS_MAX, per_run=PER_RUN_GROUPS):
+            run_groups = {c: str(d) for c, d in self.tool_cgroups.dirs.items()} if self.tool_cgroups else {}
+            if self.jails.start(run_groups, pids_max=RUN_PIDS_MAX, memory_max=self.run_memory_max):
                 self.jails.attach(self._loop)
             else:
                 log.warning("isolated runs are unavailable: %s", self.jails.reason)

@@ -55,12 +55,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """Tests that fail builds on purpose leave the embedded control planes' kept logs (what a user
     is shown after a real failure): remove those this run made."""
     import shutil
-    import tempfile
 
     from control_plane import ephemeral_state
-    from idegym_env.embedded import STATE_PREFIX
+    from idegym_env.embedded import STATE_PREFIX, state_root
 
-    for path in Path(tempfile.gettempdir()).glob(f"{STATE_PREFIX}*"):
+    for path in state_root().glob(f"{STATE_PREFIX}*"):  # this run's (no_cgroup_left_behind)
         try:
             if path.stat().st_mtime >= _STARTED and ephemeral_state.only_logs_left(path):
                 shutil.rmtree(path, ignore_errors=True)
@@ -116,6 +115,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 pytest_plugins = ["tests.k8s_sim.fixtures", "tests.oci_fixtures"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_cgroup_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every sandbox this run's local backends made, however it ended, took its cgroups with it:
+    the groups of the state directories below this run's (this worker's) temporary directory —
+    embedded control planes make theirs there too — are counted before and after the run; what
+    is left is named, then ended and removed."""
+    import sys
+
+    from tests import cgroup_leaks
+
+    base = tmp_path_factory.getbasetemp()
+    os.environ["IDEGYM_EMBEDDED_STATE_ROOT"] = str(base / "embedded")
+    before = cgroup_leaks.run_groups(base)
+    yield
+    if "idegym_env.embedded" in sys.modules:  # the shared one outlives its last env by a grace period
+        sys.modules["idegym_env.embedded"].shutdown()
+    left = cgroup_leaks.left_after(base, timeout=20.0)
+    new = {key: groups for key, groups in left.items() if set(groups) - set(before.get(key, []))}
+    message = "; ".join(f"{key}: {', '.join(cgroup_leaks.describe(groups))}" for key, groups in new.items())
+    cgroup_leaks.clear(list(new))
+    assert not new, f"cgroups left behind by this run: {message}"
 
 
 def _control_plane(tmp_path: Path, backend: str, request: pytest.FixtureRequest):

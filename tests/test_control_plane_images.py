@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from tests.cp_helpers import ControlPlaneProcess, wait_job
+from tests.helpers import wait_until
 
 
 def _wait_job(cp: ControlPlaneProcess, name: str, timeout: float = 180) -> dict:
@@ -110,3 +111,90 @@ def test_prepare_snapshots_and_exists(cp_local: ControlPlaneProcess) -> None:
     assert cp.http.get("/api/snapshots/prepare/nope").status_code == 404
     restored = cp.start_server(client, snapshot={"id": ok["snapshot_name"]}, server_name="prepared-one")
     assert restored["server_id"]
+
+
+def _limited(tmp_path: Path, *flags: str) -> ControlPlaneProcess:
+    tmp_path.mkdir(exist_ok=True)
+    return ControlPlaneProcess(tmp_path / "state", ["--warm-pool", "0", "--ephemeral", *flags])
+
+
+def _refused(resp, flag: str) -> None:
+    """A 429 whose message names ``flag``."""
+    assert resp.status_code == 429 and flag in resp.json()["message"], resp.text
+
+
+def test_every_route_that_makes_a_sandbox_counts_against_max_servers(tmp_path: Path) -> None:
+    """``--max-servers`` bounds the sandboxes of every route: a snapshot preparation's (a sandbox
+    per request) and the code runner's wait their turn in the creation queue like starts and
+    forks, and past ``--queue-timeout`` answer 429 naming the limit.
+
+    Can fail: it did on main, where only servers counted: with ``--max-servers 1`` a preparation
+    of six ran six sandboxes at once, beside a live server.
+    """
+    cp = _limited(tmp_path, "--max-servers", "1", "--queue-timeout", "3")
+    sandboxes = cp.state_dir / "sandboxes"
+    try:
+        client = cp.register()
+        three = [{"client_id": client, "image_tag": "idegym/builtin:latest", "server_name": f"p{i}"} for i in range(3)]
+        request_id = cp.http.post("/api/snapshots/prepare", json={"requests": three}).json()["request_id"]
+        most = 0
+        while (status := cp.http.get(f"/api/snapshots/prepare/{request_id}").json())["status"] != "READY":
+            most = max(most, len([p for p in sandboxes.iterdir() if p.name.startswith("prep-")]))
+            time.sleep(0.02)
+        assert status["succeeded"] == 3, status
+        assert most == 1, f"{most} preparation sandboxes at once under --max-servers 1"
+        sid = cp.start_server(client)["server_id"]
+        request_id = cp.http.post("/api/snapshots/prepare", json={"requests": three[:1]}).json()["request_id"]
+        assert wait_until(lambda: cp.http.get(f"/api/snapshots/prepare/{request_id}").json()["status"] == "READY",
+                          30)
+        (failed,) = cp.http.get(f"/api/snapshots/prepare/{request_id}").json()["results"]
+        assert failed["status"] == "failure" and "--max-servers" in failed["details"], failed
+        refused = cp.http.post("/execute", json={"language": "bash", "code": "echo hi"})
+        assert refused.status_code == 429 and "--max-servers" in refused.json()["message"], refused.text
+        assert len(list(sandboxes.iterdir())) == 1
+        stopped = cp.http.request("DELETE", "/api/idegym-servers", json={"client_id": client, "server_id": sid})
+        assert cp.wait_op(stopped.json()["operation_id"])["status"] == "SUCCEEDED"
+        # the code runner's sandbox holds the one place while it lives
+        assert cp.http.post("/execute", json={"language": "bash", "code": "echo hi"}).json()["stdout"] == "hi\n"
+        start = {"client_id": client, "image_tag": "idegym/builtin:latest"}
+        op = cp.wait_op(cp.http.post("/api/idegym-servers", json=start).json()["operation_id"])
+        assert op["status"] == "FAILED" and json.loads(op["result"])["status_code"] == 429, op
+        assert "--max-servers" in json.loads(op["result"])["body"], op
+    finally:
+        cp.stop()
+
+
+def test_snapshots_have_caps_of_their_own(tmp_path: Path) -> None:
+    """``--max-snapshots`` bounds how many snapshots there are, ``--max-snapshot-bytes`` what they
+    take on disk: a snapshot past either is a 429 that names the flag, and one whose own size
+    passes the byte cap is deleted at once.
+
+    Can fail: it did on main, which had no cap: every snapshot and preparation was kept.
+    """
+    cp = _limited(tmp_path / "count", "--max-snapshots", "1")
+    try:
+        client = cp.register()
+        sid = cp.start_server(client)["server_id"]
+        snap = {"client_id": client, "server_id": sid}
+        assert cp.wait_op(cp.http.post("/api/idegym-servers/snapshot", json=snap).json()["operation_id"])[
+            "status"] == "SUCCEEDED"
+        op = cp.wait_op(cp.http.post("/api/idegym-servers/snapshot", json=snap).json()["operation_id"])
+        assert op["status"] == "FAILED" and json.loads(op["result"])["status_code"] == 429, op
+        assert "--max-snapshots" in json.loads(op["result"])["body"], op
+        one = [{"client_id": client, "image_tag": "idegym/builtin:latest", "server_name": "p"}]
+        _refused(cp.http.post("/api/snapshots/prepare", json={"requests": one}), "--max-snapshots")
+        assert len(list((cp.state_dir / "snapshots").iterdir())) == 1
+    finally:
+        cp.stop()
+    cp = _limited(tmp_path / "bytes", "--max-snapshot-bytes", "1Ki")
+    try:
+        client = cp.register()
+        sid = cp.start_server(client)["server_id"]
+        cp.bash(client, sid, "head -c 4096 /dev/urandom > data.bin")
+        op = cp.wait_op(cp.http.post("/api/idegym-servers/snapshot", json={"client_id": client, "server_id": sid})
+                        .json()["operation_id"])
+        assert op["status"] == "FAILED" and json.loads(op["result"])["status_code"] == 429, op
+        assert "--max-snapshot-bytes" in json.loads(op["result"])["body"], op
+        assert [p for p in (cp.state_dir / "snapshots").iterdir() if not p.name.startswith(".")] == []
+    finally:
+        cp.stop()

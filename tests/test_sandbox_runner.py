@@ -324,10 +324,12 @@ PIDS_ROOT = Path("/sys/fs/cgroup/pids")
                     reason="needs root and cgroup v1 pids")
 def test_each_isolated_run_has_a_pids_group_of_its_own(tmp_path: Path) -> None:
     """Given the tools' groups, the zygote lives in them and every run in a child group of its own
-    held to its pids.max, removed once the run is gone: one run's fork bomb is its own problem.
+    held to its pids.max; a group is reused by a later run once the run in it has ended (a pool,
+    made as runs at once first need them: six runs one after another use at most three groups), and
+    every group is removed when the zygote stops.
 
-    Can fail: with ``_Zygote._group`` a no-op (a scratch copy) the run was in the tools' group,
-    and no run-<pid> group held the run's init.
+    Can fail: with ``_Zygote._group`` a no-op (a scratch copy) the run was in the tools' group;
+    with a group made and removed per run (the code before the pool) every run had a new one.
     """
     import asyncio
 
@@ -340,43 +342,119 @@ def test_each_isolated_run_has_a_pids_group_of_its_own(tmp_path: Path) -> None:
     run_dir.mkdir()
     code = ("import subprocess\nn = 0\nfor _ in range(40):\n    try:\n"
             "        subprocess.Popen(['sleep', '30']); n += 1\n    except OSError:\n        break\n"
-            "import glob, os\nprint(n, open('/proc/self/cgroup').read().count('run-'))\n")
+            "print(n, [l.split(':')[2].strip() for l in open('/proc/self/cgroup') if ':pids:' in l][0])\n")
     spec = RunSpec.of(["python3", "-c", code], {"PATH": "/usr/bin:/bin"}, str(run_dir), 0, 0, [0],
                       Isolation(bind=str(run_dir)), 500)
 
-    async def run() -> tuple[int, bytes, list[str]]:
+    async def run() -> tuple[list[tuple[int, bytes]], list[str]]:
         jails = Jails()
-        assert jails.start(cgroups=[str(tools)], pids_max=16, per_run=True), jails.reason
+        assert jails.start(cgroups={"pids": str(tools)}, pids_max=16), jails.reason
         jails.attach(asyncio.get_running_loop())
-        r, w = os.pipe()
-        null = os.open(os.devnull, os.O_RDONLY)
+        results = []
         try:
-            pid, status = jails.spawn(spec, null, w, w)
-            os.close(w)
-            run_group = tools / f"run-{await pid}"
-            during = run_group.is_dir() and str(await pid) in (run_group / "cgroup.procs").read_text().split()
-            assert during and str(jails.pid) in (tools / "cgroup.procs").read_text().split()  # the zygote lives there
-            exit_status = await status
-            out = b""
-            while chunk := os.read(r, 4096):  # until the sleeps are gone: killed with the namespace
-                out += chunk
+            for _ in range(6):
+                r, w = os.pipe()
+                null = os.open(os.devnull, os.O_RDONLY)
+                try:
+                    pid, status = jails.spawn(spec, null, w, w)
+                    os.close(w)
+                    await pid
+                    assert str(jails.pid) in (tools / "cgroup.procs").read_text().split()  # the zygote lives there
+                    exit_status = await status
+                    out = b""
+                    while chunk := os.read(r, 4096):  # until the sleeps are gone: killed with the namespace
+                        out += chunk
+                    results.append((exit_status, out))
+                finally:
+                    os.close(r)
+                    os.close(null)
         finally:
-            os.close(r)
-            os.close(null)
             jails.stop()
-        return exit_status, out, sorted(p.name for p in tools.iterdir() if p.is_dir())
+        return results, sorted(p.name for p in tools.iterdir() if p.is_dir())
 
     try:
-        status, out, left = asyncio.run(run())
-        assert status == 0, out
-        started, in_run_group = out.split()
-        assert 8 <= int(started) < 16 and in_run_group == b"1", out
-        assert left == [], left  # the run's group and the unused spare's: removed
+        results, left = asyncio.run(run())
+        groups = set()
+        for status, out in results:
+            assert status == 0, out
+            started, group = out.split()
+            assert 8 <= int(started) < 16, out  # its own pids.max, with its init and itself
+            assert group.decode().startswith(f"/{tools.name}/run-"), out
+            groups.add(group)
+        # Reused: a run's, the next spare's, and one whose run ended but whose init is not reaped yet.
+        assert len(groups) <= 3, groups
+        assert left == [], left  # every run group removed with the zygote
     finally:
         for child in tools.iterdir():
             if child.is_dir():
                 for pid in (child / "cgroup.procs").read_text().split():
                     os.kill(int(pid), 9)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                for child in [c for c in tools.iterdir() if c.is_dir()]:
+                    child.rmdir()
+                tools.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
+MEMORY_ROOT = Path("/sys/fs/cgroup/memory")
+
+
+@pytest.mark.skipif(not CAN_ISOLATE or not (MEMORY_ROOT / "cgroup.procs").exists(),
+                    reason="needs root and cgroup v1 memory")
+def test_an_isolated_run_is_held_to_its_own_memory_limit(tmp_path: Path) -> None:
+    """With a memory limit for runs (``--run-memory-max``, a runner sandbox's share), a run that
+    takes more is killed by its own group's OOM killer; a run within it is untouched.
+
+    Can fail: with the zygote making run groups in the pids controller only (a scratch copy), the
+    hog took its 256 MiB from the tools' limit and exited 0."""
+    import asyncio
+
+    from sandbox_server.isolated_runs import Jails
+    from sandbox_server.jail import Isolation, RunSpec
+
+    tools = MEMORY_ROOT / f"idegym-test-jail-{os.getpid()}-{time.monotonic_ns()}"
+    tools.mkdir()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+
+    def spec(mib: int) -> RunSpec:
+        code = f"b = bytearray({mib} << 20)\nb[::4096] = b'x' * len(b[::4096])\nprint('kept', {mib})\n"
+        return RunSpec.of(["python3", "-c", code], {"PATH": "/usr/bin:/bin"}, str(run_dir), 0, 0, [0],
+                          Isolation(bind=str(run_dir)), 500)
+
+    async def run() -> list[tuple[int, bytes]]:
+        jails = Jails()
+        assert jails.start(cgroups={"memory": str(tools)}, memory_max=96 << 20), jails.reason
+        jails.attach(asyncio.get_running_loop())
+        results = []
+        try:
+            for mib in (256, 16):
+                r, w = os.pipe()
+                null = os.open(os.devnull, os.O_RDONLY)
+                try:
+                    _pid, status = jails.spawn(spec(mib), null, w, w)
+                    os.close(w)
+                    exit_status = await status
+                    out = b""
+                    while chunk := os.read(r, 4096):
+                        out += chunk
+                    results.append((os.waitstatus_to_exitcode(exit_status), out))
+                finally:
+                    os.close(r)
+                    os.close(null)
+        finally:
+            jails.stop()
+        return results
+
+    try:
+        (hog, hog_out), (small, small_out) = asyncio.run(run())
+        assert hog == -9 and b"kept" not in hog_out, (hog, hog_out)
+        assert small == 0 and small_out == b"kept 16\n", (small, small_out)
+    finally:
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             try:

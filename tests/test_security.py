@@ -867,6 +867,53 @@ def test_execute_runs_are_held_to_the_tools_limits(cpx: Any) -> None:
     assert tools in ("[]", "-"), tools
 
 
+def _limit_hits(root: Path) -> int:
+    """Forks refused by a pids limit anywhere in ``root``'s tree (v1 ``pids.events``)."""
+    hits = 0
+    for events in root.rglob("pids.events"):
+        try:
+            hits += int(events.read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return hits
+
+
+def test_one_execute_run_s_fork_bomb_never_keeps_another_from_starting(cpx: Any) -> None:
+    """Each isolated run has a pids limit of its own (and the runner room for every run at its
+    limit): a run that starts processes until it is refused stops at its own limit, and another
+    client's run beside it starts and answers as usual.
+
+    Can fail: it did on main, where runs shared the tools' pids limit: the bomb took all of it
+    (~1000 processes) and the other run answered 126 (``EAGAIN: could not start the isolated run``).
+    """
+    from control_plane.backends.local.cgroups import controller_mounts
+    from control_plane.backends.local.layout import state_key
+    from sandbox_server.jail import RUN_PIDS_MAX
+
+    pids = controller_mounts().get("pids")
+    if pids is None:
+        pytest.skip("no cgroup v1 pids controller on this host")
+    assert cpx.http.post("/execute", json={"language": "python", "code": "print(1)"}).json()["exitCode"] == 0
+    sandboxes = pids / "idegym" / state_key(cpx.state_dir)
+    before = _limit_hits(sandboxes)
+    bomb = ("import os, time\nn = 0\ntry:\n    while n < 5000:\n"
+            "        os.posix_spawn('/bin/sleep', ['sleep', '60'], {})\n        n += 1\n"
+            "except OSError as exc:\n    print(n, exc.errno, flush=True)\ntime.sleep(6)\n")
+    answers: list[httpx.Response] = []
+    thread = threading.Thread(target=lambda: answers.append(cpx.http.post(
+        "/execute", json={"language": "python", "code": bomb, "timeout": 30}, timeout=60)))
+    thread.start()
+    try:
+        assert wait_for(lambda: _limit_hits(sandboxes) > before, 30), "the bomb never reached a pids limit"
+        other = cpx.http.post("/execute", json={"language": "python", "code": "print('other run')"}).json()
+        assert other["exitCode"] == 0 and other["stdout"] == "other run\n", other
+    finally:
+        thread.join(60)
+    body = answers[0].json()
+    started, error = body["stdout"].split()
+    assert int(error) == 11 and int(started) < RUN_PIDS_MAX, body  # EAGAIN at its own limit
+
+
 def _cmdline(pid: str) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
+import subprocess
 import sys
 import threading
 import time
@@ -275,6 +277,93 @@ def test_a_delete_cut_off_after_its_kill_step_is_finished_by_the_lease(tmp_path:
         loop.close()
     assert wait_until(lambda: not _cgroups(state) and not _mounts(state)
                       and not (state / "sandboxes" / handle.name).exists(), 30), (_cgroups(state), _mounts(state))
+
+
+def test_cgroups_a_delete_could_not_remove_are_removed_by_the_sandbox_s_monitor(tmp_path: Path) -> None:
+    """A delete that ended the processes and removed the files but could not remove the cgroups
+    in time (a killed task still leaving them, many sandboxes ending at once) leaves them to the
+    sandbox's lease monitor, which it keeps running: the monitor removes them once it sees the
+    sandbox's directory gone, while the control plane still renews the lease.
+
+    Can fail: it did on main: the monitor, seeing its sandbox deleted and no process left, exited
+    and left the empty groups for good (467 of them per controller after a day on one host)."""
+    from control_plane.backends.local import LocalBackend, mounts, teardown
+    from tests.local_helpers import LoopThread, spec
+
+    state = tmp_path / "state"
+    loop = LoopThread()
+    backend = LocalBackend(state, isolation="bwrap", orphan_ttl=2)
+    try:
+        loop.run(backend.start())
+        handle = loop.run(backend.create(spec("left-groups"), 60))
+        sb, run, groups, problems = teardown.kill(handle.name, backend.sandboxes, handle.data, "bwrap")
+        assert problems == [] and groups
+        for base in (sb, run):  # what a delete does besides removing the groups
+            for point in mounts.mounts_under(base):
+                mounts.umount(point, detach=True)
+            shutil.rmtree(base)
+        assert _cgroups(state)
+        assert wait_until(lambda: not _cgroups(state), 20), _cgroups(state)
+        assert backend.lease is not None and backend.lease.age() is not None and backend.lease.age() < 2
+    finally:
+        loop.run(backend.close())
+        loop.close()
+
+
+def test_a_start_removes_the_empty_cgroups_of_state_directories_that_are_gone(tmp_path: Path) -> None:
+    """Whatever left them, the empty groups of a state directory that no longer exists (or that no
+    backend ever registered) are removed when a backend starts; a group that holds a process, and
+    every group of a state directory that exists, are left alone.
+
+    Can fail: it did on main, which never looked beyond its own state directory's groups."""
+    from control_plane.backends.local import LocalBackend
+    from control_plane.backends.local.cgroups import controller_mounts
+    from control_plane.backends.local.layout import register_state
+    from tests.local_helpers import LoopThread
+
+    mounts = controller_mounts()
+    if "pids" not in mounts:
+        pytest.skip("no cgroup v1 pids controller")
+    gone, alive = tmp_path / "gone-state", tmp_path / "live-state"
+    alive.mkdir()
+    register_state(gone, state_key(gone))
+    register_state(alive, state_key(alive))
+    unknown = f"test{os.getpid():06x}"[:10]
+    made = []
+    for key in (state_key(gone), unknown, state_key(alive)):
+        for point in mounts.values():
+            for child in ("sbx/server", "sbx/tools/delegated"):
+                (point / "idegym" / key / child).mkdir(parents=True, exist_ok=True)
+            made.append(point / "idegym" / key)
+    busy = mounts["pids"] / "idegym" / state_key(gone) / "busy"
+    busy.mkdir()
+    sleeper = subprocess.Popen(["sleep", "60"])
+    (busy / "cgroup.procs").write_text(str(sleeper.pid))
+    loop = LoopThread()
+    backend = LocalBackend(tmp_path / "state", isolation="bwrap", orphan_ttl=None)
+    try:
+        loop.run(backend.start())
+        for point in mounts.values():
+            left = {str(p.relative_to(point / "idegym")) for p in (point / "idegym").rglob("*") if p.is_dir()}
+            kept = {state_key(gone), f"{state_key(gone)}/busy"} if point == mounts["pids"] else set()
+            assert {g for g in left if g.startswith((state_key(gone), unknown))} == kept, left  # the busy one stays
+            assert {f"{state_key(alive)}/sbx/server", f"{state_key(alive)}/sbx/tools/delegated"} <= left, left
+    finally:
+        loop.run(backend.close())
+        loop.close()
+        sleeper.kill()
+        sleeper.wait()
+        for top in made:
+            for group in sorted((p for p in [top, *top.rglob("*")] if p.is_dir()), key=lambda p: -len(p.parts)):
+                assert wait_until(lambda g=group: not g.exists() or _rmdir(g), 5), group
+
+
+def _rmdir(path: Path) -> bool:
+    try:
+        path.rmdir()
+        return True
+    except OSError:
+        return False
 
 
 def test_a_parent_that_died_unreaped_stops_the_control_plane(tmp_path: Path) -> None:

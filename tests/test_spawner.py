@@ -16,6 +16,7 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,6 +119,54 @@ def test_a_tool_whose_spawner_is_killed_or_stopped_still_ends_with_its_own_statu
     assert stopped["duration_seconds"] < 5, stopped
     third = spawner_of(server)
     assert third not in (first, second)
+
+
+ADOPTION = """
+import asyncio, ctypes, os, signal, subprocess, sys
+from sandbox_server.job import Job
+from sandbox_server.output import BoundedOutput
+
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER, as the server is
+out_r, out_w = os.pipe()
+pid_r, pid_w = os.pipe()
+parent = os.fork()
+if parent == 0:  # the spawner: starts the tool, says its pid, waits to be killed
+    tool = subprocess.Popen(["sh", "-c", "sleep 0.5; echo after; exit 3"], stdout=out_w, start_new_session=True)
+    os.write(pid_w, str(tool.pid).encode())
+    signal.pause()
+    os._exit(0)
+os.close(out_w)
+tool = int(os.read(pid_r, 32))
+
+async def main():
+    loop = asyncio.get_running_loop()
+    exit_status = loop.create_future()
+    out = BoundedOutput(None)
+    job = Job(loop, tool, {out_r: out}, exit_status)
+    exit_status.set_result(None)  # the spawner's status pipe closed: it is dying, not re-parented yet
+    await asyncio.sleep(0.05)
+    os.kill(parent, signal.SIGKILL)  # now it is gone: the tool is re-parented to us
+    os.waitpid(parent, 0)
+    await job.done
+    print(job.exit_code, repr(out.text()))
+
+asyncio.run(main())
+"""
+
+
+def test_a_tool_told_gone_before_it_is_re_parented_ends_with_its_own_status() -> None:
+    """The spawner's status pipe closes as it dies, before the kernel re-parents its tool to the
+    server: the tool is not the server's child for a moment, longer under load. The call waits for
+    the tool's own end, whenever it comes, and reports its own status.
+
+    Can fail: it did, under CPU load (``test_the_server_survives_whatever_its_tools_do_to_memory``
+    got an empty stdout: the OOM killer takes the spawner first): ``waitpid`` failed with ECHILD,
+    which the job took for an exit with status 0, and the call answered at once with neither
+    output nor the right exit code. Here the spawner's death is held back to show it every time.
+    """
+    done = subprocess.run([sys.executable, "-c", ADOPTION], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "3 'after\\n'\n", done.stdout
 
 
 def test_a_spawner_stopped_between_calls_costs_one_slow_call(server: SandboxProcess) -> None:

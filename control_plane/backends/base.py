@@ -225,6 +225,10 @@ class Backend(abc.ABC):
     async def delete_snapshot(self, snapshot_id: str) -> None:  # noqa: B027 - optional hook
         """Remove one snapshot (no-op when it does not exist)."""
 
+    async def snapshot_bytes(self) -> int | None:
+        """What this backend's snapshots take on disk (None: it cannot tell)."""
+        return None
+
     def supports_snapshots(self) -> bool:
         return False
 

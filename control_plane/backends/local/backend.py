@@ -57,13 +57,14 @@ from ..base import (
     SandboxSpec,
     SnapshotInfo,
 )
-from . import fork, inventory, priority, teardown
+from . import cgroups, fork, inventory, priority, teardown
 from .cgroups import DEFAULT_SERVER_MEMORY_RESERVE, Cgroups
+from .fork_layers import DEFAULT_MAX_STACK
 from .image_trees import ImageError
 from .images import ImageStore, ResolvedImage
 from .isolation import ISOLATIONS, choose_isolation, say_once
 from .launcher import BACKEND_NAME, DEFAULT_DELETE_TIMEOUT, Launcher
-from .layout import Space, pick_run_root, register_state, state_key, tail
+from .layout import Space, pick_run_root, register_state, registered_states, state_key, tail
 from .lease import DEFAULT_ORPHAN_TTL, Lease
 from .oci.settings import OciSettings
 from .runtime import Runtime, detect
@@ -89,7 +90,8 @@ class LocalBackend(Backend):
     takes longer than ``delete_timeout`` seconds fails (and goes on in the background);
     ``storage_bytes`` and ``storage_inodes`` bound a sandbox's writes when its request does not
     (``ephemeral-storage``), 0 or None for no bound (storage.py); a sandbox whose lease this
-    backend has not renewed for ``orphan_ttl`` seconds ends itself (lease.py; None: never).
+    backend has not renewed for ``orphan_ttl`` seconds ends itself (lease.py; None: never);
+    a fork's child stands on at most ``max_fork_stack`` fork layers (deeper: merged, fork_layers.py).
     """
 
     name = BACKEND_NAME
@@ -100,7 +102,7 @@ class LocalBackend(Backend):
                  server_memory_reserve: int = DEFAULT_SERVER_MEMORY_RESERVE,
                  delete_timeout: float = DEFAULT_DELETE_TIMEOUT, storage_bytes: int | None = DEFAULT_STORAGE_BYTES,
                  storage_inodes: int | None = DEFAULT_STORAGE_INODES, orphan_ttl: float | None = DEFAULT_ORPHAN_TTL,
-                 oci: OciSettings | None = None) -> None:
+                 oci: OciSettings | None = None, max_fork_stack: int = DEFAULT_MAX_STACK) -> None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation!r}")
         self.state_dir = Path(state_dir).absolute()
@@ -122,8 +124,10 @@ class LocalBackend(Backend):
         self.oci_settings = oci or OciSettings.from_env()  # OCI builds: the bases' cache, a registry mirror
         self.snapshots = Snapshots(self.state_dir / "snapshots")
         self.fork_layers = self.snapshots.layers
+        self.fork_layers.max_stack = max(max_fork_stack, 1)
         key = state_key(self.state_dir)
-        self._cgroup_parent = f"{cgroup_parent.strip('/')}/{key}"
+        self._cgroup_top = cgroup_parent.strip("/")
+        self._cgroup_parent = f"{self._cgroup_top}/{key}"
         self._run_root = pick_run_root(self.state_dir, key)
         self.sandboxes: Space | None = None
         self.builds: Space | None = None
@@ -183,6 +187,10 @@ class LocalBackend(Backend):
         if self.lease is not None:
             self.lease.start()
         register_state(self.state_dir, key)
+        if cg.available:
+            stale = cgroups.remove_stale(self._cgroup_top, registered_states())
+            if stale:
+                log.info("removed %d empty cgroups of state directories that are gone", len(stale))
         self._sweep_fork_layers()
 
     def require_started(self) -> Launcher:
@@ -314,6 +322,9 @@ class LocalBackend(Backend):
 
     async def snapshot_exists(self, snapshot_id: str) -> bool:
         return self.snapshots.exists(snapshot_id)
+
+    async def snapshot_bytes(self) -> int | None:
+        return await asyncio.get_running_loop().run_in_executor(None, self.snapshots.total_bytes)
 
     # -- forks (fork.py) -----------------------------------------------------------------------------
 

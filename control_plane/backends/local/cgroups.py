@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from sandbox_server import procfs
+from sandbox_server.jail import RUN_PIDS_MAX
 from sandbox_server.polling import wait_until
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,8 @@ DELEGATED = "tools/delegated"
 DEFAULT_SERVER_MEMORY_RESERVE = 96 << 20  # the server's RSS is ~50-60 MiB
 SERVER_PIDS_RESERVE = 16  # threads of the server (its executor) even when the tools are at their cap
 CPU_SHARES_PER_CORE = 1024  # v1's default weight of a group; a sandbox asking for N cores weighs N times that
+RUNNER_PIDS_SLACK = 16  # a code runner's processes beside its runs: the runs' zygote and spare, the spawner
+MIN_RUN_MEMORY = 64 << 20
 
 
 def controller_mounts() -> dict[str, Path]:
@@ -70,6 +73,28 @@ def host_memory() -> int:
             if line.startswith("MemTotal:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def tools_memory(total: int, reserve: int) -> int:
+    """The tools' memory bound of a sandbox with ``total`` bytes: what the server's reserve leaves."""
+    return total - min(reserve, total // 2)
+
+
+def tools_pids(pids: int) -> int:
+    return max(pids - SERVER_PIDS_RESERVE, pids // 2, 1)
+
+
+def runner_pids(pids: int | None, isolated_runs: int) -> int | None:
+    """A sandbox's pids bound: a code runner's lets each of its runs reach its own bound at once
+    (``sandbox_server/jail.py``), so no run's fork bomb leaves another unable to start."""
+    if pids is None or not isolated_runs:
+        return pids
+    return max(pids, isolated_runs * RUN_PIDS_MAX + SERVER_PIDS_RESERVE + RUNNER_PIDS_SLACK)
+
+
+def run_memory(total: int, reserve: int, isolated_runs: int) -> int:
+    """Each isolated run's memory bound in a code runner of ``total`` bytes: its share of the tools'."""
+    return max(tools_memory(total, reserve) // max(isolated_runs, 1), MIN_RUN_MEMORY)
 
 
 def sub(paths: dict[str, str], child: str) -> dict[str, str]:
@@ -120,13 +145,12 @@ class Cgroups:
                 _write(paths["memory"], "memory.limit_in_bytes", str(memory))
                 # No swap either, where the kernel accounts it (fails harmlessly when it does not).
                 _write(paths["memory"], "memory.memsw.limit_in_bytes", str(memory), quiet=True)
-            total = memory or host_memory()
-            reserve = min(self.server_memory_reserve, total // 2)
-            _write(tools["memory"], "memory.limit_in_bytes", str(total - reserve))
-            _write(tools["memory"], "memory.memsw.limit_in_bytes", str(total - reserve), quiet=True)
+            bound = tools_memory(memory or host_memory(), self.server_memory_reserve)
+            _write(tools["memory"], "memory.limit_in_bytes", str(bound))
+            _write(tools["memory"], "memory.memsw.limit_in_bytes", str(bound), quiet=True)
         if pids and "pids" in paths:
             _write(paths["pids"], "pids.max", str(pids))
-            _write(tools["pids"], "pids.max", str(max(pids - SERVER_PIDS_RESERVE, pids // 2, 1)))
+            _write(tools["pids"], "pids.max", str(tools_pids(pids)))
         if "cpu" in paths:
             cores = (cpu_millicores or 1000) / 1000
             _write(paths["cpu"], "cpu.shares", str(max(int(CPU_SHARES_PER_CORE * cores), 2)))
@@ -252,6 +276,35 @@ class Cgroups:
                 except OSError:
                     break
                 path = path.parent
+
+
+def remove_stale(top: str, states: dict[str, Path]) -> list[str]:
+    """Remove, under ``top`` in every controller, the empty groups of state directories that are
+    gone (``states``: key -> state directory, as backends register them): what a delete could not
+    remove and nobody came back for. A group that still holds a process is left (``idegym
+    sandboxes prune --all`` ends those); so is every group of a state directory that exists."""
+    removed: list[str] = []
+    for point in controller_mounts().values():
+        root = point / top.strip("/")
+        try:
+            keys = [e for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+        for entry in keys:
+            state = states.get(entry.name.removesuffix("-build"))
+            if state is not None and state.is_dir():
+                continue
+            for group in reversed(_tree(entry.path)):
+                try:
+                    os.rmdir(group)
+                    removed.append(group)
+                except OSError:  # a process in it (or below it)
+                    continue
+        try:
+            os.rmdir(root)
+        except OSError:
+            pass
+    return removed
 
 
 def _tree(path: str) -> list[str]:

@@ -5,7 +5,9 @@
    before the freeze): what the parent wrote since its start, never its image, so the cost does
    not grow with the project.
 2. Each child stands on that layer, then the layers the parent itself stood on, then the image:
-   its own writable layer starts empty, so its disk is only what it writes. A child is a warm-
+   its own writable layer starts empty, so its disk is only what it writes. A parent that stands
+   on as many fork layers as a stack may hold (``ForkLayers.max_stack``) has them merged into the
+   new layer, after the thaw: depth costs nothing. A child is a warm-
    pool sandbox of the parent's kind remounted onto that stack (``adopt.py``, a few
    milliseconds) when one is at hand and the image allows it, else a new sandbox launched on it.
 3. The parent's /tmp is copied into each child's.
@@ -71,18 +73,21 @@ async def fork(backend: LocalBackend, parent: SandboxHandle, children: list[Fork
     made: list[SandboxHandle] = []
     try:
         await loop.run_in_executor(None, layers.hold, below, op)  # nothing below goes while we work
-        layer_id, timings = await loop.run_in_executor(None, layers.take, parent.data, op, launcher.storage)
+        await loop.run_in_executor(None, layers.enter, below)
         try:
-            await loop.run_in_executor(None, layers.enter, below)
+            # As deep as a stack may be: the layers below are merged into the new one (fork_layers.py).
+            merge = layers.stack(below) if len(below) + 1 > layers.max_stack else None
+            layer_id, timings = await loop.run_in_executor(None, layers.take, parent.data, op, launcher.storage,
+                                                           merge)
             try:
-                stack = layers.stack([layer_id, *below])
+                stack = layers.stack([layer_id] if merge is not None else [layer_id, *below])
                 results = await asyncio.gather(*(_child(backend, image, parent, stack, c, timeout)
                                                  for c in children), return_exceptions=True)
             finally:
-                _in_background(layers.leave, below)
+                # The new layer's copy is written out as it is detached (5-20 ms): after the answer.
+                _in_background(layers.leave, [layer_id])
         finally:
-            # The new layer's copy is written out as it is detached (5-20 ms): after the answer.
-            _in_background(layers.leave, [layer_id])
+            _in_background(layers.leave, below)
         made = [r for r in results if isinstance(r, SandboxHandle)]
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:

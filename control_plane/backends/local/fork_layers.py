@@ -57,13 +57,20 @@ from ..base import BackendError
 from . import image_trees, mounts
 from .cgroups import Cgroups
 from .image_trees import ALL_TREES
-from .layer_copy import CopyError, copy_tree, is_empty
+from .layer_copy import CopyError, copy_tree, is_empty, underlay
 from .storage import IMAGE_NAME, LayerStorage, mount_readonly
 
 FORKS = "forks"
 LAYER_ID = re.compile(r"^f-[0-9a-f]{12}$")
 FREEZE_TIMEOUT = 5.0
 FS = "fs"  # the layer's own filesystem: level 0 and the parent's /tmp
+# A child stands on at most this many fork layers: a fork of a sandbox that stands on as many
+# merges them into its new layer (``take``), so a chain of forks costs no more mounts, loop
+# devices or overlay layers at depth 100 than at depth 8. The merge copies what the layers below
+# hold, once every this many generations; a layer holds what its parent wrote, a few MiB in a
+# typical episode.
+DEFAULT_MAX_STACK = 8
+OPAQUE_KEYS = {"project": "user.overlay.opaque"}  # the server mounts the project overlay with userxattr
 # Operations of this process using a layer's filesystem (its directory -> how many): the last one
 # to finish detaches it from the host's mount tree.
 _users: dict[str, int] = {}
@@ -96,9 +103,10 @@ class ForkStack:
 class ForkLayers:
     """The fork layers of one state directory."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, max_stack: int = DEFAULT_MAX_STACK) -> None:
         self.state_dir = state_dir
         self.root = state_dir / FORKS
+        self.max_stack = max(max_stack, 1)
 
     # -- holders ----------------------------------------------------------------------------------
 
@@ -250,13 +258,16 @@ class ForkLayers:
 
     # -- taking a layer -------------------------------------------------------------------------------
 
-    def take(self, data: dict[str, Any], holder: str, storage: LayerStorage | None = None
-             ) -> tuple[str, dict[str, float]]:
+    def take(self, data: dict[str, Any], holder: str, storage: LayerStorage | None = None,
+             merge: ForkStack | None = None) -> tuple[str, dict[str, float]]:
         """A new layer from the sandbox ``data`` describes, held by ``holder``: its processes are
         frozen while its layers (and /tmp) are copied, so every file is as one instant left it.
         With ``storage`` and a parent whose layers are bounded, the copy goes to a filesystem of
         the layer's own, as large as the parent's layers and /tmp; it stays mounted for the
-        caller, who says ``leave([id])`` when done with it. Returns the layer's id and timings (ms)."""
+        caller, who says ``leave([id])`` when done with it. With ``merge`` (the parent's fork
+        layers, reachable), those and the snapshot levels the parent was restored from are merged
+        in below the copy once the parent is thawed: the new layer then stands on nothing but the
+        image. Returns the layer's id and timings (ms)."""
         sb = Path(data["dir"])
         layer_id = f"f-{secrets.token_hex(6)}"
         cgroups = data.get("cgroups") or {}
@@ -274,7 +285,10 @@ class ForkLayers:
             (tmp / "holders" / holder).touch()
             fs = tmp / FS
             fs.mkdir(mode=0o700)
-            bound = _bound(data) if storage is not None else None
+            snap = sb / "snap"  # the snapshot the parent was restored from: its levels go below
+            snap_levels = sorted(int(p.name) for p in snap.iterdir() if p.name.isdigit()) if snap.is_dir() else []
+            merged = len(snap_levels) + len(merge.levels) if merge is not None else 0
+            bound = _bound(data, merged) if storage is not None else None
             if bound is not None:
                 assert storage is not None
                 # nobarrier: the read-only remount at the last ``leave`` writes the copy out without
@@ -295,13 +309,16 @@ class ForkLayers:
                 thaw_started = time.perf_counter()
                 Cgroups.thaw(cgroups)
                 timings["frozen"] = (thaw_started - started) * 1e3
-            snap = sb / "snap"  # the snapshot the parent was restored from: its levels go below
-            if snap.is_dir():  # hard links: those levels never change
-                for level in sorted(int(p.name) for p in snap.iterdir() if p.name.isdigit()):
+            if merge is not None:
+                started = time.perf_counter()
+                size += _merge(fs / "level", [snap / str(n) for n in snap_levels] + list(merge.levels))
+                timings["merge"] = (time.perf_counter() - started) * 1e3
+            else:  # hard links: those levels never change
+                for level in snap_levels:
                     image_trees.copy_tree(snap / str(level), tmp / "levels" / str(level + 1), hardlink=True)
             meta = {"id": layer_id, "image": data.get("image"), "image_id": data.get("image_id"),
-                    "below": list(data.get("forks") or []), "from": sb.name, "created": time.time(),
-                    "size_bytes": size}
+                    "below": [] if merge is not None else list(data.get("forks") or []), "from": sb.name,
+                    "created": time.time(), "size_bytes": size}
             (tmp / "layer.json").write_text(json.dumps(meta, indent=1))
             with self._locked():
                 tmp.rename(self.path(layer_id))
@@ -336,10 +353,22 @@ class ForkLayers:
         return copy_tree(source, dest)
 
 
-def _bound(data: dict[str, Any]) -> tuple[int, int] | None:
+def _merge(level: Path, lowers: list[Path]) -> int:
+    """Merge ``lowers`` (top first) under ``level``, tree by tree (``layer_copy.underlay``)."""
+    size = 0
+    for lower in lowers:
+        for tree in (*ALL_TREES, "project"):
+            if (lower / tree).is_dir() and (tree == "project" or not is_empty(lower / tree)):
+                size += underlay(lower / tree, level / tree, OPAQUE_KEYS.get(tree, "trusted.overlay.opaque"))
+    return size
+
+
+def _bound(data: dict[str, Any], merged: int = 0) -> tuple[int, int] | None:
     """Bytes and inodes of a filesystem that holds whatever the sandbox's layers and its /tmp can
-    hold (their bounds added up), or None when its layers are not bounded (a plain directory
-    then). The bounds are the configuration's, so one formatted template serves every fork."""
+    hold (their bounds added up; times 1 + ``merged``, the levels merged in, each at most as
+    large), or None when its layers are not bounded (a plain directory then). The bounds are the
+    configuration's, so one formatted template serves every fork of a kind (the image is sparse:
+    a larger bound costs nothing until it is used)."""
     if data.get("layers_fs") != "ext4":
         return None
     sb = Path(data["dir"])
@@ -350,7 +379,7 @@ def _bound(data: dict[str, Any]) -> tuple[int, int] | None:
         tmp = os.statvfs(f"/proc/{init[0]}/root/tmp")  # a tmpfs: its size and inodes are its bounds
         size += tmp.f_blocks * tmp.f_frsize
         inodes += tmp.f_files
-    return size, inodes
+    return size * (1 + merged), inodes * (1 + merged)
 
 
 def _remove(path: Path) -> None:

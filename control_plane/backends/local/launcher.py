@@ -130,7 +130,8 @@ class Launcher:
             raise BackendError(f"a sandbox named {name!r} already exists in {space.root}", 409)
         plan = Plan(name=name, space=space, sb=sb, run=space.run_dir(name), image=image,
                     project_lower=project_lower or image.project, run_as_root=run_as_root, network=network,
-                    limits=limits, pids_max=self.pids_max, env=env, kind=kind, snapshot=snapshot, export=export,
+                    limits=limits, pids_max=cgroups.runner_pids(self.pids_max, isolated_runs), env=env, kind=kind,
+                    snapshot=snapshot, export=export,
                     isolated_runs=isolated_runs, forks=forks,
                     # image builds keep their layers on the state disk: they become the image's
                     storage_bytes=limits.storage_bytes or (self.storage_bytes if space.kind == "sandboxes" else None),

@@ -61,6 +61,39 @@ def copy_tree(src: str | os.PathLike, dst: str | os.PathLike, *, make_root: bool
         os.close(sfd)
 
 
+OPAQUE = "y"
+
+
+def underlay(src: str | os.PathLike, dst: str | os.PathLike, opaque_key: str) -> int:
+    """Merge the overlay layer ``src`` under the layer ``dst``, so that ``dst`` alone shows what
+    ``dst`` over ``src`` showed (overlayfs without redirects or metacopy, as sandboxes mount it):
+    an entry of ``src`` is copied where ``dst`` has none; ``dst``'s own entries, whiteouts (0:0
+    character devices) and opaque directories hide what ``src`` has below them; a directory of
+    both is merged, and made opaque (``opaque_key``) where ``src`` hid what lies below it (its
+    directory was opaque, or not a directory at all). Returns the bytes of file data copied."""
+    if not os.path.lexists(dst):
+        return copy_tree(src, dst)
+    sfd = open_dir(src)
+    try:
+        dfd = open_dir(dst)
+        copier = _Copier()
+        try:
+            copier.underlay(sfd, dfd, opaque_key)
+            return copier.bytes
+        finally:
+            copier.close()
+            os.close(dfd)
+    finally:
+        os.close(sfd)
+
+
+def _opaque(path: str | int, key: str) -> bool:
+    try:
+        return os.getxattr(path, key) == OPAQUE.encode()
+    except OSError:
+        return False
+
+
 class _Copier:
     def __init__(self) -> None:
         self.bytes = 0
@@ -72,6 +105,35 @@ class _Copier:
             names = [entry.name for entry in it]
         for name in names:
             self.entry(sfd, dfd, name)
+
+    def underlay(self, sfd: int, dfd: int, opaque_key: str) -> None:
+        with os.scandir(sfd) as it:
+            names = [entry.name for entry in it]
+        for name in names:
+            try:
+                mine = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                self.entry(sfd, dfd, name)
+                continue
+            if not stat.S_ISDIR(mine.st_mode):
+                continue  # a file or a whiteout of the upper layer hides whatever is below
+            below = os.stat(name, dir_fd=sfd, follow_symlinks=False)
+            child_d = open_dir(name, dfd)
+            try:
+                if _opaque(child_d, opaque_key):
+                    continue
+                hides = not stat.S_ISDIR(below.st_mode)
+                if not hides:
+                    child_s = open_dir(name, sfd)
+                    try:
+                        self.underlay(child_s, child_d, opaque_key)
+                        hides = _opaque(child_s, opaque_key)
+                    finally:
+                        os.close(child_s)
+                if hides:  # what lay below the lower layer's entry stays hidden under the merge
+                    os.setxattr(child_d, opaque_key, OPAQUE.encode())
+            finally:
+                os.close(child_d)
 
     def entry(self, sfd: int, dfd: int, name: str) -> None:
         st = os.stat(name, dir_fd=sfd, follow_symlinks=False)

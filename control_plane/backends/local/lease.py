@@ -10,7 +10,9 @@ its cgroups — its state directory was removed under it — it ends them). When
 been renewed for its TTL it
 ends the sandbox the way ``teardown.py`` does, with host tools only: it freezes and kills every
 process in the sandbox's cgroups and its recorded processes (the namespace's init ends the rest),
-unmounts what the sandbox has mounted on the host, and removes its directories and cgroups.
+unmounts what the sandbox has mounted on the host, and removes its directories and cgroups. A
+sandbox deleted while its cgroups could not be removed yet (a killed task still leaving them)
+keeps its monitor, which removes them once it sees the sandbox's directory gone.
 
 A control plane that is SIGKILLed and never restarted so leaks nothing past the TTL; one that is
 restarted on the same state directory in time adopts its sandboxes as before.
@@ -47,13 +49,32 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do recs="$recs $1"; shift; done
 [ $# -gt 0 ] && shift
 groups=$*
 procs() { for g in $groups; do find "$g" -name cgroup.procs -exec cat {} + 2>/dev/null; done; }
+rmgroups() {  # (a killed task leaves its group a moment after; many ending at once, long after)
+  i=0
+  while [ $i -lt 400 ]; do  # 10 s at 0.1 s, then up to 5 min at 1 s: never an empty group left
+    [ -e "$sb" ] && return  # a new sandbox of the same name: the groups are its own now
+    left=
+    for p in $(procs); do kill -9 "$p" 2>/dev/null; done
+    for g in $groups; do
+      find "$g" -depth -type d -exec rmdir {} + 2>/dev/null
+      [ -d "$g" ] && left=1
+    done
+    [ -z "$left" ] && break
+    if [ $i -lt 100 ]; then sleep 0.1; else sleep 1; fi
+    i=$((i + 1))
+  done
+  for g in $groups; do rmdir "${g%/*}" "${g%/*/*}" 2>/dev/null; done
+}
 cd "$sb" || exit 0  # the working directory follows the sandbox's directory if it is moved
 while :; do
   PWD=/ sleep "$interval"  # (its environment need not name the sandbox)
   here=$(readlink "/proc/$$/cwd")
   case $here in
-    *" (deleted)")  # deleted; or its state directory was removed under a running sandbox
+    *" (deleted)")  # deleted (its groups, when the delete could not remove them yet, are ours to
+      # remove); or its state directory was removed under a running sandbox
+      [ -e "$sb" ] && exit 0  # a new sandbox of the same name: the groups are its own now
       [ -n "$(procs)" ] && break
+      rmgroups
       exit 0 ;;
     *) sb=$here ;;
   esac
@@ -83,17 +104,7 @@ while [ $i -lt 100 ] && [ -n "$(procs)" ]; do
 done
 grep " $sb/" /proc/self/mountinfo | cut -d' ' -f5 | sort -r | while read -r m; do umount -l "$m"; done
 rm -rf "$sb" "$run" "$run.sock"
-i=0
-while [ $i -lt 50 ]; do  # a killed task leaves its group a moment after it left cgroup.procs
-  left=
-  for g in $groups; do
-    find "$g" -depth -type d -exec rmdir {} + 2>/dev/null
-    [ -d "$g" ] && left=1
-  done
-  [ -z "$left" ] && break
-  sleep 0.1; i=$((i + 1))
-done
-for g in $groups; do rmdir "${g%/*}" "${g%/*/*}" 2>/dev/null; done
+rmgroups
 exit 0
 """
 

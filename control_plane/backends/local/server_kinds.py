@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ...models import ServerKind
 from ..base import BackendError
+from .cgroups import run_memory
 from .closure import SITE, Closure, ClosureError, assemble
 from .layout import RUN_INSIDE, Plan
 from .runtime import SERVER_CLOSURE, SERVER_MODULE, SITE_INSIDE, Runtime
@@ -135,4 +136,7 @@ def sandbox_server_args(plan: Plan, tool_env: dict[str, str], project: str, read
         args += ["--tool-env", f"{key}={value}"]
     if plan.isolated_runs:
         args += ["--isolated-runs", "--runner-concurrency", str(plan.isolated_runs)]
+        if plan.limits.memory_bytes and plan.space.cgroups.available:  # each run its share of the tools'
+            share = run_memory(plan.limits.memory_bytes, plan.space.cgroups.server_memory_reserve, plan.isolated_runs)
+            args += ["--run-memory-max", str(share)]
     return args

@@ -11,6 +11,7 @@ go below the levels when it is restored.
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import shutil
@@ -90,6 +91,20 @@ class Snapshots:
         (tmp / "snapshot.json").write_text(json.dumps(meta, indent=1))
         tmp.rename(self.root / snapshot_id)
         return SnapshotInfo(snapshot_id, data["image"], size)
+
+    def total_bytes(self) -> int:
+        """What the snapshots take (each as its record says; levels shared by hard links count in each)."""
+        total = 0
+        try:
+            entries = [e for e in os.scandir(self.root) if e.is_dir() and not e.name.startswith(".")]
+        except FileNotFoundError:
+            return 0
+        for entry in entries:
+            try:
+                total += int(json.loads(Path(entry.path, "snapshot.json").read_text()).get("size_bytes", 0))
+            except (OSError, ValueError, TypeError):
+                continue
+        return total
 
     def exists(self, snapshot_id: str) -> bool:
         try:
