@@ -18,7 +18,8 @@ and learns its wait status on a pipe.
 
 The tool user can kill or stop its spawner (it is the same user); that costs it nothing but its
 own calls: a spawner that is gone, or never read the request (stopped: no answer within
-``ANSWER_TIMEOUT``, the request still in its socket), is replaced and the call is started the
+``ANSWER_TIMEOUT`` while it is stopped, the request still in its socket; one that runs but is slow,
+on a loaded host, is waited for up to ``ANSWER_LIMIT``), is replaced and the call is started the
 long way; one that went after it had read the request is killed, and so is whatever of that call
 may have started (found by its call mark): the call answers exit 126 and says why, and is never
 run twice. The next call starts a fresh spawner. A tool whose spawner died or stopped is
@@ -54,6 +55,7 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+from . import procfs
 from .jail import RESET_SIGNALS
 from .output import read_available
 
@@ -64,6 +66,9 @@ ANSWER = struct.Struct("=ii")  # pid, errno; then a short text
 COUNTS = struct.Struct("=II")  # a request's argc and envc
 SIOCOUTQ = 0x5411  # bytes sent on a socket and not yet read by its peer
 ANSWER_TIMEOUT = 2.0  # a spawner stopped by its user: the call goes the long way after this
+# A spawner that runs (it is not stopped) but has not answered is slow, on a loaded host: it is
+# given up on only after this long.
+ANSWER_LIMIT = 60.0
 STATUS_GRACE = 0.2  # a tool ended this long ago and its spawner has not said how: it is stopped
 _FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 
@@ -232,8 +237,13 @@ class Spawner:
         loop.add_reader(pidfd, exited)
         exit_status.add_done_callback(told)
 
-    def _unanswered(self, answer: asyncio.Future[int]) -> None:
+    def _unanswered(self, answer: asyncio.Future[int], waited: float = ANSWER_TIMEOUT) -> None:
         if answer.done() or self._sock is None:
+            return
+        state = procfs.stat(self.pid)
+        if state is not None and state.state not in ("T", "t", "Z", "X") and waited < ANSWER_LIMIT:
+            assert self._loop is not None  # running, sleeping or in the kernel: slow, not stopped
+            self._loop.call_later(ANSWER_TIMEOUT, self._unanswered, answer, waited + ANSWER_TIMEOUT)
             return
         # Stopped by its user, most likely: held still, its socket says whether it ever read the
         # newest request (unread bytes stay charged to our end until it does).
@@ -242,7 +252,7 @@ class Spawner:
             unread = struct.unpack("i", fcntl.ioctl(self._sock.fileno(), SIOCOUTQ, b"\0" * 4))[0]
         except OSError:
             unread = 0
-        message = f"the spawner did not answer within {ANSWER_TIMEOUT} s"
+        message = f"the spawner did not answer within {waited:g} s"
         if unread and self._answers and not self._answers[-1].done():
             self._answers.pop().set_exception(SpawnRefused(message))  # never read: nothing of it ran
         if not answer.done():

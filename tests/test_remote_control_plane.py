@@ -146,7 +146,7 @@ def test_a_dead_trainers_sandboxes_end_after_its_heartbeat_timeout(tmp_path: Pat
 
     from tests.helpers import wait_until
 
-    cp = remote_control_plane("heartbeat", ["--heartbeat-timeout", "4", "--warm-pool", "0"])
+    cp = remote_control_plane("heartbeat", ["--heartbeat-timeout", "4", "--warm-pool", "0", "--warm-pool-max", "0"])
     trainer = subprocess.Popen([sys.executable, "-c", TRAINER, cp.url], stdout=subprocess.PIPE, text=True,
                                start_new_session=True)
     try:
@@ -154,7 +154,7 @@ def test_a_dead_trainers_sandboxes_end_after_its_heartbeat_timeout(tmp_path: Pat
         assert line, "the trainer did not start its sandboxes"
         client_id, *servers = line.split()
         pids = sandbox_pids(cp.state_dir)
-        assert len(pids) == 2 and all(alive(p) for p in pids)
+        assert len(pids) == 2 and all(alive(p) for p in pids), pids
         time.sleep(6)  # longer than the timeout: the live trainer's heartbeats keep its sandboxes
         statuses = {s["server_id"]: s["availability"] for s in cp.http.get(
             "/api/idegym-servers", params={"client_id": client_id}).json()["servers"]}
