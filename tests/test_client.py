@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from control_plane.backends.local.layout import pick_run_root, state_key
 from idegym_env.client import (
     AsyncIdeGymClient,
     BadRequest,
@@ -108,7 +109,10 @@ def test_direct_connection_to_a_sandbox_socket_answers_like_the_control_plane(
         client: IdeGymClient, control_plane: EmbeddedControlPlane) -> None:
     with client.start() as sandbox:
         sandbox.write_file("same.txt", "hello\n")
-        sockets = [p for p in (control_plane.state_dir / "run").glob("*.sock")]
+        # (a long state path keeps its sockets elsewhere: unix socket paths are short)
+        run_root = pick_run_root(control_plane.state_dir, state_key(control_plane.state_dir))
+        sockets = list(run_root.glob("*.sock"))
+        assert sockets, f"no sandbox socket in {run_root}"
         direct = [Sandbox.connect(unix_socket=str(p)) for p in sockets]
         try:
             seen = [d for d in direct if d.bash("cat same.txt 2>/dev/null").stdout == "hello\n"]
