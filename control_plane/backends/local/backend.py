@@ -42,6 +42,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 from sandbox_server import procfs
@@ -57,7 +58,7 @@ from ..base import (
     SandboxSpec,
     SnapshotInfo,
 )
-from . import fork, inventory, priority, teardown
+from . import fork, hostconfig, inventory, priority, teardown
 from .cgroups import DEFAULT_SERVER_MEMORY_RESERVE, Cgroups
 from .image_trees import ImageError
 from .images import ImageStore, ResolvedImage
@@ -75,6 +76,7 @@ log = logging.getLogger(__name__)
 DEFAULT_PIDS_MAX = 1024
 DEFAULT_TMP_BYTES = 1 << 30
 DEFAULT_SHM_BYTES = 64 << 20
+HOST_CONFIG_TTL = 30.0
 
 
 class LocalBackend(Backend):
@@ -89,7 +91,9 @@ class LocalBackend(Backend):
     takes longer than ``delete_timeout`` seconds fails (and goes on in the background);
     ``storage_bytes`` and ``storage_inodes`` bound a sandbox's writes when its request does not
     (``ephemeral-storage``), 0 or None for no bound (storage.py); a sandbox whose lease this
-    backend has not renewed for ``orphan_ttl`` seconds ends itself (lease.py; None: never).
+    backend has not renewed for ``orphan_ttl`` seconds ends itself (lease.py; None: never);
+    ``host_package_config`` gives builds with network and networked sandboxes this host's package
+    sources (hostconfig.py).
     """
 
     name = BACKEND_NAME
@@ -100,7 +104,7 @@ class LocalBackend(Backend):
                  server_memory_reserve: int = DEFAULT_SERVER_MEMORY_RESERVE,
                  delete_timeout: float = DEFAULT_DELETE_TIMEOUT, storage_bytes: int | None = DEFAULT_STORAGE_BYTES,
                  storage_inodes: int | None = DEFAULT_STORAGE_INODES, orphan_ttl: float | None = DEFAULT_ORPHAN_TTL,
-                 oci: OciSettings | None = None) -> None:
+                 oci: OciSettings | None = None, host_package_config: bool = True) -> None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation!r}")
         self.state_dir = Path(state_dir).absolute()
@@ -120,6 +124,8 @@ class LocalBackend(Backend):
         self.lease = Lease(self.state_dir, orphan_ttl) if orphan_ttl else None
         self.store = ImageStore(self.state_dir / "images")
         self.oci_settings = oci or OciSettings.from_env()  # OCI builds: the bases' cache, a registry mirror
+        self.host_package_config = host_package_config
+        self._host_config: tuple[float, hostconfig.HostConfig] | None = None
         self.snapshots = Snapshots(self.state_dir / "snapshots")
         self.fork_layers = self.snapshots.layers
         key = state_key(self.state_dir)
@@ -180,10 +186,23 @@ class LocalBackend(Backend):
                                  delete_timeout=self.delete_timeout, storage=storage,
                                  storage_bytes=self.storage_bytes if storage else None,
                                  storage_inodes=self.storage_inodes if storage else None, lease=self.lease)
+        if self.host_package_config:
+            self.launcher.host_config = self.host_config
         if self.lease is not None:
             self.lease.start()
         register_state(self.state_dir, key)
         self._sweep_fork_layers()
+
+    @property
+    def host_config_root(self) -> Path:
+        return self.state_dir / "host-config"
+
+    def host_config(self) -> hostconfig.HostConfig:
+        """The host's package configuration, read again at most every ``HOST_CONFIG_TTL`` seconds."""
+        now = time.monotonic()
+        if self._host_config is None or now - self._host_config[0] > HOST_CONFIG_TTL:
+            self._host_config = (now, hostconfig.collect(self.host_config_root))
+        return self._host_config[1]
 
     def require_started(self) -> Launcher:
         """The launcher; ``BackendError`` before ``start()``."""

@@ -21,6 +21,7 @@ from sandbox_server import procfs
 from ...appuser import APPUSER
 from ..base import BackendError
 from . import mounts, usernet
+from .hostconfig import MOUNT as HOST_CONFIG_MOUNT
 from .image_trees import HOSTNAME
 from .layout import MEMORY_EVENTS_INSIDE, RUN_INSIDE, SOCKET_NAME, TOOL_CGROUPS_INSIDE, Plan
 from .rootfs import mount_root
@@ -90,6 +91,8 @@ def argv(plan: Plan, host: BwrapHost, command: list[str], env: dict[str, str], *
             "--new-session", "--chdir", "/", "--clearenv"]
     if resolv_fd is not None:
         out += ["--perms", "0644", "--ro-bind-data", str(resolv_fd), "/etc/resolv.conf"]
+    if plan.host_config is not None:
+        out += ["--ro-bind", str(plan.host_config), HOST_CONFIG_MOUNT]
     if as_pid_1:  # the placeholder: root without a single capability, as bwrap's own init is
         out += ["--as-pid-1", "--cap-drop", "ALL"]
     for key, value in env.items():

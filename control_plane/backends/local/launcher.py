@@ -27,6 +27,7 @@ from ..base import BackendError, Endpoint, Limits, SandboxHandle
 from . import bwrap, cgroups, plain, priority, readiness, rootfs, teardown
 from .fork_layers import ForkLayers, ForkStack, sandbox_holder
 from .harness_layers import with_harness_layers
+from .hostconfig import HostConfig
 from .images import ResolvedImage
 from .isolation import say_once
 from .layout import NAME_RE, SOCKET_NAME, Plan, Space, tail, write_meta
@@ -106,6 +107,8 @@ class Launcher:
         self.storage_inodes = storage_inodes
         self.lease = lease  # every sandbox's monitor watches it (lease.py)
         self._teardowns: dict[tuple[str, str, str], asyncio.Future] = {}  # in flight, by (what, space, name)
+        # The host's package configuration for networked sandboxes (hostconfig.py); None: not given them.
+        self.host_config: Callable[[], HostConfig] | None = None
         self._steps: dict[tuple[str, str, str], list[str]] = {}
 
     # -- the API -------------------------------------------------------------------------------
@@ -128,9 +131,13 @@ class Launcher:
         sb = space.root / name
         if sb.exists() or name in self.creating:
             raise BackendError(f"a sandbox named {name!r} already exists in {space.root}", 409)
+        host = self.host_config() if network and self.host_config is not None else None
+        if host is not None:  # the host's package sources; the image's own settings come first
+            env = {**host.env, **host.proxies, **env}
         plan = Plan(name=name, space=space, sb=sb, run=space.run_dir(name), image=image,
                     project_lower=project_lower or image.project, run_as_root=run_as_root, network=network,
                     limits=limits, pids_max=self.pids_max, env=env, kind=kind, snapshot=snapshot, export=export,
+                    host_config=host.directory if host is not None else None,
                     isolated_runs=isolated_runs, forks=forks,
                     # image builds keep their layers on the state disk: they become the image's
                     storage_bytes=limits.storage_bytes or (self.storage_bytes if space.kind == "sandboxes" else None),

@@ -72,7 +72,7 @@ def base_images(text: str, build_args: dict[str, str] | None = None) -> list[str
         if word == "ARG" and not seen_from:
             for item in _split(rest):
                 name, eq, default = item.partition("=")
-                global_args[name] = build_args.get(name, default if eq else "")
+                global_args[name] = build_args.get(name, _substitute(default, global_args) if eq else "")
         elif word == "FROM":
             seen_from = True
             parts = [p for p in _split(rest) if not p.startswith("--")]
@@ -89,6 +89,61 @@ def base_images(text: str, build_args: dict[str, str] | None = None) -> list[str
                 elif not part.startswith("--"):
                     break
     return found
+
+
+def rewrite_bases(text: str, build_args: dict[str, str] | None, images: dict[str, str]) -> str:
+    """``text`` with each ``FROM`` / ``COPY --from`` reference that ``images`` maps (as
+    :func:`base_images` reads it, ARGs substituted) replaced by its image (an id). Lines keep
+    their place; a reference split over continuation lines is left as it is."""
+    build_args = dict(build_args or {})
+    global_args: dict[str, str] = {}
+    seen_from = False
+    out = []
+    for line in text.splitlines(keepends=True):
+        arg = re.match(r"^\s*ARG\s+(.*)$", line, re.IGNORECASE)
+        if arg and not seen_from:
+            for item in _split(arg.group(1)):
+                name, eq, default = item.partition("=")
+                global_args[name] = build_args.get(name, _substitute(default, global_args) if eq else "")
+        found = re.match(r"^(\s*FROM\s+(?:--\S+\s+)*)(\S+)(.*)$", line, re.IGNORECASE | re.DOTALL)
+        if found:
+            seen_from = True
+            ref = _substitute(found.group(2), {**global_args, **{k: v for k, v in build_args.items()
+                                                                  if k in global_args}})
+            if ref in images:
+                line = found.group(1) + images[ref] + found.group(3)
+        elif re.match(r"^\s*(COPY|ADD)\s", line, re.IGNORECASE):
+            def repl(m: re.Match[str]) -> str:
+                ref = _substitute(m.group(2), global_args)
+                return m.group(1) + images.get(ref, m.group(2))
+
+            line = re.sub(r"(--from=)(\S+)", repl, line)
+        out.append(line)
+    return "".join(out)
+
+
+def add_stage_args(text: str, args: dict[str, str]) -> str:
+    """``text`` with one ``ARG`` line declaring ``args`` (values without spaces) after each
+    ``FROM``: their values reach that stage's RUN steps as variables, not the image's config."""
+    if not args:
+        return text
+    escape = "\\"
+    found = re.search(r"^\s*#\s*escape\s*=\s*(\S)\s*$", text, re.IGNORECASE | re.MULTILINE)
+    if found:
+        escape = found.group(1)
+    declaration = "ARG " + " ".join(f"{k}={v}" for k, v in args.items()) + "\n"
+    out: list[str] = []
+    in_from = False
+    for line in text.splitlines(keepends=True):
+        if not in_from and re.match(r"^\s*FROM\s", line, re.IGNORECASE):
+            in_from = True
+        out.append(line)
+        if in_from and not line.rstrip("\r\n").rstrip().endswith(escape):
+            if not line.endswith("\n"):
+                out.append("\n")
+            out.append(declaration)
+            in_from = False
+    return "".join(out)
 
 
 def _split(text: str) -> list[str]:
