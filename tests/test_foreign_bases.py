@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from control_plane.backends.local.oci import catalog, refs
-from control_plane.backends.local.oci.dockerfile import base_images, rewrite_bases
 from control_plane.backends.local.oci.settings import OciError
+from control_plane.dockerfile import base_images, rewrite_bases
 from tests.cp_helpers import ControlPlaneProcess, wait_job
 
 DIGEST = "sha256:" + "5" * 64

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from control_plane.backends.local.oci import catalog as bases
-from control_plane.backends.local.oci.dockerfile import base_images
 from control_plane.backends.local.oci.settings import OciError, find_debian_mirror
+from control_plane.dockerfile import base_images
 from tests.cp_helpers import ControlPlaneProcess, wait_job
 
 # -- the catalogue of bases (no builds) ------------------------------------------------------------

@@ -27,8 +27,15 @@ How Harbor's contract maps onto IdeGym (``harbor/environments/base.py``, 0.25):
 * **image**: ``environment/Dockerfile`` is built by the control plane (``POST
   /api/build-push-images``, tagged by content as IdeGym's Harbor loader tags it, so either finds
   the other's image); its ``RUN`` steps have the network, as under Docker (``build_network``),
-  whatever the trial's policy; ``[environment] docker_image`` names an image of the control
-  plane's store. A failed build raises ``SandboxBuildFailedError`` with the build's message.
+  whatever the trial's policy. ``environment/Dockerfile`` is also the recipe of ``[environment]
+  docker_image``: it is what is built; without one, ``FROM <docker_image>`` is (pulled when a
+  registry answers or a mirror is configured, else built here from distribution archives when it
+  is one of those bases, else a clear error). A failed build raises ``SandboxBuildFailedError``
+  with the build's message.
+* **CMD/ENTRYPOINT**: as Harbor's docker environment (its compose service's ``command: sh -c
+  "sleep infinity"``): the image's ``CMD`` is not run; its ``ENTRYPOINT`` (the Dockerfile's last
+  stage's) is started once the sandbox is, in the background, with ``sh -c "sleep infinity"`` as
+  its arguments.
 * **start/stop**: one sandbox per environment, started ``run_as_root`` so that Harbor's
   ``user="root"`` calls work (root inside the sandbox only); ``stop(delete=True)`` deletes it,
   ``stop(delete=False)`` hands it back (FINISHED). Sandboxes of this process's client are stopped
@@ -75,6 +82,8 @@ from harbor.environments.definition import require_agent_environment_definition
 from harbor.models.task.config import NetworkMode
 from harbor.models.trial.config import ResourceMode
 from harbor.utils.path_filter import filter_paths_by_patterns
+
+from control_plane.dockerfile import final_entrypoint
 
 from .. import embedded
 from ..client import AsyncIdeGymClient, AsyncSandbox, IdeGymError, SandboxGone, ServerError
@@ -127,6 +136,7 @@ class IdeGymEnvironment(BaseEnvironment):
         self._client: AsyncIdeGymClient | None = None
         self._sandbox: AsyncSandbox | None = None
         self._start_failed: str | None = None  # why the last start failed
+        self._entrypoint: list[str] | None = None  # the image's ENTRYPOINT, started after the sandbox
         super().__init__(environment_dir=environment_dir, environment_name=environment_name, session_id=session_id,
                          trial_paths=trial_paths, task_env_config=task_env_config, **kwargs)
         self._maybe_override_task_env_config()
@@ -183,6 +193,18 @@ class IdeGymEnvironment(BaseEnvironment):
         self._start_failed = None
         await self.ensure_dirs(self._mount_targets(writable_only=True))
         await self._upload_environment_dir_after_start()
+        await self._start_entrypoint()
+
+    async def _start_entrypoint(self) -> None:
+        """The image's ENTRYPOINT, as Harbor's docker environment runs it: with its command replaced
+        by ``sh -c "sleep infinity"`` (an entrypoint script that starts a service, then ``exec
+        "$@"``), in the background, as the image's user; its output in /tmp/idegym-entrypoint.log."""
+        if not self._entrypoint:
+            return
+        argv = " ".join(shlex.quote(a) for a in [*self._entrypoint, "sh", "-c", "sleep infinity"])
+        result = await self.exec(f"nohup {argv} >/tmp/idegym-entrypoint.log 2>&1 </dev/null &", timeout_sec=60)
+        if result.return_code != 0:
+            raise RuntimeError(f"the image's ENTRYPOINT did not start: {(result.stderr or result.stdout or '')[-500:]}")
 
     async def stop(self, delete: bool) -> None:
         sandbox, self._sandbox = self._sandbox, None
@@ -200,19 +222,28 @@ class IdeGymEnvironment(BaseEnvironment):
     async def _image(self, client: AsyncIdeGymClient, force_build: bool) -> str:
         network = self._network_policy.network_mode == NetworkMode.PUBLIC
         dockerfile = self.environment_dir / "Dockerfile"
+        prebuilt = self.task_env_config.docker_image
         if self._image_override:
             base = self._image_override
-        elif dockerfile.is_file() and not (self.task_env_config.docker_image and not force_build):
-            # The same tag as IdeGym's own Harbor loader gives this Dockerfile and context: a control
-            # plane that built it for one finds it for the other. RUN steps have the network (as
-            # under Docker); the trial's sandbox only when the policy is public.
-            environment = TaskEnvironment(dockerfile=dockerfile.read_text(encoding="utf-8"),
-                                          context=self.environment_dir.resolve())
+        elif dockerfile.is_file() or prebuilt:
+            # environment/Dockerfile is the recipe of [environment] docker_image too: it is built
+            # (the prebuilt image would need its registry); without one, the image itself is, as
+            # `FROM` (pulled when a registry answers, else built here when it is one of those).
+            # The same tag as IdeGym's own Harbor loader gives: a control plane that built it for
+            # one finds it for the other. RUN steps have the network (as under Docker); the
+            # trial's sandbox only when the policy is public.
+            text = dockerfile.read_text(encoding="utf-8") if dockerfile.is_file() else f"FROM {prebuilt}\n"
+            self._entrypoint = final_entrypoint(text)
+            environment = TaskEnvironment(dockerfile=text,
+                                          context=self.environment_dir.resolve() if dockerfile.is_file() else None)
             entry = environment_entry(environment, network=network, rebuild=bool(force_build))
-            await self._build(client, entry, f"environment/Dockerfile of {self.environment_name!r}")
+            what = f"environment/Dockerfile of {self.environment_name!r}" if dockerfile.is_file() else \
+                f"image {prebuilt} of {self.environment_name!r}"
+            await self._build(client, entry, what)
             return str(entry["tag"])
         else:
-            base = str(self.task_env_config.docker_image)
+            raise SandboxBuildFailedError(f"{self.environment_name!r} has no environment/Dockerfile and no "
+                                          "docker_image")
         if not network:
             return base
         # A public network is a property of the image here: a thin image over the base says so.

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ....appuser import APPUSER, PROJECT_DIR
+from ....dockerfile import add_stage_args, base_images, rewrite_bases
 from ...base import BackendError, ImageDefinition
 from .. import hostconfig
 from ..image_trees import OPT_SKELETON, chown_tree, host_files
@@ -31,7 +32,6 @@ from ..images import ImageStore
 from . import bases as base_catalog
 from . import catalog, refs
 from .buildah import Buildah, available, storage_name
-from .dockerfile import add_stage_args, base_images, rewrite_bases
 from .rootfs import ADAPT_VERSION, read_image, write_adapt_layer
 from .settings import OciError, OciSettings
 

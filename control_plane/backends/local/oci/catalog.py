@@ -69,6 +69,8 @@ FULL_PACKAGES = SCM_PACKAGES + ("autoconf", "automake", "libtool", "file", "patc
 SLIM_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/groff/*", "/usr/share/info/*",
                  "/usr/share/lintian/*", "/usr/share/linda/*", "/usr/share/locale/*")
 SLIM_INCLUDES = ("/usr/share/doc/*/copyright", "/usr/share/locale/locale.alias")
+# What Ubuntu's minimal images have that its Priority: required set (mmdebstrap's minbase) has not.
+UBUNTU_PACKAGES = ("apt", "gpgv", "ubuntu-keyring")
 UNBUILDABLE = ("alpine", "windowsservercore", "nanoserver", "ubi", "amazonlinux", "oraclelinux", "musl")
 
 
@@ -344,6 +346,8 @@ def _toolchain(ref: str, image: ImageRef, chain: Toolchain, ubuntu: bool) -> Bas
     offer, exact = _pick(chain, tag, usable)
     release = _release(offer.release)
     extra = tuple(chain.slim_packages if slim else chain.full_packages)
+    if release.distro == "ubuntu":
+        extra = UBUNTU_PACKAGES + extra
     parts = [f"{ref} -> {release.title}{' (' + offer.suite + ')' if offer.suite else ''}: {chain.tool} {offer.text} "
              f"from {' '.join(offer.packages)}"]
     if not exact and tag.version is not None:
@@ -484,7 +488,7 @@ def _ubuntu(ref: str, image: ImageRef, ubuntu: bool, packages: tuple[str, ...] =
     if ubuntu:
         hooks = (UBUNTU_USER_HOOK,) if release.codename not in ("focal", "jammy") else ()
         return BaseSpec(name, release, True, None, f"{ref} -> Ubuntu {codename} from the Ubuntu archive{dated}",
-                        packages, hooks=hooks, family="ubuntu")
+                        tuple(dict.fromkeys(UBUNTU_PACKAGES + packages)), hooks=hooks, family="ubuntu")
     debian = RELEASES[release.nearest_debian or NEWEST]
     note = (f"{ref} -> Debian {debian.codename}, the nearest Debian release to Ubuntu {release.number} ({codename}): "
             "no Ubuntu archive is reachable or configured (IDEGYM_UBUNTU_MIRROR)" + dated)

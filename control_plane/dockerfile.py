@@ -1,13 +1,16 @@
-"""The images a Dockerfile builds on: its ``FROM`` and ``COPY --from`` references.
+"""What IdeGym reads of a Dockerfile without buildah (stdlib only: task loaders import it too).
 
-Only what is needed to provide those images before buildah runs (so that the build itself
-needs no registry): line continuations, comments, ``ARG`` defaults before the first ``FROM``
-(and ``--build-arg`` values) substituted into references, stage names told apart from images.
-Everything else is buildah's to read.
+The images it builds on (its ``FROM`` and ``COPY --from`` references), so that they are provided
+before buildah runs and the build itself needs no registry: line continuations, comments,
+``ARG`` defaults before the first ``FROM`` (and ``--build-arg`` values) substituted into
+references, stage names told apart from images; those references rewritten to the images they
+became; an ``ARG`` line per stage; the ENTRYPOINT its last stage ends with. Everything else is
+buildah's to read.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 
@@ -89,6 +92,42 @@ def base_images(text: str, build_args: dict[str, str] | None = None) -> list[str
                 elif not part.startswith("--"):
                     break
     return found
+
+
+def final_entrypoint(text: str) -> list[str] | None:
+    """The ENTRYPOINT the Dockerfile's last stage ends with (inherited from an earlier stage it
+    builds on), as an argv; None when it sets none (an image it builds on may still have one)."""
+    stages: dict[str, list[str] | None] = {}
+    current: list[str] | None = None
+    name: str | None = None
+    for word, rest in instructions(text):
+        if word == "FROM":
+            parts = [p for p in _split(rest) if not p.startswith("--")]
+            current = stages.get(parts[0].lower()) if parts else None
+            if len(parts) >= 3 and parts[1].lower() == "as":
+                stages[parts[2].lower()] = current
+                name = parts[2].lower()
+            else:
+                name = None
+        elif word == "ENTRYPOINT":
+            current = _command(rest)
+            if name is not None:
+                stages[name] = current
+        if word != "FROM" and name is not None:
+            stages[name] = current
+    return current or None
+
+
+def _command(rest: str) -> list[str]:
+    """An exec-form (JSON array) or shell-form instruction's argv."""
+    if rest.startswith("["):
+        try:
+            value = json.loads(rest)
+        except ValueError:
+            value = None
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return value
+    return ["/bin/sh", "-c", rest] if rest else []
 
 
 def rewrite_bases(text: str, build_args: dict[str, str] | None, images: dict[str, str]) -> str:
