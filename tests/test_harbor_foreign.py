@@ -88,7 +88,7 @@ def test_tasks_as_others_write_them_score_with_harbor_and_with_validate(
     # only Harbor's start runs)
     for name in ("pinned-ecr-name", "prebuilt-image-only", "schema-1-4-env"):
         row = _validate(tasks / name, control_plane.url, tmp_path)
-        assert row["oracle"] == 1.0 and row["untouched"] == 0.0, (name, row)
+        assert row["oracle"] == 1.0 and row["untouched"] == 0.0, (name, json.dumps(row))
 
 
 def test_harbor_is_installed() -> None:

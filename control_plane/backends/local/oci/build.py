@@ -238,9 +238,12 @@ class OciBuilder:
                 mapping: list[dict[str, Any]]) -> str:
         info = self.buildah.inspect(image_id)
         project_dir = project_dir_of(definition, info.config)
-        # The store entry carries the sandboxes' network flag: the same image with and without it
-        # (a task that may use the network and one that may not) are two entries.
+        # The store entry carries the sandboxes' network flag and variables: the same image with and
+        # without them (a task that may use the network and one that may not; two tasks whose
+        # Dockerfiles build the same image, with variables of their own) are two entries.
         recipe = f"{ADAPT_VERSION}\0{project_dir}" + ("\0network" if definition.network else "")
+        if definition.env:
+            recipe += "\0" + json.dumps(sorted(definition.env.items()))
         salt = hashlib.sha256(recipe.encode()).hexdigest()[:6]
         ident = f"oci-{image_id[:32]}-{salt}"
         env = _env_dict(info.config.get("Env") or [])
