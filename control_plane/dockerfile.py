@@ -94,6 +94,83 @@ def base_images(text: str, build_args: dict[str, str] | None = None) -> list[str
     return found
 
 
+_HEREDOC = re.compile(r"(?<!<)<<(?!<)(-?)\s*([\"']?)([A-Za-z_][\w.-]*)\2")
+_LEADING_FLAGS = re.compile(r"^((?:--\S+\s+)*)")
+
+
+def lower_heredocs(text: str) -> tuple[str, int]:
+    """``text`` with its here-documents (``RUN <<EOF``, ``RUN cmd <<'EOF'``, ``COPY <<EOF /path``,
+    BuildKit's syntax, which buildah 1.28 does not read) said in the exec form buildah reads, and
+    how many there were. ``RUN cmd <<EOF …`` is the shell's own here-document: the whole text
+    goes to the stage's shell as one command; ``RUN <<EOF`` runs the document as the script (its
+    ``#!`` line, if any, chooses the interpreter); ``COPY <<EOF /path`` writes the file."""
+    lines = text.splitlines()
+    out: list[str] = []
+    shell = ["/bin/sh", "-c"]
+    count = 0
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        word = line.strip().split(" ", 1)[0].upper()
+        if word == "FROM":
+            shell = ["/bin/sh", "-c"]
+        elif word == "SHELL":
+            try:
+                parsed = json.loads(line.strip()[len("SHELL"):].strip())
+                if isinstance(parsed, list) and parsed:
+                    shell = [str(p) for p in parsed]
+            except ValueError:
+                pass
+        markers = _HEREDOC.findall(line) if word in ("RUN", "COPY", "ADD") else []
+        if not markers:
+            out.append(line)
+            i += 1
+            continue
+        count += 1
+        bodies: list[list[str]] = []
+        raw = [line]
+        i += 1
+        for strip_tabs, _quote, name in markers:
+            body: list[str] = []
+            while i < len(lines):
+                candidate = lines[i].lstrip("\t") if strip_tabs else lines[i]
+                raw.append(lines[i])
+                i += 1
+                if candidate == name:
+                    break
+                body.append(candidate)
+            bodies.append(body)
+        head = line.strip()[len(word):].strip()
+        flags = _LEADING_FLAGS.match(head).group(1)  # type: ignore[union-attr]
+        rest = head[len(flags):]
+        if word == "RUN" and rest.startswith("<<"):
+            script = "\n".join(bodies[0]) + "\n"
+            if script.startswith("#!"):
+                argv = [*shell, "f=$(mktemp) && cat > \"$f\" <<'IDEGYM_HEREDOC'\n" + script + "IDEGYM_HEREDOC\n"
+                        "chmod +x \"$f\" && \"$f\"; s=$?; rm -f \"$f\"; exit $s"]
+            else:
+                argv = [*shell, script]
+            out.append(f"RUN {flags}{json.dumps(argv)}")
+        elif word == "RUN":
+            out.append(f"RUN {flags}{json.dumps([*shell, chr(10).join([rest, *raw[1:]])])}")
+        else:  # COPY/ADD <<EOF [<<EOF2 …] /dest: each document a file
+            parts = rest.split()
+            dest = parts[-1]
+            owner = re.search(r"--chown=(\S+)", flags)
+            mode = re.search(r"--chmod=(\S+)", flags)
+            script = []
+            for (_s, _q, name), body in zip(markers, bodies, strict=False):
+                target = dest if len(markers) == 1 and not dest.endswith("/") else dest.rstrip("/") + "/" + name
+                script += [f"mkdir -p \"$(dirname '{target}')\"", f"cat > '{target}' <<'IDEGYM_HEREDOC'",
+                           *body, "IDEGYM_HEREDOC"]
+                if owner:
+                    script.append(f"chown {owner.group(1)} '{target}'")
+                if mode:
+                    script.append(f"chmod {mode.group(1)} '{target}'")
+            out.append(f"RUN {json.dumps(['/bin/sh', '-c', chr(10).join(script)])}")
+    return "\n".join(out) + ("\n" if text.endswith("\n") else ""), count
+
+
 def final_entrypoint(text: str) -> list[str] | None:
     """The ENTRYPOINT the Dockerfile's last stage ends with (inherited from an earlier stage it
     builds on), as an argv; None when it sets none (an image it builds on may still have one)."""

@@ -190,3 +190,22 @@ images:
     sid = cp.start_server(client, image_tag=go["tag"])["server_id"]
     out = cp.bash(client, sid, "go version && echo $GOPATH $GOTOOLCHAIN && ls /app")
     assert out["exit_code"] == 0 and "go1.22" in out["stdout"] and "/go local" in out["stdout"], out
+
+
+def test_here_documents_are_said_in_the_exec_form_buildah_reads() -> None:
+    """Can fail: buildah 1.28 reads `RUN python3 << 'PY'`'s document as instructions ("Unknown
+    instruction: IMPORT")."""
+    from control_plane.dockerfile import lower_heredocs
+
+    text = ("FROM debian:bookworm\nRUN python3 << 'PY'\nimport json\nFROM = 1\nPY\nRUN <<EOF\nset -e\necho hi\nEOF\n"
+            "COPY --chmod=755 <<EOF /usr/local/bin/hello\n#!/bin/sh\necho hello\nEOF\n"
+            "SHELL [\"/bin/bash\", \"-c\"]\nRUN cat <<-A > /a\n\tindented\n\tA\nRUN echo $((1<<2)) <<< x\n")
+    lowered, count = lower_heredocs(text)
+    assert count == 4 and base_images(lowered) == ["debian:bookworm"]
+    lines = lowered.splitlines()
+    assert json.loads(lines[1][4:]) == ["/bin/sh", "-c", "python3 << 'PY'\nimport json\nFROM = 1\nPY"]
+    assert json.loads(lines[2][4:]) == ["/bin/sh", "-c", "set -e\necho hi\n"]
+    assert "cat > '/usr/local/bin/hello' <<'IDEGYM_HEREDOC'\n#!/bin/sh\necho hello\nIDEGYM_HEREDOC\nchmod 755" \
+        in json.loads(lines[3][4:])[2]
+    assert json.loads(lines[5][4:]) == ["/bin/bash", "-c", "cat <<-A > /a\n\tindented\n\tA"]
+    assert lines[6] == "RUN echo $((1<<2)) <<< x"  # no here-document there

@@ -57,7 +57,7 @@ def test_tasks_as_others_write_them_score_with_harbor_and_with_validate(
         tmp_path: Path, control_plane: ControlPlaneProcess) -> None:  # noqa: F811
     """Can fail: before, a digest-pinned ECR name was not available, an ENTRYPOINT that starts a
     service never ran, a task with only a docker_image was refused, [environment] env and
-    [solution] env did not reach the sandbox."""
+    [solution] env did not reach the sandbox, a RUN here-document was read as instructions."""
     tasks = tmp_path / "tasks"
     _task(tasks, "pinned-ecr-name", 'version = "1.0"\n',
           f"FROM public.ecr.aws/docker/library/debian:bookworm@{DIGEST}\nWORKDIR /app\n",
@@ -76,17 +76,20 @@ def test_tasks_as_others_write_them_score_with_harbor_and_with_validate(
           'env = { APP_MODE = "strict" }\n[solution]\nenv = { ANSWER = "42" }\n[verifier]\nenv = { WANT = "42" }\n',
           "FROM debian:bookworm\nWORKDIR /app\n", "echo \"$ANSWER $APP_MODE\" > /app/out.txt\n",
           "[ \"$(cat /app/out.txt)\" = \"$WANT strict\" ]")
+    _task(tasks, "heredoc-dockerfile", '[environment]\nnetwork_mode = "no-network"\n',
+          "FROM debian:bookworm\nRUN sh << 'SH'\nmkdir -p /app\necho made > /app/made\nSH\nWORKDIR /app\n",
+          "cat made > out.txt\n", "[ \"$(cat /app/out.txt)\" = made ]")
     jobs = tmp_path / "jobs"
     harbor_run(tasks, jobs, "--agent", "oracle", "--env", IMPORT_PATH, "--ek", f"control_plane_url={control_plane.url}",
                "--n-concurrent", "2")
     trials = {t["task_name"]: t for t in trial_results(jobs)}
-    assert len(trials) == 4, trials.keys()
+    assert len(trials) == 5, trials.keys()
     for name, trial in trials.items():
         assert trial.get("exception_info") is None, (name, trial.get("exception_info"))
         assert trial["verifier_result"]["rewards"] == {"reward": 1.0}, name
     # IdeGym's own loader agrees (the tasks it can express: not the ENTRYPOINT one, whose service
     # only Harbor's start runs)
-    for name in ("pinned-ecr-name", "prebuilt-image-only", "schema-1-4-env"):
+    for name in ("pinned-ecr-name", "prebuilt-image-only", "schema-1-4-env", "heredoc-dockerfile"):
         row = _validate(tasks / name, control_plane.url, tmp_path)
         assert row["oracle"] == 1.0 and row["untouched"] == 0.0, (name, json.dumps(row))
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ....appuser import APPUSER, PROJECT_DIR
-from ....dockerfile import add_stage_args, base_images, rewrite_bases
+from ....dockerfile import add_stage_args, base_images, lower_heredocs, rewrite_bases
 from ...base import BackendError, ImageDefinition
 from .. import hostconfig
 from ..image_trees import OPT_SKELETON, chown_tree, host_files
@@ -36,6 +36,7 @@ from .rootfs import ADAPT_VERSION, read_image, write_adapt_layer
 from .settings import OciError, OciSettings
 
 log = logging.getLogger(__name__)
+BUILDAH_HEREDOCS = "1.28 (here-documents came in 1.33)"
 
 Emit = Callable[[str], None]
 FetchProject = Callable[[dict[str, Any], Path], Awaitable[Path]]
@@ -96,6 +97,10 @@ class OciBuilder:
                                    project_dir=base_meta.get("project_dir") or PROJECT_DIR)
             if definition.dockerfile is None:
                 emit("rendered Dockerfile (the YAML definition on an OCI base):\n" + text.rstrip())
+            text, heredocs = lower_heredocs(text)
+            if heredocs:
+                emit(f"{heredocs} here-document instruction(s) (RUN <<EOF, COPY <<EOF) said in exec form for buildah "
+                     f"{BUILDAH_HEREDOCS}: the same commands, the shell reads the documents")
             dockerfile = work / "Dockerfile"
             dockerfile.write_text(text)
             mapping: list[dict[str, Any]] = []
