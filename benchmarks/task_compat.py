@@ -55,6 +55,9 @@ _UNREACHED = [re.compile(p) for p in (
     r"Temporary failure resolving '([\w.-]+)'",
     r"(?:Failed to fetch|Cannot initiate the connection to) (?:https?://)?([\w.-]+)",
     r"network request to https?://([\w.-]+)",
+    r"Failed to resolve '([\w.-]+)'",
+    r"HTTPS?ConnectionPool\(host='([\w.-]+)'",
+    r"getaddrinfo (?:ENOTFOUND|EAI_AGAIN) ([\w.-]+)",
 )]
 
 
@@ -184,10 +187,14 @@ def classify(entry: Entry, result: dict[str, Any] | None, trial: Path | None, ou
     if not solution.is_file() and not list(entry.directory.glob("steps/*/solution/solve.sh")):
         return "defect", "no solution/solve.sh: the oracle has nothing to run"
     network = _network_mode(entry.directory)
-    if network == "no-network" and re.search(r"No module named pytest|pytest: command not found|pip install", blob) \
-            and re.search(r"pip3? install|uvx|uv pip", _verifier_text(entry.directory)):
-        return "defect", ("the verifier installs its test tools from PyPI but the task allows no network "
-                          "(so under Harbor's docker environment too)")
+    missing = re.search(r"No module named '?([\w.]+)|([\w.-]+): command not found", blob)
+    if network == "no-network" and missing:
+        what = missing.group(1) or missing.group(2)
+        installs = re.search(r"pip3? install|uvx|uv pip|apt-get install", _verifier_text(entry.directory))
+        return "defect", (f"the verifier needs {what}, which its image does not have, and "
+                          + ("installs it from a package index although the task allows no network"
+                             if installs else "the task allows no network to install it")
+                          + " (so under Harbor's docker environment too)")
     return "ours", _first(blob, "Error") or message[:300] or f"reward {reward}"
 
 

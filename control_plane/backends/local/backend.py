@@ -277,7 +277,8 @@ class LocalBackend(Backend):
                                          network=self.network or image.network, limits=spec.limits,
                                          env=dict(image.env), snapshot=snapshot, timeout=timeout,
                                          kind=spec.server_kind.value, isolated_runs=spec.isolated_runs,
-                                         forks=forks if fork_ids else None, background=background)
+                                         forks=forks if fork_ids else None, background=background,
+                                         network_peer=spec.network_peer.data if spec.network_peer else None)
 
     def claim(self, handle: SandboxHandle) -> None:
         priority.restore(handle.data)  # made in the background: the normal priority for all of it
