@@ -183,6 +183,12 @@ def classify(entry: Entry, result: dict[str, Any] | None, trial: Path | None, ou
                             "mirror configured)") if found else _first(blob, "is not available")
     if hosts:
         return "internet", f"needs {', '.join(sorted(hosts))} (not a package registry reachable here)"
+    newer = re.search(r"requires go >= ([\d.]+) \(running go ([\d.]+)|requires rustc ([\d.]+) or newer[^\n]*?"
+                      r"rustc ([\d.]+)", blob)
+    if newer:
+        want, have = (newer.group(1), newer.group(2)) if newer.group(1) else (newer.group(3), newer.group(4))
+        return "registry", (f"needs its official image's toolchain ({want}); the newest a Debian release packages is "
+                            f"{have}, and no registry is reachable to pull the image")
     solution = entry.directory / "solution" / "solve.sh"
     if not solution.is_file() and not list(entry.directory.glob("steps/*/solution/solve.sh")):
         return "defect", "no solution/solve.sh: the oracle has nothing to run"

@@ -174,6 +174,15 @@ def lower_heredocs(text: str) -> tuple[str, int]:
 def final_entrypoint(text: str) -> list[str] | None:
     """The ENTRYPOINT the Dockerfile's last stage ends with (inherited from an earlier stage it
     builds on), as an argv; None when it sets none (an image it builds on may still have one)."""
+    return _final(text, "ENTRYPOINT")
+
+
+def final_command(text: str) -> list[str] | None:
+    """The CMD the Dockerfile's last stage ends with (as :func:`final_entrypoint`)."""
+    return _final(text, "CMD")
+
+
+def _final(text: str, instruction: str) -> list[str] | None:
     stages: dict[str, list[str] | None] = {}
     current: list[str] | None = None
     name: str | None = None
@@ -181,16 +190,10 @@ def final_entrypoint(text: str) -> list[str] | None:
         if word == "FROM":
             parts = [p for p in _split(rest) if not p.startswith("--")]
             current = stages.get(parts[0].lower()) if parts else None
-            if len(parts) >= 3 and parts[1].lower() == "as":
-                stages[parts[2].lower()] = current
-                name = parts[2].lower()
-            else:
-                name = None
-        elif word == "ENTRYPOINT":
+            name = parts[2].lower() if len(parts) >= 3 and parts[1].lower() == "as" else None
+        elif word == instruction:
             current = _command(rest)
-            if name is not None:
-                stages[name] = current
-        if word != "FROM" and name is not None:
+        if name is not None:
             stages[name] = current
     return current or None
 

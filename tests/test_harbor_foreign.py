@@ -12,7 +12,7 @@ import pytest
 
 from tests.cp_helpers import ControlPlaneProcess
 from tests.helpers import REPO
-from tests.integration_helpers import control_plane  # noqa: F401 - fixture
+from tests.integration_helpers import alive, control_plane  # noqa: F401 - fixture
 from tests.test_integrations_harbor import HARBOR, IMPORT_PATH, harbor_env, harbor_run, trial_results
 
 pytestmark = pytest.mark.timeout(1800)
@@ -92,6 +92,63 @@ def test_tasks_as_others_write_them_score_with_harbor_and_with_validate(
     for name in ("pinned-ecr-name", "prebuilt-image-only", "schema-1-4-env", "heredoc-dockerfile"):
         row = _validate(tasks / name, control_plane.url, tmp_path)
         assert row["oracle"] == 1.0 and row["untouched"] == 0.0, (name, json.dumps(row))
+
+
+SERVER = """\
+import http.server, os
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"ok" if self.path == "/health" else os.environ["GREETING"].encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("0.0.0.0", 8080), Handler).serve_forever()
+"""
+COMPOSE = """\
+services:
+  main:
+    depends_on:
+      api:
+        condition: service_healthy
+    environment:
+      API_URL: http://api:8080/
+  api:
+    build:
+      context: ./api
+    environment:
+      GREETING: hello-from-the-sidecar
+    ports: ["8080:8080"]
+    healthcheck:
+      test: ["CMD", "python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/health')"]
+      interval: 1s
+      retries: 30
+"""
+
+
+@pytest.mark.heavy
+def test_a_compose_environment_runs_each_service_as_a_sandbox_on_one_network(
+        tmp_path: Path, control_plane: ControlPlaneProcess) -> None:  # noqa: F811
+    """Can fail: before, the provider had no compose capability (Harbor refused the task)."""
+    tasks = tmp_path / "tasks"
+    task = _task(tasks, "compose-sidecar", '[environment]\nnetwork_mode = "no-network"\n',
+                 "FROM python:3.13-slim\nWORKDIR /app\n",
+                 "python3 -c \"import os, urllib.request; open('/app/answer.txt', 'w').write("
+                 "urllib.request.urlopen(os.environ['API_URL']).read().decode())\"\n",
+                 "[ \"$(cat /app/answer.txt)\" = hello-from-the-sidecar ]",
+                 files={"environment/docker-compose.yaml": COMPOSE})
+    (task / "environment" / "api").mkdir()
+    (task / "environment" / "api" / "Dockerfile").write_text(
+        "FROM python:3.13-slim\nCOPY server.py /srv/server.py\nCMD [\"python3\", \"/srv/server.py\"]\n")
+    (task / "environment" / "api" / "server.py").write_text(SERVER)
+    jobs = tmp_path / "jobs"
+    harbor_run(tasks, jobs, "--agent", "oracle", "--env", IMPORT_PATH, "--ek", f"control_plane_url={control_plane.url}")
+    (trial,) = trial_results(jobs)
+    assert trial.get("exception_info") is None, trial.get("exception_info")
+    assert trial["verifier_result"]["rewards"] == {"reward": 1.0}
+    assert alive(control_plane) == 0  # the services were stopped together
 
 
 def test_harbor_is_installed() -> None:

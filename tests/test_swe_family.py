@@ -5,6 +5,7 @@ name a prebuilt image (pulled through a registry mirror; a clear error without o
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -120,8 +121,10 @@ def test_an_unknown_log_parser_and_an_image_row_say_what_they_are(tmp_path: Path
 
 def _validate(spec: str, url: str, tmp_path: Path) -> dict:
     out = tmp_path / "rows.json"
+    # (the repository's export is a build context: under /tmp, one of the test control planes' build roots)
+    env = {**os.environ, "IDEGYM_TASK_CACHE": str(tmp_path / "task-cache")}
     proc = subprocess.run([str(REPO / ".venv" / "bin" / "idegym"), "tasks", "validate", spec, "--control-plane-url",
-                           url, "--json", str(out)], capture_output=True, text=True, timeout=1700)
+                           url, "--json", str(out)], capture_output=True, text=True, timeout=1700, env=env)
     assert out.exists(), proc.stdout + proc.stderr
     (row,) = json.loads(out.read_text())
     return row
