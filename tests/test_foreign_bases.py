@@ -49,7 +49,7 @@ def test_what_is_not_a_reference_is_said(ref: str) -> None:
 
 
 @pytest.mark.parametrize(("ref", "ubuntu", "release", "packages", "words"), [
-    (f"ubuntu:24.04@{DIGEST}", True, "noble", (), ["Ubuntu noble from the Ubuntu archive"]),
+    (f"ubuntu:24.04@{DIGEST}", True, "noble", ("apt", "ubuntu-keyring"), ["Ubuntu noble from the Ubuntu archive"]),
     (f"public.ecr.aws/docker/library/ubuntu:24.04@{DIGEST}", False, "trixie", (),
      ["nearest Debian release to Ubuntu 24.04", "IDEGYM_UBUNTU_MIRROR"]),
     ("ubuntu:jammy-20240911", True, "jammy", (), ["dated snapshot 20240911 is not reproduced"]),
@@ -171,7 +171,7 @@ images:
   - name: on-ubuntu
     dockerfile: |
       FROM public.ecr.aws/docker/library/ubuntu:24.04@{DIGEST}
-      RUN . /etc/os-release && echo "running $ID $VERSION_ID" && id ubuntu
+      RUN . /etc/os-release && echo "running $ID $VERSION_ID" && id ubuntu && apt-get --version | head -1
   - name: on-go
     dockerfile: |
       FROM golang:1.22-bookworm
