@@ -41,6 +41,7 @@ UBUNTU_ARCHIVE = "http://archive.ubuntu.com/ubuntu"
 UBUNTU_SECURITY = "http://security.ubuntu.com/ubuntu"
 UBUNTU_KEYRING = Path("/usr/share/keyrings/ubuntu-archive-keyring.gpg")
 UBUNTU_COMPONENTS = "main restricted universe multiverse"  # as the official ubuntu image's sources
+NEWEST_DEBIAN = "trixie"  # its main archive has ubuntu-archive-keyring
 
 
 @dataclass
@@ -287,8 +288,6 @@ class BaseCache:
             labels[f"org.idegym.base.{label}"] = version
         cmd = ["python3"] if spec.python is not None else ["bash"]
         config: dict[str, Any] = {"Env": [f"{k}={v}" for k, v in env.items()], "Cmd": cmd, "Labels": labels}
-        if spec.workdir:
-            config["WorkingDir"] = spec.workdir
         image_config = {"architecture": _arch(), "os": "linux", "config": config,
                         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{facts['digest']}"]},
                         "history": [{"created_by": f"mmdebstrap --variant=minbase {spec.release.codename} "
@@ -303,9 +302,6 @@ class BaseCache:
             raise OciError(f"buildah pull printed no image id: {result.message()}", 500)
         await loop.run_in_executor(None, self.buildah.tag, image_id, spec.name)
         return image_id
-
-
-NEWEST_DEBIAN = "trixie"  # its main archive has ubuntu-archive-keyring
 
 
 def _env_pairs(spec: BaseSpec, facts: dict[str, Any]) -> list[tuple[str, str]]:

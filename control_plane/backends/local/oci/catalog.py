@@ -88,8 +88,6 @@ class BaseSpec:
     hooks: tuple[str, ...] = ()  # shell run in the new root (chroot) after the packages
     probes: tuple[tuple[str, str], ...] = ()  # (label, command): versions recorded in labels
     suites: tuple[str, ...] = ()  # extra suites of the release (bookworm-backports)
-    workdir: str | None = None
-    family: str = "debian"
 
     def recipe(self, mirror: str) -> dict[str, Any]:
         recipe: dict[str, Any] = {
@@ -97,7 +95,7 @@ class BaseSpec:
             "packages": sorted(self.packages), "python_base": self.python is not None, "mirror": mirror}
         extra = {"distro": self.release.distro if self.release.distro != "debian" else None,
                  "env": list(self.env) or None, "hooks": list(self.hooks) or None,
-                 "probes": list(self.probes) or None, "suites": list(self.suites) or None, "workdir": self.workdir}
+                 "probes": list(self.probes) or None, "suites": list(self.suites) or None}
         recipe.update({k: v for k, v in extra.items() if v})
         return recipe
 
@@ -365,7 +363,7 @@ def _toolchain(ref: str, image: ImageRef, chain: Toolchain, ubuntu: bool) -> Bas
     return BaseSpec(f"{image.registry}/{image.path}:{image.tag_or_latest}" if image.official is None else
                     f"docker.io/library/{image.official}:{image.tag_or_latest}", release, slim, None,
                     "; ".join(parts), tuple(dict.fromkeys(extra + offer.packages)), chain.env, hooks, probes,
-                    (offer.suite,) if offer.suite else (), family=chain.name)
+                    (offer.suite,) if offer.suite else ())
 
 
 def _asked_release(tag: str) -> str | None:
@@ -397,7 +395,7 @@ def _maven(ref: str, image: ImageRef) -> BaseSpec:
     hooks = (_JAVA_HOOK.format(home="/opt/java/openjdk"),)
     return BaseSpec(f"docker.io/library/maven:{image.tag_or_latest}", release, False, None, note,
                     tuple(dict.fromkeys(chain.full_packages + jdk.packages + offer.packages)), chain.env, hooks,
-                    ((chain.tool, chain.probe), ("java", _JAVA_PROBE)), family="maven")
+                    ((chain.tool, chain.probe), ("java", _JAVA_PROBE)))
 
 
 def _python(ref: str, image: ImageRef) -> BaseSpec:
@@ -451,8 +449,7 @@ def _python(ref: str, image: ImageRef) -> BaseSpec:
                 f"{ref} -> Debian {release.codename}: its python3 {have} is the closest to {wanted[0]}.{wanted[1]} "
                 "a Debian release here has")
     packages = PYTHON_PACKAGES if slim else tuple(dict.fromkeys(PYTHON_PACKAGES + FULL_PACKAGES + ("python3-dev",)))
-    return BaseSpec(f"docker.io/library/python:{tag}", release, slim, wanted or release.python, note, packages,
-                    family="python")
+    return BaseSpec(f"docker.io/library/python:{tag}", release, slim, wanted or release.python, note, packages)
 
 
 def _debian(ref: str, image: ImageRef) -> BaseSpec:
@@ -488,11 +485,11 @@ def _ubuntu(ref: str, image: ImageRef, ubuntu: bool, packages: tuple[str, ...] =
     if ubuntu:
         hooks = (UBUNTU_USER_HOOK,) if release.codename not in ("focal", "jammy") else ()
         return BaseSpec(name, release, True, None, f"{ref} -> Ubuntu {codename} from the Ubuntu archive{dated}",
-                        tuple(dict.fromkeys(UBUNTU_PACKAGES + packages)), hooks=hooks, family="ubuntu")
+                        tuple(dict.fromkeys(UBUNTU_PACKAGES + packages)), hooks=hooks)
     debian = RELEASES[release.nearest_debian or NEWEST]
     note = (f"{ref} -> Debian {debian.codename}, the nearest Debian release to Ubuntu {release.number} ({codename}): "
             "no Ubuntu archive is reachable or configured (IDEGYM_UBUNTU_MIRROR)" + dated)
-    return BaseSpec(name, debian, True, None, note, packages, family="ubuntu")
+    return BaseSpec(name, debian, True, None, note, packages)
 
 
 def resolve(ref: str, *, ubuntu: bool = False) -> BaseSpec | None:
@@ -510,8 +507,7 @@ def resolve(ref: str, *, ubuntu: bool = False) -> BaseSpec | None:
         note = (f"{ref} -> {official} + {' '.join(extra)} (its published recipe); "
                 + (spec.note or spec.release.title))
         return BaseSpec(image.name, spec.release, spec.slim, spec.python, note,
-                        tuple(dict.fromkeys(spec.packages + extra)), spec.env, spec.hooks, spec.probes, spec.suites,
-                        spec.workdir, spec.family)
+                        tuple(dict.fromkeys(spec.packages + extra)), spec.env, spec.hooks, spec.probes, spec.suites)
     family = image.official
     if family is None:
         return None
