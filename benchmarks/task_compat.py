@@ -177,6 +177,11 @@ def classify(entry: Entry, result: dict[str, Any] | None, trial: Path | None, ou
         texts += [p.read_text(errors="replace")[-20000:] for p in steps]
     blob = "\n".join(texts)
     hosts = unreachable_hosts(blob)
+    # a download in a build step whose tool is silent (curl -s): the step's own URLs, when it ended as a
+    # tool ends that could not connect (curl 6/7/28/35/56, wget 4)
+    for step, status in re.findall(r'building at STEP "(.*?)": exit status (\d+)', blob):
+        if (status in ("6", "7", "28", "35", "56") and "curl" in step) or (status == "4" and "wget" in step):
+            hosts |= {h for h in re.findall(r"https?://([\w.-]+)", step) if h not in REGISTRIES}
     if "is not available: its registry" in blob:
         found = re.search(r"base image '([^']+)' is not available: its registry ([\w.-]+)", blob)
         return "registry", (f"{found.group(1)}: only its registry {found.group(2)} has it (not reachable here, no "
@@ -293,6 +298,18 @@ def start_control_plane(state: Path) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{int(line.split()[1])}"
 
 
+def report(path: Path) -> str:
+    """The table and summary of a results file (every task of the manifest it has)."""
+    saved = {row["path"]: row for row in json.loads(path.read_text())}
+    outcomes = []
+    for entry in load_manifest():
+        row = saved.get(entry.path)
+        if row is not None:
+            outcomes.append(Outcome(entry, row["reward"], row["seconds"], row["class"], row["why"], row["validate"],
+                                    row.get("validate_error")))
+    return table(outcomes) + "\n\n" + summary(outcomes)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mirrors", type=Path, help="local clones: <owner>+<name>/repo (else GitHub)")
@@ -300,7 +317,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-validate", action="store_true", help="harbor run only")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "task_compat.json")
     parser.add_argument("--fetch-only", action="store_true")
+    parser.add_argument("--report", action="store_true", help="print the table of --out and exit")
     args = parser.parse_args(argv)
+    if args.report:
+        print(report(args.out))
+        return 0
     entries = [e for e in load_manifest() if not args.only or any(o in e.path for o in args.only)]
     fetch(entries, args.mirrors)
     if args.fetch_only:
