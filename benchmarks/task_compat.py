@@ -192,8 +192,8 @@ def classify(entry: Entry, result: dict[str, Any] | None, trial: Path | None, ou
                       r"rustc ([\d.]+)", blob)
     if newer:
         want, have = (newer.group(1), newer.group(2)) if newer.group(1) else (newer.group(3), newer.group(4))
-        return "registry", (f"needs its official image's toolchain ({want}); the newest a Debian release packages is "
-                            f"{have}, and no registry is reachable to pull the image")
+        return "registry", (f"needs its official image's toolchain ({want}); the one built here is {have} (no Debian "
+                            f"release packages {want}), and no registry is reachable to pull the image")
     solution = entry.directory / "solution" / "solve.sh"
     if not solution.is_file() and not list(entry.directory.glob("steps/*/solution/solve.sh")):
         return "defect", "no solution/solve.sh: the oracle has nothing to run"

@@ -133,6 +133,7 @@ class Toolchain:
     full_packages: tuple[str, ...] = FULL_PACKAGES
     has_slim: bool = True
     ubuntu: bool = False  # published on Ubuntu (eclipse-temurin): built on Ubuntu when an archive is usable
+    older: int = 1  # how far behind the tag (in its last compared part) the named release's toolchain may be
 
     def releases(self) -> list[str]:
         return list(dict.fromkeys(o.release for o in self.offers))
@@ -158,7 +159,7 @@ TOOLCHAINS: dict[str, Toolchain] = {t.name: t for t in (
         env=(("GOLANG_VERSION", "{go}"), ("GOTOOLCHAIN", "local"), ("GOPATH", "/go"),
              ("PATH", "/go/bin:/usr/local/go/bin:" + TOOL_PATH)),
         hooks=("ln -sfn /usr/lib/go-{v} /usr/local/go", "mkdir -p /go/src /go/bin && chmod -R 1777 /go"),
-        full_packages=SCM_PACKAGES + ("gcc", "libc6-dev", "make", "pkg-config"), has_slim=False),
+        full_packages=SCM_PACKAGES + ("gcc", "libc6-dev", "make", "pkg-config"), has_slim=False, older=1),
     Toolchain("rust", "rustc", 2, (
         Offer("bookworm", (1, 63), ("rustc", "cargo", "rustfmt", "rust-clippy")),
         Offer("trixie", (1, 85), ("rustc", "cargo", "rustfmt", "rust-clippy"))),
@@ -166,13 +167,13 @@ TOOLCHAINS: dict[str, Toolchain] = {t.name: t for t in (
         env=(("RUSTUP_HOME", "/usr/local/rustup"), ("CARGO_HOME", "/usr/local/cargo"), ("RUST_VERSION", "{rustc}"),
              ("PATH", "/usr/local/cargo/bin:" + TOOL_PATH)),
         hooks=("mkdir -p /usr/local/cargo/bin /usr/local/rustup && chmod -R a+w /usr/local/cargo /usr/local/rustup",),
-        slim_packages=("ca-certificates", "gcc", "libc6-dev")),
+        slim_packages=("ca-certificates", "gcc", "libc6-dev"), older=3),
     Toolchain("node", "node", 1, (
         Offer("bookworm", (18,), ("nodejs", "npm", "yarnpkg")), Offer("trixie", (20,), ("nodejs", "npm", "yarnpkg"))),
         "node --version | sed s/^v//",
         env=(("NODE_VERSION", "{node}"),),
         hooks=("ln -sf /usr/bin/yarnpkg /usr/local/bin/yarn",),
-        slim_packages=("ca-certificates",)),
+        slim_packages=("ca-certificates",), older=2),
     Toolchain("gcc", "gcc", 1, (
         Offer("bookworm", (12,), ("gcc-12", "g++-12", "gfortran-12")),
         Offer("trixie", (12,), ("gcc-12", "g++-12", "gfortran-12")),
@@ -200,11 +201,11 @@ TOOLCHAINS: dict[str, Toolchain] = {t.name: t for t in (
         env=(("PHP_VERSION", "{php}"),),
         hooks=("ln -sf /usr/bin/php /usr/local/bin/php",),
         full_packages=("ca-certificates", "curl", "xz-utils"), has_slim=False),
-    Toolchain("openjdk", "java", 1, _java_offers("jdk"), _JAVA_PROBE,
+    Toolchain("openjdk", "java", 1, _java_offers("jdk"), _JAVA_PROBE, older=0,
               env=(("JAVA_HOME", "/usr/local/openjdk"), ("PATH", "/usr/local/openjdk/bin:" + TOOL_PATH)),
               hooks=(_JAVA_HOOK.format(home="/usr/local/openjdk"),),
               slim_packages=("ca-certificates", "p11-kit"), full_packages=SCM_PACKAGES + ("p11-kit",)),
-    Toolchain("eclipse-temurin", "java", 1, _java_offers("jdk"), _JAVA_PROBE,
+    Toolchain("eclipse-temurin", "java", 1, _java_offers("jdk"), _JAVA_PROBE, older=0,
               env=(("JAVA_HOME", "/opt/java/openjdk"), ("PATH", "/opt/java/openjdk/bin:" + TOOL_PATH),
                    ("LANG", "C.UTF-8")),
               hooks=(_JAVA_HOOK.format(home="/opt/java/openjdk"),),
@@ -215,7 +216,7 @@ TOOLCHAINS: dict[str, Toolchain] = {t.name: t for t in (
         "mvn -v 2>/dev/null | head -1 | cut -d' ' -f3",
         env=(("MAVEN_HOME", "/usr/share/maven"), ("MAVEN_CONFIG", "/root/.m2"), ("JAVA_HOME", "/opt/java/openjdk"),
              ("PATH", "/opt/java/openjdk/bin:" + TOOL_PATH)),
-        full_packages=SCM_PACKAGES, has_slim=False),
+        full_packages=SCM_PACKAGES, has_slim=False, older=99),
     Toolchain("gradle", "gradle", 1, (
         Offer("bookworm", (4,), ("gradle", "default-jdk-headless")),
         Offer("trixie", (4,), ("gradle", "default-jdk-headless"))),
@@ -305,9 +306,17 @@ def _pick(chain: Toolchain, tag: _Tag, usable: set[str]) -> tuple[Offer, bool]:
         return max(named or offers, key=lambda o: (o.version, o.release == NEWEST)), True
     want = want[:chain.precision]
 
-    def rank(o: Offer) -> tuple[int, bool, tuple[int, ...]]:
-        return _distance(o.version, want, chain.precision), o.release != tag.release, tuple(-p for p in o.version)
+    def rank(o: Offer) -> tuple[int, tuple[int, ...]]:
+        return _distance(o.version, want, chain.precision), tuple(-p for p in o.version)
 
+    # The release the tag names is kept while its toolchain is at most ``chain.older`` behind: the
+    # Dockerfile was written against that archive (its package names, pinned versions), which
+    # matters more than a version or two of the toolchain — not more than code it cannot compile.
+    named = [o for o in offers if o.release == tag.release]
+    if named:
+        best = min(named, key=rank)
+        if _distance(best.version, want, chain.precision) <= chain.older or best.version[:chain.precision] > want:
+            return best, _distance(best.version, want, chain.precision) == 0
     best = min(offers, key=rank)
     return best, _distance(best.version, want, chain.precision) == 0
 
@@ -349,13 +358,15 @@ def _toolchain(ref: str, image: ImageRef, chain: Toolchain, ubuntu: bool) -> Bas
     parts = [f"{ref} -> {release.title}{' (' + offer.suite + ')' if offer.suite else ''}: {chain.tool} {offer.text} "
              f"from {' '.join(offer.packages)}"]
     if not exact and tag.version is not None:
-        parts.append(f"the closest to {chain.tool} {tag.version_text} a release here has")
+        parts.append(f"the closest to {chain.tool} {tag.version_text} "
+                     + (f"{offer.release} packages (the tag names {offer.release})" if offer.release == tag.release
+                        else "a release here has"))
     asked = _asked_release(image.tag_or_latest)
     if asked in UBUNTU and release.distro == "debian":
         parts.append(f"Debian instead of Ubuntu {asked}: no Ubuntu archive is reachable or configured "
                      "(IDEGYM_UBUNTU_MIRROR)")
     elif asked and asked != offer.release:
-        parts.append(f"{asked} has no {chain.tool} {tag.version_text or ''}".rstrip())
+        parts.append(f"{asked}'s {chain.tool} is further behind")
     if chain.name == "gradle":
         parts.append("Debian packages only Gradle 4")
     hooks = tuple(h.replace("{v}", offer.text) for h in chain.hooks)
