@@ -58,6 +58,7 @@ _UNREACHED = [re.compile(p) for p in (
     r"Failed to resolve '([\w.-]+)'",
     r"HTTPS?ConnectionPool\(host='([\w.-]+)'",
     r"getaddrinfo (?:ENOTFOUND|EAI_AGAIN) ([\w.-]+)",
+    r"thrown while requesting [A-Z]+ https?://([\w.-]+)",
 )]
 
 
@@ -206,6 +207,10 @@ def classify(entry: Entry, result: dict[str, Any] | None, trial: Path | None, ou
                           + ("installs it from a package index although the task allows no network"
                              if installs else "the task allows no network to install it")
                           + " (so under Harbor's docker environment too)")
+    silent = unreachable_referenced_hosts(entry.directory)
+    if silent:  # a download whose failure left no trace (`curl -s … | sh` ends well; a later step fails)
+        return "internet", (f"needs {', '.join(sorted(silent))}, which its files download from and which does not "
+                            "answer here (not a package registry)")
     return "ours", _first(blob, "Error") or message[:300] or f"reward {reward}"
 
 
@@ -218,6 +223,24 @@ def unreachable_hosts(text: str) -> set[str]:
                     and host not in ("localhost",) and not host.endswith((".local", ".svc", ".internal")):
                 hosts.add(host)
     return hosts
+
+
+def unreachable_referenced_hosts(task: Path) -> set[str]:
+    """Hosts the task's Dockerfile and scripts download from that do not answer from here."""
+    texts = [p.read_text(errors="replace") for pattern in ("environment/Dockerfile", "tests/*.sh", "solution/*.sh")
+             for p in task.glob(pattern) if p.is_file()]
+    hosts = {h.lower() for text in texts for h in re.findall(r"https?://([A-Za-z0-9.-]+\.[A-Za-z]{2,})", text)}
+    return {h for h in hosts - set(REGISTRIES) if not _answers(h)}
+
+
+def _answers(host: str) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((host, 443), timeout=5):
+            return True
+    except OSError:
+        return False
 
 
 def _network_mode(task: Path) -> str:
@@ -318,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "task_compat.json")
     parser.add_argument("--fetch-only", action="store_true")
     parser.add_argument("--report", action="store_true", help="print the table of --out and exit")
+    parser.add_argument("--keep", action="store_true", help="keep the trials' directories (printed at the end)")
     args = parser.parse_args(argv)
     if args.report:
         print(report(args.out))
@@ -353,7 +377,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         proc.terminate()
         proc.wait(120)
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            print(f"trials kept in {work / 'jobs'}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     print(table(outcomes))
     print(summary(outcomes))
     return 0
