@@ -42,7 +42,8 @@ def _project(root: Path) -> Path:
 async def _main(root: Path) -> Result:
     from control_plane.backends.base import ImageDefinition, Limits, SandboxSpec
     from control_plane.backends.local import LocalBackend
-    from control_plane.backends.local.oci.bases import BaseCache, resolve
+    from control_plane.backends.local.oci.bases import BaseCache
+    from control_plane.backends.local.oci.catalog import resolve
     from control_plane.backends.local.oci.settings import OciSettings
     from control_plane.models import ServerKind
 

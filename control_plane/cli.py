@@ -171,6 +171,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-cache", type=Path, default=os.environ.get("IDEGYM_IMAGE_CACHE") or None,
                         help="local backend: the shared cache of OCI bases [$IDEGYM_IMAGE_CACHE, "
                              "default ~/.cache/idegym/images]")
+    parser.add_argument("--host-package-config", action=argparse.BooleanOptionalAction,
+                        default=_default("HOST_PACKAGE_CONFIG", cfg.host_package_config, bool),
+                        help="local backend: builds whose RUN steps have the network, and networked sandboxes, get "
+                             "this host's package sources (CA bundle, pip/uv/npm index and apt proxy settings, proxy "
+                             "variables), bound read-only at /run/idegym-host-config, never in an image layer "
+                             "[$IDEGYM_CONTROL_PLANE_HOST_PACKAGE_CONFIG, default on]")
     parser.add_argument("--warm-pool", type=int, default=_default("WARM_POOL", cfg.warm_pool, int),
                         help="spare sandboxes kept ready per image in use (grows with demand)")
     parser.add_argument("--warm-pool-max", type=int, default=_default("WARM_POOL_MAX", cfg.warm_pool_max, int),
@@ -290,6 +296,7 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
         backend=args.backend, isolation=args.isolation, network=args.network, warm_pool=args.warm_pool,
         sandbox_storage=args.sandbox_storage, sandbox_inodes=args.sandbox_inodes, orphan_ttl=args.orphan_ttl,
         image_registry=args.image_registry, image_cache=args.image_cache,
+        host_package_config=args.host_package_config,
         warm_pool_max=args.warm_pool_max, warm_pool_parallel=args.warm_pool_parallel,
         pool_images=list(args.pool_image), max_servers=args.max_servers,
         max_snapshots=args.max_snapshots, max_snapshot_bytes=args.max_snapshot_bytes,

@@ -62,6 +62,7 @@ class ControlPlaneConfig:
     orphan_ttl: float = DEFAULT_ORPHAN_TTL  # local backend: a sandbox whose lease is this stale ends itself
     image_registry: str | None = None  # local backend: a registry mirror buildah may pull other bases from
     image_cache: Path | None = None  # local backend: the shared cache of OCI bases (default ~/.cache/idegym/images)
+    host_package_config: bool = True  # local backend: builds and networked sandboxes get the host's package sources
     warm_pool: int = 2  # spare sandboxes kept ready per image in use (upper bound learned from demand)
     warm_pool_max: int = 8
     # Pool sandboxes made at once. Starts mostly wait in the kernel (cgroup moves, mounts), not on a

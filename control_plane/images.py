@@ -154,7 +154,7 @@ def _definition(entry: dict[str, Any], index: int, registry: str | None = None,
     if docker.get("dockerfile") is not None:
         if commands:
             raise ValueError(f"{where}: give either a `dockerfile` or `commands`/plugins, not both")
-        from .backends.local.oci.dockerfile import base_images
+        from .dockerfile import base_images
 
         bases = base_images(docker["dockerfile"], docker["build_args"])
         base = bases[0] if bases else "scratch"

@@ -183,6 +183,9 @@ class StartServerRequest(Request):
     server_kind: ServerKind = ServerKind.IDEGYM
     snapshot: SnapshotRef | None = None
     max_restarts: int = Field(0, ge=0)
+    network_of: int | None = Field(None, ge=1, description=(
+        "the id of another live server of this client whose network namespace this one joins (a task's "
+        "services: each reaches the others on 127.0.0.1); local backend only"))
 
     @field_validator("labels", "annotations", "volumes", "volume_mounts", "env_from", mode="before")
     @classmethod

@@ -20,7 +20,7 @@ from . import lifecycle
 from .admission import Admission
 from .backends.base import Backend, BackendError, Endpoint, SandboxHandle, SandboxSpec
 from .config import ControlPlaneConfig
-from .errors import ApiError, Gone, NotFound
+from .errors import ApiError, Conflict, Gone, NotFound
 from .forwarding import Forwarder
 from .image_access import ImageAccess
 from .models import (
@@ -214,7 +214,8 @@ class ControlPlane:
         base = dict(namespace=req.namespace, client_id=req.client_id, image_tag=req.image_tag,
                     server_name=req.server_name)
         req = req.model_copy(update={"image_tag": await self.images.startable(client.tenant, req.image_tag)})
-        if req.reuse_strategy != ServerReuseStrategy.NONE and req.snapshot is None:
+        peer = self._network_peer(req, client)
+        if req.reuse_strategy != ServerReuseStrategy.NONE and req.snapshot is None and peer is None:
             claimed = self.store.claim_finished(client.id, req.reuse_key())
             if claimed is not None:
                 return await self._reuse(claimed, req, base)
@@ -235,7 +236,8 @@ class ControlPlane:
             grant.release()  # the server's row counts from here
         row = self.store.get_server(server_id)
         assert row is not None
-        spec = SandboxSpec.from_request(req, server_id, row.generated_name, snapshot_source)
+        spec = replace(SandboxSpec.from_request(req, server_id, row.generated_name, snapshot_source),
+                       network_peer=peer)
         try:
             with self.busy(server_id):
                 handle = await self._provision(spec, req.server_start_wait_timeout_in_seconds)
@@ -267,8 +269,21 @@ class ControlPlane:
             if row.handle:
                 await self.delete_handle(SandboxHandle.from_json(json.loads(row.handle)))
 
+    def _network_peer(self, req: StartServerRequest, client: ClientRow) -> SandboxHandle | None:
+        """The sandbox whose network ``req`` joins: a live server of the same client."""
+        if req.network_of is None:
+            return None
+        peer = self.store.get_server(req.network_of)
+        if peer is None or peer.client_id != client.id:
+            raise NotFound(f"network_of: no server {req.network_of} of this client")
+        if peer.availability not in (A.ALIVE, A.REUSED) or not peer.handle:
+            raise Conflict(f"network_of: server {req.network_of} is {peer.availability.value}, not running")
+        return SandboxHandle.from_json(json.loads(peer.handle))
+
     async def _provision(self, spec: SandboxSpec, timeout: float) -> SandboxHandle:
         """A sandbox for ``spec``: claimed from the warm pool when one is ready."""
+        if spec.network_peer is not None:  # a pool's sandbox has a network of its own
+            return await self.pool.create(spec, timeout or 300)
         if not getattr(self.backend, "warm_pool", True):
             # e.g. Kubernetes: objects carry the request's labels, volumes, overrides… and the
             # server's own name, so nothing pre-made can stand in for them
@@ -316,7 +331,9 @@ class ControlPlane:
 
     async def _restart_unguarded(self, row: ServerRow, timeout: int, reuse: bool) -> None:
         req = StartServerRequest.model_validate_json(row.request)
-        spec = SandboxSpec.from_request(req, row.id, row.generated_name)
+        client = self.store.get_client(row.client_id) if req.network_of is not None else None
+        spec = replace(SandboxSpec.from_request(req, row.id, row.generated_name),
+                       network_peer=self._network_peer(req, client) if client is not None else None)
         old = SandboxHandle.from_json(json.loads(row.handle)) if row.handle else None
         try:
             if old is not None and not getattr(self.backend, "restart_by_replacement", True):

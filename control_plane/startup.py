@@ -121,7 +121,7 @@ def make_backend(config: ControlPlaneConfig) -> Backend:
         oci = OciSettings.from_env(registry=config.image_registry, cache_dir=config.image_cache)
         return LocalBackend(config.state_dir, isolation=config.isolation, network=config.network,
                             storage_bytes=config.sandbox_storage, storage_inodes=config.sandbox_inodes,
-                            orphan_ttl=config.orphan_ttl, oci=oci)
+                            orphan_ttl=config.orphan_ttl, oci=oci, host_package_config=config.host_package_config)
     if config.backend == "kubernetes":
         from .backends.kubernetes import KubernetesBackend, KubernetesConfig
 

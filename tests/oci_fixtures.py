@@ -37,7 +37,8 @@ def image_cache() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def debian_base(image_cache: Path) -> str:
     """``debian:bookworm`` in the shared cache (built once, ever, per checkout)."""
-    from control_plane.backends.local.oci.bases import BaseCache, resolve
+    from control_plane.backends.local.oci.bases import BaseCache
+    from control_plane.backends.local.oci.catalog import resolve
     from control_plane.backends.local.oci.settings import OciSettings
 
     lines: list[str] = []

@@ -80,6 +80,7 @@ class SandboxSpec:
     snapshot_source: str | None = None  # a snapshot id to restore the filesystem from
     request: StartServerRequest | None = None  # the full request, for backends that use more of it
     isolated_runs: int = 0  # the code runner's sandboxes: this many runs at once, each in namespaces of its own
+    network_peer: SandboxHandle | None = None  # join this sandbox's network namespace (the request's network_of)
 
     @classmethod
     def from_request(cls, req: StartServerRequest, server_id: int, generated_name: str,

@@ -27,8 +27,15 @@ How Harbor's contract maps onto IdeGym (``harbor/environments/base.py``, 0.25):
 * **image**: ``environment/Dockerfile`` is built by the control plane (``POST
   /api/build-push-images``, tagged by content as IdeGym's Harbor loader tags it, so either finds
   the other's image); its ``RUN`` steps have the network, as under Docker (``build_network``),
-  whatever the trial's policy; ``[environment] docker_image`` names an image of the control
-  plane's store. A failed build raises ``SandboxBuildFailedError`` with the build's message.
+  whatever the trial's policy. ``environment/Dockerfile`` is also the recipe of ``[environment]
+  docker_image``: it is what is built; without one, ``FROM <docker_image>`` is (pulled when a
+  registry answers or a mirror is configured, else built here from distribution archives when it
+  is one of those bases, else a clear error). A failed build raises ``SandboxBuildFailedError``
+  with the build's message.
+* **CMD/ENTRYPOINT**: as Harbor's docker environment (its compose service's ``command: sh -c
+  "sleep infinity"``): the image's ``CMD`` is not run; its ``ENTRYPOINT`` (the Dockerfile's last
+  stage's) is started once the sandbox is, in the background, with ``sh -c "sleep infinity"`` as
+  its arguments.
 * **start/stop**: one sandbox per environment, started ``run_as_root`` so that Harbor's
   ``user="root"`` calls work (root inside the sandbox only); ``stop(delete=True)`` deletes it,
   ``stop(delete=False)`` hands it back (FINISHED). Sandboxes of this process's client are stopped
@@ -45,7 +52,12 @@ How Harbor's contract maps onto IdeGym (``harbor/environments/base.py``, 0.25):
   artifacts then gets nothing instead of a second error burying the first.
 * **capabilities**: the trial's sandbox has no network unless the policy is public (then it
   shares the control plane host's network: the image is built, or re-tagged, with
-  ``network: true``); no allowlists, no run-time policy changes, no GPUs/TPUs, no host mounts, no Windows, no compose.
+  ``network: true``); no allowlists, no run-time policy changes, no GPUs/TPUs, no host mounts, no Windows.
+* **compose** (``environment/docker-compose.yaml``): each service a sandbox of the trial's client,
+  started in dependency order (``service_healthy`` waits for the healthcheck), all in the first
+  one's network namespace (``network_of``: 127.0.0.1, and each service's name in ``/etc/hosts``),
+  stopped together; the per-service operations (``service_exec``, downloads, ``stop_service``)
+  reach them (:mod:`.harbor_compose`).
   CPU and memory are hard limits (cgroups), fractional CPUs allowed; ``storage_mb`` bounds the
   sandbox's writable layer.
 * **infrastructure failures** (sandbox died, control plane unreachable) raise, so Harbor records
@@ -57,6 +69,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextvars
 import io
 import json
 import os
@@ -76,13 +89,19 @@ from harbor.models.task.config import NetworkMode
 from harbor.models.trial.config import ResourceMode
 from harbor.utils.path_filter import filter_paths_by_patterns
 
+from control_plane.dockerfile import final_entrypoint
+
 from .. import embedded
 from ..client import AsyncIdeGymClient, AsyncSandbox, IdeGymError, SandboxGone, ServerError
 from ..tasks import TaskEnvironment
 from ..tasks.environment import environment_entry
+from ..tasks.sources.harbor import compose_file
+from . import harbor_compose as compose
 from .bounded_tar import MAX_ENTRIES, DownloadTooLarge, extract_within
 
 ENVIRONMENT_TYPE = "idegym"
+# The sandbox a transfer reaches instead of main's, while one of a compose service's runs.
+_TARGET: contextvars.ContextVar[AsyncSandbox | None] = contextvars.ContextVar("idegym_harbor_target", default=None)
 DEFAULT_EXEC_TIMEOUT = 24 * 3600.0  # Harbor's `None`: no timeout of its own (the sandbox server caps it)
 MAX_OUTPUT = 16 << 20
 DEFAULT_DOWNLOAD_LIMIT_MB = 512
@@ -127,6 +146,9 @@ class IdeGymEnvironment(BaseEnvironment):
         self._client: AsyncIdeGymClient | None = None
         self._sandbox: AsyncSandbox | None = None
         self._start_failed: str | None = None  # why the last start failed
+        self._entrypoint: list[str] | None = None  # the image's ENTRYPOINT, started after the sandbox
+        self._services: dict[str, AsyncSandbox] = {}  # compose services other than main, by name
+        self._network_owner: int | None = None  # the server whose network the task's services share
         super().__init__(environment_dir=environment_dir, environment_name=environment_name, session_id=session_id,
                          trial_paths=trial_paths, task_env_config=task_env_config, **kwargs)
         self._maybe_override_task_env_config()
@@ -145,7 +167,7 @@ class IdeGymEnvironment(BaseEnvironment):
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
-        return EnvironmentCapabilities(disable_internet=True)
+        return EnvironmentCapabilities(disable_internet=True, docker_compose=True)
 
     @classmethod
     def resource_capabilities(cls) -> EnvironmentResourceCapabilities:
@@ -168,14 +190,24 @@ class IdeGymEnvironment(BaseEnvironment):
             raise RuntimeError(f"the IdeGym control plane at {url} is unreachable: {exc}") from exc
         self._client = client
         try:
+            services = self._compose_services()
             image = await self._image(client, force_build)
-            try:
-                self._sandbox = await client.start(
-                    image, server_name=self._server_name(), reuse="RESTART", run_as_root=True,
-                    timeout=self._start_timeout, resources=self._resources())
-            except IdeGymError as exc:
-                raise RuntimeError(f"the IdeGym sandbox for {self.environment_name!r} (image {image}) did not "
-                                   f"start: {exc}") from exc
+            for name in compose.start_order(services) if services else [compose.MAIN]:
+                if name != compose.MAIN:
+                    await self._start_service(client, services, name, force_build)
+                    continue
+                await self._wait_for(services, compose.MAIN)
+                try:
+                    self._sandbox = await client.start(
+                        image, server_name=self._server_name(), reuse="RESTART", run_as_root=True,
+                        timeout=self._start_timeout, resources=self._resources(), **self._network_of())
+                except IdeGymError as exc:
+                    raise RuntimeError(f"the IdeGym sandbox for {self.environment_name!r} (image {image}) did not "
+                                       f"start: {exc}") from exc
+                if services:
+                    self._persistent_env.update(services[compose.MAIN].environment)
+                    await self._root(f"echo {shlex.quote(compose.hosts_line(services))} >> /etc/hosts",
+                                     what="naming the services in /etc/hosts")
         except BaseException as exc:
             self._start_failed = f"{type(exc).__name__}: {exc}"
             await self.stop(delete=True)
@@ -183,8 +215,145 @@ class IdeGymEnvironment(BaseEnvironment):
         self._start_failed = None
         await self.ensure_dirs(self._mount_targets(writable_only=True))
         await self._upload_environment_dir_after_start()
+        await self._start_entrypoint()
+
+    async def _start_entrypoint(self) -> None:
+        """The image's ENTRYPOINT, as Harbor's docker environment runs it: with its command replaced
+        by ``sh -c "sleep infinity"`` (an entrypoint script that starts a service, then ``exec
+        "$@"``), in the background, as the image's user; its output in /tmp/idegym-entrypoint.log."""
+        if not self._entrypoint:
+            return
+        argv = " ".join(shlex.quote(a) for a in [*self._entrypoint, "sh", "-c", "sleep infinity"])
+        result = await self.exec(f"nohup {argv} >/tmp/idegym-entrypoint.log 2>&1 </dev/null &", timeout_sec=60)
+        if result.return_code != 0:
+            raise RuntimeError(f"the image's ENTRYPOINT did not start: {(result.stderr or result.stdout or '')[-500:]}")
+
+    # -- compose services ---------------------------------------------------------------------------------
+
+    def _compose_services(self) -> dict[str, compose.Service] | None:
+        path = compose_file(self.environment_dir)
+        if path is None:
+            return None
+        try:
+            services = compose.read_compose(path, self._persistent_env)
+        except compose.ComposeError as exc:
+            raise SandboxBuildFailedError(str(exc)) from exc
+        for service in services.values():
+            if service.ignored:
+                self.logger.info(f"compose service {service.name!r}: {', '.join(service.ignored)} not honoured "
+                                 "(one network, nothing of the host mounted or published)")
+        return services
+
+    def _network_of(self) -> dict[str, Any]:
+        """The first service's sandbox holds the task's network; the others join it."""
+        return {"network_of": self._network_owner} if self._network_owner is not None else {}
+
+    async def _start_service(self, client: AsyncIdeGymClient, services: dict[str, compose.Service], name: str,
+                             force_build: bool) -> None:
+        service = services[name]
+        await self._wait_for(services, name)
+        network = self._network_policy.network_mode == NetworkMode.PUBLIC
+        if service.dockerfile is not None:
+            environment = TaskEnvironment(dockerfile=service.dockerfile, context=service.build_context)
+        else:
+            environment = TaskEnvironment(dockerfile=f"FROM {service.image}\n")
+        entry = environment_entry(environment, network=network, rebuild=bool(force_build))
+        await self._build(client, entry, f"image of compose service {name!r}")
+        try:
+            sandbox = await client.start(str(entry["tag"]), server_name=self._server_name(name), reuse="RESTART",
+                                         run_as_root=True, timeout=self._start_timeout, **self._network_of())
+        except IdeGymError as exc:
+            raise RuntimeError(f"the IdeGym sandbox of compose service {name!r} did not start: {exc}") from exc
+        self._services[name] = sandbox
+        if self._network_owner is None:
+            self._network_owner = int(sandbox.info.server_id or 0)
+        hosts = await sandbox.bash(f"echo {shlex.quote(compose.hosts_line(services))} >> /etc/hosts", timeout=60,
+                                   user="root")
+        command = compose.process_command(service)
+        started = await sandbox.bash(command, timeout=60, user=service.user) if command else None
+        if hosts.exit_code != 0 or (started is not None and started.exit_code != 0):
+            failed = started if started is not None and started.exit_code != 0 else hosts
+            raise RuntimeError(f"compose service {name!r} did not start: {(failed.stderr or failed.stdout)[-500:]}")
+
+    async def _wait_for(self, services: dict[str, compose.Service] | None, name: str) -> None:
+        """Until the services ``name`` depends on with ``service_healthy`` pass their healthchecks."""
+        for dep, condition in (services[name].depends_on.items() if services else ()):
+            if condition != "service_healthy":
+                continue
+            sandbox = self._services[dep] if dep != compose.MAIN else self._require()
+
+            async def run(argv: list[str], sandbox: AsyncSandbox = sandbox) -> int:
+                result = await sandbox.bash(" ".join(shlex.quote(a) for a in argv), timeout=60)
+                return result.exit_code
+
+            try:
+                await compose.wait_healthy(services[dep], run)
+            except compose.ComposeError as exc:
+                raise RuntimeError(str(exc)) from exc
+
+    def _service(self, service: str) -> AsyncSandbox:
+        sandbox = self._services.get(service)
+        if sandbox is None:
+            raise RuntimeError(f"no compose service {service!r} in {self.environment_name!r} "
+                               f"(services: {', '.join(sorted(self._services)) or 'none'})")
+        return sandbox
+
+    async def service_exec(self, command: str, *, service: str | None = None, cwd: str | None = None,
+                           env: dict[str, str] | None = None, timeout_sec: int | None = None,
+                           user: str | int | None = None) -> ExecResult:
+        if self.is_main_service(service):
+            return await self.exec(command, cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
+        assert service is not None
+        result = await self._service(service).bash(command, timeout=float(timeout_sec or DEFAULT_EXEC_TIMEOUT),
+                                                   cwd=cwd, env=env, user=None if user is None else str(user),
+                                                   max_output_bytes=MAX_OUTPUT)
+        if result.timed_out:
+            raise RuntimeError(f"Command timed out after {timeout_sec} seconds")
+        return ExecResult(stdout=result.stdout, stderr=result.stderr, return_code=result.exit_code)
+
+    async def service_download_file(self, source_path: str, target_path: Path | str, *,
+                                    service: str | None = None) -> None:
+        if self.is_main_service(service):
+            await self.download_file(source_path, target_path)
+            return
+        assert service is not None
+        token = _TARGET.set(self._service(service))  # the same bounded download, from that sandbox
+        try:
+            await self.download_file(source_path, target_path)
+        finally:
+            _TARGET.reset(token)
+
+    async def service_download_dir(self, source_dir: str, target_dir: Path | str, *,
+                                   service: str | None = None) -> None:
+        if self.is_main_service(service):
+            await self.download_dir(source_dir, target_dir)
+            return
+        assert service is not None
+        token = _TARGET.set(self._service(service))
+        try:
+            await self.download_dir(source_dir, target_dir)
+        finally:
+            _TARGET.reset(token)
+
+    async def stop_service(self, service: str) -> None:
+        if self.is_main_service(service):
+            await self.stop(delete=True)
+            return
+        sandbox = self._services.pop(service, None)
+        if sandbox is not None:
+            try:
+                await sandbox.stop()
+            except IdeGymError as exc:
+                self.logger.debug(f"stopping compose service {service!r}: {exc}")
 
     async def stop(self, delete: bool) -> None:
+        services, self._services = self._services, {}
+        self._network_owner = None
+        for name, service_sandbox in services.items():
+            try:
+                await (service_sandbox.stop() if delete else service_sandbox.finish())
+            except IdeGymError as exc:
+                self.logger.debug(f"stopping compose service {name!r}: {exc}")
         sandbox, self._sandbox = self._sandbox, None
         client, self._client = self._client, None
         try:
@@ -200,19 +369,28 @@ class IdeGymEnvironment(BaseEnvironment):
     async def _image(self, client: AsyncIdeGymClient, force_build: bool) -> str:
         network = self._network_policy.network_mode == NetworkMode.PUBLIC
         dockerfile = self.environment_dir / "Dockerfile"
+        prebuilt = self.task_env_config.docker_image
         if self._image_override:
             base = self._image_override
-        elif dockerfile.is_file() and not (self.task_env_config.docker_image and not force_build):
-            # The same tag as IdeGym's own Harbor loader gives this Dockerfile and context: a control
-            # plane that built it for one finds it for the other. RUN steps have the network (as
-            # under Docker); the trial's sandbox only when the policy is public.
-            environment = TaskEnvironment(dockerfile=dockerfile.read_text(encoding="utf-8"),
-                                          context=self.environment_dir.resolve())
+        elif dockerfile.is_file() or prebuilt:
+            # environment/Dockerfile is the recipe of [environment] docker_image too: it is built
+            # (the prebuilt image would need its registry); without one, the image itself is, as
+            # `FROM` (pulled when a registry answers, else built here when it is one of those).
+            # The same tag as IdeGym's own Harbor loader gives: a control plane that built it for
+            # one finds it for the other. RUN steps have the network (as under Docker); the
+            # trial's sandbox only when the policy is public.
+            text = dockerfile.read_text(encoding="utf-8") if dockerfile.is_file() else f"FROM {prebuilt}\n"
+            self._entrypoint = final_entrypoint(text)
+            environment = TaskEnvironment(dockerfile=text,
+                                          context=self.environment_dir.resolve() if dockerfile.is_file() else None)
             entry = environment_entry(environment, network=network, rebuild=bool(force_build))
-            await self._build(client, entry, f"environment/Dockerfile of {self.environment_name!r}")
+            what = f"environment/Dockerfile of {self.environment_name!r}" if dockerfile.is_file() else \
+                f"image {prebuilt} of {self.environment_name!r}"
+            await self._build(client, entry, what)
             return str(entry["tag"])
         else:
-            base = str(self.task_env_config.docker_image)
+            raise SandboxBuildFailedError(f"{self.environment_name!r} has no environment/Dockerfile and no "
+                                          "docker_image")
         if not network:
             return base
         # A public network is a property of the image here: a thin image over the base says so.
@@ -226,8 +404,9 @@ class IdeGymEnvironment(BaseEnvironment):
         except ServerError as exc:
             raise SandboxBuildFailedError(f"IdeGym could not build the {what}: {exc.message}") from exc
 
-    def _server_name(self) -> str:
-        name = _NAME_CHARS.sub("-", f"harbor-{self.environment_name}".lower()).strip("-")
+    def _server_name(self, service: str | None = None) -> str:
+        prefix = f"harbor-{service}-" if service else "harbor-"  # a service's name first: never cut off
+        name = _NAME_CHARS.sub("-", f"{prefix}{self.environment_name}".lower()).strip("-")
         return name[:63].rstrip("-") or "harbor"
 
     def _resources(self) -> dict[str, Any] | None:
@@ -253,6 +432,9 @@ class IdeGymEnvironment(BaseEnvironment):
         return False
 
     def _require(self) -> AsyncSandbox:
+        target = _TARGET.get()
+        if target is not None:  # a compose service's download (service_download_*)
+            return target
         if self._sandbox is None:
             raise RuntimeError("the IdeGym sandbox is not running: start the environment first")
         return self._sandbox

@@ -16,6 +16,7 @@ project directory (its final WORKDIR), tagged by the environment's tag and the p
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ def environment_digest(environment: TaskEnvironment, *, network: bool) -> str:
     digest = hashlib.sha256(b"idegym-environment/1\0")
     digest.update(environment.dockerfile.encode() + b"\0")
     digest.update(b"network\0" if network else b"offline\0")
+    if environment.env or environment.workdir:  # (absent: the tags images had before these existed)
+        digest.update(json.dumps([sorted(environment.env.items()), environment.workdir]).encode() + b"\0")
     if environment.context is not None:
         context = Path(environment.context)
         if not context.is_dir():
@@ -49,6 +52,10 @@ def environment_entry(environment: TaskEnvironment, *, network: bool, rebuild: b
                              "dockerfile": environment.dockerfile, "build_network": True, "network": network}
     if environment.context is not None:
         entry["context"] = str(Path(environment.context).resolve())
+    if environment.env:
+        entry["env"] = dict(environment.env)
+    if environment.workdir:
+        entry["project_dir"] = environment.workdir
     if rebuild:
         entry["rebuild"] = True
     return entry

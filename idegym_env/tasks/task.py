@@ -95,12 +95,15 @@ class TestScript(CheckScript):
 
 class TaskEnvironment(BaseModel):
     """An image built from a Dockerfile (``dockerfile``: its text; ``context``: the build context,
-    relative to the task directory)."""
+    relative to the task directory); ``env``: variables its sandboxes' tools get; ``workdir``:
+    where the project is (default: the image's final WORKDIR)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     dockerfile: str = Field(min_length=1)
     context: Path | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = Field(None, pattern=r"^/")
 
 
 class TaskResources(BaseModel):

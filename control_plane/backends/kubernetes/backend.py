@@ -167,6 +167,9 @@ class KubernetesBackend(Backend):
     # -- create / wait --
 
     async def create(self, spec: SandboxSpec, timeout: float, *, background: bool = False) -> SandboxHandle:
+        if spec.network_peer is not None:
+            raise BackendError("network_of (joining another sandbox's network) is a local-backend feature; on "
+                               "Kubernetes run a task's services as containers of one pod", 400)
         ns = self._namespace(spec.namespace)
         started = time.monotonic()
         ref = spec.request.snapshot if spec.request is not None else None

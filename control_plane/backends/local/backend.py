@@ -42,6 +42,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 from sandbox_server import procfs
@@ -57,7 +58,7 @@ from ..base import (
     SandboxSpec,
     SnapshotInfo,
 )
-from . import cgroups, fork, inventory, priority, teardown
+from . import cgroups, fork, hostconfig, inventory, priority, teardown
 from .cgroups import DEFAULT_SERVER_MEMORY_RESERVE, Cgroups
 from .fork_layers import DEFAULT_MAX_STACK
 from .image_trees import ImageError
@@ -76,6 +77,7 @@ log = logging.getLogger(__name__)
 DEFAULT_PIDS_MAX = 1024
 DEFAULT_TMP_BYTES = 1 << 30
 DEFAULT_SHM_BYTES = 64 << 20
+HOST_CONFIG_TTL = 30.0
 
 
 class LocalBackend(Backend):
@@ -92,6 +94,8 @@ class LocalBackend(Backend):
     (``ephemeral-storage``), 0 or None for no bound (storage.py); a sandbox whose lease this
     backend has not renewed for ``orphan_ttl`` seconds ends itself (lease.py; None: never);
     a fork's child stands on at most ``max_fork_stack`` fork layers (deeper: merged, fork_layers.py).
+    ``host_package_config`` gives builds with network and networked sandboxes this host's package
+    sources (hostconfig.py).
     """
 
     name = BACKEND_NAME
@@ -102,7 +106,8 @@ class LocalBackend(Backend):
                  server_memory_reserve: int = DEFAULT_SERVER_MEMORY_RESERVE,
                  delete_timeout: float = DEFAULT_DELETE_TIMEOUT, storage_bytes: int | None = DEFAULT_STORAGE_BYTES,
                  storage_inodes: int | None = DEFAULT_STORAGE_INODES, orphan_ttl: float | None = DEFAULT_ORPHAN_TTL,
-                 oci: OciSettings | None = None, max_fork_stack: int = DEFAULT_MAX_STACK) -> None:
+                 oci: OciSettings | None = None, max_fork_stack: int = DEFAULT_MAX_STACK,
+                 host_package_config: bool = True) -> None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation!r}")
         self.state_dir = Path(state_dir).absolute()
@@ -122,6 +127,8 @@ class LocalBackend(Backend):
         self.lease = Lease(self.state_dir, orphan_ttl) if orphan_ttl else None
         self.store = ImageStore(self.state_dir / "images")
         self.oci_settings = oci or OciSettings.from_env()  # OCI builds: the bases' cache, a registry mirror
+        self.host_package_config = host_package_config
+        self._host_config: tuple[float, hostconfig.HostConfig] | None = None
         self.snapshots = Snapshots(self.state_dir / "snapshots")
         self.fork_layers = self.snapshots.layers
         self.fork_layers.max_stack = max(max_fork_stack, 1)
@@ -184,6 +191,8 @@ class LocalBackend(Backend):
                                  delete_timeout=self.delete_timeout, storage=storage,
                                  storage_bytes=self.storage_bytes if storage else None,
                                  storage_inodes=self.storage_inodes if storage else None, lease=self.lease)
+        if self.host_package_config:
+            self.launcher.host_config = self.host_config
         if self.lease is not None:
             self.lease.start()
         register_state(self.state_dir, key)
@@ -192,6 +201,17 @@ class LocalBackend(Backend):
             if stale:
                 log.info("removed %d empty cgroups of state directories that are gone", len(stale))
         self._sweep_fork_layers()
+
+    @property
+    def host_config_root(self) -> Path:
+        return self.state_dir / "host-config"
+
+    def host_config(self) -> hostconfig.HostConfig:
+        """The host's package configuration, read again at most every ``HOST_CONFIG_TTL`` seconds."""
+        now = time.monotonic()
+        if self._host_config is None or now - self._host_config[0] > HOST_CONFIG_TTL:
+            self._host_config = (now, hostconfig.collect(self.host_config_root))
+        return self._host_config[1]
 
     def require_started(self) -> Launcher:
         """The launcher; ``BackendError`` before ``start()``."""
@@ -266,7 +286,8 @@ class LocalBackend(Backend):
                                          network=self.network or image.network, limits=spec.limits,
                                          env=dict(image.env), snapshot=snapshot, timeout=timeout,
                                          kind=spec.server_kind.value, isolated_runs=spec.isolated_runs,
-                                         forks=forks if fork_ids else None, background=background)
+                                         forks=forks if fork_ids else None, background=background,
+                                         network_peer=spec.network_peer.data if spec.network_peer else None)
 
     def claim(self, handle: SandboxHandle) -> None:
         priority.restore(handle.data)  # made in the background: the normal priority for all of it

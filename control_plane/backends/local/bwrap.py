@@ -21,6 +21,7 @@ from sandbox_server import procfs
 from ...appuser import APPUSER
 from ..base import BackendError
 from . import mounts, usernet
+from .hostconfig import MOUNT as HOST_CONFIG_MOUNT
 from .image_trees import HOSTNAME
 from .layout import MEMORY_EVENTS_INSIDE, RUN_INSIDE, SOCKET_NAME, TOOL_CGROUPS_INSIDE, Plan
 from .rootfs import mount_root
@@ -79,7 +80,9 @@ def argv(plan: Plan, host: BwrapHost, command: list[str], env: dict[str, str], *
     shm_size = min(tmp_size(plan, host), host.shm_bytes)
     # Always a network namespace of its own; with network, user-mode networking (usernet.py) gives it a way out.
     out = ["bwrap", "--unshare-user", "--userns-block-fd", str(block_fd), "--info-fd", str(info_fd),
-           "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--unshare-net"]
+           "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if plan.network_peer is None:  # else it is started in its peer's network namespace (spawn)
+        out.append("--unshare-net")
     # Root in the sandbox is uid 0 of the host's kernel for file ownership: the global sysctls
     # (/proc/sys: core_pattern runs a program as host root) must be read-only. The server's
     # root tools cannot unmount this (they have no CAP_SYS_ADMIN).
@@ -90,6 +93,8 @@ def argv(plan: Plan, host: BwrapHost, command: list[str], env: dict[str, str], *
             "--new-session", "--chdir", "/", "--clearenv"]
     if resolv_fd is not None:
         out += ["--perms", "0644", "--ro-bind-data", str(resolv_fd), "/etc/resolv.conf"]
+    if plan.host_config is not None:
+        out += ["--ro-bind", str(plan.host_config), HOST_CONFIG_MOUNT]
     if as_pid_1:  # the placeholder: root without a single capability, as bwrap's own init is
         out += ["--as-pid-1", "--cap-drop", "ALL"]
     for key, value in env.items():
@@ -116,6 +121,25 @@ class Pending:
                 pass
 
 
+def _peer_network_namespace(peer: dict[str, Any]) -> int:
+    """A descriptor of the network namespace of the sandbox ``peer`` records (its init's, checked
+    to be that process still); ports below 1024 are opened to its users (they are in a user
+    namespace of their own, which does not own that network namespace)."""
+    init = peer.get("init")
+    if not procfs.recorded_alive(init):
+        raise BackendError(f"the sandbox whose network is to be joined ({peer.get('dir')}) is not running", 409)
+    fd = os.open(f"/proc/{init[0]}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        mounts.enter_network_namespace(fd)
+        with open("/proc/sys/net/ipv4/ip_unprivileged_port_start", "w") as fh:
+            fh.write("0")
+    finally:
+        mounts.enter_network_namespace(own)
+        os.close(own)
+    return fd
+
+
 def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, kind: ServerKindEntry,
           tool_cgroups: dict[str, str], track: Callable[[subprocess.Popen], None], *, forked: bool = False
           ) -> tuple[int, Pending | None]:
@@ -123,15 +147,17 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
     process) in ``data`` and hands bwrap's Popen to ``track``. Returns the fd the server reports
     ready on, and with ``forked`` (and an image that has the placeholder) what the zygote needs to
     fork the server: bwrap then runs only the placeholder."""
-    slirp = usernet.require() if plan.network else None
+    # A sandbox that joins another's network namespace has that one's network: no slirp4netns of its own.
+    slirp = usernet.require() if plan.network and plan.network_peer is None else None
     staged = stage_task(plan, kind)  # (before any descriptor is opened: nothing to close if it fails)
+    peer_net = _peer_network_namespace(plan.network_peer) if plan.network_peer is not None else None
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe()
     ready_r, ready_w = os.pipe()
     keep_r, keep_w = os.pipe() if forked else (-1, -1)
     # A networked sandbox: slirp4netns ends once nobody holds exit_w (bwrap and the namespace do).
     exit_r, exit_w = os.pipe() if slirp else (-1, -1)
-    resolv = usernet.resolv_conf_fd() if slirp else None
+    resolv = usernet.resolv_conf_fd() if plan.network else None
     args = server_args(plan, runtime, kind, ready_fd=ready_w, tool_cgroups=tool_cgroups, forget_task=bool(staged))
     env = {**server_env(plan, runtime, kind), **staged}
     pending: Pending | None = None
@@ -159,12 +185,21 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
                 else:  # an image without the placeholder: its server starts the long way
                     command, command_env, stdin = [*runtime.argv(kind.module), *args], env, subprocess.DEVNULL
                     inherited = (info_w, block_r, ready_w)
-                inherited += (exit_w, resolv) if slirp else ()
-                popen = subprocess.Popen(argv(plan, host, command, command_env, info_fd=info_w, block_fd=block_r,
-                                              resolv_fd=resolv, as_pid_1=pending is not None),
-                                         pass_fds=inherited, stdin=stdin, stdout=logf, stderr=logf,
-                                         start_new_session=True, cwd="/",
-                                         env={"PATH": os.environ.get("PATH", os.defpath)})
+                inherited += (exit_w,) if slirp else ()
+                inherited += (resolv,) if resolv is not None else ()
+                own_net = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC) if peer_net else -1
+                try:
+                    if peer_net is not None:
+                        mounts.enter_network_namespace(peer_net)
+                    popen = subprocess.Popen(argv(plan, host, command, command_env, info_fd=info_w,
+                                                  block_fd=block_r, resolv_fd=resolv, as_pid_1=pending is not None),
+                                             pass_fds=inherited, stdin=stdin, stdout=logf, stderr=logf,
+                                             start_new_session=True, cwd="/",
+                                             env={"PATH": os.environ.get("PATH", os.defpath)})
+                finally:
+                    if own_net >= 0:
+                        mounts.enter_network_namespace(own_net)
+                        os.close(own_net)
             finally:
                 mounts.enter_mount_namespace(own_ns)
         finally:
@@ -177,7 +212,8 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
         logf.close()
         raise
     finally:
-        for fd in (info_w, block_r, keep_r, *((exit_w, resolv) if slirp else ())):
+        for fd in (info_w, block_r, keep_r, *((exit_w,) if slirp else ()), *((resolv,) if resolv is not None else ()),
+                   *((peer_net,) if peer_net is not None else ())):
             if fd >= 0:
                 os.close(fd)
         if pending is None:

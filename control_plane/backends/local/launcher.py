@@ -27,6 +27,7 @@ from ..base import BackendError, Endpoint, Limits, SandboxHandle
 from . import bwrap, cgroups, plain, priority, readiness, rootfs, teardown
 from .fork_layers import ForkLayers, ForkStack, sandbox_holder
 from .harness_layers import with_harness_layers
+from .hostconfig import HostConfig
 from .images import ResolvedImage
 from .isolation import say_once
 from .layout import NAME_RE, SOCKET_NAME, Plan, Space, tail, write_meta
@@ -106,6 +107,8 @@ class Launcher:
         self.storage_inodes = storage_inodes
         self.lease = lease  # every sandbox's monitor watches it (lease.py)
         self._teardowns: dict[tuple[str, str, str], asyncio.Future] = {}  # in flight, by (what, space, name)
+        # The host's package configuration for networked sandboxes (hostconfig.py); None: not given them.
+        self.host_config: Callable[[], HostConfig] | None = None
         self._steps: dict[tuple[str, str, str], list[str]] = {}
 
     # -- the API -------------------------------------------------------------------------------
@@ -114,11 +117,14 @@ class Launcher:
                      limits: Limits, env: dict[str, str], timeout: float, kind: str = "idegym",
                      snapshot: Path | None = None, project_lower: str | None = None,
                      export: Path | None = None, isolated_runs: int = 0,
-                     forks: ForkStack | None = None, background: bool = False) -> SandboxHandle:
+                     forks: ForkStack | None = None, background: bool = False,
+                     network_peer: dict[str, Any] | None = None) -> SandboxHandle:
         """A ready sandbox ``name`` in ``space`` running ``kind``'s server on ``image``; ``export``
         is bound writable at ``/opt/idegym/export`` (image builds take their project out there);
         ``forks`` are the fork layers a fork's child stands on (it holds them until deleted).
-        ``background``: made ahead of demand, at a low CPU priority until ``claim`` (priority.py)."""
+        ``background``: made ahead of demand, at a low CPU priority until ``claim`` (priority.py).
+        ``network_peer``: another sandbox's record, whose network namespace this one joins (its
+        network, if it has one, is theirs: no user-mode networking of its own)."""
         if not NAME_RE.match(name):
             raise BackendError(f"invalid sandbox name {name!r}: use letters, digits, '-', '_', '.'", 400)
         entry(kind)  # an unknown kind fails here, before anything is made
@@ -128,10 +134,18 @@ class Launcher:
         sb = space.root / name
         if sb.exists() or name in self.creating:
             raise BackendError(f"a sandbox named {name!r} already exists in {space.root}", 409)
+        if network_peer is not None:
+            if self.isolation != "bwrap":
+                raise BackendError("joining another sandbox's network needs bubblewrap isolation", 400)
+            network = bool(network_peer.get("network"))
+        host = self.host_config() if network and self.host_config is not None else None
+        if host is not None:  # the host's package sources; the image's own settings come first
+            env = {**host.env, **host.proxies, **env}
         plan = Plan(name=name, space=space, sb=sb, run=space.run_dir(name), image=image,
                     project_lower=project_lower or image.project, run_as_root=run_as_root, network=network,
                     limits=limits, pids_max=cgroups.runner_pids(self.pids_max, isolated_runs), env=env, kind=kind,
                     snapshot=snapshot, export=export,
+                    host_config=host.directory if host is not None else None, network_peer=network_peer,
                     isolated_runs=isolated_runs, forks=forks,
                     # image builds keep their layers on the state disk: they become the image's
                     storage_bytes=limits.storage_bytes or (self.storage_bytes if space.kind == "sandboxes" else None),
@@ -140,6 +154,7 @@ class Launcher:
             "v": 1, "isolation": self.isolation, "dir": str(sb), "run_dir": str(plan.run),
             "socket": str(plan.run / SOCKET_NAME), "log": str(plan.log), "image": image.tag,
             "image_id": image.id, "run_as_root": run_as_root, "network": network, "cgroups": {},
+            "network_peer": network_peer.get("dir") if network_peer else None,
             "snapshot": snapshot.name if snapshot else None, "space": space.kind,
             # While this process creates it, another process's orphan sweep leaves it alone (inventory.py).
             "creator": procfs.record(os.getpid()),
@@ -310,8 +325,9 @@ class Launcher:
 
     def _forks_server(self, plan: Plan) -> bool:
         """Whether a zygote forks ``plan``'s server: ``sandbox_server`` itself (other kinds start
-        the long way)."""
-        return self.zygotes and plan.kind == ServerKind.IDEGYM.value
+        the long way, and so does a sandbox in another's network namespace: the zygote joins the
+        sandbox's user namespace first, which has no rights over a namespace its peer's owns)."""
+        return self.zygotes and plan.kind == ServerKind.IDEGYM.value and plan.network_peer is None
 
     def _zygote(self, plan: Plan) -> Zygote:
         """The zygote of ``plan``'s runtime (the host's, or the one an OCI image's sandbox brings)."""

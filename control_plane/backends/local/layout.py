@@ -121,6 +121,8 @@ class Plan:
     forks: ForkStack | None = None  # a fork's child: the layers it stands on (fork_layers.py)
     lowers: dict[str, list[str]] = field(default_factory=dict)
     isolated_runs: int = 0  # the server runs this many code-runner runs at once, each in namespaces of its own
+    host_config: Path | None = None  # a networked sandbox: the host's package configuration, bound read-only
+    network_peer: dict[str, Any] | None = None  # another sandbox's record: its network namespace is joined
 
     @property
     def layers(self) -> Path:

@@ -17,6 +17,7 @@ _libc.unshare.argtypes = (ctypes.c_int,)
 _libc.setns.argtypes = (ctypes.c_int, ctypes.c_int)
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
@@ -66,6 +67,13 @@ def unshare_mount_namespace() -> None:
         err = ctypes.get_errno()
         raise OSError(err, f"unshare(CLONE_NEWNS): {os.strerror(err)}")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
+
+
+def enter_network_namespace(fd: int) -> None:
+    """Move the calling *thread* into the network namespace ``fd`` refers to."""
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns(net): {os.strerror(err)}")
 
 
 def enter_mount_namespace(fd: int) -> None:

@@ -2,22 +2,30 @@
 
 A Harbor task is a directory::
 
-    task.toml            [metadata] [verifier] timeout_sec/env/user, [agent] timeout_sec,
-                         [environment] cpus, memory(_mb), storage(_mb), allow_internet, docker_image
+    task.toml            schema 1.0-1.4: [metadata]; [verifier] timeout_sec/env/user/network_mode;
+                         [agent] timeout_sec/user/network_mode; [solution] env; [environment]
+                         cpus, memory(_mb), storage(_mb), network_mode/allow_internet, env, workdir,
+                         docker_image, healthcheck
     instruction.md       what the agent is told
     environment/         the Dockerfile and its build context
     tests/test.sh        the verifier: writes /logs/verifier/reward.txt (a number) or reward.json
     solution/solve.sh    optional: the oracle
 
 ``harbor:<dir>`` is one such directory, or a directory of them. Read with ``tomllib`` only: the
-``harbor`` package (Python >= 3.12) is not needed.
+``harbor`` package (Python >= 3.12) is not needed; the semantics are Harbor's (0.25): the network
+is public unless the task says otherwise, ``memory = "2G"`` is 2048 MB, ``${VAR}`` /
+``${VAR:-default}`` in env tables come from this process's environment.
 
-The task: the image built from ``environment/Dockerfile`` (the project is its WORKDIR); graded
-in place (the format's semantics: the verifier judges the container as the agent left it, its
-processes ended); ``tests/`` reaches the sandbox only at grading, as hidden files copied to
-``/tests`` by the test stage, which then runs ``bash /tests/test.sh`` as the verifier's user with
-its env and timeout; the reward is the number the verifier wrote. The oracle runs ``solve.sh``
-(with the rest of ``solution/``) from a directory of its own.
+The task: the image built from ``environment/Dockerfile`` (or ``FROM`` the ``docker_image``),
+its project the ``workdir`` or the image's WORKDIR, its tools' variables the ``[environment]
+env``; graded in place (the format's semantics: the verifier judges the container as the agent
+left it, its processes ended); ``tests/`` reaches the sandbox only at grading, as hidden files
+copied to ``/tests`` by the test stage, which then runs ``bash /tests/test.sh`` as the verifier's
+user with its env and timeout; the reward is the number the verifier wrote. The oracle runs
+``solve.sh`` (with the rest of ``solution/``) from ``/solution`` as Harbor's does. What the task
+model cannot say — several ``[[steps]]``, a separate verifier environment, compose services —
+— and an image ENTRYPOINT, which Harbor starts with the container — is refused here with a
+clear error: ``harbor run`` with the IdeGym environment provider runs those.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from control_plane.dockerfile import final_entrypoint
 
 from ..task import GradingFiles, Task, TaskError, iter_files
 
@@ -67,21 +77,77 @@ def _expand(value: str) -> str:
     return _ENV_REF.sub(sub, value)
 
 
+class Healthcheck(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    command: str = Field(min_length=1)
+    interval_sec: float = 5.0
+    timeout_sec: float = 30.0
+    start_period_sec: float = 0.0
+    start_interval_sec: float = 5.0
+    retries: int = 3
+
+
 class HarborConfig(BaseModel):
-    """The parts of ``task.toml`` a run needs (unknown keys are kept in ``metadata``)."""
+    """``task.toml`` as Harbor reads it, schema versions 1.0 to 1.4 (what a run needs; the rest
+    is kept in ``metadata``)."""
 
     model_config = ConfigDict(extra="forbid")
 
+    schema_version: str = "1.0"
     verifier_timeout: float = Field(600.0, gt=0)
     verifier_env: dict[str, str] = Field(default_factory=dict)
     verifier_user: str | None = None
+    verifier_mode: str = "shared"
     agent_timeout: float | None = Field(None, gt=0)
+    agent_user: str | None = None
+    solution_env: dict[str, str] = Field(default_factory=dict)
     cpus: float | None = Field(None, gt=0)
     memory_mb: int | None = Field(None, gt=0)
     storage_mb: int | None = Field(None, gt=0)
-    allow_internet: bool = False
+    network: str = "public"  # Harbor's network_mode: public | no-network (allowlists are refused)
     docker_image: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    healthcheck: Healthcheck | None = None
+    steps: int = 0
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def allow_internet(self) -> bool:
+        return self.network == "public"
+
+
+def _table(doc: dict[str, Any], name: str, path: Path) -> dict[str, Any]:
+    section = doc.get(name, {})
+    if not isinstance(section, dict):
+        raise TaskError(f"{path}: [{name}] must be a table")
+    return section
+
+
+def _env_table(section: dict[str, Any], where: str, path: Path) -> dict[str, str]:
+    raw = section.get("env", {})
+    if not isinstance(raw, dict):
+        raise TaskError(f"{path}: {where} env must be a table of strings")
+    return {str(k): _expand(str(v)) for k, v in raw.items()}
+
+
+def _network(section: dict[str, Any], path: Path, where: str) -> str | None:
+    """An explicit policy of a section: ``network_mode`` (1.2+), else the older ``allow_internet``."""
+    mode = section.get("network_mode")
+    if mode is not None:
+        if mode == "allowlist":
+            hosts = section.get("allowed_hosts") or []
+            if hosts:
+                raise TaskError(f"{path}: {where} network_mode = \"allowlist\" ({', '.join(map(str, hosts))}): IdeGym "
+                                "cannot limit a sandbox's network to some hosts; use \"public\" or \"no-network\"")
+            return "no-network"  # nothing allowed
+        if mode not in ("public", "no-network"):
+            raise TaskError(f"{path}: {where} network_mode {mode!r} is not public, no-network or allowlist")
+        return str(mode)
+    if section.get("allow_internet") is not None:
+        return "public" if section["allow_internet"] else "no-network"
+    return None
 
 
 def read_config(path: Path) -> HarborConfig:
@@ -89,25 +155,40 @@ def read_config(path: Path) -> HarborConfig:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise TaskError(f"{path}: not a readable task.toml: {exc}") from exc
-    verifier, agent = doc.get("verifier", {}), doc.get("agent", {})
-    env = doc.get("environment", {})
-    for name, section in (("verifier", verifier), ("agent", agent), ("environment", env)):
-        if not isinstance(section, dict):
-            raise TaskError(f"{path}: [{name}] must be a table")
-    raw_env = verifier.get("env", {})
-    if not isinstance(raw_env, dict):
-        raise TaskError(f"{path}: [verifier] env must be a table of strings")
+    verifier, agent = _table(doc, "verifier", path), _table(doc, "agent", path)
+    env, solution = _table(doc, "environment", path), _table(doc, "solution", path)
+    if str(env.get("os", "linux")).lower() != "linux":
+        raise TaskError(f"{path}: [environment] os = {env['os']!r}: IdeGym runs Linux sandboxes only")
+    if env.get("gpus") or env.get("tpu"):
+        raise TaskError(f"{path}: [environment] asks for GPUs or TPUs, which IdeGym's sandboxes do not have")
+    network = _network(env, path, "[environment]") or "public"  # Harbor's default
+    for name, section in (("[agent]", agent), ("[verifier]", verifier)):
+        phase = _network(section, path, name)
+        if phase is not None and phase != network:
+            raise TaskError(f"{path}: {name} network_mode {phase!r} differs from [environment]'s {network!r}: IdeGym "
+                            "cannot change a sandbox's network between phases (Harbor's docker environment cannot "
+                            "either)")
+    mode = verifier.get("environment_mode") or ("separate" if verifier.get("environment") else "shared")
+    health = env.get("healthcheck")
     try:
         return HarborConfig(
+            schema_version=str(doc.get("schema_version", doc.get("version", "1.0"))),
             verifier_timeout=verifier.get("timeout_sec", 600.0),
-            verifier_env={str(k): _expand(str(v)) for k, v in raw_env.items()},
-            verifier_user=verifier.get("user"),
+            verifier_env=_env_table(verifier, "[verifier]", path),
+            verifier_user=None if verifier.get("user") is None else str(verifier["user"]),
+            verifier_mode=str(mode),
             agent_timeout=agent.get("timeout_sec"),
+            agent_user=None if agent.get("user") is None else str(agent["user"]),
+            solution_env=_env_table(solution, "[solution]", path),
             cpus=env.get("cpus"),
             memory_mb=_megabytes(env.get("memory_mb", env.get("memory")), f"{path} [environment] memory"),
             storage_mb=_megabytes(env.get("storage_mb", env.get("storage")), f"{path} [environment] storage"),
-            allow_internet=bool(env.get("allow_internet", False)),
+            network=network,
             docker_image=env.get("docker_image"),
+            env=_env_table(env, "[environment]", path),
+            workdir=env.get("workdir"),
+            healthcheck=Healthcheck.model_validate(health) if isinstance(health, dict) else None,
+            steps=len(doc.get("steps") or []),
             metadata={**doc.get("metadata", {}), **({"task": doc["task"]} if "task" in doc else {})},
         )
     except ValidationError as exc:
@@ -139,20 +220,24 @@ def test_stage_script() -> str:
             "bash /tests/test.sh\n")
 
 
-def oracle_call(solution: Path) -> dict[str, Any]:
-    """One bash call that writes ``solution/`` to a directory of its own and runs ``solve.sh``
-    from the project directory (files travel base64-encoded, so any byte survives)."""
-    lines = ["set -e", f"rm -rf {SOLUTION_DIR}", f"mkdir -p {SOLUTION_DIR}"]
+def oracle_call(solution: Path, env: dict[str, str] | None = None, *, directory: str = SOLUTION_DIR
+                ) -> dict[str, Any]:
+    """One bash call that writes ``solution/`` to ``directory`` (Harbor's ``/solution``) and runs
+    ``solve.sh`` from the project directory as Harbor's oracle does (``DEBIAN_FRONTEND``, the
+    task's ``[solution] env``); files travel base64-encoded, so any byte survives."""
+    lines = ["set -e", f"rm -rf {directory}", f"mkdir -p {directory}"]
     for file in iter_files(solution):
         if not file.is_file() or file.is_symlink():
             continue
         rel = file.relative_to(solution).as_posix()
-        target = shlex.quote(f"{SOLUTION_DIR}/{rel}")
+        target = shlex.quote(f"{directory}/{rel}")
         encoded = base64.b64encode(file.read_bytes()).decode("ascii")
         lines += [f"mkdir -p $(dirname {target})", f"base64 -d > {target} <<'IDEGYM_B64'", encoded, "IDEGYM_B64"]
         if os.access(file, os.X_OK):
             lines.append(f"chmod +x {target}")
-    lines.append(f"bash {SOLUTION_DIR}/solve.sh")
+    exports = {"DEBIAN_FRONTEND": "noninteractive", **(env or {})}
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in exports.items()]
+    lines.append(f"bash {directory}/solve.sh")
     return {"tool": "bash", "arguments": {"command": "\n".join(lines) + "\n", "timeout": 1800.0}}
 
 
@@ -171,14 +256,30 @@ def load_harbor_task(directory: Path | str) -> Task:
     tests = root / "tests"
     if not (tests / "test.sh").is_file():
         raise TaskError(f"{root}: no tests/test.sh (the verifier)")
+    if config.steps:
+        raise TaskError(f"{root}: a multi-step task ({config.steps} [[steps]]): IdeGym's task has one agent phase and "
+                        "one verifier; run it with `harbor run` and the IdeGym environment provider")
+    if config.verifier_mode == "separate":
+        raise TaskError(f"{root}: [verifier] environment_mode = \"separate\": run it with `harbor run` and the IdeGym "
+                        "environment provider (a task here grades the agent's own sandbox)")
+    compose = compose_file(root / "environment")
+    if compose is not None:
+        raise TaskError(f"{root}: the environment is {compose.name} (several services): run it with `harbor run` and "
+                        "the IdeGym environment provider, which starts each service as a sandbox")
     dockerfile = root / "environment" / "Dockerfile"
-    if not dockerfile.is_file():
-        if config.docker_image:
-            raise TaskError(f"{root}: the environment is the prebuilt image {config.docker_image!r}, and no "
-                            f"registry is reachable here; give an environment/Dockerfile")
-        raise TaskError(f"{root}: no environment/Dockerfile (compose environments are not supported)")
+    if dockerfile.is_file():
+        dockerfile_text = dockerfile.read_text(encoding="utf-8")
+    elif config.docker_image:  # pulled when a registry answers, else built here when it is one of those
+        dockerfile_text = f"FROM {config.docker_image}\n"
+    else:
+        raise TaskError(f"{root}: no environment/Dockerfile and no [environment] docker_image")
+    entrypoint = final_entrypoint(dockerfile_text)
+    if entrypoint:
+        raise TaskError(f"{root}: the image's ENTRYPOINT ({' '.join(entrypoint)[:120]}) is started with the container "
+                        "under Harbor; a task here has no start step: run it with `harbor run` and the IdeGym "
+                        "environment provider, which starts it")
     user = "root" if config.verifier_user in (None, "root", "0") else "appuser"
-    dockerfile_text = dockerfile.read_text(encoding="utf-8")
+    as_root = config.agent_user in ("root", "0") if config.agent_user is not None else runs_as_root(dockerfile_text)
     hidden = {f"tests/{p.relative_to(tests).as_posix()}": p.read_bytes() for p in iter_files(tests)
               if p.is_file() and not p.is_symlink()}
     solution = root / "solution"
@@ -187,25 +288,39 @@ def load_harbor_task(directory: Path | str) -> Task:
         "title": (instruction_file.read_text(encoding="utf-8").strip().splitlines() or [root.name])[0][:200],
         "language": _language(config),
         "instruction": instruction_file.read_text(encoding="utf-8"),
-        "environment": {"dockerfile": dockerfile_text, "context": root / "environment"},
+        "environment": {"dockerfile": dockerfile_text, "context": root / "environment", "env": config.env,
+                        "workdir": config.workdir},
         "test": {"script": test_stage_script(), "timeout": config.verifier_timeout, "user": user,
                  "env": config.verifier_env, "harness": "in-process", "report_glob": None,
                  "reward_file": _reward_file(tests)},
         "reward": "verifier_reward",
         "max_steps": 100,
         "grade_in_place": True,
-        "run_as_root": runs_as_root(dockerfile_text),  # Harbor's agent is the image's USER
+        "run_as_root": as_root,  # Harbor's agent is [agent] user, else the image's USER
         "resources": {"cpus": config.cpus, "memory_mb": config.memory_mb, "storage_mb": config.storage_mb},
         "network": config.allow_internet,
         "agent_timeout": config.agent_timeout,
-        "solution": [oracle_call(solution)] if (solution / "solve.sh").is_file() else [],
-        "metadata": {"source": f"harbor:{root}", "harbor": config.metadata, "verifier_user": config.verifier_user},
+        "solution": [oracle_call(solution, config.solution_env, directory="/solution" if as_root else SOLUTION_DIR)]
+        if (solution / "solve.sh").is_file() else [],
+        "metadata": {"source": f"harbor:{root}", "harbor": config.metadata, "verifier_user": config.verifier_user,
+                     "schema_version": config.schema_version,
+                     "healthcheck": config.healthcheck.model_dump() if config.healthcheck else None},
     }
     try:
         task = Task.model_validate(data)
     except ValidationError as exc:
         raise TaskError(f"{root}: {exc}") from exc
     return task.with_grading(GradingFiles(hidden=hidden))
+
+
+def compose_file(environment: Path) -> Path | None:
+    """The environment's compose file, as Harbor finds it: ``docker-compose.yaml``; a ``.yml``
+    only when there is no Dockerfile (beside one, it is the task's content, as Harbor treats it)."""
+    if (environment / "docker-compose.yaml").is_file():
+        return environment / "docker-compose.yaml"
+    if (environment / "docker-compose.yml").is_file() and not (environment / "Dockerfile").is_file():
+        return environment / "docker-compose.yml"
+    return None
 
 
 def runs_as_root(dockerfile: str) -> bool:
@@ -243,4 +358,4 @@ def shipped_tasks() -> Path:
 
 
 __all__ = ["load_harbor_task", "harbor_dirs", "read_config", "HarborConfig", "oracle_call", "test_stage_script",
-           "shipped_tasks", "runs_as_root"]
+           "shipped_tasks", "runs_as_root", "compose_file"]

@@ -27,13 +27,18 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..task import GradingFiles, Task, TaskError
-from . import repos
+from . import repos, swe_family
 
+# SWE-bench's convention: a Python environment with pip on PATH (install commands such as
+# `pip install -e .` run in /testbed), here a venv that also sees Debian's pytest.
 DEFAULT_DOCKERFILE = """\
 FROM debian:bookworm
 RUN apt-get update \\
- && apt-get install -y --no-install-recommends python3 python3-pytest git ca-certificates \\
+ && apt-get install -y --no-install-recommends python3 python3-pytest python3-pip python3-venv python-is-python3 \\
+    git ca-certificates \\
  && rm -rf /var/lib/apt/lists/*
+RUN python3 -m venv --system-site-packages /opt/venv && chown -R 1000:1000 /opt/venv
+ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 """
 REPORT = '"${IDEGYM_REPORT_DIR:-.}/swe-report.xml"'
 UNITTEST_RUNNER = ".idegym/unittest_junit.py"
@@ -59,6 +64,8 @@ class Profile(BaseModel):
                                                    "are replaced by the test files/modules and the report path")
     env: dict[str, str] = Field(default_factory=dict)
     timeout: float = Field(900.0, gt=0)
+    log_parser: str | None = Field(None, description="a SWE-bench/SWE-rebench log parser's name: the report is read "
+                                                     "from the test command's output (swe_family.py)")
 
 
 class SweInstance(BaseModel):
@@ -80,6 +87,18 @@ class SweInstance(BaseModel):
     test_framework: Literal["pytest", "unittest"] | None = None
     env: dict[str, str] | None = None
     dockerfile: str | None = None
+    install_config: dict[str, Any] | None = None  # SWE-rebench (swe_family.py)
+    image_name: str | None = None  # SWE-smith, SWE-Gym: a prebuilt image with the repository in /testbed
+    docker_image: str | None = None  # R2E-Gym's spelling
+
+    @field_validator("install_config", mode="before")
+    @classmethod
+    def _install_config(cls, value: Any) -> Any:
+        return swe_family.read_install_config(value)
+
+    @property
+    def image(self) -> str | None:
+        return self.image_name or self.docker_image
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
@@ -105,6 +124,8 @@ class SweInstance(BaseModel):
         """``base`` with this instance's own environment fields laid over it."""
         fields = {k: getattr(self, k) for k in ("install", "test_cmd", "test_framework", "env", "dockerfile")
                   if getattr(self, k) is not None}
+        if self.install_config:  # the row's own fields, if any, over what its install_config says
+            fields = {**swe_family.rebench_profile(self.install_config), **fields}
         return base.model_copy(update=fields) if fields else base
 
 
@@ -178,7 +199,10 @@ def test_command(profile: Profile, targets: list[str]) -> str:
         default = f"python3 {UNITTEST_RUNNER} --junit {{report}} {{tests}}"
     else:
         default = "python3 -m pytest -p no:cacheprovider -o addopts= -q -rN --junitxml={report} {tests}"
-    return (profile.test_cmd or default).replace("{report}", REPORT).replace("{tests}", quoted)
+    command = (profile.test_cmd or default).replace("{report}", REPORT).replace("{tests}", quoted)
+    if profile.log_parser:  # the dataset's command writes no report: its output is read
+        return swe_family.log_test_command(command, profile.log_parser, REPORT)
+    return command
 
 
 def unittest_runner_source() -> bytes:
@@ -291,6 +315,8 @@ class SweSet:
             out = {rel: (work / rel).read_bytes() for rel in sorted(touched) if (work / rel).is_file()}
         if profile.test_framework == "unittest":
             out[UNITTEST_RUNNER] = unittest_runner_source()
+        if profile.log_parser:
+            out[swe_family.LOG_JUNIT] = Path(__file__).with_name("log_junit.py").read_bytes()
         return out
 
     def task(self, task_id: str) -> Task:
@@ -301,6 +327,10 @@ class SweSet:
                             f"{', '.join(self.ids[:20])}{' …' if len(self.ids) > 20 else ''}") from None
         repo_profile = self.entry(instance).profile
         profile = instance.profile(repo_profile)
+        if profile.log_parser:
+            swe_family.known_parser(profile.log_parser)
+        if instance.image:  # the repository is in the image: nothing to fetch
+            return build_image_task(instance, profile, source=f"swe:{self.path}")
         project = self.project(instance)
         return build_task(instance, repo_profile, project, self.grading_project_files(instance, project, profile),
                           source=f"swe:{self.path}")
@@ -361,10 +391,52 @@ def build_task(instance: SweInstance, repo_profile: Profile, project: Path, grad
     return task.with_grading(GradingFiles(project=grading_files))
 
 
+def build_image_task(instance: SweInstance, profile: Profile, *, source: str) -> Task:
+    """The :class:`Task` of a row whose image holds the repository (SWE-smith, SWE-Gym, R2E-Gym):
+    graded in a fresh sandbox of that image with the agent's files laid over, after the test
+    patch's files are taken back to the base commit and the test patch applied."""
+    assert instance.image is not None
+    expected = list(dict.fromkeys(instance.FAIL_TO_PASS + instance.PASS_TO_PASS))
+    if not instance.FAIL_TO_PASS:
+        raise TaskError(f"instance {instance.instance_id!r} has no FAIL_TO_PASS test")
+    touched = repos.patched_files(instance.test_patch)
+    files = {swe_family.LOG_JUNIT: Path(__file__).with_name("log_junit.py").read_bytes()} if profile.log_parser \
+        else {}
+    if profile.test_framework == "unittest":
+        files[UNITTEST_RUNNER] = unittest_runner_source()
+    data: dict[str, Any] = {
+        "id": instance.task_id,
+        "title": instance.problem_statement.strip().splitlines()[0][:200],
+        "language": "python",
+        "instruction": instance.problem_statement.rstrip() + INSTRUCTION_FOOTER,
+        "environment": {"dockerfile": f"FROM {instance.image}\nWORKDIR {swe_family.IMAGE_PROJECT_DIR}\n"},
+        "setup": {"script": swe_family.restore_and_patch_script(instance.base_commit, instance.test_patch, touched),
+                  "timeout": 300, "user": "root"},
+        "test": {"script": test_command(profile, expected), "timeout": profile.timeout, "env": profile.env,
+                 "harness": "in-process", "expected": expected, "report_glob": None},
+        "reward": "all_tests_pass",
+        "max_steps": 60,
+        "expected_tests": len(expected),
+        "protected_paths": sorted({*touched, *files}),
+        "editable": ["**"],
+        "solution": [gold_patch_call(instance.patch)] if instance.patch.strip() else [],
+        "metadata": {"source": source, "instance_id": instance.instance_id, "repo": instance.repo,
+                     "base_commit": instance.base_commit, "image": instance.image,
+                     "FAIL_TO_PASS": instance.FAIL_TO_PASS, "PASS_TO_PASS": instance.PASS_TO_PASS,
+                     "test_framework": profile.test_framework},
+    }
+    try:
+        task = Task.model_validate(data)
+    except ValidationError as exc:
+        raise TaskError(f"instance {instance.instance_id!r}: {exc}") from exc
+    return task.with_grading(GradingFiles(project=files))
+
+
 def shipped_instances() -> Path:
     """The SWE-style set shipped with the package."""
     return Path(__file__).resolve().parent.parent / "data" / "swe" / "instances.jsonl"
 
 
-__all__ = ["SweInstance", "SweSet", "Profile", "read_instances", "build_task", "test_file", "test_command",
+__all__ = ["SweInstance", "SweSet", "Profile", "read_instances", "build_task", "build_image_task", "test_file",
+           "test_command",
            "gold_patch_call", "shipped_instances", "DEFAULT_DOCKERFILE"]

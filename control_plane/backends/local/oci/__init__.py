@@ -4,7 +4,7 @@
 * ``bases``: ``debian:<release>[-slim]`` and ``python:3.X[-slim]`` built once with mmdebstrap
   into a shared, content-addressed buildah store (the cache), which every state directory's own
   store reads as an *additional image store*: nothing is copied per state directory.
-* ``dockerfile``: the bases a Dockerfile names (its ``FROM`` and ``COPY --from`` references).
+* (``control_plane.dockerfile``: the bases a Dockerfile names, read without buildah.)
 * ``buildah``: one place that runs buildah (our storage and registries configuration, a private
   mount namespace, no network unless allowed) and reads its image store.
 * ``build``: a Dockerfile (or a YAML definition on an OCI base, rendered as one) built into the

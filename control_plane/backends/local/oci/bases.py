@@ -1,17 +1,14 @@
-"""Distribution bases: ``debian:<release>[-slim]`` and ``python:3.X[-slim]``, built with mmdebstrap.
+"""Building the bases of :mod:`.catalog` with mmdebstrap, once, into the shared cache.
 
-A base is built once per *recipe* (release, variant, packages, mirror — hashed into its key)
-and kept in the shared cache's buildah store under the names Dockerfiles use
-(``docker.io/library/debian:bookworm``…), so ``FROM debian:bookworm`` resolves locally, in
-every state directory (they read the cache store as an additional image store).
-
-``python:3.X`` is the Debian release whose ``python3`` is closest to 3.X (a tie goes to the
-newer one), with pip, venv, ``python`` → ``python3``, and no EXTERNALLY-MANAGED marker (as in
-the official image, ``pip install`` works); ``python:3.X-<release>`` takes that release as
-asked. Which release a name maps to is said in the build log and recorded in the image.
+A base is built once per *recipe* (release, variant, packages, hooks, mirror — hashed into its
+key) and kept in the shared cache's buildah store under the name its reference stands for
+(``docker.io/library/python:3.12``…), which every state directory reads as an additional image
+store. The Debian archive is the one apt uses here; the Ubuntu archive is
+``$IDEGYM_UBUNTU_MIRROR``, else Ubuntu's own when it answers (its keyring is the host's, else
+taken once from Debian's ``ubuntu-archive-keyring`` package, which apt verifies).
 
 What differs from Docker Hub's images: the package lists from the build are kept (so
-``apt-get install`` works without ``apt-get update``), and the Python is Debian's.
+``apt-get install`` works without ``apt-get update``), and the toolchains are the distribution's.
 """
 
 from __future__ import annotations
@@ -26,6 +23,7 @@ import re
 import secrets
 import shutil
 import subprocess
+import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,151 +31,17 @@ from pathlib import Path
 from typing import Any
 
 from .buildah import Buildah
-from .settings import OciError, OciSettings, find_debian_mirror
+from .catalog import SLIM_EXCLUDES, SLIM_INCLUDES, TOOL_PATH, BaseSpec
+from .refs import reachable
+from .settings import DebianMirror, OciError, OciSettings, find_debian_mirror
 
 log = logging.getLogger(__name__)
 
-RECIPE_VERSION = 1
-TOOL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-@dataclass(frozen=True)
-class Release:
-    codename: str
-    number: int
-    python: tuple[int, int]  # its python3
-
-
-RELEASES = {"bookworm": Release("bookworm", 12, (3, 11)), "trixie": Release("trixie", 13, (3, 13))}
-NEWEST = "trixie"
-DEBIAN_ALIASES = {"12": "bookworm", "13": "trixie", "stable": NEWEST, "latest": NEWEST}
-MAX_PYTHON_DISTANCE = 1  # minor versions
-PYTHON_PACKAGES = ("python3", "python3-pip", "python3-venv", "python-is-python3", "ca-certificates")
-SLIM_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/groff/*", "/usr/share/info/*",
-                 "/usr/share/lintian/*", "/usr/share/linda/*", "/usr/share/locale/*")
-SLIM_INCLUDES = ("/usr/share/doc/*/copyright", "/usr/share/locale/locale.alias")
-
-
-def python_range() -> tuple[tuple[int, int], tuple[int, int]]:
-    pys = [r.python for r in RELEASES.values()]
-    low, high = min(pys), max(pys)
-    return (low[0], low[1] - MAX_PYTHON_DISTANCE), (high[0], high[1] + MAX_PYTHON_DISTANCE)
-
-
-def supported_text() -> str:
-    (lo, hi) = python_range()
-    rels = ", ".join(f"debian:{r.codename} (debian:{r.number})" for r in RELEASES.values())
-    pys = "; ".join(f"{r.codename} has python3 {r.python[0]}.{r.python[1]}" for r in RELEASES.values())
-    return (f"{rels}, each also -slim, debian:stable/latest = {NEWEST}; python:{lo[0]}.{lo[1]} to "
-            f"python:{hi[0]}.{hi[1]} (and -slim, -<release>), mapped to the Debian release with the closest "
-            f"python3 ({pys})")
-
-
-@dataclass(frozen=True)
-class BaseSpec:
-    """A supported base name and the recipe that builds it."""
-
-    name: str  # as Docker Hub names it: docker.io/library/python:3.12-slim
-    release: Release
-    slim: bool
-    python: tuple[int, int] | None  # the version asked for (python bases)
-    note: str | None = None
-    packages: tuple[str, ...] = ()
-
-    def recipe(self, mirror: str) -> dict[str, Any]:
-        return {"v": RECIPE_VERSION, "release": self.release.codename, "variant": "minbase", "slim": self.slim,
-                "packages": sorted(self.packages), "python_base": self.python is not None, "mirror": mirror}
-
-    def key(self, mirror: str) -> str:
-        return hashlib.sha256(json.dumps(self.recipe(mirror), sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _split(ref: str) -> tuple[str, str]:
-    """(repository, tag) of a Docker Hub reference; ('', '') for references elsewhere."""
-    name = ref.strip()
-    if "@" in name:
-        return name.split("@", 1)[0], "@"
-    for prefix in ("docker.io/", "index.docker.io/", "registry-1.docker.io/"):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-            break
-    else:
-        first = name.split("/", 1)[0]
-        if "/" in name and ("." in first or ":" in first or first == "localhost"):
-            return "", ""
-    name = name.removeprefix("library/")
-    repo, _, tag = name.partition(":")
-    return repo, tag or "latest"
-
-
-def resolve(ref: str) -> BaseSpec | None:
-    """The base ``ref`` names, None when it is not a family we build (debian, python).
-
-    Raises ``OciError`` for a tag of those families that has no local equivalent.
-    """
-    repo, tag = _split(ref)
-    if repo not in ("debian", "python"):
-        return None
-    if tag == "@":
-        raise OciError(f"base {ref!r} is pinned by digest: a locally built base cannot have that digest. Use a tag "
-                       f"({supported_text()}), or configure a registry mirror (--image-registry)")
-    tokens = tag.split("-")
-    if repo == "debian":
-        codename = DEBIAN_ALIASES.get(tokens[0], tokens[0])
-        if re.fullmatch(r"\d+\.\d+", tokens[0]):  # a point release: 12.8
-            codename = DEBIAN_ALIASES.get(tokens[0].split(".")[0], tokens[0])
-        rest = tokens[1:]
-        if codename not in RELEASES or rest not in ([], ["slim"]):
-            raise OciError(f"base {ref!r} is not supported here: supported bases are {supported_text()}; other "
-                           "images need a registry mirror (--image-registry)")
-        slim = rest == ["slim"]
-        return BaseSpec(f"docker.io/library/debian:{tag}", RELEASES[codename], slim, None)
-    version, flags = None, []
-    for token in tokens:
-        if token == "latest":
-            continue
-        if re.fullmatch(r"\d+(\.\d+){0,2}", token) and version is None and not flags:
-            version = token
-        elif token in ("slim", *RELEASES):
-            flags.append(token)
-        else:
-            raise OciError(f"base {ref!r} is not supported here ({token!r} variants are not built locally): "
-                           f"supported bases are {supported_text()}; other images need a registry mirror "
-                           "(--image-registry)")
-    slim = "slim" in flags
-    asked_release = next((f for f in flags if f in RELEASES), None)
-    wanted: tuple[int, int] | None = None
-    if version is not None:
-        parts = [int(p) for p in version.split(".")]
-        if parts[0] != 3:
-            raise OciError(f"base {ref!r}: no Debian release here has Python {version} (supported: {supported_text()})")
-        if len(parts) > 1:
-            wanted = (3, parts[1])
-    if asked_release:
-        release = RELEASES[asked_release]
-        if wanted and wanted != release.python:
-            note = (f"{ref} -> Debian {release.codename} as named; its python3 is "
-                    f"{release.python[0]}.{release.python[1]}, not {wanted[0]}.{wanted[1]}")
-        else:
-            note = f"{ref} -> Debian {release.codename} (python3 {release.python[0]}.{release.python[1]})"
-    elif wanted is None:
-        release = RELEASES[NEWEST]
-        note = f"{ref} -> Debian {release.codename} (python3 {release.python[0]}.{release.python[1]}, the newest here)"
-    else:
-        def distance(r: Release) -> tuple[int, int]:
-            return abs(r.python[1] - wanted[1]), -r.python[1]  # ties go to the newer python3
-
-        release = min(RELEASES.values(), key=distance)
-        gap = abs(release.python[1] - wanted[1])
-        if gap > MAX_PYTHON_DISTANCE:
-            raise OciError(f"base {ref!r}: no Debian release here has a python3 close to {wanted[0]}.{wanted[1]} "
-                           f"(supported: {supported_text()})")
-        have = f"{release.python[0]}.{release.python[1]}"
-        note = (f"{ref} -> Debian {release.codename} (python3 {have})" if gap == 0 else
-                f"{ref} -> Debian {release.codename}: its python3 {have} is the closest to {wanted[0]}.{wanted[1]} "
-                "a Debian release here has")
-    return BaseSpec(f"docker.io/library/python:{tag}", release, slim, wanted or release.python, note,
-                    PYTHON_PACKAGES)
+UBUNTU_ARCHIVE = "http://archive.ubuntu.com/ubuntu"
+UBUNTU_SECURITY = "http://security.ubuntu.com/ubuntu"
+UBUNTU_KEYRING = Path("/usr/share/keyrings/ubuntu-archive-keyring.gpg")
+UBUNTU_COMPONENTS = "main restricted universe multiverse"  # as the official ubuntu image's sources
+NEWEST_DEBIAN = "trixie"  # its main archive has ubuntu-archive-keyring
 
 
 @dataclass
@@ -189,7 +53,7 @@ class BuiltBase:
     debian_version: str | None
     cached: bool
     seconds: float
-    notes: list[str] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)  # what the probes found: {"go": "1.22.12"}
 
 
 class BaseCache:
@@ -209,11 +73,74 @@ class BaseCache:
         (self.root / "bases").mkdir(parents=True, exist_ok=True)
         self.buildah.ensure()
 
+    # -- the archives ---------------------------------------------------------------------------------
+
+    def ubuntu_archive(self) -> DebianMirror | None:
+        """The Ubuntu archive to build ``ubuntu:*`` from: ``$IDEGYM_UBUNTU_MIRROR`` (``none`` turns it
+        off), else Ubuntu's own when it answers; None when there is none (blocking: a probe)."""
+        configured = self.settings.ubuntu_mirror
+        if configured and configured.lower() in ("none", "off", "0"):
+            return None
+        if configured:
+            archive = configured.rstrip("/")
+            return DebianMirror(archive, archive, "IDEGYM_UBUNTU_MIRROR")
+        if reachable(f"{UBUNTU_ARCHIVE}/dists/noble/Release"):
+            return DebianMirror(UBUNTU_ARCHIVE, UBUNTU_SECURITY, "archive.ubuntu.com (reachable)")
+        return None
+
+    def mirror_for(self, spec: BaseSpec) -> DebianMirror:
+        if spec.release.distro == "ubuntu":
+            mirror = self.ubuntu_archive()
+            if mirror is None:
+                raise OciError(f"{spec.name} needs an Ubuntu archive and none is reachable or configured "
+                               "(IDEGYM_UBUNTU_MIRROR)", 500)
+            return mirror
+        return find_debian_mirror(self.settings.debian_mirror)
+
+    async def _ubuntu_keyring(self, emit: Callable[[str], None]) -> Path:
+        """The Ubuntu archive's keyring: the host's, else Debian's ``ubuntu-archive-keyring`` package
+        extracted once into the cache (downloaded by apt, verified by Debian's archive keys)."""
+        if UBUNTU_KEYRING.is_file():
+            return UBUNTU_KEYRING
+        kept = self.root / "bases" / "ubuntu-archive-keyring.gpg"
+        if kept.is_file():
+            return kept
+        emit("the Ubuntu archive's keyring: taking Debian's ubuntu-archive-keyring package (mmdebstrap, verified by "
+             "the Debian archive's keys)")
+        debian = find_debian_mirror(self.settings.debian_mirror)
+        work = self.root / "bases" / f"tmp-keyring-{secrets.token_hex(3)}"
+        work.mkdir(parents=True)
+        try:
+            tar = work / "keyring.tar"
+            argv = ["mmdebstrap", "--mode=root", "--variant=extract", "--include=ubuntu-archive-keyring",
+                    "--format=tar", NEWEST_DEBIAN, str(tar), f"deb {debian.archive} {NEWEST_DEBIAN} main"]
+            proc = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                                        stderr=subprocess.STDOUT, start_new_session=True,
+                                                        env={"PATH": os.environ.get("PATH", os.defpath),
+                                                             "HOME": str(work), "TMPDIR": str(work)})
+            out, _ = await asyncio.wait_for(proc.communicate(), 600)
+            if proc.returncode != 0:
+                raise OciError("could not take the Ubuntu archive's keyring from the Debian archive:\n"
+                               + out.decode(errors="replace")[-2000:], 500)
+            with tarfile.open(tar) as archive:
+                member = archive.extractfile("./usr/share/keyrings/ubuntu-archive-keyring.gpg")
+                if member is None:
+                    raise OciError("Debian's ubuntu-archive-keyring package has no ubuntu-archive-keyring.gpg", 500)
+                data = member.read()
+            tmp = kept.with_suffix(f".{secrets.token_hex(3)}.tmp")
+            tmp.write_bytes(data)
+            tmp.replace(kept)
+            return kept
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    # -- building ---------------------------------------------------------------------------------------
+
     async def ensure(self, spec: BaseSpec, emit: Callable[[str], None], timeout: float = 1800.0) -> BuiltBase:
         """The base, built now unless the cache has it; ``spec.name`` then names it in the store."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.ensure_dirs)
-        mirror = find_debian_mirror(self.settings.debian_mirror)
+        mirror = await loop.run_in_executor(None, self.mirror_for, spec)
         key = spec.key(mirror.archive)
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
@@ -223,7 +150,7 @@ class BaseCache:
             finally:
                 os.close(fd)
 
-    async def _ensure_locked(self, spec: BaseSpec, key: str, mirror: Any, emit: Callable[[str], None],
+    async def _ensure_locked(self, spec: BaseSpec, key: str, mirror: DebianMirror, emit: Callable[[str], None],
                              timeout: float) -> BuiltBase:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
@@ -234,12 +161,14 @@ class BaseCache:
                 await loop.run_in_executor(None, self.buildah.tag, record["image_id"], spec.name)
                 record["names"] = sorted({*record.get("names", []), spec.name})
                 _save(record_path, record)
-            emit(f"base {spec.name}: cached ({key}, Debian {record.get('debian_version')}"
-                 f"{', python3 ' + record['python_version'] if record.get('python_version') else ''})")
+            versions = record.get("versions") or {}
+            emit(f"base {spec.name}: cached ({key}, {spec.release.title} {record.get('debian_version')}"
+                 f"{_versions_text(record.get('python_version'), versions)})")
             return BuiltBase(spec, key, record["image_id"], record.get("python_version"),
-                             record.get("debian_version"), True, time.monotonic() - started)
-        emit(f"base {spec.name}: building Debian {spec.release.codename} ({'slim ' if spec.slim else ''}minbase"
-             f"{' + ' + ' '.join(spec.packages) if spec.packages else ''}) with mmdebstrap from {mirror.archive}")
+                             record.get("debian_version"), True, time.monotonic() - started, versions)
+        emit(f"base {spec.name}: building {spec.release.title} ({'slim ' if spec.slim else ''}minbase"
+             f"{' + ' + ' '.join(spec.packages) if spec.packages else ''}) with mmdebstrap from {mirror.archive}"
+             f"{' and ' + ', '.join(spec.suites) if spec.suites else ''}")
         work = self.root / "bases" / f"tmp-{key}-{secrets.token_hex(3)}"
         work.mkdir(parents=True)
         try:
@@ -250,15 +179,15 @@ class BaseCache:
             await loop.run_in_executor(None, shutil.rmtree, work, True)
         record = {"key": key, "recipe": spec.recipe(mirror.archive), "image_id": image_id, "names": [spec.name],
                   "python_version": facts.get("python"), "debian_version": facts.get("debian"),
-                  "layer_digest": facts["digest"], "built": time.time(),
+                  "versions": facts["versions"], "layer_digest": facts["digest"], "built": time.time(),
                   "seconds": round(time.monotonic() - started, 1)}
         _save(record_path, record)
-        emit(f"base {spec.name}: built in {record['seconds']:.0f} s (Debian {facts.get('debian')}"
-             f"{', python3 ' + facts['python'] if facts.get('python') else ''})")
+        emit(f"base {spec.name}: built in {record['seconds']:.0f} s ({spec.release.title} {facts.get('debian')}"
+             f"{_versions_text(facts.get('python'), facts['versions'])})")
         return BuiltBase(spec, key, image_id, facts.get("python"), facts.get("debian"), False,
-                         time.monotonic() - started)
+                         time.monotonic() - started, facts["versions"])
 
-    async def _mmdebstrap(self, spec: BaseSpec, mirror: Any, work: Path, emit: Callable[[str], None],
+    async def _mmdebstrap(self, spec: BaseSpec, mirror: DebianMirror, work: Path, emit: Callable[[str], None],
                           timeout: float) -> dict[str, Any]:
         if shutil.which("mmdebstrap") is None:
             raise OciError("mmdebstrap is not installed (Debian package mmdebstrap; `make system-deps` installs it): "
@@ -271,19 +200,35 @@ class BaseCache:
         args = ["mmdebstrap", "--mode=root", "--variant=minbase", "--format=tar", "--skip=output/dev",
                 "--skip=cleanup/apt/lists", "--dpkgopt=force-unsafe-io", "--aptopt=APT::Install-Recommends \"false\"",
                 "--aptopt=Acquire::Retries \"3\""]
+        if spec.release.distro == "ubuntu":
+            args.append(f"--keyring={await self._ubuntu_keyring(emit)}")
         if spec.packages:
             args.append("--include=" + ",".join(spec.packages))
         if spec.slim:
             args += [f"--dpkgopt=path-exclude={p}" for p in SLIM_EXCLUDES]
             args += [f"--dpkgopt=path-include={p}" for p in SLIM_INCLUDES]
-        hooks = [f'cat "$1/etc/debian_version" > {_q(debian_out)}']
-        if spec.packages:
+        version_file = "debian_version" if spec.release.distro == "debian" else "lsb-release"
+        hooks = [f'cat "$1/etc/{version_file}" > {_q(debian_out)}']
+        if spec.python is not None:
             hooks += ['rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED',
                       f'chroot "$1" python3 -c "import platform; print(platform.python_version())" > {_q(python_out)}']
+        for command in spec.hooks:
+            hooks.append(f"chroot \"$1\" /bin/sh -ec {_sq(command)}")
+        probe_files = {}
+        for label, command in spec.probes:
+            probe_files[label] = work / f"probe-{label}"
+            hooks.append(f"chroot \"$1\" /bin/sh -c {_sq('PATH=' + _probe_path(spec) + '; ' + command)} "
+                         f"> {_q(probe_files[label])} 2>&1 || true")
         args += [f"--customize-hook={h}" for h in hooks]
-        sources = [f"deb {mirror.archive} {suite} main", f"deb {mirror.archive} {suite}-updates main"]
-        if mirror.security:
-            sources.append(f"deb {mirror.security} {suite}-security main")
+        if spec.release.distro == "ubuntu":
+            parts = UBUNTU_COMPONENTS
+            sources = [f"deb {mirror.archive} {suite} {parts}", f"deb {mirror.archive} {suite}-updates {parts}",
+                       f"deb {mirror.security} {suite}-security {parts}"]
+        else:
+            sources = [f"deb {mirror.archive} {suite} main", f"deb {mirror.archive} {suite}-updates main"]
+            if mirror.security:
+                sources.append(f"deb {mirror.security} {suite}-security main")
+        sources += [f"deb {mirror.archive} {extra} main" for extra in spec.suites]
         args += [suite, str(tar), *sources]
         # The chroot mmdebstrap installs into lives on a private tmpfs (dpkg's many small writes and
         # the cleanup cost minutes on a busy disk); the namespace takes it, and any mount, away.
@@ -320,8 +265,9 @@ class BaseCache:
             raise OciError(f"mmdebstrap failed building {spec.name} (exit {proc.returncode}):\n"
                            + "\n".join(tail[-20:]), 500)
         digest = await asyncio.get_running_loop().run_in_executor(None, _sha256, tar)
-        return {"tar": tar, "digest": digest, "size": tar.stat().st_size,
-                "python": _read(python_out), "debian": _read(debian_out)}
+        versions = {label: (_read(path) or "").splitlines()[-1:] for label, path in probe_files.items()}
+        return {"tar": tar, "digest": digest, "size": tar.stat().st_size, "python": _read(python_out),
+                "debian": _release_text(_read(debian_out)), "versions": {k: v[0] for k, v in versions.items() if v}}
 
     async def _import(self, spec: BaseSpec, key: str, work: Path, facts: dict[str, Any]) -> str:
         """The tar as a one-layer OCI image (an OCI layout made here), pulled into the cache store."""
@@ -331,15 +277,22 @@ class BaseCache:
         layout = work / f"idegym-base-{key}"
         labels = {"org.idegym.base.key": key, "org.idegym.base.debian": spec.release.codename,
                   "org.idegym.base.debian-version": facts.get("debian") or ""}
-        env = [f"PATH={TOOL_PATH}"]
+        if spec.release.distro != "debian":
+            labels = {"org.idegym.base.key": key, f"org.idegym.base.{spec.release.distro}": spec.release.codename,
+                      "org.idegym.base.release-version": facts.get("debian") or ""}
+        env = dict(_env_pairs(spec, facts))
         if spec.python is not None:
             labels["org.idegym.base.python"] = facts.get("python") or ""
-            env.append("LANG=C.UTF-8")
-        config = {"architecture": _arch(), "os": "linux",
-                  "config": {"Env": env, "Cmd": ["python3" if spec.python else "bash"], "Labels": labels},
-                  "rootfs": {"type": "layers", "diff_ids": [f"sha256:{facts['digest']}"]},
-                  "history": [{"created_by": f"mmdebstrap --variant=minbase {spec.release.codename} (idegym {key})"}]}
-        await loop.run_in_executor(None, _write_layout, layout, facts["tar"], facts["digest"], config, key)
+            env.setdefault("LANG", "C.UTF-8")
+        for label, version in facts["versions"].items():
+            labels[f"org.idegym.base.{label}"] = version
+        cmd = ["python3"] if spec.python is not None else ["bash"]
+        config: dict[str, Any] = {"Env": [f"{k}={v}" for k, v in env.items()], "Cmd": cmd, "Labels": labels}
+        image_config = {"architecture": _arch(), "os": "linux", "config": config,
+                        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{facts['digest']}"]},
+                        "history": [{"created_by": f"mmdebstrap --variant=minbase {spec.release.codename} "
+                                                   f"(idegym {key})"}]}
+        await loop.run_in_executor(None, _write_layout, layout, facts["tar"], facts["digest"], image_config, key)
         result = await self.buildah.run(["pull", "--quiet", "--signature-policy", self.buildah.policy,
                                          f"oci:{layout.name}:{key}"], network=False, timeout=1800, cwd=work)
         if result.returncode != 0:
@@ -349,6 +302,33 @@ class BaseCache:
             raise OciError(f"buildah pull printed no image id: {result.message()}", 500)
         await loop.run_in_executor(None, self.buildah.tag, image_id, spec.name)
         return image_id
+
+
+def _env_pairs(spec: BaseSpec, facts: dict[str, Any]) -> list[tuple[str, str]]:
+    """PATH first, then the spec's variables with the probes' versions filled in ({go})."""
+    values = dict(facts["versions"])
+    pairs = [("PATH", TOOL_PATH)]
+    for name, value in spec.env:
+        filled = re.sub(r"\{(\w+)\}", lambda m: values.get(m.group(1), ""), value)
+        pairs = [(k, v) for k, v in pairs if k != name] + [(name, filled)]
+    return pairs
+
+
+def _probe_path(spec: BaseSpec) -> str:
+    return next((v for k, v in spec.env if k == "PATH"), TOOL_PATH)
+
+
+def _versions_text(python: str | None, versions: dict[str, str]) -> str:
+    found = ([f"python3 {python}"] if python else []) + [f"{k} {v}" for k, v in versions.items()]
+    return ", " + ", ".join(found) if found else ""
+
+
+def _release_text(text: str | None) -> str | None:
+    """/etc/debian_version as it is; an Ubuntu lsb-release's DISTRIB_RELEASE."""
+    if text and "DISTRIB_RELEASE=" in text:
+        found = re.search(r"^DISTRIB_RELEASE=(.*)$", text, re.MULTILINE)
+        return found.group(1).strip() if found else None
+    return text
 
 
 def _write_layout(layout: Path, tar: Path, digest: str, config: dict[str, Any], ref: str) -> None:
@@ -387,7 +367,11 @@ def _sha256(path: Path) -> str:
 
 
 def _q(path: Path) -> str:
-    return "'" + str(path).replace("'", "'\\''") + "'"
+    return _sq(str(path))
+
+
+def _sq(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
 
 
 def _read(path: Path) -> str | None:

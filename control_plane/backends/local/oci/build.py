@@ -24,16 +24,19 @@ from pathlib import Path
 from typing import Any
 
 from ....appuser import APPUSER, PROJECT_DIR
+from ....dockerfile import add_stage_args, base_images, lower_heredocs, rewrite_bases
 from ...base import BackendError, ImageDefinition
+from .. import hostconfig
 from ..image_trees import OPT_SKELETON, chown_tree, host_files
 from ..images import ImageStore
 from . import bases as base_catalog
+from . import catalog, refs
 from .buildah import Buildah, available, storage_name
-from .dockerfile import base_images
 from .rootfs import ADAPT_VERSION, read_image, write_adapt_layer
 from .settings import OciError, OciSettings
 
 log = logging.getLogger(__name__)
+BUILDAH_HEREDOCS = "1.28 (here-documents came in 1.33)"
 
 Emit = Callable[[str], None]
 FetchProject = Callable[[dict[str, Any], Path], Awaitable[Path]]
@@ -42,8 +45,10 @@ FetchProject = Callable[[dict[str, Any], Path], Awaitable[Path]]
 class OciBuilder:
     """Builds OCI images into ``store``; ``images_dir`` holds this state directory's buildah store."""
 
-    def __init__(self, store: ImageStore, images_dir: Path, settings: OciSettings | None = None) -> None:
+    def __init__(self, store: ImageStore, images_dir: Path, settings: OciSettings | None = None, *,
+                 host_config: Path | None = None) -> None:
         self.store = store
+        self.host_config = host_config  # where the host's package configuration is written (None: not used)
         self.settings = settings or OciSettings.from_env()
         self.cache = base_catalog.BaseCache(self.settings)
         self.buildah = Buildah(images_dir / "buildah", self.settings, additional=(self.cache.store_home,))
@@ -92,13 +97,20 @@ class OciBuilder:
                                    project_dir=base_meta.get("project_dir") or PROJECT_DIR)
             if definition.dockerfile is None:
                 emit("rendered Dockerfile (the YAML definition on an OCI base):\n" + text.rstrip())
+            text, heredocs = lower_heredocs(text)
+            if heredocs:
+                emit(f"{heredocs} here-document instruction(s) (RUN <<EOF, COPY <<EOF) said in exec form for buildah "
+                     f"{BUILDAH_HEREDOCS}: the same commands, the shell reads the documents")
             dockerfile = work / "Dockerfile"
             dockerfile.write_text(text)
-            refs = base_images(text, definition.build_args)
             mapping: list[dict[str, Any]] = []
-            for ref in refs:
+            for ref in base_images(text, definition.build_args):
                 mapping.append(await self._provide(ref, emit))
-            image_id = await self._bud(definition, dockerfile, context[0], network, emit, timeout)
+            rewrites = {m["ref"]: m["image"] for m in mapping if m.get("image")}
+            if rewrites:  # by image id: a tag or a digest the base built here cannot have is not looked up
+                dockerfile.write_text(rewrite_bases(text, definition.build_args, rewrites))
+            image_id = await self._bud(definition, dockerfile, context[0], network, emit, timeout,
+                                       labels=_base_labels(mapping))
             notes = [m["note"] for m in mapping if m.get("note")]
             ident = await loop.run_in_executor(None, self._import, definition, image_id, work, notes, mapping)
             emit(f"built {definition.tag} (image {image_id[:12]}, store id {ident}) in "
@@ -127,49 +139,86 @@ class OciBuilder:
         return empty, False
 
     async def _provide(self, ref: str, emit: Emit) -> dict[str, Any]:
-        """Make ``FROM ref`` resolvable without a registry; what it maps to (for the record)."""
+        """Make ``FROM ref`` resolvable without a registry; what it maps to (for the record and the
+        Dockerfile's rewrite: ``image`` is the id the build uses)."""
         loop = asyncio.get_running_loop()
-        try:
-            spec = base_catalog.resolve(ref)
-        except OciError:
-            if not self.settings.registry:
-                raise
-            spec = None  # a variant we do not build: the mirror may have it
-        if spec is not None:
-            if spec.note:
-                emit(f"base {ref}: {spec.note}")
-            built = await self.cache.ensure(spec, emit)
-            return {"ref": ref, "base": spec.name, "debian": spec.release.codename, "key": built.key,
-                    "python": built.python_version, "debian_version": built.debian_version, "note": spec.note}
         meta = await loop.run_in_executor(None, self.store.meta, ref)
-        if meta is not None:
+        if meta is not None:  # an image of this store
             if meta.get("kind") != "oci":
                 raise OciError(f"base {ref!r} is an image of the host's userland (the built-in image or one built "
                                "on it), not an OCI image: a Dockerfile cannot build on it. Use a Debian base "
-                               f"({base_catalog.supported_text()})")
+                               f"({catalog.supported_text()})")
             if not await loop.run_in_executor(None, self.buildah.image_id, storage_name(ref)):
                 raise OciError(f"base {ref!r} is in the local image store but not in buildah's: build it again")
             return {"ref": ref, "local": meta["id"]}
-        if self.settings.registry:
-            emit(f"base {ref}: pulling through the registry mirror {self.settings.registry}")
-            result = await self.buildah.run(["pull", "--signature-policy", self.buildah.policy, ref], network=True,
-                                            emit=emit, timeout=1800)
-            if result.returncode != 0:
-                raise OciError(f"pulling {ref!r} through the registry mirror {self.settings.registry} failed:\n"
-                               f"{result.message(10)}")
-            return {"ref": ref, "pulled_from": self.settings.registry}
-        raise OciError(f"base image {ref!r} is not available: no registry is reachable and no registry mirror is "
-                       f"configured (--image-registry). Supported bases: {base_catalog.supported_text()}, and OCI "
-                       "images built here (`idegym images list` on this host)")
+        try:
+            image = refs.parse(ref)
+        except refs.RefError as exc:
+            raise OciError(f"FROM {ref!r}: {exc}") from None
+        pull_failed = ""
+        source = self.settings.registry or (image.registry if await loop.run_in_executor(
+            None, refs.registry_reachable, image) else None)
+        if source:
+            pull = image.pull_name
+            if self.settings.registry and image.official:  # the mirror serves Docker Hub's names
+                pull = refs.parse(f"{image.official}@{image.digest}" if image.digest else
+                                  f"{image.official}:{image.tag_or_latest}").pull_name
+            how = f"through the registry mirror {source}" if self.settings.registry else f"from {source}"
+            emit(f"base {ref}: pulling {pull} {how}")
+            result = await self.buildah.run(["pull", "--policy", "always", "--signature-policy", self.buildah.policy,
+                                             pull], network=True, emit=emit, timeout=1800)
+            ident = await loop.run_in_executor(None, self.buildah.image_id, pull) if result.returncode == 0 else None
+            if ident:
+                return {"ref": ref, "pulled_from": source, "pulled": pull, "image": ident, "digest": image.digest}
+            pull_failed = f"pulling {pull} {how} failed: {result.message(6)}"
+        try:
+            spec = catalog.resolve(ref, ubuntu=await loop.run_in_executor(None, self._ubuntu_usable, image))
+        except OciError as exc:
+            raise OciError(f"{pull_failed}\n{exc.message}" if pull_failed else exc.message) from None
+        if spec is None:
+            if pull_failed:
+                raise OciError(pull_failed)
+            raise OciError(f"base image {ref!r} is not available: its registry {image.api_host} is not reachable "
+                           f"and no registry mirror is configured (--image-registry), and it is not one built here "
+                           f"from distribution archives. Supported bases: {catalog.supported_text()}, and OCI images "
+                           "built here (`idegym images list` on this host)")
+        if pull_failed:
+            emit(f"base {ref}: {pull_failed.splitlines()[0]}; building it here instead")
+        emit(f"base {ref}: {spec.note or spec.release.title} (built here from distribution archives)")
+        if image.digest:
+            emit(f"base {ref}: its digest {image.digest} is not honoured: no registry has it here, and a base "
+                 "built here cannot have that digest")
+        built = await self.cache.ensure(spec, emit)
+        return {"ref": ref, "base": spec.name, "debian": spec.release.codename, "distro": spec.release.distro,
+                "key": built.key, "python": built.python_version, "debian_version": built.debian_version,
+                "versions": built.versions, "note": spec.note, "image": built.image_id,
+                "digest_not_honoured": image.digest}
+
+    def _ubuntu_usable(self, image: refs.ImageRef) -> bool:
+        """Whether an Ubuntu archive can build this (asked only for images that may need one)."""
+        wants = image.official in ("ubuntu", "eclipse-temurin") or \
+            f"{image.registry}/{image.path}" in catalog.DERIVED
+        return wants and self.cache.ubuntu_archive() is not None
 
     async def _bud(self, definition: ImageDefinition, dockerfile: Path, context: Path, network: bool, emit: Emit,
-                   timeout: float) -> str:
+                   timeout: float, labels: dict[str, str] | None = None) -> str:
         loop = asyncio.get_running_loop()
         iidfile = dockerfile.with_name("iid")
         args = ["bud", "--isolation", "chroot", "--layers", "--pull=never", "--signature-policy", self.buildah.policy,
                 "--force-rm", "-f", str(dockerfile), "-t", storage_name(definition.tag), "--iidfile", str(iidfile)]
         for key, value in definition.build_args.items():
             args += ["--build-arg", f"{key}={value}"]
+        for key, value in (labels or {}).items():
+            args += ["--label", f"{key}={value}"]
+        if network and self.host_config is not None:
+            host = await loop.run_in_executor(None, hostconfig.collect, self.host_config)
+            args += ["--volume", f"{host.directory}:{hostconfig.MOUNT}:ro"]
+            for key, value in host.proxies.items():  # predefined: their values stay out of the history
+                args += ["--build-arg", f"{key}={value}"]
+            if host.env:
+                dockerfile.write_text(add_stage_args(dockerfile.read_text(), host.env))
+            emit(f"the host's package configuration reaches RUN steps at {hostconfig.MOUNT} (read-only, not in any "
+                 f"layer; one ARG step per stage names it): {host.describe()}")
         args.append(str(context))
         emit(f"buildah bud (RUN network {'on' if network else 'off'}), context {context}")
         batch = _Batcher(emit)
@@ -194,9 +243,12 @@ class OciBuilder:
                 mapping: list[dict[str, Any]]) -> str:
         info = self.buildah.inspect(image_id)
         project_dir = project_dir_of(definition, info.config)
-        # The store entry carries the sandboxes' network flag: the same image with and without it
-        # (a task that may use the network and one that may not) are two entries.
+        # The store entry carries the sandboxes' network flag and variables: the same image with and
+        # without them (a task that may use the network and one that may not; two tasks whose
+        # Dockerfiles build the same image, with variables of their own) are two entries.
         recipe = f"{ADAPT_VERSION}\0{project_dir}" + ("\0network" if definition.network else "")
+        if definition.env:
+            recipe += "\0" + json.dumps(sorted(definition.env.items()))
         salt = hashlib.sha256(recipe.encode()).hexdigest()[:6]
         ident = f"oci-{image_id[:32]}-{salt}"
         env = _env_dict(info.config.get("Env") or [])
@@ -253,6 +305,19 @@ def render_yaml(definition: ImageDefinition, *, has_project: bool, project_dir: 
         lines.append("RUN " + json.dumps(["/bin/sh", "-c", f"set -eux\n{command}"]))
     lines.append(f"WORKDIR {target}")
     return "\n".join(lines) + "\n"
+
+
+def _base_labels(mapping: list[dict[str, Any]]) -> dict[str, str]:
+    """What each base built here stands for, with the versions installed, on the image itself."""
+    labels: dict[str, str] = {}
+    for number, entry in enumerate(m for m in mapping if m.get("base")):
+        installed = ", ".join(f"{k} {v}" for k, v in ({"python3": entry.get("python")} | entry.get("versions", {}))
+                              .items() if v)
+        labels[f"org.idegym.substituted.{number}"] = (f"{entry['note'] or entry['ref'] + ' -> ' + entry['base']}"
+                                                      + (f"; installed: {installed}" if installed else ""))
+        if entry.get("digest_not_honoured"):
+            labels[f"org.idegym.digest-not-honoured.{number}"] = f"{entry['ref']}"
+    return labels
 
 
 def _env_dict(items: list[str]) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Operator settings for OCI images: the shared cache, a registry mirror, the Debian mirror."""
+"""Operator settings for OCI images: the shared cache, a registry mirror, the Debian and Ubuntu mirrors."""
 
 from __future__ import annotations
 
@@ -29,12 +29,15 @@ class OciSettings:
     """``cache_dir``: shared by every state directory (bases, their buildah store);
     ``registry``: a registry mirror buildah may pull unknown bases from (``host[:port][/prefix]``,
     Docker Hub names resolve under it); ``insecure_registry``: plain HTTP / no TLS check for it;
-    ``debian_mirror``: the Debian archive mmdebstrap uses (default: the one apt uses here)."""
+    ``debian_mirror``: the Debian archive mmdebstrap uses (default: the one apt uses here);
+    ``ubuntu_mirror``: the Ubuntu archive for ``ubuntu:*`` bases (default: Ubuntu's own when it
+    answers; ``none``: never, the nearest Debian release stands in)."""
 
     cache_dir: Path
     registry: str | None = None
     insecure_registry: bool = False
     debian_mirror: str | None = None
+    ubuntu_mirror: str | None = None
 
     @classmethod
     def from_env(cls, **overrides: object) -> OciSettings:
@@ -45,6 +48,7 @@ class OciSettings:
             "registry": registry,
             "insecure_registry": insecure,
             "debian_mirror": os.environ.get("IDEGYM_DEBIAN_MIRROR") or None,
+            "ubuntu_mirror": os.environ.get("IDEGYM_UBUNTU_MIRROR") or None,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)

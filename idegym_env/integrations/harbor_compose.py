@@ -1,0 +1,233 @@
+"""Harbor's docker-compose environments on IdeGym: each service a sandbox, one network.
+
+``environment/docker-compose.yaml`` (what Harbor reads) names the task's services beside
+``main`` (the agent's, built from ``environment/Dockerfile`` or ``docker_image`` as for any
+task). Here every service is a sandbox of the trial's client, started in dependency order
+(``depends_on``; a ``service_healthy`` condition waits for the service's ``healthcheck``), all in
+one network namespace — the first sandbox's (``network_of``): they reach each other on
+127.0.0.1, and each service's name is an ``/etc/hosts`` entry for it, so ``http://db:5432`` means
+what it means under compose. The network policy is the trial's (public or none). A service's
+process is its ``entrypoint``/``command`` (else its Dockerfile's ENTRYPOINT and CMD), started in
+the background as its ``user`` with its ``environment`` in its ``working_dir``. The services are
+stopped together.
+
+Not honoured, and said: ``ports`` (nothing is published to the host), ``volumes`` (nothing of
+the host is mounted; named volumes are each service's own directories), ``network_mode`` and
+``networks`` (one network for all), ``deploy``/resource keys (the trial's limits are main's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from control_plane.dockerfile import final_command, final_entrypoint
+
+MAIN = "main"
+_VAR = re.compile(r"\$(?:\{(\w+)(?:(:?-)([^}]*))?\}|(\w+))|\$\$")
+IGNORED = ("ports", "volumes", "network_mode", "networks", "deploy", "expose", "restart", "container_name",
+           "platform", "cap_add", "cap_drop", "privileged", "shm_size", "ulimits", "tmpfs", "logging", "labels")
+
+
+class ComposeError(ValueError):
+    """A compose file this provider cannot run, and why."""
+
+
+@dataclass
+class Service:
+    name: str
+    build_context: Path | None = None
+    dockerfile: str | None = None  # the text
+    image: str | None = None
+    command: list[str] | None = None
+    entrypoint: list[str] | None = None
+    environment: dict[str, str] = field(default_factory=dict)
+    depends_on: dict[str, str] = field(default_factory=dict)  # name -> condition
+    healthcheck: list[str] | None = None  # an argv (CMD) or ["sh", "-c", text] (CMD-SHELL)
+    health_interval: float = 1.0
+    health_deadline: float = 120.0
+    working_dir: str | None = None
+    user: str | None = None
+    ignored: list[str] = field(default_factory=list)
+
+    def process(self) -> list[str] | None:
+        """What runs: compose's entrypoint/command over the image's (compose semantics: an
+        ``entrypoint`` drops the image's CMD)."""
+        entry = self.entrypoint
+        if entry is None and self.dockerfile is not None:
+            entry = final_entrypoint(self.dockerfile)
+        command = self.command
+        if command is None and self.entrypoint is None and self.dockerfile is not None:
+            command = final_command(self.dockerfile)
+        argv = [*(entry or []), *(command or [])]
+        return argv or None
+
+
+def _expand(text: str, env: dict[str, str]) -> str:
+    def sub(found: re.Match[str]) -> str:
+        if found.group(0) == "$$":
+            return "$"
+        name = found.group(1) or found.group(4)
+        value = env.get(name)
+        if found.group(2) == ":-" and not value:
+            return found.group(3)
+        if found.group(2) == "-" and value is None:
+            return found.group(3)
+        return value or ""
+    return _VAR.sub(sub, text)
+
+
+def _walk(value: Any, env: dict[str, str]) -> Any:
+    if isinstance(value, str):
+        return _expand(value, env)
+    if isinstance(value, list):
+        return [_walk(v, env) for v in value]
+    if isinstance(value, dict):
+        return {k: _walk(v, env) for k, v in value.items()}
+    return value
+
+
+def _argv(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return ["/bin/sh", "-c", value]
+    return [str(v) for v in value]
+
+
+def _seconds(value: Any, default: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, (int, float)):
+        return float(value)
+    total = 0.0
+    for number, unit in re.findall(r"([\d.]+)(ms|s|m|h)", str(value)):
+        total += float(number) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
+    return total or default
+
+
+def read_compose(path: Path, env: dict[str, str] | None = None) -> dict[str, Service]:
+    """The services of a compose file (``${VAR}`` from ``env``, Harbor's ``CONTEXT_DIR`` the
+    file's directory); ``main`` is always one of them."""
+    variables = {**os.environ, "CONTEXT_DIR": str(path.parent), **(env or {})}
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ComposeError(f"{path}: not a readable compose file: {exc}") from exc
+    raw = _walk(doc.get("services") or {}, variables)
+    if not isinstance(raw, dict):
+        raise ComposeError(f"{path}: services must be a mapping")
+    services: dict[str, Service] = {}
+    for name, spec in raw.items():
+        spec = spec or {}
+        service = Service(str(name))
+        build = spec.get("build")
+        if isinstance(build, str):
+            build = {"context": build}
+        if isinstance(build, dict):
+            context = (path.parent / build.get("context", ".")).resolve()
+            dockerfile = context / build.get("dockerfile", "Dockerfile")
+            if not dockerfile.is_file():
+                raise ComposeError(f"{path}: service {name!r} builds {dockerfile}, which does not exist")
+            service.build_context, service.dockerfile = context, dockerfile.read_text(encoding="utf-8")
+        service.image = spec.get("image")
+        service.command = _argv(spec.get("command"))
+        service.entrypoint = _argv(spec.get("entrypoint"))
+        environment = spec.get("environment") or {}
+        if isinstance(environment, list):
+            environment = dict(item.split("=", 1) if "=" in item else (item, variables.get(item, ""))
+                               for item in environment)
+        service.environment = {str(k): "" if v is None else str(v) for k, v in environment.items()}
+        depends = spec.get("depends_on") or {}
+        if isinstance(depends, list):
+            depends = {d: {"condition": "service_started"} for d in depends}
+        service.depends_on = {str(k): str((v or {}).get("condition", "service_started")) for k, v in depends.items()}
+        health = spec.get("healthcheck") or {}
+        test = health.get("test")
+        if test and not health.get("disable") and test != ["NONE"]:
+            if isinstance(test, str):
+                service.healthcheck = ["/bin/sh", "-c", test]
+            elif test[0] == "CMD-SHELL":
+                service.healthcheck = ["/bin/sh", "-c", " ".join(test[1:])]
+            else:
+                service.healthcheck = [str(t) for t in (test[1:] if test[0] == "CMD" else test)]
+            interval = _seconds(health.get("interval"), 30.0)
+            service.health_interval = min(interval, 1.0)
+            service.health_deadline = _seconds(health.get("start_period"), 0) + interval * int(health.get("retries", 3))
+        service.working_dir = spec.get("working_dir")
+        service.user = None if spec.get("user") is None else str(spec["user"])
+        service.ignored = [key for key in IGNORED if key in spec]
+        services[service.name] = service
+    services.setdefault(MAIN, Service(MAIN))
+    for service in services.values():
+        for dep in service.depends_on:
+            if dep not in services:
+                raise ComposeError(f"{path}: service {service.name!r} depends on {dep!r}, which is not a service")
+        if service.name != MAIN and service.dockerfile is None and not service.image:
+            raise ComposeError(f"{path}: service {service.name!r} has neither build nor image")
+    return services
+
+
+def start_order(services: dict[str, Service]) -> list[str]:
+    """Services in an order that starts each after what it depends on (main as late as it can)."""
+    order: list[str] = []
+    visiting: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        if name in visiting:
+            raise ComposeError(f"services depend on each other in a cycle through {name!r}")
+        visiting.add(name)
+        for dep in sorted(services[name].depends_on):
+            visit(dep)
+        visiting.discard(name)
+        order.append(name)
+
+    for name in sorted(n for n in services if n != MAIN):
+        visit(name)
+    visit(MAIN)
+    return order
+
+
+def process_command(service: Service) -> str | None:
+    """The shell line that starts a service's process in the background (its log in /tmp)."""
+    argv = service.process()
+    if argv is None:
+        return None
+    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in service.environment.items())
+    where = f"cd {shlex.quote(service.working_dir)} && " if service.working_dir else ""
+    line = " ".join(shlex.quote(a) for a in argv)
+    return (f"{exports}{where}nohup {line} > /tmp/idegym-service-{service.name}.log 2>&1 < /dev/null & "
+            "echo started")
+
+
+async def wait_healthy(service: Service, run: Any) -> None:
+    """Run the service's healthcheck (``run(argv) -> exit code``) until it passes or its
+    start period and retries are spent."""
+    if service.healthcheck is None:
+        return
+    deadline = time.monotonic() + max(service.health_deadline, 5.0)
+    while True:
+        if await run(service.healthcheck) == 0:
+            return
+        if time.monotonic() > deadline:
+            raise ComposeError(f"service {service.name!r} did not become healthy "
+                               f"({' '.join(service.healthcheck)} kept failing)")
+        await asyncio.sleep(service.health_interval)
+
+
+def hosts_line(services: dict[str, Service]) -> str:
+    return "127.0.0.1 " + " ".join(sorted(services))
+
+
+__all__ = ["Service", "ComposeError", "read_compose", "start_order", "process_command", "wait_healthy",
+           "hosts_line", "MAIN"]

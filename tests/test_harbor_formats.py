@@ -1,0 +1,109 @@
+"""Harbor's task.toml as written today (schema 1.0 to 1.4), read with Harbor's own semantics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from idegym_env.tasks.sources import harbor
+from idegym_env.tasks.task import TaskError
+
+
+def _task(root: Path, toml: str, *, dockerfile: str | None = "FROM debian:bookworm\nWORKDIR /app\n",
+          files: dict[str, str] | None = None) -> Path:
+    for sub in ("environment", "tests", "solution"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    (root / "task.toml").write_text(toml)
+    (root / "instruction.md").write_text("Do it.\n")
+    (root / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
+    (root / "solution" / "solve.sh").write_text("echo solved > /app/out.txt\n")
+    if dockerfile is not None:
+        (root / "environment" / "Dockerfile").write_text(dockerfile)
+    for rel, text in (files or {}).items():
+        (root / rel).write_text(text)
+    return root
+
+
+def test_schema_1_4_fields(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IDEGYM_TEST_SECRET", "s3")
+    root = _task(tmp_path / "t", """
+schema_version = "1.4"
+[task]
+name = "acme/t"
+[agent]
+timeout_sec = 120
+user = "root"
+network_mode = "no-network"
+[verifier]
+timeout_sec = 60
+user = "tester"
+env = { KEY = "${IDEGYM_TEST_SECRET}" }
+[solution]
+env = { MODE = "${IDEGYM_UNSET:-oracle}" }
+[environment]
+network_mode = "no-network"
+memory = "2G"
+storage_mb = 4096
+cpus = 1.5
+workdir = "/srv/app"
+env = { APP_ENV = "test" }
+[environment.healthcheck]
+command = "test -f /srv/app/ready"
+retries = 5
+""", dockerfile="FROM debian:bookworm\nUSER nobody\n")
+    task = harbor.load_harbor_task(root)
+    assert not task.network and task.run_as_root  # [agent] user root wins over the image's USER
+    assert task.resources is not None and (task.resources.memory_mb, task.resources.storage_mb,
+                                           task.resources.cpus) == (2048, 4096, 1.5)
+    assert task.environment is not None and task.environment.env == {"APP_ENV": "test"}
+    assert task.environment.workdir == "/srv/app"
+    assert task.test is not None and task.test.user == "appuser" and task.test.env == {"KEY": "s3"}
+    command = task.solution[0].arguments.command  # type: ignore[attr-defined]
+    assert "export MODE=oracle" in command and "export DEBIAN_FRONTEND=noninteractive" in command
+    assert "bash /solution/solve.sh" in command  # where Harbor's oracle puts it
+    assert task.metadata["schema_version"] == "1.4" and task.metadata["healthcheck"]["retries"] == 5
+
+
+def test_the_network_is_public_unless_the_task_says_otherwise(tmp_path: Path) -> None:
+    """Can fail: before, a task.toml without allow_internet gave an offline sandbox, where
+    Harbor's default policy is public."""
+    assert harbor.load_harbor_task(_task(tmp_path / "a", 'version = "1.0"\n')).network
+    assert not harbor.load_harbor_task(_task(tmp_path / "b", "[environment]\nallow_internet = false\n")).network
+    public = _task(tmp_path / "c", '[environment]\nnetwork_mode = "public"\nallow_internet = false\n')
+    assert harbor.load_harbor_task(public).network  # network_mode wins over the older key
+    empty = _task(tmp_path / "d", '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = []\n')
+    assert not harbor.load_harbor_task(empty).network  # nothing allowed: no network
+
+
+@pytest.mark.parametrize(("toml", "words"), [
+    ('[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n', "cannot limit a sandbox's network"),
+    ('[environment]\nnetwork_mode = "public"\n[verifier]\nnetwork_mode = "no-network"\n',
+     "cannot change a sandbox's network between phases"),
+    ('[[steps]]\nname = "one"\n[[steps]]\nname = "two"\n', "multi-step task (2 [[steps]])"),
+    ('[verifier]\nenvironment_mode = "separate"\n', 'environment_mode = "separate"'),
+    ('[environment]\ngpus = 1\n', "GPUs or TPUs"),
+    ('[environment]\nos = "windows"\n', "Linux sandboxes only"),
+])
+def test_what_a_task_cannot_be_here_is_said(tmp_path: Path, toml: str, words: str) -> None:
+    with pytest.raises(TaskError) as err:
+        harbor.load_harbor_task(_task(tmp_path / "t", toml))
+    assert words in str(err.value)
+
+
+def test_compose_environments_and_prebuilt_images(tmp_path: Path) -> None:
+    compose = _task(tmp_path / "c", "", files={"environment/docker-compose.yaml": "services:\n  main: {}\n"})
+    with pytest.raises(TaskError, match="docker-compose.yaml .several services.: run it with `harbor run`"):
+        harbor.load_harbor_task(compose)
+    # beside a Dockerfile, a docker-compose.yml is the task's content (Harbor reads only .yaml)
+    content = _task(tmp_path / "y", "", files={"environment/docker-compose.yml": "services: {}\n"})
+    assert harbor.compose_file(content / "environment") is None
+    assert harbor.load_harbor_task(content).environment is not None
+    prebuilt = _task(tmp_path / "p", '[environment]\ndocker_image = "python:3.13-slim"\n', dockerfile=None)
+    assert harbor.load_harbor_task(prebuilt).environment.dockerfile == "FROM python:3.13-slim\n"
+
+
+def test_an_entrypoint_is_refused_by_the_loader_with_the_way_to_run_it(tmp_path: Path) -> None:
+    task = _task(tmp_path / "e", "", dockerfile="FROM debian:bookworm\nENTRYPOINT [\"/start.sh\"]\n")
+    with pytest.raises(TaskError, match=r"ENTRYPOINT \(/start.sh\) is started with the container under Harbor"):
+        harbor.load_harbor_task(task)
