@@ -52,7 +52,6 @@ runs give identical infos (Gymnasium's ``check_env`` demands it): the time is
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import time
@@ -61,15 +60,14 @@ from typing import Any, SupportsFloat
 
 import gymnasium as gym
 
-from sandbox_server.models import BashCommandResponse, DownloadFileChunkResponse
 from sandbox_server.output import omitted_marker
 
 from . import embedded, grading
 from .client import APIError, BadRequest, Conflict, IdeGymClient, NotFound, Sandbox, SandboxGone, Unauthorized
 from .rewards import RewardFunction, reward_components
 from .spaces import InvalidAction, ToolCallSpace, UnicodeText
-from .spaces.tools import BashCall, SubmitCall, ToolCall
 from .tasks import Task, bundled_tasks, environment, load_task
+from .tools import ToolCall
 
 DEFAULT_TASK = "python-roman-numerals"
 _SERVER_CUT = re.compile(re.escape(omitted_marker(0)).replace("0", r"(\d+)"))  # the sandbox server's cut
@@ -306,7 +304,7 @@ class IdeGymEnv(gym.Env[str, dict]):
             return self._after(str(exc), -self.invalid_action_penalty if self.invalid_action_penalty else 0.0,
                                info, started)
         info["tool"] = call.tool
-        if isinstance(call, SubmitCall):
+        if call.ends_episode:
             return self._finish(info, started, submitted=True)
         try:
             text = self._run_tool(call, info)
@@ -394,6 +392,7 @@ class IdeGymEnv(gym.Env[str, dict]):
         return limit
 
     def _run_tool(self, call: ToolCall, info: dict[str, Any]) -> str:
+        """Carry ``call`` out in the sandbox; its tool makes the observation of the answer."""
         assert self.sandbox is not None
         limit = self.bash_limit()
         try:
@@ -401,20 +400,7 @@ class IdeGymEnv(gym.Env[str, dict]):
         except (BadRequest, NotFound, Conflict, Unauthorized) as exc:
             info["error"] = exc.message
             return f"error: {exc.message}"
-        if isinstance(answer, BashCommandResponse):
-            info.update(exit_code=answer.exit_code, timed_out=answer.timed_out)
-            if answer.oom_killed:
-                info["oom_killed"] = True
-            capped = isinstance(call, BashCall) and call.capped(limit)
-            if capped:
-                info["timeout_capped"] = limit
-            return _format_bash(answer, capped_at=limit if capped else None)
-        if isinstance(answer, DownloadFileChunkResponse):
-            data = base64.b64decode(answer.content_base64)
-            info.update(bytes_read=answer.bytes_read, size=answer.size, eof=answer.eof)
-            text = data.decode("utf-8", errors="replace")
-            return text if answer.eof else text + f"\n[... file continues: {answer.size} bytes in all]"
-        return f"ok: {call.tool} {getattr(call.arguments, 'path', '')}".rstrip()
+        return call.observe(answer, info, limit)
 
     def _finish(self, info: dict[str, Any], started: float, *, submitted: bool,
                 observation: str | None = None) -> tuple[str, SupportsFloat, bool, bool, dict]:
@@ -444,9 +430,7 @@ class IdeGymEnv(gym.Env[str, dict]):
     # -- transcript ----------------------------------------------------------------------------------
 
     def _describe(self, call: ToolCall) -> str:
-        if call.tool == "bash":
-            return f"$ {call.arguments.command}"  # type: ignore[attr-defined]
-        return f"$ {call.tool} {json.dumps(call.arguments.model_dump(exclude_none=True))[:300]}"
+        return f"$ {call.describe()}"
 
     def _log(self, command: str, output: str) -> None:
         self._transcript.append(f"{command}\n{output}")
@@ -455,20 +439,6 @@ class IdeGymEnv(gym.Env[str, dict]):
 def _server_name(task: Task) -> str:
     name = "task-" + "".join(c if c.isalnum() else "-" for c in task.id.lower())
     return name[:63].rstrip("-")
-
-
-def _format_bash(answer: BashCommandResponse, capped_at: float | None = None) -> str:
-    parts = []
-    if answer.stdout:
-        parts.append(answer.stdout.rstrip("\n"))
-    if answer.stderr:
-        parts.append("[stderr]\n" + answer.stderr.rstrip("\n"))
-    status = (f"[exit code {answer.exit_code}" + (", timed out" if answer.timed_out else "")
-              + (", out of memory: killed by the sandbox's memory limit" if answer.oom_killed else "")
-              + (f"; the timeout asked for was capped at {capped_at:g} s, this environment's limit"
-                 if capped_at is not None else "") + "]")
-    parts.append(status)
-    return "\n".join(parts)
 
 
 def _format_checks(checks: dict[str, Any], reward: float, errors: list[str] | None = None) -> str:

@@ -50,9 +50,12 @@ from .models import (
     DownloadFileChunkResponse,
     EditFileRequest,
     ExecuteRequest,
+    FileEntry,
     FileResult,
     HealthResponse,
     LanguagesResponse,
+    ListFilesRequest,
+    ListFilesResponse,
     PatchFileRequest,
     ResetRequest,
     ResetResult,
@@ -280,6 +283,14 @@ async def download_file(request: web.Request) -> web.Response:
         eof=req.offset + len(data) >= size,
     ))
 
+
+
+async def list_files(request: web.Request) -> web.Response:
+    req = await read_model(request, ListFilesRequest)
+    entries, truncated = _state(request).files.list_dir(req.file_path, req.depth, req.max_entries)
+    return json_response(ListFilesResponse(
+        file_path=req.file_path, truncated=truncated,
+        entries=[FileEntry(path=path, kind=kind, size=size) for path, kind, size in entries]))
 
 # -- rewards -------------------------------------------------------------------------------------
 
@@ -581,6 +592,7 @@ ROUTES: tuple[Route, ...] = (
     Route.of(routes.UPLOAD_FILE, upload_file, "Upload File Chunk", "upload_file_chunk_api_tools_file_upload_post"),
     Route.of(routes.DOWNLOAD_FILE, download_file, "Download File Chunk",
              "download_file_chunk_api_tools_file_download_post"),
+    Route.of(routes.LIST_FILES, list_files, "List Files", "list_files_api_tools_file_list_post"),
     Route.of(routes.COMPILATION_CHECK, compilation_reward, "Compilation Reward",
              "compilation_reward_api_rewards_compilation_post"),
     Route.of(routes.SETUP_CHECK, setup_reward, "Setup Reward", "setup_reward_api_rewards_setup_post"),

@@ -1,4 +1,4 @@
-"""File tools: create, edit, patch, chunked upload and download.
+"""File tools: create, edit, patch, chunked upload and download, listing.
 
 Every path is resolved against the project directory, symlinks included, and must land inside
 one of the allowed roots; the operation itself then runs with the tool user's filesystem
@@ -10,7 +10,9 @@ from __future__ import annotations
 import binascii
 import contextlib
 import ctypes
+import itertools
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +22,8 @@ from .errors import BadRequest, Conflict, Forbidden, Unprocessable, from_os_erro
 from .users import UserSpec
 
 MAX_CHUNK = 16 << 20
+Entry = tuple[str, str, int | None]  # a listed entry: its path under the directory, its kind, a file's size
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -185,10 +189,54 @@ class FileTools:
             finally:
                 os.close(fd)
 
+    def list_dir(self, file_path: str, depth: int, max_entries: int) -> tuple[list[Entry], bool]:
+        """The entries under a directory down to ``depth`` levels, sorted by name, at most
+        ``max_entries`` of them; and whether there were more. Directories are entered by file
+        descriptor and without following symbolic links, so the walk stays where it began."""
+        top = self.resolve(file_path)
+        with self._os_errors(file_path):
+            if not stat.S_ISDIR(os.lstat(top).st_mode):
+                raise BadRequest(f"{file_path}: not a directory; read a file with read_file (tools/file/download)")
+            fd = os.open(top, _DIRECTORY)
+            try:
+                entries: list[Entry] = []
+                return entries, _list_dir(fd, "", depth, max_entries, entries)
+            finally:
+                os.close(fd)
+
+
+def _list_dir(fd: int, prefix: str, depth: int, limit: int, out: list[Entry]) -> bool:
+    """Append the entries of the directory ``fd`` (and of its directories, ``depth`` levels down)
+    to ``out``; True when ``limit`` entries cut the listing short."""
+    room = limit - len(out)
+    with os.scandir(fd) as it:
+        found = list(itertools.islice(it, room + 1))  # a directory of a million entries is not read whole
+    cut = len(found) > room
+    for entry in sorted(found, key=lambda e: e.name)[:room]:
+        if len(out) >= limit:
+            return True
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:  # gone since it was read
+            continue
+        kind = ("directory" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode)
+                else "symlink" if stat.S_ISLNK(st.st_mode) else "other")
+        out.append((prefix + entry.name, kind, st.st_size if kind == "file" else None))
+        if kind != "directory" or depth <= 1:
+            continue
+        try:
+            child = os.open(entry.name, _DIRECTORY, dir_fd=fd)
+        except OSError:  # unreadable by the tool user, or replaced since: listed, not entered
+            continue
+        try:
+            if _list_dir(child, f"{prefix}{entry.name}/", depth - 1, limit, out):
+                return True
+        finally:
+            os.close(child)
+    return cut
+
 
 def _is_regular(mode: int) -> bool:
-    import stat
-
     return stat.S_ISREG(mode)
 
 

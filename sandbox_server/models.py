@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, field_validator
 
@@ -158,6 +158,33 @@ class DownloadFileChunkResponse(Response):
     bytes_read: int
     size: int
     eof: bool
+
+
+MAX_LIST_DEPTH = 10
+MAX_LIST_ENTRIES = 10_000
+
+
+class ListFilesRequest(Request):
+    """A directory's entries, and theirs down to ``depth`` levels, sorted by name; symbolic links
+    are listed, never followed."""
+
+    file_path: str = Field(".", description="The directory, relative to the project directory (or absolute "
+                                            "inside it)")
+    depth: int = Field(2, ge=1, le=MAX_LIST_DEPTH, description="Levels listed: 1 is the directory's own entries")
+    max_entries: int = Field(1000, ge=1, le=MAX_LIST_ENTRIES,
+                             description="The listing stops after this many entries (and says so: truncated)")
+
+
+class FileEntry(Response):
+    path: str = Field(description="Relative to the listed directory, '/'-separated")
+    kind: Literal["file", "directory", "symlink", "other"]
+    size: int | None = Field(None, description="A file's size in bytes")
+
+
+class ListFilesResponse(Response):
+    file_path: str
+    entries: list[FileEntry]
+    truncated: bool = Field(description="There were more entries than max_entries: the listing is cut")
 
 
 # --- rewards ---------------------------------------------------------------------------------

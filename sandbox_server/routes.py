@@ -39,6 +39,7 @@ EDIT_FILE = Endpoint("POST", "/api/tools/file/edit", m.EditFileRequest, m.FileRe
 PATCH_FILE = Endpoint("POST", "/api/tools/file/patch", m.PatchFileRequest, m.FileResult)
 UPLOAD_FILE = Endpoint("POST", "/api/tools/file/upload", m.UploadFileChunkRequest, m.UploadFileChunkResponse)
 DOWNLOAD_FILE = Endpoint("POST", "/api/tools/file/download", m.DownloadFileChunkRequest, m.DownloadFileChunkResponse)
+LIST_FILES = Endpoint("POST", "/api/tools/file/list", m.ListFilesRequest, m.ListFilesResponse)
 SETUP_CHECK = Endpoint("POST", "/api/rewards/setup", m.SetupRequest, m.CheckResult)
 COMPILATION_CHECK = Endpoint("POST", "/api/rewards/compilation", m.CompilationRequest, m.CheckResult)
 TEST_CHECK = Endpoint("POST", "/api/rewards/test", m.TestRequest, m.TestReport)
@@ -65,7 +66,7 @@ ENDPOINTS: tuple[Endpoint[Any, Any], ...] = (
     BASH, CREATE_FILE, EDIT_FILE, PATCH_FILE, UPLOAD_FILE, DOWNLOAD_FILE, SETUP_CHECK, COMPILATION_CHECK,
     TEST_CHECK, RESET_PROJECT, EXPORT_FILES, GRADE, TERMINATE_PROCESSES, HEALTH, CAPABILITIES, EXECUTE, LANGUAGES,
     AGENT_START, AGENT_EXCHANGE, AGENT_STOP, SESSION_START, SESSION_READ, SESSION_WRITE, SESSION_RESIZE,
-    SESSION_END, SESSION_LIST,
+    SESSION_END, SESSION_LIST, LIST_FILES,
 )
 _BY_REQUEST: dict[type[Request], Endpoint[Any, Any]] = {e.request: e for e in ENDPOINTS if e.request is not None}
 

@@ -318,7 +318,7 @@ def test_the_direct_exchange_socket_admits_only_its_sandbox_server(control_plane
 
 
 def policies_bash(command: str):
-    from idegym_env.spaces.tools import BashCall
+    from idegym_env.tools import BashCall
 
     return BashCall.model_validate({"tool": "bash", "arguments": {"command": command}})
 

@@ -23,14 +23,14 @@ from idegym_env.client import (
     ValidationError,
 )
 from idegym_env.embedded import EmbeddedControlPlane
-from idegym_env.spaces.tools import (
+from idegym_env.tools import (
     BashArguments,
     BashCall,
-    CreateFileArguments,
-    CreateFileCall,
     ReadFileArguments,
     ReadFileCall,
     SubmitCall,
+    WriteFileArguments,
+    WriteFileCall,
 )
 from sandbox_server import routes
 from sandbox_server.models import BashCommandResponse, DownloadFileChunkResponse, FileResult, HealthResponse
@@ -63,7 +63,7 @@ def test_tool_calls_and_routes_are_typed(client: IdeGymClient) -> None:
     with client.start() as sandbox:
         ran = sandbox.run_tool(BashCall(arguments=BashArguments(command="echo hi")), bash_timeout=30)
         assert isinstance(ran, BashCommandResponse) and (ran.stdout, ran.exit_code) == ("hi\n", 0)
-        wrote = sandbox.run_tool(CreateFileCall(arguments=CreateFileArguments(path="t.txt", content="x\n")))
+        wrote = sandbox.run_tool(WriteFileCall(arguments=WriteFileArguments(path="t.txt", content="x\n")))
         assert isinstance(wrote, FileResult) and wrote.status == "success"
         read = sandbox.run_tool(ReadFileCall(arguments=ReadFileArguments(path="t.txt")))
         assert isinstance(read, DownloadFileChunkResponse) and read.eof and read.bytes_read == 2

@@ -334,7 +334,7 @@ class StandIn:
     def answer(self, body: dict[str, Any]) -> dict[str, Any]:
         assert body["model"] == "stand-in-model", body["model"]
         names = sorted(t["function"]["name"] for t in body["tools"])
-        assert names == ["bash", "create_file", "edit_file", "patch_file", "read_file", "submit"], names
+        assert names == ["bash", "edit_file", "list_files", "patch_file", "read_file", "submit", "write_file"], names
         assert all(t["type"] == "function" and t["function"]["parameters"]["type"] == "object"
                    for t in body["tools"])
         messages = body["messages"]

@@ -255,11 +255,11 @@ def _server_output(n: int) -> str:
 
 
 def test_the_cut_marker_counts_what_the_sandbox_server_dropped_too() -> None:
-    from idegym_env.env import _format_bash
     from idegym_env.spaces import UnicodeText
+    from idegym_env.tools.bash import format_output
     from sandbox_server.models import BashCommandResponse
 
-    text = _format_bash(BashCommandResponse(stdout=_server_output(3_000_000) + "END", stderr="", exit_code=0))
+    text = format_output(BashCommandResponse(stdout=_server_output(3_000_000) + "END", stderr="", exit_code=0))
     space = UnicodeText(max_length=16_384)
     (before,) = map(int, re.findall(r"…\[(\d+) characters cut\]…", space.fit(text)))
     assert 1_030_000 < before < 1_040_000  # what main said (1032234): only the env's cut of what the server kept

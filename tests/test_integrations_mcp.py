@@ -29,7 +29,8 @@ from mcp.shared.exceptions import MCPError  # noqa: E402
 from tests.integration_helpers import TASK, alive, control_plane, fix_arguments  # noqa: E402,F401
 
 pytestmark = pytest.mark.timeout(300)
-TOOL_NAMES = ["reset", "bash", "read_file", "write_file", "edit_file", "patch_file", "run_checks", "submit"]
+TOOL_NAMES = ["reset", "bash", "read_file", "write_file", "edit_file", "patch_file", "list_files", "run_checks",
+              "submit"]
 
 
 def serve_argv(cp_url: str, *extra: str) -> list[str]:

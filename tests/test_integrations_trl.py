@@ -27,7 +27,7 @@ from idegym_env.integrations.trl import IdeGymTRLEnv, task_dataset  # noqa: E402
 from tests.integration_helpers import TASK, alive, control_plane, fix_arguments  # noqa: E402,F401
 
 pytestmark = pytest.mark.timeout(600)
-TOOLS = ["bash", "edit_file", "patch_file", "read_file", "run_checks", "write_file"]
+TOOLS = ["bash", "edit_file", "list_files", "patch_file", "read_file", "run_checks", "write_file"]
 
 
 @pytest.fixture(autouse=True, scope="module")

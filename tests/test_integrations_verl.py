@@ -31,7 +31,7 @@ def test_agent_loop_through_verls_worker(control_plane) -> None:  # noqa: F811
                           env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "RAY_USAGE_STATS_ENABLED": "0"})
     checks = {json.loads(line)["check"]: json.loads(line) for line in proc.stdout.splitlines()
               if line.startswith("{")}
-    for expected in ("rollout", "sandbox-gone", "no-task"):
+    for expected in ("rollout", "tools", "sandbox-gone", "no-task"):
         assert expected in checks, f"{expected} missing; stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     assert proc.returncode == 0, proc.stderr[-3000:]
     scores = checks["rollout"]["scores"]

@@ -1,4 +1,4 @@
-"""File tools: create, edit, patch, chunked upload/download, path confinement."""
+"""File tools: create, edit, patch, chunked upload/download, listing, path confinement."""
 
 from __future__ import annotations
 
@@ -185,7 +185,78 @@ def test_download_past_eof_and_missing_file(server: SandboxProcess, project: Pat
     assert server.post("/api/tools/file/download", {"file_path": "s.txt", "length": 0}).status_code == 422
 
 
-@pytest.mark.parametrize("endpoint", ["create", "edit", "patch", "upload", "download"])
+def listing(server: SandboxProcess, path: str = ".", **fields: int) -> dict:
+    resp = server.post("/api/tools/file/list", {"file_path": path, **fields})
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def test_list_sorts_by_name_with_kinds_sizes_and_depth(any_server: SandboxProcess, project: Path) -> None:
+    (project / "src" / "pkg" / "deep").mkdir(parents=True)
+    (project / "src" / "pkg" / "deep" / "x.txt").write_text("abc")
+    (project / "src" / "pkg" / "m.py").write_text("")
+    (project / ".hidden").write_text("h")
+    (project / "src" / "to-readme").symlink_to("../README.md")
+    os.mkfifo(project / "pipe")
+    entries = listing(any_server)["entries"]
+    assert [(e["path"], e["kind"], e["size"]) for e in entries] == [
+        (".hidden", "file", 1), ("README.md", "file", 6), ("pipe", "other", None), ("src", "directory", None),
+        ("src/app.py", "file", 32), ("src/pkg", "directory", None), ("src/to-readme", "symlink", None)]
+    deeper = listing(any_server, "src", depth=3)
+    assert deeper["file_path"] == "src" and not deeper["truncated"]
+    assert [e["path"] for e in deeper["entries"]] == [
+        "app.py", "pkg", "pkg/deep", "pkg/deep/x.txt", "pkg/m.py", "to-readme"]
+    assert [e["path"] for e in listing(any_server, "src/pkg", depth=1)["entries"]] == ["deep", "m.py"]
+
+
+def test_list_stops_at_max_entries_and_says_so(server: SandboxProcess, project: Path) -> None:
+    many = project / "many"
+    many.mkdir()
+    for i in range(40):
+        (many / f"f{i:02}").write_text("")
+    (project / "a").mkdir()
+    for i in range(5):
+        (project / "a" / f"g{i}").write_text("")
+    cut = listing(server, max_entries=8)
+    assert cut["truncated"] and [e["path"] for e in cut["entries"]] == [
+        "README.md", "a", "a/g0", "a/g1", "a/g2", "a/g3", "a/g4", "many"]
+    inside = listing(server, "many", max_entries=10)
+    assert inside["truncated"] and len(inside["entries"]) == 10
+    whole = listing(server, "many", max_entries=40)
+    assert not whole["truncated"] and len(whole["entries"]) == 40
+
+
+@pytest.mark.parametrize(("body", "status", "message"), [
+    ({"file_path": "README.md"}, 400, "not a directory"),
+    ({"file_path": "missing"}, 404, "no such file"),
+    ({"file_path": "."}, 200, ""),
+    ({"depth": 0}, 422, ""),
+    ({"depth": 11}, 422, ""),
+    ({"max_entries": 10_001}, 422, ""),
+    ({"file_path": ""}, 422, ""),
+])
+def test_list_refusals(server: SandboxProcess, body: dict, status: int, message: str) -> None:
+    resp = server.post("/api/tools/file/list", body)
+    assert resp.status_code == status, resp.text
+    assert message in resp.text
+
+
+@pytest.mark.security
+def test_list_never_follows_a_link_out_of_the_project(server: SandboxProcess, project: Path, tmp_path: Path) -> None:
+    """Can fail: a walk that entered directories by name (``os.walk(followlinks=True)``, or
+    ``os.open`` without ``O_NOFOLLOW``) lists what lies behind ``escape``."""
+    secret = tmp_path / "secret-dir"
+    secret.mkdir()
+    (secret / "token.txt").write_text("secret\n")
+    (project / "src" / "escape").symlink_to(secret)
+    (project / "src" / "loop").symlink_to(project / "src")
+    entries = listing(server, depth=10)["entries"]
+    paths = [e["path"] for e in entries]
+    assert ("src/escape", "symlink") in [(e["path"], e["kind"]) for e in entries]
+    assert not [p for p in paths if "token" in p or p.startswith(("src/escape/", "src/loop/"))], paths
+
+
+@pytest.mark.parametrize("endpoint", ["create", "edit", "patch", "upload", "download", "list"])
 def test_paths_cannot_leave_the_project(server: SandboxProcess, project: Path, tmp_path: Path,
                                         endpoint: str) -> None:
     outside = tmp_path / "outside.txt"
@@ -197,8 +268,9 @@ def test_paths_cannot_leave_the_project(server: SandboxProcess, project: Path, t
         "patch": {"patch": make_patch("secret\n", "pwned\n")},
         "upload": {"content_base64": base64.b64encode(b"pwned").decode()},
         "download": {},
+        "list": {},
     }
-    for path in ("../outside.txt", "link/outside.txt", str(outside), "src/../../outside.txt"):
+    for path in ("../outside.txt", "link/outside.txt", str(outside), "src/../../outside.txt", "link", ".."):
         resp = server.post(f"/api/tools/file/{endpoint}", {"file_path": path, **bodies[endpoint]})
         assert resp.status_code == 403, (path, resp.text)
     assert outside.read_text() == "secret\n"
@@ -229,6 +301,9 @@ def test_file_tools_act_as_the_tool_user(tmp_path: Path) -> None:
         resp = proc.post("/api/tools/file/create", {"file_path": "mine.txt", "content": "x"})
         assert resp.status_code == 200
         assert (project / "mine.txt").stat().st_uid == 65534
+        listed = proc.post("/api/tools/file/list", {"depth": 2}).json()["entries"]  # listed, not entered
+        assert [e["path"] for e in listed] == ["mine.txt", "root-only"]
+        assert proc.post("/api/tools/file/list", {"file_path": "root-only"}).status_code == 403
         assert proc.bash("id -un")["stdout"] == "nobody\n"
     finally:
         proc.stop()

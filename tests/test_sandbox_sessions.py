@@ -152,7 +152,7 @@ def test_sessions_in_a_sandbox_run_as_its_user_and_end_with_a_reset(control_plan
 
 
 def _bash(command: str):
-    from idegym_env.spaces.tools import BashCall
+    from idegym_env.tools import BashCall
 
     return BashCall.model_validate({"tool": "bash", "arguments": {"command": command}})
 

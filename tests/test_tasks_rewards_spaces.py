@@ -36,17 +36,9 @@ from idegym_env.rewards import (
     test_pass_fraction,
     weighted_sum,
 )
-from idegym_env.spaces import (
-    TOOL_NAMES,
-    BashCall,
-    EditFileCall,
-    InvalidAction,
-    SubmitCall,
-    ToolCall,
-    ToolCallSpace,
-    UnicodeText,
-)
+from idegym_env.spaces import TOOL_NAMES, InvalidAction, ToolCall, ToolCallSpace, UnicodeText
 from idegym_env.tasks import BUNDLED_DIR, GradingFiles, Task, TaskError, TaskSet, bundled_tasks, load_task
+from idegym_env.tools import BashCall, EditFileCall, SubmitCall
 from sandbox_server.grading.models import ExportResponse, GradeResponse
 from sandbox_server.routes import endpoint_for
 from tests.helpers import SandboxProcess
@@ -146,11 +138,12 @@ def test_unicode_text_fit_returns_a_member_keeping_head_and_tail(length: int) ->
 
 VALID = {
     "bash": [{"command": "ls"}, {"command": "sleep 1", "timeout": 5}, {"command": "x", "timeout": 2.5}],
-    "create_file": [{"path": "a.txt", "content": ""}, {"path": "d/e/中.txt", "content": "😀\x00"}],
+    "write_file": [{"path": "a.txt", "content": ""}, {"path": "d/e/中.txt", "content": "😀\x00"}],
     "edit_file": [{"path": "a", "start_line": 1, "end_line": 1, "new_content": "x"},
                   {"path": "a", "start_line": 3, "end_line": 2, "new_content": ""}],
     "patch_file": [{"path": "a", "patch": "@@ -1,3 +1,3 @@\n-a\n+b\n"}],
     "read_file": [{"path": "a"}, {"path": "a", "offset": 0, "length": 1}, {"path": "a", "offset": None}],
+    "list_files": [{}, {"path": "src"}, {"path": ".", "depth": 1}, {"depth": 10}],
     "submit": [{}],
 }
 
@@ -167,11 +160,11 @@ INVALID_ARGUMENTS = [
     ("bash", {"command": "ls", "timeout": "5"}),
     ("bash", {"command": "ls", "timeout": True}),
     ("bash", {"command": "ls", "cwd": "/"}),
-    ("create_file", {"path": "a"}),
-    ("create_file", {"path": "", "content": "x"}),
-    ("create_file", {"path": "a\x00b", "content": "x"}),
-    ("create_file", {"path": "a", "content": b"bytes"}),
-    ("create_file", {"path": ["a"], "content": "x"}),
+    ("write_file", {"path": "a"}),
+    ("write_file", {"path": "", "content": "x"}),
+    ("write_file", {"path": "a\x00b", "content": "x"}),
+    ("write_file", {"path": "a", "content": b"bytes"}),
+    ("write_file", {"path": ["a"], "content": "x"}),
     ("edit_file", {"path": "a", "start_line": 0, "end_line": 0, "new_content": ""}),
     ("edit_file", {"path": "a", "start_line": 5, "end_line": 3, "new_content": ""}),
     ("edit_file", {"path": "a", "start_line": "1", "end_line": 1, "new_content": ""}),
@@ -185,6 +178,11 @@ INVALID_ARGUMENTS = [
     ("read_file", {"path": "a", "length": 0}),
     ("read_file", {"path": "a", "length": 1 << 30}),
     ("read_file", {}),
+    ("list_files", {"path": ""}),
+    ("list_files", {"depth": 0}),
+    ("list_files", {"depth": 11}),
+    ("list_files", {"depth": "2"}),
+    ("list_files", {"pattern": "*.py"}),
     ("submit", {"now": True}),
 ]
 
@@ -395,7 +393,7 @@ def test_sample_is_valid_harmless_seeded_and_covers_every_tool() -> None:
         args = s["arguments"]
         if s["tool"] == "bash":
             assert args["command"].startswith(SAFE_BASH) and ";" not in args["command"], args
-        if s["tool"] in ("create_file", "edit_file", "patch_file"):
+        if s["tool"] in ("write_file", "edit_file", "patch_file"):
             assert args["path"].startswith("scratch/") and ".." not in args["path"]
     again = ToolCallSpace(seed=123)
     assert [again.sample() for _ in range(600)] == samples
@@ -407,11 +405,12 @@ def test_sample_is_valid_harmless_seeded_and_covers_every_tool() -> None:
 
 def test_sample_mask_and_probability_select_tools() -> None:
     space = ToolCallSpace(seed=0)
-    only_bash = np.array([1, 0, 0, 0, 0, 0], dtype=np.int8)
+    n = len(space.tools)
+    only_bash = np.eye(n, dtype=np.int8)[space.tools.index("bash")]
     assert {space.sample(mask=only_bash)["tool"] for _ in range(30)} == {"bash"}
-    probability = np.array([0, 0, 0, 0, 0.5, 0.5])
+    probability = (np.eye(n)[space.tools.index("read_file")] + np.eye(n)[space.tools.index("submit")]) / 2
     assert {space.sample(probability=probability)["tool"] for _ in range(60)} == {"read_file", "submit"}
-    for bad in (dict(mask=np.zeros(6)), dict(mask=np.ones(3)), dict(probability=np.ones(6)),
+    for bad in (dict(mask=np.zeros(n)), dict(mask=np.ones(3)), dict(probability=np.ones(n)),
                 dict(mask=only_bash, probability=probability)):
         with pytest.raises(ValueError):
             space.sample(**bad)
@@ -636,10 +635,10 @@ def test_load_task_by_id_directory_and_file(tmp_path: Path) -> None:
         load_task(tmp_path)
 
 
-def test_solution_directory_becomes_create_file_calls() -> None:
+def test_solution_directory_becomes_write_file_calls() -> None:
     task = load_task("c-ring-buffer")
     (call,) = task.solution
-    assert call.tool == "create_file" and call.arguments.path == "src/ringbuf.c"
+    assert call.tool == "write_file" and call.arguments.path == "src/ringbuf.c"
     assert call.arguments.content == (BUNDLED_DIR / "c-ring-buffer/solution/src/ringbuf.c").read_text()
 
 
@@ -661,8 +660,11 @@ def _write_task(root: Path, **overrides: Any) -> Path:
     ({"test": None}, "has no check"),
     ({"protected_paths": ["../etc"]}, "must be relative to the project"),
     ({"protected_paths": ["/etc"]}, "must be relative to the project"),
+    ({"tools": ["bash"], "solution": [{"tool": "write_file", "arguments": {"path": "a", "content": ""}}]},
+     "uses tool 'write_file', which the task does not enable"),
     ({"tools": ["bash"], "solution": [{"tool": "create_file", "arguments": {"path": "a", "content": ""}}]},
-     "uses tool 'create_file', which the task does not enable"),
+     "uses tool 'write_file', which the task does not enable"),  # the old name is that tool's
+    ({"tools": ["bash", "run_checks"]}, "non-empty subset"),  # not a tool of the action space
     ({"tools": ["teleport"]}, "non-empty subset"),
     ({"reward": "nope"}, "unknown reward 'nope'"),
     ({"actions": [{"tool": "bash", "arguments": {"command": ""}}]}, "command"),

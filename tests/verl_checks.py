@@ -38,6 +38,8 @@ from idegym_env.integrations import InfrastructureError
 from idegym_env.integrations._episode import shared_client
 from idegym_env.integrations.verl import dataset_rows
 from idegym_env.tasks import load_task
+from idegym_env.tools import TOOLS
+from idegym_env.tools.schemas import arguments_schema
 
 TASK = "python-roman-numerals"
 CONFIG = Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
@@ -78,6 +80,12 @@ def model_dir(root: Path) -> Path:
                 num_attention_heads=2, num_key_value_heads=1, head_dim=8, architectures=["Qwen3ForCausalLM"],
                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id).save_pretrained(path)
     return path
+
+
+def offered_tools(prompt: str) -> list[dict[str, Any]]:
+    """The tool definitions the chat template put in a prompt (one JSON object a line)."""
+    head = prompt.split("<|im_end|>", 1)[0].split("\n")[1:]
+    return [json.loads(line)["function"] for line in head if line.startswith("{")]
 
 
 def call(name: str, **arguments: Any) -> str:
@@ -197,6 +205,15 @@ def main(url: str) -> None:
             assert "<tool_response>" in responses[0] and "OK" in responses[0]  # run_checks' output, tool-masked
             assert (out.batch["response_mask"][0] == 0).any() and (out.batch["response_mask"][0] == 1).any()
             report("rollout", scores=scores, turns=turns)
+
+            offered = offered_tools(Policy.prompts[0])  # what verl's loop gave the model: every tool, as defined
+            assert [t["name"] for t in offered] == list(TOOLS), offered
+            for tool in offered:
+                mine = arguments_schema(tool["name"])
+                assert set(tool["parameters"]["properties"]) == set(mine["properties"]), tool
+                assert set(tool["parameters"].get("required", [])) == set(mine.get("required", [])), tool
+                assert tool["description"] == TOOLS[tool["name"]].description, tool
+            report("tools", names=[t["name"] for t in offered])
 
             worker, batch = worker_and_batch(Path(tmp), url, base_url, ["CRASH"])
             try:

@@ -6,7 +6,7 @@
 
 Request bodies are the sandbox server's wire models (``sandbox_server.models``) sent to the routes
 of ``sandbox_server.routes``; ``Sandbox.run_tool(call)`` carries out a tool call of
-``idegym_env.spaces`` and ``Sandbox.call(endpoint, request)`` any route. Calls through the control
+``idegym_env.tools`` and ``Sandbox.call(endpoint, request)`` any route. Calls through the control
 plane take one round trip (``Prefer: wait``). Errors are the typed
 exceptions of ``idegym_env.client`` (see ``_exceptions.py`` for the tree), carrying the server's
 own message.

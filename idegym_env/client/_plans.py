@@ -29,7 +29,6 @@ from sandbox_server.models import (
     CompilationRequest,
     CreateFileRequest,
     DownloadFileChunkRequest,
-    DownloadFileChunkResponse,
     EditFileRequest,
     ExecuteRequest,
     ExecuteResponse,
@@ -37,6 +36,7 @@ from sandbox_server.models import (
     PatchFileRequest,
     ResetRequest,
     ResetResult,
+    Response,
     SessionEndRequest,
     SessionInfo,
     SessionReadRequest,
@@ -56,10 +56,11 @@ from ._exceptions import ServerError, invalid_request
 from ._protocol import Plan, Target, call, cp_call, cp_operation, wire
 
 if TYPE_CHECKING:
-    from ..spaces.tools import ToolCall
+    from ..tools import ToolCall
 
-ToolResult = BashCommandResponse | FileResult | DownloadFileChunkResponse
-"""What a tool call answers: bash its output, a file write its status, a read the bytes it got."""
+ToolResult = Response
+"""What a tool call answers: its route's response model (``routes.endpoint_for(request).response``),
+e.g. bash its output, a file write its status, a read the bytes it got."""
 
 # -- sandbox ---------------------------------------------------------------------------------------
 
@@ -116,7 +117,7 @@ def download(target: Target, path: str, chunk: int) -> Plan[bytes]:
 
 
 def run_tool(target: Target, tool_call: ToolCall, bash_timeout: float) -> Plan[ToolResult]:
-    """The sandbox-server call that carries out ``tool_call`` (an ``idegym_env.spaces`` tool call)."""
+    """The sandbox-server call that carries out ``tool_call`` (an ``idegym_env.tools`` tool call)."""
     try:
         request = tool_call.to_request(bash_timeout)
     except PydanticValidationError as exc:

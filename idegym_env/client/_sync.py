@@ -51,7 +51,7 @@ from ._protocol import Call, Plan, Reply, Sleep, T, Target, call
 from ._settings import BUILTIN_IMAGE, Settings
 
 if TYPE_CHECKING:
-    from ..spaces.tools import ToolCall
+    from ..tools import ToolCall
 
 
 def _send(http: HTTPSession, call: Call) -> Reply:
@@ -158,8 +158,9 @@ class Sandbox:
         return self._run(call(self._target, endpoint, request))
 
     def run_tool(self, tool_call: ToolCall, *, bash_timeout: float = DEFAULT_TIMEOUT) -> ToolResult:
-        """Carry out an ``idegym_env.spaces`` tool call (not ``submit``); ``bash_timeout`` is a bash
-        call's timeout when it names none. Errors are the typed exceptions, as for every call."""
+        """Carry out an ``idegym_env.tools`` tool call that has a route (not ``submit``); ``bash_timeout``
+        is a bash call's timeout when it names none, and the most it may name. The answer is the
+        route's response model. Errors are the typed exceptions, as for every call."""
         return self._run(_plans.run_tool(self._target, tool_call, bash_timeout))
 
     def terminate_processes(self, grace: float = 2.0) -> int:

@@ -5,9 +5,9 @@ It is a thin layer over :class:`~idegym_env.env.IdeGymEnv`: every tool call is o
 ``submit`` is the env's ``submit`` action. What it adds is what the frameworks need and the
 Gymnasium API does not say:
 
-* the tools under the names the adapters expose (``write_file`` is the env's ``create_file``;
-  ``run_checks`` runs the task's own test command as a bash call, without grading — for tasks
-  whose tests exist only at grading it says so, without a step);
+* every tool of :data:`~idegym_env.tools.TOOLS` by its name, also ``run_checks``, which the
+  action space leaves out: the task's own tests as a bash call, without grading (for tasks whose
+  tests exist only at grading it says so, without a step);
 * three outcomes kept apart: a result (also a failed command), a malformed call
   (:class:`ToolCallError`, our message) and an infrastructure failure
   (:class:`InfrastructureError`: the sandbox died, the control plane is unreachable, grading
@@ -34,15 +34,16 @@ from typing import Any
 from .. import embedded
 from ..client import IdeGymClient, IdeGymError
 from ..env import IdeGymEnv
+from ..spaces.parsing import parse_tool_call
 from ..tasks import Task
+from ..tools import TOOLS, InvalidAction
+from ..tools.schemas import tool_guide as _tool_guide
 
 log = logging.getLogger(__name__)
 
-#: The tools every tool-call adapter exposes, with the env tool each one becomes.
-TOOL_NAMES = ("bash", "read_file", "write_file", "edit_file", "patch_file", "run_checks", "submit")
-_ENV_TOOL = {"write_file": "create_file"}
-HIDDEN_TESTS = ("This task's tests are hidden: they are installed only when you submit, so run_checks cannot run "
-                "them. Try your code yourself with bash; submit() grades it.")
+#: The tools every tool-call adapter exposes: all of them (TRL leaves out ``submit``, as its
+#: ``get_reward`` grades).
+TOOL_NAMES: tuple[str, ...] = tuple(TOOLS)
 
 
 class InfrastructureError(RuntimeError):
@@ -202,21 +203,23 @@ class Episode:
         sandbox or unreachable control plane raises :class:`InfrastructureError` and ends the
         episode without a reward."""
         env = self._require_active()
-        if tool not in TOOL_NAMES:
+        kind = TOOLS.get(tool)
+        if kind is None:
             raise ToolCallError(f"unknown tool {tool!r}; the tools are {', '.join(TOOL_NAMES)}")
         if arguments is not None and not isinstance(arguments, dict):
             raise ToolCallError(f"the arguments of {tool} must be an object, got {type(arguments).__name__}")
-        if tool == "run_checks":
-            if arguments:
-                raise ToolCallError(f"run_checks takes no arguments, got {sorted(arguments)}")
-            if env.task.grading:  # the tests exist only at grading (HumanEval, SWE, Harbor)
-                return Outcome(text=HIDDEN_TESTS, info={"tool": "run_checks", "hidden_tests": True})
-            return self._step({"tool": "bash", "arguments": {"command": self._check_command(env.task),
-                                                             "timeout": self._check_timeout(env.task)}})
-        action: dict[str, Any] = {"tool": _ENV_TOOL.get(tool, tool)}
+        action: dict[str, Any] = {"tool": tool}
         if arguments:
             action["arguments"] = {k: v for k, v in arguments.items() if v is not None}
-        return self._step(action)
+        if kind.in_space:
+            return self._step(action)  # the env reads the call (an invalid one is a step too)
+        try:  # a tool the action space leaves out (run_checks): the call stands for another, or answers itself
+            step = parse_tool_call(action, (tool,)).in_task(env.task)
+        except InvalidAction as exc:
+            raise ToolCallError(str(exc)) from None
+        if isinstance(step, str):
+            return Outcome(text=step, info={"tool": tool})
+        return self._step(step.to_action())
 
     def submit(self) -> Outcome:
         """Grade the episode (the task's checks) and end it; the reward is in the outcome."""
@@ -291,18 +294,6 @@ class Episode:
         except TaskError as exc:
             raise ToolCallError(str(exc)) from None
 
-    @staticmethod
-    def _check_command(task: Task) -> str:
-        stage = task.test or task.compilation or task.setup
-        assert stage is not None  # a task has at least one check
-        return stage.script
-
-    @staticmethod
-    def _check_timeout(task: Task) -> float:
-        stage = task.test or task.compilation or task.setup
-        assert stage is not None
-        return stage.timeout
-
 
 def _infra_failure(info: dict[str, Any]) -> str | None:
     """Why a step failed for reasons that are not the agent's, or None (one place for the rule).
@@ -317,12 +308,8 @@ def _infra_failure(info: dict[str, Any]) -> str | None:
 
 
 def tool_guide() -> str:
-    """The tools in one paragraph, for prompts of text-only frameworks."""
-    return ("Tools: bash(command, timeout?) runs a bash script in the project directory; "
-            "read_file(path, offset?, length?); write_file(path, content) creates or overwrites a file; "
-            "edit_file(path, start_line, end_line, new_content) replaces lines start_line..end_line "
-            "(end_line = start_line - 1 inserts); patch_file(path, patch) applies diff-match-patch patch text; "
-            "run_checks() runs the task's tests; submit() grades your work and ends the episode.")
+    """The adapters' tools as a list, for prompts of text-only frameworks."""
+    return _tool_guide(TOOL_NAMES)
 
 
 __all__ = ["Episode", "Outcome", "InfrastructureError", "ToolCallError", "TOOL_NAMES", "shared_client",

@@ -6,11 +6,12 @@
     idegym mcp serve --task python-roman-numerals                      # stdio (one episode)
     idegym mcp serve --task python-roman-numerals --transport streamable-http --port 8765
 
-Tools: ``reset(task?)`` starts an episode and returns its instruction; ``bash``,
-``read_file``, ``write_file``, ``edit_file``, ``patch_file`` act in the sandbox;
-``run_checks`` runs the task's tests without grading; ``submit`` grades the episode and returns
-``{"reward", "task_id", "summary", "checks"}``. With ``--task`` a tool called before any
-``reset`` starts an episode of that task.
+Tools: ``reset(task?)`` starts an episode and returns its instruction; then every tool of
+:data:`idegym_env.tools.TOOLS`, by its name, with its description and its arguments (and
+``episode_id``): ``bash``, ``read_file``, ``write_file``, ``edit_file``, ``patch_file``,
+``list_files`` act in the sandbox; ``run_checks`` runs the task's tests without grading;
+``submit`` grades the episode and returns ``{"reward", "task_id", "summary", "checks"}``. With
+``--task`` a tool called before any ``reset`` starts an episode of that task.
 
 Episodes: each connection has episodes of its own — over stdio the one client, over streamable
 HTTP each MCP session (``mcp-session-id``, made by the ``initialize`` handshake; the sessionless
@@ -33,8 +34,9 @@ its connection ends (an HTTP session's ``DELETE``, stdio's end of input), when i
 for ``--session-idle-timeout`` seconds (the SDK ends an HTTP session without a request in flight
 for as long), and when the server exits.
 
-Serving: the SDK's lowlevel ``Server``, with one pydantic model per tool's arguments (it gives the
-tool's input schema and validates a call) and the answers ``MCPServer`` gave before (text; for
+Serving: the SDK's lowlevel ``Server``, with one pydantic model per tool's arguments, made from
+the tool's own (it gives the tool's input schema and validates a call, laxly: the env then reads
+it strictly) and the answers ``MCPServer`` gave before (text; for
 ``reset`` and ``submit`` also structured content under an output schema). Stdio goes through
 :mod:`._mcp_stdio` (the SDK's ``stdio_server`` on asyncio pipes instead of worker threads).
 Episodes are synchronous, so a call runs on a worker thread: calls on different episodes run at
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import logging
 import os
@@ -64,10 +67,11 @@ import pydantic_core
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from control_plane.auth import TokenFileError
 
+from .. import tools
 from ..tasks import BUNDLED_DIR, Task, load_task
 from ._episode import Episode, InfrastructureError, Outcome, ToolCallError, close_shared_clients
 from ._mcp_http import SESSION_HEADER, guard
@@ -94,9 +98,6 @@ EpisodeId = Annotated[str | None, Field(description="The episode to act on (an e
                                                     "connection); omit it for this connection's own episode.")]
 
 
-ProjectPath = Annotated[str, Field(description="The file's path, relative to the project directory.")]
-
-
 class _Arguments(BaseModel):
     """A tool's arguments; names it does not take are ignored."""
 
@@ -112,59 +113,11 @@ class ResetArguments(_Arguments):
                                          "connection's episode.")
 
 
-class BashArguments(_Arguments):
-    model_config = ConfigDict(title="bashArguments")
-
-    command: str = Field(description="The bash script, e.g. `ls` or `python3 -m pytest -q`.")
-    timeout: float | None = Field(None, description="Seconds before it is killed (default: the environment's limit).")
-    episode_id: EpisodeId = None
-
-
-class ReadFileArguments(_Arguments):
-    model_config = ConfigDict(title="read_fileArguments")
-
-    path: ProjectPath
-    offset: int | None = Field(None, description="Byte offset to start at (default 0).")
-    length: int | None = Field(None, description="Maximum number of bytes (default: the environment's limit).")
-    episode_id: EpisodeId = None
-
-
-class WriteFileArguments(_Arguments):
-    model_config = ConfigDict(title="write_fileArguments")
-
-    path: ProjectPath
-    content: str = Field(description="The complete new content.")
-    episode_id: EpisodeId = None
-
-
-class EditFileArguments(_Arguments):
-    model_config = ConfigDict(title="edit_fileArguments")
-
-    path: ProjectPath
-    start_line: int = Field(description="First line to replace.")
-    end_line: int = Field(description="Last line to replace.")
-    new_content: str = Field(description="The replacement text; empty deletes the lines.")
-    episode_id: EpisodeId = None
-
-
-class PatchFileArguments(_Arguments):
-    model_config = ConfigDict(title="patch_fileArguments")
-
-    path: ProjectPath
-    patch: str = Field(description="The patch text.")
-    episode_id: EpisodeId = None
-
-
-class RunChecksArguments(_Arguments):
-    model_config = ConfigDict(title="run_checksArguments")
-
-    episode_id: EpisodeId = None
-
-
-class SubmitArguments(_Arguments):
-    model_config = ConfigDict(title="submitArguments")
-
-    episode_id: EpisodeId = None
+def _arguments(tool: type[tools.ToolCall]) -> type[_Arguments]:
+    """The MCP arguments of ``tool``: its own fields (descriptions, bounds) and ``episode_id``."""
+    fields: dict[str, Any] = {name: (field.annotation, copy.copy(field))
+                              for name, field in tool.arguments_model().model_fields.items()}
+    return create_model(f"{tool.name}Arguments", __base__=_Arguments, **fields, episode_id=(EpisodeId, None))
 
 
 class ResetResult(BaseModel):
@@ -250,18 +203,8 @@ class _Tool:
 TOOLS = {tool.name: tool for tool in (
     _Tool("reset", "Start an episode (ending the one it replaces) and return its id and the task's instruction.",
           ResetArguments, ResetResult),
-    _Tool("bash", "Run a bash script in the project directory; returns its output and exit code.", BashArguments),
-    _Tool("read_file", "Read a text file of the project.", ReadFileArguments),
-    _Tool("write_file", "Create or overwrite a file with this content (missing directories are created).",
-          WriteFileArguments),
-    _Tool("edit_file", "Replace lines start_line..end_line (inclusive, from 1) of a file; end_line = start_line - 1 "
-          "inserts.", EditFileArguments),
-    _Tool("patch_file", "Apply diff-match-patch patch text (patch_toText) to a file; fails if a hunk does not apply.",
-          PatchFileArguments),
-    _Tool("run_checks", "Run the task's tests and return their output (does not end the episode).",
-          RunChecksArguments),
-    _Tool("submit", "Grade the episode with the task's checks and end it; returns the reward.", SubmitArguments,
-          SubmitResult),
+    *(_Tool(tool.name, tool.description, _arguments(tool), SubmitResult if tool.ends_episode else None)
+      for tool in tools.TOOLS.values()),
 )}
 _SIGNATURES = {name: tool.signature() for name, tool in TOOLS.items()}
 _TAKES_STR = {name: {key for key, field in tool.arguments.model_fields.items()
@@ -481,10 +424,10 @@ class EpisodeServer:
                 return self._reset(key, episode, arguments)
             if episode.env is None and not episode.done and self.default_task is not None:
                 episode.start(self.default_task)
-            if name == "submit":
+            if tools.TOOLS[name].ends_episode:
                 return self._submit(key, episode)
             outcome: Outcome = episode.call(name, arguments.model_dump(exclude={"episode_id"}) or None)
-            if outcome.error is not None and name != "bash":
+            if outcome.error is not None:  # the tool failed (a missing file...): a tool error
                 raise ToolCallError(outcome.text)
             return outcome.text
 

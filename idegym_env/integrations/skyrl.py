@@ -87,7 +87,7 @@ class IdeGymTextEnv(BaseTextEnv):
         assert env is not None
         if self.max_turns == 0:
             self.max_turns = env.max_steps
-        text = f"{instruction}\n\n{tool_guide()} {CALL_FORMAT}"
+        text = f"{instruction}\n\n{tool_guide()}\n{CALL_FORMAT}"
         prompt = list(prompt or [])
         if prompt and prompt[-1].get("role") == "user":
             prompt[-1] = {**prompt[-1], "content": f"{prompt[-1]['content']}\n\n{text}"}

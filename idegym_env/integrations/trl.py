@@ -22,9 +22,11 @@ once per rollout.
 
 * ``reset`` starts an episode of the row's ``task`` (a bundled task id or a task directory) and
   returns its instruction.
-* The tools are ``bash``, ``read_file``, ``write_file``, ``edit_file``, ``patch_file`` and
-  ``run_checks`` (the task's own tests, no grading). A malformed call raises ``ValueError`` with
-  our message, which TRL hands to the model as ``{"error": ...}``.
+* The tools are every tool of :data:`~idegym_env.tools.TOOLS` but ``submit`` (``get_reward``
+  grades): ``bash``, ``read_file``, ``write_file``, ``edit_file``, ``patch_file``, ``list_files``
+  and ``run_checks`` (the task's own tests, no grading); each method is made from its tool's
+  definition (signature, description, the descriptions of its arguments). A malformed call raises
+  ``ValueError`` with our message, which TRL hands to the model as ``{"error": ...}``.
 * ``get_reward`` grades the episode (the env's submit) and hands the sandbox back. It returns
   ``None`` when the episode could not be graded (sandbox died, control plane unreachable):
   TRL treats such a rollout as unscorable (advantage 0, out of the group baseline) instead of a
@@ -38,9 +40,12 @@ per process; an episode's sandbox is handed back when ``get_reward`` ends it, wh
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from ..tools import TOOLS, ToolCall
+from ..tools.schemas import arguments_schema
 from ._episode import Episode, InfrastructureError, ToolCallError
 
 DEFAULT_PROMPT = ("You are working in a sandbox on a coding task, described below. Use the tools to inspect and "
@@ -92,59 +97,7 @@ class IdeGymTRLEnv:
     def episode(self) -> Episode:
         return self._episode
 
-    # -- tools (every public method below is a tool for TRL) ---------------------------------------
-
-    def bash(self, command: str, timeout: float | None = None) -> str:
-        """Run a bash script in the project directory and return its output and exit code.
-
-        Args:
-            command: The bash script to run, e.g. `ls` or `python3 -m pytest -q`.
-            timeout: Seconds before the command is killed (default: the environment's limit).
-        """
-        return self._call("bash", command=command, timeout=timeout)
-
-    def read_file(self, path: str, offset: int | None = None, length: int | None = None) -> str:
-        """Read a text file of the project.
-
-        Args:
-            path: The file's path, relative to the project directory.
-            offset: Byte offset to start reading at (default 0).
-            length: Maximum number of bytes to read (default: the environment's limit).
-        """
-        return self._call("read_file", path=path, offset=offset, length=length)
-
-    def write_file(self, path: str, content: str) -> str:
-        """Create a file, or overwrite it, with the given content; missing directories are created.
-
-        Args:
-            path: The file's path, relative to the project directory.
-            content: The complete new content of the file.
-        """
-        return self._call("write_file", path=path, content=content)
-
-    def edit_file(self, path: str, start_line: int, end_line: int, new_content: str) -> str:
-        """Replace lines start_line..end_line (inclusive, counting from 1) of a file with new text.
-
-        Args:
-            path: The file's path, relative to the project directory.
-            start_line: First line to replace, counting from 1.
-            end_line: Last line to replace; start_line - 1 inserts before start_line without replacing.
-            new_content: The text that replaces the lines; empty deletes them.
-        """
-        return self._call("edit_file", path=path, start_line=start_line, end_line=end_line, new_content=new_content)
-
-    def patch_file(self, path: str, patch: str) -> str:
-        """Apply a diff-match-patch patch (the text of patch_toText) to a file; fails if a hunk does not apply.
-
-        Args:
-            path: The file's path, relative to the project directory.
-            patch: The patch text: hunks like '@@ -12,7 +12,7 @@' with lines starting ' ', '-' or '+'.
-        """
-        return self._call("patch_file", path=path, patch=patch)
-
-    def run_checks(self) -> str:
-        """Run the task's tests and return their output (this does not end the episode)."""
-        return self._call("run_checks")
+    # -- tools: every other public method, made from the registry below the class ---------------------
 
     # -- helpers --------------------------------------------------------------------------------------
 
@@ -155,9 +108,48 @@ class IdeGymTRLEnv:
             raise ValueError(str(exc)) from None  # TRL: {"error": message} for the model
         except InfrastructureError as exc:
             raise RuntimeError(f"infrastructure failure (not scored): {exc}") from None
-        if outcome.error is not None and tool != "bash":
-            raise ValueError(outcome.text)
+        if outcome.error is not None:
+            raise ValueError(outcome.text)  # the tool failed (a missing file...): TRL counts a failure
         return outcome.text
+
+
+_PYTHON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool}
+
+
+def _tool_method(tool: type[ToolCall]) -> Callable[..., str]:
+    """``tool`` as a method TRL reads: its arguments as parameters (optional ones default to None,
+    which leaves them to the tool), its description and its arguments' in the docstring."""
+    schema = arguments_schema(tool.name)
+    required = set(schema.get("required", []))
+    parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for name, prop in schema["properties"].items():
+        kind = _PYTHON_TYPES[prop["type"]]
+        parameters.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                            annotation=kind if name in required else kind | None,
+                                            default=inspect.Parameter.empty if name in required else None))
+    signature = inspect.Signature(parameters, return_annotation=str)
+
+    def method(self: IdeGymTRLEnv, *args: Any, **kwargs: Any) -> str:
+        bound = signature.bind(self, *args, **kwargs)
+        return self._call(tool.name, **{k: v for k, v in bound.arguments.items() if k != "self"})
+
+    method.__name__ = tool.name
+    method.__qualname__ = f"{IdeGymTRLEnv.__name__}.{tool.name}"
+    method.__signature__ = signature  # type: ignore[attr-defined]
+    method.__annotations__ = {p.name: p.annotation for p in parameters[1:]} | {"return": str}
+    args = [f"    {name}: {' '.join(prop.get('description', name).split())}"
+            for name, prop in schema["properties"].items()]
+    method.__doc__ = tool.description + ("\n\nArgs:\n" + "\n".join(args) if args else "")
+    return method
+
+
+def _add_tools(cls: type[IdeGymTRLEnv]) -> None:
+    for tool in TOOLS.values():
+        if not tool.ends_episode:  # get_reward grades
+            setattr(cls, tool.name, _tool_method(tool))
+
+
+_add_tools(IdeGymTRLEnv)
 
 
 def task_dataset(tasks: Iterable[str], *, repeat: int = 1, prompt: str = DEFAULT_PROMPT) -> Any:

@@ -20,9 +20,10 @@ what this class changes:
 * the trajectory is an IdeGym episode of the row's task (:class:`~._episode.Episode`): it
   starts before the first generation and the task's instruction is appended to the last user
   message;
-* the tools are the episode's (``bash``, ``read_file``, ``write_file``, ``edit_file``,
-  ``patch_file``, ``run_checks``, ``submit``), each one ``IdeGymEnv`` step, plus any tools of
-  verl's own ``tool_config_path``; a malformed call is an observation with our message;
+* the tools are the episode's (every tool of :data:`idegym_env.tools.TOOLS`, with its schema:
+  ``bash``, ``read_file``, ``write_file``, ``edit_file``, ``patch_file``, ``list_files``,
+  ``run_checks``, ``submit``), each one ``IdeGymEnv`` step, plus any tools of verl's own
+  ``tool_config_path``; a malformed call is an observation with our message;
 * the trajectory ends at ``submit`` (or verl's turn and length limits); it is graded by the
   task's checks (an episode that did not submit is graded at its end) and the reward is the
   output's ``reward_score``, so verl's reward loop is not asked;
@@ -53,22 +54,16 @@ from verl.experimental.agent_loop.tool_parser import FunctionCall
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from ..spaces.schemas import tool_schemas
-from ._episode import _ENV_TOOL, TOOL_NAMES, Episode, InfrastructureError, ToolCallError, tool_guide
+from ..tools.schemas import tool_schemas
+from ._episode import TOOL_NAMES, Episode, InfrastructureError, ToolCallError, tool_guide
 
 log = logging.getLogger(__name__)
 
 AGENT_NAME = "idegym"
-_RUN_CHECKS = {"type": "function", "function": {
-    "name": "run_checks", "description": "Run the task's own tests (no grading) and return their output.",
-    "parameters": {"type": "object", "properties": {}, "required": []}}}
 
 
 def _schema(tool: str) -> OpenAIFunctionToolSchema:
-    if tool == "run_checks":
-        return OpenAIFunctionToolSchema.model_validate(_RUN_CHECKS)
-    (schema,) = tool_schemas((_ENV_TOOL.get(tool, tool),))
-    schema["function"]["name"] = tool
+    (schema,) = tool_schemas((tool,))
     return OpenAIFunctionToolSchema.model_validate(schema)
 
 

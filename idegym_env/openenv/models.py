@@ -28,7 +28,7 @@ import_openenv()
 
 from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
 
-from ..spaces.tools import TOOL_NAMES  # noqa: E402
+from ..tools import TOOL_NAMES  # noqa: E402
 
 
 class IdeAction(Action):

@@ -32,18 +32,21 @@ import signal
 import sys
 from typing import Any
 
+from ..tools import TOOL_NAMES
+
 log = logging.getLogger("idegym.openenv")
 
 DEFAULT_MAX_SESSIONS = 4
-DESCRIPTION = """\
+DESCRIPTION = f"""\
 Serve IdeGym episodes with OpenEnv's protocol, for OpenEnv's own clients (EnvClient,
 GenericEnvClient): the WebSocket /ws (one episode session per connection: reset, step, state,
 close), /health, /schema, /metadata, /mcp, and OpenEnv's stateless HTTP /reset, /step, /state.
 
-An action is one tool call, {"tool": "bash", "arguments": {"command": "ls"}} (tools: bash,
-create_file, edit_file, patch_file, read_file, submit); "submit" runs the task's checks and ends
-the episode with the reward. Everything about a step (exit code, error, checks, reward
-components…) is a field of the observation: OpenEnv does not send observation metadata.
+An action is one tool call, {{"tool": "bash", "arguments": {{"command": "ls"}}}}, of the tools
+{", ".join(TOOL_NAMES)}.
+"submit" runs the task's checks and ends the episode with the reward. Everything about a step
+(exit code, error, checks, reward components…) is a field of the observation: OpenEnv does not
+send observation metadata.
 
 Sandboxes come from a control plane, one per session (default: an embedded local control plane;
 --control-plane-url for another), or, with --in-sandbox, from the sandbox the server itself runs

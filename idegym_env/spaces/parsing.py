@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from .schemas import hint
-from .tools import TOOLS, InvalidAction, ToolCall
+from ..tools import TOOLS, InvalidAction, ToolCall, canonical
+from ..tools.schemas import hint
 
 _FENCE = re.compile(r"^```[A-Za-z0-9_-]*\s*\n(.*)\n\s*```$", re.S)
 CANONICAL_KEYS = {"tool", "arguments"}
@@ -34,7 +34,7 @@ def plain(value: Any) -> Any:
 
 def parse_tool_call(action: Any, tools: tuple[str, ...]) -> ToolCall:
     """``action`` as a validated :class:`ToolCall` of one of ``tools``, or :class:`InvalidAction`
-    (the shapes are listed in ``ToolCallSpace.parse``)."""
+    (the shapes are listed in ``ToolCallSpace.parse``). A tool may be named by an alias."""
     if isinstance(action, ToolCall):
         check_enabled(action.tool, tools)
         return action
@@ -55,6 +55,7 @@ def parse_tool_call(action: Any, tools: tuple[str, ...]) -> ToolCall:
     if not isinstance(action, Mapping):
         raise InvalidAction(f"a tool call is a JSON object, got {type(action).__name__}", hint=hint(tools))
     name, arguments = _unwrap(action, tools)
+    name = canonical(name)
     check_enabled(name, tools)
     if arguments is None:
         arguments = {}

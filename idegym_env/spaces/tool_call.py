@@ -1,13 +1,13 @@
 """``ToolCallSpace``: the Gymnasium space of tool calls ``{"tool": name, "arguments": {...}}``.
 
-The tools themselves are in ``tools.py``, how an LLM's shapes are read in ``parsing.py``, their
-JSON Schemas in ``schemas.py``; this module is the space: membership, parsing, schemas, sampling.
+The tools themselves are in ``idegym_env/tools/`` (their JSON Schemas in its ``schemas.py``), how
+an LLM's shapes are read in ``parsing.py``; this module is the space: membership, parsing, schemas,
+sampling.
 """
 
 from __future__ import annotations
 
 import json
-import string
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -15,9 +15,9 @@ import numpy as np
 from gymnasium.spaces import Space
 from pydantic import ValidationError
 
+from ..tools import TOOL_NAMES, TOOLS, InvalidAction, Sampler, ToolCall, canonical
+from ..tools.schemas import Style, tool_schemas
 from .parsing import CANONICAL_KEYS, parse_tool_call, plain
-from .schemas import Style, tool_schemas
-from .tools import TOOL_NAMES, TOOLS, InvalidAction, ToolCall
 
 
 class ToolCallSpace(Space[dict]):
@@ -31,10 +31,12 @@ class ToolCallSpace(Space[dict]):
     :class:`ToolCall`, a JSON string (optionally in a Markdown code fence) and the OpenAI /
     Anthropic tool-call shapes, and raises :class:`InvalidAction` with an explanation otherwise.
 
-    ``sample()`` returns valid and harmless calls, seeded by the space's ``np_random``: bash
-    commands that only print or list, file writes under ``sample_dir``, reads of ``sample_paths``
-    (which may not exist; the error becomes an observation) and ``submit``. ``mask`` (int8 array
-    over ``tools``) or ``probability`` (float array summing to 1) select the tool.
+    ``sample()`` returns valid and harmless calls, seeded by the space's ``np_random``, each from
+    its tool's ``sample``: bash commands that only print or list, file writes under
+    ``sample_dir``, reads of ``sample_paths`` (which may not exist; the error becomes an
+    observation), listings and ``submit``. ``mask`` (int8 array over ``tools``) or
+    ``probability`` (float array summing to 1) select the tool. ``tools`` may name a tool by an
+    alias (``create_file``).
     """
 
     def __init__(
@@ -45,8 +47,8 @@ class ToolCallSpace(Space[dict]):
         sample_paths: Sequence[str] = ("README.md", "scratch/notes.txt", "missing.txt"),
         seed: int | np.random.Generator | None = None,
     ) -> None:
-        names = tuple(TOOL_NAMES if tools is None else tools)
-        unknown = [t for t in names if t not in TOOLS]
+        names = tuple(TOOL_NAMES if tools is None else (canonical(t) for t in tools))
+        unknown = [t for t in names if t not in TOOL_NAMES]
         if unknown:
             raise ValueError(f"unknown tools {unknown}; the tools are {list(TOOL_NAMES)}")
         if not names:
@@ -123,61 +125,7 @@ class ToolCallSpace(Space[dict]):
         else:
             p = None
         tool = self.tools[int(rng.choice(n, p=p))]
-        return {"tool": tool, "arguments": getattr(self, f"_sample_{tool}")(rng)}
-
-    @staticmethod
-    def _word(rng: np.random.Generator) -> str:
-        letters = np.array(list(string.ascii_lowercase))
-        return "".join(rng.choice(letters, size=int(rng.integers(3, 9))))
-
-    def _text(self, rng: np.random.Generator) -> str:
-        return "\n".join(" ".join(self._word(rng) for _ in range(int(rng.integers(1, 6))))
-                         for _ in range(int(rng.integers(1, 4)))) + "\n"
-
-    def _scratch(self, rng: np.random.Generator) -> str:
-        return f"{self.sample_dir}/{self._word(rng)}.txt"
-
-    def _sample_bash(self, rng: np.random.Generator) -> dict[str, Any]:
-        # Only commands that print or list: check_env executes whatever sample() returns.
-        word = self._word(rng)
-        paths = self.sample_paths or ("README.md",)
-        path = paths[int(rng.integers(len(paths)))]
-        templates = [f"echo {word}", "pwd", "ls", "ls -la", f"printf '%s\\n' {word}", f"cat {path}",
-                     f"wc -l {path}", "true"]
-        args: dict[str, Any] = {"command": templates[int(rng.integers(len(templates)))]}
-        if rng.random() < 0.5:
-            args["timeout"] = float(rng.choice([5.0, 10.0, 30.0]))
-        return args
-
-    def _sample_create_file(self, rng: np.random.Generator) -> dict[str, Any]:
-        return {"path": self._scratch(rng), "content": self._text(rng)}
-
-    def _sample_edit_file(self, rng: np.random.Generator) -> dict[str, Any]:
-        start = int(rng.integers(1, 4))
-        end = start - 1 + int(rng.integers(0, 2))
-        return {"path": self._scratch(rng), "start_line": start, "end_line": end,
-                "new_content": self._text(rng)}
-
-    def _sample_patch_file(self, rng: np.random.Generator) -> dict[str, Any]:
-        from diff_match_patch import diff_match_patch
-
-        dmp = diff_match_patch()
-        old = self._text(rng)
-        new = old.replace(old.split()[0], self._word(rng), 1)
-        text = dmp.patch_toText(dmp.patch_make(old, new)) or dmp.patch_toText(dmp.patch_make(old, old + "x"))
-        return {"path": self._scratch(rng), "patch": text}
-
-    def _sample_read_file(self, rng: np.random.Generator) -> dict[str, Any]:
-        paths = list(self.sample_paths) or [self._scratch(rng)]
-        args: dict[str, Any] = {"path": paths[int(rng.integers(len(paths)))]}
-        if rng.random() < 0.3:
-            args["offset"] = int(rng.integers(0, 100))
-        if rng.random() < 0.3:
-            args["length"] = int(rng.integers(1, 4097))
-        return args
-
-    def _sample_submit(self, rng: np.random.Generator) -> dict[str, Any]:
-        return {}
+        return {"tool": tool, "arguments": TOOLS[tool].sample(Sampler(rng, self.sample_dir, self.sample_paths))}
 
     @property
     def is_np_flattenable(self) -> bool:

@@ -27,7 +27,8 @@ from pydantic import (
 )
 
 from ..rewards import CheckResults, RewardFunction, RewardSpec, build_reward
-from ..spaces import TOOL_NAMES, AnyToolCall, CreateFileCall, ToolCallSpace
+from ..spaces import ToolCallSpace
+from ..tools import TOOL_NAMES, AnyToolCall, WriteFileCall, canonical
 
 TASK_FILE = "task.yaml"
 PROJECT_DIR = "project"
@@ -184,7 +185,7 @@ class Task(BaseModel):
     a reward function (:mod:`idegym_env.rewards`). ``solution`` is a list of tool calls that solves
     the task from the pristine project; ``actions`` is a short list of candidate tool calls for a
     discrete-action policy, at least one of which solves the task (``submit`` is not listed).
-    The ``solution/`` directory's files are appended to ``solution`` as ``create_file`` calls.
+    The ``solution/`` directory's files are appended to ``solution`` as ``write_file`` calls.
     ``protected_paths`` are files or directories (relative to the project) that the checks rely
     on, typically the tests; ``editable`` are globs of what the agent may change (default: every
     file of the pristine project outside ``protected_paths``). Grading (``idegym_env.grading``)
@@ -246,6 +247,7 @@ class Task(BaseModel):
     @classmethod
     def _tools(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
         if value is not None:
+            value = tuple(canonical(t) for t in value)  # an older name (create_file) is the tool's
             unknown = [t for t in value if t not in TOOL_NAMES]
             if unknown or not value:
                 raise ValueError(f"tools must be a non-empty subset of {list(TOOL_NAMES)}, got {list(value)}")
@@ -328,8 +330,8 @@ class Task(BaseModel):
                     content = path.read_text(encoding="utf-8")
                 except UnicodeDecodeError as exc:
                     raise TaskError(f"{path}: solution files must be UTF-8 text") from exc
-                self.solution.append(CreateFileCall.model_validate(
-                    {"tool": "create_file", "arguments": {"path": rel, "content": content}}))
+                self.solution.append(WriteFileCall.model_validate(
+                    {"tool": "write_file", "arguments": {"path": rel, "content": content}}))
 
     @property
     def root(self) -> Path | None:

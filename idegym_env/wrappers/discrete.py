@@ -27,7 +27,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from ..spaces import InvalidAction, SubmitCall, ToolCall, ToolCallSpace
+from ..spaces import InvalidAction, ToolCall, ToolCallSpace
 
 LABEL_WIDTH = 80
 
@@ -42,17 +42,8 @@ def _tool_call(item: Any, parser: ToolCallSpace) -> ToolCall:
 
 
 def label(call: ToolCall) -> str:
-    """A one-line description of a tool call, e.g. ``edit_file roman.py:5-11``."""
-    args = call.arguments
-    if call.tool == "bash":
-        text = f"bash: {args.command}"  # type: ignore[attr-defined]
-    elif call.tool == "edit_file":
-        text = f"edit_file {args.path}:{args.start_line}-{args.end_line}"  # type: ignore[attr-defined]
-    elif call.tool == "submit":
-        text = "submit"
-    else:
-        text = f"{call.tool} {getattr(args, 'path', '')}".rstrip()
-    text = " ".join(text.split())
+    """A one-line description of a tool call, e.g. ``edit_file roman.py:5-11`` (its tool's label)."""
+    text = " ".join(call.label().split())
     return text if len(text) <= LABEL_WIDTH else text[: LABEL_WIDTH - 1] + "…"
 
 
@@ -72,7 +63,7 @@ class DiscreteActions(gym.ActionWrapper):
             if not actions:
                 raise ValueError(f"task {task.id!r} lists no actions: pass actions=[...]")
         calls = [_tool_call(a, parser) for a in actions]
-        if submit and not any(isinstance(c, SubmitCall) for c in calls):
+        if submit and not any(c.ends_episode for c in calls):
             calls.append(_tool_call({"tool": "submit"}, parser))
         if not calls:
             raise ValueError("DiscreteActions needs at least one action")

@@ -131,7 +131,7 @@ class ProblemSet:
             "max_steps": 20,
             "expected_tests": 1,
             "editable": [SOLUTION_FILE],
-            "solution": [{"tool": "create_file", "arguments": {"path": SOLUTION_FILE,
+            "solution": [{"tool": "write_file", "arguments": {"path": SOLUTION_FILE,
                                                               "content": problem.reference_source()}}]
             if problem.reference else [],
             "metadata": {"source": self.name, "task_id": problem.task_id, "entry_point": problem.entry_point},

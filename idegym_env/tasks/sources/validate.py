@@ -98,7 +98,7 @@ def _episode(task: Task, *, oracle: bool, env_kwargs: dict[str, Any]) -> tuple[f
     """One episode through the env, and why it missed 1.0 (``diagnose``); an infrastructure
     failure raises instead of scoring 0."""
     from ...env import DEFAULT_BASH_TIMEOUT, IdeGymEnv
-    from ...spaces.tools import BashCall
+    from ...tools import BashCall
 
     asked = [c.arguments.timeout for c in task.solution if isinstance(c, BashCall) and c.arguments.timeout]
     if oracle and asked:  # the task author's own calls get the time they name (an agent's are capped)

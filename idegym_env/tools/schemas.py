@@ -1,11 +1,12 @@
-"""JSON Schemas of the tools, as the LLM APIs take them, and the one-line hints shown to an agent."""
+"""The tools as others read them: JSON Schemas (as the LLM APIs take them), one-line signatures and
+the hints shown to an agent, the tool list of a prompt. All of it from the tools' own classes."""
 
 from __future__ import annotations
 
 import json
 from typing import Any, Literal
 
-from .tools import EXAMPLES, TOOLS
+from . import TOOLS
 
 Style = Literal["openai", "responses", "anthropic"]
 
@@ -31,7 +32,7 @@ def _clean_schema(node: Any) -> Any:
 
 def arguments_schema(tool: str) -> dict[str, Any]:
     """JSON Schema of one tool's arguments object."""
-    schema = _clean_schema(TOOLS[tool].model_fields["arguments"].annotation.model_json_schema())
+    schema = _clean_schema(TOOLS[tool].arguments_model().model_json_schema())
     schema.setdefault("properties", {})
     schema["additionalProperties"] = False
     return schema
@@ -55,8 +56,20 @@ def signature(tool: str) -> str:
     return f"{tool}({', '.join(parts)})"
 
 
+def short_signature(tool: str) -> str:
+    """The arguments' names only, e.g. ``read_file(path, offset?, length?)``."""
+    schema = arguments_schema(tool)
+    required = set(schema.get("required", []))
+    return f"{tool}({', '.join(n + ('' if n in required else '?') for n in schema['properties'])})"
+
+
+def tool_guide(tools: tuple[str, ...]) -> str:
+    """``tools`` as a list, for the prompts of text-only frameworks."""
+    return "Tools:\n" + "\n".join(f"- {short_signature(t)}: {TOOLS[t].description}" for t in tools)
+
+
 def example(tool: str) -> str:
-    return json.dumps({"tool": tool, "arguments": EXAMPLES[tool]}, ensure_ascii=False)
+    return json.dumps({"tool": tool, "arguments": TOOLS[tool].example}, ensure_ascii=False)
 
 
 def hint(tools: tuple[str, ...], tool: str | None = None) -> str:
