@@ -6,8 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .backends.local.lease import DEFAULT_ORPHAN_TTL
-from .backends.local.storage import DEFAULT_STORAGE_BYTES, DEFAULT_STORAGE_INODES
+from .constants import DEFAULT_ORPHAN_TTL, DEFAULT_STORAGE_BYTES, DEFAULT_STORAGE_INODES
 
 
 def default_state_dir() -> Path:

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from control_plane import ephemeral_state
-from control_plane.auth import TOKEN_USER, read_token, token_path
-from control_plane.backends.local.lease import DEFAULT_ORPHAN_TTL, LEASE_FILE
+from control_plane.auth import read_token, token_path
+from control_plane.constants import DEFAULT_ORPHAN_TTL, LEASE_FILE, TOKEN_USER
 
 START_TIMEOUT = 60.0
 GRACE_SECONDS = 60.0
