@@ -4,19 +4,21 @@ so ``except ValueError`` still catches what it did::
 
     IdeGymError
     ├── ConfigurationError (ValueError)       a variable or setting that cannot be used   errors
-    ├── TransportError                        no HTTP answer: refused, reset, DNS…        errors
-    │   └── TimeoutError (TimeoutError)       no answer in time, an operation past its deadline
-    ├── APIError                              an HTTP error answer: status, message, origin
-    │   ├── BadRequest                        400, 413; 422 (ValidationError: the fields)
-    │   │   └── ValidationError
-    │   ├── Unauthorized                      401, 403
-    │   ├── NotFound                          404 (unknown client, server, file…)
-    │   ├── Conflict                          409 (e.g. a patch whose hunks did not apply)
-    │   ├── SandboxGone                       410 (the sandbox crashed, was stopped or reaped)
-    │   ├── Busy                              429, 503 (retry later)
-    │   ├── Cancelled                         499
-    │   └── ServerError                       500 and other 5xx
-    ├── InfrastructureError (RuntimeError)    the sandbox or control plane failed: no reward  errors
+    ├── ServiceError                          a call to the control plane or a sandbox failed  errors
+    │   ├── TransportError                    no HTTP answer: refused, reset, DNS…
+    │   │   └── TimeoutError (TimeoutError)   no answer in time, an operation past its deadline
+    │   ├── APIError                          an HTTP error answer: status, message, origin
+    │   │   ├── BadRequest                    400, 413; 422 (ValidationError: the fields)
+    │   │   │   └── ValidationError
+    │   │   ├── Unauthorized                  401, 403
+    │   │   ├── NotFound                      404 (unknown client, server, file…)
+    │   │   ├── Conflict                      409 (e.g. a patch whose hunks did not apply)
+    │   │   ├── SandboxGone                   410 (the sandbox crashed, was stopped or reaped)
+    │   │   ├── Busy                          429, 503 (retry later)
+    │   │   ├── Cancelled                     499
+    │   │   └── ServerError                   500 and other 5xx
+    │   └── InfrastructureError (RuntimeError)  an episode's sandbox or control plane failed: no
+    │                                         reward, a trainer masks the sample (integrations)
     ├── ToolCallError (ValueError)            a malformed tool call, or one out of turn   errors
     ├── InvalidAction (ValueError)            an action that is no valid tool call        spaces/tools.py
     ├── EpisodeEnded (ResetNeeded, RuntimeError)  step() after the episode ended          env.py
@@ -55,7 +57,11 @@ class ConfigurationError(IdeGymError, ValueError):
     """An environment variable or a setting that cannot be used; the message names it."""
 
 
-class TransportError(IdeGymError):
+class ServiceError(IdeGymError):
+    """A call to the control plane or a sandbox failed: it got no answer, or an error answer."""
+
+
+class TransportError(ServiceError):
     """The request got no HTTP answer."""
 
 
@@ -63,7 +69,7 @@ class TimeoutError(TransportError, builtins.TimeoutError):  # noqa: A001 - mirro
     """No answer within the timeout (or an operation did not end within its deadline)."""
 
 
-class APIError(IdeGymError):
+class APIError(ServiceError):
     """``kind`` is the server's error kind (``NotFound``, ``Gone``…; the ``error`` field of its
     body) and ``details`` its structured details, when it sent them."""
 
@@ -115,7 +121,7 @@ class ServerError(APIError):
     pass
 
 
-class InfrastructureError(IdeGymError, RuntimeError):
+class InfrastructureError(ServiceError, RuntimeError):
     """The sandbox or the control plane failed (not the agent's doing): the episode has no reward.
 
     Trainers should drop or mask the sample rather than score it 0."""
@@ -126,7 +132,7 @@ class ToolCallError(IdeGymError, ValueError):
 
 
 __all__ = [
-    "IdeGymError", "ConfigurationError", "TransportError", "TimeoutError", "APIError", "BadRequest", "ValidationError",
-    "Unauthorized", "NotFound", "Conflict", "SandboxGone", "Busy", "Cancelled", "ServerError", "InfrastructureError",
-    "ToolCallError",
+    "IdeGymError", "ConfigurationError", "ServiceError", "TransportError", "TimeoutError", "APIError", "BadRequest",
+    "ValidationError", "Unauthorized", "NotFound", "Conflict", "SandboxGone", "Busy", "Cancelled", "ServerError",
+    "InfrastructureError", "ToolCallError",
 ]

@@ -56,6 +56,8 @@ class ClientSettings(EnvSettings):
                                  flag="--host")
     openenv_port: int = variable("IDEGYM_OPENENV_PORT", "the OpenEnv server's TCP port; 0 picks a free one", 8000,
                                  flag="--port")
+    log_level: str = variable("IDEGYM_LOG_LEVEL", "the OpenEnv server's log level; INFO logs every request",
+                              "WARNING", flag="--log-level")
     openai_model: str | None = variable("OPENAI_MODEL", "the model of the eval harness's `openai` agent")
     openai_base_url: str | None = variable(
         "OPENAI_BASE_URL", "the chat-completions endpoint of the `openai` agent", shown="https://api.openai.com/v1")

@@ -20,9 +20,11 @@ from ..errors import (
     ConfigurationError,
     Conflict,
     IdeGymError,
+    InfrastructureError,
     NotFound,
     SandboxGone,
     ServerError,
+    ServiceError,
     TimeoutError,
     TransportError,
     Unauthorized,
@@ -37,4 +39,5 @@ __all__ = [
     "IdeGymClient", "Sandbox", "AsyncIdeGymClient", "AsyncSandbox", "Settings", "BUILTIN_IMAGE", "ToolResult",
     "IdeGymError", "TransportError", "TimeoutError", "APIError", "BadRequest", "ValidationError", "Unauthorized",
     "NotFound", "Conflict", "SandboxGone", "Busy", "Cancelled", "ServerError", "ConfigurationError",
+    "ServiceError", "InfrastructureError",
 ]

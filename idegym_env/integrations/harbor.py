@@ -77,7 +77,8 @@ from harbor.models.trial.config import ResourceMode
 from harbor.utils.path_filter import filter_paths_by_patterns
 
 from .. import embedded
-from ..client import AsyncIdeGymClient, AsyncSandbox, IdeGymError, SandboxGone, ServerError
+from ..client import AsyncIdeGymClient, AsyncSandbox, SandboxGone, ServerError, ServiceError
+from ..settings import chosen_control_plane
 from ..tasks import TaskEnvironment
 from ..tasks.environment import environment_entry
 from .bounded_tar import MAX_ENTRIES, DownloadTooLarge, extract_within
@@ -103,8 +104,9 @@ _embedded_url: str | None = None
 async def _default_url() -> str:
     """``$IDEGYM_URL``, else this process's embedded control plane (kept until exit)."""
     global _embedded_url
-    if os.environ.get("IDEGYM_URL"):
-        return os.environ["IDEGYM_URL"]
+    chosen = chosen_control_plane()
+    if chosen:
+        return chosen
     async with _embedded_lock:
         if _embedded_url is None:
             _embedded_url = (await asyncio.to_thread(embedded.acquire)).url  # released by its atexit hook
@@ -163,7 +165,7 @@ class IdeGymEnvironment(BaseEnvironment):
         client = AsyncIdeGymClient(url, name=f"harbor-{self.environment_name}"[:63])
         try:
             await client.register()
-        except IdeGymError as exc:
+        except ServiceError as exc:
             await client.close(stop=False)
             raise RuntimeError(f"the IdeGym control plane at {url} is unreachable: {exc}") from exc
         self._client = client
@@ -173,7 +175,7 @@ class IdeGymEnvironment(BaseEnvironment):
                 self._sandbox = await client.start(
                     image, server_name=self._server_name(), reuse="RESTART", run_as_root=True,
                     timeout=self._start_timeout, resources=self._resources())
-            except IdeGymError as exc:
+            except ServiceError as exc:
                 raise RuntimeError(f"the IdeGym sandbox for {self.environment_name!r} (image {image}) did not "
                                    f"start: {exc}") from exc
         except BaseException as exc:
@@ -191,7 +193,7 @@ class IdeGymEnvironment(BaseEnvironment):
             if sandbox is not None:
                 try:
                     await (sandbox.stop() if delete else sandbox.finish())
-                except IdeGymError as exc:  # already gone: nothing to hand back
+                except ServiceError as exc:  # already gone: nothing to hand back
                     self.logger.debug(f"stopping the IdeGym sandbox: {exc}")
         finally:
             if client is not None:

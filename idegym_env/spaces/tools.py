@@ -34,6 +34,8 @@ from sandbox_server.models import (
     Request,
 )
 
+from ..errors import IdeGymError
+
 MAX_TIMEOUT = 3600.0
 MAX_READ_LENGTH = 16 << 20  # the sandbox server's largest download chunk
 
@@ -242,7 +244,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
 }
 
 
-class InvalidAction(ValueError):
+class InvalidAction(IdeGymError, ValueError):
     """An action that is not a valid tool call. ``str(exc)`` says what is wrong and what a valid
     call looks like, so it can be shown to the agent as the observation."""
 
