@@ -7,7 +7,8 @@ settings it is given and never reads ``os.environ`` itself (``tests/test_configu
 checks it); the table of variables in ``docs/configuration.md`` is made from these models.
 
 A variable that is unset or empty is the field's default (``None``: not set); a value that does
-not parse is a :class:`SettingsError` naming the variable.
+not parse is a :class:`SettingsError` naming the variable. A field of a family (a name ending in
+``*``: every variable of that prefix) holds the set variables of all its names, by name.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 
 class SettingsError(ValueError):
@@ -57,7 +58,14 @@ class EnvSettings(BaseModel):
         environ = os.environ if environ is None else environ
         raw: dict[str, str] = {}
         for name, info in cls.model_fields.items():
-            for env in _names(info):
+            names = _names(info)
+            if any(env.endswith("*") for env in names):  # a family: its variables by name
+                family = {k: v for k, v in environ.items() if v.strip() and any(
+                    k.startswith(env[:-1]) if env.endswith("*") else k == env for env in names)}
+                if family:
+                    raw[name] = family  # type: ignore[assignment]
+                continue
+            for env in names:
                 value = environ.get(env)
                 if value is not None and value.strip():
                     raw[name] = value.strip()
@@ -113,3 +121,13 @@ def split_list(value: Any) -> Any:
     if isinstance(value, str):
         return tuple(item.strip() for item in value.split(",") if item.strip())
     return value
+
+
+
+def env_flag(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
+    """A yes/no variable read as the settings models read one: unset or empty is ``default``."""
+    raw = (os.environ if environ is None else environ).get(name, "").strip()
+    try:
+        return default if not raw else TypeAdapter(bool).validate_python(raw)
+    except ValidationError:
+        raise SettingsError(f"${name}={raw!r}: expected a boolean (1/0, true/false, yes/no, on/off)") from None
