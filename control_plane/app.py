@@ -26,6 +26,7 @@ from .backends.base import Backend
 from .body_budget import COPIES, BodyBudget
 from .code_runner import CodeRunnerPool
 from .config import ControlPlaneConfig
+from .constants import OPERATION_HEADER, PREFERENCE_APPLIED_HEADER, SANDBOX_HEADER
 from .errors import ApiError, BadRequest, NotFound
 from .forward_calls import ForwardedCall, Forwards, prefer_wait
 from .forwarding import ForwardError
@@ -108,10 +109,6 @@ FORWARDS = web.AppKey("forwards", Forwards)
 SHUTDOWN = web.AppKey("shutdown", Shutdown)
 TENANTS = web.AppKey("tenants", Tenants)
 
-SANDBOX_HEADER = "X-IdeGym-Forwarded"
-OPERATION_HEADER = "X-IdeGym-Operation-Id"
-
-
 def _cp(request: web.Request) -> ControlPlane:
     return request.app[CP]
 
@@ -129,7 +126,7 @@ async def _accepted_or_wait(request: web.Request, op_id: int, model: BaseModel) 
         return _accepted(model)
     row = cp.store.get_operation(op_id)
     assert row is not None and row.result is not None
-    headers = {OPERATION_HEADER: str(op_id), "Preference-Applied": f"wait={wait:g}"}
+    headers = {OPERATION_HEADER: str(op_id), PREFERENCE_APPLIED_HEADER: f"wait={wait:g}"}
     if row.status == AsyncOperationStatus.SUCCEEDED:
         return web.Response(text=row.result, content_type="application/json", headers=headers)
     failed = ErrorResponse.model_validate_json(row.result)
@@ -377,7 +374,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         raise
     if answer.value is None:
         return _accepted(ForwardRequestResponse(async_operation_id=answer.operation_id))
-    extra = {OPERATION_HEADER: str(answer.operation_id), "Preference-Applied": f"wait={answer.waited:g}"}
+    extra = {OPERATION_HEADER: str(answer.operation_id), PREFERENCE_APPLIED_HEADER: f"wait={answer.waited:g}"}
     value = answer.value
     if isinstance(value, ForwardError):
         return error_response(value, extra)

@@ -14,8 +14,7 @@ import secrets
 import stat
 from pathlib import Path
 
-TOKEN_FILE = "token"
-TOKEN_USER = "idegym"
+from .constants import TOKEN_FILE, TOKEN_USER
 
 Credentials = tuple[str, str]
 

@@ -8,18 +8,18 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 from aiohttp import web
 
+from sandbox_server.env_settings import SettingsError
 from sandbox_server.http import run_loop, setup_logging
 
 from . import ephemeral_state
 from .auth import TOKEN_USER, token_path
 from .config import ControlPlaneConfig, SharingConfig, WatcherConfig
-from .quantities import memory_bytes
+from .settings import ControlPlaneSettings, parse_bytes
 from .tenants import TenantsFileError
 
 T = TypeVar("T")
@@ -27,50 +27,23 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(f"IDEGYM_CONTROL_PLANE_{name}", default)
-
-
-_FROM_ENV: set[str] = set()  # the <name>s of the $IDEGYM_CONTROL_PLANE_<name> that flags' defaults come from
-# Flags whose variable is not $IDEGYM_CONTROL_PLANE_<DEST>, and flags that have none (whoever
-# starts a control plane as its child passes them).
-_VARIABLES = {"operation_retention": "IDEGYM_CONTROL_PLANE_RETENTION", "image_registry": "IDEGYM_IMAGE_REGISTRY",
-              "image_cache": "IDEGYM_IMAGE_CACHE", "log_json": "IDEGYM_LOG_JSON", "log_level": "IDEGYM_LOG_LEVEL"}
-_NO_VARIABLE = ("remove_state", "parent_pid", "ready_fd")
-
-
-def _default(name: str, value: T, parse: Callable[[str], T]) -> T:
-    """``$IDEGYM_CONTROL_PLANE_<name>`` parsed, else the configuration's default ``value``."""
-    _FROM_ENV.add(name)
-    raw = _env(name)
-    if parse is bool:
-        parse = _flag  # type: ignore[assignment] # bool("0") is True
-    return value if raw in (None, "") else parse(raw)
+# Each flag's variable (``settings.py``), by the flag's dest.
+VARIABLES = {extra["flag"].lstrip("-").replace("-", "_"): names[0]
+             for names, extra in ((info.json_schema_extra["env"], info.json_schema_extra)  # type: ignore[index]
+                                  for info in ControlPlaneSettings.model_fields.values())
+             if extra.get("flag")}  # type: ignore[union-attr]
 
 
 def _bytes(text: str) -> int:
     """``8Gi``, ``512Mi``, ``1000000``: a size as Kubernetes writes quantities."""
-    if text.strip() == "0":
-        return 0
     try:
-        return memory_bytes(text.strip())
+        return parse_bytes(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 8Gi, 512Mi, 1000000): {exc}") from None
-
-
-def _flag(text: str) -> bool:
-    value = text.strip().lower()
-    if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-        raise SystemExit(f"expected a boolean (1/0, true/false, yes/no, on/off) in the environment, got {text!r}")
-    return value in ("1", "true", "yes", "on")
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _optional_path(text: str) -> Path | None:
     return Path(text) if text else None  # "" turns a variable's file off (the embedded control plane)
-
-
-def _names(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 def _shown(value: object) -> str:
@@ -92,12 +65,10 @@ def _document(parser: argparse.ArgumentParser) -> None:
             continue
         text, first, last = action.help or "", [], []
         if "$" not in text:
-            if action.dest in _VARIABLES:
-                first.append(f"${_VARIABLES[action.dest]}")
+            if action.dest in VARIABLES:
+                first.append(f"${VARIABLES[action.dest]}")
             elif action.dest.startswith("k8s_"):
                 first.append(f"$IDEGYM_{action.dest.upper()}")
-            elif action.dest.upper() in _FROM_ENV:
-                first.append(f"$IDEGYM_CONTROL_PLANE_{action.dest.upper()}")
             else:
                 first.append("no environment variable")
         if "default" not in text:
@@ -110,23 +81,31 @@ def _document(parser: argparse.ArgumentParser) -> None:
         action.help = f"{text.rstrip()} [{', '.join(first + last)}]".lstrip()
 
 
-def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    cfg, watch = ControlPlaneConfig(), WatcherConfig()  # the defaults, defined once there
-    parser.add_argument("--state-dir", type=Path, default=_default("STATE_DIR", cfg.state_dir, Path),
+def add_serve_arguments(parser: argparse.ArgumentParser, env: ControlPlaneSettings | None = None) -> None:
+    """The flags of ``idegym control-plane serve``, each defaulting to its variable (``env``: the
+    process's environment when not given), else to ``ControlPlaneConfig``'s default."""
+    env = ControlPlaneSettings.from_env() if env is None else env
+    cfg, watch = ControlPlaneConfig(state_dir=env.default_state_dir()), WatcherConfig()  # the defaults, defined there
+
+    def _default(field: str, value: T) -> T:
+        """The variable of ``field``, else the configuration's default ``value``."""
+        chosen = getattr(env, field)
+        return value if chosen is None else chosen
+    parser.add_argument("--state-dir", type=Path, default=cfg.state_dir,
                         help="database, images, sandboxes and snapshots [$IDEGYM_CONTROL_PLANE_STATE_DIR, "
                              "default ~/.local/state/idegym]")
-    parser.add_argument("--host", default=_default("HOST", cfg.host, str),
+    parser.add_argument("--host", default=_default("host", cfg.host),
                         help=f"address to listen on [$IDEGYM_CONTROL_PLANE_HOST, default {cfg.host}]")
-    parser.add_argument("--port", type=int, default=_default("PORT", cfg.port, int),
+    parser.add_argument("--port", type=int, default=_default("port", cfg.port),
                         help=f"TCP port; 0 picks a free one [$IDEGYM_CONTROL_PLANE_PORT, default {cfg.port}]")
-    parser.add_argument("--unix-socket", type=Path, default=_default("UNIX_SOCKET", cfg.unix_socket, Path),
+    parser.add_argument("--unix-socket", type=Path, default=_default("unix_socket", cfg.unix_socket),
                         help="also listen on this Unix socket")
-    parser.add_argument("--auth", default=_env("AUTH") or "token", metavar="token|none|USER:PASSWORD",
+    parser.add_argument("--auth", default=_default("auth", "token"), metavar="token|none|USER:PASSWORD",
                         help="credentials every route but /health requires: 'token' (default) makes a random token "
                              "in <state-dir>/token (HTTP Basic, user 'idegym', the token as password); "
                              "USER:PASSWORD uses those; 'none' turns authentication off; one tenant for every "
                              "client (see --tenants) [$IDEGYM_CONTROL_PLANE_AUTH]")
-    parser.add_argument("--tenants", type=_optional_path, default=_default("TENANTS", cfg.tenants, _optional_path),
+    parser.add_argument("--tenants", type=_optional_path, default=_default("tenants", cfg.tenants),
                         metavar="FILE",
                         help="several trainers on one control plane: each tenant's clients, servers, operations, "
                              "snapshots and builds are its own, and another tenant's ids answer 404. FILE has one "
@@ -136,7 +115,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "auth: the tenant's name as user, its token as password. Replaces --auth; '' turns a "
                              "variable's file off")
     parser.add_argument("--tenant-host-builds", action="store_true",
-                        default=_default("TENANT_HOST_BUILDS", cfg.tenant_host_builds, bool),
+                        default=_default("tenant_host_builds", cfg.tenant_host_builds),
                         help="with --tenants: let tenants build Dockerfiles and images on OCI bases, whose steps "
                              "buildah runs as this host's root (refused otherwise): only for tenants trusted with "
                              "the host")
@@ -144,109 +123,109 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="image builds may take project paths, archives and file:// git repositories from "
                              "under this directory (repeatable; default: none) "
                              "[$IDEGYM_CONTROL_PLANE_BUILD_ROOTS, separated by ':']")
-    parser.add_argument("--backend", choices=["local", "kubernetes"], default=_default("BACKEND", cfg.backend, str),
+    parser.add_argument("--backend", choices=["local", "kubernetes"], default=_default("backend", cfg.backend),
                         help=f"where sandboxes live [default {cfg.backend}]")
     parser.add_argument("--isolation", choices=["auto", "bwrap", "none"],
-                        default=_default("ISOLATION", cfg.isolation, str),
+                        default=_default("isolation", cfg.isolation),
                         help="local backend: bubblewrap sandboxes (auto uses them when available)")
-    parser.add_argument("--network", action="store_true", default=_default("NETWORK", cfg.network, bool),
+    parser.add_argument("--network", action="store_true", default=_default("network", cfg.network),
                         help="local backend: give sandboxes network access (off by default)")
     parser.add_argument("--sandbox-storage", type=_bytes,
-                        default=_default("SANDBOX_STORAGE", cfg.sandbox_storage, _bytes),
+                        default=_default("sandbox_storage", cfg.sandbox_storage),
                         metavar="BYTES", help="local backend: what a sandbox may write when its request sets no "
                         f"ephemeral-storage, e.g. 8Gi; 0: unbounded [$IDEGYM_CONTROL_PLANE_SANDBOX_STORAGE, default "
                         f"{cfg.sandbox_storage >> 30}Gi]")
-    parser.add_argument("--sandbox-inodes", type=int, default=_default("SANDBOX_INODES", cfg.sandbox_inodes, int),
+    parser.add_argument("--sandbox-inodes", type=int, default=_default("sandbox_inodes", cfg.sandbox_inodes),
                         metavar="N", help="local backend: files and directories a sandbox may make; 0: unbounded "
                         f"[$IDEGYM_CONTROL_PLANE_SANDBOX_INODES, default {cfg.sandbox_inodes}]")
-    parser.add_argument("--orphan-ttl", type=float, default=_default("ORPHAN_TTL", cfg.orphan_ttl, float),
+    parser.add_argument("--orphan-ttl", type=float, default=_default("orphan_ttl", cfg.orphan_ttl),
                         metavar="SECONDS", help="local backend: every sandbox holds a lease this control plane "
                         "renews; one not renewed for this long (the control plane died and did not come back) "
                         "ends itself, processes, mounts and cgroups [$IDEGYM_CONTROL_PLANE_ORPHAN_TTL, default "
                         f"{cfg.orphan_ttl:g}]")
-    parser.add_argument("--image-registry", default=os.environ.get("IDEGYM_IMAGE_REGISTRY") or None,
+    parser.add_argument("--image-registry", default=env.image_registry,
                         metavar="HOST[:PORT][/PREFIX]",
                         help="local backend: a registry mirror OCI builds may pull bases other than Debian/Python "
                              "from (http://… for plain HTTP) [$IDEGYM_IMAGE_REGISTRY]")
-    parser.add_argument("--image-cache", type=Path, default=os.environ.get("IDEGYM_IMAGE_CACHE") or None,
+    parser.add_argument("--image-cache", type=Path, default=env.image_cache,
                         help="local backend: the shared cache of OCI bases [$IDEGYM_IMAGE_CACHE, "
                              "default ~/.cache/idegym/images]")
     parser.add_argument("--host-package-config", action=argparse.BooleanOptionalAction,
-                        default=_default("HOST_PACKAGE_CONFIG", cfg.host_package_config, bool),
+                        default=_default("host_package_config", cfg.host_package_config),
                         help="local backend: builds whose RUN steps have the network, and networked sandboxes, get "
                              "this host's package sources (CA bundle, pip/uv/npm index and apt proxy settings, proxy "
                              "variables), bound read-only at /run/idegym-host-config, never in an image layer "
                              "[$IDEGYM_CONTROL_PLANE_HOST_PACKAGE_CONFIG, default on]")
-    parser.add_argument("--warm-pool", type=int, default=_default("WARM_POOL", cfg.warm_pool, int),
+    parser.add_argument("--warm-pool", type=int, default=_default("warm_pool", cfg.warm_pool),
                         help="spare sandboxes kept ready per image in use (grows with demand)")
-    parser.add_argument("--warm-pool-max", type=int, default=_default("WARM_POOL_MAX", cfg.warm_pool_max, int),
+    parser.add_argument("--warm-pool-max", type=int, default=_default("warm_pool_max", cfg.warm_pool_max),
                         help="ceiling of the warm pool per image")
     parser.add_argument("--warm-pool-parallel", type=int,
-                        default=_default("WARM_POOL_PARALLEL", cfg.warm_pool_parallel, int),
+                        default=_default("warm_pool_parallel", cfg.warm_pool_parallel),
                         help="pool sandboxes made at once (refill rate under demand)")
-    parser.add_argument("--pool-image", action="append", default=_default("POOL_IMAGE", [], _names),
+    parser.add_argument("--pool-image", action="append", default=list(_default("pool_image", ())),
                         help="keep this image warm from start-up (repeatable; comma-separated in the variable)")
-    parser.add_argument("--max-servers", type=int, default=_default("MAX_SERVERS", cfg.max_servers, int),
+    parser.add_argument("--max-servers", type=int, default=_default("max_servers", cfg.max_servers),
                         help="live servers allowed at once, all tenants together; more starts wait their turn in the "
                              "creation queue (--queue-timeout), and FINISHED servers give way to them; snapshot "
                              "preparations and the code runner's sandboxes count too")
-    parser.add_argument("--max-snapshots", type=int, default=_default("MAX_SNAPSHOTS", cfg.max_snapshots, int),
+    parser.add_argument("--max-snapshots", type=int, default=_default("max_snapshots", cfg.max_snapshots),
                         help=f"snapshots kept; more snapshots get 429 [{cfg.max_snapshots}]")
     parser.add_argument("--max-snapshot-bytes", type=_bytes,
-                        default=_default("MAX_SNAPSHOT_BYTES", cfg.max_snapshot_bytes, _bytes),
+                        default=_default("max_snapshot_bytes", cfg.max_snapshot_bytes),
                         help="what snapshots may take on disk (local backend), e.g. 64Gi; a snapshot past it "
                              f"gets 429 [{cfg.max_snapshot_bytes >> 30}Gi]")
     share = cfg.sharing
-    for flag, variable, kind, value, text in (
-        ("--tenant-max-servers", "TENANT_MAX_SERVERS", int, share.tenant_max_servers,
+    for flag, field, kind, value, text in (
+        ("--tenant-max-servers", "tenant_max_servers", int, share.tenant_max_servers,
          "live servers of one tenant (0: no limit of its own); more of its starts wait their turn"),
-        ("--client-max-servers", "CLIENT_MAX_SERVERS", int, share.client_max_servers,
+        ("--client-max-servers", "client_max_servers", int, share.client_max_servers,
          "live servers of one client (a trainer, an env; 0: no limit of its own)"),
-        ("--tenant-max-builds", "TENANT_MAX_BUILDS", int, share.tenant_max_builds,
+        ("--tenant-max-builds", "tenant_max_builds", int, share.tenant_max_builds,
          "image builds of one tenant running at once (0: no limit); more wait their turn"),
-        ("--client-max-builds", "CLIENT_MAX_BUILDS", int, share.client_max_builds,
+        ("--client-max-builds", "client_max_builds", int, share.client_max_builds,
          "image builds of one client running at once (0: no limit)"),
-        ("--tenant-upload-bytes", "TENANT_UPLOAD_BYTES", _bytes, share.tenant_upload_bytes,
+        ("--tenant-upload-bytes", "tenant_upload_bytes", _bytes, share.tenant_upload_bytes,
          "bytes of uploads one tenant holds, e.g. 20Gi (0: no limit); more are refused with 413"),
-        ("--client-upload-bytes", "CLIENT_UPLOAD_BYTES", _bytes, share.client_upload_bytes,
+        ("--client-upload-bytes", "client_upload_bytes", _bytes, share.client_upload_bytes,
          "bytes one client may upload in its life (0: no limit); more are refused with 413"),
-        ("--max-upload-bytes", "MAX_UPLOAD_BYTES", _bytes, share.max_upload_bytes,
+        ("--max-upload-bytes", "max_upload_bytes", _bytes, share.max_upload_bytes,
          "bytes of one upload (a task's project or build context, packed), e.g. 2Gi"),
-        ("--max-upload-files", "MAX_UPLOAD_FILES", int, share.max_upload_files, "entries of one upload"),
-        ("--upload-retention", "UPLOAD_RETENTION", float, share.upload_retention,
+        ("--max-upload-files", "max_upload_files", int, share.max_upload_files, "entries of one upload"),
+        ("--upload-retention", "upload_retention", float, share.upload_retention,
          "seconds an upload no build used is kept"),
-        ("--start-rate", "START_RATE", float, share.start_rate,
+        ("--start-rate", "start_rate", float, share.start_rate,
          "sandboxes made per second, all tenants together (0: as fast as asked); more wait their turn"),
-        ("--start-burst", "START_BURST", int, share.start_burst, "sandboxes made at once before --start-rate applies"),
-        ("--queue-timeout", "QUEUE_TIMEOUT", float, share.queue_timeout,
+        ("--start-burst", "start_burst", int, share.start_burst, "sandboxes made at once before --start-rate applies"),
+        ("--queue-timeout", "queue_timeout", float, share.queue_timeout,
          "seconds a start waits for its turn (or its own start timeout, if shorter), then 429"),
     ):
-        parser.add_argument(flag, type=kind, default=_default(variable, value, kind), help=text)
-    parser.add_argument("--body-budget", type=int, default=_default("BODY_BUDGET", cfg.body_budget_bytes, int),
+        parser.add_argument(flag, type=kind, default=_default(field, value), help=text)
+    parser.add_argument("--body-budget", type=int, default=_default("body_budget", cfg.body_budget_bytes),
                         metavar="BYTES", help="bytes of large request bodies held in memory at once (each counts "
                                               "3 times its size); more wait, then get 503 [default 3 × the "
                                               f"{cfg.max_body_bytes >> 20} MiB body limit]")
-    parser.add_argument("--header-timeout", type=float, default=_default("HEADER_TIMEOUT", cfg.header_timeout, float),
+    parser.add_argument("--header-timeout", type=float, default=_default("header_timeout", cfg.header_timeout),
                         help="close a connection whose request head is not complete this many seconds after it "
                              f"opened or after its last answer (slow-header clients, idle keep-alive) "
                              f"[default {cfg.header_timeout:g}]")
-    for flag, variable, value, text in (
-        ("--watch-interval", "WATCH_INTERVAL", watch.interval, "seconds between watcher passes"),
-        ("--inactive-timeout", "INACTIVE_TIMEOUT", watch.inactive_timeout,
+    for flag, field, value, text in (
+        ("--watch-interval", "watch_interval", watch.interval, "seconds between watcher passes"),
+        ("--inactive-timeout", "inactive_timeout", watch.inactive_timeout,
          "reap ALIVE servers idle this many seconds (keepalive extends)"),
-        ("--finished-timeout", "FINISHED_TIMEOUT", watch.finished_timeout,
+        ("--finished-timeout", "finished_timeout", watch.finished_timeout,
          "reap FINISHED servers not reused within this many seconds"),
-        ("--heartbeat-timeout", "HEARTBEAT_TIMEOUT", watch.heartbeat_timeout, "reap clients silent this many seconds"),
-        ("--operation-retention", "RETENTION", watch.operation_retention, "seconds of request history kept"),
+        ("--heartbeat-timeout", "heartbeat_timeout", watch.heartbeat_timeout, "reap clients silent this many seconds"),
+        ("--operation-retention", "operation_retention", watch.operation_retention, "seconds of request history kept"),
     ):
-        parser.add_argument(flag, type=float, default=_default(variable, value, float), help=text)
-    parser.add_argument("--ephemeral", action="store_true", default=_default("EPHEMERAL", cfg.ephemeral, bool),
+        parser.add_argument(flag, type=float, default=_default(field, value), help=text)
+    parser.add_argument("--ephemeral", action="store_true", default=_default("ephemeral", cfg.ephemeral),
                         help="delete every sandbox on shutdown (for embedded use)")
-    if _wants_kubernetes():
+    if env.backend == "kubernetes" or _kubernetes_in_argv():
         # the client library costs ~0.4 s to import: only when this backend is chosen
         from .backends.kubernetes import KubernetesConfig
 
-        KubernetesConfig.add_arguments(parser)
+        KubernetesConfig.add_arguments(parser, env.kubernetes)
     else:
         parser.epilog = "With --backend kubernetes, --help also lists the --k8s-* settings."
     parser.add_argument("--remove-state", action="store_true",
@@ -254,20 +233,22 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parent-pid", type=int,
                         help="shut down (cleanly) when this process exits: embedded use never outlives its owner")
     parser.add_argument("--ready-fd", type=int, help="write 'ready <port>\\n' to this fd once listening")
-    parser.add_argument("--log-json", action="store_true", default=bool(os.environ.get("IDEGYM_LOG_JSON")),
+    parser.add_argument("--log-json", action="store_true", default=_default("log_json", False),
                         help="one JSON object per log line")
-    parser.add_argument("--log-level", default=os.environ.get("IDEGYM_LOG_LEVEL", "WARNING"),
+    parser.add_argument("--log-level", default=_default("log_level", "WARNING"),
                         help="WARNING (default); INFO logs every request")
     _document(parser)
 
 
-def _wants_kubernetes() -> bool:
+def _kubernetes_in_argv() -> bool:
     argv = sys.argv[1:]
-    return ("kubernetes" in argv or "--backend=kubernetes" in argv
-            or os.environ.get("IDEGYM_CONTROL_PLANE_BACKEND") == "kubernetes")
+    return "kubernetes" in argv or "--backend=kubernetes" in argv
 
 
-def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
+def config_from_args(args: argparse.Namespace, env: ControlPlaneSettings | None = None) -> ControlPlaneConfig:
+    """The configuration the flags (whose defaults are the variables) say; ``env`` gives what has no
+    flag (read now if not given)."""
+    env = ControlPlaneSettings.from_env() if env is None else env
     auth = None
     if args.auth not in ("token", "none"):
         user, sep, password = args.auth.partition(":")
@@ -279,7 +260,7 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
                          "every client authenticates as its tenant)")
     build_roots = args.build_root
     if build_roots is None:
-        build_roots = [Path(p) for p in (_env("BUILD_ROOTS") or "").split(":") if p]
+        build_roots = list(env.build_roots or ())
     kubernetes: dict = {}
     if args.backend == "kubernetes":
         from dataclasses import asdict
@@ -300,7 +281,7 @@ def config_from_args(args: argparse.Namespace) -> ControlPlaneConfig:
         warm_pool_max=args.warm_pool_max, warm_pool_parallel=args.warm_pool_parallel,
         pool_images=list(args.pool_image), max_servers=args.max_servers,
         max_snapshots=args.max_snapshots, max_snapshot_bytes=args.max_snapshot_bytes,
-        ephemeral=args.ephemeral,
+        ephemeral=args.ephemeral, pod_name=env.pod_name,
         sharing=SharingConfig(
             tenant_max_servers=args.tenant_max_servers, client_max_servers=args.client_max_servers,
             tenant_max_builds=args.tenant_max_builds, client_max_builds=args.client_max_builds,
@@ -392,7 +373,7 @@ def run_serve(args: argparse.Namespace) -> None:
 def add_tenants_arguments(parser: argparse.ArgumentParser) -> None:
     """``idegym control-plane tenants add|remove NAME``: edit a tenants file (``tenants.py``)."""
     sub = parser.add_subparsers(dest="tenants_command", required=True, metavar="COMMAND")
-    file_default = _optional_path(_env("TENANTS") or "")
+    file_default = ControlPlaneSettings.from_env().tenants
     for name, text in (("add", "make a random token for tenant NAME, append 'NAME sha256:<its hash>' to FILE "
                                 "(made 0600) and print the token: it is shown only once"),
                        ("remove", "remove every line of tenant NAME from FILE: its clients are refused at their "
@@ -424,5 +405,8 @@ def run_tenants(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="idegym-control-plane", description="Run the IdeGym control plane.")
-    add_serve_arguments(parser)
+    try:
+        add_serve_arguments(parser)
+    except SettingsError as exc:
+        parser.exit(2, f"idegym control-plane: {exc}\n")
     run_serve(parser.parse_args(argv))

@@ -1,4 +1,5 @@
-"""Control-plane configuration: CLI flags with ``IDEGYM_*`` environment-variable fallbacks."""
+"""Control-plane configuration: what ``idegym control-plane serve``'s flags (``cli.py``), whose
+defaults are the variables of ``settings.py``, say."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .backends.local.lease import DEFAULT_ORPHAN_TTL
-from .backends.local.storage import DEFAULT_STORAGE_BYTES, DEFAULT_STORAGE_INODES
+from . import constants
+from .constants import DEFAULT_ORPHAN_TTL, DEFAULT_STORAGE_BYTES, DEFAULT_STORAGE_INODES
+from .settings import ControlPlaneSettings
 
 
 def default_state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "idegym"
+    """``$XDG_STATE_HOME/idegym``, else ``~/.local/state/idegym``."""
+    return constants.default_state_dir(ControlPlaneSettings.from_env().xdg_state_home)
 
 
 @dataclass
@@ -82,7 +84,7 @@ class ControlPlaneConfig:
     # two per core: a run waits part of its time (its start, the hops of its request and answer)
     runner_concurrency: int = field(default_factory=lambda: max(2 * (os.cpu_count() or 1), 2))
     ephemeral: bool = False  # delete every sandbox and the state on shutdown (embedded mode)
-    pod_name: str | None = field(default_factory=lambda: os.environ.get("POD_NAME") or os.environ.get("HOSTNAME"))
+    pod_name: str | None = field(default_factory=lambda: ControlPlaneSettings.from_env().pod_name)
     watcher: WatcherConfig = field(default_factory=WatcherConfig)
     sharing: SharingConfig = field(default_factory=SharingConfig)
     kubernetes: dict = field(default_factory=dict)  # kubernetes backend settings

@@ -22,6 +22,7 @@ from uuid import UUID
 from sandbox_server import routes
 
 from .backends.base import Endpoint
+from .constants import PREFER_HEADER
 from .forwarding import ForwardError, Pending, Reply
 from .metrics import Metrics
 from .models import AsyncOperationStatus, AsyncOperationType, ForwardRequestResponse
@@ -40,7 +41,7 @@ RECORD_DELAY = 0.05  # inline answers' records wait this long at most, to be wri
 
 def prefer_wait(headers: Mapping[str, str]) -> float | None:
     """Seconds of ``Prefer: wait=N`` (capped), or None when the client did not ask to wait."""
-    prefer = headers.get("Prefer")
+    prefer = headers.get(PREFER_HEADER)
     if not prefer:
         return None
     match = PREFER_WAIT.search(prefer)

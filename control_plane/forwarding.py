@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import aiohttp
 
 from .backends.base import Endpoint
+from .constants import FORWARD_FAILED
 from .errors import StatusError
 from .unix_http import ConnectFailed, ProtocolError, RawReply, UnixPool
 
-FORWARD_FAILED = "Failed to forward request"
 HOP_BY_HOP = {
     "host", "authorization", "content-length", "transfer-encoding", "connection", "keep-alive", "prefer",
     "upgrade", "te", "trailer", "proxy-authorization", "proxy-authenticate", "accept-encoding",

@@ -53,13 +53,13 @@ from sandbox_server.http import MAX_JSON_DEPTH, json_depth_exceeds
 from .appuser import APPUSER
 from .backends.base import Backend, ImageBuilder, ImageDefinition
 from .build_sources import check_git, host_sources
+from .constants import BUILTIN_IMAGE
 from .image_tags import check_image_tag
 from .tree_pack import REFERENCE_PREFIX, check_digest
 
 if TYPE_CHECKING:
     from .uploads import StoredUpload
 
-BUILTIN_IMAGE = "idegym/builtin:latest"
 
 DEFAULT_NAME = "idegym-image"
 

@@ -9,6 +9,8 @@
 
 import gymnasium as _gym
 
+from .errors import IdeGymError
+
 __version__ = "0.1.0"
 
 ENV_ID = "IdeGym-v0"
@@ -39,4 +41,4 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["AGENT_ENV_ID", "ENV_ID", "IdeGymEnv", "RayVectorEnv", "evaluate", "__version__"]
+__all__ = ["AGENT_ENV_ID", "ENV_ID", "IdeGymEnv", "IdeGymError", "RayVectorEnv", "evaluate", "__version__"]

@@ -7,6 +7,10 @@ import os
 import sys
 from typing import Any
 
+from sandbox_server.env_settings import SettingsError
+
+from .errors import ConfigurationError
+
 
 def _commands(sub: Any, name: str, dest: str, command_help: str, command_description: str) -> Any:
     """The subcommands of ``idegym NAME``."""
@@ -21,6 +25,14 @@ def _serve_parser(sub: Any, name: str, dest: str, command_help: str, command_des
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        _main(argv)
+    except (SettingsError, ConfigurationError) as exc:  # a variable that cannot be used: say which
+        print(f"idegym: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _main(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(
         prog="idegym",
         description="IdeGym: disposable coding sandboxes as reinforcement-learning environments.",

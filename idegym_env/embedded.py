@@ -28,11 +28,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from control_plane import ephemeral_state
-from control_plane.auth import TOKEN_USER, read_token, token_path
-from control_plane.backends.local.lease import DEFAULT_ORPHAN_TTL, LEASE_FILE
+from control_plane.auth import read_token, token_path
+from control_plane.constants import DEFAULT_ORPHAN_TTL, LEASE_FILE, TOKEN_USER
+
+from .settings import ClientSettings
 
 START_TIMEOUT = 60.0
-GRACE_SECONDS = 60.0
 STATE_PREFIX = "idegym-embedded-"
 LAPSE_MARGIN = 60.0  # seconds past a lease's TTL before its directory counts as abandoned
 KEPT_LOGS_RETENTION = 7 * 86400.0  # a failed run's kept logs (no lease left) are swept after this
@@ -157,11 +158,7 @@ _exiting = False  # set at interpreter exit: no grace timer (a thread started th
 
 def grace_seconds() -> float:
     """How long the shared control plane outlives its last user: ``$IDEGYM_EMBEDDED_GRACE``."""
-    raw = os.environ.get("IDEGYM_EMBEDDED_GRACE", "")
-    try:
-        return max(float(raw), 0.0) if raw.strip() else GRACE_SECONDS
-    except ValueError:
-        raise ValueError(f"$IDEGYM_EMBEDDED_GRACE must be a number of seconds, not {raw!r}") from None
+    return max(ClientSettings.from_env().embedded_grace, 0.0)
 
 
 def _cancel_idle_timer() -> None:

@@ -64,6 +64,7 @@ from sandbox_server.output import omitted_marker
 
 from . import embedded, grading
 from .client import APIError, BadRequest, Conflict, IdeGymClient, NotFound, Sandbox, SandboxGone, Unauthorized
+from .errors import IdeGymError
 from .rewards import RewardFunction, reward_components
 from .spaces import InvalidAction, ToolCallSpace, UnicodeText
 from .tasks import Task, bundled_tasks, environment, load_task
@@ -77,7 +78,7 @@ DEFAULT_BASH_TIMEOUT = 120.0
 MIN_CALL_SECONDS = 1.0  # a call's timeout when the episode's wall time is (almost) spent
 
 
-class EpisodeEnded(gym.error.ResetNeeded, RuntimeError):
+class EpisodeEnded(IdeGymError, gym.error.ResetNeeded, RuntimeError):
     """``step()`` after the episode ended: call ``reset()`` first."""
 
 

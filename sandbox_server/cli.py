@@ -9,18 +9,21 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
-from .config import ServerConfig, env_flag
+from .config import ServerConfig
+from .env_settings import SettingsError
 from .http import run_loop, setup_logging
+from .settings import ServerSettings
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    env = os.environ.get
-    parser.add_argument("--project", type=Path, default=Path(env("IDEGYM_PROJECT_PATH", ".project")),
+    """The flags; those a variable also sets default to None here and to the variable's value in
+    ``config_from_args`` (the zygote builds this parser once, before it knows a server's environment)."""
+    parser.add_argument("--project", type=Path, default=None,
                         help="project directory: default cwd of tools and base of relative paths "
                              "[$IDEGYM_PROJECT_PATH, default .project]")
-    parser.add_argument("--project-source", type=Path,
-                        default=env("IDEGYM_PROJECT_ARCHIVE") or env("IDEGYM_PROJECT_ARCHIVE_PATH") or None,
+    parser.add_argument("--project-source", type=Path, default=None,
                         help="pristine project: a directory or .tar.gz/.zip archive; an empty project is "
                              "populated from it and reset restores it [$IDEGYM_PROJECT_ARCHIVE]. Without it, "
                              "the project's content at start-up is the pristine state")
@@ -28,14 +31,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overlay-layer", type=Path, help="reset by overlay remount: directory for the writes")
     parser.add_argument("--state-dir", type=Path, help="private directory for the pristine copy")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--port", type=int, default=int(env("IDEGYM_SERVER_PORT", "8000")),
+    where.add_argument("--port", type=int, default=None,
                        help="TCP port [$IDEGYM_SERVER_PORT, default 8000]")
-    where.add_argument("--unix-socket", type=Path, default=env("IDEGYM_SERVER_UNIX_SOCKET") or None,
+    where.add_argument("--unix-socket", type=Path, default=None,
                        help="listen on this Unix socket instead of TCP [$IDEGYM_SERVER_UNIX_SOCKET]")
-    parser.add_argument("--host", default=env("IDEGYM_SERVER_HOST", "127.0.0.1"),
+    parser.add_argument("--host", default=None,
                         help="TCP address [$IDEGYM_SERVER_HOST, default 127.0.0.1; pods use 0.0.0.0]")
-    parser.add_argument("--tool-user", default=env("IDEGYM_TOOL_USER") or None,
-                        help="user that tools run as when a request names none (default: the server's user)")
+    parser.add_argument("--tool-user", default=None,
+                        help="user that tools run as when a request names none (default: the server's user) "
+                             "[$IDEGYM_TOOL_USER]")
     parser.add_argument("--no-root-tools", action="store_true",
                         help="refuse to run tools as root, whatever a request's 'user' says (the server may "
                              "still run as root to switch to other users)")
@@ -49,70 +53,79 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runner-concurrency", type=int, default=os.cpu_count() or 2,
                         help="code-runner programs running at once; more requests wait in a queue")
     parser.add_argument("--ready-fd", type=int, help="write 'ready\\n' to this file descriptor once listening")
-    parser.add_argument("--isolated-runs", action="store_true", default=bool(env("IDEGYM_ISOLATED_RUNS")),
+    parser.add_argument("--isolated-runs", action="store_true", default=None,
                         help="run every code-runner program in mount, pid, IPC and network namespaces of its "
                              "own, with only its directory writable (needs root in the sandbox's user namespace; "
                              "GET /api/capabilities lists 'isolated-runs' when it is on) [$IDEGYM_ISOLATED_RUNS]")
     parser.add_argument("--run-memory-max", type=int, default=None, metavar="BYTES",
                         help="with --isolated-runs and --tool-cgroups: each run's own memory limit (every run "
                              "already has a pids limit of its own; default: only the tools' limit they share)")
-    parser.add_argument("--tool-spawner", action=argparse.BooleanOptionalAction,
-                        default=env_flag("IDEGYM_TOOL_SPAWNER", True),
+    parser.add_argument("--tool-spawner", action=argparse.BooleanOptionalAction, default=None,
                         help="start the tool user's tools from a small process that already is that user "
                              "(sandbox_server/native/spawner.c, built by make): less time a call than a user switch "
                              "per tool; --no-tool-spawner starts each the long way [$IDEGYM_TOOL_SPAWNER=0 for "
                              "no; default: on when the program is built]")
-    parser.add_argument("--memory-events", type=Path, default=env("IDEGYM_MEMORY_EVENTS") or None,
+    parser.add_argument("--memory-events", type=Path, default=None,
                         help="the sandbox's cgroup memory.oom_control (v1) or memory.events (v2) file: bash results "
                              "then say when the OOM killer struck [$IDEGYM_MEMORY_EVENTS; default: "
                              "/sys/fs/cgroup/memory.events when present]")
-    parser.add_argument("--tool-cgroups", type=Path, default=env("IDEGYM_TOOL_CGROUPS") or None,
+    parser.add_argument("--tool-cgroups", type=Path, default=None,
                         help="directory holding the tools' delegated cgroup v1 groups, one per controller "
                              "(<dir>/memory, <dir>/pids…): every tool starts in them, and stages run in child "
                              "groups that are emptied when they end [$IDEGYM_TOOL_CGROUPS]")
-    parser.add_argument("--log-json", action="store_true", default=bool(env("IDEGYM_LOG_JSON")),
+    parser.add_argument("--log-json", action="store_true", default=None,
                         help="one JSON object per log line [$IDEGYM_LOG_JSON]")
-    parser.add_argument("--log-level", default=env("IDEGYM_LOG_LEVEL", "WARNING"),
+    parser.add_argument("--log-level", default=None,
                         help="WARNING (default), INFO logs one line per request [$IDEGYM_LOG_LEVEL]")
 
 
-def config_from_args(args: argparse.Namespace) -> ServerConfig:
+def config_from_args(args: argparse.Namespace, env: ServerSettings | None = None) -> ServerConfig:
+    """The server's configuration: its flags, else its variables (``env``: read now if not given)."""
+    env = env or ServerSettings.from_env()
     tool_env = {}
     for item in args.tool_env:
         name, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"--tool-env {item!r}: expected NAME=VALUE")
         tool_env[name] = value
+
+    def chosen(flag: str) -> Any:
+        value = getattr(args, flag)
+        return getattr(env, flag) if value is None else value
+
     return ServerConfig(
-        project=args.project,
-        project_source=args.project_source,
+        project=chosen("project"),
+        project_source=chosen("project_source"),
         overlay_lower=args.overlay_lower,
         overlay_layer=args.overlay_layer,
         state_dir=args.state_dir,
-        host=args.host,
-        port=args.port,
-        unix_socket=args.unix_socket,
-        tool_user=args.tool_user,
+        host=chosen("host"),
+        port=chosen("port"),
+        unix_socket=chosen("unix_socket"),
+        tool_user=chosen("tool_user"),
         root_tools=not args.no_root_tools,
         file_roots=list(args.file_root),
         max_body_bytes=args.max_body_bytes,
         runner_concurrency=args.runner_concurrency,
         tool_env=tool_env,
         inherit_env=not args.no_inherit_env,
-        log_json=args.log_json,
+        log_json=chosen("log_json"),
+        log_level=chosen("log_level"),
         ready_fd=args.ready_fd,
-        memory_events=args.memory_events,
-        isolated_runs=args.isolated_runs,
+        memory_events=chosen("memory_events"),
+        isolated_runs=chosen("isolated_runs"),
         run_memory_max=args.run_memory_max,
-        tool_spawner=args.tool_spawner,
-        tool_cgroups=args.tool_cgroups,
+        tool_spawner=chosen("tool_spawner"),
+        tool_cgroups=chosen("tool_cgroups"),
+        header_timeout=env.header_timeout,
+        in_pod=bool(env.server_id or env.kubernetes_service_host),
     )
 
 
-def isolated_by() -> str | None:
+def isolated_by(config: ServerConfig) -> str | None:
     """What isolates this server, if anything: a user namespace (bubblewrap, as the local backend
     runs every sandbox; rootless containers), or a pod of the Kubernetes backend."""
-    if os.environ.get("IDEGYM_SERVER_ID") or os.environ.get("KUBERNETES_SERVICE_HOST"):
+    if config.in_pod:
         return "a Kubernetes pod"
     try:
         uid_map = Path("/proc/self/uid_map").read_text().split()
@@ -142,7 +155,7 @@ async def serve(config: ServerConfig) -> None:
 
     if os.geteuid() == 0:
         os.setgroups([])  # file tools switch fsuid/fsgid; stray root groups would leak access
-    server = Server(create_app(config))
+    server = Server(create_app(config), header_timeout=config.header_timeout)
     if config.unix_socket is not None:
         await server.start(unix_socket=str(config.unix_socket))
         os.chmod(config.unix_socket, 0o600)
@@ -150,7 +163,7 @@ async def serve(config: ServerConfig) -> None:
         await server.start(host=config.host, port=config.port)
     print(f"idegym sandbox server: listening on {server.address} (project {config.project.resolve()})",
           file=sys.stderr, flush=True)
-    if isolated_by() is None:
+    if isolated_by(config) is None:
         print(f"idegym sandbox server: WARNING: not inside a sandbox: tools run UNISOLATED as {_tool_user(config)} on "
               "this machine (every bash call can read and change what that user can); for isolated sandboxes "
               "run `idegym control-plane serve` and start them through it", file=sys.stderr, flush=True)
@@ -184,8 +197,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> None:
-    config = config_from_args(args)
-    setup_logging(config.log_json, args.log_level)
+    try:
+        config = config_from_args(args)
+    except SettingsError as exc:
+        print(f"idegym-sandbox: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    setup_logging(config.log_json, config.log_level)
     from .project import ProjectError
 
     try:

@@ -1,10 +1,13 @@
-"""Server configuration: CLI flags with ``IDEGYM_*`` environment-variable fallbacks."""
+"""Server configuration: CLI flags, with their variables as defaults (``settings.py``)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .env_settings import env_flag  # noqa: F401 - how tests read a flag as the server does
+from .settings import DEFAULT_HEADER_TIMEOUT
 
 # Variables the server uses for itself; tools never see them.
 PRIVATE_ENV_PREFIXES = ("IDEGYM_",)
@@ -13,13 +16,8 @@ PRIVATE_ENV = {"PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "PYTHONSAFEPATH", 
 
 @dataclass
 class ServerConfig:
-    project: Path = field(default_factory=lambda: Path(os.environ.get("IDEGYM_PROJECT_PATH", ".project")))
-    # A directory or archive with the pristine project; reset restores it.
-    project_source: Path | None = field(
-        default_factory=lambda: _opt_path(
-            os.environ.get("IDEGYM_PROJECT_ARCHIVE") or os.environ.get("IDEGYM_PROJECT_ARCHIVE_PATH")
-        )
-    )
+    project: Path = Path(".project")
+    project_source: Path | None = None  # a directory or archive with the pristine project; reset restores it
     # Overlay reset: the read-only lower tree and a directory for the writable layer.
     overlay_lower: Path | None = None
     overlay_layer: Path | None = None
@@ -38,12 +36,15 @@ class ServerConfig:
     tool_env: dict[str, str] = field(default_factory=dict)
     inherit_env: bool = True
     log_json: bool = False
+    log_level: str = "WARNING"
     ready_fd: int | None = None
     memory_events: Path | None = None  # the sandbox's memory.oom_control / memory.events (OOM reporting)
     isolated_runs: bool = False  # every code-runner run in namespaces of its own (jail.py)
     run_memory_max: int | None = None  # each isolated run's memory limit (in its own cgroups: jail.py)
     tool_spawner: bool = True  # the tool user's tools started by a process that is that user (spawner.py)
     tool_cgroups: Path | None = None  # the tools' delegated cgroups, <dir>/<controller> (tool_cgroups.py)
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT  # a request head must be complete this soon (web.py)
+    in_pod: bool = False  # a pod of the Kubernetes backend isolates this server
 
     def tool_environment(self) -> dict[str, str]:
         """The base environment of every tool process: no variable of the server's own."""
@@ -59,11 +60,3 @@ class ServerConfig:
         return env
 
 
-def env_flag(name: str, default: bool) -> bool:
-    """A yes/no environment variable: unset or empty is ``default``; 0, false, no, off are no."""
-    value = os.environ.get(name, "").strip().lower()
-    return default if not value else value not in ("0", "false", "no", "off")
-
-
-def _opt_path(value: str | None) -> Path | None:
-    return Path(value) if value else None

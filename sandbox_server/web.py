@@ -20,15 +20,12 @@ from urllib.parse import parse_qsl
 import h11
 
 from .errors import ApiError, BadRequest, NotFound, PayloadTooLarge, render
+from .settings import DEFAULT_HEADER_TIMEOUT
 
 log = logging.getLogger("sandbox_server.http")
 
 READ_CHUNK = 1 << 20
 SERVER_HEADER = b"idegym-sandbox"
-# A request's head must be complete this many seconds after the connection opens, or after the
-# first byte of a later request: slow-header connections are closed. An idle kept-alive
-# connection between requests is not timed (the control plane's pool keeps them).
-HEADER_TIMEOUT = float(os.environ.get("IDEGYM_SERVER_HEADER_TIMEOUT") or 10.0)
 
 
 class AppKey:
@@ -125,10 +122,15 @@ class App:
 class _Connection:
     """One client connection: h11 events in, responses out, one request at a time."""
 
-    def __init__(self, app: App, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, app: App, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 header_timeout: float) -> None:
         self.app = app
         self.reader = reader
         self.writer = writer
+        # A request's head must be complete this many seconds after the connection opens, or after
+        # the first byte of a later request: slow-header connections are closed. An idle kept-alive
+        # connection between requests is not timed (the control plane's pool keeps them).
+        self.header_timeout = header_timeout
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 << 10)
 
     async def _next_event(self) -> Any:
@@ -140,17 +142,17 @@ class _Connection:
             self.conn.receive_data(data)  # b"" tells h11 the peer closed
 
     async def _next_head(self, timed: bool) -> Any:
-        """The next request's first event, within ``HEADER_TIMEOUT`` of now (``timed``) or of the
+        """The next request's first event, within ``header_timeout`` of now (``timed``) or of the
         request's first byte; raises ``TimeoutError`` past it."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + HEADER_TIMEOUT if timed or self.conn.trailing_data[0] else None
+        deadline = loop.time() + self.header_timeout if timed or self.conn.trailing_data[0] else None
         while True:
             event = self.conn.next_event()
             if event is not h11.NEED_DATA:
                 return event
             if deadline is None:
                 data = await self.reader.read(READ_CHUNK)
-                deadline = loop.time() + HEADER_TIMEOUT
+                deadline = loop.time() + self.header_timeout
             else:
                 data = await asyncio.wait_for(self.reader.read(READ_CHUNK), max(deadline - loop.time(), 0))
             self.conn.receive_data(data)
@@ -163,7 +165,7 @@ class _Connection:
                     event = await self._next_head(first)
                     first = False
                 except TimeoutError:
-                    log.info("closed a connection whose request head took over %g s", HEADER_TIMEOUT)
+                    log.info("closed a connection whose request head took over %g s", self.header_timeout)
                     return
                 except h11.RemoteProtocolError as exc:
                     await self._fail(ApiError.for_status(exc.error_status_hint, f"malformed HTTP request: {exc}"))
@@ -235,16 +237,18 @@ class _Connection:
         await self.writer.drain()
 
 
-async def serve_connection(app: App, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def serve_connection(app: App, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                           header_timeout: float = DEFAULT_HEADER_TIMEOUT) -> None:
     """Serve ``app`` on one connection made some other way (e.g. one this process opened)."""
-    await _Connection(app, reader, writer).serve()
+    await _Connection(app, reader, writer, header_timeout).serve()
 
 
 class Server:
     """Serve an ``App`` on TCP or a Unix socket; ``start()`` runs the cleanup contexts' set-up."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: App, header_timeout: float = DEFAULT_HEADER_TIMEOUT) -> None:
         self.app = app
+        self.header_timeout = header_timeout
         self._server: asyncio.AbstractServer | None = None
         self._contexts: list[AsyncIterator[None]] = []
         self._connections: set[asyncio.Task] = set()
@@ -266,7 +270,7 @@ class Server:
         assert task is not None
         self._connections.add(task)
         try:
-            await _Connection(self.app, reader, writer).serve()
+            await _Connection(self.app, reader, writer, self.header_timeout).serve()
         finally:
             self._connections.discard(task)
 

@@ -138,7 +138,7 @@ def warm_up(calls: int = WARM_UP_CALLS) -> None:
             ["serve", "--project", str(project), "--unix-socket", sock, "--no-inherit-env"]))
 
         async def serve_calls() -> None:
-            server = Server(create_app(config))
+            server = Server(create_app(config), header_timeout=config.header_timeout)
             await server.start(unix_socket=sock)
             try:
                 for _ in range(calls):

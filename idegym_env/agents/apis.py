@@ -16,12 +16,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import IdeGymError
+
 CHAT, ANTHROPIC, RESPONSES = "chat", "anthropic", "responses"
 SAMPLING = ("temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed", "n",
             "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs", "tool_choice", "reasoning_effort")
 
 
-class ReplyError(ValueError):
+class ReplyError(IdeGymError, ValueError):
     """The policy's reply is not an assistant message (the message says what is wrong)."""
 
 

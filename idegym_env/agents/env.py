@@ -42,7 +42,7 @@ from sandbox_server.models import (
     ModelReply,
 )
 
-from ..client import Conflict, IdeGymError, SandboxGone
+from ..client import Conflict, ServiceError
 from ..env import EpisodeEnded, IdeGymEnv
 from ..spaces import UnicodeText
 from ..tasks import Task
@@ -99,7 +99,7 @@ class IdeGymAgentEnv(IdeGymEnv):
         try:
             self._start_agent()
             outcome = self._next_call()
-        except (SandboxGone, IdeGymError) as exc:
+        except ServiceError as exc:
             raise RuntimeError(f"the harness {self.harness.name!r} could not start: {exc}") from exc
         if self.model_url is not None:
             info["mode"] = "pass-through"
@@ -250,7 +250,7 @@ class IdeGymAgentEnv(IdeGymEnv):
                 self._late_replies += 1
                 reply = None
                 continue
-            except IdeGymError as exc:
+            except ServiceError as exc:
                 return f"lost: {getattr(exc, 'message', exc)}"
             reply = None
             self._agent_state = answer.agent
@@ -368,7 +368,7 @@ class IdeGymAgentEnv(IdeGymEnv):
             return None
         try:
             stopped = self.sandbox.call(routes.AGENT_STOP, AgentStopRequest(graceful_termination_timeout=STOP_GRACE))
-        except IdeGymError:
+        except ServiceError:
             return None
         return stopped.agent.model_dump() if stopped.agent is not None else None
 

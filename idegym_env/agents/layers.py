@@ -24,11 +24,13 @@ from pathlib import Path
 
 from control_plane.backends.local.harness_layers import HARNESS_INSIDE, harness_root
 
+from ..errors import IdeGymError
+
 DRIVERS = Path(__file__).parent / "drivers"
 BUILD_TIMEOUT = 1800.0
 
 
-class LayerError(RuntimeError):
+class LayerError(IdeGymError, RuntimeError):
     """A harness layer could not be built (the installer's error is in the message)."""
 
 

@@ -8,8 +8,10 @@ import json
 import urllib.parse
 from typing import Any
 
+from ..errors import IdeGymError
 
-class UpstreamError(RuntimeError):
+
+class UpstreamError(IdeGymError, RuntimeError):
     """The model server could not be reached or did not answer a chat completion."""
 
 

@@ -7,8 +7,6 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-import httpx
-
 from control_plane.models import (
     CreateSnapshotResponse,
     JobStatusResponse,
@@ -32,27 +30,22 @@ from sandbox_server.models import (
 )
 from sandbox_server.routes import Endpoint, Req, Resp
 
+from ..errors import APIError, SandboxGone, ServerError, TimeoutError, TransportError
 from . import _plans, _uploads
-from ._exceptions import (
-    APIError,
-    SandboxGone,
-    ServerError,
-    TimeoutError,
-    TransportError,
-    not_a_control_plane,
-    place,
-    shown_url,
-    unreachable,
-)
+from ._exceptions import not_a_control_plane, place, shown_url, unreachable
 from ._plans import ToolResult
 from ._protocol import Call, Plan, Reply, Sleep, T, Target, call
 from ._settings import BUILTIN_IMAGE, Settings
 
 if TYPE_CHECKING:
+    import httpx
+
     from ..tools import ToolCall
 
 
 async def _send(http: httpx.AsyncClient, call: Call) -> Reply:
+    import httpx  # ~50 ms: imported by the first async client, not by `import idegym_env.client`
+
     try:
         content = None
         if call.content is not None:  # read as it is sent, a chunk at a time
@@ -106,6 +99,8 @@ class AsyncSandbox:
     @classmethod
     def connect(cls, url: str = "http://sandbox", *, unix_socket: str | None = None,
                 timeout: float = 60.0) -> AsyncSandbox:
+        import httpx
+
         transport = httpx.AsyncHTTPTransport(uds=unix_socket) if unix_socket else None
         return cls(httpx.AsyncClient(base_url=url, transport=transport, timeout=timeout), Target.direct())
 
@@ -289,6 +284,8 @@ class AsyncIdeGymClient:
         self.name = name
         self.namespace = namespace
         self.heartbeat_interval = heartbeat_interval
+        import httpx
+
         transport = httpx.AsyncHTTPTransport(uds=self.settings.unix_socket) if self.settings.unix_socket else None
         self._http = httpx.AsyncClient(base_url=self.settings.url, transport=transport, auth=self.settings.auth,
                                   timeout=60.0, limits=httpx.Limits(max_keepalive_connections=32))

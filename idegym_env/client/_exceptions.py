@@ -1,29 +1,10 @@
-"""Every error the IdeGym client raises, in one hierarchy::
-
-    IdeGymError
-    ├── TransportError            no HTTP answer: connection refused, reset, DNS…
-    │   └── TimeoutError          no answer in time (also a builtin ``TimeoutError``)
-    └── APIError                  an HTTP error answer; ``status``, ``message``, ``body``, ``origin``
-        ├── BadRequest            400, 422 (``ValidationError``: ``detail`` lists the fields)
-        │   └── ValidationError
-        ├── Unauthorized          401, 403
-        ├── NotFound              404 (unknown client/server/file…)
-        ├── Conflict              409 (e.g. a patch whose hunks did not apply)
-        ├── SandboxGone           410 (the sandbox crashed, was stopped or reaped)
-        ├── Busy                  429, 503 (retry later)
-        ├── Cancelled             499
-        └── ServerError           500 and other 5xx
-
-``origin`` says who answered: ``"sandbox"`` (the sandbox server rejected the call, e.g. a missing
-file), ``"control-plane"`` (e.g. an unknown server) or ``"client"`` (a request that failed its wire
-model before it was sent: the same 422 items the server would have answered).
+"""How answers become the client's errors (the classes and their tree are ``idegym_env/errors.py``'s):
+by the server's error kind, else by status, with the server's own message.
 """
 
 from __future__ import annotations
 
-import builtins
 import json
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import ValidationError as PydanticValidationError
@@ -32,70 +13,19 @@ import control_plane.errors as cp
 import sandbox_server.errors as server
 from sandbox_server.http import summarize, validation_items
 
-
-class IdeGymError(Exception):
-    """Base of every error raised by ``idegym_env.client``."""
-
-
-class TransportError(IdeGymError):
-    """The request got no HTTP answer."""
-
-
-class TimeoutError(TransportError, builtins.TimeoutError):  # noqa: A001 - mirrors the builtin on purpose
-    """No answer within the timeout (or an operation did not end within its deadline)."""
-
-
-class APIError(IdeGymError):
-    """``kind`` is the server's error kind (``NotFound``, ``Gone``…; the ``error`` field of its
-    body) and ``details`` its structured details, when it sent them."""
-
-    def __init__(self, status: int, message: str, body: str = "", origin: str = "control-plane",
-                 detail: Any = None, kind: str | None = None, details: dict[str, Any] | None = None) -> None:
-        super().__init__(f"{status} from the {origin}: {message}")
-        self.status = status
-        self.message = message
-        self.body = body
-        self.origin = origin
-        self.detail = detail
-        self.kind = kind
-        self.details = details
-
-
-class BadRequest(APIError):
-    pass
-
-
-class ValidationError(BadRequest):
-    pass
-
-
-class Unauthorized(APIError):
-    pass
-
-
-class NotFound(APIError):
-    pass
-
-
-class Conflict(APIError):
-    pass
-
-
-class SandboxGone(APIError):
-    pass
-
-
-class Busy(APIError):
-    pass
-
-
-class Cancelled(APIError):
-    pass
-
-
-class ServerError(APIError):
-    pass
-
+from ..errors import (
+    APIError,
+    BadRequest,
+    Busy,
+    Cancelled,
+    Conflict,
+    NotFound,
+    SandboxGone,
+    ServerError,
+    TransportError,
+    Unauthorized,
+    ValidationError,
+)
 
 # The servers' error kinds (``sandbox_server.errors``, ``control_plane.errors``) → ours.
 _BY_KIND: dict[str, type[APIError]] = {

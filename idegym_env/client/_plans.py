@@ -52,7 +52,8 @@ from sandbox_server.models import (
 )
 from sandbox_server.routes import endpoint_for
 
-from ._exceptions import ServerError, invalid_request
+from ..errors import ServerError
+from ._exceptions import invalid_request
 from ._protocol import Plan, Target, call, cp_call, cp_operation, wire
 
 if TYPE_CHECKING:
@@ -281,7 +282,7 @@ def build_images(yaml_text: str, namespace: str, client_id: str | None = None) -
 def wait_job(name: str, timeout: float) -> Plan[JobStatusResponse]:
     import time
 
-    from ._exceptions import TimeoutError
+    from ..errors import TimeoutError
     from ._protocol import Sleep
 
     deadline = time.monotonic() + timeout

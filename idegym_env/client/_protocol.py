@@ -21,19 +21,19 @@ from typing import IO, Any, TypeVar
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
+from control_plane.constants import FORWARD_FAILED, PREFER_HEADER, SANDBOX_HEADER
 from control_plane.models import AsyncOperationStatusResponse, ErrorResponse, ForwardRequestResponse
 from sandbox_server.grading.models import GradeRequest
 from sandbox_server.models import ExecuteRequest, Request, TimedRequest
 from sandbox_server.routes import Endpoint
 
-from ._exceptions import APIError, TimeoutError, error_for, invalid_request
+from ..errors import APIError, TimeoutError
+from ._exceptions import error_for, invalid_request
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 Req = TypeVar("Req", bound=Request)
 
-SANDBOX_HEADER = "x-idegym-forwarded"
-FORWARD_FAILED = "Failed to forward request"
 # Seconds added to a call's own timeout before the client gives up waiting for the answer.
 SLACK = 30.0
 # What the server may take over a call that has no timeout of its own (files, capabilities)…
@@ -147,14 +147,14 @@ def sandbox_call(target: Target, method: str, path: str, body: Any = None, timeo
     if not target.via_control_plane:
         return _check((yield Call(method, url, json=body, timeout=timeout + SLACK)), "sandbox")
     wait = timeout + SLACK
-    reply = yield Call(method, url, json=body, headers={"Prefer": f"wait={wait:g}"}, timeout=wait + SLACK)
+    reply = yield Call(method, url, json=body, headers={PREFER_HEADER: f"wait={wait:g}"}, timeout=wait + SLACK)
     if reply.status == 202:
         op = yield from poll_operation(int(reply.json()["async_operation_id"]), wait + SLACK)
         if op.status != "SUCCEEDED":
             raise _failed_operation(op, forwarded=True)
         result = ForwardRequestResponse.model_validate_json(op.result or "{}")
         return Reply(result.status_code or 200, result.headers or {}, (result.body or "").encode())
-    origin = "sandbox" if reply.headers.get(SANDBOX_HEADER) == "sandbox" else "control-plane"
+    origin = "sandbox" if reply.headers.get(SANDBOX_HEADER.lower()) == "sandbox" else "control-plane"
     return _check(reply, origin)
 
 
@@ -172,7 +172,7 @@ def cp_call(method: str, path: str, body: Any = None, params: dict[str, str] | N
 
 def cp_operation(method: str, path: str, body: Any, model: type[M], timeout: float) -> Plan[M]:
     """An asynchronous control-plane operation, awaited in one round trip when the server can."""
-    reply = _check((yield Call(method, path, json=body, headers={"Prefer": f"wait={timeout:g}"},
+    reply = _check((yield Call(method, path, json=body, headers={PREFER_HEADER: f"wait={timeout:g}"},
                                timeout=timeout + SLACK)), "control-plane")
     if reply.status != 202:
         return model.model_validate(reply.json())

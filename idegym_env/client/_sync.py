@@ -33,18 +33,9 @@ from sandbox_server.models import (
 )
 from sandbox_server.routes import Endpoint, Req, Resp
 
+from ..errors import APIError, SandboxGone, ServerError, TimeoutError, TransportError
 from . import _plans, _uploads
-from ._exceptions import (
-    APIError,
-    SandboxGone,
-    ServerError,
-    TimeoutError,
-    TransportError,
-    not_a_control_plane,
-    place,
-    shown_url,
-    unreachable,
-)
+from ._exceptions import not_a_control_plane, place, shown_url, unreachable
 from ._http import HTTPSession
 from ._plans import ToolResult
 from ._protocol import Call, Plan, Reply, Sleep, T, Target, call

@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import yaml
-
 from control_plane.models import MissingUploadsResponse, UploadResponse
 from control_plane.tree_pack import REFERENCE_PREFIX, PackError, fingerprint, pack
 
@@ -85,6 +83,8 @@ DIGESTS = _Digests()
 def local_trees(yaml_text: str) -> tuple[str, list[LocalTree]]:
     """The build YAML with its local directories as upload references, and those trees. A YAML
     that names none (or does not parse: the control plane says why) comes back as it was."""
+    import yaml  # only a build's definition needs it
+
     try:
         doc = yaml.safe_load(yaml_text)
     except yaml.YAMLError:

@@ -29,12 +29,13 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
-import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ..errors import IdeGymError
+from ..settings import ClientSettings
 from ..tasks import Task
 
 SUBMIT: dict[str, Any] = {"tool": "submit", "arguments": {}}
@@ -107,7 +108,7 @@ def harness_name(spec: str) -> str | None:
     return spec[len(HARNESS_PREFIX):] if isinstance(spec, str) and spec.startswith(HARNESS_PREFIX) else None
 
 
-class AgentSpecError(ValueError):
+class AgentSpecError(IdeGymError, ValueError):
     """An agent spec that does not name a loadable agent; the message says why."""
 
 
@@ -183,14 +184,15 @@ def load_agent(spec: str | Callable[..., Any], kwargs: Mapping[str, Any] | None 
                 from .openai_agent import OpenAIAgent
 
                 _check_kwargs(spec, OpenAIAgent, kwargs)
-                if not (kwargs.get("model") or os.environ.get("OPENAI_MODEL")):
+                env = ClientSettings.from_env()
+                if not (kwargs.get("model") or env.openai_model):
                     raise AgentSpecError("the openai agent needs a model: --agent-arg model=NAME or "
                                          "$OPENAI_MODEL")
                 from .openai_agent import DEFAULT_BASE_URL
 
-                base_url = kwargs.get("base_url") or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
+                base_url = kwargs.get("base_url") or env.openai_base_url or DEFAULT_BASE_URL
                 if base_url.rstrip("/") == DEFAULT_BASE_URL and not (kwargs.get("api_key")
-                                                                       or os.environ.get("OPENAI_API_KEY")):
+                                                                       or env.openai_api_key):
                     raise AgentSpecError(f"the openai agent talks to {DEFAULT_BASE_URL} by default, which needs "
                                          "a key: set $OPENAI_API_KEY, or point it at your own server with "
                                          "--agent-arg base_url=URL")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 from typing import Any
+
+from ..settings import ClientSettings, chosen_control_plane
 
 DESCRIPTION = """\
 Run every task (--attempts times) as an IdeGym episode with an agent, --parallel at a time, and
@@ -50,6 +51,7 @@ examples:
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    env = ClientSettings.from_env()
     parser.add_argument("--tasks", action="append", required=True, metavar="DIR_OR_NAME",
                         help="'bundled', a directory of tasks, a task directory, a bundled task id, or a "
                              "comma-separated list of these (repeatable)")
@@ -60,7 +62,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
                              "repeatable). Keys that look secret are not recorded")
     parser.add_argument("--out", required=True, metavar="DIR", help="results directory (created if needed)")
     parser.add_argument("--parallel", "-n", type=int, metavar="N",
-                        default=int(os.environ.get("IDEGYM_EVAL_PARALLEL", "1")),
+                        default=env.eval_parallel,
                         help="episodes at a time (default 1) [$IDEGYM_EVAL_PARALLEL]")
     parser.add_argument("--attempts", "-k", type=int, default=1, metavar="K",
                         help="attempts per task; pass@K is reported (default 1)")
@@ -75,7 +77,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an episode passes when its reward >= R (default 1.0); 'solved': when "
                              "every check of the task succeeded (setup, compilation, all tests), whatever "
                              "the reward")
-    parser.add_argument("--control-plane-url", default=os.environ.get("IDEGYM_URL"), metavar="URL",
+    parser.add_argument("--control-plane-url", default=None, metavar="URL",
                         help="control plane to run the sandboxes on [$IDEGYM_URL]; default: start an "
                              "embedded one for the run and stop it at the end")
     parser.add_argument("--ray", action="store_true",
@@ -127,7 +129,7 @@ def run_eval(args: argparse.Namespace) -> int:
         result = evaluate(
             ",".join(args.tasks), args.agent, out=args.out, agent_args=parse_agent_args(args.agent_arg),
             attempts=args.attempts, parallel=args.parallel, episode_timeout=args.episode_timeout,
-            max_steps=args.max_steps, seed=args.seed, control_plane_url=args.control_plane_url,
+            max_steps=args.max_steps, seed=args.seed, control_plane_url=chosen_control_plane(args.control_plane_url),
             use_ray=args.ray, ray_address=args.ray_address, retry_errors=args.retry_errors,
             overwrite=args.overwrite, pass_threshold=args.pass_threshold, progress=not args.no_progress,
             print_summary=True, bash_timeout=args.bash_timeout)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import IdeGymError
 from ..tasks import Task
 from .agents import AgentFactory, agent_usage, reset_agent
 from .manifest import episode_seed, image_of, now
@@ -37,7 +38,7 @@ def is_solved(task: Task, components: Mapping[str, float]) -> bool:
     return bool(ok)
 
 
-class _AgentFailed(Exception):
+class _AgentFailed(IdeGymError):
     def __init__(self, exc: BaseException) -> None:
         super().__init__(str(exc))
         self.exc = exc

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..errors import IdeGymError
 from ..tasks import BUNDLED_DIR, Task, TaskError, TaskSet, load_task
 from ..tasks.task import TASK_FILE, hash_files
 from ..urls import without_credentials
@@ -28,7 +29,7 @@ IDENTITY = ("task_set_hash", "agent", "agent_args", "attempts", "seed", "max_ste
 SECRET_WORDS = ("key", "token", "secret", "password", "auth")
 
 
-class ManifestMismatch(RuntimeError):
+class ManifestMismatch(IdeGymError, RuntimeError):
     """The output directory holds a different run."""
 
 

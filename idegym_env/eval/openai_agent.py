@@ -20,7 +20,6 @@ Only ``httpx`` is used, no ``openai`` package.
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 from collections import deque
@@ -28,6 +27,8 @@ from typing import Any
 
 import httpx
 
+from ..errors import IdeGymError
+from ..settings import ClientSettings
 from ..tasks import Task
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -39,7 +40,7 @@ SYSTEM_PROMPT = (
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 
 
-class ChatCompletionError(RuntimeError):
+class ChatCompletionError(IdeGymError, RuntimeError):
     """The endpoint answered with an error that retrying does not fix (or retries ran out)."""
 
 
@@ -71,11 +72,12 @@ class OpenAIAgent:
         parallel_tool_calls: bool | None = None,
         extra_body: dict[str, Any] | None = None,
     ) -> None:
-        self.model = model or os.environ.get("OPENAI_MODEL")
+        env = ClientSettings.from_env()
+        self.model = model or env.openai_model
         if not self.model:
             raise ValueError("the openai agent needs a model: --agent-arg model=NAME or $OPENAI_MODEL")
-        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
-        api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self.base_url = (base_url or env.openai_base_url or DEFAULT_BASE_URL).rstrip("/")
+        api_key = api_key if api_key is not None else env.openai_api_key
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.system_prompt = system_prompt

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import IdeGymError
 from ..tasks import Task
 from .agents import AgentFactory, agent_source
 from .episode import Episode, is_solved, run_standalone
@@ -194,7 +195,7 @@ class Runner:
             self._cancelled = True
 
 
-class ControlPlaneUnavailable(RuntimeError):
+class ControlPlaneUnavailable(IdeGymError, RuntimeError):
     """The run's control plane cannot be used (unreachable, not a control plane, refused the
     credentials): nothing was run."""
 
@@ -202,12 +203,12 @@ class ControlPlaneUnavailable(RuntimeError):
 def preflight(url: str) -> None:
     """Register and drop a client at ``url`` before any episode starts, so that a wrong URL or
     credentials fail the run at once with the client's own explanation instead of every episode."""
-    from ..client import IdeGymClient, IdeGymError
+    from ..client import IdeGymClient, ServiceError
 
     try:
         with IdeGymClient(url, name="idegym-eval-preflight"):
             pass
-    except (IdeGymError, ValueError) as exc:
+    except (ServiceError, ValueError) as exc:
         raise ControlPlaneUnavailable(f"the control plane at {url.rpartition('@')[2]} cannot be used: {exc}") from exc
 
 

@@ -27,7 +27,7 @@ from typing import Any
 from sandbox_server import routes
 from sandbox_server.grading.models import ExportRequest, ExportResponse, FileEntry, GradeRequest, GradeStage
 
-from ..client import IdeGymError, Sandbox
+from ..client import Sandbox, ServiceError
 from ..rewards import CheckResults
 from ..tasks import Task
 
@@ -89,7 +89,7 @@ def grade(sandbox: Sandbox, task: Task, *, fresh: Callable[[], Any], steps: int 
             fresh()
         stage = "running the checks"
         answer = sandbox.call(routes.GRADE, grade_request(task, exported))
-    except IdeGymError as exc:
+    except ServiceError as exc:
         message = getattr(exc, "message", str(exc))
         if getattr(exc, "status", None) == PAYLOAD_TOO_LARGE:  # the agent flooded its tree: a failure
             errors = [f"not graded: {message}"]

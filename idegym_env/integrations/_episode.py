@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -32,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import embedded
-from ..client import IdeGymClient, IdeGymError
+from ..client import IdeGymClient
 from ..env import IdeGymEnv
+from ..errors import InfrastructureError, ServiceError, ToolCallError
+from ..settings import chosen_control_plane
 from ..spaces.parsing import parse_tool_call
 from ..tasks import Task
 from ..tools import TOOLS, InvalidAction
@@ -44,16 +45,6 @@ log = logging.getLogger(__name__)
 #: The tools every tool-call adapter exposes: all of them (TRL leaves out ``submit``, as its
 #: ``get_reward`` grades).
 TOOL_NAMES: tuple[str, ...] = tuple(TOOLS)
-
-
-class InfrastructureError(RuntimeError):
-    """The sandbox or the control plane failed (not the agent's doing): the episode has no reward.
-
-    Trainers should drop or mask the sample rather than score it 0."""
-
-
-class ToolCallError(ValueError):
-    """A malformed tool call or one out of turn; the message says what is wrong and how to call it."""
 
 
 @dataclass
@@ -83,7 +74,7 @@ def shared_client(control_plane_url: str | None = None) -> IdeGymClient:
     """The process's registered client for ``control_plane_url`` (``None``: ``$IDEGYM_URL``, else
     the embedded control plane, started now if needed). Closed, with every sandbox it still holds,
     at exit."""
-    control_plane_url = control_plane_url or os.environ.get("IDEGYM_URL") or None
+    control_plane_url = chosen_control_plane(control_plane_url)
     with _clients_lock:
         client = _clients.get(control_plane_url)
         if client is None:
@@ -111,7 +102,7 @@ def close_shared_clients() -> None:
     for url, client in clients:
         try:
             client.close(stop=True)
-        except IdeGymError as exc:
+        except ServiceError as exc:
             log.warning("closing the IdeGym client of %s: %s", url or "the embedded control plane", exc)
         finally:
             if url is None:
@@ -174,13 +165,13 @@ class Episode:
         self.reward, self.infra_error, self.done, self.last_info = None, None, False, {}
         try:
             env = IdeGymEnv(resolved, client=shared_client(self.control_plane_url), **self.env_kwargs)
-        except (IdeGymError, RuntimeError) as exc:
+        except (ServiceError, RuntimeError) as exc:
             raise self._failed(f"could not prepare task {resolved.id!r}: {exc}") from exc
         self.env = env
         self._finalizer = weakref.finalize(self, _end_env, env)  # also at exit, before the client closes
         try:
             self.instruction, info = env.reset()
-        except (IdeGymError, RuntimeError) as exc:
+        except (ServiceError, RuntimeError) as exc:
             raise self._failed(f"could not get a sandbox for task {resolved.id!r}: {exc}") from exc
         self.last_info = info
         return self.instruction
@@ -244,7 +235,7 @@ class Episode:
         env = self._require_active()
         try:
             text, reward, terminated, truncated, info = env.step(action)
-        except IdeGymError as exc:
+        except ServiceError as exc:
             raise self._failed(f"the control plane or the sandbox failed: {exc}") from exc
         self.last_info = info
         done = bool(terminated or truncated)

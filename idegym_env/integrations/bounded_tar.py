@@ -15,11 +15,13 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
+from ..errors import IdeGymError
+
 MAX_ENTRIES = 100_000  # each costs memory here (tarfile keeps them) whatever its size
 HEADER_BYTES = 512
 
 
-class DownloadTooLarge(RuntimeError):
+class DownloadTooLarge(IdeGymError, RuntimeError):
     """A download over its bound; the message names the setting that raises it."""
 
 

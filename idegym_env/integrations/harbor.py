@@ -92,7 +92,8 @@ from harbor.utils.path_filter import filter_paths_by_patterns
 from control_plane.dockerfile import final_entrypoint
 
 from .. import embedded
-from ..client import AsyncIdeGymClient, AsyncSandbox, IdeGymError, SandboxGone, ServerError
+from ..client import AsyncIdeGymClient, AsyncSandbox, SandboxGone, ServerError, ServiceError
+from ..settings import chosen_control_plane
 from ..tasks import TaskEnvironment
 from ..tasks.environment import environment_entry
 from ..tasks.sources.harbor import compose_file
@@ -122,8 +123,9 @@ _embedded_url: str | None = None
 async def _default_url() -> str:
     """``$IDEGYM_URL``, else this process's embedded control plane (kept until exit)."""
     global _embedded_url
-    if os.environ.get("IDEGYM_URL"):
-        return os.environ["IDEGYM_URL"]
+    chosen = chosen_control_plane()
+    if chosen:
+        return chosen
     async with _embedded_lock:
         if _embedded_url is None:
             _embedded_url = (await asyncio.to_thread(embedded.acquire)).url  # released by its atexit hook
@@ -185,7 +187,7 @@ class IdeGymEnvironment(BaseEnvironment):
         client = AsyncIdeGymClient(url, name=f"harbor-{self.environment_name}"[:63])
         try:
             await client.register()
-        except IdeGymError as exc:
+        except ServiceError as exc:
             await client.close(stop=False)
             raise RuntimeError(f"the IdeGym control plane at {url} is unreachable: {exc}") from exc
         self._client = client
@@ -201,7 +203,7 @@ class IdeGymEnvironment(BaseEnvironment):
                     self._sandbox = await client.start(
                         image, server_name=self._server_name(), reuse="RESTART", run_as_root=True,
                         timeout=self._start_timeout, resources=self._resources(), **self._network_of())
-                except IdeGymError as exc:
+                except ServiceError as exc:
                     raise RuntimeError(f"the IdeGym sandbox for {self.environment_name!r} (image {image}) did not "
                                        f"start: {exc}") from exc
                 if services:
@@ -262,7 +264,7 @@ class IdeGymEnvironment(BaseEnvironment):
         try:
             sandbox = await client.start(str(entry["tag"]), server_name=self._server_name(name), reuse="RESTART",
                                          run_as_root=True, timeout=self._start_timeout, **self._network_of())
-        except IdeGymError as exc:
+        except ServiceError as exc:
             raise RuntimeError(f"the IdeGym sandbox of compose service {name!r} did not start: {exc}") from exc
         self._services[name] = sandbox
         if self._network_owner is None:
@@ -343,7 +345,7 @@ class IdeGymEnvironment(BaseEnvironment):
         if sandbox is not None:
             try:
                 await sandbox.stop()
-            except IdeGymError as exc:
+            except ServiceError as exc:
                 self.logger.debug(f"stopping compose service {service!r}: {exc}")
 
     async def stop(self, delete: bool) -> None:
@@ -352,7 +354,7 @@ class IdeGymEnvironment(BaseEnvironment):
         for name, service_sandbox in services.items():
             try:
                 await (service_sandbox.stop() if delete else service_sandbox.finish())
-            except IdeGymError as exc:
+            except ServiceError as exc:
                 self.logger.debug(f"stopping compose service {name!r}: {exc}")
         sandbox, self._sandbox = self._sandbox, None
         client, self._client = self._client, None
@@ -360,7 +362,7 @@ class IdeGymEnvironment(BaseEnvironment):
             if sandbox is not None:
                 try:
                     await (sandbox.stop() if delete else sandbox.finish())
-                except IdeGymError as exc:  # already gone: nothing to hand back
+                except ServiceError as exc:  # already gone: nothing to hand back
                     self.logger.debug(f"stopping the IdeGym sandbox: {exc}")
         finally:
             if client is not None:

@@ -72,6 +72,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from control_plane.auth import TokenFileError
 
 from .. import tools
+from ..settings import chosen_control_plane
 from ..tasks import BUNDLED_DIR, Task, load_task
 from ._episode import Episode, InfrastructureError, Outcome, ToolCallError, close_shared_clients
 from ._mcp_http import SESSION_HEADER, guard
@@ -563,7 +564,7 @@ def run_serve(args: argparse.Namespace) -> int:
                 return 2
             credentials = (f"Authorization: Bearer <the token in {path}>, or HTTP Basic user {TOKEN_USER!r} with "
                            "it as password; `idegym mcp token` prints it")
-    url = args.control_plane_url or os.environ.get("IDEGYM_URL") or None
+    url = chosen_control_plane(args.control_plane_url)
     server = EpisodeServer(task=args.task, control_plane_url=url,
                            allowed_tasks=tuple(args.allowed_tasks) if args.allowed_tasks else None,
                            idle_timeout=args.session_idle_timeout, max_steps=args.max_steps,

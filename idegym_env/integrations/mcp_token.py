@@ -17,12 +17,14 @@ import binascii
 import hmac
 from pathlib import Path
 
-from control_plane.auth import TOKEN_USER, ensure_token, token_path
-from control_plane.config import default_state_dir
+from control_plane.auth import ensure_token, token_path
+from control_plane.constants import TOKEN_USER, default_state_dir
+
+from ..settings import ClientSettings
 
 
 def default_token_dir() -> Path:
-    return default_state_dir().parent / "idegym-mcp"
+    return default_state_dir(ClientSettings.from_env().xdg_state_home).parent / "idegym-mcp"
 
 
 def ensure_mcp_token(directory: Path | None = None) -> tuple[Path, str]:

@@ -50,7 +50,7 @@ from minisweagent.exceptions import Submitted
 from minisweagent.utils.serialize import recursive_merge
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..client import BadRequest, Conflict, IdeGymError, NotFound, Sandbox
+from ..client import BadRequest, Conflict, NotFound, Sandbox, ServiceError
 from ..tasks import Task
 from ._episode import Episode, InfrastructureError, ToolCallError
 
@@ -108,7 +108,7 @@ class IdeGymEnvironment:
             return {"output": "", "returncode": -1,
                     "exception_info": f"An error occurred while executing the command: {exc.message}",
                     "extra": {"exception_type": type(exc).__name__, "exception": exc.message}}
-        except IdeGymError as exc:
+        except ServiceError as exc:
             raise self.episode._failed(f"the control plane or the sandbox failed: {exc}") from exc
         output = answer.stdout + answer.stderr
         if answer.timed_out:
@@ -189,7 +189,7 @@ class IdeGymEnvironment:
             flags = " ".join(shlex.quote(f"-{flag}") for flag in "snrvm")
             try:
                 answer = self._sandbox().bash(f"for f in {flags}; do uname $f; done", timeout=30)
-            except IdeGymError as exc:
+            except ServiceError as exc:
                 raise self.episode._failed(f"the control plane or the sandbox failed: {exc}") from exc
             values = answer.stdout.splitlines()
             if answer.exit_code != 0 or len(values) != len(_UNAME_FIELDS):

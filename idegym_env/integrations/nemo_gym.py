@@ -61,7 +61,7 @@ from nemo_gym.sandbox.providers.base import (
     SandboxStatus,
 )
 
-from ..client import IdeGymError, Sandbox, SandboxGone, Unauthorized
+from ..client import Sandbox, SandboxGone, ServiceError, Unauthorized
 from ._episode import Episode, InfrastructureError, ToolCallError, shared_client
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ class IdeGymSandboxProvider:
             answer = await asyncio.to_thread(held.sandbox.status)
         except SandboxGone:
             return SandboxStatus.STOPPED
-        except IdeGymError as exc:
+        except ServiceError as exc:
             log.warning("IdeGym sandbox %s: status unknown: %s", handle.sandbox_id, exc)
             return SandboxStatus.UNKNOWN
         return SandboxStatus.RUNNING if answer.usable else SandboxStatus.STOPPED
@@ -151,7 +151,7 @@ class IdeGymSandboxProvider:
             answer = await asyncio.to_thread(held.sandbox.bash, command, timeout=seconds, cwd=cwd,
                                              env={**held.env, **(env or {})},
                                              user=None if user is None else str(user))
-        except IdeGymError as exc:
+        except ServiceError as exc:
             return SandboxExecResult(stdout=None, stderr=f"IdeGym sandbox failed: {exc}",
                                      return_code=RUNTIME_FAILURE, error_type="sandbox")
         if answer.timed_out:
@@ -224,7 +224,7 @@ class IdeGymSandboxProvider:
             client = shared_client(self.control_plane_url)
             sandbox = client.start(image, server_name="nemo-gym", reuse="RESTART", run_as_root=self.run_as_root,
                                    timeout=timeout, **self._resources(spec))
-        except IdeGymError as exc:
+        except ServiceError as exc:
             raise SandboxCreateError(f"the IdeGym sandbox of image {image!r} did not start: {exc}") from exc
         return _Held(sandbox=sandbox)
 
@@ -245,7 +245,7 @@ class IdeGymSandboxProvider:
             return
         try:
             held.sandbox.finish()
-        except IdeGymError as exc:  # already gone: nothing to hand back
+        except ServiceError as exc:  # already gone: nothing to hand back
             log.debug("handing the IdeGym sandbox back: %s", exc)
 
     def _raw(self, handle: SandboxHandle) -> _Held:

@@ -32,6 +32,7 @@ import signal
 import sys
 from typing import Any
 
+from ..settings import ClientSettings, chosen_control_plane
 from ..tools import TOOL_NAMES
 
 log = logging.getLogger("idegym.openenv")
@@ -68,12 +69,12 @@ examples:
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    env = os.environ.get
-    parser.add_argument("--task", default=env("IDEGYM_TASK") or None,
+    env = ClientSettings.from_env()
+    parser.add_argument("--task", default=env.task,
                         help="the task: a bundled task id or a task directory [$IDEGYM_TASK; default "
                              "python-roman-numerals, except with --in-sandbox, where it is required]. A client's "
                              "reset may pick a bundled task instead (control-plane mode)")
-    parser.add_argument("--control-plane-url", default=env("IDEGYM_URL") or None, metavar="URL",
+    parser.add_argument("--control-plane-url", default=None, metavar="URL",
                         help="control plane that gives each session a sandbox [$IDEGYM_URL; default: start an "
                              "embedded local one]")
     parser.add_argument("--in-sandbox", action="store_true",
@@ -81,10 +82,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "started with SANDBOX_SERVER_ARGS (how the control plane's local backend starts "
                              "this server); one session at a time")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--port", type=int, default=int(env("IDEGYM_OPENENV_PORT", "8000")),
+    where.add_argument("--port", type=int, default=env.openenv_port,
                        help="TCP port; 0 picks a free one [$IDEGYM_OPENENV_PORT, default 8000]")
     where.add_argument("--unix-socket", default=None, metavar="PATH", help="listen on this Unix socket instead")
-    parser.add_argument("--host", default=env("IDEGYM_OPENENV_HOST", "127.0.0.1"),
+    parser.add_argument("--host", default=env.openenv_host,
                         help="TCP address [$IDEGYM_OPENENV_HOST, default 127.0.0.1]")
     parser.add_argument("--ready-fd", type=int, metavar="N",
                         help="write 'ready' (Unix socket) or 'ready <port>' (TCP) and a newline to this file "
@@ -108,7 +109,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timeout of a bash call that names none, in seconds (default 120)")
     parser.add_argument("--invalid-action-penalty", type=float, default=0.0,
                         help="reward of an invalid action is minus this (default 0)")
-    parser.add_argument("--log-level", default=env("IDEGYM_LOG_LEVEL", "WARNING"),
+    parser.add_argument("--log-level", default=env.log_level,
                         help="WARNING (default), INFO… [$IDEGYM_LOG_LEVEL]")
     parser.add_argument("sandbox_server_args", nargs="*", metavar="-- SANDBOX_SERVER_ARGS",
                         help="with --in-sandbox: the sandbox server's arguments (`serve --project … "
@@ -243,7 +244,7 @@ def run_serve(args: argparse.Namespace) -> int:
             inner = InnerSandbox(extra, directory=args.inner_dir, on_exit=inner_died)
             app = create_app(task, inner=inner, max_sessions=max_sessions, **env_kwargs)
         else:
-            url = args.control_plane_url
+            url = chosen_control_plane(args.control_plane_url)
             if url is None:
                 from .. import embedded
 

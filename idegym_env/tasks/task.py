@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from ..errors import IdeGymError
 from ..rewards import CheckResults, RewardFunction, RewardSpec, build_reward
 from ..spaces import ToolCallSpace
 from ..tools import TOOL_NAMES, AnyToolCall, WriteFileCall, canonical
@@ -40,7 +41,7 @@ IGNORED_SUFFIXES = (".pyc", ".pyo")
 TASK_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 
 
-class TaskError(ValueError):
+class TaskError(IdeGymError, ValueError):
     """A task that cannot be found or loaded; the message names the file and the problem."""
 
 

@@ -31,6 +31,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from sandbox_server.models import DEFAULT_TIMEOUT, Request, Response
 
+from ..errors import IdeGymError
+
 if TYPE_CHECKING:
     from ..tasks import Task
 
@@ -176,7 +178,7 @@ class ToolCall(BaseModel):
         return f"{self.tool} {getattr(self.arguments, 'path', '')}".rstrip()
 
 
-class InvalidAction(ValueError):
+class InvalidAction(IdeGymError, ValueError):
     """An action that is not a valid tool call. ``str(exc)`` says what is wrong and what a valid
     call looks like, so it can be shown to the agent as the observation."""
 

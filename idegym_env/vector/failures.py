@@ -18,8 +18,10 @@ from ray.exceptions import (
     WorkerCrashedError,
 )
 
+from ..errors import IdeGymError
 
-class SlotFailure(Exception):
+
+class SlotFailure(IdeGymError):
     """What went wrong in one slot: ``kind`` is ``actor_died``, ``env_error`` or ``timeout``;
     ``node_lost`` when the actor went with its node."""
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kubernetes import client
 from kubernetes import config as kube_config
 
+from ...settings import ControlPlaneSettings
 from ..base import BackendError
 from .manifests import ManifestSettings
 
@@ -51,9 +52,10 @@ class KubernetesConfig:
     ENV_PREFIX = "IDEGYM_K8S_"
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> KubernetesConfig:
-        """Fields from ``IDEGYM_K8S_<FIELD>`` (tuples comma-separated, booleans true/1/yes)."""
-        env = dict(os.environ if env is None else env)
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> KubernetesConfig:
+        """Fields from ``IDEGYM_K8S_<FIELD>`` (tuples comma-separated, booleans true/1/yes) of ``env``
+        (default: the control plane's settings, ``control_plane/settings.py``)."""
+        env = dict(ControlPlaneSettings.from_env().kubernetes if env is None else env)
         values: dict[str, Any] = {}
         defaults = cls()
         for f in fields(cls):
@@ -79,9 +81,9 @@ class KubernetesConfig:
         return cls(**values)
 
     @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+    def add_arguments(cls, parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
         """``--k8s-<field>`` flags whose defaults come from the environment (``from_env``)."""
-        base = cls.from_env()
+        base = cls.from_env(env)
         group = parser.add_argument_group("kubernetes backend", "environment fallback: IDEGYM_K8S_<FIELD>")
         for f in fields(cls):
             flag = "--k8s-" + f.name.replace("_", "-")
@@ -104,7 +106,7 @@ class KubernetesConfig:
     def resolved_in_cluster(self) -> bool:
         if self.in_cluster is not None:
             return self.in_cluster
-        return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not self.kubeconfig
+        return bool(ControlPlaneSettings.from_env().kubernetes.get("KUBERNETES_SERVICE_HOST")) and not self.kubeconfig
 
     def resolved_addressing(self) -> str:
         mode = self.addressing or ("service-dns" if self.resolved_in_cluster() else "api-proxy")

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ...appuser import APPUSER
 from ...images import BUILTIN_IMAGE
+from ...settings import ControlPlaneSettings
 from .image_trees import OPT_SKELETON, TREES, ImageError, copy_tree, host_files
 from .user_cache import fill_once, prune, user_cache_dir
 
@@ -53,7 +54,7 @@ CACHE_RETENTION = 7 * 86400.0
 
 def builtin_cache_dir() -> Path:
     """Where the shared builds live: ``$IDEGYM_BUILTIN_CACHE``, default ``~/.cache/idegym/builtin``."""
-    return user_cache_dir("builtin", "IDEGYM_BUILTIN_CACHE")
+    return user_cache_dir("builtin", ControlPlaneSettings.from_env().builtin_cache)
 
 
 def source_key() -> str:

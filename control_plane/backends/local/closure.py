@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from ...settings import ControlPlaneSettings
 from .user_cache import fill_once, prune, user_cache_dir
 
 FORMAT = "closure-v2"  # part of the key: a change to what a closure holds makes new ones
@@ -103,7 +104,7 @@ def runtime_cache_dir() -> Path:
     """Where the closures live: shared by every state directory of this user
     (``$IDEGYM_RUNTIME_CACHE``, default ``~/.cache/idegym/runtime``), so that a control plane on a
     new state directory does not assemble them again (compiling alone is seconds)."""
-    return user_cache_dir("runtime", "IDEGYM_RUNTIME_CACHE")
+    return user_cache_dir("runtime", ControlPlaneSettings.from_env().runtime_cache)
 
 
 def assemble(closure: Closure, root: Path | None = None) -> Path:

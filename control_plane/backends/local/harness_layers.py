@@ -13,6 +13,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+from ...settings import ControlPlaneSettings
 from .runtime import INSIDE, Runtime
 from .user_cache import user_cache_dir
 
@@ -21,7 +22,7 @@ HARNESS_INSIDE = f"{INSIDE}/harness"
 
 def harness_root() -> Path:
     """Where the layers live on the host (``$IDEGYM_HARNESS_CACHE``, default ``~/.cache/idegym/harness``)."""
-    return user_cache_dir("harness", "IDEGYM_HARNESS_CACHE")
+    return user_cache_dir("harness", ControlPlaneSettings.from_env().harness_cache)
 
 
 def with_harness_layers(runtime: Runtime) -> Runtime:

@@ -31,10 +31,10 @@ from typing import Any
 
 from sandbox_server import procfs
 
+from ...constants import DEFAULT_ORPHAN_TTL, LEASE_FILE
+
 log = logging.getLogger(__name__)
 
-DEFAULT_ORPHAN_TTL = 600.0
-LEASE_FILE = "lease"
 # Held (a shared flock) by every running backend of the state directory, for its whole run: a
 # lease still fresh after a clean stop belongs to nobody then (``idegym sandboxes prune``).
 OWNER_LOCK = "lease.lock"

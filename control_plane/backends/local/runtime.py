@@ -24,6 +24,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...settings import ControlPlaneSettings
 from .closure import EMPTY, SITE, Closure, assemble
 
 INSIDE = "/opt/idegym"
@@ -104,12 +105,13 @@ def detect(closure: Closure = SERVER_CLOSURE) -> Runtime:
             server_env["LD_LIBRARY_PATH"] = f"{PYTHON_INSIDE}/lib"
         skeletons += [PYTHON_INSIDE, str(Path(python).parent), f"{PYTHON_INSIDE}/lib"]
     binds.append((str(entry / SITE), SITE_INSIDE))
-    if "IDEGYM_TOOL_SPAWNER" in os.environ:  # the servers' --[no-]tool-spawner, chosen for the control plane
-        server_env["IDEGYM_TOOL_SPAWNER"] = os.environ["IDEGYM_TOOL_SPAWNER"]
+    env = ControlPlaneSettings.from_env()
+    if env.tool_spawner is not None:  # the servers' --[no-]tool-spawner, chosen for the control plane
+        server_env["IDEGYM_TOOL_SPAWNER"] = env.tool_spawner
     tool_env = {"PATH": TOOL_PATH, "LANG": "C.UTF-8"}
-    home = Path(os.path.expanduser("~"))
-    rustup = Path(os.environ.get("RUSTUP_HOME") or home / ".rustup")
-    cargo = Path(os.environ.get("CARGO_HOME") or home / ".cargo")
+    home = Path.home()
+    rustup = env.rustup_home or home / ".rustup"
+    cargo = env.cargo_home or home / ".cargo"
     if (rustup / "toolchains").is_dir() and (cargo / "bin").is_dir():
         rustup, cargo = rustup.resolve(), cargo.resolve()
         binds += [(str(rustup / part), f"{INSIDE}/toolchains/rustup/{part}") for part in RUSTUP_PARTS

@@ -22,11 +22,10 @@ import struct
 import subprocess
 from pathlib import Path
 
+from ...constants import DEFAULT_STORAGE_BYTES, DEFAULT_STORAGE_INODES  # noqa: F401 - re-exported
 from ..base import BackendError
 from . import mounts
 
-DEFAULT_STORAGE_BYTES = 8 << 30
-DEFAULT_STORAGE_INODES = 262_144
 MIN_BYTES_PER_INODE = 4096  # a small bound gets fewer inodes: the inode table must fit in it
 IMAGE_NAME = "layers.ext4"  # a bounded filesystem's image, beside its mount point
 

@@ -11,19 +11,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ...settings import ControlPlaneSettings
+
 # What a process killed while filling a cache left (``.tmp-*``) goes after this long.
 TMP_RETENTION = 3600.0
 LOCK = ".lock"  # in a cache's directory: held while an entry is made
 COMPLETE = ".complete"  # in an entry: it is whole (touched at every use)
 
 
-def user_cache_dir(name: str, override_env: str | None = None) -> Path:
-    """``$<override_env>`` when set, else ``$XDG_CACHE_HOME/idegym/<name>`` (default ``~/.cache``)."""
-    explicit = os.environ.get(override_env) if override_env else None
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "idegym" / name
+def user_cache_dir(name: str, override: Path | None = None) -> Path:
+    """``override`` (a variable of the settings) when set, else ``$XDG_CACHE_HOME/idegym/<name>``
+    (default ``~/.cache``)."""
+    return override or ControlPlaneSettings.from_env().user_cache_dir(name)
 
 
 def prune(root: Path, retention: float, *, keep: int = 0, spare: str | None = None) -> None:

@@ -34,6 +34,7 @@ from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ...settings import ClientSettings
 from ..task import TaskError
 
 FIXED_IDENTITY = {
@@ -48,8 +49,7 @@ GIT_FLAGS = ["-c", "core.autocrlf=false", "-c", "core.fileMode=true", "-c", "cor
 def cache_root() -> Path:
     """Where fetched sources and built repositories live: ``$IDEGYM_TASK_CACHE`` or
     ``~/.cache/idegym/tasks``."""
-    env = os.environ.get("IDEGYM_TASK_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "idegym" / "tasks"
+    return ClientSettings.from_env().task_cache_dir()
 
 
 class Sdist(BaseModel):

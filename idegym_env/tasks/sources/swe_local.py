@@ -9,7 +9,6 @@ being the given interpreter (a venv with pytest), in the pinned check environmen
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
@@ -95,7 +94,9 @@ def venv_python() -> str | None:
     """An interpreter with pytest for local proofs: ``$IDEGYM_SWE_PYTHON`` or this one."""
     import sys
 
-    candidate = os.environ.get("IDEGYM_SWE_PYTHON") or sys.executable
+    from ...settings import ClientSettings
+
+    candidate = ClientSettings.from_env().swe_python or sys.executable
     return candidate if shutil.which(candidate) or Path(candidate).exists() else None
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -25,11 +24,10 @@ Credentials: --creds USER[:PASSWORD], or --authfile (a Docker config.json / auth
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from control_plane.config import default_state_dir
+    from control_plane.settings import ControlPlaneSettings
 
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--state-dir", type=Path,
-                        default=Path(os.environ.get("IDEGYM_CONTROL_PLANE_STATE_DIR") or default_state_dir()),
+    common.add_argument("--state-dir", type=Path, default=ControlPlaneSettings.from_env().default_state_dir(),
                         help="the control plane's state directory [$IDEGYM_CONTROL_PLANE_STATE_DIR] "
                              "(default: %(default)s)")
     sub = parser.add_subparsers(dest="images_command", required=True, metavar="COMMAND")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ....settings import ControlPlaneSettings
 from ...base import BackendError
 from ..user_cache import user_cache_dir
 
@@ -41,14 +41,15 @@ class OciSettings:
 
     @classmethod
     def from_env(cls, **overrides: object) -> OciSettings:
-        registry = os.environ.get("IDEGYM_IMAGE_REGISTRY") or None
-        insecure = os.environ.get("IDEGYM_IMAGE_REGISTRY_INSECURE", "").lower() in ("1", "true", "yes")
+        """The control plane's settings (``control_plane/settings.py``), then ``overrides``."""
+        env = ControlPlaneSettings.from_env()
+        registry = env.image_registry
         values: dict = {
-            "cache_dir": Path(os.environ.get("IDEGYM_IMAGE_CACHE") or default_cache_dir()),
+            "cache_dir": env.image_cache or default_cache_dir(),
             "registry": registry,
-            "insecure_registry": insecure,
-            "debian_mirror": os.environ.get("IDEGYM_DEBIAN_MIRROR") or None,
-            "ubuntu_mirror": os.environ.get("IDEGYM_UBUNTU_MIRROR") or None,
+            "insecure_registry": env.image_registry_insecure,
+            "debian_mirror": env.debian_mirror,
+            "ubuntu_mirror": env.ubuntu_mirror,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)
