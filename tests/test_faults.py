@@ -87,7 +87,8 @@ def test_sandbox_killed_during_a_call(cpf: ControlPlaneProcess) -> None:
     waiting = threading.Thread(target=lambda: answer.update(
         r=cpf.forward(client, sid, "api/tools/bash", {"command": "echo started; sleep 60"}, wait=90)))
     waiting.start()
-    assert wait_until(lambda: len(ns_members(pid_ns)) >= 4, 10)  # init, server, two sleeps
+    # Both calls running in the sandbox (a call still on its way would find the server CRASHED)
+    assert wait_until(lambda: _running(pid_ns, "sleep 60") == 2, 30), [_cmdline(p) for p in ns_members(pid_ns)]
     os.kill(data["server"][0], signal.SIGKILL)
     waiting.join(30)
     assert not waiting.is_alive()
@@ -103,6 +104,18 @@ def test_sandbox_killed_during_a_call(cpf: ControlPlaneProcess) -> None:
     for path in (data["dir"], data["run_dir"], *data["cgroups"].values()):
         assert wait_until(lambda p=path: not os.path.exists(p), 10), path
     assert data["dir"] not in Path("/proc/self/mountinfo").read_text()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _running(pid_ns: str, command: str) -> int:
+    """How many processes of the namespace run ``command``."""
+    return sum(_cmdline(p).strip() == command for p in ns_members(pid_ns))
 
 
 # -- the control plane killed during starts and forwards --------------------------------------------
