@@ -77,7 +77,8 @@ def test_the_drawn_tree_is_the_tree() -> None:
         assert others == mixed, f"{name}: drawn mixing {mixed}, mixes {others}"
         if module is not None:
             where = "errors" if module == "errors" else "idegym_env." + module.removesuffix(".py").replace("/", ".")
-            assert cls.__module__ in (where, f"idegym_env.{where}"), f"{name}: drawn in {module}, is in {cls.__module__}"
+            assert cls.__module__ in (where, f"idegym_env.{where}"), \
+                f"{name}: drawn in {module}, is in {cls.__module__}"
 
 
 def test_the_tree_is_exported_once() -> None:

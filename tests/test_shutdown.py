@@ -14,6 +14,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -326,7 +327,11 @@ def test_a_start_removes_the_empty_cgroups_of_state_directories_that_are_gone(tm
         pytest.skip("no cgroup v1 pids controller")
     gone, alive = tmp_path / "gone-state", tmp_path / "live-state"
     alive.mkdir()
-    register_state(gone, state_key(gone))
+    # (registered by a process that has ended, as a control plane that ran on it would be)
+    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
+                    "from control_plane.backends.local.layout import register_state, state_key; "
+                    "register_state(Path(sys.argv[1]), state_key(Path(sys.argv[1])))", str(gone)],
+                   check=True, cwd=REPO)
     register_state(alive, state_key(alive))
     unknown = f"test{os.getpid():06x}"[:10]
     made = []
@@ -420,3 +425,43 @@ def test_a_sandbox_whose_control_plane_is_killed_while_making_it_ends_by_its_lea
     assert _sandbox_pids(state), "bubblewrap had not started: the test kills too early"
     assert wait_until(lambda: not _sandbox_pids(state) and not _cgroups(state) and not _mounts(state), 30), \
         (_sandbox_pids(state), _cgroups(state), _mounts(state))
+
+
+def test_a_start_in_a_private_tmp_leaves_the_groups_of_a_running_backend(tmp_path: Path) -> None:
+    """A control plane whose ``/tmp`` is its own (a container, a private mount namespace) cannot
+    see another's state directory under the host's ``/tmp``: the empty groups of a sandbox that
+    other one is making right now stay when it starts.
+
+    Can fail: it did on main, which judged a state directory gone when it was not visible, and
+    removed the groups of a Harbor trial's sandbox between their creation and its bind mounts."""
+    from control_plane.backends.local.cgroups import controller_mounts
+    from control_plane.backends.local.layout import register_state
+
+    mounts = controller_mounts()
+    if not mounts or shutil.which("unshare") is None:
+        pytest.skip("no cgroup v1 controller, or no unshare")
+    live = tmp_path / "live-state"  # under /tmp: not visible to the other control plane
+    live.mkdir()
+    register_state(live, state_key(live))  # this process stands for its running control plane
+    making = [point / "idegym" / state_key(live) / "sbx-making" / "tools" / "delegated" for point in mounts.values()]
+    for group in making:
+        group.mkdir(parents=True, exist_ok=True)
+    other = Path(tempfile.mkdtemp(prefix="idegym-private-tmp-", dir="/var/tmp"))
+    start = ("import asyncio, sys; from control_plane.backends.local import LocalBackend\n"
+             "async def main():\n"
+             "    b = LocalBackend(sys.argv[1], isolation='bwrap', orphan_ttl=None)\n"
+             "    await b.start()\n"
+             "    await b.close()\n"
+             "asyncio.run(main())\n")
+    try:
+        proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                               'mount -t tmpfs idegym-test /tmp && exec "$@"', "sh",
+                               sys.executable, "-c", start, str(other / "state")],
+                              capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert all(group.is_dir() for group in making), [str(g) for g in making if not g.is_dir()]
+    finally:
+        shutil.rmtree(other, ignore_errors=True)
+        for group in making:
+            for path in (group, group.parent, group.parent.parent):
+                wait_until(lambda p=path: not p.exists() or _rmdir(p), 5)

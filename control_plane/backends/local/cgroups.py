@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sandbox_server import procfs
@@ -278,11 +279,13 @@ class Cgroups:
                 path = path.parent
 
 
-def remove_stale(top: str, states: dict[str, Path]) -> list[str]:
+def remove_stale(top: str, in_use: Callable[[str], bool]) -> list[str]:
     """Remove, under ``top`` in every controller, the empty groups of state directories that are
-    gone (``states``: key -> state directory, as backends register them): what a delete could not
-    remove and nobody came back for. A group that still holds a process is left (``idegym
-    sandboxes prune --all`` ends those); so is every group of a state directory that exists."""
+    gone (``in_use(key)`` False: ``layout.state_in_use``): what a delete could not remove and
+    nobody came back for. A group that still holds a process is left (``idegym sandboxes prune
+    --all`` ends those); so is every group of a state directory that may be in use — one this
+    process cannot see but whose backend still runs too (a control plane with a private ``/tmp``
+    once removed the groups of every other one's sandbox being made)."""
     removed: list[str] = []
     for point in controller_mounts().values():
         root = point / top.strip("/")
@@ -291,8 +294,7 @@ def remove_stale(top: str, states: dict[str, Path]) -> list[str]:
         except OSError:
             continue
         for entry in keys:
-            state = states.get(entry.name.removesuffix("-build"))
-            if state is not None and state.is_dir():
+            if in_use(entry.name.removesuffix("-build")):
                 continue
             for group in reversed(_tree(entry.path)):
                 try:

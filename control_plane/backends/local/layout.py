@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandbox_server import procfs
+
 from ...appuser import PROJECT_DIR
 from ..base import Limits
 from .cgroups import Cgroups
@@ -49,27 +51,72 @@ INDEX = Path("/run/idegym-index")  # <key> → state directory, for ``idegym san
 
 
 def register_state(state_dir: Path, key: str) -> None:
-    """Note on the host (until reboot) that a backend runs on ``state_dir``."""
+    """Note on the host (until reboot) that a backend runs on ``state_dir``, and which process
+    (``[pid, start]`` and its pid namespace): another backend's view of the files may differ
+    (a private ``/tmp``), so whether the directory still exists is not for it to judge alone."""
     if os.geteuid() != 0:
         return
+    me = procfs.record(os.getpid()) or [os.getpid(), 0]
     try:
         INDEX.mkdir(mode=0o700, exist_ok=True)
-        (INDEX / key).write_text(str(state_dir) + "\n")
+        tmp = INDEX / f".{key}.{os.getpid()}"
+        tmp.write_text(f"{state_dir}\n{me[0]} {me[1]} {_pid_namespace()}\n")
+        tmp.replace(INDEX / key)  # atomic: a reader never sees a half-written entry
     except OSError:
         pass
 
 
 def registered_states() -> dict[str, Path]:
-    found = {}
+    return {key: entry.state for key, entry in _entries().items()}
+
+
+def state_in_use(key: str) -> bool:
+    """Whether the state directory registered as ``key`` may still be in use: its directory is
+    visible here, or the process that registered it still runs (or runs in another pid namespace,
+    where this one cannot tell)."""
+    entry = _entries().get(key)
+    if entry is None:
+        return False
+    if entry.state.is_dir():
+        return True
+    if entry.registrar is None:
+        return False
+    pid, start, namespace = entry.registrar
+    return namespace != _pid_namespace() or procfs.alive(pid, start)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    state: Path
+    registrar: tuple[int, int, str] | None
+
+
+def _entries() -> dict[str, _Entry]:
+    found: dict[str, _Entry] = {}
     try:
-        for entry in os.scandir(INDEX):
-            try:
-                found[entry.name] = Path(Path(entry.path).read_text().strip())
-            except OSError:
-                continue
+        listing = [e for e in os.scandir(INDEX) if not e.name.startswith(".")]
     except OSError:
-        pass
+        return found
+    for entry in listing:
+        try:
+            lines = Path(entry.path).read_text().splitlines()
+        except OSError:
+            continue
+        if not lines or not lines[0].strip():
+            continue
+        registrar = None
+        parts = lines[1].split() if len(lines) > 1 else []
+        if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit():
+            registrar = (int(parts[0]), int(parts[1]), parts[2])
+        found[entry.name] = _Entry(Path(lines[0].strip()), registrar)
     return found
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
 
 
 def pick_run_root(state_dir: Path, key: str) -> Path:
