@@ -61,6 +61,12 @@ _UNREACHED = [re.compile(p) for p in (
     r"thrown while requesting [A-Z]+ https?://([\w.-]+)",
 )]
 
+# The compose file itself is wrong (what the provider's reader says of a file docker compose would refuse
+# as well): a service's Dockerfile that is not there, a dependency on no service, no build and no image.
+_COMPOSE_DEFECT = re.compile(r"(docker-compose\.ya?ml): (service '[^'\n]+' (?:builds \S+, which does not exist"
+                             r"|depends on '[^'\n]+', which is not a service|has neither build nor image)"
+                             r"|not a readable compose file[^\n]*|services must be a mapping)")
+
 
 @dataclass
 class Entry:
@@ -200,6 +206,10 @@ def classify(entry: Entry, result: dict[str, Any] | None, trial: Path | None, ou
         want, have = (newer.group(1), newer.group(2)) if newer.group(1) else (newer.group(3), newer.group(4))
         return "registry", (f"needs its official image's toolchain ({want}); the one built here is {have} (no Debian "
                             f"release packages {want}), and no registry is reachable to pull the image")
+    compose = _COMPOSE_DEFECT.search(blob)
+    if compose:
+        what = compose.group(2).replace(f"{entry.directory}/", "")
+        return "defect", f"its {compose.group(1)}: {what} (docker compose, and so Harbor, refuses it too)"
     solution = entry.directory / "solution" / "solve.sh"
     if not solution.is_file() and not list(entry.directory.glob("steps/*/solution/solve.sh")):
         return "defect", "no solution/solve.sh: the oracle has nothing to run"
