@@ -244,7 +244,8 @@ class IdeGymEnvironment(BaseEnvironment):
         for service in services.values():
             if service.ignored:
                 self.logger.info(f"compose service {service.name!r}: {', '.join(service.ignored)} not honoured "
-                                 "(one network, nothing of the host mounted or published)")
+                                 "(one network, nothing of the host mounted or published, no privileges beyond a "
+                                 "sandbox's)")
         return services
 
     def _network_of(self) -> dict[str, Any]:
