@@ -312,10 +312,12 @@ def summary(outcomes: list[Outcome]) -> str:
     mismatched = sum(not _agrees(o) for o in outcomes)
     disagree = sum(o.validate is not None and o.reward is not None and (o.validate == 1.0) != (o.reward == 1.0)
                    for o in outcomes)
+    # what IdeGym's own loader does not run (compose, multi-step, a separate verifier), saying so
+    refused = sum(o.validate is None and "run it with `harbor run`" in (o.validate_error or "") for o in outcomes)
     return (f"{total} tasks: {passed} score 1.0, {classified} fail and are classified as expected "
             f"({(passed + classified) / max(total, 1):.0%} of the corpus), {ours} fail for reasons of ours, "
             f"{mismatched} differ from the expected class; `harbor run` and `idegym tasks validate` disagree on "
-            f"{disagree}")
+            f"{disagree}; `idegym tasks validate` refuses {refused} (to be run with `harbor run`)")
 
 
 # -- main --------------------------------------------------------------------------------------------------------

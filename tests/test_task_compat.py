@@ -64,3 +64,16 @@ def test_a_compose_file_docker_compose_refuses_too_is_the_tasks_defect(
     # a failure the task is not to blame for stays ours
     result = {"exception_info": {"exception_message": "compose service 'gateway' did not start: boom"}}
     assert classify(entry, result, None, "")[0] == "ours"
+
+
+def test_the_summary_counts_the_tasks_idegyms_loader_refuses() -> None:
+    """A task ``idegym tasks validate`` refuses (compose: one sandbox per task there) cannot agree
+    or disagree with ``harbor run``; the summary says how many there are rather than hiding them."""
+    compose = Entry("someone/a-task", "0" * 40, "compose", "compose", "internet: a.example")
+    plain = Entry("someone/a-task", "0" * 40, "plain", "python", "1.0")
+    outcomes = [task_compat.Outcome(compose, 0.0, 1.0, "internet", "needs a.example", None,
+                                    "idegym tasks: …: the environment is docker-compose.yaml: run it with `harbor run` "
+                                    "and the IdeGym environment provider"),
+                task_compat.Outcome(plain, 1.0, 1.0, None, "", 1.0)]
+    line = task_compat.summary(outcomes)
+    assert "disagree on 0; `idegym tasks validate` refuses 1 " in line, line
