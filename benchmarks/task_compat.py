@@ -61,6 +61,12 @@ _UNREACHED = [re.compile(p) for p in (
     r"thrown while requesting [A-Z]+ https?://([\w.-]+)",
 )]
 
+# The compose file itself is wrong (what the provider's reader says of a file docker compose would refuse
+# as well): a service's Dockerfile that is not there, a dependency on no service, no build and no image.
+_COMPOSE_DEFECT = re.compile(r"(docker-compose\.ya?ml): (service '[^'\n]+' (?:builds \S+, which does not exist"
+                             r"|depends on '[^'\n]+', which is not a service|has neither build nor image)"
+                             r"|not a readable compose file[^\n]*|services must be a mapping)")
+
 
 @dataclass
 class Entry:
@@ -76,7 +82,12 @@ class Entry:
 
     @property
     def name(self) -> str:
-        return f"{self.repo.split('/')[0]}/{Path(self.path).name}"
+        owner, repository = self.repo.split("/")
+        return f"{owner}/{Path(self.path).name or repository}"  # a task at its repository's root: the repository
+
+    @property
+    def key(self) -> str:
+        return f"{self.repo}:{self.path}"
 
 
 @dataclass
@@ -103,8 +114,8 @@ def fetch(entries: list[Entry], mirrors: Path | None) -> None:
         if (entry.directory / "task.toml").is_file():
             continue
         git_dir = _clone(entry.repo, mirrors)
-        entry.directory.parent.mkdir(parents=True, exist_ok=True)
         target = CORPUS / entry.repo.replace("/", "__")
+        target.mkdir(parents=True, exist_ok=True)
         archive = subprocess.run(["git", "-C", str(git_dir), "archive", entry.commit, entry.path],
                                  capture_output=True, check=True).stdout
         subprocess.run(["tar", "x", "-C", str(target)], input=archive, check=True)
@@ -133,7 +144,7 @@ def _env() -> dict[str, str]:
 
 
 def run_harbor(entry: Entry, url: str, jobs: Path) -> tuple[dict[str, Any] | None, Path | None, str]:
-    job = f"job-{abs(hash(entry.path)) % 10**8}"
+    job = f"job-{abs(hash(entry.key)) % 10**8}"
     argv = [str(HARBOR), "run", "--path", str(entry.directory), "--jobs-dir", str(jobs), "--yes", "--quiet",
             "--job-name", job, "--agent", "oracle", "--env", IMPORT_PATH, "--ek", f"control_plane_url={url}",
             "--n-concurrent", "1"]
@@ -195,6 +206,10 @@ def classify(entry: Entry, result: dict[str, Any] | None, trial: Path | None, ou
         want, have = (newer.group(1), newer.group(2)) if newer.group(1) else (newer.group(3), newer.group(4))
         return "registry", (f"needs its official image's toolchain ({want}); the one built here is {have} (no Debian "
                             f"release packages {want}), and no registry is reachable to pull the image")
+    compose = _COMPOSE_DEFECT.search(blob)
+    if compose:
+        what = compose.group(2).replace(f"{entry.directory}/", "")
+        return "defect", f"its {compose.group(1)}: {what} (docker compose, and so Harbor, refuses it too)"
     solution = entry.directory / "solution" / "solve.sh"
     if not solution.is_file() and not list(entry.directory.glob("steps/*/solution/solve.sh")):
         return "defect", "no solution/solve.sh: the oracle has nothing to run"
@@ -297,10 +312,12 @@ def summary(outcomes: list[Outcome]) -> str:
     mismatched = sum(not _agrees(o) for o in outcomes)
     disagree = sum(o.validate is not None and o.reward is not None and (o.validate == 1.0) != (o.reward == 1.0)
                    for o in outcomes)
+    # what IdeGym's own loader does not run (compose, multi-step, a separate verifier), saying so
+    refused = sum(o.validate is None and "run it with `harbor run`" in (o.validate_error or "") for o in outcomes)
     return (f"{total} tasks: {passed} score 1.0, {classified} fail and are classified as expected "
             f"({(passed + classified) / max(total, 1):.0%} of the corpus), {ours} fail for reasons of ours, "
             f"{mismatched} differ from the expected class; `harbor run` and `idegym tasks validate` disagree on "
-            f"{disagree}")
+            f"{disagree}; `idegym tasks validate` refuses {refused} (to be run with `harbor run`)")
 
 
 # -- main --------------------------------------------------------------------------------------------------------
@@ -323,10 +340,10 @@ def start_control_plane(state: Path) -> tuple[subprocess.Popen, str]:
 
 def report(path: Path) -> str:
     """The table and summary of a results file (every task of the manifest it has)."""
-    saved = {row["path"]: row for row in json.loads(path.read_text())}
+    saved = {f"{row['repo']}:{row['path']}": row for row in json.loads(path.read_text())}
     outcomes = []
     for entry in load_manifest():
-        row = saved.get(entry.path)
+        row = saved.get(entry.key)
         if row is not None:
             outcomes.append(Outcome(entry, row["reward"], row["seconds"], row["class"], row["why"], row["validate"],
                                     row.get("validate_error")))
@@ -336,7 +353,8 @@ def report(path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mirrors", type=Path, help="local clones: <owner>+<name>/repo (else GitHub)")
-    parser.add_argument("--only", action="append", default=[], help="tasks whose path contains this (repeatable)")
+    parser.add_argument("--only", action="append", default=[],
+                        help="tasks whose <repository>:<path> contains this (repeatable)")
     parser.add_argument("--skip-validate", action="store_true", help="harbor run only")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "task_compat.json")
     parser.add_argument("--fetch-only", action="store_true")
@@ -346,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         print(report(args.out))
         return 0
-    entries = [e for e in load_manifest() if not args.only or any(o in e.path for o in args.only)]
+    entries = [e for e in load_manifest() if not args.only or any(o in e.key for o in args.only)]
     fetch(entries, args.mirrors)
     if args.fetch_only:
         return 0
@@ -354,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     (work / "state").parent.mkdir(exist_ok=True)
     proc, url = start_control_plane(work / "state")
     outcomes: list[Outcome] = []
-    previous = {o["path"]: o for o in (json.loads(args.out.read_text()) if args.out.is_file() else [])}
+    previous = {f"{o['repo']}:{o['path']}": o for o in (json.loads(args.out.read_text()) if args.out.is_file() else [])}
     try:
         for entry in entries:
             started = time.monotonic()
@@ -369,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
             outcomes.append(outcome)
             print(f"{entry.name}: reward {outcome.reward} validate {outcome.validate} ({outcome.seconds:.0f} s) "
                   f"{outcome.cls or ''} {outcome.why[:200]}", flush=True)
-            previous[entry.path] = {"path": entry.path, "repo": entry.repo, "reward": outcome.reward,
+            previous[entry.key] = {"path": entry.path, "repo": entry.repo, "reward": outcome.reward,
                                     "validate": outcome.validate, "validate_error": outcome.validate_error,
                                     "seconds": round(outcome.seconds, 1), "class": outcome.cls, "why": outcome.why}
             args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -131,7 +131,9 @@ services:
 @pytest.mark.heavy
 def test_a_compose_environment_runs_each_service_as_a_sandbox_on_one_network(
         tmp_path: Path, control_plane: ControlPlaneProcess) -> None:  # noqa: F811
-    """Can fail: before, the provider had no compose capability (Harbor refused the task)."""
+    """Can fail: before, the provider had no compose capability (Harbor refused the task); and an
+    oracle that prints nothing (this one) failed the download of its ``oracle.txt``: an empty file,
+    which ``stat`` calls a "regular empty file", was taken for something other than a file."""
     tasks = tmp_path / "tasks"
     task = _task(tasks, "compose-sidecar", '[environment]\nnetwork_mode = "no-network"\n',
                  "FROM python:3.13-slim\nWORKDIR /app\n",
@@ -148,6 +150,9 @@ def test_a_compose_environment_runs_each_service_as_a_sandbox_on_one_network(
     (trial,) = trial_results(jobs)
     assert trial.get("exception_info") is None, trial.get("exception_info")
     assert trial["verifier_result"]["rewards"] == {"reward": 1.0}
+    (trial_dir,) = [p.parent for p in (jobs / "job").glob("*/result.json")]
+    log = (trial_dir / "trial.log").read_text()
+    assert "Failed to download" not in log, log[-2000:]
     assert alive(control_plane) == 0  # the services were stopped together
 
 

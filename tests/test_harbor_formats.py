@@ -107,3 +107,15 @@ def test_an_entrypoint_is_refused_by_the_loader_with_the_way_to_run_it(tmp_path:
     task = _task(tmp_path / "e", "", dockerfile="FROM debian:bookworm\nENTRYPOINT [\"/start.sh\"]\n")
     with pytest.raises(TaskError, match=r"ENTRYPOINT \(/start.sh\) is started with the container under Harbor"):
         harbor.load_harbor_task(task)
+
+
+def test_a_compose_service_is_told_only_what_is_not_honoured(tmp_path: Path) -> None:
+    """``expose`` (a port the other services reach) holds by construction: every service's ports
+    are reachable from the others. Can fail: before, every service that exposed a port (each
+    recipe of Harbor's cookbook) was logged as "expose not honoured"."""
+    from idegym_env.integrations.harbor_compose import read_compose
+
+    compose = tmp_path / "docker-compose.yaml"
+    compose.write_text("services:\n  api:\n    image: python:3.12-slim\n    expose: ['5000']\n"
+                       "    ports: ['5000:5000']\n    privileged: true\n")
+    assert read_compose(compose)["api"].ignored == ["ports", "privileged"]

@@ -75,6 +75,7 @@ import json
 import os
 import re
 import shlex
+import stat
 import tarfile
 import tempfile
 import uuid
@@ -243,7 +244,8 @@ class IdeGymEnvironment(BaseEnvironment):
         for service in services.values():
             if service.ignored:
                 self.logger.info(f"compose service {service.name!r}: {', '.join(service.ignored)} not honoured "
-                                 "(one network, nothing of the host mounted or published)")
+                                 "(one network, nothing of the host mounted or published, no privileges beyond a "
+                                 "sandbox's)")
         return services
 
     def _network_of(self) -> dict[str, Any]:
@@ -563,9 +565,10 @@ class IdeGymEnvironment(BaseEnvironment):
         target = Path(target_path)
         target.parent.mkdir(parents=True, exist_ok=True)
         quoted = shlex.quote(source_path)
-        kind, _, size = (await self._root(f"stat -L -c '%F %s' -- {quoted}", what=f"download of {source_path}")
-                         ).strip().rpartition(" ")
-        if kind != "regular file":
+        # the type from the mode bits: %F says "regular empty file" for an empty one
+        mode, size, kind = (await self._root(f"stat -L -c '%f %s %F' -- {quoted}", what=f"download of {source_path}")
+                            ).strip().split(" ", 2)
+        if not stat.S_ISREG(int(mode, 16)):
             raise RuntimeError(f"download of {source_path}: not a regular file ({kind})")
         if int(size) > self._download_limit_mb << 20:
             raise DownloadTooLarge(f"{source_path} is {size} bytes, more than the bound {self._setting} sets: "

@@ -13,7 +13,8 @@ stopped together.
 
 Not honoured, and said: ``ports`` (nothing is published to the host), ``volumes`` (nothing of
 the host is mounted; named volumes are each service's own directories), ``network_mode`` and
-``networks`` (one network for all), ``deploy``/resource keys (the trial's limits are main's).
+``networks`` (one network for all), ``deploy``/resource keys (the trial's limits are main's),
+``privileged``/``cap_add`` (a service has a sandbox's privileges: no Docker daemon inside).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from control_plane.dockerfile import final_command, final_entrypoint
 
 MAIN = "main"
 _VAR = re.compile(r"\$(?:\{(\w+)(?:(:?-)([^}]*))?\}|(\w+))|\$\$")
-IGNORED = ("ports", "volumes", "network_mode", "networks", "deploy", "expose", "restart", "container_name",
+# ``expose`` is not among them: on the task's one network every port of a service reaches the others.
+IGNORED = ("ports", "volumes", "network_mode", "networks", "deploy", "restart", "container_name",
            "platform", "cap_add", "cap_drop", "privileged", "shm_size", "ulimits", "tmpfs", "logging", "labels")
 
 
