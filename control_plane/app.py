@@ -1,6 +1,6 @@
 """The control plane's HTTP API: app factory, routes and thin handlers.
 
-Handlers validate (422 in the seed's shape), check ownership (404) and usability (410)
+Handlers validate (422 in the shape of ``specs/``), check ownership (404) and usability (410)
 synchronously, then either answer or hand the work to an asynchronous operation (202 with its
 id). Forwards also honour ``Prefer: wait=<seconds>`` (RFC 7240): the sandbox's answer comes back
 in the same response, and the call is still recorded as an operation.
@@ -29,7 +29,6 @@ from .config import ControlPlaneConfig
 from .constants import OPERATION_HEADER, PREFERENCE_APPLIED_HEADER, SANDBOX_HEADER
 from .errors import ApiError, BadRequest, NotFound
 from .forward_calls import ForwardedCall, Forwards, prefer_wait
-from .forwarding import ForwardError
 from .http import (
     RESERVATION,
     auth_middleware,
@@ -89,6 +88,7 @@ from .models import (
     UploadQuery,
     UploadResponse,
 )
+from .sandbox_http import ForwardError
 from .service import ControlPlane
 from .startup import Shutdown, lifecycle_context, make_backend
 from .store import SQLiteStore
@@ -386,7 +386,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
 
 
 async def ws_forward(request: web.Request) -> web.StreamResponse:
-    from .ws import relay
+    from .openenv_ws import relay
 
     cp = _cp(request)
     row = cp.usable_server(path_uuid(request, "client_id"), path_int(request, "server_id"), tenant_of(request))

@@ -1,7 +1,7 @@
 """Wire shapes of the sandbox server, defined once.
 
-Requests follow ``seeds/sandbox-server-api.yaml`` and ``seeds/code-runner-api.json``; responses
-follow the wire contract (§7–§9). Requests ignore unknown keys and accept ``null`` for every
+Requests and responses follow ``specs/sandbox-server-api.yaml`` and ``specs/code-runner-api.json``.
+Requests ignore unknown keys and accept ``null`` for every
 optional field, because the published client sends both.
 """
 
@@ -40,7 +40,7 @@ def _not_negative(value: float) -> float:
     return value
 
 
-# Checked after parsing, so the published schema stays the seed's plain "number".
+# Checked after parsing, so the published schema stays the plain "number" of ``specs/``.
 Seconds = Annotated[float, AfterValidator(_not_negative)]
 
 

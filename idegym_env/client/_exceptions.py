@@ -44,7 +44,7 @@ _BY_KIND: dict[str, type[APIError]] = {
 
 
 def _by_status(status: int) -> type[APIError]:
-    """For an answer without a kind we know: a proxy's, an older server's, the seed's 422."""
+    """For an answer without a kind we know: a proxy's, an older server's, the 422 of ``specs/``."""
     if status == 422:
         return ValidationError
     if status in (401, 403):
