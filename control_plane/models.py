@@ -187,17 +187,12 @@ class StartServerRequest(Request):
         "the id of another live server of this client whose network namespace this one joins (a task's "
         "services: each reaches the others on 127.0.0.1); local backend only"))
 
-    @field_validator("labels", "annotations", "volumes", "volume_mounts", "env_from", mode="before")
+    @field_validator("labels", "annotations", "pod_overrides", "volumes", "volume_mounts", "env_from", mode="before")
     @classmethod
     def _none_is_empty(cls, value: Any, info: Any) -> Any:
         if value is None:
-            return {} if info.field_name in ("labels", "annotations") else []
+            return {} if info.field_name in ("labels", "annotations", "pod_overrides") else []
         return value
-
-    @field_validator("pod_overrides", mode="before")
-    @classmethod
-    def _none_overrides(cls, value: Any) -> Any:
-        return {} if value is None else value
 
     @field_validator("node_selector")
     @classmethod
