@@ -258,9 +258,8 @@ class EpisodeServer:
             raise ValueError("max_episodes_per_session and max_episodes must be at least 1")
         self.default_task: Task | None = None if task is None else (task if isinstance(task, Task)
                                                                       else load_task(task))
-        if allowed_tasks is None:
-            allowed_tasks = tuple(sorted(p.parent.name for p in BUNDLED_DIR.glob("*/task.yaml")))
-        self.allowed_tasks = allowed_tasks
+        self.allowed_tasks = allowed_tasks if allowed_tasks is not None else tuple(
+            sorted(p.parent.name for p in BUNDLED_DIR.glob("*/task.yaml")))
         self.control_plane_url = control_plane_url
         self.idle_timeout = idle_timeout
         self.max_episodes_per_session = max_episodes_per_session
