@@ -47,7 +47,7 @@ system-deps:  ## Debian packages: bubblewrap (sandbox isolation), mmdebstrap + b
 	@command -v mkfs.ext4 >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  apt-get install -y -q e2fsprogs >/dev/null 2>&1; } || \
 	  echo "WARNING: no mkfs.ext4 (e2fsprogs): sandbox storage is NOT bounded by default"
-	@# OCI images (issue 15): Debian bases from mmdebstrap, Dockerfile builds with buildah; the
+	@# OCI images (docs/images.md): Debian bases from mmdebstrap, Dockerfile builds with buildah; the
 	@# registry (docker-registry) serves the tests of `idegym images push` and registry mirrors.
 	@missing=""; for tool in mmdebstrap:mmdebstrap buildah:buildah docker-registry:docker-registry; do \
 	  command -v $${tool%%:*} >/dev/null 2>&1 || missing="$$missing $${tool#*:}"; done; \

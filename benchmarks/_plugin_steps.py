@@ -73,10 +73,10 @@ async def nemo_gym(url: str, n: int) -> dict[str, list[float]]:
 
 
 async def verl(url: str, n: int) -> dict[str, list[float]]:
-    from idegym_env.integrations._episode import Episode
+    from idegym_env.integrations._episode import ToolCallEpisode
     from idegym_env.integrations.verl import _EpisodeTool
 
-    episode = Episode(control_plane_url=url, max_steps=10 * n)
+    episode = ToolCallEpisode(control_plane_url=url, max_steps=10 * n)
     episode.start(TASK)
     tool = _EpisodeTool("bash", episode)
     sandbox = episode.env.sandbox

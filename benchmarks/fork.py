@@ -1,4 +1,4 @@
-"""Fork a live sandbox into N (issue 17) against starting N fresh ones and replaying its changes.
+"""Fork a live sandbox into N (``docs/fork.md``) against starting N fresh ones and replaying its changes.
 
 A parent sandbox holds a project of 5,000 (then 50,000) files, 100 of which it changed. Timed,
 from the client: ``Sandbox.fork(n)`` until every child answered a bash call, for n = 1, 8, 32;

@@ -1,4 +1,4 @@
-"""OCI images on the local backend (issue 15), in one run:
+"""OCI images on the local backend (``docs/images.md``), in one run:
 
 * the first build of a Debian base (``debian:bookworm`` with mmdebstrap from the Debian archive,
   into an empty cache) — target <= 60 s;

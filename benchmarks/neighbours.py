@@ -4,7 +4,7 @@ Three local sandboxes of one backend: the neighbour answers ``echo hi`` througho
 sandbox runs more busy loops than the host has cores; a bomb sandbox runs a fork bomb (at its
 pids cap). Measured, in one run: the neighbour's median idle (baseline), while the burner
 burns, while the bomb runs (with the burner stopped), and how long deleting the bomb's sandbox
-takes. Targets (issue 13 §2): the neighbour stays within 3x its idle median under each, and the
+takes. Targets (``docs/security.md`` §2): the neighbour stays within 3x its idle median under each, and the
 bomb is gone within 5 s of its sandbox being stopped.
 
 Scheduling latency depends on everything else this host runs: on a machine shared with other

@@ -1,6 +1,6 @@
 """The control plane's HTTP API: app factory, routes and thin handlers.
 
-Handlers validate (422 in the seed's shape), check ownership (404) and usability (410)
+Handlers validate (422 in the shape of ``specs/``), check ownership (404) and usability (410)
 synchronously, then either answer or hand the work to an asynchronous operation (202 with its
 id). Forwards also honour ``Prefer: wait=<seconds>`` (RFC 7240): the sandbox's answer comes back
 in the same response, and the call is still recorded as an operation.
@@ -29,9 +29,9 @@ from .config import ControlPlaneConfig
 from .constants import OPERATION_HEADER, PREFERENCE_APPLIED_HEADER, SANDBOX_HEADER
 from .errors import ApiError, BadRequest, NotFound
 from .forward_calls import ForwardedCall, Forwards, prefer_wait
-from .forwarding import ForwardError
 from .http import (
     RESERVATION,
+    M,
     auth_middleware,
     body_budget_middleware,
     error_middleware,
@@ -89,6 +89,7 @@ from .models import (
     UploadQuery,
     UploadResponse,
 )
+from .sandbox_http import ForwardError
 from .service import ControlPlane
 from .startup import Shutdown, lifecycle_context, make_backend
 from .store import SQLiteStore
@@ -111,6 +112,11 @@ TENANTS = web.AppKey("tenants", Tenants)
 
 def _cp(request: web.Request) -> ControlPlane:
     return request.app[CP]
+
+
+async def _read(request: web.Request, model: type[M]) -> tuple[M, ControlPlane]:
+    """The request's body as ``model`` (422 when it is not one), and the control plane."""
+    return await read_model(request, model), _cp(request)
 
 
 def _accepted(model: BaseModel) -> web.Response:
@@ -141,8 +147,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def register_client(request: web.Request) -> web.Response:
-    req = await read_model(request, RegisterClientRequest)
-    cp = _cp(request)
+    req, cp = await _read(request, RegisterClientRequest)
     row = cp.register_client(req.name, req.namespace, req.nodes_count, tenant_of(request))
     if cp.needs_nodes(req.nodes_count):
         op = cp.ops.submit(AsyncOperationType.REGISTER_CLIENT_WITH_NODES, req.model_dump_json(),
@@ -152,20 +157,17 @@ async def register_client(request: web.Request) -> web.Response:
 
 
 async def heartbeat(request: web.Request) -> web.Response:
-    req = await read_model(request, SendClientHeartbeatRequest)
-    cp = _cp(request)
+    req, cp = await _read(request, SendClientHeartbeatRequest)
     return json_response(cp.client_response(cp.heartbeat(req.client_id, req.availability, tenant_of(request))))
 
 
 async def finish_client(request: web.Request) -> web.Response:
-    req = await read_model(request, FinishClientRequest)
-    cp = _cp(request)
+    req, cp = await _read(request, FinishClientRequest)
     return json_response(cp.client_response(cp.finish_client(req.client_id, tenant_of(request))))
 
 
 async def stop_client(request: web.Request) -> web.Response:
-    req = await read_model(request, StopClientRequest)
-    cp = _cp(request)
+    req, cp = await _read(request, StopClientRequest)
     row = cp.client(req.client_id, tenant_of(request))
     op = cp.ops.submit(AsyncOperationType.STOP_CLIENT, req.model_dump_json(), lambda: cp.stop_client(row),
                        client_id=row.id)
@@ -176,8 +178,7 @@ async def stop_client(request: web.Request) -> web.Response:
 
 
 async def start_server(request: web.Request) -> web.Response:
-    req = await read_model(request, StartServerRequest)
-    cp = _cp(request)
+    req, cp = await _read(request, StartServerRequest)
     client = cp.check_can_start(req, tenant_of(request))
     op = cp.ops.submit(AsyncOperationType.START_SERVER, req.model_dump_json(),
                        lambda: cp.start_server(req, client), client_id=client.id)
@@ -186,8 +187,7 @@ async def start_server(request: web.Request) -> web.Response:
 
 
 async def stop_server(request: web.Request) -> web.Response:
-    req = await read_model(request, StopServerRequest)
-    cp = _cp(request)
+    req, cp = await _read(request, StopServerRequest)
     row = cp.owned_server(req.client_id, req.server_id, tenant_of(request))
     op = cp.ops.submit(AsyncOperationType.STOP_SERVER, req.model_dump_json(), lambda: cp.stop_server(row),
                        client_id=row.client_id, server_id=row.id)
@@ -196,14 +196,12 @@ async def stop_server(request: web.Request) -> web.Response:
 
 
 async def finish_server(request: web.Request) -> web.Response:
-    req = await read_model(request, FinishServerRequest)
-    cp = _cp(request)
+    req, cp = await _read(request, FinishServerRequest)
     return json_response(cp.finish_server(cp.owned_server(req.client_id, req.server_id, tenant_of(request))))
 
 
 async def restart_server(request: web.Request) -> web.Response:
-    req = await read_model(request, RestartServerRequest)
-    cp = _cp(request)
+    req, cp = await _read(request, RestartServerRequest)
     row = cp.usable_server(req.client_id, req.server_id, tenant_of(request))
     op = cp.ops.submit(AsyncOperationType.RESTART_SERVER, req.model_dump_json(),
                        lambda: cp.restart_server(row, req.server_start_wait_timeout_in_seconds),
@@ -213,8 +211,7 @@ async def restart_server(request: web.Request) -> web.Response:
 
 
 async def keepalive(request: web.Request) -> web.Response:
-    req = await read_model(request, KeepaliveServerRequest)
-    cp = _cp(request)
+    req, cp = await _read(request, KeepaliveServerRequest)
     until, minutes = cp.keepalive(cp.owned_server(req.client_id, req.server_id, tenant_of(request)), req.minutes)
     return json_response(KeepaliveServerResponse(server_id=req.server_id, keepalive_until=until, minutes=minutes))
 
@@ -244,8 +241,7 @@ async def capabilities(request: web.Request) -> web.Response:
 
 
 async def snapshot_server(request: web.Request) -> web.Response:
-    req = await read_model(request, CreateSnapshotRequest)
-    cp = _cp(request)
+    req, cp = await _read(request, CreateSnapshotRequest)
     tenant = tenant_of(request)
     row = cp.usable_server(req.client_id, req.server_id, tenant)
     if not cp.backend.supports_snapshots():
@@ -258,8 +254,7 @@ async def snapshot_server(request: web.Request) -> web.Response:
 
 
 async def fork_server(request: web.Request) -> web.Response:
-    req = await read_model(request, ForkServerRequest)
-    cp = _cp(request)
+    req, cp = await _read(request, ForkServerRequest)
     row = forking.check_can_fork(cp, req, tenant_of(request))
     op = cp.ops.submit(AsyncOperationType.FORK_SERVER, req.model_dump_json(), lambda: forking.fork_server(cp, row, req),
                        client_id=row.client_id, server_id=row.id)
@@ -386,7 +381,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
 
 
 async def ws_forward(request: web.Request) -> web.StreamResponse:
-    from .ws import relay
+    from .openenv_ws import relay
 
     cp = _cp(request)
     row = cp.usable_server(path_uuid(request, "client_id"), path_int(request, "server_id"), tenant_of(request))

@@ -27,7 +27,7 @@ SMALL = 64 << 10  # smaller bodies are not counted: the hot path of a tool call 
 TRIM_AFTER = 32 << 20  # released this much: give freed heap back to the system (glibc)
 
 
-class Reservation:
+class BodyReservation:
     def __init__(self, budget: BodyBudget, size: int) -> None:
         self.budget = budget
         self.size = size
@@ -50,7 +50,7 @@ class BodyBudget:
         self._freed = 0
         self._trimming = False
 
-    async def reserve(self, body_bytes: int) -> Reservation:
+    async def reserve(self, body_bytes: int) -> BodyReservation:
         size = body_bytes * COPIES
         if size > self.limit:
             raise PayloadTooLarge(
@@ -58,7 +58,7 @@ class BodyBudget:
                 f"({self.limit // COPIES} bytes, --body-budget / {COPIES}); send smaller chunks")
         if not self._queue and self.used + size <= self.limit:
             self.used += size
-            return Reservation(self, size)
+            return BodyReservation(self, size)
         waiter = asyncio.get_running_loop().create_future()
         entry = (size, waiter)
         self._queue.append(entry)
@@ -66,7 +66,7 @@ class BodyBudget:
             await asyncio.wait_for(asyncio.shield(waiter), self.wait)
         except TimeoutError:
             if waiter.done() and not waiter.cancelled():  # granted just as the wait ended
-                return Reservation(self, size)
+                return BodyReservation(self, size)
             self._remove(entry)
             raise Unavailable(
                 f"the control plane is buffering {self.used} bytes of other large request bodies (its budget is "
@@ -78,7 +78,7 @@ class BodyBudget:
             else:
                 self._remove(entry)
             raise
-        return Reservation(self, size)
+        return BodyReservation(self, size)
 
     def _remove(self, entry: tuple[int, asyncio.Future[None]]) -> None:
         try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 
 from aiohttp import web
@@ -26,9 +26,9 @@ from sandbox_server import routes
 from .admission import Grant
 from .backends.base import BackendError, Limits, SandboxHandle, SandboxSpec
 from .errors import ApiError, Unavailable
-from .forwarding import FORWARD_FAILED, ForwardError, Reply
 from .models import ServerKind
 from .pool import new_sandbox_name
+from .sandbox_http import FORWARD_FAILED, ForwardError, SandboxReply
 from .service import ControlPlane
 from .tenants import SINGLE
 
@@ -51,14 +51,14 @@ class CodeRunnerPool:
         )
         self.concurrency = concurrency
         self._slots = asyncio.Semaphore(concurrency)
-        self._languages: Reply | None = None
+        self._languages: SandboxReply | None = None
         self._runner: SandboxHandle | None = None
         self._starting = asyncio.Lock()
         self._isolating = True  # until a runner's server says it cannot isolate runs
         self._closed = False
         self._room: dict[str, Grant] = {}  # each of its sandboxes counts against --max-servers while it lives
 
-    async def run(self, method: str, path: str, body: bytes) -> Reply:
+    async def run(self, method: str, path: str, body: bytes) -> SandboxReply:
         """The code runner's answer to one request: an isolated run on the runner sandbox (or,
         where runs cannot be isolated, a sandbox of its own)."""
         async with self._slots:
@@ -71,7 +71,7 @@ class CodeRunnerPool:
                 self._retire(runner)
                 raise ApiError(f"{FORWARD_FAILED}: the code runner's sandbox failed: {exc.message}") from exc
 
-    async def languages(self) -> Reply:
+    async def languages(self) -> SandboxReply:
         """``GET /execute/languages``, asked of a sandbox once and remembered once it answered 200."""
         if self._languages is None:
             reply = await self.run("GET", routes.LANGUAGES.relative, b"")
@@ -104,16 +104,7 @@ class CodeRunnerPool:
 
     async def _start_runner(self) -> SandboxHandle | None:
         spec = replace(self.spec, generated_name=new_sandbox_name("runner"), isolated_runs=self.concurrency)
-        room = await self.cp.admission.sandboxes.acquire(QUEUE_KEY, 1, self.cp.queue_timeout(CLAIM_TIMEOUT))
-        try:
-            handle = await self.cp.pool.create(spec, CLAIM_TIMEOUT)
-        except BaseException as exc:
-            room.release()
-            if isinstance(exc, BackendError):
-                raise Unavailable(f"no sandbox for the code runner: {exc.message}") from exc
-            raise
-        self._room[handle.name] = room
-        self.cp.leased.add(handle.name)  # bound to no server, yet no orphan either
+        handle = await self._claim(lambda: self.cp.pool.create(spec, CLAIM_TIMEOUT))
         try:
             reply = await self.cp.forwarder.request(self.cp.backend.endpoint(handle), "GET",
                                                    routes.CAPABILITIES.relative)
@@ -128,15 +119,16 @@ class CodeRunnerPool:
         self.cp.spawn(self._discard(handle))
         return None
 
-    def _retire(self, runner: SandboxHandle) -> None:
-        if self._runner is runner:
-            self._runner = None
-            self.cp.spawn(self._discard(runner))
+    async def _acquire_fresh(self) -> SandboxHandle:
+        handle, _warm = await self.cp.pool.acquire(self.spec, CLAIM_TIMEOUT)
+        return handle
 
-    async def _run_in_fresh_sandbox(self, method: str, path: str, body: bytes) -> Reply:
+    async def _claim(self, make: Callable[[], Awaitable[SandboxHandle]]) -> SandboxHandle:
+        """A sandbox from ``make`` once the admission queue gives room for it; the room is held
+        until the sandbox is discarded, and the sandbox is leased: bound to no server, yet no orphan."""
         room = await self.cp.admission.sandboxes.acquire(QUEUE_KEY, 1, self.cp.queue_timeout(CLAIM_TIMEOUT))
         try:
-            handle, _warm = await self.cp.pool.acquire(self.spec, CLAIM_TIMEOUT)
+            handle = await make()
         except BaseException as exc:
             room.release()
             if isinstance(exc, BackendError):
@@ -144,6 +136,15 @@ class CodeRunnerPool:
             raise
         self._room[handle.name] = room
         self.cp.leased.add(handle.name)
+        return handle
+
+    def _retire(self, runner: SandboxHandle) -> None:
+        if self._runner is runner:
+            self._runner = None
+            self.cp.spawn(self._discard(runner))
+
+    async def _run_in_fresh_sandbox(self, method: str, path: str, body: bytes) -> SandboxReply:
+        handle = await self._claim(self._acquire_fresh)
         try:
             return await self.cp.forwarder.request(self.cp.backend.endpoint(handle), method, path, JSON, body)
         except ForwardError as exc:

@@ -48,8 +48,8 @@ class SharingConfig:
 @dataclass
 class ControlPlaneConfig:
     state_dir: Path = field(default_factory=default_state_dir)
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = constants.DEFAULT_HOST
+    port: int = constants.DEFAULT_PORT
     unix_socket: Path | None = None
     auth: tuple[str, str] | None = None  # HTTP Basic credentials; None = the state directory's token (auth.py)
     no_auth: bool = False  # --auth none: every route open to anyone who can connect (warned loudly)

@@ -3,7 +3,7 @@
     ApiError                   500  InternalError        (sandbox_server.errors; every class below it too)
     ├── StatusError            any  by its status        decided where raised:
     │   ├── backends.base.BackendError                    a backend's failure (404 unknown image, 409…)
-    │   └── forwarding.ForwardError                       the sandbox unreachable (410) or no answer (500)
+    │   └── sandbox_http.ForwardError                     the sandbox unreachable (410) or no answer (500)
     ├── BadRequest             400
     ├── Unauthorized           401  Unauthorized         missing or wrong credentials
     ├── Forbidden              403
@@ -33,8 +33,6 @@ from sandbox_server.errors import (
     render,
 )
 
-ControlPlaneError = ApiError  # the name the control plane's modules knew it by
-
 
 class Unauthorized(ApiError, status=401):
     """Missing or wrong credentials."""
@@ -49,6 +47,6 @@ class Unavailable(ApiError, status=503, kind="ServiceUnavailable"):
 
 
 __all__ = [
-    "ApiError", "ControlPlaneError", "BadRequest", "Unauthorized", "Forbidden", "NotFound", "Conflict", "Gone",
+    "ApiError", "BadRequest", "Unauthorized", "Forbidden", "NotFound", "Conflict", "Gone",
     "PayloadTooLarge", "StatusError", "Unprocessable", "Unavailable", "render",
 ]

@@ -1,4 +1,4 @@
-"""``POST /api/idegym-servers/fork``: one live server into ``count`` new ones (issue 17).
+"""``POST /api/idegym-servers/fork``: one live server into ``count`` new ones (``docs/fork.md``).
 
 Each child is an ordinary server of the parent's client, with the parent's request (image,
 limits, kind, root), its own id and ``generated_name``, and the parent's whole filesystem as it

@@ -21,12 +21,12 @@ from uuid import UUID
 
 from sandbox_server import routes
 
-from .backends.base import Endpoint
+from .backends.base import SandboxAddress
 from .constants import PREFER_HEADER
-from .forwarding import ForwardError, Pending, Reply
 from .metrics import Metrics
 from .models import AsyncOperationStatus, AsyncOperationType, ForwardRequestResponse
-from .operations import Outcome
+from .operations import OperationOutcome
+from .sandbox_http import ForwardError, PendingReply, SandboxReply
 from .service import ControlPlane
 from .store import now_ms
 
@@ -83,7 +83,7 @@ class Answer:
     """What the handler answers: 202 for ``operation_id`` (``value`` None), else ``value`` at once."""
 
     operation_id: int
-    value: Reply | ForwardError | None = None
+    value: SandboxReply | ForwardError | None = None
     waited: float | None = None
 
     @property
@@ -99,14 +99,14 @@ class Forwards:
         self.metrics = metrics
         self._flush_due = False
 
-    async def forward(self, call: ForwardedCall, endpoint: Endpoint, release: Callable[[], None] | None = None
+    async def forward(self, call: ForwardedCall, endpoint: SandboxAddress, release: Callable[[], None] | None = None
                       ) -> Answer:
         """Forward ``call`` to ``endpoint`` (``ControlPlane.forward_endpoint`` of its server);
         ``release`` (the body's budget reservation) is called once the sandbox has answered."""
         cp = self.cp
         wait = prefer_wait(call.headers)
         if wait is None:
-            async def work() -> Outcome:
+            async def work() -> OperationOutcome:
                 try:
                     pending = cp.forwarder.start(endpoint, call.method, call.path, call.headers, call.body)
                     started = time.perf_counter()
@@ -136,7 +136,7 @@ class Forwards:
                                            cp.config.pod_name)
 
             def finish(future: asyncio.Future) -> None:
-                outcome = (Outcome.failure(499, "cancelled") if future.cancelled()
+                outcome = (OperationOutcome.failure(499, "cancelled") if future.cancelled()
                            else self._outcome(call, self._settled(call, pending, started)))
                 cp.store.finish_operation(op_id, outcome.status, outcome.result, outcome.touch_server)
 
@@ -164,7 +164,7 @@ class Forwards:
         self._flush_due = False
         self.cp.store.flush()
 
-    def _settled(self, call: ForwardedCall, pending: Pending, started: float) -> Reply | ForwardError:
+    def _settled(self, call: ForwardedCall, pending: PendingReply, started: float) -> SandboxReply | ForwardError:
         """The reply or the failure of an ended forward, counted in the metrics."""
         try:
             reply = pending.result()
@@ -177,18 +177,19 @@ class Forwards:
         return reply
 
     @staticmethod
-    def _outcome(call: ForwardedCall, value: Reply | ForwardError, inline_limit: int | None = None) -> Outcome:
+    def _outcome(call: ForwardedCall, value: SandboxReply | ForwardError,
+                 inline_limit: int | None = None) -> OperationOutcome:
         """The operation's stored result. A body already answered inline is not kept above the limit."""
         if isinstance(value, ForwardError):
-            return Outcome.failure(value.status, value.message)
+            return OperationOutcome.failure(value.status, value.message)
         touch = call.server_id if value.status < 500 else None
         text = value.text()
         if inline_limit is not None and len(text) > inline_limit:
             text = f"[{len(value.body)} bytes answered inline; not kept in the request history]"
         if value.status < 400:
-            return Outcome.success(ForwardRequestResponse(status_code=value.status, headers=value.headers, body=text),
-                                   touch)
-        return Outcome.failure(value.status, text, value.headers, touch)
+            answer = ForwardRequestResponse(status_code=value.status, headers=value.headers, body=text)
+            return OperationOutcome.success(answer, touch)
+        return OperationOutcome.failure(value.status, text, value.headers, touch)
 
 
 async def settled_within(future: asyncio.Future, seconds: float) -> None:

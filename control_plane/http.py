@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from sandbox_server.http import parse_model, summarize, validation_items
 
-from .body_budget import SMALL, BodyBudget, Reservation
+from .body_budget import SMALL, BodyBudget, BodyReservation
 from .errors import ApiError, Unauthorized, Unprocessable, render
 
 log = logging.getLogger("control_plane.http")
@@ -167,7 +167,7 @@ def auth_middleware(credentials: tuple[str, str], hint: str) -> Any:
     return middleware
 
 
-RESERVATION = web.RequestKey("body_reservation", Reservation)
+RESERVATION = web.RequestKey("body_reservation", BodyReservation)
 
 
 def body_budget_middleware(budget: BodyBudget, max_body: int) -> Any:

@@ -1,4 +1,4 @@
-"""What an image tag may look like (the seed's OCI rule), checked in one place."""
+"""What an image tag may look like (the OCI rule of ``specs/control-plane-api.yaml``), checked in one place."""
 
 from __future__ import annotations
 

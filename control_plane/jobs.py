@@ -30,7 +30,7 @@ from .models import (
 )
 from .pool import new_sandbox_name
 from .service import ControlPlane
-from .snapshot_caps import Reservation
+from .snapshot_caps import SnapshotReservation
 from .store import SnapshotRow, now_ms
 from .tenants import SINGLE
 
@@ -160,7 +160,7 @@ class SnapshotJobs:
         return request_id
 
     async def _prepare(self, request_id: str, index: int, req: StartServerRequest, tenant: str,
-                       snapshots: Reservation) -> None:
+                       snapshots: SnapshotReservation) -> None:
         digest = request_hash(req)
         # a group of its own per tenant: the same request prepared by two is two snapshots
         group = f"prepared-{digest[:16]}" if tenant == SINGLE else \

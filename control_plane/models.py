@@ -1,5 +1,5 @@
-"""Wire shapes of the control plane, defined once (``seeds/control-plane-api.yaml`` and the wire
-contract §3–§6, §11; the Kubernetes shapes of §12 are in ``pod_spec.py``). Requests ignore
+"""Wire shapes of the control plane, defined once (``specs/control-plane-api.yaml``; the
+Kubernetes shapes are in ``pod_spec.py``). Requests ignore
 unknown keys and take ``null`` for optional fields; responses keep the exact field names the
 published ``idegym-client`` 0.13.1 parses.
 """
@@ -37,7 +37,7 @@ from .pod_spec import (
     reserved,
 )
 
-# -- enumerations (§11) --------------------------------------------------------------------------
+# -- enumerations -------------------------------------------------------------------------------
 
 
 class AvailabilityStatus(StrEnum):
@@ -108,7 +108,7 @@ class Response(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-# -- client requests and responses (§5.2–§5.5) ----------------------------------------------------
+# -- client requests and responses ----------------------------------------------------------------
 
 
 class RegisterClientRequest(Request):
@@ -150,7 +150,7 @@ class StopClientResponse(Response):
     operation_id: int | None = None
 
 
-# -- server requests and responses (§5.6–§5.16) ---------------------------------------------------
+# -- server requests and responses ----------------------------------------------------------------
 
 
 def resources_key(resources: KubernetesResources | dict | None) -> str | None:
@@ -187,17 +187,12 @@ class StartServerRequest(Request):
         "the id of another live server of this client whose network namespace this one joins (a task's "
         "services: each reaches the others on 127.0.0.1); local backend only"))
 
-    @field_validator("labels", "annotations", "volumes", "volume_mounts", "env_from", mode="before")
+    @field_validator("labels", "annotations", "pod_overrides", "volumes", "volume_mounts", "env_from", mode="before")
     @classmethod
     def _none_is_empty(cls, value: Any, info: Any) -> Any:
         if value is None:
-            return {} if info.field_name in ("labels", "annotations") else []
+            return {} if info.field_name in ("labels", "annotations", "pod_overrides") else []
         return value
-
-    @field_validator("pod_overrides", mode="before")
-    @classmethod
-    def _none_overrides(cls, value: Any) -> Any:
-        return {} if value is None else value
 
     @field_validator("node_selector")
     @classmethod
@@ -319,7 +314,7 @@ class ServerStatusResponse(ServerSummary):
     max_restarts: int = 0
 
 
-# -- snapshots (§5.14–§5.16) ---------------------------------------------------------------------
+# -- snapshots -----------------------------------------------------------------------------------
 
 
 class CreateSnapshotRequest(Request):
@@ -336,7 +331,7 @@ class CreateSnapshotResponse(Response):
     operation_id: int | None = None
 
 
-# -- fork (issue 17) -------------------------------------------------------------------------------
+# -- fork ------------------------------------------------------------------------------------------
 
 MAX_FORK_COUNT = 64
 
@@ -421,7 +416,7 @@ class SnapshotExistsResponse(Response):
     snapshot_tag: str | None = None
 
 
-# -- images and jobs (§5.17–§5.18) ---------------------------------------------------------------
+# -- images and jobs -----------------------------------------------------------------------------
 
 
 class BuildFromYamlRequest(Request):
@@ -470,7 +465,7 @@ class JobStatusResponse(Response):
     request_id: str | None = None
 
 
-# -- operations and forwarding (§3.1, §4, §6) -----------------------------------------------------
+# -- operations and forwarding ---------------------------------------------------------------------
 
 
 class ErrorResponse(Response):

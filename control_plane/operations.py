@@ -1,4 +1,4 @@
-"""Asynchronous operations: the 202-and-poll protocol of the wire contract (§4).
+"""Asynchronous operations: the 202-and-poll protocol of ``specs/control-plane-api.yaml``.
 
 An operation is a database row (the request history) and, while it runs, an asyncio task. It
 ends SUCCEEDED with the serialized success model, or FAILED/CANCELLED with a serialized
@@ -29,24 +29,24 @@ RESTART_MESSAGE = (
 
 
 @dataclass
-class Outcome:
+class OperationOutcome:
     status: AsyncOperationStatus
     result: str
     touch_server: int | None = None
 
     @classmethod
-    def success(cls, model: BaseModel, touch_server: int | None = None) -> Outcome:
+    def success(cls, model: BaseModel, touch_server: int | None = None) -> OperationOutcome:
         return cls(AsyncOperationStatus.SUCCEEDED, model.model_dump_json(), touch_server)
 
     @classmethod
     def failure(cls, status_code: int, body: str, headers: dict[str, str] | None = None,
-                touch_server: int | None = None) -> Outcome:
+                touch_server: int | None = None) -> OperationOutcome:
         status = AsyncOperationStatus.CANCELLED if status_code == 499 else AsyncOperationStatus.FAILED
         return cls(status, ErrorResponse(status_code=status_code, headers=headers or {}, body=body).model_dump_json(),
                    touch_server)
 
 
-Work = Callable[[], Awaitable[BaseModel | Outcome]]
+Work = Callable[[], Awaitable[BaseModel | OperationOutcome]]
 
 
 class Operations:
@@ -78,23 +78,23 @@ class Operations:
         return op_id
 
     async def _run(self, op_id: int, work: Work) -> None:
-        outcome: Outcome
+        outcome: OperationOutcome
         try:
             self.store.start_operation(op_id)
             value = await work()
-            outcome = value if isinstance(value, Outcome) else Outcome.success(value)
+            outcome = value if isinstance(value, OperationOutcome) else OperationOutcome.success(value)
         except ApiError as exc:  # the work's failure: the operation ends with its status and message
-            outcome = Outcome.failure(exc.status, exc.message)
+            outcome = OperationOutcome.failure(exc.status, exc.message)
         except asyncio.CancelledError:
-            outcome = Outcome.failure(499, "the operation was cancelled (control plane shutting down)")
+            outcome = OperationOutcome.failure(499, "the operation was cancelled (control plane shutting down)")
             self._finish(op_id, outcome)
             raise
         except Exception as exc:  # a bug: record it instead of leaving the operation hanging
             log.exception("operation %s failed unexpectedly", op_id)
-            outcome = Outcome.failure(500, f"internal error: {type(exc).__name__}: {exc}")
+            outcome = OperationOutcome.failure(500, f"internal error: {type(exc).__name__}: {exc}")
         self._finish(op_id, outcome)
 
-    def _finish(self, op_id: int, outcome: Outcome) -> None:
+    def _finish(self, op_id: int, outcome: OperationOutcome) -> None:
         try:
             self.store.finish_operation(op_id, outcome.status, outcome.result, outcome.touch_server)
         except StoreError:

@@ -1,4 +1,4 @@
-"""Kubernetes shapes a start request carries (wire contract §12): the label and annotation
+"""Kubernetes shapes a start request carries (``specs/control-plane-api.yaml``): the label and annotation
 rules, resources, and the pod-spec pass-through models (snake_case or camelCase in, camelCase
 out). The local backend reads resources and ignores the rest; the Kubernetes backend builds pods
 from them."""
@@ -12,7 +12,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from .quantities import cpu_millicores, format_cpu, format_memory, memory_bytes
 
-# -- scalar rules (§12.1) ------------------------------------------------------------------------
+# -- scalar rules --------------------------------------------------------------------------------
 
 K8S_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 LABEL_KEY = re.compile(
@@ -35,7 +35,7 @@ def reserved(key: str, reserved: tuple[str, ...]) -> bool:
 
 
 class K8sModel(BaseModel):
-    """Pod-spec pass-through: snake_case or camelCase in, extra keys kept (§12.3)."""
+    """Pod-spec pass-through: snake_case or camelCase in, extra keys kept."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, alias_generator=None)
 

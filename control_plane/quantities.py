@@ -1,4 +1,4 @@
-"""Kubernetes resource quantities as the wire contract spells them (§12.2).
+"""Kubernetes resource quantities as ``specs/control-plane-api.yaml`` spells them.
 
 CPU: ``"2"``, ``"500m"``, ``"1.5"``, ``1.5`` → normalized ``"2"`` / ``"1500m"``; no fractional millicores.
 Memory and storage: ints or ``^\\d+(Ki|Mi|Gi|Ti|Pi|Ei)?$`` (decimal ``M``/``G`` are rejected) →

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from dataclasses import dataclass, fields
@@ -50,10 +49,6 @@ class ServerRow:
     restarts: int
     request: str
     handle: str | None
-
-    @property
-    def handle_json(self) -> dict[str, Any] | None:
-        return json.loads(self.handle) if self.handle else None
 
 
 @dataclass

@@ -18,10 +18,9 @@ from typing import Any
 
 from . import lifecycle
 from .admission import Admission
-from .backends.base import Backend, BackendError, Endpoint, SandboxHandle, SandboxSpec
+from .backends.base import Backend, BackendError, SandboxAddress, SandboxHandle, SandboxSpec
 from .config import ControlPlaneConfig
 from .errors import ApiError, Conflict, Gone, NotFound
-from .forwarding import Forwarder
 from .image_access import ImageAccess
 from .models import (
     AvailabilityStatus as A,
@@ -39,6 +38,7 @@ from .models import (
 )
 from .operations import Operations
 from .pool import WarmPool, new_sandbox_name
+from .sandbox_http import Forwarder
 from .snapshot_caps import SnapshotCaps
 from .store import ClientRow, ServerRow, SnapshotRow, SQLiteStore, now_ms
 from .uploads import UploadStore
@@ -56,7 +56,7 @@ class ControlPlane:
         self.images = ImageAccess(store)  # its builder is set with the app's (app.create_app)
         self.uploads = UploadStore(config.state_dir, store, config.sharing)
         self.admission = Admission(config, store, self.give_way, self.spawn)
-        self._endpoints: dict[str, Endpoint] = {}
+        self._endpoints: dict[str, SandboxAddress] = {}
         self.creating: set[str] = set()  # sandbox names being created (the sweep leaves them alone)
         self.leased: set[str] = set()  # sandboxes in use outside any server (the code runner's)
         self.snapshot_caps = SnapshotCaps(config, store, backend)
@@ -109,11 +109,11 @@ class ControlPlane:
             raise Gone(f"server {server_id} is {row.availability.value}, not usable{detail}")
         return row
 
-    def endpoint_of(self, row: ServerRow) -> Endpoint:
+    def endpoint_of(self, row: ServerRow) -> SandboxAddress:
         assert row.handle
         return self._endpoint(row.handle)
 
-    def forward_endpoint(self, client_id: uuid.UUID | str, server_id: int, tenant: str) -> Endpoint:
+    def forward_endpoint(self, client_id: uuid.UUID | str, server_id: int, tenant: str) -> SandboxAddress:
         """Where to send a call for a usable server the client owns. Forwards are the hot path:
         one query, and the full lookup only to say what is wrong."""
         handle = self.store.usable_handle(str(client_id), server_id, tenant)
@@ -121,7 +121,7 @@ class ControlPlane:
             return self.endpoint_of(self.usable_server(client_id, server_id, tenant))
         return self._endpoint(handle)
 
-    def _endpoint(self, handle: str) -> Endpoint:
+    def _endpoint(self, handle: str) -> SandboxAddress:
         endpoint = self._endpoints.get(handle)
         if endpoint is None:  # parsing the handle costs more than a forward can spare
             if len(self._endpoints) >= 4096:

@@ -25,7 +25,7 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-class Reservation:
+class SnapshotReservation:
     """Room for ``count`` snapshots being taken, held until ``release``d (one at a time or all)."""
 
     def __init__(self, caps: SnapshotCaps, count: int) -> None:
@@ -42,7 +42,7 @@ class SnapshotCaps:
         self.config, self.store, self.backend = config, store, backend
         self.in_flight = 0  # snapshots being taken (not in the store yet)
 
-    async def reserve(self, count: int, what: str) -> Reservation:
+    async def reserve(self, count: int, what: str) -> SnapshotReservation:
         """Room for ``count`` new snapshots: 429 when they would pass ``--max-snapshots``, or
         when the snapshots there are already take ``--max-snapshot-bytes``."""
         limit = self.config.max_snapshots
@@ -58,7 +58,7 @@ class SnapshotCaps:
                 429, f"Snapshot limit exceeded: snapshots take {_size(used)} of the {_size(cap)} allowed "
                      f"(--max-snapshot-bytes); {what} makes no new one")
         self.in_flight += count
-        return Reservation(self, count)
+        return SnapshotReservation(self, count)
 
     async def check_taken(self, snapshot_id: str, what: str, delete: Callable[[str], Awaitable[None]]) -> None:
         """After a snapshot was taken: when it made the snapshots pass ``--max-snapshot-bytes``,

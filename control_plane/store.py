@@ -539,9 +539,6 @@ class SQLiteStore:
         return [(r["tenant"], r["digest"]) for r in self._query("SELECT tenant, digest FROM uploads WHERE used_at<?",
                                                                 (before,))]
 
-    def stored_uploads(self) -> set[str]:
-        return {r["digest"] for r in self._query("SELECT DISTINCT digest FROM uploads")}
-
     # -- warm pool ----------------------------------------------------------------------------
 
     def add_pool_member(self, name: str, key: str, handle: str) -> None:

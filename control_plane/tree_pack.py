@@ -184,12 +184,12 @@ def pack(root: Path, out: BinaryIO | None = None, *, max_bytes: int | None = Non
 
 
 @dataclass
-class Limits:
+class PackLimits:
     max_bytes: int  # of the tar (the files' bytes, headers and padding)
     max_files: int
 
 
-def unpack(archive: BinaryIO, dest: Path, limits: Limits) -> tuple[int, int]:
+def unpack(archive: BinaryIO, dest: Path, limits: PackLimits) -> tuple[int, int]:
     """Unpack a tar made by ``pack`` into the empty directory ``dest``, refusing what ``pack``
     never writes: absolute paths, ``..``, links that leave the tree or hard links, devices, a
     path under a symlink, more than ``limits``. Files get only the modes ``pack`` gives. Returns

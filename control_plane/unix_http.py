@@ -18,7 +18,7 @@ from yarl import URL
 HEAD_LIMIT = 64 << 10
 
 
-class ProtocolError(Exception):
+class HttpProtocolError(Exception):
     """The sandbox answered with something that is not HTTP/1.x."""
 
 
@@ -109,7 +109,7 @@ class _Connection(asyncio.Protocol):
         self._buf += data
         try:
             done = self._parse()
-        except ProtocolError as exc:
+        except HttpProtocolError as exc:
             self._fail(exc)
             return
         if done:
@@ -139,7 +139,7 @@ class _Connection(asyncio.Protocol):
             end = buf.find(b"\r\n\r\n")
             if end < 0:
                 if len(buf) > HEAD_LIMIT:
-                    raise ProtocolError(f"response head over {HEAD_LIMIT} bytes")
+                    raise HttpProtocolError(f"response head over {HEAD_LIMIT} bytes")
                 return False
             if self._head(bytes(buf[:end]).decode("latin-1")):
                 self._body_at = end + 4
@@ -158,7 +158,7 @@ class _Connection(asyncio.Protocol):
         version, _, rest = lines[0].partition(" ")
         code = rest[:3]
         if version not in ("HTTP/1.1", "HTTP/1.0") or not code.isdigit():
-            raise ProtocolError(f"not an HTTP/1.x status line: {lines[0][:100]!r}")
+            raise HttpProtocolError(f"not an HTTP/1.x status line: {lines[0][:100]!r}")
         status = int(code)
         if 100 <= status < 200 and status != 101:
             return False
@@ -166,7 +166,7 @@ class _Connection(asyncio.Protocol):
         for line in lines[1:]:
             name, sep, value = line.partition(":")
             if not sep or not name or name != name.strip():
-                raise ProtocolError(f"malformed header line: {line[:100]!r}")
+                raise HttpProtocolError(f"malformed header line: {line[:100]!r}")
             key = name.lower()
             value = value.strip()
             headers[key] = f"{headers[key]}, {value}" if key in headers else value
@@ -179,7 +179,7 @@ class _Connection(asyncio.Protocol):
             self._framing, self._length = "chunked", 0
         elif length is not None:
             if not length.isdigit():
-                raise ProtocolError(f"bad Content-Length: {length[:40]!r}")
+                raise HttpProtocolError(f"bad Content-Length: {length[:40]!r}")
             self._framing, self._length = "length", int(length)
         else:
             self._framing, self._keep = "close", False
@@ -197,13 +197,13 @@ class _Connection(asyncio.Protocol):
             try:
                 size = int(size_text, 16)
             except ValueError as exc:
-                raise ProtocolError(f"bad chunk size: {size_text[:40]!r}") from exc
+                raise HttpProtocolError(f"bad chunk size: {size_text[:40]!r}") from exc
             if size == 0:  # then optional trailer lines and an empty line
                 return buf.find(b"\r\n\r\n", eol) >= 0
             if len(buf) < eol + 2 + size + 2:
                 return False
             if buf[eol + 2 + size:eol + 4 + size] != b"\r\n":
-                raise ProtocolError("chunk not followed by CRLF")
+                raise HttpProtocolError("chunk not followed by CRLF")
             self._chunks.append(bytes(buf[eol + 2:eol + 2 + size]))
             self._length = eol + 4 + size - self._body_at
 
@@ -275,7 +275,7 @@ class UnixPool:
     async def request(self, method: str, path: str, headers: dict[str, str], body: bytes,
                       timeout: float) -> RawReply:
         """One exchange, connecting if need be. Raises ``ConnectFailed``, ``Disconnected``,
-        ``ProtocolError``, ``TimeoutError`` (or ``ValueError`` for a header that cannot be sent)."""
+        ``HttpProtocolError``, ``TimeoutError`` (or ``ValueError`` for a header that cannot be sent)."""
         reply = self.send(method, path, headers, body, timeout)
         if reply is not None:
             return await reply

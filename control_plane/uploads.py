@@ -208,7 +208,7 @@ class UploadStore:
         if stored.tree.is_dir():
             return _count(stored.tree)
         work.mkdir(mode=0o700)
-        limits = tree_pack.Limits(max_bytes=self.sharing.max_upload_bytes, max_files=self.sharing.max_upload_files)
+        limits = tree_pack.PackLimits(max_bytes=self.sharing.max_upload_bytes, max_files=self.sharing.max_upload_files)
         try:
             with open(archive, "rb") as f:
                 files, _ = tree_pack.unpack(f, work, limits)

@@ -38,7 +38,6 @@ class Watcher:
         self.config = config
         self._suspects: set[str] = set()
         self._task: asyncio.Task | None = None
-        self.passes = 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="watcher")
@@ -69,7 +68,6 @@ class Watcher:
         await self.sweep_orphans()
         self.purge_operations()
         self.cp.uploads.expire(self.cp.config.sharing.upload_retention)
-        self.passes += 1
 
     async def reap_idle(self) -> None:
         now = now_ms()

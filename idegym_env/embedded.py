@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -31,6 +30,7 @@ from control_plane import ephemeral_state
 from control_plane.auth import read_token, token_path
 from control_plane.constants import DEFAULT_ORPHAN_TTL, LEASE_FILE, TOKEN_USER
 
+from .ready_pipe import read_ready
 from .settings import ClientSettings
 
 START_TIMEOUT = 60.0
@@ -97,11 +97,7 @@ class EmbeddedControlPlane:
         self.process = subprocess.Popen(argv, pass_fds=(write_fd,), stdout=self._log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True)
         os.close(write_fd)
-        try:
-            ready, _, _ = select.select([read_fd], [], [], START_TIMEOUT)
-            line = os.read(read_fd, 64).decode() if ready else ""
-        finally:
-            os.close(read_fd)
+        line = read_ready(read_fd, START_TIMEOUT).decode()
         if not line.startswith("ready "):
             self.close()
             log = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""

@@ -67,7 +67,7 @@ from .client import APIError, BadRequest, Conflict, IdeGymClient, NotFound, Sand
 from .errors import IdeGymError
 from .rewards import RewardFunction, reward_components
 from .spaces import InvalidAction, ToolCallSpace, UnicodeText
-from .tasks import Task, bundled_tasks, environment, load_task
+from .tasks import Task, environment, load_task
 from .tools import ToolCall
 
 DEFAULT_TASK = "python-roman-numerals"
@@ -475,6 +475,3 @@ def _tail(text: str, limit: int = 1500) -> str:
     text = text.strip()
     return text if len(text) <= limit else "[...]\n" + text[-limit:]
 
-
-def available_tasks() -> list[str]:
-    return [t.id for t in bundled_tasks()]

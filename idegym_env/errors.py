@@ -20,10 +20,11 @@ so ``except ValueError`` still catches what it did::
     │   └── InfrastructureError (RuntimeError)  an episode's sandbox or control plane failed: no
     │                                         reward, a trainer masks the sample (integrations)
     ├── ToolCallError (ValueError)            a malformed tool call, or one out of turn   errors
-    ├── InvalidAction (ValueError)            an action that is no valid tool call        spaces/tools.py
+    ├── InvalidAction (ValueError)            an action that is no valid tool call        tools/base.py
     ├── EpisodeEnded (ResetNeeded, RuntimeError)  step() after the episode ended          env.py
     ├── TaskError (ValueError)                a task that cannot be found or loaded       tasks/task.py
     ├── DownloadTooLarge (RuntimeError)       a download over its bound                   integrations/bounded_tar.py
+    ├── ComposeError (ValueError)             a Harbor compose file that cannot be run    integrations/harbor_compose.py
     ├── SlotFailure                           one sub-env of a vector env failed          vector/failures.py
     ├── LayerError (RuntimeError)             a harness layer could not be built          agents/layers.py
     ├── ReplyError (ValueError)               a policy's reply is no assistant message    agents/apis.py

@@ -95,11 +95,6 @@ class EnvSettings(BaseModel):
                                  str(extra["flag"]) if extra.get("flag") else None))
         return rows
 
-    @classmethod
-    def variable_of(cls, field: str) -> str:
-        """The (first) variable of ``field``: for messages and ``--help``."""
-        return _names(cls.model_fields[field])[0]
-
 
 def _names(info: Any) -> tuple[str, ...]:
     extra = info.json_schema_extra

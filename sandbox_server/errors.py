@@ -7,14 +7,14 @@
     ├── NotFound                  404  NotFound          a missing file, endpoint, client, server…
     ├── Conflict                  409  Conflict          e.g. a patch whose hunks do not apply (file left unchanged)
     ├── PayloadTooLarge           413  PayloadTooLarge   a body over the configured limit
-    └── Unprocessable             422  ValidationError   request validation (the seed's HTTPValidationError shape)
+    └── Unprocessable             422  ValidationError   request validation (specs/' HTTPValidationError shape)
 
     control_plane/errors.py adds the control plane's own: Unauthorized 401, Gone 410, Unavailable 503.
 
 Each error has ``status``, ``kind`` (the ``error`` field of the body, which the client maps to its
 typed exceptions), ``message`` (for a person: what went wrong and what to do) and ``details``
 (structured, optional). ``ApiError.for_status`` gives the error of any status. ``render`` is
-the one renderer: a 422 in the seed's ``HTTPValidationError`` shape, any other error as an
+the one renderer: a 422 in the ``HTTPValidationError`` shape of ``specs/``, any other error as an
 ``ErrorBody``. The sandbox server never answers 410 or 499: those mark
 control-plane failures for the published client.
 """
@@ -80,9 +80,6 @@ def kind_of(status: int) -> str:
         return f"HTTP{status}"
 
 
-SandboxServerError = ApiError  # the name the sandbox server's modules knew it by
-
-
 class BadRequest(ApiError, status=400):
     """A request that cannot be carried out as asked."""
 
@@ -104,7 +101,7 @@ class PayloadTooLarge(ApiError, status=413):
 
 
 class Unprocessable(ApiError, status=422, kind="ValidationError"):
-    """A validation failure; ``errors`` are items of the seed's ``HTTPValidationError.detail``."""
+    """A validation failure; ``errors`` are items of ``HTTPValidationError.detail`` (``specs/``)."""
 
     def __init__(self, message: str, errors: list[dict[str, Any]] | None = None) -> None:
         super().__init__(message)

@@ -1,5 +1,5 @@
 """HTTP plumbing shared by both servers, free of any web framework: request validation into the
-seed's 422 shape, structured logs, the event loop (error bodies: ``errors.render``)."""
+422 shape of ``specs/``, structured logs, the event loop (error bodies: ``errors.render``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Wire shapes of the sandbox server, defined once.
 
-Requests follow ``seeds/sandbox-server-api.yaml`` and ``seeds/code-runner-api.json``; responses
-follow the wire contract (§7–§9). Requests ignore unknown keys and accept ``null`` for every
+Requests and responses follow ``specs/sandbox-server-api.yaml`` and ``specs/code-runner-api.json``.
+Requests ignore unknown keys and accept ``null`` for every
 optional field, because the published client sends both.
 """
 
@@ -40,7 +40,7 @@ def _not_negative(value: float) -> float:
     return value
 
 
-# Checked after parsing, so the published schema stays the seed's plain "number".
+# Checked after parsing, so the published schema stays the plain "number" of ``specs/``.
 Seconds = Annotated[float, AfterValidator(_not_negative)]
 
 
@@ -52,6 +52,16 @@ def _no_nul(value: str) -> str:
 
 # Strings that become a program's argument, path or user name: a NUL byte is a request error.
 Arg = Annotated[str, AfterValidator(_no_nul)]
+
+
+def _valid_env_names(value: dict[str, str]) -> dict[str, str]:
+    for name in value:
+        if not ENV_NAME.match(name):
+            raise ValueError(f"invalid environment variable name {name!r}: use [A-Za-z_][A-Za-z0-9_]*")
+    return value
+
+
+EnvMap = Annotated[dict[str, Arg], AfterValidator(_valid_env_names)]
 
 
 class TimedRequest(Request):
@@ -91,9 +101,8 @@ class BashCommandRequest(TimedRequest):
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        _valid_env_names(value)
         for name, val in value.items():
-            if not ENV_NAME.match(name):
-                raise ValueError(f"invalid environment variable name {name!r}: use [A-Za-z_][A-Za-z0-9_]*")
             if "\x00" in val:
                 raise ValueError(f"environment variable {name!r} contains a NUL byte")
         return value
@@ -357,7 +366,7 @@ class AgentStartRequest(TimedRequest):
     command: list[Arg] = Field(min_length=1, description="argv of the harness")
     key: str = Field(min_length=16, max_length=256, pattern=r"^[A-Za-z0-9_.-]+$",
                      description="the episode's key: a model call without it is refused (401)")
-    env: dict[str, Arg] | None = Field(None, description="environment on top of the tools' own")
+    env: EnvMap | None = Field(None, description="environment on top of the tools' own")
     cwd: Arg | None = Field(None, description="working directory, relative to the project")
     user: Arg | None = None
     call_timeout: Seconds = Field(600.0, description="how long one model call may wait for its reply (then 504)")
@@ -368,13 +377,6 @@ class AgentStartRequest(TimedRequest):
                           "control plane's round trip")
     exchange_secret: str | None = Field(None, min_length=16, max_length=256, pattern=r"^[A-Za-z0-9_.-]+$")
 
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        for name in value or {}:
-            if not ENV_NAME.match(name):
-                raise ValueError(f"invalid environment variable name {name!r}")
-        return value
 
 
 class AgentStartResponse(Response):
@@ -445,7 +447,7 @@ class SessionStartRequest(TimedRequest):
 
     command: Arg = Field(min_length=1, description="bash script; with pty, what runs in the terminal")
     cwd: Arg | None = None
-    env: dict[str, Arg] | None = None
+    env: EnvMap | None = None
     user: Arg | None = None
     pty: bool = False
     cols: int = Field(120, ge=10, le=1000)
@@ -453,13 +455,6 @@ class SessionStartRequest(TimedRequest):
     max_output_bytes: int = Field(1 << 20, ge=1024, le=16 << 20, description="the latest output kept (stdout and "
                                                                            "stderr together)")
 
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        for name in value or {}:
-            if not ENV_NAME.match(name):
-                raise ValueError(f"invalid environment variable name {name!r}")
-        return value
 
 
 class SessionInfo(Response):

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
-SEEDS = REPO / "specs"  # the seed API specs, vendored
+SEEDS = REPO / "specs"  # the published API specs, vendored
 
 
 def free_port() -> int:

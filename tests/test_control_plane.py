@@ -27,7 +27,7 @@ def test_health_and_every_seed_path_is_served(cp: ControlPlaneProcess) -> None:
         assert path in ours, path
         for method in methods:
             assert method in ours[path], (method, path)
-    # the forward route answers every method of the seed (404 here: unknown client, not 405)
+    # the forward route answers every method of ``specs/`` (404 here: unknown client, not 405)
     for method in ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"):
         resp = cp.http.request(method, "/api/forward/11111111-2222-3333-4444-555555555555/1/api/health")
         assert resp.status_code == 404, (method, resp.status_code)

@@ -1,4 +1,4 @@
-"""The control plane as a target (issue 13 §3): credentials by default, build sources only from
+"""The control plane as a target (``docs/security.md`` §4): credentials by default, build sources only from
 allowed directories, no git argument injection, nesting and memory limits on request bodies,
 slow-header connections closed.
 

@@ -1,4 +1,4 @@
-"""Fork on the local backend with real sandboxes (issue 17): ``LocalBackend.fork``.
+"""Fork on the local backend with real sandboxes (``docs/fork.md``): ``LocalBackend.fork``.
 
 Children launched on the fork's layers and warm sandboxes remounted onto them are checked
 side by side: each must hold exactly the parent's filesystem at the fork, then go its own way.

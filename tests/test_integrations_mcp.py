@@ -402,7 +402,7 @@ def test_malformed_calls_are_tool_errors_with_our_message() -> None:
 
 
 def test_tool_schemas_come_from_the_argument_models() -> None:
-    from idegym_env.integrations.mcp import TOOLS, EpisodeServer, ResetResult, SubmitResult
+    from idegym_env.integrations.mcp import TOOLS, EpisodeResetResult, EpisodeServer, SubmitResult
 
     async def main() -> dict:
         async with Client(EpisodeServer(task=TASK).mcp) as client:
@@ -413,7 +413,7 @@ def test_tool_schemas_come_from_the_argument_models() -> None:
     for name, tool in tools.items():
         assert tool.input_schema == TOOLS[name].arguments.model_json_schema()
         assert tool.input_schema["title"] == f"{name}Arguments"
-    assert tools["reset"].output_schema == ResetResult.model_json_schema()
+    assert tools["reset"].output_schema == EpisodeResetResult.model_json_schema()
     assert tools["submit"].output_schema == SubmitResult.model_json_schema()
     assert tools["bash"].output_schema["properties"] == {"result": {"title": "Result", "type": "string"}}
     assert "command: The bash script" in tools["bash"].description

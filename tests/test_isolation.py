@@ -1,4 +1,4 @@
-"""Hostile sandboxes and their neighbours (issue 13 §2): what one sandbox does to memory, CPU and
+"""Hostile sandboxes and their neighbours (``docs/security.md`` §2): what one sandbox does to memory, CPU and
 processes stays in its own cgroups, and ending it never depends on anything outside its records.
 
 Real bubblewrap sandboxes of the local backend, real cgroups, real processes.

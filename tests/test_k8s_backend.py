@@ -472,9 +472,9 @@ def test_pod_ip_addressing_and_restart_gives_a_fresh_pod(k8s_sim: SimulatorProce
 def test_service_dns_addressing_names_the_service() -> None:
     backend = KubernetesBackend(KubernetesConfig(addressing="service-dns", namespace="sandboxes",
                                                  cluster_domain="cluster.local"))
-    from control_plane.backends.base import Endpoint, SandboxHandle
+    from control_plane.backends.base import SandboxAddress, SandboxHandle
 
-    handle = SandboxHandle("kubernetes", "srv-7", Endpoint(""), {"namespace": "sandboxes", "service_port": 80})
+    handle = SandboxHandle("kubernetes", "srv-7", SandboxAddress(""), {"namespace": "sandboxes", "service_port": 80})
     assert backend.endpoint(handle).base_url == "http://srv-7.sandboxes.svc.cluster.local:80"
     assert KubernetesConfig(in_cluster=True).resolved_addressing() == "service-dns"
     assert KubernetesConfig(in_cluster=False).resolved_addressing() == "api-proxy"

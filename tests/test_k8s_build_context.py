@@ -1,4 +1,4 @@
-"""Kubernetes image builds get their build context (issue 15): a `project.path` or a `context`
+"""Kubernetes image builds get their build context (``docs/images.md``): a `project.path` or a `context`
 directory travels with the build Job (``context.tar.gz`` in its ConfigMap, Kaniko's ``tar://``
 context), so `COPY` in the Dockerfile finds the project. Runs on the simulator (tests/k8s_sim),
 whose builder stand-in unpacks the context and fails a `COPY` of a file that is not in it."""

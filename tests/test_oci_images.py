@@ -1,4 +1,4 @@
-"""OCI images on the local backend (issue 15): Debian/Python bases, Dockerfile builds with buildah,
+"""OCI images on the local backend (``docs/images.md``): Debian/Python bases, Dockerfile builds with buildah,
 sandboxes on an image's own root filesystem.
 
 The builds share one cached ``debian:bookworm`` (``tests.oci_fixtures``) and one control plane
@@ -253,11 +253,11 @@ images:
     assert json.loads(json.dumps(meta["oci"]["config"]))["WorkingDir"] == "/home/appuser/work"
 
 
-# -- the built-in image runs the seed's default scripts -----------------------------------------
+# -- the built-in image runs the API's default scripts ------------------------------------------
 
 CLIENT_PYTHON = Path(__file__).resolve().parent.parent / ".venv-client" / "bin" / "python"
 REWARD_SCRIPT = Path(__file__).with_name("published_client_test_reward.py")
-SEED_TEST_SCRIPT = "python -m pytest --junitxml=test-results.xml"  # the seed's default test_script
+SEED_TEST_SCRIPT = "python -m pytest --junitxml=test-results.xml"  # specs/sandbox-server-api.yaml's default
 
 
 def _published_test_reward(cp: ControlPlaneProcess, image: str, script: str, *, write_tests: bool) -> dict:

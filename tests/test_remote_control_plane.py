@@ -139,7 +139,7 @@ time.sleep(3600)
 def test_a_dead_trainers_sandboxes_end_after_its_heartbeat_timeout(tmp_path: Path) -> None:
     """A trainer on one host, SIGKILLed: its heartbeats stop, and the control plane on another
     ends its client and its sandboxes once ``--heartbeat-timeout`` has passed. It held on main
-    (the seed's model), tested here across processes; can fail: with a timeout of 600 s the
+    (the model of ``specs/``), tested here across processes; can fail: with a timeout of 600 s the
     sandboxes of the dead trainer were still ALIVE 30 s after its death."""
     import signal
     import time

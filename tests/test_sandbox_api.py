@@ -1,4 +1,4 @@
-"""API surface: OpenAPI against the seed, health, capabilities, error shapes."""
+"""API surface: OpenAPI against ``specs/``, health, capabilities, error shapes."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.helpers import SEEDS, SandboxProcess
 
 SEED = yaml.safe_load((SEEDS / "sandbox-server-api.yaml").read_text())
 IGNORED_KEYS = {"title", "description", "examples"}
-# Request fields we add beyond the seed; each is optional, so seed clients are unaffected.
+# Request fields we add beyond ``specs/``; each is optional, so clients of those specs are unaffected.
 EXTENSIONS = {"TestRequest": {"report_glob"}, "SetupRequest": {"keep_processes"},
               "CompilationRequest": {"keep_processes"}}
 

@@ -961,7 +961,7 @@ def test_a_checks_processes_end_with_it_on_the_seed_reward_endpoints(loop: LoopT
     checks need is an explicit opt-in (``keep_processes``), and the agent's own processes are
     not the check's.
 
-    Can fail: on the seed endpoints that ran a check like any tool call, the daemon survived
+    Can fail: on the ``specs/`` endpoints that ran a check like any tool call, the daemon survived
     ``/api/rewards/setup`` and the test check's 5 failures came back as ``{passed: 5}``.
     """
     h = _create(loop, backend, f"sec-check-daemon-{detach}", image)

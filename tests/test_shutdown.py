@@ -1,4 +1,4 @@
-"""Nothing outlives its owner (issue 13 §4): a control plane told to stop answers what is in
+"""Nothing outlives its owner (``docs/security.md`` §4): a control plane told to stop answers what is in
 flight, ends in time and leaves exactly what it says; one that is killed leaves nothing past its
 sandboxes' lease.
 

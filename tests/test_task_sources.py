@@ -33,7 +33,7 @@ from idegym_env.tasks.sources.harbor_local import run_locally as harbor_run_loca
 from idegym_env.tasks.sources.validate import format_table, validate
 from sandbox_server.grading import paths
 from sandbox_server.grading.export import export
-from sandbox_server.grading.models import ExportRequest, ExportResponse, FileEntry
+from sandbox_server.grading.models import ExportedFile, ExportRequest, ExportResponse
 from tests.answer_needles import needles, shipped_tasks
 from tests.answer_scan import identity
 
@@ -371,7 +371,7 @@ def test_validate_fails_on_a_task_whose_oracle_does_not_solve_it() -> None:
 
 
 def _exported(files: dict[str, str], deleted: list[str] = ()) -> ExportResponse:
-    return ExportResponse(files=[FileEntry(path=p, content_base64=base64.b64encode(c.encode()).decode())
+    return ExportResponse(files=[ExportedFile(path=p, content_base64=base64.b64encode(c.encode()).decode())
                                  for p, c in files.items()], deleted=list(deleted))
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.unix_http import ConnectFailed, Disconnected, ProtocolError, UnixPool, encode_request
+from control_plane.unix_http import ConnectFailed, Disconnected, HttpProtocolError, UnixPool, encode_request
 
 Answer = Callable[[bytes, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[bool]]
 
@@ -143,7 +143,7 @@ def test_a_hang_up_mid_request_is_disconnected_and_never_sent_again(tmp_path: Pa
 ])
 def test_a_broken_answer_is_a_protocol_error(tmp_path: Path, raw: bytes, match: str) -> None:
     async def call(pool: UnixPool) -> None:
-        with pytest.raises(ProtocolError, match=match):
+        with pytest.raises(HttpProtocolError, match=match):
             await pool.request("GET", "a", {}, b"", 5)
 
     _run(tmp_path / "s.sock", _reply(raw), call)

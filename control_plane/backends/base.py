@@ -6,8 +6,8 @@ The routes never know which backend they talk to. Everything a backend needs to 
 again after a control-plane restart is in its ``SandboxHandle`` (persisted as JSON).
 
     Backend
-    ├── backends.local.LocalBackend        processes on this host (bubblewrap, overlayfs, cgroups)
-    └── backends.kubernetes.K8sBackend     Deployment + Service + PodDisruptionBudget per server
+    ├── backends.local.LocalBackend            processes on this host (bubblewrap, overlayfs, cgroups)
+    └── backends.kubernetes.KubernetesBackend  Deployment + Service + PodDisruptionBudget per server
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class ForkChild:
 
 
 @dataclass
-class Endpoint:
+class SandboxAddress:
     """How to reach a sandbox's HTTP server: a Unix socket, or a base URL."""
 
     base_url: str
@@ -134,7 +134,7 @@ class SandboxHandle:
 
     backend: str
     name: str
-    endpoint: Endpoint
+    endpoint: SandboxAddress
     data: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -142,7 +142,7 @@ class SandboxHandle:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> SandboxHandle:
-        return cls(raw["backend"], raw["name"], Endpoint(**raw["endpoint"]), raw.get("data", {}))
+        return cls(raw["backend"], raw["name"], SandboxAddress(**raw["endpoint"]), raw.get("data", {}))
 
 
 @dataclass
@@ -243,7 +243,7 @@ class Backend(abc.ABC):
         either turned into its child or deleted."""
         raise ForkUnsupported(f"the {self.name} backend cannot fork sandboxes")
 
-    def endpoint(self, handle: SandboxHandle) -> Endpoint:
+    def endpoint(self, handle: SandboxHandle) -> SandboxAddress:
         return handle.endpoint
 
 
@@ -261,7 +261,7 @@ class ImageDefinition:
     env: dict[str, str] = field(default_factory=dict)
     network: bool = False  # sandboxes of the image may use the network (and so may its build)
     raw: dict[str, Any] = field(default_factory=dict)
-    # A Dockerfile build (issue 15): the Dockerfile's text, or a path in the build context.
+    # A Dockerfile build (``docs/images.md``): the Dockerfile's text, or a path in the build context.
     dockerfile: str | None = None
     dockerfile_path: str | None = None
     context: str | None = None  # a directory; default: the project, else empty

@@ -325,7 +325,7 @@ class AsyncIdeGymClient:
             raise unreachable(place(self.settings.url, self.settings.unix_socket), exc) from exc
         except APIError as exc:
             # A control plane always serves this route, and its errors always name their kind
-            # (but the seed's 422 shape): anything else is another HTTP service.
+            # (but the 422 shape of ``specs/``): anything else is another HTTP service.
             if exc.status in (404, 405) or (exc.kind is None and exc.status != 422):
                 raise not_a_control_plane(place(self.settings.url, self.settings.unix_socket), exc) from exc
             raise

@@ -43,25 +43,15 @@ _BY_KIND: dict[str, type[APIError]] = {
 }
 
 
+_BY_STATUS: dict[int, type[APIError]] = {422: ValidationError, 401: Unauthorized, 403: Unauthorized, 404: NotFound,
+                                         409: Conflict, 410: SandboxGone, 429: Busy, 503: Busy, 499: Cancelled}
+
+
 def _by_status(status: int) -> type[APIError]:
-    """For an answer without a kind we know: a proxy's, an older server's, the seed's 422."""
-    if status == 422:
-        return ValidationError
-    if status in (401, 403):
-        return Unauthorized
-    if status == 404:
-        return NotFound
-    if status == 409:
-        return Conflict
-    if status == 410:
-        return SandboxGone
-    if status in (429, 503):
-        return Busy
-    if status == 499:
-        return Cancelled
-    if status >= 500:
-        return ServerError
-    return BadRequest
+    """For an answer without a kind we know: a proxy's, an older server's, the 422 of ``specs/``."""
+    if status in _BY_STATUS:
+        return _BY_STATUS[status]
+    return ServerError if status >= 500 else BadRequest
 
 
 def error_for(status: int, body: str, origin: str) -> APIError:

@@ -21,35 +21,8 @@ from control_plane.models import (
     StartServerRequest,
     StartServerResponse,
 )
+from sandbox_server import models as m
 from sandbox_server import routes
-from sandbox_server.models import (
-    BashCommandRequest,
-    BashCommandResponse,
-    CheckResult,
-    CompilationRequest,
-    CreateFileRequest,
-    DownloadFileChunkRequest,
-    EditFileRequest,
-    ExecuteRequest,
-    ExecuteResponse,
-    FileResult,
-    PatchFileRequest,
-    ResetRequest,
-    ResetResult,
-    Response,
-    SessionEndRequest,
-    SessionInfo,
-    SessionReadRequest,
-    SessionReadResponse,
-    SessionResizeRequest,
-    SessionStartRequest,
-    SessionWriteRequest,
-    SetupRequest,
-    TerminateRequest,
-    TestReport,
-    TestRequest,
-    UploadFileChunkRequest,
-)
 from sandbox_server.routes import endpoint_for
 
 from ..errors import ServerError
@@ -59,7 +32,7 @@ from ._protocol import Plan, Target, call, cp_call, cp_operation, wire
 if TYPE_CHECKING:
     from ..tools import ToolCall
 
-ToolResult = Response
+ToolResult = m.Response
 """What a tool call answers: its route's response model (``routes.endpoint_for(request).response``),
 e.g. bash its output, a file write its status, a read the bytes it got."""
 
@@ -68,26 +41,26 @@ e.g. bash its output, a file write its status, a read the bytes it got."""
 
 def bash(target: Target, command: str, timeout: float, cwd: str | None, env: dict[str, str] | None,
          user: str | None, max_output_bytes: int | None, strip_output: bool,
-         grace: float) -> Plan[BashCommandResponse]:
+         grace: float) -> Plan[m.BashCommandResponse]:
     return (yield from call(target, routes.BASH, wire(
-        BashCommandRequest, command=command, cwd=cwd, env=env or {}, user=user, timeout=timeout,
+        m.BashCommandRequest, command=command, cwd=cwd, env=env or {}, user=user, timeout=timeout,
         graceful_termination_timeout=grace, max_output_bytes=max_output_bytes, strip_output=strip_output)))
 
 
-def write_file(target: Target, path: str, content: str) -> Plan[FileResult]:
+def write_file(target: Target, path: str, content: str) -> Plan[m.FileResult]:
     if not isinstance(content, str):
         raise TypeError(f"write_file takes text (str), not {type(content).__name__}; "
                         "send bytes with upload(path, data)")
-    return (yield from call(target, routes.CREATE_FILE, wire(CreateFileRequest, file_path=path, content=content)))
+    return (yield from call(target, routes.CREATE_FILE, wire(m.CreateFileRequest, file_path=path, content=content)))
 
 
-def edit(target: Target, path: str, start_line: int, end_line: int, new_content: str) -> Plan[FileResult]:
+def edit(target: Target, path: str, start_line: int, end_line: int, new_content: str) -> Plan[m.FileResult]:
     return (yield from call(target, routes.EDIT_FILE, wire(
-        EditFileRequest, file_path=path, start_line=start_line, end_line=end_line, new_content=new_content)))
+        m.EditFileRequest, file_path=path, start_line=start_line, end_line=end_line, new_content=new_content)))
 
 
-def patch(target: Target, path: str, patch_text: str) -> Plan[FileResult]:
-    return (yield from call(target, routes.PATCH_FILE, wire(PatchFileRequest, file_path=path, patch=patch_text)))
+def patch(target: Target, path: str, patch_text: str) -> Plan[m.FileResult]:
+    return (yield from call(target, routes.PATCH_FILE, wire(m.PatchFileRequest, file_path=path, patch=patch_text)))
 
 
 def upload(target: Target, path: str, data: bytes, chunk: int) -> Plan[int]:
@@ -97,7 +70,7 @@ def upload(target: Target, path: str, data: bytes, chunk: int) -> Plan[int]:
     while True:
         piece = data[offset: offset + chunk]
         answer = yield from call(target, routes.UPLOAD_FILE, wire(
-            UploadFileChunkRequest, file_path=path, content_base64=base64.b64encode(piece).decode("ascii"),
+            m.UploadFileChunkRequest, file_path=path, content_base64=base64.b64encode(piece).decode("ascii"),
             offset=offset, truncate=True))
         offset += answer.bytes_written
         if offset >= len(data):
@@ -109,7 +82,7 @@ def download(target: Target, path: str, chunk: int) -> Plan[bytes]:
     offset = 0
     while True:
         answer = yield from call(target, routes.DOWNLOAD_FILE,
-                                 wire(DownloadFileChunkRequest, file_path=path, offset=offset, length=chunk))
+                                 wire(m.DownloadFileChunkRequest, file_path=path, offset=offset, length=chunk))
         piece = base64.b64decode(answer.content_base64, validate=True)
         parts.append(piece)
         offset += len(piece)
@@ -128,24 +101,24 @@ def run_tool(target: Target, tool_call: ToolCall, bash_timeout: float) -> Plan[T
     return (yield from call(target, endpoint_for(request), request))
 
 
-def setup_check(target: Target, script: str, timeout: float, keep_processes: bool = False) -> Plan[CheckResult]:
-    return (yield from call(target, routes.SETUP_CHECK, wire(SetupRequest, setup_check_script=script, timeout=timeout,
+def setup_check(target: Target, script: str, timeout: float, keep_processes: bool = False) -> Plan[m.CheckResult]:
+    return (yield from call(target, routes.SETUP_CHECK, wire(m.SetupRequest, setup_check_script=script, timeout=timeout,
                                                              keep_processes=keep_processes)))
 
 
-def compile_check(target: Target, script: str, timeout: float, keep_processes: bool = False) -> Plan[CheckResult]:
+def compile_check(target: Target, script: str, timeout: float, keep_processes: bool = False) -> Plan[m.CheckResult]:
     return (yield from call(target, routes.COMPILATION_CHECK,
-                            wire(CompilationRequest, compilation_script=script, timeout=timeout,
+                            wire(m.CompilationRequest, compilation_script=script, timeout=timeout,
                                  keep_processes=keep_processes)))
 
 
-def run_tests(target: Target, script: str, timeout: float, report_glob: str) -> Plan[TestReport]:
+def run_tests(target: Target, script: str, timeout: float, report_glob: str) -> Plan[m.TestReport]:
     return (yield from call(target, routes.TEST_CHECK,
-                            wire(TestRequest, test_script=script, timeout=timeout, report_glob=report_glob)))
+                            wire(m.TestRequest, test_script=script, timeout=timeout, report_glob=report_glob)))
 
 
-def reset(target: Target, timeout: float = 600.0, to_fork_point: bool = False) -> Plan[ResetResult]:
-    result = yield from call(target, routes.RESET_PROJECT, wire(ResetRequest, timeout=timeout,
+def reset(target: Target, timeout: float = 600.0, to_fork_point: bool = False) -> Plan[m.ResetResult]:
+    result = yield from call(target, routes.RESET_PROJECT, wire(m.ResetRequest, timeout=timeout,
                                                                  to_fork_point=to_fork_point))
     if result.status != "success":
         raise ServerError(500, f"project reset failed: {result.output}", result.output, "sandbox")
@@ -154,14 +127,14 @@ def reset(target: Target, timeout: float = 600.0, to_fork_point: bool = False) -
 
 def terminate_processes(target: Target, grace: float) -> Plan[int]:
     answer = yield from call(target, routes.TERMINATE_PROCESSES,
-                             wire(TerminateRequest, graceful_termination_timeout=grace))
+                             wire(m.TerminateRequest, graceful_termination_timeout=grace))
     return answer.killed_processes
 
 
 def execute(target: Target, language: str, code: str, args: list[str] | None, files: list[dict[str, str]] | None,
-            stdin: str, timeout: float) -> Plan[ExecuteResponse]:
+            stdin: str, timeout: float) -> Plan[m.ExecuteResponse]:
     return (yield from call(target, routes.EXECUTE, wire(
-        ExecuteRequest, language=language, code=code, args=args or [], files=files or [], stdin=stdin,
+        m.ExecuteRequest, language=language, code=code, args=args or [], files=files or [], stdin=stdin,
         timeout=timeout)))
 
 
@@ -172,25 +145,25 @@ def capabilities(target: Target) -> Plan[list[str]]:
 # -- background processes and terminal sessions ----------------------------------------------------
 
 
-def start_session(target: Target, command: str, fields: dict[str, Any]) -> Plan[SessionInfo]:
-    return (yield from call(target, routes.SESSION_START, wire(SessionStartRequest, command=command, **fields)))
+def start_session(target: Target, command: str, fields: dict[str, Any]) -> Plan[m.SessionInfo]:
+    return (yield from call(target, routes.SESSION_START, wire(m.SessionStartRequest, command=command, **fields)))
 
 
-def read_session(target: Target, sid: str, offset: int, wait: float, max_bytes: int) -> Plan[SessionReadResponse]:
-    request = wire(SessionReadRequest, id=sid, offset=offset, wait=wait, max_bytes=max_bytes)
+def read_session(target: Target, sid: str, offset: int, wait: float, max_bytes: int) -> Plan[m.SessionReadResponse]:
+    request = wire(m.SessionReadRequest, id=sid, offset=offset, wait=wait, max_bytes=max_bytes)
     return (yield from call(target, routes.SESSION_READ, request))
 
 
-def write_session(target: Target, sid: str, data: str) -> Plan[SessionInfo]:
-    return (yield from call(target, routes.SESSION_WRITE, wire(SessionWriteRequest, id=sid, data=data)))
+def write_session(target: Target, sid: str, data: str) -> Plan[m.SessionInfo]:
+    return (yield from call(target, routes.SESSION_WRITE, wire(m.SessionWriteRequest, id=sid, data=data)))
 
 
-def resize_session(target: Target, sid: str, cols: int, rows: int) -> Plan[SessionInfo]:
-    return (yield from call(target, routes.SESSION_RESIZE, wire(SessionResizeRequest, id=sid, cols=cols, rows=rows)))
+def resize_session(target: Target, sid: str, cols: int, rows: int) -> Plan[m.SessionInfo]:
+    return (yield from call(target, routes.SESSION_RESIZE, wire(m.SessionResizeRequest, id=sid, cols=cols, rows=rows)))
 
 
-def end_session(target: Target, sid: str, grace: float) -> Plan[SessionInfo]:
-    request = wire(SessionEndRequest, id=sid, graceful_termination_timeout=grace)
+def end_session(target: Target, sid: str, grace: float) -> Plan[m.SessionInfo]:
+    request = wire(m.SessionEndRequest, id=sid, graceful_termination_timeout=grace)
     return (yield from call(target, routes.SESSION_END, request))
 
 

@@ -1,6 +1,6 @@
 """One episode: an agent playing a task in an ``IdeGymEnv``, its record filled in as it runs.
 
-Every executor (threads, Ray tasks) runs episodes through :class:`Episode`: an exception in the
+Every executor (threads, Ray tasks) runs episodes through :class:`EvalAttempt`: an exception in the
 agent is recorded as an ``agent`` error, one in the environment (image build, sandbox start,
 lost sandbox, grading) as an ``env`` error, an episode over its time limit as a ``timeout``.
 """
@@ -66,7 +66,7 @@ def describe(exc: BaseException) -> str:
     return text[:2000]
 
 
-class Episode:
+class EvalAttempt:
     """One (task, attempt): its record, filled in as it runs, and the env it runs in."""
 
     def __init__(self, task: Task, attempt: int, config: RunConfig) -> None:
@@ -276,7 +276,7 @@ def close_agent(agent: Any) -> None:
 def run_standalone(task: Task, attempt: int, config: RunConfig, url: str,
                    agent_factory: AgentFactory) -> tuple[dict[str, Any], str]:
     """One episode with its own env, under the time limit; used by Ray tasks."""
-    episode = Episode(task, attempt, config)
+    episode = EvalAttempt(task, attempt, config)
     thread = threading.Thread(target=episode.play, args=(lambda: make_env(task, config, url), agent_factory),
                               name=f"episode-{task.id}-{attempt}", daemon=True)
     thread.start()
@@ -289,7 +289,7 @@ def run_standalone(task: Task, attempt: int, config: RunConfig, url: str,
     return episode.record, episode.transcript()
 
 
-def timed_out(episode: Episode) -> None:
+def timed_out(episode: EvalAttempt) -> None:
     """Record an abandoned episode as a timeout (call after ``abandon()``)."""
     with episode.lock:
         limit = episode.config.episode_timeout
@@ -298,5 +298,5 @@ def timed_out(episode: Episode) -> None:
         episode._stamp()
 
 
-__all__ = ["Episode", "is_solved", "run_standalone", "timed_out", "make_env", "kill_env", "close_env",
+__all__ = ["EvalAttempt", "is_solved", "run_standalone", "timed_out", "make_env", "kill_env", "close_env",
            "close_agent", "describe"]

@@ -78,14 +78,15 @@ class OpenAIAgent:
             raise ValueError("the openai agent needs a model: --agent-arg model=NAME or $OPENAI_MODEL")
         self.base_url = (base_url or env.openai_base_url or DEFAULT_BASE_URL).rstrip("/")
         api_key = api_key if api_key is not None else env.openai_api_key
-        self.temperature = temperature
-        self.max_tokens = max_tokens
         self.system_prompt = system_prompt
+        # What every request carries besides the conversation (the options given), then extra_body over it.
+        self.sampling: dict[str, Any] = {name: value for name, value in (
+            ("temperature", temperature), ("max_tokens", max_tokens), ("parallel_tool_calls", parallel_tool_calls))
+            if value is not None}
+        self.extra_body = dict(extra_body or {})
         self.max_retries = max_retries
         self.backoff = backoff
         self.max_backoff = max_backoff
-        self.parallel_tool_calls = parallel_tool_calls
-        self.extra_body = dict(extra_body or {})
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=request_timeout)
         self.messages: list[dict[str, Any]] = []
@@ -134,15 +135,9 @@ class OpenAIAgent:
     # -- the endpoint --------------------------------------------------------------------------------
 
     def _ask(self) -> None:
-        body: dict[str, Any] = {"model": self.model, "messages": self.messages, "tools": self.tools}
-        if self.temperature is not None:
-            body["temperature"] = self.temperature
-        if self.max_tokens is not None:
-            body["max_tokens"] = self.max_tokens
+        body: dict[str, Any] = {"model": self.model, "messages": self.messages, "tools": self.tools, **self.sampling}
         if self.seed is not None:
             body["seed"] = self.seed
-        if self.parallel_tool_calls is not None:
-            body["parallel_tool_calls"] = self.parallel_tool_calls
         body.update(self.extra_body)
         reply = self._post("/chat/completions", body)
         self.requests += 1

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..tasks import Task
 from ..urls import is_loopback_url
 from .agents import FILE_MODULE_PREFIX, AgentFactory
-from .episode import Episode, describe, run_standalone
+from .episode import EvalAttempt, describe, run_standalone
 
 if TYPE_CHECKING:
     from .runner import RunConfig, Runner
@@ -112,7 +112,7 @@ class RayExecutor:
                             reruns[key] = reruns.get(key, 0) + 1
                             todo.insert(0, (task, attempt))  # again, on another node
                             continue
-                        episode = Episode(task, attempt, self.config)
+                        episode = EvalAttempt(task, attempt, self.config)
                         episode.fail("env", f"the Ray task failed: {describe(exc)}")
                         episode.record.update(worker="ray", node=node,
                                               wall_seconds=round(time.perf_counter() - t0, 3))
@@ -124,7 +124,7 @@ class RayExecutor:
                     if time.perf_counter() - t0 > limit:
                         ray.cancel(ref, force=True)
                         del in_flight[ref]
-                        episode = Episode(task, attempt, self.config)
+                        episode = EvalAttempt(task, attempt, self.config)
                         episode.fail("timeout", f"the Ray task exceeded {limit:g} s and was cancelled")
                         episode.record.update(worker="ray", node=node,
                                               reruns=reruns.get((task.id, attempt), 0),

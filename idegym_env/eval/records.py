@@ -69,9 +69,6 @@ class ResultsDir:
         self.root.mkdir(parents=True, exist_ok=True)
         _write_atomic(self.manifest_path, json.dumps(manifest, indent=2) + "\n")
 
-    def has_results(self) -> bool:
-        return self.manifest_path.exists() or self.episodes.exists()
-
     def clear(self) -> None:
         """Remove what a previous run left here (only the files a run writes)."""
         for name in (EPISODES, MANIFEST, SUMMARY_MD, SUMMARY_JSON):

@@ -21,7 +21,7 @@ from typing import Any
 from ..errors import IdeGymError
 from ..tasks import Task
 from .agents import AgentFactory, agent_source
-from .episode import Episode, is_solved, run_standalone
+from .episode import EvalAttempt, is_solved, run_standalone
 from .manifest import ManifestMismatch, build_manifest, check_same_run, now
 from .progress import Progress
 from .ray_tasks import RayExecutor
@@ -212,5 +212,5 @@ def preflight(url: str) -> None:
         raise ControlPlaneUnavailable(f"the control plane at {url.rpartition('@')[2]} cannot be used: {exc}") from exc
 
 
-__all__ = ["Runner", "ControlPlaneUnavailable", "RunConfig", "EvalResult", "Episode", "is_solved", "run_standalone",
+__all__ = ["Runner", "ControlPlaneUnavailable", "RunConfig", "EvalResult", "EvalAttempt", "is_solved", "run_standalone",
            "DEFAULT_EPISODE_TIMEOUT"]

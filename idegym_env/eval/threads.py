@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..tasks import Task
-from .episode import Episode, close_agent, close_env, kill_env, make_env, timed_out
+from .episode import EvalAttempt, close_agent, close_env, kill_env, make_env, timed_out
 
 if TYPE_CHECKING:
     from .runner import Runner
@@ -29,7 +29,7 @@ class ThreadExecutor:
         self.config = runner.config
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._running: dict[int, Episode] = {}
+        self._running: dict[int, EvalAttempt] = {}
 
     def run(self, pending: list[tuple[Task, int]], url: str) -> bool:
         """Run the episodes; True when interrupted (Ctrl-C)."""
@@ -85,7 +85,7 @@ class ThreadExecutor:
                 task, attempt = work.get_nowait()
             except queue.Empty:
                 break
-            episode = Episode(task, attempt, self.config)
+            episode = EvalAttempt(task, attempt, self.config)
             episode.record["worker"] = f"thread-{index}"
             with self._lock:
                 if self._stop.is_set():

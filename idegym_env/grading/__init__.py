@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox_server import routes
-from sandbox_server.grading.models import ExportRequest, ExportResponse, FileEntry, GradeRequest, GradeStage
+from sandbox_server.grading.models import ExportedFile, ExportRequest, ExportResponse, GradeRequest, GradeStage
 
 from ..client import Sandbox, ServiceError
 from ..rewards import CheckResults
@@ -43,8 +43,8 @@ class Graded:
     skipped: list[str] = field(default_factory=list)  # editable entries not graded, and why
 
 
-def _entries(files: dict[str, bytes]) -> list[FileEntry]:
-    return [FileEntry(path=rel, content_base64=base64.b64encode(data).decode("ascii"))
+def _entries(files: dict[str, bytes]) -> list[ExportedFile]:
+    return [ExportedFile(path=rel, content_base64=base64.b64encode(data).decode("ascii"))
             for rel, data in sorted(files.items())]
 
 
@@ -52,7 +52,7 @@ def grade_request(task: Task, exported: ExportResponse | None) -> GradeRequest:
     """The ``/api/grade`` call for ``task``: the task's starting files (``Task.files``, from the
     task, not from the agent's sandbox), the agent's exported files over them, then the task's
     grading files. Graded in place (``exported`` None), the starting files are the agent's already."""
-    by_path: dict[str, FileEntry] = {}
+    by_path: dict[str, ExportedFile] = {}
     if exported is not None:
         deleted = set(exported.deleted)
         by_path.update((f.path, f) for f in _entries({rel: text.encode() for rel, text in task.files.items()

@@ -23,12 +23,12 @@ verifiers                   ``idegym openenv serve`` behind verifiers'       ``i
 ==========================  ===============================================  ====================
 
 TRL, SkyRL, MCP, mini-swe-agent, verl and NeMo Gym's task sandboxes share
-:class:`._episode.Episode` (one episode's tool calls through ``IdeGymEnv.step``, its grading);
+:class:`._episode.ToolCallEpisode` (one episode's tool calls through ``IdeGymEnv.step``, its grading);
 Harbor's provider drives sandboxes through the async client. None of them
 grades or runs an episode by itself. Each module imports its framework on import, so importing
 this package costs nothing. See ``docs/integrations.md``.
 """
 
-from ._episode import Episode, InfrastructureError, ToolCallError
+from ._episode import InfrastructureError, ToolCallEpisode, ToolCallError
 
-__all__ = ["Episode", "InfrastructureError", "ToolCallError"]
+__all__ = ["ToolCallEpisode", "InfrastructureError", "ToolCallError"]

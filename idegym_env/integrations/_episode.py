@@ -1,4 +1,4 @@
-"""``Episode``: one IdeGym episode driven by named tool calls, shared by the TRL, SkyRL and MCP adapters.
+"""``ToolCallEpisode``: one IdeGym episode driven by named tool calls, shared by the TRL, SkyRL and MCP adapters.
 
 It is a thin layer over :class:`~idegym_env.env.IdeGymEnv`: every tool call is one
 ``env.step`` (so step counting, truncation, observation limits and grading are the env's), and
@@ -48,7 +48,7 @@ TOOL_NAMES: tuple[str, ...] = tuple(TOOLS)
 
 
 @dataclass
-class Outcome:
+class ToolCallOutcome:
     """What one tool call gave: the observation text, the step's reward, whether the episode
     ended, and the env's ``info`` for the step."""
 
@@ -119,7 +119,7 @@ def _end_env(env: IdeGymEnv) -> None:
         log.debug("releasing the sandbox: %s", exc)
 
 
-class Episode:
+class ToolCallEpisode:
     """One episode at a time of IdeGym tasks, as named tool calls (see the module docstring).
 
     ``control_plane_url`` (default: the embedded control plane) says where sandboxes come from;
@@ -187,7 +187,7 @@ class Episode:
 
     # -- tools --------------------------------------------------------------------------------------
 
-    def call(self, tool: str, arguments: dict[str, Any] | None = None) -> Outcome:
+    def call(self, tool: str, arguments: dict[str, Any] | None = None) -> ToolCallOutcome:
         """Run one tool (a name of :data:`TOOL_NAMES`) with its arguments.
 
         A command that fails is a result; a malformed call raises :class:`ToolCallError`; a dead
@@ -209,10 +209,10 @@ class Episode:
         except InvalidAction as exc:
             raise ToolCallError(str(exc)) from None
         if isinstance(step, str):
-            return Outcome(text=step, info={"tool": tool})
+            return ToolCallOutcome(text=step, info={"tool": tool})
         return self._step(step.to_action())
 
-    def submit(self) -> Outcome:
+    def submit(self) -> ToolCallOutcome:
         """Grade the episode (the task's checks) and end it; the reward is in the outcome."""
         return self.call("submit")
 
@@ -231,7 +231,7 @@ class Episode:
 
     # -- helpers ------------------------------------------------------------------------------------
 
-    def _step(self, action: dict[str, Any]) -> Outcome:
+    def _step(self, action: dict[str, Any]) -> ToolCallOutcome:
         env = self._require_active()
         try:
             text, reward, terminated, truncated, info = env.step(action)
@@ -248,7 +248,7 @@ class Episode:
             self.end()
         elif info.get("invalid_action"):
             raise ToolCallError(text)
-        return Outcome(text=text, reward=float(reward), done=done, info=info)
+        return ToolCallOutcome(text=text, reward=float(reward), done=done, info=info)
 
     def _failed(self, message: str) -> InfrastructureError:
         """End the episode on an infrastructure failure; returns the error to raise."""
@@ -303,5 +303,5 @@ def tool_guide() -> str:
     return _tool_guide(TOOL_NAMES)
 
 
-__all__ = ["Episode", "Outcome", "InfrastructureError", "ToolCallError", "TOOL_NAMES", "shared_client",
+__all__ = ["ToolCallEpisode", "ToolCallOutcome", "InfrastructureError", "ToolCallError", "TOOL_NAMES", "shared_client",
            "close_shared_clients", "tool_guide"]

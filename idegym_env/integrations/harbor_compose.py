@@ -32,6 +32,8 @@ import yaml
 
 from control_plane.dockerfile import final_command, final_entrypoint
 
+from ..errors import IdeGymError
+
 MAIN = "main"
 _VAR = re.compile(r"\$(?:\{(\w+)(?:(:?-)([^}]*))?\}|(\w+))|\$\$")
 # ``expose`` is not among them: on the task's one network every port of a service reaches the others.
@@ -39,7 +41,7 @@ IGNORED = ("ports", "volumes", "network_mode", "networks", "deploy", "restart", 
            "platform", "cap_add", "cap_drop", "privileged", "shm_size", "ulimits", "tmpfs", "logging", "labels")
 
 
-class ComposeError(ValueError):
+class ComposeError(IdeGymError, ValueError):
     """A compose file this provider cannot run, and why."""
 
 

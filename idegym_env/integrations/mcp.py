@@ -74,7 +74,7 @@ from control_plane.auth import TokenFileError
 from .. import tools
 from ..settings import chosen_control_plane
 from ..tasks import BUNDLED_DIR, Task, load_task
-from ._episode import Episode, InfrastructureError, Outcome, ToolCallError, close_shared_clients
+from ._episode import InfrastructureError, ToolCallEpisode, ToolCallError, ToolCallOutcome, close_shared_clients
 from ._mcp_http import SESSION_HEADER, guard
 from .mcp_cli import (
     DEFAULT_IDLE_TIMEOUT,
@@ -121,8 +121,10 @@ def _arguments(tool: type[tools.ToolCall]) -> type[_Arguments]:
     return create_model(f"{tool.name}Arguments", __base__=_Arguments, **fields, episode_id=(EpisodeId, None))
 
 
-class ResetResult(BaseModel):
+class EpisodeResetResult(BaseModel):
     """What ``reset`` returns: the episode's id and the task's instruction."""
+
+    model_config = ConfigDict(title="ResetResult")  # the schema's name MCP clients already see
 
     episode_id: str = Field(description="Pass it as episode_id to act on this episode from a client without sessions.")
     task_id: str
@@ -203,7 +205,7 @@ class _Tool:
 
 TOOLS = {tool.name: tool for tool in (
     _Tool("reset", "Start an episode (ending the one it replaces) and return its id and the task's instruction.",
-          ResetArguments, ResetResult),
+          ResetArguments, EpisodeResetResult),
     *(_Tool(tool.name, tool.description, _arguments(tool), SubmitResult if tool.ends_episode else None)
       for tool in tools.TOOLS.values()),
 )}
@@ -233,7 +235,7 @@ def _tracing() -> bool:
 class _Slot:
     """One episode of the server, and the connection it belongs to."""
 
-    def __init__(self, episode: Episode, owner: str) -> None:
+    def __init__(self, episode: ToolCallEpisode, owner: str) -> None:
         self.episode = episode
         self.owner = owner  # an HTTP session's id, or LOCAL
         self.lock = threading.Lock()  # one call at a time per episode
@@ -256,9 +258,8 @@ class EpisodeServer:
             raise ValueError("max_episodes_per_session and max_episodes must be at least 1")
         self.default_task: Task | None = None if task is None else (task if isinstance(task, Task)
                                                                       else load_task(task))
-        if allowed_tasks is None:
-            allowed_tasks = tuple(sorted(p.parent.name for p in BUNDLED_DIR.glob("*/task.yaml")))
-        self.allowed_tasks = allowed_tasks
+        self.allowed_tasks = allowed_tasks if allowed_tasks is not None else tuple(
+            sorted(p.parent.name for p in BUNDLED_DIR.glob("*/task.yaml")))
         self.control_plane_url = control_plane_url
         self.idle_timeout = idle_timeout
         self.max_episodes_per_session = max_episodes_per_session
@@ -315,7 +316,7 @@ class EpisodeServer:
             else:
                 self._admit(owner)
                 key = uuid.uuid4().hex
-                episode = Episode(control_plane_url=self.control_plane_url, allowed_tasks=self.allowed_tasks,
+                episode = ToolCallEpisode(control_plane_url=self.control_plane_url, allowed_tasks=self.allowed_tasks,
                                   **self.env_kwargs)
                 slot = self._slots[key] = _Slot(episode, owner)
                 if not new:
@@ -427,12 +428,12 @@ class EpisodeServer:
                 episode.start(self.default_task)
             if tools.TOOLS[name].ends_episode:
                 return self._submit(key, episode)
-            outcome: Outcome = episode.call(name, arguments.model_dump(exclude={"episode_id"}) or None)
+            outcome: ToolCallOutcome = episode.call(name, arguments.model_dump(exclude={"episode_id"}) or None)
             if outcome.error is not None:  # the tool failed (a missing file...): a tool error
                 raise ToolCallError(outcome.text)
             return outcome.text
 
-    def _reset(self, key: str, episode: Episode, arguments: ResetArguments) -> ResetResult:
+    def _reset(self, key: str, episode: ToolCallEpisode, arguments: ResetArguments) -> EpisodeResetResult:
         task = arguments.task
         if task is None or (self.default_task is not None and task == self.default_task.id):
             if self.default_task is None:
@@ -442,10 +443,10 @@ class EpisodeServer:
         else:
             instruction = episode.start(task)
         assert episode.task is not None
-        return ResetResult(episode_id=key, task_id=episode.task.id, instruction=instruction)
+        return EpisodeResetResult(episode_id=key, task_id=episode.task.id, instruction=instruction)
 
     @staticmethod
-    def _submit(key: str, episode: Episode) -> SubmitResult:
+    def _submit(key: str, episode: ToolCallEpisode) -> SubmitResult:
         task_id = episode.task.id if episode.task is not None else ""
         outcome = episode.submit()
         return SubmitResult(reward=outcome.reward, task_id=task_id, episode_id=key, summary=outcome.text,
@@ -584,4 +585,4 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["EpisodeServer", "ResetResult", "SubmitResult", "TOOLS", "add_serve_arguments", "run_serve"]
+__all__ = ["EpisodeServer", "EpisodeResetResult", "SubmitResult", "TOOLS", "add_serve_arguments", "run_serve"]

@@ -21,7 +21,7 @@ Here:
 
 * The constructor starts an IdeGym episode of ``task`` (its image built when the control plane
   lacks it, the task's files written): the episode and the grading are
-  :class:`~._episode.Episode`'s, i.e. ``IdeGymEnv``'s.
+  :class:`~._episode.ToolCallEpisode`'s, i.e. ``IdeGymEnv``'s.
 * ``execute`` runs the command with bash in the task's sandbox, stdout and stderr interleaved as
   mini-swe-agent's own environments give them; ``cwd`` (else the config's, else the task's
   project) and ``env`` as in its Docker environment; ``timeout`` seconds (else the config's)
@@ -52,7 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..client import BadRequest, Conflict, NotFound, Sandbox, ServiceError
 from ..tasks import Task
-from ._episode import Episode, InfrastructureError, ToolCallError
+from ._episode import InfrastructureError, ToolCallEpisode, ToolCallError
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 _UNAME_FIELDS = ("system", "node", "release", "version", "machine")
@@ -78,7 +78,7 @@ class IdeGymEnvironment:
     def __init__(self, *, config_class: type[IdeGymEnvironmentConfig] = IdeGymEnvironmentConfig,
                  **kwargs: Any) -> None:
         self.config = config_class(**kwargs)
-        self.episode = Episode(control_plane_url=self.config.control_plane_url)
+        self.episode = ToolCallEpisode(control_plane_url=self.config.control_plane_url)
         self.reward: float | None = None
         self.grading: dict[str, Any] | None = None
         self._uname: dict[str, str] | None = None

@@ -21,7 +21,7 @@ point and calls it with the block's keys; its ``Sandbox``/``AsyncSandbox`` then 
 
 * ``create(spec)``: ``spec.image`` ``idegym-task:<task>`` (any IdeGym task spec: a bundled id, a
   task directory, ``humaneval/...``, ``swe/...``, ``harbor:...``) starts an episode of that task
-  (:class:`~._episode.Episode`: its image built when missing, its files written, its own
+  (:class:`~._episode.ToolCallEpisode`: its image built when missing, its files written, its own
   resource limits); any other ``image`` is an image of the control plane's store, started with
   ``spec.resources`` (CPU, memory, disk as hard limits). ``ready_timeout_s`` bounds the start.
   What IdeGym cannot honour is refused with ``SandboxCreateError`` naming it: GPUs, an
@@ -62,7 +62,7 @@ from nemo_gym.sandbox.providers.base import (
 )
 
 from ..client import Sandbox, SandboxGone, ServiceError, Unauthorized
-from ._episode import Episode, InfrastructureError, ToolCallError, shared_client
+from ._episode import InfrastructureError, ToolCallEpisode, ToolCallError, shared_client
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class _Held:
     """What a handle's ``raw`` is: the sandbox, its episode when it plays a task, its defaults."""
 
     sandbox: Sandbox
-    episode: Episode | None = None
+    episode: ToolCallEpisode | None = None
     env: dict[str, str] = field(default_factory=dict)
     closed: bool = False
 
@@ -210,7 +210,7 @@ class IdeGymSandboxProvider:
     def _start(self, spec: SandboxSpec) -> _Held:
         image = str(spec.image)
         if image.startswith(TASK_PREFIX):
-            episode = Episode(control_plane_url=self.control_plane_url)
+            episode = ToolCallEpisode(control_plane_url=self.control_plane_url)
             try:
                 episode.start(image[len(TASK_PREFIX):])
             except ToolCallError as exc:

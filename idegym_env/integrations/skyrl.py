@@ -41,7 +41,7 @@ from typing import Any
 from skyrl_gym import register, registry
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
-from ._episode import TOOL_NAMES, Episode, InfrastructureError, ToolCallError, tool_guide
+from ._episode import TOOL_NAMES, InfrastructureError, ToolCallEpisode, ToolCallError, tool_guide
 
 ENV_ID = "idegym"
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -78,7 +78,7 @@ class IdeGymTextEnv(BaseTextEnv):
         config = _config(env_config)
         if self.max_turns and "max_steps" not in config:
             config["max_steps"] = self.max_turns  # the env grades on its last step
-        self.episode = Episode(**config)
+        self.episode = ToolCallEpisode(**config)
         self.chat_history: ConversationType = []
 
     def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:

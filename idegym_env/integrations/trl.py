@@ -46,7 +46,7 @@ from typing import Any
 
 from ..tools import TOOLS, ToolCall
 from ..tools.schemas import arguments_schema
-from ._episode import Episode, InfrastructureError, ToolCallError
+from ._episode import InfrastructureError, ToolCallEpisode, ToolCallError
 
 DEFAULT_PROMPT = ("You are working in a sandbox on a coding task, described below. Use the tools to inspect and "
                   "change the project; run_checks runs its tests. Stop calling tools when you are done.")
@@ -58,7 +58,7 @@ class IdeGymTRLEnv:
 
     def __init__(self, *, control_plane_url: str | None = None, default_task: str | None = None,
                  **env_kwargs: Any) -> None:
-        self._episode = Episode(control_plane_url=control_plane_url, **env_kwargs)
+        self._episode = ToolCallEpisode(control_plane_url=control_plane_url, **env_kwargs)
         self._default_task = default_task
 
     @classmethod
@@ -94,7 +94,7 @@ class IdeGymTRLEnv:
         return self._episode.infra_error
 
     @property
-    def episode(self) -> Episode:
+    def episode(self) -> ToolCallEpisode:
         return self._episode
 
     # -- tools: every other public method, made from the registry below the class ---------------------

@@ -17,7 +17,7 @@ class per trajectory with hydra and awaits ``run(sampling_params, **row)``. The 
 ``ToolAgentLoop`` (its prompts, chat template, tool parser, token bookkeeping and turn limits);
 what this class changes:
 
-* the trajectory is an IdeGym episode of the row's task (:class:`~._episode.Episode`): it
+* the trajectory is an IdeGym episode of the row's task (:class:`~._episode.ToolCallEpisode`): it
   starts before the first generation and the task's instruction is appended to the last user
   message;
 * the tools are the episode's (every tool of :data:`idegym_env.tools.TOOLS`, with its schema:
@@ -55,7 +55,7 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from ..tools.schemas import tool_schemas
-from ._episode import TOOL_NAMES, Episode, InfrastructureError, ToolCallError, tool_guide
+from ._episode import TOOL_NAMES, InfrastructureError, ToolCallEpisode, ToolCallError, tool_guide
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def _schema(tool: str) -> OpenAIFunctionToolSchema:
 class _EpisodeTool(BaseTool):
     """One of the episode's tools as a verl tool; every call is one ``IdeGymEnv`` step."""
 
-    def __init__(self, name: str, episode: Episode) -> None:
+    def __init__(self, name: str, episode: ToolCallEpisode) -> None:
         # Not BaseTool's __init__: it prints the schema, and these are made for every trajectory.
         self.config: dict[str, Any] = {}
         self.tool_schema = _schema(name)
@@ -96,7 +96,7 @@ class IdeGymAgentLoop(ToolAgentLoop):
                  **kwargs: Any) -> None:
         env_kwargs = {k: kwargs.pop(k) for k in ("max_steps", "bash_timeout", "max_observation_chars") if k in kwargs}
         super().__init__(*args, tools=tools, **kwargs)
-        self.episode = Episode(control_plane_url=control_plane_url, **env_kwargs)
+        self.episode = ToolCallEpisode(control_plane_url=control_plane_url, **env_kwargs)
         own = {name: _EpisodeTool(name, self.episode) for name in TOOL_NAMES}
         clash = sorted(set(own) & set(self.tools))
         if clash:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -31,6 +30,7 @@ import threading
 import time
 
 from ..client import Sandbox
+from ..ready_pipe import read_ready
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +91,7 @@ class InnerSandbox:
                 self._proc = subprocess.Popen(argv, pass_fds=(write_fd,), stdin=subprocess.DEVNULL)
             finally:
                 os.close(write_fd)
-            try:
-                ready, _, _ = select.select([read_fd], [], [], self.start_timeout)
-                line = os.read(read_fd, 64) if ready else b""
-            finally:
-                os.close(read_fd)
+            line = read_ready(read_fd, self.start_timeout)
             if line.strip() != b"ready":
                 self._kill()
                 if self.on_exit is not None:  # nothing else can serve this sandbox: let it be seen as failed

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import select
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,8 @@ from typing import Any
 import ray
 from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from ..ready_pipe import read_ready
 
 START_TIMEOUT = 120.0  # a control plane's first start on a busy node, imports included
 STOP_TIMEOUT = 60.0
@@ -61,11 +62,7 @@ class NodeControlPlane:
         finally:
             os.close(lifeline_r)
             os.close(ready_w)
-        try:
-            ready, _, _ = select.select([ready_r], [], [], START_TIMEOUT)
-            line = os.read(ready_r, 65536).decode() if ready else ""
-        finally:
-            os.close(ready_r)
+        line = read_ready(ready_r, START_TIMEOUT, 65536).decode()
         answer: dict[str, Any] = json.loads(line) if line.strip() else {}
         if "url" not in answer:
             errors.seek(0)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import PayloadTooLarge
 from . import paths
-from .models import ExportRequest, ExportResponse, FileEntry, Skipped
+from .models import ExportedFile, ExportRequest, ExportResponse, Skipped
 
 
 def walk(root: Path, limit: int) -> dict[str, os.stat_result]:
@@ -98,7 +98,7 @@ def export(project: Path, pristine: Path | None, req: ExportRequest) -> ExportRe
             out.skipped.append(Skipped(path=path, reason="could not be read as a regular file"))
             continue
         out.total_bytes += len(data)
-        out.files.append(FileEntry(path=path, content_base64=base64.b64encode(data).decode("ascii"),
+        out.files.append(ExportedFile(path=path, content_base64=base64.b64encode(data).decode("ascii"),
                                    executable=bool(st.st_mode & stat.S_IXUSR)))
     exported = {f.path for f in out.files}
     out.deleted = sorted(p for p in pristine_files if editable(p) and p not in exported)

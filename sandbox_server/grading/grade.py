@@ -38,7 +38,7 @@ from ..junit import canonical_test_id, find_reports, fresh_reports, parse_cases
 from ..models import CheckResult, Status, TestScores
 from ..process import ProcessResult
 from ..users import UserSpec
-from .models import FileEntry, GradedTests, GradeRequest, GradeResponse, GradeStage, TestCase
+from .models import ExportedFile, GradedTests, GradeRequest, GradeResponse, GradeStage, TestCase
 from .python_env import guarded
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ def _private_dir(prefix: str, owner: UserSpec | None, mode: int) -> str:
     return path
 
 
-def _write_hidden(directory: str, files: list[FileEntry]) -> None:
+def _write_hidden(directory: str, files: list[ExportedFile]) -> None:
     for entry in files:
         target = os.path.join(directory, entry.path)
         os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Wire shapes of grading (beyond the seed): exporting the agent's editable files, and grading.
+"""Wire shapes of grading (beyond ``specs/``): exporting the agent's editable files, and grading.
 
 ``POST /api/project/export`` answers the files of the project the task lets the agent change;
 ``POST /api/grade`` installs files into the (fresh) project, runs the check stages and answers
@@ -30,7 +30,7 @@ def relative_path(value: str) -> str:
     return path.as_posix()
 
 
-class FileEntry(_Strict):
+class ExportedFile(_Strict):
     path: str
     content_base64: str
     executable: bool = False
@@ -66,7 +66,7 @@ class Skipped(_Strict):
 
 
 class ExportResponse(_Strict):
-    files: list[FileEntry] = Field(default_factory=list)
+    files: list[ExportedFile] = Field(default_factory=list)
     deleted: list[str] = Field(default_factory=list,
                                description="editable files of the pristine project the agent removed")
     skipped: list[Skipped] = Field(default_factory=list,
@@ -106,9 +106,9 @@ class GradeStage(_Strict):
 
 
 class GradeRequest(_Strict):
-    files: list[FileEntry] = Field(default_factory=list, description="written into the project first")
+    files: list[ExportedFile] = Field(default_factory=list, description="written into the project first")
     delete: list[str] = Field(default_factory=list, description="removed from the project first")
-    hidden: list[FileEntry] = Field(default_factory=list,
+    hidden: list[ExportedFile] = Field(default_factory=list,
                                     description="written into $IDEGYM_HIDDEN, a directory only root can read")
     stages: list[GradeStage] = Field(min_length=1, max_length=3)
 

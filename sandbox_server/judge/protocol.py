@@ -23,7 +23,7 @@ MAX_DEPTH = 64
 TAG = "$t"
 
 
-class ProtocolError(Exception):
+class JudgeProtocolError(Exception):
     """A message that is not valid judge protocol (a broken or hostile peer)."""
 
 
@@ -72,9 +72,9 @@ def encode(value, make_ref=None, depth=0):
 
 def decode(doc, resolve=None, depth=0):
     """The value a document stands for; ``ref``/``exc``/``exctype`` documents go through
-    ``resolve(doc)`` (or raise ``ProtocolError`` without it)."""
+    ``resolve(doc)`` (or raise ``JudgeProtocolError`` without it)."""
     if depth > MAX_DEPTH:
-        raise ProtocolError(f"document nested more than {MAX_DEPTH} levels deep")
+        raise JudgeProtocolError(f"document nested more than {MAX_DEPTH} levels deep")
     if doc is None or isinstance(doc, (bool, str)):
         return doc
     if isinstance(doc, (int, float)):
@@ -82,7 +82,7 @@ def decode(doc, resolve=None, depth=0):
     if isinstance(doc, list):
         return [decode(v, resolve, depth + 1) for v in doc]
     if not isinstance(doc, dict) or not isinstance(doc.get(TAG), str):
-        raise ProtocolError(f"not a judge value: {repr(doc)[:200]}")
+        raise JudgeProtocolError(f"not a judge value: {repr(doc)[:200]}")
     tag, v = doc[TAG], doc.get("v")
     try:
         if tag == "int":
@@ -101,13 +101,13 @@ def decode(doc, resolve=None, depth=0):
             return base64.b64decode(v, validate=True)
         if tag == "complex":
             return complex(float(v[0]), float(v[1]))
-    except ProtocolError:
+    except JudgeProtocolError:
         raise
     except (TypeError, ValueError) as exc:  # a malformed payload, or an unhashable key or member
-        raise ProtocolError(f"bad {tag} value: {exc}") from None
+        raise JudgeProtocolError(f"bad {tag} value: {exc}") from None
     if tag in ("ref", "exc", "exctype") and resolve is not None:
         return resolve(doc)
-    raise ProtocolError(f"unknown value tag {tag!r}")
+    raise JudgeProtocolError(f"unknown value tag {tag!r}")
 
 
 def write_message(stream, doc):
@@ -122,13 +122,13 @@ def read_message(stream):
     if not line:
         return None
     if len(line) > MAX_LINE:
-        raise ProtocolError(f"message longer than {MAX_LINE} bytes")
+        raise JudgeProtocolError(f"message longer than {MAX_LINE} bytes")
     try:
         doc = json.loads(line)
     except RecursionError:
-        raise ProtocolError("message nested too deeply") from None
+        raise JudgeProtocolError("message nested too deeply") from None
     except ValueError as exc:
-        raise ProtocolError(f"not JSON: {exc} ({repr(line)[:120]})") from None
+        raise JudgeProtocolError(f"not JSON: {exc} ({repr(line)[:120]})") from None
     if not isinstance(doc, dict):
-        raise ProtocolError(f"a message must be a JSON object, got {repr(line)[:120]}")
+        raise JudgeProtocolError(f"a message must be a JSON object, got {repr(line)[:120]}")
     return doc

@@ -227,7 +227,7 @@ class Subject:
                                    doc.get("builtin"))
         if tag == "exc":  # an exception object as a value (e.g. returned)
             return remote_exception(doc)
-        raise protocol.ProtocolError(f"unknown value tag {tag!r}")
+        raise protocol.JudgeProtocolError(f"unknown value tag {tag!r}")
 
     def root(self, request: dict) -> RemoteObject:
         """A handle that survives restarts: ``request`` is sent again in each new process."""

@@ -16,9 +16,7 @@ from .backend import KubernetesBackend, KubernetesConfig
 from .builds import BuildStatus, KubernetesImageBuilder, parse_build_yaml
 from .manifests import ManifestSettings, ServerManifests, build_server_manifests, deep_merge
 
-K8sBackend = KubernetesBackend  # the name base.py's overview uses
-
 __all__ = [
-    "BuildStatus", "K8sBackend", "KubernetesBackend", "KubernetesConfig", "KubernetesImageBuilder",
+    "BuildStatus", "KubernetesBackend", "KubernetesConfig", "KubernetesImageBuilder",
     "ManifestSettings", "ServerManifests", "build_server_manifests", "deep_merge", "parse_build_yaml",
 ]

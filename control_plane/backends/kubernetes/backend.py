@@ -28,10 +28,10 @@ from kubernetes.client.exceptions import ApiException
 from ..base import (
     Backend,
     BackendError,
-    Endpoint,
     ForkChild,
     ImageNotFound,
     Observation,
+    SandboxAddress,
     SandboxHandle,
     SandboxSpec,
     SnapshotInfo,
@@ -145,7 +145,7 @@ class KubernetesBackend(Backend):
     def _handle(self, spec: SandboxSpec, ns: str, kind: str) -> SandboxHandle:
         data = {"namespace": ns, "kind": kind, "service_port": spec.service_port,
                 "container_port": spec.container_port, "server_id": spec.server_id, "image": spec.image_tag}
-        handle = SandboxHandle(self.name, spec.generated_name, Endpoint(""), data)
+        handle = SandboxHandle(self.name, spec.generated_name, SandboxAddress(""), data)
         handle.endpoint = self.endpoint(handle)
         return handle
 
@@ -348,21 +348,21 @@ class KubernetesBackend(Backend):
 
     # -- addressing --
 
-    def endpoint(self, handle: SandboxHandle) -> Endpoint:
+    def endpoint(self, handle: SandboxHandle) -> SandboxAddress:
         ns = handle.data.get("namespace", self.config.namespace)
         name = handle.name
         if self.addressing == "service-dns":
-            return Endpoint(f"http://{name}.{ns}.svc.{self.config.cluster_domain}:{handle.data['service_port']}")
+            return SandboxAddress(f"http://{name}.{ns}.svc.{self.config.cluster_domain}:{handle.data['service_port']}")
         if self.addressing == "api-proxy":
             if self.relay is None:
                 raise BackendError("the API proxy relay is not running (backend not started)")
-            return Endpoint(f"{self.relay.url}/api/v1/namespaces/{ns}/services/{name}:"
+            return SandboxAddress(f"{self.relay.url}/api/v1/namespaces/{ns}/services/{name}:"
                             f"{handle.data['service_port']}/proxy")
         ready = [p for p in self._pods(ns, name) if podstate.is_ready(p) and (p.get("status") or {}).get("podIP")]
         pod = podstate.newest(ready)
         if pod is None:
             return handle.endpoint  # last known address; a forward to it fails like any unreachable sandbox
-        return Endpoint(f"http://{pod['status']['podIP']}:{handle.data['container_port']}")
+        return SandboxAddress(f"http://{pod['status']['podIP']}:{handle.data['container_port']}")
 
     # -- snapshots --
 

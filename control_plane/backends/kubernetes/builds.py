@@ -108,12 +108,7 @@ def build_context(definition: ImageDefinition) -> bytes | None:
             tar.add(path, arcname=str(rel), recursive=False)
             if buffer.tell() > MAX_CONTEXT_BYTES:
                 break
-    data = buffer.getvalue()
-    if len(data) > MAX_CONTEXT_BYTES:
-        raise BackendError(f"the build context {directory} is over {MAX_CONTEXT_BYTES // 1024} KiB compressed: "
-                           "too big for the build Job's ConfigMap; give the project as an archive `url`, or build "
-                           "the image locally and push it (`idegym images push`)", 413)
-    return data
+    return _within_limit(buffer, f"the build context {directory}")
 
 
 def _uploaded_context(archive: Path) -> bytes:
@@ -124,11 +119,16 @@ def _uploaded_context(archive: Path) -> bytes:
             out.write(chunk)
             if buffer.tell() > MAX_CONTEXT_BYTES:
                 break
+    return _within_limit(buffer, "the uploaded build context")
+
+
+def _within_limit(buffer: io.BytesIO, what: str) -> bytes:
+    """The compressed context, or 413 when it is too big to travel in the build Job's ConfigMap."""
     data = buffer.getvalue()
     if len(data) > MAX_CONTEXT_BYTES:
-        raise BackendError(f"the uploaded build context is over {MAX_CONTEXT_BYTES // 1024} KiB compressed: too big "
-                           "for the build Job's ConfigMap; give the project as an archive `url`, or build the image "
-                           "locally and push it (`idegym images push`)", 413)
+        raise BackendError(f"{what} is over {MAX_CONTEXT_BYTES // 1024} KiB compressed: too big for the build Job's "
+                           "ConfigMap; give the project as an archive `url`, or build the image locally and push it "
+                           "(`idegym images push`)", 413)
     return data
 
 

@@ -76,7 +76,8 @@ class ServerManifests:
 
 
 def deep_merge(base: Any, override: Any) -> Any:
-    """The seed's pod_overrides rule: dicts merge recursively, lists concatenate, scalars override.
+    """``pod_overrides`` as ``specs/control-plane-api.yaml`` has it: dicts merge recursively, lists
+    concatenate, scalars override.
 
     Neither argument is modified; the result shares no mutable structure with them.
     """

@@ -70,8 +70,8 @@ def _crash_text(status: dict[str, Any]) -> str:
 def diagnose(pod: dict[str, Any], max_restarts: int | None = None) -> Verdict | None:
     """``None`` when ready; otherwise the most specific reason the pod gives.
 
-    ``max_restarts`` makes a crash fatal once the restart count exceeds it (the seed's rule:
-    0 gives up on the first crash).
+    ``max_restarts`` makes a crash fatal once the restart count exceeds it (the rule of
+    ``specs/control-plane-api.yaml``: 0 gives up on the first crash).
     """
     if is_ready(pod):
         return None

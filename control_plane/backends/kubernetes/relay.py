@@ -20,7 +20,7 @@ from kubernetes import client
 
 from ...errors import ApiError, Forbidden
 from ...http import error_response
-from ...websocket import splice
+from ...ws_splice import splice
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "host", "authorization", "content-length"}

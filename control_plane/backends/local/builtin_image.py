@@ -33,7 +33,7 @@ from .user_cache import fill_once, prune, user_cache_dir
 
 log = logging.getLogger(__name__)
 
-BUILTIN_ID = "builtin-v3"  # v3: `python` and pytest (the seed's default test script runs)
+BUILTIN_ID = "builtin-v3"  # v3: `python` and pytest (the default test script of ``specs/sandbox-server-api.yaml`` runs)
 # Never copied from the host's /etc, whatever their mode.
 ETC_DENY = {
     "shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "sudoers.d", ".pwd.lock", "security/opasswd",
@@ -185,7 +185,7 @@ def build_builtin(dest: Path) -> None:
 
 
 
-# Distributions the seed's default test script needs (`python -m pytest`), copied from the
+# Distributions the API's default test script needs (`python -m pytest`), copied from the
 # environment the control plane runs in when the host's python3 lacks them: no network needed.
 PYTEST_DISTRIBUTIONS = ("pytest",)
 

@@ -103,7 +103,7 @@ def argv(plan: Plan, host: BwrapHost, command: list[str], env: dict[str, str], *
 
 
 @dataclass
-class Pending:
+class PendingSandbox:
     """A sandbox whose server the zygote is to fork (``zygote.fork_server``): its init is
     ``PLACEHOLDER``, which ends the sandbox when the server, the only holder of ``keep_w``, has."""
 
@@ -142,7 +142,7 @@ def _peer_network_namespace(peer: dict[str, Any]) -> int:
 
 def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, kind: ServerKindEntry,
           tool_cgroups: dict[str, str], track: Callable[[subprocess.Popen], None], *, forked: bool = False
-          ) -> tuple[int, Pending | None]:
+          ) -> tuple[int, PendingSandbox | None]:
     """Start bwrap for ``plan``; records ``monitor`` (bwrap) and ``init`` (the namespace's first
     process) in ``data`` and hands bwrap's Popen to ``track``. Returns the fd the server reports
     ready on, and with ``forked`` (and an image that has the placeholder) what the zygote needs to
@@ -160,7 +160,7 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
     resolv = usernet.resolv_conf_fd() if plan.network else None
     args = server_args(plan, runtime, kind, ready_fd=ready_w, tool_cgroups=tool_cgroups, forget_task=bool(staged))
     env = {**server_env(plan, runtime, kind), **staged}
-    pending: Pending | None = None
+    pending: PendingSandbox | None = None
     logf = open(plan.log, "ab")
     try:
         own_ns = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
@@ -178,7 +178,7 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
                            tool_cgroups=tool_cgroups, tmp_bytes=tmp_size(plan, host),
                            skeletons=tuple(runtime.skeletons))
                 if forked and os.access(f"{plan.sb}/root{PLACEHOLDER[0]}", os.X_OK):
-                    pending = Pending(args, env, ready_w, keep_w, os.dup(logf.fileno()))
+                    pending = PendingSandbox(args, env, ready_w, keep_w, os.dup(logf.fileno()))
                     # The placeholder runs on the image's own libraries: none of the server's
                     # environment (an OCI image's server has LD_LIBRARY_PATH on the host's).
                     command, command_env, stdin, inherited = list(PLACEHOLDER), {}, keep_r, (info_w, block_r)

@@ -23,7 +23,7 @@ from typing import Any
 from sandbox_server import procfs
 
 from ...models import ServerKind
-from ..base import BackendError, Endpoint, Limits, SandboxHandle
+from ..base import BackendError, Limits, SandboxAddress, SandboxHandle
 from . import bwrap, cgroups, plain, priority, readiness, rootfs, teardown
 from .fork_layers import ForkLayers, ForkStack, sandbox_holder
 from .harness_layers import with_harness_layers
@@ -289,7 +289,7 @@ class Launcher:
                 message += f"\n--- sandbox server log (last lines) ---\n{detail}"
             raise BackendError(f"sandbox {plan.name!r} failed to start: {message}",
                                exc.status if isinstance(exc, BackendError) else 500) from exc
-        return SandboxHandle(BACKEND_NAME, plan.name, Endpoint("http://sandbox", data["socket"]), data)
+        return SandboxHandle(BACKEND_NAME, plan.name, SandboxAddress("http://sandbox", data["socket"]), data)
 
     def _prepare(self, plan: Plan, data: dict[str, Any]) -> None:
         """Directories, layers (size-bounded when storage is limited), cgroups: all on the host."""
@@ -352,8 +352,8 @@ class Launcher:
                 self._runtimes[key] = runtime
         return runtime
 
-    def _spawn(self, plan: Plan, data: dict[str, Any]) -> tuple[int, bwrap.Pending | None]:
-        """On the launcher thread: start the server, or (``Pending``) the sandbox the zygote is to
+    def _spawn(self, plan: Plan, data: dict[str, Any]) -> tuple[int, bwrap.PendingSandbox | None]:
+        """On the launcher thread: start the server, or (``PendingSandbox``) the sandbox the zygote is to
         fork it into; returns the fd it reports ready on."""
         kind = entry(plan.kind)
 

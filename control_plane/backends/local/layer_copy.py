@@ -14,6 +14,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -43,22 +45,11 @@ def is_empty(path: Path) -> bool:
 def copy_tree(src: str | os.PathLike, dst: str | os.PathLike, *, make_root: bool = True) -> int:
     """Copy the tree ``src`` to ``dst`` (created, or with ``make_root=False`` an existing empty
     directory whose own attributes are then left alone); returns the bytes of file data copied."""
-    sfd = open_dir(src)
-    try:
+    with _copying(src, dst, make_root) as (sfd, dfd, copier):
+        copier.tree(sfd, dfd)
         if make_root:
-            os.mkdir(dst, 0o700)
-        dfd = open_dir(dst)
-        copier = _Copier()
-        try:
-            copier.tree(sfd, dfd)
-            if make_root:
-                copier.attributes(sfd, dfd, None, os.fstat(sfd))
-            return copier.bytes
-        finally:
-            copier.close()
-            os.close(dfd)
-    finally:
-        os.close(sfd)
+            copier.attributes(sfd, dfd, None, os.fstat(sfd))
+        return copier.bytes
 
 
 OPAQUE = "y"
@@ -73,13 +64,24 @@ def underlay(src: str | os.PathLike, dst: str | os.PathLike, opaque_key: str) ->
     directory was opaque, or not a directory at all). Returns the bytes of file data copied."""
     if not os.path.lexists(dst):
         return copy_tree(src, dst)
+    with _copying(src, dst) as (sfd, dfd, copier):
+        copier.underlay(sfd, dfd, opaque_key)
+        return copier.bytes
+
+
+@contextmanager
+def _copying(src: str | os.PathLike, dst: str | os.PathLike,
+             make_dst: bool = False) -> Iterator[tuple[int, int, _Copier]]:
+    """The two directories open (``dst`` made first with ``make_dst``) and a copier between
+    them; all closed at the end."""
     sfd = open_dir(src)
     try:
+        if make_dst:
+            os.mkdir(dst, 0o700)
         dfd = open_dir(dst)
         copier = _Copier()
         try:
-            copier.underlay(sfd, dfd, opaque_key)
-            return copier.bytes
+            yield sfd, dfd, copier
         finally:
             copier.close()
             os.close(dfd)

@@ -25,7 +25,6 @@ from typing import Any
 
 from sandbox_server import procfs
 
-from ...appuser import PROJECT_DIR
 from ..base import Limits
 from .cgroups import Cgroups
 from .fork_layers import ForkStack
@@ -33,7 +32,6 @@ from .images import ResolvedImage
 from .storage import IMAGE_NAME
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-PROJECT_INSIDE = PROJECT_DIR
 SOCKET_NAME = "server.sock"
 RUN_INSIDE = "/run/idegym"
 TOOL_CGROUPS_INSIDE = "/run/idegym-cgroup/tools"  # <ctrl>/: the tools' delegated groups (cgroups.py)

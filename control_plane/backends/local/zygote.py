@@ -28,7 +28,7 @@ from sandbox_server.polling import wait_until
 
 from ...ephemeral_state import named
 from ..base import BackendError
-from .bwrap import Pending, set_up
+from .bwrap import PendingSandbox, set_up
 from .cgroups import SERVER, sub
 from .readiness import INIT_CHILD_TIMEOUT
 from .runtime import SERVER_MODULE, Runtime
@@ -144,7 +144,7 @@ class Zygote:
             self._popen = None
 
 
-def fork_server(zygote: Zygote, data: dict[str, Any], pending: Pending, nice: int = 0) -> None:
+def fork_server(zygote: Zygote, data: dict[str, Any], pending: PendingSandbox, nice: int = 0) -> None:
     """The server of a sandbox whose init is the placeholder, forked by ``zygote`` into its
     namespaces and its server cgroups once the placeholder runs (bwrap has made the sandbox's
     root by then), at the nice value ``nice``; records ``server``. Closes ``pending``'s

@@ -128,11 +128,8 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def fetch_sdist(sdist: Sdist, cache: Path | None = None) -> Path:

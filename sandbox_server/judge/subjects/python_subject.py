@@ -44,7 +44,7 @@ class Handles:
 
     def resolve(self, doc):
         if doc.get(protocol.TAG) != "ref" or doc.get("id") not in self.objects:
-            raise protocol.ProtocolError(f"unknown object reference {repr(doc)[:100]}")
+            raise protocol.JudgeProtocolError(f"unknown object reference {repr(doc)[:100]}")
         return self.objects[doc["id"]]
 
 
@@ -107,7 +107,7 @@ def handle(request, handles):
     if op == "callmethod":
         args, kwargs = _arguments(request, handles)
         return getattr(target, str(request["name"]))(*args, **kwargs)
-    raise protocol.ProtocolError(f"unknown request op {op!r}")
+    raise protocol.JudgeProtocolError(f"unknown request op {op!r}")
 
 
 def main(argv):
@@ -124,7 +124,7 @@ def main(argv):
     while True:
         try:
             request = protocol.read_message(requests)
-        except protocol.ProtocolError as exc:
+        except protocol.JudgeProtocolError as exc:
             protocol.write_message(answers, {"err": {protocol.TAG: "exc", "type": "ProtocolError", "chain": [],
                                                     "builtin": None, "message": str(exc)}})
             return 2

@@ -1,8 +1,8 @@
 """HTTP from the control plane to sandboxes, with the failure markers the client relies on.
 
 Connection failures become 410 (the sandbox is gone or unreachable), cancellations 499, and any
-other failure of ours 500 with a body starting ``Failed to forward request`` (wire contract
-§6.3). The sandbox's own answers pass through untouched.
+other failure of ours 500 with a body starting ``Failed to forward request`` (the marker the
+published client reads). The sandbox's own answers pass through untouched.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from .backends.base import Endpoint
+from .backends.base import SandboxAddress
 from .constants import FORWARD_FAILED
 from .errors import StatusError
-from .unix_http import ConnectFailed, ProtocolError, RawReply, UnixPool
+from .unix_http import ConnectFailed, HttpProtocolError, RawReply, UnixPool
 
 HOP_BY_HOP = {
     "host", "authorization", "content-length", "transfer-encoding", "connection", "keep-alive", "prefer",
@@ -27,7 +27,7 @@ RESPONSE_DROP = {"transfer-encoding", "connection", "content-length", "content-e
 
 
 @dataclass
-class Reply:
+class SandboxReply:
     status: int
     headers: dict[str, str]
     body: bytes
@@ -55,7 +55,7 @@ def forward_error(exc: BaseException, url: str) -> ForwardError:
         return ForwardError(410, f"{FORWARD_FAILED}: the sandbox at {url} closed the connection: {kind}")
     if isinstance(exc, asyncio.TimeoutError):
         return ForwardError(500, f"{FORWARD_FAILED} to {url}: no answer within the read timeout")
-    if isinstance(exc, ProtocolError):
+    if isinstance(exc, HttpProtocolError):
         return ForwardError(500, f"{FORWARD_FAILED} to {url}: the sandbox's answer is not valid HTTP: {exc}")
     return ForwardError(500, f"{FORWARD_FAILED} to {url}: {kind}")
 
@@ -66,7 +66,7 @@ def _retrieved(future: asyncio.Future) -> None:
 
 
 @dataclass
-class Pending:
+class PendingReply:
     """A request under way: ``future`` ends when it does; ``result()`` then gives the reply or
     raises ``ForwardError``."""
 
@@ -86,7 +86,7 @@ class Pending:
             self.future.cancel()
             raise
 
-    def result(self) -> Reply:
+    def result(self) -> SandboxReply:
         try:
             value = self.future.result()
         except asyncio.CancelledError:
@@ -94,7 +94,8 @@ class Pending:
         except Exception as exc:
             raise forward_error(exc, self.url) from exc
         if isinstance(value, RawReply):
-            return Reply(value.status, {k: v for k, v in value.headers.items() if k not in RESPONSE_DROP}, value.body)
+            headers = {k: v for k, v in value.headers.items() if k not in RESPONSE_DROP}
+            return SandboxReply(value.status, headers, value.body)
         return value
 
 
@@ -108,14 +109,14 @@ class Forwarder:
         self._session: aiohttp.ClientSession | None = None
         self._pools: dict[str, UnixPool] = {}
 
-    def start(self, endpoint: Endpoint, method: str, path: str, headers: Mapping[str, str] | None = None,
-              body: bytes | None = None, timeout: float | None = None) -> Pending:
+    def start(self, endpoint: SandboxAddress, method: str, path: str, headers: Mapping[str, str] | None = None,
+              body: bytes | None = None, timeout: float | None = None) -> PendingReply:
         """Begin a request; ``path`` is relative to the sandbox root (``api/tools/bash?x=1``). On an
         idle kept-alive connection the request is written before this returns."""
         url = endpoint.base_url.rstrip("/") + "/" + path.lstrip("/")
         sent = {k: v for k, v in (headers or {}).items() if k.lower() not in HOP_BY_HOP}
         if not endpoint.unix_socket:
-            return Pending(asyncio.ensure_future(self._tcp(url, method, sent, body, timeout)), url)
+            return PendingReply(asyncio.ensure_future(self._tcp(url, method, sent, body, timeout)), url)
         pool = self._pools.get(endpoint.unix_socket)
         if pool is None:
             pool = self._pools[endpoint.unix_socket] = UnixPool(endpoint.unix_socket)
@@ -125,13 +126,13 @@ class Forwarder:
         except ValueError as exc:
             failed = asyncio.get_running_loop().create_future()
             failed.set_exception(exc)
-            return Pending(failed, url)
+            return PendingReply(failed, url)
         if sent_now is not None:
-            return Pending(sent_now, url)
-        return Pending(asyncio.ensure_future(pool.request(method, path, sent, body or b"", limit)), url)
+            return PendingReply(sent_now, url)
+        return PendingReply(asyncio.ensure_future(pool.request(method, path, sent, body or b"", limit)), url)
 
-    async def request(self, endpoint: Endpoint, method: str, path: str, headers: Mapping[str, str] | None = None,
-                      body: bytes | None = None, timeout: float | None = None) -> Reply:
+    async def request(self, endpoint: SandboxAddress, method: str, path: str, headers: Mapping[str, str] | None = None,
+                      body: bytes | None = None, timeout: float | None = None) -> SandboxReply:
         """One request to the sandbox; raises ``ForwardError``."""
         pending = self.start(endpoint, method, path, headers, body, timeout)
         await pending.wait()
@@ -145,15 +146,15 @@ class Forwarder:
         return self._session
 
     async def _tcp(self, url: str, method: str, headers: dict[str, str], body: bytes | None,
-                   timeout: float | None) -> Reply:
+                   timeout: float | None) -> SandboxReply:
         kwargs = {} if timeout is None else {"timeout": aiohttp.ClientTimeout(total=timeout)}
         async with self._tcp_session().request(method, url, data=body or None, headers=headers, allow_redirects=False,
                                                **kwargs) as resp:
             data = await resp.read()
             out = {k.lower(): v for k, v in resp.headers.items() if k.lower() not in RESPONSE_DROP}
-            return Reply(resp.status, out, data)
+            return SandboxReply(resp.status, out, data)
 
-    async def forget(self, endpoint: Endpoint) -> None:
+    async def forget(self, endpoint: SandboxAddress) -> None:
         """Close the connections to a sandbox that is gone (its socket is)."""
         if endpoint.unix_socket:
             pool = self._pools.pop(endpoint.unix_socket, None)

@@ -1,4 +1,4 @@
-"""WebSocket relay for OpenEnv servers (wire contract §5.20): frames both ways, activity counted."""
+"""WebSocket relay for OpenEnv servers (``/ws`` of ``docs/openenv.md``): frames both ways, activity counted."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from aiohttp import web
 
 from .service import ControlPlane
 from .store import ServerRow, now_ms
-from .websocket import splice
+from .ws_splice import splice
 
 log = logging.getLogger(__name__)
 
