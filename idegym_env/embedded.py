@@ -67,8 +67,7 @@ def sweep_lapsed_state_dirs(root: Path) -> list[Path]:
 def state_root() -> Path:
     """Where embedded control planes make their state directories: ``$IDEGYM_EMBEDDED_STATE_ROOT``,
     else the temporary directory."""
-    raw = os.environ.get("IDEGYM_EMBEDDED_STATE_ROOT", "").strip()
-    return Path(raw) if raw else Path(tempfile.gettempdir())
+    return ClientSettings.from_env().embedded_state_root or Path(tempfile.gettempdir())
 
 
 class EmbeddedControlPlane:

@@ -38,6 +38,9 @@ class ClientSettings(EnvSettings):
         "for a loopback URL or a Unix socket when nothing else gives credentials", shown="~/.local/state/idegym")
     xdg_state_home: str | None = variable("XDG_STATE_HOME", "the default state directory is `$XDG_STATE_HOME/idegym`",
                                           shown="~/.local/state")
+    embedded_state_root: Path | None = variable(
+        "IDEGYM_EMBEDDED_STATE_ROOT", "where embedded control planes make their state directories",
+        shown="the temporary directory")
     embedded_grace: float = variable(
         "IDEGYM_EMBEDDED_GRACE", "seconds the embedded control plane outlives its last user, so that the next "
         "`gym.make` finds it (0: it stops at once)", 60.0)
