@@ -94,6 +94,8 @@ def _sample(action: argparse.Action) -> tuple[str, object]:
     """A value for the action's variable and what the flag's default must then be."""
     if action.const is True and action.nargs == 0:
         return "1", not action.default
+    if isinstance(action, argparse.BooleanOptionalAction):  # --x/--no-x: the variable says which
+        return ("0" if action.default else "1"), not action.default
     if action.choices:
         other = next(c for c in action.choices if c != action.default)
         return str(other), other

@@ -225,9 +225,10 @@ def test_a_failed_build_says_its_step_and_error_first_and_keeps_its_log(tmp_path
     assert done.returncode == 2, done.stdout + done.stderr
     error = json.loads(report.read_text())[0]["error"]
     head = "\n".join(error.splitlines()[:4])
-    assert "failed at STEP 3/4: RUN echo step two" in head, error[:2000]
+    # (numbered as buildah ran it: with the host's package configuration, an ARG step comes first)
+    assert re.search(r"failed at STEP \d+/\d+: RUN echo step two", head), error[:2000]
     assert 'Error: building at STEP "RUN echo step two' in head, error[:2000]
-    assert "failed at STEP 3/4" in done.stdout  # the table shows the cause too
+    assert re.search(r"failed at STEP \d+/\d+", done.stdout)  # the table shows the cause too
     found = re.search(r"the whole build log: (\S+) \(idegym images logs (build-[0-9a-f]+)\)", error)
     assert found, error[:3000]
     log = Path(found.group(1))
