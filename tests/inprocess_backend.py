@@ -10,7 +10,7 @@ It keeps the contract of ``control_plane.backends.base.Backend``, failures inclu
 test cause them: a create that fails (``fail_creates``), an image it does not have
 (``images``), a start that waits (``hold_creates``), a server that dies (``crash``) or vanishes
 with its sandbox (``vanish``), a delete that fails (``fail_deletes``), and a sandbox no record
-names (``leave_orphan``). What it did is recorded (``created``, ``deleted``, ``claimed``,
+names (``leave_orphan``). What it did is recorded (``asked``, ``created``, ``deleted``, ``claimed``,
 ``background``) and ``changed`` is set at every change, for tests to wait on.
 """
 
@@ -67,6 +67,7 @@ class InProcessBackend(Backend):
         self.fail_creates: list[BackendError] = []  # raised by the next creates, in order
         self.fail_deletes = 0  # this many deletes fail next
         self.hold_creates: asyncio.Event | None = None  # creates wait for it (a slow start)
+        self.asked: list[str] = []  # every create, failed ones included
         self.created: list[str] = []
         self.deleted: list[str] = []
         self.claimed: list[str] = []
@@ -125,6 +126,7 @@ class InProcessBackend(Backend):
 
     async def create(self, spec: SandboxSpec, timeout: float, *, background: bool = False) -> SandboxHandle:
         name = spec.generated_name
+        self.asked.append(name)
         self.creating.add(name)
         self._changed()
         try:
@@ -138,13 +140,13 @@ class InProcessBackend(Backend):
                 except TimeoutError:
                     raise BackendError(f"sandbox {name} did not become ready within {timeout:g} s", 504) from None
             handle = await self._start(name)
+            self.created.append(name)
+            if background:
+                self.background.add(name)
+            return handle
         finally:
             self.creating.discard(name)
-        self.created.append(name)
-        if background:
-            self.background.add(name)
-        self._changed()
-        return handle
+            self._changed()
 
     def claim(self, handle: SandboxHandle) -> None:
         self.claimed.append(handle.name)
