@@ -75,6 +75,7 @@ class InProcessBackend(Backend):
         self.creating: set[str] = set()
         self.changed = asyncio.Event()  # set at every create, delete, crash (a test clears it)
         self._sandboxes: dict[str, _Sandbox] = {}
+        self._deleted_while_created: set[str] = set()
 
     # -- what tests use ----------------------------------------------------------------------
 
@@ -139,6 +140,8 @@ class InProcessBackend(Backend):
                     await asyncio.wait_for(self.hold_creates.wait(), timeout)
                 except TimeoutError:
                     raise BackendError(f"sandbox {name} did not become ready within {timeout:g} s", 504) from None
+            if name in self._deleted_while_created:
+                raise BackendError(f"sandbox {name} was deleted while it was being created")
             handle = await self._start(name)
             self.created.append(name)
             if background:
@@ -171,6 +174,8 @@ class InProcessBackend(Backend):
             raise BackendError(f"could not delete sandbox {name}: the backend failed (injected)")
         box = self._sandboxes.pop(name, None)
         if box is None:
+            if name in self.creating:  # what is made so far goes, and the create fails
+                self._deleted_while_created.add(name)
             return
         await self._stop_server(box)
         shutil.rmtree(box.root, ignore_errors=True)
