@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from control_plane.config import ControlPlaneConfig, SharingConfig, WatcherConfig
 from control_plane.forwarding import Reply
-from control_plane.models import ServerReuseStrategy, StartServerRequest, StartServerResponse
+from control_plane.models import StartServerRequest, StartServerResponse
 from control_plane.service import ControlPlane
 from control_plane.store import ClientRow, ServerRow, SQLiteStore
 from control_plane.tenants import SINGLE
@@ -81,6 +81,41 @@ class Harness:
         return answer
 
 
+@dataclass
+class Served:
+    """A control plane's HTTP app on the in-process backend: at ``url`` (TCP) or ``unix_socket``."""
+
+    backend: InProcessBackend
+    url: str
+    unix_socket: str | None
+
+
+@asynccontextmanager
+async def served(tmp_path: Path, *, tcp: bool = False) -> AsyncIterator[Served]:
+    """The whole control plane (routes, middlewares, watcher) serving on a socket, without auth."""
+    from aiohttp import web
+
+    from control_plane.app import create_app
+
+    backend = InProcessBackend(make_project(tmp_path / "project"))
+    config = ControlPlaneConfig(state_dir=tmp_path / "state", no_auth=True, warm_pool=0, ephemeral=True)
+    runner = web.AppRunner(create_app(config, backend))
+    await runner.setup()
+    try:
+        if tcp:
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            host, port = runner.addresses[0][:2]
+            yield Served(backend, f"http://{host}:{port}", None)
+        else:
+            sock = str(backend.root / "cp.sock")
+            await web.UnixSite(runner, sock).start()
+            yield Served(backend, "http://control-plane", sock)
+    finally:
+        await runner.cleanup()
+        await backend.destroy()
+
+
 @asynccontextmanager
 async def harness(tmp_path: Path, *, warm_pool: int = 0, warm_pool_max: int = 8, images: set[str] | None = None,
                   sharing: SharingConfig | None = None, watcher: WatcherConfig | None = None,
@@ -103,4 +138,4 @@ async def harness(tmp_path: Path, *, warm_pool: int = 0, warm_pool_max: int = 8,
         cp.store.close()
 
 
-__all__ = ["Harness", "harness", "run", "IMAGE", "ServerReuseStrategy"]
+__all__ = ["Harness", "harness", "served", "Served", "run", "IMAGE"]

@@ -13,10 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
-from control_plane.app import create_app
-from control_plane.config import ControlPlaneConfig
 from control_plane.constants import FORWARD_FAILED, PREFER_HEADER
 from control_plane.forward_calls import ForwardedCall, Forwards
 from control_plane.forwarding import ForwardError, Reply
@@ -25,9 +22,8 @@ from control_plane.models import AsyncOperationStatus, ForwardRequestResponse
 from control_plane.models import AvailabilityStatus as A
 from idegym_env.client import AsyncIdeGymClient
 from idegym_env.errors import SandboxGone
-from tests.inprocess_backend import InProcessBackend
 
-from .harness import IMAGE, Harness, harness, make_project, run
+from .harness import IMAGE, Harness, harness, run, served
 
 
 async def forward(h: Harness, server_id: int, path: str, body: object, wait: float | None) -> tuple[int, object]:
@@ -159,24 +155,15 @@ def test_the_client_through_the_http_app_to_an_in_process_sandbox(tmp_path: Path
     the forward, the sandbox server; and a sandbox that dies is ``SandboxGone`` to the client."""
 
     async def scenario() -> None:
-        backend = InProcessBackend(make_project(tmp_path / "project"))
-        config = ControlPlaneConfig(state_dir=tmp_path / "state", no_auth=True, warm_pool=0, ephemeral=True)
-        runner = web.AppRunner(create_app(config, backend))
-        await runner.setup()
-        sock = backend.root / "cp.sock"
-        await web.UnixSite(runner, str(sock)).start()
-        try:
-            async with AsyncIdeGymClient("http://control-plane", unix_socket=str(sock)) as client:
+        async with served(tmp_path) as cp:
+            async with AsyncIdeGymClient(cp.url, unix_socket=cp.unix_socket) as client:
                 sandbox = await client.start(IMAGE)
                 assert (await sandbox.bash("cat README.md")).stdout == "hello\n"
                 await sandbox.write_file("notes.txt", "x" * (2 << 20))
                 assert len(await sandbox.read_file("notes.txt")) == 2 << 20
-                await backend.crash(next(iter(backend.alive())))
+                await cp.backend.crash(next(iter(cp.backend.alive())))
                 with pytest.raises(SandboxGone):
                     await sandbox.bash("true")
-        finally:
-            await runner.cleanup()
-            await backend.destroy()
-        assert backend.alive() == set()
+        assert cp.backend.alive() == set()
 
     run(scenario())
