@@ -119,7 +119,7 @@ class IdeGymOpenEnv(Environment[IdeAction, IdeObservation, IdeState]):
         return IdeObservation(
             text=text, task_id=env.task.id, episode_id=episode, step=0, max_steps=env.max_steps,
             server_id=info.get("server_id"), sandbox=info.get("sandbox"), seconds=info.get("reset_seconds"),
-            tools=env.action_space.tool_schemas("openai"), done=False, reward=None,
+            tools=env.tool_calls.tool_schemas("openai"), done=False, reward=None,
         )
 
     def step(self, action: IdeAction, timeout_s: float | None = None, **kwargs: Any) -> IdeObservation:
