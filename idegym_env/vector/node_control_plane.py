@@ -132,7 +132,7 @@ class ControlPlaneRegistry:
             ).remote(self._warm_pool)
             self._planes[node_id] = plane
             try:
-                return await plane.describe.remote()  # type: ignore[attr-defined]  # Ray types an actor's methods as plain ones
+                return await plane.describe.remote()
             except BaseException:
                 self._forget(node_id)
                 raise

@@ -124,7 +124,7 @@ class PodInformer:
     def _relist(self) -> str:
         resp = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector,
                                              _preload_content=False, _request_timeout=30)
-        data = json.loads(resp.data)  # type: ignore[attr-defined]  # _preload_content=False: a urllib3 response
+        data = json.loads(resp.data)
         with self._lock:
             self._pods = {p["metadata"]["name"]: p for p in data.get("items") or []}
         self.synced.set()
@@ -159,5 +159,5 @@ class PodInformer:
                 self._signal()
         finally:
             with contextlib.suppress(Exception):
-                resp.release_conn()  # type: ignore[attr-defined]  # a urllib3 response (_preload_content=False)
+                resp.release_conn()
         return rv
