@@ -54,7 +54,7 @@ def _handles(state_dir: Path) -> dict[int, dict]:
 
 def _in_flight(cp: ControlPlaneProcess, client: str, sid: int, answers: list) -> threading.Thread:
     """A call that would run 30 s, answered inline (Prefer: wait); returned once its command runs
-    in the sandbox (its marked process is seen)."""
+    in the sandbox (its shell is seen: the marker comes last, so that bash does not exec sleep)."""
     marker = f"in-flight-{os.getpid()}-{threading.get_ident()}-{sid}"
 
     def call() -> None:
@@ -62,7 +62,7 @@ def _in_flight(cp: ControlPlaneProcess, client: str, sid: int, answers: list) ->
         try:
             with httpx.Client(base_url=cp.url, timeout=60) as http:
                 resp = http.post(f"/api/forward/{client}/{sid}/api/tools/bash",
-                                 json={"command": f": {marker}; sleep 30"}, headers={"Prefer": "wait=60"})
+                                 json={"command": f"sleep 30; : {marker}"}, headers={"Prefer": "wait=60"})
             answers.append((resp.status_code, resp.text, time.monotonic() - started))
         except httpx.HTTPError as exc:
             answers.append((None, repr(exc), time.monotonic() - started))
