@@ -1,27 +1,36 @@
-"""A ``Backend`` whose sandboxes are real sandbox servers served in this process, for fast tests.
+"""A ``Backend`` for fast tests: it lives in the test's process, and its sandboxes are real sandbox
+servers, each a process of its own on a Unix socket in a temporary directory.
 
-Each sandbox is ``sandbox_server``'s app on a Unix socket of its own in a temporary directory,
-on the caller's event loop: no root, no bubblewrap, no cgroups, no process start (a sandbox is
-ready in ~10 ms), and every call the control plane forwards is real HTTP to a real server. Its
-tools run as this process's user, unisolated: it is for testing the control plane's logic (the
-service, the warm pool, the watcher, forwarding), never for what isolation must show.
+No root, no bubblewrap, no cgroups: a template process (``tests/sandbox_template.py``) has
+imported the sandbox server once and forks one per sandbox (~10 ms), so every call the control
+plane forwards is real HTTP to a real server, a crash is a real process dying, and a server ends
+only its own processes. Tools run as this process's user, unisolated: it is for testing the
+control plane's logic (the service, the warm pool, the watcher, forwarding), never for what
+isolation must show.
 
 It keeps the contract of ``control_plane.backends.base.Backend``, failures included, and lets a
 test cause them: a create that fails (``fail_creates``), an image it does not have
 (``images``), a start that waits (``hold_creates``), a server that dies (``crash``) or vanishes
 with its sandbox (``vanish``), a delete that fails (``fail_deletes``), and a sandbox no record
-names (``leave_orphan``). What it did is recorded (``asked``, ``created``, ``deleted``, ``claimed``,
-``background``) and ``changed`` is set at every change, for tests to wait on.
+names (``leave_orphan``). What it did is recorded (``asked``, ``created``, ``deleted``,
+``claimed``, ``background``) and ``changed`` is set at every change, for tests to wait on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
 
 from control_plane.backends.base import (
     Backend,
@@ -32,29 +41,74 @@ from control_plane.backends.base import (
     SandboxHandle,
     SandboxSpec,
 )
-from sandbox_server.app import create_app
-from sandbox_server.cli import config_from_args, parser
-from sandbox_server.web import App, serve_connection
+from sandbox_server import procfs
 
 BASE_URL = "http://sandbox"
+TEMPLATE = Path(__file__).with_name("sandbox_template.py")
+STOP_GRACE = 5.0  # a deleted server's own shutdown (it ends its processes), then SIGKILL
+
+
+class _Template:
+    """The template process, one for every backend of this test process (starting one costs
+    ~0.3 s of CPU); it ends, and ends its servers, when this process does."""
+
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _shared: ClassVar[_Template | None] = None
+
+    @classmethod
+    def shared(cls) -> _Template:
+        with cls._lock:
+            if cls._shared is None or cls._shared.proc.poll() is not None:
+                cls._shared = cls()
+            return cls._shared
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(TEMPLATE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self._writing = threading.Lock()
+        self._routes: dict[str, Callable[[dict[str, Any]], None]] = {}
+        threading.Thread(target=self._read, name="sandbox-template", daemon=True).start()
+
+    def fork(self, request: dict[str, Any], route: Callable[[dict[str, Any]], None]) -> None:
+        """Fork a server for ``request``; what the template says of it goes to ``route``."""
+        assert self.proc.stdin is not None
+        self._routes[request["name"]] = route
+        with self._writing:
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            message = json.loads(line)
+            route = self._routes.get(message["name"])
+            if "exited" in message:
+                self._routes.pop(message["name"], None)
+            if route is not None:
+                route(message)
 
 
 @dataclass
 class _Sandbox:
-    """One sandbox: its server's app, its listening socket and the connections it serves."""
+    """One sandbox: its directory and its server process, as the template reports it."""
 
     name: str
     root: Path
-    app: App
-    listener: asyncio.AbstractServer | None = None
-    contexts: list[AsyncIterator[None]] = field(default_factory=list)
-    connections: set[asyncio.StreamWriter] = field(default_factory=set)
-    running: bool = True
+    forked: asyncio.Future[int] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    ready: asyncio.Future[bool] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    exited: asyncio.Future[int] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     reason: str | None = None
 
     @property
     def socket(self) -> Path:
         return self.root / "s.sock"
+
+    @property
+    def pid(self) -> int:
+        return self.forked.result() if self.forked.done() else 0
+
+    @property
+    def running(self) -> bool:
+        return self.ready.done() and self.ready.result() and not self.exited.done()
 
 
 class InProcessBackend(Backend):
@@ -76,6 +130,8 @@ class InProcessBackend(Backend):
         self.changed = asyncio.Event()  # set at every create, delete, crash (a test clears it)
         self._sandboxes: dict[str, _Sandbox] = {}
         self._deleted_while_created: set[str] = set()
+        self._known: dict[str, _Sandbox] = {}  # every server not yet seen to exit, deleted ones too
+        self._template: _Template | None = None
 
     # -- what tests use ----------------------------------------------------------------------
 
@@ -84,22 +140,20 @@ class InProcessBackend(Backend):
         return {name for name, box in self._sandboxes.items() if box.running}
 
     async def crash(self, name: str, reason: str = "the server process was killed") -> None:
-        """The sandbox's server dies: connections reset, the socket gone; the sandbox stays."""
+        """The sandbox's server dies (SIGKILL, its processes with it); the sandbox stays."""
         box = self._sandboxes[name]
-        await self._stop_server(box)
-        box.running, box.reason = False, reason
-        self._changed()
+        box.reason = reason
+        await self._kill(box)
 
     async def vanish(self, name: str) -> None:
         """The sandbox disappears as a whole, as if someone outside deleted it."""
         box = self._sandboxes.pop(name)
-        await self._stop_server(box)
+        await self._kill(box)
         shutil.rmtree(box.root, ignore_errors=True)
-        self._changed()
 
     async def leave_orphan(self, name: str) -> SandboxHandle:
         """A sandbox that no record names (what a killed control plane leaves behind)."""
-        return await self._start(name)
+        return await self._start(name, 30.0)
 
     async def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         """Until ``predicate()`` holds, re-checked at each change of this backend (or raise)."""
@@ -117,13 +171,16 @@ class InProcessBackend(Backend):
                 raise AssertionError(f"condition not met within {timeout} s") from None
 
     async def destroy(self) -> None:
-        """Stop every sandbox and remove the directory (the end of a test)."""
-        for box in list(self._sandboxes.values()):
-            await self._stop_server(box)
+        """Kill every sandbox and remove the directory (the end of a test)."""
+        for box in list(self._known.values()):
+            await self._kill(box)
         self._sandboxes.clear()
         shutil.rmtree(self.root, ignore_errors=True)
 
     # -- the contract ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._template = await asyncio.to_thread(_Template.shared)
 
     async def create(self, spec: SandboxSpec, timeout: float, *, background: bool = False) -> SandboxHandle:
         name = spec.generated_name
@@ -142,7 +199,7 @@ class InProcessBackend(Backend):
                     raise BackendError(f"sandbox {name} did not become ready within {timeout:g} s", 504) from None
             if name in self._deleted_while_created:
                 raise BackendError(f"sandbox {name} was deleted while it was being created")
-            handle = await self._start(name)
+            handle = await self._start(name, timeout)
             self.created.append(name)
             if background:
                 self.background.add(name)
@@ -162,7 +219,8 @@ class InProcessBackend(Backend):
         if box is None:
             return Observation(exists=False, running=False, ready=False, phase="Gone", reason="the sandbox is gone")
         if not box.running:
-            return Observation(exists=True, running=False, ready=False, phase="Failed", reason=box.reason)
+            return Observation(exists=True, running=False, ready=False, phase="Failed",
+                               reason=box.reason or "the server process ended")
         return Observation(exists=True, running=True, ready=True, phase="Running")
 
     async def list_names(self) -> set[str]:
@@ -177,7 +235,7 @@ class InProcessBackend(Backend):
             if name in self.creating:  # what is made so far goes, and the create fails
                 self._deleted_while_created.add(name)
             return
-        await self._stop_server(box)
+        await self._stop(box)
         shutil.rmtree(box.root, ignore_errors=True)
         self.deleted.append(name)
         self._changed()
@@ -185,45 +243,99 @@ class InProcessBackend(Backend):
     async def settle(self) -> None:
         await self.wait_for(lambda: not self.creating, timeout=30.0)
 
-    # -- serving -----------------------------------------------------------------------------
+    # -- the template and its servers --------------------------------------------------------
 
     def _changed(self) -> None:
         self.changed.set()
 
-    async def _start(self, name: str) -> SandboxHandle:
+    async def _start(self, name: str, timeout: float) -> SandboxHandle:
+        if self._template is None:
+            raise BackendError("the in-process backend is not started (call start() first)")
         root = self.root / name
         root.mkdir()
-        args = parser().parse_args(["serve", "--unix-socket", str(root / "s.sock"), "--project", str(root / "project"),
-                                    "--project-source", str(self.project), "--state-dir", str(root / "state")])
-        box = _Sandbox(name, root, create_app(config_from_args(args)))
-        for factory in box.app.cleanup_ctx:  # as ``sandbox_server.web.Server.start`` does
-            context = factory(box.app)
-            await context.__anext__()
-            box.contexts.append(context)
+        box = self._sandboxes[name] = self._known[name] = _Sandbox(name, root)
+        argv = ["serve", "--unix-socket", str(box.socket), "--project", str(root / "project"),
+                "--project-source", str(self.project), "--state-dir", str(root / "state")]
+        loop = asyncio.get_running_loop()
 
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            box.connections.add(writer)
+        def route(message: dict[str, Any]) -> None:  # on the template's reader thread
             try:
-                await serve_connection(box.app, reader, writer)
-            finally:
-                box.connections.discard(writer)
-
-        box.listener = await asyncio.start_unix_server(serve, path=str(box.socket))
-        self._sandboxes[name] = box
-        return SandboxHandle(self.name, name, Endpoint(BASE_URL, unix_socket=str(box.socket)), {"root": str(root)})
-
-    @staticmethod
-    async def _stop_server(box: _Sandbox) -> None:
-        """Stop serving as a dying process would: no new connections, the open ones reset."""
-        if box.listener is not None:
-            box.listener.close()
-            box.listener = None
-        for writer in list(box.connections):
-            writer.transport.abort()
-        box.socket.unlink(missing_ok=True)
-        for context in reversed(box.contexts):
-            try:
-                await context.__anext__()
-            except StopAsyncIteration:
+                loop.call_soon_threadsafe(self._heard, box, message)
+            except RuntimeError:  # the test's loop is closed: nobody is listening any more
                 pass
-        box.contexts.clear()
+
+        self._template.fork({"name": name, "argv": argv, "log": str(root / "server.log")}, route)
+        try:
+            ready = await asyncio.wait_for(asyncio.shield(box.ready), timeout)
+        except TimeoutError:
+            ready = False
+        except asyncio.CancelledError:  # e.g. a warm-pool fill cut off: nothing of it stays
+            self._sandboxes.pop(name, None)
+            await self._kill(box)
+            raise
+        if not ready:
+            self._sandboxes.pop(name, None)
+            await self._kill(box)
+            log = (root / "server.log").read_text(errors="replace")[-2000:]
+            shutil.rmtree(root, ignore_errors=True)
+            raise BackendError(f"sandbox {name} did not become ready within {timeout:g} s: {log}", 504)
+        record = procfs.record(box.pid)
+        return SandboxHandle(self.name, name, Endpoint(BASE_URL, unix_socket=str(box.socket)),
+                             {"root": str(root), "server": record})
+
+    def _heard(self, box: _Sandbox, message: dict[str, Any]) -> None:
+        """What the template says about a server it forked."""
+        if "pid" in message:
+            box.forked.set_result(message["pid"])
+        elif "ready" in message and not box.ready.done():
+            box.ready.set_result(message["ready"])
+        elif "exited" in message:
+            self._known.pop(box.name, None)
+            if not box.ready.done():
+                box.ready.set_result(False)
+            box.exited.set_result(message["exited"])
+            self._changed()
+
+    async def _stop(self, box: _Sandbox) -> None:
+        """End a server as a delete does: SIGTERM (it ends its own processes), then SIGKILL."""
+        await _forked(box)
+        if box.pid and not box.exited.done():
+            _signal(box.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(asyncio.shield(box.exited), STOP_GRACE)
+            except TimeoutError:
+                await self._kill(box)
+
+    async def _kill(self, box: _Sandbox) -> None:
+        """SIGKILL the server and every process it started (they are in sessions of their own)."""
+        await _forked(box)
+        if box.pid and not box.exited.done():
+            victims = procfs.descendants(box.pid)
+            _signal(box.pid, signal.SIGKILL)
+            for pid in victims:
+                procfs.kill(pid, signal.SIGKILL)
+            try:
+                await asyncio.wait_for(asyncio.shield(box.exited), 10.0)
+            except TimeoutError:
+                state = procfs.stat(box.pid)
+                raise AssertionError(f"the server of {box.name} (pid {box.pid}, {state}) was not seen to end "
+                                     f"after SIGKILL") from None
+        self._changed()
+
+
+async def _forked(box: _Sandbox) -> None:
+    """Until the template has said the server's pid (the request is on its way)."""
+    try:
+        await asyncio.wait_for(asyncio.shield(box.forked), 10.0)
+    except TimeoutError:
+        raise AssertionError(f"the template did not fork the server of {box.name}") from None
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    """The server and its group: the group is its own only once it has called setsid, which a
+    signal sent right after the fork may come before."""
+    for send in (os.kill, os.killpg):
+        try:
+            send(pid, sig)
+        except ProcessLookupError:
+            pass

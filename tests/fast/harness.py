@@ -60,6 +60,11 @@ class Harness:
         assert row is not None, f"no server {server_id}"
         return row
 
+    def serving(self) -> set[str]:
+        """The sandboxes alive that are not the warm pool's (which names its fills ``pool-…`` and
+        grows with demand even when the configured floor is 0)."""
+        return {name for name in self.backend.alive() if not name.startswith("pool-")}
+
     def sandbox_of(self, server_id: int) -> str:
         """The name of the sandbox behind a server."""
         handle = self.server(server_id).handle

@@ -23,7 +23,7 @@ def test_a_started_server_answers_through_a_forward(tmp_path: Path) -> None:
             started = await h.start()
             row = h.server(started.server_id)
             assert (row.availability, started.reused, started.need_to_reset) == (A.ALIVE, False, False)
-            assert h.backend.alive() == {h.sandbox_of(started.server_id)}
+            assert h.serving() == {h.sandbox_of(started.server_id)}
             answer = await h.bash(started.server_id, "cat README.md; pwd")
             assert answer["exit_code"] == 0 and answer["stdout"].startswith("hello\n")
 
@@ -59,7 +59,7 @@ def test_restart_reuse_swaps_in_a_fresh_sandbox_and_deletes_the_old(tmp_path: Pa
             new = h.sandbox_of(again.server_id)
             assert new != old and h.server(again.server_id).availability == A.ALIVE
             await h.backend.wait_for(lambda: old in h.backend.deleted)
-            assert new in h.backend.alive() and old not in h.backend.alive()
+            assert new in h.serving() and old not in h.serving()
             assert (await h.bash(again.server_id, "cat README.md"))["stdout"] == "hello\n"
 
     run(scenario())
@@ -72,7 +72,7 @@ def test_no_reuse_starts_a_new_server_beside_a_finished_one(tmp_path: Path) -> N
             h.cp.finish_server(h.server(first.server_id))
             other = await h.start(reuse_strategy=ServerReuseStrategy.NONE)
             assert other.server_id != first.server_id and not other.reused
-            assert len(h.backend.alive()) == 2
+            assert len(h.serving()) == 2
 
     run(scenario())
 
@@ -100,7 +100,7 @@ def test_a_failed_restart_marks_the_server_and_removes_its_sandbox(tmp_path: Pat
                 await h.cp.restart_server(h.server(started.server_id), 10)
             assert h.server(started.server_id).availability == A.RESTART_FAILED
             await h.backend.wait_for(lambda: old in h.backend.deleted)
-            assert h.backend.alive() == set()
+            assert h.serving() == set()
 
     run(scenario())
 
@@ -112,7 +112,7 @@ def test_stop_deletes_the_sandbox_and_the_server_is_gone(tmp_path: Path) -> None
             sandbox = h.sandbox_of(started.server_id)
             await h.cp.stop_server(h.server(started.server_id))
             assert h.server(started.server_id).availability == A.STOPPED
-            assert h.backend.deleted == [sandbox] and h.backend.alive() == set()
+            assert h.backend.deleted == [sandbox] and h.serving() == set()
             with pytest.raises(Gone, match="STOPPED, not usable"):
                 h.cp.forward_endpoint(h.client.id, started.server_id, h.client.tenant)
             again = await h.cp.stop_server(h.server(started.server_id))
@@ -158,7 +158,7 @@ def test_a_failed_create_fails_the_start_with_the_backends_status(tmp_path: Path
             assert raised.value.status == status and error.message in raised.value.message
             (row,) = h.store.servers(client_id=h.client.id)
             assert row.availability == A.FAILED_TO_START and error.message in (row.details or "")
-            assert h.backend.alive() == set()
+            assert h.serving() == set()
 
     run(scenario())
 
@@ -181,7 +181,7 @@ def test_a_start_slower_than_its_timeout_fails_and_leaves_nothing(tmp_path: Path
                 await h.start(server_start_wait_timeout_in_seconds=1)
             assert raised.value.status == 504
             (row,) = h.store.servers(client_id=h.client.id)
-            assert row.availability == A.FAILED_TO_START and h.backend.alive() == set()
+            assert row.availability == A.FAILED_TO_START and h.serving() == set()
 
     run(scenario())
 
@@ -196,8 +196,8 @@ def test_a_server_stopped_while_it_starts_does_not_leak_its_sandbox(tmp_path: Pa
             h.backend.hold_creates.set()
             with pytest.raises(Gone, match="stopped while it was starting"):
                 await start
-            await h.backend.wait_for(lambda: not h.backend.alive())
-            assert len(h.backend.created) == 1 and h.backend.deleted == h.backend.created
+            await h.backend.wait_for(lambda: h.backend.deleted == h.backend.created)
+            assert len(h.backend.created) == 1 and not h.serving()
 
     run(scenario())
 
@@ -228,6 +228,6 @@ def test_a_finished_server_gives_way_to_a_waiting_start(tmp_path: Path) -> None:
             other = await h.start(reuse_strategy=ServerReuseStrategy.NONE)
             assert h.server(first.server_id).availability == A.STOPPED
             assert h.server(other.server_id).availability == A.ALIVE
-            assert kept in h.backend.deleted and h.sandbox_of(other.server_id) in h.backend.alive()
+            assert kept in h.backend.deleted and h.sandbox_of(other.server_id) in h.serving()
 
     run(scenario())
