@@ -35,9 +35,9 @@ from typing import Any, ClassVar
 from control_plane.backends.base import (
     Backend,
     BackendError,
-    Endpoint,
     ImageNotFound,
     Observation,
+    SandboxAddress,
     SandboxHandle,
     SandboxSpec,
 )
@@ -280,7 +280,7 @@ class InProcessBackend(Backend):
             shutil.rmtree(root, ignore_errors=True)
             raise BackendError(f"sandbox {name} did not become ready within {timeout:g} s: {log}", 504)
         record = procfs.record(box.pid)
-        return SandboxHandle(self.name, name, Endpoint(BASE_URL, unix_socket=str(box.socket)),
+        return SandboxHandle(self.name, name, SandboxAddress(BASE_URL, unix_socket=str(box.socket)),
                              {"root": str(root), "server": record})
 
     def _heard(self, box: _Sandbox, message: dict[str, Any]) -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from control_plane.config import ControlPlaneConfig, SharingConfig, WatcherConfig
-from control_plane.forwarding import Reply
 from control_plane.models import StartServerRequest, StartServerResponse
+from control_plane.sandbox_http import SandboxReply
 from control_plane.service import ControlPlane
 from control_plane.store import ClientRow, ServerRow, SQLiteStore
 from control_plane.tenants import SINGLE
@@ -72,7 +72,7 @@ class Harness:
         return str(json.loads(handle)["name"])
 
     async def call(self, server_id: int, method: str, path: str, body: Any = None,
-                   timeout: float | None = None) -> Reply:
+                   timeout: float | None = None) -> SandboxReply:
         """A call forwarded to the server's sandbox, as the forward route makes it."""
         endpoint = self.cp.forward_endpoint(self.client.id, server_id, self.client.tenant)
         data = None if body is None else json.dumps(body).encode()

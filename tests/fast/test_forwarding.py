@@ -16,10 +16,10 @@ import pytest
 
 from control_plane.constants import FORWARD_FAILED, PREFER_HEADER
 from control_plane.forward_calls import ForwardedCall, Forwards
-from control_plane.forwarding import ForwardError, Reply
 from control_plane.metrics import Metrics
 from control_plane.models import AsyncOperationStatus, ForwardRequestResponse
 from control_plane.models import AvailabilityStatus as A
+from control_plane.sandbox_http import ForwardError, SandboxReply
 from idegym_env.client import AsyncIdeGymClient
 from idegym_env.errors import SandboxGone
 
@@ -88,7 +88,7 @@ def test_prefer_wait_answers_inline_and_records_the_call(tmp_path: Path) -> None
             started = await h.start()
             op_id, value = await forward(h, started.server_id, "api/tools/bash",
                                          {"command": "echo inline", "env": {"TOKEN": "s3cret"}}, wait=10)
-            assert isinstance(value, Reply) and value.status == 200
+            assert isinstance(value, SandboxReply) and value.status == 200
             assert json.loads(value.body)["stdout"] == "inline\n"
             h.store.flush()
             row = h.store.get_operation(op_id)
