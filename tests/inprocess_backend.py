@@ -172,10 +172,12 @@ class InProcessBackend(Backend):
 
     async def destroy(self) -> None:
         """Kill every sandbox and remove the directory (the end of a test)."""
-        for box in list(self._known.values()):
-            await self._kill(box)
-        self._sandboxes.clear()
-        shutil.rmtree(self.root, ignore_errors=True)
+        try:
+            for box in list(self._known.values()):
+                await self._kill(box)
+        finally:
+            self._sandboxes.clear()
+            shutil.rmtree(self.root, ignore_errors=True)
 
     # -- the contract ------------------------------------------------------------------------
 
