@@ -29,7 +29,7 @@ HARBOR_REQ := $(shell grep -o 'harbor==[0-9.]*' pyproject.toml | head -n1)
 # The published idegym-client 0.13.1 needs Python >= 3.12; pyenv keeps one off PATH.
 PYTHON312  ?= $(shell command -v python3.12 >/dev/null 2>&1 && python3.12 -c pass 2>/dev/null && echo python3.12 || ls -1d $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 2>/dev/null | head -n1)
 
-.PHONY: help bytecode lint demo test test-deps test-all test-slow bench system-deps net-deps venv demo-venv client-venv harbor-venv nemo-gym-venv verl-venv verifiers-venv gym-versions native clean
+.PHONY: help bytecode lint typecheck demo test test-fast test-deps test-all test-slow bench system-deps net-deps venv demo-venv client-venv harbor-venv nemo-gym-venv verl-venv verifiers-venv gym-versions native clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -194,11 +194,30 @@ demo: demo-venv bytecode  ## run real episodes end to end on the embedded local 
 lint: venv  ## ruff over the whole repository (configured in pyproject.toml)
 	@$(VENV)/bin/ruff check .
 
+# The type checker and the stubs it needs, pinned here (not an extra: nothing else installs them).
+TYPECHECK_REQS := mypy==2.4.1 types-pyyaml==6.0.12.20261113
+
+$(VENV)/.stamp-typecheck: Makefile | $(VENV)/.stamp
+	@$(UV_PIP) $(PY) $(TYPECHECK_REQS)
+	@touch $@
+
+typecheck: $(VENV)/.stamp-typecheck  ## mypy (pyproject.toml: strict on the client, the tools and the backend contract)
+	@$(VENV)/bin/mypy
+
+# The fast tier: the control plane's logic on the in-process backend (tests/inprocess_backend.py),
+# and other tests that start no sandbox; no root needed, well under a minute.
+FAST_TESTS := tests/fast tests/test_pool_target.py tests/test_store.py tests/test_unix_http.py \
+              tests/test_http_session.py tests/test_harbor_formats.py tests/test_error_tree.py \
+              tests/test_configuration.py
+
+test-fast: $(VENV)/.stamp  ## the fast tier: service, pool, watcher, forwarding on an in-process backend (no root)
+	@$(VENV)/bin/pytest -n 0 -p no:cacheprovider $(FAST_TESTS) $(PYTEST_ARGS)
+
 test-deps:  ## everything the tests need (the venvs are made in parallel)
 	@$(MAKE) --no-print-directory -j3 venv client-venv harbor-venv nemo-gym-venv verl-venv verifiers-venv
 	@$(MAKE) --no-print-directory gym-versions
 
-test: test-deps lint bytecode  ## lint, then the test suite (everything but `slow`) on two workers
+test: test-deps lint typecheck bytecode  ## lint, type check, then the test suite (everything but `slow`) on two workers
 	@$(VENV)/bin/pytest -m "not slow" -n 2 $(PYTEST_ARGS)
 
 test-slow: test-deps  ## only the long-running tests

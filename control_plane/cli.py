@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 from aiohttp import web
 
@@ -28,10 +28,10 @@ log = logging.getLogger(__name__)
 
 
 # Each flag's variable (``settings.py``), by the flag's dest.
-VARIABLES = {extra["flag"].lstrip("-").replace("-", "_"): names[0]
-             for names, extra in ((info.json_schema_extra["env"], info.json_schema_extra)  # type: ignore[index]
-                                  for info in ControlPlaneSettings.model_fields.values())
-             if extra.get("flag")}  # type: ignore[union-attr]
+VARIABLES = {extra["flag"].lstrip("-").replace("-", "_"): extra["env"][0]
+             for extra in (cast("dict[str, Any]", info.json_schema_extra)
+                           for info in ControlPlaneSettings.model_fields.values())
+             if extra.get("flag")}
 
 
 def _bytes(text: str) -> int:
@@ -322,7 +322,8 @@ async def serve(config: ControlPlaneConfig, ready_fd: int | None = None, parent_
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1] if site._server else config.port  # type: ignore[union-attr]
+    # aiohttp types its server as an AbstractServer; it is the asyncio.Server start_server made
+    port = site._server.sockets[0].getsockname()[1] if site._server else config.port  # type: ignore[attr-defined]
     if config.unix_socket is not None:
         if config.unix_socket.exists():
             config.unix_socket.unlink()

@@ -158,16 +158,16 @@ def lower_heredocs(text: str) -> tuple[str, int]:
             dest = parts[-1]
             owner = re.search(r"--chown=(\S+)", flags)
             mode = re.search(r"--chmod=(\S+)", flags)
-            script = []
+            steps: list[str] = []
             for (_s, _q, name), body in zip(markers, bodies, strict=False):
                 target = dest if len(markers) == 1 and not dest.endswith("/") else dest.rstrip("/") + "/" + name
-                script += [f"mkdir -p \"$(dirname '{target}')\"", f"cat > '{target}' <<'IDEGYM_HEREDOC'",
-                           *body, "IDEGYM_HEREDOC"]
+                steps += [f"mkdir -p \"$(dirname '{target}')\"", f"cat > '{target}' <<'IDEGYM_HEREDOC'",
+                          *body, "IDEGYM_HEREDOC"]
                 if owner:
-                    script.append(f"chown {owner.group(1)} '{target}'")
+                    steps.append(f"chown {owner.group(1)} '{target}'")
                 if mode:
-                    script.append(f"chmod {mode.group(1)} '{target}'")
-            out.append(f"RUN {json.dumps(['/bin/sh', '-c', chr(10).join(script)])}")
+                    steps.append(f"chmod {mode.group(1)} '{target}'")
+            out.append(f"RUN {json.dumps(['/bin/sh', '-c', chr(10).join(steps)])}")
     return "\n".join(out) + ("\n" if text.endswith("\n") else ""), count
 
 

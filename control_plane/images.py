@@ -158,14 +158,17 @@ def _definition(entry: dict[str, Any], index: int, registry: str | None = None,
 
         bases = base_images(docker["dockerfile"], docker["build_args"])
         base = bases[0] if bases else "scratch"
-    flags = {}
-    for key in ("network", "build_network"):
-        value = entry.get(key, False)
-        if not isinstance(value, bool):
-            raise ValueError(f"{where}.{key} must be true or false, not {value!r}")
-        flags[key] = value
+    network, build_network = (_flag(entry, key, where) for key in ("network", "build_network"))
     return ImageDefinition(tag=tag, base=base, project=project, commands=commands,
-                           env={str(k): str(v) for k, v in env.items()}, raw=entry, **flags, **docker)
+                           env={str(k): str(v) for k, v in env.items()}, raw=entry, network=network,
+                           build_network=build_network, **docker)
+
+
+def _flag(entry: dict[str, Any], key: str, where: str) -> bool:
+    value = entry.get(key, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}.{key} must be true or false, not {value!r}")
+    return value
 
 
 def upload_reference(context: Any) -> str | None:

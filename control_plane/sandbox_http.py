@@ -110,7 +110,7 @@ class Forwarder:
         self._pools: dict[str, UnixPool] = {}
 
     def start(self, endpoint: SandboxAddress, method: str, path: str, headers: Mapping[str, str] | None = None,
-              body: bytes | None = None, timeout: float | None = None) -> PendingReply:
+              body: bytes | bytearray | None = None, timeout: float | None = None) -> PendingReply:
         """Begin a request; ``path`` is relative to the sandbox root (``api/tools/bash?x=1``). On an
         idle kept-alive connection the request is written before this returns."""
         url = endpoint.base_url.rstrip("/") + "/" + path.lstrip("/")
@@ -132,7 +132,7 @@ class Forwarder:
         return PendingReply(asyncio.ensure_future(pool.request(method, path, sent, body or b"", limit)), url)
 
     async def request(self, endpoint: SandboxAddress, method: str, path: str, headers: Mapping[str, str] | None = None,
-                      body: bytes | None = None, timeout: float | None = None) -> SandboxReply:
+                      body: bytes | bytearray | None = None, timeout: float | None = None) -> SandboxReply:
         """One request to the sandbox; raises ``ForwardError``."""
         pending = self.start(endpoint, method, path, headers, body, timeout)
         await pending.wait()
@@ -145,11 +145,11 @@ class Forwarder:
                                                   skip_auto_headers=("User-Agent",))
         return self._session
 
-    async def _tcp(self, url: str, method: str, headers: dict[str, str], body: bytes | None,
+    async def _tcp(self, url: str, method: str, headers: dict[str, str], body: bytes | bytearray | None,
                    timeout: float | None) -> SandboxReply:
-        kwargs = {} if timeout is None else {"timeout": aiohttp.ClientTimeout(total=timeout)}
+        limit = self._timeout if timeout is None else aiohttp.ClientTimeout(total=timeout)
         async with self._tcp_session().request(method, url, data=body or None, headers=headers, allow_redirects=False,
-                                               **kwargs) as resp:
+                                               timeout=limit) as resp:
             data = await resp.read()
             out = {k.lower(): v for k, v in resp.headers.items() if k.lower() not in RESPONSE_DROP}
             return SandboxReply(resp.status, out, data)

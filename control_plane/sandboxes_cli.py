@@ -152,10 +152,12 @@ def prune(found: Found, force: bool) -> str:
             stuck = Cgroups.remove(paths)
             if left or stuck:
                 return f"left: processes {left}, cgroups {stuck}"
-        else:
+        elif found.state_dir is not None:
             space = next(s for s in _spaces(Path(found.state_dir)) if s.kind == found.space)
             teardown.destroy(found.name, space, None, "bwrap")
             teardown.tidy(space)
+        else:
+            return "failed: no state directory is known for it"
     except BackendError as exc:
         return f"failed: {exc.message}"
     return "ended"

@@ -51,6 +51,13 @@ _TOUCH_SQL = (
 )
 
 
+def _row_id(cur: sqlite3.Cursor) -> int:
+    """The id of the row an INSERT just made."""
+    if cur.lastrowid is None:
+        raise StoreError("the database gave no id for the row just inserted")
+    return cur.lastrowid
+
+
 def _touch(db: sqlite3.Connection, server_id: int, when: int) -> None:
     """Record activity (``lifecycle.ON_ACTIVITY``)."""
     db.execute(_TOUCH_SQL, (when, server_id))
@@ -193,7 +200,8 @@ class SQLiteStore:
 
     def set_client_status(self, client_id: str, target: AvailabilityStatus, heartbeat: int | None = None) -> bool:
         sources = [s.value for s in lifecycle.client_guard(target)]
-        sets, args = ["availability=?"], [target.value]
+        sets: list[str] = ["availability=?"]
+        args: list[str | int | None] = [target.value]
         if heartbeat is not None:
             sets.append("last_heartbeat_time=?")
             args.append(heartbeat)
@@ -218,7 +226,7 @@ class SQLiteStore:
                  server.last_activity_at, server.keepalive_until, server.max_restarts, server.restarts,
                  server.request, server.handle),
             )
-            server_id = int(cur.lastrowid)
+            server_id = _row_id(cur)
             db.execute("UPDATE servers SET generated_name=? WHERE id=?",
                        (f"{server.server_name}-{server_id}", server_id))
         return server_id
@@ -276,7 +284,8 @@ class SQLiteStore:
         sources = lifecycle.server_guard(target, only_from)
         if not sources:
             return False
-        sets, args = ["availability=?"], [target.value]
+        sets: list[str] = ["availability=?"]
+        args: list[str | int | None] = [target.value]
         if details is not None:
             sets.append("details=?")
             args.append(details)
@@ -343,7 +352,7 @@ class SQLiteStore:
             "scheduled_at, started_at) VALUES (?,?,?,?,?,?,?,?)",
             (request_type.value, status.value, request, client_id, server_id, pod, now, started),
         )
-        return int(cur.lastrowid)
+        return _row_id(cur)
 
     def reserve_operation_id(self) -> int:
         """An id for an operation recorded later with ``record_operation(op_id=…)``, so an answer can
@@ -388,7 +397,7 @@ class SQLiteStore:
         )
         if touch_server is not None:
             _touch(db, touch_server, now)
-        return int(cur.lastrowid)
+        return _row_id(cur)
 
     def start_operation(self, op_id: int) -> None:
         self._write("UPDATE operations SET status=?, started_at=? WHERE id=? AND status=?",

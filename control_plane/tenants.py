@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class Tenants:
     path: Path
 
     def __post_init__(self) -> None:
+        self._seen: StatKey | None
         self._table, self._seen = read(self.path)
 
     @property
@@ -159,7 +161,7 @@ class Tenants:
         return user if sep and accepted and user in self._table else None
 
 
-def middleware(tenants: Tenants) -> web.middleware:
+def middleware(tenants: Tenants) -> Middleware:
     """HTTP Basic auth against the tenants file on every route but ``/health``; the request
     carries its tenant (``tenant_of``)."""
     from .errors import Unauthorized

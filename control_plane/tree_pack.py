@@ -24,7 +24,7 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 REFERENCE_PREFIX = "upload:"  # a build YAML's ``context: upload:sha256:…``
@@ -122,10 +122,16 @@ def fingerprint(root: Path) -> str:
     return digest.hexdigest()
 
 
+class Sink(Protocol):
+    """Where a packed tree goes: a file, a gzip stream…"""
+
+    def write(self, data: bytes, /) -> object: ...
+
+
 class _Hashing(io.RawIOBase):
     """A writer that hashes and counts what goes through it."""
 
-    def __init__(self, out: BinaryIO | None) -> None:
+    def __init__(self, out: Sink | None) -> None:
         self.out = out
         self.sha = hashlib.sha256()
         self.size = 0
@@ -160,14 +166,14 @@ def _info(entry: Entry) -> tarfile.TarInfo:
     return info
 
 
-def pack(root: Path, out: BinaryIO | None = None, *, max_bytes: int | None = None) -> Packed:
+def pack(root: Path, out: Sink | None = None, *, max_bytes: int | None = None) -> Packed:
     """Write the tree under ``root`` to ``out`` (None: only name it) and return its digest.
     ``max_bytes`` stops early (``PackError``) once the tar would be larger."""
     if not root.is_dir():
         raise PackError(f"{root} is not a directory")
     sink = _Hashing(out)
     count = 0
-    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT, encoding="utf-8") as tar:  # type: ignore[call-overload]
+    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT, encoding="utf-8") as tar:
         for entry, path in entries(root):
             info = _info(entry)
             if entry.kind == "file":

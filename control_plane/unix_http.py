@@ -51,7 +51,7 @@ def request_target(path: str) -> str:
     return target
 
 
-def encode_request(method: str, target: str, headers: dict[str, str], body: bytes) -> bytes:
+def encode_request(method: str, target: str, headers: dict[str, str], body: bytes | bytearray) -> bytes:
     lines = [f"{method} {target} HTTP/1.1", "Host: sandbox", f"Content-Length: {len(body)}"]
     for name, value in headers.items():
         if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
@@ -260,7 +260,7 @@ class UnixPool:
         self._busy = 0
         self._waiting: list[asyncio.Future[None]] = []
 
-    def send(self, method: str, path: str, headers: dict[str, str], body: bytes,
+    def send(self, method: str, path: str, headers: dict[str, str], body: bytes | bytearray,
              timeout: float) -> asyncio.Future[RawReply] | None:
         """Send on an idle connection at once, without a task; None when there is none to take."""
         if self._busy >= self.limit:
@@ -272,7 +272,7 @@ class UnixPool:
                 return self._start(conn, data, method, timeout)
         return None
 
-    async def request(self, method: str, path: str, headers: dict[str, str], body: bytes,
+    async def request(self, method: str, path: str, headers: dict[str, str], body: bytes | bytearray,
                       timeout: float) -> RawReply:
         """One exchange, connecting if need be. Raises ``ConnectFailed``, ``Disconnected``,
         ``HttpProtocolError``, ``TimeoutError`` (or ``ValueError`` for a header that cannot be sent)."""
@@ -290,9 +290,11 @@ class UnixPool:
             finally:
                 if waiter in self._waiting:
                     self._waiting.remove(waiter)
-        conn = next((c for c in reversed(self._idle) if not c.closed), None)
-        if conn is not None:
-            self._idle.remove(conn)
+        conn: _Connection
+        idle = next((c for c in reversed(self._idle) if not c.closed), None)
+        if idle is not None:
+            self._idle.remove(idle)
+            conn = idle
         else:
             self._busy += 1  # the slot is held while connecting
             try:

@@ -56,7 +56,7 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any, SupportsFloat
+from typing import TYPE_CHECKING, Any, SupportsFloat
 
 import gymnasium as gym
 
@@ -69,6 +69,9 @@ from .rewards import RewardFunction, reward_components
 from .spaces import InvalidAction, ToolCallSpace, UnicodeText
 from .tasks import Task, environment, load_task
 from .tools import ToolCall
+
+if TYPE_CHECKING:
+    from .env_fork import ClientShare
 
 DEFAULT_TASK = "python-roman-numerals"
 _SERVER_CUT = re.compile(re.escape(omitted_marker(0)).replace("0", r"(\d+)"))  # the sandbox server's cut
@@ -97,7 +100,7 @@ def task_image_tag(task: Task) -> str:
     return f"idegym-task/{task.id}:{task.content_hash()[:12]}"
 
 
-class IdeGymEnv(gym.Env[str, dict]):
+class IdeGymEnv(gym.Env[str, Any]):  # an action: a tool call in any shape an LLM writes it
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
 
     def __init__(
@@ -137,15 +140,16 @@ class IdeGymEnv(gym.Env[str, dict]):
         self.render_mode = render_mode
         self.info_timing = info_timing
         self.last_step_seconds = 0.0
-        self.action_space: ToolCallSpace = self.task.action_space()
-        self.observation_space = UnicodeText(max_length=max_observation_chars)
+        # tool calls; an agent harness's env (agents/env.py) takes text
+        self.action_space: ToolCallSpace | UnicodeText = self.task.action_space()
+        self.observation_space: UnicodeText = UnicodeText(max_length=max_observation_chars)
         self._embedded = False
         self._direct = sandbox  # a sandbox connected by the caller: no control plane at all
         self._owns_client = client is None and sandbox is None
-        if sandbox is not None:
-            self.client = None  # type: ignore[assignment]
-            self.image = None  # type: ignore[assignment]
-        else:
+        self._client_share: ClientShare | None = None  # a client shared with forks (env_fork.py)
+        self.client: IdeGymClient | None = None  # None: a directly connected sandbox
+        self.image: str | None = None
+        if sandbox is None:
             if client is None:
                 url = control_plane_url
                 if url is None:
@@ -154,7 +158,7 @@ class IdeGymEnv(gym.Env[str, dict]):
                 client = IdeGymClient(url, name=ENV_CLIENT_NAME)
                 client.register()
             self.client = client
-            self.image = self._ensure_image()
+            self.image = self._ensure_image(client)
         self.sandbox: Sandbox | None = None
         self._steps = 0
         self._ended = False  # the episode ended: step() needs a reset() first
@@ -164,25 +168,25 @@ class IdeGymEnv(gym.Env[str, dict]):
 
     # -- set-up -----------------------------------------------------------------------------------
 
-    def _ensure_image(self) -> str:
+    def _ensure_image(self, client: IdeGymClient) -> str:
         """The task's image, built through the control plane when it is not there yet (a content
         hash tags it, so a second env of the same task, or of a task with the same Dockerfile and
         context, finds it in the store without building)."""
         if self.task.environment is not None:
             tag = ""
             for entry in environment.image_entries(self.task):  # the Dockerfile's image, then the project on it
-                self.client.build_images(json.dumps({"images": [entry]}), timeout=3600)
+                client.build_images(json.dumps({"images": [entry]}), timeout=3600)
                 tag = entry["tag"]
             return tag
         if self.task.image:
             return self.task.image
         assert self.task.project is not None
         tag = task_image_tag(self.task)
-        entry: dict[str, Any] = {"tag": tag, "project": {"path": str(self.task.project.resolve())}}
+        image: dict[str, Any] = {"tag": tag, "project": {"path": str(self.task.project.resolve())}}
         if self.task.network:
-            entry["network"] = True  # on the local backend the network is the image's to allow
-        doc = {"images": [entry]}
-        self.client.build_images(json.dumps(doc), timeout=600)
+            image["network"] = True  # on the local backend the network is the image's to allow
+        doc = {"images": [image]}
+        client.build_images(json.dumps(doc), timeout=600)
         return tag
 
     def _start_fields(self) -> dict[str, Any]:
@@ -199,6 +203,19 @@ class IdeGymEnv(gym.Env[str, dict]):
                 fields["resources"] = {"limits": quantities}
         return fields
 
+    @property
+    def tool_calls(self) -> ToolCallSpace:
+        """The action space, whose actions are tool calls."""
+        if not isinstance(self.action_space, ToolCallSpace):
+            raise TypeError(f"the actions of {type(self).__name__} are not tool calls")
+        return self.action_space
+
+    def _control_plane(self) -> tuple[IdeGymClient, str]:
+        """The client and image sandboxes are started with (not for a directly connected sandbox)."""
+        if self.client is None or self.image is None:
+            raise RuntimeError("this env runs on a sandbox connected directly: there is no control plane")
+        return self.client, self.image
+
     def _acquire(self) -> tuple[Sandbox, dict[str, Any]]:
         """A fresh sandbox for a new episode, and how it was obtained."""
         started = time.perf_counter()
@@ -211,8 +228,8 @@ class IdeGymEnv(gym.Env[str, dict]):
             # A server handed back by another env (of this client) is restarted, never reset: RESET
             # keeps what lies outside the project, which only this env's own episodes may share.
             reuse = "NONE" if self.reuse == "NONE" else "RESTART"
-            self.sandbox = self.client.start(self.image, server_name=_server_name(self.task), reuse=reuse,
-                                             **self._start_fields())
+            client, image = self._control_plane()
+            self.sandbox = client.start(image, server_name=_server_name(self.task), reuse=reuse, **self._start_fields())
             how = "reused" if self.sandbox.info and self.sandbox.info.reused else "started"
         elif self.reuse == "RESTART":
             self.sandbox.restart()
@@ -223,8 +240,9 @@ class IdeGymEnv(gym.Env[str, dict]):
         else:
             old, self.sandbox = self.sandbox, None
             old.stop()
-            self.sandbox = self.client.start(self.image, server_name=_server_name(self.task), reuse="NONE",
-                                             **self._start_fields())
+            client, image = self._control_plane()
+            self.sandbox = client.start(image, server_name=_server_name(self.task), reuse="NONE",
+                                        **self._start_fields())
             how = "started"
         for path, content in sorted(self.task.files.items()):  # the task's starting files, over the image's project
             self.sandbox.write_file(path, content)
@@ -248,7 +266,7 @@ class IdeGymEnv(gym.Env[str, dict]):
         old = self.task
         self.task = new
         try:
-            image = self._ensure_image()
+            image = self._ensure_image(self._control_plane()[0])
         except BaseException:
             self.task = old
             raise
@@ -298,7 +316,7 @@ class IdeGymEnv(gym.Env[str, dict]):
         info: dict[str, Any] = {"step": self._steps}
         started = time.perf_counter()
         try:
-            call = self.action_space.parse(action)
+            call = self.tool_calls.parse(action)
         except InvalidAction as exc:
             info.update(invalid_action=True, error=exc.reason)
             self._log(f"$ <invalid action> {str(action)[:200]}", str(exc))
@@ -343,7 +361,8 @@ class IdeGymEnv(gym.Env[str, dict]):
         if self.info_timing:
             info["seconds"] = self.last_step_seconds
 
-    def render(self) -> str | None:
+    # gymnasium types render() with a type variable no subclass can name (RenderFrame)
+    def render(self) -> str | None:  # type: ignore[override]
         if self.render_mode == "ansi":
             return "\n\n".join(self._transcript) + "\n"
         return None
@@ -365,9 +384,9 @@ class IdeGymEnv(gym.Env[str, dict]):
                     self.sandbox.finish()
                 except APIError:
                     pass  # already gone: nothing to hand back
-            if self._owns_client:
+            if self._owns_client and self.client is not None:
                 self.client.close(stop=True)
-            elif getattr(self, "_client_share", None) is not None:  # shared with forks (env_fork.py)
+            elif self._client_share is not None:  # shared with forks (env_fork.py)
                 self._client_share.release()
         finally:
             self.sandbox = None

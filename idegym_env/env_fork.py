@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from . import embedded
 from .client import IdeGymClient
@@ -42,7 +42,10 @@ class ClientShare:
             self.client.close(stop=True)
 
 
-def fork_env(env: IdeGymEnv, n: int) -> list[IdeGymEnv]:
+E = TypeVar("E", bound="IdeGymEnv")
+
+
+def fork_env(env: E, n: int) -> list[E]:
     if env._closed:
         raise RuntimeError("the environment is closed")
     if env._direct is not None:
@@ -52,8 +55,8 @@ def fork_env(env: IdeGymEnv, n: int) -> list[IdeGymEnv]:
     if getattr(env, "_ended", False):
         raise RuntimeError("the episode has ended: fork while it runs (or reset() first)")
     sandboxes = env.sandbox.fork(n)
-    share = getattr(env, "_client_share", None)
-    if share is None and env._owns_client:  # from now on the session ends with the last of them
+    share = env._client_share
+    if share is None and env._owns_client and env.client is not None:  # the session ends with the last of them
         share = env._client_share = ClientShare(env.client)
         env._owns_client = False
     forks = []

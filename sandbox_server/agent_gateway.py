@@ -100,7 +100,7 @@ class AgentGateway:
     def run(self, start: Callable[[], Awaitable[ProcessResult]]) -> None:
         """Run the harness (``start()`` returns once it ended)."""
         self._process = asyncio.ensure_future(start())
-        self._process.add_done_callback(lambda _: (self._exited.set(), self._wake()))
+        self._process.add_done_callback(self._on_exit)
 
     async def ended(self, timeout: float) -> None:
         """Return once the harness has ended (its processes were killed), or ``timeout`` passed."""
@@ -183,6 +183,10 @@ class AgentGateway:
                 pass
             finally:
                 self._wakeup = None
+
+    def _on_exit(self, _: asyncio.Future[ProcessResult]) -> None:
+        self._exited.set()
+        self._wake()
 
     def _wake(self) -> None:
         if self._wakeup is not None and not self._wakeup.done():

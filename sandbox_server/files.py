@@ -138,11 +138,12 @@ class FileTools:
             text = self._read_text(path, file_path)
             headers = [str(p).split("\n", 1)[0] for p in patches]
             new_text, applied = dmp.patch_apply(patches, text)
-            failed = [{"hunk": i + 1, "header": headers[i]} for i, ok in enumerate(applied) if not ok]
+            bad = [i for i, ok in enumerate(applied) if not ok]
+            failed = [{"hunk": i + 1, "header": headers[i]} for i in bad]
             if failed:
                 raise Conflict(
                     f"{file_path}: {len(failed)} of {len(applied)} hunks did not apply "
-                    f"({', '.join(h['header'] for h in failed)}); the file was left unchanged",
+                    f"({', '.join(headers[i] for i in bad)}); the file was left unchanged",
                     {"failed_hunks": failed},
                 )
             _write_all(path, new_text.encode("utf-8"))

@@ -30,7 +30,7 @@ SECRET_FIELDS = {"env"}
 def validation_items(exc: ValidationError, prefix: str = "body") -> list[dict[str, Any]]:
     items = []
     for err in exc.errors(include_url=False):
-        item = {"loc": [prefix, *err["loc"]], "msg": err["msg"], "type": err["type"]}
+        item: dict[str, Any] = {"loc": [prefix, *err["loc"]], "msg": err["msg"], "type": err["type"]}
         if "input" in err and not (err["loc"] and err["loc"][0] in SECRET_FIELDS):
             item["input"] = _jsonable(err["input"])
         if err.get("ctx"):

@@ -37,7 +37,7 @@ class Jails:
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # (pid, exit status) of each request not answered yet: answers come in request order
-        self._spawned: list[tuple[asyncio.Future[int], asyncio.Future[int]]] = []
+        self._spawned: list[tuple[asyncio.Future[int], asyncio.Future[int | None]]] = []
 
     @property
     def pid(self) -> int | None:
@@ -79,7 +79,7 @@ class Jails:
         loop.add_reader(self._sock.fileno(), self._on_message)
 
     def spawn(self, spec: RunSpec, stdin: int, stdout: int,
-              stderr: int) -> tuple[asyncio.Future[int], asyncio.Future[int]]:
+              stderr: int) -> tuple[asyncio.Future[int], asyncio.Future[int | None]]:
         """Start ``spec``: futures of its init's pid (a ``JailError`` when the zygote refused or is
         gone) and of the program's wait status (a SIGKILL's when the init was killed first). The
         run goes on while the pid is on its way; the fds stay the caller's."""
@@ -89,7 +89,7 @@ class Jails:
         data = json.dumps(asdict(spec)).encode()
         # The init writes the program's wait status here just before it exits: no hop through the zygote.
         status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        exit_status: asyncio.Future[int] = loop.create_future()
+        exit_status: asyncio.Future[int | None] = loop.create_future()  # the wait status (as a spawner's are)
         answer: asyncio.Future[int] = loop.create_future()
         try:
             self._sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
@@ -158,14 +158,14 @@ class Jails:
             time.sleep(0.01)
 
 
-def _refused(answer: asyncio.Future[int], exit_status: asyncio.Future[int], reason: str) -> None:
+def _refused(answer: asyncio.Future[int], exit_status: asyncio.Future[int | None], reason: str) -> None:
     if not answer.done():
         answer.set_exception(JailError(reason))
     if not exit_status.done():
         exit_status.set_result(jail.FAILED_TO_ISOLATE << 8)
 
 
-def _read_status(loop: asyncio.AbstractEventLoop, fd: int, exit_status: asyncio.Future[int]) -> None:
+def _read_status(loop: asyncio.AbstractEventLoop, fd: int, exit_status: asyncio.Future[int | None]) -> None:
     data = read_available(fd, 4)
     if data is None:
         return

@@ -364,7 +364,7 @@ class Supervisor:
         for uid, spawner in list((self._spawners or {}).items()):
             if spawner.pristine():
                 kept.add(spawner.pid)
-            else:
+            elif self._spawners is not None:
                 spawner.stop()
                 del self._spawners[uid]
         return frozenset(kept)
@@ -382,7 +382,7 @@ class Supervisor:
 
     def _spawn_isolated(self, argv: Sequence[str], cwd: str, env: Mapping[str, str], user: UserSpec | None,
                         isolation: Isolation, stdin: int, stdout: int,
-                        stderr: int) -> tuple[asyncio.Future[int], asyncio.Future[int]]:
+                        stderr: int) -> tuple[asyncio.Future[int], asyncio.Future[int | None]]:
         assert self.jails is not None
         who = user or UserSpec.current()
         spec = RunSpec.of(list(argv), dict(env), cwd, who.uid, who.gid, groups_of(who), isolation,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from typing import NamedTuple, TypeGuard
 
 from .polling import wait_until
 
@@ -45,8 +45,9 @@ def record(pid: int) -> list[int] | None:
     return None if st is None else [pid, st.start]
 
 
-def recorded_alive(rec: list[int] | None) -> bool:
-    return bool(rec) and alive(rec[0], rec[1])
+def recorded_alive(rec: list[int] | None) -> TypeGuard[list[int]]:
+    """Whether the process ``record`` names still runs (then ``rec`` is ``[pid, start time]``)."""
+    return rec is not None and len(rec) > 0 and alive(rec[0], rec[1])
 
 
 def children(pid: int) -> list[int]:

@@ -16,7 +16,7 @@ from . import models as m
 from .grading.models import ExportRequest, ExportResponse, GradeRequest, GradeResponse
 from .models import Request
 
-Req = TypeVar("Req", bound=Request)
+Req = TypeVar("Req", bound=BaseModel)  # a route's body: a `Request`, or a strict grading model
 Resp = TypeVar("Resp", bound=BaseModel)
 
 
@@ -47,10 +47,11 @@ RESET_PROJECT = Endpoint("POST", "/api/project/reset", m.ResetRequest, m.ResetRe
 EXPORT_FILES = Endpoint("POST", "/api/project/export", ExportRequest, ExportResponse)
 GRADE = Endpoint("POST", "/api/grade", GradeRequest, GradeResponse)
 TERMINATE_PROCESSES = Endpoint("POST", "/api/processes/terminate", m.TerminateRequest, m.TerminateResult)
-HEALTH = Endpoint("GET", "/api/health", None, m.HealthResponse)
-CAPABILITIES = Endpoint("GET", "/api/capabilities", None, m.CapabilitiesResponse)
+HEALTH: Endpoint[Request, m.HealthResponse] = Endpoint("GET", "/api/health", None, m.HealthResponse)
+CAPABILITIES: Endpoint[Request, m.CapabilitiesResponse] = Endpoint("GET", "/api/capabilities", None,
+                                                                  m.CapabilitiesResponse)
 EXECUTE = Endpoint("POST", "/execute", m.ExecuteRequest, m.ExecuteResponse)
-LANGUAGES = Endpoint("GET", "/execute/languages", None, m.LanguagesResponse)
+LANGUAGES: Endpoint[Request, m.LanguagesResponse] = Endpoint("GET", "/execute/languages", None, m.LanguagesResponse)
 AGENT_START = Endpoint("POST", "/api/agent/start", m.AgentStartRequest, m.AgentStartResponse)
 AGENT_EXCHANGE = Endpoint("POST", "/api/agent/exchange", m.AgentExchangeRequest, m.AgentExchangeResponse)
 AGENT_STOP = Endpoint("POST", "/api/agent/stop", m.AgentStopRequest, m.AgentStopResponse)
@@ -59,7 +60,7 @@ SESSION_READ = Endpoint("POST", "/api/sessions/read", m.SessionReadRequest, m.Se
 SESSION_WRITE = Endpoint("POST", "/api/sessions/write", m.SessionWriteRequest, m.SessionInfo)
 SESSION_RESIZE = Endpoint("POST", "/api/sessions/resize", m.SessionResizeRequest, m.SessionInfo)
 SESSION_END = Endpoint("POST", "/api/sessions/end", m.SessionEndRequest, m.SessionInfo)
-SESSION_LIST = Endpoint("GET", "/api/sessions", None, m.SessionListResponse)
+SESSION_LIST: Endpoint[Request, m.SessionListResponse] = Endpoint("GET", "/api/sessions", None, m.SessionListResponse)
 OPENAPI = "/openapi.json"
 
 ENDPOINTS: tuple[Endpoint[Any, Any], ...] = (
@@ -68,7 +69,7 @@ ENDPOINTS: tuple[Endpoint[Any, Any], ...] = (
     AGENT_START, AGENT_EXCHANGE, AGENT_STOP, SESSION_START, SESSION_READ, SESSION_WRITE, SESSION_RESIZE,
     SESSION_END, SESSION_LIST, LIST_FILES,
 )
-_BY_REQUEST: dict[type[Request], Endpoint[Any, Any]] = {e.request: e for e in ENDPOINTS if e.request is not None}
+_BY_REQUEST: dict[type[BaseModel], Endpoint[Any, Any]] = {e.request: e for e in ENDPOINTS if e.request is not None}
 
 
 def endpoint_for(request: Req) -> Endpoint[Req, Any]:

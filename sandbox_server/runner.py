@@ -210,8 +210,8 @@ def _toolchain_homes(env: Mapping[str, str]) -> dict[str, str]:
 def _response(out: BoundedOutput, err: BoundedOutput, code: int, timed_out: bool, stage: str,
               started: float) -> ExecuteResponse:
     return ExecuteResponse(
-        stdout=out.text(), stderr=err.text(), exitCode=code, timedOut=timed_out, stage=stage,
-        durationSeconds=round(time.monotonic() - started, 4),
+        stdout=out.text(), stderr=err.text(), exit_code=code, timed_out=timed_out, stage=stage,
+        duration_seconds=round(time.monotonic() - started, 4),
     )
 
 

@@ -229,7 +229,11 @@ class Spawner:
         def exited() -> None:
             unwatch()
             if not exit_status.done():
-                loop.call_later(STATUS_GRACE, lambda: exit_status.done() or self.stop())
+                loop.call_later(STATUS_GRACE, stop_unless_told)
+
+        def stop_unless_told() -> None:
+            if not exit_status.done():
+                self.stop()
 
         def told(_: asyncio.Future[int | None]) -> None:
             unwatch()

@@ -249,7 +249,7 @@ class Server:
     def __init__(self, app: App, header_timeout: float = DEFAULT_HEADER_TIMEOUT) -> None:
         self.app = app
         self.header_timeout = header_timeout
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.Server | None = None
         self._contexts: list[AsyncIterator[None]] = []
         self._connections: set[asyncio.Task] = set()
 

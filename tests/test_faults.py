@@ -294,9 +294,11 @@ def test_a_stalled_sandbox_does_not_stall_the_others(cpf: ControlPlaneProcess) -
     try:
         flood = [pool.submit(cp.forward, client, frozen, "api/tools/bash", {"command": "echo thawed"}, "POST", 1)
                  for _ in range(80)]
-        slow = [pool.submit(cp.forward, client, busy, "api/tools/bash", {"command": "sleep 3"}, "POST", 10)
-                for _ in range(40)]
-        time.sleep(0.5)
+        marker = f"slow-{os.getpid()}-{busy}"
+        slow = [pool.submit(cp.forward, client, busy, "api/tools/bash", {"command": f"sleep 3; : {marker}"}, "POST",
+                            10) for _ in range(40)]
+        # measured while the slow commands run (and the frozen sandbox's flood waits)
+        assert wait_until(lambda: len(processes_mentioning(marker.encode())) >= 10, 30)
         during = _latencies(cp, client, healthy, 40)
         # A stalled call would wait for the thaw, which comes only after these calls. Single calls
         # may still take most of a second on 2 cores while 40 slow commands start beside them.
@@ -310,7 +312,8 @@ def test_a_stalled_sandbox_does_not_stall_the_others(cpf: ControlPlaneProcess) -
     ops = [r.json()["async_operation_id"] for r in accepted]
     done = [cp.wait_op(op, 60) for op in ops]
     assert all(d["status"] == "SUCCEEDED" and "thawed" in d["result"] for d in done), \
-        [(d["status"], str(d["result"])[:200]) for d in done if d["status"] != "SUCCEEDED"]
+        [(d["status"], str(d["result"])[:300]) for d in done
+         if d["status"] != "SUCCEEDED" or "thawed" not in d["result"]]
     answers = [f.result(30) for f in slow]
     assert all(r.status_code == 200 for r in answers), [(r.status_code, r.text[:200]) for r in answers]
     pool.shutdown()

@@ -53,19 +53,23 @@ def _handles(state_dir: Path) -> dict[int, dict]:
 
 
 def _in_flight(cp: ControlPlaneProcess, client: str, sid: int, answers: list) -> threading.Thread:
-    """A call that would run 30 s, answered inline (Prefer: wait)."""
+    """A call that would run 30 s, answered inline (Prefer: wait); returned once its command runs
+    in the sandbox (its shell is seen: the marker comes last, so that bash does not exec sleep)."""
+    marker = f"in-flight-{os.getpid()}-{threading.get_ident()}-{sid}"
+
     def call() -> None:
         started = time.monotonic()
         try:
             with httpx.Client(base_url=cp.url, timeout=60) as http:
-                resp = http.post(f"/api/forward/{client}/{sid}/api/tools/bash", json={"command": "sleep 30"},
-                                 headers={"Prefer": "wait=60"})
+                resp = http.post(f"/api/forward/{client}/{sid}/api/tools/bash",
+                                 json={"command": f"sleep 30; : {marker}"}, headers={"Prefer": "wait=60"})
             answers.append((resp.status_code, resp.text, time.monotonic() - started))
         except httpx.HTTPError as exc:
             answers.append((None, repr(exc), time.monotonic() - started))
 
     thread = threading.Thread(target=call)
     thread.start()
+    assert wait_until(lambda: bool(processes_mentioning(marker.encode())), 30), answers
     return thread
 
 
@@ -93,7 +97,6 @@ def test_sigterm_answers_calls_in_flight_and_keeps_live_servers(tmp_path: Path) 
         assert wait_until(lambda: any(p.name.startswith("pool-") for p in pool.iterdir()), 30)
         answers: list = []
         thread = _in_flight(cp, client, sid, answers)
-        time.sleep(1.0)
         took = _terminate(cp)
         thread.join(30)
         assert took < 10, took
@@ -128,7 +131,6 @@ def test_an_ephemeral_control_plane_ends_everything_on_sigterm(tmp_path: Path) -
         cp.bash(client, sid, "(setsid sleep 1000 >/dev/null 2>&1 &)")
         answers: list = []
         thread = _in_flight(cp, client, sid, answers)
-        time.sleep(1.0)
         took = _terminate(cp)
         thread.join(30)
         assert took < 10, took

@@ -101,7 +101,7 @@ class SandboxSpec:
             request=req,
         )
 
-    def pool_key(self) -> tuple:
+    def pool_key(self) -> tuple[object, ...]:
         """Sandboxes with the same key are interchangeable before they are bound to a server."""
         return (self.image_tag, self.server_kind.value, self.run_as_root, self.runtime_class_name,
                 self.container_port, self.limits, self.snapshot_source, self.isolated_runs)

@@ -123,8 +123,7 @@ class IdeGymAgentEnv(IdeGymEnv):
         started = time.perf_counter()
         info: dict[str, Any] = {"step": self._steps + 1}
         if self.model_url is not None:
-            outcome = self._first if self._first is not None else self._pass_through()
-            return self._end(outcome, info, started)
+            return self._end(self._first if self._first is not None else self._pass_through(), info, started)
         if self._first is not None:
             return self._end(self._first, info, started)
         assert self._pending is not None
@@ -179,7 +178,7 @@ class IdeGymAgentEnv(IdeGymEnv):
             child._upstream = self._upstream.copy() if self._upstream is not None else None
             child._start_agent()
             child._first = child._next_call()
-        return children  # type: ignore[return-value]
+        return children
 
     def close(self) -> None:
         self._close_channel()

@@ -78,8 +78,8 @@ def to_atif(trajectory: list[dict[str, Any]], info: dict[str, Any], *, session_i
         if results:
             step["observation"] = {"results": results}
         steps.append(step)
-    extra = {k: info[k] for k in ("task_id", "checks", "infrastructure_error", "truncated_by", "submitted")
-             if k in info}
+    extra: dict[str, Any] = {k: info[k] for k in ("task_id", "checks", "infrastructure_error", "truncated_by",
+                                                   "submitted") if k in info}
     if reward is not None:
         extra["reward"] = reward
     return {"schema_version": ATIF_VERSION, "session_id": session_id or None,

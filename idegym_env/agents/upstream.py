@@ -22,6 +22,7 @@ class Upstream:
             raise ValueError(f"model_url must be an http(s) URL, not {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self._url = url
+        self._host = url.hostname
         self._headers = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key or 'none'}"}
         self._timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
@@ -29,7 +30,7 @@ class Upstream:
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
             cls = http.client.HTTPSConnection if self._url.scheme == "https" else http.client.HTTPConnection
-            self._conn = cls(self._url.hostname, self._url.port, timeout=self._timeout)
+            self._conn = cls(self._host, self._url.port, timeout=self._timeout)
         return self._conn
 
     def chat(self, payload: dict[str, Any]) -> dict[str, Any]:

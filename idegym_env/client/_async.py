@@ -78,7 +78,8 @@ async def drive(http: httpx.AsyncClient, plan: Plan[T]) -> T:
             else:
                 step = plan.send(await _send(http, step))
     except StopIteration as done:
-        return done.value
+        value: T = done.value  # the plan's return value (StopIteration types it Any)
+        return value
 
 
 class AsyncSandbox:
@@ -203,15 +204,15 @@ class AsyncSandbox:
 
     # -- life cycle (through the control plane) ----------------------------------------------
 
-    def _owner(self) -> AsyncIdeGymClient:
+    def _owner(self) -> tuple[AsyncIdeGymClient, int]:
         if self._client is None or self.server_id is None:
             raise RuntimeError("this sandbox was connected directly; life-cycle calls need the control plane")
-        return self._client
+        return self._client, self.server_id
 
     async def restart(self, timeout: int = 300) -> ServerActionResponse:
         """As fresh as a new sandbox from the image, same server id."""
-        c = self._owner()
-        return await c._run(_plans.server_action("POST", "/api/idegym-servers/restart", c.client_id, self.server_id,
+        c, server_id = self._owner()
+        return await c._run(_plans.server_action("POST", "/api/idegym-servers/restart", c.client_id, server_id,
                                            c.namespace, {"server_start_wait_timeout_in_seconds": timeout},
                                            timeout + 60))
 
@@ -220,35 +221,35 @@ class AsyncSandbox:
         fresh processes (no process state is copied); this sandbox keeps running and sees none of
         them. They are ordinary servers of this client, under ``server_name`` (default: this
         one's)."""
-        c = self._owner()
-        answer = await c._run(_plans.fork(c.client_id, self.server_id, c.namespace, n, server_name, timeout))
+        c, server_id = self._owner()
+        answer = await c._run(_plans.fork(c.client_id, server_id, c.namespace, n, server_name, timeout))
         return [AsyncSandbox(self._http, Target.forwarded(c.client_id, s.server_id), c,
                         _plans.forked_info(self.info, c.namespace, c.client_id, s)) for s in answer.servers]
 
     async def snapshot(self) -> CreateSnapshotResponse:
-        c = self._owner()
-        return await c._run(_plans.snapshot(c.client_id, self.server_id, c.namespace))
+        c, server_id = self._owner()
+        return await c._run(_plans.snapshot(c.client_id, server_id, c.namespace))
 
     async def keepalive(self, minutes: float = 15.0) -> KeepaliveServerResponse:
-        c = self._owner()
-        return await c._run(_plans.keepalive(c.client_id, self.server_id, c.namespace, minutes))
+        c, server_id = self._owner()
+        return await c._run(_plans.keepalive(c.client_id, server_id, c.namespace, minutes))
 
     async def status(self) -> ServerStatusResponse:
-        c = self._owner()
-        return await c._run(_plans.status(c.client_id, self.server_id))
+        c, server_id = self._owner()
+        return await c._run(_plans.status(c.client_id, server_id))
 
     async def finish(self) -> ServerActionResponse:
         """Hand the server back for reuse (FINISHED)."""
-        c = self._owner()
-        answer = await c._run(_plans.server_action("POST", "/api/idegym-servers/finish", c.client_id, self.server_id,
+        c, server_id = self._owner()
+        answer = await c._run(_plans.server_action("POST", "/api/idegym-servers/finish", c.client_id, server_id,
                                                    c.namespace))
         self._ended = True
         return answer
 
     async def stop(self) -> ServerActionResponse:
         """Delete the server and its sandbox (STOPPED)."""
-        c = self._owner()
-        answer = await c._run(_plans.server_action("DELETE", "/api/idegym-servers", c.client_id, self.server_id,
+        c, server_id = self._owner()
+        answer = await c._run(_plans.server_action("DELETE", "/api/idegym-servers", c.client_id, server_id,
                                                    c.namespace))
         self._ended = True
         return answer
@@ -291,7 +292,7 @@ class AsyncIdeGymClient:
                                   timeout=60.0, limits=httpx.Limits(max_keepalive_connections=32))
         self._client_id: str | None = None
         self._release: Callable[[], None] | None = None  # hands an embedded control plane back
-        self._heartbeat: asyncio.Task | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
 
     @classmethod
     def embedded(cls, **kwargs: Any) -> AsyncIdeGymClient:

@@ -145,7 +145,7 @@ class _Connection:
         raise http.client.HTTPException(f"got more than {MAX_HEADERS} headers")
 
     def _chunked(self) -> bytes:
-        fp, chunks = self._file, []
+        fp, chunks = self._file, list[bytes]()
         while True:
             line = fp.readline(MAX_LINE + 1)
             size = line.split(b";", 1)[0].strip()

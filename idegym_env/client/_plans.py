@@ -98,7 +98,9 @@ def run_tool(target: Target, tool_call: ToolCall, bash_timeout: float) -> Plan[T
         raise invalid_request(exc) from None
     if request is None:
         raise ValueError(f"{tool_call.tool!r} is not a sandbox call: the environment carries it out")
-    return (yield from call(target, endpoint_for(request), request))
+    # the route is found at run time; its response model is one of the tools' (a `Response`)
+    result: ToolResult = yield from call(target, endpoint_for(request), request)
+    return result
 
 
 def setup_check(target: Target, script: str, timeout: float, keep_processes: bool = False) -> Plan[m.CheckResult]:

@@ -24,7 +24,7 @@ from pydantic import ValidationError as PydanticValidationError
 from control_plane.constants import FORWARD_FAILED, PREFER_HEADER, SANDBOX_HEADER
 from control_plane.models import AsyncOperationStatusResponse, ErrorResponse, ForwardRequestResponse
 from sandbox_server.grading.models import GradeRequest
-from sandbox_server.models import ExecuteRequest, Request, TimedRequest
+from sandbox_server.models import ExecuteRequest, TimedRequest
 from sandbox_server.routes import Endpoint
 
 from ..errors import APIError, TimeoutError
@@ -32,7 +32,7 @@ from ._exceptions import error_for, invalid_request
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
-Req = TypeVar("Req", bound=Request)
+Req = TypeVar("Req", bound=BaseModel)  # a wire model: the sandbox server's or the control plane's
 
 # Seconds added to a call's own timeout before the client gives up waiting for the answer.
 SLACK = 30.0
@@ -42,7 +42,7 @@ UNTIMED_CALL = 120.0
 COMPILE_ALLOWANCE = 120.0
 
 
-def seconds_for(request: Request | None) -> float:
+def seconds_for(request: BaseModel | None) -> float:
     """How long the sandbox server may take over ``request``; every client timeout comes from here
     (plus ``SLACK`` for the answer to arrive)."""
     if isinstance(request, TimedRequest):
@@ -94,7 +94,15 @@ class Reply:
         return self.content.decode("utf-8", errors="replace")
 
 
-Plan = Generator["Call | Sleep", "Reply | None", T]
+Plan = Generator["Call | Sleep", "Reply | None", T]  # a Call is answered with its Reply, a Sleep with None
+
+
+def request(call: Call) -> Plan[Reply]:
+    """Yield ``call`` and take its reply (``yield from request(...)``)."""
+    reply = yield call
+    if reply is None:
+        raise TypeError(f"the driver answered {call.method} {call.path} with nothing")
+    return reply
 
 
 @dataclass(frozen=True)
@@ -123,7 +131,7 @@ def poll_operation(op_id: int, timeout: float) -> Plan[AsyncOperationStatusRespo
     deadline = time.monotonic() + timeout
     delay = 0.02
     while True:
-        reply = _check((yield Call("GET", f"/api/operations/status/{op_id}")), "control-plane")
+        reply = _check((yield from request(Call("GET", f"/api/operations/status/{op_id}"))), "control-plane")
         op = AsyncOperationStatusResponse.model_validate(reply.json())
         if op.status in ("SUCCEEDED", "FAILED", "CANCELLED"):
             return op
@@ -145,9 +153,10 @@ def sandbox_call(target: Target, method: str, path: str, body: Any = None, timeo
     """One call to the sandbox API (``path`` like ``api/tools/bash``); raises on HTTP errors."""
     url = target.prefix + path
     if not target.via_control_plane:
-        return _check((yield Call(method, url, json=body, timeout=timeout + SLACK)), "sandbox")
+        return _check((yield from request(Call(method, url, json=body, timeout=timeout + SLACK))), "sandbox")
     wait = timeout + SLACK
-    reply = yield Call(method, url, json=body, headers={PREFER_HEADER: f"wait={wait:g}"}, timeout=wait + SLACK)
+    reply = yield from request(Call(method, url, json=body, headers={PREFER_HEADER: f"wait={wait:g}"},
+                                    timeout=wait + SLACK))
     if reply.status == 202:
         op = yield from poll_operation(int(reply.json()["async_operation_id"]), wait + SLACK)
         if op.status != "SUCCEEDED":
@@ -167,13 +176,13 @@ def call(target: Target, endpoint: Endpoint[Req, M], request: Req | None = None)
 
 def cp_call(method: str, path: str, body: Any = None, params: dict[str, str] | None = None,
             timeout: float | None = 60.0) -> Plan[Reply]:
-    return _check((yield Call(method, path, json=body, params=params, timeout=timeout)), "control-plane")
+    return _check((yield from request(Call(method, path, json=body, params=params, timeout=timeout))), "control-plane")
 
 
 def cp_operation(method: str, path: str, body: Any, model: type[M], timeout: float) -> Plan[M]:
     """An asynchronous control-plane operation, awaited in one round trip when the server can."""
-    reply = _check((yield Call(method, path, json=body, headers={PREFER_HEADER: f"wait={timeout:g}"},
-                               timeout=timeout + SLACK)), "control-plane")
+    reply = _check((yield from request(Call(method, path, json=body, headers={PREFER_HEADER: f"wait={timeout:g}"},
+                                          timeout=timeout + SLACK))), "control-plane")
     if reply.status != 202:
         return model.model_validate(reply.json())
     data = reply.json()

@@ -68,7 +68,8 @@ def drive(http: HTTPSession, plan: Plan[T]) -> T:
             else:
                 step = plan.send(_send(http, step))
     except StopIteration as done:
-        return done.value
+        value: T = done.value  # the plan's return value (StopIteration types it Any)
+        return value
 
 
 class Sandbox:
@@ -190,15 +191,15 @@ class Sandbox:
 
     # -- life cycle (through the control plane) ----------------------------------------------
 
-    def _owner(self) -> IdeGymClient:
+    def _owner(self) -> tuple[IdeGymClient, int]:
         if self._client is None or self.server_id is None:
             raise RuntimeError("this sandbox was connected directly; life-cycle calls need the control plane")
-        return self._client
+        return self._client, self.server_id
 
     def restart(self, timeout: int = 300) -> ServerActionResponse:
         """As fresh as a new sandbox from the image, same server id."""
-        c = self._owner()
-        return c._run(_plans.server_action("POST", "/api/idegym-servers/restart", c.client_id, self.server_id,
+        c, server_id = self._owner()
+        return c._run(_plans.server_action("POST", "/api/idegym-servers/restart", c.client_id, server_id,
                                            c.namespace, {"server_start_wait_timeout_in_seconds": timeout},
                                            timeout + 60))
 
@@ -207,35 +208,35 @@ class Sandbox:
         fresh processes (no process state is copied); this sandbox keeps running and sees none of
         them. They are ordinary servers of this client, under ``server_name`` (default: this
         one's)."""
-        c = self._owner()
-        answer = c._run(_plans.fork(c.client_id, self.server_id, c.namespace, n, server_name, timeout))
+        c, server_id = self._owner()
+        answer = c._run(_plans.fork(c.client_id, server_id, c.namespace, n, server_name, timeout))
         return [Sandbox(self._http, Target.forwarded(c.client_id, s.server_id), c,
                         _plans.forked_info(self.info, c.namespace, c.client_id, s)) for s in answer.servers]
 
     def snapshot(self) -> CreateSnapshotResponse:
-        c = self._owner()
-        return c._run(_plans.snapshot(c.client_id, self.server_id, c.namespace))
+        c, server_id = self._owner()
+        return c._run(_plans.snapshot(c.client_id, server_id, c.namespace))
 
     def keepalive(self, minutes: float = 15.0) -> KeepaliveServerResponse:
-        c = self._owner()
-        return c._run(_plans.keepalive(c.client_id, self.server_id, c.namespace, minutes))
+        c, server_id = self._owner()
+        return c._run(_plans.keepalive(c.client_id, server_id, c.namespace, minutes))
 
     def status(self) -> ServerStatusResponse:
-        c = self._owner()
-        return c._run(_plans.status(c.client_id, self.server_id))
+        c, server_id = self._owner()
+        return c._run(_plans.status(c.client_id, server_id))
 
     def finish(self) -> ServerActionResponse:
         """Hand the server back for reuse (FINISHED)."""
-        c = self._owner()
-        answer = c._run(_plans.server_action("POST", "/api/idegym-servers/finish", c.client_id, self.server_id,
+        c, server_id = self._owner()
+        answer = c._run(_plans.server_action("POST", "/api/idegym-servers/finish", c.client_id, server_id,
                                              c.namespace))
         self._ended = True
         return answer
 
     def stop(self) -> ServerActionResponse:
         """Delete the server and its sandbox (STOPPED)."""
-        c = self._owner()
-        answer = c._run(_plans.server_action("DELETE", "/api/idegym-servers", c.client_id, self.server_id,
+        c, server_id = self._owner()
+        answer = c._run(_plans.server_action("DELETE", "/api/idegym-servers", c.client_id, server_id,
                                              c.namespace))
         self._ended = True
         return answer

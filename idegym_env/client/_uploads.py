@@ -26,7 +26,7 @@ from typing import IO, Any
 from control_plane.models import MissingUploadsResponse, UploadResponse
 from control_plane.tree_pack import REFERENCE_PREFIX, PackError, fingerprint, pack
 
-from ._protocol import Call, Plan, _check
+from ._protocol import Call, Plan, _check, request
 
 SPOOL_IN_MEMORY = 8 << 20  # a packed tree up to this size stays in memory
 WIRE_RATE = 2 << 20  # bytes per second an upload's timeout assumes, at the least
@@ -124,7 +124,8 @@ def local_trees(yaml_text: str) -> tuple[str, list[LocalTree]]:
 
 
 def missing(digests: list[str]) -> Plan[list[str]]:
-    reply = _check((yield Call("POST", "/api/uploads/missing", json={"digests": digests})), "control-plane")
+    reply = _check((yield from request(Call("POST", "/api/uploads/missing", json={"digests": digests}))),
+                   "control-plane")
     return MissingUploadsResponse.model_validate(reply.json()).missing
 
 
@@ -133,8 +134,8 @@ def put(tree: LocalTree, body: IO[bytes], client_id: str | None) -> Plan[UploadR
     body.seek(0)
     headers = {"Content-Type": "application/x-tar", "Content-Encoding": "gzip"}
     params = {"client_id": client_id} if client_id else None
-    reply = yield Call("PUT", f"/api/uploads/{tree.digest}", params=params, headers=headers, content=body,
-                       content_length=length, timeout=60 + length / WIRE_RATE)
+    reply = yield from request(Call("PUT", f"/api/uploads/{tree.digest}", params=params, headers=headers,
+                                    content=body, content_length=length, timeout=60 + length / WIRE_RATE))
     return UploadResponse.model_validate(_check(reply, "control-plane").json())
 
 

@@ -152,7 +152,7 @@ class _Shared:
 class _PerEpisode:
     """Factory that builds a fresh agent per episode; picklable when ``cls`` is (for Ray)."""
 
-    def __init__(self, cls: Callable[..., Agent], kwargs: Mapping[str, Any]) -> None:
+    def __init__(self, cls: type[Any], kwargs: Mapping[str, Any]) -> None:  # a class whose instances are agents
         self.cls = cls
         self.kwargs = dict(kwargs)
 
@@ -172,7 +172,7 @@ def load_agent(spec: str | Callable[..., Any], kwargs: Mapping[str, Any] | None 
             get_harness(harness)
         except ValueError as exc:
             raise AgentSpecError(str(exc)) from None
-        _check_kwargs(spec, HarnessAgent, kwargs)
+        _check_kwargs(str(spec), HarnessAgent, kwargs)
         if not kwargs.get("model_url"):
             raise AgentSpecError(f"agent {spec}: the harness's model calls go to your server: "
                                  "--agent-arg model_url=http://HOST:PORT/v1 (an OpenAI-compatible server)")
@@ -250,6 +250,7 @@ def reset_agent(agent: Agent, task: Task, seed: int | None) -> None:
     reset = getattr(agent, "reset", None)
     if reset is None or not callable(reset):
         return
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(reset).parameters
     except (TypeError, ValueError):

@@ -29,7 +29,7 @@ from sandbox_server.grading.models import ExportedFile, ExportRequest, ExportRes
 
 from ..client import Sandbox, ServiceError
 from ..rewards import CheckResults
-from ..tasks import Task
+from ..tasks import Task, TestScript
 
 PAYLOAD_TOO_LARGE = 413
 
@@ -63,7 +63,7 @@ def grade_request(task: Task, exported: ExportResponse | None) -> GradeRequest:
     stages = []
     for name, script in task.stages():
         extra: dict[str, Any] = {}
-        if name == "tests":
+        if isinstance(script, TestScript):  # the tests stage
             extra = {"report_glob": script.report_glob if script.harness == "in-process" else None,
                      "expected": list(script.expected) if script.expected is not None else None,
                      "reward_file": script.reward_file}

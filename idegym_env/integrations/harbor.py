@@ -196,7 +196,7 @@ class IdeGymEnvironment(BaseEnvironment):
             services = self._compose_services()
             image = await self._image(client, force_build)
             for name in compose.start_order(services) if services else [compose.MAIN]:
-                if name != compose.MAIN:
+                if services and name != compose.MAIN:
                     await self._start_service(client, services, name, force_build)
                     continue
                 await self._wait_for(services, compose.MAIN)
@@ -270,7 +270,7 @@ class IdeGymEnvironment(BaseEnvironment):
             raise RuntimeError(f"the IdeGym sandbox of compose service {name!r} did not start: {exc}") from exc
         self._services[name] = sandbox
         if self._network_owner is None:
-            self._network_owner = int(sandbox.info.server_id or 0)
+            self._network_owner = int(sandbox.server_id or 0)
         hosts = await sandbox.bash(f"echo {shlex.quote(compose.hosts_line(services))} >> /etc/hosts", timeout=60,
                                    user="root")
         command = compose.process_command(service)
@@ -281,7 +281,9 @@ class IdeGymEnvironment(BaseEnvironment):
 
     async def _wait_for(self, services: dict[str, compose.Service] | None, name: str) -> None:
         """Until the services ``name`` depends on with ``service_healthy`` pass their healthchecks."""
-        for dep, condition in (services[name].depends_on.items() if services else ()):
+        if not services:
+            return
+        for dep, condition in services[name].depends_on.items():
             if condition != "service_healthy":
                 continue
             sandbox = self._services[dep] if dep != compose.MAIN else self._require()
@@ -610,7 +612,7 @@ class IdeGymEnvironment(BaseEnvironment):
             with tempfile.TemporaryDirectory(prefix=".idegym-download-", dir=target.parent) as scratch:
                 await self._fetch(names, Path(scratch) / "names", _LISTING_LIMIT, f"the listing of {source_dir}",
                                   "download a part of it")
-                paths = []
+                paths: list[str] = []
                 with open(Path(scratch) / "names", encoding="utf-8", errors="surrogateescape") as listing:
                     for line in listing:
                         if len(paths) >= MAX_ENTRIES:

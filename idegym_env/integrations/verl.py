@@ -92,6 +92,8 @@ class IdeGymAgentLoop(ToolAgentLoop):
     ``control_plane_url``: where sandboxes come from (default: ``$IDEGYM_URL``, else the embedded control plane);
     ``env_kwargs`` go to ``IdeGymEnv`` (``max_steps``, ``bash_timeout``...)."""
 
+    tools: dict[str, Any]  # verl's, by name (its base class is untyped)
+
     def __init__(self, *args: Any, tools: ToolListWrap | None = None, control_plane_url: str | None = None,
                  **kwargs: Any) -> None:
         env_kwargs = {k: kwargs.pop(k) for k in ("max_steps", "bash_timeout", "max_observation_chars") if k in kwargs}
@@ -166,7 +168,7 @@ def dataset_rows(tasks: Iterable[str], *, prompt: str = "Solve the coding task b
                  repeat: int = 1, data_source: str = "idegym") -> list[dict[str, Any]]:
     """Rows for verl's ``RLHFDataset`` (write them to parquet): one per task and repeat, with
     ``agent_name: idegym`` and the task in ``extra_info``."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for task in tasks:
         for _ in range(repeat):
             rows.append({"data_source": data_source, "agent_name": AGENT_NAME,

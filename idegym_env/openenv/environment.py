@@ -37,6 +37,7 @@ from openenv.core.env_server.interfaces import Environment  # noqa: E402
 from openenv.core.env_server.types import EnvironmentMetadata  # noqa: E402
 
 from .. import __version__  # noqa: E402
+from ..client import Sandbox  # noqa: E402
 from ..env import IdeGymEnv  # noqa: E402
 from ..integrations._episode import InfrastructureError, _infra_failure  # noqa: E402
 from ..tasks import BUNDLED_DIR, Task, load_task  # noqa: E402
@@ -85,7 +86,7 @@ class IdeGymOpenEnv(Environment[IdeAction, IdeObservation, IdeState]):
             self._env_kwargs["reuse"] = reuse
         self._env: IdeGymEnv | None = None
         self._leased = False
-        self._direct = None  # in-sandbox mode: this session's connection to the sandbox server
+        self._direct: Sandbox | None = None  # in-sandbox mode: this session's connection to the sandbox server
         self._done = False
         self._state = IdeState(task_id=self.default_task.id, mode=self.mode)
 
@@ -119,7 +120,7 @@ class IdeGymOpenEnv(Environment[IdeAction, IdeObservation, IdeState]):
         return IdeObservation(
             text=text, task_id=env.task.id, episode_id=episode, step=0, max_steps=env.max_steps,
             server_id=info.get("server_id"), sandbox=info.get("sandbox"), seconds=info.get("reset_seconds"),
-            tools=env.action_space.tool_schemas("openai"), done=False, reward=None,
+            tools=env.tool_calls.tool_schemas("openai"), done=False, reward=None,
         )
 
     def step(self, action: IdeAction, timeout_s: float | None = None, **kwargs: Any) -> IdeObservation:

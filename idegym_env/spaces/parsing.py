@@ -96,9 +96,9 @@ def _unwrap(action: Mapping[str, Any], tools: tuple[str, ...]) -> tuple[str, Any
         function = action["function"]
         if not isinstance(function, Mapping) or "name" not in function:
             raise InvalidAction("'function' must be an object with 'name' and 'arguments'", hint=hint(tools))
-        extra = set(function.keys()) - {"name", "arguments"}
-        if extra:
-            raise InvalidAction(f"unexpected keys {sorted(map(str, extra))} in 'function'", hint=hint(tools))
+        unexpected = set(function.keys()) - {"name", "arguments"}
+        if unexpected:
+            raise InvalidAction(f"unexpected keys {sorted(map(str, unexpected))} in 'function'", hint=hint(tools))
         name, arguments = function["name"], function.get("arguments")
     elif "name" in keys:
         _check_envelope(action, _NAME_ENVELOPE, tools)

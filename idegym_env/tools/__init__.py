@@ -26,7 +26,7 @@ no route carries it out yet, the route (``sandbox_server/routes.py``, ``models.p
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import TYPE_CHECKING, Annotated, Any, Union
 
 from pydantic import Discriminator, Tag
 
@@ -72,10 +72,13 @@ def _tag(value: Any) -> str | None:
     return canonical(tool) if isinstance(tool, str) else None
 
 
-AnyToolCall = Annotated[
-    Union[tuple(Annotated[tool, Tag(tool.name)] for tool in TOOLS.values() if tool.in_space)],  # type: ignore[misc]  # noqa: UP007
-    Discriminator(_tag),
-]
+if TYPE_CHECKING:  # the union is built at run time from the registry; statically it is a tool call
+    AnyToolCall = ToolCall
+else:
+    AnyToolCall = Annotated[
+        Union[tuple(Annotated[tool, Tag(tool.name)] for tool in TOOLS.values() if tool.in_space)],  # noqa: UP007
+        Discriminator(_tag),
+    ]
 """Pydantic type of a call of the action space's tools (a task's ``solution`` and ``actions``);
 a call that names its tool by an alias is read as that tool's."""
 

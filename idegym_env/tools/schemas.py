@@ -32,7 +32,7 @@ def _clean_schema(node: Any) -> Any:
 
 def arguments_schema(tool: str) -> dict[str, Any]:
     """JSON Schema of one tool's arguments object."""
-    schema = _clean_schema(TOOLS[tool].arguments_model().model_json_schema())
+    schema: dict[str, Any] = _clean_schema(TOOLS[tool].arguments_model().model_json_schema())
     schema.setdefault("properties", {})
     schema["additionalProperties"] = False
     return schema

@@ -208,7 +208,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
             pass
         if node_lost and self._spreader is not None:
             self._spreader.suspect(node)
-        self._stop_clients(node, [d.get("client_id") for d in described if d.get("client_id")], node_lost)
+        self._stop_clients(node, [cid for d in described if (cid := d.get("client_id"))], node_lost)
         self._actors[g] = self._new_actor(g)
         self._describe_refs[g] = self._actors[g].describe.remote()
         for i in self._members[g]:

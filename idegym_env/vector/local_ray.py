@@ -36,7 +36,7 @@ def use_loopback() -> None:
     # start fresh and read it from the environment, this one needs the constant set.
     constants = sys.modules.get("ray._private.ray_constants")
     if constants is not None:
-        constants.ENABLE_RAY_CLUSTER = False
+        constants.ENABLE_RAY_CLUSTER = False  # type: ignore[attr-defined]  # a ModuleType from sys.modules names none
 
 
 def init_local(**kwargs: Any) -> None:
@@ -80,7 +80,7 @@ class SimulatedCluster:
         if nodes < 1:
             raise ValueError(f"nodes must be >= 1, got {nodes}")
         use_loopback()
-        self._node_args = {"num_cpus": cpus_per_node, "node_ip_address": LOOPBACK,
+        self._node_args: dict[str, Any] = {"num_cpus": cpus_per_node, "node_ip_address": LOOPBACK,
                            "object_store_memory": object_store_mb * 1024 * 1024}
         head_args: dict[str, Any] = {**self._node_args, "include_dashboard": False}
         if node_death_s is not None:  # Ray's default: a killed node is called dead after ~15 s
@@ -148,10 +148,10 @@ def non_loopback_listeners(root: int | None = None) -> list[str]:
             owners.setdefault(inode, pid)
     out = []
     for address, port, inode in _listening():
-        pid = owners.get(inode)
-        if pid is None or _is_loopback(address):
+        owner = owners.get(inode)
+        if owner is None or _is_loopback(address):
             continue
-        out.append(f"{address}:{port} (pid {pid} {_name(pid)})")
+        out.append(f"{address}:{port} (pid {owner} {_name(owner)})")
     return sorted(out)
 
 

@@ -210,15 +210,17 @@ def close_registry(registry: Any) -> None:
 def stop_client(url: str, client_id: str) -> None:
     """Best effort: stop a dead actor's client so that its sandboxes go now, not when its heartbeat
     times out."""
-    import httpx
-
     from ..client import Settings, _plans
+    from ..client._http import HTTPSession
     from ..client._sync import drive
 
     try:
         settings = Settings.resolve(url)
-        with httpx.Client(base_url=settings.url, auth=settings.auth, timeout=10.0) as http:
+        http = HTTPSession(settings.url, unix_socket=settings.unix_socket, auth=settings.auth, default_timeout=10.0)
+        try:
             drive(http, _plans.stop_client(client_id, "idegym"))
+        finally:
+            http.close()
     except Exception:  # noqa: BLE001 - the control plane's reaper gets it eventually
         pass
 

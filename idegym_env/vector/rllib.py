@@ -13,7 +13,7 @@ from .sub_envs import build_env
 _VECTOR_ONLY = ("actor_options", "step_timeout", "max_slot_restarts", "ray_init_kwargs", "envs_per_actor")
 
 
-def rllib_env_creator(config: Any) -> gym.Env:
+def rllib_env_creator(config: Any) -> gym.Env | gym.vector.VectorEnv:
     """An env creator for ``ray.tune.registry.register_env``.
 
     RLlib's ``SingleAgentEnvRunner`` calls the creator with ``num_envs`` added to ``env_config``

@@ -53,8 +53,8 @@ class DiscreteActions(gym.ActionWrapper):
     def __init__(self, env: gym.Env, actions: Sequence[Any] | None = None, *, submit: bool = True) -> None:
         super().__init__(env)
         inner = env.unwrapped
-        parser = inner.action_space if isinstance(getattr(inner, "action_space", None), ToolCallSpace) \
-            else ToolCallSpace()
+        space = getattr(inner, "action_space", None)
+        parser = space if isinstance(space, ToolCallSpace) else ToolCallSpace()
         if actions is None:
             task = getattr(inner, "task", None)
             if task is None:

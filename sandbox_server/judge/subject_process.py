@@ -104,7 +104,8 @@ class Subject:
                 pass
             for stream in (self._proc.stdin, self._proc.stdout):
                 try:
-                    stream.close()
+                    if stream is not None:
+                        stream.close()
                 except OSError:
                     pass
             self._proc.wait()

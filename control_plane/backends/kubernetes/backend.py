@@ -93,13 +93,14 @@ class KubernetesBackend(Backend):
         return (self.config.namespace, *[n for n in self.config.extra_namespaces if n != self.config.namespace])
 
     async def start(self) -> None:
-        self.api = self._api or await asyncio.to_thread(load_api_client, self.config)
-        self.api.user_agent = USER_AGENT  # the control plane, recognizable in audit logs
-        self.core = client.CoreV1Api(self.api)
-        self.apps = client.AppsV1Api(self.api)
-        self.policy = client.PolicyV1Api(self.api)
-        self.batch = client.BatchV1Api(self.api)
-        self.snapshots = PodSnapshots(self.api, self.settings, enabled=self.config.snapshots,
+        api = self._api if self._api is not None else await asyncio.to_thread(load_api_client, self.config)
+        self.api = api
+        api.user_agent = USER_AGENT  # the control plane, recognizable in audit logs
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.policy = client.PolicyV1Api(api)
+        self.batch = client.BatchV1Api(api)
+        self.snapshots = PodSnapshots(api, self.settings, enabled=self.config.snapshots,
                                       timeout=self.config.snapshot_timeout)
         for ns in self.namespaces:
             informer = PodInformer(self.core, ns, instance_selector(self.settings))
@@ -108,14 +109,14 @@ class KubernetesBackend(Backend):
         for ns, informer in self.informers.items():
             if not await informer.wait_synced(15):
                 await self.close()
-                raise BackendError(f"cannot list pods in namespace {ns!r} on {self.api.configuration.host}: "
+                raise BackendError(f"cannot list pods in namespace {ns!r} on {api.configuration.host}: "
                                    f"{informer.last_error or 'no answer'}")
         if self.addressing == "api-proxy":
-            self.relay = ApiProxyRelay(self.api.configuration, set(self.namespaces), USER_AGENT)
+            self.relay = ApiProxyRelay(api.configuration, set(self.namespaces), USER_AGENT)
             await self.relay.start()
         await self.snapshots.probe()
         log.info("kubernetes backend on %s, namespaces %s, addressing %s, snapshots %s",
-                 self.api.configuration.host, ",".join(self.namespaces), self.addressing,
+                 api.configuration.host, ",".join(self.namespaces), self.addressing,
                  "on" if self.snapshots.available else f"off ({self.snapshots.why_not})")
 
     async def close(self) -> None:

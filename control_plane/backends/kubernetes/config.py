@@ -93,9 +93,10 @@ class KubernetesConfig:
             elif isinstance(default, (tuple, dict)):
                 group.add_argument(flag, dest=f"k8s_{f.name}", default=",".join(
                     default if isinstance(default, tuple) else (f"{k}={v}" for k, v in default.items())))
+            elif isinstance(default, (int, float)):
+                group.add_argument(flag, dest=f"k8s_{f.name}", default=default, type=type(default))
             else:
-                group.add_argument(flag, dest=f"k8s_{f.name}", default=default,
-                                   type=type(default) if isinstance(default, (int, float)) else None)
+                group.add_argument(flag, dest=f"k8s_{f.name}", default=default)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> KubernetesConfig:

@@ -55,7 +55,7 @@ async def delete_quietly(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> b
 def error_text(exc: ApiException) -> str:
     """The ``message`` of the API's Status body, else the HTTP reason."""
     with contextlib.suppress(Exception):
-        body = json.loads(exc.body)
+        body = json.loads(exc.body or "{}")
         if body.get("message"):
             return str(body["message"])
     return f"{exc.status} {exc.reason}"

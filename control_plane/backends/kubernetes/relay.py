@@ -71,7 +71,8 @@ class ApiProxyRelay:
     def _auth_headers(self) -> dict[str, str]:
         # evaluated per request: exec plugins / in-cluster tokens refresh through this hook
         auth = self.cfg.auth_settings().get("BearerToken")
-        return {"Authorization": auth["value"]} if auth and auth.get("value") else {}
+        value = auth.get("value") if auth else None
+        return {"Authorization": value} if value else {}
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         match = PROXY_PATH.match(request.path)

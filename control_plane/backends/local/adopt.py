@@ -109,7 +109,7 @@ def _remount(state_dir: Path, data: dict[str, Any], image: ResolvedImage, stack:
         upper, work = _fresh_layer(layers / "project", like=project_levels[0] if project_levels else None)
         (layers / "project" / FORK_LAYERS).write_text(json.dumps([fork_inside(i) for i in
                                                                   range(len(project_levels))]))
-        project_fd = mount_api.overlay([rel(p) for p in [*project_levels, image.project]], rel(upper), rel(work),
+        project_fd = mount_api.overlay([*map(rel, project_levels), rel(image.project)], rel(upper), rel(work),
                                        userxattr=True)
         fds.append(project_fd)
         binds = []

@@ -269,7 +269,8 @@ class LocalBackend(Backend):
 
     async def create(self, spec: SandboxSpec, timeout: float, *, background: bool = False) -> SandboxHandle:
         launcher = self.require_started()
-        snapshot, fork_ids = None, []
+        snapshot = None
+        fork_ids: list[str] = []
         if spec.snapshot_source:
             snapshot = self.snapshots.path(spec.snapshot_source)
             meta = self.snapshots.meta(snapshot)

@@ -177,7 +177,7 @@ def build_builtin(dest: Path) -> None:
     (dest / "project").mkdir()
     _own(dest / "project", APPUSER[1], APPUSER[2])
     os.chmod(dest / "project", 0o755)
-    meta = {"tag": BUILTIN_IMAGE, "id": BUILTIN_ID, "base": None, "base_id": None,
+    meta: dict[str, object] = {"tag": BUILTIN_IMAGE, "id": BUILTIN_ID, "base": None, "base_id": None,
             "layers": [t for t in TREES if t != "usr" or any((layers / "usr").iterdir())], "host_usr": True,
             "env": {}, "network": False, "created": time.time(),
             "notes": ["the host's /usr, a sanitized /etc, an empty project", *notes]}
@@ -249,12 +249,12 @@ def _copy_distributions(names: tuple[str, ...], python_version: str, dest: Path)
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError as exc:
             raise ImageError(f"{name} is not installed next to the control plane (pip install pytest)") from exc
-        needs = dist.metadata.get("Requires-Python")
+        needs = (dist.metadata.get_all("Requires-Python") or [None])[0]
         if needs and python_version not in SpecifierSet(needs):
             raise ImageError(f"{name} {dist.version} needs Python {needs}; the host's python3 is {python_version}")
-        root = Path(dist.locate_file("")).resolve()
+        root = Path(str(dist.locate_file(""))).resolve()
         for entry in dist.files or []:
-            src = Path(dist.locate_file(entry)).resolve()
+            src = Path(str(dist.locate_file(entry))).resolve()
             if not src.is_relative_to(root) or "__pycache__" in src.parts or not src.is_file():
                 continue
             if src.suffix in (".so", ".pyd"):

@@ -161,6 +161,7 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
     args = server_args(plan, runtime, kind, ready_fd=ready_w, tool_cgroups=tool_cgroups, forget_task=bool(staged))
     env = {**server_env(plan, runtime, kind), **staged}
     pending: PendingSandbox | None = None
+    inherited: tuple[int, ...]
     logf = open(plan.log, "ab")
     try:
         own_ns = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)

@@ -26,7 +26,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from pathlib import Path
 
 from sandbox_server import procfs
@@ -224,7 +224,7 @@ class Cgroups:
         return kills
 
     @classmethod
-    def kill_all(cls, paths: dict[str, str], timeout: float = 5.0, extra: set[int] = frozenset()) -> list[int]:
+    def kill_all(cls, paths: dict[str, str], timeout: float = 5.0, extra: Set[int] = frozenset()) -> list[int]:
         """SIGKILL every process in the groups (and ``extra``), frozen first so nothing forks;
         returns those still there after ``timeout`` (e.g. stuck in the kernel)."""
         me = os.getpid()

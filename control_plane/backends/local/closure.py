@@ -187,7 +187,7 @@ def _owners(modules: dict[str, Path]) -> tuple[dict[str, metadata.Distribution],
             name = (dist.metadata["Name"] or "").lower().replace("_", "-")
             if not wanted or name in found:  # an earlier entry of the path shadows it
                 continue
-            base = os.path.realpath(dist.locate_file(""))
+            base = os.path.realpath(str(dist.locate_file("")))
             hits = {os.path.normpath(os.path.join(base, str(f))) for f in dist.files or ()} & wanted.keys()
             if hits:
                 found[name] = dist
@@ -229,9 +229,9 @@ def _fill(closure: Closure, packages: dict[str, Path], entry: Path) -> None:
         raise ClosureError("the sandbox server imports modules no installed distribution records: "
                            + ", ".join(map(str, unowned[:10])))
     for dist in owners.values():
-        base = Path(dist.locate_file("")).resolve()
+        base = Path(str(dist.locate_file(""))).resolve()
         for listed in dist.files or ():
-            src = Path(dist.locate_file(listed)).resolve()
+            src = Path(str(dist.locate_file(listed))).resolve()
             if src.is_relative_to(base) and src.is_file() and "__pycache__" not in src.parts \
                     and src.suffix not in (".pyc", ".pyo"):  # (scripts in bin/ lie outside)
                 _copy(src, tree / src.relative_to(base))

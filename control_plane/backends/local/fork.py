@@ -24,6 +24,7 @@ import logging
 import os
 import secrets
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandbox_server import procfs
@@ -115,7 +116,7 @@ async def _child(backend: LocalBackend, image: ResolvedImage, parent: SandboxHan
             try:
                 await loop.run_in_executor(None, adopt.adopt, backend, child.warm, image, stack)
                 await loop.run_in_executor(None, seed_tmp, stack, child.warm.data)
-                write_meta(backend.sandboxes.root / child.warm.name, child.warm.name, child.warm.data)
+                write_meta(Path(child.warm.data["dir"]), child.warm.name, child.warm.data)
                 return child.warm
             except Exception as exc:  # noqa: BLE001 - the child is launched instead
                 log.warning("turning warm sandbox %s into a fork child failed (%s); launching one", child.warm.name,

@@ -42,4 +42,4 @@ def names(space: Space) -> set[str]:
 
 def _created_elsewhere(sb: Path) -> bool:
     creator = (read_meta(sb) or {}).get("creator")
-    return bool(creator) and creator[0] != os.getpid() and procfs.recorded_alive(creator)
+    return procfs.recorded_alive(creator) and creator[0] != os.getpid()

@@ -206,25 +206,25 @@ class _Copier:
         else:  # the entry itself, never what a link names (the path is resolved in this namespace's /proc)
             src, dst, nofollow = f"/proc/self/fd/{sfd}/{name}", f"/proc/self/fd/{dfd}/{name}", False
         link = stat.S_ISLNK(st.st_mode)
-        kw = {} if name is None else {"follow_symlinks": nofollow}
+        follow = True if name is None else nofollow
         if os.geteuid() == 0:
-            os.chown(dst, st.st_uid, st.st_gid, **kw)
+            os.chown(dst, st.st_uid, st.st_gid, follow_symlinks=follow)
         try:
-            keys = os.listxattr(src, **kw)
+            keys = os.listxattr(src, follow_symlinks=follow)
         except OSError as exc:
             if exc.errno not in (errno.ENOTSUP, errno.EPERM):
                 raise
             keys = []
         for key in keys:
             try:
-                os.setxattr(dst, key, os.getxattr(src, key, **kw), **kw)
+                os.setxattr(dst, key, os.getxattr(src, key, follow_symlinks=follow), follow_symlinks=follow)
             except OSError as exc:
                 if exc.errno not in (errno.ENOTSUP, errno.EPERM) or key.startswith(("trusted.", "user.overlay.")):
                     raise CopyError(f"cannot copy the extended attribute {key} of {name or '.'}: {exc.strerror}"
                                     ) from exc
         if not link:
             os.chmod(dst, stat.S_IMODE(st.st_mode))  # never a link: ours, just made
-        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), **kw)
+        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=follow)
 
     def close(self) -> None:
         for fd in self._kept:

@@ -254,8 +254,8 @@ def release_repo(name: str, source: RepoSource, *, base_dir: Path | None = None,
             if git_dir.exists():
                 shutil.rmtree(git_dir)
             git("init", "--bare", "--quiet", str(git_dir))
-            with tempfile.TemporaryDirectory(prefix="release-") as tmp:
-                work = Path(tmp) / "tree"
+            with tempfile.TemporaryDirectory(prefix="release-") as scratch:
+                work = Path(scratch) / "tree"
                 unpack(archive, work)
                 commit = _commit_tree(git_dir, work, message, None)
             git("update-ref", "refs/heads/release", commit, git_dir=git_dir)

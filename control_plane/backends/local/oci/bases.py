@@ -156,7 +156,8 @@ class BaseCache:
         started = time.monotonic()
         record_path = self.root / "bases" / f"{key}.json"
         record = _load(record_path)
-        if record and await loop.run_in_executor(None, self.buildah.image_id, record["image_id"]):
+        image_id = await loop.run_in_executor(None, self.buildah.image_id, record["image_id"]) if record else None
+        if record and image_id:
             if spec.name not in record.get("names", []):
                 await loop.run_in_executor(None, self.buildah.tag, record["image_id"], spec.name)
                 record["names"] = sorted({*record.get("names", []), spec.name})

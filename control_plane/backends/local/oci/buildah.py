@@ -204,7 +204,8 @@ class Buildah:
             await asyncio.shield(proc.wait())
             if not timed_out:
                 raise
-        return Result(proc.returncode if not timed_out else -signal.SIGKILL, list(tail), timed_out, step)
+        code = -signal.SIGKILL if timed_out or proc.returncode is None else proc.returncode
+        return Result(code, list(tail), timed_out, step)
 
     def query(self, args: list[str], timeout: float = 120.0) -> str:
         proc = subprocess.run(self.argv(args, network=False), capture_output=True, env=self.env(), timeout=timeout)

@@ -412,7 +412,8 @@ def _maven(ref: str, image: ImageRef) -> BaseSpec:
 def _python(ref: str, image: ImageRef) -> BaseSpec:
     tag = image.tag_or_latest
     tokens = tag.split("-")
-    version, flags = None, []
+    version: str | None = None
+    flags: list[str] = []
     for token in tokens:
         low = token.lower()
         if low == "latest":

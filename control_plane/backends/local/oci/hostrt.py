@@ -121,8 +121,8 @@ def _needed_libraries(exe: Path, stdlib: Path) -> dict[str, Path]:
     dynload = [str(p) for p in (stdlib / "lib-dynload").glob("*.so") if not p.name.startswith("_tkinter")]
     objects = [str(exe), *mapped, *dynload]
     for chunk in range(0, len(objects), 64):
-        out = subprocess.run(["ldd", *objects[chunk:chunk + 64]], capture_output=True, text=True, timeout=300).stdout
-        for name, path in re.findall(r"^\s+(\S+) => (/\S+) \(", out, re.MULTILINE):
+        ldd = subprocess.run(["ldd", *objects[chunk:chunk + 64]], capture_output=True, text=True, timeout=300).stdout
+        for name, path in re.findall(r"^\s+(\S+) => (/\S+) \(", ldd, re.MULTILINE):
             found.setdefault(name, Path(path))
     for path in mapped:
         p = Path(path)

@@ -78,10 +78,11 @@ def find_debian_mirror(override: str | None = None, root: Path = Path("/etc/apt"
     ``override`` (``IDEGYM_DEBIAN_MIRROR``) wins; its security archive is ``<override>-security``.
     """
     if override:
-        archive = override.rstrip("/")
-        return DebianMirror(archive, archive + "-security", "IDEGYM_DEBIAN_MIRROR")
-    archive = security = None
-    where = None
+        given = override.rstrip("/")
+        return DebianMirror(given, given + "-security", "IDEGYM_DEBIAN_MIRROR")
+    archive: str | None = None
+    security: str | None = None
+    where: str | None = None
     for path, uris, suites in _apt_sources(root):
         for suite in suites:
             codename, _, kind = suite.partition("-")

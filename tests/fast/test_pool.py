@@ -1,0 +1,127 @@
+"""The warm pool (``control_plane.pool``): filling, claiming, refilling, its ceiling, dead members
+and images that do not start, on the in-process backend."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from control_plane.backends.base import BackendError, Limits, SandboxSpec
+from control_plane.models import ServerKind
+from control_plane.pool import WarmPool
+
+from .harness import IMAGE, Harness, harness, run
+
+
+def spec(image: str = IMAGE) -> SandboxSpec:
+    return SandboxSpec(0, "pool", "idegym", image, ServerKind.IDEGYM, False, None, 8000, 80, Limits())
+
+
+def members(h: Harness) -> set[str]:
+    return h.cp.pool.member_names()
+
+
+def test_a_watched_image_is_filled_in_the_background_to_the_floor(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with harness(tmp_path, warm_pool=2) as h:
+            h.cp.pool.watch(spec())
+            await h.backend.wait_for(lambda: len(members(h)) == 2)
+            assert members(h) <= h.backend.background and members(h) <= h.backend.alive()
+            assert {row.name for row in h.store.pool_members()} == members(h)  # a restart adopts them
+            assert h.cp.pool.sizes() == {IMAGE: 2}
+
+    run(scenario())
+
+
+def test_a_start_claims_a_ready_member_and_the_pool_refills(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with harness(tmp_path, warm_pool=1) as h:
+            h.cp.pool.watch(spec())
+            await h.backend.wait_for(lambda: len(members(h)) == 1)
+            (ready,) = members(h)
+            started = await h.start()
+            assert h.sandbox_of(started.server_id) == ready and h.backend.claimed == [ready]
+            assert ready not in {row.name for row in h.store.pool_members()}
+            await h.backend.wait_for(lambda: len(members(h)) == 1)
+            assert ready not in members(h)
+            assert (await h.bash(started.server_id, "echo served"))["stdout"] == "served\n"
+
+    run(scenario())
+
+
+def test_a_member_that_died_while_waiting_is_never_handed_out(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with harness(tmp_path, warm_pool=1) as h:
+            h.cp.pool.watch(spec())
+            await h.backend.wait_for(lambda: len(members(h)) == 1)
+            (dead,) = members(h)
+            await h.backend.crash(dead)
+            started = await h.start()
+            assert h.sandbox_of(started.server_id) != dead
+            await h.backend.wait_for(lambda: dead in h.backend.deleted)
+            assert (await h.bash(started.server_id, "echo fresh"))["stdout"] == "fresh\n"
+
+    run(scenario())
+
+
+def test_demand_grows_the_pool_up_to_its_ceiling_and_no_further(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with harness(tmp_path, warm_pool=1, warm_pool_max=3) as h:
+            pool = h.cp.pool
+            key = spec().pool_key()
+            for _ in range(12):  # a burst of claims: demand says 6, the ceiling says 3
+                handle, _warm = await pool.acquire(spec(), 10)
+                await h.backend.delete(handle)
+            assert pool.target(key) == 3
+            await h.backend.wait_for(lambda: len(members(h)) == 3)
+            await pool.maintain()
+            assert len(members(h)) == 3 and not h.backend.creating
+
+    run(scenario())
+
+
+def test_members_of_an_image_nobody_wants_any_more_are_shed(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with harness(tmp_path, warm_pool=2) as h:
+            pool = h.cp.pool
+            pool.watch(spec())
+            await h.backend.wait_for(lambda: len(members(h)) == 2)
+            pool.floor = 0
+            pool._last_used[spec().pool_key()] = 0.0  # last asked for long ago (IDLE_KEY_TTL)
+            await pool.maintain()
+            assert members(h) == set()
+            await h.backend.wait_for(lambda: not h.backend.alive())
+
+    run(scenario())
+
+
+def test_an_image_that_fails_to_start_stops_being_filled(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with harness(tmp_path, warm_pool=1) as h:
+            h.backend.fail_creates.extend(BackendError("image pull failed", 404) for _ in range(3))
+            for tries in range(1, 4):  # each fill fails; the next watch tries again, until the third failure
+                h.cp.pool.watch(spec())
+                await h.backend.wait_for(lambda n=tries: len(h.backend.asked) == n and not h.backend.creating)
+            assert h.cp.pool.target(spec().pool_key()) == 0
+            h.cp.pool.watch(spec())
+            await asyncio.sleep(0)  # a fill, had one been started, would have asked by now
+            assert len(h.backend.asked) == 3 and h.backend.created == []
+
+    run(scenario())
+
+
+def test_closing_the_pool_deletes_its_members_and_fills_under_way(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with harness(tmp_path, warm_pool=2) as h:
+            pool = WarmPool(h.backend, h.store, 2, 4)
+            pool.watch(spec())
+            await h.backend.wait_for(lambda: len(pool.member_names()) == 2)
+            h.backend.hold_creates = asyncio.Event()
+            handle, warm = await pool.acquire(spec(), 10)  # a refill starts and is held
+            assert warm
+            await h.backend.wait_for(lambda: bool(h.backend.creating))
+            await pool.close()
+            assert h.backend.alive() == {handle.name} and h.store.pool_members() == []
+            assert not h.backend.creating
+
+    run(scenario())
