@@ -69,7 +69,7 @@ ANSWER_TIMEOUT = 2.0  # a spawner stopped by its user: the call goes the long wa
 # A spawner that runs (it is not stopped) but has not answered is slow, on a loaded host: it is
 # given up on only after this long.
 ANSWER_LIMIT = 60.0
-STATUS_GRACE = 0.2  # a tool ended this long ago and its spawner has not said how: it is stopped
+STATUS_GRACE = 0.2  # a tool ended this long ago and its spawner, stopped, has not said how
 _FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 
 
@@ -209,8 +209,8 @@ class Spawner:
 
     def _watch_exit(self, pid: int, exit_status: asyncio.Future[int | None]) -> None:
         """A tool that has exited but whose status does not come (its spawner stopped by the
-        user) ends the spawner: the tool, a zombie then re-parented to this process, is reaped
-        here (``Job``) with its true status."""
+        user; one that runs is waited for up to ``ANSWER_LIMIT``) ends the spawner: the tool, a
+        zombie then re-parented to this process, is reaped here (``Job``) with its true status."""
         assert self._loop is not None
         loop = self._loop
         try:
@@ -229,11 +229,18 @@ class Spawner:
         def exited() -> None:
             unwatch()
             if not exit_status.done():
-                loop.call_later(STATUS_GRACE, stop_unless_told)
+                loop.call_later(STATUS_GRACE, stop_unless_told, STATUS_GRACE)
 
-        def stop_unless_told() -> None:
-            if not exit_status.done():
-                self.stop()
+        def stop_unless_told(waited: float) -> None:
+            if exit_status.done() or self._sock is None:
+                return
+            # Running but slow (a burst of tools ending on a loaded host): its statuses come.
+            # Only a spawner its user stopped (or one silent for ANSWER_LIMIT) is given up.
+            state = procfs.stat(self.pid)
+            if state is not None and state.state not in ("T", "t", "Z", "X") and waited < ANSWER_LIMIT:
+                loop.call_later(STATUS_GRACE, stop_unless_told, waited + STATUS_GRACE)
+                return
+            self.stop()
 
         def told(_: asyncio.Future[int | None]) -> None:
             unwatch()
