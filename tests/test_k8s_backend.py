@@ -345,7 +345,7 @@ def test_backend_takes_keyword_settings_like_the_control_plane_passes_them(tmp_p
     backend = KubernetesBackend(kubeconfig=str(tmp_path / "kubeconfig"), addressing="pod-ip", namespace="sandboxes",
                                 instance="cp-2")
     assert backend.config.namespace == "sandboxes" and backend.addressing == "pod-ip"
-    assert backend.image_builder() is backend.builder and backend.restart_by_replacement is False
+    assert backend.image_builder() is backend.builder and backend.capabilities.restart_in_place
     env = {"IDEGYM_K8S_NAMESPACE": "envns", "IDEGYM_K8S_SNAPSHOTS": "true",
            "IDEGYM_K8S_IMAGE_PULL_SECRETS": "a, b", "KUBECONFIG": "/k"}
     cfg = KubernetesConfig.from_env(env)
@@ -615,7 +615,7 @@ def test_snapshot_create_and_restore_by_group_and_by_tag(k8s_sim: SimulatorProce
     config = k8s_sim.backend_config(snapshots=True)
 
     async def scenario(backend: KubernetesBackend) -> None:
-        assert backend.supports_snapshots()
+        assert backend.capabilities.snapshots
         source_spec = spec_for(request())
         source = await backend.create(source_spec, 30)
         await bash(backend, source, "echo first > state.txt")
@@ -666,7 +666,7 @@ def test_snapshot_create_and_restore_by_group_and_by_tag(k8s_sim: SimulatorProce
 
 def test_snapshots_disabled_answer_400_with_the_reason(k8s_sim: SimulatorProcess) -> None:
     async def by_config(backend: KubernetesBackend) -> None:
-        assert not backend.supports_snapshots()
+        assert not backend.capabilities.snapshots
         handle = await backend.create(spec_for(request()), 30)
         with pytest.raises(SnapshotsUnsupported) as off:
             await backend.snapshot(handle, "1")
@@ -676,7 +676,7 @@ def test_snapshots_disabled_answer_400_with_the_reason(k8s_sim: SimulatorProcess
     run(by_config, k8s_sim.backend_config(snapshots=False))
 
     async def by_cluster(backend: KubernetesBackend) -> None:
-        assert not backend.supports_snapshots()
+        assert not backend.capabilities.snapshots
         with pytest.raises(SnapshotsUnsupported) as lacking:
             await backend.create(spec_for(request(snapshot=SnapshotRef(id="1"))), 30)
         assert lacking.value.status == 400

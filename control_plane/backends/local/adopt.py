@@ -23,20 +23,17 @@ import os
 import stat
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sandbox_server import procfs
 from sandbox_server.project import FORK_LAYERS
 
 from ..base import BackendError, SandboxHandle
 from . import mount_api, mounts
-from .fork_layers import ForkStack, sandbox_holder
+from .fork_layers import ForkLayers, ForkStack, sandbox_holder
 from .image_trees import TREES
 from .images import ResolvedImage
 from .rootfs import fork_inside
-
-if TYPE_CHECKING:
-    from .backend import LocalBackend
 
 CLONE_FS = 0x00000200
 
@@ -58,19 +55,19 @@ def unsuitable(warm: SandboxHandle, image: ResolvedImage, parent: SandboxHandle)
     return None
 
 
-def adopt(backend: LocalBackend, warm: SandboxHandle, image: ResolvedImage, stack: ForkStack) -> None:
+def adopt(layers: ForkLayers, state_dir: Path, warm: SandboxHandle, image: ResolvedImage, stack: ForkStack) -> None:
     """Remount ``warm``'s trees and project onto ``stack`` (see the module doc); its data records
     the stack. Runs in a thread of its own: joining another mount namespace is per thread, and
     that thread ends with the work."""
     data = warm.data
-    backend.fork_layers.hold(stack.ids, sandbox_holder(warm.name))  # released when it is deleted
+    layers.hold(stack.ids, sandbox_holder(warm.name))  # released when it is deleted
     data["forks"] = list(stack.ids)
     data["adopted"] = True
     failure: list[BaseException] = []
 
     def run() -> None:
         try:
-            _remount(backend.state_dir, data, image, stack)
+            _remount(state_dir, data, image, stack)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             failure.append(exc)
 

@@ -44,6 +44,7 @@ import re
 import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandbox_server import procfs
 
@@ -51,6 +52,7 @@ from ...images import BUILTIN_IMAGE
 from ..base import (
     Backend,
     BackendError,
+    Capabilities,
     ForkChild,
     ImageNotFound,
     Observation,
@@ -71,6 +73,9 @@ from .oci.settings import OciSettings
 from .runtime import Runtime, detect
 from .snapshots import Snapshots
 from .storage import DEFAULT_STORAGE_BYTES, DEFAULT_STORAGE_INODES, LayerStorage
+
+if TYPE_CHECKING:
+    from .builder import LocalImageBuilder
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +144,11 @@ class LocalBackend(Backend):
         self.sandboxes: Space | None = None
         self.builds: Space | None = None
         self.launcher: Launcher | None = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        # fork stacks overlay layers: bubblewrap sandboxes only (known once start() chose)
+        return Capabilities(snapshots=True, fork=self.isolation == "bwrap")
 
     @property
     def runtime(self) -> Runtime | None:
@@ -244,7 +254,7 @@ class LocalBackend(Backend):
         except ImageError as exc:
             raise BackendError(str(exc), 400) from exc
 
-    def image_builder(self):
+    def image_builder(self) -> LocalImageBuilder:
         from .builder import LocalImageBuilder
 
         return LocalImageBuilder(self)
@@ -332,9 +342,6 @@ class LocalBackend(Backend):
 
     # -- snapshots --------------------------------------------------------------------------------
 
-    def supports_snapshots(self) -> bool:
-        return True
-
     async def snapshot(self, handle: SandboxHandle, group: str) -> SnapshotInfo:
         self.require_started()
         if not procfs.recorded_alive(handle.data.get("server")):
@@ -350,11 +357,11 @@ class LocalBackend(Backend):
 
     # -- forks (fork.py) -----------------------------------------------------------------------------
 
-    def supports_fork(self) -> bool:
-        return self.isolation == "bwrap"
-
     async def fork(self, parent: SandboxHandle, children: list[ForkChild], timeout: float) -> list[SandboxHandle]:
-        return await fork.fork(self, parent, children, timeout)
+        assert self.sandboxes is not None
+        site = fork.ForkSite(launcher=self.require_started(), space=self.sandboxes, layers=self.fork_layers,
+                             images=self.store, state_dir=self.state_dir, delete=self.delete)
+        return await fork.fork(site, parent, children, timeout)
 
     def _sweep_fork_layers(self) -> None:
         """Let go of holders a previous run left behind (forks cut off, sandboxes and snapshots

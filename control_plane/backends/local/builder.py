@@ -40,7 +40,7 @@ class LocalImageBuilder(ImageBuilder):
         self.backend = backend
         self.command_timeout = command_timeout
         self.start_timeout = start_timeout
-        self.oci = OciBuilder(backend.store, backend.state_dir / "images", getattr(backend, "oci_settings", None),
+        self.oci = OciBuilder(backend.store, backend.state_dir / "images", backend.oci_settings,
                               host_config=backend.host_config_root if backend.host_package_config else None)
 
     async def exists(self, tag: str) -> bool:
