@@ -91,7 +91,7 @@ from .models import (
 )
 from .sandbox_http import ForwardError
 from .service import ControlPlane
-from .startup import Shutdown, lifecycle_context, make_backend
+from .startup import Shutdown, lifecycle_context
 from .store import SQLiteStore
 from .tenants import Tenants, tenant_of
 from .tenants import middleware as tenants_middleware
@@ -490,7 +490,7 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
 
     config.state_dir.mkdir(parents=True, exist_ok=True)
     tenants = Tenants(config.tenants) if config.tenants is not None else None  # a bad file: refused now
-    backend = backend or make_backend(config)
+    backend = backend or config.backend.build()
     store = SQLiteStore(config.db_path)
     cp = ControlPlane(config, store, backend)
     watcher = Watcher(cp, config.watcher)

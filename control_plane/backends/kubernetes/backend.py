@@ -37,9 +37,10 @@ from ..base import (
     SandboxSpec,
     SnapshotInfo,
 )
+from ..config import KubernetesBackendConfig
 from . import fork, kube, podstate
+from .api_client import load_api_client
 from .builds import KubernetesImageBuilder
-from .config import ADDRESSING, KubernetesConfig, load_api_client  # noqa: F401 - KubernetesConfig re-exported
 from .informer import PodInformer
 from .manifests import (
     RESTARTED_AT,
@@ -61,15 +62,15 @@ BACKGROUND = {"propagationPolicy": "Background"}
 
 class KubernetesBackend(Backend):
     """``KubernetesBackend(config)``, or ``KubernetesBackend(namespace=..., addressing=...)`` with
-    ``KubernetesConfig`` fields as keywords (unset fields from ``IDEGYM_K8S_*``)."""
+    ``KubernetesBackendConfig`` fields as keywords (unset fields from ``IDEGYM_K8S_*``)."""
 
     name = "kubernetes"
 
-    def __init__(self, config: KubernetesConfig | None = None, api_client: client.ApiClient | None = None,
+    def __init__(self, config: KubernetesBackendConfig | None = None, api_client: client.ApiClient | None = None,
                  **settings: Any) -> None:
         if config is not None and settings:
-            raise TypeError("pass a KubernetesConfig or keyword settings, not both")
-        self.config = config or KubernetesConfig.from_env(**settings)
+            raise TypeError("pass a KubernetesBackendConfig or keyword settings, not both")
+        self.config = config or KubernetesBackendConfig.from_env(**settings)
         self.addressing = self.config.resolved_addressing()
         self.settings = self.config.manifest_settings()
         self._api = api_client
