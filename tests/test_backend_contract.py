@@ -122,3 +122,61 @@ def test_a_setting_that_does_not_parse_names_its_variable_or_flag() -> None:
     with pytest.raises(SystemExit, match=r"--k8s-readiness-period-seconds 'often': "):
         cli.config_from_args(_serve_args(["--backend", "kubernetes", "--k8s-readiness-period-seconds", "often"]),
                              ControlPlaneSettings())
+
+
+# -- the local backend's record of a sandbox --------------------------------------------------------
+
+
+def _string_key_reads(path: Path) -> list[str]:
+    """``data["key"]`` / ``data.get("key")`` on a handle's data (a name ``data`` or a ``.data``)."""
+
+    def is_data(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "data") or (isinstance(node, ast.Attribute)
+                                                                      and node.attr == "data")
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        key = None
+        if isinstance(node, ast.Subscript) and is_data(node.value):
+            key = node.slice
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "pop")
+              and is_data(node.func.value) and node.args):
+            key = node.args[0]
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_local_backend_reads_a_sandbox_s_record_through_its_model() -> None:
+    """Can fail: ~95 reads of ``handle.data`` by string keys across ``backends/local``."""
+    reads = [r for path in sorted((BACKENDS / "local").glob("*.py")) for r in _string_key_reads(path)]
+    assert reads == [], "read a sandbox's record through LocalHandleData (backends/local/handle_data.py)"
+
+
+def test_a_local_sandbox_s_record_is_one_json_on_disk_and_in_the_database_and_old_ones_load(tmp_path: Path) -> None:
+    """The handle's data (the database) and ``sandbox.json`` are the same ``LocalHandleData``; a
+    record in the shape earlier versions stored (``v``, explicit nulls, no ``forks``) is observed
+    and deleted like a new one."""
+    from control_plane.backends.base import SandboxHandle
+    from control_plane.backends.local.handle_data import LocalHandleData
+    from control_plane.backends.local.layout import read_meta
+    from tests.local_helpers import LoopThread, spec
+
+    loop = LoopThread()
+    backend = LocalBackend(tmp_path / "state", isolation="none", orphan_ttl=None)
+    try:
+        loop.run(backend.start())
+        handle = loop.run(backend.create(spec("record"), 60))
+        record = LocalHandleData.of(handle.data)
+        assert record.server is not None and record.socket.endswith(".sock") and record.space == "sandboxes"
+        assert handle.data == record.dump() and read_meta(Path(record.dir)) == record
+        old = {key: value for key, value in handle.data.items() if key not in ("forks", "owned", "adopted", "forked")}
+        old.update(v=1, network_peer=None, snapshot=None, a_key_of_a_later_version={"kept": True})
+        earlier = SandboxHandle.from_json({**handle.to_json(), "data": old})
+        assert LocalHandleData.of(old).dump()["a_key_of_a_later_version"] == {"kept": True}
+        assert loop.run(backend.observe(earlier)).running
+        loop.run(backend.delete(earlier))
+        assert not Path(record.dir).exists() and not loop.run(backend.observe(earlier)).exists
+    finally:
+        loop.run(backend.close())
+        loop.close()

@@ -33,6 +33,7 @@ from sandbox_server import procfs
 from ..base import BackendError, ForkChild, SandboxHandle
 from . import adopt
 from .fork_layers import ForkLayers, ForkStack, seed_tmp
+from .handle_data import LocalHandleData
 from .image_trees import ImageError
 from .images import ImageStore, ResolvedImage
 from .launcher import Launcher
@@ -53,34 +54,34 @@ class ForkSite:
     delete: Callable[[SandboxHandle], Awaitable[None]]
 
 
-def check_parent(site: ForkSite, parent: SandboxHandle) -> ResolvedImage:
-    """The parent's image; ``BackendError`` when this parent cannot be forked here."""
-    data = parent.data
-    if data.get("isolation") != "bwrap":
+def check_parent(site: ForkSite, name: str, data: LocalHandleData) -> ResolvedImage:
+    """The image of the parent ``name``; ``BackendError`` when this parent cannot be forked here."""
+    if data.isolation != "bwrap":
         raise BackendError("fork needs bubblewrap isolation (overlay layers to stack): this sandbox runs as a "
                            "plain process", 400)
-    if data.get("space") == "builds":
+    if data.space == "builds":
         raise BackendError("image-build sandboxes cannot be forked", 400)
-    if not procfs.recorded_alive(data.get("server")):
-        raise BackendError(f"sandbox {parent.name!r} is not running: nothing to fork", 409)
+    if not procfs.recorded_alive(data.server):
+        raise BackendError(f"sandbox {name!r} is not running: nothing to fork", 409)
     try:
-        return site.images.resolve_id(data["image_id"], data.get("image"))
+        return site.images.resolve_id(data.image_id or "", data.image)
     except ImageError as exc:
-        raise BackendError(f"the image of sandbox {parent.name!r} is gone: {exc}", 409) from exc
+        raise BackendError(f"the image of sandbox {name!r} is gone: {exc}", 409) from exc
 
 
 async def fork(site: ForkSite, parent: SandboxHandle, children: list[ForkChild],
                timeout: float) -> list[SandboxHandle]:
     launcher, loop = site.launcher, asyncio.get_running_loop()
     warm = [c.warm for c in children if c.warm is not None]
+    record = LocalHandleData.of(parent.data)
     try:
-        image = check_parent(site, parent)
+        image = check_parent(site, parent.name, record)
     except BaseException:
         await _delete_all(site, warm)
         raise
     layers = site.layers
     op = f"o-{os.getpid()}-{secrets.token_hex(6)}"  # a holder for the fork's own time
-    below = list(parent.data.get("forks") or [])
+    below = list(record.forks)
     made: list[SandboxHandle] = []
     try:
         await loop.run_in_executor(None, layers.hold, below, op)  # nothing below goes while we work
@@ -88,11 +89,11 @@ async def fork(site: ForkSite, parent: SandboxHandle, children: list[ForkChild],
         try:
             # As deep as a stack may be: the layers below are merged into the new one (fork_layers.py).
             merge = layers.stack(below) if len(below) + 1 > layers.max_stack else None
-            layer_id, timings = await loop.run_in_executor(None, layers.take, parent.data, op, launcher.storage,
+            layer_id, timings = await loop.run_in_executor(None, layers.take, record, op, launcher.storage,
                                                            merge)
             try:
                 stack = layers.stack([layer_id] if merge is not None else [layer_id, *below])
-                results = await asyncio.gather(*(_child(site, image, parent, stack, c, timeout)
+                results = await asyncio.gather(*(_child(site, image, record, stack, c, timeout)
                                                  for c in children), return_exceptions=True)
             finally:
                 # The new layer's copy is written out as it is detached (5-20 ms): after the answer.
@@ -106,7 +107,9 @@ async def fork(site: ForkSite, parent: SandboxHandle, children: list[ForkChild],
         log.info("forked %s into %d (layer %s: frozen %.1f ms)", parent.name, len(made), layer_id,
                  timings.get("frozen", 0.0))
         for handle in made:
-            handle.data["fork_frozen_ms"] = round(timings.get("frozen", 0.0), 2)
+            data = LocalHandleData.of(handle.data)
+            data.fork_frozen_ms = round(timings.get("frozen", 0.0), 2)
+            handle.data = data.dump()
         return made
     except BaseException:
         await _delete_all(site, made)
@@ -115,17 +118,22 @@ async def fork(site: ForkSite, parent: SandboxHandle, children: list[ForkChild],
         await loop.run_in_executor(None, layers.release, op)
 
 
-async def _child(site: ForkSite, image: ResolvedImage, parent: SandboxHandle, stack: ForkStack,
+async def _child(site: ForkSite, image: ResolvedImage, parent: LocalHandleData, stack: ForkStack,
                  child: ForkChild, timeout: float) -> SandboxHandle:
     """One child: ``child.warm`` remounted onto ``stack`` when it can be, else a new sandbox."""
     loop = asyncio.get_running_loop()
     if child.warm is not None:
-        why_not = adopt.unsuitable(child.warm, image, parent)
+        warm = LocalHandleData.of(child.warm.data)
+        why_not = adopt.unsuitable(warm, image, parent)
         if why_not is None:
             try:
-                await loop.run_in_executor(None, adopt.adopt, site.layers, site.state_dir, child.warm, image, stack)
-                await loop.run_in_executor(None, seed_tmp, stack, child.warm.data)
-                write_meta(site.space.root / child.warm.name, child.warm.name, child.warm.data)
+                try:
+                    await loop.run_in_executor(None, adopt.adopt, site.layers, site.state_dir, child.warm.name, warm,
+                                               image, stack)
+                finally:
+                    child.warm.data = warm.dump()  # it stands on the fork's layers (or some: deleted below)
+                await loop.run_in_executor(None, seed_tmp, stack, warm)
+                write_meta(site.space.root / child.warm.name, child.warm.name, warm)
                 return child.warm
             except Exception as exc:  # noqa: BLE001 - the child is launched instead
                 log.warning("turning warm sandbox %s into a fork child failed (%s); launching one", child.warm.name,
@@ -135,10 +143,10 @@ async def _child(site: ForkSite, image: ResolvedImage, parent: SandboxHandle, st
         await _delete_all(site, [child.warm])
     spec = child.spec
     handle = await site.launcher.launch(site.space, spec.generated_name, image, run_as_root=spec.run_as_root,
-                                   network=bool(parent.data.get("network")), limits=spec.limits,
-                                   env=dict(image.env), timeout=timeout, kind=spec.server_kind.value, forks=stack)
+                                        network=parent.network, limits=spec.limits, env=dict(image.env),
+                                        timeout=timeout, kind=spec.server_kind.value, forks=stack)
     try:
-        await loop.run_in_executor(None, seed_tmp, stack, handle.data)
+        await loop.run_in_executor(None, seed_tmp, stack, LocalHandleData.of(handle.data))
     except BaseException:
         await _delete_all(site, [handle])
         raise
