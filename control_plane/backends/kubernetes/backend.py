@@ -109,8 +109,8 @@ class KubernetesBackend(Backend):
         self.batch = client.BatchV1Api(api)
         self.snapshots = PodSnapshots(api, self.settings, enabled=self.config.snapshots,
                                       timeout=self.config.snapshot_timeout)
-        self.forks = fork.ForkSite(snapshots=self.snapshots, core=self.core, pods=self._pods, create=self.create,
-                                   delete=self.delete)
+        self.forks = fork.KubernetesForkSite(snapshots=self.snapshots, core=self.core, pods=self._pods,
+                                             create=self.create, delete=self.delete)
         for ns in self.namespaces:
             informer = PodInformer(self.core, ns, instance_selector(self.settings))
             informer.start()

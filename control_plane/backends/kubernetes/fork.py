@@ -31,7 +31,7 @@ FORK_GROUP_PREFIX = "fork-"
 
 
 @dataclass(frozen=True)
-class ForkSite:
+class KubernetesForkSite:
     """What a fork uses of the Kubernetes backend (made by ``KubernetesBackend.start``)."""
 
     snapshots: PodSnapshots
@@ -41,7 +41,7 @@ class ForkSite:
     delete: Callable[[SandboxHandle], Awaitable[None]]
 
 
-async def fork(site: ForkSite, ns: str, parent: SandboxHandle, children: list[ForkChild],
+async def fork(site: KubernetesForkSite, ns: str, parent: SandboxHandle, children: list[ForkChild],
                timeout: float) -> list[SandboxHandle]:
     site.snapshots.require()
     pod = podstate.newest([p for p in site.pods(ns, parent.name) if podstate.is_ready(p)])
@@ -62,7 +62,7 @@ async def fork(site: ForkSite, ns: str, parent: SandboxHandle, children: list[Fo
     return made
 
 
-async def release(site: ForkSite, ns: str, fork: dict[str, Any], leaving: str) -> None:
+async def release(site: KubernetesForkSite, ns: str, fork: dict[str, Any], leaving: str) -> None:
     """``leaving`` no longer stands on the fork's snapshot: delete it when no other pod does."""
     selector = f"{SNAPSHOT_ID_LABEL}={fork['group']}"
     pods = await kube.call(site.core.list_namespaced_pod, ns, label_selector=selector)

@@ -363,8 +363,8 @@ class LocalBackend(Backend):
 
     async def fork(self, parent: SandboxHandle, children: list[ForkChild], timeout: float) -> list[SandboxHandle]:
         assert self.sandboxes is not None
-        site = fork.ForkSite(launcher=self.require_started(), space=self.sandboxes, layers=self.fork_layers,
-                             images=self.store, state_dir=self.state_dir, delete=self.delete)
+        site = fork.LocalForkSite(launcher=self.require_started(), space=self.sandboxes, layers=self.fork_layers,
+                                  images=self.store, state_dir=self.state_dir, delete=self.delete)
         return await fork.fork(site, parent, children, timeout)
 
     def _sweep_fork_layers(self) -> None:

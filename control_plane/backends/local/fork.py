@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ForkSite:
+class LocalForkSite:
     """What a fork uses of the local backend (``LocalBackend.fork`` makes one)."""
 
     launcher: Launcher
@@ -54,7 +54,7 @@ class ForkSite:
     delete: Callable[[SandboxHandle], Awaitable[None]]
 
 
-def check_parent(site: ForkSite, name: str, data: LocalHandleData) -> ResolvedImage:
+def check_parent(site: LocalForkSite, name: str, data: LocalHandleData) -> ResolvedImage:
     """The image of the parent ``name``; ``BackendError`` when this parent cannot be forked here."""
     if data.isolation != "bwrap":
         raise BackendError("fork needs bubblewrap isolation (overlay layers to stack): this sandbox runs as a "
@@ -69,7 +69,7 @@ def check_parent(site: ForkSite, name: str, data: LocalHandleData) -> ResolvedIm
         raise BackendError(f"the image of sandbox {name!r} is gone: {exc}", 409) from exc
 
 
-async def fork(site: ForkSite, parent: SandboxHandle, children: list[ForkChild],
+async def fork(site: LocalForkSite, parent: SandboxHandle, children: list[ForkChild],
                timeout: float) -> list[SandboxHandle]:
     launcher, loop = site.launcher, asyncio.get_running_loop()
     warm = [c.warm for c in children if c.warm is not None]
@@ -118,7 +118,7 @@ async def fork(site: ForkSite, parent: SandboxHandle, children: list[ForkChild],
         await loop.run_in_executor(None, layers.release, op)
 
 
-async def _child(site: ForkSite, image: ResolvedImage, parent: LocalHandleData, stack: ForkStack,
+async def _child(site: LocalForkSite, image: ResolvedImage, parent: LocalHandleData, stack: ForkStack,
                  child: ForkChild, timeout: float) -> SandboxHandle:
     """One child: ``child.warm`` remounted onto ``stack`` when it can be, else a new sandbox."""
     loop = asyncio.get_running_loop()
@@ -169,7 +169,7 @@ def _in_background(work: Callable[..., None], *args: Any) -> None:
     future.add_done_callback(done)
 
 
-async def _delete_all(site: ForkSite, handles: list[SandboxHandle]) -> None:
+async def _delete_all(site: LocalForkSite, handles: list[SandboxHandle]) -> None:
     results = await asyncio.gather(*(site.delete(h) for h in handles), return_exceptions=True)
     for handle, result in zip(handles, results, strict=True):
         if isinstance(result, BaseException):
