@@ -30,7 +30,7 @@ from sandbox_server.project import FORK_LAYERS
 from ..base import BackendError
 from . import mount_api, mounts
 from .fork_layers import ForkLayers, ForkStack, sandbox_holder
-from .handle_data import LocalHandleData
+from .handle_data import LocalHandleData, required
 from .image_trees import TREES
 from .images import ResolvedImage
 from .rootfs import fork_inside
@@ -91,7 +91,7 @@ def _remount(state_dir: Path, data: LocalHandleData, image: ResolvedImage, stack
         return text[len(state):] if text.startswith(state) else text
 
     layers = Path(data.dir) / "layers"
-    server = data.server[0]
+    server = required(data.server, "server")[0]
     project_dir = image.project_dir
     trees = [t for t in TREES if stack.tree_levels(t)]
     fds: list[int] = []

@@ -21,7 +21,7 @@ from sandbox_server import procfs
 from ...appuser import APPUSER
 from ..base import BackendError
 from . import mounts, usernet
-from .handle_data import LocalHandleData
+from .handle_data import LocalHandleData, required
 from .hostconfig import MOUNT as HOST_CONFIG_MOUNT
 from .image_trees import HOSTNAME
 from .layout import MEMORY_EVENTS_INSIDE, RUN_INSIDE, SOCKET_NAME, TOOL_CGROUPS_INSIDE, Plan
@@ -233,8 +233,8 @@ def spawn(plan: Plan, data: LocalHandleData, host: BwrapHost, runtime: Runtime, 
                 fh.write(ID_MAP)
         os.write(block_w, b"1")
         if slirp:  # once bwrap has set up the namespace's loopback (it fails if lo is up already)
-            usernet.start(slirp, data.init, exit_r, data, logf, track,
-                          lambda: set_up(data.init, placeholder=pending is not None))
+            init = required(data.init, "init")
+            usernet.start(slirp, init, exit_r, data, logf, track, lambda: set_up(init, placeholder=pending is not None))
     except BaseException:
         os.close(ready_r)
         if pending is not None:

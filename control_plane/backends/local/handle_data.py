@@ -12,7 +12,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..base import BackendError
+
 Record = list[int]  # [pid, start time] (sandbox_server.procfs.record): a reused pid is never mistaken for it
+
+
+def required(record: Record | None, what: str) -> Record:
+    """A process the sandbox has by now (``what``: its name in the message); ``BackendError``
+    when it ended before it could be recorded."""
+    if record is None:
+        raise BackendError(f"the sandbox's {what} ended before it could be recorded", 500)
+    return record
 
 
 class LocalHandleData(BaseModel):

@@ -14,7 +14,7 @@ from sandbox_server.polling import wait_until
 
 from ..base import BackendError
 from .cgroups import SERVER, Cgroups, sub
-from .handle_data import LocalHandleData
+from .handle_data import LocalHandleData, required
 from .layout import SOCKET_NAME
 
 INIT_CHILD_TIMEOUT = 30.0
@@ -57,9 +57,9 @@ def attach(data: LocalHandleData) -> None:
     imports.
     """
     if data.forked:  # the server joined its groups itself (zygote.py); its init here
-        pids = [data.init[0]]
+        pids = [required(data.init, "init")[0]]
     elif data.isolation == "bwrap":
-        init = data.init
+        init = required(data.init, "init")
         kids: list[int] = []
 
         def started() -> bool:
@@ -73,7 +73,7 @@ def attach(data: LocalHandleData) -> None:
         data.server = procfs.record(kids[0])
         pids = [init[0], kids[0]]
     else:
-        pids = [data.server[0]]
+        pids = [required(data.server, "server")[0]]
     if data.cgroups:
         for pid in pids:
             Cgroups.attach(sub(data.cgroups, SERVER), pid)

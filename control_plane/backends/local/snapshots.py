@@ -79,8 +79,9 @@ class Snapshots:
             if freezing is not None:  # thawed even when freezing did not complete in time
                 Cgroups.thaw(data.cgroups)
         size = sum(e.stat(follow_symlinks=False).st_size for e in tmp.rglob("*"))
-        meta = {"id": snapshot_id, "group": group, "image": data.image, "image_id": data.image_id,
-                "isolation": data.isolation, "created": time.time(), "frozen": frozen, "size_bytes": size}
+        meta: dict[str, Any] = {"id": snapshot_id, "group": group, "image": data.image, "image_id": data.image_id,
+                                "isolation": data.isolation, "created": time.time(), "frozen": frozen,
+                                "size_bytes": size}
         forks = list(data.forks)
         if forks:  # a fork's child: the snapshot stands on its fork layers, and holds them
             meta["forks"] = forks

@@ -29,7 +29,7 @@ from ...ephemeral_state import named
 from ..base import BackendError
 from .bwrap import PendingSandbox, set_up
 from .cgroups import SERVER, sub
-from .handle_data import LocalHandleData
+from .handle_data import LocalHandleData, required
 from .readiness import INIT_CHILD_TIMEOUT
 from .runtime import SERVER_MODULE, Runtime
 
@@ -151,7 +151,7 @@ def fork_server(zygote: Zygote, data: LocalHandleData, pending: PendingSandbox, 
     descriptors whatever happens (the server holds its own)."""
     opened: list[int] = []
     try:
-        init = data.init
+        init = required(data.init, "init")
         wait_until(lambda: set_up(init, placeholder=True) or not procfs.recorded_alive(init), INIT_CHILD_TIMEOUT,
                    first=0.0005, cap=0.0005)
         if not procfs.recorded_alive(init):
