@@ -91,7 +91,7 @@ from .models import (
 )
 from .sandbox_http import ForwardError
 from .service import ControlPlane
-from .startup import Shutdown, lifecycle_context, make_backend
+from .startup import Shutdown, lifecycle_context
 from .store import SQLiteStore
 from .tenants import Tenants, tenant_of
 from .tenants import middleware as tenants_middleware
@@ -244,7 +244,7 @@ async def snapshot_server(request: web.Request) -> web.Response:
     req, cp = await _read(request, CreateSnapshotRequest)
     tenant = tenant_of(request)
     row = cp.usable_server(req.client_id, req.server_id, tenant)
-    if not cp.backend.supports_snapshots():
+    if not cp.backend.capabilities.snapshots:
         raise BadRequest(f"Pod snapshot feature is not enabled on the {cp.backend.name} backend")
     op = cp.ops.submit(AsyncOperationType.SNAPSHOT_SERVER, req.model_dump_json(),
                        lambda: cp.snapshot_server(row, tenant),
@@ -486,17 +486,17 @@ def required_credentials(config: ControlPlaneConfig) -> tuple[str, str] | None:
 
 def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> web.Application:
     """Build the control plane. Nothing runs until the app is started (cleanup context)."""
-    from .images import builder_for, parse_build_yaml
+    from .images import parse_build_yaml
 
     config.state_dir.mkdir(parents=True, exist_ok=True)
     tenants = Tenants(config.tenants) if config.tenants is not None else None  # a bad file: refused now
-    backend = backend or make_backend(config)
+    backend = backend or config.backend.build()
     store = SQLiteStore(config.db_path)
     cp = ControlPlane(config, store, backend)
     watcher = Watcher(cp, config.watcher)
-    builder = builder_for(backend)
+    builder = backend.image_builder()
     cp.images.builder = builder
-    images = ImageJobs(cp, builder, getattr(builder, "parse_yaml", None) or parse_build_yaml)
+    images = ImageJobs(cp, builder, builder.parse_yaml if builder is not None else parse_build_yaml)
     meter = Metrics()
     shutdown = Shutdown()
     middlewares = [error_middleware("control plane", meter.observe, config.max_body_bytes)]

@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from aiohttp import web
+from pydantic import ValidationError
 
 from sandbox_server.env_settings import SettingsError
 from sandbox_server.http import run_loop, setup_logging
 
 from . import ephemeral_state
 from .auth import TOKEN_USER, token_path
+from .backends.config import BackendConfig, KubernetesBackendConfig, LocalBackendConfig
 from .config import ControlPlaneConfig, SharingConfig, WatcherConfig
 from .settings import ControlPlaneSettings, parse_bytes
 from .tenants import TenantsFileError
@@ -67,8 +69,6 @@ def _document(parser: argparse.ArgumentParser) -> None:
         if "$" not in text:
             if action.dest in VARIABLES:
                 first.append(f"${VARIABLES[action.dest]}")
-            elif action.dest.startswith("k8s_"):
-                first.append(f"$IDEGYM_{action.dest.upper()}")
             else:
                 first.append("no environment variable")
         if "default" not in text:
@@ -86,6 +86,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: ControlPlaneSettin
     process's environment when not given), else to ``ControlPlaneConfig``'s default."""
     env = ControlPlaneSettings.from_env() if env is None else env
     cfg, watch = ControlPlaneConfig(state_dir=env.default_state_dir()), WatcherConfig()  # the defaults, defined there
+    local = LocalBackendConfig()
 
     def _default(field: str, value: T) -> T:
         """The variable of ``field``, else the configuration's default ``value``."""
@@ -123,26 +124,26 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: ControlPlaneSettin
                         help="image builds may take project paths, archives and file:// git repositories from "
                              "under this directory (repeatable; default: none) "
                              "[$IDEGYM_CONTROL_PLANE_BUILD_ROOTS, separated by ':']")
-    parser.add_argument("--backend", choices=["local", "kubernetes"], default=_default("backend", cfg.backend),
-                        help=f"where sandboxes live [default {cfg.backend}]")
+    parser.add_argument("--backend", choices=["local", "kubernetes"], default=_default("backend", local.type),
+                        help=f"where sandboxes live [default {local.type}]")
     parser.add_argument("--isolation", choices=["auto", "bwrap", "none"],
-                        default=_default("isolation", cfg.isolation),
+                        default=_default("isolation", local.isolation),
                         help="local backend: bubblewrap sandboxes (auto uses them when available)")
-    parser.add_argument("--network", action="store_true", default=_default("network", cfg.network),
+    parser.add_argument("--network", action="store_true", default=_default("network", local.network),
                         help="local backend: give sandboxes network access (off by default)")
     parser.add_argument("--sandbox-storage", type=_bytes,
-                        default=_default("sandbox_storage", cfg.sandbox_storage),
+                        default=_default("sandbox_storage", local.sandbox_storage),
                         metavar="BYTES", help="local backend: what a sandbox may write when its request sets no "
                         f"ephemeral-storage, e.g. 8Gi; 0: unbounded [$IDEGYM_CONTROL_PLANE_SANDBOX_STORAGE, default "
-                        f"{cfg.sandbox_storage >> 30}Gi]")
-    parser.add_argument("--sandbox-inodes", type=int, default=_default("sandbox_inodes", cfg.sandbox_inodes),
+                        f"{local.sandbox_storage >> 30}Gi]")
+    parser.add_argument("--sandbox-inodes", type=int, default=_default("sandbox_inodes", local.sandbox_inodes),
                         metavar="N", help="local backend: files and directories a sandbox may make; 0: unbounded "
-                        f"[$IDEGYM_CONTROL_PLANE_SANDBOX_INODES, default {cfg.sandbox_inodes}]")
-    parser.add_argument("--orphan-ttl", type=float, default=_default("orphan_ttl", cfg.orphan_ttl),
+                        f"[$IDEGYM_CONTROL_PLANE_SANDBOX_INODES, default {local.sandbox_inodes}]")
+    parser.add_argument("--orphan-ttl", type=float, default=_default("orphan_ttl", local.orphan_ttl),
                         metavar="SECONDS", help="local backend: every sandbox holds a lease this control plane "
                         "renews; one not renewed for this long (the control plane died and did not come back) "
                         "ends itself, processes, mounts and cgroups [$IDEGYM_CONTROL_PLANE_ORPHAN_TTL, default "
-                        f"{cfg.orphan_ttl:g}]")
+                        f"{local.orphan_ttl:g}]")
     parser.add_argument("--image-registry", default=env.image_registry,
                         metavar="HOST[:PORT][/PREFIX]",
                         help="local backend: a registry mirror OCI builds may pull bases other than Debian/Python "
@@ -151,7 +152,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: ControlPlaneSettin
                         help="local backend: the shared cache of OCI bases [$IDEGYM_IMAGE_CACHE, "
                              "default ~/.cache/idegym/images]")
     parser.add_argument("--host-package-config", action=argparse.BooleanOptionalAction,
-                        default=_default("host_package_config", cfg.host_package_config),
+                        default=_default("host_package_config", local.host_package_config),
                         help="local backend: builds whose RUN steps have the network, and networked sandboxes, get "
                              "this host's package sources (CA bundle, pip/uv/npm index and apt proxy settings, proxy "
                              "variables), bound read-only at /run/idegym-host-config, never in an image layer "
@@ -221,13 +222,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: ControlPlaneSettin
         parser.add_argument(flag, type=float, default=_default(field, value), help=text)
     parser.add_argument("--ephemeral", action="store_true", default=_default("ephemeral", cfg.ephemeral),
                         help="delete every sandbox on shutdown (for embedded use)")
-    if env.backend == "kubernetes" or _kubernetes_in_argv():
-        # the client library costs ~0.4 s to import: only when this backend is chosen
-        from .backends.kubernetes import KubernetesConfig
-
-        KubernetesConfig.add_arguments(parser, env.kubernetes)
-    else:
-        parser.epilog = "With --backend kubernetes, --help also lists the --k8s-* settings."
+    add_kubernetes_arguments(parser)
     parser.add_argument("--remove-state", action="store_true",
                         help="with --ephemeral: also remove the state directory on shutdown")
     parser.add_argument("--parent-pid", type=int,
@@ -240,9 +235,42 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: ControlPlaneSettin
     _document(parser)
 
 
-def _kubernetes_in_argv() -> bool:
-    argv = sys.argv[1:]
-    return "kubernetes" in argv or "--backend=kubernetes" in argv
+def add_kubernetes_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--k8s-<field>`` per ``KubernetesBackendConfig`` field, unset unless given: with ``--backend
+    kubernetes`` a given flag wins over its ``IDEGYM_K8S_<FIELD>`` variable (read then, not here)."""
+    group = parser.add_argument_group("kubernetes backend", "with --backend kubernetes; lists comma-separated, "
+                                      "extra-env as K=V,K=V")
+    for name, info in KubernetesBackendConfig.model_fields.items():
+        if name == "type":
+            continue
+        default = info.get_default(call_default_factory=True)
+        if isinstance(default, tuple | dict):
+            default = list(default) if isinstance(default, tuple) else [f"{k}={v}" for k, v in default.items()]
+        shown = _shown(default)
+        text = f"[${KubernetesBackendConfig.ENV_PREFIX}{name.upper()}, default {shown.replace('%', '%%')}]"
+        flag, dest = "--k8s-" + name.replace("_", "-"), f"k8s_{name}"
+        if isinstance(default, bool) or name == "in_cluster":
+            group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=text)
+        else:
+            group.add_argument(flag, dest=dest, default=None, metavar=name.upper(), help=text)
+
+
+def backend_config_from_args(args: argparse.Namespace, env: ControlPlaneSettings) -> BackendConfig:
+    """The backend ``--backend`` names, with its settings: flags, else variables, else defaults."""
+    if args.backend == "local":
+        return LocalBackendConfig(
+            state_dir=args.state_dir, isolation=args.isolation, network=args.network,
+            sandbox_storage=args.sandbox_storage, sandbox_inodes=args.sandbox_inodes, orphan_ttl=args.orphan_ttl,
+            image_registry=args.image_registry, image_cache=args.image_cache,
+            host_package_config=args.host_package_config)
+    given = {name: value for name in KubernetesBackendConfig.settings()
+             if (value := getattr(args, f"k8s_{name}")) is not None}
+    try:
+        return KubernetesBackendConfig.from_env(env.kubernetes, **given)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        flag = "--k8s-" + str(error["loc"][0]).replace("_", "-")
+        raise SystemExit(f"idegym control-plane: {flag} {given.get(str(error['loc'][0]))!r}: {error['msg']}") from None
 
 
 def config_from_args(args: argparse.Namespace, env: ControlPlaneSettings | None = None) -> ControlPlaneConfig:
@@ -261,24 +289,13 @@ def config_from_args(args: argparse.Namespace, env: ControlPlaneSettings | None 
     build_roots = args.build_root
     if build_roots is None:
         build_roots = list(env.build_roots or ())
-    kubernetes: dict = {}
-    if args.backend == "kubernetes":
-        from dataclasses import asdict
-
-        from .backends.kubernetes import KubernetesConfig
-
-        kubernetes = asdict(KubernetesConfig.from_args(args))
     return ControlPlaneConfig(
-        kubernetes=kubernetes,
+        backend=backend_config_from_args(args, env),
         state_dir=args.state_dir, host=args.host, port=args.port, unix_socket=args.unix_socket, auth=auth,
         no_auth=args.auth == "none", tenants=args.tenants, tenant_host_builds=args.tenant_host_builds,
         build_roots=build_roots, header_timeout=args.header_timeout,
         body_budget_bytes=args.body_budget,
-        backend=args.backend, isolation=args.isolation, network=args.network, warm_pool=args.warm_pool,
-        sandbox_storage=args.sandbox_storage, sandbox_inodes=args.sandbox_inodes, orphan_ttl=args.orphan_ttl,
-        image_registry=args.image_registry, image_cache=args.image_cache,
-        host_package_config=args.host_package_config,
-        warm_pool_max=args.warm_pool_max, warm_pool_parallel=args.warm_pool_parallel,
+        warm_pool=args.warm_pool, warm_pool_max=args.warm_pool_max, warm_pool_parallel=args.warm_pool_parallel,
         pool_images=list(args.pool_image), max_servers=args.max_servers,
         max_snapshots=args.max_snapshots, max_snapshot_bytes=args.max_snapshot_bytes,
         ephemeral=args.ephemeral, pod_name=env.pod_name,

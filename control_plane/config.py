@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import constants
-from .constants import DEFAULT_ORPHAN_TTL, DEFAULT_STORAGE_BYTES, DEFAULT_STORAGE_INODES
+from .backends.config import BackendConfig, LocalBackendConfig
 from .settings import ControlPlaneSettings
 
 
@@ -56,15 +56,9 @@ class ControlPlaneConfig:
     tenants: Path | None = None  # --tenants FILE: one tenant per line (tenants.py); replaces --auth
     tenant_host_builds: bool = False  # tenants may build what runs as the host's root (Dockerfiles, buildah)
     build_roots: list[Path] = field(default_factory=list)  # host directories build sources may come from
-    backend: str = "local"  # local | kubernetes
-    isolation: str = "auto"  # local backend: auto | bwrap | none
-    network: bool = False  # local backend: sandboxes get the host network unless their image says otherwise
-    sandbox_storage: int = DEFAULT_STORAGE_BYTES  # local backend: bound of a sandbox's writes without ephemeral-storage
-    sandbox_inodes: int = DEFAULT_STORAGE_INODES  # local backend: bound of the files a sandbox makes (0: none)
-    orphan_ttl: float = DEFAULT_ORPHAN_TTL  # local backend: a sandbox whose lease is this stale ends itself
-    image_registry: str | None = None  # local backend: a registry mirror buildah may pull other bases from
-    image_cache: Path | None = None  # local backend: the shared cache of OCI bases (default ~/.cache/idegym/images)
-    host_package_config: bool = True  # local backend: builds and networked sandboxes get the host's package sources
+    # where sandboxes live, with that backend's settings (a local one without a state directory
+    # keeps its state in the control plane's)
+    backend: BackendConfig = field(default_factory=LocalBackendConfig)
     warm_pool: int = 2  # spare sandboxes kept ready per image in use (upper bound learned from demand)
     warm_pool_max: int = 8
     # Pool sandboxes made at once. Starts mostly wait in the kernel (cgroup moves, mounts), not on a
@@ -87,7 +81,10 @@ class ControlPlaneConfig:
     pod_name: str | None = field(default_factory=lambda: ControlPlaneSettings.from_env().pod_name)
     watcher: WatcherConfig = field(default_factory=WatcherConfig)
     sharing: SharingConfig = field(default_factory=SharingConfig)
-    kubernetes: dict = field(default_factory=dict)  # kubernetes backend settings
+
+    def __post_init__(self) -> None:
+        if isinstance(self.backend, LocalBackendConfig) and self.backend.state_dir is None:
+            self.backend = self.backend.model_copy(update={"state_dir": self.state_dir})
 
     @property
     def db_path(self) -> Path:

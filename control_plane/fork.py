@@ -43,7 +43,7 @@ def check_can_fork(cp: ControlPlane, req: ForkServerRequest, tenant: str) -> Ser
     if not lifecycle.is_usable(row.availability) or not row.handle:
         detail = f": {row.details}" if row.details else ""
         raise Gone(f"server {row.id} is {row.availability.value}, not running: nothing to fork{detail}")
-    if not cp.backend.supports_fork():
+    if not cp.backend.capabilities.fork:
         raise BadRequest(f"the {cp.backend.name} backend cannot fork servers here (the local backend needs "
                          "bubblewrap isolation; Kubernetes needs GKE pod snapshots)")
     return row
@@ -78,7 +78,7 @@ async def fork_server(cp: ControlPlane, parent: ServerRow, req: ForkServerReques
     specs = [replace(SandboxSpec.from_request(child_req, row.id, row.generated_name), generated_name=new_sandbox_name())
              for row in rows]
     template = SandboxSpec.from_request(child_req, parent.id, parent.generated_name)
-    warm = cp.pool.take(template, req.count) if getattr(cp.backend, "warm_pool", True) else []
+    warm = cp.pool.take(template, req.count) if cp.backend.capabilities.warm_pool else []
     children = [ForkChild(spec, warm[i] if i < len(warm) else None) for i, spec in enumerate(specs)]
     names = {s.generated_name for s in specs} | {h.name for h in warm}
     cp.creating.update(names)  # the orphan sweep leaves them alone until they are recorded

@@ -51,7 +51,7 @@ import yaml
 from sandbox_server.http import MAX_JSON_DEPTH, json_depth_exceeds
 
 from .appuser import APPUSER
-from .backends.base import Backend, ImageBuilder, ImageDefinition
+from .backends.base import ImageDefinition
 from .build_sources import check_git, host_sources
 from .constants import BUILTIN_IMAGE
 from .image_tags import check_image_tag
@@ -380,11 +380,3 @@ def _commands(value: Any, where: str) -> list[str]:
     if isinstance(value, list) and all(isinstance(c, str) for c in value):
         return [c for c in value if c.strip()]
     raise ValueError(f"{where}.commands must be a list of strings or a string")
-
-
-
-
-def builder_for(backend: Backend) -> ImageBuilder | None:
-    """The backend's image builder, if it has one."""
-    factory = getattr(backend, "image_builder", None)
-    return factory() if callable(factory) else None

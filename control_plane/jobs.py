@@ -149,7 +149,7 @@ class SnapshotJobs:
         Each request's sandbox waits its turn in the creation queue like any start (``admission.py``)."""
         for req in requests:  # on behalf of the tenant's own clients only
             self.cp.client(req.client_id, tenant)
-        if not self.cp.backend.supports_snapshots():
+        if not self.cp.backend.capabilities.snapshots:
             raise BadRequest(f"Pod snapshot feature is not enabled: the {self.cp.backend.name} backend has none")
         snapshots = await self.cp.snapshot_caps.reserve(
             len(requests), f"preparing {len(requests)} snapshot{'s' if len(requests) != 1 else ''}")

@@ -24,6 +24,7 @@ from sandbox_server import procfs
 from .backends.base import BackendError
 from .backends.local import teardown
 from .backends.local.cgroups import Cgroups, controller_mounts
+from .backends.local.handle_data import LocalHandleData
 from .backends.local.layout import Space, pick_run_root, read_meta, registered_states, state_key
 from .backends.local.lease import LEASE_FILE, owned
 from .config import ControlPlaneConfig
@@ -86,14 +87,14 @@ def in_state(state_dir: Path) -> list[Found]:
         names = {e.name for e in os.scandir(space.root) if e.is_dir()} if space.root.is_dir() else set()
         names |= space.cgroups.names()
         for name in sorted(names):
-            meta = read_meta(space.root / name) or {}
+            meta = read_meta(space.root / name) or LocalHandleData()
             paths = {c: p for c, p in space.cgroups.paths(name).items() if os.path.isdir(p)}
             try:
                 age = time.time() - (space.root / name / "sandbox.json").stat().st_mtime
             except OSError:
                 age = None
-            found.append(Found(name, space.kind, str(state_dir), meta.get("image"),
-                               procfs.recorded_alive(meta.get("server")), len(Cgroups.procs(paths)), age, lease))
+            found.append(Found(name, space.kind, str(state_dir), meta.image,
+                               procfs.recorded_alive(meta.server), len(Cgroups.procs(paths)), age, lease))
     return found
 
 

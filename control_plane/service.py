@@ -155,12 +155,12 @@ class ControlPlane:
         return row
 
     def needs_nodes(self, nodes_count: int) -> bool:
-        return nodes_count > 0 and hasattr(self.backend, "reserve_nodes")
+        return nodes_count > 0 and self.backend.capabilities.node_reservation
 
     async def reserve_nodes(self, row: ClientRow) -> RegisteredClientResponse:
         """Provision ``nodes_count`` nodes for the client's name (backends that schedule on nodes)."""
         try:
-            await self.backend.reserve_nodes(_node_group(row), row.nodes_count)  # type: ignore[attr-defined]
+            await self.backend.reserve_nodes(_node_group(row), row.nodes_count)
         except BackendError as exc:
             raise ApiError.for_status(exc.status, f"reserving {row.nodes_count} nodes failed: {exc.message}") from exc
         return self.client_response(self.client(row.id, row.tenant))
@@ -171,7 +171,7 @@ class ControlPlane:
         others = [c.nodes_count for c in self.store.clients([A.ALIVE, A.FINISHED])
                   if _node_group(c) == _node_group(row) and c.id != row.id]
         try:
-            await self.backend.release_nodes(_node_group(row), max(others, default=0))  # type: ignore[attr-defined]
+            await self.backend.release_nodes(_node_group(row), max(others, default=0))
         except Exception:  # noqa: BLE001 - a failed release is retried by the next client stop
             log.exception("could not release nodes of %s", row.name)
 
@@ -284,7 +284,7 @@ class ControlPlane:
         """A sandbox for ``spec``: claimed from the warm pool when one is ready."""
         if spec.network_peer is not None:  # a pool's sandbox has a network of its own
             return await self.pool.create(spec, timeout or 300)
-        if not getattr(self.backend, "warm_pool", True):
+        if not self.backend.capabilities.warm_pool:
             # e.g. Kubernetes: objects carry the request's labels, volumes, overrides… and the
             # server's own name, so nothing pre-made can stand in for them
             return await self.pool.create(spec, timeout or 300)
@@ -336,7 +336,7 @@ class ControlPlane:
                        network_peer=self._network_peer(req, client) if client is not None else None)
         old = SandboxHandle.from_json(json.loads(row.handle)) if row.handle else None
         try:
-            if old is not None and not getattr(self.backend, "restart_by_replacement", True):
+            if old is not None and self.backend.capabilities.restart_in_place:
                 handle = await self.backend.restart(old, spec, timeout or 300)
                 old = None
             else:

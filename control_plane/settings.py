@@ -126,7 +126,7 @@ class ControlPlaneSettings(EnvSettings):
     cargo_home: Path | None = variable("CARGO_HOME", "…and its cargo", shown="~/.cargo")
     kubernetes: dict[str, str] = variable(
         ("IDEGYM_K8S_*", "KUBECONFIG", "KUBERNETES_SERVICE_HOST"), "the Kubernetes backend's settings, one "
-        "`IDEGYM_K8S_<FIELD>` per field of `KubernetesConfig` (docs/kubernetes.md lists them); `KUBECONFIG` and "
+        "`IDEGYM_K8S_<FIELD>` per field of `KubernetesBackendConfig` (docs/kubernetes.md lists them); `KUBECONFIG` and "
         "`KUBERNETES_SERVICE_HOST` as kubectl reads them", {}, shown="–")
 
     def default_state_dir(self) -> Path:

@@ -1,5 +1,5 @@
 """Starting and stopping a control plane: its backend, the records a previous run left, the
-warm pool, the watcher; and which backend a configuration asks for.
+warm pool, the watcher.
 
 Stopping (SIGTERM, SIGINT, the embedding process gone) takes at most ``SHUTDOWN_BUDGET``
 seconds: every call in flight is answered 503 at once (the sandbox keeps what it was doing), new
@@ -18,8 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .backends.base import Backend, Limits, SandboxSpec
-from .config import ControlPlaneConfig
+from .backends.base import Limits, SandboxSpec
 from .errors import Unavailable
 from .jobs import ImageJobs
 from .models import ServerKind
@@ -111,19 +110,3 @@ def lifecycle_context(cp: ControlPlane, watcher: Watcher, images: ImageJobs, shu
         cp.store.close()
 
     return ctx
-
-
-def make_backend(config: ControlPlaneConfig) -> Backend:
-    if config.backend == "local":
-        from .backends.local import LocalBackend
-        from .backends.local.oci.settings import OciSettings
-
-        oci = OciSettings.from_env(registry=config.image_registry, cache_dir=config.image_cache)
-        return LocalBackend(config.state_dir, isolation=config.isolation, network=config.network,
-                            storage_bytes=config.sandbox_storage, storage_inodes=config.sandbox_inodes,
-                            orphan_ttl=config.orphan_ttl, oci=oci, host_package_config=config.host_package_config)
-    if config.backend == "kubernetes":
-        from .backends.kubernetes import KubernetesBackend, KubernetesConfig
-
-        return KubernetesBackend(KubernetesConfig.from_env(**config.kubernetes))
-    raise ValueError(f"unknown backend {config.backend!r}: use 'local' or 'kubernetes'")

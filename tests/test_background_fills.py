@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from control_plane.backends.local import LocalBackend
+from control_plane.backends.local.handle_data import LocalHandleData
 from control_plane.backends.local.layout import read_meta
 from control_plane.backends.local.priority import BACKGROUND_NICE
 
@@ -74,10 +75,10 @@ def test_the_warm_pool_fills_in_the_background_and_a_claim_serves_at_normal_prio
     try:
         members = tmp_path / "state" / "sandboxes"
 
-        def pool_member() -> dict | None:
+        def pool_member() -> LocalHandleData | None:
             for sb in members.glob("pool-*") if members.is_dir() else []:
                 data = read_meta(sb)
-                if data and data.get("server") and os.path.exists(data.get("socket", "")):
+                if data and data.server and os.path.exists(data.socket):
                     return data
             return None
 
@@ -86,9 +87,9 @@ def test_the_warm_pool_fills_in_the_background_and_a_claim_serves_at_normal_prio
         assert wait_for(lambda: pool_member() is not None, timeout=60), "the pool was never filled"
         member = pool_member()
         assert member is not None
-        assert _nice(member["server"][0]) == BACKGROUND_NICE
+        assert member.server is not None and _nice(member.server[0]) == BACKGROUND_NICE
         started = cp.start_server(client, reuse_strategy="NONE")
         assert cp.bash(client, started["server_id"], OWN_NICE)["stdout"].strip() == "0"
-        assert _nice(member["server"][0]) == 0  # the one member was claimed, and restored
+        assert _nice(member.server[0]) == 0  # the one member was claimed, and restored
     finally:
         cp.stop()

@@ -125,7 +125,7 @@ def test_control_plane_help_names_every_default_and_variable(backend: str) -> No
             assert getattr(_parser({**base, conventional: "1"}).parse_args([]), action.dest) == action.default
             continue
         if action.dest in ("backend", "auth", "build_root") or action.dest.startswith("k8s_"):
-            continue  # the backend decides which flags exist; these are read later (from_env, config_from_args)
+            continue  # read later, in config_from_args (the --k8s-* ones only with --backend kubernetes)
         value, expected = _sample(action)
         parsed = _parser({**base, variables[0]: value}).parse_args([])
         assert getattr(parsed, action.dest) == expected, (action.option_strings, variables[0], value)

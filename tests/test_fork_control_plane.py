@@ -204,8 +204,9 @@ def test_the_pool_refills_after_a_fork_only_once_its_children_had_their_moment(c
         return {p.name for p in sandboxes.glob("pool-*")}
 
     def ready() -> set[str]:
-        metas = {name: read_meta(sandboxes / name) or {} for name in members()}
-        return {name for name, meta in metas.items() if os.path.exists(meta.get("socket") or "/nonexistent")}
+        metas = {name: read_meta(sandboxes / name) for name in members()}
+        return {name for name, meta in metas.items()
+                if meta is not None and os.path.exists(meta.socket or "/nonexistent")}
 
     assert wait_until(lambda: len(ready()) >= 2, 60), members()
     before = members()

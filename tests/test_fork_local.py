@@ -19,6 +19,7 @@ from control_plane.backends.base import BackendError, ForkChild, Limits, Sandbox
 from control_plane.backends.local import LocalBackend
 from control_plane.backends.local.cgroups import Cgroups
 from control_plane.backends.local.fork_layers import ForkLayers
+from control_plane.backends.local.handle_data import LocalHandleData
 from tests.local_helpers import (
     LoopThread,
     bash,
@@ -266,7 +267,7 @@ def test_a_parent_that_is_not_running_cannot_be_forked_and_nothing_is_left(loop:
                                                                            image: str) -> None:
     parent = loop.run(backend.create(spec("p-dead", image), 120))
     warm = loop.run(backend.create(spec("w-dead", image), 120))
-    loop.run(backend.require_started().stop(backend.sandboxes, parent.name, parent.data))
+    loop.run(backend.require_started().stop(backend.sandboxes, parent.name, LocalHandleData.of(parent.data)))
     with pytest.raises(BackendError) as err:
         _fork(loop, backend, parent, ["c-dead", "w-dead"], {"w-dead": warm})
     assert err.value.status == 409 and "not running" in err.value.message
@@ -284,7 +285,7 @@ def test_freezing_is_what_keeps_copies_whole(monkeypatch: pytest.MonkeyPatch, tm
     monkeypatch.setattr(ForkLayers, "_copy_layers", staticmethod(lambda sb, level: calls.append("copy") or 0))
     monkeypatch.setattr(ForkLayers, "_copy_tmp", staticmethod(lambda data, dest: calls.append("tmp") or 0))
     layers = ForkLayers(tmp_path)
-    layer, _ = layers.take({"dir": "/nonexistent/sb", "cgroups": {"freezer": "/x"}}, "o-1-test")
+    layer, _ = layers.take(LocalHandleData(dir="/nonexistent/sb", cgroups={"freezer": "/x"}), "o-1-test")
     assert calls == ["freeze", "copy", "tmp", "thaw"]
     assert layers.holders(layer) == {"o-1-test"}
     assert layers.release("o-1-test") == [layer] and layers.layer_ids() == set()

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from control_plane.backends.base import BackendError, ImageNotFound, SandboxSpec, SnapshotsUnsupported
 from control_plane.backends.kubernetes import (
     KubernetesBackend,
-    KubernetesConfig,
+    KubernetesBackendConfig,
     ManifestSettings,
     build_server_manifests,
     deep_merge,
@@ -63,7 +63,7 @@ def spec_for(req: StartServerRequest, server_id: int | None = None) -> SandboxSp
     return SandboxSpec.from_request(req, server_id, f"{req.server_name}-{server_id}")
 
 
-def run(scenario: Callable[[KubernetesBackend], Awaitable[None]], config: KubernetesConfig) -> None:
+def run(scenario: Callable[[KubernetesBackend], Awaitable[None]], config: KubernetesBackendConfig) -> None:
     """Start a backend on ``config``, run the scenario, always close the backend."""
 
     async def main() -> None:
@@ -137,7 +137,7 @@ def k8s_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimulatorProce
 
 
 @pytest.fixture
-def k8s_config(k8s_sim: SimulatorProcess) -> KubernetesConfig:
+def k8s_config(k8s_sim: SimulatorProcess) -> KubernetesBackendConfig:
     return k8s_sim.backend_config()  # a test-unique instance label: tests never see each other's servers
 
 
@@ -208,7 +208,7 @@ def test_manifests_validate_against_the_published_kubernetes_schemas(shape: str)
 
 
 def test_every_other_generated_manifest_validates_too() -> None:
-    backend = KubernetesBackend(KubernetesConfig(kubeconfig="/nonexistent", in_cluster=False,
+    backend = KubernetesBackend(KubernetesBackendConfig(kubeconfig="/nonexistent", in_cluster=False,
                                                  registry_secret="regcred", insecure_registry=True))
     (definition,) = parse_build_yaml("images:\n  - name: env\n    base: python:3.12-slim\n"
                                      "    commands: [pip install pytest]\n    env: {A: '1'}\n",
@@ -345,10 +345,10 @@ def test_backend_takes_keyword_settings_like_the_control_plane_passes_them(tmp_p
     backend = KubernetesBackend(kubeconfig=str(tmp_path / "kubeconfig"), addressing="pod-ip", namespace="sandboxes",
                                 instance="cp-2")
     assert backend.config.namespace == "sandboxes" and backend.addressing == "pod-ip"
-    assert backend.image_builder() is backend.builder and backend.restart_by_replacement is False
+    assert backend.image_builder() is backend.builder and backend.capabilities.restart_in_place
     env = {"IDEGYM_K8S_NAMESPACE": "envns", "IDEGYM_K8S_SNAPSHOTS": "true",
            "IDEGYM_K8S_IMAGE_PULL_SECRETS": "a, b", "KUBECONFIG": "/k"}
-    cfg = KubernetesConfig.from_env(env)
+    cfg = KubernetesBackendConfig.from_env(env)
     assert (cfg.namespace, cfg.snapshots, cfg.image_pull_secrets, cfg.kubeconfig) == ("envns", True, ("a", "b"), "/k")
     with pytest.raises(ValueError, match="addressing"):
         KubernetesBackend(addressing="telepathy")
@@ -410,7 +410,7 @@ def test_simulator_speaks_the_kubernetes_protocol(k8s_sim: SimulatorProcess) -> 
 
 
 def test_create_ready_bash_through_the_api_server_proxy_and_delete_leaves_nothing(
-        k8s_sim: SimulatorProcess, k8s_config: KubernetesConfig) -> None:
+        k8s_sim: SimulatorProcess, k8s_config: KubernetesBackendConfig) -> None:
     async def scenario(backend: KubernetesBackend) -> None:
         req = request(labels={"team": "research"}, annotations={"example.com/task": "t-1"})
         spec = spec_for(req)
@@ -470,18 +470,18 @@ def test_pod_ip_addressing_and_restart_gives_a_fresh_pod(k8s_sim: SimulatorProce
 
 
 def test_service_dns_addressing_names_the_service() -> None:
-    backend = KubernetesBackend(KubernetesConfig(addressing="service-dns", namespace="sandboxes",
+    backend = KubernetesBackend(KubernetesBackendConfig(addressing="service-dns", namespace="sandboxes",
                                                  cluster_domain="cluster.local"))
     from control_plane.backends.base import SandboxAddress, SandboxHandle
 
     handle = SandboxHandle("kubernetes", "srv-7", SandboxAddress(""), {"namespace": "sandboxes", "service_port": 80})
     assert backend.endpoint(handle).base_url == "http://srv-7.sandboxes.svc.cluster.local:80"
-    assert KubernetesConfig(in_cluster=True).resolved_addressing() == "service-dns"
-    assert KubernetesConfig(in_cluster=False).resolved_addressing() == "api-proxy"
+    assert KubernetesBackendConfig(in_cluster=True).resolved_addressing() == "service-dns"
+    assert KubernetesBackendConfig(in_cluster=False).resolved_addressing() == "api-proxy"
 
 
 def test_crashes_are_counted_and_max_restarts_ends_a_start(k8s_sim: SimulatorProcess,
-                                                           k8s_config: KubernetesConfig) -> None:
+                                                           k8s_config: KubernetesBackendConfig) -> None:
     async def scenario(backend: KubernetesBackend) -> None:
         handle = await backend.create(spec_for(request(max_restarts=2)), 30)
         pod_key = next(k for k in k8s_sim.state()["pods"] if handle.name in k)
@@ -512,7 +512,7 @@ def test_crashes_are_counted_and_max_restarts_ends_a_start(k8s_sim: SimulatorPro
     run(scenario, k8s_config)
 
 
-def test_start_failures_carry_the_pods_reason_and_leave_nothing(k8s_config: KubernetesConfig) -> None:
+def test_start_failures_carry_the_pods_reason_and_leave_nothing(k8s_config: KubernetesBackendConfig) -> None:
     async def scenario(backend: KubernetesBackend) -> None:
         missing = spec_for(request(image_tag="registry.example.com/does-not-exist:1"))
         with pytest.raises(ImageNotFound) as not_found:
@@ -540,7 +540,8 @@ def test_start_failures_carry_the_pods_reason_and_leave_nothing(k8s_config: Kube
     run(scenario, k8s_config)
 
 
-def test_orphan_sweep_finds_our_objects_by_label_only(k8s_sim: SimulatorProcess, k8s_config: KubernetesConfig) -> None:
+def test_orphan_sweep_finds_our_objects_by_label_only(k8s_sim: SimulatorProcess,
+                                                      k8s_config: KubernetesBackendConfig) -> None:
     async def scenario(backend: KubernetesBackend) -> None:
         kept = await backend.create(spec_for(request()), 30)
         # leaked objects: a server whose database row is gone, and a half-created one (Service only)
@@ -574,7 +575,7 @@ def test_orphan_sweep_finds_our_objects_by_label_only(k8s_sim: SimulatorProcess,
     run(scenario, k8s_config)
 
 
-def test_openenv_server_is_ready_on_its_health_path(k8s_config: KubernetesConfig) -> None:
+def test_openenv_server_is_ready_on_its_health_path(k8s_config: KubernetesBackendConfig) -> None:
     async def scenario(backend: KubernetesBackend) -> None:
         spec = spec_for(request(image_tag="registry.example.com/openenv-echo:1", server_kind="openenv",
                                 container_port=7860))
@@ -592,7 +593,7 @@ def test_openenv_server_is_ready_on_its_health_path(k8s_config: KubernetesConfig
     run(scenario, k8s_config)
 
 
-def test_bare_pod_workload_when_restart_policy_is_overridden(k8s_config: KubernetesConfig) -> None:
+def test_bare_pod_workload_when_restart_policy_is_overridden(k8s_config: KubernetesBackendConfig) -> None:
     async def scenario(backend: KubernetesBackend) -> None:
         spec = spec_for(request(pod_overrides={"restartPolicy": "Never"}))
         handle = await backend.create(spec, 30)
@@ -610,12 +611,12 @@ def test_bare_pod_workload_when_restart_policy_is_overridden(k8s_config: Kuberne
 
 
 def test_snapshot_create_and_restore_by_group_and_by_tag(k8s_sim: SimulatorProcess,
-                                                         k8s_config: KubernetesConfig) -> None:
+                                                         k8s_config: KubernetesBackendConfig) -> None:
     k8s_sim.set_snapshots(True)
     config = k8s_sim.backend_config(snapshots=True)
 
     async def scenario(backend: KubernetesBackend) -> None:
-        assert backend.supports_snapshots()
+        assert backend.capabilities.snapshots
         source_spec = spec_for(request())
         source = await backend.create(source_spec, 30)
         await bash(backend, source, "echo first > state.txt")
@@ -666,7 +667,7 @@ def test_snapshot_create_and_restore_by_group_and_by_tag(k8s_sim: SimulatorProce
 
 def test_snapshots_disabled_answer_400_with_the_reason(k8s_sim: SimulatorProcess) -> None:
     async def by_config(backend: KubernetesBackend) -> None:
-        assert not backend.supports_snapshots()
+        assert not backend.capabilities.snapshots
         handle = await backend.create(spec_for(request()), 30)
         with pytest.raises(SnapshotsUnsupported) as off:
             await backend.snapshot(handle, "1")
@@ -676,7 +677,7 @@ def test_snapshots_disabled_answer_400_with_the_reason(k8s_sim: SimulatorProcess
     run(by_config, k8s_sim.backend_config(snapshots=False))
 
     async def by_cluster(backend: KubernetesBackend) -> None:
-        assert not backend.supports_snapshots()
+        assert not backend.capabilities.snapshots
         with pytest.raises(SnapshotsUnsupported) as lacking:
             await backend.create(spec_for(request(snapshot=SnapshotRef(id="1"))), 30)
         assert lacking.value.status == 400
@@ -693,7 +694,7 @@ def test_snapshots_disabled_answer_400_with_the_reason(k8s_sim: SimulatorProcess
 # -- builds and node holders ------------------------------------------------------------------------
 
 
-def test_image_builds_run_as_jobs_and_report_their_status(k8s_config: KubernetesConfig) -> None:
+def test_image_builds_run_as_jobs_and_report_their_status(k8s_config: KubernetesBackendConfig) -> None:
     yaml_text = """
 images:
   - name: good-env
@@ -736,7 +737,7 @@ images:
     run(scenario, k8s_config)
 
 
-def test_nodes_count_keeps_one_holder_pod_per_node(k8s_config: KubernetesConfig) -> None:
+def test_nodes_count_keeps_one_holder_pod_per_node(k8s_config: KubernetesBackendConfig) -> None:
     async def scenario(backend: KubernetesBackend) -> None:
         try:
             await holders(backend)

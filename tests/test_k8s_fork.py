@@ -39,7 +39,7 @@ def test_fork_restores_a_pod_snapshot_of_the_parent_into_each_child(k8s_sim: Sim
     k8s_sim.set_snapshots(True)
 
     async def scenario(backend: KubernetesBackend) -> None:
-        assert backend.supports_fork()
+        assert backend.capabilities.fork
         parent_spec = spec_for(request())
         parent = await backend.create(parent_spec, 30)
         await bash(backend, parent, "echo at-the-fork > state.txt")
@@ -75,7 +75,7 @@ def test_fork_restores_a_pod_snapshot_of_the_parent_into_each_child(k8s_sim: Sim
 
 def test_fork_without_pod_snapshots_says_why(k8s_sim: SimulatorProcess) -> None:
     async def scenario(backend: KubernetesBackend) -> None:
-        assert not backend.supports_fork()
+        assert not backend.capabilities.fork
         parent_spec = spec_for(request())
         parent = await backend.create(parent_spec, 30)
         with pytest.raises(BackendError) as err:

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from control_plane.backends.local.handle_data import LocalHandleData
 from control_plane.backends.local.layout import state_key
 from tests.cp_helpers import ControlPlaneProcess
 from tests.helpers import REPO, processes_mentioning, wait_until
@@ -273,7 +274,7 @@ def test_a_delete_cut_off_after_its_kill_step_is_finished_by_the_lease(tmp_path:
         loop.run(backend.start())
         handle = loop.run(backend.create(spec("cut-off"), 60))
         assert _cgroups(state) and _mounts(state)
-        *_, problems = teardown.kill(handle.name, backend.sandboxes, handle.data, "bwrap")
+        *_, problems = teardown.kill(handle.name, backend.sandboxes, LocalHandleData.of(handle.data), "bwrap")
         assert problems == []
         loop.run(backend.close())  # no more renewals: as if the control plane were gone
     finally:
@@ -299,7 +300,8 @@ def test_cgroups_a_delete_could_not_remove_are_removed_by_the_sandbox_s_monitor(
     try:
         loop.run(backend.start())
         handle = loop.run(backend.create(spec("left-groups"), 60))
-        sb, run, groups, problems = teardown.kill(handle.name, backend.sandboxes, handle.data, "bwrap")
+        sb, run, groups, problems = teardown.kill(handle.name, backend.sandboxes, LocalHandleData.of(handle.data),
+                                                  "bwrap")
         assert problems == [] and groups
         for base in (sb, run):  # what a delete does besides removing the groups
             for point in mounts.mounts_under(base):

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import abc
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import StatusError
 from ..models import KubernetesResources, ServerKind, StartServerRequest
 from ..quantities import cpu_millicores, memory_bytes
+
+if TYPE_CHECKING:
+    from ..images import Uploads
 
 
 class BackendError(StatusError):
@@ -38,6 +41,28 @@ class SnapshotsUnsupported(BackendError):
 class ForkUnsupported(BackendError):
     def __init__(self, message: str) -> None:
         super().__init__(message, 400)
+
+
+class NodesUnsupported(BackendError):
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 400)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do, each flag declared once here with its default. The control plane
+    asks ``Backend.capabilities`` and calls the operations it allows; it never probes a backend
+    for methods or attributes."""
+
+    snapshots: bool = False  # snapshot, snapshot_exists, delete_snapshot work
+    fork: bool = False  # fork works
+    # A sandbox made ahead of demand can stand in for a request's: the control plane keeps a warm
+    # pool. Off where a sandbox carries per-request labels, volumes or its server's own name.
+    warm_pool: bool = True
+    # restart keeps the server's objects (same name, same address); else the control plane
+    # replaces the sandbox (a new one from the pool, the old deleted).
+    restart_in_place: bool = False
+    node_reservation: bool = False  # reserve_nodes and release_nodes keep nodes for a client
 
 
 @dataclass(frozen=True)
@@ -166,9 +191,15 @@ class SnapshotInfo:
 
 class Backend(abc.ABC):
     """Where sandboxes live. All methods are coroutines unless stated; all are idempotent where
-    the name says delete/close."""
+    the name says delete/close. Optional operations have a default here that says "not
+    supported"; ``capabilities`` tells which ones a backend has."""
 
     name: str = "abstract"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this backend can do now (snapshots and fork may depend on what ``start`` found)."""
+        return Capabilities()
 
     async def start(self) -> None:  # noqa: B027 - optional hook: most backends need nothing here
         """Prepare (directories, clients). Called once before any other method."""
@@ -230,12 +261,6 @@ class Backend(abc.ABC):
         """What this backend's snapshots take on disk (None: it cannot tell)."""
         return None
 
-    def supports_snapshots(self) -> bool:
-        return False
-
-    def supports_fork(self) -> bool:
-        return False
-
     async def fork(self, parent: SandboxHandle, children: list[ForkChild], timeout: float) -> list[SandboxHandle]:
         """New sandboxes, one per child (in order), each with ``parent``'s whole filesystem as it
         was at one instant and fresh processes; ``parent`` keeps running and sees none of them.
@@ -245,6 +270,19 @@ class Backend(abc.ABC):
 
     def endpoint(self, handle: SandboxHandle) -> SandboxAddress:
         return handle.endpoint
+
+    def image_builder(self) -> ImageBuilder | None:
+        """The builder of this backend's images; None: it cannot build images."""
+        return None
+
+    async def reserve_nodes(self, client_name: str, count: int, timeout: float = 600.0) -> None:
+        """Keep ``count`` nodes provisioned for ``client_name`` and wait until they are; 0 releases
+        them (``capabilities.node_reservation``)."""
+        raise NodesUnsupported(f"the {self.name} backend does not reserve nodes for clients")
+
+    async def release_nodes(self, client_name: str, count: int = 0) -> None:  # noqa: B027 - optional hook
+        """Shrink ``client_name``'s reservation to ``count`` nodes (0: none). A backend that
+        reserves nothing has nothing to release."""
 
 
 # -- images --------------------------------------------------------------------------------------
@@ -287,3 +325,10 @@ class ImageBuilder(abc.ABC):
     def runs_as_host_root(self, definition: ImageDefinition) -> bool:
         """Whether building ``definition`` runs its steps as the control plane host's root."""
         return False
+
+    def parse_yaml(self, text: str, uploads: Uploads | None = None) -> list[ImageDefinition]:
+        """A build YAML's ``images:`` as this builder reads them (``control_plane.images``); a
+        builder that pushes to a registry rewrites the tags."""
+        from ..images import parse_build_yaml  # images.py builds on this module
+
+        return parse_build_yaml(text, uploads=uploads)

@@ -74,13 +74,13 @@ class SimulatorProcess:
     # -- configs --
 
     def backend_config(self, **overrides: Any) -> Any:
-        from control_plane.backends.kubernetes import KubernetesConfig
+        from control_plane.backends.kubernetes import KubernetesBackendConfig
 
         values: dict[str, Any] = {"kubeconfig": str(self.kubeconfig), "in_cluster": False, "addressing": "api-proxy",
                                   "namespace": "idegym", "instance": f"t{uuid.uuid4().hex[:10]}",
                                   "readiness_period_seconds": 1}
         values.update(overrides)
-        return KubernetesConfig(**values)
+        return KubernetesBackendConfig(**values)
 
     def stop(self) -> None:
         if getattr(self, "http", None) is not None:
@@ -106,5 +106,5 @@ def k8s_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimulatorProce
 
 @pytest.fixture
 def k8s_config(k8s_sim: SimulatorProcess) -> Any:
-    """A ``KubernetesConfig`` for the simulator, api-proxy addressing, a test-unique instance."""
+    """A ``KubernetesBackendConfig`` for the simulator, api-proxy addressing, a test-unique instance."""
     return k8s_sim.backend_config()

@@ -2,7 +2,7 @@
 
     manifests   StartServerRequest/SandboxSpec → Deployment (or Pod), Service, PodDisruptionBudget
     backend     KubernetesBackend (the ``Backend`` contract)
-    config      KubernetesConfig (flags, environment) and the API client
+    api_client  the API client, from the backend's settings (``backends/config.py``)
     podstate    readiness, restarts and failure reasons read from a pod
     informer    one pod list+watch per namespace, shared by every wait and observation
     relay       in-process ``kubectl proxy`` for the api-proxy addressing mode
@@ -12,11 +12,12 @@
 Needs the ``kubernetes`` extra (``pip install idegym[kubernetes]``).
 """
 
-from .backend import KubernetesBackend, KubernetesConfig
+from ..config import KubernetesBackendConfig
+from .backend import KubernetesBackend
 from .builds import BuildStatus, KubernetesImageBuilder, parse_build_yaml
 from .manifests import ManifestSettings, ServerManifests, build_server_manifests, deep_merge
 
 __all__ = [
-    "BuildStatus", "KubernetesBackend", "KubernetesConfig", "KubernetesImageBuilder",
+    "BuildStatus", "KubernetesBackend", "KubernetesBackendConfig", "KubernetesImageBuilder",
     "ManifestSettings", "ServerManifests", "build_server_manifests", "deep_merge", "parse_build_yaml",
 ]

@@ -28,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 from ..base import (
     Backend,
     BackendError,
+    Capabilities,
     ForkChild,
     ImageNotFound,
     Observation,
@@ -36,9 +37,10 @@ from ..base import (
     SandboxSpec,
     SnapshotInfo,
 )
+from ..config import KubernetesBackendConfig
 from . import fork, kube, podstate
+from .api_client import load_api_client
 from .builds import KubernetesImageBuilder
-from .config import ADDRESSING, KubernetesConfig, load_api_client  # noqa: F401 - KubernetesConfig re-exported
 from .informer import PodInformer
 from .manifests import (
     RESTARTED_AT,
@@ -60,30 +62,35 @@ BACKGROUND = {"propagationPolicy": "Background"}
 
 class KubernetesBackend(Backend):
     """``KubernetesBackend(config)``, or ``KubernetesBackend(namespace=..., addressing=...)`` with
-    ``KubernetesConfig`` fields as keywords (unset fields from ``IDEGYM_K8S_*``)."""
+    ``KubernetesBackendConfig`` fields as keywords (unset fields from ``IDEGYM_K8S_*``)."""
 
     name = "kubernetes"
-    # Kubernetes restarts a server in place (a rollout of its Deployment, same name and Service):
-    # the control plane should call ``restart`` rather than create a replacement beside it.
-    restart_by_replacement = False
-    # Pods carry per-request labels, annotations, volumes, node selectors and overrides, which a
-    # pre-started pod cannot know; the control plane should not keep a warm pool for this backend.
-    warm_pool = False
 
-    def __init__(self, config: KubernetesConfig | None = None, api_client: client.ApiClient | None = None,
+    def __init__(self, config: KubernetesBackendConfig | None = None, api_client: client.ApiClient | None = None,
                  **settings: Any) -> None:
         if config is not None and settings:
-            raise TypeError("pass a KubernetesConfig or keyword settings, not both")
-        self.config = config or KubernetesConfig.from_env(**settings)
+            raise TypeError("pass a KubernetesBackendConfig or keyword settings, not both")
+        self.config = config or KubernetesBackendConfig.from_env(**settings)
         self.addressing = self.config.resolved_addressing()
         self.settings = self.config.manifest_settings()
         self._api = api_client
+        self.api: client.ApiClient | None = None  # set by start(): given, or made from the configuration
         self.informers: dict[str, PodInformer] = {}
         self.relay: ApiProxyRelay | None = None
         self.builder = KubernetesImageBuilder(self)
 
+    @property
+    def capabilities(self) -> Capabilities:
+        # Kubernetes restarts a server in place (a rollout of its Deployment, same name and
+        # Service). Pods carry per-request labels, annotations, volumes, node selectors and
+        # overrides, which a pre-started pod cannot know: no warm pool. Snapshots and fork need
+        # GKE pod snapshots, known once start() probed for them.
+        snapshots = self.api is not None and self.snapshots.available  # start() sets both at once
+        return Capabilities(snapshots=snapshots, fork=snapshots, warm_pool=False, restart_in_place=True,
+                            node_reservation=True)
+
     def image_builder(self) -> KubernetesImageBuilder:
-        """Builds run as Jobs in this backend's namespace (``control_plane.images.builder_for``)."""
+        """Builds run as Jobs in this backend's namespace."""
         return self.builder
 
     # -- lifecycle --
@@ -102,6 +109,8 @@ class KubernetesBackend(Backend):
         self.batch = client.BatchV1Api(api)
         self.snapshots = PodSnapshots(api, self.settings, enabled=self.config.snapshots,
                                       timeout=self.config.snapshot_timeout)
+        self.forks = fork.KubernetesForkSite(snapshots=self.snapshots, core=self.core, pods=self._pods,
+                                             create=self.create, delete=self.delete)
         for ns in self.namespaces:
             informer = PodInformer(self.core, ns, instance_selector(self.settings))
             informer.start()
@@ -125,7 +134,7 @@ class KubernetesBackend(Backend):
         if self.relay is not None:
             await self.relay.close()
             self.relay = None
-        if self._api is None and getattr(self, "api", None) is not None:
+        if self._api is None and self.api is not None:
             await asyncio.to_thread(self.api.close)
 
     # -- helpers --
@@ -279,7 +288,7 @@ class KubernetesBackend(Backend):
         try:
             await self._remove(ns, handle.name, handle.data.get("kind"), wait=True)
             if handle.data.get(fork.FORK_DATA):  # a fork's child: its snapshot goes with the last of them
-                await fork.release(self, ns, handle.data[fork.FORK_DATA], handle.name)
+                await fork.release(self.forks, ns, handle.data[fork.FORK_DATA], handle.name)
         except ApiException as exc:
             raise self._api_error(f"cannot delete server {ns}/{handle.name}", exc) from exc
 
@@ -318,7 +327,7 @@ class KubernetesBackend(Backend):
         await self._wait_ready(ns, handle.name, handle.data.get("image", spec.image_tag), spec.max_restarts,
                                timeout, exclude=old)
         if forked:
-            await fork.release(self, ns, forked, handle.name)
+            await fork.release(self.forks, ns, forked, handle.name)
         handle.endpoint = self.endpoint(handle)
         return handle
 
@@ -367,9 +376,6 @@ class KubernetesBackend(Backend):
 
     # -- snapshots --
 
-    def supports_snapshots(self) -> bool:
-        return self.snapshots.available
-
     async def snapshot(self, handle: SandboxHandle, group: str) -> SnapshotInfo:
         self.snapshots.require()
         ns = handle.data.get("namespace", self.config.namespace)
@@ -382,11 +388,9 @@ class KubernetesBackend(Backend):
 
     # -- forks (fork.py) --
 
-    def supports_fork(self) -> bool:
-        return self.snapshots.available
-
     async def fork(self, parent: SandboxHandle, children: list[ForkChild], timeout: float) -> list[SandboxHandle]:
-        return await fork.fork(self, parent, children, timeout)
+        ns = parent.data.get("namespace", self.config.namespace)
+        return await fork.fork(self.forks, ns, parent, children, timeout)
 
     async def snapshot_exists(self, snapshot_id: str) -> bool:
         for ns in self.namespaces:

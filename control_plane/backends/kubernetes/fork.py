@@ -13,16 +13,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
-from ..base import BackendError, ForkChild, SandboxHandle
+from kubernetes import client
+
+from ..base import BackendError, ForkChild, SandboxHandle, SandboxSpec
 from . import kube, podstate
 from .manifests import SNAPSHOT_ID_LABEL
-from .snapshots import GROUP, SNAPSHOTS, VERSION
-
-if TYPE_CHECKING:
-    from .backend import KubernetesBackend
+from .snapshots import PodSnapshots
 
 log = logging.getLogger(__name__)
 
@@ -30,37 +30,42 @@ FORK_DATA = "fork_snapshot"  # in a child's handle data: {"name": PodSnapshot, "
 FORK_GROUP_PREFIX = "fork-"
 
 
-async def fork(backend: KubernetesBackend, parent: SandboxHandle, children: list[ForkChild],
+@dataclass(frozen=True)
+class KubernetesForkSite:
+    """What a fork uses of the Kubernetes backend (made by ``KubernetesBackend.start``)."""
+
+    snapshots: PodSnapshots
+    core: client.CoreV1Api
+    pods: Callable[[str, str], list[dict[str, Any]]]  # (namespace, server name) -> its pods, as last seen
+    create: Callable[[SandboxSpec, float], Awaitable[SandboxHandle]]
+    delete: Callable[[SandboxHandle], Awaitable[None]]
+
+
+async def fork(site: KubernetesForkSite, ns: str, parent: SandboxHandle, children: list[ForkChild],
                timeout: float) -> list[SandboxHandle]:
-    backend.snapshots.require()
-    ns = parent.data.get("namespace", backend.config.namespace)
-    pod = podstate.newest([p for p in backend._pods(ns, parent.name) if podstate.is_ready(p)])
+    site.snapshots.require()
+    pod = podstate.newest([p for p in site.pods(ns, parent.name) if podstate.is_ready(p)])
     if pod is None:
         raise BackendError(f"server {parent.name} has no ready pod to fork", 409)
     group = f"{FORK_GROUP_PREFIX}{secrets.token_hex(8)}"
-    snapshot = await backend.snapshots.take(ns, pod["metadata"]["name"], group)
-    results = await asyncio.gather(*(backend.create(replace(c.spec, snapshot_source=snapshot), timeout)
+    snapshot = await site.snapshots.take(ns, pod["metadata"]["name"], group)
+    results = await asyncio.gather(*(site.create(replace(c.spec, snapshot_source=snapshot), timeout)
                                      for c in children), return_exceptions=True)
     made = [r for r in results if isinstance(r, SandboxHandle)]
     failed = [r for r in results if isinstance(r, BaseException)]
     if failed:
-        await asyncio.gather(*(backend.delete(h) for h in made), return_exceptions=True)
-        await _delete_snapshot(backend, ns, snapshot)
+        await asyncio.gather(*(site.delete(h) for h in made), return_exceptions=True)
+        await site.snapshots.delete_named(ns, snapshot)
         raise failed[0]
     for handle in made:
         handle.data[FORK_DATA] = {"name": snapshot, "group": group}
     return made
 
 
-async def release(backend: KubernetesBackend, ns: str, fork: dict[str, Any], leaving: str) -> None:
+async def release(site: KubernetesForkSite, ns: str, fork: dict[str, Any], leaving: str) -> None:
     """``leaving`` no longer stands on the fork's snapshot: delete it when no other pod does."""
     selector = f"{SNAPSHOT_ID_LABEL}={fork['group']}"
-    pods = await kube.call(backend.core.list_namespaced_pod, ns, label_selector=selector)
+    pods = await kube.call(site.core.list_namespaced_pod, ns, label_selector=selector)
     users = {p["metadata"]["labels"].get("app") for p in pods.get("items") or []} - {leaving}
     if not users:
-        await _delete_snapshot(backend, ns, fork["name"])
-
-
-async def _delete_snapshot(backend: KubernetesBackend, ns: str, name: str) -> None:
-    await kube.delete_quietly(backend.snapshots.custom.delete_namespaced_custom_object, GROUP, VERSION, ns,
-                              SNAPSHOTS, name)
+        await site.snapshots.delete_named(ns, fork["name"])

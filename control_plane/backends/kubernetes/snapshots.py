@@ -183,6 +183,11 @@ class PodSnapshots:
             return True
         return any(is_ready(s) for s in await self.in_group(namespace, snapshot_id))
 
+    async def delete_named(self, namespace: str, name: str) -> None:
+        """Delete the one PodSnapshot ``name`` (a fork's), whether or not snapshots are available now."""
+        await kube.delete_quietly(self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, SNAPSHOTS,
+                                  name)
+
     async def delete(self, namespace: str, snapshot_id: str) -> None:
         """Delete the snapshot named ``snapshot_id``, or every snapshot of that group."""
         if not self.available:

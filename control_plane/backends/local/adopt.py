@@ -23,54 +23,52 @@ import os
 import stat
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from sandbox_server import procfs
 from sandbox_server.project import FORK_LAYERS
 
-from ..base import BackendError, SandboxHandle
+from ..base import BackendError
 from . import mount_api, mounts
-from .fork_layers import ForkStack, sandbox_holder
+from .fork_layers import ForkLayers, ForkStack, sandbox_holder
+from .handle_data import LocalHandleData, required
 from .image_trees import TREES
 from .images import ResolvedImage
 from .rootfs import fork_inside
 
-if TYPE_CHECKING:
-    from .backend import LocalBackend
-
 CLONE_FS = 0x00000200
 
 
-def unsuitable(warm: SandboxHandle, image: ResolvedImage, parent: SandboxHandle) -> str | None:
-    """Why ``warm`` cannot become a child of ``parent`` (None when it can)."""
-    d, p = warm.data, parent.data
+def unsuitable(warm: LocalHandleData, image: ResolvedImage, parent: LocalHandleData) -> str | None:
+    """Why the sandbox ``warm`` records cannot become a child of ``parent`` (None when it can)."""
     if image.is_oci:
         return "an OCI image's root is one overlay, which cannot be swapped under a running server"
-    if d.get("isolation") != "bwrap" or d.get("space") != "sandboxes":
+    if warm.isolation != "bwrap" or warm.space != "sandboxes":
         return "not a bubblewrap sandbox"
-    for key in ("image_id", "run_as_root", "network"):
-        if d.get(key) != p.get(key):
+    for key, mine, theirs in (("image_id", warm.image_id, parent.image_id),
+                              ("run_as_root", warm.run_as_root, parent.run_as_root),
+                              ("network", warm.network, parent.network)):
+        if mine != theirs:
             return f"its {key} differs from the parent's"
-    if d.get("forks") or d.get("snapshot") or d.get("adopted"):
+    if warm.forks or warm.snapshot or warm.adopted:
         return "it has layers of its own already"
-    if not procfs.recorded_alive(d.get("server")):
+    if not procfs.recorded_alive(warm.server):
         return "its server is gone"
     return None
 
 
-def adopt(backend: LocalBackend, warm: SandboxHandle, image: ResolvedImage, stack: ForkStack) -> None:
-    """Remount ``warm``'s trees and project onto ``stack`` (see the module doc); its data records
-    the stack. Runs in a thread of its own: joining another mount namespace is per thread, and
-    that thread ends with the work."""
-    data = warm.data
-    backend.fork_layers.hold(stack.ids, sandbox_holder(warm.name))  # released when it is deleted
-    data["forks"] = list(stack.ids)
-    data["adopted"] = True
+def adopt(layers: ForkLayers, state_dir: Path, name: str, data: LocalHandleData, image: ResolvedImage,
+          stack: ForkStack) -> None:
+    """Remount the trees and project of sandbox ``name`` onto ``stack`` (see the module doc); its
+    ``data`` records the stack. Runs in a thread of its own: joining another mount namespace is
+    per thread, and that thread ends with the work."""
+    layers.hold(stack.ids, sandbox_holder(name))  # released when it is deleted
+    data.forks = list(stack.ids)
+    data.adopted = True
     failure: list[BaseException] = []
 
     def run() -> None:
         try:
-            _remount(backend.state_dir, data, image, stack)
+            _remount(state_dir, data, image, stack)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             failure.append(exc)
 
@@ -81,7 +79,7 @@ def adopt(backend: LocalBackend, warm: SandboxHandle, image: ResolvedImage, stac
         raise failure[0]
 
 
-def _remount(state_dir: Path, data: dict[str, Any], image: ResolvedImage, stack: ForkStack) -> None:
+def _remount(state_dir: Path, data: LocalHandleData, image: ResolvedImage, stack: ForkStack) -> None:
     if mounts._libc.unshare(CLONE_FS) != 0:  # a working directory and mount namespace of this thread's own
         err = ctypes.get_errno()
         raise OSError(err, f"unshare(CLONE_FS): {os.strerror(err)}")
@@ -92,8 +90,8 @@ def _remount(state_dir: Path, data: dict[str, Any], image: ResolvedImage, stack:
         text = str(path)
         return text[len(state):] if text.startswith(state) else text
 
-    layers = Path(data["dir"]) / "layers"
-    server = data["server"][0]
+    layers = Path(data.dir) / "layers"
+    server = required(data.server, "server")[0]
     project_dir = image.project_dir
     trees = [t for t in TREES if stack.tree_levels(t)]
     fds: list[int] = []

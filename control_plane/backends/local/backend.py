@@ -26,7 +26,7 @@ One sandbox = one ``sandbox_server`` process (plus the tools it starts) inside b
 
 Sandboxes outlive the control plane: no ``--die-with-parent``, their own session, and every pid
 recorded with its start time in ``SandboxHandle.data`` (and ``sandbox.json`` in the sandbox
-directory, for the orphan sweep).
+directory, for the orphan sweep): one ``LocalHandleData`` (``handle_data.py``).
 
 Where each part lives: ``launcher.py`` (a launch, start to ready), ``rootfs.py`` (layers and
 mounts), ``bwrap.py`` / ``plain.py`` (starting the server), ``server_kinds.py`` (which server),
@@ -44,6 +44,7 @@ import re
 import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandbox_server import procfs
 
@@ -51,6 +52,7 @@ from ...images import BUILTIN_IMAGE
 from ..base import (
     Backend,
     BackendError,
+    Capabilities,
     ForkChild,
     ImageNotFound,
     Observation,
@@ -61,6 +63,7 @@ from ..base import (
 from . import cgroups, fork, hostconfig, inventory, priority, teardown
 from .cgroups import DEFAULT_SERVER_MEMORY_RESERVE, Cgroups
 from .fork_layers import DEFAULT_MAX_STACK
+from .handle_data import LocalHandleData
 from .image_trees import ImageError
 from .images import ImageStore, ResolvedImage
 from .isolation import ISOLATIONS, choose_isolation, say_once
@@ -71,6 +74,9 @@ from .oci.settings import OciSettings
 from .runtime import Runtime, detect
 from .snapshots import Snapshots
 from .storage import DEFAULT_STORAGE_BYTES, DEFAULT_STORAGE_INODES, LayerStorage
+
+if TYPE_CHECKING:
+    from .builder import LocalImageBuilder
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +145,11 @@ class LocalBackend(Backend):
         self.sandboxes: Space | None = None
         self.builds: Space | None = None
         self.launcher: Launcher | None = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        # fork stacks overlay layers: bubblewrap sandboxes only (known once start() chose)
+        return Capabilities(snapshots=True, fork=self.isolation == "bwrap")
 
     @property
     def runtime(self) -> Runtime | None:
@@ -244,7 +255,7 @@ class LocalBackend(Backend):
         except ImageError as exc:
             raise BackendError(str(exc), 400) from exc
 
-    def image_builder(self):
+    def image_builder(self) -> LocalImageBuilder:
         from .builder import LocalImageBuilder
 
         return LocalImageBuilder(self)
@@ -288,36 +299,38 @@ class LocalBackend(Backend):
                                          env=dict(image.env), snapshot=snapshot, timeout=timeout,
                                          kind=spec.server_kind.value, isolated_runs=spec.isolated_runs,
                                          forks=forks if fork_ids else None, background=background,
-                                         network_peer=spec.network_peer.data if spec.network_peer else None)
+                                         network_peer=LocalHandleData.of(spec.network_peer.data)
+                                         if spec.network_peer else None)
 
     def claim(self, handle: SandboxHandle) -> None:
-        priority.restore(handle.data)  # made in the background: the normal priority for all of it
+        priority.restore(LocalHandleData.of(handle.data))  # made in the background: the normal priority for all of it
 
     async def observe(self, handle: SandboxHandle) -> Observation:
-        data = handle.data
+        data = LocalHandleData.of(handle.data)
         if self.launcher is not None:
             self.launcher.reap()
-        server = data.get("server")
+        server = data.server
         if procfs.recorded_alive(server):
-            return Observation(exists=True, running=True, ready=os.path.exists(data["socket"]), phase="Running")
-        if not os.path.isdir(data.get("dir", "")):
+            return Observation(exists=True, running=True, ready=os.path.exists(data.socket), phase="Running")
+        if not data.dir or not os.path.isdir(data.dir):
             return Observation(exists=False, running=False, ready=False, phase=None,
                                reason="the sandbox does not exist (deleted)")
         reason = f"the sandbox server (pid {server[0] if server else '?'}) is gone"
-        if data.get("cgroups") and Cgroups.oom_kills(data["cgroups"]):
+        if data.cgroups and Cgroups.oom_kills(data.cgroups):
             reason += "; processes were killed by the sandbox's memory limit (OOM)"
-        last = tail(Path(data["log"]), 5).strip()
+        last = tail(Path(data.log), 5).strip()
         if last:
             reason += f"; last log lines: {last}"
         return Observation(exists=True, running=False, ready=False, phase="Failed", reason=reason)
 
-    def _space(self, data: dict) -> Space:
-        space = self.builds if data.get("space") == "builds" else self.sandboxes
+    def _space(self, data: LocalHandleData) -> Space:
+        space = self.builds if data.space == "builds" else self.sandboxes
         assert space is not None
         return space
 
     async def delete(self, handle: SandboxHandle) -> None:
-        await self.require_started().remove(self._space(handle.data), handle.name, handle.data)
+        data = LocalHandleData.of(handle.data)
+        await self.require_started().remove(self._space(data), handle.name, data)
 
     async def list_names(self) -> set[str]:
         launcher = self.require_started()
@@ -332,15 +345,13 @@ class LocalBackend(Backend):
 
     # -- snapshots --------------------------------------------------------------------------------
 
-    def supports_snapshots(self) -> bool:
-        return True
-
     async def snapshot(self, handle: SandboxHandle, group: str) -> SnapshotInfo:
         self.require_started()
-        if not procfs.recorded_alive(handle.data.get("server")):
+        data = LocalHandleData.of(handle.data)
+        if not procfs.recorded_alive(data.server):
             raise BackendError(f"sandbox {handle.name!r} is not running: nothing to snapshot", 409)
         return await asyncio.get_running_loop().run_in_executor(
-            None, self.snapshots.take, handle.data, self.snapshots.new_id(group), str(group))
+            None, self.snapshots.take, data, self.snapshots.new_id(group), str(group))
 
     async def snapshot_exists(self, snapshot_id: str) -> bool:
         return self.snapshots.exists(snapshot_id)
@@ -350,11 +361,11 @@ class LocalBackend(Backend):
 
     # -- forks (fork.py) -----------------------------------------------------------------------------
 
-    def supports_fork(self) -> bool:
-        return self.isolation == "bwrap"
-
     async def fork(self, parent: SandboxHandle, children: list[ForkChild], timeout: float) -> list[SandboxHandle]:
-        return await fork.fork(self, parent, children, timeout)
+        assert self.sandboxes is not None
+        site = fork.LocalForkSite(launcher=self.require_started(), space=self.sandboxes, layers=self.fork_layers,
+                                  images=self.store, state_dir=self.state_dir, delete=self.delete)
+        return await fork.fork(site, parent, children, timeout)
 
     def _sweep_fork_layers(self) -> None:
         """Let go of holders a previous run left behind (forks cut off, sandboxes and snapshots

@@ -26,6 +26,7 @@ import aiohttp
 from ...appuser import APPUSER, PROJECT_DIR
 from ...images import BUILTIN_IMAGE
 from ..base import BackendError, ImageBuilder, ImageDefinition, Limits
+from .handle_data import LocalHandleData
 from .image_trees import TREES, ImageError, chown_tree, copy_tree
 from .images import check_tag
 from .oci.build import OciBuilder
@@ -40,7 +41,7 @@ class LocalImageBuilder(ImageBuilder):
         self.backend = backend
         self.command_timeout = command_timeout
         self.start_timeout = start_timeout
-        self.oci = OciBuilder(backend.store, backend.state_dir / "images", getattr(backend, "oci_settings", None),
+        self.oci = OciBuilder(backend.store, backend.state_dir / "images", backend.oci_settings,
                               host_config=backend.host_config_root if backend.host_package_config else None)
 
     async def exists(self, tag: str) -> bool:
@@ -96,7 +97,8 @@ class LocalImageBuilder(ImageBuilder):
             handle = await launcher.launch(backend.builds, name, base, run_as_root=True, network=network,
                                            limits=Limits(), env=env, timeout=self.start_timeout,
                                            project_lower=project, export=export)
-            socket = handle.data["socket"]
+            record = LocalHandleData.of(handle.data)
+            socket = record.socket
             if definition.commands:
                 script = "set -eux\n" + "\n".join(definition.commands)
                 emit(f"running {len(definition.commands)} command(s) as root")
@@ -115,10 +117,10 @@ class LocalImageBuilder(ImageBuilder):
                 if result.get("exit_code") != 0:
                     raise BackendError(f"exporting the project failed: {result.get('stderr')}")
             else:  # a plain process: its project is a directory of ours
-                await loop.run_in_executor(None, copy_tree, Path(handle.data["dir"]) / "project", export / "project")
-            await launcher.stop(backend.builds, name, handle.data)
+                await loop.run_in_executor(None, copy_tree, Path(record.dir) / "project", export / "project")
+            await launcher.stop(backend.builds, name, record)
             tmp_image = backend.store.new_image_dir(definition.tag)
-            layers = Path(handle.data["dir"]) / "layers"
+            layers = Path(record.dir) / "layers"
             for tree in TREES:
                 upper = layers / tree / "upper"
                 if upper.is_dir() and any(upper.iterdir()):
@@ -136,7 +138,7 @@ class LocalImageBuilder(ImageBuilder):
         finally:
             if handle is not None:
                 try:
-                    await launcher.remove(backend.builds, name, handle.data)
+                    await launcher.remove(backend.builds, name, LocalHandleData.of(handle.data))
                 except BackendError as exc:
                     emit(f"warning: {exc.message}")
             if tmp_image is not None:

@@ -21,6 +21,7 @@ from sandbox_server import procfs
 from ...appuser import APPUSER
 from ..base import BackendError
 from . import mounts, usernet
+from .handle_data import LocalHandleData, required
 from .hostconfig import MOUNT as HOST_CONFIG_MOUNT
 from .image_trees import HOSTNAME
 from .layout import MEMORY_EVENTS_INSIDE, RUN_INSIDE, SOCKET_NAME, TOOL_CGROUPS_INSIDE, Plan
@@ -121,13 +122,13 @@ class PendingSandbox:
                 pass
 
 
-def _peer_network_namespace(peer: dict[str, Any]) -> int:
+def _peer_network_namespace(peer: LocalHandleData) -> int:
     """A descriptor of the network namespace of the sandbox ``peer`` records (its init's, checked
     to be that process still); ports below 1024 are opened to its users (they are in a user
     namespace of their own, which does not own that network namespace)."""
-    init = peer.get("init")
-    if not procfs.recorded_alive(init):
-        raise BackendError(f"the sandbox whose network is to be joined ({peer.get('dir')}) is not running", 409)
+    init = peer.init
+    if init is None or not procfs.recorded_alive(init):
+        raise BackendError(f"the sandbox whose network is to be joined ({peer.dir}) is not running", 409)
     fd = os.open(f"/proc/{init[0]}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -140,7 +141,7 @@ def _peer_network_namespace(peer: dict[str, Any]) -> int:
     return fd
 
 
-def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, kind: ServerKindEntry,
+def spawn(plan: Plan, data: LocalHandleData, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry,
           tool_cgroups: dict[str, str], track: Callable[[subprocess.Popen], None], *, forked: bool = False
           ) -> tuple[int, PendingSandbox | None]:
     """Start bwrap for ``plan``; records ``monitor`` (bwrap) and ``init`` (the namespace's first
@@ -223,17 +224,17 @@ def spawn(plan: Plan, data: dict[str, Any], host: BwrapHost, runtime: Runtime, k
                     os.close(fd)
     try:
         track(popen)
-        data["monitor"] = procfs.record(popen.pid)
+        data.monitor = procfs.record(popen.pid)
         child = int(_read_info(info_r)["child-pid"])
-        data["init"] = procfs.record(child)
+        data.init = procfs.record(child)
         track(popen)  # with init recorded
         for map_file in ("uid_map", "gid_map"):
             with open(f"/proc/{child}/{map_file}", "w") as fh:
                 fh.write(ID_MAP)
         os.write(block_w, b"1")
         if slirp:  # once bwrap has set up the namespace's loopback (it fails if lo is up already)
-            usernet.start(slirp, data["init"], exit_r, data, logf, track,
-                          lambda: set_up(data["init"], placeholder=pending is not None))
+            init = required(data.init, "init")
+            usernet.start(slirp, init, exit_r, data, logf, track, lambda: set_up(init, placeholder=pending is not None))
     except BaseException:
         os.close(ready_r)
         if pending is not None:

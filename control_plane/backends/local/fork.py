@@ -23,54 +23,65 @@ import asyncio
 import logging
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sandbox_server import procfs
 
 from ..base import BackendError, ForkChild, SandboxHandle
 from . import adopt
-from .fork_layers import ForkStack, seed_tmp
+from .fork_layers import ForkLayers, ForkStack, seed_tmp
+from .handle_data import LocalHandleData
 from .image_trees import ImageError
-from .images import ResolvedImage
-from .layout import write_meta
-
-if TYPE_CHECKING:
-    from .backend import LocalBackend
+from .images import ImageStore, ResolvedImage
+from .launcher import Launcher
+from .layout import Space, write_meta
 
 log = logging.getLogger(__name__)
 
 
-def check_parent(backend: LocalBackend, parent: SandboxHandle) -> ResolvedImage:
-    """The parent's image; ``BackendError`` when this parent cannot be forked here."""
-    data = parent.data
-    if data.get("isolation") != "bwrap":
+@dataclass(frozen=True)
+class LocalForkSite:
+    """What a fork uses of the local backend (``LocalBackend.fork`` makes one)."""
+
+    launcher: Launcher
+    space: Space  # where the children live: the backend's sandboxes
+    layers: ForkLayers
+    images: ImageStore
+    state_dir: Path
+    delete: Callable[[SandboxHandle], Awaitable[None]]
+
+
+def check_parent(site: LocalForkSite, name: str, data: LocalHandleData) -> ResolvedImage:
+    """The image of the parent ``name``; ``BackendError`` when this parent cannot be forked here."""
+    if data.isolation != "bwrap":
         raise BackendError("fork needs bubblewrap isolation (overlay layers to stack): this sandbox runs as a "
                            "plain process", 400)
-    if data.get("space") == "builds":
+    if data.space == "builds":
         raise BackendError("image-build sandboxes cannot be forked", 400)
-    if not procfs.recorded_alive(data.get("server")):
-        raise BackendError(f"sandbox {parent.name!r} is not running: nothing to fork", 409)
+    if not procfs.recorded_alive(data.server):
+        raise BackendError(f"sandbox {name!r} is not running: nothing to fork", 409)
     try:
-        return backend.store.resolve_id(data["image_id"], data.get("image"))
+        return site.images.resolve_id(data.image_id or "", data.image)
     except ImageError as exc:
-        raise BackendError(f"the image of sandbox {parent.name!r} is gone: {exc}", 409) from exc
+        raise BackendError(f"the image of sandbox {name!r} is gone: {exc}", 409) from exc
 
 
-async def fork(backend: LocalBackend, parent: SandboxHandle, children: list[ForkChild],
+async def fork(site: LocalForkSite, parent: SandboxHandle, children: list[ForkChild],
                timeout: float) -> list[SandboxHandle]:
-    launcher = backend.require_started()
-    loop = asyncio.get_running_loop()
+    launcher, loop = site.launcher, asyncio.get_running_loop()
     warm = [c.warm for c in children if c.warm is not None]
+    record = LocalHandleData.of(parent.data)
     try:
-        image = check_parent(backend, parent)
+        image = check_parent(site, parent.name, record)
     except BaseException:
-        await _delete_all(backend, warm)
+        await _delete_all(site, warm)
         raise
-    layers = backend.fork_layers
+    layers = site.layers
     op = f"o-{os.getpid()}-{secrets.token_hex(6)}"  # a holder for the fork's own time
-    below = list(parent.data.get("forks") or [])
+    below = list(record.forks)
     made: list[SandboxHandle] = []
     try:
         await loop.run_in_executor(None, layers.hold, below, op)  # nothing below goes while we work
@@ -78,11 +89,11 @@ async def fork(backend: LocalBackend, parent: SandboxHandle, children: list[Fork
         try:
             # As deep as a stack may be: the layers below are merged into the new one (fork_layers.py).
             merge = layers.stack(below) if len(below) + 1 > layers.max_stack else None
-            layer_id, timings = await loop.run_in_executor(None, layers.take, parent.data, op, launcher.storage,
+            layer_id, timings = await loop.run_in_executor(None, layers.take, record, op, launcher.storage,
                                                            merge)
             try:
                 stack = layers.stack([layer_id] if merge is not None else [layer_id, *below])
-                results = await asyncio.gather(*(_child(backend, image, parent, stack, c, timeout)
+                results = await asyncio.gather(*(_child(site, image, record, stack, c, timeout)
                                                  for c in children), return_exceptions=True)
             finally:
                 # The new layer's copy is written out as it is detached (5-20 ms): after the answer.
@@ -96,43 +107,48 @@ async def fork(backend: LocalBackend, parent: SandboxHandle, children: list[Fork
         log.info("forked %s into %d (layer %s: frozen %.1f ms)", parent.name, len(made), layer_id,
                  timings.get("frozen", 0.0))
         for handle in made:
-            handle.data["fork_frozen_ms"] = round(timings.get("frozen", 0.0), 2)
+            data = LocalHandleData.of(handle.data)
+            data.fork_frozen_ms = round(timings.get("frozen", 0.0), 2)
+            handle.data = data.dump()
         return made
     except BaseException:
-        await _delete_all(backend, made)
+        await _delete_all(site, made)
         raise
     finally:
         await loop.run_in_executor(None, layers.release, op)
 
 
-async def _child(backend: LocalBackend, image: ResolvedImage, parent: SandboxHandle, stack: ForkStack,
+async def _child(site: LocalForkSite, image: ResolvedImage, parent: LocalHandleData, stack: ForkStack,
                  child: ForkChild, timeout: float) -> SandboxHandle:
     """One child: ``child.warm`` remounted onto ``stack`` when it can be, else a new sandbox."""
-    launcher = backend.require_started()
     loop = asyncio.get_running_loop()
     if child.warm is not None:
-        why_not = adopt.unsuitable(child.warm, image, parent)
+        warm = LocalHandleData.of(child.warm.data)
+        why_not = adopt.unsuitable(warm, image, parent)
         if why_not is None:
             try:
-                await loop.run_in_executor(None, adopt.adopt, backend, child.warm, image, stack)
-                await loop.run_in_executor(None, seed_tmp, stack, child.warm.data)
-                write_meta(Path(child.warm.data["dir"]), child.warm.name, child.warm.data)
+                try:
+                    await loop.run_in_executor(None, adopt.adopt, site.layers, site.state_dir, child.warm.name, warm,
+                                               image, stack)
+                finally:
+                    child.warm.data = warm.dump()  # it stands on the fork's layers (or some: deleted below)
+                await loop.run_in_executor(None, seed_tmp, stack, warm)
+                write_meta(site.space.root / child.warm.name, child.warm.name, warm)
                 return child.warm
             except Exception as exc:  # noqa: BLE001 - the child is launched instead
                 log.warning("turning warm sandbox %s into a fork child failed (%s); launching one", child.warm.name,
                             exc)
         else:
             log.debug("warm sandbox %s not used for a fork: %s", child.warm.name, why_not)
-        await _delete_all(backend, [child.warm])
+        await _delete_all(site, [child.warm])
     spec = child.spec
-    assert backend.sandboxes is not None
-    handle = await launcher.launch(backend.sandboxes, spec.generated_name, image, run_as_root=spec.run_as_root,
-                                   network=bool(parent.data.get("network")), limits=spec.limits,
-                                   env=dict(image.env), timeout=timeout, kind=spec.server_kind.value, forks=stack)
+    handle = await site.launcher.launch(site.space, spec.generated_name, image, run_as_root=spec.run_as_root,
+                                        network=parent.network, limits=spec.limits, env=dict(image.env),
+                                        timeout=timeout, kind=spec.server_kind.value, forks=stack)
     try:
-        await loop.run_in_executor(None, seed_tmp, stack, handle.data)
+        await loop.run_in_executor(None, seed_tmp, stack, LocalHandleData.of(handle.data))
     except BaseException:
-        await _delete_all(backend, [handle])
+        await _delete_all(site, [handle])
         raise
     return handle
 
@@ -153,8 +169,8 @@ def _in_background(work: Callable[..., None], *args: Any) -> None:
     future.add_done_callback(done)
 
 
-async def _delete_all(backend: LocalBackend, handles: list[SandboxHandle]) -> None:
-    results = await asyncio.gather(*(backend.delete(h) for h in handles), return_exceptions=True)
+async def _delete_all(site: LocalForkSite, handles: list[SandboxHandle]) -> None:
+    results = await asyncio.gather(*(site.delete(h) for h in handles), return_exceptions=True)
     for handle, result in zip(handles, results, strict=True):
         if isinstance(result, BaseException):
             log.warning("deleting sandbox %s after a failed fork: %s", handle.name, result)

@@ -56,6 +56,7 @@ from sandbox_server import procfs
 from ..base import BackendError
 from . import image_trees, mounts
 from .cgroups import Cgroups
+from .handle_data import LocalHandleData
 from .image_trees import ALL_TREES
 from .layer_copy import CopyError, copy_tree, is_empty, underlay
 from .storage import IMAGE_NAME, LayerStorage, mount_readonly
@@ -258,7 +259,7 @@ class ForkLayers:
 
     # -- taking a layer -------------------------------------------------------------------------------
 
-    def take(self, data: dict[str, Any], holder: str, storage: LayerStorage | None = None,
+    def take(self, data: LocalHandleData, holder: str, storage: LayerStorage | None = None,
              merge: ForkStack | None = None) -> tuple[str, dict[str, float]]:
         """A new layer from the sandbox ``data`` describes, held by ``holder``: its processes are
         frozen while its layers (and /tmp) are copied, so every file is as one instant left it.
@@ -268,9 +269,9 @@ class ForkLayers:
         layers, reachable), those and the snapshot levels the parent was restored from are merged
         in below the copy once the parent is thawed: the new layer then stands on nothing but the
         image. Returns the layer's id and timings (ms)."""
-        sb = Path(data["dir"])
+        sb = Path(data.dir)
         layer_id = f"f-{secrets.token_hex(6)}"
-        cgroups = data.get("cgroups") or {}
+        cgroups = data.cgroups
         if not cgroups.get("freezer"):
             raise BackendError("fork needs the cgroup freezer (to copy a consistent state): this host's "
                                "sandboxes have no freezer group", 400)
@@ -316,8 +317,8 @@ class ForkLayers:
             else:  # hard links: those levels never change
                 for level in snap_levels:
                     image_trees.copy_tree(snap / str(level), tmp / "levels" / str(level + 1), hardlink=True)
-            meta = {"id": layer_id, "image": data.get("image"), "image_id": data.get("image_id"),
-                    "below": [] if merge is not None else list(data.get("forks") or []), "from": sb.name,
+            meta = {"id": layer_id, "image": data.image, "image_id": data.image_id,
+                    "below": [] if merge is not None else list(data.forks), "from": sb.name,
                     "created": time.time(), "size_bytes": size}
             (tmp / "layer.json").write_text(json.dumps(meta, indent=1))
             with self._locked():
@@ -342,9 +343,9 @@ class ForkLayers:
         return size
 
     @staticmethod
-    def _copy_tmp(data: dict[str, Any], dest: Path) -> int:
+    def _copy_tmp(data: LocalHandleData, dest: Path) -> int:
         """The sandbox's /tmp (a tmpfs only its processes see), read through its init's root."""
-        init = data.get("init")
+        init = data.init
         if not procfs.recorded_alive(init):
             return 0
         source = f"/proc/{init[0]}/root/tmp"
@@ -363,18 +364,18 @@ def _merge(level: Path, lowers: list[Path]) -> int:
     return size
 
 
-def _bound(data: dict[str, Any], merged: int = 0) -> tuple[int, int] | None:
+def _bound(data: LocalHandleData, merged: int = 0) -> tuple[int, int] | None:
     """Bytes and inodes of a filesystem that holds whatever the sandbox's layers and its /tmp can
     hold (their bounds added up; times 1 + ``merged``, the levels merged in, each at most as
     large), or None when its layers are not bounded (a plain directory then). The bounds are the
     configuration's, so one formatted template serves every fork of a kind (the image is sparse:
     a larger bound costs nothing until it is used)."""
-    if data.get("layers_fs") != "ext4":
+    if data.layers_fs != "ext4":
         return None
-    sb = Path(data["dir"])
+    sb = Path(data.dir)
     size = os.stat(sb / IMAGE_NAME).st_size
     inodes = os.statvfs(sb / "layers").f_files
-    init = data.get("init")
+    init = data.init
     if procfs.recorded_alive(init):
         tmp = os.statvfs(f"/proc/{init[0]}/root/tmp")  # a tmpfs: its size and inodes are its bounds
         size += tmp.f_blocks * tmp.f_frsize
@@ -388,14 +389,14 @@ def _remove(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def seed_tmp(stack: ForkStack, data: dict[str, Any]) -> None:
+def seed_tmp(stack: ForkStack, data: LocalHandleData) -> None:
     """Copy the parent's /tmp into a new child's (before anything runs in it)."""
     if stack.tmp is None:
         return
-    init = data.get("init")
+    init = data.init
     if not procfs.recorded_alive(init):
-        raise BackendError(f"sandbox {Path(data['dir']).name} is gone before its /tmp was filled", 500)
+        raise BackendError(f"sandbox {Path(data.dir).name} is gone before its /tmp was filled", 500)
     try:
         copy_tree(stack.tmp, f"/proc/{init[0]}/root/tmp", make_root=False)
     except (CopyError, OSError) as exc:
-        raise BackendError(f"copying the parent's /tmp into {Path(data['dir']).name} failed: {exc}", 500) from exc
+        raise BackendError(f"copying the parent's /tmp into {Path(data.dir).name} failed: {exc}", 500) from exc

@@ -41,5 +41,6 @@ def names(space: Space) -> set[str]:
 
 
 def _created_elsewhere(sb: Path) -> bool:
-    creator = (read_meta(sb) or {}).get("creator")
-    return procfs.recorded_alive(creator) and creator[0] != os.getpid()
+    record = read_meta(sb)
+    creator = record.creator if record is not None else None
+    return creator is not None and creator[0] != os.getpid() and procfs.recorded_alive(creator)

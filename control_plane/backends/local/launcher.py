@@ -26,6 +26,7 @@ from ...models import ServerKind
 from ..base import BackendError, Limits, SandboxAddress, SandboxHandle
 from . import bwrap, cgroups, plain, priority, readiness, rootfs, teardown
 from .fork_layers import ForkLayers, ForkStack, sandbox_holder
+from .handle_data import LocalHandleData
 from .harness_layers import with_harness_layers
 from .hostconfig import HostConfig
 from .images import ResolvedImage
@@ -118,7 +119,7 @@ class Launcher:
                      snapshot: Path | None = None, project_lower: str | None = None,
                      export: Path | None = None, isolated_runs: int = 0,
                      forks: ForkStack | None = None, background: bool = False,
-                     network_peer: dict[str, Any] | None = None) -> SandboxHandle:
+                     network_peer: LocalHandleData | None = None) -> SandboxHandle:
         """A ready sandbox ``name`` in ``space`` running ``kind``'s server on ``image``; ``export``
         is bound writable at ``/opt/idegym/export`` (image builds take their project out there);
         ``forks`` are the fork layers a fork's child stands on (it holds them until deleted).
@@ -137,7 +138,7 @@ class Launcher:
         if network_peer is not None:
             if self.isolation != "bwrap":
                 raise BackendError("joining another sandbox's network needs bubblewrap isolation", 400)
-            network = bool(network_peer.get("network"))
+            network = network_peer.network
         host = self.host_config() if network and self.host_config is not None else None
         if host is not None:  # the host's package sources; the image's own settings come first
             env = {**host.env, **host.proxies, **env}
@@ -150,17 +151,13 @@ class Launcher:
                     # image builds keep their layers on the state disk: they become the image's
                     storage_bytes=limits.storage_bytes or (self.storage_bytes if space.kind == "sandboxes" else None),
                     storage_inodes=self.storage_inodes if space.kind == "sandboxes" else None)
-        data: dict[str, Any] = {
-            "v": 1, "isolation": self.isolation, "dir": str(sb), "run_dir": str(plan.run),
-            "socket": str(plan.run / SOCKET_NAME), "log": str(plan.log), "image": image.tag,
-            "image_id": image.id, "run_as_root": run_as_root, "network": network, "cgroups": {},
-            "network_peer": network_peer.get("dir") if network_peer else None,
-            "snapshot": snapshot.name if snapshot else None, "space": space.kind,
+        data = LocalHandleData(
+            isolation=self.isolation, dir=str(sb), run_dir=str(plan.run), socket=str(plan.run / SOCKET_NAME),
+            log=str(plan.log), image=image.tag, image_id=image.id, run_as_root=run_as_root, network=network,
+            network_peer=network_peer.dir if network_peer else None, snapshot=snapshot.name if snapshot else None,
+            space=space.kind, forks=list(forks.ids) if forks is not None else [],
             # While this process creates it, another process's orphan sweep leaves it alone (inventory.py).
-            "creator": procfs.record(os.getpid()),
-        }
-        if forks is not None:
-            data["forks"] = list(forks.ids)
+            creator=procfs.record(os.getpid()))
         self.creating.add(name)
         launch = asyncio.ensure_future(self._launch(plan, data, timeout, background))
         self._launches.add(launch)
@@ -178,11 +175,11 @@ class Launcher:
             if launch.done():
                 self.creating.discard(name)
 
-    async def stop(self, space: Space, name: str, data: dict[str, Any] | None) -> None:
+    async def stop(self, space: Space, name: str, data: LocalHandleData | None) -> None:
         """End every process of the sandbox; its files and cgroups stay."""
         await self._bounded("stop", space, name, self._stop_sync, data)
 
-    async def remove(self, space: Space, name: str, data: dict[str, Any] | None) -> None:
+    async def remove(self, space: Space, name: str, data: LocalHandleData | None) -> None:
         """End the sandbox and remove everything it holds; ``data`` None: found from its record.
 
         Bounded by ``delete_timeout``: a sandbox whose processes are stuck in the kernel raises
@@ -191,7 +188,7 @@ class Launcher:
         await self._bounded("remove", space, name, self._remove_sync, data)
 
     async def _bounded(self, what: str, space: Space, name: str, work: Callable[..., None],
-                       data: dict[str, Any] | None) -> None:
+                       data: LocalHandleData | None) -> None:
         key = (what, space.kind, name)
         future = self._teardowns.get(key)
         if future is None:
@@ -233,7 +230,7 @@ class Launcher:
 
     # -- a launch -------------------------------------------------------------------------------
 
-    async def _launch(self, plan: Plan, data: dict[str, Any], timeout: float, background: bool) -> SandboxHandle:
+    async def _launch(self, plan: Plan, data: LocalHandleData, timeout: float, background: bool) -> SandboxHandle:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         deadline = time.monotonic() + timeout
@@ -268,15 +265,15 @@ class Launcher:
                     raise result
             readiness.publish_socket(data)
             ended = time.perf_counter()
-            data["timings_ms"] = {"prepare": round((prepared - started) * 1e3, 2),
+            data.timings_ms = {"prepare": round((prepared - started) * 1e3, 2),
                                   "spawn": round((spawned - prepared) * 1e3, 2),
                                   "server_start": round((ended - spawned) * 1e3, 2),
                                   "total": round((ended - started) * 1e3, 2)}
-            data.pop("creator", None)  # created: from now on a record must name it, or it is an orphan
+            data.creator = None  # created: from now on a record must name it, or it is an orphan
             write_meta(plan.sb, plan.name, data)
         except BaseException as exc:
             detail = tail(plan.log, 30).strip()
-            if data.get("owned"):  # never clean up a same-named sandbox we did not make
+            if data.owned:  # never clean up a same-named sandbox we did not make
                 cleanup = asyncio.ensure_future(self.remove(plan.space, plan.name, data))
                 try:
                     await asyncio.shield(cleanup)
@@ -289,16 +286,16 @@ class Launcher:
                 message += f"\n--- sandbox server log (last lines) ---\n{detail}"
             raise BackendError(f"sandbox {plan.name!r} failed to start: {message}",
                                exc.status if isinstance(exc, BackendError) else 500) from exc
-        return SandboxHandle(BACKEND_NAME, plan.name, SandboxAddress("http://sandbox", data["socket"]), data)
+        return SandboxHandle(BACKEND_NAME, plan.name, SandboxAddress("http://sandbox", data.socket), data.dump())
 
-    def _prepare(self, plan: Plan, data: dict[str, Any]) -> None:
+    def _prepare(self, plan: Plan, data: LocalHandleData) -> None:
         """Directories, layers (size-bounded when storage is limited), cgroups: all on the host."""
         plan.space.root.mkdir(parents=True, exist_ok=True)
         try:
             plan.sb.mkdir(mode=0o700)
         except FileExistsError:
             raise BackendError(f"a sandbox named {plan.name!r} already exists", 409) from None
-        data["owned"] = True
+        data.owned = True
         write_meta(plan.sb, plan.name, data)
         if plan.forks is not None:  # released when the sandbox is removed (teardown.destroy)
             ForkLayers(self.state_dir).hold(plan.forks.ids, sandbox_holder(plan.name))
@@ -314,7 +311,7 @@ class Launcher:
         rootfs.prepare_layers(plan, data, isolated=self.isolation == "bwrap", storage=self.storage)
         cg = plan.space.cgroups
         if cg.available:
-            data["cgroups"] = cg.paths(plan.name)
+            data.cgroups = cg.paths(plan.name)
             cg.create(plan.name, memory=plan.limits.memory_bytes, pids=plan.pids_max,
                       cpu_millicores=plan.limits.cpu_millicores)
         elif plan.limits.memory_bytes or plan.limits.cpu_millicores:
@@ -352,7 +349,7 @@ class Launcher:
                 self._runtimes[key] = runtime
         return runtime
 
-    def _spawn(self, plan: Plan, data: dict[str, Any]) -> tuple[int, bwrap.PendingSandbox | None]:
+    def _spawn(self, plan: Plan, data: LocalHandleData) -> tuple[int, bwrap.PendingSandbox | None]:
         """On the launcher thread: start the server, or (``PendingSandbox``) the sandbox the zygote is to
         fork it into; returns the fd it reports ready on."""
         kind = entry(plan.kind)
@@ -366,7 +363,7 @@ class Launcher:
 
         if self.isolation != "bwrap":
             return plain.spawn(plan, data, kind, track), None
-        tools = cgroups.sub(data["cgroups"], cgroups.TOOLS) if data["cgroups"] else {}
+        tools = cgroups.sub(data.cgroups, cgroups.TOOLS) if data.cgroups else {}
         return bwrap.spawn(plan, data, self.bwrap_host, self._runtime(plan), kind, tools, track,
                            forked=self._forks_server(plan))
 
@@ -377,7 +374,7 @@ class Launcher:
             return
         else:
             try:
-                await self.remove(space, name, handle.data)
+                await self.remove(space, name, LocalHandleData.of(handle.data))
             except Exception:  # noqa: BLE001
                 log.warning("deleting the sandbox %s of a cancelled create failed", name, exc_info=True)
         finally:
@@ -385,14 +382,14 @@ class Launcher:
 
     # -- ending ---------------------------------------------------------------------------------
 
-    def _stop_sync(self, space: Space, name: str, data: dict[str, Any] | None, progress: teardown.Progress = None
+    def _stop_sync(self, space: Space, name: str, data: LocalHandleData | None, progress: teardown.Progress = None
                    ) -> None:
         *_, problems = teardown.kill(name, space, data, self.isolation, progress)
         self.reap()
         if problems:
             raise BackendError(f"stopping sandbox {name!r}: {'; '.join(problems)}")
 
-    def _remove_sync(self, space: Space, name: str, data: dict[str, Any] | None,
+    def _remove_sync(self, space: Space, name: str, data: LocalHandleData | None,
                      progress: teardown.Progress = None) -> None:
         try:
             teardown.destroy(name, space, data, self.isolation, progress)

@@ -21,13 +21,13 @@ import secrets
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from sandbox_server import procfs
 
 from ..base import Limits
 from .cgroups import Cgroups
 from .fork_layers import ForkStack
+from .handle_data import LocalHandleData
 from .images import ResolvedImage
 from .storage import IMAGE_NAME
 
@@ -167,7 +167,7 @@ class Plan:
     lowers: dict[str, list[str]] = field(default_factory=dict)
     isolated_runs: int = 0  # the server runs this many code-runner runs at once, each in namespaces of its own
     host_config: Path | None = None  # a networked sandbox: the host's package configuration, bound read-only
-    network_peer: dict[str, Any] | None = None  # another sandbox's record: its network namespace is joined
+    network_peer: LocalHandleData | None = None  # another sandbox's record: its network namespace is joined
 
     @property
     def layers(self) -> Path:
@@ -182,18 +182,20 @@ class Plan:
         return self.sb / "layers" / "server.log"
 
 
-def write_meta(sb: Path, name: str, data: dict[str, Any]) -> None:
+def write_meta(sb: Path, name: str, data: LocalHandleData) -> None:
+    """The sandbox's record in its directory: its handle's data (``LocalHandleData.dump``) and name."""
     if not sb.is_dir():
         return
     tmp = sb / f".{META_FILE}.{secrets.token_hex(3)}"
-    tmp.write_text(json.dumps({"name": name, **data}, indent=1))
+    tmp.write_text(json.dumps({"name": name, **data.dump()}, indent=1))
     tmp.replace(sb / META_FILE)
 
 
-def read_meta(sb: Path) -> dict[str, Any] | None:
+def read_meta(sb: Path) -> LocalHandleData | None:
+    """The sandbox's record in its directory; None when it has none (or not one this can read)."""
     try:
-        return json.loads((sb / META_FILE).read_text())
-    except (OSError, ValueError):
+        return LocalHandleData.of(json.loads((sb / META_FILE).read_text()))
+    except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
         return None
 
 

@@ -27,11 +27,11 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from sandbox_server import procfs
 
 from ...constants import DEFAULT_ORPHAN_TTL, LEASE_FILE
+from .handle_data import LocalHandleData
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 # lease still fresh after a clean stop belongs to nobody then (``idegym sandboxes prune``).
 OWNER_LOCK = "lease.lock"
 PIDS_FILE = "lease-pids"  # in the sandbox's directory: what it runs, for its monitor
-RECORDED = ("monitor", "init", "server", "net")
 
 MONITOR = r"""
 lease=$1 ttl=$2 interval=$3 sb=$4 run=$5
@@ -172,28 +171,28 @@ class Lease:
         except OSError:
             return None
 
-    def watch(self, data: dict[str, Any]) -> subprocess.Popen:
+    def watch(self, data: LocalHandleData) -> subprocess.Popen:
         """Start the monitor of a sandbox (``data``: its handle's data, with the pids recorded so
         far); records it in ``data``. The caller reaps the returned process."""
-        records = [f"{data[k][0]}:{data[k][1]}" for k in RECORDED if data.get(k)]
-        groups = list((data.get("cgroups") or {}).values())
+        records = [f"{pid}:{start}" for pid, start in data.processes().values()]
+        groups = list(data.cgroups.values())
         argv = ["sh", "-c", MONITOR, "idegym-lease", str(self.path), str(int(self.ttl)), f"{self.interval:g}",
-                data["dir"], data["run_dir"], *records, "--", *groups]
-        with open(data["log"], "ab") as logf:
+                data.dir, data.run_dir, *records, "--", *groups]
+        with open(data.log, "ab") as logf:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=logf,
                                     start_new_session=True, cwd="/",
                                     env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"})
-        data["lease_monitor"] = procfs.record(proc.pid)
+        data.lease_monitor = procfs.record(proc.pid)
         return proc
 
 
-def record_pids(data: dict[str, Any], *extra: list[int] | None) -> None:
+def record_pids(data: LocalHandleData, *extra: list[int] | None) -> None:
     """Write the sandbox's recorded pids (and ``extra`` ``[pid, start]`` records) where its
     monitor reads them when it ends the sandbox. The monitor starts before anything runs in
     the sandbox, and its processes join the sandbox's cgroups only once they run: a control
     plane killed in between leaves them to the monitor by this file."""
-    records = [data[k] for k in RECORDED if data.get(k)] + [r for r in extra if r]
-    path = Path(data["dir"]) / PIDS_FILE
+    records = [*data.processes().values(), *(r for r in extra if r)]
+    path = Path(data.dir) / PIDS_FILE
     tmp = path.with_name(f".{PIDS_FILE}.{os.getpid()}.{threading.get_ident()}")
     tmp.write_text(" ".join(f"{pid}:{start}" for pid, start in records) + "\n")
     tmp.replace(path)

@@ -10,29 +10,29 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from typing import Any
 
 from sandbox_server import procfs
 
 from . import cgroups
+from .handle_data import LocalHandleData
 from .layout import SOCKET_NAME, Plan
 from .server_kinds import ServerKindEntry, sandbox_server_args
 
 
-def spawn(plan: Plan, data: dict[str, Any], kind: ServerKindEntry, track: Callable[[subprocess.Popen], None]) -> int:
+def spawn(plan: Plan, data: LocalHandleData, kind: ServerKindEntry, track: Callable[[subprocess.Popen], None]) -> int:
     """Start the server for ``plan``; records ``server`` in ``data`` and hands its Popen to
     ``track``. Returns the fd the server reports ready on."""
     ready_r, ready_w = os.pipe()
     tool_env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": os.environ.get("LANG", "C.UTF-8")}
     args = sandbox_server_args(plan, tool_env, str(plan.sb / "project"), ready_w, str(plan.run / SOCKET_NAME))
     args += ["--project-source", plan.project_lower, "--state-dir", str(plan.sb / "server-state")]
-    if data["cgroups"]:  # the tools' groups, in the <dir>/<controller> shape the server expects
+    if data.cgroups:  # the tools' groups, in the <dir>/<controller> shape the server expects
         links = plan.sb / "tool-cgroups"
         links.mkdir()
-        for ctrl, path in cgroups.sub(data["cgroups"], cgroups.DELEGATED).items():
+        for ctrl, path in cgroups.sub(data.cgroups, cgroups.DELEGATED).items():
             os.symlink(path, links / ctrl)
         args += ["--tool-cgroups", str(links)]
-        if "memory" in data["cgroups"]:
+        if "memory" in data.cgroups:
             args += ["--memory-events", str(links / "memory" / "memory.oom_control")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("IDEGYM_")}
     if kind.image_env:
@@ -50,5 +50,5 @@ def spawn(plan: Plan, data: dict[str, Any], kind: ServerKindEntry, track: Callab
         logf.close()
         os.close(ready_w)
     track(popen)
-    data["server"] = procfs.record(popen.pid)
+    data.server = procfs.record(popen.pid)
     return ready_r

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
 
 from sandbox_server import procfs
+
+from .handle_data import LocalHandleData
 
 BACKGROUND_NICE = 19
 NORMAL_NICE = 0
@@ -58,15 +59,15 @@ def _tasks_in_groups(root: str) -> list[int]:
     return found
 
 
-def restore(data: dict[str, Any]) -> None:
+def restore(data: LocalHandleData) -> None:
     """Give every task of the sandbox ``data`` describes the normal priority (it was made in the
     background and is about to serve): whatever its cgroups hold, else its init's process tree."""
-    groups = data.get("cgroups") or {}
+    groups = data.cgroups
     root = groups.get("cpu") or next(iter(groups.values()), None)
     if root and os.path.isdir(root):
         tids = _tasks_in_groups(root)
     else:
-        init = data.get("init") or data.get("server")
+        init = data.init or data.server
         if not procfs.recorded_alive(init):
             return
         tids = [t for pid in [init[0], *procfs.descendants(init[0])] for t in tasks_of_process(pid)]

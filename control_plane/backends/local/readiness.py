@@ -7,7 +7,6 @@ import asyncio
 import os
 import stat
 from pathlib import Path
-from typing import Any
 
 from sandbox_server import procfs
 from sandbox_server.output import read_available
@@ -15,6 +14,7 @@ from sandbox_server.polling import wait_until
 
 from ..base import BackendError
 from .cgroups import SERVER, Cgroups, sub
+from .handle_data import LocalHandleData, required
 from .layout import SOCKET_NAME
 
 INIT_CHILD_TIMEOUT = 30.0
@@ -47,7 +47,7 @@ async def wait_ready(fd: int, remaining: float, timeout: float) -> None:
         raise BackendError("the sandbox server exited before it was ready")
 
 
-def attach(data: dict[str, Any]) -> None:
+def attach(data: LocalHandleData) -> None:
     """Record the server's pid and put the sandbox's processes into its cgroups.
 
     In a bwrap sandbox the server is the only child of the namespace's init (a forked server
@@ -56,10 +56,10 @@ def attach(data: dict[str, Any]) -> None:
     costs an RCU grace period per controller (~3 ms each): the launcher does it while the server
     imports.
     """
-    if data.get("forked"):  # the server joined its groups itself (zygote.py); its init here
-        pids = [data["init"][0]]
-    elif data["isolation"] == "bwrap":
-        init = data["init"]
+    if data.forked:  # the server joined its groups itself (zygote.py); its init here
+        pids = [required(data.init, "init")[0]]
+    elif data.isolation == "bwrap":
+        init = required(data.init, "init")
         kids: list[int] = []
 
         def started() -> bool:
@@ -70,30 +70,30 @@ def attach(data: dict[str, Any]) -> None:
         wait_until(started, INIT_CHILD_TIMEOUT, first=0.0005, cap=0.0005)
         if not kids:
             raise BackendError("the sandbox's init process exited before starting the server")
-        data["server"] = procfs.record(kids[0])
+        data.server = procfs.record(kids[0])
         pids = [init[0], kids[0]]
     else:
-        pids = [data["server"][0]]
-    if data["cgroups"]:
+        pids = [required(data.server, "server")[0]]
+    if data.cgroups:
         for pid in pids:
-            Cgroups.attach(sub(data["cgroups"], SERVER), pid)
+            Cgroups.attach(sub(data.cgroups, SERVER), pid)
 
 
-def publish_socket(data: dict[str, Any]) -> None:
+def publish_socket(data: LocalHandleData) -> None:
     """Hard-link the server's socket to a path outside the sandbox's reach.
 
     The run directory is writable inside (the server creates its socket there), so root in the
     sandbox could later swap ``server.sock`` for a symlink to another sandbox's socket. The link
     made here, while only the server has run, keeps pointing at the genuine one.
     """
-    src = Path(data["run_dir"]) / SOCKET_NAME
+    src = Path(data.run_dir) / SOCKET_NAME
     if not stat.S_ISSOCK(os.lstat(src).st_mode):
         raise BackendError(f"the sandbox server did not create its socket {src}")
-    dst = Path(data["run_dir"] + ".sock")
+    dst = Path(data.run_dir + ".sock")
     if os.path.lexists(dst):
         dst.unlink()
     os.link(src, dst, follow_symlinks=False)
-    data["socket"] = str(dst)
+    data.socket = str(dst)
 
 
 

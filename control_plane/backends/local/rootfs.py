@@ -22,12 +22,12 @@ import logging
 import os
 import stat
 from pathlib import Path
-from typing import Any
 
 from sandbox_server.project import FORK_LAYERS
 
 from ..base import BackendError
 from . import mounts
+from .handle_data import LocalHandleData
 from .image_trees import ALL_TREES, ROOTFS, TREES, copy_tree
 from .images import ResolvedImage
 from .isolation import say_once
@@ -90,7 +90,7 @@ def stage_snapshot(plan: Plan) -> None:
         copy_tree(snap / "project", plan.layers / "project" / "upper")
 
 
-def prepare_layers(plan: Plan, data: dict[str, Any], *, isolated: bool, storage: LayerStorage | None) -> None:
+def prepare_layers(plan: Plan, data: LocalHandleData, *, isolated: bool, storage: LayerStorage | None) -> None:
     """The sandbox's writable layers on the host (``plan.layers``), its log, and ``plan.lowers``.
     With ``storage``, the layers are a filesystem of their own bounded by ``plan.storage_bytes``
     and ``plan.storage_inodes``; without, a requested bound is a tmpfs (RAM)."""
@@ -98,11 +98,11 @@ def prepare_layers(plan: Plan, data: dict[str, Any], *, isolated: bool, storage:
     layers.mkdir(mode=0o700)
     if plan.storage_bytes and isolated and storage is not None:
         storage.mount(layers, plan.layers_image, plan.storage_bytes, plan.storage_inodes or DEFAULT_STORAGE_INODES)
-        data["layers_fs"] = "ext4"
+        data.layers_fs = "ext4"
     elif plan.limits.storage_bytes and isolated:
         mounts.mount("idegym-layers", layers, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV,
                      f"size={plan.limits.storage_bytes},mode=0700")
-        data["layers_fs"] = "tmpfs"
+        data.layers_fs = "tmpfs"
     elif plan.limits.storage_bytes:
         say_once("storage-ignored", logging.WARNING,
                  "local backend: ephemeral-storage limits are not enforced without isolation")

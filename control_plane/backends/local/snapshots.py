@@ -22,6 +22,7 @@ from typing import Any
 from ..base import BackendError, SnapshotInfo
 from .cgroups import Cgroups
 from .fork_layers import ForkLayers, snapshot_holder
+from .handle_data import LocalHandleData
 from .image_trees import ALL_TREES, ImageError, copy_tree
 
 SNAPSHOT_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -49,15 +50,15 @@ class Snapshots:
         safe_group = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(group))[:40] or "snapshot"
         return f"{safe_group}-{secrets.token_hex(6)}"
 
-    def take(self, data: dict[str, Any], snapshot_id: str, group: str) -> SnapshotInfo:
+    def take(self, data: LocalHandleData, snapshot_id: str, group: str) -> SnapshotInfo:
         """Copy a sandbox's layers (``data`` is its handle's data) into a new snapshot."""
-        sb = Path(data["dir"])
+        sb = Path(data.dir)
         tmp = self.root / f".tmp-{snapshot_id}"
         tmp.mkdir(parents=True)
-        freezing = Cgroups.freeze(data["cgroups"]) if data.get("cgroups") else None
+        freezing = Cgroups.freeze(data.cgroups) if data.cgroups else None
         frozen = bool(freezing)
         try:
-            if data["isolation"] == "bwrap":
+            if data.isolation == "bwrap":
                 for tree in ALL_TREES:  # the built-in family's trees, or an OCI image's one
                     upper = sb / "layers" / tree / "upper"
                     if upper.is_dir() and any(upper.iterdir()):
@@ -72,15 +73,16 @@ class Snapshots:
         except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             if isinstance(exc, ImageError):
-                raise BackendError(f"snapshot of {data['dir']} failed: {exc}", 409) from exc
+                raise BackendError(f"snapshot of {data.dir} failed: {exc}", 409) from exc
             raise
         finally:
             if freezing is not None:  # thawed even when freezing did not complete in time
-                Cgroups.thaw(data["cgroups"])
+                Cgroups.thaw(data.cgroups)
         size = sum(e.stat(follow_symlinks=False).st_size for e in tmp.rglob("*"))
-        meta = {"id": snapshot_id, "group": group, "image": data["image"], "image_id": data["image_id"],
-                "isolation": data["isolation"], "created": time.time(), "frozen": frozen, "size_bytes": size}
-        forks = list(data.get("forks") or [])
+        meta: dict[str, Any] = {"id": snapshot_id, "group": group, "image": data.image, "image_id": data.image_id,
+                                "isolation": data.isolation, "created": time.time(), "frozen": frozen,
+                                "size_bytes": size}
+        forks = list(data.forks)
         if forks:  # a fork's child: the snapshot stands on its fork layers, and holds them
             meta["forks"] = forks
             try:
@@ -90,7 +92,7 @@ class Snapshots:
                 raise
         (tmp / "snapshot.json").write_text(json.dumps(meta, indent=1))
         tmp.rename(self.root / snapshot_id)
-        return SnapshotInfo(snapshot_id, data["image"], size)
+        return SnapshotInfo(snapshot_id, data.image, size)
 
     def total_bytes(self) -> int:
         """What the snapshots take (each as its record says; levels shared by hard links count in each)."""

@@ -12,7 +12,6 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from sandbox_server import procfs
 
@@ -20,6 +19,7 @@ from ..base import BackendError
 from . import mounts
 from .cgroups import Cgroups
 from .fork_layers import ForkLayers, sandbox_holder
+from .handle_data import LocalHandleData
 from .layout import NAME_RE, Space, read_meta
 
 Progress = Callable[[str], None] | None  # told each step, for a timeout's message
@@ -29,7 +29,7 @@ KILL_TIMEOUT = 5.0  # for the sandbox's processes to end once killed
 MONITOR_TIMEOUT = 2.0  # for bwrap's monitor to exit once the namespace's init has
 
 
-def kill(name: str, space: Space, data: dict[str, Any] | None, isolation: str, progress: Progress = None
+def kill(name: str, space: Space, data: LocalHandleData | None, isolation: str, progress: Progress = None
          ) -> tuple[Path, Path, dict[str, str], list[str]]:
     """End every process of a sandbox; files and groups stay. Returns its directory, run
     directory, existing cgroups and what went wrong.
@@ -44,13 +44,12 @@ def kill(name: str, space: Space, data: dict[str, Any] | None, isolation: str, p
     step = progress or (lambda _: None)
     sb = space.root / name
     if data is None:
-        data = read_meta(sb) or {}
-    sb = Path(data.get("dir") or sb)
-    run = Path(data.get("run_dir") or space.run_dir(name))
-    cgroups = {c: p for c, p in (data.get("cgroups") or space.cgroups.paths(name)).items() if os.path.isdir(p)}
-    recorded = {key: data[key][0] for key in ("init", "server", "monitor", "net")
-                if key in data and procfs.recorded_alive(data[key])}
-    bwrap = data.get("isolation", isolation) == "bwrap"
+        data = read_meta(sb) or LocalHandleData()
+    sb = Path(data.dir or sb)
+    run = Path(data.run_dir or space.run_dir(name))
+    cgroups = {c: p for c, p in (data.cgroups or space.cgroups.paths(name)).items() if os.path.isdir(p)}
+    recorded = {key: record[0] for key, record in data.processes().items() if procfs.recorded_alive(record)}
+    bwrap = (data.isolation or isolation) == "bwrap"
     monitor = recorded.pop("monitor", None) if bwrap else None
     victims = set(recorded.values())
     if not cgroups and not bwrap and "server" in recorded:
@@ -78,11 +77,11 @@ def kill(name: str, space: Space, data: dict[str, Any] | None, isolation: str, p
     return sb, run, cgroups, problems
 
 
-def end_lease_monitor(data: dict[str, Any] | None) -> None:
+def end_lease_monitor(data: LocalHandleData | None) -> None:
     """End the sandbox's lease monitor (lease.py). Only once nothing of the sandbox is left to
     end: a control plane that dies half-way through a teardown (a shutdown out of budget did)
     leaves the rest to it."""
-    lease = (data or {}).get("lease_monitor")
+    lease = data.lease_monitor if data is not None else None
     if lease and procfs.recorded_alive(lease):
         try:  # its session: the monitor and the sleep it waits in
             os.killpg(lease[0], signal.SIGKILL)
@@ -109,11 +108,11 @@ def _tree_of(root: int) -> set[int]:
     return found
 
 
-def destroy(name: str, space: Space, data: dict[str, Any] | None, isolation: str, progress: Progress = None) -> None:
+def destroy(name: str, space: Space, data: LocalHandleData | None, isolation: str, progress: Progress = None) -> None:
     """Kill, unmount, remove; raises ``BackendError`` naming what was left behind."""
     step = progress or (lambda _: None)
     if data is None and NAME_RE.match(name):
-        data = read_meta(space.root / name) or {}
+        data = read_meta(space.root / name) or LocalHandleData()
     sb, run, cgroups, problems = kill(name, space, data, isolation, progress)
     if problems:
         # Processes are left: its files and record stay (they may still be in use), so that the

@@ -34,6 +34,7 @@ from sandbox_server.polling import wait_until
 from ..base import BackendError
 from . import netguard
 from .cgroups import SERVER, Cgroups, sub
+from .handle_data import LocalHandleData
 
 SLIRP = "slirp4netns"
 RESOLV_CONF = b"nameserver 10.0.2.3\n"  # slirp4netns forwards it to the host's resolver
@@ -57,11 +58,11 @@ def resolv_conf_fd() -> int:
     return read_fd
 
 
-def start(slirp: str, init: Any, exit_fd: int, data: dict[str, Any], log: Any,
+def start(slirp: str, init: Any, exit_fd: int, data: LocalHandleData, log: Any,
           track: Callable[[subprocess.Popen], None], set_up: Callable[[], bool]) -> None:
     """Give the network namespace of the sandbox's ``init`` (a ``procfs.record``) its tap device,
     once bubblewrap has set the namespace up (``set_up``); returns once it is configured.
-    Records slirp4netns as ``data["net"]``."""
+    Records slirp4netns as ``data.net``."""
     if not wait_until(lambda: set_up() or not procfs.recorded_alive(init),
                       READY_TIMEOUT, first=0.0005, cap=0.002) or not procfs.recorded_alive(init):
         raise BackendError("bubblewrap did not set up the sandbox's namespaces")
@@ -76,9 +77,9 @@ def start(slirp: str, init: Any, exit_fd: int, data: dict[str, Any], log: Any,
         os.close(ready_w)
     track(popen)
     try:
-        data["net"] = procfs.record(popen.pid)
-        if data.get("cgroups"):  # with the server (its reserve): the tools' OOM killer never picks it
-            Cgroups.attach(sub(data["cgroups"], SERVER), popen.pid)
+        data.net = procfs.record(popen.pid)
+        if data.cgroups:  # with the server (its reserve): the tools' OOM killer never picks it
+            Cgroups.attach(sub(data.cgroups, SERVER), popen.pid)
         ready, _, _ = select.select([ready_r], [], [], READY_TIMEOUT)
         if not ready or not os.read(ready_r, 1):
             raise BackendError(f"slirp4netns did not set up the sandbox's network within {READY_TIMEOUT:g} s "

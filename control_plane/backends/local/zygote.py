@@ -20,7 +20,6 @@ import socket
 import subprocess
 import threading
 from pathlib import Path
-from typing import Any
 
 from sandbox_server import procfs
 from sandbox_server import zygote as zygote_side
@@ -30,6 +29,7 @@ from ...ephemeral_state import named
 from ..base import BackendError
 from .bwrap import PendingSandbox, set_up
 from .cgroups import SERVER, sub
+from .handle_data import LocalHandleData, required
 from .readiness import INIT_CHILD_TIMEOUT
 from .runtime import SERVER_MODULE, Runtime
 
@@ -144,19 +144,19 @@ class Zygote:
             self._popen = None
 
 
-def fork_server(zygote: Zygote, data: dict[str, Any], pending: PendingSandbox, nice: int = 0) -> None:
+def fork_server(zygote: Zygote, data: LocalHandleData, pending: PendingSandbox, nice: int = 0) -> None:
     """The server of a sandbox whose init is the placeholder, forked by ``zygote`` into its
     namespaces and its server cgroups once the placeholder runs (bwrap has made the sandbox's
     root by then), at the nice value ``nice``; records ``server``. Closes ``pending``'s
     descriptors whatever happens (the server holds its own)."""
     opened: list[int] = []
     try:
-        init = data["init"]
+        init = required(data.init, "init")
         wait_until(lambda: set_up(init, placeholder=True) or not procfs.recorded_alive(init), INIT_CHILD_TIMEOUT,
                    first=0.0005, cap=0.0005)
         if not procfs.recorded_alive(init):
             raise BackendError("the sandbox's init exited before its server was started")
-        data["forked"] = True
+        data.forked = True
         namespaces = {}
         for name in NAMESPACES:
             try:
@@ -165,7 +165,7 @@ def fork_server(zygote: Zygote, data: dict[str, Any], pending: PendingSandbox, n
                 continue
             opened.append(namespaces[name])
         cgroup_procs = []
-        for path in (sub(data["cgroups"], SERVER).values() if data["cgroups"] else ()):
+        for path in (sub(data.cgroups, SERVER).values() if data.cgroups else ()):
             cgroup_procs.append(os.open(f"{path}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
             opened.append(cgroup_procs[-1])
         devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
@@ -174,8 +174,8 @@ def fork_server(zygote: Zygote, data: dict[str, Any], pending: PendingSandbox, n
                pending.keep_w: pending.keep_w}
         pid = zygote.spawn(module=SERVER_MODULE, argv=pending.argv, env=pending.env, namespaces=namespaces,
                            cgroup_procs=cgroup_procs, fds=fds, cloexec=(pending.keep_w,), nice=nice)
-        data["server"] = procfs.record(pid)
-        if data["server"] is None:
+        data.server = procfs.record(pid)
+        if data.server is None:
             raise BackendError("the sandbox server exited as soon as it was forked")
     finally:
         for fd in opened:
