@@ -82,6 +82,10 @@ RAY_FILES = ("tests/test_ray_vector.py", "tests/test_fork_vector.py", "tests/tes
 # workers (each worker starts the module's control plane): by source, e.g. `[swe:…]`.
 SPLIT_BY_SOURCE = ("tests/test_reward_integrity.py",)
 
+# Modules of a few long, independent tests (each ~15-30 s): a scope each, so that the two workers
+# share them instead of one running them all at the end.
+SPLIT_BY_TEST = ("tests/test_doc_snippets.py",)
+
 
 def xdist_group(nodeid: str) -> str:
     path, _, name = nodeid.partition("::")
@@ -91,6 +95,8 @@ def xdist_group(nodeid: str) -> str:
         return "kubernetes"
     if path in SPLIT_BY_SOURCE and "[" in name and ":" in name.split("[", 1)[1]:
         return f"{path}::{name.split('[', 1)[1].split(':', 1)[0]}"
+    if path in SPLIT_BY_TEST:
+        return f"{path}::{name.split('[', 1)[0]}"
     return path
 
 
