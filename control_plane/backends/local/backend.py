@@ -68,7 +68,7 @@ from .image_trees import ImageError
 from .images import ImageStore, ResolvedImage
 from .isolation import ISOLATIONS, choose_isolation, say_once
 from .launcher import BACKEND_NAME, DEFAULT_DELETE_TIMEOUT, Launcher
-from .layout import Space, pick_run_root, register_state, state_in_use, state_key, tail
+from .layout import Space, pick_run_root, register_state, state_key, states_in_use, tail
 from .lease import DEFAULT_ORPHAN_TTL, Lease
 from .oci.settings import OciSettings
 from .runtime import Runtime, detect
@@ -208,7 +208,7 @@ class LocalBackend(Backend):
             self.lease.start()
         register_state(self.state_dir, key)
         if cg.available:
-            stale = cgroups.remove_stale(self._cgroup_top, state_in_use)
+            stale = cgroups.remove_stale(self._cgroup_top, states_in_use())
             if stale:
                 log.info("removed %d empty cgroups of state directories that are gone", len(stale))
         self._sweep_fork_layers()

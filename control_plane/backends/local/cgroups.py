@@ -281,7 +281,7 @@ class Cgroups:
 
 def remove_stale(top: str, in_use: Callable[[str], bool]) -> list[str]:
     """Remove, under ``top`` in every controller, the empty groups of state directories that are
-    gone (``in_use(key)`` False: ``layout.state_in_use``): what a delete could not remove and
+    gone (``in_use(key)`` False: ``layout.states_in_use()``): what a delete could not remove and
     nobody came back for. A group that still holds a process is left (``idegym sandboxes prune
     --all`` ends those); so is every group of a state directory that may be in use — one this
     process cannot see but whose backend still runs too (a control plane with a private ``/tmp``

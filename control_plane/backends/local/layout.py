@@ -19,6 +19,7 @@ import os
 import re
 import secrets
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,19 +69,24 @@ def registered_states() -> dict[str, Path]:
     return {key: entry.state for key, entry in _entries().items()}
 
 
-def state_in_use(key: str) -> bool:
-    """Whether the state directory registered as ``key`` may still be in use: its directory is
+def states_in_use() -> Callable[[str], bool]:
+    """Whether the state directory registered as a key may still be in use: its directory is
     visible here, or the process that registered it still runs (or runs in another pid namespace,
-    where this one cannot tell)."""
-    entry = _entries().get(key)
-    if entry is None:
-        return False
-    if entry.state.is_dir():
-        return True
-    if entry.registrar is None:
-        return False
-    pid, start, namespace = entry.registrar
-    return namespace != _pid_namespace() or procfs.alive(pid, start)
+    where this one cannot tell). The index is read once, for every key asked about."""
+    entries, here = _entries(), _pid_namespace()
+
+    def in_use(key: str) -> bool:
+        entry = entries.get(key)
+        if entry is None:
+            return False
+        if entry.state.is_dir():
+            return True
+        if entry.registrar is None:
+            return False
+        pid, start, namespace = entry.registrar
+        return namespace != here or procfs.alive(pid, start)
+
+    return in_use
 
 
 @dataclass(frozen=True)
