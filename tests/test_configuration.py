@@ -157,6 +157,26 @@ def test_every_sharing_and_watcher_field_is_one_flag_that_reaches_the_config() -
     assert (built.sharing.start_burst, built.watcher.interval) == (5, 0.5)
 
 
+def test_every_command_that_takes_a_control_plane_states_one_rule_for_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--control-plane-url`` is one option: the URL, else ``$IDEGYM_URL``, else an embedded control
+    plane (``settings.chosen_control_plane``), said the same way by every command that has it."""
+    import argparse
+
+    from idegym_env import cli
+    from idegym_env.settings import add_control_plane_argument
+
+    one = argparse.ArgumentParser()
+    add_control_plane_argument(one)
+    (option,) = [a for a in one._actions if "--control-plane-url" in a.option_strings]
+    assert option.help is not None and "$IDEGYM_URL" in option.help and "embedded" in option.help
+    for command in (["eval"], ["mcp", "serve"], ["openenv", "serve"], ["tasks", "validate"]):
+        with pytest.raises(SystemExit) as done:
+            cli.main([*command, "--help"])
+        assert done.value.code == 0
+        shown = capsys.readouterr().out
+        assert f"--control-plane-url URL {option.help}" in " ".join(shown.split()), (command, shown)
+
+
 def test_every_variable_read_is_documented() -> None:
     from control_plane.backends.config import KubernetesBackendConfig
     from idegym_env import settings_table
