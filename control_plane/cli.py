@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -20,7 +21,7 @@ from sandbox_server.http import run_loop, setup_logging
 from . import ephemeral_state
 from .auth import TOKEN_USER, token_path
 from .backends.config import BackendConfig, KubernetesBackendConfig, LocalBackendConfig
-from .config import ControlPlaneConfig, SharingConfig, WatcherConfig
+from .config import ControlPlaneConfig, SharingConfig, WatcherConfig, flags
 from .settings import ControlPlaneSettings, parse_bytes
 from .tenants import TenantsFileError
 
@@ -79,6 +80,22 @@ def _document(parser: argparse.ArgumentParser) -> None:
             text, _, inner = text[:-1].rpartition("[")
             first.append(inner)
         action.help = f"{text.rstrip()} [{', '.join(first + last)}]".lstrip()
+
+
+def _dest(flag: str) -> str:
+    return flag.removeprefix("--").replace("-", "_")
+
+
+def _add_config_flags(parser: argparse.ArgumentParser, config: Any, default: Callable[[str, Any], Any]) -> None:
+    """The flags of a configuration dataclass (``config.flag``), each defaulting to its variable,
+    else to ``config``'s value."""
+    for option, spec in flags(type(config)):
+        parser.add_argument(option, type=_bytes if spec.metadata["size"] else type(spec.default),
+                            default=default(_dest(option), getattr(config, spec.name)), help=spec.metadata["help"])
+
+
+def _config_from_flags(config: type[T], args: argparse.Namespace) -> T:
+    return config(**{spec.name: getattr(args, _dest(option)) for option, spec in flags(config)})
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser, env: ControlPlaneSettings | None = None) -> None:
@@ -176,32 +193,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: ControlPlaneSettin
                         default=_default("max_snapshot_bytes", cfg.max_snapshot_bytes),
                         help="what snapshots may take on disk (local backend), e.g. 64Gi; a snapshot past it "
                              f"gets 429 [{cfg.max_snapshot_bytes >> 30}Gi]")
-    share = cfg.sharing
-    for flag, field, kind, value, text in (
-        ("--tenant-max-servers", "tenant_max_servers", int, share.tenant_max_servers,
-         "live servers of one tenant (0: no limit of its own); more of its starts wait their turn"),
-        ("--client-max-servers", "client_max_servers", int, share.client_max_servers,
-         "live servers of one client (a trainer, an env; 0: no limit of its own)"),
-        ("--tenant-max-builds", "tenant_max_builds", int, share.tenant_max_builds,
-         "image builds of one tenant running at once (0: no limit); more wait their turn"),
-        ("--client-max-builds", "client_max_builds", int, share.client_max_builds,
-         "image builds of one client running at once (0: no limit)"),
-        ("--tenant-upload-bytes", "tenant_upload_bytes", _bytes, share.tenant_upload_bytes,
-         "bytes of uploads one tenant holds, e.g. 20Gi (0: no limit); more are refused with 413"),
-        ("--client-upload-bytes", "client_upload_bytes", _bytes, share.client_upload_bytes,
-         "bytes one client may upload in its life (0: no limit); more are refused with 413"),
-        ("--max-upload-bytes", "max_upload_bytes", _bytes, share.max_upload_bytes,
-         "bytes of one upload (a task's project or build context, packed), e.g. 2Gi"),
-        ("--max-upload-files", "max_upload_files", int, share.max_upload_files, "entries of one upload"),
-        ("--upload-retention", "upload_retention", float, share.upload_retention,
-         "seconds an upload no build used is kept"),
-        ("--start-rate", "start_rate", float, share.start_rate,
-         "sandboxes made per second, all tenants together (0: as fast as asked); more wait their turn"),
-        ("--start-burst", "start_burst", int, share.start_burst, "sandboxes made at once before --start-rate applies"),
-        ("--queue-timeout", "queue_timeout", float, share.queue_timeout,
-         "seconds a start waits for its turn (or its own start timeout, if shorter), then 429"),
-    ):
-        parser.add_argument(flag, type=kind, default=_default(field, value), help=text)
+    _add_config_flags(parser, cfg.sharing, _default)
     parser.add_argument("--body-budget", type=int, default=_default("body_budget", cfg.body_budget_bytes),
                         metavar="BYTES", help="bytes of large request bodies held in memory at once (each counts "
                                               "3 times its size); more wait, then get 503 [default 3 × the "
@@ -210,16 +202,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: ControlPlaneSettin
                         help="close a connection whose request head is not complete this many seconds after it "
                              f"opened or after its last answer (slow-header clients, idle keep-alive) "
                              f"[default {cfg.header_timeout:g}]")
-    for flag, field, value, text in (
-        ("--watch-interval", "watch_interval", watch.interval, "seconds between watcher passes"),
-        ("--inactive-timeout", "inactive_timeout", watch.inactive_timeout,
-         "reap ALIVE servers idle this many seconds (keepalive extends)"),
-        ("--finished-timeout", "finished_timeout", watch.finished_timeout,
-         "reap FINISHED servers not reused within this many seconds"),
-        ("--heartbeat-timeout", "heartbeat_timeout", watch.heartbeat_timeout, "reap clients silent this many seconds"),
-        ("--operation-retention", "operation_retention", watch.operation_retention, "seconds of request history kept"),
-    ):
-        parser.add_argument(flag, type=float, default=_default(field, value), help=text)
+    _add_config_flags(parser, watch, _default)
     parser.add_argument("--ephemeral", action="store_true", default=_default("ephemeral", cfg.ephemeral),
                         help="delete every sandbox on shutdown (for embedded use)")
     add_kubernetes_arguments(parser)
@@ -299,16 +282,7 @@ def config_from_args(args: argparse.Namespace, env: ControlPlaneSettings | None 
         pool_images=list(args.pool_image), max_servers=args.max_servers,
         max_snapshots=args.max_snapshots, max_snapshot_bytes=args.max_snapshot_bytes,
         ephemeral=args.ephemeral, pod_name=env.pod_name,
-        sharing=SharingConfig(
-            tenant_max_servers=args.tenant_max_servers, client_max_servers=args.client_max_servers,
-            tenant_max_builds=args.tenant_max_builds, client_max_builds=args.client_max_builds,
-            tenant_upload_bytes=args.tenant_upload_bytes, client_upload_bytes=args.client_upload_bytes,
-            max_upload_bytes=args.max_upload_bytes, max_upload_files=args.max_upload_files,
-            upload_retention=args.upload_retention, start_rate=args.start_rate, start_burst=args.start_burst,
-            queue_timeout=args.queue_timeout),
-        watcher=WatcherConfig(interval=args.watch_interval, inactive_timeout=args.inactive_timeout,
-                              finished_timeout=args.finished_timeout, heartbeat_timeout=args.heartbeat_timeout,
-                              operation_retention=args.operation_retention),
+        sharing=_config_from_flags(SharingConfig, args), watcher=_config_from_flags(WatcherConfig, args),
     )
 
 

@@ -22,13 +22,14 @@ from dataclasses import replace
 from aiohttp import web
 
 from sandbox_server import routes
+from sandbox_server.http import Reply
 
 from .admission import Grant
 from .backends.base import BackendError, Limits, SandboxHandle, SandboxSpec
 from .errors import ApiError, Unavailable
 from .models import ServerKind
 from .pool import new_sandbox_name
-from .sandbox_http import FORWARD_FAILED, ForwardError, SandboxReply
+from .sandbox_http import FORWARD_FAILED, ForwardError
 from .service import ControlPlane
 from .tenants import SINGLE
 
@@ -51,14 +52,14 @@ class CodeRunnerPool:
         )
         self.concurrency = concurrency
         self._slots = asyncio.Semaphore(concurrency)
-        self._languages: SandboxReply | None = None
+        self._languages: Reply | None = None
         self._runner: SandboxHandle | None = None
         self._starting = asyncio.Lock()
         self._isolating = True  # until a runner's server says it cannot isolate runs
         self._closed = False
         self._room: dict[str, Grant] = {}  # each of its sandboxes counts against --max-servers while it lives
 
-    async def run(self, method: str, path: str, body: bytes) -> SandboxReply:
+    async def run(self, method: str, path: str, body: bytes) -> Reply:
         """The code runner's answer to one request: an isolated run on the runner sandbox (or,
         where runs cannot be isolated, a sandbox of its own)."""
         async with self._slots:
@@ -71,7 +72,7 @@ class CodeRunnerPool:
                 self._retire(runner)
                 raise ApiError(f"{FORWARD_FAILED}: the code runner's sandbox failed: {exc.message}") from exc
 
-    async def languages(self) -> SandboxReply:
+    async def languages(self) -> Reply:
         """``GET /execute/languages``, asked of a sandbox once and remembered once it answered 200."""
         if self._languages is None:
             reply = await self.run("GET", routes.LANGUAGES.relative, b"")
@@ -143,7 +144,7 @@ class CodeRunnerPool:
             self._runner = None
             self.cp.spawn(self._discard(runner))
 
-    async def _run_in_fresh_sandbox(self, method: str, path: str, body: bytes) -> SandboxReply:
+    async def _run_in_fresh_sandbox(self, method: str, path: str, body: bytes) -> Reply:
         handle = await self._claim(self._acquire_fresh)
         try:
             return await self.cp.forwarder.request(self.cp.backend.endpoint(handle), method, path, JSON, body)

@@ -4,8 +4,9 @@ defaults are the variables of ``settings.py``, say."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from . import constants
 from .backends.config import BackendConfig, LocalBackendConfig
@@ -17,13 +18,24 @@ def default_state_dir() -> Path:
     return constants.default_state_dir(ControlPlaneSettings.from_env().xdg_state_home)
 
 
+def flag(default: Any, text: str, *, name: str | None = None, size: bool = False) -> Any:
+    """A field that ``idegym control-plane serve`` has a flag for: ``--<field-name>`` (or ``name``),
+    typed as its default (``size``: a byte count such as ``20Gi``), with ``text`` as its help."""
+    return field(default=default, metadata={"help": text, "flag": name, "size": size})
+
+
+def flags(config: type) -> list[tuple[str, Field[Any]]]:
+    """The flags of a configuration dataclass's fields made with :func:`flag`, and those fields."""
+    return [(f.metadata["flag"] or "--" + f.name.replace("_", "-"), f) for f in fields(config) if "help" in f.metadata]
+
+
 @dataclass
 class WatcherConfig:
-    interval: float = 5.0  # seconds between watcher passes
-    inactive_timeout: float = 600.0  # ALIVE/REUSED servers idle this long are reaped (keepalive extends)
-    finished_timeout: float = 300.0  # FINISHED servers wait this long for reuse
-    heartbeat_timeout: float = 600.0  # clients silent this long are reaped
-    operation_retention: float = 14 * 86400.0  # request history kept this long
+    interval: float = flag(5.0, "seconds between watcher passes", name="--watch-interval")
+    inactive_timeout: float = flag(600.0, "reap ALIVE servers idle this many seconds (keepalive extends)")
+    finished_timeout: float = flag(300.0, "reap FINISHED servers not reused within this many seconds")
+    heartbeat_timeout: float = flag(600.0, "reap clients silent this many seconds")
+    operation_retention: float = flag(14 * 86400.0, "seconds of request history kept")
     stale_operation: float = 86400.0  # an operation in progress this long is failed
 
 
@@ -31,18 +43,24 @@ class WatcherConfig:
 class SharingConfig:
     """Sharing one control plane (``admission.py``, ``uploads.py``); a limit of 0 is no limit."""
 
-    tenant_max_servers: int = 0  # live sandboxes of one tenant
-    client_max_servers: int = 0  # live sandboxes of one client
-    tenant_max_builds: int = 0  # image builds of one tenant running at once (more wait their turn)
-    client_max_builds: int = 0
-    tenant_upload_bytes: int = 0  # bytes of uploads one tenant holds
-    client_upload_bytes: int = 0  # bytes one client may upload in its life
-    start_rate: float = 0.0  # sandboxes made per second, all tenants together; 0: as fast as asked
-    start_burst: int = 8  # made at once before the rate applies
-    queue_timeout: float = 600.0  # a start waits this long for its turn, then 429
-    max_upload_bytes: int = 2 << 30  # one upload (its tar, and on the wire)
-    max_upload_files: int = 200_000  # entries of one upload
-    upload_retention: float = 7 * 86400.0  # an upload no build used for this long is deleted
+    tenant_max_servers: int = flag(
+        0, "live servers of one tenant (0: no limit of its own); more of its starts wait their turn")
+    client_max_servers: int = flag(0, "live servers of one client (a trainer, an env; 0: no limit of its own)")
+    tenant_max_builds: int = flag(0, "image builds of one tenant running at once (0: no limit); more wait their turn")
+    client_max_builds: int = flag(0, "image builds of one client running at once (0: no limit)")
+    tenant_upload_bytes: int = flag(
+        0, "bytes of uploads one tenant holds, e.g. 20Gi (0: no limit); more are refused with 413", size=True)
+    client_upload_bytes: int = flag(
+        0, "bytes one client may upload in its life (0: no limit); more are refused with 413", size=True)
+    max_upload_bytes: int = flag(
+        2 << 30, "bytes of one upload (a task's project or build context, packed), e.g. 2Gi", size=True)
+    max_upload_files: int = flag(200_000, "entries of one upload")
+    upload_retention: float = flag(7 * 86400.0, "seconds an upload no build used is kept")
+    start_rate: float = flag(
+        0.0, "sandboxes made per second, all tenants together (0: as fast as asked); more wait their turn")
+    start_burst: int = flag(8, "sandboxes made at once before --start-rate applies")
+    queue_timeout: float = flag(
+        600.0, "seconds a start waits for its turn (or its own start timeout, if shorter), then 429")
 
 
 @dataclass

@@ -20,13 +20,14 @@ from typing import Any
 from uuid import UUID
 
 from sandbox_server import routes
+from sandbox_server.http import Reply
 
 from .backends.base import SandboxAddress
 from .constants import PREFER_HEADER
 from .metrics import Metrics
 from .models import AsyncOperationStatus, AsyncOperationType, ForwardRequestResponse
 from .operations import OperationOutcome
-from .sandbox_http import ForwardError, PendingReply, SandboxReply
+from .sandbox_http import ForwardError, PendingReply
 from .service import ControlPlane
 from .store import now_ms
 
@@ -83,7 +84,7 @@ class Answer:
     """What the handler answers: 202 for ``operation_id`` (``value`` None), else ``value`` at once."""
 
     operation_id: int
-    value: SandboxReply | ForwardError | None = None
+    value: Reply | ForwardError | None = None
     waited: float | None = None
 
     @property
@@ -164,7 +165,7 @@ class Forwards:
         self._flush_due = False
         self.cp.store.flush()
 
-    def _settled(self, call: ForwardedCall, pending: PendingReply, started: float) -> SandboxReply | ForwardError:
+    def _settled(self, call: ForwardedCall, pending: PendingReply, started: float) -> Reply | ForwardError:
         """The reply or the failure of an ended forward, counted in the metrics."""
         try:
             reply = pending.result()
@@ -177,19 +178,19 @@ class Forwards:
         return reply
 
     @staticmethod
-    def _outcome(call: ForwardedCall, value: SandboxReply | ForwardError,
+    def _outcome(call: ForwardedCall, value: Reply | ForwardError,
                  inline_limit: int | None = None) -> OperationOutcome:
         """The operation's stored result. A body already answered inline is not kept above the limit."""
         if isinstance(value, ForwardError):
             return OperationOutcome.failure(value.status, value.message)
         touch = call.server_id if value.status < 500 else None
-        text = value.text()
+        text = value.text
         if inline_limit is not None and len(text) > inline_limit:
             text = f"[{len(value.body)} bytes answered inline; not kept in the request history]"
         if value.status < 400:
-            answer = ForwardRequestResponse(status_code=value.status, headers=value.headers, body=text)
+            answer = ForwardRequestResponse(status_code=value.status, headers=dict(value.headers), body=text)
             return OperationOutcome.success(answer, touch)
-        return OperationOutcome.failure(value.status, text, value.headers, touch)
+        return OperationOutcome.failure(value.status, text, dict(value.headers), touch)
 
 
 async def settled_within(future: asyncio.Future, seconds: float) -> None:

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from sandbox_server.http import Reply
+
 from .backends.base import SandboxAddress
 from .constants import FORWARD_FAILED
 from .errors import StatusError
-from .unix_http import ConnectFailed, HttpProtocolError, RawReply, UnixPool
+from .unix_http import ConnectFailed, HttpProtocolError, UnixPool
 
 HOP_BY_HOP = {
     "host", "authorization", "content-length", "transfer-encoding", "connection", "keep-alive", "prefer",
@@ -24,16 +26,6 @@ HOP_BY_HOP = {
 }
 RESPONSE_DROP = {"transfer-encoding", "connection", "content-length", "content-encoding", "keep-alive", "date",
                  "server"}
-
-
-@dataclass
-class SandboxReply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def text(self) -> str:
-        return self.body.decode("utf-8", errors="replace")
 
 
 class ForwardError(StatusError):
@@ -86,17 +78,14 @@ class PendingReply:
             self.future.cancel()
             raise
 
-    def result(self) -> SandboxReply:
+    def result(self) -> Reply:
         try:
             value = self.future.result()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             raise forward_error(exc, self.url) from exc
-        if isinstance(value, RawReply):
-            headers = {k: v for k, v in value.headers.items() if k not in RESPONSE_DROP}
-            return SandboxReply(value.status, headers, value.body)
-        return value
+        return Reply(value.status, {k: v for k, v in value.headers.items() if k not in RESPONSE_DROP}, value.body)
 
 
 class Forwarder:
@@ -132,7 +121,7 @@ class Forwarder:
         return PendingReply(asyncio.ensure_future(pool.request(method, path, sent, body or b"", limit)), url)
 
     async def request(self, endpoint: SandboxAddress, method: str, path: str, headers: Mapping[str, str] | None = None,
-                      body: bytes | bytearray | None = None, timeout: float | None = None) -> SandboxReply:
+                      body: bytes | bytearray | None = None, timeout: float | None = None) -> Reply:
         """One request to the sandbox; raises ``ForwardError``."""
         pending = self.start(endpoint, method, path, headers, body, timeout)
         await pending.wait()
@@ -146,13 +135,12 @@ class Forwarder:
         return self._session
 
     async def _tcp(self, url: str, method: str, headers: dict[str, str], body: bytes | bytearray | None,
-                   timeout: float | None) -> SandboxReply:
+                   timeout: float | None) -> Reply:
         limit = self._timeout if timeout is None else aiohttp.ClientTimeout(total=timeout)
         async with self._tcp_session().request(method, url, data=body or None, headers=headers, allow_redirects=False,
                                                timeout=limit) as resp:
             data = await resp.read()
-            out = {k.lower(): v for k, v in resp.headers.items() if k.lower() not in RESPONSE_DROP}
-            return SandboxReply(resp.status, out, data)
+            return Reply(resp.status, {k.lower(): v for k, v in resp.headers.items()}, data)
 
     async def forget(self, endpoint: SandboxAddress) -> None:
         """Close the connections to a sandbox that is gone (its socket is)."""

@@ -11,9 +11,10 @@ checks what it parses, so a misbehaving sandbox gets a protocol error, not a han
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 from yarl import URL
+
+from sandbox_server.http import Reply
 
 HEAD_LIMIT = 64 << 10
 
@@ -28,13 +29,6 @@ class ConnectFailed(OSError):
 
 class Disconnected(ConnectionError):
     """The sandbox closed the connection before its answer was complete."""
-
-
-@dataclass
-class RawReply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
 
 
 _TARGETS: dict[str, str] = {}
@@ -67,7 +61,7 @@ class _Connection(asyncio.Protocol):
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.closed = False
-        self.reply: asyncio.Future[RawReply] | None = None
+        self.reply: asyncio.Future[Reply] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._buf = bytearray()
         self._method = ""
@@ -83,7 +77,7 @@ class _Connection(asyncio.Protocol):
         self._chunks: list[bytes] = []
         self._keep = False
 
-    def send(self, data: bytes, method: str, timeout: float) -> asyncio.Future[RawReply]:
+    def send(self, data: bytes, method: str, timeout: float) -> asyncio.Future[Reply]:
         assert self.transport is not None and self.reply is None
         loop = asyncio.get_running_loop()
         self.reply = reply = loop.create_future()
@@ -93,7 +87,7 @@ class _Connection(asyncio.Protocol):
         self.transport.write(data)
         return reply
 
-    def _cancelled(self, reply: asyncio.Future[RawReply]) -> None:
+    def _cancelled(self, reply: asyncio.Future[Reply]) -> None:
         if reply.cancelled() and reply is self.reply:  # its answer would come on a connection nobody reads
             self._fail(asyncio.CancelledError())
 
@@ -217,7 +211,7 @@ class _Connection(asyncio.Protocol):
                 body = b"".join(self._chunks)
             else:
                 body = b""
-        reply, result, keep = self.reply, RawReply(self._status, self._headers, body), self._keep
+        reply, result, keep = self.reply, Reply(self._status, self._headers, body), self._keep
         self._end_exchange()
         if keep:
             self.pool.release(self)
@@ -261,7 +255,7 @@ class UnixPool:
         self._waiting: list[asyncio.Future[None]] = []
 
     def send(self, method: str, path: str, headers: dict[str, str], body: bytes | bytearray,
-             timeout: float) -> asyncio.Future[RawReply] | None:
+             timeout: float) -> asyncio.Future[Reply] | None:
         """Send on an idle connection at once, without a task; None when there is none to take."""
         if self._busy >= self.limit:
             return None
@@ -273,7 +267,7 @@ class UnixPool:
         return None
 
     async def request(self, method: str, path: str, headers: dict[str, str], body: bytes | bytearray,
-                      timeout: float) -> RawReply:
+                      timeout: float) -> Reply:
         """One exchange, connecting if need be. Raises ``ConnectFailed``, ``Disconnected``,
         ``HttpProtocolError``, ``TimeoutError`` (or ``ValueError`` for a header that cannot be sent)."""
         reply = self.send(method, path, headers, body, timeout)
@@ -306,13 +300,13 @@ class UnixPool:
                 self._busy -= 1
         return await self._start(conn, data, method, max(deadline - loop.time(), 0.001))
 
-    def _start(self, conn: _Connection, data: bytes, method: str, timeout: float) -> asyncio.Future[RawReply]:
+    def _start(self, conn: _Connection, data: bytes, method: str, timeout: float) -> asyncio.Future[Reply]:
         self._busy += 1
         reply = conn.send(data, method, timeout)
         reply.add_done_callback(self._done)
         return reply
 
-    def _done(self, _: asyncio.Future[RawReply]) -> None:
+    def _done(self, _: asyncio.Future[Reply]) -> None:
         self._busy -= 1
         while self._waiting:
             waiter = self._waiting.pop(0)

@@ -11,6 +11,10 @@ import sys
 import time
 from typing import Any
 
+from sandbox_server.models import TestReport
+
+from .rewards import CheckResults
+
 DEMO_TASKS = ("python-roman-numerals", "js-query-string", "c-ring-buffer")
 
 
@@ -50,13 +54,9 @@ def _episode(env: Any, agent: str, number: int, total: int) -> dict[str, Any]:
               + (f" → {_short(obs, 60)}" if action["tool"] != "submit" else ""), flush=True)
         if terminated or truncated:
             break
-    checks = info.get("checks", {})
-    for stage, answer in checks.items():
-        if stage == "tests":
-            s = answer.get("scores", {})
-            print(f"  check {stage}: {answer.get('status')} ({s.get('passed')}/{s.get('total')} passed)")
-        else:
-            print(f"  check {stage}: {answer.get('status')}")
+    for stage, answer in CheckResults.from_responses(**info.get("checks", {})).stages().items():
+        counts = f" ({answer.scores.passed}/{answer.scores.total} passed)" if isinstance(answer, TestReport) else ""
+        print(f"  check {stage}: {answer.status.value}{counts}")
     seconds = time.perf_counter() - started
     print(f"  reward {reward:.3f} after {steps} steps in {seconds:.1f} s", flush=True)
     return {"task": env.task.id, "agent": agent, "steps": steps, "reward": reward, "seconds": seconds}

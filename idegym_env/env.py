@@ -60,12 +60,14 @@ from typing import TYPE_CHECKING, Any, SupportsFloat
 
 import gymnasium as gym
 
+from sandbox_server.grading.models import GradedTests
+from sandbox_server.models import Status, TestReport
 from sandbox_server.output import omitted_marker
 
 from . import embedded, grading
 from .client import APIError, BadRequest, Conflict, IdeGymClient, NotFound, Sandbox, SandboxGone, Unauthorized
 from .errors import IdeGymError
-from .rewards import RewardFunction, reward_components
+from .rewards import CheckResults, RewardFunction, reward_components
 from .spaces import InvalidAction, ToolCallSpace, UnicodeText
 from .tasks import Task, environment, load_task
 from .tools import ToolCall
@@ -433,16 +435,18 @@ class IdeGymEnv(gym.Env[str, Any]):  # an action: a tool call in any shape an LL
         graded = grading.grade(sandbox, self.task, fresh=fresh, steps=self._steps, submitted=submitted)
         results = graded.results
         reward = float(self.reward_fn(results))
-        info.update(checks=graded.checks, reward_components=reward_components(results),
-                    grading_errors=list(results.errors), submitted=submitted)
-        if "tests" in graded.checks:  # passed | failed | no_tests | error, without digging into checks
-            info["tests_verdict"] = graded.checks["tests"].get("verdict") or graded.checks["tests"].get("status")
+        # info is plain data (JSON, pickled to Ray workers): the stages' answers as their JSON bodies
+        info.update(checks={name: body.model_dump(mode="json") for name, body in results.stages().items()},
+                    reward_components=reward_components(results), grading_errors=list(results.errors),
+                    submitted=submitted)
+        if results.tests_verdict is not None:  # passed | failed | no_tests | error, without digging into checks
+            info["tests_verdict"] = results.tests_verdict
         if results.infrastructure_error:
             info["infrastructure_error"] = results.infrastructure_error
         if graded.skipped:
             info["not_graded"] = graded.skipped
         self._timed(info, started)
-        summary = _format_checks(graded.checks, reward, results.errors)
+        summary = _format_checks(results, reward)
         self._log("$ submit" if submitted else "$ <out of steps>", summary)
         text = summary if observation is None else f"{observation}\n\n{summary}"
         return self._fit(text), reward, submitted, not submitted, info
@@ -461,31 +465,32 @@ def _server_name(task: Task) -> str:
     return name[:63].rstrip("-")
 
 
-def _format_checks(checks: dict[str, Any], reward: float, errors: list[str] | None = None) -> str:
+def _format_checks(results: CheckResults, reward: float) -> str:
     lines = ["[checks]"]
-    for stage, answer in checks.items():
-        if stage == "tests":
-            s = answer.get("scores", {})
-            verdict = answer.get("verdict") or answer.get("status")
+    for stage, answer in results.stages().items():
+        if isinstance(answer, TestReport):
+            s = answer.scores
+            verdict = results.tests_verdict
             if verdict == "no_tests":  # not a failed solution: nothing was tested (say why, from the output)
-                lines.append(f"tests: no_tests — no test ran: the test script (exit code {answer.get('exit_code')}) "
+                lines.append(f"tests: no_tests — no test ran: the test script (exit code {answer.exit_code}) "
                              "reported no test; the end of its output:")
             else:
-                lines.append(f"tests: {verdict} — {s.get('passed', 0)}/{s.get('total', 0)} passed, "
-                             f"{s.get('failed', 0)} failed, {s.get('skipped', 0)} skipped")
-                if verdict == "passed" and s.get("skipped") and reward < 1.0:
-                    names = [c["name"] for c in answer.get("cases", []) if c.get("outcome") == "skipped"]
+                lines.append(f"tests: {verdict} — {s.passed}/{s.total} passed, "
+                             f"{s.failed} failed, {s.skipped} skipped")
+                if verdict == "passed" and s.skipped and reward < 1.0:
+                    cases = answer.cases if isinstance(answer, GradedTests) else []
+                    names = [c.name for c in cases if c.outcome == "skipped"]
                     shown = ", ".join(names[:3]) + (" …" if len(names) > 3 else "")
-                    lines.append(f"no test failed, but {s['skipped']} skipped test(s) count as not passed in this "
+                    lines.append(f"no test failed, but {s.skipped} skipped test(s) count as not passed in this "
                                  f"task's reward{f' ({shown})' if shown else ''}: a test that skips in the sandbox "
                                  "(a module or tool its image lacks) cannot pass")
-            if verdict in ("no_tests", "error") and answer.get("output"):
-                lines.append(_tail(answer["output"]))
+            if verdict in ("no_tests", "error") and answer.output:
+                lines.append(_tail(answer.output))
         else:
-            lines.append(f"{stage}: {answer.get('status')}")
-            if answer.get("status") != "success" and answer.get("output"):
-                lines.append(_tail(answer["output"]))
-    lines += [f"grading error: {e}" for e in errors or []]
+            lines.append(f"{stage}: {answer.status.value}")
+            if answer.status != Status.SUCCESS and answer.output:
+                lines.append(_tail(answer.output))
+    lines += [f"grading error: {e}" for e in results.errors]
     lines.append(f"reward: {reward:.3f}")
     return "\n".join(lines)
 

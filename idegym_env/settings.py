@@ -8,6 +8,7 @@ else ``$IDEGYM_URL``, else (``None``) an embedded control plane.
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from control_plane.constants import default_state_dir
@@ -73,6 +74,13 @@ class ClientSettings(EnvSettings):
 
     def task_cache_dir(self) -> Path:
         return self.task_cache or Path.home() / ".cache" / "idegym" / "tasks"
+
+
+def add_control_plane_argument(parser: argparse.ArgumentParser) -> None:
+    """``--control-plane-url``, the ``url`` a command hands to :func:`chosen_control_plane`."""
+    parser.add_argument("--control-plane-url", default=None, metavar="URL",
+                        help="the control plane that gives the sandboxes [$IDEGYM_URL; default: start an embedded "
+                             "local one, which stops when the command ends]")
 
 
 def chosen_control_plane(url: str | None = None, settings: ClientSettings | None = None) -> str | None:

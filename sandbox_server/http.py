@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -13,6 +15,23 @@ from pydantic import BaseModel, ValidationError
 from .errors import Unprocessable
 
 M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass
+class Reply:
+    """An HTTP answer as read off the wire: by the client, and by the control plane from a sandbox.
+    Header names are lower case (``headers.get("content-type")``)."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else {}
 
 
 def _jsonable(value: Any) -> Any:

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from dataclasses import asdict
 
 from . import jail
 from .jail import RunSpec
-from .output import read_available
+from .output import read_exit_status
 
 
 class JailError(Exception):
@@ -101,7 +100,8 @@ class Jails:
         finally:
             os.close(status_w)
         self._spawned.append((answer, exit_status))
-        loop.add_reader(status_r, _read_status, loop, status_r, exit_status)
+        # nothing written: the init was killed (SIGKILL) before its program ended
+        loop.add_reader(status_r, read_exit_status, loop, status_r, exit_status, signal.SIGKILL)
         return answer, exit_status
 
     def _on_message(self) -> None:
@@ -163,13 +163,3 @@ def _refused(answer: asyncio.Future[int], exit_status: asyncio.Future[int | None
         answer.set_exception(JailError(reason))
     if not exit_status.done():
         exit_status.set_result(jail.FAILED_TO_ISOLATE << 8)
-
-
-def _read_status(loop: asyncio.AbstractEventLoop, fd: int, exit_status: asyncio.Future[int | None]) -> None:
-    data = read_available(fd, 4)
-    if data is None:
-        return
-    loop.remove_reader(fd)
-    os.close(fd)
-    if not exit_status.done():  # nothing written: the init was killed (SIGKILL) before its program ended
-        exit_status.set_result(struct.unpack("i", data)[0] if len(data) == 4 else signal.SIGKILL)

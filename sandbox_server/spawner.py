@@ -57,7 +57,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from . import procfs
 from .jail import RESET_SIGNALS
-from .output import read_available
+from .output import read_exit_status
 
 SPAWNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "idegym-spawner")
 SOCKET_FD = 3  # the spawner's end of the socket, as spawner.c expects it
@@ -203,7 +203,7 @@ class Spawner:
             raise
         finally:
             timer.cancel()
-        loop.add_reader(status_r, _read_status, loop, status_r, exit_status)
+        loop.add_reader(status_r, read_exit_status, loop, status_r, exit_status, None)
         self._watch_exit(pid, exit_status)
         return pid, exit_status
 
@@ -339,11 +339,3 @@ def _attributes(pid: int) -> tuple:
     return limits, os.getpriority(os.PRIO_PROCESS, pid), frozenset(os.sched_getaffinity(pid))
 
 
-def _read_status(loop: asyncio.AbstractEventLoop, fd: int, exit_status: asyncio.Future[int | None]) -> None:
-    data = read_available(fd, 4)
-    if data is None:
-        return
-    loop.remove_reader(fd)
-    os.close(fd)
-    if not exit_status.done():
-        exit_status.set_result(struct.unpack("i", data)[0] if len(data) == 4 else None)

@@ -125,6 +125,58 @@ def test_the_docs_hold_the_tables_the_settings_make() -> None:
         "docs/configuration.md is out of date: run `python -m idegym_env.settings_table --write`"
 
 
+def test_every_sharing_and_watcher_field_is_one_flag_that_reaches_the_config() -> None:
+    """The limits are declared once, on the configuration dataclasses: each gets its flag, its
+    variable and its value through to the configuration the control plane runs with."""
+    import argparse
+    import dataclasses
+
+    from control_plane import cli
+    from control_plane.config import SharingConfig, WatcherConfig, flags
+    from control_plane.settings import ControlPlaneSettings
+
+    parser = argparse.ArgumentParser()
+    cli.add_serve_arguments(parser, ControlPlaneSettings())
+    argv, expected = [], {}
+    for config in (SharingConfig, WatcherConfig):
+        for option, spec in flags(config):
+            value = spec.default * 2 + 3
+            argv += [option, str(value)]
+            expected[(config.__name__, spec.name)] = value
+    assert len(expected) == 17 and "stale_operation" not in {name for _, name in expected}
+    built = cli.config_from_args(parser.parse_args(argv), ControlPlaneSettings())
+    got = {(type(c).__name__, f.name): getattr(c, f.name) for c in (built.sharing, built.watcher)
+           for f in dataclasses.fields(c) if (type(c).__name__, f.name) in expected}
+    assert got == expected
+    sized = cli.config_from_args(parser.parse_args(["--tenant-upload-bytes", "20Gi"]), ControlPlaneSettings())
+    assert sized.sharing.tenant_upload_bytes == 20 << 30
+    by_variable = ControlPlaneSettings(start_burst=5, watch_interval=0.5)
+    parser = argparse.ArgumentParser()
+    cli.add_serve_arguments(parser, by_variable)
+    built = cli.config_from_args(parser.parse_args([]), by_variable)
+    assert (built.sharing.start_burst, built.watcher.interval) == (5, 0.5)
+
+
+def test_every_command_that_takes_a_control_plane_states_one_rule_for_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--control-plane-url`` is one option: the URL, else ``$IDEGYM_URL``, else an embedded control
+    plane (``settings.chosen_control_plane``), said the same way by every command that has it."""
+    import argparse
+
+    from idegym_env import cli
+    from idegym_env.settings import add_control_plane_argument
+
+    one = argparse.ArgumentParser()
+    add_control_plane_argument(one)
+    (option,) = [a for a in one._actions if "--control-plane-url" in a.option_strings]
+    assert option.help is not None and "$IDEGYM_URL" in option.help and "embedded" in option.help
+    for command in (["eval"], ["mcp", "serve"], ["openenv", "serve"], ["tasks", "validate"]):
+        with pytest.raises(SystemExit) as done:
+            cli.main([*command, "--help"])
+        assert done.value.code == 0
+        shown = capsys.readouterr().out
+        assert f"--control-plane-url URL {option.help}" in " ".join(shown.split()), (command, shown)
+
+
 def test_every_variable_read_is_documented() -> None:
     from control_plane.backends.config import KubernetesBackendConfig
     from idegym_env import settings_table

@@ -169,14 +169,16 @@ def test_the_six_instances_grade_their_gold_patch_1_in_sandboxes(control_plane: 
 
 def test_a_reward_below_one_next_to_passed_tests_says_why() -> None:
     from idegym_env.env import _format_checks
+    from idegym_env.rewards import CheckResults
 
     checks = {"tests": {"status": "success", "verdict": "passed", "exit_code": 0, "output": "",
                         "scores": {"total": 3, "passed": 2, "failed": 0, "skipped": 1},
                         "cases": [{"name": "t.a", "outcome": "passed"}, {"name": "t.b", "outcome": "passed"},
                                   {"name": "t.tk", "outcome": "skipped"}]}}
-    text = _format_checks(checks, 0.0)
+    results = CheckResults.from_responses(**checks)
+    text = _format_checks(results, 0.0)
     assert "1 skipped test(s) count as not passed" in text and "t.tk" in text, text
-    assert "count as not passed" not in _format_checks(checks, 1.0)
+    assert "count as not passed" not in _format_checks(results, 1.0)
 
 
 # -- 4. a client without a URL names the way that exists ------------------------------------------------

@@ -416,3 +416,26 @@ def test_a_request_over_the_socket_s_limit_goes_the_long_way_and_keeps_the_spawn
             spawner.stop()
 
     asyncio.run(main())
+
+
+def test_a_status_pipe_gives_the_wait_status_or_what_its_reader_says_a_silent_end_means() -> None:
+    """The spawner's and the isolated runs' one reader of a status pipe: the 4-byte wait status
+    written into it, else (closed with nothing written) the value its caller names."""
+    from sandbox_server.output import read_exit_status
+
+    async def status_of(data: bytes, unwritten: int | None) -> int | None:
+        loop = asyncio.get_running_loop()
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        status: asyncio.Future[int | None] = loop.create_future()
+        loop.add_reader(read, read_exit_status, loop, read, status, unwritten)
+        os.write(write, data)
+        os.close(write)
+        result = await asyncio.wait_for(status, 10)
+        with pytest.raises(OSError):  # the reader closed its end once it had the answer
+            os.fstat(read)
+        return result
+
+    assert asyncio.run(status_of(struct.pack("i", 3 << 8), None)) == 3 << 8
+    assert asyncio.run(status_of(b"", None)) is None
+    assert asyncio.run(status_of(b"", signal.SIGKILL)) == signal.SIGKILL

@@ -761,8 +761,8 @@ def run_checks(server: SandboxProcess, task: Task) -> CheckResults:
     resp = server.post("/api/grade", grade_request(task, exported).model_dump(mode="json"))
     assert resp.status_code == 200, resp.text
     answer = GradeResponse.model_validate(resp.json())
-    return task.check_results({name: getattr(answer, name) for name in ("setup", "compilation", "tests")
-                               if getattr(answer, name) is not None}, submitted=True, errors=answer.errors)
+    return task.check_results({"setup": answer.setup, "compilation": answer.compilation, "tests": answer.tests},
+                              submitted=True, errors=answer.errors)
 
 
 def apply(server: SandboxProcess, call: ToolCall) -> dict:

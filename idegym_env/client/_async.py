@@ -18,6 +18,7 @@ from control_plane.models import (
     StartServerRequest,
     StartServerResponse,
 )
+from sandbox_server.http import Reply
 from sandbox_server.models import (
     DEFAULT_TIMEOUT,
     BashCommandResponse,
@@ -34,7 +35,7 @@ from ..errors import APIError, SandboxGone, ServerError, TimeoutError, Transport
 from . import _plans, _uploads
 from ._exceptions import not_a_control_plane, place, shown_url, unreachable
 from ._plans import ToolResult
-from ._protocol import Call, Plan, Reply, Sleep, T, Target, call
+from ._protocol import Call, Plan, Sleep, T, Target, call
 from ._settings import BUILTIN_IMAGE, Settings
 
 if TYPE_CHECKING:

@@ -12,9 +12,8 @@ the preference), the plan polls the operation like the published client does.
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 
@@ -24,6 +23,7 @@ from pydantic import ValidationError as PydanticValidationError
 from control_plane.constants import FORWARD_FAILED, PREFER_HEADER, SANDBOX_HEADER
 from control_plane.models import AsyncOperationStatusResponse, ErrorResponse, ForwardRequestResponse
 from sandbox_server.grading.models import GradeRequest
+from sandbox_server.http import Reply
 from sandbox_server.models import ExecuteRequest, TimedRequest
 from sandbox_server.routes import Endpoint
 
@@ -78,20 +78,6 @@ class Call:
 @dataclass
 class Sleep:
     seconds: float
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: Mapping[str, str]
-    content: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.content) if self.content else {}
-
-    @property
-    def text(self) -> str:
-        return self.content.decode("utf-8", errors="replace")
 
 
 Plan = Generator["Call | Sleep", "Reply | None", T]  # a Call is answered with its Reply, a Sleep with None

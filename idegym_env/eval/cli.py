@@ -8,7 +8,7 @@ import signal
 import sys
 from typing import Any
 
-from ..settings import ClientSettings, chosen_control_plane
+from ..settings import ClientSettings, add_control_plane_argument, chosen_control_plane
 
 DESCRIPTION = """\
 Run every task (--attempts times) as an IdeGym episode with an agent, --parallel at a time, and
@@ -77,9 +77,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an episode passes when its reward >= R (default 1.0); 'solved': when "
                              "every check of the task succeeded (setup, compilation, all tests), whatever "
                              "the reward")
-    parser.add_argument("--control-plane-url", default=None, metavar="URL",
-                        help="control plane to run the sandboxes on [$IDEGYM_URL]; default: start an "
-                             "embedded one for the run and stop it at the end")
+    add_control_plane_argument(parser)
     parser.add_argument("--ray", action="store_true",
                         help="run episodes as Ray tasks instead of threads (needs idegym[ray])")
     parser.add_argument("--ray-address", default=None, metavar="ADDR",

@@ -16,7 +16,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sandbox_server.grading.models import GradedTests
+from sandbox_server.models import TestReport
+
 from ..errors import IdeGymError
+from ..rewards import CheckResults
 from ..tasks import Task
 from .agents import AgentFactory, agent_usage, reset_agent
 from .manifest import episode_seed, image_of, now
@@ -214,18 +218,17 @@ def _assistant_text(agent: Any) -> str:
 
 
 def _checks(checks: Mapping[str, Any]) -> dict[str, Any]:
+    """The record's summary of each stage from ``info["checks"]``, read back into the sandbox's models."""
     out: dict[str, Any] = {}
-    for stage, answer in checks.items():
-        if not isinstance(answer, Mapping):
-            continue
-        entry: dict[str, Any] = {"status": answer.get("status")}
-        if answer.get("verdict"):
-            entry["verdict"] = answer["verdict"]
-        scores = answer.get("scores")
-        if isinstance(scores, Mapping):
-            entry.update({k: scores.get(k) for k in ("total", "passed", "failed", "skipped")})
-        if answer.get("verdict") in ("no_tests", "error") and answer.get("output"):
-            entry["output_tail"] = str(answer["output"]).strip()[-OUTPUT_TAIL:]  # why, without the transcript
+    for stage, answer in CheckResults.from_responses(**checks).stages().items():
+        entry: dict[str, Any] = {"status": answer.status.value}
+        if isinstance(answer, GradedTests):
+            entry["verdict"] = answer.verdict
+        if isinstance(answer, TestReport):
+            scores = answer.scores
+            entry.update(total=scores.total, passed=scores.passed, failed=scores.failed, skipped=scores.skipped)
+        if isinstance(answer, GradedTests) and answer.verdict in ("no_tests", "error") and answer.output:
+            entry["output_tail"] = answer.output.strip()[-OUTPUT_TAIL:]  # why, without the transcript
         out[stage] = entry
     return out
 

@@ -36,10 +36,10 @@ PAYLOAD_TOO_LARGE = 413
 
 @dataclass
 class Graded:
-    """What grading found: the results for the reward, and the stage bodies for ``info``."""
+    """What grading found: the sandbox's answers per stage and the errors, typed (``results``: for
+    the reward and for ``info``), and the editable entries left out of grading."""
 
     results: CheckResults
-    checks: dict[str, Any] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)  # editable entries not graded, and why
 
 
@@ -97,12 +97,10 @@ def grade(sandbox: Sandbox, task: Task, *, fresh: Callable[[], Any], steps: int 
         problem = f"grading failed while {stage}: {message}"
         return Graded(task.check_results({}, steps=steps, submitted=submitted, errors=[problem],
                                          infrastructure_error=problem))
-    checks = {name: body.model_dump(mode="json") for name in ("setup", "compilation", "tests")
-              if (body := getattr(answer, name)) is not None}
-    results = task.check_results({name: getattr(answer, name) for name in checks}, steps=steps,
-                                 submitted=submitted, errors=list(answer.errors))
+    results = task.check_results({"setup": answer.setup, "compilation": answer.compilation, "tests": answer.tests},
+                                 steps=steps, submitted=submitted, errors=list(answer.errors))
     skipped = [f"{s.path}: {s.reason}" for s in exported.skipped] if exported is not None else []
-    return Graded(results, checks, skipped)
+    return Graded(results, skipped)
 
 
 __all__ = ["grade", "grade_request", "Graded"]

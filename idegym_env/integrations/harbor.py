@@ -69,6 +69,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import contextvars
 import io
 import json
@@ -79,7 +80,7 @@ import stat
 import tarfile
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -317,29 +318,29 @@ class IdeGymEnvironment(BaseEnvironment):
             raise RuntimeError(f"Command timed out after {timeout_sec} seconds")
         return ExecResult(stdout=result.stdout, stderr=result.stderr, return_code=result.exit_code)
 
-    async def service_download_file(self, source_path: str, target_path: Path | str, *,
-                                    service: str | None = None) -> None:
+    @contextlib.contextmanager
+    def _from_service(self, service: str | None) -> Iterator[None]:
+        """The transfers inside act on compose ``service``'s sandbox (the main one's: ``None``):
+        the same bounded downloads, from that sandbox."""
         if self.is_main_service(service):
-            await self.download_file(source_path, target_path)
-            return
-        assert service is not None
-        token = _TARGET.set(self._service(service))  # the same bounded download, from that sandbox
-        try:
-            await self.download_file(source_path, target_path)
-        finally:
-            _TARGET.reset(token)
-
-    async def service_download_dir(self, source_dir: str, target_dir: Path | str, *,
-                                   service: str | None = None) -> None:
-        if self.is_main_service(service):
-            await self.download_dir(source_dir, target_dir)
+            yield
             return
         assert service is not None
         token = _TARGET.set(self._service(service))
         try:
-            await self.download_dir(source_dir, target_dir)
+            yield
         finally:
             _TARGET.reset(token)
+
+    async def service_download_file(self, source_path: str, target_path: Path | str, *,
+                                    service: str | None = None) -> None:
+        with self._from_service(service):
+            await self.download_file(source_path, target_path)
+
+    async def service_download_dir(self, source_dir: str, target_dir: Path | str, *,
+                                   service: str | None = None) -> None:
+        with self._from_service(service):
+            await self.download_dir(source_dir, target_dir)
 
     async def stop_service(self, service: str) -> None:
         if self.is_main_service(service):

@@ -7,6 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..settings import add_control_plane_argument
+
 DEFAULT_IDLE_TIMEOUT = 1800.0
 DEFAULT_MAX_EPISODES_PER_SESSION = 4
 DEFAULT_MAX_EPISODES = 16
@@ -31,8 +33,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "start; `idegym mcp token` prints it) as a Bearer token or as HTTP Basic password of "
                              "user 'idegym'; 'none' lets anyone who can connect run commands in sandboxes")
     _token_dir_argument(parser)
-    parser.add_argument("--control-plane-url", default=None,
-                        help="where sandboxes come from (default: $IDEGYM_URL, else the embedded control plane)")
+    add_control_plane_argument(parser)
     parser.add_argument("--max-steps", type=int, default=None, help="tool calls per episode (default: the task's)")
     parser.add_argument("--bash-timeout", type=float, default=120.0,
                         help="the most a bash call may run, and its timeout when it names none")

@@ -41,6 +41,7 @@ from typing import Any
 from skyrl_gym import register, registry
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
+from ..rewards import CheckResults
 from ._episode import TOOL_NAMES, InfrastructureError, ToolCallEpisode, ToolCallError, tool_guide
 
 ENV_ID = "idegym"
@@ -120,13 +121,12 @@ class IdeGymTextEnv(BaseTextEnv):
 
     def get_metrics(self) -> dict[str, Any]:
         info = self.episode.last_info
-        tests = (info.get("checks") or {}).get("tests") or {}
-        scores = tests.get("scores") or {}
+        tests = CheckResults.from_responses(**(info.get("checks") or {})).tests  # the sandbox's models again
         metrics: dict[str, Any] = {"turns": self.turns}
         if self.episode.reward is not None:
             metrics["reward"] = self.episode.reward
-        if scores:
-            metrics.update(tests_passed=scores.get("passed", 0), tests_total=scores.get("total", 0))
+        if tests is not None:
+            metrics.update(tests_passed=tests.scores.passed, tests_total=tests.scores.total)
         return metrics
 
     def close(self) -> None:

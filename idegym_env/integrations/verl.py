@@ -54,6 +54,9 @@ from verl.experimental.agent_loop.tool_parser import FunctionCall
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
+from sandbox_server.models import TestScores
+
+from ..rewards import CheckResults
 from ..tools.schemas import tool_schemas
 from ._episode import TOOL_NAMES, InfrastructureError, ToolCallEpisode, ToolCallError, tool_guide
 
@@ -122,10 +125,10 @@ class IdeGymAgentLoop(ToolAgentLoop):
             self._raise_if_failed()
             assert reward is not None
             info = self.episode.last_info
+            scores = _test_scores(info)
             output.reward_score = float(reward)
             output.extra_fields["idegym"] = {"task_id": info.get("task_id", task), "submitted": submitted,
-                                             "tests_passed": _tests(info, "passed"),
-                                             "tests_total": _tests(info, "total")}
+                                             "tests_passed": scores.passed, "tests_total": scores.total}
             return output
         finally:
             await asyncio.to_thread(self.episode.end)
@@ -160,8 +163,10 @@ def _with_instruction(messages: list[dict[str, Any]], text: str) -> list[dict[st
     return [*messages, {"role": "user", "content": text}]
 
 
-def _tests(info: dict[str, Any], key: str) -> int:
-    return int(((info.get("checks") or {}).get("tests") or {}).get("scores", {}).get(key, 0))
+def _test_scores(info: dict[str, Any]) -> TestScores:
+    """The tests stage's counts, from ``info["checks"]`` read back into the sandbox's models."""
+    tests = CheckResults.from_responses(**(info.get("checks") or {})).tests
+    return tests.scores if tests is not None else TestScores()
 
 
 def dataset_rows(tasks: Iterable[str], *, prompt: str = "Solve the coding task below in the sandbox.",

@@ -32,7 +32,7 @@ import signal
 import sys
 from typing import Any
 
-from ..settings import ClientSettings, chosen_control_plane
+from ..settings import ClientSettings, add_control_plane_argument, chosen_control_plane
 from ..tools import TOOL_NAMES
 
 log = logging.getLogger("idegym.openenv")
@@ -74,9 +74,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the task: a bundled task id or a task directory [$IDEGYM_TASK; default "
                              "python-roman-numerals, except with --in-sandbox, where it is required]. A client's "
                              "reset may pick a bundled task instead (control-plane mode)")
-    parser.add_argument("--control-plane-url", default=None, metavar="URL",
-                        help="control plane that gives each session a sandbox [$IDEGYM_URL; default: start an "
-                             "embedded local one]")
+    add_control_plane_argument(parser)
     parser.add_argument("--in-sandbox", action="store_true",
                         help="run inside an `openenv` sandbox and act on it through a private sandbox server "
                              "started with SANDBOX_SERVER_ARGS (how the control plane's local backend starts "

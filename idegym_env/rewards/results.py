@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -14,7 +15,7 @@ def _tests(body: Any) -> TestReport:
     """A graded tests stage (``GradedTests``: verdict, cases) or a seed ``TestReport``."""
     if isinstance(body, TestReport):
         return body
-    if isinstance(body, dict) and "verdict" in body:
+    if isinstance(body, Mapping) and "verdict" in body:
         return GradedTests.model_validate(body)
     return TestReport.model_validate(body)
 
@@ -52,18 +53,33 @@ class CheckResults(BaseModel):
     def from_responses(
         cls,
         *,
-        setup: dict[str, Any] | None = None,
-        compilation: dict[str, Any] | None = None,
-        tests: dict[str, Any] | None = None,
+        setup: CheckResult | Mapping[str, Any] | None = None,
+        compilation: CheckResult | Mapping[str, Any] | None = None,
+        tests: TestReport | Mapping[str, Any] | None = None,
         **fields: Any,
     ) -> CheckResults:
-        """Build from the sandbox server's JSON response bodies (``None`` = not run)."""
+        """Build from the sandbox server's answers per stage, as models or their JSON bodies
+        (``None`` = not run); a model is kept as it is."""
         return cls(
             setup=None if setup is None else CheckResult.model_validate(setup),
             compilation=None if compilation is None else CheckResult.model_validate(compilation),
             tests=None if tests is None else _tests(tests),
             **fields,
         )
+
+    def stages(self) -> dict[str, CheckResult | TestReport]:
+        """The stages that ran, in order, with the sandbox's answers."""
+        ran: dict[str, CheckResult | TestReport | None] = {
+            "setup": self.setup, "compilation": self.compilation, "tests": self.tests}
+        return {name: body for name, body in ran.items() if body is not None}
+
+    @property
+    def tests_verdict(self) -> str | None:
+        """``passed``, ``failed``, ``no_tests`` or ``error`` for a graded tests stage (a seed
+        ``TestReport`` has only its status); ``None`` when no tests ran."""
+        if self.tests is None:
+            return None
+        return self.tests.verdict if isinstance(self.tests, GradedTests) else self.tests.status.value
 
     # -- the pipeline ------------------------------------------------------------------------------
 

@@ -13,11 +13,11 @@ from typing import Any, TypeVar
 
 from control_plane.config import ControlPlaneConfig, SharingConfig, WatcherConfig
 from control_plane.models import StartServerRequest, StartServerResponse
-from control_plane.sandbox_http import SandboxReply
 from control_plane.service import ControlPlane
 from control_plane.store import ClientRow, ServerRow, SQLiteStore
 from control_plane.tenants import SINGLE
 from control_plane.watcher import Watcher
+from sandbox_server.http import Reply
 from tests.inprocess_backend import InProcessBackend
 
 T = TypeVar("T")
@@ -72,7 +72,7 @@ class Harness:
         return str(json.loads(handle)["name"])
 
     async def call(self, server_id: int, method: str, path: str, body: Any = None,
-                   timeout: float | None = None) -> SandboxReply:
+                   timeout: float | None = None) -> Reply:
         """A call forwarded to the server's sandbox, as the forward route makes it."""
         endpoint = self.cp.forward_endpoint(self.client.id, server_id, self.client.tenant)
         data = None if body is None else json.dumps(body).encode()
@@ -81,7 +81,7 @@ class Harness:
 
     async def bash(self, server_id: int, command: str) -> dict[str, Any]:
         reply = await self.call(server_id, "POST", "api/tools/bash", {"command": command})
-        assert reply.status == 200, reply.text()
+        assert reply.status == 200, reply.text
         answer: dict[str, Any] = json.loads(reply.body)
         return answer
 

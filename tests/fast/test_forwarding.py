@@ -19,9 +19,10 @@ from control_plane.forward_calls import ForwardedCall, Forwards
 from control_plane.metrics import Metrics
 from control_plane.models import AsyncOperationStatus, ForwardRequestResponse
 from control_plane.models import AvailabilityStatus as A
-from control_plane.sandbox_http import ForwardError, SandboxReply
+from control_plane.sandbox_http import ForwardError
 from idegym_env.client import AsyncIdeGymClient
 from idegym_env.errors import SandboxGone
+from sandbox_server.http import Reply
 
 from .harness import IMAGE, Harness, harness, run, served
 
@@ -44,10 +45,10 @@ def test_the_sandboxs_own_errors_pass_through_untouched(tmp_path: Path) -> None:
             unknown = await h.call(started.server_id, "POST", "api/no/such/route", {})
             assert unknown.status == 404 and json.loads(unknown.body)["error"] == "NotFound"
             invalid = await h.call(started.server_id, "POST", "api/tools/bash", {"command": 42})
-            assert invalid.status == 422 and "command" in invalid.text()
+            assert invalid.status == 422 and "command" in invalid.text
             missing = await h.call(started.server_id, "POST", "api/tools/file/download",
                                    {"file_path": "nope.txt", "offset": 0, "length": 10})
-            assert missing.status == 404 and "nope.txt" in missing.text()
+            assert missing.status == 404 and "nope.txt" in missing.text
             assert h.server(started.server_id).availability == A.ALIVE
 
     run(scenario())
@@ -88,7 +89,7 @@ def test_prefer_wait_answers_inline_and_records_the_call(tmp_path: Path) -> None
             started = await h.start()
             op_id, value = await forward(h, started.server_id, "api/tools/bash",
                                          {"command": "echo inline", "env": {"TOKEN": "s3cret"}}, wait=10)
-            assert isinstance(value, SandboxReply) and value.status == 200
+            assert isinstance(value, Reply) and value.status == 200
             assert json.loads(value.body)["stdout"] == "inline\n"
             h.store.flush()
             row = h.store.get_operation(op_id)
@@ -141,7 +142,7 @@ def test_large_bodies_cross_intact_both_ways(tmp_path: Path) -> None:
             encoded = base64.b64encode(data).decode()
             up = await h.call(started.server_id, "POST", "api/tools/file/upload",
                               {"file_path": "blob.bin", "content_base64": encoded, "offset": 0, "truncate": True})
-            assert up.status == 200, up.text()
+            assert up.status == 200, up.text
             down = await h.call(started.server_id, "POST", "api/tools/file/download",
                                 {"file_path": "blob.bin", "offset": 0, "length": len(data)})
             assert down.status == 200

@@ -15,10 +15,16 @@ import json
 import re
 import sys
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from sandbox_server.grading.models import GradedTests
+from sandbox_server.models import Status
+
+from ...rewards import CheckResults
+from ...settings import add_control_plane_argument
 from ..task import Task, TaskError
 from . import _split, is_source_spec, load_source_tasks, open_source
 
@@ -62,35 +68,35 @@ SAFE_PATH_HINT = (
     "puts the project root on sys.path) or `pythonpath = .` in the project's pytest.ini")
 
 
-def diagnose(checks: dict[str, Any], reward: float) -> str | None:
-    """Why an oracle run missed 1.0, in one line: the first failing stage and its cause."""
+def diagnose(checks: Mapping[str, Any], reward: float) -> str | None:
+    """Why an oracle run missed 1.0, in one line: the first failing stage and its cause
+    (``checks`` is ``info["checks"]``, read back into the sandbox's models)."""
     if reward >= 1.0:
         return None
-    for stage in ("setup", "compilation", "tests"):
-        check = checks.get(stage)
-        if not isinstance(check, dict) or check.get("status") == "success":
+    for stage, check in CheckResults.from_responses(**checks).stages().items():
+        if check.status == Status.SUCCESS:
             continue
-        output = str(check.get("output", ""))
-        cases = check.get("cases") or []
-        collection = [c for c in cases if "collection" in str(c.get("message", "")).lower()] or (
-            ["x"] if "error during collection" in output or "errors during collection" in output else [])
+        output = check.output
+        cases = check.cases if isinstance(check, GradedTests) else []
+        collection = any("collection" in c.message.lower() for c in cases) or (
+            "error during collection" in output or "errors during collection" in output)
         if stage == "tests" and collection:
             missing = re.search(r"(ModuleNotFoundError|ImportError): [^\n]+", output)
             cause = f" ({missing.group(0)})" if missing else ""
             hint = f": {SAFE_PATH_HINT}" if missing else ""
             return f"the oracle's tests failed at collection{cause}{hint}"
-        if check.get("timed_out"):
+        if check.timed_out:
             return f"the {stage} check timed out"
-        failed = [c for c in cases if c.get("outcome") not in ("passed", "skipped")]
+        failed = [c for c in cases if c.outcome not in ("passed", "skipped")]
         if failed:
-            names = ", ".join(str(c.get("name")) for c in failed[:3]) + (" …" if len(failed) > 3 else "")
+            names = ", ".join(c.name for c in failed[:3]) + (" …" if len(failed) > 3 else "")
             return f"the {stage} check failed: {len(failed)} test(s) did not pass ({names})"
-        skipped = [c for c in cases if c.get("outcome") == "skipped"]
+        skipped = [c for c in cases if c.outcome == "skipped"]
         if skipped:
             return (f"{len(skipped)} expected test(s) were skipped in the sandbox "
-                    f"({', '.join(str(c.get('name')) for c in skipped[:3])}…): a skipped test counts as not passed")
+                    f"({', '.join(c.name for c in skipped[:3])}…): a skipped test counts as not passed")
         tail = output.strip().splitlines()[-1:] or [""]
-        return f"the {stage} check failed (exit code {check.get('exit_code')}): {tail[0][:200]}"
+        return f"the {stage} check failed (exit code {check.exit_code}): {tail[0][:200]}"
     return f"reward {reward:.3f} < 1.0 with every check passing: see the task's reward spec"
 
 
@@ -210,7 +216,7 @@ def add_tasks_arguments(parser: argparse.ArgumentParser) -> None:
                        help="run on this machine without sandboxes (SWE: a venv with pytest via "
                             "IDEGYM_SWE_PYTHON; Harbor: bubblewrap and the host's tools)")
     check.add_argument("--limit", type=int, default=None, help="only the first N tasks")
-    check.add_argument("--control-plane-url", default=None, help="default: the embedded local control plane")
+    add_control_plane_argument(check)
     check.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
 
 
