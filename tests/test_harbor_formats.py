@@ -92,9 +92,23 @@ def test_what_a_task_cannot_be_here_is_said(tmp_path: Path, toml: str, words: st
 
 
 def test_compose_environments_and_prebuilt_images(tmp_path: Path) -> None:
-    compose = _task(tmp_path / "c", "", files={"environment/docker-compose.yaml": "services:\n  main: {}\n"})
-    with pytest.raises(TaskError, match="docker-compose.yaml .several services.: run it with `harbor run`"):
-        harbor.load_harbor_task(compose)
+    """Can fail: before, every compose environment was refused "(several services)", one that only
+    sets main's environment too."""
+    only_main = _task(tmp_path / "c", "", files={"environment/docker-compose.yaml":
+                                                  "services:\n  main:\n    environment:\n      MODE: compose\n"})
+    loaded = harbor.load_harbor_task(only_main)
+    assert loaded.environment is not None and loaded.environment.services == ()
+    assert loaded.environment.env["MODE"] == "compose"  # main's compose environment reaches its tools
+    sidecar = _task(tmp_path / "s", "", files={"environment/docker-compose.yaml":
+                                                "services:\n  main:\n    depends_on: [db]\n  db:\n"
+                                                "    image: postgres:16\n"})
+    environment = harbor.load_harbor_task(sidecar).environment
+    assert environment is not None and [s.name for s in environment.services] == ["main", "db"]
+    assert environment.services[0].depends_on == {"db": "service_started"}
+    broken = _task(tmp_path / "b", "", files={"environment/docker-compose.yaml":
+                                               "services:\n  main:\n    depends_on: [cache]\n"})
+    with pytest.raises(TaskError, match="service 'main' depends on 'cache', which is not a service"):
+        harbor.load_harbor_task(broken)
     # beside a Dockerfile, a docker-compose.yml is the task's content (Harbor reads only .yaml)
     content = _task(tmp_path / "y", "", files={"environment/docker-compose.yml": "services: {}\n"})
     assert harbor.compose_file(content / "environment") is None
@@ -103,19 +117,20 @@ def test_compose_environments_and_prebuilt_images(tmp_path: Path) -> None:
     assert harbor.load_harbor_task(prebuilt).environment.dockerfile == "FROM python:3.13-slim\n"
 
 
-def test_an_entrypoint_is_refused_by_the_loader_with_the_way_to_run_it(tmp_path: Path) -> None:
+def test_an_entrypoint_is_kept_for_the_env_to_start(tmp_path: Path) -> None:
+    """Can fail: before, a task whose image has an ENTRYPOINT was refused."""
     task = _task(tmp_path / "e", "", dockerfile="FROM debian:bookworm\nENTRYPOINT [\"/start.sh\"]\n")
-    with pytest.raises(TaskError, match=r"ENTRYPOINT \(/start.sh\) is started with the container under Harbor"):
-        harbor.load_harbor_task(task)
+    environment = harbor.load_harbor_task(task).environment
+    assert environment is not None and environment.entrypoint == ("/start.sh",)
 
 
 def test_a_compose_service_is_told_only_what_is_not_honoured(tmp_path: Path) -> None:
     """``expose`` (a port the other services reach) holds by construction: every service's ports
     are reachable from the others. Can fail: before, every service that exposed a port (each
     recipe of Harbor's cookbook) was logged as "expose not honoured"."""
-    from idegym_env.integrations.harbor_compose import read_compose
+    from idegym_env.tasks.services import read_compose
 
     compose = tmp_path / "docker-compose.yaml"
     compose.write_text("services:\n  api:\n    image: python:3.12-slim\n    expose: ['5000']\n"
                        "    ports: ['5000:5000']\n    privileged: true\n")
-    assert read_compose(compose)["api"].ignored == ["ports", "privileged"]
+    assert read_compose(compose)["api"].ignored == ("ports", "privileged")

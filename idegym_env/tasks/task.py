@@ -30,6 +30,7 @@ from ..errors import IdeGymError
 from ..rewards import CheckResults, RewardFunction, RewardSpec, build_reward
 from ..spaces import ToolCallSpace
 from ..tools import TOOL_NAMES, AnyToolCall, WriteFileCall, canonical
+from .services import Service
 
 TASK_FILE = "task.yaml"
 PROJECT_DIR = "project"
@@ -98,7 +99,10 @@ class TestScript(CheckScript):
 class TaskEnvironment(BaseModel):
     """An image built from a Dockerfile (``dockerfile``: its text; ``context``: the build context,
     relative to the task directory); ``env``: variables its sandboxes' tools get; ``workdir``:
-    where the project is (default: the image's final WORKDIR)."""
+    where the project is (default: the image's final WORKDIR). ``entrypoint``: the image's
+    ENTRYPOINT, started in the background in every fresh sandbox as Harbor's docker environment
+    starts it; ``services``: sandboxes started beside the task's own, in its network namespace,
+    at every reset (Harbor's docker-compose environments: :mod:`.services`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -106,6 +110,8 @@ class TaskEnvironment(BaseModel):
     context: Path | None = None
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = Field(None, pattern=r"^/")
+    entrypoint: tuple[str, ...] | None = None
+    services: tuple[Service, ...] = ()
 
 
 class TaskResources(BaseModel):
