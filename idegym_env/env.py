@@ -228,7 +228,7 @@ class IdeGymEnv(gym.Env[str, Any]):  # an action: a tool call in any shape an LL
             how = "reset"
         elif self.task.environment is not None and self.task.environment.services:
             self._stop_group()  # the services and the sandbox in their network: all fresh, every episode
-            self._start_group()
+            self.sandbox = self._start_group()
             how = "started"
         elif self.sandbox is None:
             # A server handed back by another env (of this client) is restarted, never reset: RESET
@@ -262,7 +262,7 @@ class IdeGymEnv(gym.Env[str, Any]):  # an action: a tool call in any shape an LL
                                 "reset_seconds": time.perf_counter() - started}
         return self.sandbox, info
 
-    def _start_group(self) -> None:
+    def _start_group(self) -> Sandbox:
         """Drive :func:`~idegym_env.tasks.services.bring_up` (as the Harbor provider does): each
         service a sandbox of this env's client, the task's own sandbox among them."""
         client, image = self._control_plane()
@@ -276,10 +276,10 @@ class IdeGymEnv(gym.Env[str, Any]):  # an action: a tool call in any shape an LL
                 try:
                     step = plan.send(answer)
                 except StopIteration:
-                    return
+                    return started[task_services.MAIN]
                 if isinstance(step, task_services.Start):
                     name = step.service.name
-                    joined = {"network_of": step.network_of} if step.network_of is not None else {}
+                    joined: dict[str, Any] = {"network_of": step.network_of} if step.network_of is not None else {}
                     if name == task_services.MAIN:
                         self.sandbox = started[name] = client.start(image, server_name=_server_name(self.task),
                                                                     reuse="NONE", **self._start_fields(), **joined)
@@ -493,7 +493,14 @@ class IdeGymEnv(gym.Env[str, Any]):  # an action: a tool call in any shape an LL
         # sandbox connected directly (there the rest of the filesystem stays the agent's).
         fresh = sandbox.reset if self._direct is not None else sandbox.restart
         self._ended = True
-        graded = grading.grade(sandbox, self.task, fresh=fresh, steps=self._steps, submitted=submitted)
+        if self.task.verifier_environment is not None:  # Harbor's separate verifier
+            from .grading.separate import grade_separately  # (it reaches integrations, which import this module)
+
+            client, _ = self._control_plane()
+            graded = grade_separately(client, sandbox, self.task, server_name=_server_name(self.task, "verifier"),
+                                      steps=self._steps, submitted=submitted)
+        else:
+            graded = grading.grade(sandbox, self.task, fresh=fresh, steps=self._steps, submitted=submitted)
         results = graded.results
         reward = float(self.reward_fn(results))
         info.update(checks=graded.checks, reward_components=reward_components(results),

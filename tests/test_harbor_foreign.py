@@ -191,3 +191,21 @@ def test_validate_starts_an_image_entrypoint_as_harbor_run_does(
                  files={"environment/start.sh": "#!/bin/sh\ntouch /run/service-started\nexec \"$@\"\n"})
     row = _validate(task, control_plane.url, tmp_path)
     assert row["error"] is None and row["oracle"] == 1.0 and row["untouched"] == 0.0, json.dumps(row)
+
+
+def test_validate_grades_a_separate_verifier_in_its_own_sandbox_with_the_artifacts(
+        tmp_path: Path, control_plane: ControlPlaneProcess) -> None:  # noqa: F811
+    """Can fail: before, ``idegym tasks validate`` refused ``[verifier] environment_mode =
+    "separate"``; now the verifier runs in a sandbox of ``tests/Dockerfile``'s image that has the
+    declared artifact and nothing else of the agent's sandbox, as under ``harbor run``."""
+    task = _task(tmp_path / "tasks", "separate-verifier",
+                 'artifacts = ["/app/report.txt"]\n[verifier]\nenvironment_mode = "separate"\n'
+                 '[environment]\nnetwork_mode = "no-network"\n',
+                 "FROM debian:bookworm\nWORKDIR /app\n",
+                 "echo done > /app/report.txt\necho planted > /app/other.txt\n",
+                 "[ \"$(cat /app/report.txt)\" = done ] && [ \"$(cat /verifier-image)\" = verifier ] "
+                 "&& [ ! -e /app/other.txt ]",
+                 files={"tests/Dockerfile": "FROM debian:bookworm\nRUN echo verifier > /verifier-image\n"})
+    row = _validate(task, control_plane.url, tmp_path)
+    assert row["error"] is None and row["oracle"] == 1.0 and row["untouched"] == 0.0, json.dumps(row)
+    assert alive(control_plane) == 0  # the verifier's sandbox was stopped

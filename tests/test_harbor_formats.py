@@ -81,13 +81,13 @@ def test_the_network_is_public_unless_the_task_says_otherwise(tmp_path: Path) ->
     ('[environment]\nnetwork_mode = "public"\n[verifier]\nnetwork_mode = "no-network"\n',
      "cannot change a sandbox's network between phases"),
     ('[[steps]]\nname = "one"\n[[steps]]\nname = "two"\n', "multi-step task (2 [[steps]])"),
-    ('[verifier]\nenvironment_mode = "separate"\n', 'environment_mode = "separate"'),
+    ('[verifier]\nenvironment_mode = "separate"\n', "a separate verifier of several services"),
     ('[environment]\ngpus = 1\n', "GPUs or TPUs"),
     ('[environment]\nos = "windows"\n', "Linux sandboxes only"),
 ])
 def test_what_a_task_cannot_be_here_is_said(tmp_path: Path, toml: str, words: str) -> None:
     with pytest.raises(TaskError) as err:
-        harbor.load_harbor_task(_task(tmp_path / "t", toml))
+        harbor.load_harbor_task(_task(tmp_path / "t", toml, files={"tests/docker-compose.yaml": "services: {}\n"}))
     assert words in str(err.value)
 
 
@@ -134,3 +134,20 @@ def test_a_compose_service_is_told_only_what_is_not_honoured(tmp_path: Path) -> 
     compose.write_text("services:\n  api:\n    image: python:3.12-slim\n    expose: ['5000']\n"
                        "    ports: ['5000:5000']\n    privileged: true\n")
     assert read_compose(compose)["api"].ignored == ("ports", "privileged")
+
+
+def test_a_separate_verifier_gets_its_image_as_harbor_chooses_it(tmp_path: Path) -> None:
+    """Can fail: before, ``environment_mode = "separate"`` was refused."""
+    toml = 'artifacts = ["/app/out.txt", { source = "/app/logs" }]\n[verifier]\nenvironment_mode = "separate"\n'
+    own = harbor.load_harbor_task(_task(tmp_path / "a", toml, files={"tests/Dockerfile": "FROM python:3.12\n"}))
+    assert own.verifier_environment is not None and own.verifier_environment.dockerfile == "FROM python:3.12\n"
+    assert own.verifier_environment.context == tmp_path / "a" / "tests"
+    assert own.artifacts == ("/app/out.txt", "/app/logs")
+    image = harbor.load_harbor_task(_task(tmp_path / "b", '[verifier]\nenvironment_mode = "separate"\n'
+                                          '[verifier.environment]\ndocker_image = "python:3.13-slim"\n'))
+    assert image.verifier_environment is not None
+    assert image.verifier_environment.dockerfile == "FROM python:3.13-slim\n"
+    same = harbor.load_harbor_task(_task(tmp_path / "c", '[verifier]\nenvironment_mode = "separate"\n'))
+    assert same.verifier_environment is not None and same.environment is not None
+    assert same.verifier_environment.dockerfile == same.environment.dockerfile  # the task's own image
+    assert harbor.load_harbor_task(_task(tmp_path / "d", "")).verifier_environment is None

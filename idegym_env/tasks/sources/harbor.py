@@ -25,8 +25,10 @@ user with its env and timeout; the reward is the number the verifier wrote. The 
 ``solve.sh`` (with the rest of ``solution/``) from ``/solution`` as Harbor's does. An image
 ENTRYPOINT is started with every fresh sandbox and the services of a docker-compose environment
 beside it (:mod:`..services`), as the IdeGym environment provider does under ``harbor run``. What
-the task model cannot say — several ``[[steps]]``, a separate verifier environment — is refused
-here with an error naming it: ``harbor run`` with the IdeGym environment provider runs those.
+A separate verifier (``[verifier] environment_mode = "separate"``) grades in a sandbox of its
+own image given the agent's ``artifacts`` (:mod:`idegym_env.grading.separate`). What the task
+model cannot say — several ``[[steps]]``, a verifier of several services — is refused here with
+an error naming it: ``harbor run`` with the IdeGym environment provider runs those.
 """
 
 from __future__ import annotations
@@ -101,6 +103,8 @@ class HarborConfig(BaseModel):
     verifier_env: dict[str, str] = Field(default_factory=dict)
     verifier_user: str | None = None
     verifier_mode: str = "shared"
+    verifier_image: str | None = None  # [verifier.environment] docker_image (a separate verifier's)
+    artifacts: tuple[str, ...] = ()  # what a separate verifier gets of the agent's sandbox
     agent_timeout: float | None = Field(None, gt=0)
     agent_user: str | None = None
     solution_env: dict[str, str] = Field(default_factory=dict)
@@ -179,6 +183,8 @@ def read_config(path: Path) -> HarborConfig:
             verifier_env=_env_table(verifier, "[verifier]", path),
             verifier_user=None if verifier.get("user") is None else str(verifier["user"]),
             verifier_mode=str(mode),
+            verifier_image=(verifier.get("environment") or {}).get("docker_image"),
+            artifacts=tuple(str(a.get("source") if isinstance(a, dict) else a) for a in doc.get("artifacts") or []),
             agent_timeout=agent.get("timeout_sec"),
             agent_user=None if agent.get("user") is None else str(agent["user"]),
             solution_env=_env_table(solution, "[solution]", path),
@@ -280,11 +286,8 @@ def load_harbor_task(directory: Path | str) -> Task:
             raise TaskError(str(exc)) from exc
         env.update(read[MAIN].environment)
         services = tuple(read.values()) if len(read) > 1 else ()
-    if config.verifier_mode == "separate":
-        raise TaskError(f"{root}: [verifier] environment_mode = \"separate\": the verifier runs in a sandbox of its "
-                        "own (built from tests/Dockerfile or [verifier.environment]) that gets only the agent's "
-                        "declared artifacts, where IdeGym's task grades the agent's own sandbox; run it with "
-                        "`harbor run` and the IdeGym environment provider")
+    verifier_environment = _verifier_environment(root, config, dockerfile_text, env) \
+        if config.verifier_mode == "separate" else None
     entrypoint = final_entrypoint(dockerfile_text)
     user = "root" if config.verifier_user in (None, "root", "0") else "appuser"
     as_root = config.agent_user in ("root", "0") if config.agent_user is not None else runs_as_root(dockerfile_text)
@@ -305,6 +308,8 @@ def load_harbor_task(directory: Path | str) -> Task:
         "reward": "verifier_reward",
         "max_steps": 100,
         "grade_in_place": True,
+        "verifier_environment": verifier_environment,
+        "artifacts": config.artifacts,
         "run_as_root": as_root,  # Harbor's agent is [agent] user, else the image's USER
         "resources": {"cpus": config.cpus, "memory_mb": config.memory_mb, "storage_mb": config.storage_mb},
         "network": config.allow_internet,
@@ -320,6 +325,20 @@ def load_harbor_task(directory: Path | str) -> Task:
     except ValidationError as exc:
         raise TaskError(f"{root}: {exc}") from exc
     return task.with_grading(GradingFiles(hidden=hidden))
+
+
+def _verifier_environment(root: Path, config: HarborConfig, dockerfile: str, env: dict[str, str]) -> dict[str, Any]:
+    """A separate verifier's image, as Harbor chooses it: ``[verifier.environment] docker_image``,
+    else ``tests/Dockerfile`` (its context ``tests/``), else the task's own environment."""
+    if config.verifier_image:
+        return {"dockerfile": f"FROM {config.verifier_image}\n"}
+    tests = root / "tests"
+    if (tests / "docker-compose.yaml").is_file():
+        raise TaskError(f"{root}: tests/docker-compose.yaml: a separate verifier of several services; run it with "
+                        "`harbor run` and the IdeGym environment provider")
+    if (tests / "Dockerfile").is_file():
+        return {"dockerfile": (tests / "Dockerfile").read_text(encoding="utf-8"), "context": tests}
+    return {"dockerfile": dockerfile, "context": root / "environment", "env": env, "workdir": config.workdir}
 
 
 def compose_file(environment: Path) -> Path | None:
