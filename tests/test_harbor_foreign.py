@@ -89,8 +89,9 @@ def test_tasks_as_others_write_them_score_with_harbor_and_with_validate(
     for name, trial in trials.items():
         assert trial.get("exception_info") is None, (name, trial.get("exception_info"))
         assert trial["verifier_result"]["rewards"] == {"reward": 1.0}, name
-    # IdeGym's own loader agrees (the tasks it can express: not the ENTRYPOINT one, whose service
-    # only Harbor's start runs)
+    # IdeGym's own loader agrees (not on the ENTRYPOINT one: its verifier wants the entrypoint's
+    # process alive, which grading here ends with the agent's; its start is proven by
+    # test_validate_starts_an_image_entrypoint_as_harbor_run_does)
     for name in ("pinned-ecr-name", "prebuilt-image-only", "schema-1-4-env", "heredoc-dockerfile"):
         row = _validate(tasks / name, control_plane.url, tmp_path)
         assert row["oracle"] == 1.0 and row["untouched"] == 0.0, (name, json.dumps(row))
