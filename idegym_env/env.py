@@ -7,7 +7,11 @@ Episode
     instruction. Between episodes the env keeps its sandbox and makes it fresh with the ``reuse``
     strategy: ``"RESTART"`` (default; nothing of the previous episode survives), ``"RESET"`` (project restored and
     tool processes ended; the rest of the filesystem stays) or ``"NONE"`` (a new server). The
-    first ``reset()`` takes over a FINISHED server of the same task when one is free.
+    first ``reset()`` takes over a FINISHED server of the same task when one is free. A task with
+    ``environment.services`` (a Harbor compose environment) gets its services and its sandbox
+    started afresh, together, at every ``reset()`` and stopped together (``tasks/services.py``);
+    an image ``environment.entrypoint`` is started in every fresh sandbox; a
+    ``verifier_environment`` is graded in a sandbox of its own (``grading/separate.py``).
 
     ``step(action)`` runs one tool call and returns its result as text. An action is a tool
     call dict ``{"tool": ..., "arguments": {...}}`` (see ``spaces.ToolCallSpace``) or the JSON /

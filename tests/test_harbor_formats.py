@@ -151,3 +151,17 @@ def test_a_separate_verifier_gets_its_image_as_harbor_chooses_it(tmp_path: Path)
     assert same.verifier_environment is not None and same.environment is not None
     assert same.verifier_environment.dockerfile == same.environment.dockerfile  # the task's own image
     assert harbor.load_harbor_task(_task(tmp_path / "d", "")).verifier_environment is None
+
+
+def test_the_local_runner_refuses_what_it_cannot_start(tmp_path: Path) -> None:
+    """Can fail: ``--local`` would prove a compose task without its services (or an ENTRYPOINT
+    task without its process), scoring what neither ``harbor run`` nor the sandbox path would."""
+    from idegym_env.tasks.sources.harbor_local import run_locally
+
+    compose = _task(tmp_path / "c", "", files={"environment/docker-compose.yaml":
+                                                "services:\n  main: {}\n  db:\n    image: postgres:16\n"})
+    with pytest.raises(TaskError, match="cannot start the services of its compose environment"):
+        run_locally(harbor.load_harbor_task(compose), oracle=True)
+    entry = _task(tmp_path / "e", "", dockerfile="FROM debian:bookworm\nENTRYPOINT [\"/start.sh\"]\n")
+    with pytest.raises(TaskError, match="ENTRYPOINT"):
+        run_locally(harbor.load_harbor_task(entry), oracle=True)
