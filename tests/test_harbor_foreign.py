@@ -210,3 +210,30 @@ def test_validate_grades_a_separate_verifier_in_its_own_sandbox_with_the_artifac
     row = _validate(task, control_plane.url, tmp_path)
     assert row["error"] is None and row["oracle"] == 1.0 and row["untouched"] == 0.0, json.dumps(row)
     assert alive(control_plane) == 0  # the verifier's sandbox was stopped
+
+
+@pytest.mark.security
+def test_an_agent_that_breaks_its_artifacts_fails_the_episode_not_the_infrastructure(
+        tmp_path: Path, control_plane: ControlPlaneProcess) -> None:  # noqa: F811
+    """Can fail: an agent that is root in its sandbox and replaces ``tar`` made the collection of
+    its artifacts fail, which was reported as an infrastructure error (an episode a trainer
+    drops) instead of a failed one."""
+    from idegym_env.env import IdeGymEnv
+    from idegym_env.tasks.sources.harbor import load_harbor_task
+
+    task = _task(tmp_path / "tasks", "separate-verifier-broken",
+                 'artifacts = ["/app/report.txt"]\n[verifier]\nenvironment_mode = "separate"\n'
+                 '[agent]\nuser = "root"\n[environment]\nnetwork_mode = "no-network"\n',
+                 "FROM debian:bookworm\nWORKDIR /app\n", "true\n", "true")
+    env = IdeGymEnv(load_harbor_task(task), control_plane_url=control_plane.url)
+    try:
+        env.reset()
+        env.step({"tool": "bash", "arguments": {"command": "echo done > /app/report.txt && "
+                                                "printf '#!/bin/sh\\nexit 3\\n' > \"$(command -v tar)\""}})
+        _, reward, terminated, _, info = env.step({"tool": "submit"})
+    finally:
+        env.close()
+    assert terminated and reward == 0.0
+    assert "infrastructure_error" not in info, info.get("infrastructure_error")
+    assert any("not graded: the agent's artifacts" in e for e in info["grading_errors"]), info["grading_errors"]
+    assert alive(control_plane) == 0

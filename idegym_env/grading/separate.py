@@ -15,8 +15,9 @@ agent's sandbox when the task has a ``verifier_environment``, in Harbor's order:
    written back at their paths, and the checks run there (:func:`~idegym_env.grading.grade`,
    in place); the verifier's sandbox is stopped whatever happens.
 
-Artifacts over the bound are the agent's doing: the episode fails with that said (not an
-infrastructure error). A sandbox or build that fails is one.
+Artifacts over the bound, or that cannot be packed or read, are the agent's doing: the episode
+fails with that said (never an infrastructure error, which would drop it). A sandbox lost, or a
+verifier image that does not build or start, is one.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 from sandbox_server import routes
 from sandbox_server.models import DownloadFileChunkRequest
 
-from ..client import IdeGymClient, Sandbox, ServiceError
+from ..client import BadRequest, IdeGymClient, NotFound, Sandbox, ServiceError
 from ..integrations.bounded_tar import DownloadTooLarge, extract_within
 from ..tasks import Task
 from ..tasks.environment import environment_entry
@@ -54,7 +55,13 @@ def grade_separately(client: IdeGymClient, agent: Sandbox, task: Task, *, server
     try:
         agent.terminate_processes()
         stage = "collecting the agent's artifacts"
-        artifacts = collect_artifacts(agent, task.artifacts)
+        try:
+            artifacts = collect_artifacts(agent, task.artifacts)
+        except (DownloadTooLarge, RuntimeError, ValueError, tarfile.TarError, BadRequest, NotFound) as exc:
+            # the agent's sandbox is the agent's (root there: its tar, its files): what fails here
+            # is a failed episode, said, never an infrastructure error that would drop it
+            return Graded(task.check_results({}, steps=steps, submitted=submitted,
+                                             errors=[f"not graded: the agent's artifacts: {exc}"]))
         stage = "building the verifier's image"
         entry = environment_entry(task.verifier_environment, network=task.network)
         client.build_images(json.dumps({"images": [entry]}), timeout=3600)
@@ -68,8 +75,6 @@ def grade_separately(client: IdeGymClient, agent: Sandbox, task: Task, *, server
             if placed.exit_code != 0:
                 raise RuntimeError(f"tar exited {placed.exit_code}: {(placed.stderr or placed.stdout)[-500:]}")
         return grade(verifier, task, fresh=lambda: None, steps=steps, submitted=submitted)
-    except DownloadTooLarge as exc:  # the agent's doing: a failed episode, said
-        return Graded(task.check_results({}, steps=steps, submitted=submitted, errors=[f"not graded: {exc}"]))
     except (ServiceError, RuntimeError) as exc:
         problem = f"grading failed while {stage}: {getattr(exc, 'message', str(exc))}"
         return Graded(task.check_results({}, steps=steps, submitted=submitted, errors=[problem],
