@@ -7,7 +7,11 @@ Episode
     instruction. Between episodes the env keeps its sandbox and makes it fresh with the ``reuse``
     strategy: ``"RESTART"`` (default; nothing of the previous episode survives), ``"RESET"`` (project restored and
     tool processes ended; the rest of the filesystem stays) or ``"NONE"`` (a new server). The
-    first ``reset()`` takes over a FINISHED server of the same task when one is free.
+    first ``reset()`` takes over a FINISHED server of the same task when one is free. A task with
+    ``environment.services`` (a Harbor compose environment) gets its services and its sandbox
+    started afresh, together, at every ``reset()`` and stopped together (``tasks/services.py``);
+    an image ``environment.entrypoint`` is started in every fresh sandbox; a
+    ``verifier_environment`` is graded in a sandbox of its own (``grading/separate.py``).
 
     ``step(action)`` runs one tool call and returns its result as text. An action is a tool
     call dict ``{"tool": ..., "arguments": {...}}`` (see ``spaces.ToolCallSpace``) or the JSON /
@@ -70,6 +74,7 @@ from .errors import IdeGymError
 from .rewards import CheckResults, RewardFunction, reward_components
 from .spaces import InvalidAction, ToolCallSpace, UnicodeText
 from .tasks import Task, environment, load_task
+from .tasks import services as task_services
 from .tools import ToolCall
 
 if TYPE_CHECKING:
@@ -162,6 +167,7 @@ class IdeGymEnv(gym.Env[str, Any]):  # an action: a tool call in any shape an LL
             self.client = client
             self.image = self._ensure_image(client)
         self.sandbox: Sandbox | None = None
+        self._services: dict[str, Sandbox] = {}  # the task's services beside its sandbox, by name
         self._steps = 0
         self._ended = False  # the episode ended: step() needs a reset() first
         self._episode_started = time.monotonic()
@@ -226,6 +232,10 @@ class IdeGymEnv(gym.Env[str, Any]):  # an action: a tool call in any shape an LL
             self.sandbox = self._direct
             self.sandbox.reset()
             how = "reset"
+        elif self.task.environment is not None and self.task.environment.services:
+            self._stop_group()  # the services and the sandbox in their network: all fresh, every episode
+            self.sandbox = self._start_group()
+            how = "started"
         elif self.sandbox is None:
             # A server handed back by another env (of this client) is restarted, never reset: RESET
             # keeps what lies outside the project, which only this env's own episodes may share.
@@ -248,9 +258,62 @@ class IdeGymEnv(gym.Env[str, Any]):  # an action: a tool call in any shape an LL
             how = "started"
         for path, content in sorted(self.task.files.items()):  # the task's starting files, over the image's project
             self.sandbox.write_file(path, content)
+        entrypoint = self.task.environment.entrypoint if self.task.environment is not None else None
+        if entrypoint:  # the image's ENTRYPOINT, started as Harbor's docker environment starts it
+            started_entrypoint = self.sandbox.bash(task_services.entrypoint_command(entrypoint), timeout=60)
+            if started_entrypoint.exit_code != 0:
+                raise RuntimeError(f"the image's ENTRYPOINT ({' '.join(entrypoint)[:120]}) did not start: "
+                                   f"{(started_entrypoint.stderr or started_entrypoint.stdout)[-500:]}")
         info: dict[str, Any] = {"sandbox": how, "server_id": self.sandbox.server_id,
                                 "reset_seconds": time.perf_counter() - started}
         return self.sandbox, info
+
+    def _start_group(self) -> Sandbox:
+        """Drive :func:`~idegym_env.tasks.services.bring_up` (as the Harbor provider does): each
+        service a sandbox of this env's client, the task's own sandbox among them."""
+        client, image = self._control_plane()
+        assert self.task.environment is not None
+        services = {service.name: service for service in self.task.environment.services}
+        plan = task_services.bring_up(services)
+        started: dict[str, Sandbox] = {}
+        answer: Any = None
+        try:
+            while True:
+                try:
+                    step = plan.send(answer)
+                except StopIteration:
+                    return started[task_services.MAIN]
+                if isinstance(step, task_services.Start):
+                    name = step.service.name
+                    joined: dict[str, Any] = {"network_of": step.network_of} if step.network_of is not None else {}
+                    if name == task_services.MAIN:
+                        self.sandbox = started[name] = client.start(image, server_name=_server_name(self.task),
+                                                                    reuse="NONE", **self._start_fields(), **joined)
+                    else:
+                        entry = environment.service_entry(step.service, network=self.task.network)
+                        client.build_images(json.dumps({"images": [entry]}), timeout=3600)
+                        self._services[name] = started[name] = client.start(
+                            str(entry["tag"]), server_name=_server_name(self.task, name), reuse="NONE",
+                            run_as_root=True, **joined)
+                    answer = int(started[name].server_id or 0)
+                elif isinstance(step, task_services.Run):
+                    result = started[step.service].bash(step.command, timeout=60, user=step.user)
+                    answer = (result.exit_code, result.stderr or result.stdout)
+                else:
+                    time.sleep(step.seconds)
+        except BaseException:
+            self._stop_group()
+            raise
+
+    def _stop_group(self) -> None:
+        """Stop the task's services and the sandbox in their network (it is of no use without them)."""
+        group = [*self._services.values(), *([self.sandbox] if self.sandbox is not None else [])]
+        self._services, self.sandbox = {}, None
+        for sandbox in group:
+            try:
+                sandbox.stop()
+            except APIError:
+                pass  # already gone
 
     def _switch_task(self, task: Task | str | Path) -> None:
         """``reset(options={"task": ...})``: the next episodes play ``task`` (its image, reward and
@@ -272,6 +335,8 @@ class IdeGymEnv(gym.Env[str, Any]):  # an action: a tool call in any shape an LL
         except BaseException:
             self.task = old
             raise
+        if self._services:
+            self._stop_group()
         if self.sandbox is not None:
             sandbox, self.sandbox = self.sandbox, None
             try:
@@ -381,6 +446,8 @@ class IdeGymEnv(gym.Env[str, Any]):  # an action: a tool call in any shape an LL
             return
         self._closed = True
         try:
+            if self._services:
+                self._stop_group()
             if self.sandbox is not None and self._direct is None:
                 try:
                     self.sandbox.finish()
@@ -432,7 +499,14 @@ class IdeGymEnv(gym.Env[str, Any]):  # an action: a tool call in any shape an LL
         # sandbox connected directly (there the rest of the filesystem stays the agent's).
         fresh = sandbox.reset if self._direct is not None else sandbox.restart
         self._ended = True
-        graded = grading.grade(sandbox, self.task, fresh=fresh, steps=self._steps, submitted=submitted)
+        if self.task.verifier_environment is not None:  # Harbor's separate verifier
+            from .grading.separate import grade_separately  # (it reaches integrations, which import this module)
+
+            client, _ = self._control_plane()
+            graded = grade_separately(client, sandbox, self.task, server_name=_server_name(self.task, "verifier"),
+                                      steps=self._steps, submitted=submitted)
+        else:
+            graded = grading.grade(sandbox, self.task, fresh=fresh, steps=self._steps, submitted=submitted)
         results = graded.results
         reward = float(self.reward_fn(results))
         # info is plain data (JSON, pickled to Ray workers): the stages' answers as their JSON bodies
@@ -460,8 +534,9 @@ class IdeGymEnv(gym.Env[str, Any]):  # an action: a tool call in any shape an LL
         self._transcript.append(f"{command}\n{output}")
 
 
-def _server_name(task: Task) -> str:
-    name = "task-" + "".join(c if c.isalnum() else "-" for c in task.id.lower())
+def _server_name(task: Task, service: str | None = None) -> str:
+    prefix = f"task-{service}-" if service else "task-"  # a service's name first: never cut off
+    name = "".join(c if c.isalnum() else "-" for c in f"{prefix}{task.id}".lower())
     return name[:63].rstrip("-")
 
 

@@ -24,7 +24,7 @@ so ``except ValueError`` still catches what it did::
     ├── EpisodeEnded (ResetNeeded, RuntimeError)  step() after the episode ended          env.py
     ├── TaskError (ValueError)                a task that cannot be found or loaded       tasks/task.py
     ├── DownloadTooLarge (RuntimeError)       a download over its bound                   integrations/bounded_tar.py
-    ├── ComposeError (ValueError)             a Harbor compose file that cannot be run    integrations/harbor_compose.py
+    ├── ComposeError (ValueError)             a Harbor compose file that cannot be run    tasks/services.py
     ├── SlotFailure                           one sub-env of a vector env failed          vector/failures.py
     ├── LayerError (RuntimeError)             a harness layer could not be built          agents/layers.py
     ├── ReplyError (ValueError)               a policy's reply is no assistant message    agents/apis.py

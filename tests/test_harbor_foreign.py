@@ -46,8 +46,10 @@ def _task(root: Path, name: str, toml: str, dockerfile: str | None, solve: str, 
 
 def _validate(task: Path, url: str, tmp_path: Path) -> dict:
     out = tmp_path / f"{task.name}.json"
-    subprocess.run([str(REPO / ".venv" / "bin" / "idegym"), "tasks", "validate", f"harbor:{task}",
-                    "--control-plane-url", url, "--json", str(out)], capture_output=True, text=True, timeout=1700)
+    done = subprocess.run([str(REPO / ".venv" / "bin" / "idegym"), "tasks", "validate", f"harbor:{task}",
+                           "--control-plane-url", url, "--json", str(out)], capture_output=True, text=True,
+                           timeout=1700)
+    assert out.is_file(), (done.stdout + done.stderr)[-2000:]  # no table at all: the task was refused
     (row,) = json.loads(out.read_text())
     return row
 
@@ -87,8 +89,9 @@ def test_tasks_as_others_write_them_score_with_harbor_and_with_validate(
     for name, trial in trials.items():
         assert trial.get("exception_info") is None, (name, trial.get("exception_info"))
         assert trial["verifier_result"]["rewards"] == {"reward": 1.0}, name
-    # IdeGym's own loader agrees (the tasks it can express: not the ENTRYPOINT one, whose service
-    # only Harbor's start runs)
+    # IdeGym's own loader agrees (not on the ENTRYPOINT one: its verifier wants the entrypoint's
+    # process alive, which grading here ends with the agent's; its start is proven by
+    # test_validate_starts_an_image_entrypoint_as_harbor_run_does)
     for name in ("pinned-ecr-name", "prebuilt-image-only", "schema-1-4-env", "heredoc-dockerfile"):
         row = _validate(tasks / name, control_plane.url, tmp_path)
         assert row["oracle"] == 1.0 and row["untouched"] == 0.0, (name, json.dumps(row))
@@ -135,16 +138,7 @@ def test_a_compose_environment_runs_each_service_as_a_sandbox_on_one_network(
     oracle that prints nothing (this one) failed the download of its ``oracle.txt``: an empty file,
     which ``stat`` calls a "regular empty file", was taken for something other than a file."""
     tasks = tmp_path / "tasks"
-    task = _task(tasks, "compose-sidecar", '[environment]\nnetwork_mode = "no-network"\n',
-                 "FROM python:3.13-slim\nWORKDIR /app\n",
-                 "python3 -c \"import os, urllib.request; open('/app/answer.txt', 'w').write("
-                 "urllib.request.urlopen(os.environ['API_URL']).read().decode())\"\n",
-                 "[ \"$(cat /app/answer.txt)\" = hello-from-the-sidecar ]",
-                 files={"environment/docker-compose.yaml": COMPOSE})
-    (task / "environment" / "api").mkdir()
-    (task / "environment" / "api" / "Dockerfile").write_text(
-        "FROM python:3.13-slim\nCOPY server.py /srv/server.py\nCMD [\"python3\", \"/srv/server.py\"]\n")
-    (task / "environment" / "api" / "server.py").write_text(SERVER)
+    _compose_task(tasks)
     jobs = tmp_path / "jobs"
     harbor_run(tasks, jobs, "--agent", "oracle", "--env", IMPORT_PATH, "--ek", f"control_plane_url={control_plane.url}")
     (trial,) = trial_results(jobs)
@@ -158,3 +152,88 @@ def test_a_compose_environment_runs_each_service_as_a_sandbox_on_one_network(
 
 def test_harbor_is_installed() -> None:
     assert HARBOR.exists() and harbor_env()["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+
+
+def _compose_task(tasks: Path) -> Path:
+    task = _task(tasks, "compose-sidecar", '[environment]\nnetwork_mode = "no-network"\n',
+                 "FROM python:3.13-slim\nWORKDIR /app\n",
+                 "python3 -c \"import os, urllib.request; open('/app/answer.txt', 'w').write("
+                 "urllib.request.urlopen(os.environ['API_URL']).read().decode())\"\n",
+                 "[ \"$(cat /app/answer.txt)\" = hello-from-the-sidecar ]",
+                 files={"environment/docker-compose.yaml": COMPOSE})
+    (task / "environment" / "api").mkdir()
+    (task / "environment" / "api" / "Dockerfile").write_text(
+        "FROM python:3.13-slim\nCOPY server.py /srv/server.py\nCMD [\"python3\", \"/srv/server.py\"]\n")
+    (task / "environment" / "api" / "server.py").write_text(SERVER)
+    return task
+
+
+def test_validate_runs_a_compose_environment_as_harbor_run_does(
+        tmp_path: Path, control_plane: ControlPlaneProcess) -> None:  # noqa: F811
+    """Can fail: before, ``idegym tasks validate`` refused a docker-compose environment ("run it
+    with `harbor run`"); now main reaches the service by its name once its healthcheck passes, the
+    oracle scores 1.0, the untouched run 0, and every sandbox of the group is stopped."""
+    row = _validate(_compose_task(tmp_path / "tasks"), control_plane.url, tmp_path)
+    assert row["error"] is None and row["oracle"] == 1.0 and row["untouched"] == 0.0, json.dumps(row)
+    assert alive(control_plane) == 0  # the services were stopped with the task's sandbox
+
+
+def test_validate_starts_an_image_entrypoint_as_harbor_run_does(
+        tmp_path: Path, control_plane: ControlPlaneProcess) -> None:  # noqa: F811
+    """Can fail: before, ``idegym tasks validate`` refused a task whose image has an ENTRYPOINT;
+    now it is started with the sandbox as Harbor's docker environment starts it (its CMD replaced
+    by ``sh -c "sleep infinity"``), so the oracle finds what it started."""
+    task = _task(tmp_path / "tasks", "entrypoint-service", '[environment]\nallow_internet = false\n',
+                 "FROM debian:bookworm\nCOPY start.sh /start.sh\nWORKDIR /app\nENTRYPOINT [\"/start.sh\"]\n"
+                 "CMD [\"touch\", \"/run/cmd-ran\"]\n",
+                 "test -f /run/service-started && ! test -e /run/cmd-ran && cat /proc/[0-9]*/cmdline | tr '\\0' ' ' "
+                 "| grep -q 'sleep infinity' && echo ok > /app/out.txt\n",
+                 "[ \"$(cat /app/out.txt)\" = ok ]",
+                 files={"environment/start.sh": "#!/bin/sh\ntouch /run/service-started\nexec \"$@\"\n"})
+    row = _validate(task, control_plane.url, tmp_path)
+    assert row["error"] is None and row["oracle"] == 1.0 and row["untouched"] == 0.0, json.dumps(row)
+
+
+def test_validate_grades_a_separate_verifier_in_its_own_sandbox_with_the_artifacts(
+        tmp_path: Path, control_plane: ControlPlaneProcess) -> None:  # noqa: F811
+    """Can fail: before, ``idegym tasks validate`` refused ``[verifier] environment_mode =
+    "separate"``; now the verifier runs in a sandbox of ``tests/Dockerfile``'s image that has the
+    declared artifact and nothing else of the agent's sandbox, as under ``harbor run``."""
+    task = _task(tmp_path / "tasks", "separate-verifier",
+                 'artifacts = ["/app/report.txt"]\n[verifier]\nenvironment_mode = "separate"\n'
+                 '[environment]\nnetwork_mode = "no-network"\n',
+                 "FROM debian:bookworm\nWORKDIR /app\n",
+                 "echo done > /app/report.txt\necho planted > /app/other.txt\n",
+                 "[ \"$(cat /app/report.txt)\" = done ] && [ \"$(cat /verifier-image)\" = verifier ] "
+                 "&& [ ! -e /app/other.txt ]",
+                 files={"tests/Dockerfile": "FROM debian:bookworm\nRUN echo verifier > /verifier-image\n"})
+    row = _validate(task, control_plane.url, tmp_path)
+    assert row["error"] is None and row["oracle"] == 1.0 and row["untouched"] == 0.0, json.dumps(row)
+    assert alive(control_plane) == 0  # the verifier's sandbox was stopped
+
+
+@pytest.mark.security
+def test_an_agent_that_breaks_its_artifacts_fails_the_episode_not_the_infrastructure(
+        tmp_path: Path, control_plane: ControlPlaneProcess) -> None:  # noqa: F811
+    """Can fail: an agent that is root in its sandbox and replaces ``tar`` made the collection of
+    its artifacts fail, which was reported as an infrastructure error (an episode a trainer
+    drops) instead of a failed one."""
+    from idegym_env.env import IdeGymEnv
+    from idegym_env.tasks.sources.harbor import load_harbor_task
+
+    task = _task(tmp_path / "tasks", "separate-verifier-broken",
+                 'artifacts = ["/app/report.txt"]\n[verifier]\nenvironment_mode = "separate"\n'
+                 '[agent]\nuser = "root"\n[environment]\nnetwork_mode = "no-network"\n',
+                 "FROM debian:bookworm\nWORKDIR /app\n", "true\n", "true")
+    env = IdeGymEnv(load_harbor_task(task), control_plane_url=control_plane.url)
+    try:
+        env.reset()
+        env.step({"tool": "bash", "arguments": {"command": "echo done > /app/report.txt && "
+                                                "printf '#!/bin/sh\\nexit 3\\n' > \"$(command -v tar)\""}})
+        _, reward, terminated, _, info = env.step({"tool": "submit"})
+    finally:
+        env.close()
+    assert terminated and reward == 0.0
+    assert "infrastructure_error" not in info, info.get("infrastructure_error")
+    assert any("not graded: the agent's artifacts" in e for e in info["grading_errors"]), info["grading_errors"]
+    assert alive(control_plane) == 0

@@ -81,20 +81,34 @@ def test_the_network_is_public_unless_the_task_says_otherwise(tmp_path: Path) ->
     ('[environment]\nnetwork_mode = "public"\n[verifier]\nnetwork_mode = "no-network"\n',
      "cannot change a sandbox's network between phases"),
     ('[[steps]]\nname = "one"\n[[steps]]\nname = "two"\n', "multi-step task (2 [[steps]])"),
-    ('[verifier]\nenvironment_mode = "separate"\n', 'environment_mode = "separate"'),
+    ('[verifier]\nenvironment_mode = "separate"\n', "a separate verifier of several services"),
     ('[environment]\ngpus = 1\n', "GPUs or TPUs"),
     ('[environment]\nos = "windows"\n', "Linux sandboxes only"),
 ])
 def test_what_a_task_cannot_be_here_is_said(tmp_path: Path, toml: str, words: str) -> None:
     with pytest.raises(TaskError) as err:
-        harbor.load_harbor_task(_task(tmp_path / "t", toml))
+        harbor.load_harbor_task(_task(tmp_path / "t", toml, files={"tests/docker-compose.yaml": "services: {}\n"}))
     assert words in str(err.value)
 
 
 def test_compose_environments_and_prebuilt_images(tmp_path: Path) -> None:
-    compose = _task(tmp_path / "c", "", files={"environment/docker-compose.yaml": "services:\n  main: {}\n"})
-    with pytest.raises(TaskError, match="docker-compose.yaml .several services.: run it with `harbor run`"):
-        harbor.load_harbor_task(compose)
+    """Can fail: before, every compose environment was refused "(several services)", one that only
+    sets main's environment too."""
+    only_main = _task(tmp_path / "c", "", files={"environment/docker-compose.yaml":
+                                                  "services:\n  main:\n    environment:\n      MODE: compose\n"})
+    loaded = harbor.load_harbor_task(only_main)
+    assert loaded.environment is not None and loaded.environment.services == ()
+    assert loaded.environment.env["MODE"] == "compose"  # main's compose environment reaches its tools
+    sidecar = _task(tmp_path / "s", "", files={"environment/docker-compose.yaml":
+                                                "services:\n  main:\n    depends_on: [db]\n  db:\n"
+                                                "    image: postgres:16\n"})
+    environment = harbor.load_harbor_task(sidecar).environment
+    assert environment is not None and [s.name for s in environment.services] == ["main", "db"]
+    assert environment.services[0].depends_on == {"db": "service_started"}
+    broken = _task(tmp_path / "b", "", files={"environment/docker-compose.yaml":
+                                               "services:\n  main:\n    depends_on: [cache]\n"})
+    with pytest.raises(TaskError, match="service 'main' depends on 'cache', which is not a service"):
+        harbor.load_harbor_task(broken)
     # beside a Dockerfile, a docker-compose.yml is the task's content (Harbor reads only .yaml)
     content = _task(tmp_path / "y", "", files={"environment/docker-compose.yml": "services: {}\n"})
     assert harbor.compose_file(content / "environment") is None
@@ -103,19 +117,51 @@ def test_compose_environments_and_prebuilt_images(tmp_path: Path) -> None:
     assert harbor.load_harbor_task(prebuilt).environment.dockerfile == "FROM python:3.13-slim\n"
 
 
-def test_an_entrypoint_is_refused_by_the_loader_with_the_way_to_run_it(tmp_path: Path) -> None:
+def test_an_entrypoint_is_kept_for_the_env_to_start(tmp_path: Path) -> None:
+    """Can fail: before, a task whose image has an ENTRYPOINT was refused."""
     task = _task(tmp_path / "e", "", dockerfile="FROM debian:bookworm\nENTRYPOINT [\"/start.sh\"]\n")
-    with pytest.raises(TaskError, match=r"ENTRYPOINT \(/start.sh\) is started with the container under Harbor"):
-        harbor.load_harbor_task(task)
+    environment = harbor.load_harbor_task(task).environment
+    assert environment is not None and environment.entrypoint == ("/start.sh",)
 
 
 def test_a_compose_service_is_told_only_what_is_not_honoured(tmp_path: Path) -> None:
     """``expose`` (a port the other services reach) holds by construction: every service's ports
     are reachable from the others. Can fail: before, every service that exposed a port (each
     recipe of Harbor's cookbook) was logged as "expose not honoured"."""
-    from idegym_env.integrations.harbor_compose import read_compose
+    from idegym_env.tasks.services import read_compose
 
     compose = tmp_path / "docker-compose.yaml"
     compose.write_text("services:\n  api:\n    image: python:3.12-slim\n    expose: ['5000']\n"
                        "    ports: ['5000:5000']\n    privileged: true\n")
-    assert read_compose(compose)["api"].ignored == ["ports", "privileged"]
+    assert read_compose(compose)["api"].ignored == ("ports", "privileged")
+
+
+def test_a_separate_verifier_gets_its_image_as_harbor_chooses_it(tmp_path: Path) -> None:
+    """Can fail: before, ``environment_mode = "separate"`` was refused."""
+    toml = 'artifacts = ["/app/out.txt", { source = "/app/logs" }]\n[verifier]\nenvironment_mode = "separate"\n'
+    own = harbor.load_harbor_task(_task(tmp_path / "a", toml, files={"tests/Dockerfile": "FROM python:3.12\n"}))
+    assert own.verifier_environment is not None and own.verifier_environment.dockerfile == "FROM python:3.12\n"
+    assert own.verifier_environment.context == tmp_path / "a" / "tests"
+    assert own.artifacts == ("/app/out.txt", "/app/logs")
+    image = harbor.load_harbor_task(_task(tmp_path / "b", '[verifier]\nenvironment_mode = "separate"\n'
+                                          '[verifier.environment]\ndocker_image = "python:3.13-slim"\n'))
+    assert image.verifier_environment is not None
+    assert image.verifier_environment.dockerfile == "FROM python:3.13-slim\n"
+    same = harbor.load_harbor_task(_task(tmp_path / "c", '[verifier]\nenvironment_mode = "separate"\n'))
+    assert same.verifier_environment is not None and same.environment is not None
+    assert same.verifier_environment.dockerfile == same.environment.dockerfile  # the task's own image
+    assert harbor.load_harbor_task(_task(tmp_path / "d", "")).verifier_environment is None
+
+
+def test_the_local_runner_refuses_what_it_cannot_start(tmp_path: Path) -> None:
+    """Can fail: ``--local`` would prove a compose task without its services (or an ENTRYPOINT
+    task without its process), scoring what neither ``harbor run`` nor the sandbox path would."""
+    from idegym_env.tasks.sources.harbor_local import run_locally
+
+    compose = _task(tmp_path / "c", "", files={"environment/docker-compose.yaml":
+                                                "services:\n  main: {}\n  db:\n    image: postgres:16\n"})
+    with pytest.raises(TaskError, match="cannot start the services of its compose environment"):
+        run_locally(harbor.load_harbor_task(compose), oracle=True)
+    entry = _task(tmp_path / "e", "", dockerfile="FROM debian:bookworm\nENTRYPOINT [\"/start.sh\"]\n")
+    with pytest.raises(TaskError, match="ENTRYPOINT"):
+        run_locally(harbor.load_harbor_task(entry), oracle=True)

@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks import task_compat
 from benchmarks.task_compat import Entry, classify
-from idegym_env.integrations.harbor_compose import ComposeError, read_compose
+from idegym_env.tasks.services import ComposeError, read_compose
 
 
 def _git(repo: Path, *args: str) -> str:

@@ -57,7 +57,7 @@ How Harbor's contract maps onto IdeGym (``harbor/environments/base.py``, 0.25):
   started in dependency order (``service_healthy`` waits for the healthcheck), all in the first
   one's network namespace (``network_of``: 127.0.0.1, and each service's name in ``/etc/hosts``),
   stopped together; the per-service operations (``service_exec``, downloads, ``stop_service``)
-  reach them (:mod:`.harbor_compose`).
+  reach them (:mod:`idegym_env.tasks.services`, which ``IdeGymEnv`` starts them with too).
   CPU and memory are hard limits (cgroups), fractional CPUs allowed; ``storage_mb`` bounds the
   sandbox's writable layer.
 * **infrastructure failures** (sandbox died, control plane unreachable) raise, so Harbor records
@@ -97,9 +97,9 @@ from .. import embedded
 from ..client import AsyncIdeGymClient, AsyncSandbox, SandboxGone, ServerError, ServiceError
 from ..settings import chosen_control_plane
 from ..tasks import TaskEnvironment
-from ..tasks.environment import environment_entry
+from ..tasks import services as compose
+from ..tasks.environment import environment_entry, service_entry
 from ..tasks.sources.harbor import compose_file
-from . import harbor_compose as compose
 from .bounded_tar import MAX_ENTRIES, DownloadTooLarge, extract_within
 
 ENVIRONMENT_TYPE = "idegym"
@@ -152,7 +152,6 @@ class IdeGymEnvironment(BaseEnvironment):
         self._start_failed: str | None = None  # why the last start failed
         self._entrypoint: list[str] | None = None  # the image's ENTRYPOINT, started after the sandbox
         self._services: dict[str, AsyncSandbox] = {}  # compose services other than main, by name
-        self._network_owner: int | None = None  # the server whose network the task's services share
         super().__init__(environment_dir=environment_dir, environment_name=environment_name, session_id=session_id,
                          trial_paths=trial_paths, task_env_config=task_env_config, **kwargs)
         self._maybe_override_task_env_config()
@@ -196,22 +195,10 @@ class IdeGymEnvironment(BaseEnvironment):
         try:
             services = self._compose_services()
             image = await self._image(client, force_build)
-            for name in compose.start_order(services) if services else [compose.MAIN]:
-                if services and name != compose.MAIN:
-                    await self._start_service(client, services, name, force_build)
-                    continue
-                await self._wait_for(services, compose.MAIN)
-                try:
-                    self._sandbox = await client.start(
-                        image, server_name=self._server_name(), reuse="RESTART", run_as_root=True,
-                        timeout=self._start_timeout, resources=self._resources(), **self._network_of())
-                except ServiceError as exc:
-                    raise RuntimeError(f"the IdeGym sandbox for {self.environment_name!r} (image {image}) did not "
-                                       f"start: {exc}") from exc
-                if services:
-                    self._persistent_env.update(services[compose.MAIN].environment)
-                    await self._root(f"echo {shlex.quote(compose.hosts_line(services))} >> /etc/hosts",
-                                     what="naming the services in /etc/hosts")
+            if services:
+                await self._bring_up(client, services, image, force_build)
+            else:
+                await self._start_main(client, image, None)
         except BaseException as exc:
             self._start_failed = f"{type(exc).__name__}: {exc}"
             await self.stop(delete=True)
@@ -221,14 +208,22 @@ class IdeGymEnvironment(BaseEnvironment):
         await self._upload_environment_dir_after_start()
         await self._start_entrypoint()
 
+    async def _start_main(self, client: AsyncIdeGymClient, image: str, network_of: int | None) -> AsyncSandbox:
+        try:
+            self._sandbox = await client.start(
+                image, server_name=self._server_name(), reuse="RESTART", run_as_root=True, timeout=self._start_timeout,
+                resources=self._resources(), **({"network_of": network_of} if network_of is not None else {}))
+        except ServiceError as exc:
+            raise RuntimeError(f"the IdeGym sandbox for {self.environment_name!r} (image {image}) did not "
+                               f"start: {exc}") from exc
+        return self._sandbox
+
     async def _start_entrypoint(self) -> None:
-        """The image's ENTRYPOINT, as Harbor's docker environment runs it: with its command replaced
-        by ``sh -c "sleep infinity"`` (an entrypoint script that starts a service, then ``exec
-        "$@"``), in the background, as the image's user; its output in /tmp/idegym-entrypoint.log."""
+        """The image's ENTRYPOINT, as Harbor's docker environment runs it
+        (:func:`~idegym_env.tasks.services.entrypoint_command`), as the image's user."""
         if not self._entrypoint:
             return
-        argv = " ".join(shlex.quote(a) for a in [*self._entrypoint, "sh", "-c", "sleep infinity"])
-        result = await self.exec(f"nohup {argv} >/tmp/idegym-entrypoint.log 2>&1 </dev/null &", timeout_sec=60)
+        result = await self.exec(compose.entrypoint_command(self._entrypoint), timeout_sec=60)
         if result.return_code != 0:
             raise RuntimeError(f"the image's ENTRYPOINT did not start: {(result.stderr or result.stdout or '')[-500:]}")
 
@@ -249,54 +244,42 @@ class IdeGymEnvironment(BaseEnvironment):
                                  "sandbox's)")
         return services
 
-    def _network_of(self) -> dict[str, Any]:
-        """The first service's sandbox holds the task's network; the others join it."""
-        return {"network_of": self._network_owner} if self._network_owner is not None else {}
-
-    async def _start_service(self, client: AsyncIdeGymClient, services: dict[str, compose.Service], name: str,
-                             force_build: bool) -> None:
-        service = services[name]
-        await self._wait_for(services, name)
+    async def _bring_up(self, client: AsyncIdeGymClient, services: dict[str, compose.Service], image: str,
+                        force_build: bool) -> None:
+        """Drive :func:`~idegym_env.tasks.services.bring_up`: each service a sandbox of this client,
+        main the trial's."""
         network = self._network_policy.network_mode == NetworkMode.PUBLIC
-        if service.dockerfile is not None:
-            environment = TaskEnvironment(dockerfile=service.dockerfile, context=service.build_context)
-        else:
-            environment = TaskEnvironment(dockerfile=f"FROM {service.image}\n")
-        entry = environment_entry(environment, network=network, rebuild=bool(force_build))
-        await self._build(client, entry, f"image of compose service {name!r}")
-        try:
-            sandbox = await client.start(str(entry["tag"]), server_name=self._server_name(name), reuse="RESTART",
-                                         run_as_root=True, timeout=self._start_timeout, **self._network_of())
-        except ServiceError as exc:
-            raise RuntimeError(f"the IdeGym sandbox of compose service {name!r} did not start: {exc}") from exc
-        self._services[name] = sandbox
-        if self._network_owner is None:
-            self._network_owner = int(sandbox.server_id or 0)
-        hosts = await sandbox.bash(f"echo {shlex.quote(compose.hosts_line(services))} >> /etc/hosts", timeout=60,
-                                   user="root")
-        command = compose.process_command(service)
-        started = await sandbox.bash(command, timeout=60, user=service.user) if command else None
-        if hosts.exit_code != 0 or (started is not None and started.exit_code != 0):
-            failed = started if started is not None and started.exit_code != 0 else hosts
-            raise RuntimeError(f"compose service {name!r} did not start: {(failed.stderr or failed.stdout)[-500:]}")
-
-    async def _wait_for(self, services: dict[str, compose.Service] | None, name: str) -> None:
-        """Until the services ``name`` depends on with ``service_healthy`` pass their healthchecks."""
-        if not services:
-            return
-        for dep, condition in services[name].depends_on.items():
-            if condition != "service_healthy":
-                continue
-            sandbox = self._services[dep] if dep != compose.MAIN else self._require()
-
-            async def run(argv: list[str], sandbox: AsyncSandbox = sandbox) -> int:
-                result = await sandbox.bash(" ".join(shlex.quote(a) for a in argv), timeout=60)
-                return result.exit_code
-
+        started: dict[str, AsyncSandbox] = {}
+        plan = compose.bring_up(services)
+        answer: Any = None
+        while True:
             try:
-                await compose.wait_healthy(services[dep], run)
-            except compose.ComposeError as exc:
-                raise RuntimeError(str(exc)) from exc
+                step = plan.send(answer)
+            except StopIteration:
+                return
+            if isinstance(step, compose.Start):
+                name = step.service.name
+                if name == compose.MAIN:
+                    started[name] = await self._start_main(client, image, step.network_of)
+                    self._persistent_env.update(step.service.environment)
+                else:
+                    entry = service_entry(step.service, network=network, rebuild=bool(force_build))
+                    await self._build(client, entry, f"image of compose service {name!r}")
+                    network_of = {"network_of": step.network_of} if step.network_of is not None else {}
+                    try:
+                        started[name] = await client.start(str(entry["tag"]), server_name=self._server_name(name),
+                                                           reuse="RESTART", run_as_root=True,
+                                                           timeout=self._start_timeout, **network_of)
+                    except ServiceError as exc:
+                        raise RuntimeError(f"the IdeGym sandbox of compose service {name!r} did not start: "
+                                           f"{exc}") from exc
+                    self._services[name] = started[name]
+                answer = int(started[name].server_id or 0)
+            elif isinstance(step, compose.Run):
+                result = await started[step.service].bash(step.command, timeout=60, user=step.user)
+                answer = (result.exit_code, result.stderr or result.stdout)
+            else:
+                await asyncio.sleep(step.seconds)
 
     def _service(self, service: str) -> AsyncSandbox:
         sandbox = self._services.get(service)
@@ -355,7 +338,6 @@ class IdeGymEnvironment(BaseEnvironment):
 
     async def stop(self, delete: bool) -> None:
         services, self._services = self._services, {}
-        self._network_owner = None
         for name, service_sandbox in services.items():
             try:
                 await (service_sandbox.stop() if delete else service_sandbox.finish())

@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .services import Service
 from .task import Task, TaskEnvironment, hash_files
 
 ENVIRONMENT_REPOSITORY = "idegym-env"
@@ -61,6 +62,15 @@ def environment_entry(environment: TaskEnvironment, *, network: bool, rebuild: b
     return entry
 
 
+def service_entry(service: Service, *, network: bool, rebuild: bool = False) -> dict[str, Any]:
+    """The build-YAML entry of a compose service's image: its Dockerfile, else ``FROM`` its image."""
+    if service.dockerfile is not None:
+        built = TaskEnvironment(dockerfile=service.dockerfile, context=service.build_context)
+    else:
+        built = TaskEnvironment(dockerfile=f"FROM {service.image}\n")
+    return environment_entry(built, network=network, rebuild=rebuild)
+
+
 def project_entry(base_tag: str, project: Path, *, name: str, network: bool) -> dict[str, Any]:
     """The build-YAML entry of ``project`` laid over the image ``base_tag``."""
     digest = hashlib.sha256(f"idegym-project/1\0{base_tag}\0{int(network)}\0".encode())
@@ -81,5 +91,5 @@ def image_entries(task: Task) -> list[dict[str, Any]]:
     return entries
 
 
-__all__ = ["environment_digest", "environment_tag", "environment_entry", "project_entry", "image_entries",
-           "ENVIRONMENT_REPOSITORY", "PROJECT_REPOSITORY"]
+__all__ = ["environment_digest", "environment_tag", "environment_entry", "service_entry", "project_entry",
+           "image_entries", "ENVIRONMENT_REPOSITORY", "PROJECT_REPOSITORY"]

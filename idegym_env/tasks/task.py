@@ -30,6 +30,7 @@ from ..errors import IdeGymError
 from ..rewards import CheckResults, RewardFunction, RewardSpec, build_reward
 from ..spaces import ToolCallSpace
 from ..tools import TOOL_NAMES, AnyToolCall, WriteFileCall, canonical
+from .services import Service
 
 TASK_FILE = "task.yaml"
 PROJECT_DIR = "project"
@@ -98,7 +99,10 @@ class TestScript(CheckScript):
 class TaskEnvironment(BaseModel):
     """An image built from a Dockerfile (``dockerfile``: its text; ``context``: the build context,
     relative to the task directory); ``env``: variables its sandboxes' tools get; ``workdir``:
-    where the project is (default: the image's final WORKDIR)."""
+    where the project is (default: the image's final WORKDIR). ``entrypoint``: the image's
+    ENTRYPOINT, started in the background in every fresh sandbox as Harbor's docker environment
+    starts it; ``services``: sandboxes started beside the task's own, in its network namespace,
+    at every reset (Harbor's docker-compose environments: :mod:`.services`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -106,6 +110,8 @@ class TaskEnvironment(BaseModel):
     context: Path | None = None
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = Field(None, pattern=r"^/")
+    entrypoint: tuple[str, ...] | None = None
+    services: tuple[Service, ...] = ()
 
 
 class TaskResources(BaseModel):
@@ -192,7 +198,9 @@ class Task(BaseModel):
     file of the pristine project outside ``protected_paths``). Grading (``idegym_env.grading``)
     runs the checks on the pristine project plus only the agent's editable files, in a fresh
     sandbox, with ``grading`` files installed only then; ``grade_in_place`` grades the agent's
-    own sandbox instead (Harbor's semantics: the task is the whole container's state).
+    own sandbox instead (Harbor's semantics: the task is the whole container's state);
+    ``verifier_environment`` grades in a sandbox of that image instead, given only the agent's
+    ``artifacts`` (absolute paths; Harbor's separate verifier: ``idegym_env.grading.separate``).
     ``files`` (project-relative path → text) are the task's own starting files, written into the
     sandbox's project at every reset over the image's project, so that many tasks can share one
     image (HumanEval's problems share the built-in image); grading counts them as part of the
@@ -218,6 +226,8 @@ class Task(BaseModel):
     editable: tuple[str, ...] | None = None
     grade_in_place: bool = False
     environment: TaskEnvironment | None = None
+    verifier_environment: TaskEnvironment | None = None
+    artifacts: tuple[str, ...] = ()
     resources: TaskResources | None = None
     network: bool = False
     run_as_root: bool = False
@@ -265,6 +275,14 @@ class Task(BaseModel):
         if value is not None and not value:
             raise ValueError("editable must name at least one glob (leave it out for every existing file)")
         return None if value is None else tuple(_relative(raw, "editable glob") for raw in value)
+
+    @field_validator("artifacts")
+    @classmethod
+    def _artifacts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for raw in value:
+            if not raw.startswith("/") or ".." in PurePosixPath(raw).parts or raw.rstrip("/") == "":
+                raise ValueError(f"artifact {raw!r} must be an absolute path below / without '..'")
+        return value
 
     @field_validator("files")
     @classmethod

@@ -22,10 +22,13 @@ env``; graded in place (the format's semantics: the verifier judges the containe
 left it, its processes ended); ``tests/`` reaches the sandbox only at grading, as hidden files
 copied to ``/tests`` by the test stage, which then runs ``bash /tests/test.sh`` as the verifier's
 user with its env and timeout; the reward is the number the verifier wrote. The oracle runs
-``solve.sh`` (with the rest of ``solution/``) from ``/solution`` as Harbor's does. What the task
-model cannot say — several ``[[steps]]``, a separate verifier environment, compose services —
-— and an image ENTRYPOINT, which Harbor starts with the container — is refused here with a
-clear error: ``harbor run`` with the IdeGym environment provider runs those.
+``solve.sh`` (with the rest of ``solution/``) from ``/solution`` as Harbor's does. An image
+ENTRYPOINT is started with every fresh sandbox and the services of a docker-compose environment
+beside it (:mod:`..services`), as the IdeGym environment provider does under ``harbor run``. What
+A separate verifier (``[verifier] environment_mode = "separate"``) grades in a sandbox of its
+own image given the agent's ``artifacts`` (:mod:`idegym_env.grading.separate`). What the task
+model cannot say — several ``[[steps]]``, a verifier of several services — is refused here with
+an error naming it: ``harbor run`` with the IdeGym environment provider runs those.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from control_plane.dockerfile import final_entrypoint
 
+from ..services import MAIN, ComposeError, Service, read_compose
 from ..task import GradingFiles, Task, TaskError, iter_files
 
 TASK_TOML = "task.toml"
@@ -99,6 +103,8 @@ class HarborConfig(BaseModel):
     verifier_env: dict[str, str] = Field(default_factory=dict)
     verifier_user: str | None = None
     verifier_mode: str = "shared"
+    verifier_image: str | None = None  # [verifier.environment] docker_image (a separate verifier's)
+    artifacts: tuple[str, ...] = ()  # what a separate verifier gets of the agent's sandbox
     agent_timeout: float | None = Field(None, gt=0)
     agent_user: str | None = None
     solution_env: dict[str, str] = Field(default_factory=dict)
@@ -177,6 +183,8 @@ def read_config(path: Path) -> HarborConfig:
             verifier_env=_env_table(verifier, "[verifier]", path),
             verifier_user=None if verifier.get("user") is None else str(verifier["user"]),
             verifier_mode=str(mode),
+            verifier_image=(verifier.get("environment") or {}).get("docker_image"),
+            artifacts=tuple(str(a.get("source") if isinstance(a, dict) else a) for a in doc.get("artifacts") or []),
             agent_timeout=agent.get("timeout_sec"),
             agent_user=None if agent.get("user") is None else str(agent["user"]),
             solution_env=_env_table(solution, "[solution]", path),
@@ -257,15 +265,10 @@ def load_harbor_task(directory: Path | str) -> Task:
     if not (tests / "test.sh").is_file():
         raise TaskError(f"{root}: no tests/test.sh (the verifier)")
     if config.steps:
-        raise TaskError(f"{root}: a multi-step task ({config.steps} [[steps]]): IdeGym's task has one agent phase and "
-                        "one verifier; run it with `harbor run` and the IdeGym environment provider")
-    if config.verifier_mode == "separate":
-        raise TaskError(f"{root}: [verifier] environment_mode = \"separate\": run it with `harbor run` and the IdeGym "
-                        "environment provider (a task here grades the agent's own sandbox)")
-    compose = compose_file(root / "environment")
-    if compose is not None:
-        raise TaskError(f"{root}: the environment is {compose.name} (several services): run it with `harbor run` and "
-                        "the IdeGym environment provider, which starts each service as a sandbox")
+        raise TaskError(f"{root}: a multi-step task ({config.steps} [[steps]]): each step has an instruction, an "
+                        "oracle and a verifier of its own, run one after another in one sandbox, where IdeGym's task "
+                        "has one agent phase and one verifier; run it with `harbor run` and the IdeGym environment "
+                        "provider")
     dockerfile = root / "environment" / "Dockerfile"
     if dockerfile.is_file():
         dockerfile_text = dockerfile.read_text(encoding="utf-8")
@@ -273,11 +276,19 @@ def load_harbor_task(directory: Path | str) -> Task:
         dockerfile_text = f"FROM {config.docker_image}\n"
     else:
         raise TaskError(f"{root}: no environment/Dockerfile and no [environment] docker_image")
+    env = dict(config.env)
+    services: tuple[Service, ...] = ()
+    compose = compose_file(root / "environment")
+    if compose is not None:  # started beside the task's sandbox at every reset, as the provider starts them
+        try:
+            read = read_compose(compose, config.env)
+        except ComposeError as exc:
+            raise TaskError(str(exc)) from exc
+        env.update(read[MAIN].environment)
+        services = tuple(read.values()) if len(read) > 1 else ()
+    verifier_environment = _verifier_environment(root, config, dockerfile_text, env) \
+        if config.verifier_mode == "separate" else None
     entrypoint = final_entrypoint(dockerfile_text)
-    if entrypoint:
-        raise TaskError(f"{root}: the image's ENTRYPOINT ({' '.join(entrypoint)[:120]}) is started with the container "
-                        "under Harbor; a task here has no start step: run it with `harbor run` and the IdeGym "
-                        "environment provider, which starts it")
     user = "root" if config.verifier_user in (None, "root", "0") else "appuser"
     as_root = config.agent_user in ("root", "0") if config.agent_user is not None else runs_as_root(dockerfile_text)
     hidden = {f"tests/{p.relative_to(tests).as_posix()}": p.read_bytes() for p in iter_files(tests)
@@ -288,14 +299,17 @@ def load_harbor_task(directory: Path | str) -> Task:
         "title": (instruction_file.read_text(encoding="utf-8").strip().splitlines() or [root.name])[0][:200],
         "language": _language(config),
         "instruction": instruction_file.read_text(encoding="utf-8"),
-        "environment": {"dockerfile": dockerfile_text, "context": root / "environment", "env": config.env,
-                        "workdir": config.workdir},
+        "environment": {"dockerfile": dockerfile_text, "context": root / "environment", "env": env,
+                        "workdir": config.workdir, "entrypoint": tuple(entrypoint) if entrypoint else None,
+                        "services": services},
         "test": {"script": test_stage_script(), "timeout": config.verifier_timeout, "user": user,
                  "env": config.verifier_env, "harness": "in-process", "report_glob": None,
                  "reward_file": _reward_file(tests)},
         "reward": "verifier_reward",
         "max_steps": 100,
         "grade_in_place": True,
+        "verifier_environment": verifier_environment,
+        "artifacts": config.artifacts,
         "run_as_root": as_root,  # Harbor's agent is [agent] user, else the image's USER
         "resources": {"cpus": config.cpus, "memory_mb": config.memory_mb, "storage_mb": config.storage_mb},
         "network": config.allow_internet,
@@ -311,6 +325,20 @@ def load_harbor_task(directory: Path | str) -> Task:
     except ValidationError as exc:
         raise TaskError(f"{root}: {exc}") from exc
     return task.with_grading(GradingFiles(hidden=hidden))
+
+
+def _verifier_environment(root: Path, config: HarborConfig, dockerfile: str, env: dict[str, str]) -> dict[str, Any]:
+    """A separate verifier's image, as Harbor chooses it: ``[verifier.environment] docker_image``,
+    else ``tests/Dockerfile`` (its context ``tests/``), else the task's own environment."""
+    if config.verifier_image:
+        return {"dockerfile": f"FROM {config.verifier_image}\n"}
+    tests = root / "tests"
+    if (tests / "docker-compose.yaml").is_file():
+        raise TaskError(f"{root}: tests/docker-compose.yaml: a separate verifier of several services; run it with "
+                        "`harbor run` and the IdeGym environment provider")
+    if (tests / "Dockerfile").is_file():
+        return {"dockerfile": (tests / "Dockerfile").read_text(encoding="utf-8"), "context": tests}
+    return {"dockerfile": dockerfile, "context": root / "environment", "env": env, "workdir": config.workdir}
 
 
 def compose_file(environment: Path) -> Path | None:

@@ -95,6 +95,13 @@ def _instructions(dockerfile: str) -> list[str]:
 
 def run_locally(task: Task, *, oracle: bool, timeout: float = 600) -> tuple[float | None, str]:
     """The verifier's reward after the oracle (``oracle=True``) or after nothing, and its output."""
+    environment = task.environment
+    missing = [what for what, present in (
+        ("the services of its compose environment", environment is not None and environment.services),
+        ("its image's ENTRYPOINT", environment is not None and environment.entrypoint),
+        ("its separate verifier's sandbox", task.verifier_environment is not None)) if present]
+    if missing:
+        raise TaskError(f"task {task.id!r}: --local cannot start {' or '.join(missing)}; validate it without --local")
     if shutil.which("bwrap") is None:
         raise TaskError("bubblewrap (bwrap) is needed to prove Harbor tasks locally")
     with tempfile.TemporaryDirectory(prefix="harbor-local-") as tmp:

@@ -1,34 +1,41 @@
-"""Harbor's docker-compose environments on IdeGym: each service a sandbox, one network.
+"""A task's services beside its main sandbox (Harbor's docker-compose environments), started the
+same way by ``IdeGymEnv`` and by the Harbor environment provider.
 
 ``environment/docker-compose.yaml`` (what Harbor reads) names the task's services beside
 ``main`` (the agent's, built from ``environment/Dockerfile`` or ``docker_image`` as for any
-task). Here every service is a sandbox of the trial's client, started in dependency order
+task). Every service is a sandbox of the same client, started in dependency order
 (``depends_on``; a ``service_healthy`` condition waits for the service's ``healthcheck``), all in
 one network namespace — the first sandbox's (``network_of``): they reach each other on
 127.0.0.1, and each service's name is an ``/etc/hosts`` entry for it, so ``http://db:5432`` means
-what it means under compose. The network policy is the trial's (public or none). A service's
+what it means under compose. The network policy is the task's (public or none). A service's
 process is its ``entrypoint``/``command`` (else its Dockerfile's ENTRYPOINT and CMD), started in
 the background as its ``user`` with its ``environment`` in its ``working_dir``. The services are
 stopped together.
 
 Not honoured, and said: ``ports`` (nothing is published to the host), ``volumes`` (nothing of
 the host is mounted; named volumes are each service's own directories), ``network_mode`` and
-``networks`` (one network for all), ``deploy``/resource keys (the trial's limits are main's),
+``networks`` (one network for all), ``deploy``/resource keys (the limits are main's),
 ``privileged``/``cap_add`` (a service has a sandbox's privileges: no Docker daemon inside).
+
+The starting is a plan without I/O (:func:`bring_up`): a generator that yields :class:`Start`,
+:class:`Run` and :class:`Pause` steps and receives their answers, so that the synchronous env
+and the asynchronous provider drive one implementation. Nothing here imports ``harbor``: the
+provider runs in Harbor's Python (3.12+), the env in ours.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import shlex
 import time
-from dataclasses import dataclass, field
+from collections.abc import Generator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict
 
 from control_plane.dockerfile import final_command, final_entrypoint
 
@@ -42,33 +49,36 @@ IGNORED = ("ports", "volumes", "network_mode", "networks", "deploy", "restart", 
 
 
 class ComposeError(IdeGymError, ValueError):
-    """A compose file this provider cannot run, and why."""
+    """A compose file that cannot be run, or a service that did not start, and why."""
 
 
-@dataclass
-class Service:
+class Service(BaseModel):
+    """One service of a compose file, as read (``main`` is the task's own sandbox)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     name: str
     build_context: Path | None = None
     dockerfile: str | None = None  # the text
     image: str | None = None
-    command: list[str] | None = None
-    entrypoint: list[str] | None = None
-    environment: dict[str, str] = field(default_factory=dict)
-    depends_on: dict[str, str] = field(default_factory=dict)  # name -> condition
-    healthcheck: list[str] | None = None  # an argv (CMD) or ["sh", "-c", text] (CMD-SHELL)
+    command: tuple[str, ...] | None = None
+    entrypoint: tuple[str, ...] | None = None
+    environment: dict[str, str] = {}
+    depends_on: dict[str, str] = {}  # name -> condition
+    healthcheck: tuple[str, ...] | None = None  # an argv (CMD) or ("sh", "-c", text) (CMD-SHELL)
     health_interval: float = 1.0
     health_deadline: float = 120.0
     working_dir: str | None = None
     user: str | None = None
-    ignored: list[str] = field(default_factory=list)
+    ignored: tuple[str, ...] = ()
 
     def process(self) -> list[str] | None:
         """What runs: compose's entrypoint/command over the image's (compose semantics: an
         ``entrypoint`` drops the image's CMD)."""
-        entry = self.entrypoint
+        entry = list(self.entrypoint) if self.entrypoint is not None else None
         if entry is None and self.dockerfile is not None:
             entry = final_entrypoint(self.dockerfile)
-        command = self.command
+        command = list(self.command) if self.command is not None else None
         if command is None and self.entrypoint is None and self.dockerfile is not None:
             command = final_command(self.dockerfile)
         argv = [*(entry or []), *(command or [])]
@@ -99,12 +109,12 @@ def _walk(value: Any, env: dict[str, str]) -> Any:
     return value
 
 
-def _argv(value: Any) -> list[str] | None:
+def _argv(value: Any) -> tuple[str, ...] | None:
     if value is None:
         return None
     if isinstance(value, str):
-        return ["/bin/sh", "-c", value]
-    return [str(v) for v in value]
+        return ("/bin/sh", "-c", value)
+    return tuple(str(v) for v in value)
 
 
 def _seconds(value: Any, default: float) -> float:
@@ -132,7 +142,7 @@ def read_compose(path: Path, env: dict[str, str] | None = None) -> dict[str, Ser
     services: dict[str, Service] = {}
     for name, spec in raw.items():
         spec = spec or {}
-        service = Service(str(name))
+        fields: dict[str, Any] = {"name": str(name)}
         build = spec.get("build")
         if isinstance(build, str):
             build = {"context": build}
@@ -141,36 +151,36 @@ def read_compose(path: Path, env: dict[str, str] | None = None) -> dict[str, Ser
             dockerfile = context / build.get("dockerfile", "Dockerfile")
             if not dockerfile.is_file():
                 raise ComposeError(f"{path}: service {name!r} builds {dockerfile}, which does not exist")
-            service.build_context, service.dockerfile = context, dockerfile.read_text(encoding="utf-8")
-        service.image = spec.get("image")
-        service.command = _argv(spec.get("command"))
-        service.entrypoint = _argv(spec.get("entrypoint"))
+            fields.update(build_context=context, dockerfile=dockerfile.read_text(encoding="utf-8"))
+        fields.update(image=spec.get("image"), command=_argv(spec.get("command")),
+                      entrypoint=_argv(spec.get("entrypoint")))
         environment = spec.get("environment") or {}
         if isinstance(environment, list):
             environment = dict(item.split("=", 1) if "=" in item else (item, variables.get(item, ""))
                                for item in environment)
-        service.environment = {str(k): "" if v is None else str(v) for k, v in environment.items()}
+        fields["environment"] = {str(k): "" if v is None else str(v) for k, v in environment.items()}
         depends = spec.get("depends_on") or {}
         if isinstance(depends, list):
             depends = {d: {"condition": "service_started"} for d in depends}
-        service.depends_on = {str(k): str((v or {}).get("condition", "service_started")) for k, v in depends.items()}
+        fields["depends_on"] = {str(k): str((v or {}).get("condition", "service_started"))
+                                for k, v in depends.items()}
         health = spec.get("healthcheck") or {}
         test = health.get("test")
         if test and not health.get("disable") and test != ["NONE"]:
             if isinstance(test, str):
-                service.healthcheck = ["/bin/sh", "-c", test]
+                fields["healthcheck"] = ("/bin/sh", "-c", test)
             elif test[0] == "CMD-SHELL":
-                service.healthcheck = ["/bin/sh", "-c", " ".join(test[1:])]
+                fields["healthcheck"] = ("/bin/sh", "-c", " ".join(test[1:]))
             else:
-                service.healthcheck = [str(t) for t in (test[1:] if test[0] == "CMD" else test)]
+                fields["healthcheck"] = tuple(str(t) for t in (test[1:] if test[0] == "CMD" else test))
             interval = _seconds(health.get("interval"), 30.0)
-            service.health_interval = min(interval, 1.0)
-            service.health_deadline = _seconds(health.get("start_period"), 0) + interval * int(health.get("retries", 3))
-        service.working_dir = spec.get("working_dir")
-        service.user = None if spec.get("user") is None else str(spec["user"])
-        service.ignored = [key for key in IGNORED if key in spec]
-        services[service.name] = service
-    services.setdefault(MAIN, Service(MAIN))
+            fields["health_interval"] = min(interval, 1.0)
+            retries = int(health.get("retries", 3))
+            fields["health_deadline"] = _seconds(health.get("start_period"), 0) + interval * retries
+        fields.update(working_dir=spec.get("working_dir"), user=None if spec.get("user") is None else str(spec["user"]),
+                      ignored=tuple(key for key in IGNORED if key in spec))
+        services[str(name)] = Service(**fields)
+    services.setdefault(MAIN, Service(name=MAIN))
     for service in services.values():
         for dep in service.depends_on:
             if dep not in services:
@@ -214,24 +224,86 @@ def process_command(service: Service) -> str | None:
             "echo started")
 
 
-async def wait_healthy(service: Service, run: Any) -> None:
-    """Run the service's healthcheck (``run(argv) -> exit code``) until it passes or its
-    start period and retries are spent."""
-    if service.healthcheck is None:
-        return
-    deadline = time.monotonic() + max(service.health_deadline, 5.0)
-    while True:
-        if await run(service.healthcheck) == 0:
-            return
-        if time.monotonic() > deadline:
-            raise ComposeError(f"service {service.name!r} did not become healthy "
-                               f"({' '.join(service.healthcheck)} kept failing)")
-        await asyncio.sleep(service.health_interval)
-
-
 def hosts_line(services: dict[str, Service]) -> str:
     return "127.0.0.1 " + " ".join(sorted(services))
 
 
-__all__ = ["Service", "ComposeError", "read_compose", "start_order", "process_command", "wait_healthy",
-           "hosts_line", "MAIN"]
+def entrypoint_command(entrypoint: tuple[str, ...] | list[str]) -> str:
+    """The shell line that starts an image's ENTRYPOINT as Harbor's docker environment does: its
+    command replaced by ``sh -c "sleep infinity"`` (an entrypoint script that starts a service,
+    then ``exec "$@"``), in the background; its output in /tmp/idegym-entrypoint.log."""
+    argv = " ".join(shlex.quote(a) for a in [*entrypoint, "sh", "-c", "sleep infinity"])
+    return f"nohup {argv} >/tmp/idegym-entrypoint.log 2>&1 </dev/null &"
+
+
+# -- starting them: a plan the env and the provider drive -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Start:
+    """Start ``service``'s sandbox (``main``: the task's own), in the network namespace of server
+    ``network_of`` (None: a namespace of its own). Answer: its server id."""
+
+    service: Service
+    network_of: int | None
+
+
+@dataclass(frozen=True)
+class Run:
+    """Run ``command`` (bash) in the started sandbox of ``service`` as ``user`` (None: its default).
+    Answer: ``(exit code, output)``."""
+
+    service: str
+    command: str
+    user: str | None = None
+
+
+@dataclass(frozen=True)
+class Pause:
+    seconds: float
+
+
+Plan = Generator[Start | Run | Pause, Any, None]
+
+
+def bring_up(services: dict[str, Service]) -> Plan:
+    """Start every service (``main`` among them) in dependency order, each after those it waits
+    for are healthy, in the first one's network, named in each one's /etc/hosts, each one's
+    process started; raises :class:`ComposeError` naming the service that did not come up."""
+    owner: int | None = None
+    hosts = f"echo {shlex.quote(hosts_line(services))} >> /etc/hosts"
+    for name in start_order(services):
+        service = services[name]
+        for dep, condition in sorted(service.depends_on.items()):
+            if condition == "service_healthy":
+                yield from _healthy(services[dep])
+        server = yield Start(service, owner)
+        owner = server if owner is None else owner
+        code, output = yield Run(name, hosts, "root")
+        if code != 0:
+            raise ComposeError(f"naming the services in /etc/hosts of {name!r} failed: {output[-500:]}")
+        command = process_command(service) if name != MAIN else None
+        if command is not None:
+            code, output = yield Run(name, command, service.user)
+            if code != 0:
+                raise ComposeError(f"compose service {name!r} did not start: {output[-500:]}")
+
+
+def _healthy(service: Service) -> Plan:
+    """Run the service's healthcheck until it passes or its start period and retries are spent."""
+    if service.healthcheck is None:
+        return
+    deadline = time.monotonic() + max(service.health_deadline, 5.0)
+    check = " ".join(shlex.quote(a) for a in service.healthcheck)
+    while True:
+        code, output = yield Run(service.name, check)
+        if code == 0:
+            return
+        if time.monotonic() > deadline:
+            raise ComposeError(f"service {service.name!r} did not become healthy ({check} kept failing: "
+                               f"{output.strip()[-300:]})")
+        yield Pause(service.health_interval)
+
+
+__all__ = ["Service", "ComposeError", "read_compose", "start_order", "process_command", "hosts_line",
+           "entrypoint_command", "bring_up", "Start", "Run", "Pause", "Plan", "MAIN"]
