@@ -178,6 +178,22 @@ def test_validate_runs_a_compose_environment_as_harbor_run_does(
     assert alive(control_plane) == 0  # the services were stopped with the task's sandbox
 
 
+def test_an_env_whose_task_runs_services_is_not_forked(
+        tmp_path: Path, control_plane: ControlPlaneProcess) -> None:  # noqa: F811
+    """Can fail: a fork copies one sandbox, so children of a task with services shared the
+    parent's service sandboxes (and stopped them at their own reset); now fork says why it cannot."""
+    from idegym_env.env import IdeGymEnv
+
+    env = IdeGymEnv(task=f"harbor:{_compose_task(tmp_path / 'tasks')}", control_plane_url=control_plane.url)
+    try:
+        env.reset(seed=0)
+        with pytest.raises(RuntimeError, match="runs services beside its sandbox"):
+            env.fork(2)
+    finally:
+        env.close()
+    assert alive(control_plane) == 0
+
+
 def test_validate_starts_an_image_entrypoint_as_harbor_run_does(
         tmp_path: Path, control_plane: ControlPlaneProcess) -> None:  # noqa: F811
     """Can fail: before, ``idegym tasks validate`` refused a task whose image has an ENTRYPOINT;
