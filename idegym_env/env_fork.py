@@ -55,9 +55,10 @@ def fork_env(env: E, n: int) -> list[E]:
     if getattr(env, "_ended", False):
         raise RuntimeError("the episode has ended: fork while it runs (or reset() first)")
     if getattr(env, "_services", None):
-        raise RuntimeError(f"task {env.task.id!r} runs services beside its sandbox ({', '.join(sorted(env._services))}): "
-                           "fork copies one sandbox, and its children would share the parent's services; start "
-                           "an env per episode for such a task")
+        names = ", ".join(sorted(env._services))
+        raise RuntimeError(f"task {env.task.id!r} runs services beside its sandbox ({names}): fork copies one "
+                           "sandbox, and its children would share the parent's services; start an env per episode "
+                           "for such a task")
     sandboxes = env.sandbox.fork(n)
     share = env._client_share
     if share is None and env._owns_client and env.client is not None:  # the session ends with the last of them
