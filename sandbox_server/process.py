@@ -99,6 +99,8 @@ class Supervisor:
             log.info("no tool spawner (%s is not built: make native): tools start the long way", SPAWNER)
         self._staged = False
         self._stage_lock = asyncio.Lock()  # stages queue: the spawner thread is in one stage's groups at a time
+        self._spawner_lock = asyncio.Lock()  # one spawner start at a time: a call waits for the one under way
+        self._prestart: asyncio.Task | None = None
         self.tool_cgroups = tool_cgroups if tool_cgroups is not None and tool_cgroups.available else None
         # Tools are started from this thread, which lives in the tools' cgroups (tool_cgroups.py).
         self._spawner: concurrent.futures.ThreadPoolExecutor | None = None
@@ -149,7 +151,17 @@ class Supervisor:
             log.error("cannot move the tool spawner into the tools' cgroups %s: %s", self.tool_cgroups.root, exc)
             raise
 
+    def start_spawner(self, user: UserSpec) -> None:
+        """Start ``user``'s spawner now, in the background, rather than at its first tool call:
+        a new sandbox's first call (a fork's child's, a claimed warm one's) then costs what a
+        later one does. Nothing when tools of ``user`` would not use one."""
+        if self._spawners is None or self._loop is None or user.uid == os.getuid():
+            return
+        self._prestart = self._loop.create_task(self._spawner_for(user, groups_of(user)))
+
     def stop(self) -> None:
+        if self._prestart is not None:
+            self._prestart.cancel()
         if self._reaper is not None:
             self._reaper.cancel()
         self._stop_spawners()
@@ -341,6 +353,13 @@ class Supervisor:
         cannot be started or failed its set-up is reported once, and no other is tried."""
         if self._spawners is None or self._staged or self._loop is None:
             return None
+        async with self._spawner_lock:
+            if self._spawners is None or self._staged:  # while waiting: the start under way failed, or a stage began
+                return None
+            return await self._spawner_locked(user, groups)
+
+    async def _spawner_locked(self, user: UserSpec, groups: list[int]) -> Spawner | None:
+        assert self._spawners is not None and self._loop is not None
         spawner = self._spawners.get(user.uid)
         if spawner is not None and spawner.alive and spawner.key == (user.uid, user.gid, tuple(groups)):
             return spawner
