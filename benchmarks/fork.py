@@ -47,7 +47,7 @@ from ._servers import control_plane, make_project
 
 N = int(os.environ.get("BENCH_FORK_N", "5"))
 SIZES = [int(s) for s in os.environ.get("BENCH_FORK_SIZES", "5000,50000").split(",")]
-COUNTS = tuple(int(c) for c in os.environ.get("BENCH_FORK_COUNTS", "1,8,32").split(","))
+COUNTS = tuple(int(c) for c in os.environ.get("BENCH_FORK_COUNTS", "1,8,32").split(",") if c)
 COLD_COUNTS = tuple(c for c in (1, 8) if c in COUNTS)
 EVERY = float(os.environ.get("BENCH_FORK_EVERY", "1.5"))
 GROUP = 8
@@ -139,11 +139,20 @@ def _disk(state: Path, client: Any, tag: str, children: list) -> dict[str, float
 
 def _measure_size(files: int, tmp: Path, result: Result, samples: dict[str, list[float]],
                   parts: dict[str, list[float]]) -> None:
-    from idegym_env.client import IdeGymClient
-
     project = make_project(tmp / f"project{files}", files)
     tag = f"bench/fork{files}:1"
     change = _changes(files)
+    if COUNTS:  # empty: the default configuration's row alone
+        _measure_warm_and_cold(files, project, tag, change, tmp, result, samples, parts)
+    _measure_default(files, project, tag, change, tmp / f"default{files}", result, samples, parts)
+
+
+def _measure_warm_and_cold(files: int, project: Path, tag: str, change: str, tmp: Path, result: Result,
+                           samples: dict[str, list[float]], parts: dict[str, list[float]]) -> None:
+    """Fork into each of ``COUNTS`` from a full warm pool, against fresh sandboxes replaying the
+    changes; then fork without a warm pool."""
+    from idegym_env.client import IdeGymClient
+
     pool = max(COUNTS)
     state = tmp / f"cp{files}"
     with control_plane(state, ["--warm-pool", str(pool), "--warm-pool-max", str(pool),
@@ -204,7 +213,6 @@ def _measure_size(files: int, tmp: Path, result: Result, samples: dict[str, list
                     time.sleep(1.0)  # the children's teardown, before the next fork
                 samples[f"{files} files: fork into {count} (no warm pool)"] = cold
             parent.stop()
-    _measure_default(files, project, tag, change, tmp / f"default{files}", result, samples, parts)
 
 
 def _measure_default(files: int, project: Path, tag: str, change: str, state: Path, result: Result,
@@ -309,8 +317,9 @@ def run() -> Result:
                          result.figures[f"{files} files: fork into {n}: parent paused p50 ms"],
                          result.figures[f"{files} files: fork into {n}: the children answer again p50 ms"],
                          fresh.median_ms, f"{fresh.median_ms / fork.median_ms:.1f}x"])
-    print(table(["case", "fork p50 ms", "fork call ms", "parent paused ms", "answer again ms", "fresh+replay p50 ms",
-                 "fork faster"], rows))
+    if rows:
+        print(table(["case", "fork p50 ms", "fork call ms", "parent paused ms", "answer again ms",
+                     "fresh+replay p50 ms", "fork faster"], rows))
     print()
     side = []
     for files in SIZES:  # the default configuration beside a warm pool sized and filled for the fork
@@ -318,9 +327,17 @@ def run() -> Result:
         warm = by[f"{files} files: fork into {GROUP} (warm pool)"].median_ms if GROUP in COUNTS else float("nan")
         first = result.figures[f"{files} files: fork into {GROUP} (default configuration): a child's first call p50 ms"]
         later = result.figures[f"{files} files: fork into {GROUP} (default configuration): a child's next call p50 ms"]
-        result.figures[f"{files} files: default configuration / warm pool"] = round(default / warm, 3)
+        if GROUP in COUNTS:
+            result.figures[f"{files} files: default configuration / warm pool"] = round(default / warm, 3)
         result.figures[f"{files} files: a child's first call / its next"] = round(first / later, 3)
         side.append([f"{files} files", warm, default, f"{default / warm:.2f}x", first, later, f"{first / later:.2f}x"])
+    print(table([f"default configuration, fork into {GROUP}: where the time goes", "p50 ms"],
+                [[label.split(": ", 2)[-1].removesuffix(" p50 ms"), value] for label, value in result.figures.items()
+                 if "(default configuration): " in label and label.endswith(" p50 ms")]))
+    for label, value in result.figures.items():
+        if "(default configuration): " in label and not label.endswith(" p50 ms"):
+            print(f"{label}: {value}")
+    print()
     print(table([f"fork into {GROUP}", "warm pool p50 ms", "default config p50 ms", "default / warm",
                  "first call p50 ms", "next call p50 ms", "first / next"], side))
     small, large = min(SIZES), max(SIZES)
@@ -351,7 +368,8 @@ def run() -> Result:
     print(f"load average (1, 5, 15 min): {result.figures['load average (1, 5, 15 min)']}")
     result.notes.append("2-core host shared with other agents' test runs; load average (1, 5, 15 min) "
                         f"{result.figures['load average (1, 5, 15 min)']}")
-    _plot(by)
+    if COUNTS:
+        _plot(by)
     return result
 
 
