@@ -348,7 +348,7 @@ class Supervisor:
         return ProcessResult(code, out, err, job.timed_out, time.monotonic() - started, oom)
 
     async def _spawner_for(self, user: UserSpec, groups: list[int]) -> Spawner | None:
-        """The user's spawner, started on first use (again after it died); None while a stage
+        """The user's spawner, started now unless it runs (or is starting); None while a stage
         runs, or when there is none to be had (the tool is then started the long way). One that
         cannot be started or failed its set-up is reported once, and no other is tried."""
         if self._spawners is None or self._staged or self._loop is None:
