@@ -243,7 +243,7 @@ def _measure_default(files: int, project: Path, tag: str, change: str, state: Pa
                 parts.setdefault(part + "the fork call", []).append(returned - t)
                 parts.setdefault(part + "control plane (the fork call less the backend's part)", []).append(
                     returned - t - ms.get("total", float("nan")) / 1e3)
-                for key in ("snapshot", "frozen", "children"):
+                for key in ("snapshot", "prepare", "frozen", "children"):
                     parts.setdefault(part + f"backend: {key}", []).append(ms.get(key, float("nan")) / 1e3)
                 parts.setdefault(part + "one child made (the slowest)", []).append(
                     max(r.get("fork_ms", {}).get("this child", float("nan")) for r in records) / 1e3)
