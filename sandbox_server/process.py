@@ -158,6 +158,7 @@ class Supervisor:
         if self._spawners is None or self._loop is None or user.uid == os.getuid():
             return
         self._prestart = self._loop.create_task(self._spawner_for(user, groups_of(user)))
+        self._prestart.add_done_callback(_log_failure)
 
     def stop(self) -> None:
         if self._prestart is not None:
@@ -544,6 +545,12 @@ class Supervisor:
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:
                     pass
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    """A spawner that could not be started ahead: the first call tries again, and says why."""
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("the tool spawner could not be started with the server: %r", task.exception())
 
 
 def _end_marked(mark: str) -> None:
