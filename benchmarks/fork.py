@@ -332,7 +332,8 @@ def run() -> Result:
         result.figures[f"{files} files: a child's first call / its next"] = round(first / later, 3)
         side.append([f"{files} files", warm, default, f"{default / warm:.2f}x", first, later, f"{first / later:.2f}x"])
     print(table([f"default configuration, fork into {GROUP}: where the time goes", "p50 ms"],
-                [[label.split(": ", 2)[-1].removesuffix(" p50 ms"), value] for label, value in result.figures.items()
+                [[label.replace(f" fork into {GROUP} (default configuration):", "").removesuffix(" p50 ms"), value]
+                 for label, value in result.figures.items()
                  if "(default configuration): " in label and label.endswith(" p50 ms")]))
     for label, value in result.figures.items():
         if "(default configuration): " in label and not label.endswith(" p50 ms"):
