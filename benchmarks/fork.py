@@ -11,10 +11,19 @@ first answers), how long the parent was paused (frozen while its changes were co
 same bash calls again on the children once they run: the floor this host sets (its load) under
 any "ready" time.
 
+And with the control plane's default configuration (no ``--warm-pool`` flags: nothing sized for
+the fork), a fork into 8 every ``BENCH_FORK_EVERY`` seconds (1.5) as a trainer forks a group per
+prompt, beside the warm-pool row of the same run, with where its time went: the control plane
+(the fork call less the backend's part), the layer's copy (the parent frozen in it), making the
+children (remounting warm sandboxes or launching new ones: how many of each), and the children's
+first answers; and each child's first call against its next (a new child must not pay for
+what a later call does not).
+
 Disk: a child's own directory (its writable layers, log, record) against an unused sandbox's,
 and the fork layer, which all children of one fork share, separately.
 
-``BENCH_FORK_N`` repetitions per row (default 5), ``BENCH_FORK_SIZES`` (default ``5000,50000``).
+``BENCH_FORK_N`` repetitions per row (default 5), ``BENCH_FORK_SIZES`` (default ``5000,50000``),
+``BENCH_FORK_COUNTS`` (default ``1,8,32``: the warm-pool rows; the default configuration's is 8).
 Writes ``results/fork.json`` and ``results/fork.png``.
 """
 
@@ -38,8 +47,10 @@ from ._servers import control_plane, make_project
 
 N = int(os.environ.get("BENCH_FORK_N", "5"))
 SIZES = [int(s) for s in os.environ.get("BENCH_FORK_SIZES", "5000,50000").split(",")]
-COUNTS = (1, 8, 32)
-COLD_COUNTS = (1, 8)
+COUNTS = tuple(int(c) for c in os.environ.get("BENCH_FORK_COUNTS", "1,8,32").split(",") if c)
+COLD_COUNTS = tuple(c for c in (1, 8) if c in COUNTS)
+EVERY = float(os.environ.get("BENCH_FORK_EVERY", "1.5"))
+GROUP = 8
 CHANGED = 100
 
 
@@ -76,10 +87,16 @@ def _wait_pool(url: str, tag: str, want: int, state: Path, live: int = 1, timeou
     time.sleep(0.5)
 
 
-def _all_answer(sandboxes: list) -> None:
+def _all_answer(sandboxes: list) -> list[float]:
+    """Each sandbox answers a bash call (all at once); each call's seconds."""
+    def call(sandbox: Any) -> float:
+        t = time.perf_counter()
+        answer = sandbox.bash("true")
+        assert answer.exit_code == 0, answer
+        return time.perf_counter() - t
+
     with concurrent.futures.ThreadPoolExecutor(len(sandboxes)) as pool:
-        for answer in pool.map(lambda s: s.bash("true"), sandboxes):
-            assert answer.exit_code == 0, answer
+        return list(pool.map(call, sandboxes))
 
 
 def _du_kib(path: Path) -> int:
@@ -92,14 +109,19 @@ def _stop_all(sandboxes: list) -> None:
         list(pool.map(lambda s: s.stop(), sandboxes))
 
 
-def _paused_ms(state: Path, children: list) -> float:
-    """How long the parent was frozen for this fork (the backend records it in each child's handle)."""
+def _records(state: Path, children: list) -> list[dict[str, Any]]:
+    """The backend's records of the children (their handles' data)."""
     db = sqlite3.connect(f"file:{state / 'control-plane.db'}?mode=ro", uri=True)
     try:
-        row = db.execute("SELECT handle FROM servers WHERE id = ?", (children[0].server_id,)).fetchone()
+        rows = [db.execute("SELECT handle FROM servers WHERE id = ?", (c.server_id,)).fetchone() for c in children]
     finally:
         db.close()
-    return float(json.loads(row[0])["data"].get("fork_frozen_ms", float("nan")))
+    return [json.loads(row[0])["data"] for row in rows]
+
+
+def _paused_ms(state: Path, children: list) -> float:
+    """How long the parent was frozen for this fork (the backend records it in each child's handle)."""
+    return float(_records(state, children)[0].get("fork_frozen_ms", float("nan")))
 
 
 def _disk(state: Path, client: Any, tag: str, children: list) -> dict[str, float]:
@@ -117,11 +139,20 @@ def _disk(state: Path, client: Any, tag: str, children: list) -> dict[str, float
 
 def _measure_size(files: int, tmp: Path, result: Result, samples: dict[str, list[float]],
                   parts: dict[str, list[float]]) -> None:
-    from idegym_env.client import IdeGymClient
-
     project = make_project(tmp / f"project{files}", files)
     tag = f"bench/fork{files}:1"
     change = _changes(files)
+    if COUNTS:  # empty: the default configuration's row alone
+        _measure_warm_and_cold(files, project, tag, change, tmp, result, samples, parts)
+    _measure_default(files, project, tag, change, tmp / f"default{files}", result, samples, parts)
+
+
+def _measure_warm_and_cold(files: int, project: Path, tag: str, change: str, tmp: Path, result: Result,
+                           samples: dict[str, list[float]], parts: dict[str, list[float]]) -> None:
+    """Fork into each of ``COUNTS`` from a full warm pool, against fresh sandboxes replaying the
+    changes; then fork without a warm pool."""
+    from idegym_env.client import IdeGymClient
+
     pool = max(COUNTS)
     state = tmp / f"cp{files}"
     with control_plane(state, ["--warm-pool", str(pool), "--warm-pool-max", str(pool),
@@ -184,6 +215,50 @@ def _measure_size(files: int, tmp: Path, result: Result, samples: dict[str, list
             parent.stop()
 
 
+def _measure_default(files: int, project: Path, tag: str, change: str, state: Path, result: Result,
+                     samples: dict[str, list[float]], parts: dict[str, list[float]]) -> None:
+    """Fork into 8 every ``EVERY`` seconds on a control plane of the default configuration."""
+    from idegym_env.client import IdeGymClient
+
+    row = f"{files} files: fork into {GROUP} (default configuration)"
+    with control_plane(state) as url:
+        _register(url, project, tag)
+        with IdeGymClient(url, name=f"bench-fork-default-{files}") as client:
+            parent = client.start(tag, reuse="NONE")
+            assert parent.bash(change).exit_code == 0
+            progress = Progress(f"{files} files: fork into {GROUP} every {EVERY:g} s, default configuration", N)
+            totals: list[float] = []
+            remounted: list[int] = []
+            for _ in range(N):
+                time.sleep(EVERY)
+                t = time.perf_counter()
+                children = parent.fork(GROUP)
+                returned = time.perf_counter()
+                first = _all_answer(children)
+                totals.append(time.perf_counter() - t)
+                later = _all_answer(children)
+                records = _records(state, children)
+                ms = records[0].get("fork_ms", {})
+                part = f"{row}: "
+                parts.setdefault(part + "the fork call", []).append(returned - t)
+                parts.setdefault(part + "control plane (the fork call less the backend's part)", []).append(
+                    returned - t - ms.get("total", float("nan")) / 1e3)
+                for key in ("snapshot", "prepare", "frozen", "children"):
+                    parts.setdefault(part + f"backend: {key}", []).append(ms.get(key, float("nan")) / 1e3)
+                parts.setdefault(part + "one child made (the slowest)", []).append(
+                    max(r.get("fork_ms", {}).get("this child", float("nan")) for r in records) / 1e3)
+                parts.setdefault(part + "the first answers (after the call)", []).append(totals[-1] - (returned - t))
+                parts.setdefault(part + "a child's first call", []).extend(first)
+                parts.setdefault(part + "a child's next call", []).extend(later)
+                remounted.append(sum(bool(r.get("adopted")) for r in records))
+                _stop_all(children)
+                progress.step()
+            samples[row] = totals
+            result.figures[f"{row}: children remounted from the pool, each fork"] = " ".join(map(str, remounted))
+            result.figures[f"{row}: the first fork ms"] = round(totals[0] * 1e3, 2)
+            parent.stop()
+
+
 def _plot(by: dict[str, Stats]) -> None:
     import matplotlib
 
@@ -242,16 +317,47 @@ def run() -> Result:
                          result.figures[f"{files} files: fork into {n}: parent paused p50 ms"],
                          result.figures[f"{files} files: fork into {n}: the children answer again p50 ms"],
                          fresh.median_ms, f"{fresh.median_ms / fork.median_ms:.1f}x"])
-    print(table(["case", "fork p50 ms", "fork call ms", "parent paused ms", "answer again ms", "fresh+replay p50 ms",
-                 "fork faster"], rows))
+    if rows:
+        print(table(["case", "fork p50 ms", "fork call ms", "parent paused ms", "answer again ms",
+                     "fresh+replay p50 ms", "fork faster"], rows))
+    print()
+    side = []
+    for files in SIZES:  # the default configuration beside a warm pool sized and filled for the fork
+        default = by[f"{files} files: fork into {GROUP} (default configuration)"].median_ms
+        warm = by[f"{files} files: fork into {GROUP} (warm pool)"].median_ms if GROUP in COUNTS else float("nan")
+        first = result.figures[f"{files} files: fork into {GROUP} (default configuration): a child's first call p50 ms"]
+        later = result.figures[f"{files} files: fork into {GROUP} (default configuration): a child's next call p50 ms"]
+        if GROUP in COUNTS:
+            result.figures[f"{files} files: default configuration / warm pool"] = round(default / warm, 3)
+        result.figures[f"{files} files: a child's first call / its next"] = round(first / later, 3)
+        side.append([f"{files} files", warm, default, f"{default / warm:.2f}x", first, later, f"{first / later:.2f}x"])
+    print(table([f"default configuration, fork into {GROUP}: where the time goes", "p50 ms"],
+                [[label.replace(f" fork into {GROUP} (default configuration):", "").removesuffix(" p50 ms"), value]
+                 for label, value in result.figures.items()
+                 if "(default configuration): " in label and label.endswith(" p50 ms")]))
+    for label, value in result.figures.items():
+        if "(default configuration): " in label and not label.endswith(" p50 ms"):
+            print(f"{label}: {value}")
+    print()
+    print(table([f"fork into {GROUP}", "warm pool p50 ms", "default config p50 ms", "default / warm",
+                 "first call p50 ms", "next call p50 ms", "first / next"], side))
     small, large = min(SIZES), max(SIZES)
-    eight = by[f"{small} files: fork into 8 (warm pool)"].median_ms
-    result.targets["eight"] = check_target(f"8 children ready p50 ({small} files)", eight, 100.0)
+    for files in SIZES:
+        default = by[f"{files} files: fork into {GROUP} (default configuration)"].median_ms
+        result.targets[f"default{files}"] = check_target(
+            f"8 children ready p50, default configuration ({files} files)", default, 100.0)
+        result.targets[f"first_call{files}"] = check_target(
+            f"a new child's first call / its next ({files} files)",
+            result.figures[f"{files} files: a child's first call / its next"], 1.5, unit="x")
+        if GROUP in COUNTS:
+            result.targets[f"warm{files}"] = check_target(
+                f"8 children ready p50, warm pool ({files} files)",
+                by[f"{files} files: fork into {GROUP} (warm pool)"].median_ms, 50.0)
     if large != small:
-        eight_large = by[f"{large} files: fork into 8 (warm pool)"].median_ms
-        result.targets["eight_large"] = check_target(f"8 children ready p50 ({large} files)", eight_large, 100.0)
-        result.targets["flat"] = check_target(f"8 children, {large} vs {small} files", eight_large / eight, 1.5,
-                                              unit="x")
+        result.targets["flat"] = check_target(
+            f"8 children, default configuration, {large} vs {small} files",
+            by[f"{large} files: fork into {GROUP} (default configuration)"].median_ms
+            / by[f"{small} files: fork into {GROUP} (default configuration)"].median_ms, 1.5, unit="x")
     for files in SIZES:
         extra = result.figures.get(f"{files} files: extra disk per child KiB")
         if extra is not None:
@@ -263,7 +369,8 @@ def run() -> Result:
     print(f"load average (1, 5, 15 min): {result.figures['load average (1, 5, 15 min)']}")
     result.notes.append("2-core host shared with other agents' test runs; load average (1, 5, 15 min) "
                         f"{result.figures['load average (1, 5, 15 min)']}")
-    _plot(by)
+    if COUNTS:
+        _plot(by)
     return result
 
 

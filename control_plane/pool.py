@@ -2,7 +2,8 @@
 
 Each pool key (image, kind, root, runtime class, port, limits) keeps ``target`` sandboxes ready.
 The target starts at the configured floor for keys in use and grows with demand (claims in the
-last minute, and the recent claim rate times a fill's duration), up to a ceiling; keys nobody
+last minute, the recent claim rate times a fill's duration, and the largest fork of the last
+minute), up to a ceiling; keys nobody
 asked for in a while shrink back to nothing. Members are recorded in the store, so a restarted
 control plane adopts them instead of leaking them. Fills are background work: the backend
 makes them at a lower priority than the sandboxes that serve (``Backend.create(background=True)``)
@@ -54,6 +55,7 @@ class WarmPool:
         self._templates: dict[tuple, SandboxSpec] = {}
         self._filling: dict[tuple, int] = {}
         self._demand: dict[tuple, deque[float]] = {}
+        self._groups: dict[tuple, deque[tuple[float, int]]] = {}  # (when, how many) a fork took at once
         self._last_used: dict[tuple, float] = {}
         self._failures: dict[tuple, int] = {}
         self._fill_seconds: dict[tuple, float] = {}  # how long a fill takes (moving average)
@@ -102,6 +104,7 @@ class WarmPool:
         now = time.monotonic()
         self._templates.setdefault(key, self.template(spec))
         self._demand.setdefault(key, deque()).extend([now] * count)
+        self._groups.setdefault(key, deque()).append((now, count))
         self._last_used[key] = now
         ready = self._ready.get(key) or deque()
         taken: list[SandboxHandle] = []
@@ -152,7 +155,13 @@ class WarmPool:
         if len(recent) >= 2 and recent[-1] > recent[0]:
             rate = (len(recent) - 1) / (recent[-1] - recent[0])
             in_flight = math.ceil(rate * self._fill_seconds.get(key, DEFAULT_FILL_SECONDS) * 2)
-        return min(self.ceiling, max(self.floor, len(demand) // 2, self.floor + in_flight))
+        # A fork of n in the last minute: the next of its kind (a trainer forks a group per
+        # prompt) finds n ready, not the half of them the minute's count says.
+        groups = self._groups.get(key, deque())
+        while groups and groups[0][0] < cutoff:
+            groups.popleft()
+        group = max((n for _t, n in groups), default=0)
+        return min(self.ceiling, max(self.floor, len(demand) // 2, self.floor + in_flight, group))
 
     def sizes(self) -> dict[str, int]:
         return {self._templates[k].image_tag: len(v) for k, v in self._ready.items() if k in self._templates}

@@ -627,6 +627,7 @@ ROUTES: tuple[Route, ...] = (
 def _lifecycle(state: SandboxState) -> Callable[[web.App], AsyncIterator[None]]:
     async def ctx(app: web.App) -> AsyncIterator[None]:
         state.supervisor.start()
+        state.supervisor.start_spawner(state.user)  # with the sandbox: not a cost of its first call
         state.reset_lock = asyncio.Lock()
         state.project = await asyncio.get_running_loop().run_in_executor(None, _open_project, state.config)
         state.runner.start()

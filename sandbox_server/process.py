@@ -99,6 +99,8 @@ class Supervisor:
             log.info("no tool spawner (%s is not built: make native): tools start the long way", SPAWNER)
         self._staged = False
         self._stage_lock = asyncio.Lock()  # stages queue: the spawner thread is in one stage's groups at a time
+        self._spawner_lock = asyncio.Lock()  # one spawner start at a time: a call waits for the one under way
+        self._prestart: asyncio.Task | None = None
         self.tool_cgroups = tool_cgroups if tool_cgroups is not None and tool_cgroups.available else None
         # Tools are started from this thread, which lives in the tools' cgroups (tool_cgroups.py).
         self._spawner: concurrent.futures.ThreadPoolExecutor | None = None
@@ -149,7 +151,18 @@ class Supervisor:
             log.error("cannot move the tool spawner into the tools' cgroups %s: %s", self.tool_cgroups.root, exc)
             raise
 
+    def start_spawner(self, user: UserSpec) -> None:
+        """Start ``user``'s spawner now, in the background, rather than at its first tool call:
+        a new sandbox's first call (a fork's child's, a claimed warm one's) then costs what a
+        later one does. Nothing when tools of ``user`` would not use one."""
+        if self._spawners is None or self._loop is None or user.uid == os.getuid():
+            return
+        self._prestart = self._loop.create_task(self._spawner_for(user, groups_of(user)))
+        self._prestart.add_done_callback(_log_failure)
+
     def stop(self) -> None:
+        if self._prestart is not None:
+            self._prestart.cancel()
         if self._reaper is not None:
             self._reaper.cancel()
         self._stop_spawners()
@@ -336,11 +349,18 @@ class Supervisor:
         return ProcessResult(code, out, err, job.timed_out, time.monotonic() - started, oom)
 
     async def _spawner_for(self, user: UserSpec, groups: list[int]) -> Spawner | None:
-        """The user's spawner, started on first use (again after it died); None while a stage
+        """The user's spawner, started now unless it runs (or is starting); None while a stage
         runs, or when there is none to be had (the tool is then started the long way). One that
         cannot be started or failed its set-up is reported once, and no other is tried."""
         if self._spawners is None or self._staged or self._loop is None:
             return None
+        async with self._spawner_lock:
+            if self._spawners is None or self._staged:  # while waiting: the start under way failed, or a stage began
+                return None
+            return await self._spawner_locked(user, groups)
+
+    async def _spawner_locked(self, user: UserSpec, groups: list[int]) -> Spawner | None:
+        assert self._spawners is not None and self._loop is not None
         spawner = self._spawners.get(user.uid)
         if spawner is not None and spawner.alive and spawner.key == (user.uid, user.gid, tuple(groups)):
             return spawner
@@ -525,6 +545,12 @@ class Supervisor:
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:
                     pass
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    """A spawner that could not be started ahead: the first call tries again, and says why."""
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("the tool spawner could not be started with the server: %r", task.exception())
 
 
 def _end_marked(mark: str) -> None:

@@ -27,7 +27,9 @@ re-parented to the server (a subreaper), which then reaps it itself. Reward chec
 never use a spawner. A spawner that cannot be started, or fails its set-up, is reported once and
 no other is tried: tools then start the long way.
 
-It is started at the first tool call, and a project reset or ``/api/processes/terminate``, which
+It is started with the server (``Supervisor.start_spawner``, in the background: a call that comes
+meanwhile waits for it), so that a new sandbox's first call costs what a later one does; one that
+died is started again at the next call. A project reset or ``/api/processes/terminate``, which
 ends everything else the episode started, keeps it when it is ``pristine`` (its user may have
 changed its resource limits, priority or CPU affinity, which the next episode's tools would
 inherit: then it is replaced).

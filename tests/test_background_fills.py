@@ -76,6 +76,12 @@ def test_the_warm_pool_fills_in_the_background_and_a_claim_serves_at_normal_prio
         members = tmp_path / "state" / "sandboxes"
 
         def pool_member() -> LocalHandleData | None:
+            """The member, once the pool holds it ready (its socket is there earlier: it answers a
+            call before it is handed out, readiness.warm_up)."""
+            ready = [line for line in cp.http.get("/metrics").text.splitlines()
+                     if line.startswith("idegym_warm_pool_ready{")]
+            if not ready or float(ready[0].rsplit(" ", 1)[1]) < 1:
+                return None
             for sb in members.glob("pool-*") if members.is_dir() else []:
                 data = read_meta(sb)
                 if data and data.server and os.path.exists(data.socket):

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.backends.local.layout import read_meta
 from sandbox_server.polling import wait_until
 from tests.cp_helpers import ControlPlaneProcess
 
@@ -203,12 +202,13 @@ def test_the_pool_refills_after_a_fork_only_once_its_children_had_their_moment(c
     def members() -> set[str]:
         return {p.name for p in sandboxes.glob("pool-*")}
 
-    def ready() -> set[str]:
-        metas = {name: read_meta(sandboxes / name) for name in members()}
-        return {name for name, meta in metas.items()
-                if meta is not None and os.path.exists(meta.socket or "/nonexistent")}
+    def ready() -> int:
+        """Members the pool holds ready (a member's socket is there before: it answers a warm-up
+        call first, readiness.warm_up)."""
+        return int(sum(float(line.rsplit(" ", 1)[1]) for line in cp.http.get("/metrics").text.splitlines()
+                       if line.startswith("idegym_warm_pool_ready{")))
 
-    assert wait_until(lambda: len(ready()) >= 2, 60), members()
+    assert wait_until(lambda: ready() >= 2, 60), members()
     before = members()
     asked = time.time()  # the fork ends after this, and the hold-off starts where it ends
     children = _fork(cp, client, parent, 2)

@@ -20,6 +20,7 @@ from control_plane.backends.local import LocalBackend
 from control_plane.backends.local.cgroups import Cgroups
 from control_plane.backends.local.fork_layers import ForkLayers
 from control_plane.backends.local.handle_data import LocalHandleData
+from sandbox_server import procfs
 from tests.local_helpers import (
     LoopThread,
     bash,
@@ -123,6 +124,74 @@ def test_children_hold_the_parents_whole_filesystem_and_are_isolated_every_way(
     ok(cold, "(sleep 300 &) ; true")
     assert "sleep 300" not in ok(parent, "ps -eo args")
     _remove(loop, backend, parent, cold, adopted)
+
+
+def _spawner_of(handle: SandboxHandle) -> int:
+    """The host pid of the tool user's spawner in sandbox ``handle`` (0: none yet)."""
+    server = LocalHandleData.of(handle.data).server
+    assert server is not None
+    for pid in procfs.children(server[0]):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"/idegym-spawner"):
+                return pid
+        except OSError:
+            continue
+    return 0
+
+
+def _pid_inside(pid: int) -> int:
+    """``pid`` as its sandbox's pid namespace numbers it."""
+    line = next(li for li in Path(f"/proc/{pid}/status").read_text().splitlines() if li.startswith("NSpid:"))
+    return int(line.split()[-1])
+
+
+def test_a_warm_sandbox_s_spawner_started_before_the_fork_serves_the_child_s_trees_only(
+        loop: LoopThread, backend: LocalBackend, image: str) -> None:
+    """The tool user's spawner starts with the server: a warm sandbox has one before a fork
+    remounts it, and the child's first call comes from it. What it starts sees the child's trees
+    (the parent's files at the fork) and writes to the child's own layer, nobody else's.
+
+    Can fail: it did: the spawner was started by the child's first call (none before the fork)."""
+    parent = loop.run(backend.create(spec("p-spawn", image), 120))
+    warm = loop.run(backend.create(spec("w-spawn", image), 120))
+    assert wait_for(lambda: _spawner_of(warm) != 0, timeout=10), "no spawner before the fork"
+    before = _spawner_of(warm)
+    ok(parent, "echo at-fork > parent-file; echo at-fork > /tmp/parent-tmp")
+    (adopted,) = _fork(loop, backend, parent, ["w-spawn"], {"w-spawn": warm})
+    assert adopted.data.get("adopted")
+    out = ok(adopted, "echo $PPID; id -u; cat parent-file /tmp/parent-tmp; echo child > child-file")
+    assert out.splitlines() == [str(_pid_inside(before)), "1000", "at-fork", "at-fork"]
+    assert _spawner_of(adopted) == before
+    assert ok(parent, "ls child-file 2>&1 | grep -c 'No such'") == "1\n"
+    _remove(loop, backend, parent, adopted)
+
+
+def _minor_faults(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+
+
+def test_a_child_made_from_the_warm_pool_pays_nothing_more_on_its_first_call(
+        loop: LoopThread, backend: LocalBackend, image: str) -> None:
+    """A warm-pool sandbox answered one tool call before it was handed out (``readiness.warm_up``):
+    the pages its server shares with the zygote that a call writes are its own already, so a fork
+    child's first call copies about as few as a later call (page faults: counted, not timed).
+
+    Can fail: it did: the first call of such a child took ~220 minor faults in its server (~1.5 ms
+    of CPU), a later one 1."""
+    parent = loop.run(backend.create(spec("p-first", image), 120))
+    warm = loop.run(backend.create(spec("w-first", image), 120, background=True))
+    backend.claim(warm)
+    (child,) = _fork(loop, backend, parent, ["w-first"], {"w-first": warm})
+    assert child.data.get("adopted")
+    server = LocalHandleData.of(child.data).server
+    assert server is not None
+    faults = []
+    for _ in range(2):
+        before = _minor_faults(server[0])
+        ok(child, "true")
+        faults.append(_minor_faults(server[0]) - before)
+    assert faults[0] <= faults[1] + 50, faults
+    _remove(loop, backend, parent, child)
 
 
 def test_a_file_being_written_during_the_fork_is_never_torn(loop: LoopThread, backend: LocalBackend,

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox_server import procfs
 from sandbox_server.spawner import ANSWER, COUNTS, MAX_REQUEST, SPAWNER, Spawner, SpawnRefused, _request
 from tests.helpers import SandboxProcess, process_alive, wait_until
 
@@ -87,6 +88,20 @@ def test_tools_of_the_tool_user_come_from_one_spawner_they_cannot_read_or_trace(
                         f"{PTRACE} {spawner}")
     assert probe["stderr"].count("Permission denied") == 2, probe
     assert probe["stdout"].startswith("-1 Operation not permitted"), probe
+
+
+def test_the_spawner_starts_with_the_server_not_at_the_first_call(server: SandboxProcess) -> None:
+    """Can fail: it did: the spawner was started by the first tool call, which paid for it (a
+    fork's child's first call, a claimed warm sandbox's)."""
+
+    def spawners() -> list[int]:
+        return [pid for pid in procfs.children(server.pid)
+                if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] == SPAWNER.encode()]
+
+    assert wait_until(lambda: len(spawners()) == 1, 10), "no spawner before the first call"
+    (started,) = spawners()
+    assert uid_of(started) == NOBODY
+    assert spawner_of(server) == started  # the first call's tool came from it
 
 
 def test_the_spawner_dies_with_the_server(server: SandboxProcess) -> None:

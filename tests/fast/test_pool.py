@@ -80,6 +80,31 @@ def test_demand_grows_the_pool_up_to_its_ceiling_and_no_further(tmp_path: Path) 
     run(scenario())
 
 
+def test_after_a_fork_the_pool_tops_up_to_the_fork_s_size(tmp_path: Path) -> None:
+    """A fork of 8 with the default floor (2) found 2 members and launched 6; the pool must then
+    hold 8 for the next fork of the group (a trainer forks one per prompt), not the 4 the
+    minute's count halved says. Never past the ceiling.
+
+    Can fail: it did: the target after one fork of 8 was 4, and the next fork launched 4 children."""
+
+    async def scenario() -> None:
+        async with harness(tmp_path, warm_pool=2, warm_pool_max=8) as h:
+            pool = h.cp.pool
+            pool.watch(spec())
+            await h.backend.wait_for(lambda: len(members(h)) == 2)
+            taken = pool.take(spec(), 8)
+            assert len(taken) == 2
+            await asyncio.gather(*(h.backend.delete(t) for t in taken))
+            assert pool.target(spec().pool_key()) == 8
+            pool.refill(spec())
+            await h.backend.wait_for(lambda: len(members(h)) == 8)
+            taken = pool.take(spec(), 12)  # over the ceiling: the ceiling
+            assert len(taken) == 8 and pool.target(spec().pool_key()) == 8
+            await asyncio.gather(*(h.backend.delete(t) for t in taken))
+
+    run(scenario())
+
+
 def test_members_of_an_image_nobody_wants_any_more_are_shed(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with harness(tmp_path, warm_pool=2) as h:

@@ -23,6 +23,7 @@ import asyncio
 import logging
 import os
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,18 +84,25 @@ async def fork(site: LocalForkSite, parent: SandboxHandle, children: list[ForkCh
     op = f"o-{os.getpid()}-{secrets.token_hex(6)}"  # a holder for the fork's own time
     below = list(record.forks)
     made: list[SandboxHandle] = []
+    began = time.perf_counter()
+    own: dict[str, float] = {}  # each child's own time (ms), by name
     try:
         await loop.run_in_executor(None, layers.hold, below, op)  # nothing below goes while we work
         await loop.run_in_executor(None, layers.enter, below)
         try:
             # As deep as a stack may be: the layers below are merged into the new one (fork_layers.py).
             merge = layers.stack(below) if len(below) + 1 > layers.max_stack else None
+            took = time.perf_counter()
             layer_id, timings = await loop.run_in_executor(None, layers.take, record, op, launcher.storage,
                                                            merge)
+            timings["layers below"] = (took - began) * 1e3
+            timings["snapshot"] = timings.pop("total", 0.0)
             try:
                 stack = layers.stack([layer_id] if merge is not None else [layer_id, *below])
-                results = await asyncio.gather(*(_child(site, image, record, stack, c, timeout)
+                started = time.perf_counter()
+                results = await asyncio.gather(*(_child(site, image, record, stack, c, timeout, own)
                                                  for c in children), return_exceptions=True)
+                timings["children"] = (time.perf_counter() - started) * 1e3
             finally:
                 # The new layer's copy is written out as it is detached (5-20 ms): after the answer.
                 _in_background(layers.leave, [layer_id])
@@ -106,9 +114,11 @@ async def fork(site: LocalForkSite, parent: SandboxHandle, children: list[ForkCh
             raise failed[0]
         log.info("forked %s into %d (layer %s: frozen %.1f ms)", parent.name, len(made), layer_id,
                  timings.get("frozen", 0.0))
+        timings["total"] = (time.perf_counter() - began) * 1e3
         for handle in made:
             data = LocalHandleData.of(handle.data)
             data.fork_frozen_ms = round(timings.get("frozen", 0.0), 2)
+            data.fork_ms = {k: round(v, 2) for k, v in {**timings, "this child": own.get(handle.name, 0.0)}.items()}
             handle.data = data.dump()
         return made
     except BaseException:
@@ -119,9 +129,11 @@ async def fork(site: LocalForkSite, parent: SandboxHandle, children: list[ForkCh
 
 
 async def _child(site: LocalForkSite, image: ResolvedImage, parent: LocalHandleData, stack: ForkStack,
-                 child: ForkChild, timeout: float) -> SandboxHandle:
-    """One child: ``child.warm`` remounted onto ``stack`` when it can be, else a new sandbox."""
+                 child: ForkChild, timeout: float, own: dict[str, float]) -> SandboxHandle:
+    """One child: ``child.warm`` remounted onto ``stack`` when it can be, else a new sandbox;
+    ``own`` hears how long it took (ms)."""
     loop = asyncio.get_running_loop()
+    started = time.perf_counter()
     if child.warm is not None:
         warm = LocalHandleData.of(child.warm.data)
         why_not = adopt.unsuitable(warm, image, parent)
@@ -134,6 +146,7 @@ async def _child(site: LocalForkSite, image: ResolvedImage, parent: LocalHandleD
                     child.warm.data = warm.dump()  # it stands on the fork's layers (or some: deleted below)
                 await loop.run_in_executor(None, seed_tmp, stack, warm)
                 write_meta(site.space.root / child.warm.name, child.warm.name, warm)
+                own[child.warm.name] = (time.perf_counter() - started) * 1e3
                 return child.warm
             except Exception as exc:  # noqa: BLE001 - the child is launched instead
                 log.warning("turning warm sandbox %s into a fork child failed (%s); launching one", child.warm.name,
@@ -150,6 +163,7 @@ async def _child(site: LocalForkSite, image: ResolvedImage, parent: LocalHandleD
     except BaseException:
         await _delete_all(site, [handle])
         raise
+    own[handle.name] = (time.perf_counter() - started) * 1e3
     return handle
 
 

@@ -57,6 +57,8 @@ class LocalHandleData(BaseModel):
     lease_monitor: Record | None = None
     timings_ms: dict[str, float] = Field(default_factory=dict)
     fork_frozen_ms: float | None = None
+    # Where the fork that made it spent its time (fork.py): the phases, and this child's own part.
+    fork_ms: dict[str, float] = Field(default_factory=dict)
 
     def processes(self) -> dict[str, Record]:
         """The recorded processes a teardown and the lease monitor end: bwrap's monitor, the

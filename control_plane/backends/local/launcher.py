@@ -264,6 +264,8 @@ class Launcher:
                 if isinstance(result, BaseException):
                     raise result
             readiness.publish_socket(data)
+            if background and data.forked:  # a sandbox server (no other kind) sharing the zygote's pages
+                await readiness.warm_up(data, max(deadline - time.monotonic(), 0.1))
             ended = time.perf_counter()
             data.timings_ms = {"prepare": round((prepared - started) * 1e3, 2),
                                   "spawn": round((spawned - prepared) * 1e3, 2),

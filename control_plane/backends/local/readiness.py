@@ -8,7 +8,7 @@ import os
 import stat
 from pathlib import Path
 
-from sandbox_server import procfs
+from sandbox_server import procfs, routes
 from sandbox_server.output import read_available
 from sandbox_server.polling import wait_until
 
@@ -77,6 +77,32 @@ def attach(data: LocalHandleData) -> None:
     if data.cgroups:
         for pid in pids:
             Cgroups.attach(sub(data.cgroups, SERVER), pid)
+
+
+async def warm_up(data: LocalHandleData, timeout: float) -> None:
+    """One tool call (``true``, as the zygote warms up with) to a sandbox made ahead of demand,
+    before it is handed out: what the server's HTTP and tool paths touch (pages shared with the
+    zygote, copied at the first write; the spawner's first start) is then its own, which the first
+    call of its claim or fork child would otherwise pay for (~1.5 ms of CPU and ~220 page faults
+    of its server). ``BackendError`` when it does not answer."""
+    body = b'{"command": "true"}'
+
+    async def ask() -> bytes:
+        reader, writer = await asyncio.open_unix_connection(data.socket)
+        try:
+            writer.write(f"POST {routes.BASH.path} HTTP/1.1\r\nHost: sandbox\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+            await writer.drain()
+            return await reader.read()
+        finally:
+            writer.close()
+
+    try:
+        reply = await asyncio.wait_for(ask(), timeout)
+    except (OSError, TimeoutError) as exc:
+        raise BackendError(f"the sandbox server did not answer its first request: {exc}", 504) from exc
+    if not reply.startswith(b"HTTP/1.1 200"):
+        raise BackendError(f"the sandbox server answered its first request with {reply[:200]!r}")
 
 
 def publish_socket(data: LocalHandleData) -> None:
