@@ -70,8 +70,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 # `make test` runs on two pytest-xdist workers. A module's tests stay on one worker (its module
 # fixtures start once); every test that starts Ray runs on one worker, one at a time (two Rays
 # on a host would share its ports and /tmp/ray); every test on the Kubernetes simulator runs on
-# one worker in file order, as without xdist (the session's simulator audits the calls of them
-# all: test_the_documented_role_grants_every_call...). xdist's own `xdist_group` marks do not
+# one worker (one session simulator, started once). xdist's own `xdist_group` marks do not
 # reach its scheduler under pytest 9.2 (a node id no longer follows `_nodeid`), so the scheduler
 # groups by node id, and each worker checks that the markers agree with it.
 RAY_FILES = ("tests/test_ray_vector.py", "tests/test_fork_vector.py", "tests/test_ray_cluster.py",
