@@ -101,9 +101,12 @@ def xdist_group(nodeid: str) -> str:
 
 # Longest scope first, so that the run does not end with one worker on a long scope while the
 # other idles (xdist's own order is by number of tests, which sends the long single tests of the
-# split modules last). A test's seconds are those of its last run, kept in pytest's cache; a test
-# not yet timed (a fresh clone) counts one second, or LONG_TEST seconds in a split module.
+# split modules last). A test's seconds are those of its last run here (pytest's cache), else
+# those in tests/durations.json (tests of 5 s and more, medians of `make test` runs on 2 cores;
+# it only orders the run, so a stale entry costs time, never a result), else one second, or
+# LONG_TEST in a split module.
 SECONDS_KEY = "idegym/test-seconds"
+DURATIONS = Path(__file__).with_name("durations.json")
 LONG_TEST = 20.0
 
 
@@ -115,12 +118,14 @@ def _estimate(nodeid: str, seconds: dict[str, float]) -> float:
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    import json
     from collections import OrderedDict
 
     from xdist.scheduler import LoadScopeScheduling
 
     cache = getattr(config, "cache", None)  # None under -p no:cacheprovider
-    seconds: dict[str, float] = cache.get(SECONDS_KEY, {}) if cache is not None else {}
+    seconds: dict[str, float] = {**json.loads(DURATIONS.read_text()),
+                                 **(cache.get(SECONDS_KEY, {}) if cache is not None else {})}
 
     class ByGroup(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
