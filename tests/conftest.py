@@ -70,8 +70,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 # `make test` runs on two pytest-xdist workers. A module's tests stay on one worker (its module
 # fixtures start once); every test that starts Ray runs on one worker, one at a time (two Rays
 # on a host would share its ports and /tmp/ray); every test on the Kubernetes simulator runs on
-# one worker in file order, as without xdist (the session's simulator audits the calls of them
-# all: test_the_documented_role_grants_every_call...). xdist's own `xdist_group` marks do not
+# one worker (one session simulator, started once). xdist's own `xdist_group` marks do not
 # reach its scheduler under pytest 9.2 (a node id no longer follows `_nodeid`), so the scheduler
 # groups by node id, and each worker checks that the markers agree with it.
 RAY_FILES = ("tests/test_ray_vector.py", "tests/test_fork_vector.py", "tests/test_ray_cluster.py",
@@ -100,14 +99,74 @@ def xdist_group(nodeid: str) -> str:
     return path
 
 
+# Longest scope first, so that the run does not end with one worker on a long scope while the
+# other idles (xdist's own order is by number of tests, which sends the long single tests of the
+# split modules last). A test's seconds are those of its last run here (pytest's cache), else
+# those in tests/durations.json (tests of 5 s and more, medians of `make test` runs on 2 cores;
+# it only orders the run, so a stale entry costs time, never a result), else one second, or
+# LONG_TEST in a split module.
+SECONDS_KEY = "idegym/test-seconds"
+DURATIONS = Path(__file__).with_name("durations.json")
+LONG_TEST = 20.0
+
+
+def _estimate(nodeid: str, seconds: dict[str, float]) -> float:
+    if nodeid in seconds:
+        return seconds[nodeid]
+    path = nodeid.partition("::")[0]
+    return LONG_TEST if path in SPLIT_BY_TEST or path in SPLIT_BY_SOURCE else 1.0
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    import json
+    from collections import OrderedDict
+
     from xdist.scheduler import LoadScopeScheduling
+
+    cache = getattr(config, "cache", None)  # None under -p no:cacheprovider
+    seconds: dict[str, float] = {**json.loads(DURATIONS.read_text()),
+                                 **(cache.get(SECONDS_KEY, {}) if cache is not None else {})}
 
     class ByGroup(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return xdist_group(nodeid)
 
+        def schedule(self) -> None:
+            if self.collection is None:  # the first call: reorder the queue before any is assigned
+                self.workqueue = _LongestFirst(seconds)
+            super().schedule()
+
+    class _LongestFirst(OrderedDict):
+        """The work queue, sorted by estimated seconds once filled (on the first pop)."""
+
+        def __init__(self, seconds: dict[str, float]) -> None:
+            super().__init__()
+            self.seconds, self.ordered = seconds, False
+
+        def popitem(self, last: bool = True) -> tuple[str, dict[str, bool]]:
+            if not self.ordered:
+                ranked = sorted(self.items(), key=lambda kv: -sum(_estimate(n, self.seconds) for n in kv[1]))
+                self.clear()
+                self.update(ranked)
+                self.ordered = True
+            return super().popitem(last)
+
     return ByGroup(config, log)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _TIMED[report.nodeid] = _TIMED.get(report.nodeid, 0.0) + report.duration
+
+
+_TIMED: dict[str, float] = {}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Keep this run's test seconds (the controller's, or a run without xdist) for the next schedule."""
+    cache = getattr(config, "cache", None)  # None under -p no:cacheprovider
+    if _TIMED and cache is not None and not hasattr(config, "workerinput"):
+        cache.set(SECONDS_KEY, {**cache.get(SECONDS_KEY, {}), **_TIMED})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

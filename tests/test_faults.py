@@ -137,6 +137,19 @@ def test_control_plane_killed_during_starts_and_forwards(cpf: ControlPlaneProces
         cp.bash(client, sid, f"echo {sid} > marker.txt")
     acknowledged: list[int] = []
     stop = threading.Event()
+    db = cp.state_dir / "control-plane.db"
+
+    def orphans() -> set[str]:
+        """Sandbox directories without a live record: starts under way, or what cut-off ones left."""
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            live = {json.loads(h)["name"] for (h,) in con.execute(
+                "SELECT handle FROM servers WHERE handle IS NOT NULL AND availability IN "
+                "('ALIVE', 'FINISHED', 'REUSED')")}
+        finally:
+            con.close()
+        on_disk = {e.name for e in os.scandir(cp.state_dir / "sandboxes") if e.is_dir()}
+        return on_disk - live
 
     def starts() -> None:
         while not stop.is_set():
@@ -161,7 +174,8 @@ def test_control_plane_killed_during_starts_and_forwards(cpf: ControlPlaneProces
     for t in threads:
         t.start()
     assert wait_until(lambda: len(acknowledged) >= 8, 30)
-    time.sleep(0.3)  # starts are now in every phase: preparing, spawning, waiting for ready
+    # The kill must cut starts off half-way: sandboxes on disk that have no live record yet.
+    assert wait_until(lambda: len(orphans()) >= 2, 30), "no start was under way"
     cp.kill()
     stop.set()
     for t in threads:
@@ -179,19 +193,6 @@ def test_control_plane_killed_during_starts_and_forwards(cpf: ControlPlaneProces
     for sid in kept:
         assert cp.bash(client, sid, "cat marker.txt")["stdout"] == f"{sid}\n"
     # No sandbox without a live record: the sweep removes what the cut-off starts left.
-    db = cp.state_dir / "control-plane.db"
-
-    def orphans() -> set[str]:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-        try:
-            live = {json.loads(h)["name"] for (h,) in con.execute(
-                "SELECT handle FROM servers WHERE handle IS NOT NULL AND availability IN "
-                "('ALIVE', 'FINISHED', 'REUSED')")}
-        finally:
-            con.close()
-        on_disk = {e.name for e in os.scandir(cp.state_dir / "sandboxes") if e.is_dir()}
-        return on_disk - live
-
     assert wait_until(lambda: not orphans(), 30), orphans()
     assert _integrity(cp) == "ok"
 

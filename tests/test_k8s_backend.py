@@ -15,6 +15,7 @@ import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -134,6 +135,45 @@ def k8s_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimulatorProce
     sim = SimulatorProcess(tmp_path_factory.mktemp("k8s-sim"), snapshots=True)
     yield sim
     sim.stop()
+
+
+def documented_role() -> set[tuple[str, str, str]]:
+    """(verb, API group, resource) the Role in docs/kubernetes.md grants."""
+    docs = (REPO / "docs" / "kubernetes.md").read_text()
+    role = next(doc for block in re.findall(r"```yaml\n(.*?)```", docs, re.DOTALL)
+                for doc in yaml.safe_load_all(block) if doc.get("kind") == "Role")
+    return {(verb, group, resource) for rule in role["rules"] for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def backend_calls(sim: SimulatorProcess) -> set[tuple[str, str, str]]:
+    """(verb, API group, resource) of every call the control plane's client sent to ``sim``."""
+    return {(verb, group, resource) for agent, verb, group, resource in sim.http.get("/_sim/audit").json()
+            if agent == "idegym-control-plane"}
+
+
+def ungranted(used: set[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """Calls the documented Role does not grant (services/proxy, for api-proxy addressing, is the
+    documented extra: any verb a forwarded call uses)."""
+    proxied = {u for u in used if u[2] == "services/proxy"}
+    bad_proxy = {u for u in proxied if u[0] not in ("get", "create", "update", "patch", "delete")}
+    return sorted((used - proxied - documented_role()) | bad_proxy)
+
+
+@pytest.fixture(autouse=True)
+def each_test_is_granted_and_leaves_no_pod(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After every test on the module's simulator: every call the backend made so far is granted
+    by the documented Role, and no pod process is left running (each test deletes its servers)."""
+    yield
+    if "k8s_sim" not in request.fixturenames:
+        return
+    sim: SimulatorProcess = request.getfixturevalue("k8s_sim")
+    assert not ungranted(backend_calls(sim))
+
+    async def settled() -> bool:
+        return not sim.pod_pids()
+
+    assert asyncio.run(wait_for(settled, 20)), sim.state()
 
 
 @pytest.fixture
@@ -769,40 +809,63 @@ def test_nodes_count_keeps_one_holder_pod_per_node(k8s_config: KubernetesBackend
     run(scenario, k8s_config)
 
 
-def test_no_pod_process_outlives_the_tests(k8s_sim: SimulatorProcess) -> None:
-    """Every test deleted its servers: the simulator runs no sandbox process any more."""
-    async def settled() -> bool:
-        return not k8s_sim.pod_pids()
-
-    assert asyncio.run(wait_for(settled, 20)), k8s_sim.state()
-
-
-def test_the_documented_role_grants_every_call_the_backend_made(k8s_sim: SimulatorProcess) -> None:
-    """Runs after the scenarios above: every (verb, resource) the control plane's client sent to
-    the simulator must be granted by the Role in docs/kubernetes.md (services/proxy is the
-    documented extra for api-proxy addressing), and the Role grants nothing unused."""
-    docs = (REPO / "docs" / "kubernetes.md").read_text()
-    role = next(doc for block in re.findall(r"```yaml\n(.*?)```", docs, re.DOTALL)
-                for doc in yaml.safe_load_all(block) if doc.get("kind") == "Role")
-    granted = {(verb, group, resource) for rule in role["rules"] for group in rule["apiGroups"]
-               for resource in rule["resources"] for verb in rule["verbs"]}
-    used = {(verb, group, resource) for agent, verb, group, resource in k8s_sim.http.get("/_sim/audit").json()
-            if agent == "idegym-control-plane"}
-    proxied = {u for u in used if u[2] == "services/proxy"}
-    assert used - proxied <= granted, sorted(used - proxied - granted)
-    assert proxied and {v for v, _, _ in proxied} <= {"get", "create", "update", "patch", "delete"}
-    # granted for paths these tests do not take: cleaning up a build whose ConfigMap could not be
+def test_the_documented_role_grants_every_call_the_backend_made_and_nothing_unused(tmp_path: Path) -> None:
+    """On a simulator of its own, a tour of every path of the backend (servers created, called
+    through the API server's proxy, restarted, snapshotted and restored, failing to start, image
+    builds, node holders, a bare Pod, the orphan sweep): every (verb, resource) its client sent is granted by
+    the Role in docs/kubernetes.md, and the Role grants nothing unused. Can fail: without the tour's
+    node holders and bare Pod, ``create pods`` and ``patch poddisruptionbudgets`` went unused. (Every other test here is
+    checked against the Role too, by ``each_test_is_granted_and_leaves_no_pod``.)"""
+    sim = SimulatorProcess(tmp_path, snapshots=True)
+    try:
+        run(_tour, sim.backend_config(snapshots=True))
+        used = backend_calls(sim)
+    finally:
+        sim.stop()
+    assert not ungranted(used), ungranted(used)
+    assert {u for u in used if u[2] == "services/proxy"}, "no call went through the API server's proxy"
+    # granted for paths the tour does not take: cleaning up a build whose ConfigMap could not be
     # created, and observing a bare-Pod server whose pod left the informer's cache
     rarely = {("delete", "batch", "jobs"), ("get", "", "pods")}
-    assert granted - used <= rarely, sorted(granted - used - rarely)
+    assert documented_role() - used <= rarely, sorted(documented_role() - used - rarely)
+
+
+async def _tour(backend: KubernetesBackend) -> None:
+    spec = spec_for(request())
+    handle = await backend.create(spec, 30)
+    assert (await bash(backend, handle, "echo toured > state.txt"))["exit_code"] == 0
+    group = str(spec.server_id)
+    await backend.snapshot(handle, group)
+    restored = await backend.create(spec_for(request(snapshot=SnapshotRef(id=group))), 30)
+    assert (await bash(backend, restored, "cat state.txt"))["stdout"] == "toured\n"
+    handle = await backend.restart(handle, spec, 30)
+    assert (await backend.observe(handle)).ready
+    await backend.delete_snapshot(group)
+    with pytest.raises(BackendError, match="ContainersNotReady"):  # the reason, from the pod's events
+        await backend.create(spec_for(request(image_tag="registry.example.com/never-ready:1")), 2)
+    (image,) = parse_build_yaml("images:\n  - name: toured\n    base: python:3.12-slim\n",
+                                registry="registry.example.com/idegym")
+    job = await backend.builder.submit(image)
+    assert (await backend.builder.wait(job, timeout=30)).status == Status.SUCCESS
+    assert "Pushed" in await backend.builder.logs(job)
+    await backend.reserve_nodes("tourist", 2, timeout=20)
+    await backend.release_nodes("tourist", 1)
+    await backend.release_nodes("tourist", 0)
+    bare = await backend.create(spec_for(request(pod_overrides={"restartPolicy": "Never"})), 30)
+    assert bare.data["kind"] == "Pod"
+    await backend.delete(bare)
+    leaked = spec_for(request())
+    await asyncio.to_thread(inspect(backend).core.create_namespaced_service, "idegym",
+                            build_server_manifests(leaked, backend.settings, namespace="idegym").service)
+    for name in await backend.list_names() - {handle.name, restored.name}:
+        await backend.delete_name(name)
+    for each in (handle, restored):
+        await backend.delete(each)
+    assert await backend.list_names() == set()
 
 
 def test_deploy_manifests_validate_and_match_the_docs() -> None:
     """deploy/kubernetes/control-plane.yaml is valid Kubernetes and is what the docs show."""
-    from pathlib import Path
-
-    import yaml
-
     root = Path(__file__).resolve().parent.parent
     text = (root / "deploy" / "kubernetes" / "control-plane.yaml").read_text()
     docs = (root / "docs" / "kubernetes.md").read_text()

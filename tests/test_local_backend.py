@@ -426,6 +426,20 @@ asyncio.run(main())
 """
 
 
+def _in_group(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid``."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                found.append(int(entry.name))
+    return found
+
+
 def test_sandboxes_outlive_a_killed_control_plane(loop: LoopThread, backend: LocalBackend, state: Path) -> None:
     from control_plane.backends.base import SandboxHandle as Handle
     from tests.helpers import REPO
@@ -440,7 +454,7 @@ def test_sandboxes_outlive_a_killed_control_plane(loop: LoopThread, backend: Loc
         proc.wait()
         proc.stdout.close()
     h = Handle.from_json(json.loads(line))
-    time.sleep(0.2)
+    assert wait_for(lambda: not _in_group(proc.pid), 10), "the creator's process group outlived SIGKILL"
     assert loop.run(backend.observe(h)).running
     assert ok(h, "echo survived") == "survived\n"
     loop.run(backend.delete(h))

@@ -13,7 +13,6 @@ import glob
 import json
 import os
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ import pytest
 pytest.importorskip("ray")
 
 from idegym_env.vector.local_ray import SimulatedCluster, non_loopback_listeners  # noqa: E402
-from tests.helpers import REPO, wait_until  # noqa: E402
+from tests.helpers import REPO, processes_mentioning, wait_until  # noqa: E402
 from tests.helpers import bash_action as bash  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -164,11 +163,12 @@ def test_losing_a_node_mid_episode_ends_only_its_sub_env_which_comes_back_elsewh
     doomed_sandboxes = sandbox_pids(doomed["state_dir"])
 
     commands = ["echo a", "echo b", "echo c"]
-    commands[slot] = "sleep 8; echo never"
+    marker = f"never-{uuid.uuid4().hex}"
+    commands[slot] = f"sleep 8; echo {marker}"
     answer: dict[str, Any] = {}
     step = threading.Thread(target=lambda: answer.update(result=vec.step(actions(*commands))))
     step.start()
-    time.sleep(1.5)  # the sleep is running in the victim's sandbox
+    assert wait_until(lambda: processes_mentioning(marker.encode()), 30), "the step never ran in the victim's sandbox"
     cluster.remove(victim)  # SIGKILL: the node crashes
     step.join(60)
     assert not step.is_alive(), "the step did not come back after the node was lost"

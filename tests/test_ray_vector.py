@@ -34,7 +34,7 @@ from idegym_env.spaces import ToolCallSpace, UnicodeText  # noqa: E402
 from idegym_env.vector import NEXT_STEP, ObjectBatch, RayVectorEnv, rllib_env_creator  # noqa: E402
 from idegym_env.wrappers import ByteTokenizer, DiscreteActions, HashedWordTokenizer, TokenizeObservation  # noqa: E402
 from tests.helpers import bash_action as bash  # noqa: E402
-from tests.helpers import embedded_control_plane, local_ray_session, wait_until  # noqa: E402
+from tests.helpers import embedded_control_plane, local_ray_session, processes_mentioning, wait_until  # noqa: E402
 from tests.helpers import object_actions as actions  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -162,8 +162,9 @@ def test_a_killed_actor_truncates_only_its_slot_and_the_slot_recovers(vec: RayVe
     restarts = int(vec.restarts[1])
     # Sub-env 1's actor dies in the middle of a step.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        step = pool.submit(vec.step, actions(bash("echo ok 0"), bash("sleep 20; echo never"), bash("echo ok 2")))
-        time.sleep(1.0)
+        marker = f"never-{uuid.uuid4().hex}"
+        step = pool.submit(vec.step, actions(bash("echo ok 0"), bash(f"sleep 20; echo {marker}"), bash("echo ok 2")))
+        assert wait_until(lambda: processes_mentioning(marker.encode()), 30), "sub-env 1's step never started"
         ray.kill(vec.actor(1))
         obs, rewards, terminated, truncated, infos = step.result(timeout=60)
     assert truncated.tolist() == [False, True, False] and not terminated.any()

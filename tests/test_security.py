@@ -416,9 +416,10 @@ def test_no_network_not_even_the_hosts_loopback(sb_user: SandboxHandle, sb_root:
     listeners[1].bind(("127.0.0.1", 0))
     listeners[2].bind(("0.0.0.0", 0))
     accepted: list[str] = []
+    sweeps = [0]  # full passes of the accept loop over every listener
     for sock in listeners:
         sock.listen(8)
-        sock.settimeout(0.2)
+        sock.settimeout(0.05)  # a pass over the three listeners takes 0.15 s when none is called
 
     def serve() -> None:
         while listeners[0].fileno() != -1:
@@ -429,6 +430,7 @@ def test_no_network_not_even_the_hosts_loopback(sb_user: SandboxHandle, sb_root:
                     conn.close()
                 except OSError:
                     continue
+            sweeps[0] += 1
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -448,7 +450,8 @@ def test_no_network_not_even_the_hosts_loopback(sb_user: SandboxHandle, sb_root:
             assert "CONNECTED" not in result, result
             assert result.count("blocked") == len(targets)
             assert result.split()[-1] == "lo"  # the only interface
-        time.sleep(0.3)
+        after = sweeps[0]  # a connection made by the probes is accepted by the next full pass
+        assert wait_for(lambda: sweeps[0] >= after + 2, 10)
         assert len(accepted) == seen, accepted
     finally:
         for sock in listeners:

@@ -171,16 +171,17 @@ def test_no_answer_times_out_and_the_connection_is_dropped(tmp_path: Path) -> No
 
 
 def test_a_cancelled_call_drops_its_connection(tmp_path: Path) -> None:
-    hung_up = asyncio.Event()
+    received, hung_up = asyncio.Event(), asyncio.Event()
 
     async def silent(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        received.set()
         await reader.read()
         hung_up.set()
         return False
 
     async def call(pool: UnixPool) -> None:
         task = asyncio.ensure_future(pool.request("GET", "a", {}, b"", 30))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(received.wait(), 5)  # the request is at the server, its answer awaited
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -206,7 +207,12 @@ def test_calls_beyond_the_limit_wait_for_a_connection(tmp_path: Path) -> None:
     async def five(pool: UnixPool) -> list[int]:
         pool.limit = 2
         calls = [asyncio.ensure_future(pool.request("POST", "a", {}, b"", 10)) for _ in range(5)]
-        await asyncio.sleep(0.1)
+
+        async def two_in_three_waiting() -> None:
+            while most[0] < 2 or len(pool._waiting) < 3:
+                await asyncio.sleep(0.001)
+
+        await asyncio.wait_for(two_in_three_waiting(), 5)
         assert most[0] == 2 and pool.send("POST", "a", {}, b"", 10) is None
         release.set()
         return [r.status for r in await asyncio.gather(*calls)]
