@@ -19,9 +19,10 @@ direct subprocesses on the host, no isolation: a group's start is a copy of the 
 7 more copies (``cp -a``, in parallel), bash calls are ``bash -c`` in the copy, file tools are file
 operations in this process, grading runs the task's test script (the judge) in the child's copy
 and reads its JUnit report. Every child's reward must be the task's expected one on every side.
-The ceiling is measured twice: from where this process runs (the target's baseline), and from a
-cpu cgroup beside the sandboxes' (``beside_the_sandboxes``): all sandboxes of the host weigh as
-one group against its other processes, which decides the CPU they get on a busy host.
+At the target's level the ceiling is measured twice: from where this process runs (the target's
+baseline), and from a cpu cgroup beside the sandboxes' (``beside_the_sandboxes``): all sandboxes
+of the host weigh as one group against its other processes (docs/security.md: a CPU burner next
+door), which decides the CPU they get on a busy host.
 
 Reported: rollouts per second (children graded per second of wall time) and the ratio to the
 ceiling (target ≥ 60 % at 32 in flight); p50/p95 per step (by tool, the first call on a new child
@@ -54,11 +55,13 @@ from typing import Any
 
 import httpx
 
+from control_plane.pool import MEMBER_PREFIX
+
 from ._common import RESULTS, Result, Stats, check_target, percentile, table
 
 TARGET_AT = 32
 TARGET_RATIO = 0.60
-POOL_PREFIX = "pool-"  # a warm-pool member's sandbox name (control_plane/pool.py)
+POOL_PREFIX = f"{MEMBER_PREFIX}-"  # a sandbox the warm pool made (its name tells; a fork child keeps it)
 BUG_LINE = "        return low  # above the range\n"
 FIXES = ("        return high\n", "        return value\n")  # even members fix it, odd ones do not
 
@@ -508,17 +511,17 @@ def plot(path: Path, plan: Plan, levels: list[dict[str, Level]]) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5), dpi=110)
-    sides = [s for s in ("IdeGym", "raw", WEIGHTED) if s in levels[0]]
+    sides = [s for s in ("IdeGym", "raw", WEIGHTED) if any(s in by for by in levels)]
     width = 0.8 / len(sides)
     colors = {"IdeGym": "tab:blue", "raw": "grey", WEIGHTED: "silver"}
     names = {"IdeGym": "IdeGym (embedded control plane)", "raw": "raw subprocesses (the ceiling)",
              WEIGHTED: "raw, in a cgroup beside the sandboxes'"}
     for k, side in enumerate(sides):
-        xs = [x + (k - (len(sides) - 1) / 2) * width for x in range(len(levels))]
-        rates = [by[side].rate for by in levels]
-        ax.bar(xs, rates, width, color=colors[side], label=names[side])
+        shown = [(x + (k - (len(sides) - 1) / 2) * width, by) for x, by in enumerate(levels) if side in by]
+        xs = [x for x, _ in shown]
+        ax.bar(xs, [by[side].rate for _, by in shown], width, color=colors[side], label=names[side])
         if side == "IdeGym":
-            for x, by in zip(xs, levels, strict=True):
+            for x, by in shown:
                 ax.annotate(f"{by['IdeGym'].rate / by['raw'].rate:.0%}", (x, by["IdeGym"].rate), ha="center",
                             va="bottom", fontsize=9)
     ax.axhline(0, color="black", linewidth=0.5)
@@ -528,7 +531,7 @@ def plot(path: Path, plan: Plan, levels: list[dict[str, Level]]) -> None:
     ax.legend(fontsize=8)
     labels, bars = [], []
     for by in levels:
-        for side in sides:
+        for side in (s for s in sides if s in by):
             labels.append(f"{side.split(',')[0]}{'*' if side == WEIGHTED else ''}\n{by[side].in_flight}")
             bars.append(per_rollout(by[side]))
     bottoms = [0.0] * len(bars)
@@ -562,22 +565,23 @@ def run(quick: bool = False, results: Path = RESULTS) -> Result:
         assert task.test is not None
         script = task.test.script
         for in_flight in plan.levels:
-            print(f"\n{in_flight} children in flight: raw, raw beside the sandboxes, IdeGym ...", flush=True)
+            print(f"\n{in_flight} children in flight ...", flush=True)
             by: dict[str, Level] = {}
             scratch = Path(tmp) / f"raw{in_flight}"
             scratch.mkdir()
             by["raw"] = raw_level(plan, task_dir, script, in_flight, scratch)
             shutil.rmtree(scratch)
-            scratch.mkdir()
-            with beside_the_sandboxes() as moved:
-                if moved:
-                    by[WEIGHTED] = raw_level(plan, task_dir, script, in_flight, scratch, WEIGHTED)
-            shutil.rmtree(scratch)
+            if in_flight == TARGET_AT or quick:  # a diagnosis of the target's level (a run's time is scarce)
+                scratch.mkdir()
+                with beside_the_sandboxes() as moved:
+                    if moved:
+                        by[WEIGHTED] = raw_level(plan, task_dir, script, in_flight, scratch, WEIGHTED)
+                shutil.rmtree(scratch)
             with EmbeddedControlPlane() as cp:  # the default configuration, new for each level
                 by["IdeGym"] = idegym_level(plan, task, in_flight, cp.url)
                 if in_flight == plan.levels[0]:  # the quietest host of the run
                     print("\none call at a time: where a step's and a grade's time goes ...", flush=True)
-                    probed = probe(task, task_dir, plan, 1 if quick else 5, cp.url)
+                    probed = probe(task, task_dir, plan, 1 if quick else 3, cp.url)
             levels.append(by)
             load.append(f"after {in_flight} {_load()}")
             print("  " + ", ".join(f"{side} {level.rate:.2f}/s" for side, level in by.items())
