@@ -497,6 +497,7 @@ def probe(task: Any, task_dir: Path, plan: Plan, repeats: int, url: str) -> dict
 
 PHASES = ["start (reset)", "fork", "first call", "bash", "read_file", "write_file", "edit_file", "grade",
           "discard fork"]
+GROUP_PHASES = ("start (reset)", "fork", "discard fork")  # the sandboxes or copies; the rest is a member's own work
 
 
 def per_rollout(level: Level) -> dict[str, float]:
@@ -615,7 +616,7 @@ def _check_rewards(plan: Plan, by: dict[str, Level]) -> None:
 
 def _report(result: Result, plan: Plan, levels: list[dict[str, Level]], probed: dict[str, list[float]],
             load: list[str]) -> None:
-    rows, rollouts, breakdown, pool, routes, steps = [], [], [], [], [], []
+    rows, rollouts, breakdown, pool, routes, steps, members_work = [], [], [], [], [], [], []
     for by in levels:
         _check_rewards(plan, by)
         ide, raw = by["IdeGym"], by["raw"]
@@ -624,6 +625,10 @@ def _report(result: Result, plan: Plan, levels: list[dict[str, Level]], probed: 
         rows.append([ide.in_flight, ide.rollouts, round(ide.rate, 3), round(raw.rate, 3),
                      round(weighted.rate, 3) if weighted else "-", f"{ratio:.0%}",
                      f"{ide.rate / weighted.rate:.0%}" if weighted else "-"])
+        own = {side: sum(v for p, v in per_rollout(level).items() if p not in GROUP_PHASES)
+               for side, level in by.items()}
+        members_work.append({"in flight": ide.in_flight, "IdeGym s": round(own["IdeGym"], 4),
+                             "raw s": round(own["raw"], 4), "raw s / IdeGym s": round(own["raw"] / own["IdeGym"], 4)})
         rollouts.append({"in flight": ide.in_flight, "rollouts": ide.rollouts, "IdeGym s": round(ide.wall, 3),
                          "IdeGym rollouts/s": round(ide.rate, 4), "raw s": round(raw.wall, 3),
                          "raw rollouts/s": round(raw.rate, 4), "IdeGym / raw": round(ratio, 4),
@@ -658,6 +663,7 @@ def _report(result: Result, plan: Plan, levels: list[dict[str, Level]], probed: 
             row[f"{part} p50 ms"] = _ms(values, 50) if values else None
         probe_rows.append(row)
     result.figures["rollouts"] = rollouts
+    result.figures["a member's calls and grade, seconds per rollout (no start, fork, discard)"] = members_work
     result.figures["p50 and p95 per step and per grade"] = steps
     result.figures["seconds per rollout by phase"] = breakdown
     result.figures["warm pool under load"] = pool
@@ -671,6 +677,8 @@ def _report(result: Result, plan: Plan, levels: list[dict[str, Level]], probed: 
     print("\nrollouts per second (children graded per second of wall time):")
     print(table(["in flight", "rollouts", "IdeGym /s", "raw /s", "raw beside /s", "IdeGym / raw",
                  "IdeGym / raw beside"], rows))
+    print("\na member's own work (its 10 calls and its grade), seconds per rollout, and the raw ceiling's share:")
+    print(table(list(members_work[0]), [list(m.values()) for m in members_work]))
     print("\np50 / p95 ms per step and per grade:")
     print(table(list(steps[0]), [list(s.values()) for s in steps]))
     print("\nseconds per rollout by phase:")

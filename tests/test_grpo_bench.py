@@ -47,6 +47,10 @@ def test_quick_run_writes_sane_results(tmp_path: Path) -> None:
     assert row["IdeGym / raw"] == pytest.approx(row["IdeGym rollouts/s"] / row["raw rollouts/s"], rel=1e-3)
     assert figures["rewards as the task expects on every side"] is True
 
+    [work] = figures["a member's calls and grade, seconds per rollout (no start, fork, discard)"]
+    assert work["IdeGym s"] > 0 and work["raw s"] > 0
+    assert work["raw s / IdeGym s"] == pytest.approx(work["raw s"] / work["IdeGym s"], rel=1e-2)
+
     [pool] = figures["warm pool under load"]
     assert pool["leaders from the pool"] + pool["leaders that waited on a start"] == QUICK.prompts
     children = QUICK.prompts * (QUICK.group - 1)
