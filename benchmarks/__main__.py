@@ -9,7 +9,7 @@ import time
 
 BENCHMARKS = ["bash_roundtrip", "tool_call", "lifecycle", "env_step", "vector_throughput", "vector_cluster",
               "code_runner", "scale", "soak", "images", "task_sources", "integrations",
-              "neighbours", "fork", "agent_gateway", "remote"]
+              "neighbours", "fork", "agent_gateway", "remote", "grpo"]
 
 
 def main() -> None:

@@ -157,9 +157,9 @@ class Result:
     targets: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
-    def write(self) -> Path:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        path = RESULTS / f"{self.name}.json"
+    def write(self, directory: Path = RESULTS) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{self.name}.json"
         data = {
             "name": self.name,
             "title": self.title,

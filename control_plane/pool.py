@@ -34,6 +34,7 @@ DEFAULT_FILL_SECONDS = 0.1  # until a fill of the key has been timed
 # now (a trainer's group is waiting on them), and 8 sandbox starts beside them, even at a low
 # priority, added ~20 ms to the 8 children's first answers (they share locks in the kernel).
 HOLD_OFF_AFTER_FORK = 0.5
+MEMBER_PREFIX = "pool"  # a pool member's sandbox name: pool-<hex> (a start's own is sbx-<hex>)
 
 
 def new_sandbox_name(prefix: str = "sbx") -> str:
@@ -186,7 +187,7 @@ class WarmPool:
             async with self._slots:
                 if self._closed:
                     return
-                spec = replace(self._templates[key], generated_name=new_sandbox_name("pool"))
+                spec = replace(self._templates[key], generated_name=new_sandbox_name(MEMBER_PREFIX))
                 started = time.monotonic()
                 handle = await self.create(spec, self.create_timeout, background=True)
                 took = time.monotonic() - started
