@@ -94,19 +94,28 @@ def test_installed_as_a_wheel_our_packages_bring_their_code_not_their_data(tmp_p
     # Their dependencies, as installed next to them.
     (site_dir / "deps.pth").write_text(str(Path(sysconfig.get_paths()["purelib"]).resolve()) + "\n")
     assert (site_dir / "idegym_env" / "tasks" / "data" / "swe" / "instances.jsonl").is_file()
-    spec = Closure("wheel", packages=("idegym_env", "sandbox_server"), resources=("sandbox_server",),
-                   imports=("idegym_env.tasks.task", "sandbox_server.app"))
-    code = ("import sys\nfrom control_plane.backends.local.closure import Closure, assemble\n"
-            f"print(assemble({spec!r}))")
-    done = subprocess.run([str(venv / "bin" / "python"), "-I", "-c", code], capture_output=True, text=True,
-                          timeout=600, env={"PATH": os.environ["PATH"], "IDEGYM_RUNTIME_CACHE": str(tmp_path / "c")})
+    def assemble(spec: Closure) -> subprocess.CompletedProcess[str]:
+        code = ("import sys\nfrom control_plane.backends.local.closure import Closure, assemble\n"
+                f"print(assemble({spec!r}))")
+        env = {"PATH": os.environ["PATH"], "IDEGYM_RUNTIME_CACHE": str(tmp_path / "c")}
+        return subprocess.run([str(venv / "bin" / "python"), "-I", "-c", code], capture_output=True, text=True,
+                              timeout=600, env=env)
+
+    # The task modules import control_plane's Dockerfile reader: a package of the same distribution
+    # that the closure does not name is refused, not copied with the distribution's every file.
+    refused = assemble(Closure("wheel", packages=("idegym_env", "sandbox_server"), resources=("sandbox_server",),
+                               imports=("idegym_env.tasks.task", "sandbox_server.app")))
+    assert refused.returncode != 0 and "imports control_plane, of the distribution that holds" in refused.stderr, \
+        refused.stderr[-3000:]
+    done = assemble(Closure("wheel", packages=("idegym_env", "control_plane", "sandbox_server"),
+                            resources=("sandbox_server",), imports=("idegym_env.tasks.task", "sandbox_server.app")))
     assert done.returncode == 0, done.stderr[-3000:]
     tree = Path(done.stdout.split()[-1]) / SITE
-    ours = [p.relative_to(tree).as_posix() for p in (tree / "idegym_env").rglob("*")
+    ours = [p.relative_to(tree).as_posix() for name in ("idegym_env", "control_plane") for p in (tree / name).rglob("*")
             if p.is_file() and "__pycache__" not in p.parts]
-    assert "idegym_env/tasks/task.py" in ours
+    assert "idegym_env/tasks/task.py" in ours and "control_plane/dockerfile.py" in ours
     assert not [p for p in ours if not p.endswith(".py")], ours
-    assert not (tree / "idegym-0.1.0.dist-info").exists() and not (tree / "control_plane").exists()
+    assert not (tree / "idegym-0.1.0.dist-info").exists()
     assert (tree / "sandbox_server" / "judge" / "subjects" / "node_subject.js").is_file()
 
 

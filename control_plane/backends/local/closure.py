@@ -199,6 +199,17 @@ def _owners(modules: dict[str, Path]) -> tuple[dict[str, metadata.Distribution],
     return found, sorted(wanted.values())
 
 
+def _distributions_of(packages: dict[str, Path]) -> set[str]:
+    """The installed distributions (normalised names) that provide any of our ``packages``."""
+    providers = metadata.packages_distributions()
+    return {d.lower().replace("_", "-") for name in packages for d in providers.get(name, ())}
+
+
+def _records(dist: metadata.Distribution, path: Path) -> bool:
+    base = os.path.realpath(str(dist.locate_file("")))
+    return any(os.path.normpath(os.path.join(base, str(f))) == os.path.realpath(path) for f in dist.files or ())
+
+
 def _copy(src: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     if ".so" in src.suffixes:
@@ -228,6 +239,15 @@ def _fill(closure: Closure, packages: dict[str, Path], entry: Path) -> None:
     if unowned:
         raise ClosureError("the sandbox server imports modules no installed distribution records: "
                            + ", ".join(map(str, unowned[:10])))
+    ours = _distributions_of(packages)
+    if shared := sorted(set(owners) & ours):
+        # Copying that distribution's RECORD would bring all of it: installed as a wheel, the
+        # task data (hidden tests, gold patches) next to our packages.
+        tops = sorted({name.split(".")[0] for name, path in third_party.items()
+                       if any(_records(owners[d], path) for d in shared)})
+        raise ClosureError(f"the {closure.name} server imports {', '.join(tops)}, of the distribution that holds "
+                           f"{', '.join(packages)} ({', '.join(shared)}); it would be copied whole, data included: "
+                           "add those packages to the closure's packages (their modules are copied, not their data)")
     for dist in owners.values():
         base = Path(str(dist.locate_file(""))).resolve()
         for listed in dist.files or ():
