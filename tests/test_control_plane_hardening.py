@@ -407,11 +407,16 @@ def test_a_networked_sandbox_reaches_out_but_not_the_host_or_its_neighbours(
     wide.listen(16)
     wide_port = wide.getsockname()[1]
     interface = _host_interface_address()
+    # The port b listens on in its sandbox, held on the host without a listener: bound, so no other
+    # process here takes it (another test's server did, once), and refusing connections.
+    held = socket.socket()
+    held.bind(("0.0.0.0", 0))
+    neighbour_port = held.getsockname()[1]
     targets = [("outside", "AF_INET", list(outside)), ("host-loopback", "AF_INET", ["127.0.0.1", port]),
                ("host-veth-address", "AF_INET", [OUTSIDE_NET[0], wide_port]),
                ("host-interface-address", "AF_INET", [interface, wide_port]),
                ("gateway-to-host-loopback", "AF_INET", ["10.0.2.2", port]),
-               ("abstract", "AF_UNIX", abstract_name), ("neighbour", "AF_INET", ["10.0.2.100", 8765])]
+               ("abstract", "AF_UNIX", abstract_name), ("neighbour", "AF_INET", ["10.0.2.100", neighbour_port])]
     probe = PROBE % json.dumps(targets)
     control = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60).stdout
     assert "CONNECTED outside hello-from-outside" in control and "CONNECTED host-loopback" in control, control
@@ -426,10 +431,14 @@ def test_a_networked_sandbox_reaches_out_but_not_the_host_or_its_neighbours(
         for name in ("net-a", "net-b"):
             handles.append(loop.run(backend.create(spec(name), 120)))
         a, b = handles
-        neighbour = ("setsid python3 -c \"import socket; s = socket.socket(); s.bind(('0.0.0.0', 8765)); "
-                     "s.listen(8)\nwhile True: s.accept()[0].close()\" >/dev/null 2>&1 & sleep 0.5")
+        neighbour = ("setsid python3 -c \"import socket; s = socket.socket(); "
+                     f"s.bind(('0.0.0.0', {neighbour_port})); "
+                     "s.listen(8)\nwhile True: s.accept()[0].close()\" >/dev/null 2>&1 & "
+                     f"for i in $(seq 600); do (: > /dev/tcp/127.0.0.1/{neighbour_port}) 2>/dev/null && break; "
+                     "sleep 0.05; done")  # until it listens
         assert bash(b, neighbour)["exit_code"] == 0
-        assert "CONNECTED" in bash(b, PROBE % json.dumps([("self", "AF_INET", ["127.0.0.1", 8765])]))["stdout"]
+        itself = [("self", "AF_INET", ["127.0.0.1", neighbour_port])]
+        assert "CONNECTED" in bash(b, PROBE % json.dumps(itself))["stdout"]
         seen = bash(a, probe + f"\ngrep -ci ':{port:04X} ' /proc/net/tcp || true")["stdout"]
         assert "CONNECTED outside hello-from-outside" in seen, seen
         for target in ("host-loopback", "gateway-to-host-loopback", "abstract", "neighbour", "host-veth-address",
@@ -437,7 +446,8 @@ def test_a_networked_sandbox_reaches_out_but_not_the_host_or_its_neighbours(
             assert f"blocked {target}" in seen, (target, seen)
         assert seen.split()[-1] == "0", "the host's sockets are not in the sandbox's /proc/net/tcp"
         with pytest.raises(OSError):
-            socket.create_connection(("127.0.0.1", 8765), timeout=2).close()  # nor is b's listener on the host
+            # nor is b's listener on the host
+            socket.create_connection(("127.0.0.1", neighbour_port), timeout=2).close()
         slirps = [h.data["net"] for h in handles]
         assert all(procfs.recorded_alive(rec) and b"slirp4netns" in Path(f"/proc/{rec[0]}/cmdline").read_bytes()
                    for rec in slirps), slirps
@@ -453,6 +463,7 @@ def test_a_networked_sandbox_reaches_out_but_not_the_host_or_its_neighbours(
         loop.close()
         loopback.close()
         wide.close()
+        held.close()
         abstract.close()
     assert all(leftovers(h) == [] for h in handles)
     assert not any(procfs.recorded_alive(rec) for rec in slirps), "slirp4netns outlived its sandbox"
