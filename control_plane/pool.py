@@ -34,6 +34,7 @@ DEFAULT_FILL_SECONDS = 0.1  # until a fill of the key has been timed
 # now (a trainer's group is waiting on them), and 8 sandbox starts beside them, even at a low
 # priority, added ~20 ms to the 8 children's first answers (they share locks in the kernel).
 HOLD_OFF_AFTER_FORK = 0.5
+FORK_HOLD_LIMIT = 300.0  # seconds a fork that took members holds off the kind's fills at most
 MEMBER_PREFIX = "pool"  # a pool member's sandbox name: pool-<hex> (a start's own is sbx-<hex>)
 
 
@@ -109,6 +110,11 @@ class WarmPool:
         self._last_used[key] = now
         ready = self._ready.get(key) or deque()
         taken: list[SandboxHandle] = []
+        if ready:
+            # No fill of the kind until the fork says when (``refill(after=…)``, as it ends): the
+            # target grew with the fork, and a fill started meanwhile (the maintenance loop's)
+            # would compete with the children being made. The limit only covers a fork that never says.
+            self.refill(spec, after=FORK_HOLD_LIMIT)
         while ready and len(taken) < count:
             handle = ready.popleft()
             self.store.remove_pool_member(handle.name)
@@ -117,14 +123,14 @@ class WarmPool:
         return taken
 
     def refill(self, spec: SandboxSpec, after: float = 0.0) -> None:
-        """Bring ``spec``'s kind back to its target; with ``after``, no fill of it starts before
-        that many seconds (the maintenance loop's included)."""
+        """Bring ``spec``'s kind back to its target (now: an earlier hold-off ends); with ``after``,
+        no fill of it starts before that many seconds (the maintenance loop's included)."""
         key = spec.pool_key()
+        if (timer := self._held_off.pop(key, None)) is not None:
+            timer.cancel()
         if after <= 0:
             self._refill(key)
             return
-        if (timer := self._held_off.pop(key, None)) is not None:
-            timer.cancel()
 
         def resume() -> None:
             self._held_off.pop(key, None)

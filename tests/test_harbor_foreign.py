@@ -67,8 +67,9 @@ def test_tasks_as_others_write_them_score_with_harbor_and_with_validate(
     _task(tasks, "entrypoint-service", 'schema_version = "1.1"\n[environment]\nallow_internet = false\n',
           "FROM debian:bookworm\nCOPY start.sh /start.sh\nWORKDIR /app\nENTRYPOINT [\"/start.sh\"]\n"
           "CMD [\"echo\", \"never run\"]\n",
+          "for i in $(seq 300); do test -f /run/service-started && break; sleep 0.1; done\n"
           "test -f /run/service-started && echo ok > /app/out.txt\n",
-          "[ \"$(cat /app/out.txt)\" = ok ] && cat /proc/[0-9]*/cmdline | tr '\\0' ' ' | grep -q 'sleep infinity' "
+          "[ \"$(cat /app/out.txt)\" = ok ] && cat /proc/[0-9]*/cmdline | tr '\\0' ' ' | grep -q 'sleep infinit[y]' "
           "&& ! grep -q 'never' /tmp/*.log",
           files={"environment/start.sh": "#!/bin/sh\ntouch /run/service-started\nexec \"$@\"\n"})
     _task(tasks, "prebuilt-image-only",
@@ -202,8 +203,12 @@ def test_validate_starts_an_image_entrypoint_as_harbor_run_does(
     task = _task(tmp_path / "tasks", "entrypoint-service", '[environment]\nallow_internet = false\n',
                  "FROM debian:bookworm\nCOPY start.sh /start.sh\nWORKDIR /app\nENTRYPOINT [\"/start.sh\"]\n"
                  "CMD [\"touch\", \"/run/cmd-ran\"]\n",
+                 # the entrypoint runs beside the agent, as a container's beside `docker exec`: wait for it
+                 # ([y]: grep's own command line must not match)
+                 "for i in $(seq 300); do cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' "
+                 "| grep -q 'sleep infinit[y]' && test -f /run/service-started && break; sleep 0.1; done\n"
                  "test -f /run/service-started && ! test -e /run/cmd-ran && cat /proc/[0-9]*/cmdline | tr '\\0' ' ' "
-                 "| grep -q 'sleep infinity' && echo ok > /app/out.txt\n",
+                 "| grep -q 'sleep infinit[y]' && echo ok > /app/out.txt\n",
                  "[ \"$(cat /app/out.txt)\" = ok ]",
                  files={"environment/start.sh": "#!/bin/sh\ntouch /run/service-started\nexec \"$@\"\n"})
     row = _validate(task, control_plane.url, tmp_path)

@@ -105,6 +105,30 @@ def test_after_a_fork_the_pool_tops_up_to_the_fork_s_size(tmp_path: Path) -> Non
     run(scenario())
 
 
+def test_a_fork_that_took_members_holds_off_the_kinds_fills_until_it_ends(tmp_path: Path) -> None:
+    """While a fork that took members runs, a pass of the maintenance loop (or a claim) starts no
+    fill of that kind; the fork's end says when they may start.
+
+    Can fail: it did: the hold-off began only when the fork ended, so under load (a fork of
+    seconds) the loop's pass made new members 0.1–0.25 s after the fork was asked for."""
+
+    async def scenario() -> None:
+        async with harness(tmp_path, warm_pool=2, warm_pool_max=8) as h:
+            pool = h.cp.pool
+            pool.watch(spec())
+            await h.backend.wait_for(lambda: len(members(h)) == 2)
+            key = spec().pool_key()
+            taken = pool.take(spec(), 8)
+            pool._refill(key)  # what the maintenance loop does on its pass, while the fork runs
+            assert pool._filling.get(key, 0) == 0
+            pool.refill(spec())  # the fork ended (no hold-off after it here)
+            assert pool._filling.get(key, 0) == 8
+            await asyncio.gather(*(h.backend.delete(t) for t in taken))
+            await h.backend.wait_for(lambda: len(members(h)) == 8)
+
+    run(scenario())
+
+
 def test_members_of_an_image_nobody_wants_any_more_are_shed(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with harness(tmp_path, warm_pool=2) as h:
