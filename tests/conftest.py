@@ -84,6 +84,8 @@ SPLIT_BY_SOURCE = ("tests/test_reward_integrity.py",)
 # Modules of a few long, independent tests (each ~15-30 s): a scope each, so that the two workers
 # share them instead of one running them all at the end.
 SPLIT_BY_TEST = ("tests/test_doc_snippets.py",)
+# ... except tests whose documented servers listen on the same host port: one scope, one at a time.
+SAME_PORT = {"test_openenv_blocks": "port-8000", "test_verifiers_blocks": "port-8000"}
 
 
 def xdist_group(nodeid: str) -> str:
@@ -95,7 +97,8 @@ def xdist_group(nodeid: str) -> str:
     if path in SPLIT_BY_SOURCE and "[" in name and ":" in name.split("[", 1)[1]:
         return f"{path}::{name.split('[', 1)[1].split(':', 1)[0]}"
     if path in SPLIT_BY_TEST:
-        return f"{path}::{name.split('[', 1)[0]}"
+        test = name.split("[", 1)[0]
+        return f"{path}::{SAME_PORT.get(test, test)}"
     return path
 
 
