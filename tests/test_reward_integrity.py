@@ -603,7 +603,10 @@ def test_a_stage_leaves_nothing_running_for_the_next(control_plane: EmbeddedCont
         # A service kept on purpose (keep_processes) is there for the tests, and gone after them.
         service = "exec -a idegym-kept-service sleep 300"
         request = GradeRequest(stages=[
-            GradeStage(name="setup", script=f"(setsid bash -c '{service}' </dev/null >/dev/null 2>&1 &)",
+            # (the setup waits until its service runs, as a task's would: the tests stage comes at once)
+            GradeStage(name="setup", script=f"(setsid bash -c '{service}' </dev/null >/dev/null 2>&1 &); "
+                                            "for i in $(seq 200); do ps -eo args | grep -q '^idegym-kept-service' "
+                                            "&& break; sleep 0.05; done",
                        keep_processes=True),
             GradeStage(name="tests", script="if ps -eo args | grep -q '^idegym-kept-service'; then "
                                             f"echo '{green}' > test-results.xml; fi",
