@@ -32,7 +32,7 @@ import site
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -173,13 +173,15 @@ def _under(path: Path, parents: list[Path]) -> bool:
     return any(path == p or p in path.parents for p in parents)
 
 
-def _owners(modules: dict[str, Path]) -> tuple[dict[str, metadata.Distribution], list[Path]]:
+def _owners(modules: dict[str, Path], providers: Mapping[str, list[str]]
+            ) -> tuple[dict[str, metadata.Distribution], dict[str, str], list[Path]]:
     """The installed distributions the files of ``modules`` (name -> file) belong to (by name),
-    and the files no RECORD names. The distributions that provide a module's top-level package
-    are looked at first, every one only for what is left."""
-    wanted = {os.path.realpath(file): file for file in modules.values()}
+    which of them each module's file belongs to, and the files no RECORD names. The distributions
+    that provide a module's top-level package (``providers``, ``packages_distributions()``) are
+    looked at first, every one only for what is left."""
+    wanted = {os.path.realpath(file): module for module, file in modules.items()}
     found: dict[str, metadata.Distribution] = {}
-    providers = metadata.packages_distributions()
+    owner_of: dict[str, str] = {}
     named = {name for module in modules for name in providers.get(module.split(".")[0], ())}
 
     def claim(dists: Iterable[metadata.Distribution]) -> None:
@@ -192,22 +194,11 @@ def _owners(modules: dict[str, Path]) -> tuple[dict[str, metadata.Distribution],
             if hits:
                 found[name] = dist
                 for hit in hits:
-                    del wanted[hit]
+                    owner_of[wanted.pop(hit)] = name
 
     claim(metadata.distribution(name) for name in sorted(named))
     claim(metadata.distributions())
-    return found, sorted(wanted.values())
-
-
-def _distributions_of(packages: dict[str, Path]) -> set[str]:
-    """The installed distributions (normalised names) that provide any of our ``packages``."""
-    providers = metadata.packages_distributions()
-    return {d.lower().replace("_", "-") for name in packages for d in providers.get(name, ())}
-
-
-def _records(dist: metadata.Distribution, path: Path) -> bool:
-    base = os.path.realpath(str(dist.locate_file("")))
-    return any(os.path.normpath(os.path.join(base, str(f))) == os.path.realpath(path) for f in dist.files or ())
+    return found, owner_of, sorted(modules[module] for module in wanted.values())
 
 
 def _copy(src: Path, dest: Path) -> None:
@@ -235,16 +226,16 @@ def _fill(closure: Closure, packages: dict[str, Path], entry: Path) -> None:
         if name.split(".")[0] in packages or (_under(path, stdlib) and not _under(path, site_dirs)):
             continue  # our code (copied whole below) or the interpreter's own
         third_party[name] = path
-    owners, unowned = _owners(third_party)
+    providers = metadata.packages_distributions()
+    owners, owner_of, unowned = _owners(third_party, providers)
     if unowned:
         raise ClosureError("the sandbox server imports modules no installed distribution records: "
                            + ", ".join(map(str, unowned[:10])))
-    ours = _distributions_of(packages)
+    ours = {d.lower().replace("_", "-") for name in packages for d in providers.get(name, ())}
     if shared := sorted(set(owners) & ours):
         # Copying that distribution's RECORD would bring all of it: installed as a wheel, the
         # task data (hidden tests, gold patches) next to our packages.
-        tops = sorted({name.split(".")[0] for name, path in third_party.items()
-                       if any(_records(owners[d], path) for d in shared)})
+        tops = sorted({module.split(".")[0] for module, dist in owner_of.items() if dist in shared})
         raise ClosureError(f"the {closure.name} server imports {', '.join(tops)}, of the distribution that holds "
                            f"{', '.join(packages)} ({', '.join(shared)}); it would be copied whole, data included: "
                            "add those packages to the closure's packages (their modules are copied, not their data)")
