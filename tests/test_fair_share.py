@@ -46,24 +46,30 @@ def crowded(tmp_path: Path) -> Iterator[ControlPlaneProcess]:
 
 def test_four_bursting_trainers_each_get_a_quarter_without_a_429(crowded: ControlPlaneProcess) -> None:
     """Four trainers with three episodes in flight each, four sandboxes in all: every start waits
-    its turn (none is refused) and each trainer holds its share of the sandboxes within ±20 % (the
-    time each held sandboxes, sampled: how many episodes each finishes in that time also follows the
-    host's scheduling of their threads). Sampling starts once every trainer has finished an episode:
-    before that, the trainer whose threads happened to ask first holds three of the four sandboxes
-    for one episode, which says nothing about the turns."""
+    its turn (none is refused) and each trainer holds its share of the sandboxes within ±20 %.
+
+    The share is the control plane's own count of each client's live servers (``/metrics``),
+    sampled while every trainer has asked: a server counts from its turn to its sandbox's end,
+    which is what the turns divide. Time seen from the client between ``start()`` returning and
+    ``stop()`` is not: it leaves out how long each sandbox took to make (a warm one or a cold one),
+    so its shares follow which trainer drew the warm pool's sandboxes. Sampling starts once every
+    trainer has finished an episode: before that, the trainer whose threads happened to ask first
+    holds three of the four sandboxes for one episode, which says nothing about the turns."""
+    import httpx
+
     from idegym_env.client import APIError, IdeGymClient
 
     trainers = [IdeGymClient(crowded.url, name=f"trainer-{i}") for i in range(4)]
     for client in trainers:
         client.register()
+    ids = [c.client_id for c in trainers]
     done: Counter[int] = Counter()
     errors: list[str] = []
     stop = threading.Event()
     peak = [0]
     lock = threading.Lock()
     live = [0]
-    holding: Counter[int] = Counter()  # sandboxes each trainer holds now
-    held: Counter[int] = Counter()  # ... summed over the samples
+    held: Counter[int] = Counter()  # live servers of each trainer, summed over the samples
 
     def worker(index: int) -> None:
         client = trainers[index]
@@ -72,14 +78,11 @@ def test_four_bursting_trainers_each_get_a_quarter_without_a_429(crowded: Contro
                 sandbox = client.start(BUILTIN, reuse="NONE", server_name=f"t{index}")
                 with lock:
                     live[0] += 1
-                    holding[index] += 1
                     peak[0] = max(peak[0], live[0])
                 sandbox.bash("true")
                 with lock:
                     live[0] -= 1
                 sandbox.stop()
-                with lock:
-                    holding[index] -= 1
             except APIError as exc:
                 errors.append(f"trainer {index}: {exc}")
                 return
@@ -89,10 +92,13 @@ def test_four_bursting_trainers_each_get_a_quarter_without_a_429(crowded: Contro
                     stop.set()
 
     def sample() -> None:
-        while not stop.wait(0.01):
-            with lock:
-                if len(done) == 4:  # every trainer has had its turn once
-                    held.update(holding)
+        with httpx.Client(base_url=crowded.address, auth=crowded.auth, timeout=30) as http:
+            while not stop.wait(0.02):
+                with lock:
+                    if len(done) < 4:  # not every trainer has had its turn once yet
+                        continue
+                servers = metric(http, "idegym_client_servers")
+                held.update({i: int(servers.get(client_id, 0)) for i, client_id in enumerate(ids)})
 
     threads = [threading.Thread(target=worker, args=(i,)) for _ in range(3) for i in range(4)]
     sampler = threading.Thread(target=sample)
@@ -103,13 +109,13 @@ def test_four_bursting_trainers_each_get_a_quarter_without_a_429(crowded: Contro
     try:
         assert errors == [], errors[:3]
         total = sum(held.values())
+        assert total > 0, "no sample was taken"
         shares = {i: held[i] / total for i in range(4)}
         assert all(0.8 * 0.25 <= s <= 1.2 * 0.25 for s in shares.values()), (shares, done)
         assert all(done[i] >= 0.5 * sum(done.values()) / 4 for i in range(4)), done
         assert peak[0] <= 4
         waited = metric(crowded.http, "idegym_client_start_wait_seconds_total")
         started = metric(crowded.http, "idegym_client_starts_total")
-        ids = [c.client_id for c in trainers]
         assert all(waited.get(i, 0) > 0 for i in ids), waited  # they did wait their turns ...
         assert all(int(started[i]) >= done[n] for n, i in enumerate(ids)), started  # ... and each is counted
     finally:

@@ -16,10 +16,12 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import random
 import shutil
 import stat
 import struct
 import subprocess
+import time
 from pathlib import Path
 
 from ...constants import DEFAULT_STORAGE_BYTES, DEFAULT_STORAGE_INODES  # noqa: F401 - re-exported
@@ -33,6 +35,7 @@ LOOP_CTL_GET_FREE = 0x4C82
 LOOP_CONFIGURE = 0x4C0A
 LO_FLAGS_READ_ONLY = 1
 LO_FLAGS_AUTOCLEAR = 4
+_ATTACH_SECONDS = 30.0  # racing other callers for a free loop device, at most
 # struct loop_config { u32 fd; u32 block_size; struct loop_info64 info; u64 reserved[8]; }
 _LOOP_CONFIG = struct.Struct("=II QQQQQ IIII 64s64s32s QQ 8Q")
 
@@ -134,7 +137,11 @@ def _attach(image: Path, readonly: bool = False) -> tuple[str, int]:
     try:
         control = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
         try:
-            for _ in range(16):  # another process may take the free device first
+            # Every caller racing for a device is told the same free one and one wins each round:
+            # with many sandboxes being made at once (several control planes on a host), a fixed
+            # number of rounds ran out, so the race goes on until a deadline.
+            deadline = time.monotonic() + _ATTACH_SECONDS
+            while time.monotonic() < deadline:
                 number = fcntl.ioctl(control, LOOP_CTL_GET_FREE)
                 device = f"/dev/loop{number}"
                 if not os.path.exists(device):
@@ -149,8 +156,10 @@ def _attach(image: Path, readonly: bool = False) -> tuple[str, int]:
                     os.close(fd)
                     if exc.errno != errno.EBUSY:
                         raise BackendError(f"cannot set up a loop device for {image}: {exc}") from exc
+                time.sleep(random.uniform(0, 0.002))  # spread the racers out
         finally:
             os.close(control)
     finally:
         os.close(backing)
-    raise BackendError(f"no free loop device for {image}")
+    raise BackendError(f"no free loop device for {image} in {_ATTACH_SECONDS:g} s: every one this host "
+                       f"made was taken by another sandbox (see `losetup -a`)")
