@@ -328,7 +328,7 @@ def test_a_start_removes_the_empty_cgroups_of_state_directories_that_are_gone(tm
     Can fail: it did on main, which never looked beyond its own state directory's groups."""
     from control_plane.backends.local import LocalBackend
     from control_plane.backends.local.cgroups import controller_mounts
-    from control_plane.backends.local.layout import register_state
+    from control_plane.backends.local.layout import register_state, registered_states, states_in_use
     from tests.local_helpers import LoopThread
 
     mounts = controller_mounts()
@@ -363,7 +363,10 @@ def test_a_start_removes_the_empty_cgroups_of_state_directories_that_are_gone(tm
                     for root, _, _ in os.walk(point / "idegym" / key)}
             kept = {state_key(gone), f"{state_key(gone)}/busy"} if point == mounts["pids"] else set()
             assert {g for g in left if g.startswith((state_key(gone), unknown))} == kept, left  # the busy one stays
-            assert {f"{state_key(alive)}/sbx/server", f"{state_key(alive)}/sbx/tools/delegated"} <= left, left
+            # (if this fails, the message says what another backend would have judged of it)
+            assert {f"{state_key(alive)}/sbx/server", f"{state_key(alive)}/sbx/tools/delegated"} <= left, \
+                (left, point, alive.is_dir(), registered_states().get(state_key(alive)),
+                 states_in_use()(state_key(alive)))
     finally:
         loop.run(backend.close())
         loop.close()
