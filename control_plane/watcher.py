@@ -5,7 +5,8 @@ One pass every ``interval`` seconds:
 * ALIVE/REUSED servers idle longer than ``inactive_timeout`` are deleted → KILLED, unless a
   keepalive window holds them (windows only ever extend); FINISHED ones wait ``finished_timeout``
   for reuse. Status reads are not activity; forwarded calls are.
-* Clients whose heartbeat stopped for ``heartbeat_timeout`` → KILLED, with their usable servers.
+* Clients whose heartbeat stopped for ``heartbeat_timeout`` (and that wait for no operation of
+  their own) → KILLED, with their usable servers.
 * Every live sandbox is observed: a crashed one is restarted while ``max_restarts`` allows,
   else the server becomes CRASHED with the reason in ``details``.
 * Backend resources with no database row (and no pool membership) are deleted once they have
@@ -86,8 +87,11 @@ class Watcher:
 
     async def reap_clients(self) -> None:
         cutoff = now_ms() - self.config.heartbeat_timeout * 1000
+        # A client waiting for a request of its own (a start behind a long build, on a loaded host)
+        # is not silent: its silence is ours.
+        waiting = {op.client_id for op in self.cp.store.unfinished_operations()}
         for client in self.cp.store.clients([A.ALIVE, A.FINISHED]):
-            if client.last_heartbeat_time >= cutoff:
+            if client.last_heartbeat_time >= cutoff or client.id in waiting:
                 continue
             if self.cp.store.set_client_status(client.id, A.KILLED):
                 servers = self.cp.store.servers(client_id=client.id, availability=lifecycle.USABLE)

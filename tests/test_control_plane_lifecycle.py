@@ -124,6 +124,31 @@ def test_silent_clients_are_reaped_with_their_servers(tmp_path: Path) -> None:
         cp.stop()
 
 
+def test_a_client_waiting_for_its_own_start_is_not_silent(tmp_path: Path) -> None:
+    """A start that waits longer than the heartbeat timeout (its turn under ``--start-rate``, a
+    long build, a loaded host) does not get its client reaped meanwhile: the start succeeds, and
+    the client is reaped once it stays silent after it.
+
+    Can fail: the watcher reaped a client by its heartbeats alone, and its start failed with
+    'server ... was stopped while it was starting' (a CI run on a loaded host)."""
+    cp = ControlPlaneProcess(tmp_path / "state", ["--warm-pool", "0", "--heartbeat-timeout", "1.5",
+                                                  "--start-rate", "0.25", "--start-burst", "1", "--ephemeral"])
+    try:
+        client = cp.register("waiting")
+        first = cp.start_server(client, server_name="first")["server_id"]  # takes the one token
+        asked = time.monotonic()
+        resp = cp.http.post("/api/idegym-servers", json={"client_id": client, "image_tag": "idegym/builtin:latest",
+                                                         "server_name": "second"})
+        assert resp.status_code == 202, resp.text
+        op = cp.wait_op(resp.json()["operation_id"])
+        assert time.monotonic() - asked > 1.5 * 2  # it did wait past the heartbeat timeout
+        assert op["status"] == "SUCCEEDED", op
+        second_id = json.loads(op["result"])["server_id"]
+        assert wait_until(lambda: all(cp.status(client, s)["availability"] == "KILLED" for s in (first, second_id)), 15)
+    finally:
+        cp.stop()
+
+
 def _sandbox_processes(state_dir: Path) -> set[int]:
     found = set()
     for entry in os.scandir("/proc"):
