@@ -248,15 +248,22 @@ def test_fork_of_a_fork_of_a_fork_and_resets(loop: LoopThread, backend: LocalBac
     assert backend.fork_layers.layer_ids() & layers == set()  # the last user gone, the layers went
 
 
-def _loop_devices_of(state: Path) -> int:
-    """Loop devices whose backing file is under the state directory ``state``."""
-    found = 0
+def _loop_backing_files(state: Path) -> list[str]:
+    """The backing files under the state directory ``state`` of the host's loop devices."""
+    found = []
     for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
         try:
-            found += backing.read_text().startswith(f"{state}/")
+            name = backing.read_text().strip()
         except OSError:
             continue
+        if name.startswith(f"{state}/"):
+            found.append(name)
     return found
+
+
+def _loop_devices_of(state: Path) -> int:
+    """Loop devices whose backing file is under the state directory ``state``."""
+    return len(_loop_backing_files(state))
 
 
 def test_a_chain_of_forks_stays_shallow_and_keeps_every_generation(loop: LoopThread, backend: LocalBackend,
@@ -287,7 +294,7 @@ def test_a_chain_of_forks_stays_shallow_and_keeps_every_generation(loop: LoopThr
             ok(current, f"echo {depth} > gen{depth}.txt; rm gen{depth - 1}.txt; {replace}"
                         f"echo conf-{depth} >> /etc/chain.conf; echo {depth} > /opt/chain/d/f{depth}")
             assert wait_for(lambda: _loop_devices_of(backend.state_dir) <= 1 + 2, timeout=30), \
-                (depth, _loop_devices_of(backend.state_dir))  # its own layers and its stack, no more
+                (depth, _loop_backing_files(backend.state_dir))  # its own layers and its stack, no more
         assert ok(current, "ls; cat /etc/chain.conf | wc -l; ls /opt/chain/d | wc -l; ls src/deep") == \
             "gen7.txt\nrun.sh\nsrc\n8\n8\nonly.txt\n"
     finally:
