@@ -14,12 +14,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 
 from . import jail
 from .jail import RunSpec
-from .output import read_exit_status
+from .output import read_available
 
 
 class JailError(Exception):
@@ -43,10 +43,11 @@ class Jails:
         return self.process.pid if self.process is not None else None
 
     def start(self, cgroups: Mapping[str, str] | None = None, pids_max: int | None = None,
-              memory_max: int | None = None) -> bool:
+              memory_max: int | None = None, spares: int = 1) -> bool:
         """Start the zygote (synchronously: while this process still holds CAP_SYS_ADMIN), in the
         ``cgroups`` directories (the tools' groups, by controller) if any, each run then in groups
-        of its own below them, held to ``pids_max`` processes and ``memory_max`` bytes (``jail.py``).
+        of its own below them, held to ``pids_max`` processes and ``memory_max`` bytes (``jail.py``),
+        with ``spares`` inits kept ready (as many as runs may go on at once).
         False, with ``reason`` set, when this process cannot make namespaces (not root in its user
         namespace, or a kernel that refuses)."""
         problem = jail.probe()
@@ -57,7 +58,8 @@ class Jails:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-B", os.path.abspath(jail.__file__), str(theirs.fileno()),
-                 json.dumps({"cgroups": dict(cgroups or {}), "pids_max": pids_max, "memory_max": memory_max})],
+                 json.dumps({"cgroups": dict(cgroups or {}), "pids_max": pids_max, "memory_max": memory_max,
+                             "spares": spares})],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, close_fds=True)
         except OSError as exc:
             ours.close()
@@ -77,11 +79,13 @@ class Jails:
         self._sock.setblocking(False)
         loop.add_reader(self._sock.fileno(), self._on_message)
 
-    def spawn(self, spec: RunSpec, stdin: int, stdout: int,
-              stderr: int) -> tuple[asyncio.Future[int], asyncio.Future[int | None]]:
+    def spawn(self, spec: RunSpec, stdin: int, stdout: int, stderr: int,
+              on_spawned: Callable[[float], object] | None = None,
+              ) -> tuple[asyncio.Future[int], asyncio.Future[int | None]]:
         """Start ``spec``: futures of its init's pid (a ``JailError`` when the zygote refused or is
         gone) and of the program's wait status (a SIGKILL's when the init was killed first). The
-        run goes on while the pid is on its way; the fds stay the caller's."""
+        run goes on while the pid is on its way; the fds stay the caller's. ``on_spawned`` hears,
+        with the status, when (``time.monotonic``) the init spawned the program."""
         if self._sock is None or self._loop is None:
             raise JailError(f"isolated runs are unavailable: {self.reason}")
         loop = self._loop
@@ -100,8 +104,7 @@ class Jails:
         finally:
             os.close(status_w)
         self._spawned.append((answer, exit_status))
-        # nothing written: the init was killed (SIGKILL) before its program ended
-        loop.add_reader(status_r, read_exit_status, loop, status_r, exit_status, signal.SIGKILL)
+        loop.add_reader(status_r, _read_status, loop, status_r, exit_status, on_spawned)
         return answer, exit_status
 
     def _on_message(self) -> None:
@@ -156,6 +159,22 @@ class Jails:
             if not any(os.path.isdir(c) for c in children) or time.monotonic() > deadline:
                 break
             time.sleep(0.01)
+
+
+def _read_status(loop: asyncio.AbstractEventLoop, fd: int, exit_status: asyncio.Future[int | None],
+                 on_spawned: Callable[[float], object] | None) -> None:
+    """The reader of a run's status pipe (``jail.STATUS``); nothing written: the init was killed
+    (SIGKILL) before its program ended."""
+    data = read_available(fd, jail.STATUS.size)
+    if data is None:
+        return
+    loop.remove_reader(fd)
+    os.close(fd)
+    status, spawned = jail.STATUS.unpack(data) if len(data) == jail.STATUS.size else (signal.SIGKILL, 0.0)
+    if spawned and on_spawned is not None:
+        on_spawned(spawned)
+    if not exit_status.done():
+        exit_status.set_result(status)
 
 
 def _refused(answer: asyncio.Future[int], exit_status: asyncio.Future[int | None], reason: str) -> None:

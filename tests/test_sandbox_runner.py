@@ -120,7 +120,7 @@ def test_run_directory_is_fresh_and_removed(runner: SandboxProcess) -> None:
     second = runner.post("/execute", {"language": "bash", "code": "pwd; ls"}).json()
     assert second["stdout"].splitlines()[0] != run_dir
     assert "leftover" not in second["stdout"]
-    assert not Path(run_dir).exists()
+    assert wait_until(lambda: not Path(run_dir).exists(), 10)  # removed after its answer
     assert not glob.glob("/tmp/idegym-run-*") or all(d != run_dir for d in glob.glob("/tmp/idegym-run-*"))
 
 
@@ -282,27 +282,57 @@ def _holds_socket(pid: int) -> bool:
         return False
 
 
-def test_a_run_whose_spare_init_died_gets_a_fresh_one(isolated: SandboxProcess) -> None:
-    """The zygote keeps an init cloned ahead of demand; one killed while it waits is replaced
-    at the next run, which still runs.
+def _spares(zygote: int) -> list[int]:
+    """The zygote's inits waiting for a run: those that still hold their channel (a socket); a
+    run's init closed it."""
+    return [p for p in _live_children(zygote) if _holds_socket(p)]
+
+
+def _zygote_of(server: SandboxProcess) -> int:
+    (zygote,) = [p for p in _live_children(server.proc.pid) if b"jail.py" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    return zygote
+
+
+def test_a_run_whose_spare_inits_died_gets_a_fresh_one(isolated: SandboxProcess) -> None:
+    """The zygote keeps inits cloned ahead of demand; when every one of them is killed while it
+    waits, the next run still runs (on a spare cloned since, or one cloned for it).
 
     Can fail: without the retry in ``_Zygote.hand_over`` the run after the kill was refused
     ("the zygote refused the run: ...", exit code 126).
     """
     assert isolated.post("/execute", {"language": "bash", "code": "echo warm"}).json()["stdout"] == "warm\n"
-    (zygote,) = [p for p in _live_children(isolated.proc.pid) if b"jail.py" in Path(f"/proc/{p}/cmdline").read_bytes()]
-    # The last run's init gone, a spare left (slower under load: a loaded CI run took over 10 s).
-    # A run's init may outlive its response a moment, before the zygote clones the next spare:
-    # the spare is the child that still holds its channel (a socket); a run's init closed it.
-    assert wait_until(lambda: [p for p in _live_children(zygote) if _holds_socket(p)], 60, interval=0.02), \
-        _live_children(zygote)
-    (spare,) = [p for p in _live_children(zygote) if _holds_socket(p)]
+    zygote = _zygote_of(isolated)
+    # The pool full again (slower under load: a loaded CI run took over 10 s).
+    assert wait_until(lambda: len(_spares(zygote)) == 4, 60, interval=0.02), _live_children(zygote)
+    spares = _spares(zygote)
+    for spare in spares:
+        os.kill(spare, 9)
     deadline = time.monotonic() + 10
-    os.kill(spare, 9)
-    while _state(spare) not in ("Z", "") and time.monotonic() < deadline:
+    while any(_state(s) not in ("Z", "") for s in spares) and time.monotonic() < deadline:
         time.sleep(0.01)
     body = isolated.post("/execute", {"language": "bash", "code": "echo again"}).json()
     assert body["stdout"] == "again\n" and body["exitCode"] == 0, body
+
+
+def test_the_zygote_keeps_a_spare_for_each_run_at_once(isolated: SandboxProcess) -> None:
+    """With four runs at once allowed, four inits wait, each in namespaces of its own; four runs
+    together each take one (none waits for a clone), and the pool is full again afterwards.
+
+    Can fail: with one spare (the zygote before the pool) one init waited, and runs that came
+    together waited for the zygote to clone theirs.
+    """
+    zygote = _zygote_of(isolated)
+    assert wait_until(lambda: len(_spares(zygote)) == 4, 60, interval=0.02), _live_children(zygote)
+    spares = _spares(zygote)
+    assert len({os.readlink(f"/proc/{p}/ns/{ns}") for p in spares for ns in ("pid", "net", "mnt", "ipc")}) == 16
+    code = "import os; print(os.getpid(), sorted(p for p in os.listdir('/proc') if p.isdigit()))"
+    with ThreadPoolExecutor(4) as pool:
+        bodies = list(pool.map(lambda _: isolated.post("/execute", {"language": "python", "code": code}).json(),
+                               range(4)))
+    assert [b["stdout"] for b in bodies] == ["2 ['1', '2']\n"] * 4, bodies
+    assert all(b["timings"]["start"] is not None for b in bodies), bodies
+    assert wait_until(lambda: len(_spares(zygote)) == 4, 60, interval=0.02), _live_children(zygote)
+    assert not set(_spares(zygote)) & set(spares)  # used once: the pool is of new inits
 
 
 def test_an_isolated_run_is_held_to_its_limits(isolated: SandboxProcess) -> None:
