@@ -156,6 +156,7 @@ def _marked(marker: str) -> list[int]:
 LEAVE_BEHIND = r"""
 import ctypes, os, socket, subprocess, sys
 marker, project = sys.argv[1:3]
+os.environ["IDEGYM_LEFT"] = marker  # and so in the daemon's environment
 # a daemon: double-forked, out of the session, deaf to SIGTERM, holding none of the run's pipes
 subprocess.Popen(["bash", "-c", f"trap '' TERM HUP; exec -a {marker} sleep 600"], start_new_session=True,
                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -179,13 +180,16 @@ seen = [p for p in os.listdir("/proc") if p.isdigit()]
 left = [w + sys.argv[2] for w in ("/tmp/", "/dev/shm/", "/var/tmp/", "/root/", sys.argv[1] + "/")
         if os.path.exists(w + sys.argv[2])]
 others = [d for d in glob.glob("/tmp/idegym-run-*") if not os.getcwd().startswith(d)]
-print(sorted(seen, key=int), left, others, libc.shmget(0x1d3e, 0, 0) >= 0)
+env = [k for k, v in os.environ.items() if k == "IDEGYM_LEFT" or sys.argv[2] in v]
+print(sorted(seen, key=int), left, others, libc.shmget(0x1d3e, 0, 0) >= 0, env, os.environ["HOME"] == os.getcwd())
 """
 
 
 def test_an_isolated_run_leaves_nothing_for_the_next(isolated: SandboxProcess) -> None:
     """A run's daemon dies with it and its writes land nowhere the next run can see: outside its
-    directory, /tmp and /dev/shm (all its own) the sandbox is read-only.
+    directory, /tmp and /dev/shm (all its own) the sandbox is read-only; nothing of its
+    environment reaches the next. The next run's init was cloned before this run began (the
+    zygote keeps one for each run at once), and it still sees nothing of it.
 
     Can fail: with ``_isolation`` returning None (runs share the server's view, a scratch copy)
     the daemon outlived its run, and the next run found its file in /tmp and the SysV segment.
@@ -207,7 +211,7 @@ def test_an_isolated_run_leaves_nothing_for_the_next(isolated: SandboxProcess) -
         time.sleep(0.05)
     assert not _marked(marker), "the run's daemon outlived it"
     second = isolated.post("/execute", {"language": "python", "code": LOOK_AROUND, "args": [project, marker]}).json()
-    assert second["stdout"] == "['1', '2'] [] [] False\n", second
+    assert second["stdout"] == "['1', '2'] [] [] False [] True\n", second
 
 
 def test_concurrent_isolated_runs_cannot_reach_each_other(isolated: SandboxProcess) -> None:
@@ -438,6 +442,57 @@ def test_each_isolated_run_has_a_pids_group_of_its_own(tmp_path: Path) -> None:
                 break
             except OSError:
                 time.sleep(0.05)
+
+
+@pytest.mark.skipif(not CAN_ISOLATE or not (PIDS_ROOT / "cgroup.procs").exists(),
+                    reason="needs root and cgroup v1 pids")
+def test_a_stopped_zygote_leaves_none_of_its_spares(tmp_path: Path) -> None:
+    """With a pool of spare inits waiting (each in run groups of its own), stopping the zygote
+    ends every one of them and removes every run group: nothing is left in the tools' group.
+
+    Can fail: with the spares' parent-death signal left out of ``_prepare`` and their wait for a
+    run delayed (a scratch copy whose spares slept before reading their channel), the four spares
+    outlived the zygote.
+    """
+    import asyncio
+
+    from sandbox_server.isolated_runs import Jails
+
+    tools = PIDS_ROOT / f"idegym-test-spares-{os.getpid()}-{time.monotonic_ns()}"
+    tools.mkdir()
+
+    async def pool() -> tuple[list[int], list[str]]:
+        jails = Jails()
+        assert jails.start(cgroups={"pids": str(tools)}, pids_max=64, spares=4), jails.reason
+        jails.attach(asyncio.get_running_loop())
+        try:
+            assert wait_until(lambda: len(_spares(jails.pid)) == 4, 60, interval=0.02), _live_children(jails.pid)
+            spares = _spares(jails.pid)
+        finally:
+            jails.stop()
+        return spares, sorted(p.name for p in tools.iterdir() if p.is_dir())
+
+    try:
+        spares, left = asyncio.run(pool())
+        assert len(spares) == 4
+        assert wait_until(lambda: not [s for s in spares if _state(s) not in ("Z", "")], 10), spares
+        assert left == [], left
+        assert (tools / "cgroup.procs").read_text() == ""
+    finally:
+        for child in [c for c in tools.iterdir() if c.is_dir()]:
+            for pid in (child / "cgroup.procs").read_text().split():
+                os.kill(int(pid), 9)
+        assert wait_until(lambda: _rmdir_tree(tools), 5)
+
+
+def _rmdir_tree(group: Path) -> bool:
+    try:
+        for child in [c for c in group.iterdir() if c.is_dir()]:
+            child.rmdir()
+        group.rmdir()
+        return True
+    except OSError:
+        return False
 
 
 MEMORY_ROOT = Path("/sys/fs/cgroup/memory")
