@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -157,19 +158,17 @@ class _CpuMeter:
         return {name: (after[name] - self.before[name]) / programs for name in after}
 
 
-def breakdown(result: Result, cp: httpx.Client, answers: list[tuple[float, dict]]) -> list[list]:
+def _timed(fn: Callable[[str], dict | None], code: str) -> tuple[float, dict | None]:
+    started = time.perf_counter()
+    body = fn(code)
+    return time.perf_counter() - started, body
+
+
+def breakdown(result: Result, answers: list[tuple[float, dict]], empties: list[tuple[float, dict]],
+              empty_direct: list[float]) -> list[list]:
     """Phases of one run one at a time (medians, ms): the client's round trip against the runner
-    server's ``timings``; the interpreter's start from empty programs through the same path."""
-    empty = []
-    for _ in range(30):
-        t = time.perf_counter()
-        body = _execute_python(cp, "pass\n")
-        empty.append((time.perf_counter() - t, body))
-    empty_direct = []
-    for _ in range(30):
-        t = time.perf_counter()
-        _direct_python("pass\n")
-        empty_direct.append(time.perf_counter() - t)
+    server's ``timings``; the interpreter's start from an empty program run through the same path
+    right after each HumanEval program (so that both meet the same load)."""
 
     def med(values: list[float]) -> float:
         return statistics.median(values)
@@ -177,23 +176,23 @@ def breakdown(result: Result, cp: httpx.Client, answers: list[tuple[float, dict]
     def phase(name: str, rows: list[tuple[float, dict]]) -> float:
         return med([body["timings"][name] or 0.0 for _, body in rows])
 
-    interpreter = phase("program", empty)
     rows = [
         ["request and reply: client, control plane, forward, HTTP and JSON",
          med([total * 1000 - body["timings"]["total"] for total, body in answers])],
         ["waiting for a run slot", phase("queued", answers)],
         ["run directory and files", phase("prepare", answers)],
         ["hand-over to a waiting init: the run's mounts, its user, exec", phase("start", answers)],
-        ["interpreter start and exit (an empty program)", interpreter],
-        ["the code (HumanEval program minus the empty one)", phase("program", answers) - interpreter],
+        ["interpreter start and exit (an empty program)", phase("program", empties)],
+        ["the code (each program's run minus the empty one's after it)",
+         med([a["timings"]["program"] - e["timings"]["program"]
+              for (_, a), (_, e) in zip(answers, empties, strict=True)])],
         ["output collected, answer made",
          med([b["timings"]["total"] - b["timings"]["queued"] - b["timings"]["prepare"] - (b["timings"]["start"] or 0)
               - b["timings"]["program"] for _, b in answers])],
+        ["total, control plane /execute", med([total * 1000 for total, _ in answers])],
+        ["an empty program: control plane /execute", med([t * 1000 for t, _ in empties])],
+        ["an empty program: direct python3", med([t * 1000 for t in empty_direct])],
     ]
-    total_cp = med([total * 1000 for total, _ in answers])
-    rows.append(["total, control plane /execute (one at a time)", total_cp])
-    rows.append(["an empty program: control plane /execute", med([t * 1000 for t, _ in empty])])
-    rows.append(["an empty program: direct python3", med([t * 1000 for t in empty_direct])])
     for name, ms in rows:
         result.figures[f"one run, one at a time (median ms): {name}"] = round(ms, 3)
     result.notes.append("Off the request's path, not in the phases above: the namespaces, read-only view, /proc "
@@ -235,17 +234,22 @@ def humaneval(result: Result, cp: httpx.Client, url: str) -> tuple[list[list], l
     ratios = [c / d for d, c in zip(rates["direct python3"], rates["control plane /execute"], strict=True)]
     latencies: dict[str, list[float]] = {w: [] for w in ways}
     answers: list[tuple[float, dict]] = []
+    empties: list[tuple[float, dict]] = []
+    empty_direct: list[float] = []
     progress = Progress("humaneval one at a time", len(programs) * len(ways))
     for code in programs:
         for way, fn in ways.items():
-            t = time.perf_counter()
-            body = fn(code)
-            latencies[way].append(time.perf_counter() - t)
+            took, body = _timed(fn, code)
+            latencies[way].append(took)
             if body is not None:
-                answers.append((latencies[way][-1], body))
+                answers.append((took, body))
             progress.step()
+        took, body = _timed(ways["control plane /execute"], "pass\n")
+        assert body is not None
+        empties.append((took, body))
+        empty_direct.append(_timed(_direct_python, "pass\n")[0])
     loads.append(_load())
-    phases = breakdown(result, cp, answers)
+    phases = breakdown(result, answers, empties, empty_direct)
     cpu_rows = []
     for way, passes in cpu.items():
         for name in passes[0]:
