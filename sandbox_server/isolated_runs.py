@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
 
 from . import jail
 from .jail import RunSpec
@@ -89,7 +88,7 @@ class Jails:
         if self._sock is None or self._loop is None:
             raise JailError(f"isolated runs are unavailable: {self.reason}")
         loop = self._loop
-        data = json.dumps(asdict(spec)).encode()
+        data = json.dumps(vars(spec)).encode()  # its fields are JSON already: no deep copy (asdict's)
         # The init writes the program's wait status here just before it exits: no hop through the zygote.
         status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         exit_status: asyncio.Future[int | None] = loop.create_future()  # the wait status (as a spawner's are)
