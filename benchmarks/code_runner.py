@@ -92,13 +92,14 @@ def _execute_python(http: httpx.Client, code: str) -> dict:
 # -- where the time goes ------------------------------------------------------------------------
 
 
-def _cpu_ms(pid: int) -> float:
-    """CPU of ``pid`` and of the children it reaped (user + system), in ms."""
+def _cpu_ms(pid: int) -> tuple[float, float]:
+    """CPU of ``pid`` itself and of the children it reaped (user + system), in ms."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = [int(f) for f in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11:15]]
     except OSError:
-        return 0.0
-    return sum(int(f) for f in fields[11:15]) * 1000 / os.sysconf("SC_CLK_TCK")
+        return 0.0, 0.0
+    ms = 1000 / os.sysconf("SC_CLK_TCK")
+    return (ticks[0] + ticks[1]) * ms, (ticks[2] + ticks[3]) * ms
 
 
 def _host_busy_ms() -> float:
@@ -134,13 +135,14 @@ def _runner_pids(url: str) -> dict[str, int]:
                 while ancestor > 1 and ancestor != found.get("control plane"):
                     ancestor = _parent(ancestor)
                 if ancestor > 1:  # the runner of this control plane, not of another on the host
-                    found["runs' zygote (with the inits and programs)"], found["runner sandbox server"] = \
-                        pid, _parent(pid)
+                    found["zygote"], found["runner sandbox server"] = pid, _parent(pid)
     return found
 
 
 class _CpuMeter:
-    """CPU per program of each process of one way, over one throughput pass."""
+    """CPU per program of each process of one way, over one throughput pass: for the control
+    plane's, the inits' and programs' own from the answers (``isolationCpu``, ``programCpu``), the
+    rest of what the zygote reaped being the end of the runs' namespaces."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
@@ -148,14 +150,31 @@ class _CpuMeter:
 
     def _now(self) -> dict[str, float]:
         me = os.times()
-        now = {name: _cpu_ms(pid) for name, pid in self.pids.items()}
-        now["benchmark (with its children)"] = (me.user + me.system + me.children_user + me.children_system) * 1000
-        now["host, all processes (other load too)"] = _host_busy_ms()
+        now = {"benchmark process": (me.user + me.system) * 1000,
+               "its children (the direct python3 programs)": (me.children_user + me.children_system) * 1000,
+               "host, all processes (other load too)": _host_busy_ms()}
+        for name, pid in self.pids.items():
+            own, reaped = _cpu_ms(pid)
+            if name == "zygote":
+                now["runs' zygote: cloning spare inits"] = own
+                now["zygote reaped"] = reaped
+            else:
+                now[name] = own + reaped
         return now
 
-    def per_program(self, programs: int) -> dict[str, float]:
+    def per_program(self, bodies: list[dict | None]) -> dict[str, float]:
         after = self._now()
-        return {name: (after[name] - self.before[name]) / programs for name in after}
+        n = len(bodies)
+        per = {name: (after[name] - self.before[name]) / n for name in after}
+        timings = [b["timings"] for b in bodies if b is not None and b.get("timings")]
+        if "zygote reaped" in per:
+            reaped = per.pop("zygote reaped")
+            inits = sum(t["isolationCpu"] or 0.0 for t in timings) / n
+            programs = sum(t["programCpu"] or 0.0 for t in timings) / n
+            per["runs' inits: set-up ahead of demand, mounts, exec, wait"] = inits
+            per["the programs (python3 and what it started)"] = programs
+            per["the runs' namespaces ending (the rest the zygote reaped)"] = reaped - inits - programs
+        return per
 
 
 def _timed(fn: Callable[[str], dict | None], code: str) -> tuple[float, dict | None]:
@@ -202,12 +221,16 @@ def breakdown(result: Result, answers: list[tuple[float, dict]], empties: list[t
     return [[name, ms] for name, ms in rows]
 
 
-def _pass(fn, programs: list[str], parallel: int) -> float:
-    """Programs per second running every program once, ``parallel`` at a time."""
+def _pass(fn, programs: list[str], parallel: int, answers: list | None = None) -> float:
+    """Programs per second running every program once, ``parallel`` at a time (their answers
+    into ``answers``)."""
     started = time.perf_counter()
     with ThreadPoolExecutor(parallel) as pool:
-        list(pool.map(fn, programs))
-    return len(programs) / (time.perf_counter() - started)
+        results = list(pool.map(fn, programs))
+    rate = len(programs) / (time.perf_counter() - started)
+    if answers is not None:
+        answers.extend(results)
+    return rate
 
 
 def _load() -> float:
@@ -228,8 +251,9 @@ def humaneval(result: Result, cp: httpx.Client, url: str) -> tuple[list[list], l
     for _ in range(ROUNDS):
         for way, fn in ways.items():
             meter = _CpuMeter(pids if way == "control plane /execute" else {})
-            rates[way].append(_pass(fn, programs, PARALLEL))
-            cpu[way].append(meter.per_program(len(programs)))
+            bodies: list[dict | None] = []
+            rates[way].append(_pass(fn, programs, PARALLEL, bodies))
+            cpu[way].append(meter.per_program(bodies))
             loads.append(_load())
     ratios = [c / d for d, c in zip(rates["direct python3"], rates["control plane /execute"], strict=True)]
     latencies: dict[str, list[float]] = {w: [] for w in ways}
@@ -256,6 +280,9 @@ def humaneval(result: Result, cp: httpx.Client, url: str) -> tuple[list[list], l
             ms = statistics.median(p[name] for p in passes)
             result.figures[f"cpu ms per program at 4 in flight: {way}: {name}"] = round(ms, 3)
             cpu_rows.append([way, name, ms])
+        total = sum(row[2] for row in cpu_rows if row[0] == way and not row[1].startswith("host"))
+        result.figures[f"cpu ms per program at 4 in flight: {way}: all of its processes"] = round(total, 3)
+        cpu_rows.append([way, "all of its processes", total])
     paired = zip(latencies["direct python3"], latencies["control plane /execute"], strict=True)
     overheads = sorted((c - d) * 1000 for d, c in paired)
     for way, samples in latencies.items():

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from . import jail
-from .jail import RunSpec
+from .jail import RunReport, RunSpec
 from .output import read_available
 
 
@@ -79,12 +79,12 @@ class Jails:
         loop.add_reader(self._sock.fileno(), self._on_message)
 
     def spawn(self, spec: RunSpec, stdin: int, stdout: int, stderr: int,
-              on_spawned: Callable[[float], object] | None = None,
+              on_report: Callable[[RunReport], object] | None = None,
               ) -> tuple[asyncio.Future[int], asyncio.Future[int | None]]:
         """Start ``spec``: futures of its init's pid (a ``JailError`` when the zygote refused or is
         gone) and of the program's wait status (a SIGKILL's when the init was killed first). The
-        run goes on while the pid is on its way; the fds stay the caller's. ``on_spawned`` hears,
-        with the status, when (``time.monotonic``) the init spawned the program."""
+        run goes on while the pid is on its way; the fds stay the caller's. ``on_report`` hears the
+        init's ``RunReport`` (when it spawned the program, the CPU each took) with the status."""
         if self._sock is None or self._loop is None:
             raise JailError(f"isolated runs are unavailable: {self.reason}")
         loop = self._loop
@@ -103,7 +103,7 @@ class Jails:
         finally:
             os.close(status_w)
         self._spawned.append((answer, exit_status))
-        loop.add_reader(status_r, _read_status, loop, status_r, exit_status, on_spawned)
+        loop.add_reader(status_r, _read_status, loop, status_r, exit_status, on_report)
         return answer, exit_status
 
     def _on_message(self) -> None:
@@ -161,19 +161,19 @@ class Jails:
 
 
 def _read_status(loop: asyncio.AbstractEventLoop, fd: int, exit_status: asyncio.Future[int | None],
-                 on_spawned: Callable[[float], object] | None) -> None:
-    """The reader of a run's status pipe (``jail.STATUS``); nothing written: the init was killed
-    (SIGKILL) before its program ended."""
+                 on_report: Callable[[RunReport], object] | None) -> None:
+    """The reader of a run's status pipe (``jail.RunReport``); nothing written: the init was
+    killed (SIGKILL) before its program ended."""
     data = read_available(fd, jail.STATUS.size)
     if data is None:
         return
     loop.remove_reader(fd)
     os.close(fd)
-    status, spawned = jail.STATUS.unpack(data) if len(data) == jail.STATUS.size else (signal.SIGKILL, 0.0)
-    if spawned and on_spawned is not None:
-        on_spawned(spawned)
+    report = RunReport.unpack(data) if len(data) == jail.STATUS.size else None
+    if report is not None and on_report is not None:
+        on_report(report)
     if not exit_status.done():
-        exit_status.set_result(status)
+        exit_status.set_result(report.status if report is not None else signal.SIGKILL)
 
 
 def _refused(answer: asyncio.Future[int], exit_status: asyncio.Future[int | None], reason: str) -> None:

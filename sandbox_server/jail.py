@@ -46,6 +46,7 @@ import fcntl
 import json
 import os
 import platform
+import resource
 import select
 import signal
 import socket
@@ -70,7 +71,7 @@ PR_CAPBSET_READ, PR_CAPBSET_DROP = 23, 24
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 MAX_MESSAGE = 1 << 20  # a request: argv, env and paths (never file contents)
 FAILED_TO_ISOLATE = 126
-STATUS = struct.Struct("=id")  # what a run's init writes as it exits: wait status, monotonic time of the spawn
+STATUS = struct.Struct("=iddd")  # what a run's init writes as it exits (``RunReport``)
 RUN_PIDS_MAX = 256  # processes of one run (its init included): a fork bomb in one never starves the others
 RUN_GROUP_PREFIX = "run-"
 # Python ignores these; a program starts with them at their defaults, as subprocess gives them.
@@ -84,6 +85,23 @@ class Isolation:
     bind: str  # the run's directory: bound writable at the same path, everything else read-only
     tmp_bytes: int = 256 << 20  # bound of the run's own /tmp and /dev/shm (each)
     hide: tuple[str, ...] = ()  # directories replaced by an empty read-only tmpfs
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """How a run went, as its init tells the server when it exits."""
+
+    status: int  # the program's wait status
+    spawned: float  # when (``time.monotonic``: the server's clock too) the program was spawned; 0 if never
+    init_cpu: float  # seconds of CPU of the init itself, from its clone (its set-up ahead of demand too)
+    program_cpu: float  # seconds of CPU of the program and of every process of the run the init reaped
+
+    def pack(self) -> bytes:
+        return STATUS.pack(self.status, self.spawned, self.init_cpu, self.program_cpu)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> RunReport:
+        return cls(*STATUS.unpack(data))
 
 
 @dataclass
@@ -280,10 +298,12 @@ def _spare(channel: socket.socket, groups: Sequence[str]) -> None:
 
 
 def _end(status_fd: int, status: int, spawned: float) -> None:
-    """The init's exit: the program's wait status and when it was spawned (``STATUS``: one
-    write, under PIPE_BUF, so it arrives whole) to the server, then the same exit code."""
+    """The init's exit: its ``RunReport`` to the server (one write, under PIPE_BUF, so it
+    arrives whole), then the program's exit code."""
     try:
-        os.write(status_fd, STATUS.pack(status, spawned))
+        own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        os.write(status_fd, RunReport(status, spawned, own.ru_utime + own.ru_stime,
+                                      reaped.ru_utime + reaped.ru_stime).pack())
     finally:
         code = os.waitstatus_to_exitcode(status)
         os._exit(128 - code if code < 0 else code)

@@ -308,6 +308,8 @@ class ExecuteRequest(Request):
 class ExecuteTimings(BaseModel):
     """Where the runner sandbox's server spent one request's time, in milliseconds."""
 
+    model_config = ConfigDict(populate_by_name=True)
+
     queued: float = Field(description="waiting for a free run slot (--runner-concurrency)")
     prepare: float = Field(description="the run directory made and the files written")
     compile: float | None = Field(None, description="the compiler's run, for compiled languages")
@@ -317,6 +319,13 @@ class ExecuteTimings(BaseModel):
                                        "was read: an interpreter's start is part of it")
     total: float = Field(description="the whole request in the server; the run directory is removed after "
                                      "the answer, outside it")
+    program_cpu: float | None = Field(None, alias="programCpu",
+                                      description="isolated runs: CPU (user + system) of the program and of every "
+                                                  "process of the run that ended before it")
+    isolation_cpu: float | None = Field(None, alias="isolationCpu",
+                                        description="isolated runs: CPU of the run's own init, from its clone "
+                                                    "ahead of demand until the program ended (not its namespaces' "
+                                                    "end)")
 
 
 class ExecuteResponse(BaseModel):

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from . import procfs
 from .isolated_runs import JailError, Jails
-from .jail import RUN_PIDS_MAX, Isolation, RunSpec
+from .jail import RUN_PIDS_MAX, Isolation, RunReport, RunSpec
 from .job import READ_CHUNK, Job, feed_stdin
 from .memory_events import MemoryEvents
 from .output import BoundedOutput
@@ -72,7 +72,7 @@ class ProcessResult:
     timed_out: bool
     duration: float
     oom_killed: bool = False  # the sandbox's OOM killer ended a process while the command ran
-    spawned_at: float | None = None  # when (time.monotonic) an isolated run's init spawned the program
+    run_report: RunReport | None = None  # what an isolated run's init told of it
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -279,11 +279,11 @@ class Supervisor:
         proc: subprocess.Popen | None = None
         exit_status: asyncio.Future[int | None] | None = None
         init_pid: asyncio.Future[int] | None = None
-        spawned: list[float] = []
+        reports: list[RunReport] = []
         try:
             if isolation is not None:
                 init_pid, exit_status = self._spawn_isolated(argv, cwd, env, user, isolation, in_r, out_w, err_w,
-                                                             spawned.append)
+                                                             reports.append)
                 pid = 0  # known once the zygote answers; the run goes on meanwhile
             else:
                 if spawner is not None:
@@ -353,7 +353,7 @@ class Supervisor:
         code = 124 if job.timed_out else returncode
         oom = ooms is not None and (self.memory_events.count() or 0) > ooms
         return ProcessResult(code, out, err, job.timed_out, time.monotonic() - started, oom,
-                             spawned[0] if spawned else None)
+                             reports[0] if reports else None)
 
     async def _spawner_for(self, user: UserSpec, groups: list[int]) -> Spawner | None:
         """The user's spawner, started now unless it runs (or is starting); None while a stage
@@ -409,7 +409,7 @@ class Supervisor:
 
     def _spawn_isolated(self, argv: Sequence[str], cwd: str, env: Mapping[str, str], user: UserSpec | None,
                         isolation: Isolation, stdin: int, stdout: int, stderr: int,
-                        on_spawned: Callable[[float], object],
+                        on_report: Callable[[RunReport], object],
                         ) -> tuple[asyncio.Future[int], asyncio.Future[int | None]]:
         assert self.jails is not None
         who = user or UserSpec.current()
@@ -417,7 +417,7 @@ class Supervisor:
                           int(TOOL_OOM_SCORE_ADJ))
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if stdin == subprocess.DEVNULL else None
         try:
-            return self.jails.spawn(spec, stdin if null is None else null, stdout, stderr, on_spawned)
+            return self.jails.spawn(spec, stdin if null is None else null, stdout, stderr, on_report)
         finally:
             if null is not None:
                 os.close(null)

@@ -230,13 +230,16 @@ class _Clock:
     def timings(self, result: ProcessResult, stage: str) -> ExecuteTimings:
         now = time.monotonic()
         begun = self.prepared if stage == "compile" else self.handed  # the stage's process was asked for
-        spawned = result.spawned_at if result.spawned_at is not None and result.spawned_at >= begun else None
+        report = result.run_report
+        spawned = report.spawned if report is not None and report.spawned >= begun else None
         return ExecuteTimings(
             queued=_ms(self.arrived, self.started), prepare=_ms(self.started, self.prepared),
             compile=_ms(self.prepared, self.compiled) if self.compiled is not None else None,
             start=_ms(begun, spawned) if spawned is not None else None,
             program=_ms(spawned if spawned is not None else begun, begun + result.duration),
-            total=_ms(self.arrived, now))
+            total=_ms(self.arrived, now),
+            program_cpu=round(report.program_cpu * 1000, 3) if report is not None else None,
+            isolation_cpu=round(report.init_cpu * 1000, 3) if report is not None else None)
 
 
 def _ms(start: float, end: float) -> float:

@@ -339,6 +339,24 @@ def test_the_zygote_keeps_a_spare_for_each_run_at_once(isolated: SandboxProcess)
     assert not set(_spares(zygote)) & set(spares)  # used once: the pool is of new inits
 
 
+def test_an_isolated_run_says_where_its_time_went(isolated: SandboxProcess) -> None:
+    """The answer's ``timings``: a program that spins 0.3 s of CPU (in a child it starts) shows
+    it as the program's, in its phase and its CPU; the hand-over and the init's own CPU are apart.
+
+    Can fail: before the init reported its spawn and CPU (the code before the timings) the
+    answer had no ``timings``.
+    """
+    code = ("import subprocess, sys\nsubprocess.run([sys.executable, '-c', "
+            "'import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.3: pass'])\n")
+    body = isolated.post("/execute", {"language": "python", "code": code, "timeout": 60}).json()
+    assert body["exitCode"] == 0, body
+    t = body["timings"]
+    assert t["programCpu"] >= 300 and t["program"] >= 300, t  # the child's CPU too: it ended before the program
+    assert t["start"] is not None and 0 <= t["start"] < t["program"], t
+    assert 0 < t["isolationCpu"] < t["programCpu"], t
+    assert t["total"] >= t["queued"] + t["prepare"] + t["start"] + t["program"] - 1, t
+
+
 def test_an_isolated_run_is_held_to_its_limits(isolated: SandboxProcess) -> None:
     """A run that floods its output, spins and leaves a TERM-deaf daemon comes back at timeout
     + grace with its output bounded, and nothing of it is left.
