@@ -676,7 +676,8 @@ def create_app(config: ServerConfig) -> web.App:
     base_env.update(judge_env(base_env.get("PATH", "")))
     groups = ToolCgroups(config.tool_cgroups) if config.tool_cgroups else None
     supervisor = Supervisor(MemoryEvents(config.memory_events), groups, isolated_runs=config.isolated_runs,
-                            spawners=config.tool_spawner, run_memory_max=config.run_memory_max)
+                            spawners=config.tool_spawner, run_memory_max=config.run_memory_max,
+                            run_spares=config.runner_concurrency)
     roots = config.file_roots or [config.project]
     state = SandboxState(
         config=config,

@@ -51,7 +51,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tools start from a minimal environment instead of the server's")
     parser.add_argument("--max-body-bytes", type=int, default=256 << 20, help="largest accepted request body")
     parser.add_argument("--runner-concurrency", type=int, default=os.cpu_count() or 2,
-                        help="code-runner programs running at once; more requests wait in a queue")
+                        help="code-runner programs running at once; more requests wait in a queue "
+                             "(with --isolated-runs, as many isolated inits wait ready for their runs)")
     parser.add_argument("--ready-fd", type=int, help="write 'ready\\n' to this file descriptor once listening")
     parser.add_argument("--isolated-runs", action="store_true", default=None,
                         help="run every code-runner program in mount, pid, IPC and network namespaces of its "

@@ -14,12 +14,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
-from dataclasses import asdict
+from collections.abc import Callable, Mapping
 
 from . import jail
-from .jail import RunSpec
-from .output import read_exit_status
+from .jail import RunReport, RunSpec
+from .output import read_available
 
 
 class JailError(Exception):
@@ -43,10 +42,11 @@ class Jails:
         return self.process.pid if self.process is not None else None
 
     def start(self, cgroups: Mapping[str, str] | None = None, pids_max: int | None = None,
-              memory_max: int | None = None) -> bool:
+              memory_max: int | None = None, spares: int = 1) -> bool:
         """Start the zygote (synchronously: while this process still holds CAP_SYS_ADMIN), in the
         ``cgroups`` directories (the tools' groups, by controller) if any, each run then in groups
-        of its own below them, held to ``pids_max`` processes and ``memory_max`` bytes (``jail.py``).
+        of its own below them, held to ``pids_max`` processes and ``memory_max`` bytes (``jail.py``),
+        with ``spares`` inits kept ready (as many as runs may go on at once).
         False, with ``reason`` set, when this process cannot make namespaces (not root in its user
         namespace, or a kernel that refuses)."""
         problem = jail.probe()
@@ -57,7 +57,8 @@ class Jails:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-B", os.path.abspath(jail.__file__), str(theirs.fileno()),
-                 json.dumps({"cgroups": dict(cgroups or {}), "pids_max": pids_max, "memory_max": memory_max})],
+                 json.dumps({"cgroups": dict(cgroups or {}), "pids_max": pids_max, "memory_max": memory_max,
+                             "spares": spares})],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, close_fds=True)
         except OSError as exc:
             ours.close()
@@ -77,15 +78,17 @@ class Jails:
         self._sock.setblocking(False)
         loop.add_reader(self._sock.fileno(), self._on_message)
 
-    def spawn(self, spec: RunSpec, stdin: int, stdout: int,
-              stderr: int) -> tuple[asyncio.Future[int], asyncio.Future[int | None]]:
+    def spawn(self, spec: RunSpec, stdin: int, stdout: int, stderr: int,
+              on_report: Callable[[RunReport], object] | None = None,
+              ) -> tuple[asyncio.Future[int], asyncio.Future[int | None]]:
         """Start ``spec``: futures of its init's pid (a ``JailError`` when the zygote refused or is
         gone) and of the program's wait status (a SIGKILL's when the init was killed first). The
-        run goes on while the pid is on its way; the fds stay the caller's."""
+        run goes on while the pid is on its way; the fds stay the caller's. ``on_report`` hears the
+        init's ``RunReport`` (when it spawned the program, the CPU each took) with the status."""
         if self._sock is None or self._loop is None:
             raise JailError(f"isolated runs are unavailable: {self.reason}")
         loop = self._loop
-        data = json.dumps(asdict(spec)).encode()
+        data = json.dumps(vars(spec)).encode()  # its fields are JSON already: no deep copy (asdict's)
         # The init writes the program's wait status here just before it exits: no hop through the zygote.
         status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         exit_status: asyncio.Future[int | None] = loop.create_future()  # the wait status (as a spawner's are)
@@ -100,8 +103,7 @@ class Jails:
         finally:
             os.close(status_w)
         self._spawned.append((answer, exit_status))
-        # nothing written: the init was killed (SIGKILL) before its program ended
-        loop.add_reader(status_r, read_exit_status, loop, status_r, exit_status, signal.SIGKILL)
+        loop.add_reader(status_r, _read_status, loop, status_r, exit_status, on_report)
         return answer, exit_status
 
     def _on_message(self) -> None:
@@ -156,6 +158,22 @@ class Jails:
             if not any(os.path.isdir(c) for c in children) or time.monotonic() > deadline:
                 break
             time.sleep(0.01)
+
+
+def _read_status(loop: asyncio.AbstractEventLoop, fd: int, exit_status: asyncio.Future[int | None],
+                 on_report: Callable[[RunReport], object] | None) -> None:
+    """The reader of a run's status pipe (``jail.RunReport``); nothing written: the init was
+    killed (SIGKILL) before its program ended."""
+    data = read_available(fd, jail.STATUS.size)
+    if data is None:
+        return
+    loop.remove_reader(fd)
+    os.close(fd)
+    report = RunReport.unpack(data) if len(data) == jail.STATUS.size else None
+    if report is not None and on_report is not None:
+        on_report(report)
+    if not exit_status.done():
+        exit_status.set_result(report.status if report is not None else signal.SIGKILL)
 
 
 def _refused(answer: asyncio.Future[int], exit_status: asyncio.Future[int | None], reason: str) -> None:

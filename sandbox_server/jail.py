@@ -22,11 +22,12 @@ What one run sees (``isolated_runs.Jails.spawn``), whatever the runs before it o
 
 The namespaces are made by a *zygote*: a small single-threaded process the server starts while
 it still holds CAP_SYS_ADMIN (``Jails.start``), before it takes that out of its bounding set. It
-keeps one *spare* run init cloned ahead of demand into new namespaces, its view of the files made
-read-only and its own /proc mounted; a request is handed to the spare (the process the server
-watches: its exit status is the program's), which makes the run's own mounts, takes the run's user
-and ``posix_spawn``s the program, and the zygote clones the next spare while the run goes on.
-Nothing is executed but the program itself.
+keeps a pool of *spare* run inits cloned ahead of demand into new namespaces, as many as runs may
+go on at once, each with its view of the files made read-only and its own /proc mounted; a
+request is handed to the oldest spare (the process the server watches: its exit status is the
+program's), which makes the run's own mounts, takes the run's user and ``posix_spawn``s the
+program, and the zygote clones another spare whenever no request waits. A spare serves one run
+and no other. Nothing is executed but the program itself.
 
 The server talks to the zygote over a SOCK_SEQPACKET socket: a request (JSON, with the run's
 stdin/stdout/stderr and a status pipe as SCM_RIGHTS fds) is answered with the init's pid; the
@@ -45,11 +46,13 @@ import fcntl
 import json
 import os
 import platform
+import resource
 import select
 import signal
 import socket
 import struct
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -68,6 +71,7 @@ PR_CAPBSET_READ, PR_CAPBSET_DROP = 23, 24
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 MAX_MESSAGE = 1 << 20  # a request: argv, env and paths (never file contents)
 FAILED_TO_ISOLATE = 126
+STATUS = struct.Struct("=iddd")  # what a run's init writes as it exits (``RunReport``)
 RUN_PIDS_MAX = 256  # processes of one run (its init included): a fork bomb in one never starves the others
 RUN_GROUP_PREFIX = "run-"
 # Python ignores these; a program starts with them at their defaults, as subprocess gives them.
@@ -81,6 +85,23 @@ class Isolation:
     bind: str  # the run's directory: bound writable at the same path, everything else read-only
     tmp_bytes: int = 256 << 20  # bound of the run's own /tmp and /dev/shm (each)
     hide: tuple[str, ...] = ()  # directories replaced by an empty read-only tmpfs
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """How a run went, as its init tells the server when it exits."""
+
+    status: int  # the program's wait status
+    spawned: float  # when (``time.monotonic``: the server's clock too) the program was spawned; 0 if never
+    init_cpu: float  # seconds of CPU of the init itself, from its clone (its set-up ahead of demand too)
+    program_cpu: float  # seconds of CPU of the program and of every process of the run the init reaped
+
+    def pack(self) -> bytes:
+        return STATUS.pack(self.status, self.spawned, self.init_cpu, self.program_cpu)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> RunReport:
+        return cls(*STATUS.unpack(data))
 
 
 @dataclass
@@ -250,6 +271,7 @@ def _spare(channel: socket.socket, groups: Sequence[str]) -> None:
     for fd in fds[:3]:
         os.close(fd)
     status_fd = fds[3]
+    spawned = 0.0
     try:
         if unprepared is not None:
             raise unprepared
@@ -258,26 +280,30 @@ def _spare(channel: socket.socket, groups: Sequence[str]) -> None:
         _become(spec)
         program = os.posix_spawn(_executable(spec.argv[0], spec.env), spec.argv, spec.env,
                                  setsigdef=RESET_SIGNALS, setsigmask=())
+        spawned = time.monotonic()  # the clock is the server's: no time namespace of its own
     except BaseException as exc:  # noqa: BLE001 - a run that cannot start says why and exits
         try:
             os.write(2, f"idegym: could not start the isolated run: {exc}\n".encode(errors="replace"))
         finally:
-            _end(status_fd, (127 if isinstance(exc, FileNotFoundError) else FAILED_TO_ISOLATE) << 8)
+            _end(status_fd, (127 if isinstance(exc, FileNotFoundError) else FAILED_TO_ISOLATE) << 8, spawned)
     for fd in (0, 1, 2):
         os.close(fd)  # the run's output ends with its processes, not with this one
     while True:
         try:
             pid, status = os.wait()
         except ChildProcessError:
-            _end(status_fd, 1 << 8)
+            _end(status_fd, 1 << 8, spawned)
         if pid == program:
-            _end(status_fd, status)
+            _end(status_fd, status, spawned)
 
 
-def _end(status_fd: int, status: int) -> None:
-    """The init's exit: the program's wait status to the server, then the same exit code."""
+def _end(status_fd: int, status: int, spawned: float) -> None:
+    """The init's exit: its ``RunReport`` to the server (one write, under PIPE_BUF, so it
+    arrives whole), then the program's exit code."""
     try:
-        os.write(status_fd, struct.pack("i", status))
+        own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        os.write(status_fd, RunReport(status, spawned, own.ru_utime + own.ru_stime,
+                                      reaped.ru_utime + reaped.ru_stime).pack())
     finally:
         code = os.waitstatus_to_exitcode(status)
         os._exit(128 - code if code < 0 else code)
@@ -311,17 +337,34 @@ def _private_view() -> None:
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
 
 
+@dataclass
+class _Spare:
+    """An init cloned ahead of demand, waiting for its run on ``channel``."""
+
+    pid: int
+    channel: socket.socket
+    pidfd: int  # to kill it, never a reaped pid's successor
+
+    def discard(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        self.channel.close()
+        os.close(self.pidfd)
+
+
 class _Zygote:
-    """The zygote's state: the server's socket and one *spare*, an init cloned ahead of demand
-    (fresh namespaces made, read-only view and /proc ready), so that a run starts with what is
-    its own only. The next spare is cloned once a run's pid is answered, while that run goes on."""
+    """The zygote's state: the server's socket and a pool of *spares*, inits cloned ahead of
+    demand (fresh namespaces made, read-only view and /proc ready), so that a run starts with what
+    is its own only. The pool holds as many spares as runs may go on at once (``spares``): the
+    zygote refills it one clone at a time whenever no request waits, so runs that come together
+    each find one instead of waiting for a clone."""
 
     def __init__(self, sock: socket.socket, cgroups: Mapping[str, str] | None = None, pids_max: int | None = None,
-                 memory_max: int | None = None) -> None:
+                 memory_max: int | None = None, spares: int = 1) -> None:
         self.sock = sock
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.spare: tuple[int, socket.socket] | None = None
-        self.spare_pidfd = -1
+        self.spares: list[_Spare] = []  # oldest (most likely ready) first
+        self.wanted = max(spares, 1)
         cgroups = dict(cgroups or {})
         # Runs' own groups only where they have limits of their own: every level of a hierarchy
         # costs each fork, charge and wake-up of the run a little.
@@ -361,7 +404,8 @@ class _Zygote:
                 self.draining.remove(slot)
                 self.free.append(slot)
 
-    def clone_spare(self) -> None:
+    def clone_spare(self) -> _Spare:
+        """One more spare for the pool."""
         slot = None
         if self.cgroups:
             try:
@@ -378,38 +422,45 @@ class _Zygote:
         if pid == 0:  # pragma: no cover - runs in the spare
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            for fd in (self.sock.fileno(), self.wake_r, self.wake_w, ours.fileno()):
+            # nothing of the zygote's nor of the other spares (their channels, their pidfds)
+            others = [fd for spare in self.spares for fd in (spare.channel.fileno(), spare.pidfd)]
+            for fd in (self.sock.fileno(), self.wake_r, self.wake_w, ours.fileno(), *others):
                 os.close(fd)
             _spare(theirs, [os.path.join(group, slot) for group in self.cgroups] if slot else [])
         theirs.close()
-        self.spare = (pid, ours)
-        self.spare_pidfd = os.pidfd_open(pid)  # to kill it, never a reaped pid's successor
+        spare = _Spare(pid, ours, os.pidfd_open(pid))
         if slot is not None:
             self.slot_of[pid] = slot
+        self.spares.append(spare)
+        return spare
 
     def hand_over(self, data: bytes, spec: RunSpec, fds: array.array) -> int:
-        """Give the run to the spare (cloning one first when there is none): the init's pid."""
-        for attempt in range(2):
-            if self.spare is None:
+        """Give the run to a spare of the pool (cloning one when there is none): the init's pid.
+        Each spare is used once: its channel is closed once it has its run."""
+        fresh = False
+        while True:
+            if not self.spares:
                 self.clone_spare()
-            assert self.spare is not None
-            (pid, channel), self.spare = self.spare, None
-            pidfd, self.spare_pidfd = self.spare_pidfd, -1
+                fresh = True
+            spare = self.spares.pop(0)
             try:
-                with open(f"/proc/{pid}/oom_score_adj", "w") as fh:
+                with open(f"/proc/{spare.pid}/oom_score_adj", "w") as fh:
                     fh.write(str(spec.oom_score_adj))
-                channel.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-                return pid
+                spare.channel.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+                spare.channel.close()
+                os.close(spare.pidfd)
+                return spare.pid
             except BaseException as exc:
-                with contextlib.suppress(ProcessLookupError):  # the pidfd's own process, reaped or not
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                if attempt == 0 and isinstance(exc, (ProcessLookupError, FileNotFoundError, ConnectionError)):
-                    continue  # the spare died waiting: a fresh one
+                spare.discard()
+                if not fresh and isinstance(exc, (ProcessLookupError, FileNotFoundError, ConnectionError)):
+                    continue  # it died waiting: the next one, or a fresh one
                 raise
-            finally:
-                channel.close()
-                os.close(pidfd)
-        raise AssertionError("unreachable")
+
+    def forget(self, ended: set[int]) -> None:
+        """Spares that died waiting (killed) leave the pool; the loop clones others."""
+        for spare in [s for s in self.spares if s.pid in ended]:
+            self.spares.remove(spare)
+            spare.discard()
 
     def request(self) -> bool:
         """One request from the server, answered; False once the server is gone."""
@@ -459,7 +510,7 @@ def serve(fd: int, config: dict) -> None:
     _private_view()
     _drop_tool_capabilities()
     zygote = _Zygote(socket.socket(fileno=fd), config.get("cgroups"), config.get("pids_max"),
-                     config.get("memory_max"))
+                     config.get("memory_max"), config.get("spares", 1))
     signal.set_wakeup_fd(zygote.wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -468,7 +519,9 @@ def serve(fd: int, config: dict) -> None:
     poller.register(zygote.wake_r, select.POLLIN)
     zygote.clone_spare()
     while True:
-        for ready, _ in poller.poll(100 if zygote.draining else None):
+        # A pool short of spares gets one more per pass, after any request already waiting.
+        short = len(zygote.spares) < zygote.wanted
+        for ready, _ in poller.poll(0 if short else 100 if zygote.draining else None):
             if ready == zygote.wake_r:
                 while True:
                     try:
@@ -478,9 +531,11 @@ def serve(fd: int, config: dict) -> None:
             elif not zygote.request():
                 return
         ended = _reap()
+        if ended:
+            zygote.forget(ended)
         if ended or zygote.draining:
             zygote.ungroup(ended)
-        if zygote.spare is None:
+        if len(zygote.spares) < zygote.wanted:
             zygote.clone_spare()
 
 

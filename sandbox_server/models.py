@@ -305,6 +305,29 @@ class ExecuteRequest(Request):
         return [] if value is None else value
 
 
+class ExecuteTimings(BaseModel):
+    """Where the runner sandbox's server spent one request's time, in milliseconds."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    queued: float = Field(description="waiting for a free run slot (--runner-concurrency)")
+    prepare: float = Field(description="the run directory made and the files written")
+    compile: float | None = Field(None, description="the compiler's run, for compiled languages")
+    start: float | None = Field(None, description="isolated runs: from the hand-over to a waiting init until it "
+                                                  "had spawned the program (the run's own mounts, its user, exec)")
+    program: float = Field(description="the program, from its spawn (or start) until it ended and its output "
+                                       "was read: an interpreter's start is part of it")
+    total: float = Field(description="the whole request in the server; the run directory is removed after "
+                                     "the answer, outside it")
+    program_cpu: float | None = Field(None, alias="programCpu",
+                                      description="isolated runs: CPU (user + system) of the program and of every "
+                                                  "process of the run that ended before it")
+    isolation_cpu: float | None = Field(None, alias="isolationCpu",
+                                        description="isolated runs: CPU of the run's own init, from its clone "
+                                                    "ahead of demand until the program ended (not its namespaces' "
+                                                    "end)")
+
+
 class ExecuteResponse(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
     stdout: str
@@ -313,6 +336,7 @@ class ExecuteResponse(BaseModel):
     timed_out: bool = Field(alias="timedOut")
     stage: str = Field("run", description="'compile' when compilation failed, else 'run'")
     duration_seconds: float = Field(0.0, alias="durationSeconds")
+    timings: ExecuteTimings | None = None
 
 
 class LanguageInfo(Response):

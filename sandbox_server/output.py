@@ -21,8 +21,8 @@ def read_available(fd: int, size: int) -> bytes | None:
 
 def read_exit_status(loop: asyncio.AbstractEventLoop, fd: int, exit_status: asyncio.Future[int | None],
                      unwritten: int | None) -> None:
-    """A reader callback for a status pipe (a process's wait status, 4 bytes, from the spawner or
-    a run's init): the status, or ``unwritten`` when the pipe closed without one."""
+    """A reader callback for a status pipe (a process's wait status, 4 bytes, from the spawner):
+    the status, or ``unwritten`` when the pipe closed without one."""
     data = read_available(fd, 4)
     if data is None:
         return

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from . import procfs
 from .isolated_runs import JailError, Jails
-from .jail import RUN_PIDS_MAX, Isolation, RunSpec
+from .jail import RUN_PIDS_MAX, Isolation, RunReport, RunSpec
 from .job import READ_CHUNK, Job, feed_stdin
 from .memory_events import MemoryEvents
 from .output import BoundedOutput
@@ -72,6 +72,7 @@ class ProcessResult:
     timed_out: bool
     duration: float
     oom_killed: bool = False  # the sandbox's OOM killer ended a process while the command ran
+    run_report: RunReport | None = None  # what an isolated run's init told of it
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -91,7 +92,8 @@ class Supervisor:
     """Spawns the server's child processes and reaps orphans re-parented to it."""
 
     def __init__(self, memory_events: MemoryEvents | None = None, tool_cgroups: ToolCgroups | None = None,
-                 isolated_runs: bool = False, spawners: bool = False, run_memory_max: int | None = None) -> None:
+                 isolated_runs: bool = False, spawners: bool = False, run_memory_max: int | None = None,
+                 run_spares: int = 1) -> None:
         self._tracked: set[int] = set()
         # Tools of another user started by a process that is that user (spawner.py), uid -> spawner.
         self._spawners: dict[int, Spawner] | None = {} if spawners and spawner_available() else None
@@ -107,6 +109,7 @@ class Supervisor:
         # Isolated runs (isolated_runs.py): their zygote starts with the server, while it holds CAP_SYS_ADMIN.
         self.jails: Jails | None = Jails() if isolated_runs else None
         self.run_memory_max = run_memory_max  # each isolated run's own memory limit (with the tools' cgroups)
+        self.run_spares = run_spares  # isolated runs' inits kept ready: as many as may run at once
         self._drainers = 0
         self._reaper: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -128,7 +131,8 @@ class Supervisor:
         if self.jails is not None:
             # Runs live below the tools' groups, each in child groups of its own (jail.py).
             run_groups = {c: str(d) for c, d in self.tool_cgroups.dirs.items()} if self.tool_cgroups else {}
-            if self.jails.start(run_groups, pids_max=RUN_PIDS_MAX, memory_max=self.run_memory_max):
+            if self.jails.start(run_groups, pids_max=RUN_PIDS_MAX, memory_max=self.run_memory_max,
+                                spares=self.run_spares):
                 self.jails.attach(self._loop)
             else:
                 log.warning("isolated runs are unavailable: %s", self.jails.reason)
@@ -275,9 +279,11 @@ class Supervisor:
         proc: subprocess.Popen | None = None
         exit_status: asyncio.Future[int | None] | None = None
         init_pid: asyncio.Future[int] | None = None
+        reports: list[RunReport] = []
         try:
             if isolation is not None:
-                init_pid, exit_status = self._spawn_isolated(argv, cwd, env, user, isolation, in_r, out_w, err_w)
+                init_pid, exit_status = self._spawn_isolated(argv, cwd, env, user, isolation, in_r, out_w, err_w,
+                                                             reports.append)
                 pid = 0  # known once the zygote answers; the run goes on meanwhile
             else:
                 if spawner is not None:
@@ -346,7 +352,8 @@ class Supervisor:
             proc.returncode = returncode  # Popen must not reap
         code = 124 if job.timed_out else returncode
         oom = ooms is not None and (self.memory_events.count() or 0) > ooms
-        return ProcessResult(code, out, err, job.timed_out, time.monotonic() - started, oom)
+        return ProcessResult(code, out, err, job.timed_out, time.monotonic() - started, oom,
+                             reports[0] if reports else None)
 
     async def _spawner_for(self, user: UserSpec, groups: list[int]) -> Spawner | None:
         """The user's spawner, started now unless it runs (or is starting); None while a stage
@@ -401,15 +408,16 @@ class Supervisor:
         self._spawners = None
 
     def _spawn_isolated(self, argv: Sequence[str], cwd: str, env: Mapping[str, str], user: UserSpec | None,
-                        isolation: Isolation, stdin: int, stdout: int,
-                        stderr: int) -> tuple[asyncio.Future[int], asyncio.Future[int | None]]:
+                        isolation: Isolation, stdin: int, stdout: int, stderr: int,
+                        on_report: Callable[[RunReport], object],
+                        ) -> tuple[asyncio.Future[int], asyncio.Future[int | None]]:
         assert self.jails is not None
         who = user or UserSpec.current()
         spec = RunSpec.of(list(argv), dict(env), cwd, who.uid, who.gid, groups_of(who), isolation,
                           int(TOOL_OOM_SCORE_ADJ))
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if stdin == subprocess.DEVNULL else None
         try:
-            return self.jails.spawn(spec, stdin if null is None else null, stdout, stderr)
+            return self.jails.spawn(spec, stdin if null is None else null, stdout, stderr, on_report)
         finally:
             if null is not None:
                 os.close(null)

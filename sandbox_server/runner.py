@@ -22,9 +22,8 @@ from pathlib import Path, PurePosixPath
 
 from .errors import BadRequest, Unprocessable
 from .jail import Isolation
-from .models import ExecuteRequest, ExecuteResponse, LanguageInfo
-from .output import BoundedOutput
-from .process import Supervisor
+from .models import ExecuteRequest, ExecuteResponse, ExecuteTimings, LanguageInfo
+from .process import ProcessResult, Supervisor
 from .users import UserSpec
 
 MAX_OUTPUT = 1 << 20
@@ -94,6 +93,7 @@ class CodeRunner:
     available: dict[str, tuple[Language, str]] = field(default_factory=dict)
     _slots: asyncio.Semaphore | None = None
     _detected: asyncio.Task | None = None
+    _removals: set[asyncio.Future] = field(default_factory=set)  # run directories removed after their answers
 
     def start(self) -> None:
         self._slots = asyncio.Semaphore(max(self.concurrency, 1))
@@ -113,8 +113,11 @@ class CodeRunner:
         return self._detected
 
     async def stop(self) -> None:
+        """Stop probing; wait until every run directory is removed."""
         if self._detected is not None and not self._detected.done():
             self._detected.cancel()
+        if self._removals:
+            await asyncio.wait(list(self._removals))
 
     async def _detect(self) -> None:
         path = self.env.get("PATH", os.defpath)
@@ -157,13 +160,14 @@ class CodeRunner:
         files = [(source_name, req.code)] + [(f.path, f.content) for f in req.files]
         checked = [(_safe_relative(p, i), content) for i, (p, content) in enumerate(files)]
         assert self._slots is not None
+        arrived = time.monotonic()
         async with self._slots:
-            return await self._run_in_tempdir(lang, source_name, checked, req)
+            return await self._run_in_tempdir(lang, source_name, checked, req, arrived)
 
-    async def _run_in_tempdir(
-        self, lang: Language, source_name: str, files: list[tuple[PurePosixPath, str]], req: ExecuteRequest
-    ) -> ExecuteResponse:
+    async def _run_in_tempdir(self, lang: Language, source_name: str, files: list[tuple[PurePosixPath, str]],
+                              req: ExecuteRequest, arrived: float) -> ExecuteResponse:
         started = time.monotonic()
+        clock = _Clock(arrived, started)
         tmp = Path(tempfile.mkdtemp(prefix="idegym-run-", dir=self.workdir))
         try:
             for rel, content in files:
@@ -175,24 +179,30 @@ class CodeRunner:
                     os.lchown(path, self.user.uid, self.user.gid)
             env = dict(self.env, HOME=str(tmp), TMPDIR=str(tmp), **_toolchain_homes(self.env))
             isolation = self._isolation(tmp)
+            clock.prepared = time.monotonic()
             if lang.compile is not None:
                 built = await self.supervisor.run(
                     lang.compile(source_name), cwd=str(tmp), env=env, user=self.user,
                     timeout=COMPILE_TIMEOUT, grace=1.0, max_output=MAX_OUTPUT, isolation=isolation,
                 )
+                clock.compiled = time.monotonic()
                 if built.exit_code != 0:
-                    return _response(built.stdout, built.stderr, built.exit_code, built.timed_out,
-                                     "compile", started)
+                    return _response(built, "compile", clock)
+            clock.handed = time.monotonic()
             ran = await self.supervisor.run(
                 lang.run(source_name) + list(req.args), cwd=str(tmp), env=env, user=self.user,
                 timeout=req.timeout, grace=0.5, max_output=MAX_OUTPUT,
                 stdin=req.stdin.encode("utf-8") if req.stdin else None, isolation=isolation,
             )
-            return _response(ran.stdout, ran.stderr, ran.exit_code, ran.timed_out, "run", started)
+            return _response(ran, "run", clock)
         except OSError as exc:
             raise BadRequest(f"could not prepare the run directory: {exc}") from exc
         finally:
-            await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, tmp, True)
+            # After the answer: its processes are gone (an isolated run's with its pid namespace),
+            # nobody waits for the removal; stop() does.
+            removal = asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, tmp, True)
+            self._removals.add(removal)
+            removal.add_done_callback(self._removals.discard)
 
 
 def _toolchain_homes(env: Mapping[str, str]) -> dict[str, str]:
@@ -207,11 +217,40 @@ def _toolchain_homes(env: Mapping[str, str]) -> dict[str, str]:
     return found
 
 
-def _response(out: BoundedOutput, err: BoundedOutput, code: int, timed_out: bool, stage: str,
-              started: float) -> ExecuteResponse:
+@dataclass
+class _Clock:
+    """The moments of one request (``time.monotonic``), for its ``ExecuteTimings``."""
+
+    arrived: float
+    started: float
+    prepared: float = 0.0
+    compiled: float | None = None
+    handed: float = 0.0
+
+    def timings(self, result: ProcessResult, stage: str) -> ExecuteTimings:
+        now = time.monotonic()
+        begun = self.prepared if stage == "compile" else self.handed  # the stage's process was asked for
+        report = result.run_report
+        spawned = report.spawned if report is not None and report.spawned >= begun else None
+        return ExecuteTimings(
+            queued=_ms(self.arrived, self.started), prepare=_ms(self.started, self.prepared),
+            compile=_ms(self.prepared, self.compiled) if self.compiled is not None else None,
+            start=_ms(begun, spawned) if spawned is not None else None,
+            program=_ms(spawned if spawned is not None else begun, begun + result.duration),
+            total=_ms(self.arrived, now),
+            program_cpu=round(report.program_cpu * 1000, 3) if report is not None else None,
+            isolation_cpu=round(report.init_cpu * 1000, 3) if report is not None else None)
+
+
+def _ms(start: float, end: float) -> float:
+    return round((end - start) * 1000, 3)
+
+
+def _response(result: ProcessResult, stage: str, clock: _Clock) -> ExecuteResponse:
     return ExecuteResponse(
-        stdout=out.text(), stderr=err.text(), exit_code=code, timed_out=timed_out, stage=stage,
-        duration_seconds=round(time.monotonic() - started, 4),
+        stdout=result.stdout.text(), stderr=result.stderr.text(), exit_code=result.exit_code,
+        timed_out=result.timed_out, stage=stage, duration_seconds=round(time.monotonic() - clock.started, 4),
+        timings=clock.timings(result, stage),
     )
 
 

@@ -120,7 +120,7 @@ def test_run_directory_is_fresh_and_removed(runner: SandboxProcess) -> None:
     second = runner.post("/execute", {"language": "bash", "code": "pwd; ls"}).json()
     assert second["stdout"].splitlines()[0] != run_dir
     assert "leftover" not in second["stdout"]
-    assert not Path(run_dir).exists()
+    assert wait_until(lambda: not Path(run_dir).exists(), 10)  # removed after its answer
     assert not glob.glob("/tmp/idegym-run-*") or all(d != run_dir for d in glob.glob("/tmp/idegym-run-*"))
 
 
@@ -156,6 +156,7 @@ def _marked(marker: str) -> list[int]:
 LEAVE_BEHIND = r"""
 import ctypes, os, socket, subprocess, sys
 marker, project = sys.argv[1:3]
+os.environ["IDEGYM_LEFT"] = marker  # and so in the daemon's environment
 # a daemon: double-forked, out of the session, deaf to SIGTERM, holding none of the run's pipes
 subprocess.Popen(["bash", "-c", f"trap '' TERM HUP; exec -a {marker} sleep 600"], start_new_session=True,
                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -179,13 +180,16 @@ seen = [p for p in os.listdir("/proc") if p.isdigit()]
 left = [w + sys.argv[2] for w in ("/tmp/", "/dev/shm/", "/var/tmp/", "/root/", sys.argv[1] + "/")
         if os.path.exists(w + sys.argv[2])]
 others = [d for d in glob.glob("/tmp/idegym-run-*") if not os.getcwd().startswith(d)]
-print(sorted(seen, key=int), left, others, libc.shmget(0x1d3e, 0, 0) >= 0)
+env = [k for k, v in os.environ.items() if k == "IDEGYM_LEFT" or sys.argv[2] in v]
+print(sorted(seen, key=int), left, others, libc.shmget(0x1d3e, 0, 0) >= 0, env, os.environ["HOME"] == os.getcwd())
 """
 
 
 def test_an_isolated_run_leaves_nothing_for_the_next(isolated: SandboxProcess) -> None:
     """A run's daemon dies with it and its writes land nowhere the next run can see: outside its
-    directory, /tmp and /dev/shm (all its own) the sandbox is read-only.
+    directory, /tmp and /dev/shm (all its own) the sandbox is read-only; nothing of its
+    environment reaches the next. The next run's init was cloned before this run began (the
+    zygote keeps one for each run at once), and it still sees nothing of it.
 
     Can fail: with ``_isolation`` returning None (runs share the server's view, a scratch copy)
     the daemon outlived its run, and the next run found its file in /tmp and the SysV segment.
@@ -207,7 +211,7 @@ def test_an_isolated_run_leaves_nothing_for_the_next(isolated: SandboxProcess) -
         time.sleep(0.05)
     assert not _marked(marker), "the run's daemon outlived it"
     second = isolated.post("/execute", {"language": "python", "code": LOOK_AROUND, "args": [project, marker]}).json()
-    assert second["stdout"] == "['1', '2'] [] [] False\n", second
+    assert second["stdout"] == "['1', '2'] [] [] False [] True\n", second
 
 
 def test_concurrent_isolated_runs_cannot_reach_each_other(isolated: SandboxProcess) -> None:
@@ -282,27 +286,75 @@ def _holds_socket(pid: int) -> bool:
         return False
 
 
-def test_a_run_whose_spare_init_died_gets_a_fresh_one(isolated: SandboxProcess) -> None:
-    """The zygote keeps an init cloned ahead of demand; one killed while it waits is replaced
-    at the next run, which still runs.
+def _spares(zygote: int) -> list[int]:
+    """The zygote's inits waiting for a run: those that still hold their channel (a socket); a
+    run's init closed it."""
+    return [p for p in _live_children(zygote) if _holds_socket(p)]
+
+
+def _zygote_of(server: SandboxProcess) -> int:
+    (zygote,) = [p for p in _live_children(server.proc.pid) if b"jail.py" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    return zygote
+
+
+def test_a_run_whose_spare_inits_died_gets_a_fresh_one(isolated: SandboxProcess) -> None:
+    """The zygote keeps inits cloned ahead of demand; when every one of them is killed while it
+    waits, the next run still runs (on a spare cloned since, or one cloned for it).
 
     Can fail: without the retry in ``_Zygote.hand_over`` the run after the kill was refused
     ("the zygote refused the run: ...", exit code 126).
     """
     assert isolated.post("/execute", {"language": "bash", "code": "echo warm"}).json()["stdout"] == "warm\n"
-    (zygote,) = [p for p in _live_children(isolated.proc.pid) if b"jail.py" in Path(f"/proc/{p}/cmdline").read_bytes()]
-    # The last run's init gone, a spare left (slower under load: a loaded CI run took over 10 s).
-    # A run's init may outlive its response a moment, before the zygote clones the next spare:
-    # the spare is the child that still holds its channel (a socket); a run's init closed it.
-    assert wait_until(lambda: [p for p in _live_children(zygote) if _holds_socket(p)], 60, interval=0.02), \
-        _live_children(zygote)
-    (spare,) = [p for p in _live_children(zygote) if _holds_socket(p)]
+    zygote = _zygote_of(isolated)
+    # The pool full again (slower under load: a loaded CI run took over 10 s).
+    assert wait_until(lambda: len(_spares(zygote)) == 4, 60, interval=0.02), _live_children(zygote)
+    spares = _spares(zygote)
+    for spare in spares:
+        os.kill(spare, 9)
     deadline = time.monotonic() + 10
-    os.kill(spare, 9)
-    while _state(spare) not in ("Z", "") and time.monotonic() < deadline:
+    while any(_state(s) not in ("Z", "") for s in spares) and time.monotonic() < deadline:
         time.sleep(0.01)
     body = isolated.post("/execute", {"language": "bash", "code": "echo again"}).json()
     assert body["stdout"] == "again\n" and body["exitCode"] == 0, body
+
+
+def test_the_zygote_keeps_a_spare_for_each_run_at_once(isolated: SandboxProcess) -> None:
+    """With four runs at once allowed, four inits wait, each in namespaces of its own; four runs
+    together each take one (none waits for a clone), and the pool is full again afterwards.
+
+    Can fail: with one spare (the zygote before the pool) one init waited, and runs that came
+    together waited for the zygote to clone theirs.
+    """
+    zygote = _zygote_of(isolated)
+    assert wait_until(lambda: len(_spares(zygote)) == 4, 60, interval=0.02), _live_children(zygote)
+    spares = _spares(zygote)
+    assert len({os.readlink(f"/proc/{p}/ns/{ns}") for p in spares for ns in ("pid", "net", "mnt", "ipc")}) == 16
+    code = "import os; print(os.getpid(), sorted(p for p in os.listdir('/proc') if p.isdigit()))"
+    with ThreadPoolExecutor(4) as pool:
+        bodies = list(pool.map(lambda _: isolated.post("/execute", {"language": "python", "code": code}).json(),
+                               range(4)))
+    assert [b["stdout"] for b in bodies] == ["2 ['1', '2']\n"] * 4, bodies
+    assert all(b["timings"]["start"] is not None for b in bodies), bodies
+    assert wait_until(lambda: len(_spares(zygote)) == 4, 60, interval=0.02), _live_children(zygote)
+    assert not set(_spares(zygote)) & set(spares)  # used once: the pool is of new inits
+
+
+def test_an_isolated_run_says_where_its_time_went(isolated: SandboxProcess) -> None:
+    """The answer's ``timings``: a program that spins 0.3 s of CPU (in a child it starts) shows
+    it as the program's, in its phase and its CPU; the hand-over and the init's own CPU are apart.
+
+    Can fail: before the init reported its spawn and CPU (the code before the timings) the
+    answer had no ``timings``.
+    """
+    code = ("import subprocess, sys\nsubprocess.run([sys.executable, '-c', "
+            "'import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.3: pass'])\n")
+    body = isolated.post("/execute", {"language": "python", "code": code, "timeout": 60}).json()
+    assert body["exitCode"] == 0, body
+    t = body["timings"]
+    assert t["programCpu"] >= 300 and t["program"] >= 300, t  # the child's CPU too: it ended before the program
+    assert t["start"] is not None and 0 <= t["start"] < t["program"], t
+    assert 0 < t["isolationCpu"] < t["programCpu"], t
+    assert t["total"] >= t["queued"] + t["prepare"] + t["start"] + t["program"] - 1, t
 
 
 def test_an_isolated_run_is_held_to_its_limits(isolated: SandboxProcess) -> None:
@@ -408,6 +460,57 @@ def test_each_isolated_run_has_a_pids_group_of_its_own(tmp_path: Path) -> None:
                 break
             except OSError:
                 time.sleep(0.05)
+
+
+@pytest.mark.skipif(not CAN_ISOLATE or not (PIDS_ROOT / "cgroup.procs").exists(),
+                    reason="needs root and cgroup v1 pids")
+def test_a_stopped_zygote_leaves_none_of_its_spares(tmp_path: Path) -> None:
+    """With a pool of spare inits waiting (each in run groups of its own), stopping the zygote
+    ends every one of them and removes every run group: nothing is left in the tools' group.
+
+    Can fail: with the spares' parent-death signal left out of ``_prepare`` and their wait for a
+    run delayed (a scratch copy whose spares slept before reading their channel), the four spares
+    outlived the zygote.
+    """
+    import asyncio
+
+    from sandbox_server.isolated_runs import Jails
+
+    tools = PIDS_ROOT / f"idegym-test-spares-{os.getpid()}-{time.monotonic_ns()}"
+    tools.mkdir()
+
+    async def pool() -> tuple[list[int], list[str]]:
+        jails = Jails()
+        assert jails.start(cgroups={"pids": str(tools)}, pids_max=64, spares=4), jails.reason
+        jails.attach(asyncio.get_running_loop())
+        try:
+            assert wait_until(lambda: len(_spares(jails.pid)) == 4, 60, interval=0.02), _live_children(jails.pid)
+            spares = _spares(jails.pid)
+        finally:
+            jails.stop()
+        return spares, sorted(p.name for p in tools.iterdir() if p.is_dir())
+
+    try:
+        spares, left = asyncio.run(pool())
+        assert len(spares) == 4
+        assert wait_until(lambda: not [s for s in spares if _state(s) not in ("Z", "")], 10), spares
+        assert left == [], left
+        assert (tools / "cgroup.procs").read_text() == ""
+    finally:
+        for child in [c for c in tools.iterdir() if c.is_dir()]:
+            for pid in (child / "cgroup.procs").read_text().split():
+                os.kill(int(pid), 9)
+        assert wait_until(lambda: _rmdir_tree(tools), 5)
+
+
+def _rmdir_tree(group: Path) -> bool:
+    try:
+        for child in [c for c in group.iterdir() if c.is_dir()]:
+            child.rmdir()
+        group.rmdir()
+        return True
+    except OSError:
+        return False
 
 
 MEMORY_ROOT = Path("/sys/fs/cgroup/memory")

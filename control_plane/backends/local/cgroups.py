@@ -43,7 +43,7 @@ DELEGATED = "tools/delegated"
 DEFAULT_SERVER_MEMORY_RESERVE = 96 << 20  # the server's RSS is ~50-60 MiB
 SERVER_PIDS_RESERVE = 16  # threads of the server (its executor) even when the tools are at their cap
 CPU_SHARES_PER_CORE = 1024  # v1's default weight of a group; a sandbox asking for N cores weighs N times that
-RUNNER_PIDS_SLACK = 16  # a code runner's processes beside its runs: the runs' zygote and spare, the spawner
+RUNNER_PIDS_SLACK = 16  # a code runner's processes beside its runs and their spares: the runs' zygote, the spawner
 MIN_RUN_MEMORY = 64 << 20
 
 
@@ -90,7 +90,8 @@ def runner_pids(pids: int | None, isolated_runs: int) -> int | None:
     (``sandbox_server/jail.py``), so no run's fork bomb leaves another unable to start."""
     if pids is None or not isolated_runs:
         return pids
-    return max(pids, isolated_runs * RUN_PIDS_MAX + SERVER_PIDS_RESERVE + RUNNER_PIDS_SLACK)
+    # each run at its limit, and a spare init waiting for each next run (jail.py)
+    return max(pids, isolated_runs * (RUN_PIDS_MAX + 1) + SERVER_PIDS_RESERVE + RUNNER_PIDS_SLACK)
 
 
 def run_memory(total: int, reserve: int, isolated_runs: int) -> int:
