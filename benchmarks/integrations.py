@@ -10,13 +10,15 @@ another does not. The baseline is our fastest direct call, the synchronous clien
 venv, where ``env.exec`` is timed interleaved with ``AsyncSandbox.bash`` on the provider's own
 sandbox. Target: each adapter at most 10 % over its direct call (medians).
 
-MCP's excess over the direct call is split four ways, each the difference of two rows: the SDK's
+MCP's excess over the direct call is split five ways, each the difference of two rows: the SDK's
 client and the stdio pipes (a call to a null server: a hand-written JSON-RPC responder, no SDK,
 ``_mcp_null_server.py``); the direct call made from a second, mostly idle process (the null
 server making the same ``Sandbox.bash`` itself); the SDK's server (a call our handler refuses at
-argument validation, before any episode); and our handler (the rest: the thread hop into the
-synchronous episode, the episode's step, the answer). The first two are what any MCP server over
-stdio costs with the SDK's client; the null server making the direct call is that floor.
+argument validation, before any episode); the hop from an asyncio loop into a synchronous call on
+a worker thread and back (the null server making the direct call so, over it making it inline);
+and our handler's own work (the rest: argument parsing, the episode's step over a bare
+``Sandbox.bash``, the answer and its structured content). The first two are what any MCP server
+over stdio costs with the SDK's client; the null server making the direct call is that floor.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ MCP_LOCAL = "MCP call_tool bash (in-process SDK client, no transport)"
 MCP_FLOOR = "MCP call_tool refused at argument validation (stdio, SDK client and server, no episode)"
 MCP_NULL = "MCP call_tool to a null server (stdio, SDK client only)"
 MCP_NULL_DIRECT = "MCP call_tool to a null server making the direct call (stdio: any server's floor)"
+MCP_NULL_HOP = "MCP call_tool to a null server making the direct call on a worker thread of an asyncio loop"
 HARBOR_DIRECT = "harbor: AsyncSandbox.bash (direct)"
 HARBOR_EXEC = "harbor: IdeGymEnvironment.exec"
 NULL_SERVER = Path(__file__).resolve().parent / "_mcp_null_server.py"
@@ -90,13 +93,14 @@ def run() -> Result:
     result.figures["MCP in-process overhead %"] = round(over(MCP_LOCAL), 2)
     result.targets["MCP-in-process"] = check_target("MCP adapter overhead, in-process SDK client (no transport)",
                                                     over(MCP_LOCAL), 10.0, unit="%")
-    # MCP's excess over the direct call, in four parts that add up to it.
+    # MCP's excess over the direct call, in five parts that add up to it.
     client, floor, mcp = medians[MCP_NULL], medians[MCP_FLOOR], medians[MCP]
-    any_server = medians[MCP_NULL_DIRECT]
+    any_server, hopping = medians[MCP_NULL_DIRECT], medians[MCP_NULL_HOP]
     parts = {"SDK client and stdio": client,  # the null server
              "direct call from a second process": any_server - client - base,  # the null server making it
              "SDK server": floor - client,  # the refused call, over the null server
-             "our handler": mcp - floor - (any_server - client)}  # the rest
+             "thread hop into the synchronous episode": hopping - any_server,  # the null server hopping
+             "our handler's own work": mcp - floor - (hopping - client)}  # the rest
     for part, ms in parts.items():
         result.figures[f"MCP excess: {part} ms"] = round(ms, 3)
         result.figures[f"MCP excess: {part} %"] = round(ms / base * 100, 2)
@@ -107,6 +111,8 @@ def run() -> Result:
     result.notes.append(f"MCP over stdio: a null server making the direct call itself is {over(MCP_NULL_DIRECT):.0f} % "
                         "over the direct call, the least any server costs with the SDK's client.")
     beyond = (mcp - floor) / base * 100 - 100
+    print("beyond the SDK's round trip: " + " + ".join(f"{part} {parts[part] / base * 100:.0f} %" for part in (
+        "direct call from a second process", "thread hop into the synchronous episode", "our handler's own work")))
     result.figures["MCP overhead beyond the SDK's tool-call round trip %"] = round(beyond, 2)
     result.figures["MCP SDK tool-call round trip ms"] = round(floor, 3)
     result.targets["MCP-beyond-SDK"] = check_target("MCP overhead beyond the SDK's own tool-call round trip", beyond,
@@ -181,6 +187,8 @@ async def _measure(url: str, steps: int) -> dict[str, list[float]]:
                 command=sys.executable, args=[str(NULL_SERVER)])))
             null_direct = await stack.enter_async_context(Client(StdioServerParameters(
                 command=sys.executable, args=[str(NULL_SERVER), url, image], env={**os.environ})))
+            null_hop = await stack.enter_async_context(Client(StdioServerParameters(
+                command=sys.executable, args=[str(NULL_SERVER), url, image, "thread"], env={**os.environ})))
             await mcp.call_tool("reset", {})
             await local.call_tool("reset", {})
 
@@ -203,6 +211,7 @@ async def _measure(url: str, steps: int) -> dict[str, list[float]]:
                     MCP_FLOOR: refused,
                     MCP_NULL: lambda: bash_through(null),
                     MCP_NULL_DIRECT: lambda: bash_through(null_direct),
+                    MCP_NULL_HOP: lambda: bash_through(null_hop),
                 }, N)
             finally:
                 await adirect.stop()

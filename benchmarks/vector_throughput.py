@@ -25,6 +25,13 @@ before and after is recorded: on a shared 2-core machine other work moves the nu
 Target: at 8 sub-envs RayVectorEnv (one actor per CPU) reaches at least 80 % of the raw-call
 ceiling; the default's ratio is reported next to it. Writes
 ``results/vector_throughput.json`` and ``results/vector_throughput.png``.
+
+Where the time goes at that size: the CPU time our processes spend per env step (``_cpu.py``),
+for RayVectorEnv (one actor per CPU) and for the raw calls, split into this process (the raw
+calls' threads; Ray's driver), the env's actors, the control plane with its sandboxes, and Ray's
+other processes (raylet, GCS, the other env's idle actors). On 2 shared cores the calls are
+CPU-bound, so the ratio of the two totals bounds what RayVectorEnv can reach, and lockstep takes
+its own share (``raw calls, lockstep``).
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ import gymnasium as gym
 import numpy as np
 
 from ._common import RESULTS, Progress, Result, Stats, check_target, table
+from ._cpu import REST, ROOT, cpu_by_part, spent
 
 SIZES = [int(s) for s in os.environ.get("BENCH_SIZES", "1,2,4,8,16").split(",")]
 SECONDS = float(os.environ.get("BENCH_SECONDS", "2"))
@@ -56,6 +64,9 @@ LOCKSTEP = "raw calls, lockstep"
 METHODS = ["RayVectorEnv", GROUPED, "SyncVectorEnv", RAW, LOCKSTEP]
 TARGET_AT = 8
 TARGET_RATIO = 0.80
+ACTORS = "the env's actors"
+CONTROL_PLANE = "control plane and sandboxes"
+CPU_METHODS = (GROUPED, RAW, LOCKSTEP)  # whose CPU per step is measured at TARGET_AT
 
 
 class Round:
@@ -152,7 +163,16 @@ class RawCalls:
                 pass
 
 
-def measure_size(url: str, image: str, n: int) -> dict[str, list[Round]]:
+def actor_pids(env: Any) -> set[int]:
+    import ray
+
+    actors = {id(env.actor(i)): env.actor(i) for i in range(env.num_envs)}.values()
+    return {d["actor_pid"] for a in actors for d in ray.get(a.describe.remote())}
+
+
+def measure_size(url: str, image: str, n: int, control_plane_pid: int
+                 ) -> tuple[dict[str, list[Round]], dict[str, dict[str, float]]]:
+    """Each method's rounds, and at ``TARGET_AT`` the CPU seconds per env step of each part, by method."""
     from idegym_env.env import IdeGymEnv
     from idegym_env.vector import RayVectorEnv
 
@@ -177,12 +197,21 @@ def measure_size(url: str, image: str, n: int) -> dict[str, list[Round]]:
             LOCKSTEP: lambda: raw.run_lockstep(SECONDS),
         }
         rounds: dict[str, list[Round]] = {m: [] for m in METHODS}
+        parts = {ACTORS: actor_pids(grouped_env), CONTROL_PLANE: {control_plane_pid}}
+        cpu: dict[str, dict[str, float]] = {}
         progress = Progress(f"n={n}: {ROUNDS} rounds x {len(METHODS)} x {SECONDS:g} s", ROUNDS * len(METHODS))
         for _ in range(ROUNDS):
             for method in METHODS:
+                counted = n == TARGET_AT and method in CPU_METHODS
+                before = cpu_by_part(parts) if counted else {}
                 rounds[method].append(runs[method]())
+                if counted:
+                    for part, seconds in spent(before, cpu_by_part(parts)).items():
+                        cpu.setdefault(method, {})[part] = cpu.get(method, {}).get(part, 0.0) + seconds
                 progress.step()
-        return rounds
+        steps = {m: sum(r.steps for r in rounds[m]) for m in cpu}
+        return rounds, {m: {part: seconds / steps[m] for part, seconds in by_part.items()}
+                        for m, by_part in cpu.items()}
     finally:
         ray_env.close()
         grouped_env.close()
@@ -197,6 +226,32 @@ def median_rate(rounds: list[Round]) -> float:
 def median_ratio(rounds: list[Round], baseline: list[Round]) -> float:
     """Median of the per-round ratios: neighbouring rounds share the machine's load of the moment."""
     return statistics.median(a.rate / b.rate for a, b in zip(rounds, baseline, strict=True))
+
+
+def add_cpu_breakdown(result: Result, cpu: dict[str, dict[str, float]], ratios: dict[str, dict[int, float]]) -> None:
+    """CPU ms per env step at ``TARGET_AT``, by part and method; what RayVectorEnv spends beyond the raw calls."""
+    parts = list(cpu[RAW])
+    rows = [[part, *(f"{cpu[m].get(part, 0.0) * 1000:.3f}" for m in CPU_METHODS)] for part in parts]
+    totals = {m: sum(cpu[m].values()) for m in CPU_METHODS}
+    rows.append(["total", *(f"{totals[m] * 1000:.3f}" for m in CPU_METHODS)])
+    print(f"\nCPU ms per env step at {TARGET_AT} sub-envs, by process:")
+    print(table(["part", *CPU_METHODS], rows))
+    result.figures[f"CPU ms per env step at {TARGET_AT}"] = {
+        m: {part: round(v * 1000, 3) for part, v in cpu[m].items()} | {"total": round(totals[m] * 1000, 3)}
+        for m in CPU_METHODS}
+    # The client side of a call: what makes and waits for it (Ray's driver and actors; the raw threads).
+    client = {m: cpu[m][ROOT] + cpu[m].get(ACTORS, 0.0) for m in CPU_METHODS}
+    result.figures[f"Ray's extra CPU per env step over the raw calls at {TARGET_AT} ms"] = {
+        "client side (driver + actors vs the raw threads)": round((client[GROUPED] - client[RAW]) * 1000, 3),
+        "Ray's other processes": round((cpu[GROUPED][REST] - cpu[RAW][REST]) * 1000, 3),
+        "control plane and sandboxes": round((cpu[GROUPED][CONTROL_PLANE] - cpu[RAW][CONTROL_PLANE]) * 1000, 3)}
+    bound = totals[RAW] / totals[GROUPED]
+    result.figures[f"raw / RayVectorEnv CPU per env step at {TARGET_AT} (the CPU-bound ceiling of the ratio)"] = \
+        round(bound, 4)
+    result.notes.append(
+        f"At {TARGET_AT} sub-envs RayVectorEnv (one actor per CPU) spends {totals[GROUPED] * 1000:.2f} ms of CPU per "
+        f"env step, the raw calls {totals[RAW] * 1000:.2f}: CPU-bound, Ray's ratio can be at most {bound:.0%}; "
+        f"lockstep alone reaches {ratios[LOCKSTEP][TARGET_AT]:.0%} of the raw calls.")
 
 
 def plot(rates: dict[str, dict[int, float]], ratio_at_target: float | None, path: Any) -> bool:
@@ -248,13 +303,15 @@ def run() -> Result:
         started_ray = True
     rates: dict[str, dict[int, float]] = {m: {} for m in METHODS}
     ratios: dict[str, dict[int, float]] = {m: {} for m in METHODS if m != RAW}
+    cpu: dict[str, dict[str, float]] = {}
     try:
         with EmbeddedControlPlane(warm_pool=2) as cp:
             probe = IdeGymEnv(TASK, control_plane_url=cp.url)  # builds the task's image once
             image = probe.image
             probe.close()
             for n in SIZES:
-                rounds = measure_size(cp.url, image, n)
+                rounds, cpu_at_n = measure_size(cp.url, image, n, cp.process.pid)
+                cpu = cpu_at_n or cpu
                 for method in METHODS:
                     rates[method][n] = median_rate(rounds[method])
                     if method != RAW:
@@ -299,6 +356,8 @@ def run() -> Result:
                               ratio * 100, TARGET_RATIO * 100, unit="%", lower_is_better=False)
         result.targets["ray_vs_raw_at_8"] = target
         print("\n" + target["text"])
+    if cpu:
+        add_cpu_breakdown(result, cpu, ratios)
     RESULTS.mkdir(parents=True, exist_ok=True)
     png = RESULTS / "vector_throughput.png"
     if plot(rates, ratio, png):

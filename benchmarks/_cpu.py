@@ -1,0 +1,51 @@
+"""CPU time of a benchmark's own processes, read from ``/proc``, by part.
+
+A latency or a rate moves with whatever else loads the machine; the CPU time our processes spend
+on a run moves far less, so where it goes says where a method loses against another even on a
+busy host. Each process's figure includes the children it reaped (a tool's ``bash``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+TICK = os.sysconf("SC_CLK_TCK")
+ROOT = "this process"
+REST = "other processes"
+
+
+def _scan() -> dict[int, tuple[int, float]]:
+    """Every process: its parent and its CPU seconds (user, system, and of its reaped children)."""
+    out: dict[int, tuple[int, float]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        out[int(entry.name)] = int(fields[1]), sum(int(f) for f in fields[11:15]) / TICK
+    return out
+
+
+def cpu_by_part(parts: Mapping[str, set[int]]) -> dict[str, float]:
+    """CPU seconds so far of this process (``ROOT``, its own threads only) and of its descendants:
+    each in the first part that names it or an ancestor of it below this process, else ``REST``."""
+    procs = _scan()
+    root = os.getpid()
+    out = {ROOT: procs.get(root, (0, 0.0))[1], REST: 0.0, **{name: 0.0 for name in parts}}
+    for pid, (_, seconds) in procs.items():
+        if pid == root:
+            continue
+        part, at, seen = None, pid, 0
+        while at != root and at in procs and seen < 64:
+            part = part or next((name for name, pids in parts.items() if at in pids), None)
+            at, seen = procs[at][0], seen + 1
+        if at == root:
+            out[part or REST] += seconds
+    return out
+
+
+def spent(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    return {name: after[name] - before.get(name, 0.0) for name in after}
