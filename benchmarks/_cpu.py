@@ -49,3 +49,28 @@ def cpu_by_part(parts: Mapping[str, set[int]]) -> dict[str, float]:
 
 def spent(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
     return {name: after[name] - before.get(name, 0.0) for name in after}
+
+
+def children() -> set[int]:
+    """This process's children now."""
+    root = os.getpid()
+    return {pid for pid, (parent, _) in _scan().items() if parent == root}
+
+
+def seconds_of(pids: Mapping[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each named process, to the nanosecond (the scheduler's count for each of
+    its live threads; 0 for a process that is gone). Not its children's."""
+    out = {}
+    for name, pid in pids.items():
+        total = 0
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            tasks = []
+        for task in tasks:
+            try:
+                total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
+            except (OSError, IndexError, ValueError):
+                continue  # a thread that ended meanwhile
+        out[name] = total / 1e9
+    return out

@@ -19,6 +19,10 @@ a worker thread and back (the null server making the direct call so, over it mak
 and our handler's own work (the rest: argument parsing, the episode's step over a bare
 ``Sandbox.bash``, the answer and its structured content). The first two are what any MCP server
 over stdio costs with the SDK's client; the null server making the direct call is that floor.
+
+The same split is made of the CPU time each server process spends per call (the refused calls go
+to a second ``idegym mcp serve`` of their own): unlike a latency, it hardly moves with what else
+loads the machine.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ._common import Progress, Result, Stats, check_target, stats_table
+from ._cpu import children, seconds_of, spent
 from ._servers import control_plane
 
 N = int(os.environ.get("BENCH_N", "300"))
@@ -54,6 +59,7 @@ MCP_NULL_HOP = "MCP call_tool to a null server making the direct call on a worke
 HARBOR_DIRECT = "harbor: AsyncSandbox.bash (direct)"
 HARBOR_EXEC = "harbor: IdeGymEnvironment.exec"
 NULL_SERVER = Path(__file__).resolve().parent / "_mcp_null_server.py"
+WARMUP = 20  # calls of each row before the measured ones
 
 
 def run() -> Result:
@@ -65,7 +71,7 @@ def run() -> Result:
     result.notes.append("load average at start: " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
     with tempfile.TemporaryDirectory() as tmp, control_plane(Path(tmp) / "cp", ["--warm-pool", "0"]) as url:
         try:
-            samples = asyncio.run(_measure(url, 20 * N))
+            samples, cpu = asyncio.run(_measure(url, 20 * N))
         finally:
             close_shared_clients()
         harbor = _harbor(url)
@@ -104,6 +110,15 @@ def run() -> Result:
     for part, ms in parts.items():
         result.figures[f"MCP excess: {part} ms"] = round(ms, 3)
         result.figures[f"MCP excess: {part} %"] = round(ms / base * 100, 2)
+    # The same split of the server processes' CPU time per call.
+    cpu_parts = {"SDK server": cpu[MCP_FLOOR] - cpu[MCP_NULL],
+                 "thread hop into the synchronous episode": cpu[MCP_NULL_HOP] - cpu[MCP_NULL_DIRECT],
+                 "our handler's own work": cpu[MCP] - cpu[MCP_FLOOR] - (cpu[MCP_NULL_HOP] - cpu[MCP_NULL])}
+    for label, seconds in cpu.items():
+        result.figures[f"server CPU ms per call: {label}"] = round(seconds * 1000, 3)
+    for part, seconds in cpu_parts.items():
+        result.figures[f"MCP server CPU per call: {part} ms"] = round(seconds * 1000, 3)
+    print("MCP server CPU per call: " + ", ".join(f"{part} {s * 1000:.3f} ms" for part, s in cpu_parts.items()))
     result.figures["MCP floor over stdio, any server (null server making the direct call) %"] = round(
         over(MCP_NULL_DIRECT), 2)
     print("MCP's excess over the direct call: " + ", ".join(f"{part} {ms:.2f} ms ({ms / base * 100:.0f} %)"
@@ -133,7 +148,7 @@ def run() -> Result:
     return result
 
 
-async def _interleaved(calls: dict[str, Callable[[], Any]], n: int, warmup: int = 20) -> dict[str, list[float]]:
+async def _interleaved(calls: dict[str, Callable[[], Any]], n: int, warmup: int = WARMUP) -> dict[str, list[float]]:
     """``_common.interleaved`` for a mix of plain and async calls, in the running loop."""
     async def once(fn: Callable[[], Any]) -> None:
         answer = fn()
@@ -154,7 +169,8 @@ async def _interleaved(calls: dict[str, Callable[[], Any]], n: int, warmup: int 
     return samples
 
 
-async def _measure(url: str, steps: int) -> dict[str, list[float]]:
+async def _measure(url: str, steps: int) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """The rows' samples, and the CPU seconds per call of each MCP row's server process."""
     from contextlib import AsyncExitStack
 
     from mcp.client import Client
@@ -181,14 +197,22 @@ async def _measure(url: str, steps: int) -> dict[str, list[float]]:
         in_process = EpisodeServer(task=TASK, control_plane_url=url, max_steps=steps)
         async with AsyncIdeGymClient(url, name="bench-async") as aclient, AsyncExitStack() as stack:
             adirect = await aclient.start(image, server_name="bench-async", reuse="NONE")
-            mcp = await stack.enter_async_context(Client(server))
+            pids: dict[str, int] = {}
+
+            async def started(label: str, params: StdioServerParameters) -> Client:
+                before = children()
+                client = await stack.enter_async_context(Client(params))
+                pids[label], = children() - before
+                return client
+
+            mcp = await started(MCP, server)
+            mcp_floor = await started(MCP_FLOOR, server)
             local = await stack.enter_async_context(Client(in_process.mcp))
-            null = await stack.enter_async_context(Client(StdioServerParameters(
-                command=sys.executable, args=[str(NULL_SERVER)])))
-            null_direct = await stack.enter_async_context(Client(StdioServerParameters(
-                command=sys.executable, args=[str(NULL_SERVER), url, image], env={**os.environ})))
-            null_hop = await stack.enter_async_context(Client(StdioServerParameters(
-                command=sys.executable, args=[str(NULL_SERVER), url, image, "thread"], env={**os.environ})))
+            null = await started(MCP_NULL, StdioServerParameters(command=sys.executable, args=[str(NULL_SERVER)]))
+            null_direct = await started(MCP_NULL_DIRECT, StdioServerParameters(
+                command=sys.executable, args=[str(NULL_SERVER), url, image], env={**os.environ}))
+            null_hop = await started(MCP_NULL_HOP, StdioServerParameters(
+                command=sys.executable, args=[str(NULL_SERVER), url, image, "thread"], env={**os.environ}))
             await mcp.call_tool("reset", {})
             await local.call_tool("reset", {})
 
@@ -197,9 +221,10 @@ async def _measure(url: str, steps: int) -> dict[str, list[float]]:
                 assert not answer.is_error, answer
 
             async def refused() -> None:
-                answer = await mcp.call_tool("bash", {})  # no command: refused before any episode
+                answer = await mcp_floor.call_tool("bash", {})  # no command: refused before any episode
                 assert answer.is_error, answer
 
+            cpu_before = seconds_of(pids)
             try:
                 samples = await _interleaved({
                     DIRECT: lambda: direct.bash("echo hello", timeout=120),
@@ -215,11 +240,12 @@ async def _measure(url: str, steps: int) -> dict[str, list[float]]:
                 }, N)
             finally:
                 await adirect.stop()
+            cpu = {label: s / (N + WARMUP) for label, s in spent(cpu_before, seconds_of(pids)).items()}
         in_process.close()
         trl_env.get_reward()
         sky.close()
         direct.stop()
-    return samples
+    return samples, cpu
 
 
 def _harbor(url: str) -> dict[str, list[float]] | None:
