@@ -15,17 +15,35 @@ ROOT = "this process"
 REST = "other processes"
 
 
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command's name (state first), or None: gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def parent(pid: int) -> int:
+    """The parent of ``pid`` (0 when it is gone)."""
+    fields = _stat(pid)
+    return int(fields[1]) if fields else 0
+
+
+def own_and_reaped(pid: int) -> tuple[float, float]:
+    """CPU seconds of ``pid`` itself and of the children it reaped (user + system; 0 when gone)."""
+    fields = _stat(pid)
+    if fields is None:
+        return 0.0, 0.0
+    ticks = [int(f) for f in fields[11:15]]
+    return (ticks[0] + ticks[1]) / TICK, (ticks[2] + ticks[3]) / TICK
+
+
 def _scan() -> dict[int, tuple[int, float]]:
     """Every process: its parent and its CPU seconds (user, system, and of its reaped children)."""
     out: dict[int, tuple[int, float]] = {}
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        out[int(entry.name)] = int(fields[1]), sum(int(f) for f in fields[11:15]) / TICK
+        if entry.name.isdigit() and (fields := _stat(entry.name)) is not None:
+            out[int(entry.name)] = int(fields[1]), sum(int(f) for f in fields[11:15]) / TICK
     return out
 
 
