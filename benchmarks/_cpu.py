@@ -48,8 +48,9 @@ def _scan() -> dict[int, tuple[int, float]]:
 
 
 def cpu_by_part(parts: Mapping[str, set[int]]) -> dict[str, float]:
-    """CPU seconds so far of this process (``ROOT``, its own threads only) and of its descendants:
-    each in the first part that names it or an ancestor of it below this process, else ``REST``."""
+    """CPU seconds so far of this process (``ROOT``: its threads, and the children it reaped) and of
+    its descendants: each in the first part that names it or an ancestor of it below this process,
+    else ``REST``."""
     procs = _scan()
     root = os.getpid()
     out = {ROOT: procs.get(root, (0, 0.0))[1], REST: 0.0, **{name: 0.0 for name in parts}}
