@@ -6,10 +6,15 @@ same work as against ours.
 ``python _mcp_null_server.py`` answers at once: what no MCP server can remove (the SDK's client,
 the pipes, a process's wake-up). ``python _mcp_null_server.py URL IMAGE`` starts a sandbox of
 IMAGE and makes each call's ``Sandbox.bash`` itself, inline, with our synchronous client: the
-least any MCP server over stdio can cost, the direct call made from a second process included."""
+least any MCP server over stdio can cost, the direct call made from a second process included.
+``python _mcp_null_server.py URL IMAGE thread`` makes that call as ``idegym mcp serve`` does: the
+lines read by an asyncio loop, each call on a worker thread (``run_in_executor``), so the
+difference of the two is what the hop into a synchronous call and back costs."""
 
+import asyncio
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 TEXT = "hello\n[exit code 0]"
@@ -43,14 +48,28 @@ def answer(method: str, params: dict, sandbox) -> dict:
     return result
 
 
+def reply(message: dict, result: dict) -> None:
+    sys.stdout.buffer.write(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}).encode() + b"\n")
+    sys.stdout.buffer.flush()
+
+
 def serve(sandbox) -> None:
-    out = sys.stdout.buffer
     for line in sys.stdin.buffer:
         message = json.loads(line)
         if "id" in message:
-            result = answer(message.get("method", ""), message.get("params") or {}, sandbox)
-            out.write(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}).encode() + b"\n")
-            out.flush()
+            reply(message, answer(message.get("method", ""), message.get("params") or {}, sandbox))
+
+
+async def serve_hopping(sandbox) -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    with ThreadPoolExecutor(4) as threads:
+        while line := await reader.readline():
+            message = json.loads(line)
+            if "id" in message:
+                reply(message, await loop.run_in_executor(threads, answer, message.get("method", ""),
+                                                          message.get("params") or {}, sandbox))
 
 
 def main() -> None:
@@ -63,7 +82,10 @@ def main() -> None:
     with IdeGymClient(sys.argv[1], name="bench-null") as client:
         sandbox = client.start(sys.argv[2], server_name="bench-null", reuse="NONE")
         try:
-            serve(sandbox)
+            if sys.argv[3:] == ["thread"]:
+                asyncio.run(serve_hopping(sandbox))
+            else:
+                serve(sandbox)
         finally:
             sandbox.stop()
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 
 from ._common import Progress, Result, Stats, check_target, measure, percentile, table
+from ._cpu import own_and_reaped, parent
 from ._servers import control_plane, sandbox_server
 
 N = int(os.environ.get("BENCH_RUNNER_N", "20"))
@@ -92,27 +93,10 @@ def _execute_python(http: httpx.Client, code: str) -> dict:
 # -- where the time goes ------------------------------------------------------------------------
 
 
-def _cpu_ms(pid: int) -> tuple[float, float]:
-    """CPU of ``pid`` itself and of the children it reaped (user + system), in ms."""
-    try:
-        ticks = [int(f) for f in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11:15]]
-    except OSError:
-        return 0.0, 0.0
-    ms = 1000 / os.sysconf("SC_CLK_TCK")
-    return (ticks[0] + ticks[1]) * ms, (ticks[2] + ticks[3]) * ms
-
-
 def _host_busy_ms() -> float:
     with open("/proc/stat") as fh:
         ticks = [int(v) for v in fh.readline().split()[1:]]
     return (sum(ticks) - ticks[3] - ticks[4]) * 1000 / os.sysconf("SC_CLK_TCK")
-
-
-def _parent(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return 0
 
 
 def _runner_pids(url: str) -> dict[str, int]:
@@ -130,12 +114,12 @@ def _runner_pids(url: str) -> dict[str, int]:
     for pid in pids:
         with contextlib.suppress(OSError):
             if b"jail.py" in Path(f"/proc/{pid}/cmdline").read_bytes() and \
-                    b"jail.py" not in Path(f"/proc/{_parent(pid)}/cmdline").read_bytes():  # not a spare init
+                    b"jail.py" not in Path(f"/proc/{parent(pid)}/cmdline").read_bytes():  # not a spare init
                 ancestor = pid
                 while ancestor > 1 and ancestor != found.get("control plane"):
-                    ancestor = _parent(ancestor)
+                    ancestor = parent(ancestor)
                 if ancestor > 1:  # the runner of this control plane, not of another on the host
-                    found["zygote"], found["runner sandbox server"] = pid, _parent(pid)
+                    found["zygote"], found["runner sandbox server"] = pid, parent(pid)
     return found
 
 
@@ -154,7 +138,7 @@ class _CpuMeter:
                "its children (the direct python3 programs)": (me.children_user + me.children_system) * 1000,
                "host, all processes (other load too)": _host_busy_ms()}
         for name, pid in self.pids.items():
-            own, reaped = _cpu_ms(pid)
+            own, reaped = (seconds * 1000 for seconds in own_and_reaped(pid))
             if name == "zygote":
                 now["runs' zygote: cloning spare inits"] = own
                 now["zygote reaped"] = reaped

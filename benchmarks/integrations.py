@@ -10,13 +10,19 @@ another does not. The baseline is our fastest direct call, the synchronous clien
 venv, where ``env.exec`` is timed interleaved with ``AsyncSandbox.bash`` on the provider's own
 sandbox. Target: each adapter at most 10 % over its direct call (medians).
 
-MCP's excess over the direct call is split four ways, each the difference of two rows: the SDK's
+MCP's excess over the direct call is split five ways, each the difference of two rows: the SDK's
 client and the stdio pipes (a call to a null server: a hand-written JSON-RPC responder, no SDK,
 ``_mcp_null_server.py``); the direct call made from a second, mostly idle process (the null
 server making the same ``Sandbox.bash`` itself); the SDK's server (a call our handler refuses at
-argument validation, before any episode); and our handler (the rest: the thread hop into the
-synchronous episode, the episode's step, the answer). The first two are what any MCP server over
-stdio costs with the SDK's client; the null server making the direct call is that floor.
+argument validation, before any episode); the hop from an asyncio loop into a synchronous call on
+a worker thread and back (the null server making the direct call so, over it making it inline);
+and our handler's own work (the rest: argument parsing, the episode's step over a bare
+``Sandbox.bash``, the answer and its structured content). The first two are what any MCP server
+over stdio costs with the SDK's client; the null server making the direct call is that floor.
+
+The same split is made of the CPU time each server process spends per call (the refused calls go
+to a second ``idegym mcp serve`` of their own): unlike a latency, it hardly moves with what else
+loads the machine.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ._common import Progress, Result, Stats, check_target, stats_table
+from ._cpu import children, seconds_of, spent
 from ._servers import control_plane
 
 N = int(os.environ.get("BENCH_N", "300"))
@@ -48,9 +55,11 @@ MCP_LOCAL = "MCP call_tool bash (in-process SDK client, no transport)"
 MCP_FLOOR = "MCP call_tool refused at argument validation (stdio, SDK client and server, no episode)"
 MCP_NULL = "MCP call_tool to a null server (stdio, SDK client only)"
 MCP_NULL_DIRECT = "MCP call_tool to a null server making the direct call (stdio: any server's floor)"
+MCP_NULL_HOP = "MCP call_tool to a null server making the direct call on a worker thread of an asyncio loop"
 HARBOR_DIRECT = "harbor: AsyncSandbox.bash (direct)"
 HARBOR_EXEC = "harbor: IdeGymEnvironment.exec"
 NULL_SERVER = Path(__file__).resolve().parent / "_mcp_null_server.py"
+WARMUP = 20  # calls of each row before the measured ones
 
 
 def run() -> Result:
@@ -62,7 +71,7 @@ def run() -> Result:
     result.notes.append("load average at start: " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
     with tempfile.TemporaryDirectory() as tmp, control_plane(Path(tmp) / "cp", ["--warm-pool", "0"]) as url:
         try:
-            samples = asyncio.run(_measure(url, 20 * N))
+            samples, cpu = asyncio.run(_measure(url, 20 * N))
         finally:
             close_shared_clients()
         harbor = _harbor(url)
@@ -90,16 +99,26 @@ def run() -> Result:
     result.figures["MCP in-process overhead %"] = round(over(MCP_LOCAL), 2)
     result.targets["MCP-in-process"] = check_target("MCP adapter overhead, in-process SDK client (no transport)",
                                                     over(MCP_LOCAL), 10.0, unit="%")
-    # MCP's excess over the direct call, in four parts that add up to it.
+    # MCP's excess over the direct call, in five parts that add up to it.
     client, floor, mcp = medians[MCP_NULL], medians[MCP_FLOOR], medians[MCP]
-    any_server = medians[MCP_NULL_DIRECT]
+    any_server, hopping = medians[MCP_NULL_DIRECT], medians[MCP_NULL_HOP]
     parts = {"SDK client and stdio": client,  # the null server
              "direct call from a second process": any_server - client - base,  # the null server making it
              "SDK server": floor - client,  # the refused call, over the null server
-             "our handler": mcp - floor - (any_server - client)}  # the rest
+             "thread hop into the synchronous episode": hopping - any_server,  # the null server hopping
+             "our handler's own work": mcp - floor - (hopping - client)}  # the rest
     for part, ms in parts.items():
         result.figures[f"MCP excess: {part} ms"] = round(ms, 3)
         result.figures[f"MCP excess: {part} %"] = round(ms / base * 100, 2)
+    # The same split of the server processes' CPU time per call.
+    cpu_parts = {"SDK server": cpu[MCP_FLOOR] - cpu[MCP_NULL],
+                 "thread hop into the synchronous episode": cpu[MCP_NULL_HOP] - cpu[MCP_NULL_DIRECT],
+                 "our handler's own work": cpu[MCP] - cpu[MCP_FLOOR] - (cpu[MCP_NULL_HOP] - cpu[MCP_NULL])}
+    for label, seconds in cpu.items():
+        result.figures[f"server CPU ms per call: {label}"] = round(seconds * 1000, 3)
+    for part, seconds in cpu_parts.items():
+        result.figures[f"MCP server CPU per call: {part} ms"] = round(seconds * 1000, 3)
+    print("MCP server CPU per call: " + ", ".join(f"{part} {s * 1000:.3f} ms" for part, s in cpu_parts.items()))
     result.figures["MCP floor over stdio, any server (null server making the direct call) %"] = round(
         over(MCP_NULL_DIRECT), 2)
     print("MCP's excess over the direct call: " + ", ".join(f"{part} {ms:.2f} ms ({ms / base * 100:.0f} %)"
@@ -107,6 +126,8 @@ def run() -> Result:
     result.notes.append(f"MCP over stdio: a null server making the direct call itself is {over(MCP_NULL_DIRECT):.0f} % "
                         "over the direct call, the least any server costs with the SDK's client.")
     beyond = (mcp - floor) / base * 100 - 100
+    print("beyond the SDK's round trip: " + " + ".join(f"{part} {parts[part] / base * 100:.0f} %" for part in (
+        "direct call from a second process", "thread hop into the synchronous episode", "our handler's own work")))
     result.figures["MCP overhead beyond the SDK's tool-call round trip %"] = round(beyond, 2)
     result.figures["MCP SDK tool-call round trip ms"] = round(floor, 3)
     result.targets["MCP-beyond-SDK"] = check_target("MCP overhead beyond the SDK's own tool-call round trip", beyond,
@@ -127,7 +148,7 @@ def run() -> Result:
     return result
 
 
-async def _interleaved(calls: dict[str, Callable[[], Any]], n: int, warmup: int = 20) -> dict[str, list[float]]:
+async def _interleaved(calls: dict[str, Callable[[], Any]], n: int, warmup: int = WARMUP) -> dict[str, list[float]]:
     """``_common.interleaved`` for a mix of plain and async calls, in the running loop."""
     async def once(fn: Callable[[], Any]) -> None:
         answer = fn()
@@ -148,7 +169,8 @@ async def _interleaved(calls: dict[str, Callable[[], Any]], n: int, warmup: int 
     return samples
 
 
-async def _measure(url: str, steps: int) -> dict[str, list[float]]:
+async def _measure(url: str, steps: int) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """The rows' samples, and the CPU seconds per call of each MCP row's server process."""
     from contextlib import AsyncExitStack
 
     from mcp.client import Client
@@ -175,12 +197,22 @@ async def _measure(url: str, steps: int) -> dict[str, list[float]]:
         in_process = EpisodeServer(task=TASK, control_plane_url=url, max_steps=steps)
         async with AsyncIdeGymClient(url, name="bench-async") as aclient, AsyncExitStack() as stack:
             adirect = await aclient.start(image, server_name="bench-async", reuse="NONE")
-            mcp = await stack.enter_async_context(Client(server))
+            pids: dict[str, int] = {}
+
+            async def started(label: str, params: StdioServerParameters) -> Client:
+                before = children()
+                client = await stack.enter_async_context(Client(params))
+                pids[label], = children() - before
+                return client
+
+            mcp = await started(MCP, server)
+            mcp_floor = await started(MCP_FLOOR, server)
             local = await stack.enter_async_context(Client(in_process.mcp))
-            null = await stack.enter_async_context(Client(StdioServerParameters(
-                command=sys.executable, args=[str(NULL_SERVER)])))
-            null_direct = await stack.enter_async_context(Client(StdioServerParameters(
-                command=sys.executable, args=[str(NULL_SERVER), url, image], env={**os.environ})))
+            null = await started(MCP_NULL, StdioServerParameters(command=sys.executable, args=[str(NULL_SERVER)]))
+            null_direct = await started(MCP_NULL_DIRECT, StdioServerParameters(
+                command=sys.executable, args=[str(NULL_SERVER), url, image], env={**os.environ}))
+            null_hop = await started(MCP_NULL_HOP, StdioServerParameters(
+                command=sys.executable, args=[str(NULL_SERVER), url, image, "thread"], env={**os.environ}))
             await mcp.call_tool("reset", {})
             await local.call_tool("reset", {})
 
@@ -189,9 +221,10 @@ async def _measure(url: str, steps: int) -> dict[str, list[float]]:
                 assert not answer.is_error, answer
 
             async def refused() -> None:
-                answer = await mcp.call_tool("bash", {})  # no command: refused before any episode
+                answer = await mcp_floor.call_tool("bash", {})  # no command: refused before any episode
                 assert answer.is_error, answer
 
+            cpu_before = seconds_of(pids)
             try:
                 samples = await _interleaved({
                     DIRECT: lambda: direct.bash("echo hello", timeout=120),
@@ -203,14 +236,16 @@ async def _measure(url: str, steps: int) -> dict[str, list[float]]:
                     MCP_FLOOR: refused,
                     MCP_NULL: lambda: bash_through(null),
                     MCP_NULL_DIRECT: lambda: bash_through(null_direct),
+                    MCP_NULL_HOP: lambda: bash_through(null_hop),
                 }, N)
             finally:
                 await adirect.stop()
+            cpu = {label: s / (N + WARMUP) for label, s in spent(cpu_before, seconds_of(pids)).items()}
         in_process.close()
         trl_env.get_reward()
         sky.close()
         direct.stop()
-    return samples
+    return samples, cpu
 
 
 def _harbor(url: str) -> dict[str, list[float]] | None:
