@@ -243,7 +243,7 @@ class LocalBackend(Backend):
             self.lease.stop()  # what is left lives on until the lease lapses (or a next run renews it)
         for space in (self.sandboxes, self.builds):
             if space is not None:
-                teardown.tidy(space)
+                teardown.tidy(space, wait=2.0)
 
     # -- images -------------------------------------------------------------------------------
 

@@ -104,6 +104,16 @@ done
 grep " $sb/" /proc/self/mountinfo | cut -d' ' -f5 | sort -r | while read -r m; do umount -l "$m"; done
 rm -rf "$sb" "$run" "$run.sock"
 rmgroups
+# The space's bind of itself (layer_mounts.py): the last monitor out removes it, once nothing is
+# mounted below it (a plain umount fails while another monitor is still in it: a few tries).
+cd /
+root=${sb%/*}
+i=0
+while [ $i -lt 50 ] && grep -q "^[0-9]* [0-9]* [^ ]* /[^ ][^ ]* $root " /proc/self/mountinfo; do
+  grep -q " $root/" /proc/self/mountinfo && break
+  umount "$root" 2>/dev/null && break
+  sleep 0.1; i=$((i + 1))
+done
 exit 0
 """
 
