@@ -105,8 +105,11 @@ grep " $sb/" /proc/self/mountinfo | cut -d' ' -f5 | sort -r | while read -r m; d
 rm -rf "$sb" "$run" "$run.sock"
 rmgroups
 # The space's bind of itself (layer_mounts.py): the last monitor out removes it, once nothing is
-# mounted below it (a plain umount fails while another monitor is still in it: a few tries).
+# mounted below it. A plain umount fails while anything holds a file below it (another monitor's
+# directory or its log, which is in its layer and keeps that layer's loop device and image
+# open): this one lets go of its own, then tries for a while.
 cd /
+exec 2>/dev/null
 root=${sb%/*}
 i=0
 while [ $i -lt 50 ] && grep -q "^[0-9]* [0-9]* [^ ]* /[^ ][^ ]* $root " /proc/self/mountinfo; do
