@@ -1,8 +1,9 @@
-"""A launch drops the other sandboxes' layers from its copy of the host's mounts with a constant
-number of unmounts, however many sandboxes are live (``control_plane/backends/local/layer_mounts.py``)."""
+"""Paths of the local backend whose cost must not grow with the number of live sandboxes, counted
+in system calls (strace): a launch's unmounts (``layer_mounts.py``), a look at one sandbox."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -18,7 +19,7 @@ from sandbox_server.polling import wait_until
 from tests.local_helpers import LoopThread, loop_thread, spec, start_backend
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (bubblewrap sandboxes, mounts)"),
-              pytest.mark.skipif(shutil.which("strace") is None, reason="counts unmounts with strace")]
+              pytest.mark.skipif(shutil.which("strace") is None, reason="counts system calls with strace")]
 
 LIVE = 300  # stand-ins for live sandboxes' layers
 
@@ -32,7 +33,7 @@ def loop() -> Iterator[LoopThread]:
 def backend(loop: LoopThread, tmp_path: Path) -> Iterator[LocalBackend]:
     b = start_backend(loop, tmp_path / "state", delete_timeout=12)
     yield b
-    if b.launcher is not None:  # the test closes it itself unless it failed first
+    if b.launcher is not None:  # a test may close it itself
         for name in loop.run(b.list_names()):
             try:
                 loop.run(b.delete_name(name))
@@ -43,7 +44,7 @@ def backend(loop: LoopThread, tmp_path: Path) -> Iterator[LocalBackend]:
 
 def _mount_points() -> list[str]:
     with open("/proc/self/mountinfo") as fh:
-        return [line.split(" ", 5)[4] for line in fh]  # (no escaped characters in this test's paths)
+        return [line.split(" ", 5)[4] for line in fh]  # (no escaped characters in these tests' paths)
 
 
 def _traced(pid: int) -> bool:
@@ -58,6 +59,21 @@ def _traced(pid: int) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _syscalls(name: str, out: Path) -> Iterator[list[str]]:
+    """The calls of ``name`` this process (every thread) makes in the block, strace's lines."""
+    calls: list[str] = []
+    strace = subprocess.Popen(["strace", "-f", "-qq", "-e", f"trace={name}", "-o", str(out), "-p", str(os.getpid())],
+                              stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: _traced(os.getpid()), 10), "strace did not attach"
+        yield calls
+    finally:
+        strace.send_signal(signal.SIGINT)
+        strace.wait(10)
+    calls += [line for line in out.read_text().splitlines() if f"{name}(" in line]
+
+
 def test_a_launch_drops_other_layers_with_a_constant_number_of_unmounts(loop: LoopThread, backend: LocalBackend,
                                                                         tmp_path: Path) -> None:
     """With 300 sandboxes' layers mounted in the space (stand-ins: a small tmpfs each, where a
@@ -67,26 +83,18 @@ def test_a_launch_drops_other_layers_with_a_constant_number_of_unmounts(loop: Lo
 
     Can fail: on main every launch unmounted each other sandbox's layers one by one in its copy
     of the host's mounts (at 1,000 live that was 0.6 s of every start: starts slowed with every
-    sandbox live, the whole ramp quadratically).
-    Unmounts of other state directories' sandboxes, a neighbour test's, are not counted."""
+    sandbox live, the whole ramp quadratically). Unmounts of other state directories' sandboxes,
+    a neighbour test's, are not counted."""
     first = loop.run(backend.create(spec("layers-first"), 60))  # the space as the first sandbox leaves it
     space = backend.sandboxes.root
     stand_ins = [space / f"stand-in-{i}" / "layers" for i in range(LIVE)]
-    trace = tmp_path / "umounts.trace"
     try:
         for point in stand_ins:
             point.mkdir(parents=True)
             mounts.mount("stand-in", point, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV, "size=64k")
-        strace = subprocess.Popen(["strace", "-f", "-qq", "-e", "trace=umount2", "-o", str(trace),
-                                  "-p", str(os.getpid())], stderr=subprocess.DEVNULL)
-        try:
-            assert wait_until(lambda: _traced(os.getpid()), 10), "strace did not attach"
+        with _syscalls("umount2", tmp_path / "umounts.trace") as calls:
             second = loop.run(backend.create(spec("layers-second"), 60))
-        finally:
-            strace.send_signal(signal.SIGINT)
-            strace.wait(10)
-        # (other control planes' sandboxes on this host, if any, are not this test's to count)
-        unmounts = [line for line in trace.read_text().splitlines() if f'umount2("{space}' in line]
+        unmounts = [line for line in calls if f'umount2("{space}' in line]
         assert len(unmounts) <= 2, f"{len(unmounts)} unmounts for one launch: {unmounts[:5]}…"
         monitor = second.data["monitor"][0]
         held = Path(f"/proc/{monitor}/mountinfo").read_text()
@@ -101,3 +109,22 @@ def test_a_launch_drops_other_layers_with_a_constant_number_of_unmounts(loop: Lo
         loop.run(backend.delete_name(name))
     loop.run(backend.close())
     assert [p for p in _mount_points() if p == str(space) or p.startswith(f"{space}/")] == []
+
+
+def test_a_look_at_one_sandbox_waits_on_its_own_processes_only(loop: LoopThread, backend: LocalBackend,
+                                                              tmp_path: Path) -> None:
+    """With 12 sandboxes live, observing one (what the watcher does to every live sandbox on each
+    pass) collects the exited processes of that sandbox only: a few ``wait4`` calls, not two per
+    live sandbox; the watcher's pass still collects every one once (``list_names``).
+
+    Can fail: on main each look polled every process the launcher had started (each sandbox's
+    bubblewrap and lease monitor), so a watcher pass cost O(N²): at 1,000 live, 2 million
+    ``waitpid`` calls every 5 s."""
+    handles = [loop.run(backend.create(spec(f"look-{i}"), 60)) for i in range(12)]
+    with _syscalls("wait4", tmp_path / "waits.trace") as calls:
+        seen = loop.run(backend.observe(handles[0]))
+    assert seen.running
+    assert len(calls) <= 3, f"{len(calls)} waits for one look: {calls[:5]}…"
+    with _syscalls("wait4", tmp_path / "sweep.trace") as sweep:
+        loop.run(backend.list_names())
+    assert len(sweep) >= 2 * len(handles)  # the pass's own collection: each bwrap and lease monitor
