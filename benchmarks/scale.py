@@ -6,7 +6,8 @@ raises for this: by default 200 sandboxes run at once) starts ``BENCH_SCALE_MAX`
 checkpoint the proportional set size of every process the sandboxes cost is summed: every
 descendant of the control plane (bubblewrap, each sandbox's init, its lease monitor, the
 template process servers are forked from, the warm pool's sandboxes) and every process in the
-sandboxes' cgroups; the control plane's own is reported beside it. Then every sandbox answers
+sandboxes' cgroups; the control plane's own is reported beside it, and so are the launch's
+steps (its record of each start) and, at the end, the CPU all of them use while idle. Then every sandbox answers
 a bash call, ``ROUNDS`` rounds with ``BENCH_SCALE_CALLS`` (32) calls in flight; all are stopped;
 and once the control plane has exited nothing of them may be left: no process, cgroup, mount,
 loop device or directory. Writes a PNG of memory and start latency against the number live.
@@ -32,6 +33,7 @@ TOTAL = int(os.environ.get("BENCH_SCALE_MAX", "1000"))
 STARTS_IN_FLIGHT = int(os.environ.get("BENCH_SCALE_STARTS", "8"))
 CALLS_IN_FLIGHT = int(os.environ.get("BENCH_SCALE_CALLS", "32"))
 ROUNDS = 3
+IDLE_SECONDS = 15.0  # (the lease monitors wake every 30 s each: 1,000 of them about 33 a second)
 CHECKPOINTS = sorted({c for c in (1, 10, 50, 100, 200, 300, 500, 750, 1000) if c <= TOTAL} | {TOTAL})
 TARGETS_AT, TARGET_MIB = (200, 1000), 8.0
 MIN_AVAILABLE_GIB = 4.0
@@ -132,6 +134,27 @@ def _new_timings(state: Path, seen: set[str]) -> dict[str, float]:
     return {f"{step}_p50_ms": round(percentile(sorted(ms), 50), 1) for step, ms in steps.items()}
 
 
+def _cpu_seconds(pids: set[int]) -> float:
+    """CPU time of ``pids`` and of their children they reaped (a lease monitor's ``sleep``)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+async def _idle_cpu(state: Path, key: str, plane: int, seconds: float) -> tuple[float, float]:
+    """Percent of one CPU the sandboxes' processes and the control plane used while all sat idle."""
+    pids = (_descendants({plane}) | _cgroup_pids(key)) - {plane}
+    before, plane_before, t = _cpu_seconds(pids), _cpu_seconds({plane}), time.monotonic()
+    await asyncio.sleep(seconds)
+    elapsed = time.monotonic() - t
+    return ((_cpu_seconds(pids) - before) / elapsed * 100, (_cpu_seconds({plane}) - plane_before) / elapsed * 100)
+
+
 async def _in_flight(n: int, items: list[Any], work: Any, progress: Progress) -> list[float]:
     """``work(item)`` for every item, ``n`` at a time; the seconds each took, in order."""
     took = [0.0] * len(items)
@@ -180,6 +203,7 @@ async def _drive(url: str, state: Path, key: str, out: dict[str, Any]) -> None:
                            "start_p50_ms": round(percentile(ms, 50), 1), "start_p95_ms": round(percentile(ms, 95), 1),
                            **_new_timings(state, seen), "available_gib": round(_available_gib(), 1)})
             print(f"  {points[-1]}", flush=True)
+        out["idle cpu"] = await _idle_cpu(state, key, plane, IDLE_SECONDS)
         out["calls"] = []
         for r in range(ROUNDS):
             _guard_memory()
@@ -251,6 +275,8 @@ def run() -> Result:
         result.figures["stop rate sandboxes/s"] = round(TOTAL / out["stop seconds"], 2)
         result.figures[f"PSS per sandbox after a call each at {TOTAL} live MiB"] = round(out["used mib"], 2)
         result.figures[f"control plane descriptors after a call to each of {TOTAL}"] = out["plane fds"]
+        result.figures[f"CPU of {TOTAL} idle sandboxes, % of one core"] = round(out["idle cpu"][0], 1)
+        result.figures[f"CPU of the control plane with {TOTAL} idle, % of one core"] = round(out["idle cpu"][1], 1)
         result.figures["control plane descriptor limit (soft)"] = out["plane fd limit"]
         print()
         print(stats_table(result.stats))

@@ -53,20 +53,19 @@ def held(root: Path) -> Iterator[None]:
         yield
 
 
-def release(root: Path, wait: float = 0.0) -> bool:
-    """Remove the bind of ``root`` once nothing is mounted below it and nothing uses it (a plain
-    unmount fails then: a lease monitor of a sandbox deleted a moment ago may still be in it, so
-    ``wait`` seconds at most for that); a mount of ``root`` that is not such a bind (a disk)
-    stays. Whether no such bind is left."""
+def release(root: Path, wait: float = 0.0) -> None:
+    """Remove the bind of ``root`` once it holds nothing (a plain unmount fails while anything
+    holds a file below it: a lease monitor of a sandbox deleted a moment ago may, so ``wait``
+    seconds at most for that); a mount of ``root`` that is not such a bind (a disk) stays."""
 
-    def attempt() -> bool:
+    def settled() -> bool:
         with _lock:
-            table = _mounts()
-            point = table.get(str(root))
+            with os.scandir(root) if os.path.isdir(root) else contextlib.nullcontext(iter(())) as entries:
+                if next(entries, None) is not None:
+                    return True  # a sandbox's directory is left: the delete of the last one releases it
+            point = _mounts().get(str(root))
             if point is None or not point.self_bind:
                 return True
-            if any(m.parent == point.id for m in table.values()):
-                return False  # layers below it: the last delete releases it
             try:
                 mounts.umount(root, detach=False)
             except OSError as exc:
@@ -75,7 +74,8 @@ def release(root: Path, wait: float = 0.0) -> bool:
                 return False
             return True
 
-    return attempt() or (wait > 0 and wait_until(attempt, wait))
+    if not settled() and wait > 0:
+        wait_until(settled, wait)
 
 
 @dataclass
