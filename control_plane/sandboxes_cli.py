@@ -61,8 +61,8 @@ class Found:
 
 def _ttl(state_dir: str | None) -> float:
     try:
-        return float(Path(state_dir or "", LEASE_FILE).read_text().strip())
-    except (OSError, ValueError):
+        return float(Path(state_dir or "", LEASE_FILE).read_text().split()[0])  # "TTL MARK"
+    except (OSError, ValueError, IndexError):
         return 0.0
 
 
