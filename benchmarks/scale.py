@@ -44,6 +44,12 @@ POINT_KEYS = ("sandboxes", "total_mib", "per_sandbox_mib", "control_plane_mib", 
               "start_p95_ms", "prepare_p50_ms", "spawn_p50_ms", "server_start_p50_ms", "total_p50_ms", "available_gib")
 
 
+NOTE = (f"Starts run {STARTS_IN_FLIGHT} at a time and calls {CALLS_IN_FLIGHT}, so each waits on the others; absolute "
+        "times follow the host's load (its load average before and after is a figure), so compare the "
+        "checkpoints and the launch's steps within one run. PSS counts every process a sandbox costs: its "
+        "bubblewrap, init, server, spawner and lease monitor, and a share of the template process.")
+
+
 class LowMemory(RuntimeError):
     pass
 
@@ -250,6 +256,7 @@ def run() -> Result:
         left = _leftovers(state, key, pick_run_root(state, key))
     points = out["points"]
     reached = points[-1]["sandboxes"] if points else 0
+    result.notes.append(NOTE)
     result.figures["control plane flags beyond the defaults"] = " ".join(flags)
     result.figures["load average before, after (1 min)"] = f"{load[0]:.1f}, {os.getloadavg()[0]:.1f}"
     result.figures["starts in flight"] = STARTS_IN_FLIGHT
