@@ -160,3 +160,20 @@ def calls_so_far(trace: Path) -> list[str]:
         return trace.read_text().splitlines()
     except FileNotFoundError:
         return []
+
+
+def test_layers_mounted_before_the_space_had_its_bind_stay_reachable(loop: LoopThread, backend: LocalBackend) -> None:
+    """A sandbox's layer mounted the earlier way, straight below the space's directory (a sandbox
+    of a control plane of an earlier version, adopted), is not hidden by the space's bind: the
+    next launch leaves it where it is, and unmounting it by its path still finds it."""
+    space = backend.sandboxes.root
+    old = space / "earlier-version" / "layers"
+    old.mkdir(parents=True)
+    mounts.mount("earlier", old, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV, "size=64k")
+    try:
+        (old / "mark").write_text("here")
+        loop.run(backend.create(spec("after-upgrade"), 60))
+        assert (old / "mark").read_text() == "here"
+    finally:
+        assert mounts.umount(old, detach=True)
+        shutil.rmtree(old.parent, ignore_errors=True)

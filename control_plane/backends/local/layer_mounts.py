@@ -45,9 +45,11 @@ def is_mount_root(path: str | os.PathLike) -> bool:
 
 @contextlib.contextmanager
 def held(root: Path) -> Iterator[None]:
-    """``root`` (a space's directory) a mount of its own while the block mounts a layer below it."""
+    """``root`` (a space's directory) a mount of its own while the block mounts a layer below it.
+    Not while layers an earlier version mounted without it are below: a bind would hide them
+    (and their deletes would miss them); launches unmount those one by one until they are gone."""
     with _lock:
-        if not is_mount_root(root):
+        if not is_mount_root(root) and not mounts.mounts_under(root):
             mounts.mount(root, root, None, mounts.MS_BIND)
             mounts.mount(None, root, None, mounts.MS_PRIVATE)  # nothing below it propagates elsewhere
         yield
