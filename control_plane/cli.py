@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import Callable
@@ -348,8 +349,25 @@ async def serve(config: ControlPlaneConfig, ready_fd: int | None = None, parent_
         ephemeral_state.remove(config.state_dir, keep_logs=ephemeral_state.logs_named(config.state_dir))
 
 
+def raise_open_files_limit() -> None:
+    """The soft limit on open descriptors raised to the hard one (and the kernel's ``nr_open``).
+
+    The control plane keeps a connection to each live sandbox and one per client, and the usual
+    soft limit (1,024) ran out before 1,000 sandboxes. Sandboxes inherit the raised soft limit,
+    which gives their processes nothing: any process may raise its own soft limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        ceiling = int(Path("/proc/sys/fs/nr_open").read_text())
+    except (OSError, ValueError):
+        ceiling = 1 << 20
+    wanted = ceiling if hard == resource.RLIM_INFINITY else min(hard, ceiling)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
 def run_serve(args: argparse.Namespace) -> None:
     setup_logging(args.log_json, args.log_level)
+    raise_open_files_limit()
     config = config_from_args(args)
     try:
         run_loop(serve(config, args.ready_fd, args.parent_pid, args.remove_state))

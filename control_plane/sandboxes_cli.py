@@ -61,8 +61,8 @@ class Found:
 
 def _ttl(state_dir: str | None) -> float:
     try:
-        return float(Path(state_dir or "", LEASE_FILE).read_text().strip())
-    except (OSError, ValueError):
+        return float(Path(state_dir or "", LEASE_FILE).read_text().split()[0])  # "TTL MARK"
+    except (OSError, ValueError, IndexError):
         return 0.0
 
 
@@ -156,7 +156,7 @@ def prune(found: Found, force: bool) -> str:
         elif found.state_dir is not None:
             space = next(s for s in _spaces(Path(found.state_dir)) if s.kind == found.space)
             teardown.destroy(found.name, space, None, "bwrap")
-            teardown.tidy(space)
+            teardown.tidy(space, wait=2.0)  # the monitor just ended may hold the space's bind a moment
         else:
             return "failed: no state directory is known for it"
     except BackendError as exc:

@@ -53,7 +53,7 @@ def sweep_lapsed_state_dirs(root: Path) -> list[Path]:
                     shutil.rmtree(path, ignore_errors=True)
                     removed.append(path)
                 continue
-            ttl = float(lease.read_text().strip() or DEFAULT_ORPHAN_TTL)
+            ttl = float((lease.read_text().split() or [str(DEFAULT_ORPHAN_TTL)])[0])  # "TTL MARK"
             lapsed = now - lease.stat().st_mtime > ttl + LAPSE_MARGIN
             if not lapsed or any((path / "sandboxes").iterdir()):
                 continue  # alive, or its sandboxes' monitors have not finished

@@ -167,7 +167,7 @@ def _submounts(pid: int, trees: list[str], project_dir: str) -> list[str]:
     entries = []
     for line in lines:
         fields = line.split(" ", 5)
-        entries.append((fields[0], fields[1], mounts._unescape(fields[4])))
+        entries.append((fields[0], fields[1], mounts.unescape(fields[4])))
     tops = {}
     for mount_id, _parent, point in entries:  # later lines are mounted later: on top
         if point in {f"/{t}" for t in trees}:

@@ -243,7 +243,7 @@ class LocalBackend(Backend):
             self.lease.stop()  # what is left lives on until the lease lapses (or a next run renews it)
         for space in (self.sandboxes, self.builds):
             if space is not None:
-                teardown.tidy(space)
+                teardown.tidy(space, wait=2.0)
 
     # -- images -------------------------------------------------------------------------------
 
@@ -308,7 +308,7 @@ class LocalBackend(Backend):
     async def observe(self, handle: SandboxHandle) -> Observation:
         data = LocalHandleData.of(handle.data)
         if self.launcher is not None:
-            self.launcher.reap()
+            self.launcher.reap(data)
         server = data.server
         if procfs.recorded_alive(server):
             return Observation(exists=True, running=True, ready=os.path.exists(data.socket), phase="Running")
@@ -335,6 +335,7 @@ class LocalBackend(Backend):
     async def list_names(self) -> set[str]:
         launcher = self.require_started()
         assert self.sandboxes is not None
+        launcher.reap()  # every exited process of every sandbox, once per watcher pass (its sweep asks)
         found = await asyncio.get_running_loop().run_in_executor(None, inventory.names, self.sandboxes)
         return found - launcher.creating
 

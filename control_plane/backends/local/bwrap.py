@@ -20,7 +20,7 @@ from sandbox_server import procfs
 
 from ...appuser import APPUSER
 from ..base import BackendError
-from . import mounts, usernet
+from . import layer_mounts, mounts, usernet
 from .handle_data import LocalHandleData, required
 from .hostconfig import MOUNT as HOST_CONFIG_MOUNT
 from .image_trees import HOSTNAME
@@ -171,11 +171,7 @@ def spawn(plan: Plan, data: LocalHandleData, host: BwrapHost, runtime: Runtime, 
             try:
                 # bwrap's monitor lives on in this private copy of the host's mounts: without this,
                 # it would hold every other sandbox's layers (and their disk space) until it ends.
-                for point in mounts.other_sandboxes_mounts(plan.layers):
-                    try:
-                        mounts.umount(point, detach=True)
-                    except OSError:
-                        pass
+                layer_mounts.drop_other_layers(plan.layers)
                 mount_root(plan, state_dir=host.state_dir, links=host.usr_links, binds=runtime.binds,
                            tool_cgroups=tool_cgroups, tmp_bytes=tmp_size(plan, host),
                            skeletons=tuple(runtime.skeletons))

@@ -222,10 +222,17 @@ class Launcher:
         for zygote in self._zygote_of.values():
             zygote.close()
 
-    def reap(self) -> None:
-        """Collect the exited processes this launcher started (bwrap or plain servers)."""
-        for pid, popen in list(self._children.items()):
-            if popen.poll() is not None:
+    def reap(self, data: LocalHandleData | None = None) -> None:
+        """Collect the exited processes this launcher started (bwrap or plain servers, lease
+        monitors): those the sandbox ``data`` records, or (None) every one. A look at one
+        sandbox costs the same however many run: the watcher looks at each on every pass."""
+        if data is None:
+            pids = list(self._children)
+        else:
+            pids = [record[0] for record in (*data.processes().values(), data.lease_monitor) if record]
+        for pid in pids:
+            popen = self._children.get(pid)
+            if popen is not None and popen.poll() is not None:
                 self._children.pop(pid, None)  # deletes run in several threads at once
 
     # -- a launch -------------------------------------------------------------------------------
@@ -387,7 +394,7 @@ class Launcher:
     def _stop_sync(self, space: Space, name: str, data: LocalHandleData | None, progress: teardown.Progress = None
                    ) -> None:
         *_, problems = teardown.kill(name, space, data, self.isolation, progress)
-        self.reap()
+        self.reap(data)
         if problems:
             raise BackendError(f"stopping sandbox {name!r}: {'; '.join(problems)}")
 
@@ -396,7 +403,7 @@ class Launcher:
         try:
             teardown.destroy(name, space, data, self.isolation, progress)
         finally:
-            self.reap()
+            self.reap(data)
 
 
 

@@ -41,8 +41,8 @@ OWNER_LOCK = "lease.lock"
 PIDS_FILE = "lease-pids"  # in the sandbox's directory: what it runs, for its monitor
 
 MONITOR = r"""
-lease=$1 ttl=$2 interval=$3 sb=$4 run=$5
-shift 5
+lease=$1 ttl=$2 interval=$3 sb=$4 run=$5 step_ms=$6
+shift 6
 recs=
 while [ $# -gt 0 ] && [ "$1" != -- ]; do recs="$recs $1"; shift; done
 [ $# -gt 0 ] && shift
@@ -65,23 +65,32 @@ rmgroups() {  # (a killed task leaves its group a moment after; many ending at o
   for g in $groups; do rmdir "${g%/*}" "${g%/*/*}" 2>/dev/null; done
 }
 cd "$sb" || exit 0  # the working directory follows the sandbox's directory if it is moved
+seen= same=0
+# One process per look (the sleep): with 1,000 sandboxes, 1,000 monitors. The lease's second
+# word changes at every renewal; unchanged for ttl seconds of looks, it lapsed.
 while :; do
   PWD=/ sleep "$interval"  # (its environment need not name the sandbox)
-  here=$(readlink "/proc/$$/cwd")
-  case $here in
-    *" (deleted)")  # deleted (its groups, when the delete could not remove them yet, are ours to
-      # remove); or its state directory was removed under a running sandbox
-      [ -e "$sb" ] && exit 0  # a new sandbox of the same name: the groups are its own now
-      [ -n "$(procs)" ] && break
-      rmgroups
-      exit 0 ;;
-    *) sb=$here ;;
-  esac
-  now=$(date +%s)
-  renewed=$(stat -c %Y "$lease" 2>/dev/null || echo 0)
-  given=$(cat "$lease" 2>/dev/null)
+  if ! [ "$sb" -ef . ]; then  # moved, or deleted
+    here=$(readlink "/proc/$$/cwd")
+    case $here in
+      *" (deleted)")  # deleted (its groups, when the delete could not remove them yet, are ours to
+        # remove); or its state directory was removed under a running sandbox
+        [ -e "$sb" ] && exit 0  # a new sandbox of the same name: the groups are its own now
+        [ -n "$(procs)" ] && break
+        rmgroups
+        exit 0 ;;
+      *) sb=$here ;;
+    esac
+  fi
+  given= renewal=
+  read -r given renewal 2>/dev/null < "$lease"
   case $given in ''|*[!0-9]*) ;; *) ttl=$given ;; esac
-  [ $((now - renewed)) -ge "$ttl" ] && break
+  if [ -z "$renewal" ]; then  # a lease without its renewal's mark: by its age
+    [ $(($(date +%s) - $(stat -c %Y "$lease" 2>/dev/null || echo 0))) -ge "$ttl" ] && break
+    continue
+  fi
+  if [ "$renewal" != "$seen" ]; then seen=$renewal same=0; else same=$((same + 1)); fi
+  [ $((same * step_ms)) -ge $((ttl * 1000)) ] && break
 done
 echo "idegym: the lease of $sb lapsed: ending the sandbox" >&2
 # The pids of a sandbox cut off while it was made (started, not yet in its cgroups; record_pids).
@@ -104,6 +113,19 @@ done
 grep " $sb/" /proc/self/mountinfo | cut -d' ' -f5 | sort -r | while read -r m; do umount -l "$m"; done
 rm -rf "$sb" "$run" "$run.sock"
 rmgroups
+# The space's bind of itself (layer_mounts.py): the last monitor out removes it, once nothing is
+# mounted below it. A plain umount fails while anything holds a file below it (another monitor's
+# directory or its log, which is in its layer and keeps that layer's loop device and image
+# open): this one lets go of its own, then tries for a while.
+cd /
+exec 2>/dev/null
+root=${sb%/*}
+i=0
+while [ $i -lt 50 ] && grep -q "^[0-9]* [0-9]* [^ ]* /[^ ][^ ]* $root " /proc/self/mountinfo; do
+  grep -q " $root/" /proc/self/mountinfo && break
+  umount "$root" 2>/dev/null && break
+  sleep 0.1; i=$((i + 1))
+done
 exit 0
 """
 
@@ -153,8 +175,9 @@ class Lease:
             self._owner = None
 
     def renew(self) -> None:
+        """The lease's time-to-live and a mark of this renewal (monitors watch it change)."""
         tmp = self.path.with_name(f".{LEASE_FILE}.{os.getpid()}")
-        tmp.write_text(f"{int(self.ttl)}\n")
+        tmp.write_text(f"{int(self.ttl)} {time.time_ns()}\n")
         tmp.replace(self.path)  # atomic: a monitor never reads a half-written TTL
 
     def _run(self) -> None:
@@ -177,7 +200,7 @@ class Lease:
         records = [f"{pid}:{start}" for pid, start in data.processes().values()]
         groups = list(data.cgroups.values())
         argv = ["sh", "-c", MONITOR, "idegym-lease", str(self.path), str(int(self.ttl)), f"{self.interval:g}",
-                data.dir, data.run_dir, *records, "--", *groups]
+                data.dir, data.run_dir, str(max(int(self.interval * 1000), 1)), *records, "--", *groups]
         with open(data.log, "ab") as logf:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=logf,
                                     start_new_session=True, cwd="/",

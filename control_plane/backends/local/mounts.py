@@ -89,22 +89,15 @@ def mounts_under(prefix: str | os.PathLike) -> list[str]:
     return sorted(set(found), key=lambda p: p.count("/"), reverse=True)
 
 
-def other_sandboxes_mounts(own: str | os.PathLike) -> list[str]:
-    """Mount points of sandboxes' layers (``.../sandboxes/<name>/layers``) other than ``own``, of
-    any state directory, in this mount namespace, deepest first."""
-    mine = os.fspath(own).rstrip("/")
-    found = [p for p in _mount_points() if p != mine and p.endswith("/layers") and "/sandboxes/" in p]
-    return sorted(found, key=lambda p: p.count("/"), reverse=True)
-
-
 def _mount_points() -> list[str]:
     """Every mount point of this mount namespace, in mountinfo's order (none when unreadable)."""
     try:
         with open("/proc/self/mountinfo", "rb") as fh:
-            return [_unescape(line.split(b" ", 5)[4].decode()) for line in fh]
+            return [unescape(line.split(b" ", 5)[4].decode()) for line in fh]
     except OSError:
         return []
 
 
-def _unescape(path: str) -> str:
+def unescape(path: str) -> str:
+    """A path as mountinfo writes it, unescaped."""
     return path.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")

@@ -26,7 +26,7 @@ from pathlib import Path
 from sandbox_server.project import FORK_LAYERS
 
 from ..base import BackendError
-from . import mounts
+from . import layer_mounts, mounts
 from .handle_data import LocalHandleData
 from .image_trees import ALL_TREES, ROOTFS, TREES, copy_tree
 from .images import ResolvedImage
@@ -97,11 +97,14 @@ def prepare_layers(plan: Plan, data: LocalHandleData, *, isolated: bool, storage
     layers = plan.layers
     layers.mkdir(mode=0o700)
     if plan.storage_bytes and isolated and storage is not None:
-        storage.mount(layers, plan.layers_image, plan.storage_bytes, plan.storage_inodes or DEFAULT_STORAGE_INODES)
+        with layer_mounts.held(plan.space.root):
+            storage.mount(layers, plan.layers_image, plan.storage_bytes,
+                          plan.storage_inodes or DEFAULT_STORAGE_INODES)
         data.layers_fs = "ext4"
     elif plan.limits.storage_bytes and isolated:
-        mounts.mount("idegym-layers", layers, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV,
-                     f"size={plan.limits.storage_bytes},mode=0700")
+        with layer_mounts.held(plan.space.root):
+            mounts.mount("idegym-layers", layers, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV,
+                         f"size={plan.limits.storage_bytes},mode=0700")
         data.layers_fs = "tmpfs"
     elif plan.limits.storage_bytes:
         say_once("storage-ignored", logging.WARNING,

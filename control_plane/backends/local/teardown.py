@@ -16,7 +16,7 @@ from pathlib import Path
 from sandbox_server import procfs
 
 from ..base import BackendError
-from . import mounts
+from . import layer_mounts, mounts
 from .cgroups import Cgroups
 from .fork_layers import ForkLayers, sandbox_holder
 from .handle_data import LocalHandleData
@@ -138,15 +138,18 @@ def destroy(name: str, space: Space, data: LocalHandleData | None, isolation: st
             problems.append(f"{base} could not be removed")
     if space.kind == "sandboxes" and not sb.exists():  # the fork layers it stood on, once nobody else does
         ForkLayers(space.state_dir).release(sandbox_holder(name))
+    if not problems:
+        end_lease_monitor(data)
     tidy(space)
     if problems:
         raise BackendError(f"deleting sandbox {name!r} left something behind: {'; '.join(problems)}")
-    end_lease_monitor(data)
 
 
-def tidy(space: Space) -> None:
-    """Remove shared parents once empty (cgroup parents, a socket directory outside the state)."""
+def tidy(space: Space, wait: float = 0.0) -> None:
+    """Remove shared parents once empty (cgroup parents, a socket directory outside the state,
+    the space's bind mount: ``wait`` seconds at most for the last users to leave it)."""
     space.cgroups.remove_parent_if_empty()
+    layer_mounts.release(space.root, wait)
     if not space.run_root.is_relative_to(space.state_dir):
         try:
             space.run_root.rmdir()
