@@ -213,7 +213,11 @@ FAST_TESTS := tests/fast tests/test_pool_target.py tests/test_store.py tests/tes
 test-fast: $(VENV)/.stamp  ## the fast tier: service, pool, watcher, forwarding on an in-process backend (no root)
 	@$(VENV)/bin/pytest -n 0 -p no:cacheprovider $(FAST_TESTS) $(PYTEST_ARGS)
 
-test-deps:  ## everything the tests need (the venvs are made in parallel)
+test-deps:  ## everything the tests need (the venvs are made in parallel; strace counts system calls in tests)
+	@command -v strace >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get install -y -q strace >/dev/null 2>&1 || \
+	   (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q strace >/dev/null)); } || \
+	  echo "WARNING: no strace: the tests that count a launch's system calls will be skipped"
 	@$(MAKE) --no-print-directory -j3 venv client-venv harbor-venv nemo-gym-venv verl-venv verifiers-venv
 	@$(MAKE) --no-print-directory gym-versions
 
