@@ -24,7 +24,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ._common import Result, Stats, check_target, interleaved, measure, stats_table
+from sandbox_server.models import BashCommandResponse
+
+from ._call_breakdown import breakdown
+from ._common import Result, Stats, check_target, interleaved, measure, stats_table, table
 from ._servers import CLIENT_PYTHON, control_plane, sandbox_server, swerex_server
 
 N = int(os.environ.get("BENCH_N", "200"))
@@ -63,17 +66,20 @@ asyncio.run(main(sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])))
 """
 
 
-class _Httpx:
-    """httpx.Client in the place of the client's own HTTP session (same call shape)."""
+class PlainHttpx:
+    """The forward called as a user of a plain ``httpx.Client`` writes it (kept alive, Basic auth,
+    ``Prefer: wait``), the answer validated by the same wire model our client uses."""
 
-    def __init__(self, url: str, auth: tuple[str, str] | None) -> None:
+    def __init__(self, url: str, auth: tuple[str, str] | None, client_id: str, server_id: int) -> None:
         import httpx
 
-        self.base_url = url
         self._http = httpx.Client(base_url=url, auth=auth)
+        self._path = f"/api/forward/{client_id}/{server_id}/api/tools/bash"
 
-    def request(self, method: str, path: str, **kw: object):
-        return self._http.request(method, path, **kw)
+    def bash(self, command: str) -> BashCommandResponse:
+        response = self._http.post(self._path, json={"command": command}, headers={"Prefer": "wait=600"})
+        response.raise_for_status()
+        return BashCommandResponse.model_validate_json(response.content)
 
     def close(self) -> None:
         self._http.close()
@@ -110,8 +116,8 @@ def run() -> Result:
                 sockets = sorted((tmp / "cp" / "run").glob("*.sock"))
                 assert len(sockets) == 1, f"expected the one sandbox's socket, found {sockets}"
                 inside = Sandbox.connect(unix_socket=str(sockets[0]))
-                # The same calls over httpx, the sync client's transport until it had its own (_http.py).
-                over_httpx = Sandbox(_Httpx(client.settings.url, client.settings.auth), sandbox._target, client)
+                over_httpx = PlainHttpx(client.settings.url, client.settings.auth, client.client_id,
+                                        sandbox.server_id)
                 for label, cmd in COMMANDS.items():
                     both = interleaved({
                         "sandboxed server (direct)": lambda c=cmd: inside.bash(c),
@@ -119,8 +125,14 @@ def run() -> Result:
                         "control plane via httpx": lambda c=cmd: over_httpx.bash(c),
                     }, _n(label), label=f"sandboxed server vs control plane: {label}")
                     samples[label].update(both)
+                breakdowns = {
+                    "our client": breakdown(lambda: sandbox.bash("true").duration_seconds, N, client.settings.url,
+                                            client.settings.auth),
+                    "plain httpx": breakdown(lambda: over_httpx.bash("true").duration_seconds, N,
+                                             client.settings.url, client.settings.auth),
+                }
                 inside.close()
-                over_httpx._http.close()
+                over_httpx.close()
                 sandbox.stop()
             if CLIENT_PYTHON.exists():
                 print("  published idegym-client 0.13.1 (202 + polling) ...", flush=True)
@@ -152,14 +164,27 @@ def run() -> Result:
                           via - direct, 1.0)
     result.targets["forward_overhead"] = target
     raw = Stats.of("", samples["true"]["raw subprocess"]).median_ms
-    isolated = check_target("isolated call through the control plane over a raw subprocess (median, bash true)",
-                            via - raw, 1.5)
+    isolated = check_target("isolated call through the control plane with our client over a raw subprocess "
+                            "(median, bash true)", via - raw, 1.0)
     result.targets["isolated_call_overhead"] = isolated
+    plain = Stats.of("", samples["true"]["control plane via httpx"]).median_ms
+    isolated_httpx = check_target("isolated call through the control plane with a plain httpx.Client over a raw "
+                                  "subprocess (median, bash true)", plain - raw, 1.5)
+    result.targets["isolated_call_overhead_httpx"] = isolated_httpx
     # The long way, for comparison (no target: it is what the spawner saves).
     again = Stats.of("", samples["true"]["raw subprocess (again)"]).median_ms
     long_way = Stats.of("", samples["true"][LONG_WAY]).median_ms - again
     result.figures["isolated call overhead, no spawner (the long way), over the raw subprocess ms"] = round(long_way, 3)
-    print("\n" + "\n".join(t["text"] for t in (target, isolated)))
+    raw_mean = Stats.of("", samples["true"]["raw subprocess"]).mean_ms
+    rows = [[part] + [round(b[part], 3) for b in breakdowns.values()] for part in next(iter(breakdowns.values()))]
+    rows.append(["raw subprocess (mean, the interleaved row)"] + [round(raw_mean, 3)] * len(breakdowns))
+    print("\nwhere one call's time goes (bash true through the control plane; ms per call, means of "
+          f"{N} calls in a row):")
+    print(table(["part", *breakdowns], rows))
+    for caller, parts in breakdowns.items():
+        for part, value in parts.items():
+            result.figures[f"breakdown, {caller}: {part} ms"] = round(value, 3)
+    print("\n" + "\n".join(t["text"] for t in (target, isolated, isolated_httpx)))
     print(f"the same without the tool spawner (each tool the long way, through the as-user helper), over the raw "
           f"subprocess interleaved with it: {long_way:.3f} ms (no target)")
     return result
