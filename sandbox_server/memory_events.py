@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 
@@ -30,14 +31,22 @@ class MemoryEvents:
                           if root != parent]
         total = None
         for name in files:
+            # os.read, not open(): a buffered file object costs ~5 times the read itself, and
+            # every bash call reads this twice.
             try:
-                with open(name, "rb") as fh:
-                    for line in fh.read().splitlines():
-                        key, _, value = line.partition(b" ")
-                        if key == b"oom_kill":
-                            total = (total or 0) + int(value)
+                fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                data = b"".join(iter(functools.partial(os.read, fd, 4096), b""))
+                for line in data.splitlines():
+                    key, _, value = line.partition(b" ")
+                    if key == b"oom_kill":
+                        total = (total or 0) + int(value)
             except (OSError, ValueError):
                 continue
+            finally:
+                os.close(fd)
         return total
 
     def count(self) -> int | None:
