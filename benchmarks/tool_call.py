@@ -6,8 +6,12 @@ For bash ``true``, ``echo hello`` and a 1 MB output:
 * our sandbox server, unsandboxed, called directly over its Unix socket (``Sandbox.connect``);
 * a sandbox of the control plane (local backend: bubblewrap, tools as ``appuser``, started by the
   tool user's spawner as by default) called over its own socket, and the same sandbox through the
-  control plane with our client (``Prefer: wait``: one round trip), interleaved: the difference is
-  the forward's overhead (target 1 ms);
+  control plane with our client (``Prefer: wait``: one round trip) and with a plain
+  ``httpx.Client`` as a user writes it, interleaved: the difference is the forward's overhead
+  (target 1 ms); over the raw subprocess, an isolated call (targets: 1.0 ms with our client,
+  1.5 ms with httpx); then where one such call's time goes (``_call_breakdown.py``: the caller's
+  CPU, the control plane's handler and sandbox round trip, the command's time in the sandbox,
+  each process's CPU and sleeps per call);
 * the same through another control plane whose servers have no spawner (``IDEGYM_TOOL_SPAWNER=0``:
   each tool starts the long way, through the as-user helper), interleaved with a raw subprocess;
 * through the control plane with the published ``idegym-client`` 0.13.1 (202 and polling, as
