@@ -9,8 +9,8 @@ For a block of calls made one after another by one caller:
   outermost middleware; ``idegym_forward_seconds``), read from ``/metrics`` before and after;
 * the command's time in the sandbox (``duration_seconds`` of each answer: from the server asking
   the tool user's spawner to start it until it exited and its pipes closed);
-* the CPU each process spent per call (``/proc/<pid>/task/*/schedstat``): control plane, sandbox
-  server, spawner; and how often each went to sleep (its voluntary context switches): each sleep
+* the CPU each process spent per call (``_cpu.seconds_of``): control plane, sandbox server,
+  spawner; and how often each went to sleep (its voluntary context switches): each sleep
   on the way is a wake-up to wait for, a scheduler's latency on a loaded machine.
 
 What is left between them is the wire and the wake-ups: caller ↔ control plane (and aiohttp's
@@ -28,20 +28,9 @@ from pathlib import Path
 
 import httpx
 
+from . import _cpu
+
 FORWARD_ROUTE = "/api/forward/{client_id}/{server_id}/{path}"
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 def _cmdline(pid: int) -> str:
@@ -51,39 +40,38 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        kids = _children(todo.pop())
-        found += kids
-        todo += kids
-    return found
-
-
 def processes() -> dict[str, int]:
     """This process's control plane (its child) and, below it, the one sandbox's server and spawner."""
-    cps = [p for p in _children(os.getpid()) if "-m control_plane" in _cmdline(p)]
+    cps = [p for p in _cpu.children() if "-m control_plane" in _cmdline(p)]
     if len(cps) != 1:
         return {}
     found = {"caller": os.getpid(), "control plane": cps[0]}
-    spawners = [p for p in _descendants(cps[0]) if "idegym-spawner" in _cmdline(p)]
+    pids = [int(entry.name) for entry in os.scandir("/proc") if entry.name.isdigit()]
+    spawners = [p for p in pids if "idegym-spawner" in _cmdline(p) and _below(p, cps[0])]
     if len(spawners) == 1:
-        found["sandbox server"] = int(Path(f"/proc/{spawners[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        found["spawner"] = spawners[0]
+        found["sandbox server"], found["spawner"] = _cpu.parent(spawners[0]), spawners[0]
     return found
 
 
-def _cpu_and_waits(pid: int) -> tuple[int, int]:
-    """Nanoseconds on a CPU and times it went to sleep (voluntary context switches), all threads."""
-    cpu = waits = 0
+def _below(pid: int, ancestor: int) -> bool:
+    for _ in range(64):
+        pid = _cpu.parent(pid)
+        if pid in (0, 1):
+            return False
+        if pid == ancestor:
+            return True
+    return False
+
+
+def _sleeps(pid: int) -> int:
+    """How often the process went to sleep so far (its threads' voluntary context switches)."""
+    total = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            cpu += int((task / "schedstat").read_text().split()[0])
-            status = (task / "status").read_text()
-        except OSError:
-            continue
-        waits += int(status.split("\nvoluntary_ctxt_switches:", 1)[1].split()[0])
-    return cpu, waits
+            total += int((task / "status").read_text().split("\nvoluntary_ctxt_switches:", 1)[1].split()[0])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total
 
 
 def _histogram_sum(text: str, name: str, labels: str = "") -> tuple[float, float]:
@@ -106,7 +94,7 @@ def breakdown(call: Callable[[], float], n: int, url: str, auth: tuple[str, str]
     for _ in range(20):
         call()
     pids = processes()
-    before = {name: _cpu_and_waits(pid) for name, pid in pids.items()}
+    cpu_before, sleeps_before = _cpu.seconds_of(pids), {name: _sleeps(pid) for name, pid in pids.items()}
     handler_before, forward_before = _metrics(url, auth)
     own_before, wall_before = time.thread_time(), time.perf_counter()
     command = 0.0
@@ -114,7 +102,7 @@ def breakdown(call: Callable[[], float], n: int, url: str, auth: tuple[str, str]
         command += call()
     wall, own = time.perf_counter() - wall_before, time.thread_time() - own_before
     handler_after, forward_after = _metrics(url, auth)
-    after = {name: _cpu_and_waits(pid) for name, pid in pids.items()}
+    cpu_after, sleeps_after = _cpu.seconds_of(pids), {name: _sleeps(pid) for name, pid in pids.items()}
     calls = handler_after[1] - handler_before[1]
     assert calls >= n, f"the control plane counted {calls} forwards of the {n} made"
     ms = 1e3 / n
@@ -130,6 +118,6 @@ def breakdown(call: Callable[[], float], n: int, url: str, auth: tuple[str, str]
         "control plane <-> sandbox server: wire, wake-ups, the server's HTTP, validation, reply": round_trip
         - command_ms,
         "the command in the sandbox (spawner, fork/exec as the tool user, bash, exit, pipes)": command_ms,
-        **{f"CPU of the {name}": (after[name][0] - before[name][0]) / n / 1e6 for name in pids if name != "caller"},
-        **{f"sleeps of the {name} (count)": (after[name][1] - before[name][1]) / n for name in pids},
+        **{f"CPU of the {name}": (cpu_after[name] - cpu_before[name]) * ms for name in pids if name != "caller"},
+        **{f"sleeps of the {name} (count)": (sleeps_after[name] - sleeps_before[name]) / n for name in pids},
     }
