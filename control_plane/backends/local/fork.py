@@ -140,12 +140,11 @@ async def _child(site: LocalForkSite, image: ResolvedImage, parent: LocalHandleD
         if why_not is None:
             try:
                 try:
-                    await loop.run_in_executor(None, adopt.adopt, site.layers, site.state_dir, child.warm.name, warm,
-                                               image, stack)
+                    # One executor job: its file work (renames on the host's journalled disk) never
+                    # holds up the event loop, which serves the other children and every call.
+                    await loop.run_in_executor(None, _adopt, site, child.warm.name, warm, image, stack)
                 finally:
                     child.warm.data = warm.dump()  # it stands on the fork's layers (or some: deleted below)
-                await loop.run_in_executor(None, seed_tmp, stack, warm)
-                write_meta(site.space.root / child.warm.name, child.warm.name, warm)
                 own[child.warm.name] = (time.perf_counter() - started) * 1e3
                 return child.warm
             except Exception as exc:  # noqa: BLE001 - the child is launched instead
@@ -165,6 +164,13 @@ async def _child(site: LocalForkSite, image: ResolvedImage, parent: LocalHandleD
         raise
     own[handle.name] = (time.perf_counter() - started) * 1e3
     return handle
+
+
+def _adopt(site: LocalForkSite, name: str, warm: LocalHandleData, image: ResolvedImage, stack: ForkStack) -> None:
+    """The warm sandbox ``name`` remounted onto ``stack``, the parent's /tmp in it, its record written."""
+    adopt.adopt(site.layers, site.state_dir, name, warm, image, stack)
+    seed_tmp(stack, warm)
+    write_meta(site.space.root / name, name, warm)
 
 
 _background: set[asyncio.Future] = set()
