@@ -293,8 +293,10 @@ def test_a_chain_of_forks_stays_shallow_and_keeps_every_generation(loop: LoopThr
             replace = "rm -rf src/deep && mkdir src/deep && echo d > src/deep/only.txt; " if depth % 3 == 0 else ""
             ok(current, f"echo {depth} > gen{depth}.txt; rm gen{depth - 1}.txt; {replace}"
                         f"echo conf-{depth} >> /etc/chain.conf; echo {depth} > /opt/chain/d/f{depth}")
-            assert wait_for(lambda: _loop_devices_of(backend.state_dir) <= 1 + 2, timeout=30), \
-                (depth, _loop_backing_files(backend.state_dir))  # its own layers and its stack, no more
+            # its own layers, its stack and the spare for the next fork's layer, no more
+            assert wait_for(lambda: _loop_devices_of(backend.state_dir) <= 1 + 2 + len(backend.fork_layers.spares()),
+                            timeout=30), (depth, _loop_backing_files(backend.state_dir), backend.fork_layers.spares())
+            assert len(backend.fork_layers.spares()) <= 1
         assert ok(current, "ls; cat /etc/chain.conf | wc -l; ls /opt/chain/d | wc -l; ls src/deep") == \
             "gen7.txt\nrun.sh\nsrc\n8\n8\nonly.txt\n"
     finally:

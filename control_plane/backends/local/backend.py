@@ -239,6 +239,8 @@ class LocalBackend(Backend):
             return
         await self.launcher.close()
         self.launcher = None
+        await fork.settle()
+        await asyncio.get_running_loop().run_in_executor(None, self.fork_layers.drop_spares)
         if self.lease is not None:
             self.lease.stop()  # what is left lives on until the lease lapses (or a next run renews it)
         for space in (self.sandboxes, self.builds):

@@ -39,6 +39,7 @@ from .image_trees import ImageError
 from .images import ImageStore, ResolvedImage
 from .launcher import Launcher
 from .layout import Space, write_meta
+from .storage import LayerStorage
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +105,9 @@ async def fork(site: LocalForkSite, parent: SandboxHandle, children: list[ForkCh
                                                  for c in children), return_exceptions=True)
                 timings["children"] = (time.perf_counter() - started) * 1e3
             finally:
-                # The new layer's copy is written out as it is detached (5-20 ms): after the answer.
-                _in_background(layers.leave, [layer_id])
+                # The new layer's copy is written out as it is detached (5-20 ms): after the answer;
+                # then the next fork's filesystem is made.
+                _in_background(_after, layers, layer_id, launcher.storage)
         finally:
             _in_background(layers.leave, below)
         made = [r for r in results if isinstance(r, SandboxHandle)]
@@ -173,6 +175,11 @@ def _adopt(site: LocalForkSite, name: str, warm: LocalHandleData, image: Resolve
     write_meta(site.space.root / name, name, warm)
 
 
+def _after(layers: ForkLayers, layer_id: str, storage: LayerStorage | None) -> None:
+    layers.leave([layer_id])
+    layers.make_spares(storage)
+
+
 _background: set[asyncio.Future] = set()
 
 
@@ -187,6 +194,12 @@ def _in_background(work: Callable[..., None], *args: Any) -> None:
             log.warning("after a fork: %s", f.exception())
 
     future.add_done_callback(done)
+
+
+async def settle() -> None:
+    """Until the work forks left running in the background is done (before the spares are dropped)."""
+    while _background:
+        await asyncio.wait(set(_background))
 
 
 async def _delete_all(site: LocalForkSite, handles: list[SandboxHandle]) -> None:
