@@ -367,3 +367,56 @@ def test_freezing_is_what_keeps_copies_whole(monkeypatch: pytest.MonkeyPatch, tm
     assert calls == ["freeze", "copy", "tmp", "thaw"]
     assert layers.holders(layer) == {"o-1-test"}
     assert layers.release("o-1-test") == [layer] and layers.layer_ids() == set()
+
+
+def _mounts_under(path: Path) -> list[str]:
+    """Mount points under ``path`` in this process's mount namespace."""
+    return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+            if line.split()[4].startswith(f"{path}/")]
+
+
+def test_the_next_fork_copies_into_a_filesystem_made_before_it_was_asked_for(
+        loop: LoopThread, tmp_path: Path) -> None:
+    """After a fork answered, the layer filesystem of the next fork (a loop device and a mount,
+    5-30 ms on its path) is made in the background: the next fork of the same bounds copies into
+    it. A spare of a process that is gone is swept at start, one of this process is removed at
+    close: no mount, no loop device is left.
+
+    Can fail: on main a fork made its layer's filesystem while it was asked for; between forks
+    nothing was mounted under the fork layers."""
+    own = start_backend(loop, tmp_path / "state")
+    own.register_project("test/fork-spare:1", write_calc_project(tmp_path / "calc"))
+    forks = own.state_dir / "forks"
+    parent = loop.run(own.create(spec("p-spare", "test/fork-spare:1"), 120))
+    children = []
+    try:
+        ok(parent, "echo one > one.txt")
+        children += _fork(loop, own, parent, ["c-spare-1"])
+        assert wait_for(lambda: [p for p in _mounts_under(forks) if "/.spare-" in p], timeout=30), \
+            _mounts_under(forks)
+        (spare,) = [Path(p).parent for p in _mounts_under(forks)]
+        assert spare.name.startswith(f".spare-{os.getpid()}-f-")
+        children += _fork(loop, own, parent, ["c-spare-2"])
+        assert children[-1].data["forks"][0] == spare.name.split("-", 2)[2]  # .spare-<pid>-<layer id>
+        assert ok(children[-1], "cat one.txt") == "one\n"
+        # one left by a control plane that was killed: swept at the next start
+        assert wait_for(lambda: len(own.fork_layers.spares()) == 1, timeout=30)
+        (mine,) = own.fork_layers.spares()
+        dead = forks / f".spare-{_dead_pid()}-f-{'0' * 12}"
+        mine.rename(dead)
+        own._sweep_fork_layers()
+        assert not dead.exists() and _mounts_under(forks) == []
+        children += _fork(loop, own, parent, ["c-spare-3"])  # the stale spare is skipped, not used
+        assert ok(children[-1], "cat one.txt") == "one\n"
+        assert wait_for(lambda: len(own.fork_layers.spares()) == 1, timeout=30)
+    finally:
+        _remove(loop, own, *children, parent)
+        loop.run(own.close())
+    assert _mounts_under(forks) == [] and _loop_devices_of(own.state_dir) == 0
+
+
+def _dead_pid() -> int:
+    pid = 4_000_000
+    while os.path.exists(f"/proc/{pid}"):
+        pid += 1
+    return pid
