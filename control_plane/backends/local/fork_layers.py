@@ -16,11 +16,15 @@ P wrote since its start, not the size of its image or project; a child's disk is
         layer.json            id, image, the layers below it, size
         holders/<holder>      one empty file per user: ``s-<sandbox>``, ``p-<snapshot>``,
                               ``o-<pid>-<token>`` (a fork in progress in that process)
+    <state>/forks/.spare-<pid>-<id>/   an empty layer made ahead (levels/, holders/, fs/ mounted)
 
 A layer's filesystem is in the host's mount tree only while an operation of this process uses it
 (``reachable``: mounted again read-only when needed, detached after its last user), never between
 operations, where a killed control plane would leave it for good: the overlays of the sandboxes
-standing on it keep it alive on their own, and it is gone with the last of them.
+standing on it keep it alive on their own, and it is gone with the last of them. The exception is
+a *spare* (``make_spares``): an empty layer whose filesystem is made, after a fork answered, for
+the next fork of the same bound, ``.spare-<pid>-<id>``; it holds nothing until a fork copies into
+it, the backend's close removes it, and ``sweep`` removes one whose process is gone.
 
 The copy is made while P is frozen, so it goes to a fresh filesystem of its own, made before the
 freeze: creating files on the host's filesystem took 100-360 µs each while other sandboxes were
