@@ -20,6 +20,7 @@ tools start). The parent runs on and sees nothing of its children; a child outli
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import secrets
@@ -42,6 +43,10 @@ from .layout import Space, write_meta
 from .storage import LayerStorage
 
 log = logging.getLogger(__name__)
+# A fork's blocking steps run here, not on the loop's default executor (as many threads as CPUs
+# + 4: 6 here), where 8 children queued behind each other and behind the warm pool's and the
+# deletes' work. Idle threads cost nothing but their stacks.
+_threads = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="idegym-fork")
 
 
 @dataclass(frozen=True)
@@ -88,13 +93,12 @@ async def fork(site: LocalForkSite, parent: SandboxHandle, children: list[ForkCh
     began = time.perf_counter()
     own: dict[str, float] = {}  # each child's own time (ms), by name
     try:
-        await loop.run_in_executor(None, layers.hold, below, op)  # nothing below goes while we work
-        await loop.run_in_executor(None, layers.enter, below)
+        await loop.run_in_executor(_threads, _hold_and_enter, layers, below, op)  # nothing below goes meanwhile
         try:
             # As deep as a stack may be: the layers below are merged into the new one (fork_layers.py).
             merge = layers.stack(below) if len(below) + 1 > layers.max_stack else None
             took = time.perf_counter()
-            layer_id, timings = await loop.run_in_executor(None, layers.take, record, op, launcher.storage,
+            layer_id, timings = await loop.run_in_executor(_threads, layers.take, record, op, launcher.storage,
                                                            merge)
             timings["layers below"] = (took - began) * 1e3
             timings["snapshot"] = timings.pop("total", 0.0)
@@ -127,7 +131,7 @@ async def fork(site: LocalForkSite, parent: SandboxHandle, children: list[ForkCh
         await _delete_all(site, made)
         raise
     finally:
-        await loop.run_in_executor(None, layers.release, op)
+        await loop.run_in_executor(_threads, layers.release, op)
 
 
 async def _child(site: LocalForkSite, image: ResolvedImage, parent: LocalHandleData, stack: ForkStack,
@@ -144,7 +148,7 @@ async def _child(site: LocalForkSite, image: ResolvedImage, parent: LocalHandleD
                 try:
                     # One executor job: its file work (renames on the host's journalled disk) never
                     # holds up the event loop, which serves the other children and every call.
-                    await loop.run_in_executor(None, _adopt, site, child.warm.name, warm, image, stack)
+                    await loop.run_in_executor(_threads, _adopt, site, child.warm.name, warm, image, stack)
                 finally:
                     child.warm.data = warm.dump()  # it stands on the fork's layers (or some: deleted below)
                 own[child.warm.name] = (time.perf_counter() - started) * 1e3
@@ -160,12 +164,17 @@ async def _child(site: LocalForkSite, image: ResolvedImage, parent: LocalHandleD
                                         network=parent.network, limits=spec.limits, env=dict(image.env),
                                         timeout=timeout, kind=spec.server_kind.value, forks=stack)
     try:
-        await loop.run_in_executor(None, seed_tmp, stack, LocalHandleData.of(handle.data))
+        await loop.run_in_executor(_threads, seed_tmp, stack, LocalHandleData.of(handle.data))
     except BaseException:
         await _delete_all(site, [handle])
         raise
     own[handle.name] = (time.perf_counter() - started) * 1e3
     return handle
+
+
+def _hold_and_enter(layers: ForkLayers, below: list[str], op: str) -> None:
+    layers.hold(below, op)
+    layers.enter(below)
 
 
 def _adopt(site: LocalForkSite, name: str, warm: LocalHandleData, image: ResolvedImage, stack: ForkStack) -> None:
@@ -185,7 +194,7 @@ _background: set[asyncio.Future] = set()
 
 def _in_background(work: Callable[..., None], *args: Any) -> None:
     """``work`` on an executor thread, not waited for (a failure is logged)."""
-    future = asyncio.get_running_loop().run_in_executor(None, work, *args)
+    future = asyncio.get_running_loop().run_in_executor(_threads, work, *args)
     _background.add(future)
 
     def done(f: asyncio.Future) -> None:
