@@ -33,7 +33,7 @@ from typing import Any
 from sandbox_server import procfs
 
 from ..base import BackendError, ForkChild, SandboxHandle
-from . import adopt
+from . import adopt, priority
 from .fork_layers import ForkLayers, ForkStack, seed_tmp
 from .handle_data import LocalHandleData
 from .image_trees import ImageError
@@ -178,7 +178,9 @@ def _hold_and_enter(layers: ForkLayers, below: list[str], op: str) -> None:
 
 
 def _adopt(site: LocalForkSite, name: str, warm: LocalHandleData, image: ResolvedImage, stack: ForkStack) -> None:
-    """The warm sandbox ``name`` remounted onto ``stack``, the parent's /tmp in it, its record written."""
+    """The warm sandbox ``name`` claimed (``LocalBackend.claim``: the normal priority for all of
+    it), remounted onto ``stack``, the parent's /tmp in it, its record written."""
+    priority.restore(warm)
     adopt.adopt(site.layers, site.state_dir, name, warm, image, stack)
     seed_tmp(stack, warm)
     write_meta(site.space.root / name, name, warm)
