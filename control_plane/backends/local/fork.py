@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 # + 4: 6 here), where 8 children queued behind each other and behind the warm pool's and the
 # deletes' work. Idle threads cost nothing but their stacks.
 _threads = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="idegym-fork")
+SPARE_AFTER = 0.5  # seconds after a fork answered, the next one's layer filesystem is made
 
 
 @dataclass(frozen=True)
@@ -109,9 +110,9 @@ async def fork(site: LocalForkSite, parent: SandboxHandle, children: list[ForkCh
                                                  for c in children), return_exceptions=True)
                 timings["children"] = (time.perf_counter() - started) * 1e3
             finally:
-                # The new layer's copy is written out as it is detached (5-20 ms): after the answer;
-                # then the next fork's filesystem is made.
-                _in_background(_after, layers, layer_id, launcher.storage)
+                # The new layer's copy is written out as it is detached (5-20 ms): after the answer.
+                _in_background(layers.leave, [layer_id])
+                _spare_later(layers, launcher.storage)
         finally:
             _in_background(layers.leave, below)
         made = [r for r in results if isinstance(r, SandboxHandle)]
@@ -186,12 +187,19 @@ def _adopt(site: LocalForkSite, name: str, warm: LocalHandleData, image: Resolve
     write_meta(site.space.root / name, name, warm)
 
 
-def _after(layers: ForkLayers, layer_id: str, storage: LayerStorage | None) -> None:
-    layers.leave([layer_id])
-    layers.make_spares(storage)
-
-
 _background: set[asyncio.Future] = set()
+_spares_due: set[asyncio.TimerHandle] = set()
+
+
+def _spare_later(layers: ForkLayers, storage: LayerStorage | None) -> None:
+    """The next fork's layer filesystem, made ``SPARE_AFTER`` seconds from now: the children's
+    first calls come first (made at once, its image copy, loop device and mount ran beside them)."""
+    def due() -> None:
+        _spares_due.discard(timer)
+        _in_background(layers.make_spares, storage)
+
+    timer = asyncio.get_running_loop().call_later(SPARE_AFTER, due)
+    _spares_due.add(timer)
 
 
 def _in_background(work: Callable[..., None], *args: Any) -> None:
@@ -208,7 +216,11 @@ def _in_background(work: Callable[..., None], *args: Any) -> None:
 
 
 async def settle() -> None:
-    """Until the work forks left running in the background is done (before the spares are dropped)."""
+    """Until the work forks left running in the background is done (before the spares are
+    dropped); spares not begun yet are not made."""
+    for timer in _spares_due:
+        timer.cancel()
+    _spares_due.clear()
     while _background:
         await asyncio.wait(set(_background))
 
