@@ -174,6 +174,10 @@ def _measure_warm_and_cold(files: int, project: Path, tag: str, change: str, tmp
                     parts.setdefault(f"{files} files: fork into {count}: the fork call", []).append(returned - t)
                     parts.setdefault(f"{files} files: fork into {count}: parent paused", []).append(
                         _paused_ms(state, children) / 1e3)
+                    ms = _records(state, children)[0].get("fork_ms", {})
+                    for key in ("prepare", "snapshot", "children", "total"):
+                        parts.setdefault(f"{files} files: fork into {count}: backend: {key}", []).append(
+                            ms.get(key, float("nan")) / 1e3)
                     t = time.perf_counter()  # the same calls again, on sandboxes that run: the host's floor
                     _all_answer(children)
                     parts.setdefault(f"{files} files: fork into {count}: the children answer again", []).append(

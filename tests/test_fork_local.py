@@ -20,6 +20,7 @@ from control_plane.backends.local import LocalBackend
 from control_plane.backends.local.cgroups import Cgroups
 from control_plane.backends.local.fork_layers import ForkLayers
 from control_plane.backends.local.handle_data import LocalHandleData
+from control_plane.backends.local.layout import read_meta
 from sandbox_server import procfs
 from tests.local_helpers import (
     LoopThread,
@@ -420,3 +421,26 @@ def _dead_pid() -> int:
     while os.path.exists(f"/proc/{pid}"):
         pid += 1
     return pid
+
+
+def test_an_adopted_child_s_record_is_written_after_the_answer_and_before_its_delete(
+        loop: LoopThread, backend: LocalBackend, image: str) -> None:
+    """The record (sandbox.json) of a warm sandbox made a child is written once the fork answered,
+    off its path: it names the child's fork layers then, and a delete at once waits for it and
+    leaves nothing (no record written into a directory being removed)."""
+    parent = loop.run(backend.create(spec("p-rec", image), 120))
+    try:
+        for round_ in range(3):
+            warm = loop.run(backend.create(spec(f"w-rec{round_}", image), 120, background=True))
+            (child,) = _fork(loop, backend, parent, [f"w-rec{round_}"], {f"w-rec{round_}": warm})
+            assert child.data.get("adopted")
+            if round_ == 0:
+                sb, forks = Path(child.data["dir"]), child.data["forks"]
+                assert wait_for(lambda sb=sb, forks=forks: (read_meta(sb) or LocalHandleData()).forks == forks,
+                                timeout=10)
+                record = read_meta(sb)
+                assert record is not None and record.adopted
+            _remove(loop, backend, child)  # at once: the record's write may be under way
+            assert not Path(child.data["dir"]).exists()
+    finally:
+        _remove(loop, backend, parent)

@@ -127,6 +127,8 @@ async def fork(site: LocalForkSite, parent: SandboxHandle, children: list[ForkCh
             data.fork_frozen_ms = round(timings.get("frozen", 0.0), 2)
             data.fork_ms = {k: round(v, 2) for k, v in {**timings, "this child": own.get(handle.name, 0.0)}.items()}
             handle.data = data.dump()
+            if data.adopted:
+                _record_later(site, handle.name, data)
         return made
     except BaseException:
         await _delete_all(site, made)
@@ -180,11 +182,39 @@ def _hold_and_enter(layers: ForkLayers, below: list[str], op: str) -> None:
 
 def _adopt(site: LocalForkSite, name: str, warm: LocalHandleData, image: ResolvedImage, stack: ForkStack) -> None:
     """The warm sandbox ``name`` claimed (``LocalBackend.claim``: the normal priority for all of
-    it), remounted onto ``stack``, the parent's /tmp in it, its record written."""
+    it), remounted onto ``stack``, the parent's /tmp in it. Its record is written after the fork
+    answered (``_record_later``)."""
     priority.restore(warm)
     adopt.adopt(site.layers, site.state_dir, name, warm, image, stack)
     seed_tmp(stack, warm)
-    write_meta(site.space.root / name, name, warm)
+
+
+_records_due: dict[str, asyncio.Future] = {}  # an adopted child's record being written, by name
+
+
+def _record_later(site: LocalForkSite, name: str, data: LocalHandleData) -> None:
+    """Write the record (sandbox.json) of the adopted child ``name`` in the background: it was
+    two thirds of a child's remount under load (a create and a rename in the host's journalled
+    filesystem), and the warm sandbox's record, kept meanwhile, already names everything a
+    record-less teardown needs (its directories, processes, cgroups; its fork layers are
+    released by holder). ``LocalBackend.delete`` waits for it (``record_written``)."""
+    future = asyncio.get_running_loop().run_in_executor(_threads, write_meta, site.space.root / name, name, data)
+    _records_due[name] = future
+
+    def done(f: asyncio.Future) -> None:
+        if _records_due.get(name) is f:
+            del _records_due[name]
+        if not f.cancelled() and f.exception() is not None:
+            log.warning("writing the record of fork child %s: %s", name, f.exception())
+
+    future.add_done_callback(done)
+
+
+async def record_written(name: str) -> None:
+    """Until the record of fork child ``name`` is written, if it is being written (before its delete)."""
+    future = _records_due.get(name)
+    if future is not None:
+        await asyncio.wait((future,))
 
 
 _background: set[asyncio.Future] = set()
@@ -221,8 +251,8 @@ async def settle() -> None:
     for timer in _spares_due:
         timer.cancel()
     _spares_due.clear()
-    while _background:
-        await asyncio.wait(set(_background))
+    while _background or _records_due:
+        await asyncio.wait({*_background, *_records_due.values()})
 
 
 async def _delete_all(site: LocalForkSite, handles: list[SandboxHandle]) -> None:
