@@ -425,9 +425,10 @@ def _dead_pid() -> int:
 
 def test_an_adopted_child_s_record_is_written_after_the_answer_and_before_its_delete(
         loop: LoopThread, backend: LocalBackend, image: str) -> None:
-    """The record (sandbox.json) of a warm sandbox made a child is written once the fork answered,
-    off its path: it names the child's fork layers then, and a delete at once waits for it and
-    leaves nothing (no record written into a directory being removed)."""
+    """The record (sandbox.json) of a warm sandbox made a child is written half a second after the
+    fork answered, off its path and after the children's first calls: it names the child's fork
+    layers then; a delete at once drops the write (or waits for one under way) and leaves nothing
+    (no record written into a directory being removed)."""
     parent = loop.run(backend.create(spec("p-rec", image), 120))
     try:
         for round_ in range(3):

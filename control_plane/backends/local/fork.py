@@ -47,7 +47,9 @@ log = logging.getLogger(__name__)
 # + 4: 6 here), where 8 children queued behind each other and behind the warm pool's and the
 # deletes' work. Idle threads cost nothing but their stacks.
 _threads = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="idegym-fork")
-SPARE_AFTER = 0.5  # seconds after a fork answered, the next one's layer filesystem is made
+# Seconds after a fork answered, the next one's layer filesystem is made and its adopted
+# children's records are written: the children's first calls come first.
+SPARE_AFTER = 0.5
 
 
 @dataclass(frozen=True)
@@ -189,32 +191,43 @@ def _adopt(site: LocalForkSite, name: str, warm: LocalHandleData, image: Resolve
     seed_tmp(stack, warm)
 
 
-_records_due: dict[str, asyncio.Future] = {}  # an adopted child's record being written, by name
+# An adopted child's record to write: its timer and the write's start until it is due, then the
+# write under way.
+_records_due: dict[str, tuple[asyncio.TimerHandle, Callable[[], None]] | asyncio.Future] = {}
 
 
 def _record_later(site: LocalForkSite, name: str, data: LocalHandleData) -> None:
-    """Write the record (sandbox.json) of the adopted child ``name`` in the background: it was
-    two thirds of a child's remount under load (a create and a rename in the host's journalled
-    filesystem), and the warm sandbox's record, kept meanwhile, already names everything a
-    record-less teardown needs (its directories, processes, cgroups; its fork layers are
-    released by holder). ``LocalBackend.delete`` waits for it (``record_written``)."""
-    future = asyncio.get_running_loop().run_in_executor(_threads, write_meta, site.space.root / name, name, data)
-    _records_due[name] = future
+    """Write the record (sandbox.json) of the adopted child ``name`` ``SPARE_AFTER`` seconds
+    from now, after the children's first calls: it was two thirds of a child's remount under
+    load (a create and a rename in the host's journalled filesystem), and the warm sandbox's
+    record, kept meanwhile, already names everything a record-less teardown needs (its
+    directories, processes, cgroups; its fork layers are released by holder). A delete first
+    drops a write not begun and waits for one under way (``record_written``)."""
+    loop = asyncio.get_running_loop()
 
-    def done(f: asyncio.Future) -> None:
-        if _records_due.get(name) is f:
-            del _records_due[name]
-        if not f.cancelled() and f.exception() is not None:
-            log.warning("writing the record of fork child %s: %s", name, f.exception())
+    def due() -> None:
+        future = loop.run_in_executor(_threads, write_meta, site.space.root / name, name, data)
+        _records_due[name] = future
 
-    future.add_done_callback(done)
+        def done(f: asyncio.Future) -> None:
+            if _records_due.get(name) is f:
+                del _records_due[name]
+            if not f.cancelled() and f.exception() is not None:
+                log.warning("writing the record of fork child %s: %s", name, f.exception())
+
+        future.add_done_callback(done)
+
+    _records_due[name] = (loop.call_later(SPARE_AFTER, due), due)
 
 
 async def record_written(name: str) -> None:
-    """Until the record of fork child ``name`` is written, if it is being written (before its delete)."""
-    future = _records_due.get(name)
-    if future is not None:
-        await asyncio.wait((future,))
+    """Before the delete of fork child ``name``: its record's write dropped if not begun, else
+    waited for."""
+    due = _records_due.pop(name, None)
+    if isinstance(due, tuple):
+        due[0].cancel()
+    elif due is not None:
+        await asyncio.wait((due,))
 
 
 _background: set[asyncio.Future] = set()
@@ -251,8 +264,12 @@ async def settle() -> None:
     for timer in _spares_due:
         timer.cancel()
     _spares_due.clear()
+    for due in list(_records_due.values()):
+        if isinstance(due, tuple):  # written now: the child lives on
+            due[0].cancel()
+            due[1]()
     while _background or _records_due:
-        await asyncio.wait({*_background, *_records_due.values()})
+        await asyncio.wait({*_background, *(f for f in _records_due.values() if isinstance(f, asyncio.Future))})
 
 
 async def _delete_all(site: LocalForkSite, handles: list[SandboxHandle]) -> None:
