@@ -13,7 +13,8 @@ any "ready" time.
 
 And with the control plane's default configuration (no ``--warm-pool`` flags: nothing sized for
 the fork), a fork into 8 every ``BENCH_FORK_EVERY`` seconds (1.5) as a trainer forks a group per
-prompt, beside the warm-pool row of the same run, with where its time went: the control plane
+prompt, beside the warm-pool row of the same run (one control plane per project size, side by
+side, their forks alternated: the sizes' ratio is of the same moments), with where its time went: the control plane
 (the fork call less the backend's part), the layer's copy (the parent frozen in it), making the
 children (remounting warm sandboxes or launching new ones: how many of each), and the children's
 first answers; and each child's first call against its next (a new child must not pay for
@@ -30,6 +31,7 @@ Writes ``results/fork.json`` and ``results/fork.png``.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import sqlite3
@@ -137,14 +139,10 @@ def _disk(state: Path, client: Any, tag: str, children: list) -> dict[str, float
         idle.stop()
 
 
-def _measure_size(files: int, tmp: Path, result: Result, samples: dict[str, list[float]],
-                  parts: dict[str, list[float]]) -> None:
-    project = make_project(tmp / f"project{files}", files)
-    tag = f"bench/fork{files}:1"
-    change = _changes(files)
-    if COUNTS:  # empty: the default configuration's row alone
-        _measure_warm_and_cold(files, project, tag, change, tmp, result, samples, parts)
-    _measure_default(files, project, tag, change, tmp / f"default{files}", result, samples, parts)
+def _project(files: int, tmp: Path) -> tuple[Path, str, str]:
+    """The project of ``files`` files (made once), its image tag and the parent's changes."""
+    root = tmp / f"project{files}"
+    return (root if root.is_dir() else make_project(root, files)), f"bench/fork{files}:1", _changes(files)
 
 
 def _measure_warm_and_cold(files: int, project: Path, tag: str, change: str, tmp: Path, result: Result,
@@ -174,6 +172,10 @@ def _measure_warm_and_cold(files: int, project: Path, tag: str, change: str, tmp
                     parts.setdefault(f"{files} files: fork into {count}: the fork call", []).append(returned - t)
                     parts.setdefault(f"{files} files: fork into {count}: parent paused", []).append(
                         _paused_ms(state, children) / 1e3)
+                    ms = _records(state, children)[0].get("fork_ms", {})
+                    for key in ("prepare", "snapshot", "children", "total"):
+                        parts.setdefault(f"{files} files: fork into {count}: backend: {key}", []).append(
+                            ms.get(key, float("nan")) / 1e3)
                     t = time.perf_counter()  # the same calls again, on sandboxes that run: the host's floor
                     _all_answer(children)
                     parts.setdefault(f"{files} files: fork into {count}: the children answer again", []).append(
@@ -215,27 +217,37 @@ def _measure_warm_and_cold(files: int, project: Path, tag: str, change: str, tmp
             parent.stop()
 
 
-def _measure_default(files: int, project: Path, tag: str, change: str, state: Path, result: Result,
-                     samples: dict[str, list[float]], parts: dict[str, list[float]]) -> None:
-    """Fork into 8 every ``EVERY`` seconds on a control plane of the default configuration."""
+def _measure_default(tmp: Path, result: Result, samples: dict[str, list[float]],
+                     parts: dict[str, list[float]]) -> None:
+    """Fork into 8 every ``EVERY`` seconds on control planes of the default configuration, one per
+    project size, alive side by side with their forks alternated: the sizes see the same load,
+    so their ratio (flat in project size) is one of the same moments."""
     from idegym_env.client import IdeGymClient
 
-    row = f"{files} files: fork into {GROUP} (default configuration)"
-    with control_plane(state) as url:
-        _register(url, project, tag)
-        with IdeGymClient(url, name=f"bench-fork-default-{files}") as client:
+    with contextlib.ExitStack() as stack:
+        sides = []
+        for files in SIZES:
+            project, tag, change = _project(files, tmp)
+            state = tmp / f"default{files}"
+            url = stack.enter_context(control_plane(state))
+            _register(url, project, tag)
+            client = stack.enter_context(IdeGymClient(url, name=f"bench-fork-default-{files}"))
             parent = client.start(tag, reuse="NONE")
             assert parent.bash(change).exit_code == 0
-            progress = Progress(f"{files} files: fork into {GROUP} every {EVERY:g} s, default configuration", N)
-            totals: list[float] = []
-            remounted: list[int] = []
-            for _ in range(N):
+            sides.append((files, state, parent))
+        progress = Progress(f"fork into {GROUP} every {EVERY:g} s, default configuration, "
+                            f"{' and '.join(map(str, SIZES))} files alternated", N * len(SIZES))
+        totals: dict[int, list[float]] = {files: [] for files in SIZES}
+        remounted: dict[int, list[int]] = {files: [] for files in SIZES}
+        for i in range(N):
+            for files, state, parent in (sides if i % 2 == 0 else sides[::-1]):
+                row = f"{files} files: fork into {GROUP} (default configuration)"
                 time.sleep(EVERY)
                 t = time.perf_counter()
                 children = parent.fork(GROUP)
                 returned = time.perf_counter()
                 first = _all_answer(children)
-                totals.append(time.perf_counter() - t)
+                totals[files].append(time.perf_counter() - t)
                 later = _all_answer(children)
                 records = _records(state, children)
                 ms = records[0].get("fork_ms", {})
@@ -247,15 +259,18 @@ def _measure_default(files: int, project: Path, tag: str, change: str, state: Pa
                     parts.setdefault(part + f"backend: {key}", []).append(ms.get(key, float("nan")) / 1e3)
                 parts.setdefault(part + "one child made (the slowest)", []).append(
                     max(r.get("fork_ms", {}).get("this child", float("nan")) for r in records) / 1e3)
-                parts.setdefault(part + "the first answers (after the call)", []).append(totals[-1] - (returned - t))
+                parts.setdefault(part + "the first answers (after the call)", []).append(
+                    totals[files][-1] - (returned - t))
                 parts.setdefault(part + "a child's first call", []).extend(first)
                 parts.setdefault(part + "a child's next call", []).extend(later)
-                remounted.append(sum(bool(r.get("adopted")) for r in records))
+                remounted[files].append(sum(bool(r.get("adopted")) for r in records))
                 _stop_all(children)
                 progress.step()
-            samples[row] = totals
-            result.figures[f"{row}: children remounted from the pool, each fork"] = " ".join(map(str, remounted))
-            result.figures[f"{row}: the first fork ms"] = round(totals[0] * 1e3, 2)
+        for files, _state, parent in sides:
+            row = f"{files} files: fork into {GROUP} (default configuration)"
+            samples[row] = totals[files]
+            result.figures[f"{row}: children remounted from the pool, each fork"] = " ".join(map(str, remounted[files]))
+            result.figures[f"{row}: the first fork ms"] = round(totals[files][0] * 1e3, 2)
             parent.stop()
 
 
@@ -295,9 +310,11 @@ def run() -> Result:
     parts: dict[str, list[float]] = {}
     loads = [f"start {_load()}"]
     with tempfile.TemporaryDirectory(prefix="bench-fork-") as tmpdir:
-        for files in SIZES:
-            _measure_size(files, Path(tmpdir), result, samples, parts)
+        for files in SIZES if COUNTS else ():  # no counts: the default configuration's rows alone
+            _measure_warm_and_cold(files, *_project(files, Path(tmpdir)), Path(tmpdir), result, samples, parts)
             loads.append(f"after {files} files {_load()}")
+        _measure_default(Path(tmpdir), result, samples, parts)
+        loads.append(f"after the default configuration {_load()}")
     stats = [Stats.of(label, s) for label, s in samples.items()]
     result.stats = stats
     by = {s.label: s for s in stats}

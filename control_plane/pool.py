@@ -101,7 +101,8 @@ class WarmPool:
 
     def take(self, spec: SandboxSpec, count: int) -> list[SandboxHandle]:
         """Up to ``count`` ready members of ``spec``'s kind, creating none (a fork turns them into
-        its children); what is asked for counts as demand, as claims do."""
+        its children, and its backend claims each as it does: ``Backend.fork``; the claim is off
+        the event loop there); what is asked for counts as demand, as claims do."""
         key = spec.pool_key()
         now = time.monotonic()
         self._templates.setdefault(key, self.template(spec))
@@ -118,7 +119,6 @@ class WarmPool:
         while ready and len(taken) < count:
             handle = ready.popleft()
             self.store.remove_pool_member(handle.name)
-            self.backend.claim(handle)
             taken.append(handle)
         return taken
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from control_plane.backends.base import ForkChild
 from control_plane.backends.local import LocalBackend
 from control_plane.backends.local.handle_data import LocalHandleData
 from control_plane.backends.local.layout import read_meta
@@ -99,3 +100,19 @@ def test_the_warm_pool_fills_in_the_background_and_a_claim_serves_at_normal_prio
         assert _nice(member.server[0]) == 0  # the one member was claimed, and restored
     finally:
         cp.stop()
+
+
+def test_a_pool_member_a_fork_takes_is_claimed_by_the_fork(loop: LoopThread, backend: LocalBackend) -> None:
+    """The pool hands a fork its members unclaimed; the backend's fork claims each it makes a
+    child (on its own threads, not the control plane's event loop), so the child serves at the
+    normal priority. Can fail: on main the fork left that to the pool's ``take`` and a member
+    handed to ``Backend.fork`` as it is stayed at nice 19, and so did every tool its child ran."""
+    if not backend.launcher or not (backend.sandboxes and backend.sandboxes.cgroups.available):
+        pytest.skip("needs cgroups")
+    parent = loop.run(backend.create(spec("p-claim"), 60))
+    member = loop.run(backend.create(spec("pool-claim"), 60, background=True))
+    assert {_nice(t) for t in _sandbox_tasks(member.data)} == {BACKGROUND_NICE}
+    (child,) = loop.run(backend.fork(parent, [ForkChild(spec("c-claim"), member)], 60))
+    assert child.name == "pool-claim" and child.data.get("adopted")
+    assert {_nice(t) for t in _sandbox_tasks(child.data)} == {0}
+    assert ok(child, OWN_NICE).strip() == "0"

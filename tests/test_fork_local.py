@@ -20,6 +20,7 @@ from control_plane.backends.local import LocalBackend
 from control_plane.backends.local.cgroups import Cgroups
 from control_plane.backends.local.fork_layers import ForkLayers
 from control_plane.backends.local.handle_data import LocalHandleData
+from control_plane.backends.local.layout import read_meta
 from sandbox_server import procfs
 from tests.local_helpers import (
     LoopThread,
@@ -293,8 +294,10 @@ def test_a_chain_of_forks_stays_shallow_and_keeps_every_generation(loop: LoopThr
             replace = "rm -rf src/deep && mkdir src/deep && echo d > src/deep/only.txt; " if depth % 3 == 0 else ""
             ok(current, f"echo {depth} > gen{depth}.txt; rm gen{depth - 1}.txt; {replace}"
                         f"echo conf-{depth} >> /etc/chain.conf; echo {depth} > /opt/chain/d/f{depth}")
-            assert wait_for(lambda: _loop_devices_of(backend.state_dir) <= 1 + 2, timeout=30), \
-                (depth, _loop_backing_files(backend.state_dir))  # its own layers and its stack, no more
+            # its own layers, its stack and the spare for the next fork's layer, no more
+            assert wait_for(lambda: _loop_devices_of(backend.state_dir) <= 1 + 2 + len(backend.fork_layers.spares()),
+                            timeout=30), (depth, _loop_backing_files(backend.state_dir), backend.fork_layers.spares())
+            assert len(backend.fork_layers.spares()) <= 1
         assert ok(current, "ls; cat /etc/chain.conf | wc -l; ls /opt/chain/d | wc -l; ls src/deep") == \
             "gen7.txt\nrun.sh\nsrc\n8\n8\nonly.txt\n"
     finally:
@@ -365,3 +368,80 @@ def test_freezing_is_what_keeps_copies_whole(monkeypatch: pytest.MonkeyPatch, tm
     assert calls == ["freeze", "copy", "tmp", "thaw"]
     assert layers.holders(layer) == {"o-1-test"}
     assert layers.release("o-1-test") == [layer] and layers.layer_ids() == set()
+
+
+def _mounts_under(path: Path) -> list[str]:
+    """Mount points under ``path`` in this process's mount namespace."""
+    return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+            if line.split()[4].startswith(f"{path}/")]
+
+
+def test_the_next_fork_copies_into_a_filesystem_made_before_it_was_asked_for(
+        loop: LoopThread, tmp_path: Path) -> None:
+    """After a fork answered, the layer filesystem of the next fork (a loop device and a mount,
+    5-30 ms on its path) is made in the background: the next fork of the same bounds copies into
+    it. A spare of a process that is gone is swept at start, one of this process is removed at
+    close: no mount, no loop device is left.
+
+    Can fail: on main a fork made its layer's filesystem while it was asked for; between forks
+    nothing was mounted under the fork layers."""
+    own = start_backend(loop, tmp_path / "state")
+    own.register_project("test/fork-spare:1", write_calc_project(tmp_path / "calc"))
+    forks = own.state_dir / "forks"
+    parent = loop.run(own.create(spec("p-spare", "test/fork-spare:1"), 120))
+    children = []
+    try:
+        ok(parent, "echo one > one.txt")
+        children += _fork(loop, own, parent, ["c-spare-1"])
+        assert wait_for(lambda: [p for p in _mounts_under(forks) if "/.spare-" in p], timeout=30), \
+            _mounts_under(forks)
+        (spare,) = [Path(p).parent for p in _mounts_under(forks)]
+        assert spare.name.startswith(f".spare-{os.getpid()}-f-")
+        children += _fork(loop, own, parent, ["c-spare-2"])
+        assert children[-1].data["forks"][0] == spare.name.split("-", 2)[2]  # .spare-<pid>-<layer id>
+        assert ok(children[-1], "cat one.txt") == "one\n"
+        # one left by a control plane that was killed: swept at the next start
+        assert wait_for(lambda: len(own.fork_layers.spares()) == 1, timeout=30)
+        (mine,) = own.fork_layers.spares()
+        dead = forks / f".spare-{_dead_pid()}-f-{'0' * 12}"
+        mine.rename(dead)
+        own._sweep_fork_layers()
+        assert not dead.exists() and _mounts_under(forks) == []
+        children += _fork(loop, own, parent, ["c-spare-3"])  # the stale spare is skipped, not used
+        assert ok(children[-1], "cat one.txt") == "one\n"
+        assert wait_for(lambda: len(own.fork_layers.spares()) == 1, timeout=30)
+    finally:
+        _remove(loop, own, *children, parent)
+        loop.run(own.close())
+    assert _mounts_under(forks) == [] and _loop_devices_of(own.state_dir) == 0
+
+
+def _dead_pid() -> int:
+    pid = 4_000_000
+    while os.path.exists(f"/proc/{pid}"):
+        pid += 1
+    return pid
+
+
+def test_an_adopted_child_s_record_is_written_after_the_answer_and_before_its_delete(
+        loop: LoopThread, backend: LocalBackend, image: str) -> None:
+    """The record (sandbox.json) of a warm sandbox made a child is written half a second after the
+    fork answered, off its path and after the children's first calls: it names the child's fork
+    layers then; a delete at once drops the write (or waits for one under way) and leaves nothing
+    (no record written into a directory being removed)."""
+    parent = loop.run(backend.create(spec("p-rec", image), 120))
+    try:
+        for round_ in range(3):
+            warm = loop.run(backend.create(spec(f"w-rec{round_}", image), 120, background=True))
+            (child,) = _fork(loop, backend, parent, [f"w-rec{round_}"], {f"w-rec{round_}": warm})
+            assert child.data.get("adopted")
+            if round_ == 0:
+                sb, forks = Path(child.data["dir"]), child.data["forks"]
+                assert wait_for(lambda sb=sb, forks=forks: (read_meta(sb) or LocalHandleData()).forks == forks,
+                                timeout=10)
+                record = read_meta(sb)
+                assert record is not None and record.adopted
+            _remove(loop, backend, child)  # at once: the record's write may be under way
+            assert not Path(child.data["dir"]).exists()
+    finally:
+        _remove(loop, backend, parent)

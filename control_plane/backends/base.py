@@ -264,8 +264,9 @@ class Backend(abc.ABC):
     async def fork(self, parent: SandboxHandle, children: list[ForkChild], timeout: float) -> list[SandboxHandle]:
         """New sandboxes, one per child (in order), each with ``parent``'s whole filesystem as it
         was at one instant and fresh processes; ``parent`` keeps running and sees none of them.
-        All or nothing: on failure every child made is removed. A warm sandbox handed in is
-        either turned into its child or deleted."""
+        All or nothing: on failure every child made is removed. A warm sandbox handed in (a
+        pool member, made in the background and not claimed) is either claimed and turned into
+        its child, or deleted."""
         raise ForkUnsupported(f"the {self.name} backend cannot fork sandboxes")
 
     def endpoint(self, handle: SandboxHandle) -> SandboxAddress:

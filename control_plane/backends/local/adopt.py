@@ -6,10 +6,11 @@ over the same image layers, a fresh writable layer) is made here, with paths res
 namespace, and attached in the sandbox's mount namespace on top of the old one (``mount_api``),
 which nothing reaches any more; what was mounted inside a replaced tree (the server's runtime
 under ``/opt/idegym``, ``/etc/resolv.conf``) is moved up onto the new one. The project overlay is
-replaced the same way, over the fork's project levels, which are bound read-only where the
-server finds them for a reset to the fork point. The server keeps running: every path it and
-the tools it starts look up from then on resolves in the new trees, exactly as in a child
-launched on the fork's layers (``rootfs.lower_layers``).
+replaced the same way (a new one on top, over the fork's project levels, which are bound
+read-only where the server finds them for a reset to the fork point; a reset unmounts and mounts
+only the top one). Nothing is unmounted: an unmount waits for an RCU grace period. The server
+keeps running: every path it and the tools it starts look up from then on resolves in the new
+trees, exactly as in a child launched on the fork's layers (``rootfs.lower_layers``).
 
 Not for an OCI image: its root is one overlay mounted as ``/``, which a running process cannot
 be moved off. Such a child is launched instead.
@@ -124,7 +125,8 @@ def _remount(state_dir: Path, data: LocalHandleData, image: ResolvedImage, stack
         for point in keep:
             moved.append((point, mount_api.clone(point, recursive=True)))
             fds.append(moved[-1][1])
-        mount_api.detach(project_dir)
+        # The old project overlay is covered, not unmounted: an unmount waits for an RCU grace
+        # period (~2 ms, most of a remount's time), and nothing reaches what is covered.
         for tree in trees:
             mount_api.attach(tree_fds[tree], f"/{tree}")
         for point, fd in moved:

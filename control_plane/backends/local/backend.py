@@ -239,6 +239,8 @@ class LocalBackend(Backend):
             return
         await self.launcher.close()
         self.launcher = None
+        await fork.settle()
+        await asyncio.get_running_loop().run_in_executor(None, self.fork_layers.drop_spares)
         if self.lease is not None:
             self.lease.stop()  # what is left lives on until the lease lapses (or a next run renews it)
         for space in (self.sandboxes, self.builds):
@@ -330,6 +332,7 @@ class LocalBackend(Backend):
 
     async def delete(self, handle: SandboxHandle) -> None:
         data = LocalHandleData.of(handle.data)
+        await fork.record_written(handle.name)  # a fork child's, written after the fork answered
         await self.require_started().remove(self._space(data), handle.name, data)
 
     async def list_names(self) -> set[str]:
@@ -342,6 +345,7 @@ class LocalBackend(Backend):
     async def delete_name(self, name: str) -> None:
         launcher = self.require_started()
         assert self.sandboxes is not None
+        await fork.record_written(name)
         await launcher.remove(self.sandboxes, name, None)
 
     # -- snapshots --------------------------------------------------------------------------------

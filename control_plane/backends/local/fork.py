@@ -20,6 +20,7 @@ tools start). The parent runs on and sees nothing of its children; a child outli
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import secrets
@@ -32,15 +33,23 @@ from typing import Any
 from sandbox_server import procfs
 
 from ..base import BackendError, ForkChild, SandboxHandle
-from . import adopt
+from . import adopt, priority
 from .fork_layers import ForkLayers, ForkStack, seed_tmp
 from .handle_data import LocalHandleData
 from .image_trees import ImageError
 from .images import ImageStore, ResolvedImage
 from .launcher import Launcher
 from .layout import Space, write_meta
+from .storage import LayerStorage
 
 log = logging.getLogger(__name__)
+# A fork's blocking steps run here, not on the loop's default executor (as many threads as CPUs
+# + 4: 6 here), where 8 children queued behind each other and behind the warm pool's and the
+# deletes' work. Idle threads cost nothing but their stacks.
+_threads = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="idegym-fork")
+# Seconds after a fork answered, the next one's layer filesystem is made and its adopted
+# children's records are written: the children's first calls come first.
+SPARE_AFTER = 0.5
 
 
 @dataclass(frozen=True)
@@ -87,13 +96,12 @@ async def fork(site: LocalForkSite, parent: SandboxHandle, children: list[ForkCh
     began = time.perf_counter()
     own: dict[str, float] = {}  # each child's own time (ms), by name
     try:
-        await loop.run_in_executor(None, layers.hold, below, op)  # nothing below goes while we work
-        await loop.run_in_executor(None, layers.enter, below)
+        await loop.run_in_executor(_threads, _hold_and_enter, layers, below, op)  # nothing below goes meanwhile
         try:
             # As deep as a stack may be: the layers below are merged into the new one (fork_layers.py).
             merge = layers.stack(below) if len(below) + 1 > layers.max_stack else None
             took = time.perf_counter()
-            layer_id, timings = await loop.run_in_executor(None, layers.take, record, op, launcher.storage,
+            layer_id, timings = await loop.run_in_executor(_threads, layers.take, record, op, launcher.storage,
                                                            merge)
             timings["layers below"] = (took - began) * 1e3
             timings["snapshot"] = timings.pop("total", 0.0)
@@ -106,6 +114,7 @@ async def fork(site: LocalForkSite, parent: SandboxHandle, children: list[ForkCh
             finally:
                 # The new layer's copy is written out as it is detached (5-20 ms): after the answer.
                 _in_background(layers.leave, [layer_id])
+                _spare_later(layers, launcher.storage)
         finally:
             _in_background(layers.leave, below)
         made = [r for r in results if isinstance(r, SandboxHandle)]
@@ -120,12 +129,14 @@ async def fork(site: LocalForkSite, parent: SandboxHandle, children: list[ForkCh
             data.fork_frozen_ms = round(timings.get("frozen", 0.0), 2)
             data.fork_ms = {k: round(v, 2) for k, v in {**timings, "this child": own.get(handle.name, 0.0)}.items()}
             handle.data = data.dump()
+            if data.adopted:
+                _record_later(site, handle.name, data)
         return made
     except BaseException:
         await _delete_all(site, made)
         raise
     finally:
-        await loop.run_in_executor(None, layers.release, op)
+        await loop.run_in_executor(_threads, layers.release, op)
 
 
 async def _child(site: LocalForkSite, image: ResolvedImage, parent: LocalHandleData, stack: ForkStack,
@@ -140,12 +151,11 @@ async def _child(site: LocalForkSite, image: ResolvedImage, parent: LocalHandleD
         if why_not is None:
             try:
                 try:
-                    await loop.run_in_executor(None, adopt.adopt, site.layers, site.state_dir, child.warm.name, warm,
-                                               image, stack)
+                    # One executor job: its file work (renames on the host's journalled disk) never
+                    # holds up the event loop, which serves the other children and every call.
+                    await loop.run_in_executor(_threads, _adopt, site, child.warm.name, warm, image, stack)
                 finally:
                     child.warm.data = warm.dump()  # it stands on the fork's layers (or some: deleted below)
-                await loop.run_in_executor(None, seed_tmp, stack, warm)
-                write_meta(site.space.root / child.warm.name, child.warm.name, warm)
                 own[child.warm.name] = (time.perf_counter() - started) * 1e3
                 return child.warm
             except Exception as exc:  # noqa: BLE001 - the child is launched instead
@@ -159,7 +169,7 @@ async def _child(site: LocalForkSite, image: ResolvedImage, parent: LocalHandleD
                                         network=parent.network, limits=spec.limits, env=dict(image.env),
                                         timeout=timeout, kind=spec.server_kind.value, forks=stack)
     try:
-        await loop.run_in_executor(None, seed_tmp, stack, LocalHandleData.of(handle.data))
+        await loop.run_in_executor(_threads, seed_tmp, stack, LocalHandleData.of(handle.data))
     except BaseException:
         await _delete_all(site, [handle])
         raise
@@ -167,12 +177,77 @@ async def _child(site: LocalForkSite, image: ResolvedImage, parent: LocalHandleD
     return handle
 
 
+def _hold_and_enter(layers: ForkLayers, below: list[str], op: str) -> None:
+    layers.hold(below, op)
+    layers.enter(below)
+
+
+def _adopt(site: LocalForkSite, name: str, warm: LocalHandleData, image: ResolvedImage, stack: ForkStack) -> None:
+    """The warm sandbox ``name`` claimed (``LocalBackend.claim``: the normal priority for all of
+    it), remounted onto ``stack``, the parent's /tmp in it. Its record is written after the fork
+    answered (``_record_later``)."""
+    priority.restore(warm)
+    adopt.adopt(site.layers, site.state_dir, name, warm, image, stack)
+    seed_tmp(stack, warm)
+
+
+# An adopted child's record to write: its timer and the write's start until it is due, then the
+# write under way.
+_records_due: dict[str, tuple[asyncio.TimerHandle, Callable[[], None]] | asyncio.Future] = {}
+
+
+def _record_later(site: LocalForkSite, name: str, data: LocalHandleData) -> None:
+    """Write the record (sandbox.json) of the adopted child ``name`` ``SPARE_AFTER`` seconds
+    from now, after the children's first calls: it was two thirds of a child's remount under
+    load (a create and a rename in the host's journalled filesystem), and the warm sandbox's
+    record, kept meanwhile, already names everything a record-less teardown needs (its
+    directories, processes, cgroups; its fork layers are released by holder). A delete first
+    drops a write not begun and waits for one under way (``record_written``)."""
+    loop = asyncio.get_running_loop()
+
+    def due() -> None:
+        future = loop.run_in_executor(_threads, write_meta, site.space.root / name, name, data)
+        _records_due[name] = future
+
+        def done(f: asyncio.Future) -> None:
+            if _records_due.get(name) is f:
+                del _records_due[name]
+            if not f.cancelled() and f.exception() is not None:
+                log.warning("writing the record of fork child %s: %s", name, f.exception())
+
+        future.add_done_callback(done)
+
+    _records_due[name] = (loop.call_later(SPARE_AFTER, due), due)
+
+
+async def record_written(name: str) -> None:
+    """Before the delete of fork child ``name``: its record's write dropped if not begun, else
+    waited for."""
+    due = _records_due.pop(name, None)
+    if isinstance(due, tuple):
+        due[0].cancel()
+    elif due is not None:
+        await asyncio.wait((due,))
+
+
 _background: set[asyncio.Future] = set()
+_spares_due: set[asyncio.TimerHandle] = set()
+
+
+def _spare_later(layers: ForkLayers, storage: LayerStorage | None) -> None:
+    """The next fork's layer filesystem, made ``SPARE_AFTER`` seconds from now: the children's
+    first calls come first (made at once, its image copy, loop device and mount ran beside them)."""
+    def due() -> None:
+        _spares_due.discard(timer)
+        _in_background(layers.make_spares, storage)
+
+    timer = asyncio.get_running_loop().call_later(SPARE_AFTER, due)
+    _spares_due.add(timer)
 
 
 def _in_background(work: Callable[..., None], *args: Any) -> None:
     """``work`` on an executor thread, not waited for (a failure is logged)."""
-    future = asyncio.get_running_loop().run_in_executor(None, work, *args)
+    future = asyncio.get_running_loop().run_in_executor(_threads, work, *args)
     _background.add(future)
 
     def done(f: asyncio.Future) -> None:
@@ -181,6 +256,20 @@ def _in_background(work: Callable[..., None], *args: Any) -> None:
             log.warning("after a fork: %s", f.exception())
 
     future.add_done_callback(done)
+
+
+async def settle() -> None:
+    """Until the work forks left running in the background is done (before the spares are
+    dropped); spares not begun yet are not made."""
+    for timer in _spares_due:
+        timer.cancel()
+    _spares_due.clear()
+    for due in list(_records_due.values()):
+        if isinstance(due, tuple):  # written now: the child lives on
+            due[0].cancel()
+            due[1]()
+    while _background or _records_due:
+        await asyncio.wait({*_background, *(f for f in _records_due.values() if isinstance(f, asyncio.Future))})
 
 
 async def _delete_all(site: LocalForkSite, handles: list[SandboxHandle]) -> None:

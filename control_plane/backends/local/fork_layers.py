@@ -16,11 +16,15 @@ P wrote since its start, not the size of its image or project; a child's disk is
         layer.json            id, image, the layers below it, size
         holders/<holder>      one empty file per user: ``s-<sandbox>``, ``p-<snapshot>``,
                               ``o-<pid>-<token>`` (a fork in progress in that process)
+    <state>/forks/.spare-<pid>-<id>/   an empty layer made ahead (levels/, holders/, fs/ mounted)
 
 A layer's filesystem is in the host's mount tree only while an operation of this process uses it
 (``reachable``: mounted again read-only when needed, detached after its last user), never between
 operations, where a killed control plane would leave it for good: the overlays of the sandboxes
-standing on it keep it alive on their own, and it is gone with the last of them.
+standing on it keep it alive on their own, and it is gone with the last of them. The exception is
+a *spare* (``make_spares``): an empty layer whose filesystem is made, after a fork answered, for
+the next fork of the same bound, ``.spare-<pid>-<id>``; it holds nothing until a fork copies into
+it, the backend's close removes it, and ``sweep`` removes one whose process is gone.
 
 The copy is made while P is frozen, so it goes to a fresh filesystem of its own, made before the
 freeze: creating files on the host's filesystem took 100-360 µs each while other sandboxes were
@@ -65,6 +69,7 @@ FORKS = "forks"
 LAYER_ID = re.compile(r"^f-[0-9a-f]{12}$")
 FREEZE_TIMEOUT = 5.0
 FS = "fs"  # the layer's own filesystem: level 0 and the parent's /tmp
+SPARE = ".spare-"  # .spare-<pid>-<id>: a layer's filesystem made ahead of a fork by that process
 # A child stands on at most this many fork layers: a fork of a sandbox that stands on as many
 # merges them into its new layer (``take``), so a chain of forks costs no more mounts, loop
 # devices or overlay layers at depth 100 than at depth 8. The merge copies what the layers below
@@ -108,6 +113,10 @@ class ForkLayers:
         self.state_dir = state_dir
         self.root = state_dir / FORKS
         self.max_stack = max(max_stack, 1)
+        self._spares: dict[tuple[int, int], list[tuple[str, Path]]] = {}  # bound -> (id, directory)
+        self._wanted: set[tuple[int, int]] = set()  # the bounds forks of this process used
+        self._making: set[tuple[int, int]] = set()
+        self._spares_lock = threading.Lock()
 
     # -- holders ----------------------------------------------------------------------------------
 
@@ -140,7 +149,7 @@ class ForkLayers:
         """``holder`` lets go of every layer it holds; returns the layers that are removed."""
         if not self.root.is_dir():
             return []
-        freed = []
+        freed, trash = [], []
         with self._locked():
             for layer in self._layers():
                 mark = layer / "holders" / holder
@@ -148,7 +157,8 @@ class ForkLayers:
                     mark.unlink()
                     if is_empty(layer / "holders"):
                         freed.append(layer.name)
-                        self._retire(layer)
+                        trash += self._retire(layer)
+        _remove_all(trash)
         return freed
 
     def holders(self, layer_id: str) -> set[str]:
@@ -165,10 +175,10 @@ class ForkLayers:
         holds, and what an interrupted run left (half-made and half-removed layers)."""
         if not self.root.is_dir():
             return []
-        freed = []
+        freed, trash = [], []
         with self._locked():
             for entry in os.scandir(self.root):
-                if entry.name.startswith((".tmp-", ".del-")):
+                if entry.name.startswith((".tmp-", ".del-")) or _dead_spare(entry.name):
                     _remove(Path(entry.path))
             for layer in self._layers():
                 for holder in os.listdir(layer / "holders"):
@@ -176,21 +186,25 @@ class ForkLayers:
                         (layer / "holders" / holder).unlink()
                 if is_empty(layer / "holders"):
                     freed.append(layer.name)
-                    self._retire(layer)
+                    trash += self._retire(layer)
                 elif not _users.get(str(layer)):  # left mounted by a run cut off mid-operation
                     mounts.umount(layer / FS)
+        _remove_all(trash)
         return freed
 
     def _layers(self) -> list[Path]:
         return [Path(e.path) for e in os.scandir(self.root) if LAYER_ID.match(e.name) and e.is_dir()]
 
-    def _retire(self, layer: Path) -> None:
+    def _retire(self, layer: Path) -> list[Path]:
+        """Take ``layer`` out of use (under the lock); the caller removes what this returns once
+        the lock is let go: removing a layer's files took tens of milliseconds under load, and
+        every fork's holds wait on the lock."""
         trash = self.root / f".del-{layer.name}-{secrets.token_hex(3)}"
         try:
             layer.rename(trash)
         except FileNotFoundError:
-            return
-        _remove(trash)
+            return []
+        return [trash]
 
     # -- stacks -------------------------------------------------------------------------------------
 
@@ -270,31 +284,30 @@ class ForkLayers:
         in below the copy once the parent is thawed: the new layer then stands on nothing but the
         image. Returns the layer's id and timings (ms)."""
         sb = Path(data.dir)
-        layer_id = f"f-{secrets.token_hex(6)}"
         cgroups = data.cgroups
         if not cgroups.get("freezer"):
             raise BackendError("fork needs the cgroup freezer (to copy a consistent state): this host's "
                                "sandboxes have no freezer group", 400)
         self.root.mkdir(mode=0o700, exist_ok=True)
-        tmp = self.root / f".tmp-{layer_id}"
         timings: dict[str, float] = {}
         began = started = time.perf_counter()
         size = 0
+        snap = sb / "snap"  # the snapshot the parent was restored from: its levels go below
+        snap_levels = sorted(int(p.name) for p in snap.iterdir() if p.name.isdigit()) if snap.is_dir() else []
+        merged = len(snap_levels) + len(merge.levels) if merge is not None else 0
+        bound = _bound(data, merged) if storage is not None else None
+        if bound is not None and not merged:  # a merge's bound (once every max_stack generations): made when needed
+            self._wanted.add(bound)
+        spare = self._take_spare(bound)
+        layer_id = spare[0] if spare else f"f-{secrets.token_hex(6)}"
+        tmp = self.root / f".tmp-{layer_id}"
         try:
-            (tmp / "levels").mkdir(parents=True)
-            (tmp / "holders").mkdir()
+            if spare is not None:
+                spare[1].rename(tmp)  # its filesystem mounted at fs/ comes along
+            else:
+                self._blank(tmp, storage, bound)
             (tmp / "holders" / holder).touch()
             fs = tmp / FS
-            fs.mkdir(mode=0o700)
-            snap = sb / "snap"  # the snapshot the parent was restored from: its levels go below
-            snap_levels = sorted(int(p.name) for p in snap.iterdir() if p.name.isdigit()) if snap.is_dir() else []
-            merged = len(snap_levels) + len(merge.levels) if merge is not None else 0
-            bound = _bound(data, merged) if storage is not None else None
-            if bound is not None:
-                assert storage is not None
-                # nobarrier: the read-only remount at the last ``leave`` writes the copy out without
-                # flushing the host's disk; it need only reach the page cache every mount reads through.
-                storage.mount(fs, tmp / IMAGE_NAME, *bound, options="nobarrier")
             timings["prepare"] = (time.perf_counter() - started) * 1e3
             started = time.perf_counter()
             frozen = Cgroups.freeze(cgroups, FREEZE_TIMEOUT)
@@ -333,6 +346,71 @@ class ForkLayers:
         timings["total"] = (time.perf_counter() - began) * 1e3
         return layer_id, timings
 
+    # -- spare layers: a layer's filesystem made before a fork asks for it -------------------------
+
+    @staticmethod
+    def _blank(path: Path, storage: LayerStorage | None, bound: tuple[int, int] | None) -> None:
+        """An empty layer at ``path``: its directories, and its filesystem (``bound``) mounted at fs/."""
+        (path / "levels").mkdir(parents=True)
+        (path / "holders").mkdir()
+        (path / FS).mkdir(mode=0o700)
+        if bound is not None:
+            assert storage is not None
+            # nobarrier: the read-only remount at the last ``leave`` writes the copy out without
+            # flushing the host's disk; it need only reach the page cache every mount reads through.
+            storage.mount(path / FS, path / IMAGE_NAME, *bound, options="nobarrier")
+
+    def _take_spare(self, bound: tuple[int, int] | None) -> tuple[str, Path] | None:
+        """A spare layer of ``bound`` (its id, its directory), or None."""
+        if bound is None:
+            return None
+        with self._spares_lock:
+            found = self._spares.get(bound)
+            while found:
+                layer_id, path = found.pop()
+                if os.path.ismount(path / FS):  # else removed behind our back: never used
+                    return layer_id, path
+        return None
+
+    def make_spares(self, storage: LayerStorage | None) -> None:
+        """One spare layer for every bound a fork of this process used, made now (after a fork
+        answered) so that the next fork's copy goes to a filesystem mounted already: a loop device
+        and a mount, 5-30 ms off the fork's path. A spare is ``.spare-<pid>-<id>``: a later run's
+        ``sweep`` removes what a killed one left; ``drop_spares`` at a clean end."""
+        if storage is None:
+            return
+        for bound in list(self._wanted):
+            with self._spares_lock:
+                if self._spares.get(bound) or bound in self._making:
+                    continue
+                self._making.add(bound)
+            layer_id = f"f-{secrets.token_hex(6)}"
+            path = self.root / f"{SPARE}{os.getpid()}-{layer_id}"
+            try:
+                self._blank(path, storage, bound)
+            except BaseException:
+                _remove(path)
+                raise
+            finally:
+                with self._spares_lock:
+                    self._making.discard(bound)
+            with self._spares_lock:
+                self._spares.setdefault(bound, []).append((layer_id, path))
+
+    def spares(self) -> list[Path]:
+        """The spare layers made and not yet used (one per bound, at most)."""
+        with self._spares_lock:
+            return [path for found in self._spares.values() for _id, path in found]
+
+    def drop_spares(self) -> None:
+        """Remove the spare layers (their filesystems unmounted, their loop devices gone with them)."""
+        with self._spares_lock:
+            spares = [path for found in self._spares.values() for _id, path in found]
+            self._spares.clear()
+            self._wanted.clear()
+        for path in spares:
+            _remove(path)
+
     @staticmethod
     def _copy_layers(sb: Path, level: Path) -> int:
         size = 0
@@ -352,6 +430,14 @@ class ForkLayers:
         if is_empty(Path(source)):
             return 0
         return copy_tree(source, dest)
+
+
+def _dead_spare(name: str) -> bool:
+    """Whether ``name`` is a spare layer of a process that is gone."""
+    if not name.startswith(SPARE):
+        return False
+    pid = name[len(SPARE):].partition("-")[0]
+    return not (pid.isdigit() and os.path.isdir(f"/proc/{pid}"))
 
 
 def _merge(level: Path, lowers: list[Path]) -> int:
@@ -381,6 +467,11 @@ def _bound(data: LocalHandleData, merged: int = 0) -> tuple[int, int] | None:
         size += tmp.f_blocks * tmp.f_frsize
         inodes += tmp.f_files
     return size * (1 + merged), inodes * (1 + merged)
+
+
+def _remove_all(paths: list[Path]) -> None:
+    for path in paths:
+        _remove(path)
 
 
 def _remove(path: Path) -> None:

@@ -246,9 +246,9 @@ class Launcher:
             await loop.run_in_executor(host_work, self._prepare, plan, data)
             if self.lease is not None:
                 # From now on the sandbox ends itself if we stop renewing, even one we are killed
-                # while making (a SIGKILLed control plane left a bubblewrap waiting for good).
-                monitor = self.lease.watch(data)
-                self._children[monitor.pid] = monitor
+                # while making (a SIGKILLed control plane left a bubblewrap waiting for good). On
+                # a thread of the normal priority: the monitor inherits it.
+                await loop.run_in_executor(None, self._watch, data)
             prepared = time.perf_counter()
             ready_fd, pending = await loop.run_in_executor(self._background_thread if background else self._thread,
                                                            self._spawn, plan, data)
@@ -260,9 +260,10 @@ class Launcher:
                     os.close(ready_fd)
                     raise
             spawned = time.perf_counter()
-            if self.lease is not None:
-                record_pids(data)
-            write_meta(plan.sb, plan.name, data)  # the pids recorded: findable if we die now
+            # The pids recorded: findable if we die now. File work (renames on the host's
+            # journalled disk, milliseconds while other sandboxes are made) stays off the event
+            # loop, which serves every call and fork meanwhile.
+            await loop.run_in_executor(host_work, self._record, plan, data)
             # Moving tasks into v1 cgroups is slow (readiness.attach): do it while the server imports.
             results = await asyncio.gather(
                 readiness.wait_ready(ready_fd, max(deadline - time.monotonic(), 0.1), timeout),
@@ -270,7 +271,7 @@ class Launcher:
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
-            readiness.publish_socket(data)
+            await loop.run_in_executor(host_work, readiness.publish_socket, data)
             if background and data.forked:  # a sandbox server (no other kind) sharing the zygote's pages
                 await readiness.warm_up(data, max(deadline - time.monotonic(), 0.1))
             ended = time.perf_counter()
@@ -279,7 +280,7 @@ class Launcher:
                                   "server_start": round((ended - spawned) * 1e3, 2),
                                   "total": round((ended - started) * 1e3, 2)}
             data.creator = None  # created: from now on a record must name it, or it is an orphan
-            write_meta(plan.sb, plan.name, data)
+            await loop.run_in_executor(host_work, write_meta, plan.sb, plan.name, data)
         except BaseException as exc:
             detail = tail(plan.log, 30).strip()
             if data.owned:  # never clean up a same-named sandbox we did not make
@@ -327,6 +328,16 @@ class Launcher:
             say_once("limits-ignored", logging.WARNING,
                      "local backend: resource limits requested but cgroups are unavailable (%s): not enforced",
                      cg.reason)
+        write_meta(plan.sb, plan.name, data)
+
+    def _watch(self, data: LocalHandleData) -> None:
+        assert self.lease is not None
+        monitor = self.lease.watch(data)
+        self._children[monitor.pid] = monitor
+
+    def _record(self, plan: Plan, data: LocalHandleData) -> None:
+        if self.lease is not None:
+            record_pids(data)
         write_meta(plan.sb, plan.name, data)
 
     def _forks_server(self, plan: Plan) -> bool:

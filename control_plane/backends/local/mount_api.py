@@ -23,7 +23,6 @@ AT_FDCWD = -100
 AT_EMPTY_PATH = 0x1000
 AT_RECURSIVE = 0x8000
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
-MNT_DETACH = 2
 
 
 class _MountAttr(ctypes.Structure):
@@ -89,7 +88,3 @@ def attach(mount_fd: int, target: str | os.PathLike) -> None:
     _check(_libc.syscall(SYS_MOVE_MOUNT, ctypes.c_int(mount_fd), b"", ctypes.c_int(AT_FDCWD), _b(target),
                          ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH)), f"move_mount to {target}")
 
-
-def detach(target: str | os.PathLike) -> None:
-    _libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
-    _check(_libc.umount2(_b(target), MNT_DETACH), f"umount {target}")
