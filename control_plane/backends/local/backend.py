@@ -245,7 +245,9 @@ class LocalBackend(Backend):
             self.lease.stop()  # what is left lives on until the lease lapses (or a next run renews it)
         for space in (self.sandboxes, self.builds):
             if space is not None:
-                teardown.tidy(space, wait=2.0)
+                # lease monitors killed a moment ago may still hold the space's bind: on a loaded
+                # host they took more than 2 s to go once
+                teardown.tidy(space, wait=10.0)
 
     # -- images -------------------------------------------------------------------------------
 
