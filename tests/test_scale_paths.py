@@ -9,6 +9,8 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -177,3 +179,44 @@ def test_layers_mounted_before_the_space_had_its_bind_stay_reachable(loop: LoopT
     finally:
         assert mounts.umount(old, detach=True)
         shutil.rmtree(old.parent, ignore_errors=True)
+
+
+_PRIVATE_TMP_LAUNCH = """
+import asyncio, sys
+from control_plane.backends.local import LocalBackend
+from tests.local_helpers import ok, spec
+
+async def main():
+    backend = LocalBackend(sys.argv[1], isolation="bwrap", orphan_ttl=None)
+    await backend.start()
+    try:
+        handle = await backend.create(spec("private-tmp"), 120)
+        print(await asyncio.to_thread(ok, handle, "echo started"), end="")
+        await backend.delete(handle)
+    finally:
+        await backend.close()
+
+asyncio.run(main())
+"""
+
+
+def test_a_control_plane_with_a_private_tmp_launches_beside_one_under_the_hosts_tmp(
+        loop: LoopThread, backend: LocalBackend) -> None:
+    """A control plane whose ``/tmp`` is its own (a container, another machine's view) lists the
+    spaces of control planes under the host's ``/tmp`` in its mount table without reaching them:
+    its launches drop their layers without failing.
+
+    Can fail: a launch cloned every listed space by its path and failed with
+    'FileNotFoundError: open_tree(/tmp/.../sandboxes)' beside a live sandbox under the host's /tmp."""
+    live = loop.run(backend.create(spec("host-tmp-live"), 120))
+    other = Path(tempfile.mkdtemp(prefix="idegym-private-tmp-", dir="/var/tmp"))
+    try:
+        assert str(backend.state_dir).startswith("/tmp/")  # the live space is out of the other's reach
+        proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                               'mount -t tmpfs idegym-test /tmp && exec "$@"', "sh",
+                               sys.executable, "-c", _PRIVATE_TMP_LAUNCH, str(other / "state")],
+                              capture_output=True, text=True, timeout=180, cwd=Path(__file__).resolve().parent.parent)
+        assert proc.returncode == 0 and proc.stdout == "started\n", proc.stderr[-3000:]
+    finally:
+        shutil.rmtree(other, ignore_errors=True)
+        loop.run(backend.delete(live))

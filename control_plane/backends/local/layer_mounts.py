@@ -128,7 +128,15 @@ def drop_other_layers(own: Path) -> None:
     kept = mount_api.clone(mine, recursive=False) if mine in table else -1
     try:
         for root in parents:
-            clone = mount_api.clone(root, recursive=False)  # the space's directory, nothing below it
+            try:
+                clone = mount_api.clone(root, recursive=False)  # the space's directory, nothing below it
+            except FileNotFoundError:
+                # Listed but out of reach: covered by a mount of this namespace (a control plane
+                # with a private /tmp lists another's spaces under the host's /tmp). What cannot
+                # be reached by its path cannot be unmounted by it either; its layers are tried
+                # one by one, as any layer not below a space's bind.
+                singles += [m.point for m in layers if by_id.get(m.parent) is parents[root]]
+                continue
             try:
                 mounts.umount(root, detach=True)
                 mount_api.attach(clone, root)
