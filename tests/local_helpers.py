@@ -51,6 +51,18 @@ def start_backend(loop: LoopThread, state: Path, **options: Any) -> LocalBackend
     return backend
 
 
+def stop_backend(loop: LoopThread, backend: LocalBackend) -> None:
+    """Delete whatever sandboxes ``backend`` still has (a failed delete is left to close) and close it."""
+    from control_plane.backends.base import BackendError
+
+    for name in loop.run(backend.list_names()):
+        try:
+            loop.run(backend.delete_name(name))
+        except BackendError:
+            pass
+    loop.run(backend.close())
+
+
 def delete_sandboxes(loop: LoopThread, backend: LocalBackend) -> None:
     """Delete every sandbox of ``backend`` and check that none is left."""
     for name in loop.run(backend.list_names()):

@@ -25,7 +25,18 @@ from control_plane.backends.local import LocalBackend
 from control_plane.backends.local.cgroups import CONTROLLERS, controller_mounts
 from sandbox_server import procfs
 from sandbox_server.spawner import SPAWNER
-from tests.local_helpers import LoopThread, bash, client, leftovers, loop_thread, ok, spec, start_backend, wait_for
+from tests.local_helpers import (
+    LoopThread,
+    bash,
+    client,
+    leftovers,
+    loop_thread,
+    ok,
+    spec,
+    start_backend,
+    stop_backend,
+    wait_for,
+)
 
 MiB = 1 << 20
 
@@ -41,12 +52,7 @@ def loop() -> Iterator[LoopThread]:
 def backend(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBackend]:
     b = start_backend(loop, tmp_path_factory.mktemp("iso") / "state", delete_timeout=12)
     yield b
-    for name in loop.run(b.list_names()):
-        try:
-            loop.run(b.delete_name(name))
-        except BackendError:
-            pass
-    loop.run(b.close())
+    stop_backend(loop, b)
 
 
 def _create(loop: LoopThread, backend: LocalBackend, name: str, **kw) -> SandboxHandle:

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.backends.base import BackendError
 from control_plane.backends.local import LocalBackend, mounts
 from sandbox_server.polling import wait_until
-from tests.local_helpers import LoopThread, loop_thread, spec, start_backend
+from tests.local_helpers import LoopThread, loop_thread, spec, start_backend, stop_backend
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (bubblewrap sandboxes, mounts)"),
               pytest.mark.skipif(shutil.which("strace") is None, reason="counts system calls with strace")]
@@ -37,12 +36,7 @@ def backend(loop: LoopThread, tmp_path: Path) -> Iterator[LocalBackend]:
     b = start_backend(loop, tmp_path / "state", delete_timeout=12)
     yield b
     if b.launcher is not None:  # a test may close it itself
-        for name in loop.run(b.list_names()):
-            try:
-                loop.run(b.delete_name(name))
-            except BackendError:
-                pass
-        loop.run(b.close())
+        stop_backend(loop, b)
 
 
 def _mount_points() -> list[str]:
