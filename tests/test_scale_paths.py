@@ -20,8 +20,8 @@ from control_plane.backends.local import LocalBackend, mounts
 from sandbox_server.polling import wait_until
 from tests.local_helpers import LoopThread, loop_thread, spec, start_backend, stop_backend
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (bubblewrap sandboxes, mounts)"),
-              pytest.mark.skipif(shutil.which("strace") is None, reason="counts system calls with strace")]
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (bubblewrap sandboxes, mounts)")
+needs_strace = pytest.mark.skipif(shutil.which("strace") is None, reason="counts system calls with strace")
 
 LIVE = 300  # stand-ins for live sandboxes' layers
 
@@ -73,6 +73,7 @@ def _syscalls(name: str, out: Path, pid: int | None = None) -> Iterator[list[str
     calls += [line for line in out.read_text().splitlines() if f"{name}(" in line]
 
 
+@needs_strace
 def test_a_launch_drops_other_layers_with_a_constant_number_of_unmounts(loop: LoopThread, backend: LocalBackend,
                                                                         tmp_path: Path) -> None:
     """With 300 sandboxes' layers mounted in the space (stand-ins: a small tmpfs each, where a
@@ -110,6 +111,7 @@ def test_a_launch_drops_other_layers_with_a_constant_number_of_unmounts(loop: Lo
     assert [p for p in _mount_points() if p == str(space) or p.startswith(f"{space}/")] == []
 
 
+@needs_strace
 def test_a_look_at_one_sandbox_waits_on_its_own_processes_only(loop: LoopThread, backend: LocalBackend,
                                                               tmp_path: Path) -> None:
     """With 12 sandboxes live, observing one (what the watcher does to every live sandbox on each
@@ -129,6 +131,7 @@ def test_a_look_at_one_sandbox_waits_on_its_own_processes_only(loop: LoopThread,
     assert len(sweep) >= 2 * len(handles)  # the pass's own collection: each bwrap and lease monitor
 
 
+@needs_strace
 def test_a_lease_monitor_runs_one_process_per_look(loop: LoopThread, tmp_path: Path) -> None:
     """A sandbox's lease monitor (``lease.py``) starts one process per look at its lease (the
     ``sleep`` between looks), so 1,000 idle sandboxes cost the host little CPU.

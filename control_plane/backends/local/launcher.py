@@ -248,7 +248,7 @@ class Launcher:
                 # From now on the sandbox ends itself if we stop renewing, even one we are killed
                 # while making (a SIGKILLed control plane left a bubblewrap waiting for good). On
                 # a thread of the normal priority: the monitor inherits it.
-                await loop.run_in_executor(None, self._watch, data)
+                await loop.run_in_executor(None, self._watch, plan, data)
             prepared = time.perf_counter()
             ready_fd, pending = await loop.run_in_executor(self._background_thread if background else self._thread,
                                                            self._spawn, plan, data)
@@ -330,10 +330,13 @@ class Launcher:
                      cg.reason)
         write_meta(plan.sb, plan.name, data)
 
-    def _watch(self, data: LocalHandleData) -> None:
+    def _watch(self, plan: Plan, data: LocalHandleData) -> None:
         assert self.lease is not None
         monitor = self.lease.watch(data)
         self._children[monitor.pid] = monitor
+        # Recorded at once: a delete by name (of what a killed control plane left) ends the
+        # monitors it finds in the record, and one it misses holds the space's bind for its sleep.
+        write_meta(plan.sb, plan.name, data)
 
     def _record(self, plan: Plan, data: LocalHandleData) -> None:
         if self.lease is not None:

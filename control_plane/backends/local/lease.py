@@ -48,6 +48,21 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do recs="$recs $1"; shift; done
 [ $# -gt 0 ] && shift
 groups=$*
 procs() { for g in $groups; do find "$g" -name cgroup.procs -exec cat {} + 2>/dev/null; done; }
+release_space() {
+  # The space's bind of itself (layer_mounts.py): the last monitor out removes it, once nothing
+  # is mounted below it. A plain umount fails while anything holds a file below it (another
+  # monitor's directory or its log, which is in its layer and keeps that layer's loop device and
+  # image open): this one lets go of its own, then tries for a while.
+  cd /
+  exec 2>/dev/null
+  root=${sb%/*}
+  i=0
+  while [ $i -lt 50 ] && grep -q "^[0-9]* [0-9]* [^ ]* /[^ ][^ ]* $root " /proc/self/mountinfo; do
+    grep -q " $root/" /proc/self/mountinfo && break
+    umount "$root" 2>/dev/null && break
+    sleep 0.1; i=$((i + 1))
+  done
+}
 rmgroups() {  # (a killed task leaves its group a moment after; many ending at once, long after)
   i=0
   while [ $i -lt 400 ]; do  # 10 s at 0.1 s, then up to 5 min at 1 s: never an empty group left
@@ -78,6 +93,7 @@ while :; do
         [ -e "$sb" ] && exit 0  # a new sandbox of the same name: the groups are its own now
         [ -n "$(procs)" ] && break
         rmgroups
+        release_space  # (a monitor the delete did not end: it held the space until now)
         exit 0 ;;
       *) sb=$here ;;
     esac
@@ -113,19 +129,7 @@ done
 grep " $sb/" /proc/self/mountinfo | cut -d' ' -f5 | sort -r | while read -r m; do umount -l "$m"; done
 rm -rf "$sb" "$run" "$run.sock"
 rmgroups
-# The space's bind of itself (layer_mounts.py): the last monitor out removes it, once nothing is
-# mounted below it. A plain umount fails while anything holds a file below it (another monitor's
-# directory or its log, which is in its layer and keeps that layer's loop device and image
-# open): this one lets go of its own, then tries for a while.
-cd /
-exec 2>/dev/null
-root=${sb%/*}
-i=0
-while [ $i -lt 50 ] && grep -q "^[0-9]* [0-9]* [^ ]* /[^ ][^ ]* $root " /proc/self/mountinfo; do
-  grep -q " $root/" /proc/self/mountinfo && break
-  umount "$root" 2>/dev/null && break
-  sleep 0.1; i=$((i + 1))
-done
+release_space
 exit 0
 """
 
