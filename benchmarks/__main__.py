@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import os
+import subprocess
 import sys
 import time
+from datetime import UTC, datetime
+from pathlib import Path
 
 BENCHMARKS = ["bash_roundtrip", "tool_call", "lifecycle", "env_step", "vector_throughput", "vector_cluster",
               "code_runner", "scale", "soak", "images", "task_sources", "integrations",
@@ -31,17 +36,50 @@ def main() -> None:
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    # A full run (every benchmark) is also kept as one record, so that the report can set the
+    # targets of two full runs side by side.
+    began, commit, load_start = _now(), _commit(), os.getloadavg()
+    done: dict[str, dict] = {}
     for i, name in enumerate(names, 1):
         print(f"\n=== [{i}/{len(names)}] {name} ===", flush=True)
         started = time.monotonic()
         module = importlib.import_module(f"benchmarks.{name}")
         result = module.run()
         path = result.write()
-        print(f"--- {name}: {time.monotonic() - started:.1f}s, results in {path}", flush=True)
+        seconds = time.monotonic() - started
+        done[name] = {"seconds": round(seconds, 1), "targets": list(result.targets.values())}
+        print(f"--- {name}: {seconds:.1f}s, results in {path}", flush=True)
+    if not args.names:
+        from ._common import RESULTS
+
+        run = {"started": began, "ended": _now(), "commit": commit, "load_start": load_start,
+               "load_end": os.getloadavg(), "benchmarks": done}
+        runs = RESULTS / "runs"
+        runs.mkdir(parents=True, exist_ok=True)
+        record = runs / f"{began.replace(':', '')}.json"
+        record.write_text(json.dumps(run, indent=1) + "\n")
+        print(f"full run recorded in {record}", flush=True)
     from .report import run as report
 
     report()
     sys.exit(0)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _commit() -> str | None:
+    """The checked-out commit (with ``+`` when the work tree differs from it), if this is a clone."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{head}+" if head and dirty else head or None
 
 
 if __name__ == "__main__":

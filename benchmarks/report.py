@@ -50,6 +50,32 @@ def _section(data: dict[str, Any]) -> list[str]:
 
 
 COMPAT_HEADING = "## Tasks written by others"
+FULL_RUNS = 2  # the latest full runs (``make bench``) whose targets the report sets side by side
+
+
+def _full_runs() -> list[str]:
+    """The targets of the latest full runs, a row each, the runs side by side."""
+    runs = [json.loads(p.read_text()) for p in sorted((RESULTS / "runs").glob("*.json"))][-FULL_RUNS:]
+    if not runs:
+        return []
+    lines = [f"## The last {len(runs)} full runs", "",
+             "Each `make bench` (every benchmark, one after the other) is kept in `results/runs/`.", ""]
+    for i, r in enumerate(runs, 1):
+        seconds = sum(b["seconds"] for b in r["benchmarks"].values())
+        load = ", ".join(f"{x:.1f}" for x in r["load_start"]) + " → " + ", ".join(f"{x:.1f}" for x in r["load_end"])
+        lines.append(f"- run {i}: {r['started']} to {r['ended']} ({seconds / 60:.0f} min), commit "
+                     f"`{r['commit']}`, load average (1, 5, 15 min) {load}")
+    lines += ["", "| benchmark | target | " + " | ".join(f"run {i}" for i in range(1, len(runs) + 1)) + " |",
+              "|---|---|" + "---:|" * len(runs)]
+    rows: dict[tuple[str, str], list[str]] = {}
+    for i, r in enumerate(runs):
+        for name, bench in r["benchmarks"].items():
+            for t in bench["targets"]:
+                op = "≤" if "<=" in t["text"] else "≥"
+                cells = rows.setdefault((name, f"{t['name']} {op} {t['limit']} {t['unit']}"), [""] * len(runs))
+                cells[i] = f"{t['value']} {'✅' if t['met'] else '❌'}"
+    lines += [f"| {name} | {target} | " + " | ".join(cells) + " |" for (name, target), cells in rows.items()]
+    return lines + [""]
 
 
 def run() -> None:
@@ -76,6 +102,7 @@ def run() -> None:
             lines.append(f"| {name} | {t['name']} {op} {t['limit']} {t['unit']} | {t['value']} {t['unit']} | "
                          f"{'✅' if t['met'] else '❌'} |")
         lines.append("")
+    lines += _full_runs()
     for name in ORDER + sorted(set(results) - set(ORDER)):
         if name in results:
             lines += _section(results[name]) + [""]
