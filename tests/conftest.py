@@ -59,7 +59,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     from control_plane import ephemeral_state
     from idegym_env.embedded import STATE_PREFIX, state_root
 
-    for path in state_root().glob(f"{STATE_PREFIX}*"):  # this run's (no_cgroup_left_behind)
+    for path in state_root().glob(f"{STATE_PREFIX}*"):  # this run's (nothing_left_behind)
         try:
             if path.stat().st_mtime >= _STARTED and ephemeral_state.only_logs_left(path):
                 shutil.rmtree(path, ignore_errors=True)
@@ -186,18 +186,19 @@ pytest_plugins = ["tests.k8s_sim.fixtures", "tests.oci_fixtures"]
 
 
 @pytest.fixture(scope="session", autouse=True)
-def no_cgroup_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Every sandbox this run's local backends made, however it ended, took its cgroups with it:
-    the groups of the state directories below this run's (this worker's) temporary directory —
-    embedded control planes make theirs there too — are counted before and after the run; what
-    is left is named, then ended and removed."""
+def nothing_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every sandbox this run's local backends made, however it ended, took its cgroups and its
+    mounts with it: the groups of the state directories below this run's (this worker's)
+    temporary directory — embedded control planes make theirs there too — and the mounts below
+    it are counted before and after the run; what is left is named, then ended and removed."""
     import sys
 
-    from tests import cgroup_leaks
+    from tests import cgroup_leaks, mount_leaks
 
     base = tmp_path_factory.getbasetemp()
     os.environ["IDEGYM_EMBEDDED_STATE_ROOT"] = str(base / "embedded")
     before = cgroup_leaks.run_groups(base)
+    mounted = mount_leaks.below(base)
     yield
     if "idegym_env.embedded" in sys.modules:  # the shared one outlives its last env by a grace period
         sys.modules["idegym_env.embedded"].shutdown()
@@ -205,7 +206,10 @@ def no_cgroup_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     new = {key: groups for key, groups in left.items() if set(groups) - set(before.get(key, []))}
     message = "; ".join(f"{key}: {', '.join(cgroup_leaks.describe(groups))}" for key, groups in new.items())
     cgroup_leaks.clear(list(new))
+    points = mount_leaks.left_after(base, mounted, timeout=20.0)
+    mount_leaks.clear(points)
     assert not new, f"cgroups left behind by this run: {message}"
+    assert not points, f"mounts left behind by this run: {', '.join(points)}"
 
 
 def _control_plane(tmp_path: Path, backend: str, request: pytest.FixtureRequest):
