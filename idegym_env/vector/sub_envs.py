@@ -11,6 +11,7 @@ from typing import Any
 import gymnasium as gym
 import ray
 
+from .channel import ChannelServer
 from .failures import reason
 from .placement import Placement
 
@@ -51,6 +52,17 @@ class SubEnvGroup:
         self.control_plane_url = env_kwargs.get("control_plane_url")
         self.envs = [self._build() for _ in range(count)]
         self._threads = concurrent.futures.ThreadPoolExecutor(count) if count > 1 else None
+        self._channel: ChannelServer | None = None
+
+    def open_channel(self, authkey: bytes, driver_node: str) -> str | None:
+        """Serve ``run`` on a direct channel to a driver on this node (``channel.py``); its address,
+        or None when the driver is elsewhere (its calls keep going through Ray)."""
+        if driver_node != self.node_id:
+            return None
+        if self._channel is not None:
+            raise RuntimeError("this actor's channel is already open")
+        self._channel = ChannelServer(self.run, authkey)
+        return self._channel.address
 
     def _build(self) -> gym.Env:
         if self._placement is not None:
