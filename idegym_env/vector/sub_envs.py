@@ -40,7 +40,7 @@ class SubEnvGroup:
     """Holds ``count`` sub-envs inside one Ray actor (``ray.remote(SubEnvGroup)``).
 
     ``run`` takes one batch of calls, at most one per sub-env, and runs them side by side on
-    threads (a sub-env mostly waits for its sandbox): a vector step costs one Ray call per actor,
+    threads (a sub-env mostly waits for its sandbox): a vector step costs one call per actor,
     not one per sub-env. A sub-env's exception is returned as its result, not raised, so that it
     ends only that sub-env's episode.
     """
