@@ -41,8 +41,9 @@ Spaces
 Actors
     One actor per sub-env by default; ``envs_per_actor=k`` puts ``k`` sub-envs in each actor and
     steps them on threads there, so that a vector step costs one call per actor. A step reaches
-    an actor on the driver's node over a direct channel (``channel.py``: a Unix socket, about a
-    tenth of a Ray call's CPU); actors on other nodes, and every other call, go through Ray.
+    an actor on the env's own node (a driver's, or an RLlib EnvRunner's) over a direct channel
+    (``channel.py``: a Unix socket, a fraction of a Ray call's CPU); actors on other nodes, and
+    every other call, go through Ray.
 
 Failures
     When a sub-env's actor dies, its env raises, or a step exceeds ``step_timeout``, only that

@@ -1,4 +1,5 @@
-"""A direct line between the driver and a sub-env actor on the driver's own node.
+"""A direct line between the driver (the process that holds a ``RayVectorEnv``: a Ray driver, or an
+RLlib EnvRunner actor) and a sub-env actor on the same node.
 
 A Ray actor call costs about 1.5 ms of CPU on a small machine, most of it in Ray's per-task
 Python (argument and result serialisation, task events, signal and process-title handling), the

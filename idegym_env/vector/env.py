@@ -21,7 +21,7 @@ from . import channel, groups
 from .batching import batch_observations, check_count, failure_info, reset_slots, seeds_for, split_actions
 from .failures import SlotFailure, gather, reason
 from .node_control_plane import close_registry, start_registry, stop_client
-from .placement import NODE, SHARED, NodeSpreader, Placement, driver_node_id, required_resources
+from .placement import NODE, SHARED, NodeSpreader, Placement, driver_node_id, own_node_id, required_resources
 from .ray_session import acquire_ray, ray_usable, release_ray
 from .sub_envs import RemoteSubEnvGroup
 
@@ -45,7 +45,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
     ``max_steps`` unless that is given. ``actor_options`` go to ``.options()`` of each actor
     (default ``{"num_cpus": 0}``). ``step_timeout`` (seconds, ``None`` = no limit) bounds one
     ``step``/``reset`` of a sub-env. ``envs_per_actor`` sub-envs share one actor (default 1): a
-    step then costs one call per actor (over ``channel.py`` on the driver's node, else a Ray call
+    step then costs one call per actor (over ``channel.py`` on this process's node, else a Ray call
     of about 1.5 ms of CPU on two cores), but a failing actor or a timeout ends the episodes of
     all its sub-envs. ``group_size=k`` makes each k consecutive sub-envs a group that starts every episode
     from one reset state, forked rather than reset k times (``groups.py``; GRPO).
@@ -107,6 +107,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
         self._owns_ray = acquire_ray(ray_init_kwargs)
         try:
             self._driver_node = driver_node_id()
+            self._own_node = own_node_id()  # actors there are reached over channels, from a driver or an actor
             self.control_plane_url = control_plane_url
             if control_plane_url is None:
                 # Sandboxes on the node of their actor. The driver's node uses the driver's own
@@ -329,11 +330,11 @@ class RayVectorEnv(gym.vector.VectorEnv):
     def _open_channel(self, g: int) -> Any:
         """A channel to actor ``g`` if it is on this node, else False (also when opening fails: a
         dead or stuck actor is then reported by its Ray call)."""
-        if self._driver_node is None:
+        if self._own_node is None:
             return False
         key = channel.new_key()
         try:
-            address = ray.get(self._actors[g].open_channel.remote(key, self._driver_node), timeout=self.step_timeout)
+            address = ray.get(self._actors[g].open_channel.remote(key, self._own_node), timeout=self.step_timeout)
             return channel.connect(address, key) if address else False
         except Exception:  # noqa: BLE001 - RayError, GetTimeoutError, OSError, AuthenticationError: use Ray
             return False

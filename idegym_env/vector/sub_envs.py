@@ -54,10 +54,10 @@ class SubEnvGroup:
         self._threads = concurrent.futures.ThreadPoolExecutor(count) if count > 1 else None
         self._channel: ChannelServer | None = None
 
-    def open_channel(self, authkey: bytes, driver_node: str) -> str | None:
-        """Serve ``run`` on a direct channel to a driver on this node (``channel.py``); its address,
-        or None when the driver is elsewhere (its calls keep going through Ray)."""
-        if driver_node != self.node_id:
+    def open_channel(self, authkey: bytes, caller_node: str) -> str | None:
+        """Serve ``run`` on a direct channel to a caller on this node (``channel.py``); its address,
+        or None when the caller is elsewhere (its calls keep going through Ray)."""
+        if caller_node != self.node_id:
             return None
         if self._channel is not None:
             raise RuntimeError("this actor's channel is already open")
