@@ -252,6 +252,29 @@ def test_a_vector_step_takes_the_channel_not_the_actors_ray_queue(vec: RayVector
     ray.get(busy)
 
 
+def test_an_env_held_by_an_actor_reaches_its_own_nodes_actors_over_channels(
+        ray_session: None, control_plane: EmbeddedControlPlane) -> None:
+    """An RLlib EnvRunner actor holds its RayVectorEnv the same way: inside a Ray worker the step
+    still takes the channel (answered while the sub-env actor's Ray queue is busy)."""
+    @ray.remote(num_cpus=0)
+    def step_while_busy(url: str) -> tuple[str, float]:
+        env = RayVectorEnv(1, task=TASK, control_plane_url=url)
+        try:
+            env.reset()
+            busy = env.actor(0).sleep.remote(5.0)
+            started = time.perf_counter()
+            obs, *_ = env.step(actions(bash("echo from a worker")))
+            elapsed = time.perf_counter() - started
+            ray.get(busy)
+            return str(obs[0]), elapsed
+        finally:
+            env.close()
+
+    first_line, elapsed = ray.get(step_while_busy.remote(control_plane.url), timeout=120)
+    assert first_line.startswith("from a worker")
+    assert elapsed < 4.0, f"the step took {elapsed:.2f} s: it waited behind the actor's Ray calls"
+
+
 @pytest.mark.security
 def test_the_channel_admits_only_its_driver_and_sandboxes_cannot_see_it(vec: RayVectorEnv) -> None:
     from multiprocessing.connection import Client
