@@ -253,7 +253,10 @@ class RayVectorEnv(gym.vector.VectorEnv):
                 g = i // self.envs_per_actor
                 rebuilt = self._actors[g].rebuild.remote(i % self.envs_per_actor)
                 if self._channels[g]:  # the next call takes the channel, not the actor's queue: wait here
-                    ray.wait([rebuilt], timeout=self.step_timeout)
+                    done, _ = ray.wait([rebuilt], timeout=self.step_timeout)
+                    if not done:  # still rebuilding: this actor's calls queue behind it, through Ray
+                        self._close_channel(g)
+                        self._channels[g] = False
                 self.restarts[i] += 1
                 self._needs_reset[i] = True
                 affected.add(i)
