@@ -303,6 +303,21 @@ def test_the_channel_admits_only_its_driver_and_sandboxes_cannot_see_it(vec: Ray
         assert receive(conn, time.monotonic() + 10) == [2, 4]
 
 
+def test_an_answer_that_does_not_pickle_fails_its_batch_and_the_channel_goes_on() -> None:
+    import threading
+
+    from idegym_env.vector.channel import BatchFailed, ChannelServer, connect, new_key, receive, send
+
+    key = new_key()
+    server = ChannelServer(lambda batch: threading.Lock() if batch == "lock" else batch, key)
+    with connect(server.address, key) as conn:
+        send(conn, "lock")
+        with pytest.raises(BatchFailed, match="could not send its answer"):
+            receive(conn, time.monotonic() + 10)
+        send(conn, ["next"])
+        assert receive(conn, time.monotonic() + 10) == ["next"]
+
+
 def test_render_call_and_attributes(vec: RayVectorEnv) -> None:
     vec.reset()
     assert vec.get_attr("max_steps") == (20,) * N
