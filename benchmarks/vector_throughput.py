@@ -5,8 +5,8 @@ Measured in one run, against one embedded control plane on the local backend, fo
 
 * ``RayVectorEnv``: one Ray actor and one sandbox per sub-env, all stepped at once (the default);
 * ``RayVectorEnv`` with one actor per CPU (``envs_per_actor=ceil(n / CPUs)``): the sub-envs of
-  an actor step on threads there, so a vector step costs one Ray call per actor;
-* ``RayVectorEnv`` with one actor for all (``envs_per_actor=n``): one Ray call per vector step;
+  an actor step on threads there, so a vector step costs one call per actor (over its channel);
+* ``RayVectorEnv`` with one actor for all (``envs_per_actor=n``): one call per vector step;
 * ``SyncVectorEnv``: gymnasium's own, ``n`` ``IdeGymEnv`` stepped one after the other in this
   process (the baseline a user gets from ``gym.make_vec(..., vectorization_mode="sync")``);
 * raw calls, the ceiling: ``n`` threads, each with its own client and sandbox, calling

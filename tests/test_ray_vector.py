@@ -222,6 +222,102 @@ def test_a_step_over_the_timeout_truncates_its_slot(vec: RayVectorEnv, instructi
     assert obs[0] == instruction and not truncated.any()
 
 
+def _channel_sockets() -> dict[int, list[str]]:
+    """The abstract Unix sockets of sub-env actors' channels on this host, by actor pid, as
+    ``/proc/net/unix`` lists them (``@idegym-vector-<pid>-<random>``)."""
+    out: dict[int, list[str]] = {}
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        name = line.split()[-1]
+        if name.startswith("@idegym-vector-"):
+            out.setdefault(int(name.split("-")[2]), []).append(name)
+    return out
+
+
+def _actor_pids(vec: RayVectorEnv) -> set[int]:
+    return {d["actor_pid"] for i in range(vec.num_envs) for d in ray.get(vec.actor(i).describe.remote())}
+
+
+def test_a_vector_step_takes_the_channel_not_the_actors_ray_queue(vec: RayVectorEnv) -> None:
+    """On the driver's node a step reaches each actor over its direct channel, not as a Ray task
+    (Ray's per-task cost was most of a step's): it is answered while every actor's Ray queue is busy."""
+    vec.reset()
+    pids = _actor_pids(vec)
+    busy = [vec.actor(i).sleep.remote(5.0) for i in range(N)]
+    started = time.perf_counter()
+    obs, *_ = vec.step(actions(*(bash(f"echo channel {i}") for i in range(N))))
+    elapsed = time.perf_counter() - started
+    assert [o.splitlines()[0] for o in obs] == [f"channel {i}" for i in range(N)]
+    assert elapsed < 4.0, f"the step took {elapsed:.2f} s: it waited behind the actors' Ray calls"
+    assert pids <= set(_channel_sockets()), "an actor on the driver's node has no channel"
+    ray.get(busy)
+
+
+def test_an_env_held_by_an_actor_reaches_its_own_nodes_actors_over_channels(
+        ray_session: None, control_plane: EmbeddedControlPlane) -> None:
+    """An RLlib EnvRunner actor holds its RayVectorEnv the same way: inside a Ray worker the step
+    still takes the channel (answered while the sub-env actor's Ray queue is busy)."""
+    @ray.remote(num_cpus=0)
+    def step_while_busy(url: str) -> tuple[str, float]:
+        env = RayVectorEnv(1, task=TASK, control_plane_url=url)
+        try:
+            env.reset()
+            busy = env.actor(0).sleep.remote(5.0)
+            started = time.perf_counter()
+            obs, *_ = env.step(actions(bash("echo from a worker")))
+            elapsed = time.perf_counter() - started
+            ray.get(busy)
+            return str(obs[0]), elapsed
+        finally:
+            env.close()
+
+    first_line, elapsed = ray.get(step_while_busy.remote(control_plane.url), timeout=120)
+    assert first_line.startswith("from a worker")
+    assert elapsed < 4.0, f"the step took {elapsed:.2f} s: it waited behind the actor's Ray calls"
+
+
+@pytest.mark.security
+def test_the_channel_admits_only_its_driver_and_sandboxes_cannot_see_it(vec: RayVectorEnv) -> None:
+    from multiprocessing.connection import Client
+    from multiprocessing.context import AuthenticationError
+
+    from idegym_env.vector.channel import ChannelServer, connect, new_key
+
+    vec.reset()
+    obs, *_ = vec.step(actions(*(bash("cat /proc/net/unix; echo done") for _ in range(N))))
+    assert all("done" in o and "idegym-vector" not in o for o in obs), "a sandbox sees the actors' channels"
+    # An actor's channel takes one connection, the driver's: nobody connects after it.
+    for pid, names in _channel_sockets().items():
+        if pid in _actor_pids(vec):
+            for name in names:
+                with pytest.raises(ConnectionRefusedError):
+                    Client("\0" + name[1:], "AF_UNIX", authkey=new_key())
+    # Before the driver is in, a caller without the key fails the handshake, and the driver still gets in.
+    key = new_key()
+    server = ChannelServer(lambda batch: [x * 2 for x in batch], key)
+    with pytest.raises(AuthenticationError):
+        Client(server.address, "AF_UNIX", authkey=new_key())
+    with connect(server.address, key) as conn:
+        from idegym_env.vector.channel import receive, send
+
+        send(conn, [1, 2])
+        assert receive(conn, time.monotonic() + 10) == [2, 4]
+
+
+def test_an_answer_that_does_not_pickle_fails_its_batch_and_the_channel_goes_on() -> None:
+    import threading
+
+    from idegym_env.vector.channel import BatchFailed, ChannelServer, connect, new_key, receive, send
+
+    key = new_key()
+    server = ChannelServer(lambda batch: threading.Lock() if batch == "lock" else batch, key)
+    with connect(server.address, key) as conn:
+        send(conn, "lock")
+        with pytest.raises(BatchFailed, match="could not send its answer"):
+            receive(conn, time.monotonic() + 10)
+        send(conn, ["next"])
+        assert receive(conn, time.monotonic() + 10) == ["next"]
+
+
 def test_render_call_and_attributes(vec: RayVectorEnv) -> None:
     vec.reset()
     assert vec.get_attr("max_steps") == (20,) * N
@@ -422,6 +518,8 @@ def test_close_is_idempotent_and_safe_before_and_after_ray_shutdown(ray_session:
     env = RayVectorEnv(1, task=TASK, control_plane_url=control_plane.url)
     env.reset()
     actor = env.actor(0)
+    pid = ray.get(actor.describe.remote())[0]["actor_pid"]
+    assert pid in _channel_sockets()
     env.close()
     env.close()
     assert env.closed
@@ -436,6 +534,7 @@ def test_close_is_idempotent_and_safe_before_and_after_ray_shutdown(ray_session:
         return False
 
     assert wait_until(actor_gone, 30, interval=0.1), "the sub-env actor outlived close()"
+    assert wait_until(lambda: pid not in _channel_sockets(), 10, interval=0.05), "the actor's channel outlived it"
     # Closing after ray.shutdown() (as a finaliser at exit might) must not raise either. This test
     # runs last in the module; it restarts Ray so that the fixture's teardown finds one.
     late = RayVectorEnv(1, task=TASK, control_plane_url=control_plane.url)

@@ -40,9 +40,10 @@ Spaces
 
 Actors
     One actor per sub-env by default; ``envs_per_actor=k`` puts ``k`` sub-envs in each actor and
-    steps them on threads there, so that a vector step costs one Ray call per actor. On two cores
-    at 8 sub-envs that is 87 % of the raw-call ceiling, against 60–75 % with one actor each; on a
-    cluster with a CPU per sub-env the default is right.
+    steps them on threads there, so that a vector step costs one call per actor. A step reaches
+    an actor on the env's own node (a driver's, or an RLlib EnvRunner's) over a direct channel
+    (``channel.py``: a Unix socket, a fraction of a Ray call's CPU); actors on other nodes, and
+    every other call, go through Ray.
 
 Failures
     When a sub-env's actor dies, its env raises, or a step exceeds ``step_timeout``, only that

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -16,11 +17,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from .. import embedded
 from ..spaces.object_batch import batched_space, is_numeric_space
 from ..urls import is_loopback_url, without_credentials
-from . import groups
+from . import channel, groups
 from .batching import batch_observations, check_count, failure_info, reset_slots, seeds_for, split_actions
 from .failures import SlotFailure, gather, reason
 from .node_control_plane import close_registry, start_registry, stop_client
-from .placement import NODE, SHARED, NodeSpreader, Placement, driver_node_id, required_resources
+from .placement import NODE, SHARED, NodeSpreader, Placement, driver_node_id, own_node_id, required_resources
 from .ray_session import acquire_ray, ray_usable, release_ray
 from .sub_envs import RemoteSubEnvGroup
 
@@ -31,6 +32,8 @@ NEXT_STEP: Any = AutoresetMode.NEXT_STEP if AutoresetMode is not None else "Next
 DEFAULT_ACTOR_OPTIONS: dict[str, Any] = {"num_cpus": 0}
 # How long close() waits for the sub-envs to hand their sandboxes back before killing the actors.
 CLOSE_TIMEOUT = 30.0
+# How long a closed channel's actor has to show Ray why (its death's reason) before it counts as dead anyway.
+PROBE_TIMEOUT = 30.0
 
 
 class RayVectorEnv(gym.vector.VectorEnv):
@@ -42,9 +45,9 @@ class RayVectorEnv(gym.vector.VectorEnv):
     ``max_steps`` unless that is given. ``actor_options`` go to ``.options()`` of each actor
     (default ``{"num_cpus": 0}``). ``step_timeout`` (seconds, ``None`` = no limit) bounds one
     ``step``/``reset`` of a sub-env. ``envs_per_actor`` sub-envs share one actor (default 1): a
-    step then costs one Ray call per actor, which on a small machine is most of Ray's cost (about
-    1 ms per call on two cores), but a failing actor or a timeout ends the episodes of all its
-    sub-envs. ``group_size=k`` makes each k consecutive sub-envs a group that starts every episode
+    step then costs one call per actor (over ``channel.py`` on this process's node, else a Ray call
+    of about 1.5 ms of CPU on two cores), but a failing actor or a timeout ends the episodes of
+    all its sub-envs. ``group_size=k`` makes each k consecutive sub-envs a group that starts every episode
     from one reset state, forked rather than reset k times (``groups.py``; GRPO).
     """
 
@@ -95,6 +98,8 @@ class RayVectorEnv(gym.vector.VectorEnv):
         self._registry: Any = None
         self._actors: list[Any] = []
         self._describe_refs: list[Any] = []
+        # Each actor's direct channel (channel.py): None until tried, False where calls go through Ray.
+        self._channels: list[Any] = [None] * len(self._members)
         self._nodes: list[str | None] = [None] * len(self._members)  # each actor's node, once known
         self._spreader: NodeSpreader | None = None
         self._node_warm_pool = node_warm_pool
@@ -102,6 +107,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
         self._owns_ray = acquire_ray(ray_init_kwargs)
         try:
             self._driver_node = driver_node_id()
+            self._own_node = own_node_id()  # actors there are reached over channels, from a driver or an actor
             self.control_plane_url = control_plane_url
             if control_plane_url is None:
                 # Sandboxes on the node of their actor. The driver's node uses the driver's own
@@ -202,6 +208,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
             described = ray.get(ref, timeout=0)
         except (RayError, GetTimeoutError):
             pass
+        self._close_channel(g)
         try:
             ray.kill(old, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone
@@ -243,7 +250,13 @@ class RayVectorEnv(gym.vector.VectorEnv):
             affected.update(self._members[g])
         for i in failures:
             if i not in affected:  # env_error: only this sub-env is rebuilt (in order, before its next call)
-                self._actors[i // self.envs_per_actor].rebuild.remote(i % self.envs_per_actor)
+                g = i // self.envs_per_actor
+                rebuilt = self._actors[g].rebuild.remote(i % self.envs_per_actor)
+                if self._channels[g]:  # the next call takes the channel, not the actor's queue: wait here
+                    done, _ = ray.wait([rebuilt], timeout=self.step_timeout)
+                    if not done:  # still rebuilding: this actor's calls queue behind it, through Ray
+                        self._close_channel(g)
+                        self._channels[g] = False
                 self.restarts[i] += 1
                 self._needs_reset[i] = True
                 affected.add(i)
@@ -282,16 +295,20 @@ class RayVectorEnv(gym.vector.VectorEnv):
     # -- calling many actors at once -----------------------------------------------------------------
 
     def _run(self, calls: dict[int, tuple[str, tuple, dict[str, Any]]]) -> dict[int, Any]:
-        """One Ray call per actor for ``{slot: (method, args, kwargs)}``; a failed slot's entry is a
+        """One call per actor (its channel, else Ray) for ``{slot: (method, args, kwargs)}``; a failed slot's entry is a
         :class:`SlotFailure` (an actor's death or timeout fails every slot it was asked for)."""
         batches: dict[int, list[int]] = {}
         for i in sorted(calls):
             batches.setdefault(i // self.envs_per_actor, []).append(i)
-        groups = list(batches)
-        refs = [self._actors[g].run.remote([(i % self.envs_per_actor, *calls[i]) for i in batches[g]])
-                for g in groups]
+        deadline = None if self.step_timeout is None else time.monotonic() + self.step_timeout
+        requests = {g: [(i % self.envs_per_actor, *calls[i]) for i in batch] for g, batch in batches.items()}
+        sent = [g for g in requests if self._send(g, requests[g])]
+        by_ray = [g for g in requests if g not in sent]
+        refs = [self._actors[g].run.remote(requests[g]) for g in by_ray]
+        answers = dict(zip(by_ray, gather(refs, self.step_timeout), strict=True))
+        answers.update({g: self._receive(g, deadline) for g in sent})
         out: dict[int, Any] = {}
-        for g, answer in zip(groups, gather(refs, self.step_timeout), strict=True):
+        for g, answer in answers.items():
             for n, i in enumerate(batches[g]):
                 if isinstance(answer, SlotFailure):
                     out[i] = answer
@@ -299,6 +316,52 @@ class RayVectorEnv(gym.vector.VectorEnv):
                     ok, value = answer[n]
                     out[i] = value if ok else SlotFailure("env_error", value)
         return out
+
+    def _send(self, g: int, request: list[tuple]) -> bool:
+        """Send actor ``g``'s batch over its channel (opened on first use); False: it goes through Ray."""
+        conn = self._channels[g]
+        if conn is None:
+            conn = self._channels[g] = self._open_channel(g)
+        if not conn:
+            return False
+        try:
+            channel.send(conn, request)
+        except channel.ChannelClosed:
+            pass  # the answer's turn reports it, with Ray's reason
+        return True
+
+    def _open_channel(self, g: int) -> Any:
+        """A channel to actor ``g`` if it is on this node, else False (also when opening fails: a
+        dead or stuck actor is then reported by its Ray call)."""
+        if self._own_node is None:
+            return False
+        key = channel.new_key()
+        try:
+            address = ray.get(self._actors[g].open_channel.remote(key, self._own_node), timeout=self.step_timeout)
+            return channel.connect(address, key) if address else False
+        except Exception:  # noqa: BLE001 - RayError, GetTimeoutError, OSError, AuthenticationError: use Ray
+            return False
+
+    def _receive(self, g: int, deadline: float | None) -> Any:
+        """Actor ``g``'s answer from its channel, or a :class:`SlotFailure` for all of its batch."""
+        try:
+            return channel.receive(self._channels[g], deadline)
+        except TimeoutError:
+            return SlotFailure("timeout", f"no answer within step_timeout={self.step_timeout:g} s")
+        except channel.BatchFailed as exc:
+            return SlotFailure("env_error", str(exc))
+        except channel.ChannelClosed as exc:
+            # The actor's process is gone: Ray says why (and whether its node went with it).
+            timeout = PROBE_TIMEOUT if self.step_timeout is None else min(self.step_timeout, PROBE_TIMEOUT)
+            [probe] = gather([self._actors[g].__ray_ready__.remote()], timeout)
+            if isinstance(probe, SlotFailure):
+                return probe if probe.kind == "actor_died" else SlotFailure("actor_died", probe.message)
+            return SlotFailure("actor_died", f"its channel closed: {exc}")
+
+    def _close_channel(self, g: int) -> None:
+        conn, self._channels[g] = self._channels[g], None
+        if conn:
+            conn.close()
 
     def _reset_slots(self, slots: list[int], seeds: list[Any],
                      options: dict[str, Any] | None) -> dict[int, tuple]:
@@ -424,6 +487,8 @@ class RayVectorEnv(gym.vector.VectorEnv):
                  for a, m in zip(self._actors, self._members, strict=True)])
 
     def close_extras(self, **kwargs: Any) -> None:
+        for g in range(len(self._channels)):
+            self._close_channel(g)  # the actors' channel threads end
         actors, self._actors = self._actors, []
         try:
             if actors and ray_usable():

@@ -65,6 +65,19 @@ def driver_node_id() -> str | None:
     return context.get_node_id()
 
 
+def own_node_id() -> str | None:
+    """The node this process runs on, driver or worker (an RLlib EnvRunner); None under Ray Client,
+    whose driver runs elsewhere."""
+    try:
+        from ray.util.client import ray as client_ray
+
+        if client_ray.is_connected():
+            return None
+    except ImportError:  # pragma: no cover - older Ray
+        pass
+    return ray.get_runtime_context().get_node_id()
+
+
 def required_resources(options: Mapping[str, Any]) -> dict[str, float]:
     """The resources an actor or task with these ``.options()`` needs on its node."""
     need = {"CPU": options.get("num_cpus") or 0, "GPU": options.get("num_gpus") or 0,

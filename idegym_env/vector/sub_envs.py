@@ -11,6 +11,7 @@ from typing import Any
 import gymnasium as gym
 import ray
 
+from .channel import ChannelServer
 from .failures import reason
 from .placement import Placement
 
@@ -39,7 +40,7 @@ class SubEnvGroup:
     """Holds ``count`` sub-envs inside one Ray actor (``ray.remote(SubEnvGroup)``).
 
     ``run`` takes one batch of calls, at most one per sub-env, and runs them side by side on
-    threads (a sub-env mostly waits for its sandbox): a vector step costs one Ray call per actor,
+    threads (a sub-env mostly waits for its sandbox): a vector step costs one call per actor,
     not one per sub-env. A sub-env's exception is returned as its result, not raised, so that it
     ends only that sub-env's episode.
     """
@@ -51,6 +52,17 @@ class SubEnvGroup:
         self.control_plane_url = env_kwargs.get("control_plane_url")
         self.envs = [self._build() for _ in range(count)]
         self._threads = concurrent.futures.ThreadPoolExecutor(count) if count > 1 else None
+        self._channel: ChannelServer | None = None
+
+    def open_channel(self, authkey: bytes, caller_node: str) -> str | None:
+        """Serve ``run`` on a direct channel to a caller on this node (``channel.py``); its address,
+        or None when the caller is elsewhere (its calls keep going through Ray)."""
+        if caller_node != self.node_id:
+            return None
+        if self._channel is not None:
+            raise RuntimeError("this actor's channel is already open")
+        self._channel = ChannelServer(self.run, authkey)
+        return self._channel.address
 
     def _build(self) -> gym.Env:
         if self._placement is not None:
@@ -92,7 +104,9 @@ class SubEnvGroup:
 
         if self._threads is None or len(calls) < 2:
             return [one(c) for c in calls]
-        return list(self._threads.map(one, calls))
+        others = [self._threads.submit(one, c) for c in calls[1:]]
+        first = one(calls[0])  # on this thread: one hand-off fewer
+        return [first, *(f.result() for f in others)]
 
     def reset_group(self, j: int, size: int, seed: int | None = None, options: dict[str, Any] | None = None
                     ) -> list[tuple[Any, dict[str, Any]]]:
