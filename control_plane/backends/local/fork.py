@@ -112,8 +112,7 @@ async def fork(site: LocalForkSite, parent: SandboxHandle, children: list[ForkCh
                                                  for c in children), return_exceptions=True)
                 timings["children"] = (time.perf_counter() - started) * 1e3
             finally:
-                # The new layer's copy is written out as it is detached (5-20 ms): after the answer.
-                _in_background(layers.leave, [layer_id])
+                _leave_later(layers, layer_id)
                 _spare_later(layers, launcher.storage)
         finally:
             _in_background(layers.leave, below)
@@ -232,6 +231,20 @@ async def record_written(name: str) -> None:
 
 _background: set[asyncio.Future] = set()
 _spares_due: set[asyncio.TimerHandle] = set()
+_leaves_due: dict[asyncio.TimerHandle, Callable[[], None]] = {}
+
+
+def _leave_later(layers: ForkLayers, layer_id: str) -> None:
+    """The new layer's filesystem made read-only and detached ``SPARE_AFTER`` seconds from now
+    (``ForkLayers.leave``): that writes its copy out to the loop device's file, 12-23 ms of disk
+    work under load, which ran beside the children's first calls when begun at the answer. A
+    fork or launch on the layer meanwhile holds it as a user of its own (``enter``)."""
+    def due() -> None:
+        del _leaves_due[timer]
+        _in_background(layers.leave, [layer_id])
+
+    timer = asyncio.get_running_loop().call_later(SPARE_AFTER, due)
+    _leaves_due[timer] = due
 
 
 def _spare_later(layers: ForkLayers, storage: LayerStorage | None) -> None:
@@ -260,10 +273,13 @@ def _in_background(work: Callable[..., None], *args: Any) -> None:
 
 async def settle() -> None:
     """Until the work forks left running in the background is done (before the spares are
-    dropped); spares not begun yet are not made."""
+    dropped); spares not begun yet are not made, layers not detached yet are detached now."""
     for timer in _spares_due:
         timer.cancel()
     _spares_due.clear()
+    for timer, due in list(_leaves_due.items()):  # detached now: nothing is left in the host's mount tree
+        timer.cancel()
+        due()
     for due in list(_records_due.values()):
         if isinstance(due, tuple):  # written now: the child lives on
             due[0].cancel()
