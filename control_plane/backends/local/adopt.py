@@ -30,7 +30,7 @@ from sandbox_server.project import FORK_LAYERS
 
 from ..base import BackendError
 from . import mount_api, mounts
-from .fork_layers import ForkLayers, ForkStack, sandbox_holder
+from .fork_layers import ForkStack
 from .handle_data import LocalHandleData, required
 from .image_trees import TREES
 from .images import ResolvedImage
@@ -57,12 +57,11 @@ def unsuitable(warm: LocalHandleData, image: ResolvedImage, parent: LocalHandleD
     return None
 
 
-def adopt(layers: ForkLayers, state_dir: Path, name: str, data: LocalHandleData, image: ResolvedImage,
-          stack: ForkStack) -> None:
-    """Remount the trees and project of sandbox ``name`` onto ``stack`` (see the module doc); its
-    ``data`` records the stack. Runs in a thread of its own: joining another mount namespace is
-    per thread, and that thread ends with the work."""
-    layers.hold(stack.ids, sandbox_holder(name))  # released when it is deleted
+def adopt(state_dir: Path, data: LocalHandleData, image: ResolvedImage, stack: ForkStack) -> None:
+    """Remount the trees and project of the sandbox ``data`` describes onto ``stack`` (see the
+    module doc); ``data`` records the stack, which the caller made the sandbox a holder of
+    (released when it is deleted). Runs in a thread of its own: joining another mount namespace is per thread, and
+    that thread ends with the work."""
     data.forks = list(stack.ids)
     data.adopted = True
     failure: list[BaseException] = []
