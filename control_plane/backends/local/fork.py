@@ -151,9 +151,9 @@ async def _child(site: LocalForkSite, image: ResolvedImage, parent: LocalHandleD
         if why_not is None:
             try:
                 try:
-                    # One executor job: its file work (renames on the host's journalled disk) never
-                    # holds up the event loop, which serves the other children and every call.
-                    await loop.run_in_executor(_threads, _adopt, site, warm, image, stack)
+                    # One job on a thread that may join the sandbox's mount namespace: its file work
+                    # never holds up the event loop, which serves the other children and every call.
+                    await asyncio.wrap_future(adopt.THREADS.submit(_adopt, site, warm, image, stack))
                 finally:
                     child.warm.data = warm.dump()  # it stands on the fork's layers (or some: deleted below)
                 own[child.warm.name] = (time.perf_counter() - started) * 1e3
