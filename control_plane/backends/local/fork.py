@@ -297,9 +297,9 @@ async def settle() -> None:
     for timer in _spares_due:
         timer.cancel()
     _spares_due.clear()
-    for timer, due in list(_leaves_due.items()):  # detached now: nothing is left in the host's mount tree
+    for timer, detach in list(_leaves_due.items()):  # detached now: nothing is left in the host's mount tree
         timer.cancel()
-        due()
+        detach()
     for due in list(_records_due.values()):
         if isinstance(due, tuple):  # written now: the child lives on
             due[0].cancel()
