@@ -18,25 +18,25 @@ be moved off. Such a child is launched instead.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import stat
-import threading
 from pathlib import Path
 
 from sandbox_server import procfs
 from sandbox_server.project import FORK_LAYERS
 
 from ..base import BackendError
-from . import mount_api, mounts
-from .fork_layers import ForkLayers, ForkStack, sandbox_holder
+from . import mount_api, mounts, ns_threads
+from .fork_layers import ForkStack
 from .handle_data import LocalHandleData, required
 from .image_trees import TREES
 from .images import ResolvedImage
 from .rootfs import fork_inside
 
-CLONE_FS = 0x00000200
+# Where adopt runs: threads that join a sandbox's mount namespace and come back (a thread
+# started per child waited for the scheduler on a busy host).
+THREADS = ns_threads.NamespaceThreads("idegym-adopt")
 
 
 def unsuitable(warm: LocalHandleData, image: ResolvedImage, parent: LocalHandleData) -> str | None:
@@ -57,33 +57,17 @@ def unsuitable(warm: LocalHandleData, image: ResolvedImage, parent: LocalHandleD
     return None
 
 
-def adopt(layers: ForkLayers, state_dir: Path, name: str, data: LocalHandleData, image: ResolvedImage,
-          stack: ForkStack) -> None:
-    """Remount the trees and project of sandbox ``name`` onto ``stack`` (see the module doc); its
-    ``data`` records the stack. Runs in a thread of its own: joining another mount namespace is
-    per thread, and that thread ends with the work."""
-    layers.hold(stack.ids, sandbox_holder(name))  # released when it is deleted
+def adopt(state_dir: Path, data: LocalHandleData, image: ResolvedImage, stack: ForkStack) -> None:
+    """Remount the trees and project of the sandbox ``data`` describes onto ``stack`` (see the
+    module doc); ``data`` records the stack, which the caller made the sandbox a holder of
+    (released when it is deleted). Runs on ``THREADS``: it joins the sandbox's mount namespace."""
     data.forks = list(stack.ids)
     data.adopted = True
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            _remount(state_dir, data, image, stack)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            failure.append(exc)
-
-    thread = threading.Thread(target=run, name="idegym-adopt")
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
+    _remount(state_dir, data, image, stack)
 
 
 def _remount(state_dir: Path, data: LocalHandleData, image: ResolvedImage, stack: ForkStack) -> None:
-    if mounts._libc.unshare(CLONE_FS) != 0:  # a working directory and mount namespace of this thread's own
-        err = ctypes.get_errno()
-        raise OSError(err, f"unshare(CLONE_FS): {os.strerror(err)}")
+    ns_threads.require()
     os.chdir(state_dir)  # lower paths relative to it: the sandbox's /proc/mounts shows no host path
     state = f"{state_dir}/"
 
@@ -118,7 +102,7 @@ def _remount(state_dir: Path, data: LocalHandleData, image: ResolvedImage, stack
         keep = _submounts(server, trees, project_dir)
         ns = os.open(f"/proc/{server}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            mounts.enter_mount_namespace(ns)  # from here on, paths are the sandbox's
+            ns_threads.enter(ns)  # from here on, paths are the sandbox's (until the leave below)
         finally:
             os.close(ns)
         moved = []
@@ -139,6 +123,7 @@ def _remount(state_dir: Path, data: LocalHandleData, image: ResolvedImage, stack
     finally:
         for fd in fds:
             os.close(fd)
+        ns_threads.leave()
 
 
 def _fresh_layer(layer: Path, like: Path | None = None) -> tuple[Path, Path]:

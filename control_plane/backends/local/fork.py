@@ -34,7 +34,7 @@ from sandbox_server import procfs
 
 from ..base import BackendError, ForkChild, SandboxHandle
 from . import adopt, priority
-from .fork_layers import ForkLayers, ForkStack, seed_tmp
+from .fork_layers import ForkLayers, ForkStack, sandbox_holder, seed_tmp
 from .handle_data import LocalHandleData
 from .image_trees import ImageError
 from .images import ImageStore, ResolvedImage
@@ -101,19 +101,19 @@ async def fork(site: LocalForkSite, parent: SandboxHandle, children: list[ForkCh
             # As deep as a stack may be: the layers below are merged into the new one (fork_layers.py).
             merge = layers.stack(below) if len(below) + 1 > layers.max_stack else None
             took = time.perf_counter()
-            layer_id, timings = await loop.run_in_executor(_threads, layers.take, record, op, launcher.storage,
-                                                           merge)
+            adopters = [c.warm.name for c in children if c.warm is not None]
+            layer_id, timings = await loop.run_in_executor(_threads, _take, layers, record, op, launcher.storage,
+                                                           merge, below, adopters)
             timings["layers below"] = (took - began) * 1e3
             timings["snapshot"] = timings.pop("total", 0.0)
             try:
-                stack = layers.stack([layer_id] if merge is not None else [layer_id, *below])
+                stack = layers.stack(_stack_ids(layer_id, below, merge))
                 started = time.perf_counter()
                 results = await asyncio.gather(*(_child(site, image, record, stack, c, timeout, own)
                                                  for c in children), return_exceptions=True)
                 timings["children"] = (time.perf_counter() - started) * 1e3
             finally:
-                # The new layer's copy is written out as it is detached (5-20 ms): after the answer.
-                _in_background(layers.leave, [layer_id])
+                _leave_later(layers, layer_id)
                 _spare_later(layers, launcher.storage)
         finally:
             _in_background(layers.leave, below)
@@ -151,9 +151,9 @@ async def _child(site: LocalForkSite, image: ResolvedImage, parent: LocalHandleD
         if why_not is None:
             try:
                 try:
-                    # One executor job: its file work (renames on the host's journalled disk) never
-                    # holds up the event loop, which serves the other children and every call.
-                    await loop.run_in_executor(_threads, _adopt, site, child.warm.name, warm, image, stack)
+                    # One job on a thread that may join the sandbox's mount namespace: its file work
+                    # never holds up the event loop, which serves the other children and every call.
+                    await asyncio.wrap_future(adopt.THREADS.submit(_adopt, site, warm, image, stack))
                 finally:
                     child.warm.data = warm.dump()  # it stands on the fork's layers (or some: deleted below)
                 own[child.warm.name] = (time.perf_counter() - started) * 1e3
@@ -177,17 +177,36 @@ async def _child(site: LocalForkSite, image: ResolvedImage, parent: LocalHandleD
     return handle
 
 
+def _stack_ids(layer_id: str, below: list[str], merge: ForkStack | None) -> list[str]:
+    """The layers a child of the fork stands on, top first (``below`` merged into the new one or not)."""
+    return [layer_id] if merge is not None else [layer_id, *below]
+
+
+def _take(layers: ForkLayers, record: LocalHandleData, op: str, storage: LayerStorage | None,
+          merge: ForkStack | None, below: list[str], adopters: list[str]) -> tuple[str, dict[str, float]]:
+    """The fork's new layer (``ForkLayers.take``), held at once by the warm sandboxes ``adopters``
+    that may become its children: one turn of the layers' lock, where each child's own hold took
+    turns on it. One not made a child is deleted, which lets go of what it holds."""
+    layer_id, timings = layers.take(record, op, storage, merge)
+    try:
+        layers.hold(_stack_ids(layer_id, below, merge), *map(sandbox_holder, adopters))
+    except BaseException:
+        layers.leave([layer_id])
+        raise
+    return layer_id, timings
+
+
 def _hold_and_enter(layers: ForkLayers, below: list[str], op: str) -> None:
     layers.hold(below, op)
     layers.enter(below)
 
 
-def _adopt(site: LocalForkSite, name: str, warm: LocalHandleData, image: ResolvedImage, stack: ForkStack) -> None:
-    """The warm sandbox ``name`` claimed (``LocalBackend.claim``: the normal priority for all of
+def _adopt(site: LocalForkSite, warm: LocalHandleData, image: ResolvedImage, stack: ForkStack) -> None:
+    """The warm sandbox ``warm`` describes claimed (``LocalBackend.claim``: the normal priority for all of
     it), remounted onto ``stack``, the parent's /tmp in it. Its record is written after the fork
     answered (``_record_later``)."""
     priority.restore(warm)
-    adopt.adopt(site.layers, site.state_dir, name, warm, image, stack)
+    adopt.adopt(site.state_dir, warm, image, stack)
     seed_tmp(stack, warm)
 
 
@@ -232,6 +251,20 @@ async def record_written(name: str) -> None:
 
 _background: set[asyncio.Future] = set()
 _spares_due: set[asyncio.TimerHandle] = set()
+_leaves_due: dict[asyncio.TimerHandle, Callable[[], None]] = {}
+
+
+def _leave_later(layers: ForkLayers, layer_id: str) -> None:
+    """The new layer's filesystem made read-only and detached ``SPARE_AFTER`` seconds from now
+    (``ForkLayers.leave``): that writes its copy out to the loop device's file, 12-23 ms of disk
+    work under load, which ran beside the children's first calls when begun at the answer. A
+    fork or launch on the layer meanwhile holds it as a user of its own (``enter``)."""
+    def due() -> None:
+        del _leaves_due[timer]
+        _in_background(layers.leave, [layer_id])
+
+    timer = asyncio.get_running_loop().call_later(SPARE_AFTER, due)
+    _leaves_due[timer] = due
 
 
 def _spare_later(layers: ForkLayers, storage: LayerStorage | None) -> None:
@@ -260,10 +293,13 @@ def _in_background(work: Callable[..., None], *args: Any) -> None:
 
 async def settle() -> None:
     """Until the work forks left running in the background is done (before the spares are
-    dropped); spares not begun yet are not made."""
+    dropped); spares not begun yet are not made, layers not detached yet are detached now."""
     for timer in _spares_due:
         timer.cancel()
     _spares_due.clear()
+    for timer, detach in list(_leaves_due.items()):  # detached now: nothing is left in the host's mount tree
+        timer.cancel()
+        detach()
     for due in list(_records_due.values()):
         if isinstance(due, tuple):  # written now: the child lives on
             due[0].cancel()

@@ -135,15 +135,17 @@ class ForkLayers:
             raise BackendError(f"invalid fork layer id {layer_id!r}", 400)
         return self.root / layer_id
 
-    def hold(self, layer_ids: Iterable[str], holder: str) -> None:
-        """Make ``holder`` a user of every layer; 409 when one is gone already."""
+    def hold(self, layer_ids: Iterable[str], *holders: str) -> None:
+        """Make each of ``holders`` a user of every layer, under one turn of the lock; 409 when one
+        is gone already."""
         ids = list(layer_ids)
         with self._locked():
             missing = [i for i in ids if not (self.path(i) / "layer.json").is_file()]
             if missing:
                 raise BackendError(f"fork layers {missing} are gone (their last user was deleted)", 409)
             for layer_id in ids:
-                (self.path(layer_id) / "holders" / holder).touch()
+                for holder in holders:
+                    (self.path(layer_id) / "holders" / holder).touch()
 
     def release(self, holder: str) -> list[str]:
         """``holder`` lets go of every layer it holds; returns the layers that are removed."""
