@@ -18,6 +18,7 @@ import pytest
 from tests.helpers import SandboxProcess, wait_until
 
 CAN_ISOLATE = os.geteuid() == 0
+IMAGE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 @pytest.fixture(params=["plain", "isolated"])
@@ -35,7 +36,10 @@ def isolated(project: Path, tmp_path: Path) -> Iterator[SandboxProcess]:
     if not CAN_ISOLATE:
         pytest.skip("isolated runs need root (namespaces)")
     (tmp_path / "iso").mkdir()
-    proc = SandboxProcess(project, "unix", tmp_path / "iso", extra=["--isolated-runs", "--runner-concurrency", "4"])
+    # python3 as the built-in image has it (not a version manager's shim): its runs are forked
+    # from the runs' template (run_template.py)
+    proc = SandboxProcess(project, "unix", tmp_path / "iso", extra=["--isolated-runs", "--runner-concurrency", "4",
+                                                                     "--tool-env", f"PATH={IMAGE_PATH}"])
     yield proc
     proc.stop()
 
@@ -288,8 +292,21 @@ def _holds_socket(pid: int) -> bool:
 
 def _spares(zygote: int) -> list[int]:
     """The zygote's inits waiting for a run: those that still hold their channel (a socket); a
-    run's init closed it."""
-    return [p for p in _live_children(zygote) if _holds_socket(p)]
+    run's init closed it. Not the runs' template (a child too, in the zygote's pid namespace)."""
+    return [p for p in _live_children(zygote) if _holds_socket(p) and _pid_ns(p) != _pid_ns(zygote)]
+
+
+def _pid_ns(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return ""
+
+
+def _template_of(zygote: int) -> int:
+    """The runs' template interpreter: the zygote's child in its own pid namespace."""
+    (template,) = [p for p in _live_children(zygote) if _pid_ns(p) == _pid_ns(zygote)]
+    return template
 
 
 def _zygote_of(server: SandboxProcess) -> int:
