@@ -29,6 +29,8 @@ from pathlib import Path
 
 import httpx
 
+from sandbox_server.procfs import children
+
 from ._common import Progress, Result, Stats, check_target, measure, percentile, table
 from ._cpu import own_and_reaped, parent
 from ._servers import control_plane, sandbox_server
@@ -100,8 +102,9 @@ def _host_busy_ms() -> float:
 
 
 def _runner_pids(url: str) -> dict[str, int]:
-    """The control plane (who listens on ``url``'s port), its runner sandbox's server and the
-    runs' zygote (the server's child running ``jail.py``)."""
+    """The control plane (who listens on ``url``'s port), its runner sandbox's server, the runs'
+    zygote (the server's child running ``jail.py``) and their template (the zygote's child in its
+    pid namespace running ``run_template.py``, whose clones are the runs' inits)."""
     port = httpx.URL(url).port
     inodes = {line.split()[9] for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
               if line.split()[3] == "0A" and int(line.split()[1].split(":")[1], 16) == port}
@@ -120,6 +123,11 @@ def _runner_pids(url: str) -> dict[str, int]:
                     ancestor = parent(ancestor)
                 if ancestor > 1:  # the runner of this control plane, not of another on the host
                     found["zygote"], found["runner sandbox server"] = pid, parent(pid)
+    if "zygote" in found:
+        for child in children(found["zygote"]):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{child}/ns/pid") == os.readlink(f"/proc/{found['zygote']}/ns/pid"):
+                    found["template"] = child
     return found
 
 
@@ -140,8 +148,10 @@ class _CpuMeter:
         for name, pid in self.pids.items():
             own, reaped = (seconds * 1000 for seconds in own_and_reaped(pid))
             if name == "zygote":
-                now["runs' zygote: cloning spare inits"] = own
+                now["runs' zygote: asking for spare inits, handing runs over"] = own
                 now["zygote reaped"] = reaped
+            elif name == "template":
+                now["runs' template: cloning spare inits"] = own
             else:
                 now[name] = own + reaped
         return now

@@ -304,8 +304,11 @@ def _pid_ns(pid: int) -> str:
 
 
 def _template_of(zygote: int) -> int:
-    """The runs' template interpreter: the zygote's child in its own pid namespace."""
-    (template,) = [p for p in _live_children(zygote) if _pid_ns(p) == _pid_ns(zygote)]
+    """The runs' template interpreter: the zygote's child in its own pid namespace (once started)."""
+    found: list[int] = []
+    assert wait_until(lambda: found.extend(p for p in _live_children(zygote) if _pid_ns(p) == _pid_ns(zygote))
+                      or found, 30, interval=0.02), _live_children(zygote)
+    (template,) = found
     return template
 
 
