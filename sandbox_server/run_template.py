@@ -256,7 +256,12 @@ class _Template:
         self.executable = os.path.realpath(started_as)  # what a run's argv[0] must be (a shim, perhaps)
         self.options = list(sys.orig_argv[1:sys.orig_argv.index(sys.argv[0])])  # e.g. ["-u"]
         self.per_run = per_run  # variables each run sets for itself (HOME, TMPDIR…): read after the start
-        self.env = {k: v for k, v in os.environ.items() if k not in per_run}
+        with open("/proc/self/environ", "rb") as fh:  # as given, before the interpreter's start changed it
+            given = dict(item.decode(errors="surrogateescape").split("=", 1)
+                         for item in fh.read().split(b"\0") if b"=" in item)
+        self.env = {k: v for k, v in given.items() if k not in per_run}
+        # what the start set (LC_CTYPE when it coerced the C locale): a forked run's environment has it too
+        self.added = {k: v for k, v in os.environ.items() if given.get(k) != v}
         self.path0 = sys.path[0]
 
     def forkable(self, argv: list[str], env: dict[str, str]) -> str | None:
@@ -287,7 +292,7 @@ def _forked(spec: dict, script: str) -> Program:
     os.closerange(3, 1 << 20)  # what a fresh program has: the run's stdin, stdout and stderr
     set_signal(SIGINT, default_int_handler)  # as Python's start sets it
     os.environ.clear()
-    os.environ.update(env)
+    os.environ.update(env, **_template.added)
     site = sys.modules.get("site")
     if site is not None and site.ENABLE_USER_SITE:
         site.USER_BASE = site.USER_SITE = None  # computed from HOME at the start: the run's

@@ -538,15 +538,17 @@ MEMORY_ROOT = Path("/sys/fs/cgroup/memory")
 
 @pytest.mark.skipif(not CAN_ISOLATE or not (MEMORY_ROOT / "cgroup.procs").exists(),
                     reason="needs root and cgroup v1 memory")
-def test_an_isolated_run_is_held_to_its_own_memory_limit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("forked", [False, True], ids=["spawned", "forked"])
+def test_an_isolated_run_is_held_to_its_own_memory_limit(tmp_path: Path, forked: bool) -> None:
     """With a memory limit for runs (``--run-memory-max``, a runner sandbox's share), a run that
-    takes more is killed by its own group's OOM killer; a run within it is untouched.
+    takes more is killed by its own group's OOM killer; a run within it is untouched; a program
+    forked from the runs' template (``run_template.py``) as one started fresh.
 
     Can fail: with the zygote making run groups in the pids controller only (a scratch copy), the
     hog took its 256 MiB from the tools' limit and exited 0."""
     import asyncio
 
-    from sandbox_server.isolated_runs import Jails
+    from sandbox_server.isolated_runs import Jails, RunTemplate
     from sandbox_server.jail import Isolation, RunSpec
 
     tools = MEMORY_ROOT / f"idegym-test-jail-{os.getpid()}-{time.monotonic_ns()}"
@@ -554,14 +556,21 @@ def test_an_isolated_run_is_held_to_its_own_memory_limit(tmp_path: Path) -> None
     run_dir = tmp_path / "run"
     run_dir.mkdir()
 
+    template = RunTemplate("/usr/bin/python3", {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}, ("HOME",))
+
     def spec(mib: int) -> RunSpec:
-        code = f"b = bytearray({mib} << 20)\nb[::4096] = b'x' * len(b[::4096])\nprint('kept', {mib})\n"
-        return RunSpec.of(["python3", "-c", code], {"PATH": "/usr/bin:/bin"}, str(run_dir), 0, 0, [0],
+        code = (f"b = bytearray({mib} << 20)\nb[::4096] = b'x' * len(b[::4096])\n"
+                f"print('kept', {mib}, open('/proc/self/cmdline', 'rb').read().split(bytes(1))[2]"
+                ".endswith(b'run_template.py'))\n")
+        (run_dir / f"hog{mib}.py").write_text(code)
+        argv = ["python3", "-u", f"hog{mib}.py"] if forked else ["python3", "-c", code]
+        return RunSpec.of(argv, {"PATH": "/usr/bin:/bin", "HOME": str(run_dir)}, str(run_dir), 0, 0, [0],
                           Isolation(bind=str(run_dir)), 500)
 
     async def run() -> list[tuple[int, bytes]]:
         jails = Jails()
-        assert jails.start(cgroups={"memory": str(tools)}, memory_max=96 << 20), jails.reason
+        assert jails.start(cgroups={"memory": str(tools)}, memory_max=96 << 20,
+                           template=template if forked else None), jails.reason
         jails.attach(asyncio.get_running_loop())
         results = []
         try:
@@ -586,7 +595,7 @@ def test_an_isolated_run_is_held_to_its_own_memory_limit(tmp_path: Path) -> None
     try:
         (hog, hog_out), (small, small_out) = asyncio.run(run())
         assert hog == -9 and b"kept" not in hog_out, (hog, hog_out)
-        assert small == 0 and small_out == b"kept 16\n", (small, small_out)
+        assert small == 0 and small_out == f"kept 16 {forked}\n".encode(), (small, small_out)
     finally:
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
