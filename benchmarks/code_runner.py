@@ -195,7 +195,7 @@ def breakdown(result: Result, answers: list[tuple[float, dict]], empties: list[t
         ["waiting for a run slot", phase("queued", answers)],
         ["run directory and files", phase("prepare", answers)],
         ["hand-over to a waiting init: the run's mounts, its user, exec", phase("start", answers)],
-        ["interpreter start and exit (an empty program)", phase("program", empties)],
+        ["interpreter start and exit (an empty program: forked from the runs' template)", phase("program", empties)],
         ["the code (each program's run minus the empty one's after it)",
          med([a["timings"]["program"] - e["timings"]["program"]
               for (_, a), (_, e) in zip(answers, empties, strict=True)])],
@@ -213,12 +213,10 @@ def breakdown(result: Result, answers: list[tuple[float, dict]], empties: list[t
                         "once), and the tear-down (the namespaces end with the init, the run directory is removed "
                         "after the answer). Their CPU is in the zygote's share of the CPU table.")
     result.notes.append("At 4 in flight on 2 cores both ways are CPU-bound, so their throughput ratio is their CPU "
-                        "per program's: the programs cost the same either way, and what /execute adds (HTTP through "
-                        "two servers, ~3 ms; the run's namespaces, ~5 ms) is work, not waiting, and moving it off "
-                        "the request's path does not make it free. 0.9x needs the program itself cheaper than a "
-                        "fresh python3: runs forked from a warmed interpreter of the image (a template that never "
-                        "sees a run's data, each fork used once), which saves most of the ~10 ms the interpreter's "
-                        "start costs.")
+                        "per program's. /execute's Python programs are forked from the runs' template interpreter "
+                        "(sandbox_server/run_template.py: started once, it never sees a run), so a run does not pay "
+                        "the ~10 ms of CPU a fresh python3 spends starting; what /execute adds (HTTP through two "
+                        "servers, the run's namespaces and the template's clone of its init) is in the CPU table.")
     return [[name, ms] for name, ms in rows]
 
 
