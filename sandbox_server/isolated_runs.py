@@ -161,14 +161,14 @@ class Jails:
         if self.process is not None:
             # Its children (the template, spares, runs' inits) die with it (parent-death signal):
             # waited for, so that nothing of it is left once this returns.
-            left = []
+            pidfds = []
             for pid in procfs.children(self.process.pid):
                 with contextlib.suppress(OSError):
-                    left.append(os.pidfd_open(pid))
+                    pidfds.append(os.pidfd_open(pid))
             self.process.kill()
             self.process.wait()
             self.process = None
-            for pidfd in left:
+            for pidfd in pidfds:
                 select.select([pidfd], [], [], max(deadline - time.monotonic(), 0))
                 os.close(pidfd)
         left = [g for g in self.cgroups if os.path.isdir(g)]

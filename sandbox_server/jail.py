@@ -55,7 +55,7 @@ try:
     from . import run_template as rt
 except ImportError:  # run as the zygote's script (python -I -S jail.py): its directory is not on the path
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import run_template as rt  # type: ignore[no-redef]
+    import run_template as rt  # type: ignore[no-redef, import-not-found]
 
 MAX_MESSAGE = rt.MAX_MESSAGE
 RUN_PIDS_MAX = 256  # processes of one run (its init included): a fork bomb in one never starves the others

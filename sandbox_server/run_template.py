@@ -34,7 +34,7 @@ import os  # noqa: E402
 import resource  # noqa: E402
 import struct  # noqa: E402
 import time  # noqa: E402
-from _signal import (  # noqa: E402
+from _signal import (  # type: ignore[import-not-found]  # noqa: E402
     SIG_DFL,
     SIG_IGN,
     SIGCHLD,
@@ -295,7 +295,7 @@ def _forked(spec: dict, script: str) -> Program:
     os.environ.update(env, **_template.added)
     site = sys.modules.get("site")
     if site is not None and site.ENABLE_USER_SITE:
-        site.USER_BASE = site.USER_SITE = None  # computed from HOME at the start: the run's
+        vars(site).update(USER_BASE=None, USER_SITE=None)  # computed from HOME at the start: the run's
         if os.path.isdir(site.getusersitepackages()):
             os.execve(executable(argv[0], env), argv, env)
     path = os.path.abspath(script)
@@ -461,7 +461,7 @@ def exit_forked(main: dict, code: int, interrupted: bool) -> None:
     it (~4 ms, as much as the run saves)."""
     threading = sys.modules.get("threading")
     if threading is not None:
-        threading._shutdown()  # type: ignore[attr-defined]
+        threading._shutdown()
     import atexit
 
     atexit._run_exitfuncs()
