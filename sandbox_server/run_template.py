@@ -3,9 +3,10 @@
 A fresh ``python3`` spends ~10 ms of CPU starting before a HumanEval program's first line, most of
 a run. So the zygote starts the image's ``python3`` once, with the options and the environment a
 run's has (``-u``; the runner's variables), on this file: the *template*. It imports what a plain
-start does, plus ``ctypes`` and ``_socket`` for the system calls below, and never receives a
-run's data: asked for a spare (its run groups and a channel, nothing else) it clones one into new
-mount, pid, IPC and network namespaces, as the zygote's child (``CLONE_PARENT``), and answers its
+start does, plus what the system calls below need (``ctypes``, ``_socket``, ``resource``…; a
+program's process drops them from ``sys.modules``), and never receives a run's data: asked for
+a spare (its run groups and a channel, nothing else) it clones one into new mount, pid, IPC and
+network namespaces, as the zygote's child (``CLONE_PARENT``), and answers its
 pid. The spare is a run's init (``spare``): it makes its namespaces ready, waits for its run on
 its channel, and then either ``fork``s the program's process, which runs the run's script in the
 interpreter it already is (``Program``: a fresh ``__main__``, the run's ``sys.argv``, path,
