@@ -205,12 +205,14 @@ def test_a_stopped_server_leaves_nothing_of_the_template(project: Path, tmp_path
     Can fail: with the template's parent-death signal left out (a scratch copy) it outlived its
     zygote."""
     proc = _server(project, tmp_path / "stop")
-    zygote = _zygote_of(proc)
-    _run(proc, "print(1)\n")
-    family = [zygote, *_live_children(zygote)]
-    template = _template_of(zygote)
-    assert template in family and len(family) >= 3, family  # zygote, template, spares
-    proc.stop()
+    try:
+        zygote = _zygote_of(proc)
+        _run(proc, "print(1)\n")
+        template = _template_of(zygote)
+        family = [zygote, *_live_children(zygote)]
+        assert template in family and len(family) >= 3, family  # zygote, template, spares
+    finally:
+        proc.stop()
     assert wait_until(lambda: not [p for p in family if Path(f"/proc/{p}").exists() and _alive(p)], 10), family
 
 
