@@ -159,9 +159,12 @@ class _Template:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             os.set_inheritable(theirs.fileno(), True)
+            # stdout as a run's is (not a terminal: a forked run's sys.stdout is made at this start);
+            # stderr the zygote's, for what a spare says before its run
             self.pid = os.posix_spawn(self.argv[0], [*self.argv, str(theirs.fileno()), ",".join(self.per_run),
                                                      self.argv[0]],
-                                      self.env, setsigdef=rt.RESET_SIGNALS, setsigmask=())
+                                      self.env, setsigdef=rt.RESET_SIGNALS, setsigmask=(),
+                                      file_actions=[(os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)])
         except OSError as exc:
             ours.close()
             self.failed = f"cannot start {self.argv[0]}: {exc}"
