@@ -379,11 +379,14 @@ def test_an_isolated_run_says_where_its_time_went(isolated: SandboxProcess) -> N
 
 def test_an_isolated_run_is_held_to_its_limits(isolated: SandboxProcess) -> None:
     """A run that floods its output, spins and leaves a TERM-deaf daemon comes back at timeout
-    + grace with its output bounded, and nothing of it is left.
+    + grace with its output bounded, and nothing of it is left (a program forked from the runs'
+    template, as every Python run of this server).
 
     Can fail: with the supervisor not learning the init's pid from the zygote (a scratch copy that
     dropped it) nothing was signalled at the timeout, and the daemon outlived the run.
     """
+    forked = "print(open('/proc/self/cmdline', 'rb').read().split(bytes(1))[2].endswith(b'run_template.py'))\n"
+    assert isolated.post("/execute", {"language": "python", "code": forked}).json()["stdout"] == "True\n"  # as below
     marker = f"idegym-limits-{os.getpid()}-{time.monotonic_ns()}"
     code = (f"import subprocess, sys\nsubprocess.Popen(['setsid', 'bash', '-c', \"trap '' TERM; exec -a {marker} "
             "sleep 600\"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
