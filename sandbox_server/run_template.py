@@ -65,6 +65,8 @@ SYS_MOUNT_SETATTR = 442  # x86_64 and aarch64 alike (the new syscall table)
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAPBSET_READ, PR_CAPBSET_DROP = 23, 24
+TOOL_DROPPED = (21, 19)  # CAP_SYS_ADMIN, CAP_SYS_PTRACE
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 MAX_MESSAGE = 1 << 20  # a request: argv, env and paths (never file contents)
 FAILED_TO_ISOLATE = 126
@@ -77,7 +79,8 @@ _pylibc = ctypes.PyDLL(None, use_errno=True)  # holds the GIL through the call (
 _pylibc.syscall.restype = ctypes.c_long
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _libc.syscall.restype = ctypes.c_long
-_SYS_CLONE = 220 if os.uname().machine in ("aarch64", "arm64") else 56
+_ARM = os.uname().machine in ("aarch64", "arm64")
+_SYS_CLONE, _SYS_CAPGET, _SYS_CAPSET = (220, 90, 91) if _ARM else (56, 125, 126)
 
 
 class RunReport:
@@ -129,9 +132,21 @@ def die_with_parent() -> None:
 
 def drop_tool_capabilities() -> None:
     """As the server does for its tools: programs never get CAP_SYS_ADMIN or CAP_SYS_PTRACE back."""
-    for cap in (21, 19):
+    for cap in TOOL_DROPPED:
         if _libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1:
             check(_libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "dropping capabilities")
+
+
+def _lose_tool_capabilities() -> None:
+    """Take CAP_SYS_ADMIN and CAP_SYS_PTRACE out of this process's own sets too: a root run forked
+    from here, not executed, has what an executed one gets from the bounding set, no more."""
+    header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # (effective, permitted, inheritable) for capabilities 0-31, then 32-63
+    check(_libc.syscall(_SYS_CAPGET, header, data), "capget")
+    for cap in TOOL_DROPPED:
+        for field in range(3):
+            data[3 * (cap // 32) + field] &= ~(1 << (cap % 32)) & 0xFFFFFFFF
+    check(_libc.syscall(_SYS_CAPSET, header, data), "capset")
 
 
 def clone(flags: int) -> int:
@@ -226,6 +241,8 @@ def _become(spec: dict) -> None:
     os.setgroups(spec["groups"])
     os.setresgid(spec["gid"], spec["gid"], spec["gid"])
     os.setresuid(spec["uid"], spec["uid"], spec["uid"])
+    if spec["uid"] == 0:  # (another user has none left)
+        _lose_tool_capabilities()
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # nothing it executes gains privileges (setuid bits)
     os.chdir(spec["cwd"])
 

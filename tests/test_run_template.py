@@ -221,3 +221,21 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+@pytest.mark.security
+def test_a_forked_root_run_has_the_capabilities_of_an_executed_one(forking: SandboxProcess) -> None:
+    """A run as root forked from the template (which clones with CAP_SYS_ADMIN) has the
+    capabilities an executed program gets (none of CAP_SYS_ADMIN and CAP_SYS_PTRACE): it cannot
+    make its read-only view writable again nor uncover the server's hidden directories.
+
+    Can fail: with the spare keeping its own capability sets (the fork before
+    ``_lose_tool_capabilities``) the forked program held CAP_SYS_ADMIN and remounted / writable."""
+    status = "print([l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapPrm'))])\n"
+    forked = _run(forking, status)["stdout"]
+    executed = forking.post("/execute", {"language": "bash", "code": "grep -E '^Cap(Prm|Eff)' /proc/self/status | "
+                                         "awk '{print $2}' | paste -sd' '"}).json()["stdout"].split()
+    assert forked == f"{executed}\n".replace('"', "'"), (forked, executed)
+    assert int(executed[1], 16) & (1 << 21 | 1 << 19) == 0, executed
+    remount = "import ctypes\nprint(ctypes.CDLL(None).mount(None, b'/', None, 32 | 4096, None))\n"
+    assert _run(forking, remount)["stdout"] == "-1\n"
