@@ -61,6 +61,7 @@ MAX_MESSAGE = rt.MAX_MESSAGE
 RUN_PIDS_MAX = 256  # processes of one run (its init included): a fork bomb in one never starves the others
 RUN_GROUP_PREFIX = "run-"
 TEMPLATE_READY_SECONDS = 20.0  # the template's interpreter start (seconds only on a loaded host)
+TEMPLATE_STARTS = 3  # failed starts in a row before spares are the zygote's own clones for good
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,8 @@ class _Template:
         self.per_run = per_run
         self.pid = 0
         self.sock: socket.socket | None = None
-        self.failed = ""  # why it could not start: spares are then the zygote's clones
+        self.failures = 0  # starts that failed in a row
+        self.failed = ""  # why it could not start TEMPLATE_STARTS times in a row: spares are the zygote's clones
 
     def start(self) -> bool:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -167,8 +169,7 @@ class _Template:
                                       file_actions=[(os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)])
         except OSError as exc:
             ours.close()
-            self.failed = f"cannot start {self.argv[0]}: {exc}"
-            return False
+            return self._failed(f"cannot start {self.argv[0]}: {exc}")
         finally:
             theirs.close()
         ready, _, _ = select.select([ours], [], [], TEMPLATE_READY_SECONDS)
@@ -180,11 +181,18 @@ class _Template:
             ours.close()
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
-            self.failed = f"{self.argv[0]} did not start as the runs' template"
             self.pid = 0
-            return False
+            return self._failed(f"{self.argv[0]} did not start as the runs' template")
         self.sock = ours
+        self.failures = 0
         return True
+
+    def _failed(self, why: str) -> bool:
+        self.failures += 1
+        if self.failures >= TEMPLATE_STARTS:
+            self.failed = why
+        os.write(2, f"idegym jail: no runs' template: {why}\n".encode(errors="replace"))
+        return False
 
     def gone(self) -> None:
         if self.sock is not None:
@@ -195,19 +203,21 @@ class _Template:
     def clone(self, channel: socket.socket, groups: list[str]) -> int | None:
         """A spare cloned by the template (the zygote's child, with ``channel``): its pid, or
         None when there is no template (it died and would not start again)."""
-        if self.sock is None and (self.failed or not self.start()):
-            return None
-        assert self.sock is not None
-        try:
-            self.sock.sendmsg([marshal.dumps(groups)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                                         array.array("i", [channel.fileno()]))])
-            answer = marshal.loads(self.sock.recv(MAX_MESSAGE))
-        except (OSError, EOFError, ValueError):  # it died: started again for the next spare
-            self.gone()
-            return None
-        if isinstance(answer, str):
-            raise OSError(answer)
-        return int(answer)
+        for _attempt in range(2):  # a template found dead is started again at once
+            if self.sock is None and (self.failed or not self.start()):
+                return None
+            assert self.sock is not None
+            try:
+                self.sock.sendmsg([marshal.dumps(groups)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                                             array.array("i", [channel.fileno()]))])
+                answer = marshal.loads(self.sock.recv(MAX_MESSAGE))
+            except (OSError, EOFError, ValueError):  # it died
+                self.gone()
+                continue
+            if isinstance(answer, str):
+                raise OSError(answer)
+            return int(answer)
+        return None
 
 
 class _Zygote:
@@ -238,8 +248,8 @@ class _Zygote:
             _write(os.path.join(group, "cgroup.procs"), str(os.getpid()))
         self.template = _Template(template["python"], dict(template["env"]), list(template["per_run"])) \
             if template else None
-        if self.template is not None and not self.template.start():
-            os.write(2, f"idegym jail: no runs' template: {self.template.failed}\n".encode(errors="replace"))
+        if self.template is not None:
+            self.template.start()
 
     def _slot(self) -> str:
         """Free run groups: one of the pool, or a new one with the runs' limits."""

@@ -190,6 +190,7 @@ def test_a_dead_template_is_started_again(forking: SandboxProcess) -> None:
     back to fresh interpreters for good; on main there was no template to kill."""
     zygote = _zygote_of(forking)
     first = _template_of(zygote)
+    assert json.loads(_run(forking, START)["stdout"])["forked"] is True  # it is up
     os.kill(first, signal.SIGKILL)
     assert wait_until(lambda: first not in _live_children(zygote), 10)
     for _ in range(3):  # the spares cloned before the kill still serve; then the new template's
