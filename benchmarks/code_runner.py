@@ -29,6 +29,8 @@ from pathlib import Path
 
 import httpx
 
+from sandbox_server.procfs import children
+
 from ._common import Progress, Result, Stats, check_target, measure, percentile, table
 from ._cpu import own_and_reaped, parent
 from ._servers import control_plane, sandbox_server
@@ -100,8 +102,9 @@ def _host_busy_ms() -> float:
 
 
 def _runner_pids(url: str) -> dict[str, int]:
-    """The control plane (who listens on ``url``'s port), its runner sandbox's server and the
-    runs' zygote (the server's child running ``jail.py``)."""
+    """The control plane (who listens on ``url``'s port), its runner sandbox's server, the runs'
+    zygote (the server's child running ``jail.py``) and their template (the zygote's child in its
+    pid namespace running ``run_template.py``, whose clones are the runs' inits)."""
     port = httpx.URL(url).port
     inodes = {line.split()[9] for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
               if line.split()[3] == "0A" and int(line.split()[1].split(":")[1], 16) == port}
@@ -120,6 +123,11 @@ def _runner_pids(url: str) -> dict[str, int]:
                     ancestor = parent(ancestor)
                 if ancestor > 1:  # the runner of this control plane, not of another on the host
                     found["zygote"], found["runner sandbox server"] = pid, parent(pid)
+    if "zygote" in found:
+        for child in children(found["zygote"]):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{child}/ns/pid") == os.readlink(f"/proc/{found['zygote']}/ns/pid"):
+                    found["template"] = child
     return found
 
 
@@ -140,8 +148,10 @@ class _CpuMeter:
         for name, pid in self.pids.items():
             own, reaped = (seconds * 1000 for seconds in own_and_reaped(pid))
             if name == "zygote":
-                now["runs' zygote: cloning spare inits"] = own
+                now["runs' zygote: asking for spare inits, handing runs over"] = own
                 now["zygote reaped"] = reaped
+            elif name == "template":
+                now["runs' template: cloning spare inits"] = own
             else:
                 now[name] = own + reaped
         return now
@@ -185,7 +195,7 @@ def breakdown(result: Result, answers: list[tuple[float, dict]], empties: list[t
         ["waiting for a run slot", phase("queued", answers)],
         ["run directory and files", phase("prepare", answers)],
         ["hand-over to a waiting init: the run's mounts, its user, exec", phase("start", answers)],
-        ["interpreter start and exit (an empty program)", phase("program", empties)],
+        ["interpreter start and exit (an empty program: forked from the runs' template)", phase("program", empties)],
         ["the code (each program's run minus the empty one's after it)",
          med([a["timings"]["program"] - e["timings"]["program"]
               for (_, a), (_, e) in zip(answers, empties, strict=True)])],
@@ -203,12 +213,10 @@ def breakdown(result: Result, answers: list[tuple[float, dict]], empties: list[t
                         "once), and the tear-down (the namespaces end with the init, the run directory is removed "
                         "after the answer). Their CPU is in the zygote's share of the CPU table.")
     result.notes.append("At 4 in flight on 2 cores both ways are CPU-bound, so their throughput ratio is their CPU "
-                        "per program's: the programs cost the same either way, and what /execute adds (HTTP through "
-                        "two servers, ~3 ms; the run's namespaces, ~5 ms) is work, not waiting, and moving it off "
-                        "the request's path does not make it free. 0.9x needs the program itself cheaper than a "
-                        "fresh python3: runs forked from a warmed interpreter of the image (a template that never "
-                        "sees a run's data, each fork used once), which saves most of the ~10 ms the interpreter's "
-                        "start costs.")
+                        "per program's. /execute's Python programs are forked from the runs' template interpreter "
+                        "(sandbox_server/run_template.py: started once, it never sees a run), so a run does not pay "
+                        "the ~10 ms of CPU a fresh python3 spends starting; what /execute adds (HTTP through two "
+                        "servers, the run's namespaces and the template's clone of its init) is in the CPU table.")
     return [[name, ms] for name, ms in rows]
 
 

@@ -79,7 +79,7 @@ from .models import (
 from .openapi import Route, build_openapi
 from .process import ProcessResult, Supervisor
 from .project import CopyProject, OverlayProject, Project, prepare_pristine
-from .runner import CodeRunner
+from .runner import CodeRunner, forked_runs_template
 from .sessions import Sessions
 from .tool_cgroups import ToolCgroups
 from .users import UserSpec
@@ -677,7 +677,8 @@ def create_app(config: ServerConfig) -> web.App:
     groups = ToolCgroups(config.tool_cgroups) if config.tool_cgroups else None
     supervisor = Supervisor(MemoryEvents(config.memory_events), groups, isolated_runs=config.isolated_runs,
                             spawners=config.tool_spawner, run_memory_max=config.run_memory_max,
-                            run_spares=config.runner_concurrency)
+                            run_spares=config.runner_concurrency,
+                            run_template=forked_runs_template(base_env) if config.runner_template else None)
     roots = config.file_roots or [config.project]
     state = SandboxState(
         config=config,

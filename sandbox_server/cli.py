@@ -58,6 +58,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run every code-runner program in mount, pid, IPC and network namespaces of its "
                              "own, with only its directory writable (needs root in the sandbox's user namespace; "
                              "GET /api/capabilities lists 'isolated-runs' when it is on) [$IDEGYM_ISOLATED_RUNS]")
+    parser.add_argument("--runner-template", action=argparse.BooleanOptionalAction, default=True,
+                        help="with --isolated-runs: fork each Python run from a template interpreter started "
+                             "once (no interpreter start per run; runs share its hash seed and address layout). "
+                             "--no-runner-template: each run starts a fresh python3 (a hash seed of its own)")
     parser.add_argument("--run-memory-max", type=int, default=None, metavar="BYTES",
                         help="with --isolated-runs and --tool-cgroups: each run's own memory limit (every run "
                              "already has a pids limit of its own; default: only the tools' limit they share)")
@@ -116,6 +120,7 @@ def config_from_args(args: argparse.Namespace, env: ServerSettings | None = None
         memory_events=chosen("memory_events"),
         isolated_runs=chosen("isolated_runs"),
         run_memory_max=args.run_memory_max,
+        runner_template=args.runner_template,
         tool_spawner=chosen("tool_spawner"),
         tool_cgroups=chosen("tool_cgroups"),
         header_timeout=env.header_timeout,

@@ -41,6 +41,7 @@ class ServerConfig:
     memory_events: Path | None = None  # the sandbox's memory.oom_control / memory.events (OOM reporting)
     isolated_runs: bool = False  # every code-runner run in namespaces of its own (jail.py)
     run_memory_max: int | None = None  # each isolated run's memory limit (in its own cgroups: jail.py)
+    runner_template: bool = True  # isolated Python runs forked from a template interpreter (run_template.py)
     tool_spawner: bool = True  # the tool user's tools started by a process that is that user (spawner.py)
     tool_cgroups: Path | None = None  # the tools' delegated cgroups, <dir>/<controller> (tool_cgroups.py)
     header_timeout: float = DEFAULT_HEADER_TIMEOUT  # a request head must be complete this soon (web.py)

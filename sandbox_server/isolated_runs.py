@@ -9,20 +9,33 @@ import asyncio
 import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
-from . import jail
-from .jail import RunReport, RunSpec
+from . import jail, procfs, run_template
+from .jail import RunSpec
 from .output import read_available
+from .run_template import RunReport
 
 
 class JailError(Exception):
     """The zygote is not there (any more): isolated runs are unavailable."""
+
+
+@dataclass(frozen=True)
+class RunTemplate:
+    """The runs' template interpreter (``run_template.py``): the ``python`` runs start, with the
+    environment they all share; ``per_run`` names the variables each run sets for itself."""
+
+    python: str
+    env: dict[str, str]
+    per_run: tuple[str, ...]
 
 
 class Jails:
@@ -42,11 +55,12 @@ class Jails:
         return self.process.pid if self.process is not None else None
 
     def start(self, cgroups: Mapping[str, str] | None = None, pids_max: int | None = None,
-              memory_max: int | None = None, spares: int = 1) -> bool:
+              memory_max: int | None = None, spares: int = 1, template: RunTemplate | None = None) -> bool:
         """Start the zygote (synchronously: while this process still holds CAP_SYS_ADMIN), in the
         ``cgroups`` directories (the tools' groups, by controller) if any, each run then in groups
         of its own below them, held to ``pids_max`` processes and ``memory_max`` bytes (``jail.py``),
-        with ``spares`` inits kept ready (as many as runs may go on at once).
+        with ``spares`` inits kept ready (as many as runs may go on at once), cloned by the runs'
+        ``template`` interpreter when there is one (``run_template.py``).
         False, with ``reason`` set, when this process cannot make namespaces (not root in its user
         namespace, or a kernel that refuses)."""
         problem = jail.probe()
@@ -58,7 +72,7 @@ class Jails:
             self.process = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-B", os.path.abspath(jail.__file__), str(theirs.fileno()),
                  json.dumps({"cgroups": dict(cgroups or {}), "pids_max": pids_max, "memory_max": memory_max,
-                             "spares": spares})],
+                             "spares": spares, "template": vars(template) if template is not None else None})],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, close_fds=True)
         except OSError as exc:
             ours.close()
@@ -143,11 +157,20 @@ class Jails:
         """End the zygote; the inits of runs still going die with it (parent-death signal), and
         their groups are removed once empty."""
         self._fail("stopped")
+        deadline = time.monotonic() + timeout
         if self.process is not None:
+            # Its children (the template, spares, runs' inits) die with it (parent-death signal):
+            # waited for, so that nothing of it is left once this returns.
+            pidfds = []
+            for pid in procfs.children(self.process.pid):
+                with contextlib.suppress(OSError):
+                    pidfds.append(os.pidfd_open(pid))
             self.process.kill()
             self.process.wait()
             self.process = None
-        deadline = time.monotonic() + timeout
+            for pidfd in pidfds:
+                select.select([pidfd], [], [], max(deadline - time.monotonic(), 0))
+                os.close(pidfd)
         left = [g for g in self.cgroups if os.path.isdir(g)]
         while left:
             children = [e.path for g in left for e in os.scandir(g)
@@ -162,14 +185,14 @@ class Jails:
 
 def _read_status(loop: asyncio.AbstractEventLoop, fd: int, exit_status: asyncio.Future[int | None],
                  on_report: Callable[[RunReport], object] | None) -> None:
-    """The reader of a run's status pipe (``jail.RunReport``); nothing written: the init was
+    """The reader of a run's status pipe (``run_template.RunReport``); nothing written: the init was
     killed (SIGKILL) before its program ended."""
-    data = read_available(fd, jail.STATUS.size)
+    data = read_available(fd, run_template.STATUS.size)
     if data is None:
         return
     loop.remove_reader(fd)
     os.close(fd)
-    report = RunReport.unpack(data) if len(data) == jail.STATUS.size else None
+    report = RunReport.unpack(data) if len(data) == run_template.STATUS.size else None
     if report is not None and on_report is not None:
         on_report(report)
     if not exit_status.done():
@@ -180,4 +203,4 @@ def _refused(answer: asyncio.Future[int], exit_status: asyncio.Future[int | None
     if not answer.done():
         answer.set_exception(JailError(reason))
     if not exit_status.done():
-        exit_status.set_result(jail.FAILED_TO_ISOLATE << 8)
+        exit_status.set_result(run_template.FAILED_TO_ISOLATE << 8)

@@ -41,41 +41,27 @@ from __future__ import annotations
 
 import array
 import contextlib
-import ctypes
-import fcntl
 import json
+import marshal
 import os
-import platform
-import resource
 import select
 import signal
 import socket
-import struct
 import sys
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-AT_FDCWD, AT_RECURSIVE = -100, 0x8000
-MOUNT_ATTR_RDONLY = 0x1
-SYS_MOUNT_SETATTR = 442  # x86_64 and aarch64 alike (the new syscall table)
-PR_SET_PDEATHSIG = 1
-PR_SET_NO_NEW_PRIVS = 38
-PR_CAPBSET_READ, PR_CAPBSET_DROP = 23, 24
-SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
-MAX_MESSAGE = 1 << 20  # a request: argv, env and paths (never file contents)
-FAILED_TO_ISOLATE = 126
-STATUS = struct.Struct("=iddd")  # what a run's init writes as it exits (``RunReport``)
+try:
+    from . import run_template as rt
+except ImportError:  # run as the zygote's script (python -I -S jail.py): its directory is not on the path
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import run_template as rt  # type: ignore[no-redef, import-not-found]
+
+MAX_MESSAGE = rt.MAX_MESSAGE
 RUN_PIDS_MAX = 256  # processes of one run (its init included): a fork bomb in one never starves the others
 RUN_GROUP_PREFIX = "run-"
-# Python ignores these; a program starts with them at their defaults, as subprocess gives them.
-RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+TEMPLATE_READY_SECONDS = 20.0  # the template's interpreter start (seconds only on a loaded host)
+TEMPLATE_STARTS = 3  # failed starts in a row before spares are the zygote's own clones for good
 
 
 @dataclass(frozen=True)
@@ -85,23 +71,6 @@ class Isolation:
     bind: str  # the run's directory: bound writable at the same path, everything else read-only
     tmp_bytes: int = 256 << 20  # bound of the run's own /tmp and /dev/shm (each)
     hide: tuple[str, ...] = ()  # directories replaced by an empty read-only tmpfs
-
-
-@dataclass(frozen=True)
-class RunReport:
-    """How a run went, as its init tells the server when it exits."""
-
-    status: int  # the program's wait status
-    spawned: float  # when (``time.monotonic``: the server's clock too) the program was spawned; 0 if never
-    init_cpu: float  # seconds of CPU of the init itself, from its clone (its set-up ahead of demand too)
-    program_cpu: float  # seconds of CPU of the program and of every process of the run the init reaped
-
-    def pack(self) -> bytes:
-        return STATUS.pack(self.status, self.spawned, self.init_cpu, self.program_cpu)
-
-    @classmethod
-    def unpack(cls, data: bytes) -> RunReport:
-        return cls(*STATUS.unpack(data))
 
 
 @dataclass
@@ -137,11 +106,11 @@ def probe() -> str:
         return "isolated runs need the server to run as root (in its sandbox's user namespace)"
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child only makes syscalls and exits
-        ok = _libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET) == 0
-        try:
-            if ok:  # what the zygote's own view takes (mount_setattr: Linux 5.12)
-                _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount /")
-                _all_read_only()
+        try:  # what the zygote's own view takes (mount_setattr: Linux 5.12)
+            rt.unshare(rt.RUN_NAMESPACES)
+            rt.mount(None, "/", None, rt.MS_REC | rt.MS_PRIVATE)
+            rt.all_read_only()
+            ok = True
         except OSError:
             ok = False
         os._exit(0 if ok else 1)
@@ -151,190 +120,12 @@ def probe() -> str:
 
 # -- the zygote ---------------------------------------------------------------------------------------
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_pylibc = ctypes.PyDLL(None, use_errno=True)  # holds the GIL through the call (clone)
-_pylibc.syscall.restype = ctypes.c_long
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-_libc.syscall.restype = ctypes.c_long
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    _check(_libc.mount(source.encode() if source else None, target.encode(), fstype.encode() if fstype else None,
-                       flags, data.encode() if data else None), f"mount {target}")
-
-
-def _all_read_only() -> None:
-    attr = struct.pack("QQQQ", MOUNT_ATTR_RDONLY, 0, 0, 0)
-    buf = ctypes.create_string_buffer(attr, len(attr))
-    _check(_libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, buf, len(attr)), "mount_setattr /")
-
-
-def _loopback_up() -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        ifreq = struct.pack("16sh14x", b"lo", 0)
-        flags = struct.unpack("16sh14x", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, ifreq))[1]
-        fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sh14x", b"lo", flags | IFF_UP))
-
-
-def _join(groups: Sequence[str]) -> None:
-    """Move this (single-threaded) process into ``groups``, one per controller: "0" written to
-    ``tasks`` moves the writer alone, which spares the kernel the lock a write of a pid takes on
-    cgroup v1 (an RCU grace period: 12 ms, 40 under load, where this costs 0.3)."""
-    for group in groups:
-        _write(os.path.join(group, "tasks"), "0")
-
-
-def _prepare(groups: Sequence[str]) -> None:
-    """What a run's init does before its run is known (as a spare, ``_Zygote``): into its run
-    groups, its view of the sandbox read-only, its own /proc, its loopback up."""
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the zygote gone: the run too
-    try:
-        _join(groups)  # first: every process of the run is born in them
-    except OSError as exc:  # the run is still bounded by the tools' groups
-        os.write(2, f"idegym jail: a run without cgroups of its own: {exc}\n".encode(errors="replace"))
-    os.setsid()  # the server signals the run's process group, as any command's
-    # The clone copied the zygote's mount namespace (``_private_view``): nothing propagates back.
-    _all_read_only()
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this namespace's processes only
-    _mount("/proc/sys", "/proc/sys", None, MS_BIND | MS_REC)
-    _mount(None, "/proc/sys", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    _loopback_up()
-
-
-def _isolate(spec: RunSpec) -> None:
-    """The run's own files: fresh /tmp and /dev/shm, hidden directories, its directory writable."""
-    run_dir = os.open(spec.bind, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # before /tmp is covered
-    tmpfs = f"size={spec.tmp_bytes},nr_inodes={max(spec.tmp_bytes >> 12, 1024)},mode=1777"
-    for path in ("/tmp", "/dev/shm"):
-        if os.path.isdir(path):
-            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs)
-    for path in spec.hide:
-        if os.path.isdir(path):
-            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=0755")
-    parent = os.path.dirname(os.path.normpath(spec.bind))
-    fresh = any(parent == d or parent.startswith(d + "/") for d in ("/tmp", "/dev/shm"))
-    if not fresh and parent != "/":  # runs' directories elsewhere ($TMPDIR): none but its own seen
-        _mount("tmpfs", parent, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,nr_inodes=64,mode=0755")
-    os.makedirs(spec.bind, exist_ok=True)
-    _mount(f"/proc/self/fd/{run_dir}", spec.bind, None, MS_BIND)
-    _mount(None, spec.bind, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)  # writable again
-    os.close(run_dir)
-
-
-def _become(spec: RunSpec) -> None:
-    os.setgroups(spec.groups)
-    os.setresgid(spec.gid, spec.gid, spec.gid)
-    os.setresuid(spec.uid, spec.uid, spec.uid)
-    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # nothing it executes gains privileges (setuid bits)
-    os.chdir(spec.cwd)
-
-
-def _executable(name: str, env: dict[str, str]) -> str:
-    if "/" in name:
-        return name
-    for directory in env.get("PATH", os.defpath).split(os.pathsep):
-        path = os.path.join(directory or ".", name)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    raise FileNotFoundError(f"{name!r} is not on PATH")
-
-
-def _spare(channel: socket.socket, groups: Sequence[str]) -> None:
-    """Pid 1 of a run's namespaces, cloned into them by the zygote before the run is asked for:
-    prepares what it can, waits for its run (``_Zygote.hand_over``), isolates it, takes the run's
-    user, starts the program (``posix_spawn``), reaps, and exits as the program did. The kernel
-    then kills whatever is left in the namespace."""
-    unprepared: BaseException | None = None
-    try:
-        _prepare(groups)
-    except BaseException as exc:  # noqa: BLE001 - said when the run comes
-        unprepared = exc
-    fds = array.array("i")
-    try:
-        data, ancdata, _flags, _ = channel.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(4 * fds.itemsize))
-    except OSError:
-        data, ancdata = b"", []
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-    if not data or len(fds) != 4:
-        os._exit(0)  # retired unused (the zygote's end closed)
-    channel.close()
-    for target, fd in enumerate(fds[:3]):
-        os.dup2(fd, target)
-    for fd in fds[:3]:
-        os.close(fd)
-    status_fd = fds[3]
-    spawned = 0.0
-    try:
-        if unprepared is not None:
-            raise unprepared
-        spec = RunSpec(**json.loads(data))
-        _isolate(spec)
-        _become(spec)
-        program = os.posix_spawn(_executable(spec.argv[0], spec.env), spec.argv, spec.env,
-                                 setsigdef=RESET_SIGNALS, setsigmask=())
-        spawned = time.monotonic()  # the clock is the server's: no time namespace of its own
-    except BaseException as exc:  # noqa: BLE001 - a run that cannot start says why and exits
-        try:
-            os.write(2, f"idegym: could not start the isolated run: {exc}\n".encode(errors="replace"))
-        finally:
-            _end(status_fd, (127 if isinstance(exc, FileNotFoundError) else FAILED_TO_ISOLATE) << 8, spawned)
-    for fd in (0, 1, 2):
-        os.close(fd)  # the run's output ends with its processes, not with this one
-    while True:
-        try:
-            pid, status = os.wait()
-        except ChildProcessError:
-            _end(status_fd, 1 << 8, spawned)
-        if pid == program:
-            _end(status_fd, status, spawned)
-
-
-def _end(status_fd: int, status: int, spawned: float) -> None:
-    """The init's exit: its ``RunReport`` to the server (one write, under PIPE_BUF, so it
-    arrives whole), then the program's exit code."""
-    try:
-        own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        os.write(status_fd, RunReport(status, spawned, own.ru_utime + own.ru_stime,
-                                      reaped.ru_utime + reaped.ru_stime).pack())
-    finally:
-        code = os.waitstatus_to_exitcode(status)
-        os._exit(128 - code if code < 0 else code)
-
-
-def _clone(flags: int) -> int:
-    """``clone(2)`` without a new stack: a fork into new namespaces. Python's fork hooks do not
-    run in the child, which is fine for this single-threaded process; the GIL stays held."""
-    if platform.machine() in ("aarch64", "arm64"):
-        pid = _pylibc.syscall(220, flags | signal.SIGCHLD, 0, 0, 0, 0)
-    else:
-        pid = _pylibc.syscall(56, flags | signal.SIGCHLD, 0, 0, 0, 0)
-    if pid < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"clone: {os.strerror(err)}")
-    return pid
-
-
-def _drop_tool_capabilities() -> None:
-    # As the server does for its tools: programs never get CAP_SYS_ADMIN or CAP_SYS_PTRACE back.
-    for cap in (21, 19):
-        if _libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1:
-            _check(_libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "dropping capabilities")
-
-
 def _private_view() -> None:
     """Put the zygote in a mount namespace of its own, a private copy of the sandbox's: every
     run's namespace is cloned from it, so no run pays for making its mounts private (milliseconds:
     the propagation of every mount changes), and nothing a run mounts reaches the sandbox."""
-    _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    rt.unshare(rt.CLONE_NEWNS)
+    rt.mount(None, "/", None, rt.MS_REC | rt.MS_PRIVATE)
 
 
 @dataclass
@@ -352,15 +143,93 @@ class _Spare:
         os.close(self.pidfd)
 
 
+class _Template:
+    """The zygote's handle on the runs' template interpreter (``run_template.py``): started
+    with the image's ``python3``, the runs' options (``-u``) and environment, asked for spares
+    (their run groups and channel only), started again when it died."""
+
+    def __init__(self, python: str, env: dict[str, str], per_run: list[str]) -> None:
+        self.argv = [python, "-u", os.path.abspath(rt.__file__)]
+        self.env = env
+        self.per_run = per_run
+        self.pid = 0
+        self.sock: socket.socket | None = None
+        self.failures = 0  # starts that failed in a row
+        self.failed = ""  # why it could not start TEMPLATE_STARTS times in a row: spares are the zygote's clones
+
+    def start(self) -> bool:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            os.set_inheritable(theirs.fileno(), True)
+            # stdout as a run's is (not a terminal: a forked run's sys.stdout is made at this start);
+            # stderr the zygote's, for what a spare says before its run
+            self.pid = os.posix_spawn(self.argv[0], [*self.argv, str(theirs.fileno()), ",".join(self.per_run),
+                                                     self.argv[0]],
+                                      self.env, setsigdef=rt.RESET_SIGNALS, setsigmask=(),
+                                      file_actions=[(os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)])
+        except OSError as exc:
+            ours.close()
+            return self._failed(f"cannot start {self.argv[0]}: {exc}")
+        finally:
+            theirs.close()
+        ready, _, _ = select.select([ours], [], [], TEMPLATE_READY_SECONDS)
+        try:
+            answer = marshal.loads(ours.recv(64)) if ready else None
+        except (OSError, EOFError, ValueError):
+            answer = None
+        if answer != self.pid:  # it exited (an interpreter too old for run_template.py) or hung
+            ours.close()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            self.pid = 0
+            return self._failed(f"{self.argv[0]} did not start as the runs' template")
+        self.sock = ours
+        self.failures = 0
+        return True
+
+    def _failed(self, why: str) -> bool:
+        self.failures += 1
+        if self.failures >= TEMPLATE_STARTS:
+            self.failed = why
+        os.write(2, f"idegym jail: no runs' template: {why}\n".encode(errors="replace"))
+        return False
+
+    def gone(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        self.pid = 0
+
+    def clone(self, channel: socket.socket, groups: list[str]) -> int | None:
+        """A spare cloned by the template (the zygote's child, with ``channel``): its pid, or
+        None when there is no template (it died and would not start again)."""
+        for _attempt in range(2):  # a template found dead is started again at once
+            if self.sock is None and (self.failed or not self.start()):
+                return None
+            assert self.sock is not None
+            try:
+                self.sock.sendmsg([marshal.dumps(groups)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                                             array.array("i", [channel.fileno()]))])
+                answer = marshal.loads(self.sock.recv(MAX_MESSAGE))
+            except (OSError, EOFError, ValueError):  # it died
+                self.gone()
+                continue
+            if isinstance(answer, str):
+                raise OSError(answer)
+            return int(answer)
+        return None
+
+
 class _Zygote:
     """The zygote's state: the server's socket and a pool of *spares*, inits cloned ahead of
     demand (fresh namespaces made, read-only view and /proc ready), so that a run starts with what
     is its own only. The pool holds as many spares as runs may go on at once (``spares``): the
     zygote refills it one clone at a time whenever no request waits, so runs that come together
-    each find one instead of waiting for a clone."""
+    each find one instead of waiting for a clone. Spares are the template's clones
+    (``run_template.py``) when there is one, else the zygote's own."""
 
     def __init__(self, sock: socket.socket, cgroups: Mapping[str, str] | None = None, pids_max: int | None = None,
-                 memory_max: int | None = None, spares: int = 1) -> None:
+                 memory_max: int | None = None, spares: int = 1, template: Mapping | None = None) -> None:
         self.sock = sock
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.spares: list[_Spare] = []  # oldest (most likely ready) first
@@ -377,6 +246,10 @@ class _Zygote:
         self.draining: list[str] = []  # groups of ended runs whose last tasks are still leaving
         for group in cgroups.values():  # so that every run is born below the tools' groups
             _write(os.path.join(group, "cgroup.procs"), str(os.getpid()))
+        self.template = _Template(template["python"], dict(template["env"]), list(template["per_run"])) \
+            if template else None
+        if self.template is not None:
+            self.template.start()
 
     def _slot(self) -> str:
         """Free run groups: one of the pool, or a new one with the runs' limits."""
@@ -405,28 +278,32 @@ class _Zygote:
                 self.free.append(slot)
 
     def clone_spare(self) -> _Spare:
-        """One more spare for the pool."""
+        """One more spare for the pool: the template's clone, or the zygote's own without one."""
         slot = None
         if self.cgroups:
             try:
                 slot = self._slot()
             except OSError as exc:  # the run is still bounded by the tools' groups
                 os.write(2, f"idegym jail: no cgroups of its own for the next run: {exc}\n".encode())
+        groups = [os.path.join(group, slot) for group in self.cgroups] if slot else []
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            pid = _clone(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET)
+            pid = self.template.clone(theirs, groups) if self.template is not None else None
+            if pid is None:
+                # nothing of the zygote's nor of the other spares (their channels, their pidfds)
+                others = [fd for spare in self.spares for fd in (spare.channel.fileno(), spare.pidfd)]
+                if self.template is not None and self.template.sock is not None:
+                    others.append(self.template.sock.fileno())
+                made = rt.clone_spare(rt.RUN_NAMESPACES, theirs.fileno(), groups,
+                                      (self.sock.fileno(), self.wake_r, self.wake_w, ours.fileno(), *others))
+                assert isinstance(made, int)  # the spare never returns without a template
+                pid = made
         except BaseException:
+            ours.close()
+            theirs.close()
             if slot is not None:
                 self.free.append(slot)
             raise
-        if pid == 0:  # pragma: no cover - runs in the spare
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            # nothing of the zygote's nor of the other spares (their channels, their pidfds)
-            others = [fd for spare in self.spares for fd in (spare.channel.fileno(), spare.pidfd)]
-            for fd in (self.sock.fileno(), self.wake_r, self.wake_w, ours.fileno(), *others):
-                os.close(fd)
-            _spare(theirs, [os.path.join(group, slot) for group in self.cgroups] if slot else [])
         theirs.close()
         spare = _Spare(pid, ours, os.pidfd_open(pid))
         if slot is not None:
@@ -434,9 +311,10 @@ class _Zygote:
         self.spares.append(spare)
         return spare
 
-    def hand_over(self, data: bytes, spec: RunSpec, fds: array.array) -> int:
+    def hand_over(self, spec: RunSpec, fds: array.array) -> int:
         """Give the run to a spare of the pool (cloning one when there is none): the init's pid.
         Each spare is used once: its channel is closed once it has its run."""
+        data = marshal.dumps(vars(spec))
         fresh = False
         while True:
             if not self.spares:
@@ -457,10 +335,13 @@ class _Zygote:
                 raise
 
     def forget(self, ended: set[int]) -> None:
-        """Spares that died waiting (killed) leave the pool; the loop clones others."""
+        """Spares that died waiting (killed) leave the pool, and so does a template that died
+        (started again for the next spare); the loop clones others."""
         for spare in [s for s in self.spares if s.pid in ended]:
             self.spares.remove(spare)
             spare.discard()
+        if self.template is not None and self.template.pid in ended:
+            self.template.gone()
 
     def request(self) -> bool:
         """One request from the server, answered; False once the server is gone."""
@@ -470,7 +351,7 @@ class _Zygote:
         try:
             if len(fds) != 4:
                 raise ValueError(f"a run needs stdin, stdout, stderr and a status pipe, got {len(fds)} fds")
-            pid = self.hand_over(data, RunSpec(**json.loads(data)), fds)
+            pid = self.hand_over(RunSpec(**json.loads(data)), fds)
             self.sock.send(json.dumps({"pid": pid}).encode())
         except Exception as exc:  # noqa: BLE001 - a bad request is answered, never fatal
             self.sock.send(json.dumps({"error": f"the zygote refused the run: {exc}"}).encode())
@@ -505,12 +386,12 @@ def _read(path: str) -> str:
 
 def serve(fd: int, config: dict) -> None:
     """The zygote's loop: a request in, a run's init handed its run and its pid out; the next
-    spare cloned; ended inits reaped."""
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    spare cloned; ended inits reaped. The zygote keeps its capabilities to start the template
+    again; every spare drops CAP_SYS_ADMIN and CAP_SYS_PTRACE from its bounding set."""
+    rt.die_with_parent()
     _private_view()
-    _drop_tool_capabilities()
     zygote = _Zygote(socket.socket(fileno=fd), config.get("cgroups"), config.get("pids_max"),
-                     config.get("memory_max"), config.get("spares", 1))
+                     config.get("memory_max"), config.get("spares", 1), config.get("template"))
     signal.set_wakeup_fd(zygote.wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

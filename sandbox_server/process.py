@@ -38,12 +38,13 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from . import procfs
-from .isolated_runs import JailError, Jails
-from .jail import RUN_PIDS_MAX, Isolation, RunReport, RunSpec
+from .isolated_runs import JailError, Jails, RunTemplate
+from .jail import RUN_PIDS_MAX, Isolation, RunSpec
 from .job import READ_CHUNK, Job, feed_stdin
 from .memory_events import MemoryEvents
 from .output import BoundedOutput
 from .polling import until
+from .run_template import RunReport
 from .spawner import SPAWNER, Spawner, SpawnRefused
 from .spawner import available as spawner_available
 from .tool_cgroups import ToolCgroups
@@ -93,7 +94,7 @@ class Supervisor:
 
     def __init__(self, memory_events: MemoryEvents | None = None, tool_cgroups: ToolCgroups | None = None,
                  isolated_runs: bool = False, spawners: bool = False, run_memory_max: int | None = None,
-                 run_spares: int = 1) -> None:
+                 run_spares: int = 1, run_template: RunTemplate | None = None) -> None:
         self._tracked: set[int] = set()
         # Tools of another user started by a process that is that user (spawner.py), uid -> spawner.
         self._spawners: dict[int, Spawner] | None = {} if spawners and spawner_available() else None
@@ -110,6 +111,7 @@ class Supervisor:
         self.jails: Jails | None = Jails() if isolated_runs else None
         self.run_memory_max = run_memory_max  # each isolated run's own memory limit (with the tools' cgroups)
         self.run_spares = run_spares  # isolated runs' inits kept ready: as many as may run at once
+        self.run_template = run_template  # the interpreter isolated runs are forked from (run_template.py)
         self._drainers = 0
         self._reaper: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -132,7 +134,7 @@ class Supervisor:
             # Runs live below the tools' groups, each in child groups of its own (jail.py).
             run_groups = {c: str(d) for c, d in self.tool_cgroups.dirs.items()} if self.tool_cgroups else {}
             if self.jails.start(run_groups, pids_max=RUN_PIDS_MAX, memory_max=self.run_memory_max,
-                                spares=self.run_spares):
+                                spares=self.run_spares, template=self.run_template):
                 self.jails.attach(self._loop)
             else:
                 log.warning("isolated runs are unavailable: %s", self.jails.reason)

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from .errors import BadRequest, Unprocessable
+from .isolated_runs import RunTemplate
 from .jail import Isolation
 from .models import ExecuteRequest, ExecuteResponse, ExecuteTimings, LanguageInfo
-from .process import ProcessResult, Supervisor
+from .process import CALL_ENV, ProcessResult, Supervisor
 from .users import UserSpec
 
 MAX_OUTPUT = 1 << 20
@@ -203,6 +204,18 @@ class CodeRunner:
             removal = asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, tmp, True)
             self._removals.add(removal)
             removal.add_done_callback(self._removals.discard)
+
+
+def forked_runs_template(env: Mapping[str, str]) -> RunTemplate | None:
+    """The interpreter isolated Python runs are forked from (``run_template.py``): the
+    ``python3`` a run would start, with the environment every run shares. HOME is a run's own
+    (its directory): the template's does not exist, so that it has no user site-packages."""
+    python = shutil.which("python3", path=env.get("PATH", os.defpath))
+    if python is None:
+        return None
+    shared = {**env, **_toolchain_homes(env), "HOME": "/nonexistent"}
+    shared.pop("TMPDIR", None)
+    return RunTemplate(python, shared, ("HOME", "TMPDIR", CALL_ENV))
 
 
 def _toolchain_homes(env: Mapping[str, str]) -> dict[str, str]:

@@ -58,8 +58,8 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from . import procfs
-from .jail import RESET_SIGNALS
 from .output import read_exit_status
+from .run_template import RESET_SIGNALS
 
 SPAWNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "idegym-spawner")
 SOCKET_FD = 3  # the spawner's end of the socket, as spawner.c expects it

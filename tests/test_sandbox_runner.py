@@ -18,6 +18,7 @@ import pytest
 from tests.helpers import SandboxProcess, wait_until
 
 CAN_ISOLATE = os.geteuid() == 0
+IMAGE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 @pytest.fixture(params=["plain", "isolated"])
@@ -35,7 +36,10 @@ def isolated(project: Path, tmp_path: Path) -> Iterator[SandboxProcess]:
     if not CAN_ISOLATE:
         pytest.skip("isolated runs need root (namespaces)")
     (tmp_path / "iso").mkdir()
-    proc = SandboxProcess(project, "unix", tmp_path / "iso", extra=["--isolated-runs", "--runner-concurrency", "4"])
+    # python3 as the built-in image has it (not a version manager's shim): its runs are forked
+    # from the runs' template (run_template.py)
+    proc = SandboxProcess(project, "unix", tmp_path / "iso", extra=["--isolated-runs", "--runner-concurrency", "4",
+                                                                     "--tool-env", f"PATH={IMAGE_PATH}"])
     yield proc
     proc.stop()
 
@@ -288,8 +292,24 @@ def _holds_socket(pid: int) -> bool:
 
 def _spares(zygote: int) -> list[int]:
     """The zygote's inits waiting for a run: those that still hold their channel (a socket); a
-    run's init closed it."""
-    return [p for p in _live_children(zygote) if _holds_socket(p)]
+    run's init closed it. Not the runs' template (a child too, in the zygote's pid namespace)."""
+    return [p for p in _live_children(zygote) if _holds_socket(p) and _pid_ns(p) != _pid_ns(zygote)]
+
+
+def _pid_ns(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return ""
+
+
+def _template_of(zygote: int) -> int:
+    """The runs' template interpreter: the zygote's child in its own pid namespace (once started)."""
+    found: list[int] = []
+    assert wait_until(lambda: found.extend(p for p in _live_children(zygote) if _pid_ns(p) == _pid_ns(zygote))
+                      or found, 30, interval=0.02), _live_children(zygote)
+    (template,) = found
+    return template
 
 
 def _zygote_of(server: SandboxProcess) -> int:
@@ -359,11 +379,14 @@ def test_an_isolated_run_says_where_its_time_went(isolated: SandboxProcess) -> N
 
 def test_an_isolated_run_is_held_to_its_limits(isolated: SandboxProcess) -> None:
     """A run that floods its output, spins and leaves a TERM-deaf daemon comes back at timeout
-    + grace with its output bounded, and nothing of it is left.
+    + grace with its output bounded, and nothing of it is left (a program forked from the runs'
+    template, as every Python run of this server).
 
     Can fail: with the supervisor not learning the init's pid from the zygote (a scratch copy that
     dropped it) nothing was signalled at the timeout, and the daemon outlived the run.
     """
+    forked = "print(open('/proc/self/cmdline', 'rb').read().split(bytes(1))[2].endswith(b'run_template.py'))\n"
+    assert isolated.post("/execute", {"language": "python", "code": forked}).json()["stdout"] == "True\n"  # as below
     marker = f"idegym-limits-{os.getpid()}-{time.monotonic_ns()}"
     code = (f"import subprocess, sys\nsubprocess.Popen(['setsid', 'bash', '-c', \"trap '' TERM; exec -a {marker} "
             "sleep 600\"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
@@ -518,15 +541,17 @@ MEMORY_ROOT = Path("/sys/fs/cgroup/memory")
 
 @pytest.mark.skipif(not CAN_ISOLATE or not (MEMORY_ROOT / "cgroup.procs").exists(),
                     reason="needs root and cgroup v1 memory")
-def test_an_isolated_run_is_held_to_its_own_memory_limit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("forked", [False, True], ids=["spawned", "forked"])
+def test_an_isolated_run_is_held_to_its_own_memory_limit(tmp_path: Path, forked: bool) -> None:
     """With a memory limit for runs (``--run-memory-max``, a runner sandbox's share), a run that
-    takes more is killed by its own group's OOM killer; a run within it is untouched.
+    takes more is killed by its own group's OOM killer; a run within it is untouched; a program
+    forked from the runs' template (``run_template.py``) as one started fresh.
 
     Can fail: with the zygote making run groups in the pids controller only (a scratch copy), the
     hog took its 256 MiB from the tools' limit and exited 0."""
     import asyncio
 
-    from sandbox_server.isolated_runs import Jails
+    from sandbox_server.isolated_runs import Jails, RunTemplate
     from sandbox_server.jail import Isolation, RunSpec
 
     tools = MEMORY_ROOT / f"idegym-test-jail-{os.getpid()}-{time.monotonic_ns()}"
@@ -534,14 +559,21 @@ def test_an_isolated_run_is_held_to_its_own_memory_limit(tmp_path: Path) -> None
     run_dir = tmp_path / "run"
     run_dir.mkdir()
 
+    template = RunTemplate("/usr/bin/python3", {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}, ("HOME",))
+
     def spec(mib: int) -> RunSpec:
-        code = f"b = bytearray({mib} << 20)\nb[::4096] = b'x' * len(b[::4096])\nprint('kept', {mib})\n"
-        return RunSpec.of(["python3", "-c", code], {"PATH": "/usr/bin:/bin"}, str(run_dir), 0, 0, [0],
+        code = (f"b = bytearray({mib} << 20)\nb[::4096] = b'x' * len(b[::4096])\n"
+                f"print('kept', {mib}, open('/proc/self/cmdline', 'rb').read().split(bytes(1))[2]"
+                ".endswith(b'run_template.py'))\n")
+        (run_dir / f"hog{mib}.py").write_text(code)
+        argv = ["python3", "-u", f"hog{mib}.py"] if forked else ["python3", "-c", code]
+        return RunSpec.of(argv, {"PATH": "/usr/bin:/bin", "HOME": str(run_dir)}, str(run_dir), 0, 0, [0],
                           Isolation(bind=str(run_dir)), 500)
 
     async def run() -> list[tuple[int, bytes]]:
         jails = Jails()
-        assert jails.start(cgroups={"memory": str(tools)}, memory_max=96 << 20), jails.reason
+        assert jails.start(cgroups={"memory": str(tools)}, memory_max=96 << 20,
+                           template=template if forked else None), jails.reason
         jails.attach(asyncio.get_running_loop())
         results = []
         try:
@@ -566,7 +598,7 @@ def test_an_isolated_run_is_held_to_its_own_memory_limit(tmp_path: Path) -> None
     try:
         (hog, hog_out), (small, small_out) = asyncio.run(run())
         assert hog == -9 and b"kept" not in hog_out, (hog, hog_out)
-        assert small == 0 and small_out == b"kept 16\n", (small, small_out)
+        assert small == 0 and small_out == f"kept 16 {forked}\n".encode(), (small, small_out)
     finally:
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
