@@ -7,6 +7,8 @@ Measured in one run, against one embedded control plane on the local backend, fo
 * ``RayVectorEnv`` with one actor per CPU (``envs_per_actor=ceil(n / CPUs)``): the sub-envs of
   an actor step on threads there, so a vector step costs one call per actor (over its channel);
 * ``RayVectorEnv`` with one actor for all (``envs_per_actor=n``): one call per vector step;
+* the same one actor per CPU with ``direct_channels=False``: a Ray call per actor and step, what
+  the channel (``idegym_env/vector/channel.py``) replaces;
 * ``SyncVectorEnv``: gymnasium's own, ``n`` ``IdeGymEnv`` stepped one after the other in this
   process (the baseline a user gets from ``gym.make_vec(..., vectorization_mode="sync")``);
 * raw calls, the ceiling: ``n`` threads, each with its own client and sandbox, calling
@@ -61,9 +63,10 @@ NO_END = 10**9  # step budget: no episode ends (and gets graded) during a measur
 RAW = "raw calls (ceiling)"
 GROUPED = "RayVectorEnv, one actor per CPU"
 ONE_ACTOR = "RayVectorEnv, one actor"
+BY_RAY = "RayVectorEnv, one actor per CPU, Ray calls"
 CPUS = os.cpu_count() or 1
 LOCKSTEP = "raw calls, lockstep"
-METHODS = ["RayVectorEnv", GROUPED, ONE_ACTOR, "SyncVectorEnv", RAW, LOCKSTEP]
+METHODS = ["RayVectorEnv", GROUPED, ONE_ACTOR, BY_RAY, "SyncVectorEnv", RAW, LOCKSTEP]
 TARGET_AT = 8
 TARGET_RATIO = 0.80
 CONTROL_PLANE = "control plane and sandboxes"
@@ -182,16 +185,18 @@ def measure_size(url: str, image: str, n: int, control_plane_pid: int
     from idegym_env.env import IdeGymEnv
     from idegym_env.vector import RayVectorEnv
 
-    print(f"\n{n} sub-env{'s' if n > 1 else ''}: starting 4 vector envs and {n} raw sandboxes ...", flush=True)
+    print(f"\n{n} sub-env{'s' if n > 1 else ''}: starting 5 vector envs and {n} raw sandboxes ...", flush=True)
     ray_env = RayVectorEnv(n, task=TASK, control_plane_url=url, max_steps=NO_END)
     grouped_env = RayVectorEnv(n, task=TASK, control_plane_url=url, max_steps=NO_END,
                                envs_per_actor=-(-n // CPUS))
     one_actor_env = RayVectorEnv(n, task=TASK, control_plane_url=url, max_steps=NO_END, envs_per_actor=n)
+    by_ray_env = RayVectorEnv(n, task=TASK, control_plane_url=url, max_steps=NO_END, envs_per_actor=-(-n // CPUS),
+                              direct_channels=False)
     sync_env = gym.vector.SyncVectorEnv(
         [lambda: IdeGymEnv(TASK, control_plane_url=url, max_steps=NO_END) for _ in range(n)])
     raw = RawCalls(url, image, n)
     try:
-        for env in (ray_env, grouped_env, one_actor_env, sync_env):
+        for env in (ray_env, grouped_env, one_actor_env, by_ray_env, sync_env):
             env.reset(seed=0)
             run_vector(env, n, 0.5)  # warm-up: connections, caches
         raw.run(0.5)
@@ -200,6 +205,7 @@ def measure_size(url: str, image: str, n: int, control_plane_pid: int
             "RayVectorEnv": lambda: run_vector(ray_env, n, SECONDS),
             GROUPED: lambda: run_vector(grouped_env, n, SECONDS),
             ONE_ACTOR: lambda: run_vector(one_actor_env, n, SECONDS),
+            BY_RAY: lambda: run_vector(by_ray_env, n, SECONDS),
             "SyncVectorEnv": lambda: run_vector(sync_env, n, SECONDS),
             RAW: lambda: raw.run(SECONDS),
             LOCKSTEP: lambda: raw.run_lockstep(SECONDS),
@@ -225,6 +231,7 @@ def measure_size(url: str, image: str, n: int, control_plane_pid: int
         ray_env.close()
         grouped_env.close()
         one_actor_env.close()
+        by_ray_env.close()
         sync_env.close()
         raw.close()
 
@@ -280,6 +287,7 @@ def plot(rates: dict[str, dict[int, float]], ratio_at_target: float | None, path
         return False
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     styles = {"RayVectorEnv": ("o-", "tab:blue"), GROUPED: ("D-", "tab:green"), ONE_ACTOR: ("P-", "tab:purple"),
+              BY_RAY: ("x--", "tab:red"),
               "SyncVectorEnv": ("s--", "tab:orange"),
               RAW: ("^:", "black"), LOCKSTEP: ("v:", "tab:gray")}
     for method, by_n in rates.items():
@@ -346,15 +354,15 @@ def run() -> Result:
 
     rows = []
     for n in SIZES:
-        rows.append([n, rates["RayVectorEnv"][n], rates[GROUPED][n], rates[ONE_ACTOR][n], rates["SyncVectorEnv"][n],
-                     rates[RAW][n], rates[LOCKSTEP][n], f"{ratios['RayVectorEnv'][n]:.0%}",
-                     f"{ratios[GROUPED][n]:.0%}", f"{ratios[ONE_ACTOR][n]:.0%}", f"{ratios['SyncVectorEnv'][n]:.0%}",
-                     f"{ratios[LOCKSTEP][n]:.0%}"])
+        rows.append([n, rates["RayVectorEnv"][n], rates[GROUPED][n], rates[ONE_ACTOR][n], rates[BY_RAY][n],
+                     rates["SyncVectorEnv"][n], rates[RAW][n], rates[LOCKSTEP][n], f"{ratios['RayVectorEnv'][n]:.0%}",
+                     f"{ratios[GROUPED][n]:.0%}", f"{ratios[ONE_ACTOR][n]:.0%}", f"{ratios[BY_RAY][n]:.0%}",
+                     f"{ratios['SyncVectorEnv'][n]:.0%}", f"{ratios[LOCKSTEP][n]:.0%}"])
     print(f"\nenv steps per second ({COMMAND!r}; medians of {ROUNDS} rounds of {SECONDS:g} s; "
           f"ratios against the raw-call ceiling):")
-    print(table(["sub-envs", "RayVectorEnv", "Ray, actor/CPU", "Ray, one actor", "SyncVectorEnv", "raw calls",
-                 "raw lockstep", "Ray / raw", "Ray actor/CPU / raw", "Ray one actor / raw", "Sync / raw",
-                 "lockstep / raw"], rows))
+    print(table(["sub-envs", "RayVectorEnv", "Ray, actor/CPU", "Ray, one actor", "actor/CPU, Ray calls",
+                 "SyncVectorEnv", "raw calls", "raw lockstep", "Ray / raw", "Ray actor/CPU / raw",
+                 "Ray one actor / raw", "Ray calls / raw", "Sync / raw", "lockstep / raw"], rows))
     print(f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f} on {os.cpu_count()} CPUs")
 
     result.figures["steps_per_second"] = {m: {str(n): round(v, 2) for n, v in by_n.items()}
@@ -371,6 +379,9 @@ def run() -> Result:
         ratio = ratios[GROUPED][TARGET_AT]
         result.figures[f"default RayVectorEnv / raw at {TARGET_AT}"] = f"{ratios['RayVectorEnv'][TARGET_AT]:.0%}"
         result.figures[f"RayVectorEnv, one actor / raw at {TARGET_AT}"] = f"{ratios[ONE_ACTOR][TARGET_AT]:.0%}"
+        result.figures[f"{BY_RAY} / raw at {TARGET_AT}"] = f"{ratios[BY_RAY][TARGET_AT]:.0%}"
+        result.figures[f"one actor per CPU, channel / Ray calls at {TARGET_AT} (median rates)"] = round(
+            rates[GROUPED][TARGET_AT] / rates[BY_RAY][TARGET_AT], 3)
         target = check_target(f"RayVectorEnv (one actor per CPU) / raw-call ceiling at {TARGET_AT} sub-envs",
                               ratio * 100, TARGET_RATIO * 100, unit="%", lower_is_better=False)
         result.targets["ray_vs_raw_at_8"] = target

@@ -510,6 +510,20 @@ def test_rllib_env_creator_passes_vector_settings_to_the_vector_env_only(
         vec.close()
 
 
+def test_without_direct_channels_every_call_goes_through_ray(ray_session: None,
+                                                             control_plane: EmbeddedControlPlane) -> None:
+    """``direct_channels=False`` (the benchmark's baseline for the channel): the actor never listens."""
+    env = RayVectorEnv(1, task=TASK, control_plane_url=control_plane.url, direct_channels=False)
+    try:
+        env.reset()
+        _, _, terminated, truncated, _ = env.step([bash("true")])
+        assert not terminated[0] and not truncated[0]
+        pid = ray.get(env.actor(0).describe.remote())[0]["actor_pid"]
+        assert pid not in _channel_sockets()
+    finally:
+        env.close()
+
+
 # -- closing --------------------------------------------------------------------------------------------
 
 

@@ -49,6 +49,8 @@ class RayVectorEnv(gym.vector.VectorEnv):
     of about 1.5 ms of CPU on two cores), but a failing actor or a timeout ends the episodes of
     all its sub-envs. ``group_size=k`` makes each k consecutive sub-envs a group that starts every episode
     from one reset state, forked rather than reset k times (``groups.py``; GRPO).
+    ``direct_channels=False`` sends every call through Ray (what the channel saves is measured
+    side by side in ``benchmarks/vector_throughput.py``).
     """
 
     metadata: dict[str, Any] = {"autoreset_mode": NEXT_STEP, "render_modes": ["ansi"]}
@@ -68,6 +70,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
         envs_per_actor: int | None = None,
         node_warm_pool: int = 1,
         group_size: int = 1,
+        direct_channels: bool = True,
         **env_kwargs: Any,
     ) -> None:
         self.closed = True  # until the actors exist; makes __del__ and close() safe on a failed __init__
@@ -107,7 +110,8 @@ class RayVectorEnv(gym.vector.VectorEnv):
         self._owns_ray = acquire_ray(ray_init_kwargs)
         try:
             self._driver_node = driver_node_id()
-            self._own_node = own_node_id()  # actors there are reached over channels, from a driver or an actor
+            # actors there are reached over channels, from a driver or an actor
+            self._own_node = own_node_id() if direct_channels else None
             self.control_plane_url = control_plane_url
             if control_plane_url is None:
                 # Sandboxes on the node of their actor. The driver's node uses the driver's own
