@@ -26,6 +26,8 @@ so ``except ValueError`` still catches what it did::
     ├── DownloadTooLarge (RuntimeError)       a download over its bound                   integrations/bounded_tar.py
     ├── ComposeError (ValueError)             a Harbor compose file that cannot be run    tasks/services.py
     ├── SlotFailure                           one sub-env of a vector env failed          vector/failures.py
+    ├── ChannelClosed                         a vector actor's channel went away          vector/channel.py
+    ├── BatchFailed                           an actor could not send a batch's answer    vector/channel.py
     ├── LayerError (RuntimeError)             a harness layer could not be built          agents/layers.py
     ├── ReplyError (ValueError)               a policy's reply is no assistant message    agents/apis.py
     ├── UpstreamError (RuntimeError)          the model server did not answer             agents/upstream.py

@@ -27,6 +27,8 @@ from typing import Any
 
 from ray import cloudpickle
 
+from ..errors import IdeGymError
+
 KEY_BYTES = 32
 
 
@@ -92,11 +94,11 @@ def new_key() -> bytes:
     return secrets.token_bytes(KEY_BYTES)
 
 
-class ChannelClosed(Exception):
+class ChannelClosed(IdeGymError):
     """The actor's end went away: its process died, or it hung up."""
 
 
-class BatchFailed(Exception):
+class BatchFailed(IdeGymError):
     """The actor ran the batch but could not send its answer back (a result that does not pickle)."""
 
 
