@@ -500,6 +500,39 @@ def test_a_monitor_a_delete_did_not_end_releases_the_space_when_it_leaves(tmp_pa
         loop.close()
 
 
+def test_a_backend_registered_while_stale_groups_are_swept_keeps_its_new_groups(tmp_path: Path) -> None:
+    """A backend that starts while another one sweeps the empty groups of gone state directories
+    (each start does) and makes its first sandbox's groups at once: those groups, empty until the
+    sandbox's processes join them, stay.
+
+    Can fail: the sweep judged every key by the index as it was when the sweep began; a backend
+    registered since then was taken for gone, its new groups removed, and its sandbox's server
+    could not join them ("No such device": a fresh-clone run's control plane failed its first start)."""
+    from control_plane.backends.local import cgroups
+    from control_plane.backends.local.cgroups import controller_mounts
+    from control_plane.backends.local.layout import register_state, states_in_use
+
+    mounts = controller_mounts()
+    if not mounts:
+        pytest.skip("no cgroup v1 controller")
+    top = f"idegym-sweep-test-{os.getpid()}"
+    in_use = states_in_use()  # the sweep begins
+    state = tmp_path / "state"
+    state.mkdir()
+    key = state_key(state)
+    register_state(state, key)  # a backend starts meanwhile...
+    made = [point / top / key / "sbx-new" for point in mounts.values()]
+    try:
+        for group in made:  # ... and makes its first sandbox's groups
+            group.mkdir(parents=True)
+        cgroups.remove_stale(top, in_use)
+        assert all(group.is_dir() for group in made), [str(g) for g in made if not g.is_dir()]
+    finally:
+        for group in made:
+            for path in (group, group.parent, group.parent.parent):
+                wait_until(lambda p=path: not p.exists() or _rmdir(p), 5)
+
+
 def test_a_start_in_a_private_tmp_leaves_the_groups_of_a_running_backend(tmp_path: Path) -> None:
     """A control plane whose ``/tmp`` is its own (a container, a private mount namespace) cannot
     see another's state directory under the host's ``/tmp``: the empty groups of a sandbox that

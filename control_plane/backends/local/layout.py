@@ -76,7 +76,9 @@ def states_in_use() -> Callable[[str], bool]:
     entries, here = _entries(), _pid_namespace()
 
     def in_use(key: str) -> bool:
-        entry = entries.get(key)
+        # A key missing from the snapshot is read again: a backend that registered since then
+        # may already be making its sandboxes' groups, empty until their processes join.
+        entry = entries.get(key) or _entry(INDEX / key)
         if entry is None:
             return False
         if entry.state.is_dir():
@@ -102,18 +104,25 @@ def _entries() -> dict[str, _Entry]:
     except OSError:
         return found
     for entry in listing:
-        try:
-            lines = Path(entry.path).read_text().splitlines()
-        except OSError:
-            continue
-        if not lines or not lines[0].strip():
-            continue
-        registrar = None
-        parts = lines[1].split() if len(lines) > 1 else []
-        if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit():
-            registrar = (int(parts[0]), int(parts[1]), parts[2])
-        found[entry.name] = _Entry(Path(lines[0].strip()), registrar)
+        found_entry = _entry(Path(entry.path))
+        if found_entry is not None:
+            found[entry.name] = found_entry
     return found
+
+
+def _entry(path: Path) -> _Entry | None:
+    """One index entry (``register_state``), or None if there is none."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    if not lines or not lines[0].strip():
+        return None
+    registrar = None
+    parts = lines[1].split() if len(lines) > 1 else []
+    if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit():
+        registrar = (int(parts[0]), int(parts[1]), parts[2])
+    return _Entry(Path(lines[0].strip()), registrar)
 
 
 def _pid_namespace() -> str:
