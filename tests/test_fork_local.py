@@ -378,6 +378,15 @@ def _mounts_under(path: Path) -> list[str]:
             if line.split()[4].startswith(f"{path}/")]
 
 
+def _own_backend_and_parent(loop: LoopThread, tmp_path: Path, name: str) -> tuple[LocalBackend, Path, SandboxHandle]:
+    """A backend of the test's own (not the module's), its fork layers' directory and a parent
+    sandbox of image ``test/fork-<name>:1``."""
+    own = start_backend(loop, tmp_path / "state")
+    own.register_project(f"test/fork-{name}:1", write_calc_project(tmp_path / "calc"))
+    parent = loop.run(own.create(spec(f"p-{name}", f"test/fork-{name}:1"), 120))
+    return own, own.state_dir / "forks", parent
+
+
 def test_the_next_fork_copies_into_a_filesystem_made_before_it_was_asked_for(
         loop: LoopThread, tmp_path: Path) -> None:
     """After a fork answered, the layer filesystem of the next fork (a loop device and a mount,
@@ -387,10 +396,7 @@ def test_the_next_fork_copies_into_a_filesystem_made_before_it_was_asked_for(
 
     Can fail: on main a fork made its layer's filesystem while it was asked for; between forks
     nothing was mounted under the fork layers."""
-    own = start_backend(loop, tmp_path / "state")
-    own.register_project("test/fork-spare:1", write_calc_project(tmp_path / "calc"))
-    forks = own.state_dir / "forks"
-    parent = loop.run(own.create(spec("p-spare", "test/fork-spare:1"), 120))
+    own, forks, parent = _own_backend_and_parent(loop, tmp_path, "spare")
     children = []
     try:
         ok(parent, "echo one > one.txt")
@@ -426,10 +432,7 @@ def test_a_fork_layer_is_detached_after_the_children_s_first_calls_and_at_close(
     mount and no loop device.
 
     Can fail: on main the detach began as the fork answered (done ~20 ms later)."""
-    own = start_backend(loop, tmp_path / "state")
-    own.register_project("test/fork-detach:1", write_calc_project(tmp_path / "calc"))
-    forks = own.state_dir / "forks"
-    parent = loop.run(own.create(spec("p-detach", "test/fork-detach:1"), 120))
+    own, forks, parent = _own_backend_and_parent(loop, tmp_path, "detach")
     children = []
     try:
         ok(parent, "echo one > one.txt")
