@@ -39,6 +39,7 @@ from .trees import freeze_trees
 MAX_LIVE = 16
 MAX_KEPT = 64
 MAX_KEPT_BYTES = 64 << 20  # the output every kept session may hold, together: the server's memory
+RESIZE_WAIT = 5.0  # seconds a resize waits for a new session's terminal to appear
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)|\x1b[()][A-Za-z0-9]|\x1b[=>78c]|\r")
 
 
@@ -139,7 +140,10 @@ class Sessions:
         if kept + max_output > MAX_KEPT_BYTES:
             raise ApiError.for_status(429, f"the sessions kept may hold {MAX_KEPT_BYTES >> 20} MiB of output together "
                                            f"({kept >> 20} MiB now): end some, or ask for less max_output_bytes")
-        argv = ["script", "-qfec", command, "/dev/null"] if pty else ["bash", "-c", command]
+        # The terminal's size is set by the shell ``script`` starts, before the command runs: a
+        # resize from outside races the command's first look at it (``stty size``, a TUI's layout).
+        argv = (["script", "-qfec", f"stty rows {rows} cols {cols} 2>/dev/null\n{command}", "/dev/null"] if pty
+                else ["bash", "-c", command])
         stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
         buffer = StreamBuffer(max_output)
         session = Session(f"s{next(self._ids)}", command, pty, buffer, stdin_w, cols if pty else None,
@@ -162,8 +166,6 @@ class Sessions:
         session.task = asyncio.ensure_future(run(argv, (buffer, buffer), stdin_r, on_start))
         session.task.add_done_callback(on_end)
         await started
-        if pty:
-            await self.resize(session, cols, rows, wait=2.0)
         return session
 
     async def read(self, session: Session, offset: int, wait: float, max_bytes: int) -> tuple[bytes, int]:
@@ -183,21 +185,17 @@ class Sessions:
         except OSError as exc:
             raise ApiError.for_status(409, f"session {session.id} does not take input: {exc.strerror}") from None
 
-    async def resize(self, session: Session, cols: int, rows: int, wait: float = 0.0) -> None:
+    async def resize(self, session: Session, cols: int, rows: int) -> None:
         if not session.pty:
             raise ApiError.for_status(409, f"session {session.id} has no terminal to resize (start it with pty)")
-        deadline = time.monotonic() + wait
-        while True:
-            tty = _terminal_of(session.pid)
-            if tty is not None or time.monotonic() >= deadline or session.ended.is_set():
-                break
+        deadline = time.monotonic() + RESIZE_WAIT  # a session just started may not have its terminal yet
+        while (tty := _terminal_of(session.pid)) is None and not session.ended.is_set():
+            if time.monotonic() >= deadline:
+                raise ApiError.for_status(409, f"session {session.id}'s terminal is not found "
+                                               f"{RESIZE_WAIT:g} s after its start: read its output to see why")
             await asyncio.sleep(0.01)
         if tty is None:
-            if session.ended.is_set():
-                raise ApiError.for_status(409, f"session {session.id} has ended")
-            if wait:
-                return  # not there yet: the terminal keeps its default size
-            raise ApiError.for_status(409, f"session {session.id}'s terminal is not found")
+            raise ApiError.for_status(409, f"session {session.id} has ended")
         fd = os.open(tty, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))

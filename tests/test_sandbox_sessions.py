@@ -71,6 +71,15 @@ def test_a_terminal_session_types_reads_and_resizes(server: SandboxProcess) -> N
     assert ended["running"] is False
 
 
+def test_a_terminal_has_its_size_before_the_command_runs(server: SandboxProcess) -> None:
+    """Can fail: with the size set from outside once the terminal appeared (the code before), a
+    command that looks at once saw the default size (0 0)."""
+    for _ in range(3):
+        info = _start(server, "stty size", pty=True, cols=77, rows=11)
+        text, _ = _until(server, info["id"], lambda t, a: not a["session"]["running"])
+        assert text.split() == ["11", "77"], text
+
+
 @pytest.mark.security
 def test_output_is_capped_and_a_reader_learns_what_it_missed(server: SandboxProcess) -> None:
     info = _start(server, "head -c 3000000 /dev/zero | tr '\\0' x; echo; echo END", max_output_bytes=4096)
