@@ -39,6 +39,29 @@ def alive(pid: int, started: int | None = None) -> bool:
     return started is None or st.start == started
 
 
+def halted(pid: int) -> bool:
+    """Whether ``pid`` is stopped (every thread of it), a zombie or gone: it runs no more code."""
+    def state_of(path: str) -> tuple[bytes, int] | None:
+        try:
+            with open(path, "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        return fields[0], int(fields[17])
+
+    leader = state_of(f"/proc/{pid}/stat")
+    if leader is None or leader[0] in (b"Z", b"X"):
+        return True
+    if leader[1] == 1:
+        return leader[0] in (b"T", b"t")
+    try:
+        tasks = [t.name for t in os.scandir(f"/proc/{pid}/task")]
+    except OSError:
+        return True
+    return all((st := state_of(f"/proc/{pid}/task/{t}/stat")) is None or st[0] in (b"T", b"t", b"Z", b"X")
+               for t in tasks)
+
+
 def record(pid: int) -> list[int] | None:
     """``[pid, start time]``, so that a reused pid is never mistaken for the recorded process."""
     st = stat(pid)

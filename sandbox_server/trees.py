@@ -5,18 +5,22 @@ forks its way out."""
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import signal
 
 from . import procfs
+from .polling import wait_until
+
+STOP_WAIT = 2.0  # seconds for a round's processes to stop (one in uninterruptible sleep may not)
 
 
 def freeze_trees(roots: set[int], include_roots: bool, rounds: int = 200,
                  spare: frozenset[int] = frozenset()) -> set[int]:
-    """SIGSTOP every live descendant of ``roots`` (and the roots themselves if asked), looking
-    again until a scan finds nothing new; returns the stopped processes. A stopped process
-    cannot fork, exit or re-parent its children, so the set stops growing. ``spare`` processes
-    are not stopped, their descendants are."""
+    """SIGSTOP every live descendant of ``roots`` (and the roots themselves if asked), waiting
+    until each has stopped and looking again until a scan finds nothing new; returns the stopped
+    processes. A stopped process cannot fork, exit or re-parent its children, so the set stops
+    growing. ``spare`` processes are not stopped, their descendants are."""
     me = os.getpid()
     frozen: set[int] = set()
     for _ in range(rounds):
@@ -36,7 +40,14 @@ def freeze_trees(roots: set[int], include_roots: bool, rounds: int = 200,
         for pid in new:
             procfs.kill(pid, signal.SIGSTOP)
         frozen |= new
+        # A stop takes effect on the way back to user space: a fork the process is making when the
+        # signal comes completes first, and its child (not stopped with it) must be in a later scan.
+        wait_until(functools.partial(_all_halted, new), STOP_WAIT)
     return frozen
+
+
+def _all_halted(pids: set[int]) -> bool:
+    return all(procfs.halted(pid) for pid in pids)
 
 
 def signal_group_and_holders(pgid: int, pipe_ids: set[int], sig: int) -> None:
