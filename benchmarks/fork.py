@@ -145,6 +145,29 @@ def _project(files: int, tmp: Path) -> tuple[Path, str, str]:
     return (root if root.is_dir() else make_project(root, files)), f"bench/fork{files}:1", _changes(files)
 
 
+# The parts of a fork's time, the same for every row that breaks one down (p50 of each).
+BREAKDOWN = ("the fork call", "control plane (the fork call less the backend's part)", "backend: prepare",
+             "backend: snapshot", "backend: frozen", "backend: children", "one child made (the slowest)",
+             "the first answers (after the call)", "a child's first call", "a child's next call")
+
+
+def _breakdown(parts: dict[str, list[float]], row: str, total: float, call: float,
+               records: list[dict[str, Any]], first: list[float], later: list[float]) -> None:
+    """Where one fork's ``total`` seconds went (``BREAKDOWN``): the fork call (``call``) and the
+    backend's parts of it (its records of the children), then the children's first answers."""
+    ms = records[0].get("fork_ms", {})
+    add = lambda key, value: parts.setdefault(f"{row}: {key}", []).append(value)  # noqa: E731
+    add("the fork call", call)
+    add("control plane (the fork call less the backend's part)", call - ms.get("total", float("nan")) / 1e3)
+    for key in ("prepare", "snapshot", "frozen", "children", "total"):
+        add(f"backend: {key}", ms.get(key, float("nan")) / 1e3)
+    slowest = max(r.get("fork_ms", {}).get("this child", float("nan")) for r in records)
+    add("one child made (the slowest)", slowest / 1e3)
+    add("the first answers (after the call)", total - call)
+    parts.setdefault(f"{row}: a child's first call", []).extend(first)
+    parts.setdefault(f"{row}: a child's next call", []).extend(later)
+
+
 def _measure_warm_and_cold(files: int, project: Path, tag: str, change: str, tmp: Path, result: Result,
                            samples: dict[str, list[float]], parts: dict[str, list[float]]) -> None:
     """Fork into each of ``COUNTS`` from a full warm pool, against fresh sandboxes replaying the
@@ -167,19 +190,16 @@ def _measure_warm_and_cold(files: int, project: Path, tag: str, change: str, tmp
                     t = time.perf_counter()
                     children = parent.fork(count)
                     returned = time.perf_counter()
-                    _all_answer(children)
+                    first = _all_answer(children)
                     fork_s.append(time.perf_counter() - t)
-                    parts.setdefault(f"{files} files: fork into {count}: the fork call", []).append(returned - t)
                     parts.setdefault(f"{files} files: fork into {count}: parent paused", []).append(
                         _paused_ms(state, children) / 1e3)
-                    ms = _records(state, children)[0].get("fork_ms", {})
-                    for key in ("prepare", "snapshot", "children", "total"):
-                        parts.setdefault(f"{files} files: fork into {count}: backend: {key}", []).append(
-                            ms.get(key, float("nan")) / 1e3)
-                    t = time.perf_counter()  # the same calls again, on sandboxes that run: the host's floor
-                    _all_answer(children)
+                    t_again = time.perf_counter()  # the same calls again, on sandboxes that run: the host's floor
+                    later = _all_answer(children)
                     parts.setdefault(f"{files} files: fork into {count}: the children answer again", []).append(
-                        time.perf_counter() - t)
+                        time.perf_counter() - t_again)
+                    _breakdown(parts, f"{files} files: fork into {count}", fork_s[-1], returned - t,
+                               _records(state, children), first, later)
                     progress.step()
                     if count == 8 and f"{files} files: extra disk per child KiB" not in result.figures:
                         for key, value in _disk(state, client, tag, children).items():
@@ -250,19 +270,7 @@ def _measure_default(tmp: Path, result: Result, samples: dict[str, list[float]],
                 totals[files].append(time.perf_counter() - t)
                 later = _all_answer(children)
                 records = _records(state, children)
-                ms = records[0].get("fork_ms", {})
-                part = f"{row}: "
-                parts.setdefault(part + "the fork call", []).append(returned - t)
-                parts.setdefault(part + "control plane (the fork call less the backend's part)", []).append(
-                    returned - t - ms.get("total", float("nan")) / 1e3)
-                for key in ("snapshot", "prepare", "frozen", "children"):
-                    parts.setdefault(part + f"backend: {key}", []).append(ms.get(key, float("nan")) / 1e3)
-                parts.setdefault(part + "one child made (the slowest)", []).append(
-                    max(r.get("fork_ms", {}).get("this child", float("nan")) for r in records) / 1e3)
-                parts.setdefault(part + "the first answers (after the call)", []).append(
-                    totals[files][-1] - (returned - t))
-                parts.setdefault(part + "a child's first call", []).extend(first)
-                parts.setdefault(part + "a child's next call", []).extend(later)
+                _breakdown(parts, row, totals[files][-1], returned - t, records, first, later)
                 remounted[files].append(sum(bool(r.get("adopted")) for r in records))
                 _stop_all(children)
                 progress.step()
@@ -348,10 +356,13 @@ def run() -> Result:
             result.figures[f"{files} files: default configuration / warm pool"] = round(default / warm, 3)
         result.figures[f"{files} files: a child's first call / its next"] = round(first / later, 3)
         side.append([f"{files} files", warm, default, f"{default / warm:.2f}x", first, later, f"{first / later:.2f}x"])
-    print(table([f"default configuration, fork into {GROUP}: where the time goes", "p50 ms"],
-                [[label.replace(f" fork into {GROUP} (default configuration):", "").removesuffix(" p50 ms"), value]
-                 for label, value in result.figures.items()
-                 if "(default configuration): " in label and label.endswith(" p50 ms")]))
+    for files in SIZES:  # both rows' parts side by side: where a warm pool's fork differs
+        warm_row = f"{files} files: fork into {GROUP}"
+        default_row = f"{warm_row} (default configuration)"
+        print(table([f"{files} files, fork into {GROUP}: where the time goes (p50 ms)", "warm pool",
+                     "default configuration"],
+                    [[key, result.figures.get(f"{warm_row}: {key} p50 ms", float("nan")),
+                      result.figures.get(f"{default_row}: {key} p50 ms", float("nan"))] for key in BREAKDOWN]))
     for label, value in result.figures.items():
         if "(default configuration): " in label and not label.endswith(" p50 ms"):
             print(f"{label}: {value}")
