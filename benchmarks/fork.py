@@ -18,7 +18,10 @@ side, their forks alternated: the sizes' ratio is of the same moments), with whe
 (the fork call less the backend's part), the layer's copy (the parent frozen in it), making the
 children (remounting warm sandboxes or launching new ones: how many of each), and the children's
 first answers; and each child's first call against its next (a new child must not pay for
-what a later call does not).
+what a later call does not). Beside each default control plane, one with a warm pool of 8
+filled before each of its forks, their forks alternated: the two configurations' ratio is of
+the same moments (the warm-pool rows above run at another part's load), and both are broken
+down the same way.
 
 Disk: a child's own directory (its writable layers, log, record) against an unused sandbox's,
 and the fork layer, which all children of one fork share, separately.
@@ -79,14 +82,16 @@ def _pool_ready(url: str, tag: str) -> int:
 def _wait_pool(url: str, tag: str, want: int, state: Path, live: int = 1, timeout: float = 900) -> None:
     """Until the pool holds ``want`` ready sandboxes of ``tag`` and the sandboxes stopped before
     are gone (only the pool's and ``live`` others are left in ``state``): each sample starts on
-    a host that is not still tearing down the last one's sandboxes (then a moment to settle)."""
+    a host that is not still tearing down the last one's sandboxes; then ``EVERY`` seconds to
+    settle, as the default configuration's forks get (half a second after its last fill, a
+    fork's children took 3 ms longer to make, 4 ms longer in all, than two seconds later)."""
     deadline = time.monotonic() + timeout
     sandboxes = state / "sandboxes"
     while _pool_ready(url, tag) < want or sum(1 for _ in sandboxes.iterdir()) > want + live:
         if time.monotonic() > deadline:
             raise RuntimeError(f"the warm pool did not reach {want} sandboxes of {tag} in {timeout:g} s")
         time.sleep(0.2)
-    time.sleep(0.5)
+    time.sleep(EVERY)
 
 
 def _all_answer(sandboxes: list) -> list[float]:
@@ -145,6 +150,30 @@ def _project(files: int, tmp: Path) -> tuple[Path, str, str]:
     return (root if root.is_dir() else make_project(root, files)), f"bench/fork{files}:1", _changes(files)
 
 
+BESIDE = f"fork into {GROUP} (warm pool of {GROUP}, beside the default configuration)"
+# The parts of a fork's time, the same for every row that breaks one down (p50 of each).
+BREAKDOWN = ("the fork call", "control plane (the fork call less the backend's part)", "backend: prepare",
+             "backend: snapshot", "backend: frozen", "backend: children", "one child made (the slowest)",
+             "the first answers (after the call)", "a child's first call", "a child's next call")
+
+
+def _breakdown(parts: dict[str, list[float]], row: str, total: float, call: float,
+               records: list[dict[str, Any]], first: list[float], later: list[float]) -> None:
+    """Where one fork's ``total`` seconds went (``BREAKDOWN``): the fork call (``call``) and the
+    backend's parts of it (its records of the children), then the children's first answers."""
+    ms = records[0].get("fork_ms", {})
+    add = lambda key, value: parts.setdefault(f"{row}: {key}", []).append(value)  # noqa: E731
+    add("the fork call", call)
+    add("control plane (the fork call less the backend's part)", call - ms.get("total", float("nan")) / 1e3)
+    for key in ("prepare", "snapshot", "frozen", "children", "total"):
+        add(f"backend: {key}", ms.get(key, float("nan")) / 1e3)
+    slowest = max(r.get("fork_ms", {}).get("this child", float("nan")) for r in records)
+    add("one child made (the slowest)", slowest / 1e3)
+    add("the first answers (after the call)", total - call)
+    parts.setdefault(f"{row}: a child's first call", []).extend(first)
+    parts.setdefault(f"{row}: a child's next call", []).extend(later)
+
+
 def _measure_warm_and_cold(files: int, project: Path, tag: str, change: str, tmp: Path, result: Result,
                            samples: dict[str, list[float]], parts: dict[str, list[float]]) -> None:
     """Fork into each of ``COUNTS`` from a full warm pool, against fresh sandboxes replaying the
@@ -167,19 +196,16 @@ def _measure_warm_and_cold(files: int, project: Path, tag: str, change: str, tmp
                     t = time.perf_counter()
                     children = parent.fork(count)
                     returned = time.perf_counter()
-                    _all_answer(children)
+                    first = _all_answer(children)
                     fork_s.append(time.perf_counter() - t)
-                    parts.setdefault(f"{files} files: fork into {count}: the fork call", []).append(returned - t)
                     parts.setdefault(f"{files} files: fork into {count}: parent paused", []).append(
                         _paused_ms(state, children) / 1e3)
-                    ms = _records(state, children)[0].get("fork_ms", {})
-                    for key in ("prepare", "snapshot", "children", "total"):
-                        parts.setdefault(f"{files} files: fork into {count}: backend: {key}", []).append(
-                            ms.get(key, float("nan")) / 1e3)
-                    t = time.perf_counter()  # the same calls again, on sandboxes that run: the host's floor
-                    _all_answer(children)
+                    t_again = time.perf_counter()  # the same calls again, on sandboxes that run: the host's floor
+                    later = _all_answer(children)
                     parts.setdefault(f"{files} files: fork into {count}: the children answer again", []).append(
-                        time.perf_counter() - t)
+                        time.perf_counter() - t_again)
+                    _breakdown(parts, f"{files} files: fork into {count}", fork_s[-1], returned - t,
+                               _records(state, children), first, later)
                     progress.step()
                     if count == 8 and f"{files} files: extra disk per child KiB" not in result.figures:
                         for key, value in _disk(state, client, tag, children).items():
@@ -217,61 +243,73 @@ def _measure_warm_and_cold(files: int, project: Path, tag: str, change: str, tmp
             parent.stop()
 
 
+def _fork_once(parent: Any, state: Path, row: str, parts: dict[str, list[float]]) -> tuple[float, list]:
+    """Fork ``parent`` into ``GROUP`` until every child answered (seconds), its parts under ``row``;
+    the children's records."""
+    t = time.perf_counter()
+    children = parent.fork(GROUP)
+    returned = time.perf_counter()
+    first = _all_answer(children)
+    total = time.perf_counter() - t
+    later = _all_answer(children)
+    records = _records(state, children)
+    _breakdown(parts, row, total, returned - t, records, first, later)
+    _stop_all(children)
+    return total, records
+
+
 def _measure_default(tmp: Path, result: Result, samples: dict[str, list[float]],
                      parts: dict[str, list[float]]) -> None:
     """Fork into 8 every ``EVERY`` seconds on control planes of the default configuration, one per
     project size, alive side by side with their forks alternated: the sizes see the same load,
-    so their ratio (flat in project size) is one of the same moments."""
+    so their ratio (flat in project size) is one of the same moments. Beside each, a control
+    plane with a warm pool of 8 filled before each of its forks (``BESIDE``), its forks alternated
+    with the default configuration's: their ratio is of the same moments too (the warm-pool rows
+    above run in a part of their own, at another moment's load)."""
     from idegym_env.client import IdeGymClient
 
     with contextlib.ExitStack() as stack:
         sides = []
         for files in SIZES:
             project, tag, change = _project(files, tmp)
-            state = tmp / f"default{files}"
-            url = stack.enter_context(control_plane(state))
-            _register(url, project, tag)
-            client = stack.enter_context(IdeGymClient(url, name=f"bench-fork-default-{files}"))
-            parent = client.start(tag, reuse="NONE")
-            assert parent.bash(change).exit_code == 0
-            sides.append((files, state, parent))
-        progress = Progress(f"fork into {GROUP} every {EVERY:g} s, default configuration, "
+            planes = []
+            for kind, flags in (("default", []),
+                                ("beside", ["--warm-pool", str(GROUP), "--warm-pool-max", str(GROUP)])):
+                state = tmp / f"{kind}{files}"
+                url = stack.enter_context(control_plane(state, flags))
+                _register(url, project, tag)
+                client = stack.enter_context(IdeGymClient(url, name=f"bench-fork-{kind}-{files}"))
+                parent = client.start(tag, reuse="NONE")
+                assert parent.bash(change).exit_code == 0
+                planes.append((url, state, parent))
+            sides.append((files, tag, *planes))
+        progress = Progress(f"fork into {GROUP} every {EVERY:g} s, default configuration (and a warm pool beside), "
                             f"{' and '.join(map(str, SIZES))} files alternated", N * len(SIZES))
         totals: dict[int, list[float]] = {files: [] for files in SIZES}
+        beside: dict[int, list[float]] = {files: [] for files in SIZES}
         remounted: dict[int, list[int]] = {files: [] for files in SIZES}
         for i in range(N):
-            for files, state, parent in (sides if i % 2 == 0 else sides[::-1]):
-                row = f"{files} files: fork into {GROUP} (default configuration)"
-                time.sleep(EVERY)
-                t = time.perf_counter()
-                children = parent.fork(GROUP)
-                returned = time.perf_counter()
-                first = _all_answer(children)
-                totals[files].append(time.perf_counter() - t)
-                later = _all_answer(children)
-                records = _records(state, children)
-                ms = records[0].get("fork_ms", {})
-                part = f"{row}: "
-                parts.setdefault(part + "the fork call", []).append(returned - t)
-                parts.setdefault(part + "control plane (the fork call less the backend's part)", []).append(
-                    returned - t - ms.get("total", float("nan")) / 1e3)
-                for key in ("snapshot", "prepare", "frozen", "children"):
-                    parts.setdefault(part + f"backend: {key}", []).append(ms.get(key, float("nan")) / 1e3)
-                parts.setdefault(part + "one child made (the slowest)", []).append(
-                    max(r.get("fork_ms", {}).get("this child", float("nan")) for r in records) / 1e3)
-                parts.setdefault(part + "the first answers (after the call)", []).append(
-                    totals[files][-1] - (returned - t))
-                parts.setdefault(part + "a child's first call", []).extend(first)
-                parts.setdefault(part + "a child's next call", []).extend(later)
-                remounted[files].append(sum(bool(r.get("adopted")) for r in records))
-                _stop_all(children)
+            for files, tag, (_, state, parent), (warm_url, warm_state, warm_parent) in (
+                    sides if i % 2 == 0 else sides[::-1]):
+                for kind in (("default", "warm") if i % 2 == 0 else ("warm", "default")):
+                    if kind == "default":  # as long after the fork before (the other plane's) as the warm one
+                        time.sleep(EVERY)
+                        total, records = _fork_once(parent, state, f"{files} files: fork into {GROUP} "
+                                                    "(default configuration)", parts)
+                        totals[files].append(total)
+                        remounted[files].append(sum(bool(r.get("adopted")) for r in records))
+                    else:  # its pool full, then as long as the default configuration's fork waits
+                        _wait_pool(warm_url, tag, GROUP, warm_state)
+                        beside[files].append(_fork_once(warm_parent, warm_state, f"{files} files: {BESIDE}", parts)[0])
                 progress.step()
-        for files, _state, parent in sides:
+        for files, _tag, (_, _state, parent), (_, _, warm_parent) in sides:
             row = f"{files} files: fork into {GROUP} (default configuration)"
             samples[row] = totals[files]
+            samples[f"{files} files: {BESIDE}"] = beside[files]
             result.figures[f"{row}: children remounted from the pool, each fork"] = " ".join(map(str, remounted[files]))
             result.figures[f"{row}: the first fork ms"] = round(totals[files][0] * 1e3, 2)
             parent.stop()
+            warm_parent.stop()
 
 
 def _plot(by: dict[str, Stats]) -> None:
@@ -339,24 +377,26 @@ def run() -> Result:
                      "fresh+replay p50 ms", "fork faster"], rows))
     print()
     side = []
-    for files in SIZES:  # the default configuration beside a warm pool sized and filled for the fork
+    for files in SIZES:  # the default configuration beside a warm pool sized and filled for the fork, alternated
         default = by[f"{files} files: fork into {GROUP} (default configuration)"].median_ms
-        warm = by[f"{files} files: fork into {GROUP} (warm pool)"].median_ms if GROUP in COUNTS else float("nan")
+        warm = by[f"{files} files: {BESIDE}"].median_ms
         first = result.figures[f"{files} files: fork into {GROUP} (default configuration): a child's first call p50 ms"]
         later = result.figures[f"{files} files: fork into {GROUP} (default configuration): a child's next call p50 ms"]
-        if GROUP in COUNTS:
-            result.figures[f"{files} files: default configuration / warm pool"] = round(default / warm, 3)
+        result.figures[f"{files} files: default configuration / warm pool"] = round(default / warm, 3)
         result.figures[f"{files} files: a child's first call / its next"] = round(first / later, 3)
         side.append([f"{files} files", warm, default, f"{default / warm:.2f}x", first, later, f"{first / later:.2f}x"])
-    print(table([f"default configuration, fork into {GROUP}: where the time goes", "p50 ms"],
-                [[label.replace(f" fork into {GROUP} (default configuration):", "").removesuffix(" p50 ms"), value]
-                 for label, value in result.figures.items()
-                 if "(default configuration): " in label and label.endswith(" p50 ms")]))
+    for files in SIZES:  # the rows' parts side by side: where a warm pool's fork differs
+        rows = [f"{files} files: fork into {GROUP}", f"{files} files: {BESIDE}",
+                f"{files} files: fork into {GROUP} (default configuration)"]
+        print(table([f"{files} files, fork into {GROUP}: where the time goes (p50 ms)", "warm pool (its own part)",
+                     "warm pool (beside)", "default configuration (beside)"],
+                    [[key, *(result.figures.get(f"{row}: {key} p50 ms", float("nan")) for row in rows)]
+                     for key in BREAKDOWN]))
     for label, value in result.figures.items():
         if "(default configuration): " in label and not label.endswith(" p50 ms"):
             print(f"{label}: {value}")
     print()
-    print(table([f"fork into {GROUP}", "warm pool p50 ms", "default config p50 ms", "default / warm",
+    print(table([f"fork into {GROUP}, alternated", "warm pool p50 ms", "default config p50 ms", "default / warm",
                  "first call p50 ms", "next call p50 ms", "first / next"], side))
     small, large = min(SIZES), max(SIZES)
     for files in SIZES:
@@ -366,6 +406,9 @@ def run() -> Result:
         result.targets[f"first_call{files}"] = check_target(
             f"a new child's first call / its next ({files} files)",
             result.figures[f"{files} files: a child's first call / its next"], 1.5, unit="x")
+        result.targets[f"beside{files}"] = check_target(
+            f"8 children ready p50, warm pool / default configuration, alternated ({files} files)",
+            by[f"{files} files: {BESIDE}"].median_ms / default, 1.0, unit="x")
         if GROUP in COUNTS:
             result.targets[f"warm{files}"] = check_target(
                 f"8 children ready p50, warm pool ({files} files)",

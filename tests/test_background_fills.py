@@ -1,9 +1,11 @@
-"""Warm-pool fills are background work: made at a low CPU priority, given the normal one when
-claimed (control_plane/backends/local/priority.py)."""
+"""Warm-pool fills are background work: made at a low CPU priority (their group's least CPU
+weight), given the normal one when claimed (control_plane/backends/local/priority.py)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,9 +13,9 @@ import pytest
 
 from control_plane.backends.base import ForkChild
 from control_plane.backends.local import LocalBackend
+from control_plane.backends.local.cgroups import BACKGROUND_SHARES, CPU_SHARES_PER_CORE
 from control_plane.backends.local.handle_data import LocalHandleData
 from control_plane.backends.local.layout import read_meta
-from control_plane.backends.local.priority import BACKGROUND_NICE
 
 from .cp_helpers import ControlPlaneProcess
 from .local_helpers import LoopThread, delete_sandboxes, loop_thread, ok, spec, start_backend, wait_for
@@ -24,6 +26,11 @@ OWN_NICE = "awk '{print $19}' /proc/self/stat"
 
 def _nice(tid: int) -> int:
     return os.getpriority(os.PRIO_PROCESS, tid)
+
+
+def _shares(data: dict) -> int:
+    with open(os.path.join(data["cgroups"]["cpu"], "cpu.shares")) as fh:
+        return int(fh.read())
 
 
 def _sandbox_tasks(data: dict) -> list[int]:
@@ -49,24 +56,67 @@ def backend(loop: LoopThread, tmp_path: Path) -> Iterator[LocalBackend]:
 
 def test_a_background_sandbox_runs_at_a_low_priority_until_it_is_claimed(loop: LoopThread,
                                                                          backend: LocalBackend) -> None:
-    """Can fail: without ``background`` its server runs at nice 0; without the claim's restore the
-    tools it starts inherit nice 19 (and so would a whole episode)."""
+    """Can fail: without ``background`` its group weighs as much as any sandbox's; without the
+    claim's restore it keeps the least weight (and so would a whole episode); a fill that leaves
+    its tasks at nice 19 has its tools inherit that nice after the claim (a claim that only writes
+    the weight does not reset them)."""
     if not backend.launcher or not (backend.sandboxes and backend.sandboxes.cgroups.available):
         pytest.skip("needs cgroups")
     filled = loop.run(backend.create(spec("bg-fill"), 60, background=True))
     tasks = _sandbox_tasks(filled.data)
     assert filled.data["server"][0] in tasks
-    assert {_nice(t) for t in tasks} == {BACKGROUND_NICE}
+    assert _shares(filled.data) == BACKGROUND_SHARES
+    assert {_nice(t) for t in tasks} == {0}  # the weight ranks it: a task's nice only does inside its group
     backend.claim(filled)
+    assert _shares(filled.data) == CPU_SHARES_PER_CORE
     assert {_nice(t) for t in _sandbox_tasks(filled.data)} == {0}
     assert ok(filled, OWN_NICE).strip() == "0"
 
     served = loop.run(backend.create(spec("fg-start"), 60))  # on the path of a start: normal throughout
+    assert _shares(served.data) == CPU_SHARES_PER_CORE
     assert {_nice(t) for t in _sandbox_tasks(served.data)} == {0}
     assert ok(served, OWN_NICE).strip() == "0"
     # The zygote that forked both stays at the normal priority (every server inherits from it).
     zygotes = [z.pid for z in backend.launcher._zygote_of.values() if z.pid]
     assert zygotes and all(_nice(z) == 0 for z in zygotes)
+
+
+# A loop on CPU 0 (both sandboxes' loops share it) from ``at + 1.5`` to ``at + 2.1`` (host
+# wall-clock time; it sleeps until then, so a late call is not held up by the other loop); prints
+# the CPU seconds it got in ``at + 1.6 .. at + 2.0`` and whether it began before the loops did.
+SPIN = ("taskset -c 0 python3 -c 'import time\nat = {at}\nbegan = time.time() < at + 1.5\n"
+        "time.sleep(max(at + 1.5 - time.time(), 0))\nwhile time.time() < at + 1.6: pass\n"
+        "t0 = time.process_time()\nwhile time.time() < at + 2.0: pass\nt1 = time.process_time()\n"
+        "while time.time() < at + 2.1: pass\nprint(t1 - t0, began)'")
+
+
+def _cpu_side_by_side(handles: list) -> list[float]:
+    """The CPU seconds each of ``handles``' sandboxes got in the same half second, its loop on
+    the same core as the others'."""
+    at = time.time()
+    with concurrent.futures.ThreadPoolExecutor(len(handles)) as threads:
+        outs = list(threads.map(lambda h: ok(h, SPIN.format(at=at)).split(), handles))
+    assert all(began == "True" for _, began in outs), f"a loop began after the window opened: {outs}"
+    return [float(cpu) for cpu, _ in outs]
+
+
+@pytest.mark.security
+def test_an_unclaimed_background_sandbox_yields_the_cpu_to_a_serving_one(loop: LoopThread,
+                                                                          backend: LocalBackend) -> None:
+    """A warm-pool member busy on the CPU a serving sandbox needs gets a small share of it, not
+    half. Can fail: on main its tasks ran at nice 19 in a group weighing as much as the serving
+    sandbox's, and nice only ranks tasks inside their own group: the two loops got about the
+    same CPU time."""
+    if not backend.launcher or not (backend.sandboxes and backend.sandboxes.cgroups.available):
+        pytest.skip("needs cgroups")
+    member = loop.run(backend.create(spec("bg-spin"), 60, background=True))
+    serving = loop.run(backend.create(spec("fg-spin"), 60))
+    ok(serving, "true")  # its first call's costs paid
+    background, foreground = _cpu_side_by_side([member, serving])
+    assert background < foreground / 4, f"the member got {background:.3f} s of CPU, the serving one {foreground:.3f} s"
+    backend.claim(member)  # the normal weight: now it gets its share
+    background, foreground = _cpu_side_by_side([member, serving])
+    assert background > foreground / 4, f"the claimed member got {background:.3f} s, the serving one {foreground:.3f} s"
 
 
 def test_the_warm_pool_fills_in_the_background_and_a_claim_serves_at_normal_priority(tmp_path: Path) -> None:
@@ -94,10 +144,10 @@ def test_the_warm_pool_fills_in_the_background_and_a_claim_serves_at_normal_prio
         assert wait_for(lambda: pool_member() is not None, timeout=60), "the pool was never filled"
         member = pool_member()
         assert member is not None
-        assert member.server is not None and _nice(member.server[0]) == BACKGROUND_NICE
+        assert _shares(member.model_dump()) == BACKGROUND_SHARES
         started = cp.start_server(client, reuse_strategy="NONE")
         assert cp.bash(client, started["server_id"], OWN_NICE)["stdout"].strip() == "0"
-        assert _nice(member.server[0]) == 0  # the one member was claimed, and restored
+        assert _shares(member.model_dump()) == CPU_SHARES_PER_CORE  # the one member was claimed, and restored
     finally:
         cp.stop()
 
@@ -111,8 +161,9 @@ def test_a_pool_member_a_fork_takes_is_claimed_by_the_fork(loop: LoopThread, bac
         pytest.skip("needs cgroups")
     parent = loop.run(backend.create(spec("p-claim"), 60))
     member = loop.run(backend.create(spec("pool-claim"), 60, background=True))
-    assert {_nice(t) for t in _sandbox_tasks(member.data)} == {BACKGROUND_NICE}
+    assert _shares(member.data) == BACKGROUND_SHARES
     (child,) = loop.run(backend.fork(parent, [ForkChild(spec("c-claim"), member)], 60))
     assert child.name == "pool-claim" and child.data.get("adopted")
+    assert _shares(child.data) == CPU_SHARES_PER_CORE
     assert {_nice(t) for t in _sandbox_tasks(child.data)} == {0}
     assert ok(child, OWN_NICE).strip() == "0"

@@ -43,6 +43,7 @@ DELEGATED = "tools/delegated"
 DEFAULT_SERVER_MEMORY_RESERVE = 96 << 20  # the server's RSS is ~50-60 MiB
 SERVER_PIDS_RESERVE = 16  # threads of the server (its executor) even when the tools are at their cap
 CPU_SHARES_PER_CORE = 1024  # v1's default weight of a group; a sandbox asking for N cores weighs N times that
+BACKGROUND_SHARES = 15  # a sandbox made ahead of demand weighs as one task at nice 19 until claimed
 RUNNER_PIDS_SLACK = 16  # a code runner's processes beside its runs and their spares: the runs' zygote, the spawner
 MIN_RUN_MEMORY = 64 << 20
 
@@ -99,6 +100,11 @@ def run_memory(total: int, reserve: int, isolated_runs: int) -> int:
     return max(tools_memory(total, reserve) // max(isolated_runs, 1), MIN_RUN_MEMORY)
 
 
+def cpu_shares(cpu_millicores: int | None) -> int:
+    """The CPU weight of a sandbox asking for ``cpu_millicores`` (one core's without a limit)."""
+    return max(int(CPU_SHARES_PER_CORE * (cpu_millicores or 1000) / 1000), 2)
+
+
 def sub(paths: dict[str, str], child: str) -> dict[str, str]:
     """The ``child`` group (``server``, ``tools``, ``tools/delegated``) of a sandbox's groups."""
     return {ctrl: os.path.join(path, child) for ctrl, path in paths.items()}
@@ -130,9 +136,11 @@ class Cgroups:
     def paths(self, name: str) -> dict[str, str]:
         return {ctrl: str(point / self.parent / name) for ctrl, point in self.mounts.items()}
 
-    def create(self, name: str, *, memory: int | None, pids: int | None, cpu_millicores: int | None
-               ) -> dict[str, str]:
-        """The sandbox's groups with their limits (see the module docstring); returns its paths."""
+    def create(self, name: str, *, memory: int | None, pids: int | None, cpu_millicores: int | None,
+               background: bool = False) -> dict[str, str]:
+        """The sandbox's groups with their limits (see the module docstring); returns its paths.
+        ``background``: its CPU weight ``BACKGROUND_SHARES`` until ``set_shares`` gives it
+        ``cpu_shares(cpu_millicores)``."""
         paths = self.paths(name)
         for path in paths.values():
             for child in ("", SERVER, DELEGATED):
@@ -154,14 +162,23 @@ class Cgroups:
             _write(paths["pids"], "pids.max", str(pids))
             _write(tools["pids"], "pids.max", str(tools_pids(pids)))
         if "cpu" in paths:
-            cores = (cpu_millicores or 1000) / 1000
-            _write(paths["cpu"], "cpu.shares", str(max(int(CPU_SHARES_PER_CORE * cores), 2)))
+            _write(paths["cpu"], "cpu.shares", str(BACKGROUND_SHARES if background else cpu_shares(cpu_millicores)))
             if cpu_millicores:
                 _write(paths["cpu"], "cpu.cfs_period_us", str(CFS_PERIOD_US))
                 _write(paths["cpu"], "cpu.cfs_quota_us", str(max(cpu_millicores * CFS_PERIOD_US // 1000, 1000)))
         return paths
 
     # -- operations on recorded paths (work after a control-plane restart) ----------------------
+
+    @staticmethod
+    def set_shares(paths: dict[str, str], shares: int) -> bool:
+        """The sandbox's CPU weight ``shares`` (one write: every task in its groups weighs by it
+        against other sandboxes); False without a cpu group."""
+        path = paths.get("cpu")
+        if not path or not os.path.isdir(path):
+            return False
+        _write(path, "cpu.shares", str(shares))
+        return True
 
     @staticmethod
     def attach(paths: dict[str, str], pid: int) -> None:

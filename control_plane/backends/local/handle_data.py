@@ -44,6 +44,8 @@ class LocalHandleData(BaseModel):
     forks: list[str] = Field(default_factory=list)  # the fork layers it stands on, top first
     adopted: bool = False  # a warm sandbox remounted onto a fork's layers (adopt.py)
     cgroups: dict[str, str] = Field(default_factory=dict)  # controller -> its group
+    # Made ahead of demand with the least CPU weight: the weight its claim gives it (priority.py).
+    cpu_shares: int | None = None
     layers_fs: str | None = None  # ext4 (bounded storage) or tmpfs
     owned: bool = False  # this launch made its directory: a failed launch may remove it
     forked: bool = False  # its server was forked by a zygote, which put it into its groups

@@ -243,7 +243,7 @@ class Launcher:
         deadline = time.monotonic() + timeout
         host_work = self._background if background else None
         try:
-            await loop.run_in_executor(host_work, self._prepare, plan, data)
+            await loop.run_in_executor(host_work, self._prepare, plan, data, background)
             if self.lease is not None:
                 # From now on the sandbox ends itself if we stop renewing, even one we are killed
                 # while making (a SIGKILLed control plane left a bubblewrap waiting for good). On
@@ -274,6 +274,8 @@ class Launcher:
             await loop.run_in_executor(host_work, readiness.publish_socket, data)
             if background and data.forked:  # a sandbox server (no other kind) sharing the zygote's pages
                 await readiness.warm_up(data, max(deadline - time.monotonic(), 0.1))
+            if background:
+                await loop.run_in_executor(host_work, priority.settle, data)
             ended = time.perf_counter()
             data.timings_ms = {"prepare": round((prepared - started) * 1e3, 2),
                                   "spawn": round((spawned - prepared) * 1e3, 2),
@@ -298,7 +300,7 @@ class Launcher:
                                exc.status if isinstance(exc, BackendError) else 500) from exc
         return SandboxHandle(BACKEND_NAME, plan.name, SandboxAddress("http://sandbox", data.socket), data.dump())
 
-    def _prepare(self, plan: Plan, data: LocalHandleData) -> None:
+    def _prepare(self, plan: Plan, data: LocalHandleData, background: bool = False) -> None:
         """Directories, layers (size-bounded when storage is limited), cgroups: all on the host."""
         plan.space.root.mkdir(parents=True, exist_ok=True)
         try:
@@ -323,7 +325,9 @@ class Launcher:
         if cg.available:
             data.cgroups = cg.paths(plan.name)
             cg.create(plan.name, memory=plan.limits.memory_bytes, pids=plan.pids_max,
-                      cpu_millicores=plan.limits.cpu_millicores)
+                      cpu_millicores=plan.limits.cpu_millicores, background=background)
+            if background and "cpu" in data.cgroups:
+                data.cpu_shares = cgroups.cpu_shares(plan.limits.cpu_millicores)
         elif plan.limits.memory_bytes or plan.limits.cpu_millicores:
             say_once("limits-ignored", logging.WARNING,
                      "local backend: resource limits requested but cgroups are unavailable (%s): not enforced",

@@ -4,8 +4,13 @@ A sandbox made ahead of demand (a warm-pool fill) competes for the same cores wi
 that serve calls. On 2 cores, the 8 fills that follow a fork into 8 made the children's bash calls
 take twice as long (the children answering 8 calls: 51 -> 26 ms p50 once fills ran at nice 19,
 ``benchmarks/fork.py``). So a fill's host-side work (its directories, layers, cgroups and
-bubblewrap) runs on threads at ``BACKGROUND_NICE``, its processes start at that nice, and a claim
-gives every task of the sandbox the normal priority back before it serves anything.
+bubblewrap) runs on threads at ``BACKGROUND_NICE`` and its processes start at that nice; once
+they are in the sandbox's groups, the group's CPU weight is what ranks them against other
+sandboxes (a task's nice only ranks it inside its own group), and that weight is the least
+(``cgroups.BACKGROUND_SHARES``) until the sandbox is claimed. Its tasks get nice 0 back at the end
+of the fill (``settle``, in the background), so a claim is one write of the group's weight
+(``restore``), not a walk of its tasks on the claim's path (3-6 ms under load for each of a
+fork's 8 children). Without a cpu group, nice is all there is: the claim gives every task nice 0.
 
 What stays at the normal priority, because a preempted low-priority thread would hold up others:
 moving processes into cgroups (``readiness.attach``: it holds the lock every ``fork()`` on the host
@@ -20,6 +25,7 @@ from collections.abc import Iterable
 
 from sandbox_server import procfs
 
+from .cgroups import Cgroups
 from .handle_data import LocalHandleData
 
 BACKGROUND_NICE = 19
@@ -59,16 +65,45 @@ def _tasks_in_groups(root: str) -> list[int]:
     return found
 
 
-def restore(data: LocalHandleData) -> None:
-    """Give every task of the sandbox ``data`` describes the normal priority (it was made in the
-    background and is about to serve): whatever its cgroups hold, else its init's process tree."""
+def _tasks(data: LocalHandleData) -> list[int]:
+    """Every task of the sandbox ``data`` describes: whatever its cgroups hold, else its init's
+    process tree."""
     groups = data.cgroups
     root = groups.get("cpu") or next(iter(groups.values()), None)
     if root and os.path.isdir(root):
-        tids = _tasks_in_groups(root)
-    else:
-        init = data.init or data.server
-        if not procfs.recorded_alive(init):
+        return _tasks_in_groups(root)
+    init = data.init or data.server
+    if not procfs.recorded_alive(init):
+        return []
+    return [t for pid in [init[0], *procfs.descendants(init[0])] for t in tasks_of_process(pid)]
+
+
+def _all_normal(data: LocalHandleData, passes: int = 5) -> None:
+    """Every task of the sandbox at ``NORMAL_NICE``, read again until a pass finds none left (a
+    task forked from one not reset yet inherits the low nice)."""
+    for _ in range(passes):
+        low = []
+        for tid in _tasks(data):
+            try:
+                if os.getpriority(os.PRIO_PROCESS, tid) != NORMAL_NICE:
+                    low.append(tid)
+            except ProcessLookupError:  # ended meanwhile
+                continue
+        if not low:
             return
-        tids = [t for pid in [init[0], *procfs.descendants(init[0])] for t in tasks_of_process(pid)]
-    set_tasks(tids, NORMAL_NICE)
+        set_tasks(low, NORMAL_NICE)
+
+
+def settle(data: LocalHandleData) -> None:
+    """The end of a fill: when the sandbox's group carries its low weight (``data.cpu_shares``
+    set), its tasks get nice 0 now, in the background, and its claim only restores the weight."""
+    if data.cpu_shares is not None:
+        _all_normal(data)
+
+
+def restore(data: LocalHandleData) -> None:
+    """The sandbox ``data`` describes was made in the background and is about to serve: its
+    group's CPU weight (one write), else the normal nice for every task."""
+    if data.cpu_shares is not None and Cgroups.set_shares(data.cgroups, data.cpu_shares):
+        return
+    _all_normal(data)
