@@ -3,7 +3,9 @@ directly with the client, and ``env.reset()`` with reuse (RESTART and RESET), in
 
 Targets: step overhead at most 10 % over the direct call; reset with RESTART reuse p50 at most
 100 ms, and its p95 (the reset alone: the warm pool must refill ahead of back-to-back episodes)
-at most 50 ms.
+at most 50 ms. Where each RESTART reset's fresh sandbox came from is counted (the control plane's
+``idegym_warm_pool_starts_total``): a member was ready, it waited for a fill under way, or one
+was made for it; the last two are the slow resets.
 """
 
 from __future__ import annotations
@@ -13,11 +15,24 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
+
 from ._common import Result, Stats, check_target, interleaved, measure, stats_table
 from ._servers import control_plane
 
 N = int(os.environ.get("BENCH_N", "300"))
 ACTION = {"tool": "bash", "arguments": {"command": "echo hello"}}
+
+
+def _served(url: str) -> dict[str, float]:
+    """The control plane's count of starts the warm pool served, by how."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("idegym_warm_pool_starts_total{"):
+            how = line.split('how="')[1].split('"')[0]
+            counts[how] = counts.get(how, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
 
 
 def run() -> Result:
@@ -35,6 +50,7 @@ def run() -> Result:
         }, N, label="env.step vs direct client call")
         env.close()
         resets = {}
+        served: dict[str, float] = {}
         for reuse in ("RESTART", "RESET"):
             env = IdeGymEnv("python-roman-numerals", control_plane_url=url, reuse=reuse, max_steps=10_000,
                             info_timing=False)
@@ -48,8 +64,12 @@ def run() -> Result:
                 e.reset()
                 alone.append(time.perf_counter() - t)
 
+            before = _served(url)
             resets[f"env.reset() with {reuse} reuse (incl. one step)"] = measure(
                 f"env.reset ({reuse})", episode_reset, max(N // 6, 20), warmup=3)
+            if reuse == "RESTART":
+                after = _served(url)
+                served = {how: after.get(how, 0.0) - before.get(how, 0.0) for how in ("ready", "fill", "own")}
             resets[f"env.reset() with {reuse} reuse (the reset alone)"] = alone[3:]  # past the warm-up
             env.close()
     stats = [Stats.of(label, s) for label, s in {**samples, **resets}.items()]
@@ -58,6 +78,9 @@ def run() -> Result:
     print(stats_table(stats, baseline="client sandbox.bash (direct)"))
     direct, step = stats[0].median_ms, stats[1].median_ms
     result.figures["env.step overhead %"] = round((step / direct - 1) * 100, 2)
+    for how, text in (("ready", "a warm member was ready"), ("fill", "waited for a fill under way"),
+                      ("own", "a sandbox was made for it")):
+        result.figures[f"RESTART resets (warm-up included): {text}"] = int(served.get(how, 0))
     reset_stats = [s for s in stats if s.label.startswith("env.reset")]
     # the reset figure includes one bash step, which is subtracted to get the reset alone
     restart_alone = next(s for s in stats if s.label == "env.reset() with RESTART reuse (the reset alone)")
@@ -68,6 +91,8 @@ def run() -> Result:
     }
     for target in result.targets.values():
         print(target["text"])
+    print("RESTART resets (warm-up included), where the fresh sandbox came from: "
+          + ", ".join(f"{how} {int(n)}" for how, n in served.items()))
     return result
 
 

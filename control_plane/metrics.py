@@ -53,7 +53,12 @@ class Metrics:
         for image, n in cp.pool.sizes().items():
             if cp.images.shown(tenant, image):
                 self.pool.labels(image).set(n)
-        body = generate_latest(self.registry) + sharing_metrics(cp, tenant).encode()
+        served = ["# HELP idegym_warm_pool_starts_total Starts the warm pool served, by how: a member was ready, "
+                  "it waited for a fill, or a sandbox was made for it",
+                  "# TYPE idegym_warm_pool_starts_total counter"]
+        served += [f'idegym_warm_pool_starts_total{{image="{_escape(image)}",how="{how}"}} {n}'
+                   for (image, how), n in sorted(cp.pool.served.items()) if cp.images.shown(tenant, image)]
+        body = generate_latest(self.registry) + ("\n".join(served) + "\n" + sharing_metrics(cp, tenant)).encode()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

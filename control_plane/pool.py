@@ -7,7 +7,10 @@ minute), up to a ceiling; keys nobody
 asked for in a while shrink back to nothing. Members are recorded in the store, so a restarted
 control plane adopts them instead of leaking them. Fills are background work: the backend
 makes them at a lower priority than the sandboxes that serve (``Backend.create(background=True)``)
-and gives a member its full share when it is claimed.
+and gives a member its full share when it is claimed. A claim that finds none ready while fills
+are under way takes whichever is ready first, the next fill to land or a sandbox made for it
+(the other becomes a member), and hurries the oldest fill: a start waits for it now, so the rest
+of it is made at the normal priority (``Backend.hurry``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ DEFAULT_FILL_SECONDS = 0.1  # until a fill of the key has been timed
 HOLD_OFF_AFTER_FORK = 0.5
 FORK_HOLD_LIMIT = 300.0  # seconds a fork that took members holds off the kind's fills at most
 MEMBER_PREFIX = "pool"  # a pool member's sandbox name: pool-<hex> (a start's own is sbx-<hex>)
+# made for a start that found none ready, beside the fills: it may become a member (pool-s-<hex>)
+RACER_PREFIX = "pool-s"
 
 
 def new_sandbox_name(prefix: str = "sbx") -> str:
@@ -56,6 +61,10 @@ class WarmPool:
         self._ready: dict[tuple, deque[SandboxHandle]] = {}
         self._templates: dict[tuple, SandboxSpec] = {}
         self._filling: dict[tuple, int] = {}
+        self._waiting: dict[tuple, deque[asyncio.Future[SandboxHandle]]] = {}  # claims that found none ready
+        self._making: dict[tuple, dict[str, bool]] = {}  # fills being made, oldest first: name -> hurried
+        # (image, how) -> starts served: "ready" (a member was), "fill" (waited for one), "own" (made for it)
+        self.served: dict[tuple[str, str], int] = {}
         self._demand: dict[tuple, deque[float]] = {}
         self._groups: dict[tuple, deque[tuple[float, int]]] = {}  # (when, how many) a fork took at once
         self._last_used: dict[tuple, float] = {}
@@ -93,11 +102,94 @@ class WarmPool:
             if observed.running and observed.ready:
                 self.backend.claim(handle)
                 self._refill(key)
+                self._count(spec, "ready")
                 return handle, True
             self._spawn(self._discard(handle))  # died while waiting: never hand it out
+        if self._filling.get(key):
+            # made as a member is (from the kind's template, not this request): it may become one
+            racer = replace(self._templates[key], generated_name=new_sandbox_name(RACER_PREFIX))
+            return await self._first_ready(key, racer, timeout)
         self._refill(key)
-        named = replace(spec, generated_name=new_sandbox_name())
-        return await self.create(named, timeout), False
+        handle = await self.create(replace(spec, generated_name=new_sandbox_name()), timeout)
+        self._count(spec, "own")
+        return handle, False
+
+    def _count(self, spec: SandboxSpec, how: str) -> None:
+        self.served[spec.image_tag, how] = self.served.get((spec.image_tag, how), 0) + 1
+
+    async def _first_ready(self, key: tuple, spec: SandboxSpec, timeout: float) -> tuple[SandboxHandle, bool]:
+        """None ready, fills under way: the first sandbox of the kind to be ready serves, a fill's
+        (it started earlier: back-to-back claims outrun the fills, and then a claim that made its
+        own waited a whole start while a fill landed meanwhile) or the one made for this claim;
+        the other joins the pool."""
+        landed: asyncio.Future[SandboxHandle] = asyncio.get_running_loop().create_future()
+        waiting = self._waiting.setdefault(key, deque())
+        waiting.append(landed)
+        unwanted = False  # set once this claim needs its own no more: it then lands in the pool
+
+        async def make_own() -> SandboxHandle:
+            try:
+                handle = await self.create(spec, timeout)
+            except BackendError as exc:
+                if not unwanted:
+                    raise
+                log.warning("a sandbox made for a claim that a fill served failed: %s", exc.message)
+                raise asyncio.CancelledError from exc  # nobody waits for it
+            if unwanted:
+                self._land(key, handle)
+            return handle
+
+        own = asyncio.ensure_future(make_own())
+        self._tasks.add(own)
+        own.add_done_callback(self._tasks.discard)
+        self._refill(key)  # after: this claim's own start comes first
+        making = self._making.get(key, {})
+        oldest = next((name for name, hurried in making.items() if not hurried), None)
+        if oldest is not None:  # no longer ahead of demand: a start waits for it
+            making[oldest] = True
+            self.backend.hurry(oldest)
+        try:
+            await asyncio.wait({landed, own}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            unwanted = True
+            self._give_up(key, landed, own)
+            raise
+        if landed.done():  # a fill's, or both at once: the fill serves, this claim's own joins the pool
+            unwanted = True
+            if own.done() and not own.cancelled() and own.exception() is None:
+                self._land(key, own.result())
+            self.backend.claim(landed.result())
+            self._count(spec, "fill")
+            return landed.result(), True
+        waiting.remove(landed)
+        landed.cancel()
+        handle = own.result()
+        self._count(spec, "own")
+        return handle, False
+
+    def _give_up(self, key: tuple, landed: asyncio.Future[SandboxHandle], own: asyncio.Future[SandboxHandle]) -> None:
+        """A claim cancelled while it waited: what it was handed, or made, goes to the pool."""
+        if landed.done():
+            self._land(key, landed.result())
+        else:
+            self._waiting.get(key, deque()).remove(landed)
+            landed.cancel()
+        if own.done() and not own.cancelled() and own.exception() is None:
+            self._land(key, own.result())
+
+    def _land(self, key: tuple, handle: SandboxHandle) -> None:
+        """A new sandbox of ``key``'s kind: to the claim that has waited longest, else into the pool."""
+        waiting = self._waiting.get(key, deque())
+        while waiting:
+            claim = waiting.popleft()
+            if not claim.done():
+                claim.set_result(handle)
+                return
+        if self._closed:
+            self._spawn(self._discard(handle))
+            return
+        self.store.add_pool_member(handle.name, json.dumps(list(map(str, key))), json.dumps(handle.to_json()))
+        self._ready.setdefault(key, deque()).append(handle)
 
     def take(self, spec: SandboxSpec, count: int) -> list[SandboxHandle]:
         """Up to ``count`` ready members of ``spec``'s kind, creating none (a fork turns them into
@@ -195,14 +287,18 @@ class WarmPool:
                     return
                 spec = replace(self._templates[key], generated_name=new_sandbox_name(MEMBER_PREFIX))
                 started = time.monotonic()
-                handle = await self.create(spec, self.create_timeout, background=True)
+                making = self._making.setdefault(key, {})
+                making[spec.generated_name] = False
+                try:
+                    handle = await self.create(spec, self.create_timeout, background=True)
+                finally:
+                    making.pop(spec.generated_name, None)
                 took = time.monotonic() - started
                 self._fill_seconds[key] = 0.7 * self._fill_seconds.get(key, took) + 0.3 * took
             if self._closed:
                 await self.backend.delete(handle)
                 return
-            self.store.add_pool_member(handle.name, json.dumps(list(map(str, key))), json.dumps(handle.to_json()))
-            self._ready.setdefault(key, deque()).append(handle)
+            self._land(key, handle)
             self._failures[key] = 0
         except BackendError as exc:
             self._failures[key] = self._failures.get(key, 0) + 1

@@ -10,10 +10,11 @@ isolation must show.
 
 It keeps the contract of ``control_plane.backends.base.Backend``, failures included, and lets a
 test cause them: a create that fails (``fail_creates``), an image it does not have
-(``images``), a start that waits (``hold_creates``), a server that dies (``crash``) or vanishes
-with its sandbox (``vanish``), a delete that fails (``fail_deletes``), and a sandbox no record
-names (``leave_orphan``). What it did is recorded (``asked``, ``created``, ``deleted``,
-``claimed``, ``background``) and ``changed`` is set at every change, for tests to wait on.
+(``images``), a start that waits (``hold_creates``; those of some names only: ``hold_named``),
+a server that dies (``crash``) or vanishes with its sandbox (``vanish``), a delete that fails
+(``fail_deletes``), and a sandbox no record names (``leave_orphan``). What it did is recorded
+(``asked``, ``created``, ``deleted``, ``claimed``, ``background``, ``hurried``) and ``changed`` is set at
+every change, for tests to wait on.
 """
 
 from __future__ import annotations
@@ -121,10 +122,12 @@ class InProcessBackend(Backend):
         self.fail_creates: list[BackendError] = []  # raised by the next creates, in order
         self.fail_deletes = 0  # this many deletes fail next
         self.hold_creates: asyncio.Event | None = None  # creates wait for it (a slow start)
+        self.hold_named: dict[str, asyncio.Event] = {}  # a create whose name starts with a key waits for its event
         self.asked: list[str] = []  # every create, failed ones included
         self.created: list[str] = []
         self.deleted: list[str] = []
         self.claimed: list[str] = []
+        self.hurried: list[str] = []  # background creates a start waited for
         self.background: set[str] = set()
         self.creating: set[str] = set()
         self.changed = asyncio.Event()  # set at every create, delete, crash (a test clears it)
@@ -194,9 +197,12 @@ class InProcessBackend(Backend):
                 raise self.fail_creates.pop(0)
             if self.images is not None and spec.image_tag not in self.images:
                 raise ImageNotFound(f"image {spec.image_tag!r} not found; build it first")
+            holds = [e for prefix, e in self.hold_named.items() if name.startswith(prefix)]
             if self.hold_creates is not None:
+                holds.append(self.hold_creates)
+            for hold in holds:
                 try:
-                    await asyncio.wait_for(self.hold_creates.wait(), timeout)
+                    await asyncio.wait_for(hold.wait(), timeout)
                 except TimeoutError:
                     raise BackendError(f"sandbox {name} did not become ready within {timeout:g} s", 504) from None
             if name in self._deleted_while_created:
@@ -212,6 +218,11 @@ class InProcessBackend(Backend):
 
     def claim(self, handle: SandboxHandle) -> None:
         self.claimed.append(handle.name)
+
+    def hurry(self, name: str) -> None:
+        if name in self.creating:
+            self.hurried.append(name)
+            self._changed()
 
     async def delete(self, handle: SandboxHandle) -> None:
         await self.delete_name(handle.name)

@@ -224,6 +224,11 @@ class Backend(abc.ABC):
         """A sandbox made with ``background`` is about to serve: give it its full share. Cheap:
         it is on the path of a start."""
 
+    def hurry(self, name: str) -> None:  # noqa: B027 - optional hook
+        """The sandbox ``name``, being made with ``background``, is waited for by a start (the
+        warm pool ran dry): make the rest of it as a serving one is made. Cheap; nothing for a
+        name not being made in the background."""
+
     @abc.abstractmethod
     async def delete(self, handle: SandboxHandle) -> None:
         """Remove the sandbox and everything it holds (processes, mounts, files, cgroups)."""

@@ -174,3 +174,86 @@ def test_closing_the_pool_deletes_its_members_and_fills_under_way(tmp_path: Path
             assert not h.backend.creating
 
     run(scenario())
+
+
+def test_a_claim_that_finds_none_ready_takes_the_fill_that_lands_first(tmp_path: Path) -> None:
+    """Back-to-back RESTART resets outran the fills: a claim found the pool empty while fills were
+    under way and waited for a whole start of its own, though a fill landed meanwhile (the resets'
+    p95 tail). Now the first sandbox of the kind to be ready serves; the claim's own, when it is
+    made, joins the pool (nothing is lost, nothing leaks).
+
+    Can fail: it did: the claim waited for its own sandbox while the fill was long ready."""
+
+    async def scenario() -> None:
+        async with harness(tmp_path, warm_pool=1) as h:
+            fills, own = asyncio.Event(), asyncio.Event()
+            h.backend.hold_named = {"pool-s-": own, "pool-": fills}  # the claim's own waits for both
+            try:
+                h.cp.pool.watch(spec())
+                await h.backend.wait_for(lambda: any(n.startswith("pool-") for n in h.backend.creating))
+                (fill,) = h.backend.creating
+                start = asyncio.ensure_future(h.start())
+                await h.backend.wait_for(lambda: any(n.startswith("pool-s-") for n in h.backend.creating))
+                (made,) = h.backend.creating - {fill}
+                fills.set()
+                done, _ = await asyncio.wait({start}, timeout=5)
+                assert done, "the claim still waits for its own sandbox, though a fill is ready"
+                started = start.result()
+                assert h.sandbox_of(started.server_id) == fill and fill in h.backend.claimed
+                assert h.backend.hurried == [fill]  # no longer ahead of demand: made as a start's is
+                assert h.cp.pool.served == {(IMAGE, "fill"): 1}
+                own.set()
+                await h.backend.wait_for(lambda: made in members(h))
+                assert made in {row.name for row in h.store.pool_members()}
+                assert (await h.bash(started.server_id, "echo served"))["stdout"] == "served\n"
+            finally:
+                fills.set()
+                own.set()
+
+    run(scenario())
+
+
+def test_a_claim_s_own_sandbox_serves_when_it_is_ready_before_any_fill(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with harness(tmp_path, warm_pool=1) as h:
+            fills = asyncio.Event()
+            h.backend.hold_named = {"pool-": fills}
+            try:
+                h.cp.pool.watch(spec())
+                await h.backend.wait_for(lambda: any(n.startswith("pool-") for n in h.backend.creating))
+                (fill,) = h.backend.creating
+                h.backend.hold_named = {fill: fills}  # the fill waits; the claim's own does not
+                started = await h.start()
+                assert h.sandbox_of(started.server_id).startswith("pool-s-") and fill not in h.backend.claimed
+                assert h.cp.pool.served == {(IMAGE, "own"): 1}
+                fills.set()
+                await h.backend.wait_for(lambda: members(h) == {fill})
+            finally:
+                fills.set()
+
+    run(scenario())
+
+
+def test_a_claim_cancelled_while_it_waits_leaves_its_sandboxes_to_the_pool(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with harness(tmp_path, warm_pool=1) as h:
+            fills, own = asyncio.Event(), asyncio.Event()
+            h.backend.hold_named = {"pool-s-": own, "pool-": fills}  # the claim's own waits for both
+            try:
+                pool = h.cp.pool
+                pool.watch(spec())
+                await h.backend.wait_for(lambda: any(n.startswith("pool-") for n in h.backend.creating))
+                claim = asyncio.ensure_future(pool.acquire(spec(), 10))
+                await h.backend.wait_for(lambda: len(h.backend.creating) == 2)
+                made = set(h.backend.creating)
+                claim.cancel()
+                await asyncio.wait({claim})
+                fills.set()
+                own.set()
+                await h.backend.wait_for(lambda: members(h) == made)
+                assert {row.name for row in h.store.pool_members()} == made
+            finally:
+                fills.set()
+                own.set()
+
+    run(scenario())

@@ -309,6 +309,10 @@ class LocalBackend(Backend):
     def claim(self, handle: SandboxHandle) -> None:
         priority.restore(LocalHandleData.of(handle.data))  # made in the background: the normal priority for all of it
 
+    def hurry(self, name: str) -> None:
+        if self.launcher is not None:
+            self.launcher.hurry(name)
+
     async def observe(self, handle: SandboxHandle) -> Observation:
         data = LocalHandleData.of(handle.data)
         if self.launcher is not None:

@@ -102,6 +102,9 @@ class Launcher:
         self.creating: set[str] = set()  # in flight here: never reported as orphans
         self._settling: set[asyncio.Task] = set()  # cancelled launches, being undone
         self._launches: set[asyncio.Future] = set()  # launches in flight
+        self._behind: dict[str, LocalHandleData] = {}  # launches in the background no start waits for
+        self._behind_on: dict[str, int] = {}  # such a launch's host-side step: the thread running it
+        self._behind_lock = threading.Lock()  # a hurry and a step's start or end on its thread
         self.delete_timeout = delete_timeout
         self.storage = storage  # bounded layer filesystems, when the host can make them
         self.storage_bytes = storage_bytes  # the default bound of a sandbox's layers (None: unbounded)
@@ -175,6 +178,32 @@ class Launcher:
             if launch.done():
                 self.creating.discard(name)
 
+    def hurry(self, name: str) -> None:
+        """The background launch ``name`` is waited for by a start: what of it runs gets the
+        normal priority now (the host-side step under way too), and its remaining steps run at
+        it, the warm-up call included (the start's first call is then as quick as a later one)."""
+        with self._behind_lock:
+            data = self._behind.pop(name, None)
+            step = self._behind_on.get(name)
+            if step is not None:  # its step under way, on a background thread: at the normal priority now
+                os.setpriority(os.PRIO_PROCESS, step, priority.NORMAL_NICE)
+        if data is not None:
+            priority.restore(data)
+
+    def _background_step(self, name: str, work: Callable[..., Any], *args: Any) -> Any:
+        """``work`` on this background thread, which a hurry of launch ``name`` lifts until it ends."""
+        thread = threading.get_native_id()
+        with self._behind_lock:
+            self._behind_on[name] = thread
+            if name not in self._behind:  # hurried since the step was queued
+                os.setpriority(os.PRIO_PROCESS, thread, priority.NORMAL_NICE)
+        try:
+            return work(*args)
+        finally:
+            with self._behind_lock:
+                self._behind_on.pop(name, None)
+                os.setpriority(os.PRIO_PROCESS, thread, priority.BACKGROUND_NICE)
+
     async def stop(self, space: Space, name: str, data: LocalHandleData | None) -> None:
         """End every process of the sandbox; its files and cgroups stay."""
         await self._bounded("stop", space, name, self._stop_sync, data)
@@ -241,19 +270,30 @@ class Launcher:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         deadline = time.monotonic() + timeout
-        host_work = self._background if background else None
+        if background:
+            self._behind[plan.name] = data
+
+        def behind() -> bool:  # still made ahead of demand (no start hurried it)
+            return plan.name in self._behind
+
+        def host(work: Callable[..., Any], *args: Any, thread: concurrent.futures.Executor | None = None) -> Any:
+            """A host-side step: on the background threads while no start waits for the sandbox."""
+            if behind():
+                return loop.run_in_executor(self._background if thread is None else self._background_thread,
+                                            self._background_step, plan.name, work, *args)
+            return loop.run_in_executor(thread, work, *args)
+
         try:
-            await loop.run_in_executor(host_work, self._prepare, plan, data, background)
+            await host(self._prepare, plan, data, behind())
             if self.lease is not None:
                 # From now on the sandbox ends itself if we stop renewing, even one we are killed
                 # while making (a SIGKILLed control plane left a bubblewrap waiting for good). On
                 # a thread of the normal priority: the monitor inherits it.
                 await loop.run_in_executor(None, self._watch, plan, data)
             prepared = time.perf_counter()
-            ready_fd, pending = await loop.run_in_executor(self._background_thread if background else self._thread,
-                                                           self._spawn, plan, data)
+            ready_fd, pending = await host(self._spawn, plan, data, thread=self._thread)
             if pending is not None:
-                nice = priority.BACKGROUND_NICE if background else priority.NORMAL_NICE
+                nice = priority.BACKGROUND_NICE if behind() else priority.NORMAL_NICE
                 try:
                     await loop.run_in_executor(None, fork_server, self._zygote(plan), data, pending, nice)
                 except BaseException:
@@ -263,7 +303,9 @@ class Launcher:
             # The pids recorded: findable if we die now. File work (renames on the host's
             # journalled disk, milliseconds while other sandboxes are made) stays off the event
             # loop, which serves every call and fork meanwhile.
-            await loop.run_in_executor(host_work, self._record, plan, data)
+            if background and not behind():  # hurried while its processes started at the low priority
+                priority.restore(data)
+            await host(self._record, plan, data)
             # Moving tasks into v1 cgroups is slow (readiness.attach): do it while the server imports.
             results = await asyncio.gather(
                 readiness.wait_ready(ready_fd, max(deadline - time.monotonic(), 0.1), timeout),
@@ -271,18 +313,18 @@ class Launcher:
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
-            await loop.run_in_executor(host_work, readiness.publish_socket, data)
+            await host(readiness.publish_socket, data)
             if background and data.forked:  # a sandbox server (no other kind) sharing the zygote's pages
                 await readiness.warm_up(data, max(deadline - time.monotonic(), 0.1))
             if background:
-                await loop.run_in_executor(host_work, priority.settle, data)
+                await host(priority.settle, data)
             ended = time.perf_counter()
             data.timings_ms = {"prepare": round((prepared - started) * 1e3, 2),
                                   "spawn": round((spawned - prepared) * 1e3, 2),
                                   "server_start": round((ended - spawned) * 1e3, 2),
                                   "total": round((ended - started) * 1e3, 2)}
             data.creator = None  # created: from now on a record must name it, or it is an orphan
-            await loop.run_in_executor(host_work, write_meta, plan.sb, plan.name, data)
+            await host(write_meta, plan.sb, plan.name, data)
         except BaseException as exc:
             detail = tail(plan.log, 30).strip()
             if data.owned:  # never clean up a same-named sandbox we did not make
@@ -298,6 +340,8 @@ class Launcher:
                 message += f"\n--- sandbox server log (last lines) ---\n{detail}"
             raise BackendError(f"sandbox {plan.name!r} failed to start: {message}",
                                exc.status if isinstance(exc, BackendError) else 500) from exc
+        finally:
+            self._behind.pop(plan.name, None)
         return SandboxHandle(BACKEND_NAME, plan.name, SandboxAddress("http://sandbox", data.socket), data.dump())
 
     def _prepare(self, plan: Plan, data: LocalHandleData, background: bool = False) -> None:
