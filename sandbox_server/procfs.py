@@ -19,16 +19,21 @@ class Stat(NamedTuple):
     state: str  # R, S, D, Z, T…
     ppid: int
     start: int  # start time in clock ticks since boot: with the pid, it names one process
+    threads: int
+
+
+def _read_stat(path: str) -> Stat | None:
+    try:
+        with open(path, "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return Stat(fields[0].decode(), int(fields[1]), int(fields[19]), int(fields[17]))
 
 
 def stat(pid: int) -> Stat | None:
     """``/proc/<pid>/stat`` of ``pid``, or None when it does not exist."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return Stat(fields[0].decode(), int(fields[1]), int(fields[19]))
+    return _read_stat(f"/proc/{pid}/stat")
 
 
 def alive(pid: int, started: int | None = None) -> bool:
@@ -41,24 +46,16 @@ def alive(pid: int, started: int | None = None) -> bool:
 
 def halted(pid: int) -> bool:
     """Whether ``pid`` is stopped (every thread of it), a zombie or gone: it runs no more code."""
-    def state_of(path: str) -> tuple[bytes, int] | None:
-        try:
-            with open(path, "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            return None
-        return fields[0], int(fields[17])
-
-    leader = state_of(f"/proc/{pid}/stat")
-    if leader is None or leader[0] in (b"Z", b"X"):
+    leader = stat(pid)
+    if leader is None or leader.state in ("Z", "X"):
         return True
-    if leader[1] == 1:
-        return leader[0] in (b"T", b"t")
+    if leader.threads == 1:
+        return leader.state in ("T", "t")
     try:
         tasks = [t.name for t in os.scandir(f"/proc/{pid}/task")]
     except OSError:
         return True
-    return all((st := state_of(f"/proc/{pid}/task/{t}/stat")) is None or st[0] in (b"T", b"t", b"Z", b"X")
+    return all((st := _read_stat(f"/proc/{pid}/task/{t}/stat")) is None or st.state in ("T", "t", "Z", "X")
                for t in tasks)
 
 

@@ -36,7 +36,7 @@ def test_a_tree_is_stopped_when_freeze_returns_forks_in_flight_included() -> Non
             assert forker.stdout is not None and forker.stdout.readline() == b"ready\n"
             assert wait_until(lambda pid=forker.pid: len(procfs.children(pid)) >= 3, 10.0)
             frozen = freeze_trees({forker.pid}, include_roots=True)
-            states = {pid: (procfs.stat(pid) or procfs.Stat("gone", 0, 0)).state for pid in frozen}
+            states = {pid: (procfs.stat(pid) or procfs.Stat("gone", 0, 0, 0)).state for pid in frozen}
             assert set(states.values()) == {"T"}, states
             assert {forker.pid, *procfs.descendants(forker.pid)} == frozen  # and nothing new can come
         finally:
