@@ -8,6 +8,7 @@ import errno
 import functools
 import os
 import signal
+from collections.abc import Callable, Iterable
 
 from . import procfs
 from .polling import wait_until
@@ -16,19 +17,22 @@ STOP_WAIT = 2.0  # seconds for a round's processes to stop (one in uninterruptib
 
 
 def freeze_trees(roots: set[int], include_roots: bool, rounds: int = 200,
-                 spare: frozenset[int] = frozenset()) -> set[int]:
+                 spare: frozenset[int] = frozenset(),
+                 children_of: Callable[[int], Iterable[int]] | None = None) -> set[int]:
     """SIGSTOP every live descendant of ``roots`` (and the roots themselves if asked), waiting
     until each has stopped and looking again until a scan finds nothing new; returns the stopped
     processes. A stopped process cannot fork, exit or re-parent its children, so the set stops
-    growing. ``spare`` processes are not stopped, their descendants are."""
+    growing. ``spare`` processes are not stopped, their descendants are. ``children_of`` finds a
+    process's children; by default each round scans every process of the pid namespace once,
+    ``procfs.children`` reads only the tree's own ``/proc`` entries (for a caller on the host)."""
     me = os.getpid()
     frozen: set[int] = set()
     for _ in range(rounds):
-        children = procfs.process_tree()
+        kids = children_of or _children_in(procfs.process_tree())
         found = {p for p in roots if p != me and procfs.alive(p)} if include_roots else set()
         stack = list(roots | frozen | spare)
         while stack:
-            for child in children.get(stack.pop(), ()):
+            for child in kids(stack.pop()):
                 if child in spare:
                     stack.append(child)
                 elif child not in found and child != me:
@@ -44,6 +48,10 @@ def freeze_trees(roots: set[int], include_roots: bool, rounds: int = 200,
         # signal comes completes first, and its child (not stopped with it) must be in a later scan.
         wait_until(functools.partial(_all_halted, new), STOP_WAIT)
     return frozen
+
+
+def _children_in(tree: dict[int, list[int]]) -> Callable[[int], Iterable[int]]:
+    return lambda pid: tree.get(pid, ())
 
 
 def _all_halted(pids: set[int]) -> bool:

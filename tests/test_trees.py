@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
+from pathlib import Path
 
 from sandbox_server import procfs
 from sandbox_server.polling import wait_until
@@ -39,6 +40,38 @@ def test_a_tree_is_stopped_when_freeze_returns_forks_in_flight_included() -> Non
             states = {pid: (procfs.stat(pid) or procfs.Stat("gone", 0, 0, 0)).state for pid in frozen}
             assert set(states.values()) == {"T"}, states
             assert {forker.pid, *procfs.descendants(forker.pid)} == frozen  # and nothing new can come
+        finally:
+            forker.kill()
+            forker.wait()
+            for pid in procfs.pids_with_cmdline(mark):
+                procfs.kill(pid, signal.SIGKILL)
+
+
+def test_a_sandbox_without_cgroups_or_bubblewrap_ends_with_its_forks_in_flight(tmp_path: Path) -> None:
+    """The local backend's teardown of a sandbox with neither cgroups nor a pid namespace stops
+    its server's tree (found from each process's own children, with ``freeze_trees``, so that a
+    fork under way is waited for) and kills all of it.
+
+    Can fail: a teardown that kills the recorded server alone leaves its children running. (The
+    one-pass stop before ``freeze_trees`` also passes here: its kill came microseconds after its
+    stop and aborts a fork under way; its race was a fork ending between its scan and its stop.)"""
+    from control_plane.backends.local import teardown
+    from control_plane.backends.local.cgroups import Cgroups
+    from control_plane.backends.local.handle_data import LocalHandleData
+    from control_plane.backends.local.layout import Space
+
+    space = Space("sandboxes", tmp_path / "sandboxes", Cgroups("idegym-test-none"), tmp_path, tmp_path / "run")
+    for _ in range(5):
+        mark = f"0.000{uuid.uuid4().int % 10**9:09d}"
+        forker = subprocess.Popen([sys.executable, "-c", FORKER, mark], stdout=subprocess.PIPE)
+        try:
+            assert forker.stdout is not None and forker.stdout.readline() == b"ready\n"
+            assert wait_until(lambda pid=forker.pid: len(procfs.children(pid)) >= 3, 10.0)
+            data = LocalHandleData(server=procfs.record(forker.pid))
+            *_, problems = teardown.kill("sb-plain", space, data, "none")
+            assert problems == []
+            forker.wait(5)
+            assert wait_until(lambda m=mark: not procfs.pids_with_cmdline(m), 5.0), procfs.pids_with_cmdline(mark)
         finally:
             forker.kill()
             forker.wait()

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sandbox_server import procfs
+from sandbox_server.trees import freeze_trees
 
 from ..base import BackendError
 from . import layer_mounts, mounts
@@ -53,12 +54,9 @@ def kill(name: str, space: Space, data: LocalHandleData | None, isolation: str, 
     monitor = recorded.pop("monitor", None) if bwrap else None
     victims = set(recorded.values())
     if not cgroups and not bwrap and "server" in recorded:
-        # A plain server without cgroups: its tree, from its own children (stopped first so that
-        # nothing forks or re-parents meanwhile).
-        family = _tree_of(recorded["server"])
-        for pid in family:
-            procfs.kill(pid, signal.SIGSTOP)
-        victims |= family
+        # A plain server without cgroups: its tree, from its own children, stopped first so that
+        # nothing forks or re-parents meanwhile.
+        victims |= freeze_trees({recorded["server"]}, include_roots=True, children_of=procfs.children)
     left: list[int] = []
     deadline = time.monotonic() + KILL_TIMEOUT
     if cgroups:
@@ -96,16 +94,6 @@ def describe(pids: list[int]) -> str:
         st = procfs.stat(pid)
         out.append(f"{pid} ({st.state})" if st else str(pid))
     return "[" + ", ".join(out) + "]"
-
-
-def _tree_of(root: int) -> set[int]:
-    found, stack = {root}, [root]
-    while stack:
-        for child in procfs.children(stack.pop()):
-            if child not in found:
-                found.add(child)
-                stack.append(child)
-    return found
 
 
 def destroy(name: str, space: Space, data: LocalHandleData | None, isolation: str, progress: Progress = None) -> None:
