@@ -17,6 +17,7 @@ from control_plane.backends.base import ForkChild
 from control_plane.backends.local import LocalBackend
 from control_plane.backends.local.cgroups import BACKGROUND_SHARES, CPU_SHARES_PER_CORE
 from control_plane.backends.local.handle_data import LocalHandleData
+from control_plane.backends.local.launcher import _Behind
 from control_plane.backends.local.layout import read_meta
 from control_plane.backends.local.priority import BACKGROUND_NICE
 
@@ -211,7 +212,7 @@ def test_a_hurry_lifts_the_background_step_under_way(backend: LocalBackend) -> N
     Can fail: it did: without lifting the thread, the step ended at nice 19."""
     launcher = backend.launcher
     assert launcher is not None
-    launcher._behind["bg-step"] = LocalHandleData()  # a launch in the background (as _launch records it)
+    launcher._behind["bg-step"] = _Behind(LocalHandleData())  # a launch in the background (as _launch records it)
     inside, release = threading.Event(), threading.Event()
 
     def own_nice() -> int:

@@ -17,6 +17,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,14 @@ def _in_thread(work: Callable[..., None], *args: Any) -> asyncio.Future:
     return future
 
 
+@dataclass
+class _Behind:
+    """A launch in the background that no start waits for (yet)."""
+
+    data: LocalHandleData
+    thread: int | None = None  # the native id of the thread running its host-side step, while one runs
+
+
 class Launcher:
     """Launches of one backend: ``isolation`` is ``bwrap`` or ``none`` (already chosen)."""
 
@@ -102,8 +111,7 @@ class Launcher:
         self.creating: set[str] = set()  # in flight here: never reported as orphans
         self._settling: set[asyncio.Task] = set()  # cancelled launches, being undone
         self._launches: set[asyncio.Future] = set()  # launches in flight
-        self._behind: dict[str, LocalHandleData] = {}  # launches in the background no start waits for
-        self._behind_on: dict[str, int] = {}  # such a launch's host-side step: the thread running it
+        self._behind: dict[str, _Behind] = {}  # launches in the background no start waits for
         self._behind_lock = threading.Lock()  # a hurry and a step's start or end on its thread
         self.delete_timeout = delete_timeout
         self.storage = storage  # bounded layer filesystems, when the host can make them
@@ -183,25 +191,27 @@ class Launcher:
         normal priority now (the host-side step under way too), and its remaining steps run at
         it, the warm-up call included (the start's first call is then as quick as a later one)."""
         with self._behind_lock:
-            data = self._behind.pop(name, None)
-            step = self._behind_on.get(name)
-            if step is not None:  # its step under way, on a background thread: at the normal priority now
-                os.setpriority(os.PRIO_PROCESS, step, priority.NORMAL_NICE)
-        if data is not None:
-            priority.restore(data)
+            behind = self._behind.pop(name, None)
+            if behind is not None and behind.thread is not None:  # its step under way: normal priority now
+                os.setpriority(os.PRIO_PROCESS, behind.thread, priority.NORMAL_NICE)
+        if behind is not None:
+            priority.restore(behind.data)
 
     def _background_step(self, name: str, work: Callable[..., Any], *args: Any) -> Any:
         """``work`` on this background thread, which a hurry of launch ``name`` lifts until it ends."""
         thread = threading.get_native_id()
         with self._behind_lock:
-            self._behind_on[name] = thread
-            if name not in self._behind:  # hurried since the step was queued
+            behind = self._behind.get(name)
+            if behind is None:  # hurried since the step was queued
                 os.setpriority(os.PRIO_PROCESS, thread, priority.NORMAL_NICE)
+            else:
+                behind.thread = thread
         try:
             return work(*args)
         finally:
             with self._behind_lock:
-                self._behind_on.pop(name, None)
+                if behind is not None:
+                    behind.thread = None
                 os.setpriority(os.PRIO_PROCESS, thread, priority.BACKGROUND_NICE)
 
     async def stop(self, space: Space, name: str, data: LocalHandleData | None) -> None:
@@ -271,7 +281,7 @@ class Launcher:
         started = time.perf_counter()
         deadline = time.monotonic() + timeout
         if background:
-            self._behind[plan.name] = data
+            self._behind[plan.name] = _Behind(data)
 
         def behind() -> bool:  # still made ahead of demand (no start hurried it)
             return plan.name in self._behind
