@@ -12,8 +12,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-BENCHMARKS = ["bash_roundtrip", "tool_call", "lifecycle", "env_step", "vector_throughput", "vector_cluster",
-              "code_runner", "scale", "soak", "images", "task_sources", "integrations",
+BENCHMARKS = ["cgroup_moves", "bash_roundtrip", "tool_call", "lifecycle", "env_step", "vector_throughput",
+              "vector_cluster", "code_runner", "scale", "soak", "images", "task_sources", "integrations",
               "neighbours", "fork", "agent_gateway", "remote", "grpo"]
 
 

@@ -8,7 +8,7 @@ The control plane (``control_plane/backends/local/zygote.py``) runs this as root
 user namespace, in a mount namespace that holds the sandbox runtime at the paths a sandbox has
 it (what is imported here is where the server expects it), and sends requests on a
 ``SOCK_SEQPACKET`` socket: JSON (the server's ``argv`` and environment, the target number of each
-descriptor) with descriptors: the sandbox's namespaces, its server cgroups' ``cgroup.procs``
+descriptor) with descriptors: the sandbox's namespaces, its server cgroups' ``tasks``
 and the descriptors the server is to have. Per request this process forks a child that joins
 the namespaces — the user namespace first, which leaves it root in the sandbox and nothing
 outside; the mount namespace, which makes its root the sandbox's — and forks the server into
@@ -192,10 +192,13 @@ def _become_server(request: dict[str, Any], cgroup_fds: list[int], fds: list[int
     try:
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
-        for fd in cgroup_fds:  # "0": the writing process (cgroup v1 and v2)
+        # "0" written to ``tasks`` moves the writing thread, this process's only one (the zygote has
+        # no other): the whole server, without the lock a move of a process (``cgroup.procs``) takes
+        # on cgroup v1, which waits for an RCU grace period (6-11 ms of every start, measured).
+        for fd in cgroup_fds:
             os.write(fd, b"0")
-        # After the move: a low-priority process holding the lock cgroup moves take would hold up
-        # every fork on the host (a server made ahead of demand runs at a low priority until claimed).
+        # After the move: a low-priority task holding a cgroup lock would hold up others' moves
+        # (a server made ahead of demand runs at a low priority until claimed).
         if nice := int(request.get("nice", 0)):
             os.setpriority(os.PRIO_PROCESS, 0, nice)
         os.setsid()

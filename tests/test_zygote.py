@@ -89,9 +89,16 @@ def test_a_forked_server_is_what_bubblewrap_would_have_started(loop: LoopThread,
             assert os.readlink(f"/proc/{server}/ns/{name}") == os.readlink(f"/proc/{init}/ns/{name}"), name
         assert os.readlink(f"/proc/{server}/ns/user") != os.readlink(f"/proc/{zygote}/ns/mnt")
         assert _status(server) == _status(_server(fresh))
+        # It moved itself by its one thread (``tasks``), its init was moved too; every thread the
+        # server has made since is in the sandbox's groups (tools run on threads in ``tools``).
         for controller, path in forked.data["cgroups"].items():
             procs = Path(path, "server", "cgroup.procs").read_text().split()
-            assert str(server) in procs, controller
+            assert str(server) in procs and str(init) in procs, controller
+        for thread in os.listdir(f"/proc/{server}/task"):
+            groups = Path(f"/proc/{server}/task/{thread}/cgroup").read_text().splitlines()
+            for controller in forked.data["cgroups"]:
+                line = next(g for g in groups if controller in g.split(":")[1].split(","))
+                assert f"/{forked.name}/" in line + "/", (thread, line)
         # The zygote's (and the control plane's) environment reaches no server.
         for pid in (server, zygote):
             assert MARKER.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
@@ -103,7 +110,7 @@ def test_a_forked_server_is_what_bubblewrap_would_have_started(loop: LoopThread,
         for fd in os.listdir(f"/proc/{server}/fd"):
             target = os.readlink(f"/proc/{server}/fd/{fd}")
             assert not any(target.startswith(f"{name}:[") for name in NAMESPACES), (fd, target)
-            assert "cgroup.procs" not in target, (fd, target)
+            assert not target.endswith(("/cgroup.procs", "/tasks")), (fd, target)
             assert not (target.startswith("socket:") and target in zygote_fds), (fd, target)
         assert ok(forked, "echo $((6 * 7))").strip() == "42"
     finally:

@@ -14,9 +14,10 @@ its own)::
                                        bounded by ``tools``, which the sandbox cannot see
 
 So whatever the tools do to memory, the server keeps its reserve: the tools' own OOM killer
-only ever chooses among tools. The sandbox's init and server are moved into ``server`` while
-the server imports (each move costs an RCU grace period, ~3-20 ms for the four controllers),
-before it can start any tool.
+only ever chooses among tools. The sandbox's init and server are moved into ``server`` before
+the server can start any tool: a server forked by the zygote moves itself and its init is moved,
+each by its one thread (``tasks``); a server started the long way is moved with its init while it
+imports, as processes (``cgroup.procs``: each such move waits for an RCU grace period, 6-11 ms).
 """
 
 from __future__ import annotations
@@ -181,8 +182,11 @@ class Cgroups:
         return True
 
     @staticmethod
-    def attach(paths: dict[str, str], pid: int) -> None:
-        """Move ``pid`` into ``paths`` (one group per controller) unless it is there already."""
+    def attach(paths: dict[str, str], pid: int, single_threaded: bool = False) -> None:
+        """Move ``pid`` into ``paths`` (one group per controller) unless it is there already.
+        ``single_threaded``: a process that has one thread and never makes another, moved by
+        writing it to ``tasks`` (its one thread), which spares the wait for an RCU grace period a
+        move of a whole process (``cgroup.procs``) takes on cgroup v1."""
         try:
             with open(f"/proc/{pid}/cgroup") as fh:
                 current = {ctrl: line.rstrip("\n").split(":", 2)[2] for line in fh
@@ -192,7 +196,7 @@ class Cgroups:
         for ctrl, path in paths.items():
             if path.endswith(current.get(ctrl, "\0")):
                 continue  # already there (inherited): skip the costly move
-            _write(path, "cgroup.procs", str(pid))
+            _write(path, "tasks" if single_threaded else "cgroup.procs", str(pid))
 
     @staticmethod
     def procs(paths: dict[str, str]) -> set[int]:

@@ -52,13 +52,16 @@ def attach(data: LocalHandleData) -> None:
 
     In a bwrap sandbox the server is the only child of the namespace's init (a forked server
     is nobody's there: zygote.py); until it is ready
-    it starts nothing, so every later process inherits the groups. Moving a task into a v1 cgroup
-    costs an RCU grace period per controller (~3 ms each): the launcher does it while the server
-    imports.
+    it starts nothing, so every later process inherits the groups. Moving a process into a v1
+    cgroup waits for an RCU grace period (cgroups.py): the launcher does it while the server
+    imports. A forked server joined its groups itself (zygote.py); its init, the placeholder
+    ``cat``, has one thread and is moved by it, without that wait.
     """
-    if data.forked:  # the server joined its groups itself (zygote.py); its init here
-        pids = [required(data.init, "init")[0]]
-    elif data.isolation == "bwrap":
+    if data.forked:
+        if data.cgroups:
+            Cgroups.attach(sub(data.cgroups, SERVER), required(data.init, "init")[0], single_threaded=True)
+        return
+    if data.isolation == "bwrap":
         init = required(data.init, "init")
         kids: list[int] = []
 

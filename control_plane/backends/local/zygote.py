@@ -96,17 +96,17 @@ class Zygote:
         self._pid = int(reply["pong"])
 
     def spawn(self, *, module: str, argv: list[str], env: dict[str, str], namespaces: dict[str, int],
-              cgroup_procs: list[int], fds: dict[int, int], cloexec: tuple[int, ...] = (), nice: int = 0) -> int:
+              cgroup_tasks: list[int], fds: dict[int, int], cloexec: tuple[int, ...] = (), nice: int = 0) -> int:
         """A server in the sandbox whose namespaces are ``namespaces`` (name -> descriptor):
         ``module``'s ``main(argv)`` with environment ``env``, descriptor ``fds[n]`` at number n.
-        It joins the groups whose ``cgroup.procs`` are open in ``cgroup_procs``, then takes the
+        It joins the groups whose ``tasks`` are open in ``cgroup_tasks``, then takes the
         nice value ``nice`` (whatever the zygote's own). Returns its pid. Every descriptor stays
         the caller's to close."""
         request = {"module": module, "argv": argv, "env": env, "namespaces": list(namespaces),
-                   "cgroups": len(cgroup_procs), "targets": list(fds), "cloexec": list(cloexec), "nice": nice}
+                   "cgroups": len(cgroup_tasks), "targets": list(fds), "cloexec": list(cloexec), "nice": nice}
         with self._lock:
             self.ensure()
-            reply = self._ask(request, [*namespaces.values(), *cgroup_procs, *fds.values()], REPLY_TIMEOUT)
+            reply = self._ask(request, [*namespaces.values(), *cgroup_tasks, *fds.values()], REPLY_TIMEOUT)
         if "pid" not in reply:
             raise ZygoteError(f"the sandbox server zygote could not start the server: {reply.get('error', reply)}",
                               500)
@@ -164,16 +164,16 @@ def fork_server(zygote: Zygote, data: LocalHandleData, pending: PendingSandbox, 
             except FileNotFoundError:  # a kernel without cgroup namespaces
                 continue
             opened.append(namespaces[name])
-        cgroup_procs = []
+        cgroup_tasks = []
         for path in (sub(data.cgroups, SERVER).values() if data.cgroups else ()):
-            cgroup_procs.append(os.open(f"{path}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
-            opened.append(cgroup_procs[-1])
+            cgroup_tasks.append(os.open(f"{path}/tasks", os.O_WRONLY | os.O_CLOEXEC))
+            opened.append(cgroup_tasks[-1])
         devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         opened.append(devnull)
         fds = {0: devnull, 1: pending.log_fd, 2: pending.log_fd, pending.ready_w: pending.ready_w,
                pending.keep_w: pending.keep_w}
         pid = zygote.spawn(module=SERVER_MODULE, argv=pending.argv, env=pending.env, namespaces=namespaces,
-                           cgroup_procs=cgroup_procs, fds=fds, cloexec=(pending.keep_w,), nice=nice)
+                           cgroup_tasks=cgroup_tasks, fds=fds, cloexec=(pending.keep_w,), nice=nice)
         data.server = procfs.record(pid)
         if data.server is None:
             raise BackendError("the sandbox server exited as soon as it was forked")
