@@ -217,3 +217,25 @@ def test_a_control_plane_with_a_private_tmp_launches_beside_one_under_the_hosts_
     finally:
         shutil.rmtree(other, ignore_errors=True)
         loop.run(backend.delete(live))
+
+
+def test_the_last_delete_releases_the_space_when_a_holder_leaves_a_moment_later(loop: LoopThread,
+                                                                               backend: LocalBackend) -> None:
+    """The delete of the last sandbox removes the space's bind even if something still holds it
+    for a moment (the sandbox's lease monitor, killed just before, on a loaded host), without the
+    backend's close.
+
+    Can fail: the delete tried the unmount once and gave up on EBUSY; a delete that finished after
+    the backend's close had released the space (a teardown left in the background) left the bind
+    mounted for good (CI: ``test_nothing_is_left_when_everything_stops``)."""
+    handle = loop.run(backend.create(spec("last-one"), 60))
+    space = str(backend.sandboxes.root)
+    assert space in _mount_points()
+    holder = subprocess.Popen(["sleep", "0.7"], cwd=space)  # pins the bind, as a dying monitor's cwd does
+    try:
+        loop.run(backend.delete(handle))
+        assert wait_until(lambda: holder.poll() is not None, 5)
+        assert space not in _mount_points()
+    finally:
+        holder.kill()
+        holder.wait()

@@ -28,6 +28,7 @@ Progress = Callable[[str], None] | None  # told each step, for a timeout's messa
 
 KILL_TIMEOUT = 5.0  # for the sandbox's processes to end once killed
 MONITOR_TIMEOUT = 2.0  # for bwrap's monitor to exit once the namespace's init has
+RELEASE_WAIT = 2.0  # for what holds an emptied space's bind (a killed lease monitor) to let go
 
 
 def kill(name: str, space: Space, data: LocalHandleData | None, isolation: str, progress: Progress = None
@@ -128,7 +129,9 @@ def destroy(name: str, space: Space, data: LocalHandleData | None, isolation: st
         ForkLayers(space.state_dir).release(sandbox_holder(name))
     if not problems:
         end_lease_monitor(data)
-    tidy(space)
+    # The last sandbox out removes the space's bind; its monitor, killed just now, may hold it a
+    # moment more (and a close that released the space before this delete ended will not again).
+    tidy(space, wait=RELEASE_WAIT)
     if problems:
         raise BackendError(f"deleting sandbox {name!r} left something behind: {'; '.join(problems)}")
 
