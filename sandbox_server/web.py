@@ -5,10 +5,10 @@ start pays that — a third of a cold start. Why not h11 (which it used): its ev
 and header validation cost every call ~60 us of the server's CPU, twice what the rest of the
 HTTP layer, the dispatch and a bash call's validation and answer cost together
 (``benchmarks/sandbox_http.py``), and on a loaded host ~0.2 ms of an isolated call's time
-(``benchmarks/tool_call.py``, before and after: ``benchmarks/REPORT.md``). Requests are parsed strictly (``request_head.py``: chunked
-bodies, keep-alive, pipelining); answers are written in one piece. This module adds routing,
-bounded request bodies (413), JSON errors for anything that goes wrong, and an aiohttp-like
-``cleanup_ctx`` life cycle.
+(``benchmarks/tool_call.py``, before and after: ``benchmarks/REPORT.md``). Requests are parsed
+strictly (``request_head.py``: chunked bodies, keep-alive, pipelining); answers are written in
+one piece. This module adds routing, bounded request bodies (413), JSON errors for anything that
+goes wrong, and an aiohttp-like ``cleanup_ctx`` life cycle.
 """
 
 from __future__ import annotations

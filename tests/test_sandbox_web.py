@@ -185,3 +185,22 @@ def test_what_is_no_request_is_refused_with_its_status_and_the_end(server: str, 
         (answer,), _ = _answers(sock, 1)
         assert answer[0].split()[1] == str(status), answer
         assert answer[1]["connection"] == "close" and _closed(sock)
+
+
+@pytest.mark.parametrize(("body", "too_deep"), [
+    (b'{"command": "' + b"[" * 500 + b'"}', False),  # brackets in a string nest nothing
+    (b'{"command": "x", "env": {}}', False),
+    (b"[" * 100 + b"]" * 100, False),
+    (b"[" * 101 + b"]" * 101, True),
+])
+def test_a_body_is_refused_for_its_nesting_only(body: bytes, too_deep: bool) -> None:
+    from sandbox_server.errors import Unprocessable
+    from sandbox_server.http import parse_model
+    from sandbox_server.models import BashCommandRequest
+
+    try:
+        parse_model(body, BashCommandRequest)
+    except Unprocessable as exc:
+        assert ("deeper than the limit" in exc.message) is too_deep, exc.message
+    else:
+        assert not too_deep
