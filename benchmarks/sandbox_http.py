@@ -142,6 +142,7 @@ def _exchange(sock: socket.socket) -> None:
 
 def run() -> Result:
     result = Result("sandbox_http", "The sandbox server's HTTP layer: web.py against h11, one forwarded bash call")
+    result.notes.append(f"load average at the start: {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory() as tmp:
         procs, socks = {}, {}
         try:
