@@ -278,7 +278,8 @@ class _Connection:
 _BLANK_LINES = re.compile(rb"[\r\n]*")
 _STATUS_LINES = {int(s): f"HTTP/1.1 {int(s)} {s.phrase}\r\n" for s in HTTPStatus}
 _FIELD_NAME = re.compile(r"[-!#$%&'*+.^_`|~0-9A-Za-z]+")  # RFC 9110's token
-_FIELD_VALUE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f]*")  # no control character but a tab
+# No control character but a tab, nothing Latin-1 cannot encode (what a head is written in).
+_FIELD_VALUE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f\u0100-\U0010ffff]*")
 _FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "content-type", "server"})
 
 
