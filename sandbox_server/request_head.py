@@ -1,6 +1,6 @@
 """HTTP/1.1 request heads and chunk lines, parsed strictly (RFC 9112) for ``web.py``.
 
-h11 cost every call ~60 us of the server's CPU (its event objects, state machine and per-header
+h11 cost every call 60-90 us of the server's CPU (its event objects, state machine and per-header
 validation; ``benchmarks/sandbox_http.py``); this is what the sandbox server needs of it, and stricter where a
 server may be: a folded header line, a request with both Content-Length and Transfer-Encoding
 (the makings of request smuggling) or a Host header too many is a 400, a transfer coding other

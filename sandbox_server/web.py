@@ -2,7 +2,7 @@
 
 Why not aiohttp: importing it costs ~120 ms (its client half comes along), and every sandbox
 start pays that — a third of a cold start. Why not h11 (which it used): its events, state machine
-and header validation cost every call ~60 us of the server's CPU, as much as the rest of the
+and header validation cost every call 60-90 us of the server's CPU, more than the rest of the
 HTTP layer, the dispatch and a bash call's validation and answer cost together
 (``benchmarks/sandbox_http.py``), and on a loaded host ~0.2 ms of an isolated call's time
 (``benchmarks/tool_call.py``, before and after: ``benchmarks/REPORT.md``). Requests are parsed
