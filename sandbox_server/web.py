@@ -2,13 +2,13 @@
 
 Why not aiohttp: importing it costs ~120 ms (its client half comes along), and every sandbox
 start pays that — a third of a cold start. Why not h11 (which it used): its events, state machine
-and header validation cost every call 60-90 us of the server's CPU, more than the rest of the
-HTTP layer, the dispatch and a bash call's validation and answer cost together
-(``benchmarks/sandbox_http.py``), and on a loaded host ~0.2 ms of an isolated call's time
-(``benchmarks/tool_call.py``, before and after: ``benchmarks/REPORT.md``). Requests are parsed
-strictly (``request_head.py``: chunked bodies, keep-alive, pipelining); answers are written in
-one piece. This module adds routing, bounded request bodies (413), JSON errors for anything that
-goes wrong, and an aiohttp-like ``cleanup_ctx`` life cycle.
+and header validation cost every call 60-90 us of the server's CPU, about as much as the rest
+of the HTTP layer, the dispatch and a bash call's validation and answer together
+(``benchmarks/sandbox_http.py``); in a whole isolated call on a loaded host, 0.15-0.2 ms of the
+server's CPU and 0.2-0.5 ms of the call's time (``benchmarks/tool_call.py``'s breakdown).
+Requests are parsed strictly (``request_head.py``: chunked bodies, keep-alive, pipelining);
+answers are written in one piece. This module adds routing, bounded request bodies (413), JSON
+errors for anything that goes wrong, and an aiohttp-like ``cleanup_ctx`` life cycle.
 """
 
 from __future__ import annotations
