@@ -2,11 +2,11 @@
 
 h11 cost every call 60-90 us of the server's CPU (its event objects, state machine and
 per-header validation; ``benchmarks/sandbox_http.py``); this is what the sandbox server needs of
-it, and stricter where a server may be: a folded header line, a request with both Content-Length and Transfer-Encoding
-(the makings of request smuggling) or a Host header too many is a 400, a transfer coding other
-than ``chunked`` a 501, a version other than 1.0 and 1.1 a 505. Lines may end in CRLF or LF, as
-h11 allowed; names are checked with h11's pattern, values with RFC 9110's (stricter than h11's,
-which let control characters other than NUL and white space through).
+it, and stricter where a server may be: a folded header line, a request with both Content-Length
+and Transfer-Encoding (the makings of request smuggling) or a Host header too many is a 400, a
+transfer coding other than ``chunked`` a 501, a version other than 1.0 and 1.1 a 505. Lines may
+end in CRLF or LF, as h11 allowed; names are checked with h11's pattern, values with RFC 9110's
+(stricter than h11's, which let control characters other than NUL and white space through).
 """
 
 from __future__ import annotations
