@@ -166,15 +166,17 @@ class Forwards:
         self.cp.store.flush()
 
     def _settled(self, call: ForwardedCall, pending: PendingReply, started: float) -> Reply | ForwardError:
-        """The reply or the failure of an ended forward, counted in the metrics."""
+        """The reply or the failure of an ended forward, counted in the metrics at the loop's next
+        turn: not while the answer is being made."""
+        seconds = time.perf_counter() - started
         try:
             reply = pending.result()
         except ForwardError as exc:
-            self.metrics.forward(exc.status, time.perf_counter() - started)
+            asyncio.get_running_loop().call_soon(self.metrics.forward, exc.status, seconds)
             if exc.status == 410:
                 self.cp.spawn(self.cp.check_sandbox(call.server_id))  # find out now whether the sandbox crashed
             return exc
-        self.metrics.forward(reply.status, time.perf_counter() - started)
+        asyncio.get_running_loop().call_soon(self.metrics.forward, reply.status, seconds)
         return reply
 
     @staticmethod

@@ -168,3 +168,35 @@ def test_the_client_through_the_http_app_to_an_in_process_sandbox(tmp_path: Path
         assert cp.backend.alive() == set()
 
     run(scenario())
+
+
+def test_every_forward_is_counted_in_the_metrics(tmp_path: Path) -> None:
+    """Forwards, their round trips and the forward route's requests, each counted once per call,
+    by status (the counts are made after the answer, with each label set's child kept)."""
+    import re
+
+    import httpx
+
+    def value(text: str, series: str) -> float:
+        found = re.search(rf"^{re.escape(series)} ([0-9.e+-]+)$", text, re.MULTILINE)
+        return float(found.group(1)) if found else 0.0
+
+    route = 'idegym_http_requests_total{method="POST",route="/api/forward/{client_id}/{server_id}/{path}",status="%d"}'
+
+    async def scenario() -> None:
+        async with served(tmp_path) as cp:
+            async with AsyncIdeGymClient(cp.url, unix_socket=cp.unix_socket) as client, httpx.AsyncClient(
+                    transport=httpx.AsyncHTTPTransport(uds=cp.unix_socket), base_url=cp.url) as http:
+                sandbox = await client.start(IMAGE)
+                before = (await http.get("/metrics")).text
+                for _ in range(5):
+                    await sandbox.bash("true")
+                invalid = await http.post(f"/api/forward/{client.client_id}/{sandbox.server_id}/api/tools/bash",
+                                          json={"command": 7}, headers={"Prefer": "wait=30"})
+                assert invalid.status_code == 422, invalid.text  # the sandbox's own answer, passed through
+                after = (await http.get("/metrics")).text
+        for series, more in [('idegym_forwards_total{status="200"}', 5), ('idegym_forwards_total{status="422"}', 1),
+                             ("idegym_forward_seconds_count", 6), (route % 200, 5), (route % 422, 1)]:
+            assert value(after, series) - value(before, series) == more, (series, after)
+
+    run(scenario())
