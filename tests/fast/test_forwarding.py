@@ -200,3 +200,24 @@ def test_every_forward_is_counted_in_the_metrics(tmp_path: Path) -> None:
             assert value(after, series) - value(before, series) == more, (series, after)
 
     run(scenario())
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("body", [
+    b'{"command": "true", "env": {"TOKEN": "hunter3-secret"}}',
+    b'{"command": "true", "\\u0065nv": {"TOKEN": "hunter3-secret"}}',  # the sandbox reads this key as env
+    b'{"command": "true", "env": {}, "env": {"TOKEN": "hunter3-secret"}}',
+    b'{"command": "true", "env":\n{"TOKEN": "hunter3-secret"}}',
+])
+def test_env_values_are_never_in_the_request_history_however_the_body_spells_them(body: bytes) -> None:
+    """Seen failing before: a key written with an escape was stored with its values (only a
+    literal ``"env"`` made the history parse the body)."""
+    call = ForwardedCall(uuid.uuid4(), 1, "POST", "api/tools/bash", {"content-type": "application/json"}, body)
+    stored = call.record("http://sandbox/api/tools/bash")
+    assert "hunter3-secret" not in stored and "TOKEN" in stored, stored
+
+
+def test_a_bash_call_without_env_values_is_stored_as_sent() -> None:
+    body = b'{"timeout": 600.0, "command": "echo env", "cwd": null, "env": {}, "user": null}'
+    stored = json.loads(ForwardedCall(uuid.uuid4(), 1, "POST", "api/tools/bash", {}, body).record("x"))
+    assert stored["body"] == body.decode()
