@@ -12,9 +12,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-BENCHMARKS = ["cgroup_moves", "bash_roundtrip", "tool_call", "lifecycle", "env_step", "vector_throughput",
-              "vector_cluster", "code_runner", "scale", "soak", "images", "task_sources", "integrations",
-              "neighbours", "fork", "agent_gateway", "remote", "grpo"]
+BENCHMARKS = ["cgroup_moves", "bash_roundtrip", "tool_call", "sandbox_http", "lifecycle", "env_step",
+              "vector_throughput", "vector_cluster", "code_runner", "scale", "soak", "images", "task_sources",
+              "integrations", "neighbours", "fork", "agent_gateway", "remote", "grpo"]
 
 
 def main() -> None:

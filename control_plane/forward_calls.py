@@ -38,6 +38,16 @@ MAX_WAIT = 3600.0
 STORED_BODY_LIMIT = 64 << 10
 UNSTORED_HEADERS = ("authorization", "cookie", "host")
 RECORD_DELAY = 0.05  # inline answers' records wait this long at most, to be written together
+_EMPTY_ENV = re.compile(rb'"env"\s*:\s*(?:\{\s*\}|null)')
+
+
+def _may_name_env_values(body: bytes | bytearray) -> bool:
+    """Whether a bash call's body may hold env values: only parsing tells when it has an escape
+    (a key written ``"\\u0065nv"`` is ``env`` too) or names ``"env"`` other than once, empty."""
+    if b"\\" in body:
+        return True
+    named = body.count(b'"env"')
+    return named > 1 or (named == 1 and _EMPTY_ENV.search(body) is None)
 
 
 def prefer_wait(headers: Mapping[str, str]) -> float | None:
@@ -64,7 +74,7 @@ class ForwardedCall:
         """The operation's stored request (secrets masked, body truncated)."""
         # Only what is stored is decoded: a 200 MB body would be copied whole otherwise.
         text = self.body[:STORED_BODY_LIMIT + 4].decode("utf-8", errors="replace")
-        if b'"env"' in self.body and self.path.split("?", 1)[0].rstrip("/").endswith(routes.BASH.relative):
+        if self.path.split("?", 1)[0].rstrip("/").endswith(routes.BASH.relative) and _may_name_env_values(self.body):
             try:  # env values are secrets: never stored
                 data = json.loads(self.body)
                 if isinstance(data, dict) and isinstance(data.get("env"), dict):
@@ -166,15 +176,17 @@ class Forwards:
         self.cp.store.flush()
 
     def _settled(self, call: ForwardedCall, pending: PendingReply, started: float) -> Reply | ForwardError:
-        """The reply or the failure of an ended forward, counted in the metrics."""
+        """The reply or the failure of an ended forward, counted in the metrics at the loop's next
+        turn: not while the answer is being made."""
+        seconds = time.perf_counter() - started
         try:
             reply = pending.result()
         except ForwardError as exc:
-            self.metrics.forward(exc.status, time.perf_counter() - started)
+            asyncio.get_running_loop().call_soon(self.metrics.forward, exc.status, seconds)
             if exc.status == 410:
                 self.cp.spawn(self.cp.check_sandbox(call.server_id))  # find out now whether the sandbox crashed
             return exc
-        self.metrics.forward(reply.status, time.perf_counter() - started)
+        asyncio.get_running_loop().call_soon(self.metrics.forward, reply.status, seconds)
         return reply
 
     @staticmethod

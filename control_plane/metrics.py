@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -28,17 +28,28 @@ class Metrics:
         self.servers = Gauge("idegym_servers", "Servers by availability", ["availability"], registry=self.registry)
         self.pool = Gauge("idegym_warm_pool_ready", "Ready sandboxes in the warm pool", ["image"],
                           registry=self.registry)
+        # Each label set's child, looked up once: ``labels()`` takes a lock and builds its key on
+        # every call (a tenth of the control plane's CPU a forward). Counters and histograms are
+        # never cleared, so a child stays the one the registry renders.
+        self._children: dict[tuple, Any] = {}
+
+    def _child(self, metric: Counter | Histogram, *labels: str) -> Any:
+        key = (metric, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def forward(self, status: int, seconds: float) -> None:
-        self.forwards.labels(str(status)).inc()
+        self._child(self.forwards, str(status)).inc()
         self.forward_latency.observe(seconds)
 
     def observe(self, request: web.Request, status: int, seconds: float) -> None:
         """One answered request (called by the control plane's error middleware, outermost)."""
         resource = request.match_info.route.resource
         route = resource.canonical if resource else "?"
-        self.requests.labels(request.method, route, str(status)).inc()
-        self.latency.labels(route).observe(seconds)
+        self._child(self.requests, request.method, route, str(status)).inc()
+        self._child(self.latency, route).observe(seconds)
 
     def render(self, cp: ControlPlane, tenant: str) -> web.Response:
         """The metrics as ``tenant`` may see them: its own servers; images it can name. Request

@@ -8,13 +8,13 @@ FROM python:3.11-slim
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 ARG PIP_INSTALL_OPTIONS=""
 
-# The sandbox server in a virtualenv of its own (aiohttp, h11, pydantic, diff-match-patch): the task's
+# The sandbox server in a virtualenv of its own (aiohttp, pydantic, diff-match-patch): the task's
 # Python and its packages stay the task's. Its code is the repository's sandbox_server package.
 RUN --mount=type=bind,target=/context \
     mkdir -p /usr/local/lib/idegym/src \
     && cp -r /context/sandbox_server /usr/local/lib/idegym/src/ \
     && python3 -m venv /usr/local/lib/idegym/venv \
-    && /usr/local/lib/idegym/venv/bin/pip install ${PIP_INSTALL_OPTIONS} "aiohttp>=3.9,<4" "h11>=0.14" "pydantic>=2.6,<3" \
+    && /usr/local/lib/idegym/venv/bin/pip install ${PIP_INSTALL_OPTIONS} "aiohttp>=3.9,<4" "pydantic>=2.6,<3" \
            "diff-match-patch==20241021" \
     && echo /usr/local/lib/idegym/src > "$(/usr/local/lib/idegym/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/idegym.pth" \
     && /usr/local/lib/idegym/venv/bin/python -m compileall -q /usr/local/lib/idegym/src

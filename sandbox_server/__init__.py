@@ -1,6 +1,6 @@
 """IdeGym's in-sandbox server: tools, rewards, project reset and a code runner over HTTP.
 
-Depends only on h11, pydantic and diff-match-patch (uvloop when present), so it can be installed
+Depends only on pydantic and diff-match-patch (uvloop when present), so it can be installed
 alone in any image and starts fast. Importing the package loads nothing of the server: clients
 import its wire models (``models``, ``routes``, ``errors``) without it.
 """

@@ -104,6 +104,7 @@ class Spawner:
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._answers: list[asyncio.Future[int]] = []
+        self._null: int | None = None  # /dev/null for tools without stdin, opened once (an open per call shows)
         self._parent = 0  # the thread that started it, whose priority, limits and affinity it inherited
 
     @property
@@ -132,6 +133,7 @@ class Spawner:
         finally:
             theirs.close()
         ours.setblocking(False)
+        self._null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self._loop = loop
         loop.add_reader(ours.fileno(), self._on_message)
 
@@ -170,20 +172,19 @@ class Spawner:
                     stderr: int) -> tuple[int, asyncio.Future[int | None]]:
         """Start a tool: its pid, and a future of its wait status (``None`` when the spawner died
         first: the tool, if it still runs, is then this process's child, re-parented to it)."""
-        if self._sock is None or self._loop is None:
+        if self._sock is None or self._loop is None or self._null is None:
             raise SpawnRefused("the spawner is gone")
         request = _request(argv, env, cwd)
         if len(request) > self.max_request:
             raise SpawnRefused(f"a request of {len(request)} bytes, over the spawner's {self.max_request}")
         loop = self._loop
-        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if stdin < 0 else None  # subprocess.DEVNULL
         status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         answer: asyncio.Future[int] = loop.create_future()
         exit_status: asyncio.Future[int | None] = loop.create_future()
         try:
             self._sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                            array.array("i", [stdin if null is None else null, stdout, stderr,
-                                                              status_w]))])
+                                            array.array("i", [stdin if stdin >= 0 else self._null, stdout,
+                                                              stderr, status_w]))])
         except OSError as exc:
             os.close(status_r)
             # A message is sent whole or not at all: one the socket has no room for (other
@@ -194,8 +195,6 @@ class Spawner:
             raise SpawnRefused(f"the spawner cannot be sent the request: {exc}") from exc
         finally:
             os.close(status_w)
-            if null is not None:
-                os.close(null)
         self._answers.append(answer)
         timer = loop.call_later(ANSWER_TIMEOUT, self._unanswered, answer)
         try:
@@ -308,6 +307,9 @@ class Spawner:
                 self._loop.remove_reader(self._sock.fileno())
             self._sock.close()
             self._sock = None
+        if self._null is not None:
+            os.close(self._null)
+            self._null = None
         # Requests it had: once it was ready, it may have started their tools.
         for answer in self._answers:
             if not answer.done():

@@ -1,8 +1,13 @@
-"""A small HTTP/1.1 server on asyncio and h11: just what the sandbox server needs.
+"""A small HTTP/1.1 server on asyncio: just what the sandbox server needs.
 
 Why not aiohttp: importing it costs ~120 ms (its client half comes along), and every sandbox
-start pays that — a third of a cold start. h11 parses HTTP correctly (chunked bodies,
-keep-alive, pipelining rules); this module adds routing, bounded request bodies (413), JSON
+start pays that — a third of a cold start. Why not h11 (which it used): its events, state machine
+and header validation cost every call 60-90 us of the server's CPU, about as much as the rest
+of the HTTP layer, the dispatch and a bash call's validation and answer together
+(``benchmarks/sandbox_http.py``); in a whole isolated call on a loaded host, 0.15-0.2 ms of the
+server's CPU and 0.2-0.5 ms of the call's time (``benchmarks/tool_call.py``'s breakdown).
+Requests are parsed strictly (``request_head.py``: chunked bodies, keep-alive, pipelining);
+answers are written in one piece. This module adds routing, bounded request bodies (413), JSON
 errors for anything that goes wrong, and an aiohttp-like ``cleanup_ctx`` life cycle.
 """
 
@@ -12,20 +17,21 @@ import asyncio
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qsl
 
-import h11
-
-from .errors import ApiError, BadRequest, NotFound, PayloadTooLarge, render
+from .errors import ApiError, NotFound, PayloadTooLarge, render
+from .request_head import HEAD_LIMIT, MalformedRequest, RequestHead, chunk_size, head_end, parse_head, trailers_end
 from .settings import DEFAULT_HEADER_TIMEOUT
 
 log = logging.getLogger("sandbox_server.http")
 
 READ_CHUNK = 1 << 20
-SERVER_HEADER = b"idegym-sandbox"
+SERVER_HEADER = "idegym-sandbox"
 
 
 class AppKey:
@@ -120,7 +126,8 @@ class App:
 
 
 class _Connection:
-    """One client connection: h11 events in, responses out, one request at a time."""
+    """One client connection: requests parsed as they arrive (``request_head.py``), answers
+    written in one piece, one request at a time (pipelined ones wait in the buffer)."""
 
     def __init__(self, app: App, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  header_timeout: float) -> None:
@@ -131,90 +138,113 @@ class _Connection:
         # the first byte of a later request: slow-header connections are closed. An idle kept-alive
         # connection between requests is not timed (the control plane's pool keeps them).
         self.header_timeout = header_timeout
-        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 << 10)
+        self.buf = bytearray()
 
-    async def _next_event(self) -> Any:
-        while True:
-            event = self.conn.next_event()
-            if event is not h11.NEED_DATA:
-                return event
+    async def _fill(self, deadline: float | None = None) -> bool:
+        """More of what the client sent into the buffer (by ``deadline``, loop time); False once
+        it closed its end."""
+        if deadline is None:
             data = await self.reader.read(READ_CHUNK)
-            self.conn.receive_data(data)  # b"" tells h11 the peer closed
+        else:
+            remaining = max(deadline - asyncio.get_running_loop().time(), 0)
+            data = await asyncio.wait_for(self.reader.read(READ_CHUNK), remaining)
+        self.buf += data
+        return bool(data)
 
-    async def _next_head(self, timed: bool) -> Any:
-        """The next request's first event, within ``header_timeout`` of now (``timed``) or of the
-        request's first byte; raises ``TimeoutError`` past it."""
+    async def _next_head(self, timed: bool) -> RequestHead | None:
+        """The next request's head, within ``header_timeout`` of now (``timed``) or of the
+        request's first byte; None when the client closed its end first. Raises ``TimeoutError``
+        past it, ``MalformedRequest`` for what is no request."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.header_timeout if timed or self.conn.trailing_data[0] else None
+        deadline = loop.time() + self.header_timeout if timed or self.buf else None
         while True:
-            event = self.conn.next_event()
-            if event is not h11.NEED_DATA:
-                return event
+            blank = _BLANK_LINES.match(self.buf)  # empty lines before a request are ignored
+            if blank is not None and blank.end():
+                del self.buf[:blank.end()]
+            end = head_end(self.buf)
+            if (end[0] if end is not None else len(self.buf)) > HEAD_LIMIT:
+                raise MalformedRequest(f"the request head is over {HEAD_LIMIT} bytes", 431)
+            if end is not None:
+                head = bytes(self.buf[:end[0]])
+                del self.buf[:end[1]]
+                return parse_head(head)
+            if not await self._fill(deadline):
+                return None
             if deadline is None:
-                data = await self.reader.read(READ_CHUNK)
                 deadline = loop.time() + self.header_timeout
-            else:
-                data = await asyncio.wait_for(self.reader.read(READ_CHUNK), max(deadline - loop.time(), 0))
-            self.conn.receive_data(data)
+
+    async def _read_body(self, head: RequestHead) -> bytes | None:
+        """The body ``head`` announces, whole; None when the client went, or it is over the
+        limit (then answered 413)."""
+        limit = self.app.client_max_size
+        if head.length is not None:
+            if head.length > limit:
+                await self._too_large(head.length)
+                return None
+            while len(self.buf) < head.length:
+                if not await self._fill():
+                    return None
+            return self._take(0, head.length, head.length)
+        chunks: list[bytes] = []
+        size = at = 0  # the body's bytes so far; where the next chunk's size line begins
+        while True:
+            parsed = chunk_size(self.buf, at)
+            if parsed is not None:
+                length, data = parsed
+                if size + length > limit:
+                    await self._too_large(size + length)
+                    return None
+                if length == 0:
+                    end = trailers_end(self.buf, data)
+                    if end is not None:
+                        del self.buf[:end]
+                        return b"".join(chunks)
+                elif len(self.buf) >= data + length + 2:
+                    if self.buf[data + length:data + length + 2] != b"\r\n":
+                        raise MalformedRequest("a chunk's data is not followed by CRLF")
+                    with memoryview(self.buf) as view:
+                        chunks.append(bytes(view[data:data + length]))
+                    size += length
+                    at = data + length + 2
+                    continue
+            del self.buf[:at]  # what was parsed goes only before a read: many small chunks are no quadratic work
+            at = 0
+            if not await self._fill():
+                return None
+
+    def _take(self, start: int, end: int, drop: int) -> bytes:
+        """``buf[start:end]`` (one copy: a body may be 256 MiB), with the first ``drop`` bytes gone after."""
+        with memoryview(self.buf) as view:
+            taken = bytes(view[start:end])
+        del self.buf[:drop]
+        return taken
 
     async def serve(self) -> None:
         first = True
         try:
             while True:
                 try:
-                    event = await self._next_head(first)
+                    head = await self._next_head(first)
                     first = False
+                    if head is None:
+                        return
+                    body = await self._read_body(head)
                 except TimeoutError:
                     log.info("closed a connection whose request head took over %g s", self.header_timeout)
                     return
-                except h11.RemoteProtocolError as exc:
-                    await self._fail(ApiError.for_status(exc.error_status_hint, f"malformed HTTP request: {exc}"))
+                except MalformedRequest as exc:
+                    await self._fail(exc)
                     return
-                if isinstance(event, (h11.ConnectionClosed, h11.EndOfMessage)) or event is h11.PAUSED:
+                if body is None:
                     return
-                if not isinstance(event, h11.Request):
-                    return
-                request = await self._read_request(event)
-                if request is None:
-                    return
+                request = Request(head.method, head.target, head.headers, body, self.app)
                 response = await self.app.dispatch(request)
-                await self._send(response, head=request.method == "HEAD")
-                if self.conn.our_state is h11.MUST_CLOSE or self.conn.their_state is h11.MUST_CLOSE:
-                    return
-                try:
-                    self.conn.start_next_cycle()
-                except h11.LocalProtocolError:
+                if await self._send(response, head=request.method == "HEAD", close=not head.keep_alive):
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         finally:
             self.writer.close()
-
-    async def _read_request(self, event: h11.Request) -> Request | None:
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in event.headers}
-        declared = headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.app.client_max_size:
-            await self._too_large(int(declared))
-            return None
-        chunks, size = [], 0
-        while True:
-            try:
-                part = await self._next_event()
-            except h11.RemoteProtocolError as exc:
-                await self._fail(BadRequest(f"malformed HTTP request body: {exc}"))
-                return None
-            if isinstance(part, h11.Data):
-                size += len(part.data)
-                if size > self.app.client_max_size:
-                    await self._too_large(size)
-                    return None
-                chunks.append(part.data)
-            elif isinstance(part, h11.EndOfMessage):
-                break
-            else:
-                return None
-        target = event.target.decode("latin-1")
-        return Request(event.method.decode("ascii"), target, headers, b"".join(chunks), self.app)
 
     async def _too_large(self, size: int) -> None:
         limit = self.app.client_max_size
@@ -222,19 +252,48 @@ class _Connection:
             f"request body of {size} bytes is over the limit of {limit} bytes; send smaller chunks"))
 
     async def _fail(self, error: ApiError) -> None:
-        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            await self._send(Response(render(error), status=error.status, headers={"Connection": "close"}))
+        await self._send(Response(render(error), status=error.status), close=True)
 
-    async def _send(self, response: Response, head: bool = False) -> None:
-        headers = [(b"content-type", response.content_type.encode()),
-                   (b"content-length", str(len(response.body)).encode()), (b"server", SERVER_HEADER)]
-        headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()]
-        data = self.conn.send(h11.Response(status_code=response.status, headers=headers))
-        if response.body and not head:
-            data += self.conn.send(h11.Data(data=response.body))
-        data += self.conn.send(h11.EndOfMessage())
-        self.writer.write(data)
+    async def _send(self, response: Response, head: bool = False, close: bool = False) -> bool:
+        """The answer in one write; a handler's header that cannot be sent makes it a 500. True
+        when the connection closes after it."""
+        bad = _unsendable(response)
+        if bad:
+            log.error("an answer's %s cannot be sent; answering 500", bad)
+            response, close = Response(render(ApiError(f"the server made an answer it cannot send ({bad})")),
+                                       status=500), True
+        lines = [_STATUS_LINES.get(response.status) or f"HTTP/1.1 {response.status} \r\n",
+                 f"content-type: {response.content_type}\r\ncontent-length: {len(response.body)}\r\n"
+                 f"server: {SERVER_HEADER}\r\n"]
+        lines += [f"{name}: {value}\r\n" for name, value in response.headers.items()]
+        if close:
+            lines.append("connection: close\r\n")
+        lines.append("\r\n")
+        data = "".join(lines).encode("latin-1")
+        self.writer.write(data + response.body if response.body and not head else data)
         await self.writer.drain()
+        return close
+
+
+_BLANK_LINES = re.compile(rb"[\r\n]*")
+_STATUS_LINES = {int(s): f"HTTP/1.1 {int(s)} {s.phrase}\r\n" for s in HTTPStatus}
+_FIELD_NAME = re.compile(r"[-!#$%&'*+.^_`|~0-9A-Za-z]+")  # RFC 9110's token
+# No control character but a tab, nothing Latin-1 cannot encode (what a head is written in).
+_FIELD_VALUE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f\u0100-\U0010ffff]*")
+_FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "content-type", "server"})
+
+
+def _unsendable(response: Response) -> str:
+    """What of an answer's head cannot be sent (a control character, a name that is no token, a
+    framing header a handler must not set), or ""."""
+    if not 100 <= response.status <= 999:
+        return f"status {response.status}"
+    if not _FIELD_VALUE.fullmatch(response.content_type):
+        return f"content type {response.content_type!r}"
+    for name, value in response.headers.items():
+        if not _FIELD_NAME.fullmatch(name) or not _FIELD_VALUE.fullmatch(value) or name.lower() in _FRAMING:
+            return f"header {name!r}: {value!r}"
+    return ""
 
 
 async def serve_connection(app: App, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,

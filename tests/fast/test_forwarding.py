@@ -168,3 +168,56 @@ def test_the_client_through_the_http_app_to_an_in_process_sandbox(tmp_path: Path
         assert cp.backend.alive() == set()
 
     run(scenario())
+
+
+def test_every_forward_is_counted_in_the_metrics(tmp_path: Path) -> None:
+    """Forwards, their round trips and the forward route's requests, each counted once per call,
+    by status (the counts are made after the answer, with each label set's child kept)."""
+    import re
+
+    import httpx
+
+    def value(text: str, series: str) -> float:
+        found = re.search(rf"^{re.escape(series)} ([0-9.e+-]+)$", text, re.MULTILINE)
+        return float(found.group(1)) if found else 0.0
+
+    route = 'idegym_http_requests_total{method="POST",route="/api/forward/{client_id}/{server_id}/{path}",status="%d"}'
+
+    async def scenario() -> None:
+        async with served(tmp_path) as cp:
+            async with AsyncIdeGymClient(cp.url, unix_socket=cp.unix_socket) as client, httpx.AsyncClient(
+                    transport=httpx.AsyncHTTPTransport(uds=cp.unix_socket), base_url=cp.url) as http:
+                sandbox = await client.start(IMAGE)
+                before = (await http.get("/metrics")).text
+                for _ in range(5):
+                    await sandbox.bash("true")
+                invalid = await http.post(f"/api/forward/{client.client_id}/{sandbox.server_id}/api/tools/bash",
+                                          json={"command": 7}, headers={"Prefer": "wait=30"})
+                assert invalid.status_code == 422, invalid.text  # the sandbox's own answer, passed through
+                after = (await http.get("/metrics")).text
+        for series, more in [('idegym_forwards_total{status="200"}', 5), ('idegym_forwards_total{status="422"}', 1),
+                             ("idegym_forward_seconds_count", 6), (route % 200, 5), (route % 422, 1)]:
+            assert value(after, series) - value(before, series) == more, (series, after)
+
+    run(scenario())
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("body", [
+    b'{"command": "true", "env": {"TOKEN": "hunter3-secret"}}',
+    b'{"command": "true", "\\u0065nv": {"TOKEN": "hunter3-secret"}}',  # the sandbox reads this key as env
+    b'{"command": "true", "env": {}, "env": {"TOKEN": "hunter3-secret"}}',
+    b'{"command": "true", "env":\n{"TOKEN": "hunter3-secret"}}',
+])
+def test_env_values_are_never_in_the_request_history_however_the_body_spells_them(body: bytes) -> None:
+    """Seen failing before: a key written with an escape was stored with its values (only a
+    literal ``"env"`` made the history parse the body)."""
+    call = ForwardedCall(uuid.uuid4(), 1, "POST", "api/tools/bash", {"content-type": "application/json"}, body)
+    stored = call.record("http://sandbox/api/tools/bash")
+    assert "hunter3-secret" not in stored and "TOKEN" in stored, stored
+
+
+def test_a_bash_call_without_env_values_is_stored_as_sent() -> None:
+    body = b'{"timeout": 600.0, "command": "echo env", "cwd": null, "env": {}, "user": null}'
+    stored = json.loads(ForwardedCall(uuid.uuid4(), 1, "POST", "api/tools/bash", {}, body).record("x"))
+    assert stored["body"] == body.decode()
