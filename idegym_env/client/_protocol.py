@@ -2,7 +2,7 @@
 
 Every API call is a *plan*: a generator that yields ``Call`` (an HTTP request) or ``Sleep``
 instructions and receives ``Reply`` objects, then returns the typed result. ``_sync.py`` and
-``_async.py`` only drive plans (over ``_http.HTTPSession`` and httpx) — so the sync and async
+``_async.py`` only drive plans (over ``_http.HTTPSession`` and ``_http_async.AsyncHTTPSession``) — so the sync and async
 clients cannot drift apart.
 
 Calls through the control plane send ``Prefer: wait=<seconds>`` and so take one round trip; when
