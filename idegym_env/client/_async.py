@@ -38,11 +38,12 @@ from . import _plans, _uploads
 from ._exceptions import not_a_control_plane, place, shown_url, unreachable
 from ._http_async import AsyncHTTPSession
 from ._plans import ToolResult
-from ._protocol import Call, Plan, Sleep, T, Target, call
+from ._protocol import Blocking, Call, Plan, Sleep, T, Target, call
 from ._settings import BUILTIN_IMAGE, Settings
 
 if TYPE_CHECKING:
     from ..tools import ToolCall
+    from ._sync import Sandbox
 
 
 async def _send(http: AsyncHTTPSession, call: Call) -> Reply:
@@ -65,11 +66,47 @@ async def drive(http: AsyncHTTPSession, plan: Plan[T]) -> T:
             if isinstance(step, Sleep):
                 await asyncio.sleep(step.seconds)
                 step = plan.send(None)
+            elif isinstance(step, Blocking):
+                step = plan.send(await asyncio.to_thread(step.work))
             else:
                 step = plan.send(await _send(http, step))
     except StopIteration as done:
         value: T = done.value  # the plan's return value (StopIteration types it Any)
         return value
+
+
+class AsyncSessions:
+    """Async sessions to where synchronous sandboxes are, for one event loop: a plan of calls to a
+    ``Sandbox`` (an env's step) made on the loop, over connections of its own, instead of on a
+    worker thread over the sandbox's. ``close()`` from any thread; the loop must still run."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._sessions: dict[tuple[str, str | None, str | None], AsyncHTTPSession] = {}
+
+    async def run(self, sandbox: Sandbox, plan: Plan[T]) -> T:
+        http = sandbox._http  # noqa: SLF001 - the sync client's own session, read for where it goes
+        key = (http.base_url, http.unix_socket, http.authorization)
+        session = self._sessions.get(key)
+        if session is None:
+            session = self._sessions[key] = AsyncHTTPSession(http.base_url, unix_socket=http.unix_socket,
+                                                             authorization=http.authorization,
+                                                             default_timeout=http.default_timeout)
+        return await drive(session, plan)
+
+    def close(self) -> None:
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            if self.loop.is_closed():
+                continue  # nothing can be closed on it: its connections went with it
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is self.loop:
+                session.close()
+            else:
+                self.loop.call_soon_threadsafe(session.close)
 
 
 class AsyncSandbox:

@@ -242,11 +242,11 @@ class HTTPSession:
         default = 443 if self._scheme == "https" else 80
         self._host_header = host if self._port in (None, default) else f"{host}:{self._port}"
         self._prefix = parts.path
-        self._unix_socket = unix_socket
+        self.unix_socket = unix_socket
         self._headers = {"Accept": "application/json", "User-Agent": "idegym-client"}
-        if auth is not None:
-            token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode("ascii")
-            self._headers["Authorization"] = f"Basic {token}"
+        self.authorization = basic_authorization(auth)
+        if self.authorization is not None:
+            self._headers["Authorization"] = self.authorization
         self._ssl: ssl.SSLContext | None = None
         self._idle: list[_Connection] = []
         self._max_idle = max_idle
@@ -295,8 +295,8 @@ class HTTPSession:
                 if conn.sock is not None and not select.select([conn.sock], [], [], 0)[0]:
                     return conn
                 conn.close()
-        if self._unix_socket:
-            return _Connection(functools.partial(_unix_socket, self._unix_socket), "localhost")
+        if self.unix_socket:
+            return _Connection(functools.partial(_unix_socket, self.unix_socket), "localhost")
         if self._scheme == "https" and self._ssl is None:
             self._ssl = ssl.create_default_context()
         return _Connection(functools.partial(_tcp_socket, self._host, self._port, self._ssl), self._host_header)
@@ -314,6 +314,13 @@ class HTTPSession:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+def basic_authorization(auth: tuple[str, str] | None) -> str | None:
+    """The ``Authorization`` header of ``(user, password)``."""
+    if auth is None:
+        return None
+    return "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode("ascii")
 
 
 def _unix_socket(path: str) -> socket.socket:

@@ -10,7 +10,6 @@ one write, and an answer that has arrived whole is parsed without another wait.
 from __future__ import annotations
 
 import asyncio
-import base64
 import http.client
 import json as jsonlib
 import socket
@@ -27,6 +26,7 @@ from ._http import (
     Exactly,
     Line,
     Response,
+    basic_authorization,
     read_answer,
     request_head,
     with_length,
@@ -156,7 +156,8 @@ class AsyncHTTPSession:
     event loop."""
 
     def __init__(self, base_url: str, *, unix_socket: str | None = None, auth: tuple[str, str] | None = None,
-                 default_timeout: float = 60.0, max_idle: int = MAX_IDLE) -> None:
+                 authorization: str | None = None, default_timeout: float = 60.0, max_idle: int = MAX_IDLE) -> None:
+        """``auth`` (user, password), or the ``Authorization`` header it makes (``authorization``)."""
         self.base_url = base_url.rstrip("/")
         self.default_timeout = default_timeout
         parts = urlsplit(self.base_url)
@@ -170,9 +171,9 @@ class AsyncHTTPSession:
         self._prefix = parts.path
         self._unix_socket = unix_socket
         self._headers = {"Accept": "application/json", "User-Agent": "idegym-client"}
-        if auth is not None:
-            token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode("ascii")
-            self._headers["Authorization"] = f"Basic {token}"
+        authorization = authorization or basic_authorization(auth)
+        if authorization is not None:
+            self._headers["Authorization"] = authorization
         self._ssl: ssl.SSLContext | None = None
         self._idle: list[_Connection] = []
         self._max_idle = max_idle
@@ -254,6 +255,10 @@ class AsyncHTTPSession:
         return conn
 
     async def aclose(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close its connections (on its event loop's thread)."""
         self._closed = True
         idle, self._idle = self._idle, []
         for conn in idle:

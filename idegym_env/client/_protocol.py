@@ -13,7 +13,7 @@ the preference), the plan polls the operation like the published client does.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 
@@ -80,14 +80,24 @@ class Sleep:
     seconds: float
 
 
-Plan = Generator["Call | Sleep", "Reply | None", T]  # a Call is answered with its Reply, a Sleep with None
+@dataclass
+class Blocking:
+    """Synchronous work inside a plan (an env's grading, made with the sync client): the sync
+    driver does it in place, the async one on a worker thread, never on its event loop. It is
+    answered with what ``work`` returned."""
+
+    work: Callable[[], Any]
+
+
+# A Call is answered with its Reply, a Sleep with None, Blocking work with its value.
+Plan = Generator["Call | Sleep | Blocking", Any, T]
 
 
 def request(call: Call) -> Plan[Reply]:
     """Yield ``call`` and take its reply (``yield from request(...)``)."""
     reply = yield call
-    if reply is None:
-        raise TypeError(f"the driver answered {call.method} {call.path} with nothing")
+    if not isinstance(reply, Reply):
+        raise TypeError(f"the driver answered {call.method} {call.path} with {reply!r}")
     return reply
 
 

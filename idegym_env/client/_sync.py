@@ -39,7 +39,7 @@ from . import _plans, _uploads
 from ._exceptions import not_a_control_plane, place, shown_url, unreachable
 from ._http import HTTPSession
 from ._plans import ToolResult
-from ._protocol import Call, Plan, Sleep, T, Target, call
+from ._protocol import Blocking, Call, Plan, Sleep, T, Target, call
 from ._settings import BUILTIN_IMAGE, Settings
 
 if TYPE_CHECKING:
@@ -66,6 +66,8 @@ def drive(http: HTTPSession, plan: Plan[T]) -> T:
             if isinstance(step, Sleep):
                 time.sleep(step.seconds)
                 step = plan.send(None)
+            elif isinstance(step, Blocking):
+                step = plan.send(step.work())
             else:
                 step = plan.send(_send(http, step))
     except StopIteration as done:
@@ -97,7 +99,16 @@ class Sandbox:
     def server_id(self) -> int | None:
         return self.info.server_id if self.info else None
 
+    @property
+    def target(self) -> Target:
+        """Where this sandbox's API is (for plans made outside the client, ``_protocol.py``)."""
+        return self._target
+
     def _run(self, plan: Plan[T]) -> T:
+        return drive(self._http, plan)
+
+    def run_plan(self, plan: Plan[T]) -> T:
+        """Drive a plan (``_protocol.py``) of calls to this sandbox."""
         return drive(self._http, plan)
 
     # -- tools --------------------------------------------------------------------------------
