@@ -72,6 +72,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from control_plane.auth import TokenFileError
 
 from .. import tools
+from ..client._async import AsyncSessions
 from ..settings import chosen_control_plane
 from ..tasks import BUNDLED_DIR, Task, load_task
 from ._episode import InfrastructureError, ToolCallEpisode, ToolCallError, ToolCallOutcome, close_shared_clients
@@ -271,6 +272,8 @@ class EpisodeServer:
         # Episodes are synchronous: each call runs on one of these threads, so that calls on
         # different episodes run at once (one at a time per episode: _Slot.lock).
         self._executor = ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="idegym-mcp")
+        # While serving (stdio, HTTP): the serving loop's connections, for the calls made on it.
+        self._sessions: AsyncSessions | None = None
         self._tools = types.ListToolsResult(tools=[tool.definition() for tool in TOOLS.values()])
         self._input_schemas = {tool.name: tool.input_schema for tool in self._tools.tools}
         self.mcp: Server[Any] = Server(
@@ -401,7 +404,7 @@ class EpisodeServer:
         try:
             key, slot = self._slot(ctx, getattr(arguments, "episode_id", None), new=getattr(arguments, "new", False))
             try:
-                value = await self._in_thread(self._in_episode, slot, key, name, arguments)
+                value = await self._in_episode_async(slot, key, name, arguments)
             finally:
                 self._settle(key, slot)
         except ToolCallError as exc:
@@ -419,19 +422,41 @@ class EpisodeServer:
         ``anyio.to_thread`` (which also works under trio; every server here runs on asyncio)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
+    async def _in_episode_async(self, slot: _Slot, key: str, name: str, arguments: Any) -> Any:
+        """A tool call of a running episode on the serving loop (``ToolCallEpisode.call_async``:
+        no thread hop); anything else (reset, submit, the first call of a default task's episode,
+        a call while another of the episode's is in flight) on a worker thread."""
+        sessions = self._sessions
+        if (sessions is None or sessions.loop is not asyncio.get_running_loop() or name == "reset"
+                or tools.TOOLS[name].ends_episode or not slot.lock.acquire(blocking=False)):
+            return await self._in_thread(self._in_episode, slot, key, name, arguments)
+        try:
+            if not slot.episode.active:
+                return await self._in_thread(self._in_episode_locked, slot, key, name, arguments)
+            outcome = await slot.episode.call_async(name, arguments.model_dump(exclude={"episode_id"}) or None,
+                                                    sessions)
+        finally:
+            slot.lock.release()
+        if outcome.error is not None:  # the tool failed (a missing file...): a tool error
+            raise ToolCallError(outcome.text)
+        return outcome.text
+
     def _in_episode(self, slot: _Slot, key: str, name: str, arguments: Any) -> Any:
         with slot.lock:
-            episode = slot.episode
-            if name == "reset":
-                return self._reset(key, episode, arguments)
-            if episode.env is None and not episode.done and self.default_task is not None:
-                episode.start(self.default_task)
-            if tools.TOOLS[name].ends_episode:
-                return self._submit(key, episode)
-            outcome: ToolCallOutcome = episode.call(name, arguments.model_dump(exclude={"episode_id"}) or None)
-            if outcome.error is not None:  # the tool failed (a missing file...): a tool error
-                raise ToolCallError(outcome.text)
-            return outcome.text
+            return self._in_episode_locked(slot, key, name, arguments)
+
+    def _in_episode_locked(self, slot: _Slot, key: str, name: str, arguments: Any) -> Any:
+        episode = slot.episode
+        if name == "reset":
+            return self._reset(key, episode, arguments)
+        if episode.env is None and not episode.done and self.default_task is not None:
+            episode.start(self.default_task)
+        if tools.TOOLS[name].ends_episode:
+            return self._submit(key, episode)
+        outcome: ToolCallOutcome = episode.call(name, arguments.model_dump(exclude={"episode_id"}) or None)
+        if outcome.error is not None:  # the tool failed (a missing file...): a tool error
+            raise ToolCallError(outcome.text)
+        return outcome.text
 
     def _reset(self, key: str, episode: ToolCallEpisode, arguments: ResetArguments) -> EpisodeResetResult:
         task = arguments.task
@@ -469,10 +494,13 @@ class EpisodeServer:
                 loop.add_signal_handler(signal.SIGTERM, task.cancel)
             except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
                 previous = None
+            self._sessions = AsyncSessions(loop)
             try:
                 async with stdio_streams() as (read, write):
                     await self.mcp.run(read, write, self.mcp.create_initialization_options())
             finally:
+                self._sessions.close()
+                self._sessions = None
                 if previous is not None:
                     loop.remove_signal_handler(signal.SIGTERM)
                     signal.signal(signal.SIGTERM, previous)
@@ -510,6 +538,7 @@ class EpisodeServer:
                     await asyncio.sleep(min(60.0, self.idle_timeout / 4))
                     await self._in_thread(self.end_idle)
 
+            self._sessions = AsyncSessions(asyncio.get_running_loop())
             task = asyncio.ensure_future(reaper())
             serving = asyncio.ensure_future(userver.serve())
             while not userver.started and not serving.done():
@@ -521,6 +550,8 @@ class EpisodeServer:
                 await serving
             finally:
                 task.cancel()
+                self._sessions.close()
+                self._sessions = None
 
         try:
             asyncio.run(main())
