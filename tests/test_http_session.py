@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import uvloop
 
 from idegym_env.client import AsyncSandbox, Sandbox
 from idegym_env.client._http import HTTPSession
@@ -30,8 +31,9 @@ from tests.helpers import SandboxProcess
 class AsyncSession:
     """An ``AsyncHTTPSession`` called like the sync one: every request on the same event loop."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._runner = asyncio.Runner()
+    def __init__(self, *args: Any, loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+                 **kwargs: Any) -> None:
+        self._runner = asyncio.Runner(loop_factory=loop_factory)
         self.session = AsyncHTTPSession(*args, **kwargs)
 
     def request(self, *args: Any, **kwargs: Any) -> Any:
@@ -55,13 +57,18 @@ class SyncSession(HTTPSession):
         assert select.select([self._idle[0].sock], [], [], 5)[0]  # the server's close reached it
 
 
-@pytest.fixture(params=["sync", "async"])
+@pytest.fixture(params=["sync", "async", "async-uvloop"])
 def make(request: pytest.FixtureRequest) -> Callable[..., Any]:
-    """A session of either kind; closed at the end of the test."""
+    """A session of either kind (the async one on asyncio's loop and on uvloop's, whose transports
+    are not asyncio's); closed at the end of the test."""
     made: list[Any] = []
 
     def session(*args: Any, **kwargs: Any) -> Any:
-        made.append((SyncSession if request.param == "sync" else AsyncSession)(*args, **kwargs))
+        if request.param == "sync":
+            made.append(SyncSession(*args, **kwargs))
+        else:
+            made.append(AsyncSession(*args, **kwargs, loop_factory=uvloop.new_event_loop
+                                     if request.param == "async-uvloop" else None))
         return made[-1]
 
     yield session

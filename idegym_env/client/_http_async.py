@@ -12,10 +12,9 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json as jsonlib
-import socket
 import ssl
 from collections.abc import Mapping
-from typing import IO, Any
+from typing import IO, Any, cast
 from urllib.parse import urlencode, urlsplit
 
 from ._http import (
@@ -47,8 +46,7 @@ class _Connection(asyncio.Protocol):
     # -- asyncio's calls ----------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are no subclass of asyncio's
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
@@ -247,11 +245,9 @@ class AsyncHTTPSession:
                 if self._scheme == "https" and self._ssl is None:
                     self._ssl = ssl.create_default_context()
                 tls = self._ssl
+                # TCP_NODELAY: asyncio's and uvloop's TCP transports set it
                 _, conn = await loop.create_connection(_Connection, self._host, self._port or (443 if tls else 80),
                                                        ssl=tls)
-                sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
-                if sock is not None:  # asyncio sets it for TCP already; said here, as the sync session says it
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return conn
 
     async def aclose(self) -> None:

@@ -70,6 +70,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from control_plane.auth import TokenFileError
+from sandbox_server.http import run_loop
 
 from .. import tools
 from ..client._async import AsyncSessions
@@ -506,7 +507,7 @@ class EpisodeServer:
                     signal.signal(signal.SIGTERM, previous)
 
         try:
-            asyncio.run(main())
+            run_loop(main())  # uvloop: fewer system calls and wake-ups a call than asyncio's loop
         except asyncio.CancelledError:
             pass
         finally:
@@ -554,7 +555,7 @@ class EpisodeServer:
                 self._sessions = None
 
         try:
-            asyncio.run(main())
+            run_loop(main())  # uvloop: fewer system calls and wake-ups a call than asyncio's loop
         finally:
             self.close()
 
