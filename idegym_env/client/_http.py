@@ -253,7 +253,8 @@ class HTTPSession:
         self._lock = threading.Lock()
         self._closed = False
 
-    def request(self, method: str, path: str, *, json: Any = None, params: Mapping[str, str] | None = None,
+    def request(self, method: str, path: str, *, json: Any = None, data: bytes | None = None,
+                params: Mapping[str, str] | None = None,
                 headers: Mapping[str, str] | None = None, timeout: float | None = 60.0,
                 content: IO[bytes] | None = None, content_length: int = 0) -> Response:
         """Send one request and read its whole answer. Raises ``TimeoutError`` when no answer
@@ -263,9 +264,10 @@ class HTTPSession:
         if params:
             target += ("&" if "?" in target else "?") + urlencode(params)
         sent = dict(self._headers)
-        body = None
+        body = data  # JSON already encoded
         if json is not None:
             body = jsonlib.dumps(json, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if body is not None:
             sent["Content-Type"] = "application/json"
         if headers:
             sent.update(headers)

@@ -177,7 +177,8 @@ class AsyncHTTPSession:
         self._max_idle = max_idle
         self._closed = False
 
-    async def request(self, method: str, path: str, *, json: Any = None, params: Mapping[str, str] | None = None,
+    async def request(self, method: str, path: str, *, json: Any = None, data: bytes | None = None,
+                      params: Mapping[str, str] | None = None,
                       headers: Mapping[str, str] | None = None, timeout: float | None = 60.0,
                       content: IO[bytes] | None = None, content_length: int = 0) -> Response:
         """As ``HTTPSession.request``: ``TimeoutError`` when no answer comes within ``timeout``
@@ -189,9 +190,10 @@ class AsyncHTTPSession:
         if params:
             target += ("&" if "?" in target else "?") + urlencode(params)
         sent = dict(self._headers)
-        body = None
+        body = data  # JSON already encoded
         if json is not None:
             body = jsonlib.dumps(json, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if body is not None:
             sent["Content-Type"] = "application/json"
         if headers:
             sent.update(headers)

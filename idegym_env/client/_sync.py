@@ -48,8 +48,9 @@ if TYPE_CHECKING:
 
 def _send(http: HTTPSession, call: Call) -> Reply:
     try:
-        resp = http.request(call.method, call.path, json=call.json, params=call.params, headers=call.headers,
-                            timeout=call.timeout, content=call.content, content_length=call.content_length or 0)
+        resp = http.request(call.method, call.path, json=call.json, data=call.data, params=call.params,
+                            headers=call.headers, timeout=call.timeout, content=call.content,
+                            content_length=call.content_length or 0)
     except builtins.TimeoutError as exc:
         raise TimeoutError(f"{call.method} {shown_url(http.base_url)}{call.path}: no answer within "
                            f"{call.timeout} s") from exc
