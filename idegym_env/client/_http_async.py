@@ -135,12 +135,14 @@ class _Connection(asyncio.Protocol):
     async def answer(self, method: str) -> Answer:
         reader = read_answer(method)
         step = next(reader)
+        buffer = self._buffer
         try:
-            while True:
+            while True:  # what has arrived is taken without a coroutine (an answer mostly arrives whole)
                 if isinstance(step, Line):
-                    data = await self.line(step.what)
+                    end = buffer.find(b"\n", 0, MAX_LINE)
+                    data = self._take(end + 1) if end >= 0 else await self.line(step.what)
                 elif isinstance(step, Exactly):
-                    data = await self.exactly(step.n)
+                    data = self._take(step.n) if len(buffer) >= step.n else await self.exactly(step.n)
                 else:
                     data = await self.rest()
                 step = reader.send(data)
