@@ -39,9 +39,12 @@ the tool's own (it gives the tool's input schema and validates a call, laxly: th
 it strictly) and the answers ``MCPServer`` gave before (text; for
 ``reset`` and ``submit`` also structured content under an output schema). Stdio goes through
 :mod:`._mcp_stdio` (the SDK's ``stdio_server`` on asyncio pipes instead of worker threads).
-Episodes are synchronous, so a call runs on a worker thread: calls on different episodes run at
-once, an episode's one at a time. ``python -m benchmarks integrations`` says what a call costs
-over the same call made with the client directly, and where that goes.
+Served (stdio, streamable HTTP, on uvloop), a tool call of a running episode is made on the
+event loop (``ToolCallEpisode.call_async``: the env's step as a plan, its sandbox call over the
+async client's connections); ``reset``, ``submit``, grading and handing a sandbox back, which the
+synchronous client makes, run on a worker thread, as every call does in-process. Calls on
+different episodes run at once, an episode's one at a time. ``python -m benchmarks integrations``
+says what a call costs over the same call made with the client directly, and where that goes.
 """
 
 from __future__ import annotations
@@ -270,8 +273,9 @@ class EpisodeServer:
         self._slots: dict[str, _Slot] = {}  # episode id -> its slot
         self._main: dict[str, str] = {}  # connection -> the episode its calls act on when they name none
         self._lock = threading.Lock()
-        # Episodes are synchronous: each call runs on one of these threads, so that calls on
-        # different episodes run at once (one at a time per episode: _Slot.lock).
+        # What the synchronous client does (reset, submit, grading; every call in-process) runs on
+        # these threads, so that calls on different episodes run at once (one at a time per
+        # episode: _Slot.lock).
         self._executor = ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="idegym-mcp")
         # While serving (stdio, HTTP): the serving loop's connections, for the calls made on it.
         self._sessions: AsyncSessions | None = None
