@@ -7,14 +7,14 @@ same work as against ours.
 the pipes, a process's wake-up). ``python _mcp_null_server.py URL IMAGE`` starts a sandbox of
 IMAGE and makes each call's ``Sandbox.bash`` itself, inline, with our synchronous client: the
 least any MCP server over stdio can cost, the direct call made from a second process included.
-``python _mcp_null_server.py URL IMAGE thread`` makes that call as ``idegym mcp serve`` does: the
-lines read by an asyncio loop, each call on a worker thread (``run_in_executor``), so the
-difference of the two is what the hop into a synchronous call and back costs."""
+``python _mcp_null_server.py URL IMAGE loop`` makes that call as ``idegym mcp serve`` does: the
+lines read by an event loop (uvloop), the call made on it with the async client, so the difference
+of the two is what serving from an event loop (non-blocking I/O, its wake-ups) costs over blocking
+reads and writes."""
 
 import asyncio
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 TEXT = "hello\n[exit code 0]"
@@ -60,16 +60,33 @@ def serve(sandbox) -> None:
             reply(message, answer(message.get("method", ""), message.get("params") or {}, sandbox))
 
 
-async def serve_hopping(sandbox) -> None:
+async def serve_on_loop(url: str, image: str) -> None:
+    from idegym_env.client import AsyncIdeGymClient
+
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    with ThreadPoolExecutor(4) as threads:
-        while line := await reader.readline():
-            message = json.loads(line)
-            if "id" in message:
-                reply(message, await loop.run_in_executor(threads, answer, message.get("method", ""),
-                                                          message.get("params") or {}, sandbox))
+    async with AsyncIdeGymClient(url, name="bench-null-loop") as client:
+        sandbox = await client.start(image, server_name="bench-null-loop", reuse="NONE")
+        try:
+            while line := await reader.readline():
+                message = json.loads(line)
+                if "id" not in message:
+                    continue
+                method, params = message.get("method", ""), message.get("params") or {}
+                if method == "tools/call":
+                    done = await sandbox.bash(params["arguments"]["command"], timeout=120)
+                    text = f"{done.stdout}{done.stderr}[exit code {done.exit_code}]"
+                    result = {"content": [{"type": "text", "text": text}], "structuredContent": {"result": text},
+                              "isError": False}
+                    if MODERN in (params.get("_meta") or {}):
+                        result.update(resultType="complete", _meta={"io.modelcontextprotocol/serverInfo": {
+                            "name": "null", "version": ""}})
+                    reply(message, result)
+                else:
+                    reply(message, answer(method, params, None))
+        finally:
+            await sandbox.stop()
 
 
 def main() -> None:
@@ -77,15 +94,17 @@ def main() -> None:
         serve(None)
         return
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    if sys.argv[3:] == ["loop"]:
+        import uvloop
+
+        uvloop.run(serve_on_loop(sys.argv[1], sys.argv[2]))
+        return
     from idegym_env.client import IdeGymClient
 
     with IdeGymClient(sys.argv[1], name="bench-null") as client:
         sandbox = client.start(sys.argv[2], server_name="bench-null", reuse="NONE")
         try:
-            if sys.argv[3:] == ["thread"]:
-                asyncio.run(serve_hopping(sandbox))
-            else:
-                serve(sandbox)
+            serve(sandbox)
         finally:
             sandbox.stop()
 

@@ -7,7 +7,8 @@ the OpenEnv server's process); prints the samples (ms) as JSON.
 (``IdeGymEnvironment.execute``), ``nemo-gym`` (NeMo Gym's ``AsyncSandbox.exec`` on the provider),
 ``verl`` (``IdeGymAgentLoop``'s bash tool: a verl ``BaseTool.execute``) and ``verifiers`` (the
 OpenEnv client's ``step``, what verifiers' OpenEnv taskset sends per action, against
-``idegym openenv serve``)."""
+``idegym openenv serve``; also the client's ``state``, a message and its answer with no step:
+OpenEnv's own round trip, the floor any OpenEnv server has)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+VERIFIERS_FLOOR = "verifiers: OpenEnv client state (OpenEnv's round trip, no step)"
 TASK = "python-roman-numerals"
 WARMUP = 20
 
@@ -115,7 +117,8 @@ async def verifiers(url: str, n: int) -> dict[str, list[float]]:
                 action = {"tool": "bash", "arguments": {"command": "echo hello"}}
                 samples = await interleaved({"verifiers: Sandbox.bash (direct)": lambda: direct.bash("echo hello"),
                                              "verifiers: OpenEnv client step (its OpenEnv taskset's call)":
-                                                 lambda: env.step(action)}, n)
+                                                 lambda: env.step(action),
+                                             VERIFIERS_FLOOR: lambda: env.state()}, n)
             direct.stop()
         return samples
     finally:

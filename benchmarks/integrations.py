@@ -14,10 +14,11 @@ MCP's excess over the direct call is split five ways, each the difference of two
 client and the stdio pipes (a call to a null server: a hand-written JSON-RPC responder, no SDK,
 ``_mcp_null_server.py``); the direct call made from a second, mostly idle process (the null
 server making the same ``Sandbox.bash`` itself); the SDK's server (a call our handler refuses at
-argument validation, before any episode); the hop from an asyncio loop into a synchronous call on
-a worker thread and back (the null server making the direct call so, over it making it inline);
-and our handler's own work (the rest: argument parsing, the episode's step over a bare
-``Sandbox.bash``, the answer and its structured content). The first two are what any MCP server
+argument validation, before any episode); the call made from an event loop with the async client,
+as our server makes it, instead of with blocking reads and writes (the null server making the
+direct call so, on uvloop, over it making it inline); and our handler's own work (the rest:
+argument parsing, the episode's step over a bare ``AsyncSandbox.bash``, the answer and its
+structured content). The first two are what any MCP server
 over stdio costs with the SDK's client; the null server making the direct call is that floor.
 
 The same split is made of the CPU time each server process spends per call (the refused calls go
@@ -55,11 +56,12 @@ MCP_LOCAL = "MCP call_tool bash (in-process SDK client, no transport)"
 MCP_FLOOR = "MCP call_tool refused at argument validation (stdio, SDK client and server, no episode)"
 MCP_NULL = "MCP call_tool to a null server (stdio, SDK client only)"
 MCP_NULL_DIRECT = "MCP call_tool to a null server making the direct call (stdio: any server's floor)"
-MCP_NULL_HOP = "MCP call_tool to a null server making the direct call on a worker thread of an asyncio loop"
+MCP_NULL_LOOP = "MCP call_tool to a null server making the direct call with the async client on its event loop"
 HARBOR_DIRECT = "harbor: AsyncSandbox.bash (direct)"
 HARBOR_EXEC = "harbor: IdeGymEnvironment.exec"
 NULL_SERVER = Path(__file__).resolve().parent / "_mcp_null_server.py"
 WARMUP = 20  # calls of each row before the measured ones
+LOOP_PART = "the call made from an event loop (async client) instead of blocking"
 
 
 def run() -> Result:
@@ -101,19 +103,19 @@ def run() -> Result:
                                                     over(MCP_LOCAL), 10.0, unit="%")
     # MCP's excess over the direct call, in five parts that add up to it.
     client, floor, mcp = medians[MCP_NULL], medians[MCP_FLOOR], medians[MCP]
-    any_server, hopping = medians[MCP_NULL_DIRECT], medians[MCP_NULL_HOP]
+    any_server, on_loop = medians[MCP_NULL_DIRECT], medians[MCP_NULL_LOOP]
     parts = {"SDK client and stdio": client,  # the null server
              "direct call from a second process": any_server - client - base,  # the null server making it
              "SDK server": floor - client,  # the refused call, over the null server
-             "thread hop into the synchronous episode": hopping - any_server,  # the null server hopping
-             "our handler's own work": mcp - floor - (hopping - client)}  # the rest
+             LOOP_PART: on_loop - any_server,  # the null server making it on its loop
+             "our handler's own work": mcp - floor - (on_loop - client)}  # the rest
     for part, ms in parts.items():
         result.figures[f"MCP excess: {part} ms"] = round(ms, 3)
         result.figures[f"MCP excess: {part} %"] = round(ms / base * 100, 2)
     # The same split of the server processes' CPU time per call.
     cpu_parts = {"SDK server": cpu[MCP_FLOOR] - cpu[MCP_NULL],
-                 "thread hop into the synchronous episode": cpu[MCP_NULL_HOP] - cpu[MCP_NULL_DIRECT],
-                 "our handler's own work": cpu[MCP] - cpu[MCP_FLOOR] - (cpu[MCP_NULL_HOP] - cpu[MCP_NULL])}
+                 LOOP_PART: cpu[MCP_NULL_LOOP] - cpu[MCP_NULL_DIRECT],
+                 "our handler's own work": cpu[MCP] - cpu[MCP_FLOOR] - (cpu[MCP_NULL_LOOP] - cpu[MCP_NULL])}
     for label, seconds in cpu.items():
         result.figures[f"server CPU ms per call: {label}"] = round(seconds * 1000, 3)
     for part, seconds in cpu_parts.items():
@@ -127,7 +129,7 @@ def run() -> Result:
                         "over the direct call, the least any server costs with the SDK's client.")
     beyond = (mcp - floor) / base * 100 - 100
     print("beyond the SDK's round trip: " + " + ".join(f"{part} {parts[part] / base * 100:.0f} %" for part in (
-        "direct call from a second process", "thread hop into the synchronous episode", "our handler's own work")))
+        "direct call from a second process", LOOP_PART, "our handler's own work")))
     result.figures["MCP overhead beyond the SDK's tool-call round trip %"] = round(beyond, 2)
     result.figures["MCP SDK tool-call round trip ms"] = round(floor, 3)
     result.targets["MCP-beyond-SDK"] = check_target("MCP overhead beyond the SDK's own tool-call round trip", beyond,
@@ -211,8 +213,8 @@ async def _measure(url: str, steps: int) -> tuple[dict[str, list[float]], dict[s
             null = await started(MCP_NULL, StdioServerParameters(command=sys.executable, args=[str(NULL_SERVER)]))
             null_direct = await started(MCP_NULL_DIRECT, StdioServerParameters(
                 command=sys.executable, args=[str(NULL_SERVER), url, image], env={**os.environ}))
-            null_hop = await started(MCP_NULL_HOP, StdioServerParameters(
-                command=sys.executable, args=[str(NULL_SERVER), url, image, "thread"], env={**os.environ}))
+            null_loop = await started(MCP_NULL_LOOP, StdioServerParameters(
+                command=sys.executable, args=[str(NULL_SERVER), url, image, "loop"], env={**os.environ}))
             await mcp.call_tool("reset", {})
             await local.call_tool("reset", {})
 
@@ -236,7 +238,7 @@ async def _measure(url: str, steps: int) -> tuple[dict[str, list[float]], dict[s
                     MCP_FLOOR: refused,
                     MCP_NULL: lambda: bash_through(null),
                     MCP_NULL_DIRECT: lambda: bash_through(null_direct),
-                    MCP_NULL_HOP: lambda: bash_through(null_hop),
+                    MCP_NULL_LOOP: lambda: bash_through(null_loop),
                 }, N)
             finally:
                 await adirect.stop()
@@ -290,11 +292,23 @@ def _add_plugins(result: Result, plugins: dict[str, dict[str, list[float]] | Non
             continue
         stats = [Stats.of(label, [ms / 1000 for ms in values]) for label, values in samples.items()]
         result.stats += stats
-        direct, through = stats
+        direct, through, *floor = stats
         print(stats_table(stats, baseline=direct.label))
         pct = (through.median_ms / direct.median_ms - 1) * 100
         result.figures[f"{plugin} overhead %"] = round(pct, 2)
         result.targets[plugin] = check_target(f"{plugin} plug-in overhead over the direct call", pct, 10.0, unit="%")
+        if floor:  # verifiers: the excess in two parts, the protocol's round trip (``state``: no step) and
+            # the rest (the step's sandbox call from the server's process, our env's step around it)
+            protocol = floor[0].median_ms
+            rest = through.median_ms - protocol - direct.median_ms
+            result.figures[f"{plugin} excess: OpenEnv round trip (state) ms"] = round(protocol, 3)
+            result.figures[f"{plugin} excess: OpenEnv round trip (state) %"] = round(
+                protocol / direct.median_ms * 100, 2)
+            result.figures[f"{plugin} excess: beyond OpenEnv's round trip ms"] = round(rest, 3)
+            result.figures[f"{plugin} excess: beyond OpenEnv's round trip %"] = round(rest / direct.median_ms * 100, 2)
+            print(f"{plugin}'s excess over the direct call: OpenEnv's round trip {protocol:.2f} ms "
+                  f"({protocol / direct.median_ms * 100:.0f} %), the rest {rest:.2f} ms "
+                  f"({rest / direct.median_ms * 100:.0f} %)")
 
 
 def _plugins_only() -> Result:

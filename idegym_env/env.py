@@ -70,6 +70,8 @@ from sandbox_server.output import omitted_marker
 
 from . import embedded, grading
 from .client import APIError, BadRequest, Conflict, IdeGymClient, NotFound, Sandbox, SandboxGone, Unauthorized
+from .client._plans import run_tool
+from .client._protocol import Blocking, Plan
 from .errors import IdeGymError
 from .rewards import CheckResults, RewardFunction, reward_components
 from .spaces import InvalidAction, ToolCallSpace, UnicodeText
@@ -78,6 +80,7 @@ from .tasks import services as task_services
 from .tools import ToolCall
 
 if TYPE_CHECKING:
+    from .client._async import AsyncSessions
     from .env_fork import ClientShare
 
 DEFAULT_TASK = "python-roman-numerals"
@@ -374,11 +377,27 @@ class IdeGymEnv(gym.Env[str, Any]):  # an action: a tool call in any shape an LL
         return observation, info
 
     def step(self, action: Any) -> tuple[str, SupportsFloat, bool, bool, dict]:
+        sandbox = self._steppable()
+        return sandbox.run_plan(self._step_plan(action))
+
+    async def step_async(self, action: Any, sessions: AsyncSessions) -> tuple[str, SupportsFloat, bool, bool, dict]:
+        """``step`` on the running event loop: its sandbox call made there, over ``sessions``'
+        connections to where the sandbox is (no thread hop); grading, which the client makes
+        synchronously, on a worker thread. The same step, counted and answered the same way."""
+        sandbox = self._steppable()
+        return await sessions.run(sandbox, self._step_plan(action))
+
+    def _steppable(self) -> Sandbox:
         if self._ended:
             raise EpisodeEnded("the episode has ended (terminated or truncated): call reset() to start the next "
                                "one")
         if self.sandbox is None:
             raise RuntimeError("call reset() before step()")
+        return self.sandbox
+
+    def _step_plan(self, action: Any) -> Plan[tuple[str, SupportsFloat, bool, bool, dict]]:
+        """One step as a plan (``client/_protocol.py``): its one sandbox call is yielded, so that
+        either client drives it; grading is yielded as ``Blocking`` work."""
         self._steps += 1
         info: dict[str, Any] = {"step": self._steps}
         started = time.perf_counter()
@@ -387,13 +406,13 @@ class IdeGymEnv(gym.Env[str, Any]):  # an action: a tool call in any shape an LL
         except InvalidAction as exc:
             info.update(invalid_action=True, error=exc.reason)
             self._log(f"$ <invalid action> {str(action)[:200]}", str(exc))
-            return self._after(str(exc), -self.invalid_action_penalty if self.invalid_action_penalty else 0.0,
-                               info, started)
+            return (yield from self._after(str(exc), -self.invalid_action_penalty if self.invalid_action_penalty
+                                           else 0.0, info, started))
         info["tool"] = call.tool
         if call.ends_episode:
-            return self._finish(info, started, submitted=True)
+            return (yield Blocking(lambda: self._finish(info, started, submitted=True)))
         try:
-            text = self._run_tool(call, info)
+            text = yield from self._run_tool(call, info)
         except SandboxGone as exc:
             info.update(error=f"the sandbox is gone: {exc.message}", sandbox_lost=True)
             self._log(self._describe(call), info["error"])
@@ -402,18 +421,18 @@ class IdeGymEnv(gym.Env[str, Any]):  # an action: a tool call in any shape an LL
             self._timed(info, started)
             return self.observation_space.fit(info["error"]), 0.0, False, True, info
         self._log(self._describe(call), text)
-        return self._after(text, 0.0, info, started)
+        return (yield from self._after(text, 0.0, info, started))
 
     def _after(self, observation: str, reward: float, info: dict, started: float
-               ) -> tuple[str, SupportsFloat, bool, bool, dict]:
+               ) -> Plan[tuple[str, SupportsFloat, bool, bool, dict]]:
         """The step's result; ``observation`` is the step's whole text (fitted here, once)."""
         if self._steps >= self.max_steps:
             info["truncated_by"] = "max_steps"
-            return self._finish(info, started, submitted=False, observation=observation)
+            return (yield Blocking(lambda: self._finish(info, started, submitted=False, observation=observation)))
         timeout = self.task.agent_timeout
         if timeout is not None and time.monotonic() - self._episode_started >= timeout:
             info["truncated_by"] = "agent_timeout"  # Harbor's [agent] timeout_sec: wall time of the episode
-            return self._finish(info, started, submitted=False, observation=observation)
+            return (yield Blocking(lambda: self._finish(info, started, submitted=False, observation=observation)))
         self._timed(info, started)
         return self._fit(observation), reward, False, False, info
 
@@ -480,12 +499,12 @@ class IdeGymEnv(gym.Env[str, Any]):  # an action: a tool call in any shape an LL
             limit = min(limit, max(left, MIN_CALL_SECONDS))
         return limit
 
-    def _run_tool(self, call: ToolCall, info: dict[str, Any]) -> str:
+    def _run_tool(self, call: ToolCall, info: dict[str, Any]) -> Plan[str]:
         """Carry ``call`` out in the sandbox; its tool makes the observation of the answer."""
         assert self.sandbox is not None
         limit = self.bash_limit()
         try:
-            answer = self.sandbox.run_tool(call, bash_timeout=limit)
+            answer = yield from run_tool(self.sandbox.target, call, limit)
         except (BadRequest, NotFound, Conflict, Unauthorized) as exc:
             info["error"] = exc.message
             return f"error: {exc.message}"

@@ -21,8 +21,8 @@ WIRE_MODULES = {
     "sandbox_server.grading.models", "sandbox_server.http", "sandbox_server.models", "sandbox_server.routes",
 }
 # Third-party packages: pydantic for the wire models, Gymnasium (and numpy) because importing
-# ``idegym_env`` registers its environments. httpx and PyYAML load when an async client or a
-# build needs them.
+# ``idegym_env`` registers its environments. PyYAML loads when a build needs it; neither client
+# needs httpx.
 THIRD_PARTY = {"pydantic", "pydantic_core", "annotated_types", "typing_extensions", "typing_inspection",
                "gymnasium", "numpy", "farama_notifications", "cloudpickle"}
 

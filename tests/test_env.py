@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import idegym_env
+from idegym_env.client._async import AsyncSessions
 from idegym_env.embedded import EmbeddedControlPlane
 from idegym_env.env import IdeGymEnv
 from idegym_env.tasks import bundled_tasks
@@ -261,6 +263,57 @@ def test_step_budget_truncates_and_grades(control_plane: EmbeddedControlPlane) -
         assert info["checks"]["tests"]["scores"]["total"] == 8 and 0 < reward < 1
     finally:
         env.close()
+
+
+def test_step_async_steps_as_step_does(control_plane: EmbeddedControlPlane) -> None:
+    """``step_async`` (the MCP and OpenEnv servers' step, on their event loop) is ``step``: the same
+    observations, rewards, ends and infos for a result, a tool's error, an invalid action, the
+    step that runs out of the budget (graded on a worker thread) and a submit."""
+    actions = [{"tool": "bash", "arguments": {"command": "echo hello; exit 3"}},
+               {"tool": "read_file", "arguments": {"path": "missing.txt"}},
+               {"tool": "no-such-tool"},
+               {"tool": "bash", "arguments": {"command": "true"}},  # the 4th of 4: truncated and graded
+               "reset",
+               {"tool": "submit"}]
+    varies = {"seconds", "server_id", "sandbox"}
+
+    def plain(result: tuple) -> tuple:
+        obs, reward, terminated, truncated, info = result
+        return obs, reward, terminated, truncated, {k: v for k, v in info.items() if k not in varies}
+
+    sync_env = IdeGymEnv(PY_TASK, control_plane_url=control_plane.url, max_steps=4)
+    async_env = IdeGymEnv(PY_TASK, control_plane_url=control_plane.url, max_steps=4)
+
+    async def on_a_loop() -> list[tuple]:
+        sessions = AsyncSessions(asyncio.get_running_loop())
+        try:
+            async_env.reset(seed=0)
+            got = []
+            for action in actions:
+                if action == "reset":
+                    async_env.reset(seed=0)
+                else:
+                    got.append(plain(await async_env.step_async(action, sessions)))
+            return got
+        finally:
+            sessions.close()
+
+    try:
+        sync_env.reset(seed=0)
+        expected = []
+        for action in actions:
+            if action == "reset":
+                sync_env.reset(seed=0)
+            else:
+                expected.append(plain(sync_env.step(action)))
+        got = asyncio.run(on_a_loop())
+    finally:
+        sync_env.close()
+        async_env.close()
+    assert got == expected
+    assert expected[0][4]["exit_code"] == 3 and "error" in expected[1][4] and expected[2][4]["invalid_action"]
+    assert expected[3][3] and "checks" in expected[3][4]  # truncated, graded
+    assert expected[4][2] and expected[4][4]["submitted"]  # submitted: terminated
 
 
 @pytest.mark.security

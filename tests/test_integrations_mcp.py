@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -348,14 +349,20 @@ def test_sigterm_over_stdio_hands_the_episode_back(control_plane) -> None:  # no
             proc.kill()
 
 
-def test_episodes_run_at_once_and_an_episode_one_call_at_a_time(control_plane) -> None:  # noqa: F811
+@pytest.mark.parametrize("where", ["in-process", "stdio"])
+def test_episodes_run_at_once_and_an_episode_one_call_at_a_time(control_plane, where: str) -> None:  # noqa: F811
+    """In-process every call runs on a worker thread; served (stdio), a running episode's call is
+    made on the event loop, and a second call of the same episode waits on a thread for the
+    first: either way two episodes' calls overlap and one episode's do not."""
     from idegym_env.integrations._episode import close_shared_clients
     from idegym_env.integrations.mcp import EpisodeServer
 
     server = EpisodeServer(task=TASK, control_plane_url=control_plane.url)
+    target: Any = server.mcp if where == "in-process" else StdioServerParameters(
+        command=sys.executable, args=serve_argv(control_plane.url)[1:], env={**os.environ})
 
     async def main() -> None:
-        async with Client(server.mcp) as client:
+        async with Client(target) as client:
             one = (await client.call_tool("reset", {"new": True})).structured_content["episode_id"]
             two = (await client.call_tool("reset", {"new": True})).structured_content["episode_id"]
 
@@ -370,6 +377,8 @@ def test_episodes_run_at_once_and_an_episode_one_call_at_a_time(control_plane) -
             together = await timed(one, one)
             assert apart < 1.8, f"two episodes' calls took {apart:.2f} s: they did not run at once"
             assert together >= 2.0, f"one episode's two calls took {together:.2f} s: they overlapped"
+            echoed = await client.call_tool("bash", {"command": "echo $((6 * 7))", "episode_id": two})
+            assert echoed.content[0].text.startswith("42\n")
 
     try:
         anyio.run(main)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import builtins
+import http.client as http_client
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from control_plane.models import (
     CreateSnapshotResponse,
@@ -34,53 +36,78 @@ from sandbox_server.routes import Endpoint, Req, Resp
 from ..errors import APIError, SandboxGone, ServerError, TimeoutError, TransportError
 from . import _plans, _uploads
 from ._exceptions import not_a_control_plane, place, shown_url, unreachable
+from ._http_async import AsyncHTTPSession
 from ._plans import ToolResult
-from ._protocol import Call, Plan, Sleep, T, Target, call
+from ._protocol import Blocking, Call, Plan, Sleep, T, Target, call
 from ._settings import BUILTIN_IMAGE, Settings
 
 if TYPE_CHECKING:
-    import httpx
-
     from ..tools import ToolCall
+    from ._sync import Sandbox
 
 
-async def _send(http: httpx.AsyncClient, call: Call) -> Reply:
-    import httpx  # ~50 ms: imported by the first async client, not by `import idegym_env.client`
-
+async def _send(http: AsyncHTTPSession, call: Call) -> Reply:
     try:
-        content = None
-        if call.content is not None:  # read as it is sent, a chunk at a time
-            content = _chunks(call.content)
-            call.headers["Content-Length"] = str(call.content_length or 0)
-        resp = await http.request(call.method, call.path, json=call.json, params=call.params, headers=call.headers,
-                                  timeout=httpx.Timeout(call.timeout, connect=10.0), content=content)
-    except httpx.TimeoutException as exc:
-        raise TimeoutError(f"{call.method} {shown_url(str(http.base_url))}{call.path}: no answer within "
+        resp = await http.request(call.method, call.path, json=call.json, data=call.data, params=call.params,
+                                  headers=call.headers, timeout=call.timeout, content=call.content,
+                                  content_length=call.content_length or 0)
+    except builtins.TimeoutError as exc:
+        raise TimeoutError(f"{call.method} {shown_url(http.base_url)}{call.path}: no answer within "
                            f"{call.timeout} s") from exc
-    except httpx.TransportError as exc:
-        raise TransportError(f"{call.method} {shown_url(str(http.base_url))}{call.path}: {type(exc).__name__}: "
+    except (OSError, http_client.HTTPException) as exc:
+        raise TransportError(f"{call.method} {shown_url(http.base_url)}{call.path}: {type(exc).__name__}: "
                              f"{exc}") from exc
     return Reply(resp.status_code, resp.headers, resp.content)
 
 
-async def _chunks(body: IO[bytes]) -> AsyncIterator[bytes]:
-    body.seek(0)
-    while chunk := body.read(1 << 20):
-        yield chunk
-
-
-async def drive(http: httpx.AsyncClient, plan: Plan[T]) -> T:
+async def drive(http: AsyncHTTPSession, plan: Plan[T]) -> T:
     try:
         step = next(plan)
         while True:
             if isinstance(step, Sleep):
                 await asyncio.sleep(step.seconds)
                 step = plan.send(None)
+            elif isinstance(step, Blocking):
+                step = plan.send(await asyncio.to_thread(step.work))
             else:
                 step = plan.send(await _send(http, step))
     except StopIteration as done:
         value: T = done.value  # the plan's return value (StopIteration types it Any)
         return value
+
+
+class AsyncSessions:
+    """Async sessions to where synchronous sandboxes are, for one event loop: a plan of calls to a
+    ``Sandbox`` (an env's step) made on the loop, over connections of its own, instead of on a
+    worker thread over the sandbox's. ``close()`` from any thread; the loop must still run."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._sessions: dict[tuple[str, str | None, str | None], AsyncHTTPSession] = {}
+
+    async def run(self, sandbox: Sandbox, plan: Plan[T]) -> T:
+        http = sandbox._http  # noqa: SLF001 - the sync client's own session, read for where it goes
+        key = (http.base_url, http.unix_socket, http.authorization)
+        session = self._sessions.get(key)
+        if session is None:
+            session = self._sessions[key] = AsyncHTTPSession(http.base_url, unix_socket=http.unix_socket,
+                                                             authorization=http.authorization,
+                                                             default_timeout=http.default_timeout)
+        return await drive(session, plan)
+
+    def close(self) -> None:
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            if self.loop.is_closed():
+                continue  # nothing can be closed on it: its connections went with it
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is self.loop:
+                session.close()
+            else:
+                self.loop.call_soon_threadsafe(session.close)
 
 
 class AsyncSandbox:
@@ -90,7 +117,7 @@ class AsyncSandbox:
     ``Sandbox.connect(url)`` / ``Sandbox.connect(unix_socket=...)`` (no control plane: life-cycle
     calls then raise). Used as a context manager it finishes the server on exit (reusable)."""
 
-    def __init__(self, http: httpx.AsyncClient, target: Target, client: AsyncIdeGymClient | None = None,
+    def __init__(self, http: AsyncHTTPSession, target: Target, client: AsyncIdeGymClient | None = None,
                  info: StartServerResponse | None = None) -> None:
         self._http = http
         self._target = target
@@ -101,10 +128,7 @@ class AsyncSandbox:
     @classmethod
     def connect(cls, url: str = "http://sandbox", *, unix_socket: str | None = None,
                 timeout: float = 60.0) -> AsyncSandbox:
-        import httpx
-
-        transport = httpx.AsyncHTTPTransport(uds=unix_socket) if unix_socket else None
-        return cls(httpx.AsyncClient(base_url=url, transport=transport, timeout=timeout), Target.direct())
+        return cls(AsyncHTTPSession(url, unix_socket=unix_socket, default_timeout=timeout), Target.direct())
 
     @property
     def server_id(self) -> int | None:
@@ -286,11 +310,7 @@ class AsyncIdeGymClient:
         self.name = name
         self.namespace = namespace
         self.heartbeat_interval = heartbeat_interval
-        import httpx
-
-        transport = httpx.AsyncHTTPTransport(uds=self.settings.unix_socket) if self.settings.unix_socket else None
-        self._http = httpx.AsyncClient(base_url=self.settings.url, transport=transport, auth=self.settings.auth,
-                                  timeout=60.0, limits=httpx.Limits(max_keepalive_connections=32))
+        self._http = AsyncHTTPSession(self.settings.url, unix_socket=self.settings.unix_socket, auth=self.settings.auth)
         self._client_id: str | None = None
         self._release: Callable[[], None] | None = None  # hands an embedded control plane back
         self._heartbeat: asyncio.Task[None] | None = None

@@ -5,7 +5,8 @@ httpcore's pool and h11's state machine, measured: ``benchmarks/tool_call.py``, 
 plane via httpx" against "control plane, Prefer: wait"), a fifth of an isolated tool call, and
 ``http.client`` ~50 µs (see ``_Connection``). Plans (``_protocol.py``) need little of it: a
 method, a path below one base URL, a JSON body, a timeout, and the status, headers and body back.
-Failures are ``http.client``'s exceptions. The async client keeps httpx.
+Failures are ``http.client``'s exceptions. The async client's session (``_http_async.py``)
+writes the same bytes and reads answers with the same parser (``read_answer``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import select
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass
 from typing import IO, Any
 from urllib.parse import urlencode, urlsplit
 
@@ -29,6 +31,122 @@ MAX_LINE = 65536  # as http.client: a status or header line
 MAX_HEADERS = 100
 _UNSAFE_TARGET = re.compile(r"[\x00-\x20\x7f]")  # http.client refuses these in a request target
 _UNSAFE_HEADER = re.compile(r"[\r\n\x00]")
+
+
+# -- one request's bytes and its answer's parsing, shared with the async session (``_http_async.py``) --
+
+
+def request_head(method: str, target: str, host: str, headers: Mapping[str, str]) -> bytes:
+    """A request's head; a target or header that would break the framing is refused, never sent."""
+    if _UNSAFE_TARGET.search(target):
+        raise http.client.InvalidURL(f"the request target {target!r} holds a control character or a space")
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}", "Accept-Encoding: identity"]
+    for name, value in headers.items():
+        if _UNSAFE_HEADER.search(name) or _UNSAFE_HEADER.search(value) or ":" in name:
+            raise ValueError(f"header {name!r} cannot be sent: it holds a line break, a NUL or a colon")
+        lines.append(f"{name}: {value}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def with_length(method: str, headers: Mapping[str, str], body: bytes | None) -> Mapping[str, str]:
+    if body is not None or method in ("POST", "PUT", "PATCH"):
+        return {**headers, "Content-Length": str(len(body or b""))}
+    return headers
+
+
+@dataclass(frozen=True)
+class Line:
+    """Read a line (with its ending) of at most ``MAX_LINE`` bytes; more is ``LineTooLong``."""
+
+    what: str  # "status line" or "header line": named in the error
+
+
+@dataclass(frozen=True)
+class Exactly:
+    """Read ``n`` bytes (fewer only at the connection's end)."""
+
+    n: int
+
+
+@dataclass(frozen=True)
+class Rest:
+    """Read until the connection's end."""
+
+
+Answer = tuple[int, dict[str, str], bytes, bool]
+#: Reading one answer without I/O: it yields what to read and is sent the bytes read (``read_answer``).
+AnswerReader = Generator["Line | Exactly | Rest", bytes, Answer]
+
+
+def read_answer(method: str) -> AnswerReader:
+    """One answer: status, headers (names in lower case), body, and whether the connection may
+    carry another request. Every framing HTTP/1.1 allows; failures are ``http.client``'s."""
+    while True:
+        line = yield Line("status line")
+        if not line:
+            raise http.client.RemoteDisconnected("the server closed the connection without an answer")
+        version, _, rest = line.decode("latin-1").rstrip("\r\n").partition(" ")
+        code = rest[:3]
+        if not version.startswith("HTTP/1.") or not code.isdigit() or rest[3:4] not in ("", " "):
+            raise http.client.BadStatusLine(line.decode("latin-1", errors="replace"))
+        status = int(code)
+        headers = yield from _read_headers()
+        if not 100 <= status < 200:
+            break  # an interim answer (100 Continue) is skipped, as http.client does
+    tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
+    reusable = "close" not in tokens and (version != "HTTP/1.0" or "keep-alive" in tokens)
+    if method == "HEAD" or status in (204, 304):
+        return status, headers, b"", reusable
+    coding = headers.get("transfer-encoding", "").split(",")[-1].strip().lower()
+    if coding == "chunked":
+        return status, headers, (yield from _read_chunked()), reusable
+    if "content-length" in headers:
+        length = headers["content-length"].strip()
+        if not length.isdigit():
+            raise http.client.HTTPException(f"invalid Content-Length {length!r}")
+        body = yield Exactly(int(length))
+        if len(body) < int(length):
+            raise http.client.IncompleteRead(body, int(length) - len(body))
+        return status, headers, body, reusable
+    return status, headers, (yield Rest()), False  # delimited by the connection's end
+
+
+def _read_headers() -> Generator[Line, bytes, dict[str, str]]:
+    headers: dict[str, str] = {}
+    name = None
+    for _ in range(MAX_HEADERS + 1):
+        line = yield Line("header line")
+        if line in (b"\r\n", b"\n", b""):
+            return headers
+        text = line.decode("latin-1").rstrip("\r\n")
+        if text[:1] in (" ", "\t") and name is not None:  # a folded line continues the last header
+            headers[name] += " " + text.strip()
+            continue
+        name, colon, value = text.partition(":")
+        if not colon:
+            raise http.client.HTTPException(f"malformed header line {text!r}")
+        name = name.strip().lower()
+        headers[name] = value.strip()
+    raise http.client.HTTPException(f"got more than {MAX_HEADERS} headers")
+
+
+def _read_chunked() -> Generator[Line | Exactly, bytes, bytes]:
+    chunks = list[bytes]()
+    while True:
+        line = yield Line("chunk size line")
+        size = line.split(b";", 1)[0].strip()
+        try:
+            length = int(size, 16)
+        except ValueError:
+            raise http.client.IncompleteRead(b"".join(chunks)) from None
+        if length == 0:
+            break
+        chunk = yield Exactly(length)
+        if len(chunk) < length or (yield Line("chunk end")) not in (b"\r\n", b"\n"):
+            raise http.client.IncompleteRead(b"".join(chunks) + chunk)
+        chunks.append(chunk)
+    yield from _read_headers()  # trailers, ignored
+    return b"".join(chunks)
 
 
 class _Connection:
@@ -55,24 +173,22 @@ class _Connection:
             self.sock = None
 
     def exchange(self, method: str, target: str, headers: Mapping[str, str], body: bytes | None,
-                 stream: IO[bytes] | None = None, stream_length: int = 0) -> tuple[int, dict[str, str], bytes, bool]:
+                 stream: IO[bytes] | None = None, stream_length: int = 0) -> Answer:
         """One request and its answer: status, headers (names in lower case), body, and whether
         the connection may carry another request. ``stream`` is a body sent from a file."""
         assert self.sock is not None
         if stream is not None:
             return self._exchange_streamed(method, target, headers, stream, stream_length)
-        if body is not None or method in ("POST", "PUT", "PATCH"):
-            headers = {**headers, "Content-Length": str(len(body or b""))}
-        self.sock.sendall(self._head(method, target, headers) + (body or b""))
+        self.sock.sendall(request_head(method, target, self._host, with_length(method, headers, body)) + (body or b""))
         return self._answer(method)
 
     def _exchange_streamed(self, method: str, target: str, headers: Mapping[str, str], stream: IO[bytes],
-                           length: int) -> tuple[int, dict[str, str], bytes, bool]:
+                           length: int) -> Answer:
         """A body of ``length`` bytes from ``stream``; a server that answers before it has read
         it all (a 413, say) is heard, and the connection is not used again."""
         assert self.sock is not None
         head = {**headers, "Content-Length": str(length)}
-        self.sock.sendall(self._head(method, target, head))
+        self.sock.sendall(request_head(method, target, self._host, head))
         try:
             while chunk := stream.read(1 << 20):
                 self.sock.sendall(chunk)
@@ -81,86 +197,23 @@ class _Connection:
             return status, got, content, False
         return self._answer(method)
 
-    def _head(self, method: str, target: str, headers: Mapping[str, str]) -> bytes:
-        if _UNSAFE_TARGET.search(target):
-            raise http.client.InvalidURL(f"the request target {target!r} holds a control character or a space")
-        lines = [f"{method} {target} HTTP/1.1", f"Host: {self._host}", "Accept-Encoding: identity"]
-        for name, value in headers.items():
-            if _UNSAFE_HEADER.search(name) or _UNSAFE_HEADER.search(value) or ":" in name:
-                raise ValueError(f"header {name!r} cannot be sent: it holds a line break, a NUL or a colon")
-            lines.append(f"{name}: {value}")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-    def _answer(self, method: str) -> tuple[int, dict[str, str], bytes, bool]:
-        fp = self._file
-        while True:
-            line = fp.readline(MAX_LINE + 1)
-            if not line:
-                raise http.client.RemoteDisconnected("the server closed the connection without an answer")
-            if len(line) > MAX_LINE:
-                raise http.client.LineTooLong("status line")
-            version, _, rest = line.decode("latin-1").rstrip("\r\n").partition(" ")
-            code = rest[:3]
-            if not version.startswith("HTTP/1.") or not code.isdigit() or rest[3:4] not in ("", " "):
-                raise http.client.BadStatusLine(line.decode("latin-1", errors="replace"))
-            status = int(code)
-            headers = self._headers()
-            if not 100 <= status < 200:
-                break  # an interim answer (100 Continue) is skipped, as http.client does
-        tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
-        reusable = "close" not in tokens and (version != "HTTP/1.0" or "keep-alive" in tokens)
-        if method == "HEAD" or status in (204, 304):
-            return status, headers, b"", reusable
-        coding = headers.get("transfer-encoding", "").split(",")[-1].strip().lower()
-        if coding == "chunked":
-            return status, headers, self._chunked(), reusable
-        if "content-length" in headers:
-            length = headers["content-length"].strip()
-            if not length.isdigit():
-                raise http.client.HTTPException(f"invalid Content-Length {length!r}")
-            body = fp.read(int(length))
-            if len(body) < int(length):
-                raise http.client.IncompleteRead(body, int(length) - len(body))
-            return status, headers, body, reusable
-        return status, headers, fp.read(), False  # delimited by the connection's end
-
-    def _headers(self) -> dict[str, str]:
-        headers: dict[str, str] = {}
-        name = None
-        for _ in range(MAX_HEADERS + 1):
-            line = self._file.readline(MAX_LINE + 1)
-            if len(line) > MAX_LINE:
-                raise http.client.LineTooLong("header line")
-            if line in (b"\r\n", b"\n", b""):
-                return headers
-            text = line.decode("latin-1").rstrip("\r\n")
-            if text[:1] in (" ", "\t") and name is not None:  # a folded line continues the last header
-                headers[name] += " " + text.strip()
-                continue
-            name, colon, value = text.partition(":")
-            if not colon:
-                raise http.client.HTTPException(f"malformed header line {text!r}")
-            name = name.strip().lower()
-            headers[name] = value.strip()
-        raise http.client.HTTPException(f"got more than {MAX_HEADERS} headers")
-
-    def _chunked(self) -> bytes:
-        fp, chunks = self._file, list[bytes]()
-        while True:
-            line = fp.readline(MAX_LINE + 1)
-            size = line.split(b";", 1)[0].strip()
-            try:
-                length = int(size, 16)
-            except ValueError:
-                raise http.client.IncompleteRead(b"".join(chunks)) from None
-            if length == 0:
-                break
-            chunk = fp.read(length)
-            if len(chunk) < length or fp.read(2) not in (b"\r\n", b"\n"):
-                raise http.client.IncompleteRead(b"".join(chunks) + chunk)
-            chunks.append(chunk)
-        self._headers()  # trailers, ignored
-        return b"".join(chunks)
+    def _answer(self, method: str) -> Answer:
+        fp, reader = self._file, read_answer(method)
+        step = next(reader)
+        try:
+            while True:
+                if isinstance(step, Line):
+                    data = fp.readline(MAX_LINE + 1)
+                    if len(data) > MAX_LINE:
+                        raise http.client.LineTooLong(step.what)
+                elif isinstance(step, Exactly):
+                    data = fp.read(step.n)
+                else:
+                    data = fp.read()
+                step = reader.send(data)
+        except StopIteration as done:
+            answer: Answer = done.value
+            return answer
 
 
 class Response:
@@ -189,18 +242,19 @@ class HTTPSession:
         default = 443 if self._scheme == "https" else 80
         self._host_header = host if self._port in (None, default) else f"{host}:{self._port}"
         self._prefix = parts.path
-        self._unix_socket = unix_socket
+        self.unix_socket = unix_socket
         self._headers = {"Accept": "application/json", "User-Agent": "idegym-client"}
-        if auth is not None:
-            token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode("ascii")
-            self._headers["Authorization"] = f"Basic {token}"
+        self.authorization = basic_authorization(auth)
+        if self.authorization is not None:
+            self._headers["Authorization"] = self.authorization
         self._ssl: ssl.SSLContext | None = None
         self._idle: list[_Connection] = []
         self._max_idle = max_idle
         self._lock = threading.Lock()
         self._closed = False
 
-    def request(self, method: str, path: str, *, json: Any = None, params: Mapping[str, str] | None = None,
+    def request(self, method: str, path: str, *, json: Any = None, data: bytes | None = None,
+                params: Mapping[str, str] | None = None,
                 headers: Mapping[str, str] | None = None, timeout: float | None = 60.0,
                 content: IO[bytes] | None = None, content_length: int = 0) -> Response:
         """Send one request and read its whole answer. Raises ``TimeoutError`` when no answer
@@ -210,9 +264,10 @@ class HTTPSession:
         if params:
             target += ("&" if "?" in target else "?") + urlencode(params)
         sent = dict(self._headers)
-        body = None
+        body = data  # JSON already encoded
         if json is not None:
             body = jsonlib.dumps(json, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if body is not None:
             sent["Content-Type"] = "application/json"
         if headers:
             sent.update(headers)
@@ -242,8 +297,8 @@ class HTTPSession:
                 if conn.sock is not None and not select.select([conn.sock], [], [], 0)[0]:
                     return conn
                 conn.close()
-        if self._unix_socket:
-            return _Connection(functools.partial(_unix_socket, self._unix_socket), "localhost")
+        if self.unix_socket:
+            return _Connection(functools.partial(_unix_socket, self.unix_socket), "localhost")
         if self._scheme == "https" and self._ssl is None:
             self._ssl = ssl.create_default_context()
         return _Connection(functools.partial(_tcp_socket, self._host, self._port, self._ssl), self._host_header)
@@ -261,6 +316,13 @@ class HTTPSession:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+def basic_authorization(auth: tuple[str, str] | None) -> str | None:
+    """The ``Authorization`` header of ``(user, password)``."""
+    if auth is None:
+        return None
+    return "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode("ascii")
 
 
 def _unix_socket(path: str) -> socket.socket:

@@ -39,7 +39,7 @@ from . import _plans, _uploads
 from ._exceptions import not_a_control_plane, place, shown_url, unreachable
 from ._http import HTTPSession
 from ._plans import ToolResult
-from ._protocol import Call, Plan, Sleep, T, Target, call
+from ._protocol import Blocking, Call, Plan, Sleep, T, Target, call
 from ._settings import BUILTIN_IMAGE, Settings
 
 if TYPE_CHECKING:
@@ -48,8 +48,9 @@ if TYPE_CHECKING:
 
 def _send(http: HTTPSession, call: Call) -> Reply:
     try:
-        resp = http.request(call.method, call.path, json=call.json, params=call.params, headers=call.headers,
-                            timeout=call.timeout, content=call.content, content_length=call.content_length or 0)
+        resp = http.request(call.method, call.path, json=call.json, data=call.data, params=call.params,
+                            headers=call.headers, timeout=call.timeout, content=call.content,
+                            content_length=call.content_length or 0)
     except builtins.TimeoutError as exc:
         raise TimeoutError(f"{call.method} {shown_url(http.base_url)}{call.path}: no answer within "
                            f"{call.timeout} s") from exc
@@ -66,6 +67,8 @@ def drive(http: HTTPSession, plan: Plan[T]) -> T:
             if isinstance(step, Sleep):
                 time.sleep(step.seconds)
                 step = plan.send(None)
+            elif isinstance(step, Blocking):
+                step = plan.send(step.work())
             else:
                 step = plan.send(_send(http, step))
     except StopIteration as done:
@@ -97,7 +100,13 @@ class Sandbox:
     def server_id(self) -> int | None:
         return self.info.server_id if self.info else None
 
-    def _run(self, plan: Plan[T]) -> T:
+    @property
+    def target(self) -> Target:
+        """Where this sandbox's API is (for plans made outside the client, ``_protocol.py``)."""
+        return self._target
+
+    def run_plan(self, plan: Plan[T]) -> T:
+        """Drive a plan (``_protocol.py``) of calls to this sandbox."""
         return drive(self._http, plan)
 
     # -- tools --------------------------------------------------------------------------------
@@ -107,61 +116,61 @@ class Sandbox:
              max_output_bytes: int | None = 1_048_576, strip_output: bool = False,
              graceful_termination_timeout: float = 2.0) -> BashCommandResponse:
         """Run a bash script; a non-zero exit is a result (``exit_code``), not an exception."""
-        return self._run(_plans.bash(self._target, command, timeout, cwd, env, user, max_output_bytes, strip_output,
+        return self.run_plan(_plans.bash(self._target, command, timeout, cwd, env, user, max_output_bytes, strip_output,
                                      graceful_termination_timeout))
 
     def write_file(self, path: str, content: str) -> None:
-        self._run(_plans.write_file(self._target, path, content))
+        self.run_plan(_plans.write_file(self._target, path, content))
 
     def read_file(self, path: str) -> str:
         return self.download(path).decode("utf-8", errors="replace")
 
     def edit(self, path: str, start_line: int, end_line: int, new_content: str) -> None:
-        self._run(_plans.edit(self._target, path, start_line, end_line, new_content))
+        self.run_plan(_plans.edit(self._target, path, start_line, end_line, new_content))
 
     def patch(self, path: str, patch_text: str) -> None:
         """Apply diff-match-patch patch text; raises ``Conflict`` naming hunks that did not apply."""
-        self._run(_plans.patch(self._target, path, patch_text))
+        self.run_plan(_plans.patch(self._target, path, patch_text))
 
     def upload(self, path: str, data: bytes, chunk: int = 1 << 20) -> int:
-        return self._run(_plans.upload(self._target, path, data, chunk))
+        return self.run_plan(_plans.upload(self._target, path, data, chunk))
 
     def download(self, path: str, chunk: int = 1 << 20) -> bytes:
-        return self._run(_plans.download(self._target, path, chunk))
+        return self.run_plan(_plans.download(self._target, path, chunk))
 
     # -- checks ---------------------------------------------------------------------------------
 
     def setup_check(self, script: str, timeout: float = 600.0, *, keep_processes: bool = False) -> CheckResult:
         """The setup check; what it leaves running ends with it unless ``keep_processes``."""
-        return self._run(_plans.setup_check(self._target, script, timeout, keep_processes))
+        return self.run_plan(_plans.setup_check(self._target, script, timeout, keep_processes))
 
     def compile(self, script: str, timeout: float = 600.0, *, keep_processes: bool = False) -> CheckResult:
         """The compilation check; what it leaves running ends with it unless ``keep_processes``."""
-        return self._run(_plans.compile_check(self._target, script, timeout, keep_processes))
+        return self.run_plan(_plans.compile_check(self._target, script, timeout, keep_processes))
 
     def run_tests(self, script: str, timeout: float = 600.0, report_glob: str = "test-*.xml") -> TestReport:
-        return self._run(_plans.run_tests(self._target, script, timeout, report_glob))
+        return self.run_plan(_plans.run_tests(self._target, script, timeout, report_glob))
 
     def execute(self, language: str, code: str, *, args: list[str] | None = None,
                 files: list[dict[str, str]] | None = None, stdin: str = "", timeout: float = 10.0) -> ExecuteResponse:
-        return self._run(_plans.execute(self._target, language, code, args, files, stdin, timeout))
+        return self.run_plan(_plans.execute(self._target, language, code, args, files, stdin, timeout))
 
     def call(self, endpoint: Endpoint[Req, Resp], request: Req | None = None) -> Resp:
         """Any sandbox-server route (``sandbox_server.routes``) with its wire models."""
-        return self._run(call(self._target, endpoint, request))
+        return self.run_plan(call(self._target, endpoint, request))
 
     def run_tool(self, tool_call: ToolCall, *, bash_timeout: float = DEFAULT_TIMEOUT) -> ToolResult:
         """Carry out an ``idegym_env.tools`` tool call that has a route (not ``submit``); ``bash_timeout``
         is a bash call's timeout when it names none, and the most it may name. The answer is the
         route's response model. Errors are the typed exceptions, as for every call."""
-        return self._run(_plans.run_tool(self._target, tool_call, bash_timeout))
+        return self.run_plan(_plans.run_tool(self._target, tool_call, bash_timeout))
 
     def terminate_processes(self, grace: float = 2.0) -> int:
         """End every process a tool started (files stay); returns how many there were."""
-        return self._run(_plans.terminate_processes(self._target, grace))
+        return self.run_plan(_plans.terminate_processes(self._target, grace))
 
     def capabilities(self) -> list[str]:
-        return self._run(_plans.capabilities(self._target))
+        return self.run_plan(_plans.capabilities(self._target))
 
     # -- background processes and terminal sessions (sandbox_server/sessions.py) -------------------
 
@@ -169,26 +178,26 @@ class Sandbox:
         """Start ``command`` (bash) in the background, or with ``pty`` in a terminal; its output is
         kept as it comes (``read_session``). ``fields``: cwd, env, user, timeout, cols, rows,
         max_output_bytes."""
-        return self._run(_plans.start_session(self._target, command, {"pty": pty, **fields}))
+        return self.run_plan(_plans.start_session(self._target, command, {"pty": pty, **fields}))
 
     def read_session(self, sid: str, offset: int = 0, *, wait: float = 0.0,
                      max_bytes: int = 65_536) -> SessionReadResponse:
         """Output from ``offset`` (waiting up to ``wait`` s for some); ``next_offset`` continues it."""
-        return self._run(_plans.read_session(self._target, sid, offset, wait, max_bytes))
+        return self.run_plan(_plans.read_session(self._target, sid, offset, wait, max_bytes))
 
     def write_session(self, sid: str, data: str) -> SessionInfo:
-        return self._run(_plans.write_session(self._target, sid, data))
+        return self.run_plan(_plans.write_session(self._target, sid, data))
 
     def resize_session(self, sid: str, cols: int, rows: int) -> SessionInfo:
-        return self._run(_plans.resize_session(self._target, sid, cols, rows))
+        return self.run_plan(_plans.resize_session(self._target, sid, cols, rows))
 
     def end_session(self, sid: str, grace: float = 2.0) -> SessionInfo:
-        return self._run(_plans.end_session(self._target, sid, grace))
+        return self.run_plan(_plans.end_session(self._target, sid, grace))
 
     def reset(self, timeout: float = 600.0, *, to_fork_point: bool = False) -> ResetResult:
         """Project back to the image byte for byte; every process a tool started ends. A fork's
         child with ``to_fork_point``: back to the project as it was when it was forked."""
-        return self._run(_plans.reset(self._target, timeout, to_fork_point))
+        return self.run_plan(_plans.reset(self._target, timeout, to_fork_point))
 
     # -- life cycle (through the control plane) ----------------------------------------------
 

@@ -22,13 +22,14 @@ plane, started on first use and stopped at exit.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import threading
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, SupportsFloat
 
 from .. import embedded
 from ..client import IdeGymClient
@@ -39,6 +40,9 @@ from ..spaces.parsing import parse_tool_call
 from ..tasks import Task
 from ..tools import TOOLS, InvalidAction
 from ..tools.schemas import tool_guide as _tool_guide
+
+if TYPE_CHECKING:
+    from ..client._async import AsyncSessions
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +197,31 @@ class ToolCallEpisode:
         A command that fails is a result; a malformed call raises :class:`ToolCallError`; a dead
         sandbox or unreachable control plane raises :class:`InfrastructureError` and ends the
         episode without a reward."""
+        action = self._action(tool, arguments)
+        if isinstance(action, ToolCallOutcome):
+            return action
+        return self._step(action)
+
+    async def call_async(self, tool: str, arguments: dict[str, Any] | None, sessions: AsyncSessions
+                         ) -> ToolCallOutcome:
+        """:meth:`call` on the running event loop (``IdeGymEnv.step_async`` over ``sessions``):
+        the same outcomes and errors. What ends the episode (grading, handing the sandbox back)
+        runs on a worker thread."""
+        action = self._action(tool, arguments)
+        if isinstance(action, ToolCallOutcome):
+            return action
+        env = self._require_active()
+        try:
+            result = await env.step_async(action, sessions)
+        except ServiceError as exc:
+            return await asyncio.to_thread(self._stepped, None, exc)
+        text, reward, terminated, truncated, info = result
+        if terminated or truncated or _infra_failure(info) is not None:  # the sandbox is handed back
+            return await asyncio.to_thread(self._stepped, result, None)
+        return self._stepped(result, None)
+
+    def _action(self, tool: str, arguments: dict[str, Any] | None) -> dict[str, Any] | ToolCallOutcome:
+        """The env's action for a call, or the outcome of one that answers itself."""
         env = self._require_active()
         kind = TOOLS.get(tool)
         if kind is None:
@@ -203,14 +232,14 @@ class ToolCallEpisode:
         if arguments:
             action["arguments"] = {k: v for k, v in arguments.items() if v is not None}
         if kind.in_space:
-            return self._step(action)  # the env reads the call (an invalid one is a step too)
+            return action  # the env reads the call (an invalid one is a step too)
         try:  # a tool the action space leaves out (run_checks): the call stands for another, or answers itself
             step = parse_tool_call(action, (tool,)).in_task(env.task)
         except InvalidAction as exc:
             raise ToolCallError(str(exc)) from None
         if isinstance(step, str):
             return ToolCallOutcome(text=step, info={"tool": tool})
-        return self._step(step.to_action())
+        return step.to_action()
 
     def submit(self) -> ToolCallOutcome:
         """Grade the episode (the task's checks) and end it; the reward is in the outcome."""
@@ -234,9 +263,17 @@ class ToolCallEpisode:
     def _step(self, action: dict[str, Any]) -> ToolCallOutcome:
         env = self._require_active()
         try:
-            text, reward, terminated, truncated, info = env.step(action)
+            result = env.step(action)
         except ServiceError as exc:
-            raise self._failed(f"the control plane or the sandbox failed: {exc}") from exc
+            return self._stepped(None, exc)
+        return self._stepped(result, None)
+
+    def _stepped(self, result: tuple[str, SupportsFloat, bool, bool, dict[str, Any]] | None,
+                 error: ServiceError | None) -> ToolCallOutcome:
+        """A step's outcome (``error``: the step failed for the control plane or the sandbox)."""
+        if result is None:
+            raise self._failed(f"the control plane or the sandbox failed: {error}") from error
+        text, reward, terminated, truncated, info = result
         self.last_info = info
         done = bool(terminated or truncated)
         infra = _infra_failure(info)

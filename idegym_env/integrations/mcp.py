@@ -39,9 +39,12 @@ the tool's own (it gives the tool's input schema and validates a call, laxly: th
 it strictly) and the answers ``MCPServer`` gave before (text; for
 ``reset`` and ``submit`` also structured content under an output schema). Stdio goes through
 :mod:`._mcp_stdio` (the SDK's ``stdio_server`` on asyncio pipes instead of worker threads).
-Episodes are synchronous, so a call runs on a worker thread: calls on different episodes run at
-once, an episode's one at a time. ``python -m benchmarks integrations`` says what a call costs
-over the same call made with the client directly, and where that goes.
+Served (stdio, streamable HTTP, on uvloop), a tool call of a running episode is made on the
+event loop (``ToolCallEpisode.call_async``: the env's step as a plan, its sandbox call over the
+async client's connections); ``reset``, ``submit``, grading and handing a sandbox back, which the
+synchronous client makes, run on a worker thread, as every call does in-process. Calls on
+different episodes run at once, an episode's one at a time. ``python -m benchmarks integrations``
+says what a call costs over the same call made with the client directly, and where that goes.
 """
 
 from __future__ import annotations
@@ -70,8 +73,10 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from control_plane.auth import TokenFileError
+from sandbox_server.http import run_loop
 
 from .. import tools
+from ..client._async import AsyncSessions
 from ..settings import chosen_control_plane
 from ..tasks import BUNDLED_DIR, Task, load_task
 from ._episode import InfrastructureError, ToolCallEpisode, ToolCallError, ToolCallOutcome, close_shared_clients
@@ -268,9 +273,12 @@ class EpisodeServer:
         self._slots: dict[str, _Slot] = {}  # episode id -> its slot
         self._main: dict[str, str] = {}  # connection -> the episode its calls act on when they name none
         self._lock = threading.Lock()
-        # Episodes are synchronous: each call runs on one of these threads, so that calls on
-        # different episodes run at once (one at a time per episode: _Slot.lock).
+        # What the synchronous client does (reset, submit, grading; every call in-process) runs on
+        # these threads, so that calls on different episodes run at once (one at a time per
+        # episode: _Slot.lock).
         self._executor = ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="idegym-mcp")
+        # While serving (stdio, HTTP): the serving loop's connections, for the calls made on it.
+        self._sessions: AsyncSessions | None = None
         self._tools = types.ListToolsResult(tools=[tool.definition() for tool in TOOLS.values()])
         self._input_schemas = {tool.name: tool.input_schema for tool in self._tools.tools}
         self.mcp: Server[Any] = Server(
@@ -401,7 +409,7 @@ class EpisodeServer:
         try:
             key, slot = self._slot(ctx, getattr(arguments, "episode_id", None), new=getattr(arguments, "new", False))
             try:
-                value = await self._in_thread(self._in_episode, slot, key, name, arguments)
+                value = await self._in_episode_async(slot, key, name, arguments)
             finally:
                 self._settle(key, slot)
         except ToolCallError as exc:
@@ -419,19 +427,41 @@ class EpisodeServer:
         ``anyio.to_thread`` (which also works under trio; every server here runs on asyncio)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
+    async def _in_episode_async(self, slot: _Slot, key: str, name: str, arguments: Any) -> Any:
+        """A tool call of a running episode on the serving loop (``ToolCallEpisode.call_async``:
+        no thread hop); anything else (reset, submit, the first call of a default task's episode,
+        a call while another of the episode's is in flight) on a worker thread."""
+        sessions = self._sessions
+        if (sessions is None or sessions.loop is not asyncio.get_running_loop() or name == "reset"
+                or tools.TOOLS[name].ends_episode or not slot.lock.acquire(blocking=False)):
+            return await self._in_thread(self._in_episode, slot, key, name, arguments)
+        try:
+            if not slot.episode.active:
+                return await self._in_thread(self._in_episode_locked, slot, key, name, arguments)
+            outcome = await slot.episode.call_async(name, arguments.model_dump(exclude={"episode_id"}) or None,
+                                                    sessions)
+        finally:
+            slot.lock.release()
+        if outcome.error is not None:  # the tool failed (a missing file...): a tool error
+            raise ToolCallError(outcome.text)
+        return outcome.text
+
     def _in_episode(self, slot: _Slot, key: str, name: str, arguments: Any) -> Any:
         with slot.lock:
-            episode = slot.episode
-            if name == "reset":
-                return self._reset(key, episode, arguments)
-            if episode.env is None and not episode.done and self.default_task is not None:
-                episode.start(self.default_task)
-            if tools.TOOLS[name].ends_episode:
-                return self._submit(key, episode)
-            outcome: ToolCallOutcome = episode.call(name, arguments.model_dump(exclude={"episode_id"}) or None)
-            if outcome.error is not None:  # the tool failed (a missing file...): a tool error
-                raise ToolCallError(outcome.text)
-            return outcome.text
+            return self._in_episode_locked(slot, key, name, arguments)
+
+    def _in_episode_locked(self, slot: _Slot, key: str, name: str, arguments: Any) -> Any:
+        episode = slot.episode
+        if name == "reset":
+            return self._reset(key, episode, arguments)
+        if episode.env is None and not episode.done and self.default_task is not None:
+            episode.start(self.default_task)
+        if tools.TOOLS[name].ends_episode:
+            return self._submit(key, episode)
+        outcome: ToolCallOutcome = episode.call(name, arguments.model_dump(exclude={"episode_id"}) or None)
+        if outcome.error is not None:  # the tool failed (a missing file...): a tool error
+            raise ToolCallError(outcome.text)
+        return outcome.text
 
     def _reset(self, key: str, episode: ToolCallEpisode, arguments: ResetArguments) -> EpisodeResetResult:
         task = arguments.task
@@ -469,16 +499,19 @@ class EpisodeServer:
                 loop.add_signal_handler(signal.SIGTERM, task.cancel)
             except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
                 previous = None
+            self._sessions = AsyncSessions(loop)
             try:
                 async with stdio_streams() as (read, write):
                     await self.mcp.run(read, write, self.mcp.create_initialization_options())
             finally:
+                self._sessions.close()
+                self._sessions = None
                 if previous is not None:
                     loop.remove_signal_handler(signal.SIGTERM)
                     signal.signal(signal.SIGTERM, previous)
 
         try:
-            asyncio.run(main())
+            run_loop(main())  # uvloop: fewer system calls and wake-ups a call than asyncio's loop
         except asyncio.CancelledError:
             pass
         finally:
@@ -510,6 +543,7 @@ class EpisodeServer:
                     await asyncio.sleep(min(60.0, self.idle_timeout / 4))
                     await self._in_thread(self.end_idle)
 
+            self._sessions = AsyncSessions(asyncio.get_running_loop())
             task = asyncio.ensure_future(reaper())
             serving = asyncio.ensure_future(userver.serve())
             while not userver.started and not serving.done():
@@ -521,9 +555,11 @@ class EpisodeServer:
                 await serving
             finally:
                 task.cancel()
+                self._sessions.close()
+                self._sessions = None
 
         try:
-            asyncio.run(main())
+            run_loop(main())  # uvloop: fewer system calls and wake-ups a call than asyncio's loop
         finally:
             self.close()
 

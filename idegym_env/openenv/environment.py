@@ -25,9 +25,10 @@ Mapping to OpenEnv
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsFloat
 
 from ._compat import import_openenv
 
@@ -38,6 +39,7 @@ from openenv.core.env_server.types import EnvironmentMetadata  # noqa: E402
 
 from .. import __version__  # noqa: E402
 from ..client import Sandbox  # noqa: E402
+from ..client._async import AsyncSessions  # noqa: E402
 from ..env import IdeGymEnv  # noqa: E402
 from ..integrations._episode import InfrastructureError, _infra_failure  # noqa: E402
 from ..tasks import BUNDLED_DIR, Task, load_task  # noqa: E402
@@ -88,6 +90,7 @@ class IdeGymOpenEnv(Environment[IdeAction, IdeObservation, IdeState]):
         self._leased = False
         self._direct: Sandbox | None = None  # in-sandbox mode: this session's connection to the sandbox server
         self._done = False
+        self._sessions: AsyncSessions | None = None  # step_async's connections, on the server's loop
         self._state = IdeState(task_id=self.default_task.id, mode=self.mode)
 
     @property
@@ -125,6 +128,29 @@ class IdeGymOpenEnv(Environment[IdeAction, IdeObservation, IdeState]):
 
     def step(self, action: IdeAction, timeout_s: float | None = None, **kwargs: Any) -> IdeObservation:
         """Run one tool call. (``timeout_s`` is not used: a bash call has its own ``timeout``.)"""
+        prepared = self._stepping(action)
+        if isinstance(prepared, IdeObservation):
+            return prepared
+        env, call = prepared
+        return self._observed(env, env.step(call))
+
+    async def step_async(self, action: IdeAction, timeout_s: float | None = None, **kwargs: Any) -> IdeObservation:
+        """:meth:`step` on the server's event loop (openenv-core awaits it there instead of
+        handing ``step`` to a worker thread): the tool's call is made on the loop, over
+        connections of this session's own; grading on a worker thread (``IdeGymEnv.step_async``)."""
+        prepared = self._stepping(action)
+        if isinstance(prepared, IdeObservation):
+            return prepared
+        env, call = prepared
+        loop = asyncio.get_running_loop()
+        if self._sessions is None or self._sessions.loop is not loop:
+            if self._sessions is not None:
+                self._sessions.close()
+            self._sessions = AsyncSessions(loop)
+        return self._observed(env, await env.step_async(call, self._sessions))
+
+    def _stepping(self, action: IdeAction) -> tuple[IdeGymEnv, dict[str, Any]] | IdeObservation:
+        """The env and the action to step it with, or the observation of a step that cannot be made."""
         env = self._env
         if env is None or (env.sandbox is None and not self._done):
             return IdeObservation(
@@ -140,7 +166,11 @@ class IdeGymOpenEnv(Environment[IdeAction, IdeObservation, IdeState]):
         call: dict[str, Any] = {"tool": action.tool}
         if action.arguments is not None:
             call["arguments"] = action.arguments
-        text, reward, terminated, truncated, info = env.step(call)
+        return env, call
+
+    def _observed(self, env: IdeGymEnv, result: tuple[str, SupportsFloat, bool, bool, dict[str, Any]]
+                  ) -> IdeObservation:
+        text, reward, terminated, truncated, info = result
         self._done = bool(terminated or truncated)
         failure = _infra_failure(info)
         if failure is not None:  # no reward to give: OpenEnv's error frame (the client raises), not a 0
@@ -180,6 +210,9 @@ class IdeGymOpenEnv(Environment[IdeAction, IdeObservation, IdeState]):
         )
 
     def close(self) -> None:
+        if self._sessions is not None:
+            self._sessions.close()
+            self._sessions = None
         self._close_env()
 
     # -- helpers ----------------------------------------------------------------------------------

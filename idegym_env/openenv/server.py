@@ -32,6 +32,8 @@ import signal
 import sys
 from typing import Any
 
+from sandbox_server.http import run_loop
+
 from ..settings import ClientSettings, add_control_plane_argument, chosen_control_plane
 from ..tools import TOOL_NAMES
 
@@ -264,7 +266,7 @@ def run_serve(args: argparse.Namespace) -> int:
         server = uvicorn.Server(config)
         if stopped_by:  # asked to stop while starting up
             return 0
-        asyncio.run(_serve(server, args.ready_fd, args.unix_socket, task.id))
+        run_loop(_serve(server, args.ready_fd, args.unix_socket, task.id))  # uvloop, as uvicorn.run would
         if not server.started:
             failed = True
     except Exception as exc:  # noqa: BLE001 - one readable line, the traceback at INFO

@@ -4,6 +4,7 @@ actor that died, so that its sandboxes go at once (against a real control plane'
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 from control_plane.models import AvailabilityStatus as A
@@ -22,8 +23,8 @@ def test_stop_client_stops_a_dead_actors_client_and_its_sandboxes(tmp_path: Path
             assert len(cp.backend.alive()) == 1
             await asyncio.to_thread(stop_client, cp.url, client_id)  # a blocking call, as the driver makes it
             await cp.backend.wait_for(lambda: not cp.backend.alive())
-            status = await client._http.post("/api/clients/heartbeat", json={"client_id": client_id})
-            assert status.json()["availability"] == A.STOPPED.value
+            status = await client._http.request("POST", "/api/clients/heartbeat", json={"client_id": client_id})
+            assert json.loads(status.content)["availability"] == A.STOPPED.value
             await client.close(stop=False)
 
     run(scenario())
