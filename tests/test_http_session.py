@@ -118,7 +118,7 @@ class UnixServer(http.server.ThreadingHTTPServer):
 @pytest.fixture
 def server() -> Iterator[http.server.ThreadingHTTPServer]:
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield srv
     srv.shutdown()
     srv.server_close()
@@ -161,7 +161,7 @@ def test_no_answer_within_the_timeout_raises_and_drops_the_connection(server, ma
 def test_unix_sockets_and_a_clear_error_when_nothing_listens(tmp_path: Path, make) -> None:
     path = str(tmp_path / "s.sock")
     srv = UnixServer(path, Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         session = make("http://sandbox", unix_socket=path)
         assert json.loads(session.request("POST", "/x", json={"n": 1}).content)["got"] == {"n": 1}
@@ -297,8 +297,9 @@ def test_the_async_client_costs_its_caller_about_what_the_sync_one_does(tmp_path
     """Can fail: over httpx the async client spent ~5x the sync client's CPU on the same bash call
     (~0.8 ms more: URL and header models, anyio's cancel scopes, head and body written apart).
     The caller's own thread's CPU is compared, the least of three blocks of each: load on the
-    machine hardly moves it, unlike a latency. (An event loop's own wake-ups cost ~30 µs a call
-    more than blocking reads: a call much smaller than a tool call's would show them.)"""
+    machine hardly moves it, unlike a latency. An event loop's own wake-ups cost ~30-100 µs a call
+    more than blocking reads (quiet: 0.23-0.25 ms against 0.135, 1.7-1.8x; so the bound is 2.5x,
+    which the httpx client's 5x is far above)."""
     project = tmp_path / "project"
     project.mkdir()
     proc = SandboxProcess(project, "tcp", tmp_path)
@@ -327,4 +328,4 @@ def test_the_async_client_costs_its_caller_about_what_the_sync_one_does(tmp_path
         runner.close()
         sync.close()
         proc.stop()
-    assert async_cpu <= 1.5 * sync_cpu, f"async {async_cpu * 20:.3f} ms a call, sync {sync_cpu * 20:.3f} ms"
+    assert async_cpu <= 2.5 * sync_cpu, f"async {async_cpu * 20:.3f} ms a call, sync {sync_cpu * 20:.3f} ms"

@@ -61,7 +61,7 @@ def test_a_sandbox_without_cgroups_or_bubblewrap_ends_with_its_forks_in_flight(t
     from control_plane.backends.local.layout import Space
 
     space = Space("sandboxes", tmp_path / "sandboxes", Cgroups("idegym-test-none"), tmp_path, tmp_path / "run")
-    for _ in range(5):
+    for _ in range(2):
         mark = f"0.000{uuid.uuid4().int % 10**9:09d}"
         forker = subprocess.Popen([sys.executable, "-c", FORKER, mark], stdout=subprocess.PIPE)
         try:
