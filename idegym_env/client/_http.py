@@ -22,7 +22,7 @@ import ssl
 import threading
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 from urllib.parse import urlencode, urlsplit
 
 CONNECT_TIMEOUT = 10.0
@@ -227,6 +227,44 @@ class Response:
         self.content = content
 
 
+class Base(NamedTuple):
+    """Where a session's requests go, from its base URL (both sessions)."""
+
+    scheme: str
+    host: str
+    port: int | None
+    host_header: str  # "localhost" over a Unix socket
+    prefix: str  # the URL's path, before every request's
+
+    @classmethod
+    def of(cls, base_url: str, unix_socket: str | None) -> Base:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {base_url!r}")
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # an IPv6 address
+        default = 443 if parts.scheme == "https" else 80
+        header = "localhost" if unix_socket else host if parts.port in (None, default) else f"{host}:{parts.port}"
+        return cls(parts.scheme, parts.hostname, parts.port, header, parts.path)
+
+
+def outgoing(base: Base, headers: Mapping[str, str], path: str, params: Mapping[str, str] | None, json: Any,
+             data: bytes | None, extra: Mapping[str, str] | None) -> tuple[str, dict[str, str], bytes | None]:
+    """A request's target, headers (``headers``, then ``extra``) and body (``json`` encoded, or
+    ``data`` as it is)."""
+    target = base.prefix + path
+    if params:
+        target += ("&" if "?" in target else "?") + urlencode(params)
+    sent = dict(headers)
+    body = data  # JSON already encoded
+    if json is not None:
+        body = jsonlib.dumps(json, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if body is not None:
+        sent["Content-Type"] = "application/json"
+    if extra:
+        sent.update(extra)
+    return target, sent, body
+
+
 class HTTPSession:
     """Requests to one base URL (or a Unix socket), over connections reused across threads."""
 
@@ -234,14 +272,7 @@ class HTTPSession:
                  default_timeout: float = 60.0, max_idle: int = MAX_IDLE) -> None:
         self.base_url = base_url.rstrip("/")
         self.default_timeout = default_timeout
-        parts = urlsplit(self.base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL: {base_url!r}")
-        self._scheme, self._host, self._port = parts.scheme, parts.hostname, parts.port
-        host = f"[{self._host}]" if ":" in self._host else self._host  # an IPv6 address
-        default = 443 if self._scheme == "https" else 80
-        self._host_header = host if self._port in (None, default) else f"{host}:{self._port}"
-        self._prefix = parts.path
+        self._base = Base.of(self.base_url, unix_socket)
         self.unix_socket = unix_socket
         self._headers = {"Accept": "application/json", "User-Agent": "idegym-client"}
         self.authorization = basic_authorization(auth)
@@ -260,17 +291,7 @@ class HTTPSession:
         """Send one request and read its whole answer. Raises ``TimeoutError`` when no answer
         comes within ``timeout`` seconds (``default_timeout`` when None), ``OSError`` or
         ``http.client.HTTPException`` when the connection fails; it is then dropped, never reused."""
-        target = self._prefix + path
-        if params:
-            target += ("&" if "?" in target else "?") + urlencode(params)
-        sent = dict(self._headers)
-        body = data  # JSON already encoded
-        if json is not None:
-            body = jsonlib.dumps(json, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        if body is not None:
-            sent["Content-Type"] = "application/json"
-        if headers:
-            sent.update(headers)
+        target, sent, body = outgoing(self._base, self._headers, path, params, json, data, headers)
         conn = self._checkout()
         try:
             if conn.sock is None:
@@ -298,10 +319,11 @@ class HTTPSession:
                     return conn
                 conn.close()
         if self.unix_socket:
-            return _Connection(functools.partial(_unix_socket, self.unix_socket), "localhost")
-        if self._scheme == "https" and self._ssl is None:
+            return _Connection(functools.partial(_unix_socket, self.unix_socket), self._base.host_header)
+        if self._base.scheme == "https" and self._ssl is None:
             self._ssl = ssl.create_default_context()
-        return _Connection(functools.partial(_tcp_socket, self._host, self._port, self._ssl), self._host_header)
+        return _Connection(functools.partial(_tcp_socket, self._base.host, self._base.port, self._ssl),
+                           self._base.host_header)
 
     def _checkin(self, conn: _Connection) -> None:
         with self._lock:

@@ -11,21 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import json as jsonlib
 import ssl
 from collections.abc import Mapping
 from typing import IO, Any, cast
-from urllib.parse import urlencode, urlsplit
 
 from ._http import (
     CONNECT_TIMEOUT,
     MAX_IDLE,
     MAX_LINE,
     Answer,
+    Base,
     Exactly,
     Line,
     Response,
     basic_authorization,
+    outgoing,
     read_answer,
     request_head,
     with_length,
@@ -160,15 +160,7 @@ class AsyncHTTPSession:
         """``auth`` (user, password), or the ``Authorization`` header it makes (``authorization``)."""
         self.base_url = base_url.rstrip("/")
         self.default_timeout = default_timeout
-        parts = urlsplit(self.base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL: {base_url!r}")
-        self._scheme, self._host, self._port = parts.scheme, parts.hostname, parts.port
-        host = f"[{self._host}]" if ":" in self._host else self._host  # an IPv6 address
-        default = 443 if self._scheme == "https" else 80
-        self._host_header = "localhost" if unix_socket else (
-            host if self._port in (None, default) else f"{host}:{self._port}")
-        self._prefix = parts.path
+        self._base = Base.of(self.base_url, unix_socket)
         self._unix_socket = unix_socket
         self._headers = {"Accept": "application/json", "User-Agent": "idegym-client"}
         authorization = authorization or basic_authorization(auth)
@@ -188,21 +180,11 @@ class AsyncHTTPSession:
         the connection fails (it is then dropped, never reused)."""
         if self._closed:
             raise RuntimeError("the client is closed")
-        target = self._prefix + path
-        if params:
-            target += ("&" if "?" in target else "?") + urlencode(params)
-        sent = dict(self._headers)
-        body = data  # JSON already encoded
-        if json is not None:
-            body = jsonlib.dumps(json, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        if body is not None:
-            sent["Content-Type"] = "application/json"
-        if headers:
-            sent.update(headers)
+        target, sent, body = outgoing(self._base, self._headers, path, params, json, data, headers)
         if content is not None:
-            head = request_head(method, target, self._host_header, {**sent, "Content-Length": str(content_length)})
+            head = request_head(method, target, self._base.host_header, {**sent, "Content-Length": str(content_length)})
         else:
-            head = request_head(method, target, self._host_header, with_length(method, sent, body)) + (body or b"")
+            head = request_head(method, target, self._base.host_header, with_length(method, sent, body)) + (body or b"")
         conn = self._checkout()
         try:
             async with asyncio.timeout(self.default_timeout if timeout is None else timeout):
@@ -246,12 +228,12 @@ class AsyncHTTPSession:
             if self._unix_socket:
                 _, conn = await loop.create_unix_connection(_Connection, self._unix_socket)
             else:
-                if self._scheme == "https" and self._ssl is None:
+                if self._base.scheme == "https" and self._ssl is None:
                     self._ssl = ssl.create_default_context()
                 tls = self._ssl
                 # TCP_NODELAY: asyncio's and uvloop's TCP transports set it
-                _, conn = await loop.create_connection(_Connection, self._host, self._port or (443 if tls else 80),
-                                                       ssl=tls)
+                _, conn = await loop.create_connection(_Connection, self._base.host,
+                                                       self._base.port or (443 if tls else 80), ssl=tls)
         return conn
 
     async def aclose(self) -> None:
