@@ -3,6 +3,7 @@ and the OpenAI-compatible agent completes an episode against a local stand-in se
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -27,6 +28,7 @@ from idegym_env.eval import (
     resolve_tasks,
     summarize,
 )
+from idegym_env.eval.progress import Progress
 from idegym_env.eval.records import ResultsDir
 from idegym_env.eval.summary import markdown
 from idegym_env.tasks import TaskSet, load_task
@@ -490,3 +492,14 @@ def test_loopback_urls_are_the_ones_only_this_machine_reaches() -> None:
         assert is_loopback_url(url), url
     for url in ("http://10.0.0.7:8000", "http://cp.example:8000", "http://[2001:db8::1]", "unix:///tmp/s"):
         assert not is_loopback_url(url), url
+
+
+def test_a_long_error_on_the_progress_line_is_marked_as_cut() -> None:
+    stream = io.StringIO()  # not a terminal: one plain line per finished episode
+    progress = Progress(2, stream=stream)
+    progress.finished({"id": "t#0", "error": "image build failed: " + "x" * 300 + " the end",
+                       "error_kind": "env", "wall_seconds": 0.4})
+    progress.finished({"id": "t#1", "error": "sandbox gone", "error_kind": "env", "wall_seconds": 0.2})
+    cut, whole = stream.getvalue().splitlines()[-2:]
+    assert "x…" in cut and "the end" not in cut and cut.endswith("in 0.4 s"), cut
+    assert "error (env): sandbox gone in 0.2 s" in whole and "…" not in whole, whole

@@ -61,7 +61,7 @@ class Progress:
                 self._draw()
             elif self.enabled:
                 reward = record.get("reward")
-                what = (f"error ({record.get('error_kind')}): {str(record.get('error'))[:240]}"
+                what = (f"error ({record.get('error_kind')}): {_shortened(str(record.get('error')), 240)}"
                         if record.get("error") else
                         f"reward {reward:.3f}{' passed' if record.get('passed') else ''}")
                 wall = record.get("wall_seconds") or 0.0
@@ -95,6 +95,11 @@ class Progress:
         while not self._stop.wait(1.0):
             with self._lock:
                 self._draw()
+
+
+def _shortened(text: str, limit: int) -> str:
+    """``text`` up to ``limit`` characters; a cut one ends with an ellipsis, so it does not read as whole."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 __all__ = ["Progress"]
