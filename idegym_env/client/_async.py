@@ -85,7 +85,24 @@ class AsyncSessions:
         self.loop = loop
         self._sessions: dict[tuple[str, str | None, str | None], AsyncHTTPSession] = {}
 
+    @classmethod
+    def on_running_loop(cls, sessions: AsyncSessions | None) -> AsyncSessions:
+        """``sessions`` if they are the running loop's, else new ones for it (the others closed)."""
+        loop = asyncio.get_running_loop()
+        if sessions is not None and sessions.loop is loop:
+            return sessions
+        if sessions is not None:
+            sessions.close()
+        return cls(loop)
+
     async def run(self, sandbox: Sandbox, plan: Plan[T]) -> T:
+        return await drive(self._session(sandbox), plan)
+
+    def tools(self, sandbox: Sandbox) -> AsyncSandbox:
+        """``sandbox``'s tools and checks on this loop (its life cycle stays with ``sandbox``)."""
+        return AsyncSandbox(self._session(sandbox), sandbox.target, info=sandbox.info)
+
+    def _session(self, sandbox: Sandbox) -> AsyncHTTPSession:
         http = sandbox._http  # noqa: SLF001 - the sync client's own session, read for where it goes
         key = (http.base_url, http.unix_socket, http.authorization)
         session = self._sessions.get(key)
@@ -93,7 +110,7 @@ class AsyncSessions:
             session = self._sessions[key] = AsyncHTTPSession(http.base_url, unix_socket=http.unix_socket,
                                                              authorization=http.authorization,
                                                              default_timeout=http.default_timeout)
-        return await drive(session, plan)
+        return session
 
     def close(self) -> None:
         sessions, self._sessions = list(self._sessions.values()), {}

@@ -29,10 +29,11 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, SupportsFloat
+from typing import Any, SupportsFloat
 
 from .. import embedded
 from ..client import IdeGymClient
+from ..client._async import AsyncSessions
 from ..env import IdeGymEnv
 from ..errors import InfrastructureError, ServiceError, ToolCallError
 from ..settings import chosen_control_plane
@@ -40,9 +41,6 @@ from ..spaces.parsing import parse_tool_call
 from ..tasks import Task
 from ..tools import TOOLS, InvalidAction
 from ..tools.schemas import tool_guide as _tool_guide
-
-if TYPE_CHECKING:
-    from ..client._async import AsyncSessions
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +145,7 @@ class ToolCallEpisode:
         self.done = False
         self.last_info: dict[str, Any] = {}
         self._finalizer: weakref.finalize | None = None
+        self._sessions: AsyncSessions | None = None  # call_async's own, when its caller brings none
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -188,6 +187,9 @@ class ToolCallEpisode:
             self._finalizer = None
         if env is not None:
             _end_env(env)
+        sessions, self._sessions = self._sessions, None
+        if sessions is not None:
+            sessions.close()
 
     # -- tools --------------------------------------------------------------------------------------
 
@@ -202,15 +204,17 @@ class ToolCallEpisode:
             return action
         return self._step(action)
 
-    async def call_async(self, tool: str, arguments: dict[str, Any] | None, sessions: AsyncSessions
-                         ) -> ToolCallOutcome:
-        """:meth:`call` on the running event loop (``IdeGymEnv.step_async`` over ``sessions``):
-        the same outcomes and errors. What ends the episode (grading, handing the sandbox back)
-        runs on a worker thread."""
+    async def call_async(self, tool: str, arguments: dict[str, Any] | None = None,
+                         sessions: AsyncSessions | None = None) -> ToolCallOutcome:
+        """:meth:`call` on the running event loop (``IdeGymEnv.step_async`` over ``sessions``, by
+        default the episode's own for that loop, closed at :meth:`end`): the same outcomes and
+        errors. What ends the episode (grading, handing the sandbox back) runs on a worker thread."""
         action = self._action(tool, arguments)
         if isinstance(action, ToolCallOutcome):
             return action
         env = self._require_active()
+        if sessions is None:
+            sessions = self._sessions = AsyncSessions.on_running_loop(self._sessions)
         try:
             result = await env.step_async(action, sessions)
         except ServiceError as exc:

@@ -62,6 +62,7 @@ from nemo_gym.sandbox.providers.base import (
 )
 
 from ..client import Sandbox, SandboxGone, ServiceError, Unauthorized
+from ..client._async import AsyncSessions
 from ._episode import InfrastructureError, ToolCallEpisode, ToolCallError, shared_client
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ class IdeGymSandboxProvider:
         self.run_as_root = bool(run_as_root)
         self.start_timeout_s = float(start_timeout_s)
         self._held: dict[str, _Held] = {}
+        self._sessions: AsyncSessions | None = None  # exec's connections, on its caller's loop
 
     # -- life cycle ---------------------------------------------------------------------------------
 
@@ -126,6 +128,9 @@ class IdeGymSandboxProvider:
             if not held.closed:
                 held.closed = True
                 await asyncio.to_thread(self._release, held)
+        sessions, self._sessions = self._sessions, None
+        if sessions is not None:
+            sessions.close()
 
     async def status(self, handle: SandboxHandle) -> SandboxStatus:
         held = self._raw(handle)
@@ -148,9 +153,10 @@ class IdeGymSandboxProvider:
         held = self._live(handle)
         seconds = float(timeout_s) if timeout_s else DEFAULT_EXEC_TIMEOUT
         try:
-            answer = await asyncio.to_thread(held.sandbox.bash, command, timeout=seconds, cwd=cwd,
-                                             env={**held.env, **(env or {})},
-                                             user=None if user is None else str(user))
+            self._sessions = AsyncSessions.on_running_loop(self._sessions)  # on the caller's loop: no thread hop
+            answer = await self._sessions.tools(held.sandbox).bash(command, timeout=seconds, cwd=cwd,
+                                                                   env={**held.env, **(env or {})},
+                                                                   user=None if user is None else str(user))
         except ServiceError as exc:
             return SandboxExecResult(stdout=None, stderr=f"IdeGym sandbox failed: {exc}",
                                      return_code=RUNTIME_FAILURE, error_type="sandbox")

@@ -83,7 +83,7 @@ class _EpisodeTool(BaseTool):
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
                       ) -> tuple[ToolResponse, float, dict]:
         try:
-            outcome = await asyncio.to_thread(self.episode.call, self.name, parameters)
+            outcome = await self.episode.call_async(self.name, parameters)  # on verl's loop: no thread hop
         except ToolCallError as exc:
             return ToolResponse(text=f"error: {exc}"), 0.0, {}
         return ToolResponse(text=outcome.text), 0.0, {}

@@ -25,7 +25,6 @@ Mapping to OpenEnv
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from pathlib import Path
 from typing import Any, SupportsFloat
@@ -142,11 +141,7 @@ class IdeGymOpenEnv(Environment[IdeAction, IdeObservation, IdeState]):
         if isinstance(prepared, IdeObservation):
             return prepared
         env, call = prepared
-        loop = asyncio.get_running_loop()
-        if self._sessions is None or self._sessions.loop is not loop:
-            if self._sessions is not None:
-                self._sessions.close()
-            self._sessions = AsyncSessions(loop)
+        self._sessions = AsyncSessions.on_running_loop(self._sessions)
         return self._observed(env, await env.step_async(call, self._sessions))
 
     def _stepping(self, action: IdeAction) -> tuple[IdeGymEnv, dict[str, Any]] | IdeObservation:
