@@ -22,6 +22,12 @@ UV         := $(UV_VENV)/bin/uv
 # packages from a read-only bind, so each one compiled aiohttp and pydantic again at every start
 # (make test took 992 s without it; see the closing note of session 6).
 UV_PIP     := $(UV) pip install --quiet --compile-bytecode --python
+# torch is the CPU build that lies on disk where pip's find-links point (PIP_FIND_LINKS): uv
+# installs it from there in 35 s where pip took 82 (the same wheel). Without such a location pip
+# installs it (it reads its own configuration; uv would take PyPI's multi-GB CUDA build).
+TORCH      := torch==2.13.0
+TORCH_FROM := $(foreach link,$(PIP_FIND_LINKS),--find-links $(link))
+install_torch = $(if $(TORCH_FROM),$(UV_PIP) $(1) $(TORCH_FROM) $(TORCH),$(1) -m pip --quiet --disable-pip-version-check install $(TORCH))
 # The venvs are made in parallel; setuptools writes idegym.egg-info in this tree at every editable
 # install, so those take turns.
 EDITABLE   := flock $(CURDIR)/.editable-install.lock
@@ -68,9 +74,8 @@ $(VENV)/.stamp: pyproject.toml | $(UV)
 	@echo "creating $(VENV) and installing idegym[$(EXTRAS)] (first run takes a minute or two)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(UV_PIP) $(PY) --upgrade pip setuptools wheel
-	@# RLlib needs torch. pip, as this pin, takes the CPU build that lies on disk (uv does not look
-	@# there); uv then keeps it instead of a multi-GB CUDA download.
-	@case ",$(EXTRAS)," in *,ray,*|*,trl,*) $(PIP) install torch==2.13.0 ;; esac
+	@# RLlib and TRL need torch: the CPU build first, which the extras' install then keeps.
+	@case ",$(EXTRAS)," in *,ray,*|*,trl,*) $(call install_torch,$(PY)) ;; esac
 	@$(EDITABLE) $(UV_PIP) $(PY) -e '.[$(EXTRAS)]'
 	@touch $@ $(VENV)/.stamp-demo
 
@@ -153,12 +158,12 @@ $(NEMO_VENV)/.stamp: pyproject.toml | $(UV)
 
 nemo-gym-venv: $(NEMO_VENV)/.stamp  ## Python 3.12 venv with NeMo Gym and idegym[nemo-gym]
 
-# verl pins transformers below TRL's; torch is the CPU build on disk (pip, as in the main venv).
+# verl pins transformers below TRL's; torch is the CPU build on disk, as in the main venv.
 $(VERL_VENV)/.stamp: pyproject.toml | $(UV)
 	@echo "creating $(VERL_VENV) with idegym[verl]"
 	@test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
 	@$(UV_PIP) $(VERL_VENV)/bin/python --upgrade pip setuptools wheel
-	@$(VERL_VENV)/bin/python -m pip --quiet --disable-pip-version-check install torch==2.13.0
+	@$(call install_torch,$(VERL_VENV)/bin/python)
 	@$(EDITABLE) $(UV_PIP) $(VERL_VENV)/bin/python -e '.[verl]'
 	@touch $@
 
