@@ -88,8 +88,8 @@ def test_a_private_https_index_reaches_run_steps_and_networked_sandboxes(
     step's pip could not verify the index (or found no such package on PyPI)."""
     built = _build(cp, "private-index")
     assert built["status"] == "success", built["details"][-4000:]
-    assert f"imported {MARK}" in built["details"]
-    assert "the host's package configuration reaches RUN steps" in built["details"]
+    assert f"imported {MARK}" in built["details"], built["details"][-4000:]
+    assert "the host's package configuration reaches RUN steps" in built["details"], built["details"][-4000:]
     assert private_index.password not in built["details"]
     from control_plane.backends.local.images import ImageStore
 

@@ -65,6 +65,30 @@ def test_the_bases_a_dockerfile_names() -> None:
     assert base_images(text, {"BASE": "debian:trixie"})[0] == "debian:trixie"
 
 
+def test_a_builds_output_reaches_its_log_whole_also_past_a_very_long_line() -> None:
+    """Can fail: buildah's output was read with ``readline``, which drops what it buffered of a
+    line past its limit (1 MiB): that much of the log was lost, and the next lines came glued to
+    the rest of the long one."""
+    import asyncio
+    import sys
+
+    from control_plane.backends.local.oci.buildah import output_lines
+
+    script = ("import sys; w = sys.stdout.write; w('before\\n'); w('x' * (2_500_000) + '\\n'); "
+              "w('after\\n\\n'); w('no newline at the end')")
+
+    async def lines() -> list[str]:
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", script, stdout=subprocess.PIPE)
+        assert proc.stdout is not None
+        got = [line async for line in output_lines(proc.stdout, limit=1 << 20)]
+        await proc.wait()
+        return got
+
+    got = asyncio.run(lines())
+    assert got[0] == "before" and got[-3:] == ["after", "", "no newline at the end"], [x[:20] for x in got]
+    assert [len(x) for x in got[1:-3]] == [1 << 20, 1 << 20, 2_500_000 - 2 * (1 << 20)]
+
+
 def test_debian_mirror_comes_from_apts_sources(tmp_path: Path) -> None:
     (tmp_path / "sources.list.d").mkdir()
     (tmp_path / "sources.list.d" / "debian.sources").write_text(

@@ -26,7 +26,7 @@ import signal
 import subprocess
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from .settings import OciError, OciSettings
 log = logging.getLogger(__name__)
 
 DRIVER = "overlay"
+LINE_LIMIT = 1 << 20  # a longer line of output (no newline in sight) is passed on in pieces of this
 POLICY = {"default": [{"type": "insecureAcceptAnything"}]}
 
 
@@ -60,6 +61,22 @@ def storage_name(tag: str) -> str:
 
 STEP_LINE = re.compile(r"^STEP \d+/\d+: ")
 
+
+
+async def output_lines(stream: asyncio.StreamReader, limit: int = LINE_LIMIT) -> AsyncIterator[str]:
+    """A process's output, line by line, all of it: a line past ``limit`` comes in pieces of
+    ``limit`` (``StreamReader.readline`` would drop what it had buffered of it)."""
+    pending = b""
+    while chunk := await stream.read(1 << 16):
+        *complete, pending = (pending + chunk).split(b"\n")
+        for raw in complete:
+            for at in range(0, max(len(raw), 1), limit):
+                yield raw[at:at + limit].decode(errors="replace")
+        while len(pending) >= limit:
+            yield pending[:limit].decode(errors="replace")
+            pending = pending[limit:]
+    if pending:
+        yield pending.decode(errors="replace")
 
 @dataclass
 class Result:
@@ -172,22 +189,14 @@ class Buildah:
         """Run buildah, passing each output line to ``emit``; the last ``keep`` lines are kept."""
         proc = await asyncio.create_subprocess_exec(
             *self.argv(args, network), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, env=self.env(), start_new_session=True, limit=1 << 20,
-            cwd=str(cwd) if cwd else None)
+            stderr=subprocess.STDOUT, env=self.env(), start_new_session=True, cwd=str(cwd) if cwd else None)
         tail: deque[str] = deque(maxlen=keep)
         timed_out = False
         step: str | None = None
 
         async def pump() -> None:
             assert proc.stdout is not None
-            while True:
-                try:
-                    raw = await proc.stdout.readline()
-                except ValueError:  # a line past the limit: take what is there
-                    raw = await proc.stdout.read(1 << 20)
-                if not raw:
-                    return
-                line = raw.decode(errors="replace").rstrip("\n")
+            async for line in output_lines(proc.stdout):
                 if STEP_LINE.match(line):
                     nonlocal step
                     step = line[:300]
