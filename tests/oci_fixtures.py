@@ -20,11 +20,11 @@ from tests.helpers import REPO
 CACHE = REPO / ".cache" / "images"
 
 
-@pytest.fixture(scope="session")
-def image_cache() -> Iterator[Path]:
-    # Fails (not skips) without the tools: `make test` installs them (system-deps).
-    for tool in ("buildah", "mmdebstrap"):
-        assert shutil.which(tool), f"{tool} is missing: run `make system-deps` (Debian package {tool})"
+@pytest.fixture(scope="session", autouse=True)
+def suite_image_cache() -> Iterator[Path]:
+    """Every control plane of the run, from its first test on, builds and finds its bases in the
+    suite's cache: not in the user's (``~/.cache``), where a test that ran before any asked for
+    ``image_cache`` built its own copy of a base (a fresh machine built ``debian:bookworm`` twice)."""
     previous = os.environ.get("IDEGYM_IMAGE_CACHE")
     os.environ["IDEGYM_IMAGE_CACHE"] = str(CACHE)
     yield CACHE
@@ -32,6 +32,14 @@ def image_cache() -> Iterator[Path]:
         os.environ.pop("IDEGYM_IMAGE_CACHE", None)
     else:
         os.environ["IDEGYM_IMAGE_CACHE"] = previous
+
+
+@pytest.fixture(scope="session")
+def image_cache(suite_image_cache: Path) -> Path:
+    # Fails (not skips) without the tools: `make test` installs them (system-deps).
+    for tool in ("buildah", "mmdebstrap"):
+        assert shutil.which(tool), f"{tool} is missing: run `make system-deps` (Debian package {tool})"
+    return suite_image_cache
 
 
 @pytest.fixture(scope="session")

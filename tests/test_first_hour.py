@@ -200,7 +200,7 @@ def test_eval_exits_non_zero_and_says_so_first_when_episodes_failed_on_infrastru
     task = tmp_path / "unbuildable"  # its image cannot be built: an infrastructure error, not a reward
     (task / "environment").mkdir(parents=True)
     (task / "tests").mkdir()
-    (task / "environment" / "Dockerfile").write_text("FROM debian:bookworm-slim\nRUN false\n")
+    (task / "environment" / "Dockerfile").write_text("FROM debian:bookworm\nRUN false\n")
     (task / "instruction.md").write_text("Nothing to do.\n")
     (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
     (task / "task.toml").write_text('version = "1.0"\n')

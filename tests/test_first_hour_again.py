@@ -218,7 +218,7 @@ def test_a_failed_build_says_its_step_and_error_first_and_keeps_its_log(tmp_path
     (task / "environment").mkdir(parents=True)
     (task / "tests").mkdir()
     (task / "environment" / "Dockerfile").write_text(
-        "FROM debian:bookworm-slim\nWORKDIR /app\nRUN echo step two && ls /no-such-dir-here\nRUN echo never\n")
+        "FROM debian:bookworm\nWORKDIR /app\nRUN echo step two && ls /no-such-dir-here\nRUN echo never\n")
     (task / "instruction.md").write_text("Nothing to do.\n")
     (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
     (task / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 60\n')
@@ -272,7 +272,7 @@ def test_a_resumed_run_says_how_to_retry_its_infrastructure_errors(control_plane
     task = tmp_path / "unbuildable"
     (task / "environment").mkdir(parents=True)
     (task / "tests").mkdir()
-    (task / "environment" / "Dockerfile").write_text("FROM debian:bookworm-slim\nRUN false\n")
+    (task / "environment" / "Dockerfile").write_text("FROM debian:bookworm\nRUN false\n")
     (task / "instruction.md").write_text("Nothing to do.\n")
     (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
     (task / "task.toml").write_text('version = "1.0"\n')
