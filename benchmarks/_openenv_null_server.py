@@ -63,7 +63,7 @@ async def serve(url: str, image: str, ready_fd: int) -> None:
 
     app = create_app(NullEnv, IdeAction, IdeObservation, env_name="null", max_concurrent_envs=4)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False,
-                                           ws_max_size=100 << 20))
+                                           ws_max_size=100 << 20, ws_per_message_deflate=False))
     async with AsyncIdeGymClient(url, name="bench-openenv-null") as client:
         NullEnv.sandbox = await client.start(image, server_name="bench-openenv-null", reuse="NONE")
         try:
