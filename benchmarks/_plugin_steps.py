@@ -105,20 +105,20 @@ async def verl(url: str, n: int) -> dict[str, list[float]]:
         episode.end()
 
 
-def _ready_port(argv: list[str], fd_argument: str | None = None) -> tuple[subprocess.Popen, int]:
-    """Start ``argv`` with the write end of a pipe (its number appended, or put in place of
-    ``fd_argument``) and wait for its ``ready PORT`` line; the process and PORT."""
+def _ready_port(argv: Callable[[int], list[str]]) -> tuple[subprocess.Popen, int]:
+    """Start the command ``argv(fd)`` gives for the write end of a pipe and wait for its ``ready
+    PORT`` line there; the process and PORT."""
     read_fd, write_fd = os.pipe()
-    argv = [str(write_fd) if a == fd_argument else a for a in argv] if fd_argument else [*argv, str(write_fd)]
-    proc = subprocess.Popen(argv, pass_fds=(write_fd,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
-                            start_new_session=True)
+    command = argv(write_fd)
+    proc = subprocess.Popen(command, pass_fds=(write_fd,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=REPO, start_new_session=True)
     os.close(write_fd)
     ready, _, _ = select.select([read_fd], [], [], 120)
     line = os.read(read_fd, 64).decode() if ready else ""
     os.close(read_fd)
     if not line.startswith("ready "):
         _stop(proc)
-        raise RuntimeError(f"{argv[2]} did not start")
+        raise RuntimeError(f"{' '.join(command[1:3])} did not start")
     return proc, int(line.split()[1])
 
 
@@ -136,11 +136,12 @@ async def verifiers(url: str, n: int) -> dict[str, list[float]]:
     python = str(REPO / ".venv" / "bin" / "python")
     with IdeGymClient(url, name="bench-verifiers-direct") as client:
         image = IdeGymEnv(TASK, client=client).image
-        server, port = _ready_port([python, "-m", "idegym_env.cli", "openenv", "serve", "--task", TASK,
-                                    "--control-plane-url", url, "--port", "0", "--ready-fd", "FD",
-                                    "--max-steps", str(10 * n)], fd_argument="FD")
+        server, port = _ready_port(lambda fd: [python, "-m", "idegym_env.cli", "openenv", "serve", "--task", TASK,
+                                               "--control-plane-url", url, "--port", "0", "--ready-fd", str(fd),
+                                               "--max-steps", str(10 * n)])
         try:
-            null, null_port = _ready_port([python, str(REPO / "benchmarks" / "_openenv_null_server.py"), url, image])
+            null, null_port = _ready_port(lambda fd: [python, str(REPO / "benchmarks" / "_openenv_null_server.py"),
+                                                      url, image, str(fd)])
         except BaseException:
             _stop(server)
             raise
