@@ -8,7 +8,8 @@ the OpenEnv server's process); prints the samples (ms) as JSON.
 ``verl`` (``IdeGymAgentLoop``'s bash tool: a verl ``BaseTool.execute``) and ``verifiers`` (the
 OpenEnv client's ``step``, what verifiers' OpenEnv taskset sends per action, against
 ``idegym openenv serve``; also the client's ``state``, a message and its answer with no step:
-OpenEnv's own round trip, the floor any OpenEnv server has)."""
+OpenEnv's own round trip, the floor any OpenEnv server has; and the step through a null OpenEnv
+server, ``_openenv_null_server.py``, that makes the direct call itself)."""
 
 from __future__ import annotations
 
@@ -24,13 +25,22 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from ._cpu import seconds_of
+
 REPO = Path(__file__).resolve().parent.parent
+VERIFIERS_STEP = "verifiers: OpenEnv client step (its OpenEnv taskset's call)"
 VERIFIERS_FLOOR = "verifiers: OpenEnv client state (OpenEnv's round trip, no step)"
+SERVER_CPU = "server CPU ms per call: "
+VERIFIERS_NULL = "verifiers: OpenEnv client step, null OpenEnv server making the direct call (any server's floor)"
 TASK = "python-roman-numerals"
 WARMUP = 20
 
 
-async def interleaved(calls: dict[str, Callable[[], Any]], n: int) -> dict[str, list[float]]:
+async def interleaved(calls: dict[str, Callable[[], Any]], n: int,
+                      cpu_of: dict[str, int] | None = None) -> dict[str, list[float]]:
+    """The calls round-robin, ``n`` samples (ms) of each; with ``cpu_of`` (label: a server's pid)
+    also, as ``SERVER_CPU + label``, the CPU milliseconds that server spent per call of the row
+    (read around each call: a server's CPU hardly moves with what else loads the machine)."""
     async def once(fn: Callable[[], Any]) -> None:
         answer = fn()
         if isinstance(answer, Awaitable):
@@ -39,13 +49,18 @@ async def interleaved(calls: dict[str, Callable[[], Any]], n: int) -> dict[str, 
     for fn in calls.values():
         for _ in range(WARMUP):
             await once(fn)
+    cpu_of = cpu_of or {}
     samples: dict[str, list[float]] = {label: [] for label in calls}
+    cpu = dict.fromkeys(cpu_of, 0.0)
     for _ in range(n):
         for label, fn in calls.items():
+            before = seconds_of({label: cpu_of[label]}) if label in cpu_of else None
             started = time.perf_counter()
             await once(fn)
             samples[label].append((time.perf_counter() - started) * 1000)
-    return samples
+            if before is not None:
+                cpu[label] += seconds_of({label: cpu_of[label]})[label] - before[label]
+    return {**samples, **{SERVER_CPU + label: [seconds / n * 1000] for label, seconds in cpu.items()}}
 
 
 async def mini_swe_agent(url: str, n: int) -> dict[str, list[float]]:
@@ -90,40 +105,64 @@ async def verl(url: str, n: int) -> dict[str, list[float]]:
         episode.end()
 
 
+def _ready_port(argv: Callable[[int], list[str]]) -> tuple[subprocess.Popen, int]:
+    """Start the command ``argv(fd)`` gives for the write end of a pipe and wait for its ``ready
+    PORT`` line there; the process and PORT."""
+    read_fd, write_fd = os.pipe()
+    command = argv(write_fd)
+    proc = subprocess.Popen(command, pass_fds=(write_fd,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=REPO, start_new_session=True)
+    os.close(write_fd)
+    ready, _, _ = select.select([read_fd], [], [], 120)
+    line = os.read(read_fd, 64).decode() if ready else ""
+    os.close(read_fd)
+    if not line.startswith("ready "):
+        _stop(proc)
+        raise RuntimeError(f"{' '.join(command[1:3])} did not start")
+    return proc, int(line.split()[1])
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(90)
+
+
 async def verifiers(url: str, n: int) -> dict[str, list[float]]:
     from openenv import GenericEnvClient
 
     from idegym_env.client import IdeGymClient
     from idegym_env.env import IdeGymEnv
 
-    read_fd, write_fd = os.pipe()
-    server = subprocess.Popen([str(REPO / ".venv" / "bin" / "python"), "-m", "idegym_env.cli", "openenv", "serve",
-                               "--task", TASK, "--control-plane-url", url, "--port", "0", "--ready-fd", str(write_fd),
-                               "--max-steps", str(10 * n)],
-                              pass_fds=(write_fd,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
-                              start_new_session=True)
-    os.close(write_fd)
-    ready, _, _ = select.select([read_fd], [], [], 120)
-    line = os.read(read_fd, 64).decode() if ready else ""
-    os.close(read_fd)
-    try:
-        if not line.startswith("ready "):
-            raise RuntimeError("idegym openenv serve did not start")
-        with IdeGymClient(url, name="bench-verifiers-direct") as client:
-            direct = client.start(IdeGymEnv(TASK, client=client).image, server_name="bench-verifiers", reuse="NONE")
-            async with GenericEnvClient(base_url=f"http://127.0.0.1:{int(line.split()[1])}",
-                                        message_timeout_s=120) as env:
+    python = str(REPO / ".venv" / "bin" / "python")
+    with IdeGymClient(url, name="bench-verifiers-direct") as client:
+        image = IdeGymEnv(TASK, client=client).image
+        server, port = _ready_port(lambda fd: [python, "-m", "idegym_env.cli", "openenv", "serve", "--task", TASK,
+                                               "--control-plane-url", url, "--port", "0", "--ready-fd", str(fd),
+                                               "--max-steps", str(10 * n)])
+        try:
+            null, null_port = _ready_port(lambda fd: [python, str(REPO / "benchmarks" / "_openenv_null_server.py"),
+                                                      url, image, str(fd)])
+        except BaseException:
+            _stop(server)
+            raise
+        try:
+            direct = client.start(image, server_name="bench-verifiers", reuse="NONE")
+            async with GenericEnvClient(base_url=f"http://127.0.0.1:{port}", message_timeout_s=120) as env, \
+                    GenericEnvClient(base_url=f"http://127.0.0.1:{null_port}", message_timeout_s=120) as floor:
                 await env.reset()
+                await floor.reset()
                 action = {"tool": "bash", "arguments": {"command": "echo hello"}}
                 samples = await interleaved({"verifiers: Sandbox.bash (direct)": lambda: direct.bash("echo hello"),
-                                             "verifiers: OpenEnv client step (its OpenEnv taskset's call)":
-                                                 lambda: env.step(action),
-                                             VERIFIERS_FLOOR: lambda: env.state()}, n)
+                                             VERIFIERS_STEP: lambda: env.step(action),
+                                             VERIFIERS_FLOOR: lambda: env.state(),
+                                             VERIFIERS_NULL: lambda: floor.step(action)}, n,
+                                            cpu_of={VERIFIERS_STEP: server.pid, VERIFIERS_FLOOR: server.pid,
+                                                    VERIFIERS_NULL: null.pid})
             direct.stop()
-        return samples
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(90)
+            return samples
+        finally:
+            _stop(null)
+            _stop(server)
 
 
 PLUGINS: dict[str, Callable[[str, int], Awaitable[dict[str, list[float]]]]] = {

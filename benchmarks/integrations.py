@@ -41,6 +41,7 @@ from typing import Any
 
 from ._common import Progress, Result, Stats, check_target, stats_table
 from ._cpu import children, seconds_of, spent
+from ._plugin_steps import SERVER_CPU
 from ._servers import control_plane
 
 N = int(os.environ.get("BENCH_N", "300"))
@@ -290,25 +291,48 @@ def _add_plugins(result: Result, plugins: dict[str, dict[str, list[float]] | Non
         if samples is None:
             result.notes.append(f"{plugin} not measured: its venv is missing (make test-deps)")
             continue
-        stats = [Stats.of(label, [ms / 1000 for ms in values]) for label, values in samples.items()]
+        cpu = {label: values[0] for label, values in samples.items() if label.startswith(SERVER_CPU)}
+        stats = [Stats.of(label, [ms / 1000 for ms in values]) for label, values in samples.items()
+                 if label not in cpu]
         result.stats += stats
         direct, through, *floor = stats
         print(stats_table(stats, baseline=direct.label))
         pct = (through.median_ms / direct.median_ms - 1) * 100
         result.figures[f"{plugin} overhead %"] = round(pct, 2)
         result.targets[plugin] = check_target(f"{plugin} plug-in overhead over the direct call", pct, 10.0, unit="%")
-        if floor:  # verifiers: the excess in two parts, the protocol's round trip (``state``: no step) and
-            # the rest (the step's sandbox call from the server's process, our env's step around it)
-            protocol = floor[0].median_ms
-            rest = through.median_ms - protocol - direct.median_ms
-            result.figures[f"{plugin} excess: OpenEnv round trip (state) ms"] = round(protocol, 3)
-            result.figures[f"{plugin} excess: OpenEnv round trip (state) %"] = round(
-                protocol / direct.median_ms * 100, 2)
-            result.figures[f"{plugin} excess: beyond OpenEnv's round trip ms"] = round(rest, 3)
-            result.figures[f"{plugin} excess: beyond OpenEnv's round trip %"] = round(rest / direct.median_ms * 100, 2)
-            print(f"{plugin}'s excess over the direct call: OpenEnv's round trip {protocol:.2f} ms "
-                  f"({protocol / direct.median_ms * 100:.0f} %), the rest {rest:.2f} ms "
-                  f"({rest / direct.median_ms * 100:.0f} %)")
+        if floor:  # verifiers: its state and a null OpenEnv server's step split the excess
+            state, null = floor
+            for part, ms in _verifiers_parts(direct.median_ms, through.median_ms, state.median_ms,
+                                             null.median_ms).items():
+                result.figures[f"{plugin} excess: {part} ms"] = round(ms, 3)
+                result.figures[f"{plugin} excess: {part} %"] = round(ms / direct.median_ms * 100, 2)
+                print(f"{plugin}'s excess over the direct call: {part} {ms:.3f} ms "
+                      f"({ms / direct.median_ms * 100:.1f} %)")
+            null_pct = (null.median_ms / direct.median_ms - 1) * 100
+            result.figures[f"{plugin} floor: a null OpenEnv server making the direct call %"] = round(null_pct, 2)
+            result.notes.append(f"{plugin}: a null OpenEnv server (openenv-core's app) making the direct call itself "
+                                f"is {null_pct:.0f} % over the direct call, the least any OpenEnv server costs.")
+            for label, ms in cpu.items():
+                result.figures[label] = round(ms, 3)
+            # the same split of the servers' CPU per step: a latency moves with the machine's load, this hardly
+            own = cpu[SERVER_CPU + through.label] - cpu[SERVER_CPU + null.label]
+            result.figures[f"{plugin} server CPU per step: our server's own work (ours over the null server) ms"] = \
+                round(own, 3)
+            print(f"{plugin} server CPU per call: step {cpu[SERVER_CPU + through.label]:.3f} ms, state "
+                  f"{cpu[SERVER_CPU + state.label]:.3f} ms, null server's step {cpu[SERVER_CPU + null.label]:.3f} ms; "
+                  f"our server's own work {own:.3f} ms")
+
+
+def _verifiers_parts(direct: float, step: float, state: float, null_step: float) -> dict[str, float]:
+    """verifiers' excess over the direct call (medians, ms) in parts that add up to it: OpenEnv's
+    round trip (``state``: no step); the sandbox call made from a second process, on an OpenEnv
+    server's loop (a null OpenEnv server making the direct call, over ``state`` and the direct
+    call); our server's own work (``IdeGymOpenEnv``, ``IdeGymEnv``'s step, the observation: ours
+    over the null server). The last two are the rest beyond OpenEnv's round trip."""
+    return {"OpenEnv round trip (state)": state,
+            "beyond OpenEnv's round trip": step - state - direct,
+            "the call from the server's process (null OpenEnv server)": null_step - state - direct,
+            "our server's own work (ours over the null server)": step - null_step}
 
 
 def _plugins_only() -> Result:

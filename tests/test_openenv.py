@@ -174,6 +174,16 @@ def test_http_endpoints_as_openenv_validate_expects(served: OpenEnvServer) -> No
         assert http.get("/openapi.json").json()["info"]["version"]
 
 
+def test_websocket_messages_are_not_deflated(served: OpenEnvServer) -> None:
+    # OpenEnv's client offers permessage-deflate; compressing each small message costs both ends
+    # CPU on every step, so the server declines (--ws-compression accepts) and messages go as text.
+    ws_url = served.url.replace("http://", "ws://") + "/ws"
+    with ws_connect(ws_url, compression="deflate") as ws:
+        assert "Sec-WebSocket-Extensions" not in ws.response.headers
+        ws.send(json.dumps({"type": "state"}))
+        assert json.loads(ws.recv())["type"] == "state"
+
+
 def test_sessions_get_separate_sandboxes(served: OpenEnvServer) -> None:
     with client(served.url) as a, client(served.url) as b:
         first, second = a.reset().observation, b.reset().observation
