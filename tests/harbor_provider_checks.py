@@ -209,7 +209,7 @@ async def main(url: str, work: Path) -> None:
     # a build that cannot be done is Harbor's SandboxBuildFailedError with our message
     bad_dir = work / "bad"
     bad_dir.mkdir()
-    (bad_dir / "Dockerfile").write_text("FROM ubuntu:24.04\nRUN false\n")
+    (bad_dir / "Dockerfile").write_text("FROM debian:bookworm\nRUN false\n")  # the suite's cached base
     bad = IdeGymEnvironment(bad_dir, "bad-build", "bad-build__1__env", trial, EnvironmentConfig(),
                             control_plane_url=url, network_policy=NetworkPolicy(network_mode=NetworkMode.NO_NETWORK))
     try:
