@@ -158,6 +158,7 @@ ADOPTION = """
 import asyncio, ctypes, os, signal, subprocess, sys
 from sandbox_server.job import Job
 from sandbox_server.output import BoundedOutput
+from sandbox_server.pipe_watch import PipeWatch
 
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER, as the server is
 out_r, out_w = os.pipe()
@@ -175,7 +176,7 @@ async def main():
     loop = asyncio.get_running_loop()
     exit_status = loop.create_future()
     out = BoundedOutput(None)
-    job = Job(loop, tool, {out_r: out}, exit_status)
+    job = Job(loop, PipeWatch(loop), tool, {out_r: out}, exit_status)
     exit_status.set_result(None)  # told its parent is gone: it is dying, not re-parented yet
     await asyncio.sleep(0.05)
     os.kill(parent, signal.SIGKILL)  # now it is gone: the tool is re-parented to us
@@ -512,13 +513,15 @@ def test_a_tool_s_end_told_before_its_spawner_is_stopped_is_its_status() -> None
         spawner = Spawner(NOBODY, NOBODY, [], b"500")
         await spawner.start(asyncio.get_running_loop())
         tool = Tool()
+        gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
         running = 0
         try:
-            ended, told = await spawner.spawn(["/bin/sh", "-c", "exit 5"], {}, "/tmp", tool.null, tool.out_w,
+            ended, told = await spawner.spawn(["/bin/sh", "-c", "read go; exit 5"], {}, "/tmp", gate_r, tool.out_w,
                                               tool.out_w)
             running, untold = await spawner.spawn(["/bin/sh", "-c", "exec sleep 30"], {}, "/tmp", tool.null,
                                                   tool.out_w, tool.out_w)
-            # Blocking waits: the loop does not read the socket meanwhile.
+            # Blocking waits from here: the loop does not read the socket meanwhile.
+            os.write(gate_w, b"go\n")
             assert wait_until(lambda: procfs.stat(ended) is None, 10)
             assert not told.done()
             spawner.stop()
@@ -527,7 +530,8 @@ def test_a_tool_s_end_told_before_its_spawner_is_stopped_is_its_status() -> None
         finally:
             spawner.stop()
             tool.handed_over()
-            os.close(tool.out_r)
+            for fd in (tool.out_r, gate_r, gate_w):
+                os.close(fd)
             if running:
                 os.kill(running, signal.SIGKILL)
 
