@@ -465,11 +465,13 @@ class Supervisor:
         # double-forked is re-parented to the server and can no longer be told apart.
         tree = procfs.process_tree()
         family = set(procfs.descendants(job.pid, tree))
-        holders = set(pipe_holders(job.pipe_ids)) | marked_processes(f"{CALL_ENV}={job.mark}".encode())
+        # A spawner holds its running tools' output (spawner.c) and is no part of any one call.
+        spawners = {s.pid for s in (self._spawners or {}).values()}
+        holders = set(pipe_holders(job.pipe_ids, spawners)) | marked_processes(f"{CALL_ENV}={job.mark}".encode())
         for pid in holders:
             family.update(procfs.descendants(pid, tree))
         family |= holders
-        signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGTERM)
+        signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGTERM, spawners)
         for pid in family:
             procfs.kill(pid, signal.SIGTERM)
 
@@ -479,7 +481,7 @@ class Supervisor:
         if not await until(settled, grace, first=0.001, cap=0.01):
             roots = {p for p in family if procfs.alive(p)} | ({job.pid} if job.exit_code is None else set())
             frozen = freeze_trees(roots, include_roots=True)
-            signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGKILL)
+            signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGKILL, spawners)
             for pid in frozen:
                 procfs.kill(pid, signal.SIGKILL)
             await until(settled, 0.3, first=0.005, cap=0.005)

@@ -11,7 +11,9 @@ memory is copied (~0.1 MiB PSS a sandbox, where a fork of the Python server cost
 the tool user's oom_score_adj while still root, then becomes the user (groups, gid, uid: no
 capability left), dies with the server (parent-death signal, set after the uid change that would
 clear it) and is made non-dumpable, so that the user's own processes can neither ptrace it nor
-read its memory, environment or descriptors. It keeps no descriptor but its socket. It starts
+read its memory, environment or descriptors. It keeps no descriptor but its socket (and a copy of
+each running tool's stdout and stderr, closed just after it told the tool's end: the server then
+sees the pipes end with that message, in one wake-up; a timeout spares it as their holder). It starts
 each tool with ``posix_spawn`` (vfork and exec) in a new session, so a tool is born in the tools'
 groups as the user; the server watches it as before (its pid, its process group, its call mark)
 and learns its wait status from the spawner, on the same socket (no descriptor of its own per

@@ -12,6 +12,7 @@ import errno
 import fcntl
 import os
 import resource
+import select
 import signal
 import socket
 import struct
@@ -404,6 +405,34 @@ def test_the_spawner_tells_each_tool_s_end_as_a_wait_status_on_its_socket(
     replies.sock.settimeout(10)
     os.kill(pid, signal.SIGKILL)
     assert tool.ending(replies, pid) == (b"", signal.SIGKILL)
+
+
+def test_a_tool_s_output_ends_only_once_its_end_is_told(native: tuple[int, Replies]) -> None:
+    """The spawner holds a copy of a running tool's stdout and stderr until it has told how the
+    tool ended: the server sees the pipes end with the message, in one wake-up, not one for the
+    pipes and another for the status. Held still, the spawner keeps both back; a tool's own
+    background child that holds the pipes keeps them open as before.
+
+    Can fail: it did: the pipes ended with the tool, before the spawner had said anything."""
+    spawner, replies = native
+    tool = start(replies, ["/bin/sh", "-c", "echo out"], {})
+    pid = replies.answer()[0]
+    os.kill(spawner, signal.SIGSTOP)
+    try:
+        assert wait_until(lambda: procfs.stat(pid) is not None and procfs.stat(pid).state == "Z", 10)
+        assert os.read(tool.out_r, 100) == b"out\n"
+        assert select.select([tool.out_r], [], [], 0.3)[0] == []  # no end while nothing is told
+    finally:
+        os.kill(spawner, signal.SIGCONT)
+    assert tool.ending(replies, pid) == (b"", 0)
+    daemon = start(replies, ["/bin/sh", "-c", "sleep 30 & echo $!"], {})
+    pid = replies.answer()[0]
+    assert replies.exit_status(pid) == 0
+    child = int(os.read(daemon.out_r, 100))
+    assert select.select([daemon.out_r], [], [], 0.2)[0] == []  # its child holds it
+    os.kill(child, signal.SIGKILL)
+    assert os.read(daemon.out_r, 100) == b""
+    os.close(daemon.out_r)
 
 
 def test_malformed_requests_are_refused_and_change_nothing(native: tuple[int, Replies]) -> None:

@@ -9,7 +9,8 @@
  * effective and saved ids alike, no capability left. Then, and not before (a change of uid clears
  * both), it dies with its parent (PR_SET_PDEATHSIG) and is made non-dumpable: the user's own
  * processes can neither ptrace it nor read its environment, memory or descriptors. It keeps no
- * descriptor but 0-2 (/dev/null, /dev/null, the server's stderr), its socket and a signalfd.
+ * descriptor but 0-2 (/dev/null, /dev/null, the server's stderr), its socket, a signalfd and
+ * its running tools' stdout and stderr.
  *
  * Each message it sends is int32 kind, int32 pid, int32 value, then a short text. It first says
  * it is ready (or why it could not be: an answer of pid 0, an errno, a text) and exits on a failed
@@ -24,9 +25,11 @@
  * default, an empty signal mask, only the three descriptors, in cwd, with envp; a bare program
  * name is looked up on envp's PATH as execvp would (as the tool user: its access rights). When a
  * tool exits (after its answer: it is reaped only between requests), the spawner says so on the
- * same socket: kind EXITED, its pid and its wait status (native int). It is reaped only once that
- * is sent: a spawner killed in between leaves a zombie, re-parented to the server, that the server
- * reaps with the same status. A malformed request is answered with an error (EINVAL, EMSGSIZE)
+ * same socket: kind EXITED, its pid and its wait status (native int). It keeps its own copies of
+ * a running tool's stdout and stderr and closes them just after that message, so the server sees
+ * the pipes end with it, not a wake-up before. A tool is reaped only once its end is sent: a
+ * spawner killed in between leaves a zombie, re-parented to the server, that the server reaps
+ * with the same status. A malformed request is answered with an error (EINVAL, EMSGSIZE)
  * and changes nothing. The spawner exits when the server closes the socket; its tools go on,
  * re-parented to the server.
  */
@@ -70,7 +73,16 @@ struct message {
     char text[MAX_TEXT];
 };
 
+/* A running tool and the spawner's copies of its stdout and stderr, closed once its end is told:
+ * the server then sees the pipes' end with (not before) the message, in one wake-up. */
+struct tool {
+    pid_t pid;
+    int out, err;
+};
+
 static char *request;               /* MAX_REQUEST bytes, touched only as far as requests go */
+static struct tool *tools;
+static size_t tool_count, tool_room;
 static sigset_t every_signal; /* a tool's signals: every one at its default (jail.RESET_SIGNALS and more) */
 
 static void send_message(int kind, pid_t pid, int value, const char *what) {
@@ -197,6 +209,17 @@ static const char *executable(const char *name, const char *cwd, char *const *en
     return NULL;
 }
 
+/* Room for one more tool in the table (made before it starts: a started tool is never lost). */
+static int room_for_one(void) {
+    if (tool_count < tool_room) return 1;
+    size_t room = tool_room ? tool_room * 2 : 16;
+    struct tool *more = realloc(tools, room * sizeof *tools);
+    if (!more) return 0;
+    tools = more;
+    tool_room = room;
+    return 1;
+}
+
 /* The tool of a request of `size` bytes: its pid, or 0 with *error and *why saying why not. */
 static pid_t start(size_t size, const int fds[3], int *error, const char **why) {
     uint32_t counts[2];
@@ -214,7 +237,8 @@ static pid_t start(size_t size, const int fds[3], int *error, const char **why) 
     char *cwd = request + sizeof counts, *p = cwd + strlen(cwd) + 1;
     if (cwd[0] != '/' || p[0] == '\0') return 0; /* cwd absolute, argv[0] not empty */
     char **argv = malloc((argc + envc + 2) * sizeof *argv);
-    if (!argv) {
+    if (!argv || !room_for_one()) {
+        free(argv);
         *why = "out of memory";
         *error = ENOMEM;
         return 0;
@@ -293,14 +317,17 @@ static int serve_one(void) {
     } else {
         pid = start((size_t)size, fds, &error, &why);
     }
-    for (int i = 0; i < count; i++) close(fds[i]);
+    for (int i = 0; i < count; i++)
+        if (!pid || i == 0) close(fds[i]);
+    if (pid) tools[tool_count++] = (struct tool){pid, fds[1], fds[2]};
     if (size > KEEP_RESIDENT) madvise(request + KEEP_RESIDENT, (size_t)size - KEEP_RESIDENT, MADV_DONTNEED);
     if (pid) say(pid, 0, NULL);
     else say(0, error, why);
     return 1;
 }
 
-/* Ended tools: each one's wait status said, then it is reaped (every child is a tool). */
+/* Ended tools: each one's wait status said, its output's copies closed, then it is reaped (every
+ * child is a tool). */
 static void reap(void) {
     siginfo_t info;
     for (;;) {
@@ -309,6 +336,13 @@ static void reap(void) {
         int status = info.si_code == CLD_EXITED ? (info.si_status & 0xff) << 8
                    : info.si_code == CLD_DUMPED ? info.si_status | 0x80 : info.si_status;
         send_message(EXITED, info.si_pid, status, NULL);
+        for (size_t i = 0; i < tool_count; i++) {
+            if (tools[i].pid != info.si_pid) continue;
+            close(tools[i].out);
+            close(tools[i].err);
+            tools[i] = tools[--tool_count];
+            break;
+        }
         waitpid(info.si_pid, &status, 0);
     }
 }
