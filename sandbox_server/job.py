@@ -1,7 +1,7 @@
-"""One running command as the event loop sees it: its output pipes read into bounded sinks, its
-exit watched through a pidfd (or told by its parent: the zygote of isolated runs, or the tool user's
-spawner), done once it has
-exited and its pipes are closed or have lingered (``Supervisor.run`` in ``process.py``)."""
+"""One running command as the event loop sees it: its output pipes read into bounded sinks (watched
+by the server's ``PipeWatch``), its exit watched through a pidfd (or told by its parent: the zygote
+of isolated runs, or the tool user's spawner), done once it has exited and its pipes are closed or
+have lingered (``Supervisor.run`` in ``process.py``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 import signal
 
 from .output import BoundedOutput, read_available
+from .pipe_watch import PipeWatch
 
 F_SETPIPE_SZ = 1031
 READ_CHUNK = 1 << 20
@@ -25,26 +26,34 @@ ADOPTION_POLL = 0.002, 0.05  # first and longest wait between looks at a tool no
 class Job:
     """One running command: done once it has exited and its pipes are closed (or lingered)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, pid: int, pipes: dict[int, BoundedOutput],
+    def __init__(self, loop: asyncio.AbstractEventLoop, watch: PipeWatch, pid: int, pipes: dict[int, BoundedOutput],
                  exit_status: asyncio.Future[int | None] | None = None) -> None:
         self.loop = loop
+        self.watch = watch
         self.pid = pid
         self.done: asyncio.Future[None] = loop.create_future()
         self.exit_code: int | None = None
         self.timed_out = False
         self.mark = ""  # the command's CALL_ENV value
         self.open_pipes = set(pipes)
-        self.pipe_ids = set()
+        self._pipe_ids: set[int] | None = None
         for fd, sink in pipes.items():
             os.set_blocking(fd, False)
-            self.pipe_ids.add(os.fstat(fd).st_ino)
-            loop.add_reader(fd, self._reader(fd, sink))
+            watch.add(fd, self._reader(fd, sink))
         self.pidfd: int | None = None
         self._adoption_wait = 0.0  # while it is not our child yet: the next wait before looking again
         if exit_status is not None:  # someone else's child: its parent tells us how it ended
             exit_status.add_done_callback(self._told)
             return
         self._watch()
+
+    @property
+    def pipe_ids(self) -> set[int]:
+        """The pipes still open (their inodes), as they were when first asked: a timeout's
+        holders to end (a pipe at its end has no writer left)."""
+        if self._pipe_ids is None:
+            self._pipe_ids = {os.fstat(fd).st_ino for fd in self.open_pipes}
+        return self._pipe_ids
 
     def _told(self, exit_status: asyncio.Future[int | None]) -> None:
         status = 9 if exit_status.cancelled() else exit_status.result()
@@ -72,7 +81,7 @@ class Job:
                 if data is None:
                     return
                 if not data:
-                    self.loop.remove_reader(fd)
+                    self.watch.remove(fd)
                     os.close(fd)
                     self.open_pipes.discard(fd)
                     if self.exit_code is not None and not self.open_pipes:

@@ -43,6 +43,7 @@ from .jail import RUN_PIDS_MAX, Isolation, RunSpec
 from .job import READ_CHUNK, Job, feed_stdin
 from .memory_events import MemoryEvents
 from .output import BoundedOutput
+from .pipe_watch import PipeWatch
 from .polling import until
 from .run_template import RunReport
 from .spawner import SPAWNER, Spawner, SpawnRefused
@@ -113,6 +114,7 @@ class Supervisor:
         self.run_spares = run_spares  # isolated runs' inits kept ready: as many as may run at once
         self.run_template = run_template  # the interpreter isolated runs are forked from (run_template.py)
         self._drainers = 0
+        self._pipes: PipeWatch | None = None  # the tools' pipes' reader, on the loop of the first call
         self._reaper: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.memory_events = memory_events or MemoryEvents(None)
@@ -172,6 +174,9 @@ class Supervisor:
         if self._reaper is not None:
             self._reaper.cancel()
         self._stop_spawners()
+        if self._pipes is not None:
+            self._pipes.close()  # the zygote forks servers after its warm-up's: none may share it
+            self._pipes = None
         if self.jails is not None:
             self.jails.stop()
         if self._spawner is not None:
@@ -327,7 +332,9 @@ class Supervisor:
             if on_start is not None:
                 on_start(pid)
         try:
-            job = Job(loop, pid, {out_r: out, err_r: err}, exit_status)
+            if self._pipes is None:
+                self._pipes = PipeWatch(loop)
+            job = Job(loop, self._pipes, pid, {out_r: out, err_r: err}, exit_status)
             job.mark = mark
             if in_w is not None:
                 asyncio.ensure_future(feed_stdin(loop, in_w, stdin or b""))
@@ -346,7 +353,7 @@ class Supervisor:
             for fd in list(job.open_pipes):
                 # Pipes still held (a daemon kept them) are drained in the background, so the
                 # daemon never dies of SIGPIPE, yet nothing more is retained.
-                self._hand_to_drainer(loop, fd)
+                self._hand_to_drainer(job.watch, fd)
         finally:
             self._tracked.discard(pid)
         returncode = job.exit_code if job.exit_code is not None else 137
@@ -458,11 +465,13 @@ class Supervisor:
         # double-forked is re-parented to the server and can no longer be told apart.
         tree = procfs.process_tree()
         family = set(procfs.descendants(job.pid, tree))
-        holders = set(pipe_holders(job.pipe_ids)) | marked_processes(f"{CALL_ENV}={job.mark}".encode())
+        # A spawner holds its running tools' output (spawner.c) and is no part of any one call.
+        spawners = {s.pid for s in (self._spawners or {}).values()}
+        holders = set(pipe_holders(job.pipe_ids, spawners)) | marked_processes(f"{CALL_ENV}={job.mark}".encode())
         for pid in holders:
             family.update(procfs.descendants(pid, tree))
         family |= holders
-        signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGTERM)
+        signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGTERM, spawners)
         for pid in family:
             procfs.kill(pid, signal.SIGTERM)
 
@@ -472,13 +481,13 @@ class Supervisor:
         if not await until(settled, grace, first=0.001, cap=0.01):
             roots = {p for p in family if procfs.alive(p)} | ({job.pid} if job.exit_code is None else set())
             frozen = freeze_trees(roots, include_roots=True)
-            signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGKILL)
+            signal_group_and_holders(job.pid, job.pipe_ids, signal.SIGKILL, spawners)
             for pid in frozen:
                 procfs.kill(pid, signal.SIGKILL)
             await until(settled, 0.3, first=0.005, cap=0.005)
 
-    def _hand_to_drainer(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
-        loop.remove_reader(fd)
+    def _hand_to_drainer(self, watch: PipeWatch, fd: int) -> None:
+        watch.remove(fd)
         if self._drainers >= MAX_DRAINERS:
             os.close(fd)
             return
@@ -492,11 +501,11 @@ class Supervisor:
                 return
             except OSError:
                 pass
-            loop.remove_reader(fd)
+            watch.remove(fd)
             os.close(fd)
             self._drainers -= 1
 
-        loop.add_reader(fd, drain)
+        watch.add(fd, drain)
 
     # -- reset support ------------------------------------------------------------------------
 

@@ -11,10 +11,13 @@ memory is copied (~0.1 MiB PSS a sandbox, where a fork of the Python server cost
 the tool user's oom_score_adj while still root, then becomes the user (groups, gid, uid: no
 capability left), dies with the server (parent-death signal, set after the uid change that would
 clear it) and is made non-dumpable, so that the user's own processes can neither ptrace it nor
-read its memory, environment or descriptors. It keeps no descriptor but its socket. It starts
+read its memory, environment or descriptors. It keeps no descriptor but its socket (and a copy of
+each running tool's stdout and stderr, closed just after it told the tool's end: the server then
+sees the pipes end with that message, in one wake-up; a timeout spares it as their holder). It starts
 each tool with ``posix_spawn`` (vfork and exec) in a new session, so a tool is born in the tools'
 groups as the user; the server watches it as before (its pid, its process group, its call mark)
-and learns its wait status on a pipe.
+and learns its wait status from the spawner, on the same socket (no descriptor of its own per
+call: each one a loop's watcher costs ~20 us to add and remove).
 
 The tool user can kill or stop its spawner (it is the same user); that costs it nothing but its
 own calls: a spawner that is gone, or never read the request (stopped: no answer within
@@ -23,9 +26,12 @@ on a loaded host, is waited for up to ``ANSWER_LIMIT``), is replaced and the cal
 long way; one that went after it had read the request is killed, and so is whatever of that call
 may have started (found by its call mark): the call answers exit 126 and says why, and is never
 run twice. The next call starts a fresh spawner. A tool whose spawner died or stopped is
-re-parented to the server (a subreaper), which then reaps it itself. Reward checks and grading
-never use a spawner. A spawner that cannot be started, or fails its set-up, is reported once and
-no other is tried: tools then start the long way.
+re-parented to the server (a subreaper), which then reaps it itself; the spawner reaps a tool
+only after it said how it ended, so a status is never lost between the two. A stopped spawner is
+noticed by a tool that has ended without its status (a tool still running after ``STATUS_GRACE``
+is watched by its pidfd; a short call has no watch). Reward checks and grading never use a
+spawner. A spawner that cannot be started, or fails its set-up, is reported once and no other is
+tried: tools then start the long way.
 
 It is started with the server (``Supervisor.start_spawner``, in the background: a call that comes
 meanwhile waits for it), so that a new sandbox's first call costs what a later one does; one that
@@ -36,16 +42,18 @@ inherit: then it is replaced).
 
 The protocol (both ends are ours; ``native/spawner.c`` has the details): the spawner's first
 message says it is ready (or why not); then each request (cwd, argv and environment as
-NUL-terminated strings after their counts, with stdin, stdout, stderr and a status pipe as
-SCM_RIGHTS descriptors) is answered in order with the tool's pid, or an errno and why not. A
-request longer than the socket takes (``Spawner.max_request``: its send buffer, raised to
-``MAX_REQUEST`` as far as the kernel allows) is not sent: that tool starts the long way.
+NUL-terminated strings after their counts, with stdin, stdout and stderr as SCM_RIGHTS
+descriptors) is answered in order with the tool's pid, or an errno and why not; each tool's end
+is told after its answer, with its pid and wait status. A request longer than the socket takes
+(``Spawner.max_request``: its send buffer, raised to ``MAX_REQUEST`` as far as the kernel allows)
+is not sent: that tool starts the long way.
 """
 
 from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 import errno
 import fcntl
 import functools
@@ -58,20 +66,22 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from . import procfs
-from .output import read_exit_status
 from .run_template import RESET_SIGNALS
 
 SPAWNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "idegym-spawner")
 SOCKET_FD = 3  # the spawner's end of the socket, as spawner.c expects it
 MAX_REQUEST = 2 << 20  # the longest request spawner.c reads (its MAX_REQUEST)
-ANSWER = struct.Struct("=ii")  # pid, errno; then a short text
+MESSAGE = struct.Struct("=iii")  # kind, pid, errno (ANSWERED) or wait status (EXITED); then a short text
+ANSWERED, EXITED = 0, 1
 COUNTS = struct.Struct("=II")  # a request's argc and envc
 SIOCOUTQ = 0x5411  # bytes sent on a socket and not yet read by its peer
 ANSWER_TIMEOUT = 2.0  # a spawner stopped by its user: the call goes the long way after this
 # A spawner that runs (it is not stopped) but has not answered is slow, on a loaded host: it is
 # given up on only after this long.
 ANSWER_LIMIT = 60.0
-STATUS_GRACE = 0.2  # a tool ended this long ago and its spawner, stopped, has not said how
+# A tool still running this long is watched (its pidfd); one that ended this long ago and whose
+# spawner, stopped, has not said how is given up on.
+STATUS_GRACE = 0.2
 _FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 
 
@@ -103,7 +113,8 @@ class Spawner:
         self._ready = False  # it said so: from then on, it may have read what was sent
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._answers: list[asyncio.Future[int]] = []
+        self._answers: list[tuple[asyncio.Future[int], asyncio.Future[int | None]]] = []  # in request order
+        self._exits: dict[int, asyncio.Future[int | None]] = {}  # tools started, by pid, until their end is told
         self._null: int | None = None  # /dev/null for tools without stdin, opened once (an open per call shows)
         self._parent = 0  # the thread that started it, whose priority, limits and affinity it inherited
 
@@ -178,54 +189,51 @@ class Spawner:
         if len(request) > self.max_request:
             raise SpawnRefused(f"a request of {len(request)} bytes, over the spawner's {self.max_request}")
         loop = self._loop
-        status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         answer: asyncio.Future[int] = loop.create_future()
         exit_status: asyncio.Future[int | None] = loop.create_future()
         try:
             self._sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                            array.array("i", [stdin if stdin >= 0 else self._null, stdout,
-                                                              stderr, status_w]))])
+                                            array.array("i", [stdin if stdin >= 0 else self._null, stdout, stderr]))])
         except OSError as exc:
-            os.close(status_r)
             # A message is sent whole or not at all: one the socket has no room for (other
             # requests not read yet, or too long for the kernel) is started the long way.
             if not isinstance(exc, (BlockingIOError, InterruptedError)) and exc.errno not in (
                     errno.EMSGSIZE, errno.ENOBUFS, errno.ENOMEM):
                 self.stop()
             raise SpawnRefused(f"the spawner cannot be sent the request: {exc}") from exc
-        finally:
-            os.close(status_w)
-        self._answers.append(answer)
+        self._answers.append((answer, exit_status))
         timer = loop.call_later(ANSWER_TIMEOUT, self._unanswered, answer)
         try:
             pid = await answer
-        except BaseException:
-            os.close(status_r)
-            raise
         finally:
             timer.cancel()
-        loop.add_reader(status_r, read_exit_status, loop, status_r, exit_status, None)
-        self._watch_exit(pid, exit_status)
+        if not exit_status.done():
+            self._watch_exit(pid, exit_status)
         return pid, exit_status
 
     def _watch_exit(self, pid: int, exit_status: asyncio.Future[int | None]) -> None:
         """A tool that has exited but whose status does not come (its spawner stopped by the
         user; one that runs is waited for up to ``ANSWER_LIMIT``) ends the spawner: the tool, a
-        zombie then re-parented to this process, is reaped here (``Job``) with its true status."""
+        zombie then re-parented to this process, is reaped here (``Job``) with its true status.
+        Watched (a pidfd) only once it has run ``STATUS_GRACE``: most tools end sooner, and their
+        status comes without a watcher of their own."""
         assert self._loop is not None
         loop = self._loop
-        try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:  # already gone and reaped: its status is on the pipe
-            return
+        pidfd: list[int] = []
 
-        watching = [True]
+        def watch() -> None:
+            if exit_status.done():
+                return
+            try:
+                pidfd.append(os.pidfd_open(pid))
+            except OSError:  # reaped: its status is on the way (the spawner tells before it reaps)
+                return
+            loop.add_reader(pidfd[0], exited)
 
         def unwatch() -> None:
-            if watching[0]:
-                watching[0] = False
-                loop.remove_reader(pidfd)
-                os.close(pidfd)
+            if pidfd:
+                loop.remove_reader(pidfd[0])
+                os.close(pidfd.pop())
 
         def exited() -> None:
             unwatch()
@@ -243,10 +251,12 @@ class Spawner:
                 return
             self.stop()
 
+        timer = loop.call_later(STATUS_GRACE, watch)
+
         def told(_: asyncio.Future[int | None]) -> None:
+            timer.cancel()
             unwatch()
 
-        loop.add_reader(pidfd, exited)
         exit_status.add_done_callback(told)
 
     def _unanswered(self, answer: asyncio.Future[int], waited: float = ANSWER_TIMEOUT) -> None:
@@ -265,8 +275,8 @@ class Spawner:
         except OSError:
             unread = 0
         message = f"the spawner did not answer within {waited:g} s"
-        if unread and self._answers and not self._answers[-1].done():
-            self._answers.pop().set_exception(SpawnRefused(message))  # never read: nothing of it ran
+        if unread and self._answers and not self._answers[-1][0].done():
+            self._answers.pop()[0].set_exception(SpawnRefused(message))  # never read: nothing of it ran
         if not answer.done():
             answer.set_exception(SpawnRefused(message, maybe_started=self._ready))
         self.stop()
@@ -280,41 +290,38 @@ class Spawner:
                 return
             except OSError:
                 data = b""
-            if len(data) < ANSWER.size:  # its end closed (or an answer of no spawner of ours)
+            if not self._told(data):  # its end closed (or a message of no spawner of ours)
                 self.stop()
                 return
-            pid, error = ANSWER.unpack_from(data)
-            text = data[ANSWER.size:].decode(errors="replace")
-            if not self._ready:
-                if error:
-                    self.broken = text
-                    self.stop()
-                    return
-                self._ready = True
-            elif self._answers:
-                answer = self._answers.pop(0)
-                if answer.done():
-                    continue
-                if pid > 0:
+
+    def _told(self, data: bytes) -> bool:
+        """Take one message of the spawner; False when it is none (its end closed) or it failed."""
+        if len(data) < MESSAGE.size:
+            return False
+        kind, pid, value = MESSAGE.unpack_from(data)
+        if kind == EXITED:
+            exit_status = self._exits.pop(pid, None)
+            if exit_status is not None and not exit_status.done():
+                exit_status.set_result(value)
+        elif not self._ready:
+            if value:
+                self.broken = data[MESSAGE.size:].decode(errors="replace")
+                return False
+            self._ready = True
+        elif self._answers:
+            answer, exit_status = self._answers.pop(0)
+            if pid > 0:
+                # Known now, before any other message: its end may be the next one.
+                self._exits[pid] = exit_status
+                if not answer.done():
                     answer.set_result(pid)
-                else:
-                    answer.set_exception(SpawnRefused(text, error))
+            elif not answer.done():
+                answer.set_exception(SpawnRefused(data[MESSAGE.size:].decode(errors="replace"), value))
+        return True
 
     def stop(self) -> None:
-        """End the spawner; the tools it started go on (re-parented to this process)."""
-        if self._sock is not None:
-            if self._loop is not None:
-                self._loop.remove_reader(self._sock.fileno())
-            self._sock.close()
-            self._sock = None
-        if self._null is not None:
-            os.close(self._null)
-            self._null = None
-        # Requests it had: once it was ready, it may have started their tools.
-        for answer in self._answers:
-            if not answer.done():
-                answer.set_exception(SpawnRefused("the spawner was killed", maybe_started=self._ready))
-        self._answers.clear()
+        """End the spawner; the tools it started go on (re-parented to this process). What it
+        said before it died is still taken: a tool's end it told is that tool's status."""
         if self.pid:
             try:
                 os.kill(self.pid, signal.SIGKILL)
@@ -324,6 +331,27 @@ class Spawner:
             except (ProcessLookupError, ChildProcessError):
                 pass
             self.pid = 0
+        if self._sock is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(self._sock.fileno())
+            sock, self._sock = self._sock, None
+            with contextlib.suppress(OSError):
+                while self._told(sock.recv(4096, socket.MSG_DONTWAIT)):
+                    pass
+            sock.close()
+        if self._null is not None:
+            os.close(self._null)
+            self._null = None
+        # Requests it had: once it was ready, it may have started their tools.
+        for answer, _ in self._answers:
+            if not answer.done():
+                answer.set_exception(SpawnRefused("the spawner was killed", maybe_started=self._ready))
+        self._answers.clear()
+        # Tools whose end it did not tell: this process's children now (the spawner is reaped).
+        for exit_status in self._exits.values():
+            if not exit_status.done():
+                exit_status.set_result(None)
+        self._exits.clear()
 
 
 def _request(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> bytes:

@@ -8,7 +8,7 @@ import errno
 import functools
 import os
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Set
 
 from . import procfs
 from .polling import wait_until
@@ -58,12 +58,12 @@ def _all_halted(pids: set[int]) -> bool:
     return all(procfs.halted(pid) for pid in pids)
 
 
-def signal_group_and_holders(pgid: int, pipe_ids: set[int], sig: int) -> None:
+def signal_group_and_holders(pgid: int, pipe_ids: set[int], sig: int, spare: Set[int] = frozenset()) -> None:
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-    for pid in pipe_holders(pipe_ids):
+    for pid in pipe_holders(pipe_ids, spare):
         procfs.kill(pid, sig)
 
 
@@ -81,11 +81,13 @@ def marked_processes(mark: bytes) -> set[int]:
     return found
 
 
-def pipe_holders(pipe_inodes: set[int]) -> list[int]:
-    """Processes (other than us) holding one of the given pipes open."""
+def pipe_holders(pipe_inodes: set[int], spare: Set[int] = frozenset()) -> list[int]:
+    """Processes (other than us and ``spare``) holding one of the given pipes open."""
     targets = {f"pipe:[{ino}]" for ino in pipe_inodes}
     found = []
     for pid in procfs.other_pids():
+        if pid in spare:
+            continue
         try:
             for fd in os.scandir(f"/proc/{pid}/fd"):
                 try:

@@ -12,19 +12,21 @@ import errno
 import fcntl
 import os
 import resource
+import select
 import signal
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sandbox_server import procfs
-from sandbox_server.spawner import ANSWER, COUNTS, MAX_REQUEST, SPAWNER, Spawner, SpawnRefused, _request
+from sandbox_server.spawner import COUNTS, EXITED, MAX_REQUEST, MESSAGE, SPAWNER, Spawner, SpawnRefused, _request
 from tests.helpers import SandboxProcess, process_alive, wait_until
 
 pytestmark = [
@@ -136,10 +138,28 @@ def test_a_tool_whose_spawner_is_killed_or_stopped_still_ends_with_its_own_statu
     assert third not in (first, second)
 
 
+def test_a_spawner_s_tool_ends_with_its_own_status_however_it_ends(server: SandboxProcess) -> None:
+    """The wait status the spawner tells (on its socket) makes the call's exit code; a tool that
+    stops itself is not ended, and its timeout ends its whole group; a spawner stopped while its
+    tool runs (past the time after which a tool is watched by its pidfd) costs the call a moment."""
+    spawner = spawner_of(server)
+    assert [server.bash(c)["exit_code"] for c in ("exit 7", "kill -TERM $$", "kill -KILL $$")] == [7, 143, 137]
+    started = time.monotonic()
+    stopped = server.bash("sleep 60 & echo $!; kill -STOP $$; echo never", timeout=0.5,
+                          graceful_termination_timeout=0.5)
+    assert stopped["timed_out"] and stopped["exit_code"] == 124 and time.monotonic() - started < 3, stopped
+    assert wait_until(lambda: not process_alive(int(stopped["stdout"])), 3)  # its group too
+    assert spawner_of(server) == spawner  # a tool's stop is none of the spawner's business
+    late = server.bash("sleep 0.5; kill -STOP $PPID; echo stopped; exit 4", timeout=10)
+    assert own_status_or_interrupted(late, 4, "stopped\n") and late["duration_seconds"] < 5, late
+    assert spawner_of(server) != spawner
+
+
 ADOPTION = """
 import asyncio, ctypes, os, signal, subprocess, sys
 from sandbox_server.job import Job
 from sandbox_server.output import BoundedOutput
+from sandbox_server.pipe_watch import PipeWatch
 
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER, as the server is
 out_r, out_w = os.pipe()
@@ -157,8 +177,8 @@ async def main():
     loop = asyncio.get_running_loop()
     exit_status = loop.create_future()
     out = BoundedOutput(None)
-    job = Job(loop, tool, {out_r: out}, exit_status)
-    exit_status.set_result(None)  # the spawner's status pipe closed: it is dying, not re-parented yet
+    job = Job(loop, PipeWatch(loop), tool, {out_r: out}, exit_status)
+    exit_status.set_result(None)  # told its parent is gone: it is dying, not re-parented yet
     await asyncio.sleep(0.05)
     os.kill(parent, signal.SIGKILL)  # now it is gone: the tool is re-parented to us
     os.waitpid(parent, 0)
@@ -170,7 +190,7 @@ asyncio.run(main())
 
 
 def test_a_tool_told_gone_before_it_is_re_parented_ends_with_its_own_status() -> None:
-    """The spawner's status pipe closes as it dies, before the kernel re-parents its tool to the
+    """A job may learn that its tool's spawner is gone before the kernel re-parents the tool to the
     server: the tool is not the server's child for a moment, longer under load. The call waits for
     the tool's own end, whenever it comes, and reports its own status.
 
@@ -247,8 +267,36 @@ def test_a_large_environment_is_carried_whole_and_a_larger_one_goes_the_long_way
 # -- the protocol, spoken to the program directly ---------------------------------------------------
 
 
+class Replies:
+    """What a spawner says on its socket: its answers, in order, and its tools' ends, by pid."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.answers: list[tuple[int, int, str]] = []
+        self.exits: dict[int, int] = {}
+
+    def _receive(self) -> None:
+        data = self.sock.recv(4096)
+        kind, pid, value = MESSAGE.unpack_from(data)
+        if kind == EXITED:
+            assert pid not in self.exits and not data[MESSAGE.size:], data  # each end told once, no text
+            self.exits[pid] = value
+        else:
+            self.answers.append((pid, value, data[MESSAGE.size:].decode()))
+
+    def answer(self) -> tuple[int, int, str]:
+        while not self.answers:
+            self._receive()
+        return self.answers.pop(0)
+
+    def exit_status(self, pid: int) -> int:
+        while pid not in self.exits:
+            self._receive()
+        return self.exits.pop(pid)
+
+
 @pytest.fixture
-def native() -> Iterator[tuple[int, socket.socket]]:
+def native() -> Iterator[tuple[int, Replies]]:
     """The spawner as nobody (no cgroups), this process its server, its socket a blocking one, its
     stack limit room for an exec of 2 MiB of environment (a quarter of it)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
@@ -264,85 +312,134 @@ def native() -> Iterator[tuple[int, socket.socket]]:
         os.close(fd)
         theirs.close()
     ours.settimeout(10)
+    replies = Replies(ours)
     try:
-        assert answer(ours) == (0, 0, "ready")
-        yield pid, ours
+        assert replies.answer() == (0, 0, "ready")
+        yield pid, replies
     finally:
         ours.close()
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
 
 
-def answer(sock: socket.socket) -> tuple[int, int, str]:
-    data = sock.recv(4096)
-    pid, error = ANSWER.unpack_from(data)
-    return pid, error, data[ANSWER.size:].decode()
-
-
 class Tool:
-    """A tool's descriptors as the server hands them over: stdin, stdout and stderr (one pipe),
-    and the write end of its status pipe."""
+    """A tool's descriptors as the server hands them over: stdin, stdout and stderr (one pipe)."""
 
     def __init__(self) -> None:
         self.out_r, self.out_w = os.pipe2(os.O_CLOEXEC)
-        self.status_r, self.status_w = os.pipe2(os.O_CLOEXEC)
         self.null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
 
-    def fds(self, count: int = 4) -> list[int]:
-        return [self.null, self.out_w, self.out_w, self.status_w, self.null][:count]
+    def fds(self, count: int = 3) -> list[int]:
+        return [self.null, self.out_w, self.out_w, self.null][:count]
 
     def handed_over(self) -> None:
-        for fd in (self.out_w, self.status_w, self.null):
+        for fd in (self.out_w, self.null):
             os.close(fd)
 
-    def ending(self) -> tuple[bytes, int]:
-        """Its output, and the wait status its spawner wrote (then closed)."""
+    def ending(self, replies: Replies, pid: int) -> tuple[bytes, int]:
+        """Its output, and the wait status its spawner told."""
         chunks = []
         while chunk := os.read(self.out_r, 1 << 16):
             chunks.append(chunk)
-        status = os.read(self.status_r, 8)
-        assert os.read(self.status_r, 1) == b""
         os.close(self.out_r)
-        os.close(self.status_r)
-        return b"".join(chunks), struct.unpack("i", status)[0]
+        return b"".join(chunks), replies.exit_status(pid)
 
 
 def send(sock: socket.socket, data: bytes, fds: list[int]) -> None:
     sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else [])
 
 
-def start(sock: socket.socket, argv: list[str], env: dict[str, str], cwd: str = "/tmp") -> Tool:
+def start(replies: Replies, argv: list[str], env: dict[str, str], cwd: str = "/tmp") -> Tool:
     tool = Tool()
-    send(sock, _request(argv, env, cwd), tool.fds())
+    send(replies.sock, _request(argv, env, cwd), tool.fds())
     tool.handed_over()
     return tool
 
 
+def run(replies: Replies, argv: list[str], env: dict[str, str]) -> tuple[bytes, int]:
+    tool = start(replies, argv, env)
+    pid = replies.answer()[0]
+    assert pid > 0
+    return tool.ending(replies, pid)
+
+
 def test_a_tool_gets_a_session_default_signals_its_user_cwd_environment_and_three_descriptors(
-        native: tuple[int, socket.socket]) -> None:
-    _, sock = native
+        native: tuple[int, Replies]) -> None:
+    _, replies = native
     path = {"PATH": "/nowhere::/usr/bin:/bin"}  # found on PATH, past what is not there
-    tools = [start(sock, ["sh", "-c", "id -u; id -G; ps -o sid= -p $$; pwd; exit 7"], path, "/"),
-             start(sock, ["env"], {"PATH": "/usr/bin:/bin", "ONLY": "this"}),
-             start(sock, ["/bin/sh", "-c", "exit 3"], {}),
-             start(sock, ["grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status"], path),
-             start(sock, ["ls", "/proc/self/fd"], path)]
-    pids = [answer(sock) for _ in tools]  # in order, each with its pid
+    tools = [start(replies, ["sh", "-c", "id -u; id -G; ps -o sid= -p $$; pwd; exit 7"], path, "/"),
+             start(replies, ["env"], {"PATH": "/usr/bin:/bin", "ONLY": "this"}),
+             start(replies, ["/bin/sh", "-c", "exit 3"], {}),
+             start(replies, ["grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status"], path),
+             start(replies, ["ls", "/proc/self/fd"], path)]
+    pids = [replies.answer() for _ in tools]  # in order, each with its pid
     assert all(pid > 0 and error == 0 for pid, error, _ in pids) and len({p for p, _, _ in pids}) == 5, pids
-    out, status = tools[0].ending()
+    out, status = tools[0].ending(replies, pids[0][0])
     assert [line.strip() for line in out.decode().splitlines()] == [str(NOBODY), str(NOBODY), str(pids[0][0]), "/"], \
         out  # its own session (ps pads the id to its width)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 7
-    assert tools[1].ending() == (b"PATH=/usr/bin:/bin\nONLY=this\n", 0)  # exactly its environment
-    assert tools[2].ending() == (b"", 3 << 8)
-    assert tools[3].ending() == (b"SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n", 0)
-    assert tools[4].ending() == (b"0\n1\n2\n3\n", 0)  # 3: ls's own, reading the directory
+    assert tools[1].ending(replies, pids[1][0]) == (b"PATH=/usr/bin:/bin\nONLY=this\n", 0)  # exactly its environment
+    assert tools[2].ending(replies, pids[2][0]) == (b"", 3 << 8)
+    assert tools[3].ending(replies, pids[3][0]) == (b"SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n", 0)
+    assert tools[4].ending(replies, pids[4][0]) == (b"0\n1\n2\n3\n", 0)  # 3: ls's own, reading the directory
 
 
-def test_malformed_requests_are_refused_and_change_nothing(native: tuple[int, socket.socket]) -> None:
+def test_the_spawner_tells_each_tool_s_end_as_a_wait_status_on_its_socket(
+        native: tuple[int, Replies]) -> None:
+    """The tool's wait status comes on the spawner's socket, after its answer, however it ended
+    (no status pipe a call: each per-call descriptor cost the server a watcher on its loop).
+
+    Can fail: it did: the spawner wanted a fourth descriptor, a status pipe, and refused the request."""
+    spawner, replies = native
+    ended = {"exit 9": 9 << 8, "kill -TERM $$": signal.SIGTERM, "kill -SEGV $$": signal.SIGSEGV,
+             "ulimit -c 0; kill -ABRT $$": signal.SIGABRT}
+    for script, status in ended.items():
+        assert run(replies, ["/bin/sh", "-c", script], {}) == (b"", status), script
+    # A stopped tool is not an ended one: nothing is told until it is killed.
+    tool = start(replies, ["/bin/sh", "-c", "kill -STOP $$; exit 1"], {})
+    pid = replies.answer()[0]
+    assert wait_until(lambda: procfs.stat(pid) is not None and procfs.stat(pid).state == "T", 10)
+    replies.sock.settimeout(0.3)
+    with pytest.raises(TimeoutError):
+        replies.exit_status(pid)
+    replies.sock.settimeout(10)
+    os.kill(pid, signal.SIGKILL)
+    assert tool.ending(replies, pid) == (b"", signal.SIGKILL)
+
+
+def test_a_tool_s_output_ends_only_once_its_end_is_told(native: tuple[int, Replies]) -> None:
+    """The spawner holds a copy of a running tool's stdout and stderr until it has told how the
+    tool ended: the server sees the pipes end with the message, in one wake-up, not one for the
+    pipes and another for the status. Held still, the spawner keeps both back; a tool's own
+    background child that holds the pipes keeps them open as before.
+
+    Can fail: it did: the pipes ended with the tool, before the spawner had said anything."""
+    spawner, replies = native
+    tool = start(replies, ["/bin/sh", "-c", "echo out"], {})
+    pid = replies.answer()[0]
+    os.kill(spawner, signal.SIGSTOP)
+    try:
+        assert wait_until(lambda: procfs.stat(pid) is not None and procfs.stat(pid).state == "Z", 10)
+        assert os.read(tool.out_r, 100) == b"out\n"
+        assert select.select([tool.out_r], [], [], 0.3)[0] == []  # no end while nothing is told
+    finally:
+        os.kill(spawner, signal.SIGCONT)
+    assert tool.ending(replies, pid) == (b"", 0)
+    daemon = start(replies, ["/bin/sh", "-c", "sleep 30 & echo $!"], {})
+    pid = replies.answer()[0]
+    assert replies.exit_status(pid) == 0
+    child = int(os.read(daemon.out_r, 100))
+    assert select.select([daemon.out_r], [], [], 0.2)[0] == []  # its child holds it
+    os.kill(child, signal.SIGKILL)
+    assert os.read(daemon.out_r, 100) == b""
+    os.close(daemon.out_r)
+
+
+def test_malformed_requests_are_refused_and_change_nothing(native: tuple[int, Replies]) -> None:
     """Requests come from the root server only, yet none crashes or confuses the spawner: each
     malformed one is answered with an error, and its descriptors are closed."""
-    pid, sock = native
+    pid, replies = native
+    sock = replies.sock
     fds_before = descriptors(pid)
     good = _request(["/bin/true"], {"PATH": "/bin"}, "/tmp")
     body = good[COUNTS.size:]
@@ -366,14 +463,14 @@ def test_malformed_requests_are_refused_and_change_nothing(native: tuple[int, so
         tool = Tool()
         send(sock, data, tool.fds())
         tool.handed_over()
-        got = answer(sock)
+        got = replies.answer()
         assert got[:2] == (0, errno.EINVAL) and "malformed" in got[2], (what, got)
-        assert os.read(tool.status_r, 4) == os.read(tool.out_r, 4) == b"", what  # closed, unused
-    for count in (0, 3, 5):
+        assert os.read(tool.out_r, 4) == b"", what  # closed, unused
+    for count in (0, 2, 4):
         tool = Tool()
         send(sock, good, tool.fds(count))
         tool.handed_over()
-        got = answer(sock)
+        got = replies.answer()
         assert got[:2] == (0, errno.EINVAL) and "needs stdin" in got[2], (count, got)
     # What fails as the tool user, not as root: each said with its errno.
     refusals = {("no-such-program", "/tmp"): errno.ENOENT, ("/bin/true", "/no/such/dir"): errno.ENOENT,
@@ -382,15 +479,17 @@ def test_malformed_requests_are_refused_and_change_nothing(native: tuple[int, so
         tool = Tool()
         send(sock, _request([program], {"PATH": "/usr/bin:/bin"}, cwd), tool.fds())
         tool.handed_over()
-        got = answer(sock)
+        got = replies.answer()
         assert got[:2] == (0, code), (program, cwd, got)
     assert descriptors(pid) == fds_before  # nothing kept of any of them
-    assert start(sock, ["/bin/sh", "-c", "echo fine"], {}).ending() == (b"fine\n", 0) and answer(sock)[0] > 0
+    assert not replies.exits  # no tool started, no end told
+    assert run(replies, ["/bin/sh", "-c", "echo fine"], {}) == (b"fine\n", 0)
 
 
 def test_a_request_up_to_the_spawner_s_limit_is_carried_and_a_longer_one_refused(
-        native: tuple[int, socket.socket]) -> None:
-    pid, sock = native
+        native: tuple[int, Replies]) -> None:
+    pid, replies = native
+    sock = replies.sock
     if sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) - 32 <= MAX_REQUEST:
         pytest.skip("this host's net.core.wmem_max keeps a socket's messages below the spawner's limit")
     env = {f"V{i}": "x" * 100_000 for i in range(20)}
@@ -399,16 +498,16 @@ def test_a_request_up_to_the_spawner_s_limit_is_carried_and_a_longer_one_refused
     tool = Tool()
     send(sock, request, tool.fds())
     tool.handed_over()
-    got = answer(sock)
+    got = replies.answer()
     assert got[0] > 0, got
-    assert tool.ending() == (b"100000 100000\n", 0)
+    assert tool.ending(replies, got[0]) == (b"100000 100000\n", 0)
     rss_anon_kib = int(status_field(pid, "RssAnon").split()[0])
     assert rss_anon_kib < 512, rss_anon_kib  # the request's pages given back
     tool = Tool()
     send(sock, request + b"x" * (MAX_REQUEST + 100 - len(request)), tool.fds())
     tool.handed_over()
-    assert answer(sock)[:2] == (0, errno.EMSGSIZE)
-    assert start(sock, ["/bin/sh", "-c", "echo fine"], {}).ending() == (b"fine\n", 0) and answer(sock)[0] > 0
+    assert replies.answer()[:2] == (0, errno.EMSGSIZE)
+    assert run(replies, ["/bin/sh", "-c", "echo fine"], {}) == (b"fine\n", 0)
 
 
 def test_a_request_over_the_socket_s_limit_goes_the_long_way_and_keeps_the_spawner() -> None:
@@ -433,9 +532,44 @@ def test_a_request_over_the_socket_s_limit_goes_the_long_way_and_keeps_the_spawn
     asyncio.run(main())
 
 
+def test_a_tool_s_end_told_before_its_spawner_is_stopped_is_its_status() -> None:
+    """The spawner reaps a tool only once it has told how it ended: a tool gone means its status
+    is in the server's socket, and stopping the spawner (a reset, a stopped spawner given up) takes
+    what it said, not an exit the server can no longer learn (a tool reaped by another is taken
+    for exit 0). Tools whose end was not told are the server's children then: their status None."""
+
+    async def main() -> None:
+        spawner = Spawner(NOBODY, NOBODY, [], b"500")
+        await spawner.start(asyncio.get_running_loop())
+        tool = Tool()
+        gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
+        running = 0
+        try:
+            ended, told = await spawner.spawn(["/bin/sh", "-c", "read go; exit 5"], {}, "/tmp", gate_r, tool.out_w,
+                                              tool.out_w)
+            running, untold = await spawner.spawn(["/bin/sh", "-c", "exec sleep 30"], {}, "/tmp", tool.null,
+                                                  tool.out_w, tool.out_w)
+            # Blocking waits from here: the loop does not read the socket meanwhile.
+            os.write(gate_w, b"go\n")
+            assert wait_until(lambda: procfs.stat(ended) is None, 10)
+            assert not told.done()
+            spawner.stop()
+            assert told.result() == 5 << 8 and untold.result() is None
+            assert process_alive(running)  # still running (a server, a subreaper, would reap it)
+        finally:
+            spawner.stop()
+            tool.handed_over()
+            for fd in (tool.out_r, gate_r, gate_w):
+                os.close(fd)
+            if running:
+                os.kill(running, signal.SIGKILL)
+
+    asyncio.run(main())
+
+
 def test_a_status_pipe_gives_the_wait_status_or_what_its_reader_says_a_silent_end_means() -> None:
-    """The spawner's and the isolated runs' one reader of a status pipe: the 4-byte wait status
-    written into it, else (closed with nothing written) the value its caller names."""
+    """The isolated runs' reader of a status pipe: the 4-byte wait status written into it, else
+    (closed with nothing written) the value its caller names."""
     from sandbox_server.output import read_exit_status
 
     async def status_of(data: bytes, unwritten: int | None) -> int | None:

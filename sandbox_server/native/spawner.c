@@ -9,22 +9,29 @@
  * effective and saved ids alike, no capability left. Then, and not before (a change of uid clears
  * both), it dies with its parent (PR_SET_PDEATHSIG) and is made non-dumpable: the user's own
  * processes can neither ptrace it nor read its environment, memory or descriptors. It keeps no
- * descriptor but 0-2 (/dev/null, /dev/null, the server's stderr), its socket and a signalfd.
+ * descriptor but 0-2 (/dev/null, /dev/null, the server's stderr), its socket, a signalfd and
+ * its running tools' stdout and stderr.
  *
- * It first answers "ready" (or why it could not be: pid 0, an errno, a text) and exits on a failed
+ * Each message it sends is int32 kind, int32 pid, int32 value, then a short text. It first says
+ * it is ready (or why it could not be: an answer of pid 0, an errno, a text) and exits on a failed
  * step. Then, per request, in order:
  *
  *   request: uint32 argc, uint32 envc, then cwd, argv[0..argc) and envp[0..envc) ("NAME=value"),
- *            each NUL-terminated, nothing after; with exactly four descriptors (SCM_RIGHTS):
- *            the tool's stdin, stdout and stderr, and the write end of its status pipe;
- *   answer:  int32 pid, int32 errno, a short text: the tool's pid (errno 0), or pid 0 with why not.
+ *            each NUL-terminated, nothing after; with exactly three descriptors (SCM_RIGHTS):
+ *            the tool's stdin, stdout and stderr;
+ *   answer:  kind ANSWER, the tool's pid and errno 0, or pid 0 with an errno and why not.
  *
  * A tool is started with posix_spawn (vfork and exec) in a new session, every signal at its
  * default, an empty signal mask, only the three descriptors, in cwd, with envp; a bare program
  * name is looked up on envp's PATH as execvp would (as the tool user: its access rights). When a
- * tool exits, its wait status (native int) is written to its status pipe, which is then closed.
- * A malformed request is answered with an error (EINVAL, EMSGSIZE) and changes nothing. The
- * spawner exits when the server closes the socket; its tools go on, re-parented to the server.
+ * tool exits (after its answer: it is reaped only between requests), the spawner says so on the
+ * same socket: kind EXITED, its pid and its wait status (native int). It keeps its own copies of
+ * a running tool's stdout and stderr and closes them just after that message, so the server sees
+ * the pipes end with it, not a wake-up before. A tool is reaped only once its end is sent: a
+ * spawner killed in between leaves a zombie, re-parented to the server, that the server reaps
+ * with the same status. A malformed request is answered with an error (EINVAL, EMSGSIZE)
+ * and changes nothing. The spawner exits when the server closes the socket; its tools go on,
+ * re-parented to the server.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -57,15 +64,20 @@
 #define MAX_TEXT 200
 #define DEFAULT_PATH "/bin:/usr/bin" /* Python's os.defpath, as the server's own lookup */
 
-struct answer {
+enum { ANSWER = 0, EXITED = 1 }; /* spawner.py: ANSWERED, EXITED */
+
+struct message {
+    int32_t kind;
     int32_t pid;
-    int32_t error;
+    int32_t value; /* an answer's errno, an exit's wait status */
     char text[MAX_TEXT];
 };
 
+/* A running tool and the spawner's copies of its stdout and stderr, closed once its end is told:
+ * the server then sees the pipes' end with (not before) the message, in one wake-up. */
 struct tool {
     pid_t pid;
-    int status_fd;
+    int out, err;
 };
 
 static char *request;               /* MAX_REQUEST bytes, touched only as far as requests go */
@@ -73,13 +85,15 @@ static struct tool *tools;
 static size_t tool_count, tool_room;
 static sigset_t every_signal; /* a tool's signals: every one at its default (jail.RESET_SIGNALS and more) */
 
-static void say(pid_t pid, int error, const char *what) {
-    struct answer a = {pid, error, ""};
-    int n = !what ? 0 : error ? snprintf(a.text, sizeof a.text, "%s: %s", what, strerror(error))
-                              : snprintf(a.text, sizeof a.text, "%s", what);
-    size_t len = offsetof(struct answer, text) + (n < 0 ? 0 : (size_t)n >= sizeof a.text ? sizeof a.text - 1 : (size_t)n);
-    if (send(SOCK, &a, len, MSG_NOSIGNAL) != (ssize_t)len) _exit(0); /* the server is gone */
+static void send_message(int kind, pid_t pid, int value, const char *what) {
+    struct message m = {kind, pid, value, ""};
+    int n = !what ? 0 : value ? snprintf(m.text, sizeof m.text, "%s: %s", what, strerror(value))
+                              : snprintf(m.text, sizeof m.text, "%s", what);
+    size_t len = offsetof(struct message, text) + (n < 0 ? 0 : (size_t)n >= sizeof m.text ? sizeof m.text - 1 : (size_t)n);
+    if (send(SOCK, &m, len, MSG_NOSIGNAL) != (ssize_t)len) _exit(0); /* the server is gone */
 }
+
+static void say(pid_t pid, int error, const char *what) { send_message(ANSWER, pid, error, what); }
 
 static void setup_failed(const char *what) {
     say(0, errno ? errno : EINVAL, what);
@@ -278,13 +292,13 @@ static int serve_one(void) {
     ssize_t size = recvmsg(SOCK, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (size < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
     if (size == 0) return -1;
-    int fds[4], count = 0, extra = 0;
+    int fds[3], count = 0, extra = 0;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
         for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
             int fd;
             memcpy(&fd, CMSG_DATA(c) + i * sizeof fd, sizeof fd);
-            if (count < 4) fds[count++] = fd;
+            if (count < 3) fds[count++] = fd;
             else {
                 close(fd);
                 extra = 1;
@@ -297,34 +311,39 @@ static int serve_one(void) {
     if (msg.msg_flags & MSG_TRUNC) {
         why = "request too long";
         error = EMSGSIZE;
-    } else if (count != 4 || extra || (msg.msg_flags & MSG_CTRUNC)) {
-        why = "a tool needs stdin, stdout, stderr and a status pipe";
+    } else if (count != 3 || extra || (msg.msg_flags & MSG_CTRUNC)) {
+        why = "a tool needs stdin, stdout and stderr, nothing else";
         error = EINVAL;
     } else {
         pid = start((size_t)size, fds, &error, &why);
     }
     for (int i = 0; i < count; i++)
-        if (!pid || i < 3) close(fds[i]);
-    if (pid) tools[tool_count++] = (struct tool){pid, fds[3]};
+        if (!pid || i == 0) close(fds[i]);
+    if (pid) tools[tool_count++] = (struct tool){pid, fds[1], fds[2]};
     if (size > KEEP_RESIDENT) madvise(request + KEEP_RESIDENT, (size_t)size - KEEP_RESIDENT, MADV_DONTNEED);
     if (pid) say(pid, 0, NULL);
     else say(0, error, why);
     return 1;
 }
 
-/* Ended tools: each one's wait status to its pipe. */
+/* Ended tools: each one's wait status said, its output's copies closed, then it is reaped (every
+ * child is a tool). */
 static void reap(void) {
-    int status;
-    pid_t pid;
-    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+    siginfo_t info;
+    for (;;) {
+        info.si_pid = 0;
+        if (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) return;
+        int status = info.si_code == CLD_EXITED ? (info.si_status & 0xff) << 8
+                   : info.si_code == CLD_DUMPED ? info.si_status | 0x80 : info.si_status;
+        send_message(EXITED, info.si_pid, status, NULL);
         for (size_t i = 0; i < tool_count; i++) {
-            if (tools[i].pid != pid) continue;
-            int32_t value = status;
-            if (write(tools[i].status_fd, &value, sizeof value) < 0) { /* the server stopped listening */ }
-            close(tools[i].status_fd);
+            if (tools[i].pid != info.si_pid) continue;
+            close(tools[i].out);
+            close(tools[i].err);
             tools[i] = tools[--tool_count];
             break;
         }
+        waitpid(info.si_pid, &status, 0);
     }
 }
 
