@@ -84,19 +84,23 @@ def measure(label: str, fn: Callable[[], Any], n: int, warmup: int = 20) -> list
     return samples
 
 
-def interleaved(fns: dict[str, Callable[[], Any]], n: int, warmup: int = 20, label: str = "") -> dict[str, list[float]]:
-    """Run each function ``n`` times, alternating between them so drift hits all equally."""
+def interleaved(fns: dict[str, Callable[[], Any]], n: int, warmup: int = 20, label: str = "",
+                block: int = 1) -> dict[str, list[float]]:
+    """Run each function ``n`` times, alternating between them so drift hits all equally; ``block``
+    calls of one in a row before the next (what one leaves running after its answer then touches
+    one call of the next in ``block``, not every one)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     samples: dict[str, list[float]] = {name: [] for name in fns}
     progress = Progress(label or " vs ".join(fns), n * len(fns))
-    for _ in range(n):
+    for done in range(0, n, block):
         for name, fn in fns.items():
-            t = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - t)
-            progress.step()
+            for _ in range(min(block, n - done)):
+                t = time.perf_counter()
+                fn()
+                samples[name].append(time.perf_counter() - t)
+                progress.step()
     return samples
 
 

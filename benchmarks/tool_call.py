@@ -2,7 +2,8 @@
 
 For bash ``true``, ``echo hello`` and a 1 MB output:
 
-* raw subprocess in this process (the floor);
+* raw subprocess in this process (the floor), alternated in blocks with the calls below (the
+  isolated-call targets are their difference: both under the same load);
 * our sandbox server, unsandboxed, called directly over its Unix socket (``Sandbox.connect``);
 * a sandbox of the control plane (local backend: bubblewrap, tools as ``appuser``, started by the
   tool user's spawner as by default) called over its own socket, and the same sandbox through the
@@ -26,6 +27,7 @@ import json
 import os
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from sandbox_server.models import BashCommandResponse
@@ -35,6 +37,10 @@ from ._common import Result, Stats, check_target, interleaved, measure, stats_ta
 from ._servers import CLIENT_PYTHON, control_plane, sandbox_server, swerex_server
 
 N = int(os.environ.get("BENCH_N", "200"))
+# The raw subprocess and the calls through the sandbox alternate in blocks of this many: each
+# measured under the same load, and a call's work after its answer (a server's bookkeeping) lands
+# on the first call of the next block, not on every raw one.
+BLOCK = 10
 COMMANDS = {
     "true": "true",
     "echo": "echo hello",
@@ -89,6 +95,10 @@ class PlainHttpx:
         self._http.close()
 
 
+def _raw(command: str) -> Callable[[], object]:
+    return lambda: subprocess.run(["bash", "-c", command], capture_output=True, check=True)
+
+
 def _n(label: str) -> int:
     return max(N // 4, 10) if label == "1MB output" else N
 
@@ -103,10 +113,6 @@ def run() -> Result:
         tmp = Path(tmpdir)
         (tmp / "project").mkdir()
         (tmp / "state").mkdir()
-        for label, cmd in COMMANDS.items():
-            samples[label]["raw subprocess"] = measure(
-                f"raw subprocess: {label}", lambda c=cmd: subprocess.run(["bash", "-c", c], capture_output=True,
-                                                                          check=True), _n(label))
         with sandbox_server(tmp / "project", tmp / "state") as sock:
             sandbox = Sandbox.connect(unix_socket=sock)
             for label, cmd in COMMANDS.items():
@@ -124,11 +130,12 @@ def run() -> Result:
                                         sandbox.server_id)
                 for label, cmd in COMMANDS.items():
                     both = interleaved({
+                        "raw subprocess": _raw(cmd),
                         "sandboxed server (direct)": lambda c=cmd: inside.bash(c),
                         "control plane, Prefer: wait": lambda c=cmd: sandbox.bash(c),
                         "control plane via httpx": lambda c=cmd: over_httpx.bash(c),
-                    }, _n(label), label=f"sandboxed server vs control plane: {label}")
-                    samples[label].update(both)
+                    }, _n(label), label=f"raw subprocess vs sandboxed server vs control plane: {label}", block=BLOCK)
+                    samples[label] = {"raw subprocess": both.pop("raw subprocess"), **samples[label], **both}
                 breakdowns = {
                     "our client": breakdown(lambda: sandbox.bash("true").duration_seconds, N, client.settings.url,
                                             client.settings.auth),
@@ -214,8 +221,7 @@ def _without_tool_spawner(tmp: Path, samples: dict[str, dict[str, list[float]]])
             sandbox = client.start(reuse="NONE")
             for label, cmd in COMMANDS.items():
                 samples[label].update(interleaved({
-                    "raw subprocess (again)": lambda c=cmd: subprocess.run(["bash", "-c", c], capture_output=True,
-                                                                           check=True),
+                    "raw subprocess (again)": _raw(cmd),
                     LONG_WAY: lambda c=cmd: sandbox.bash(c),
                 }, _n(label), label=f"control plane without the tool spawner: {label}"))
             sandbox.stop()
