@@ -106,7 +106,7 @@ def born_in(paths: dict[str, str]) -> Iterator[None]:
     joined: list[str] = []
     try:
         for ctrl, path in paths.items():
-            if ctrl in own:  # (else not joined: ``attach`` moves what is started)
+            if os.path.isdir(own.get(ctrl, "")):  # (else not joined: ``attach`` moves what is started)
                 _write(path, "tasks", "0")
                 joined.append(ctrl)
         yield
