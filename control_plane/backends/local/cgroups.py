@@ -189,11 +189,11 @@ class Cgroups:
     def paths(self, name: str) -> dict[str, str]:
         return {ctrl: str(point / self.parent / name) for ctrl, point in self.mounts.items()}
 
-    def create(self, name: str, *, memory: int | None, pids: int | None, cpu_millicores: int | None,
-               background: bool = False) -> dict[str, str]:
+    def create(self, name: str, *, memory: int | None, pids: int | None, cpu_millicores: int | None
+               ) -> dict[str, str]:
         """The sandbox's groups with their limits (see the module docstring); returns its paths.
-        ``background``: its CPU weight ``BACKGROUND_SHARES`` until ``set_shares`` gives it
-        ``cpu_shares(cpu_millicores)``."""
+        Its CPU weight is ``cpu_shares(cpu_millicores)``: one made ahead of demand gets
+        ``BACKGROUND_SHARES`` once bubblewrap has set it up (``set_shares``, launcher.py)."""
         paths = self.paths(name)
         for path in paths.values():
             for child in ("", SERVER, DELEGATED):
@@ -215,7 +215,7 @@ class Cgroups:
             _write(paths["pids"], "pids.max", str(pids))
             _write(tools["pids"], "pids.max", str(tools_pids(pids)))
         if "cpu" in paths:
-            _write(paths["cpu"], "cpu.shares", str(BACKGROUND_SHARES if background else cpu_shares(cpu_millicores)))
+            _write(paths["cpu"], "cpu.shares", str(cpu_shares(cpu_millicores)))
             if cpu_millicores:
                 _write(paths["cpu"], "cpu.cfs_period_us", str(CFS_PERIOD_US))
                 _write(paths["cpu"], "cpu.cfs_quota_us", str(max(cpu_millicores * CFS_PERIOD_US // 1000, 1000)))
