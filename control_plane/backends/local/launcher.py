@@ -199,7 +199,8 @@ class Launcher:
 
     def _yield_cpu(self, name: str, data: LocalHandleData) -> None:
         """The background weight (priority.py) for the launch ``name`` while it is still made
-        ahead of demand, from now on: bubblewrap, born in the sandbox's groups, has set it up.
+        ahead of demand, from now on: bubblewrap, born in the sandbox's groups, has set it up
+        (its init runs the placeholder, or the server it started).
         At that weight from the start, bubblewrap's setup waited behind every claimed sandbox's
         calls (a fill's spawn 17 -> 40 ms p50 under back-to-back RESTART resets). Under the lock
         a hurry takes: a hurried launch keeps the weight its hurry gave it."""
@@ -312,8 +313,6 @@ class Launcher:
                 await loop.run_in_executor(None, self._watch, plan, data)
             prepared = time.perf_counter()
             ready_fd, pending = await host(self._spawn, plan, data, thread=self._thread)
-            if background:
-                self._yield_cpu(plan.name, data)
             if pending is not None:
                 nice = priority.BACKGROUND_NICE if behind() else priority.NORMAL_NICE
                 try:
@@ -321,6 +320,8 @@ class Launcher:
                 except BaseException:
                     os.close(ready_fd)
                     raise
+            if background:
+                self._yield_cpu(plan.name, data)
             spawned = time.perf_counter()
             # The pids recorded: findable if we die now. File work (renames on the host's
             # journalled disk, milliseconds while other sandboxes are made) stays off the event
