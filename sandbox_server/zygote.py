@@ -9,12 +9,15 @@ user namespace, in a mount namespace that holds the sandbox runtime at the paths
 it (what is imported here is where the server expects it), and sends requests on a
 ``SOCK_SEQPACKET`` socket: JSON (the server's ``argv`` and environment, the target number of each
 descriptor) with descriptors: the sandbox's namespaces, its server cgroups' ``tasks``
-and the descriptors the server is to have. Per request this process forks a child that joins
-the namespaces — the user namespace first, which leaves it root in the sandbox and nothing
-outside; the mount namespace, which makes its root the sandbox's — and forks the server into
-the sandbox's pid namespace, reports its pid and exits. The server joins its cgroups, starts a
-session of its own, takes its descriptors and environment and calls ``main(argv)``: what
-bubblewrap would have executed, minus the interpreter's start.
+and the descriptors the server is to have. Per request this process joins the sandbox's pid
+namespace for its children only (``setns`` of a pid namespace moves nobody), forks the server
+there and returns to its own. The server joins the other namespaces — the user namespace first,
+which leaves it root in the sandbox and nothing outside; the mount namespace, which makes its
+root the sandbox's — says so, joins its cgroups, starts a session of its own, takes its
+descriptors and environment and calls ``main(argv)``: what bubblewrap would have executed,
+minus the interpreter's start. One fork of this process per server: a child in between, which
+joined the namespaces and forked the server, cost a second fork and exit of this ~40 MiB
+process and a hop through the scheduler on every start.
 
 This process is single-threaded (``setns`` into a user namespace refuses threaded callers) and
 is the subreaper of every server it made. It ends when the control plane closes the socket.
@@ -36,8 +39,9 @@ from typing import Any
 
 from . import routes
 
-# setns(2) namespace types, in the order they are joined: the user namespace first (it grants
-# the rights the others need), the pid namespace last (it applies to children only).
+# setns(2) namespace types, in the order they are named: the pid namespace (it applies to children
+# only) is joined by the zygote for the fork, the others by the server, the user namespace first
+# (it grants the rights the others need).
 NAMESPACES = {"user": 0x10000000, "mnt": 0x00020000, "ipc": 0x08000000, "uts": 0x04000000,
               "net": 0x40000000, "cgroup": 0x02000000, "pid": 0x20000000}
 PR_SET_CHILD_SUBREAPER = 36
@@ -49,6 +53,7 @@ WARM_UP_CALLS = 20
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _capabilities: set[int] = set()  # the zygote's bounding set: what a server may hold in its sandbox
+_own_pid_ns = -1  # this process's pid namespace, which its children are born in again after a server's
 
 
 class _CapHeader(ctypes.Structure):
@@ -186,12 +191,25 @@ def _place_fds(targets: list[int], fds: list[int], cloexec: set[int]) -> None:
     os.closerange(start, 1 << 20)
 
 
-def _become_server(request: dict[str, Any], cgroup_fds: list[int], fds: list[int]) -> None:
-    """In the server, in the sandbox's namespaces: never returns."""
+def _become_server(request: dict[str, Any], ns_fds: dict[str, int], cgroup_fds: list[int], fds: list[int],
+                   report: int) -> None:
+    """In the server, born in the sandbox's pid namespace: join its other namespaces ``ns_fds``
+    (in order), say so (or why not) on ``report``, become the server. Never returns."""
     code = 1
     try:
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
+        try:
+            for kind, fd in ns_fds.items():
+                _setns(fd, kind)
+                os.close(fd)
+                if kind == "user":
+                    _limit_capabilities(_capabilities)
+        except BaseException as exc:
+            os.write(report, json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+            raise
+        os.write(report, b"{}")
+        os.close(report)
         # "0" written to ``tasks`` moves the writing thread, this process's only one (the zygote has
         # no other): the whole server, without the lock a move of a process (``cgroup.procs``) takes
         # on cgroup v1, which waits for an RCU grace period (6-11 ms of every start, measured).
@@ -222,31 +240,6 @@ def _become_server(request: dict[str, Any], cgroup_fds: list[int], fds: list[int
             os._exit(code)
 
 
-def _intermediate(request: dict[str, Any], ns_fds: list[int], cgroup_fds: list[int], fds: list[int],
-                  report: int) -> None:
-    """In the first child: join the namespaces, fork the server, report its pid. Never returns."""
-    code = 1
-    try:
-        for kind, fd in zip(request["namespaces"], ns_fds, strict=True):
-            _setns(fd, kind)
-            os.close(fd)
-            if kind == "user":
-                _limit_capabilities(_capabilities)
-        pid = os.fork()
-        if pid == 0:
-            os.close(report)
-            _become_server(request, cgroup_fds, fds)
-        os.write(report, json.dumps({"pid": pid}).encode())
-        code = 0
-    except BaseException as exc:  # noqa: BLE001 - reported to the control plane
-        try:
-            os.write(report, json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
-        except OSError:
-            pass
-    finally:
-        os._exit(code)
-
-
 def handle(request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
     """One server for ``request``; its descriptors ``fds`` are closed here."""
     n_ns, n_cg = len(request["namespaces"]), request["cgroups"]
@@ -260,12 +253,23 @@ def handle(request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         for fd in fds:
             os.close(fd)
         return {"error": f"namespaces {request['namespaces']} out of order: join them as {list(NAMESPACES)}"}
+    joins = dict(zip(request["namespaces"], ns_fds, strict=True))
+    pid_ns = joins.pop("pid", None)
     read, write = os.pipe()
     try:
-        pid = os.fork()
-        if pid == 0:
-            os.close(read)
-            _intermediate(request, ns_fds, cgroup_fds, passed, write)
+        if pid_ns is not None:  # for this process's children only: the server is born there
+            _setns(pid_ns, "pid")
+        try:
+            pid = os.fork()
+            if pid == 0:
+                os.close(read)
+                _become_server(request, joins, cgroup_fds, passed, write)
+        finally:
+            if pid_ns is not None:
+                _setns(_own_pid_ns, "pid")
+    except BaseException:
+        os.close(read)
+        raise
     finally:
         os.close(write)
         for fd in fds:
@@ -277,13 +281,10 @@ def handle(request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
     finally:
         os.close(read)
     try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:  # reaped by the SIGCHLD handler first
-        pass
-    try:
-        return json.loads(raw) if raw else {"error": "the zygote's child ended without a word"}
+        said = json.loads(raw) if raw else {"error": "the server ended before it joined the sandbox"}
     except ValueError:
-        return {"error": f"the zygote's child said {raw[:200]!r}"}
+        said = {"error": f"the server said {raw[:200]!r}"}
+    return said if "error" in said else {"pid": pid}
 
 
 def serve(sock: socket.socket) -> None:
@@ -312,8 +313,9 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise SystemExit("zygote: cannot become a child subreaper (servers would be nobody's children)")
-    global _capabilities
+    global _capabilities, _own_pid_ns
     _capabilities = bounding_set()  # before the warm-up's server drops some from it
+    _own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     preload()
     try:
         warm_up()

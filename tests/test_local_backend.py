@@ -376,6 +376,27 @@ def test_delete_leaves_nothing(loop: LoopThread, backend: LocalBackend) -> None:
     assert "sb-delete" not in loop.run(backend.list_names())
 
 
+def test_a_sandbox_is_born_in_its_groups(loop: LoopThread, backend: LocalBackend) -> None:
+    """Bubblewrap starts in the sandbox's server groups (the launching thread joins them for that
+    instant, by its own ``tasks``), so its init is never moved there by pid: such a move waits
+    for an RCU grace period, and every fork and exit on the host waits with it. The launching
+    thread is back in the control plane's groups afterwards.
+
+    Can fail: on main bubblewrap started in the control plane's groups and its init was moved
+    (``readiness.attach``: 10 ms of each create's wall time, measured)."""
+    h = loop.run(backend.create(spec("sb-born"), 60))
+    try:
+        monitor, init = h.data["monitor"][0], h.data["init"][0]
+        for controller, path in h.data["cgroups"].items():
+            procs = Path(path, "server", "cgroup.procs").read_text().split()
+            assert str(monitor) in procs and str(init) in procs, (controller, procs)
+        own = Path("/proc/self/cgroup").read_text()
+        for thread in os.listdir("/proc/self/task"):
+            assert Path(f"/proc/self/task/{thread}/cgroup").read_text() == own, thread
+    finally:
+        loop.run(backend.delete(h))
+
+
 def _in_ns(pid: str, ns: str) -> bool:
     try:
         return os.readlink(f"/proc/{pid}/ns/pid") == ns

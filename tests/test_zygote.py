@@ -85,11 +85,13 @@ def test_a_forked_server_is_what_bubblewrap_would_have_started(loop: LoopThread,
         server, init = _server(forked), forked.data["init"][0]
         zygote = _zygote_pid(backend)
         assert _ppid(server) == zygote  # the zygote is the subreaper of the servers it made
+        # It forked the server into the sandbox's pid namespace and is back in its own for the next.
+        assert os.readlink(f"/proc/{zygote}/ns/pid_for_children") == os.readlink(f"/proc/{zygote}/ns/pid")
         for name in NAMESPACES:
             assert os.readlink(f"/proc/{server}/ns/{name}") == os.readlink(f"/proc/{init}/ns/{name}"), name
         assert os.readlink(f"/proc/{server}/ns/user") != os.readlink(f"/proc/{zygote}/ns/mnt")
         assert _status(server) == _status(_server(fresh))
-        # It moved itself by its one thread (``tasks``), its init was moved too; every thread the
+        # It moved itself by its one thread (``tasks``), its init was born there; every thread the
         # server has made since is in the sandbox's groups (tools run on threads in ``tools``).
         for controller, path in forked.data["cgroups"].items():
             procs = Path(path, "server", "cgroup.procs").read_text().split()

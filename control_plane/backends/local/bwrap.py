@@ -20,7 +20,7 @@ from sandbox_server import procfs
 
 from ...appuser import APPUSER
 from ..base import BackendError
-from . import layer_mounts, mounts, usernet
+from . import cgroups, layer_mounts, mounts, usernet
 from .handle_data import LocalHandleData, required
 from .hostconfig import MOUNT as HOST_CONFIG_MOUNT
 from .image_trees import HOSTNAME
@@ -160,6 +160,7 @@ def spawn(plan: Plan, data: LocalHandleData, host: BwrapHost, runtime: Runtime, 
     exit_r, exit_w = os.pipe() if slirp else (-1, -1)
     resolv = usernet.resolv_conf_fd() if plan.network else None
     args = server_args(plan, runtime, kind, ready_fd=ready_w, tool_cgroups=tool_cgroups, forget_task=bool(staged))
+    server_groups = cgroups.sub(data.cgroups, cgroups.SERVER) if data.cgroups else {}
     env = {**server_env(plan, runtime, kind), **staged}
     pending: PendingSandbox | None = None
     inherited: tuple[int, ...]
@@ -189,11 +190,14 @@ def spawn(plan: Plan, data: LocalHandleData, host: BwrapHost, runtime: Runtime, 
                 try:
                     if peer_net is not None:
                         mounts.enter_network_namespace(peer_net)
-                    popen = subprocess.Popen(argv(plan, host, command, command_env, info_fd=info_w,
-                                                  block_fd=block_r, resolv_fd=resolv, as_pid_1=pending is not None),
-                                             pass_fds=inherited, stdin=stdin, stdout=logf, stderr=logf,
-                                             start_new_session=True, cwd="/",
-                                             env={"PATH": os.environ.get("PATH", os.defpath)})
+                    # Born in the server's groups: its init (and a server started the long way) never moved.
+                    with cgroups.born_in(server_groups):
+                        popen = subprocess.Popen(argv(plan, host, command, command_env, info_fd=info_w,
+                                                      block_fd=block_r, resolv_fd=resolv,
+                                                      as_pid_1=pending is not None),
+                                                 pass_fds=inherited, stdin=stdin, stdout=logf, stderr=logf,
+                                                 start_new_session=True, cwd="/",
+                                                 env={"PATH": os.environ.get("PATH", os.defpath)})
                 finally:
                     if own_net >= 0:
                         mounts.enter_network_namespace(own_net)
@@ -230,7 +234,8 @@ def spawn(plan: Plan, data: LocalHandleData, host: BwrapHost, runtime: Runtime, 
         os.write(block_w, b"1")
         if slirp:  # once bwrap has set up the namespace's loopback (it fails if lo is up already)
             init = required(data.init, "init")
-            usernet.start(slirp, init, exit_r, data, logf, track, lambda: set_up(init, placeholder=pending is not None))
+            usernet.start(slirp, init, exit_r, data, logf, track, lambda: set_up(init, placeholder=pending is not None),
+                          server_groups)
     except BaseException:
         os.close(ready_r)
         if pending is not None:

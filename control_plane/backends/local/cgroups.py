@@ -14,20 +14,26 @@ its own)::
                                        bounded by ``tools``, which the sandbox cannot see
 
 So whatever the tools do to memory, the server keeps its reserve: the tools' own OOM killer
-only ever chooses among tools. The sandbox's init and server are moved into ``server`` before
-the server can start any tool: a server forked by the zygote moves itself and its init is moved,
-each by its one thread (``tasks``); a server started the long way is moved with its init while it
-imports, as processes (``cgroup.procs``: each such move waits for an RCU grace period, 6-11 ms).
+only ever chooses among tools. The sandbox's processes are in ``server`` before the server can
+start any tool, and none is moved there by another process: bubblewrap is *born* in it (the
+launching thread joins the groups for the instant it starts it, ``born_in``), so its init and a
+server started the long way are too; a server forked by the zygote moves itself, by its one
+thread. A move of a process by its pid (``cgroup.procs``, or ``tasks`` with another's pid) on
+cgroup v1 write-locks what every fork and exit on the host read-locks, and that waits for an RCU
+grace period (6-11 ms, ``benchmarks/cgroup_moves.py``); a thread moving itself ("0" to ``tasks``)
+takes no such lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import functools
 import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Set
+from collections.abc import Callable, Iterator, Set
 from pathlib import Path
 
 from sandbox_server import procfs
@@ -67,6 +73,52 @@ def controller_mounts() -> dict[str, Path]:
     except OSError:
         pass
     return found
+
+
+@functools.cache
+def _mounts() -> dict[str, Path]:
+    return controller_mounts()
+
+
+def _thread_groups(controllers: Set[str]) -> dict[str, str]:
+    """The calling thread's group of each of ``controllers``, as host paths."""
+    mounts = _mounts()
+    found: dict[str, str] = {}
+    with open("/proc/thread-self/cgroup") as fh:
+        for line in fh:
+            _, names, path = line.rstrip("\n").split(":", 2)
+            for ctrl in names.split(","):
+                if ctrl in controllers and ctrl in mounts:
+                    found[ctrl] = f"{mounts[ctrl]}{path.rstrip('/')}"
+    return found
+
+
+@contextlib.contextmanager
+def born_in(paths: dict[str, str]) -> Iterator[None]:
+    """The calling thread in ``paths`` (one group per controller) meanwhile, then back in its
+    own: a process it starts meanwhile is born there and never has to be moved. Each move is
+    the thread's own ("0" to ``tasks``), which takes none of the host-wide lock a move by pid
+    takes. The thread must not start anything else meanwhile (it would be born there too)."""
+    if not paths:
+        yield
+        return
+    own = _thread_groups(set(paths))
+    joined: list[str] = []
+    try:
+        for ctrl, path in paths.items():
+            if os.path.isdir(own.get(ctrl, "")):  # (else not joined: ``attach`` moves what is started)
+                _write(path, "tasks", "0")
+                joined.append(ctrl)
+        yield
+    finally:
+        failed: OSError | None = None
+        for ctrl in joined:  # every one tried: a thread left in a sandbox's group would start its next child there
+            try:
+                _write(own[ctrl], "tasks", "0")
+            except OSError as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
 
 def host_memory() -> int:
@@ -137,11 +189,11 @@ class Cgroups:
     def paths(self, name: str) -> dict[str, str]:
         return {ctrl: str(point / self.parent / name) for ctrl, point in self.mounts.items()}
 
-    def create(self, name: str, *, memory: int | None, pids: int | None, cpu_millicores: int | None,
-               background: bool = False) -> dict[str, str]:
+    def create(self, name: str, *, memory: int | None, pids: int | None, cpu_millicores: int | None
+               ) -> dict[str, str]:
         """The sandbox's groups with their limits (see the module docstring); returns its paths.
-        ``background``: its CPU weight ``BACKGROUND_SHARES`` until ``set_shares`` gives it
-        ``cpu_shares(cpu_millicores)``."""
+        Its CPU weight is ``cpu_shares(cpu_millicores)``: one made ahead of demand gets
+        ``BACKGROUND_SHARES`` once bubblewrap has set it up (``set_shares``, launcher.py)."""
         paths = self.paths(name)
         for path in paths.values():
             for child in ("", SERVER, DELEGATED):
@@ -163,7 +215,7 @@ class Cgroups:
             _write(paths["pids"], "pids.max", str(pids))
             _write(tools["pids"], "pids.max", str(tools_pids(pids)))
         if "cpu" in paths:
-            _write(paths["cpu"], "cpu.shares", str(BACKGROUND_SHARES if background else cpu_shares(cpu_millicores)))
+            _write(paths["cpu"], "cpu.shares", str(cpu_shares(cpu_millicores)))
             if cpu_millicores:
                 _write(paths["cpu"], "cpu.cfs_period_us", str(CFS_PERIOD_US))
                 _write(paths["cpu"], "cpu.cfs_quota_us", str(max(cpu_millicores * CFS_PERIOD_US // 1000, 1000)))
@@ -246,27 +298,30 @@ class Cgroups:
         return kills
 
     @classmethod
-    def kill_all(cls, paths: dict[str, str], timeout: float = 5.0, extra: Set[int] = frozenset()) -> list[int]:
-        """SIGKILL every process in the groups (and ``extra``), frozen first so nothing forks;
-        returns those still there after ``timeout`` (e.g. stuck in the kernel)."""
-        me = os.getpid()
+    def kill_all(cls, paths: dict[str, str], timeout: float = 5.0, extra: Set[int] = frozenset(),
+                 spare: Set[int] = frozenset()) -> list[int]:
+        """SIGKILL every process in the groups (and ``extra``) but ``spare``, frozen first so
+        nothing forks; returns those still there after ``timeout`` (e.g. stuck in the kernel),
+        ``spare`` left out. (Bubblewrap's monitor is spared: it reaps the namespace's init, then
+        exits.)"""
+        spared = {os.getpid(), *spare}
         freezing = cls.freeze(paths, 1.0)
         try:
-            for pid in (cls.procs(paths) | set(extra)) - {me}:
+            for pid in (cls.procs(paths) | set(extra)) - spared:
                 procfs.kill(pid, signal.SIGKILL)
         finally:
             if freezing is not None:
                 cls.thaw(paths, descendants=True)  # frozen tasks only die once thawed
 
         def empty() -> bool:
-            left = cls.procs(paths) - {me}
+            left = cls.procs(paths) - spared
             for pid in left:
                 procfs.kill(pid, signal.SIGKILL)
                 procfs.reap(pid)
             return not left
 
         wait_until(empty, timeout, first=0.001, cap=0.01)
-        return sorted(cls.procs(paths) - {me})
+        return sorted(cls.procs(paths) - spared)
 
     @staticmethod
     def remove(paths: dict[str, str], timeout: float = 2.0) -> list[str]:

@@ -7,7 +7,8 @@ take twice as long (the children answering 8 calls: 51 -> 26 ms p50 once fills r
 bubblewrap) runs on threads at ``BACKGROUND_NICE`` and its processes start at that nice; once
 they are in the sandbox's groups, the group's CPU weight is what ranks them against other
 sandboxes (a task's nice only ranks it inside its own group), and that weight is the least
-(``cgroups.BACKGROUND_SHARES``) until the sandbox is claimed. Its tasks get nice 0 back at the end
+(``cgroups.BACKGROUND_SHARES``) from the moment bubblewrap, born in the groups, has set the
+sandbox up until it is claimed. Its tasks get nice 0 back at the end
 of the fill (``settle``, in the background), so a claim is one write of the group's weight
 (``restore``), not a walk of its tasks on the claim's path (3-6 ms under load for each of a
 fork's 8 children). Without a cpu group, nice is all there is: the claim gives every task nice 0.

@@ -52,10 +52,12 @@ def attach(data: LocalHandleData) -> None:
 
     In a bwrap sandbox the server is the only child of the namespace's init (a forked server
     is nobody's there: zygote.py); until it is ready
-    it starts nothing, so every later process inherits the groups. Moving a process into a v1
-    cgroup waits for an RCU grace period (cgroups.py): the launcher does it while the server
-    imports. A forked server joined its groups itself (zygote.py); its init, the placeholder
-    ``cat``, has one thread and is moved by it, without that wait.
+    it starts nothing, so every later process inherits the groups. Bubblewrap was born in the
+    server's groups (``cgroups.born_in``), and so were its init and a server it started: this
+    finds them there and moves nothing. A move is left for a process that was not (a plain
+    server; a controller the launching thread could not join), made while the server imports:
+    a move by pid waits for an RCU grace period (cgroups.py). A forked server joined its groups
+    itself (zygote.py).
     """
     if data.forked:
         if data.cgroups:

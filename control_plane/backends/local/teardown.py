@@ -62,7 +62,9 @@ def kill(name: str, space: Space, data: LocalHandleData | None, isolation: str, 
     deadline = time.monotonic() + KILL_TIMEOUT
     if cgroups:
         step("killing the processes in the sandbox's cgroups")
-        left = Cgroups.kill_all(cgroups, KILL_TIMEOUT, extra=victims)
+        # bubblewrap's monitor, born in the groups, is left to reap init (else init, a zombie, would
+        # be nobody's): it exits once init has, and is killed below if it does not
+        left = Cgroups.kill_all(cgroups, KILL_TIMEOUT, extra=victims, spare={monitor} if monitor else frozenset())
     for pid in victims:  # init first among them: the kernel then ends the rest of its namespace
         procfs.kill(pid, signal.SIGKILL)
     step("waiting for the sandbox's processes to end")

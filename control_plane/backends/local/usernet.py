@@ -32,8 +32,7 @@ from sandbox_server import procfs
 from sandbox_server.polling import wait_until
 
 from ..base import BackendError
-from . import netguard
-from .cgroups import SERVER, Cgroups, sub
+from . import cgroups, netguard
 from .handle_data import LocalHandleData
 
 SLIRP = "slirp4netns"
@@ -59,10 +58,11 @@ def resolv_conf_fd() -> int:
 
 
 def start(slirp: str, init: Any, exit_fd: int, data: LocalHandleData, log: Any,
-          track: Callable[[subprocess.Popen], None], set_up: Callable[[], bool]) -> None:
+          track: Callable[[subprocess.Popen], None], set_up: Callable[[], bool], groups: dict[str, str]) -> None:
     """Give the network namespace of the sandbox's ``init`` (a ``procfs.record``) its tap device,
     once bubblewrap has set the namespace up (``set_up``); returns once it is configured.
-    Records slirp4netns as ``data.net``."""
+    slirp4netns is born in ``groups`` (the server's: the tools' OOM killer never picks it);
+    records it as ``data.net``."""
     if not wait_until(lambda: set_up() or not procfs.recorded_alive(init),
                       READY_TIMEOUT, first=0.0005, cap=0.002) or not procfs.recorded_alive(init):
         raise BackendError("bubblewrap did not set up the sandbox's namespaces")
@@ -70,16 +70,15 @@ def start(slirp: str, init: Any, exit_fd: int, data: LocalHandleData, log: Any,
     argv = [slirp, "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-sandbox", "--enable-seccomp",
             f"--ready-fd={ready_w}", f"--exit-fd={exit_fd}", str(init[0]), "tap0"]
     try:
-        popen = subprocess.Popen(netguard.confined(argv), pass_fds=(ready_w, exit_fd), stdin=subprocess.DEVNULL,
-                                 stdout=log, stderr=log, start_new_session=True, cwd="/",
-                                 env={"PATH": os.environ.get("PATH", os.defpath)})
+        with cgroups.born_in(groups):
+            popen = subprocess.Popen(netguard.confined(argv), pass_fds=(ready_w, exit_fd), stdin=subprocess.DEVNULL,
+                                     stdout=log, stderr=log, start_new_session=True, cwd="/",
+                                     env={"PATH": os.environ.get("PATH", os.defpath)})
     finally:
         os.close(ready_w)
     track(popen)
     try:
         data.net = procfs.record(popen.pid)
-        if data.cgroups:  # with the server (its reserve): the tools' OOM killer never picks it
-            Cgroups.attach(sub(data.cgroups, SERVER), popen.pid)
         ready, _, _ = select.select([ready_r], [], [], READY_TIMEOUT)
         if not ready or not os.read(ready_r, 1):
             raise BackendError(f"slirp4netns did not set up the sandbox's network within {READY_TIMEOUT:g} s "
