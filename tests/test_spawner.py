@@ -415,15 +415,18 @@ def test_a_tool_s_output_ends_only_once_its_end_is_told(native: tuple[int, Repli
 
     Can fail: it did: the pipes ended with the tool, before the spawner had said anything."""
     spawner, replies = native
-    tool = start(replies, ["/bin/sh", "-c", "echo out"], {})
+    go = Path(f"/tmp/idegym-spawner-test-{os.getpid()}-{time.monotonic_ns()}")  # where the tool user looks
+    tool = start(replies, ["/bin/sh", "-c", f"until [ -e {go} ]; do sleep 0.01; done; echo out"], {})
     pid = replies.answer()[0]
-    os.kill(spawner, signal.SIGSTOP)
+    os.kill(spawner, signal.SIGSTOP)  # before the tool can end: it waits for ``go``
     try:
+        go.touch()
         assert wait_until(lambda: procfs.stat(pid) is not None and procfs.stat(pid).state == "Z", 10)
         assert os.read(tool.out_r, 100) == b"out\n"
         assert select.select([tool.out_r], [], [], 0.3)[0] == []  # no end while nothing is told
     finally:
         os.kill(spawner, signal.SIGCONT)
+        go.unlink(missing_ok=True)
     assert tool.ending(replies, pid) == (b"", 0)
     daemon = start(replies, ["/bin/sh", "-c", "sleep 30 & echo $!"], {})
     pid = replies.answer()[0]
