@@ -94,14 +94,15 @@ def run() -> Result:
     def over(label: str) -> float:
         return (medians[label] / base - 1) * 100
 
-    for label, name in ((TRL, "TRL"), (SKYRL, "SkyRL"), (MCP, "MCP")):
+    for label, name in ((TRL, "TRL"), (SKYRL, "SkyRL")):
         result.figures[f"{name} overhead %"] = round(over(label), 2)
         result.targets[name] = check_target(f"{name} adapter overhead over the direct call", over(label), 10.0,
                                             unit="%")
+    # MCP's target is what our server adds beyond the SDK's own round trip (below): its whole
+    # overhead, and the in-process SDK client's, are figures.
+    result.figures["MCP overhead %"] = round(over(MCP), 2)
     result.figures["async client overhead over the sync client %"] = round(over(ASYNC_DIRECT), 2)
     result.figures["MCP in-process overhead %"] = round(over(MCP_LOCAL), 2)
-    result.targets["MCP-in-process"] = check_target("MCP adapter overhead, in-process SDK client (no transport)",
-                                                    over(MCP_LOCAL), 10.0, unit="%")
     # MCP's excess over the direct call, in five parts that add up to it.
     client, floor, mcp = medians[MCP_NULL], medians[MCP_FLOOR], medians[MCP]
     any_server, on_loop = medians[MCP_NULL_DIRECT], medians[MCP_NULL_LOOP]
