@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ._cpu import seconds_of
+from ._servers import _wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
 VERIFIERS_STEP = "verifiers: OpenEnv client step (its OpenEnv taskset's call)"
@@ -113,13 +113,7 @@ def _ready_port(argv: Callable[[int], list[str]]) -> tuple[subprocess.Popen, int
     proc = subprocess.Popen(command, pass_fds=(write_fd,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             cwd=REPO, start_new_session=True)
     os.close(write_fd)
-    ready, _, _ = select.select([read_fd], [], [], 120)
-    line = os.read(read_fd, 64).decode() if ready else ""
-    os.close(read_fd)
-    if not line.startswith("ready "):
-        _stop(proc)
-        raise RuntimeError(f"{' '.join(command[1:3])} did not start")
-    return proc, int(line.split()[1])
+    return proc, int(_wait_ready(read_fd, proc, " ".join(command[1:3])).split()[1])
 
 
 def _stop(proc: subprocess.Popen) -> None:

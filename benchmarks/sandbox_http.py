@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import select
 import socket
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ._common import Result, Stats, interleaved, stats_table
+from ._servers import _wait_ready
 
 N = int(os.environ.get("BENCH_N", "2000"))
 BODY = (b'{"timeout":600.0,"graceful_termination_timeout":2.0,"command":"true","cwd":null,"env":{},'
@@ -115,12 +115,7 @@ def _start(kind: str, path: Path) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.sandbox_http", kind, str(path), str(write_fd)],
                             pass_fds=(write_fd,))
     os.close(write_fd)
-    ready, _, _ = select.select([read_fd], [], [], 60)
-    line = os.read(read_fd, 16) if ready else b""
-    os.close(read_fd)
-    if line != b"ready\n":
-        proc.kill()
-        raise RuntimeError(f"the {kind} server did not start")
+    _wait_ready(read_fd, proc, f"the {kind} server", timeout=60)
     return proc
 
 
