@@ -3,9 +3,7 @@ and reading such a stream from a non-blocking descriptor."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import struct
 
 
 def read_available(fd: int, size: int) -> bytes | None:
@@ -17,19 +15,6 @@ def read_available(fd: int, size: int) -> bytes | None:
         return None
     except OSError:
         return b""
-
-
-def read_exit_status(loop: asyncio.AbstractEventLoop, fd: int, exit_status: asyncio.Future[int | None],
-                     unwritten: int | None) -> None:
-    """A reader callback for a status pipe (a process's wait status, 4 bytes, from the spawner):
-    the status, or ``unwritten`` when the pipe closed without one."""
-    data = read_available(fd, 4)
-    if data is None:
-        return
-    loop.remove_reader(fd)
-    os.close(fd)
-    if not exit_status.done():
-        exit_status.set_result(struct.unpack("i", data)[0] if len(data) == 4 else unwritten)
 
 
 def omitted_marker(dropped: int) -> str:

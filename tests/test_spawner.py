@@ -15,7 +15,6 @@ import resource
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -568,26 +567,3 @@ def test_a_tool_s_end_told_before_its_spawner_is_stopped_is_its_status() -> None
                 os.kill(running, signal.SIGKILL)
 
     asyncio.run(main())
-
-
-def test_a_status_pipe_gives_the_wait_status_or_what_its_reader_says_a_silent_end_means() -> None:
-    """The isolated runs' reader of a status pipe: the 4-byte wait status written into it, else
-    (closed with nothing written) the value its caller names."""
-    from sandbox_server.output import read_exit_status
-
-    async def status_of(data: bytes, unwritten: int | None) -> int | None:
-        loop = asyncio.get_running_loop()
-        read, write = os.pipe()
-        os.set_blocking(read, False)
-        status: asyncio.Future[int | None] = loop.create_future()
-        loop.add_reader(read, read_exit_status, loop, read, status, unwritten)
-        os.write(write, data)
-        os.close(write)
-        result = await asyncio.wait_for(status, 10)
-        with pytest.raises(OSError):  # the reader closed its end once it had the answer
-            os.fstat(read)
-        return result
-
-    assert asyncio.run(status_of(struct.pack("i", 3 << 8), None)) == 3 << 8
-    assert asyncio.run(status_of(b"", None)) is None
-    assert asyncio.run(status_of(b"", signal.SIGKILL)) == signal.SIGKILL
