@@ -467,6 +467,7 @@ def test_sub_envs_can_share_an_actor(ray_session: None, control_plane: EmbeddedC
 
         restarts = vec.restarts.copy()
         doomed = vec.actor(2)
+        pid = ray.get(doomed.describe.remote())[0]["actor_pid"]
         ray.kill(doomed)
 
         def dead() -> bool:
@@ -477,6 +478,8 @@ def test_sub_envs_can_share_an_actor(ray_session: None, control_plane: EmbeddedC
             return False
 
         assert wait_until(dead, 30, interval=0.1)
+        # Ray calls the actor dead before its process has exited, and the channel is served until then.
+        assert wait_until(lambda: pid not in _channel_sockets(), 30, interval=0.05), "the killed actor lives on"
         obs, _, terminated, truncated, infos = vec.step(actions(*(bash(f"echo c{i}") for i in range(4))))
         assert truncated.tolist() == [False, False, True, True] and not terminated.any()
         assert infos["slot_failure"][2] == infos["slot_failure"][3] == "actor_died"
