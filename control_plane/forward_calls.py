@@ -131,8 +131,17 @@ class Forwards:
                                client_id=str(call.client_id), server_id=call.server_id)
             return Answer(op)
         started_ms, started = now_ms(), time.perf_counter()
+        loop = asyncio.get_running_loop()
+        settled = loop.create_future()  # the answer, or ``wait`` seconds
+
+        def wake() -> None:
+            if not settled.done():
+                settled.set_result(None)
+
         try:
-            pending = cp.forwarder.start(endpoint, call.method, call.path, call.headers, call.body)
+            # woken in the very turn the answer arrives: a callback of the reply's future would
+            # wake it a turn later
+            pending = cp.forwarder.start(endpoint, call.method, call.path, call.headers, call.body, on_end=wake)
         except BaseException:
             if release is not None:
                 release()
@@ -140,7 +149,11 @@ class Forwards:
         if release is not None:
             pending.future.add_done_callback(lambda _: release())
         if not pending.future.done():
-            await settled_within(pending.future, wait)
+            timer = loop.call_later(wait, wake)
+            try:
+                await settled  # never cancels the forward: a cut-off wait leaves it running
+            finally:
+                timer.cancel()
         if not pending.future.done():
             op_id = cp.store.add_operation(AsyncOperationType.FORWARD_REQUEST, call.record(endpoint.base_url),
                                            str(call.client_id), call.server_id, AsyncOperationStatus.IN_PROGRESS,
@@ -203,21 +216,3 @@ class Forwards:
             answer = ForwardRequestResponse(status_code=value.status, headers=dict(value.headers), body=text)
             return OperationOutcome.success(answer, touch)
         return OperationOutcome.failure(value.status, text, dict(value.headers), touch)
-
-
-async def settled_within(future: asyncio.Future, seconds: float) -> None:
-    """Wait until ``future`` ends or ``seconds`` pass, whichever is first; never cancels it."""
-    loop = asyncio.get_running_loop()
-    waiter = loop.create_future()
-
-    def wake(*_: Any) -> None:
-        if not waiter.done():
-            waiter.set_result(None)
-
-    timer = loop.call_later(seconds, wake)
-    future.add_done_callback(wake)
-    try:
-        await waiter
-    finally:
-        timer.cancel()
-        future.remove_done_callback(wake)

@@ -8,7 +8,7 @@ published client reads). The sandbox's own answers pass through untouched.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -88,6 +88,12 @@ class PendingReply:
         return Reply(value.status, {k: v for k, v in value.headers.items() if k not in RESPONSE_DROP}, value.body)
 
 
+def _ending(pending: PendingReply, on_end: Callable[[], None] | None) -> PendingReply:
+    if on_end is not None:
+        pending.future.add_done_callback(lambda _: on_end())
+    return pending
+
+
 class Forwarder:
     """Kept-alive connections per sandbox: a lean client for Unix sockets (the local backend,
     where every 0.1 ms shows), aiohttp for TCP (Kubernetes pods)."""
@@ -99,26 +105,30 @@ class Forwarder:
         self._pools: dict[str, UnixPool] = {}
 
     def start(self, endpoint: SandboxAddress, method: str, path: str, headers: Mapping[str, str] | None = None,
-              body: bytes | bytearray | None = None, timeout: float | None = None) -> PendingReply:
+              body: bytes | bytearray | None = None, timeout: float | None = None,
+              on_end: Callable[[], None] | None = None) -> PendingReply:
         """Begin a request; ``path`` is relative to the sandbox root (``api/tools/bash?x=1``). On an
-        idle kept-alive connection the request is written before this returns."""
+        idle kept-alive connection the request is written before this returns, and ``on_end`` is
+        called in the same turn of the loop as its answer arrives (else when the future ends)."""
         url = endpoint.base_url.rstrip("/") + "/" + path.lstrip("/")
         sent = {k: v for k, v in (headers or {}).items() if k.lower() not in HOP_BY_HOP}
         if not endpoint.unix_socket:
-            return PendingReply(asyncio.ensure_future(self._tcp(url, method, sent, body, timeout)), url)
+            return _ending(PendingReply(asyncio.ensure_future(self._tcp(url, method, sent, body, timeout)), url),
+                           on_end)
         pool = self._pools.get(endpoint.unix_socket)
         if pool is None:
             pool = self._pools[endpoint.unix_socket] = UnixPool(endpoint.unix_socket)
         limit = timeout or self._read_timeout
         try:
-            sent_now = pool.send(method, path, sent, body or b"", limit)
+            sent_now = pool.send(method, path, sent, body or b"", limit, on_end)
         except ValueError as exc:
             failed = asyncio.get_running_loop().create_future()
             failed.set_exception(exc)
-            return PendingReply(failed, url)
+            return _ending(PendingReply(failed, url), on_end)
         if sent_now is not None:
             return PendingReply(sent_now, url)
-        return PendingReply(asyncio.ensure_future(pool.request(method, path, sent, body or b"", limit)), url)
+        return _ending(PendingReply(asyncio.ensure_future(pool.request(method, path, sent, body or b"", limit)), url),
+                       on_end)
 
     async def request(self, endpoint: SandboxAddress, method: str, path: str, headers: Mapping[str, str] | None = None,
                       body: bytes | bytearray | None = None, timeout: float | None = None) -> Reply:

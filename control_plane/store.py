@@ -63,6 +63,18 @@ def _touch(db: sqlite3.Connection, server_id: int, when: int) -> None:
     db.execute(_TOUCH_SQL, (when, server_id))
 
 
+_RECORD_SQL = ("INSERT INTO operations (id, request_type, status, request, result, client_id, server_id, "
+               "orchestrator_pod, scheduled_at, started_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)")
+
+
+def _record_row(request_type: AsyncOperationType, request: str | None, client_id: str | None, server_id: int | None,
+                pod: str | None, started: int, status: AsyncOperationStatus, result: str, op_id: int | None,
+                finished: int) -> tuple[Any, ...]:
+    """The values of ``_RECORD_SQL`` for an operation that has ended."""
+    return (op_id, request_type.value, status.value, request, result, client_id, server_id, pod, started, started,
+            finished)
+
+
 class StoreError(Unavailable):
     """The database could not be written (disk full, read-only…); the message says what to do.
     Answered as 503: the control plane cannot keep state until it is fixed."""
@@ -94,7 +106,8 @@ class SQLiteStore:
         self._generation = 0
         self._usable: dict[tuple[str, int, str], str] = {}
         self._usable_seen: tuple[int, int] = (-1, -1)
-        # Ended operations not written yet (``defer_record``): each produces record_operation's arguments.
+        # Ended operations not written yet (``defer_record``): each produces record_operation's arguments
+        # and ``finished``.
         self._deferred: list[Callable[[], dict[str, Any]]] = []
         self.on_release: Callable[[], None] | None = None  # called when a server stops counting as live
 
@@ -125,14 +138,25 @@ class SQLiteStore:
                 log.error("operations not recorded: %s", exc)
 
     def _write_deferred(self, db: sqlite3.Connection) -> None:
+        """The deferred records, and one touch a server: its last activity is the latest of its
+        records (a touch per record was a third of the flush's database time)."""
         produced, self._deferred = self._deferred, []
+        touched: dict[int, int] = {}
         for produce in produced:
             try:
-                self._insert_record(db, **produce())
+                record = produce()
+                touch, finished = record.pop("touch_server", None), record.pop("finished", None)
+                finished = now_ms() if finished is None else finished
+                db.execute(_RECORD_SQL, _record_row(finished=finished, **record))
             except sqlite3.OperationalError:
                 raise
             except Exception:  # noqa: BLE001 - one bad record must not lose the others
                 log.exception("an operation record could not be made")
+                continue
+            if touch is not None:
+                touched[touch] = max(touched.get(touch, finished), finished)
+        for server_id, when in touched.items():
+            _touch(db, server_id, when)
 
     @contextmanager
     def tx(self, *, servers_unchanged: bool = False) -> Iterator[sqlite3.Connection]:
@@ -379,25 +403,13 @@ class SQLiteStore:
                          result: str, touch_server: int | None = None, op_id: int | None = None) -> int:
         """Insert an operation that has already ended (a forward answered inline): one transaction.
         Its touch may turn REUSED into ALIVE, which leaves the server usable."""
+        now = now_ms()
         with self.tx(servers_unchanged=True) as db:
-            return self._insert_record(db, request_type, request, client_id, server_id, pod, started, status, result,
-                                       touch_server, op_id)
-
-    @staticmethod
-    def _insert_record(db: sqlite3.Connection, request_type: AsyncOperationType, request: str | None,
-                       client_id: str | None, server_id: int | None, pod: str | None, started: int,
-                       status: AsyncOperationStatus, result: str, touch_server: int | None = None,
-                       op_id: int | None = None, finished: int | None = None) -> int:
-        now = finished if finished is not None else now_ms()
-        cur = db.execute(
-            "INSERT INTO operations (id, request_type, status, request, result, client_id, server_id, "
-            "orchestrator_pod, scheduled_at, started_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (op_id, request_type.value, status.value, request, result, client_id, server_id, pod, started,
-             started, now),
-        )
-        if touch_server is not None:
-            _touch(db, touch_server, now)
-        return _row_id(cur)
+            cur = db.execute(_RECORD_SQL, _record_row(request_type, request, client_id, server_id, pod, started,
+                                                      status, result, op_id, now))
+            if touch_server is not None:
+                _touch(db, touch_server, now)
+            return _row_id(cur)
 
     def start_operation(self, op_id: int) -> None:
         self._write("UPDATE operations SET status=?, started_at=? WHERE id=? AND status=?",

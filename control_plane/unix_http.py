@@ -11,6 +11,7 @@ checks what it parses, so a misbehaving sandbox gets a protocol error, not a han
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from yarl import URL
 
@@ -62,6 +63,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reply: asyncio.Future[Reply] | None = None
+        self._on_end: Callable[[], None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._buf = bytearray()
         self._method = ""
@@ -77,10 +79,14 @@ class _Connection(asyncio.Protocol):
         self._chunks: list[bytes] = []
         self._keep = False
 
-    def send(self, data: bytes, method: str, timeout: float) -> asyncio.Future[Reply]:
+    def send(self, data: bytes, method: str, timeout: float,
+             on_end: Callable[[], None] | None = None) -> asyncio.Future[Reply]:
+        """Write a request; its answer completes the future, and ``on_end`` is called at once when
+        the exchange ends (the future's own callbacks wait for the loop's next turn)."""
         assert self.transport is not None and self.reply is None
         loop = asyncio.get_running_loop()
         self.reply = reply = loop.create_future()
+        self._on_end = on_end
         self._method = method
         self._timer = loop.call_later(timeout, self._time_out)
         reply.add_done_callback(self._cancelled)
@@ -211,7 +217,7 @@ class _Connection(asyncio.Protocol):
                 body = b"".join(self._chunks)
             else:
                 body = b""
-        reply, result, keep = self.reply, Reply(self._status, self._headers, body), self._keep
+        reply, result, keep, on_end = self.reply, Reply(self._status, self._headers, body), self._keep, self._on_end
         self._end_exchange()
         if keep:
             self.pool.release(self)
@@ -219,13 +225,17 @@ class _Connection(asyncio.Protocol):
             self._close()
         if reply is not None and not reply.done():
             reply.set_result(result)
+        if on_end is not None:
+            on_end()
 
     def _fail(self, exc: BaseException) -> None:
-        reply = self.reply
+        reply, on_end = self.reply, self._on_end
         self._end_exchange()
         self._close()
         if reply is not None and not reply.done():
             reply.set_exception(exc)
+        if on_end is not None:
+            on_end()
 
     def _time_out(self) -> None:
         self._fail(TimeoutError("no answer within the read timeout"))
@@ -234,7 +244,7 @@ class _Connection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self.reply = None
+        self.reply = self._on_end = None
         self._reset_parse()
 
     def _close(self) -> None:
@@ -255,15 +265,16 @@ class UnixPool:
         self._waiting: list[asyncio.Future[None]] = []
 
     def send(self, method: str, path: str, headers: dict[str, str], body: bytes | bytearray,
-             timeout: float) -> asyncio.Future[Reply] | None:
-        """Send on an idle connection at once, without a task; None when there is none to take."""
+             timeout: float, on_end: Callable[[], None] | None = None) -> asyncio.Future[Reply] | None:
+        """Send on an idle connection at once, without a task; None when there is none to take.
+        ``on_end`` is called as soon as the exchange ends (``_Connection.send``)."""
         if self._busy >= self.limit:
             return None
         data = encode_request(method, request_target(path), headers, body)
         while self._idle:
             conn = self._idle.pop()
             if not conn.closed:
-                return self._start(conn, data, method, timeout)
+                return self._start(conn, data, method, timeout, on_end)
         return None
 
     async def request(self, method: str, path: str, headers: dict[str, str], body: bytes | bytearray,
@@ -300,9 +311,10 @@ class UnixPool:
                 self._busy -= 1
         return await self._start(conn, data, method, max(deadline - loop.time(), 0.001))
 
-    def _start(self, conn: _Connection, data: bytes, method: str, timeout: float) -> asyncio.Future[Reply]:
+    def _start(self, conn: _Connection, data: bytes, method: str, timeout: float,
+               on_end: Callable[[], None] | None = None) -> asyncio.Future[Reply]:
         self._busy += 1
-        reply = conn.send(data, method, timeout)
+        reply = conn.send(data, method, timeout, on_end)
         reply.add_done_callback(self._done)
         return reply
 

@@ -177,6 +177,42 @@ def test_a_deferred_record_is_there_for_the_next_read_and_written_once_for_all(t
         reopened.close()
 
 
+def test_deferred_records_touch_each_server_once_with_its_latest_activity(tmp_path: Path) -> None:
+    """A flush writes every deferred record and touches each server once, with the latest finish
+    of its records: a REUSED server becomes ALIVE, one no longer usable is left as it is.
+
+    Can fail: with a touch per record (as on main) the flush ran six UPDATEs of the servers table
+    for six records of three servers (seen); a touch with a server's last record's time instead of
+    its latest would leave the REUSED server's activity at 25.
+    """
+    store = SQLiteStore(tmp_path / "s.db")
+    try:
+        client = str(uuid.uuid4())
+        store.add_client(ClientRow(client, "c", "ns", 0, A.ALIVE, 0, 0))
+        reused, alive = _server(store, client, A.REUSED, '{"h": 1}'), _server(store, client, A.ALIVE, '{"h": 2}')
+        finished = _server(store, client, A.FINISHED, '{"h": 3}')
+        ids = []
+        for server, when in ((reused, 20), (alive, 40), (reused, 30), (finished, 50), (alive, 35), (reused, 25)):
+            op_id = store.reserve_operation_id()
+            ids.append(op_id)
+            store.defer_record(lambda op_id=op_id, server=server, when=when: dict(
+                request_type=FORWARD, request="{}", client_id=client, server_id=server, pod=None, started=1,
+                status=AsyncOperationStatus.SUCCEEDED, result="{}", touch_server=server, op_id=op_id, finished=when))
+        statements: list[str] = []
+        store._db.set_trace_callback(statements.append)
+        store.flush()
+        store._db.set_trace_callback(None)
+        assert sum(s.startswith("INSERT INTO operations") for s in statements) == 6
+        assert sum(s.startswith("UPDATE servers") for s in statements) == 3  # one a server
+        after = {server: store.get_server(server) for server in (reused, alive, finished)}
+        assert after[reused].availability == A.ALIVE and after[reused].last_activity_at == 30  # type: ignore[union-attr]
+        assert after[alive].availability == A.ALIVE and after[alive].last_activity_at == 40  # type: ignore[union-attr]
+        assert after[finished].availability == A.FINISHED and after[finished].last_activity_at == 0  # type: ignore[union-attr]
+        assert [store.get_operation(op_id).finished_at for op_id in ids] == [20, 40, 30, 50, 35, 25]  # type: ignore[union-attr]
+    finally:
+        store.close()
+
+
 def test_a_state_directory_made_before_tenants_is_migrated(tmp_path: Path) -> None:
     """A database made before the tenant columns gets them (its rows belong to the single
     tenant), and a tenant's operation is found only for that tenant."""

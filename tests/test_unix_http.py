@@ -73,6 +73,39 @@ def test_content_length_body_and_the_request_sent(tmp_path: Path) -> None:
                      b"X-Trace: t\r\n\r\n{}")]
 
 
+def test_on_end_is_called_while_the_answer_is_read_not_a_turn_later(tmp_path: Path) -> None:
+    """``on_end`` runs inside the read that completes the exchange (an answer, or a failure), so a
+    forward waiting on it resumes in the loop's next turn; a callback of the reply's future runs
+    only in that next turn, and what it wakes in the one after.
+
+    Can fail: with ``on_end`` run as a callback of the future (how the forward was woken before),
+    no ``data_received`` is on its stack.
+    """
+    import traceback
+
+    async def calls(pool: UnixPool) -> list[tuple[bool, bool]]:
+        await pool.request("GET", "warm", {}, b"", 5)  # a kept connection, so that ``send`` writes at once
+        seen = []
+        for path in ("ok", "broken"):
+            ended = asyncio.get_running_loop().create_future()
+
+            def on_end(ended: asyncio.Future = ended) -> None:
+                ended.set_result(any(frame.name == "data_received" for frame in traceback.extract_stack()))
+
+            reply = pool.send("GET", path, {}, b"", 5, on_end=on_end)
+            assert reply is not None
+            seen.append((await ended, reply.done()))
+        return seen
+
+    async def answer(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"NOT HTTP\r\n\r\n" if b"broken" in request else b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    seen, _ = _run(tmp_path / "s.sock", answer, calls)
+    assert seen == [(True, True), (True, True)]
+
+
 def test_chunked_body_with_trailers_and_an_informational_answer_first(tmp_path: Path) -> None:
     answer = _reply(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
                     b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n")
