@@ -371,17 +371,19 @@ def _children() -> set[int]:
     return found
 
 
-@pytest.mark.parametrize("where", ["in-process", "stdio"])
-def test_episodes_run_at_once_and_an_episode_one_call_at_a_time(control_plane, where: str) -> None:  # noqa: F811
-    """In-process and served (stdio), a running episode's call is made on the event loop (no
-    worker thread: the server starts none for two episodes' calls at once), and a second call of
-    the same episode waits on a thread for the first: two episodes' calls overlap, one episode's
-    do not."""
+@pytest.mark.parametrize("where", ["in-process", "stdio", "http"])
+def test_episodes_run_at_once_and_an_episode_one_call_at_a_time(control_plane, where: str,  # noqa: F811
+                                                                request: pytest.FixtureRequest) -> None:
+    """In-process and served (stdio, streamable HTTP), a running episode's call is made on the
+    event loop (no worker thread: the server starts none, and none is busy, for two episodes'
+    calls at once), and a second call of the same episode waits on a thread for the first: two
+    episodes' calls overlap, one episode's do not."""
     from idegym_env.integrations._episode import close_shared_clients
     from idegym_env.integrations.mcp import EpisodeServer
 
     server = EpisodeServer(task=TASK, control_plane_url=control_plane.url)
-    target: Any = server.mcp if where == "in-process" else StdioServerParameters(
+    http: HttpServer | None = request.getfixturevalue("http_process") if where == "http" else None
+    target: Any = {"in-process": server.mcp, "http": http and http.url}.get(where) or StdioServerParameters(
         command=sys.executable, args=serve_argv(control_plane.url)[1:], env={**os.environ})
 
     async def main() -> None:
@@ -393,7 +395,7 @@ def test_episodes_run_at_once_and_an_episode_one_call_at_a_time(control_plane, w
                     return sum(t.name.startswith("idegym-mcp") and _in_our_code(frames.get(t.ident or 0))
                                for t in threading.enumerate())
             else:  # the server process's threads
-                pid, = _children() - before
+                pid, = {http.proc.pid} if http is not None else _children() - before
 
                 def threads() -> int:
                     return len(os.listdir(f"/proc/{pid}/task"))
