@@ -10,6 +10,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -349,32 +350,80 @@ def test_sigterm_over_stdio_hands_the_episode_back(control_plane) -> None:  # no
             proc.kill()
 
 
-@pytest.mark.parametrize("where", ["in-process", "stdio"])
-def test_episodes_run_at_once_and_an_episode_one_call_at_a_time(control_plane, where: str) -> None:  # noqa: F811
-    """In-process every call runs on a worker thread; served (stdio), a running episode's call is
-    made on the event loop, and a second call of the same episode waits on a thread for the
-    first: either way two episodes' calls overlap and one episode's do not."""
+def _in_our_code(frame: Any) -> bool:
+    """Whether a thread's stack (its innermost frame) runs a function of ours."""
+    while frame is not None:
+        if "idegym_env" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _children() -> set[int]:
+    """This process's child processes now."""
+    me, found = str(os.getpid()), set()
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1] == me:
+                found.add(int(entry))
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+    return found
+
+
+@pytest.mark.parametrize("where", ["in-process", "stdio", "http"])
+def test_episodes_run_at_once_and_an_episode_one_call_at_a_time(control_plane, where: str,  # noqa: F811
+                                                                request: pytest.FixtureRequest) -> None:
+    """In-process and served (stdio, streamable HTTP), a running episode's call is made on the
+    event loop (no worker thread: the server starts none, and none is busy, for two episodes'
+    calls at once), and a second call of the same episode waits on a thread for the first: two
+    episodes' calls overlap, one episode's do not."""
     from idegym_env.integrations._episode import close_shared_clients
     from idegym_env.integrations.mcp import EpisodeServer
 
     server = EpisodeServer(task=TASK, control_plane_url=control_plane.url)
-    target: Any = server.mcp if where == "in-process" else StdioServerParameters(
+    http: HttpServer | None = request.getfixturevalue("http_process") if where == "http" else None
+    target: Any = {"in-process": server.mcp, "http": http and http.url}.get(where) or StdioServerParameters(
         command=sys.executable, args=serve_argv(control_plane.url)[1:], env={**os.environ})
 
     async def main() -> None:
+        before = _children()
         async with Client(target) as client:
+            if where == "in-process":  # the server's worker threads in a call of ours
+                def threads() -> int:
+                    frames = sys._current_frames()
+                    return sum(t.name.startswith("idegym-mcp") and _in_our_code(frames.get(t.ident or 0))
+                               for t in threading.enumerate())
+            else:  # the server process's threads
+                pid, = {http.proc.pid} if http is not None else _children() - before
+
+                def threads() -> int:
+                    return len(os.listdir(f"/proc/{pid}/task"))
             one = (await client.call_tool("reset", {"new": True})).structured_content["episode_id"]
             two = (await client.call_tool("reset", {"new": True})).structured_content["episode_id"]
+            for episode in (one, two):  # each episode's first call (its connections made)
+                await client.call_tool("bash", {"command": "true", "episode_id": episode})
 
-            async def timed(*episodes: str) -> float:
-                started = anyio.current_time()
+            async def timed(*episodes: str) -> tuple[float, int]:
+                """How long the calls took at once, and the most threads counted meanwhile."""
+                started, most, pending = anyio.current_time(), threads(), set(range(len(episodes)))
+
+                async def call(index: int) -> None:
+                    await client.call_tool("bash", {"command": "sleep 1", "episode_id": episodes[index]})
+                    pending.discard(index)
+
                 async with anyio.create_task_group() as tg:
-                    for episode in episodes:
-                        tg.start_soon(client.call_tool, "bash", {"command": "sleep 1", "episode_id": episode})
-                return anyio.current_time() - started
+                    for index in pending:
+                        tg.start_soon(call, index)
+                    while pending:
+                        most = max(most, threads())
+                        await anyio.sleep(0.01)
+                return anyio.current_time() - started, most
 
-            apart = await timed(one, two)
-            together = await timed(one, one)
+            idle = threads()
+            apart, most = await timed(one, two)
+            assert most == idle, f"{most - idle} threads made or busy for two running episodes' calls"
+            together, _ = await timed(one, one)
             assert apart < 1.8, f"two episodes' calls took {apart:.2f} s: they did not run at once"
             assert together >= 2.0, f"one episode's two calls took {together:.2f} s: they overlapped"
             echoed = await client.call_tool("bash", {"command": "echo $((6 * 7))", "episode_id": two})

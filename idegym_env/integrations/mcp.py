@@ -39,10 +39,12 @@ the tool's own (it gives the tool's input schema and validates a call, laxly: th
 it strictly) and the answers ``MCPServer`` gave before (text; for
 ``reset`` and ``submit`` also structured content under an output schema). Stdio goes through
 :mod:`._mcp_stdio` (the SDK's ``stdio_server`` on asyncio pipes instead of worker threads).
-Served (stdio, streamable HTTP, on uvloop), a tool call of a running episode is made on the
-event loop (``ToolCallEpisode.call_async``: the env's step as a plan, its sandbox call over the
-async client's connections); ``reset``, ``submit``, grading and handing a sandbox back, which the
-synchronous client makes, run on a worker thread, as every call does in-process. Calls on
+Served (stdio, streamable HTTP, on uvloop) and in-process (the SDK's ``Client(server.mcp)`` on an
+asyncio loop), a tool call of a running episode is made on the serving event loop
+(``ToolCallEpisode.call_async``: the env's step as a plan, its sandbox call over the async
+client's connections, made for each run of the server in the SDK's lifespan); ``reset``,
+``submit``, grading and handing a sandbox back, which the synchronous client makes, run on a
+worker thread. Calls on
 different episodes run at once, an episode's one at a time. ``python -m benchmarks integrations``
 says what a call costs over the same call made with the client directly, and where that goes.
 """
@@ -59,8 +61,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -277,8 +280,10 @@ class EpisodeServer:
         # these threads, so that calls on different episodes run at once (one at a time per
         # episode: _Slot.lock).
         self._executor = ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="idegym-mcp")
-        # While serving (stdio, HTTP): the serving loop's connections, for the calls made on it.
+        # While the SDK serves (stdio, HTTP, an in-process client): the serving loop's connections,
+        # for the calls made on it, and how many runs of the server share them (_serving).
         self._sessions: AsyncSessions | None = None
+        self._serving = 0
         self._tools = types.ListToolsResult(tools=[tool.definition() for tool in TOOLS.values()])
         self._input_schemas = {tool.name: tool.input_schema for tool in self._tools.tools}
         self.mcp: Server[Any] = Server(
@@ -287,7 +292,7 @@ class EpisodeServer:
             # Empty, as MCPServer answered them, for clients that list everything without asking.
             on_list_resources=_empty(types.ListResourcesResult(resources=[])),
             on_list_resource_templates=_empty(types.ListResourceTemplatesResult(resource_templates=[])),
-            on_list_prompts=_empty(types.ListPromptsResult(prompts=[])))
+            on_list_prompts=_empty(types.ListPromptsResult(prompts=[])), lifespan=self._serving_loop)
         if not _tracing():
             # The SDK's OpenTelemetry middleware makes a span per message even with no exporter
             # (~40 µs of a call here); it stays when the process traces.
@@ -390,6 +395,33 @@ class EpisodeServer:
         """How many episodes the server holds (running, or a connection's own that ended)."""
         with self._lock:
             return len(self._slots)
+
+    @asynccontextmanager
+    async def _serving_loop(self, server: Server[Any]) -> AsyncIterator[dict[str, Any]]:
+        """The SDK's lifespan of every way of serving (``mcp.run`` over stdio or an in-process
+        client's streams, the streamable-HTTP app): the serving loop's connections, so that a
+        running episode's calls are made on it. A run on another loop than the one the
+        connections are for (another thread's) makes its calls on worker threads."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not asyncio (trio): no calls on the loop
+            loop = None
+        with self._lock:
+            if loop is not None and self._sessions is None:
+                self._sessions = AsyncSessions(loop)
+            shared = self._sessions is not None and self._sessions.loop is loop
+            self._serving += shared
+        try:
+            yield {}
+        finally:
+            if shared:
+                with self._lock:
+                    self._serving -= 1
+                    sessions = self._sessions if self._serving == 0 else None
+                    if sessions is not None:
+                        self._sessions = None
+                if sessions is not None:
+                    sessions.close()
 
     # -- the handlers ---------------------------------------------------------------------------------
 
@@ -499,13 +531,10 @@ class EpisodeServer:
                 loop.add_signal_handler(signal.SIGTERM, task.cancel)
             except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
                 previous = None
-            self._sessions = AsyncSessions(loop)
             try:
                 async with stdio_streams() as (read, write):
                     await self.mcp.run(read, write, self.mcp.create_initialization_options())
             finally:
-                self._sessions.close()
-                self._sessions = None
                 if previous is not None:
                     loop.remove_signal_handler(signal.SIGTERM)
                     signal.signal(signal.SIGTERM, previous)
@@ -543,7 +572,6 @@ class EpisodeServer:
                     await asyncio.sleep(min(60.0, self.idle_timeout / 4))
                     await self._in_thread(self.end_idle)
 
-            self._sessions = AsyncSessions(asyncio.get_running_loop())
             task = asyncio.ensure_future(reaper())
             serving = asyncio.ensure_future(userver.serve())
             while not userver.started and not serving.done():
@@ -555,8 +583,6 @@ class EpisodeServer:
                 await serving
             finally:
                 task.cancel()
-                self._sessions.close()
-                self._sessions = None
 
         try:
             run_loop(main())  # uvloop: fewer system calls and wake-ups a call than asyncio's loop
