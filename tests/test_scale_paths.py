@@ -4,7 +4,6 @@ every live sandbox pays all the time, counted in system calls (strace): a launch
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import shutil
@@ -17,9 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.backends.base import BackendError, Limits
 from control_plane.backends.local import LocalBackend, mounts
-from control_plane.backends.local.storage import DEFAULT_STORAGE_INODES, inodes_for
 from sandbox_server.polling import wait_until
 from tests.local_helpers import LoopThread, loop_thread, spec, start_backend, stop_backend
 
@@ -242,47 +239,3 @@ def test_the_last_delete_releases_the_space_when_a_holder_leaves_a_moment_later(
     finally:
         holder.kill()
         holder.wait()
-
-
-def _waiting_for_a_fifo_writer() -> bool:
-    """Whether a thread of this process is blocked opening a FIFO nobody writes to."""
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            if (task / "wchan").read_text() in ("wait_for_partner", "fifo_open"):
-                return True
-        except OSError:
-            continue
-    return False
-
-
-def test_a_launch_mounts_its_layer_while_another_launch_is_mounting_its_own(loop: LoopThread, backend: LocalBackend
-                                                                            ) -> None:
-    """Each launch's bounded layer (its image copied from the template, a loop device, a mount)
-    was made under one lock, so every launch waited for the others' (60-170 ms at the tail of
-    back-to-back RESTART resets, behind warm-pool fills at the background priority). Here one
-    launch's template is a FIFO nobody writes to: its copy blocks in the open; another launch
-    must still start meanwhile.
-
-    Can fail: it did: the second launch waited for the first one's lock."""
-    launcher = backend.launcher
-    assert launcher is not None and launcher.storage is not None, "bounded layers are needed (mkfs.ext4, loop devices)"
-    size = 40 << 20  # a bound of its own: its template is the FIFO
-    inodes = inodes_for(size, launcher.storage_inodes or DEFAULT_STORAGE_INODES)
-    fifo = launcher.storage.templates / f"{size}-{inodes}.ext4"
-    fifo.parent.mkdir(parents=True, exist_ok=True)
-    os.mkfifo(fifo)
-    stuck = asyncio.run_coroutine_threadsafe(backend.create(spec("stuck", limits=Limits(storage_bytes=size)), 60),
-                                             loop.loop)
-    free = None
-    try:
-        assert wait_until(_waiting_for_a_fifo_writer, 30), "the launch did not reach its layer's copy"
-        free = asyncio.run_coroutine_threadsafe(backend.create(spec("free"), 60), loop.loop)
-        handle = free.result(30)  # raises TimeoutError while it waits for the stuck launch
-        assert loop.run(backend.observe(handle)).ready
-    finally:
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # the stuck copy reads an empty template
-        with pytest.raises(BackendError):
-            stuck.result(60)  # an empty image is no filesystem: that launch fails, and cleans up
-        fifo.unlink()
-        if free is not None:
-            loop.run(backend.delete(free.result(60)))

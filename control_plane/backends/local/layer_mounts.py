@@ -4,7 +4,7 @@ Each launch copies the host's mounts (``bwrap.spawn``) and bubblewrap's monitor 
 copy for the sandbox's life; a copy must not hold the other sandboxes' layers (their loop
 devices and disk space would stay taken after they are deleted). Unmounting them one by one
 cost a launch N unmounts with N sandboxes live (0.6 s at 1,000: starts slowed with every one
-live). Instead the space's directory is a bind mount of itself on the host (``hold``) with
+live). Instead the space's directory is a bind mount of itself on the host (``held``) with
 every layer below it, and a launch replaces that mount in its copy by a clone without what is
 mounted below (``drop_other_layers``): one unmount, whatever the number of sandboxes.
 
@@ -19,6 +19,7 @@ import ctypes
 import errno
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from . import mount_api, mounts
 _libc = ctypes.CDLL(None, use_errno=True)
 _STATX_ATTR_MOUNT_ROOT = 0x2000
 _AT_SYMLINK_NOFOLLOW = 0x100
-_lock = threading.Lock()  # one thread at a time checks, makes or releases a space's bind
+_lock = threading.Lock()  # a bind is never released between its check and a layer mounted below it
 
 
 def is_mount_root(path: str | os.PathLike) -> bool:
@@ -42,18 +43,16 @@ def is_mount_root(path: str | os.PathLike) -> bool:
     return bool(attributes & _STATX_ATTR_MOUNT_ROOT)
 
 
-def hold(root: Path) -> None:
-    """``root`` (a space's directory) a mount of its own, for a layer about to be mounted below
-    it by a launch whose sandbox directory is in ``root`` already: ``release`` leaves the bind
-    while any is, so the layer's mount needs no lock (under one, each launch's copy, loop device
-    and mount waited for every other launch's: 60-170 ms at the tail of back-to-back RESTART
-    resets, behind fills at the background priority). Not while layers an earlier version
-    mounted without it are below: a bind would hide them (and their deletes would miss them);
-    launches unmount those one by one until they are gone."""
+@contextlib.contextmanager
+def held(root: Path) -> Iterator[None]:
+    """``root`` (a space's directory) a mount of its own while the block mounts a layer below it.
+    Not while layers an earlier version mounted without it are below: a bind would hide them
+    (and their deletes would miss them); launches unmount those one by one until they are gone."""
     with _lock:
         if not is_mount_root(root) and not mounts.mounts_under(root):
             mounts.mount(root, root, None, mounts.MS_BIND)
             mounts.mount(None, root, None, mounts.MS_PRIVATE)  # nothing below it propagates elsewhere
+        yield
 
 
 def release(root: Path, wait: float = 0.0) -> None:

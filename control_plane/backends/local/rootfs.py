@@ -97,13 +97,14 @@ def prepare_layers(plan: Plan, data: LocalHandleData, *, isolated: bool, storage
     layers = plan.layers
     layers.mkdir(mode=0o700)
     if plan.storage_bytes and isolated and storage is not None:
-        layer_mounts.hold(plan.space.root)
-        storage.mount(layers, plan.layers_image, plan.storage_bytes, plan.storage_inodes or DEFAULT_STORAGE_INODES)
+        with layer_mounts.held(plan.space.root):
+            storage.mount(layers, plan.layers_image, plan.storage_bytes,
+                          plan.storage_inodes or DEFAULT_STORAGE_INODES)
         data.layers_fs = "ext4"
     elif plan.limits.storage_bytes and isolated:
-        layer_mounts.hold(plan.space.root)
-        mounts.mount("idegym-layers", layers, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV,
-                     f"size={plan.limits.storage_bytes},mode=0700")
+        with layer_mounts.held(plan.space.root):
+            mounts.mount("idegym-layers", layers, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV,
+                         f"size={plan.limits.storage_bytes},mode=0700")
         data.layers_fs = "tmpfs"
     elif plan.limits.storage_bytes:
         say_once("storage-ignored", logging.WARNING,
