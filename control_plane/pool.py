@@ -10,7 +10,8 @@ makes them at a lower priority than the sandboxes that serve (``Backend.create(b
 and gives a member its full share when it is claimed. A claim that finds none ready while fills
 are under way takes whichever is ready first, the next fill to land or a sandbox made for it
 (the other becomes a member), and hurries the oldest fill: a start waits for it now, so the rest
-of it is made at the normal priority (``Backend.hurry``).
+of it is made at the normal priority (``Backend.hurry``). So does a claim that takes the last
+member: the next claim would wait for that fill.
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ class WarmPool:
             if observed.running and observed.ready:
                 self.backend.claim(handle)
                 self._refill(key)
+                if not ready:  # the last one: the next claim would wait for the oldest fill
+                    self._hurry_oldest(key)
                 self._count(spec, "ready")
                 return handle, True
             self._spawn(self._discard(handle))  # died while waiting: never hand it out
@@ -143,11 +146,7 @@ class WarmPool:
         self._tasks.add(own)
         own.add_done_callback(self._tasks.discard)
         self._refill(key)  # after: this claim's own start comes first
-        making = self._making.get(key, {})
-        oldest = next((name for name, hurried in making.items() if not hurried), None)
-        if oldest is not None:  # no longer ahead of demand: a start waits for it
-            making[oldest] = True
-            self.backend.hurry(oldest)
+        self._hurry_oldest(key)
         try:
             await asyncio.wait({landed, own}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
@@ -166,6 +165,15 @@ class WarmPool:
         handle = own.result()
         self._count(spec, "own")
         return handle, False
+
+    def _hurry_oldest(self, key: tuple) -> None:
+        """The oldest fill of ``key`` no start hurried yet is no longer ahead of demand: a start
+        waits for it (``Backend.hurry``)."""
+        making = self._making.get(key, {})
+        oldest = next((name for name, hurried in making.items() if not hurried), None)
+        if oldest is not None:
+            making[oldest] = True
+            self.backend.hurry(oldest)
 
     def _give_up(self, key: tuple, landed: asyncio.Future[SandboxHandle], own: asyncio.Future[SandboxHandle]) -> None:
         """A claim cancelled while it waited: what it was handed, or made, goes to the pool."""

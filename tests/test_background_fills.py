@@ -204,6 +204,29 @@ def test_a_background_sandbox_a_start_waits_for_is_made_at_the_normal_priority(l
     assert {_nice(t) for t in tasks} == {0}
 
 
+def test_a_hurry_as_soon_as_a_background_create_is_asked_is_not_lost(loop: LoopThread,
+                                                                      backend: LocalBackend) -> None:
+    """The warm pool hurries a fill as soon as the fill's create is asked (a claim that takes the
+    last member hurries the oldest fill, which may have just taken its slot): before the launch
+    had run a step, the hurry found nothing to lift and the fill was made in the background,
+    with the least weight when a claim waited for it.
+
+    Can fail: it did: the hurried sandbox's group had the background weight."""
+    if not backend.launcher or not (backend.sandboxes and backend.sandboxes.cgroups.available):
+        pytest.skip("needs cgroups")
+
+    async def hurried_at_once() -> dict:
+        made = asyncio.ensure_future(backend.create(spec("bg-at-once"), 60, background=True))
+        await asyncio.sleep(0)  # the create has asked for its launch, which has not run yet
+        assert not made.done()
+        backend.hurry("bg-at-once")
+        return (await made).data
+
+    data = loop.run(hurried_at_once())
+    assert _shares(data) == CPU_SHARES_PER_CORE
+    assert {_nice(t) for t in _sandbox_tasks(data)} == {0}
+
+
 def test_a_hurry_lifts_the_background_step_under_way(backend: LocalBackend) -> None:
     """The host-side step a background launch is in when a start hurries it (its directories and
     layers, or bubblewrap's start: up to ~200 ms at nice 19 on a loaded host) runs at the normal

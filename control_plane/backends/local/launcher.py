@@ -170,6 +170,8 @@ class Launcher:
             # While this process creates it, another process's orphan sweep leaves it alone (inventory.py).
             creator=procfs.record(os.getpid()))
         self.creating.add(name)
+        if background:  # from now on: a hurry before the launch's first step is not lost
+            self._behind[name] = _Behind(data)
         launch = asyncio.ensure_future(self._launch(plan, data, timeout, background))
         self._launches.add(launch)
         launch.add_done_callback(self._launches.discard)
@@ -291,8 +293,6 @@ class Launcher:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         deadline = time.monotonic() + timeout
-        if background:
-            self._behind[plan.name] = _Behind(data)
 
         def behind() -> bool:  # still made ahead of demand (no start hurried it)
             return plan.name in self._behind
