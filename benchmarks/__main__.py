@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import deque
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -42,6 +43,8 @@ def main() -> None:
     done: dict[str, dict] = {}
     for i, name in enumerate(names, 1):
         print(f"\n=== [{i}/{len(names)}] {name} ===", flush=True)
+        if i > 1:
+            _settle()
         started = time.monotonic()
         module = importlib.import_module(f"benchmarks.{name}")
         result = module.run()
@@ -63,6 +66,31 @@ def main() -> None:
 
     report()
     sys.exit(0)
+
+
+def _runnable() -> int:
+    """Tasks runnable on the host now, this one included (``/proc/loadavg``'s fourth field)."""
+    with open("/proc/loadavg") as fh:
+        return int(fh.read().split()[3].split("/")[0])
+
+
+def _settle(window: float = 2.0, busy: float = 0.1, at_most: float = 120.0) -> None:
+    """Wait until another task was runnable in at most ``busy`` of the last ``window`` seconds'
+    samples (at most ``at_most`` seconds): what a benchmark leaves running or winding down (the
+    neighbours' fork bomb, sandboxes being deleted) must not land on the next one's figures."""
+    step = 0.05
+    samples: deque[bool] = deque(maxlen=round(window / step))
+    started = time.monotonic()
+    while time.monotonic() - started < at_most:
+        samples.append(_runnable() > 1)
+        if len(samples) == samples.maxlen and sum(samples) <= busy * len(samples):
+            waited = time.monotonic() - started - window
+            if waited > 1:
+                print(f"(waited {waited:.0f} s for the host to settle)", flush=True)
+            return
+        time.sleep(step)
+    print(f"(the host did not settle within {at_most:.0f} s: going on; load average "
+          f"{os.getloadavg()[0]:.1f})", flush=True)
 
 
 def _now() -> str:
