@@ -80,12 +80,16 @@ def _control_plane_pid(state: Path) -> int:
 
 
 def _cgroup_pids(key: str) -> set[int]:
+    """The processes in the control plane's cgroups; groups come and go meanwhile (warm-pool
+    fills), so a walk skips what vanished under it (a glob raised FileNotFoundError)."""
     pids: set[int] = set()
-    for procs in Path("/sys/fs/cgroup").glob(f"*/idegym/{key}/**/cgroup.procs"):
-        try:
-            pids.update(int(p) for p in procs.read_text().split())
-        except OSError:
-            continue
+    for top in Path("/sys/fs/cgroup").glob(f"*/idegym/{key}"):
+        for root, _, files in os.walk(top):
+            if "cgroup.procs" in files:
+                try:
+                    pids.update(int(p) for p in Path(root, "cgroup.procs").read_text().split())
+                except OSError:
+                    continue
     return pids
 
 
