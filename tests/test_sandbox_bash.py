@@ -98,7 +98,7 @@ def test_timeout_returns_partial_output_and_124(server: SandboxProcess) -> None:
     elapsed = time.monotonic() - started
     assert out["exit_code"] == 124 and out["timed_out"] is True
     assert out["stdout"] == "before\n"
-    assert elapsed < 0.5 + 0.5 + 0.5
+    assert elapsed < 15  # ended by the limit, not by the 30 s sleep, at any load
 
 
 def test_timeout_escalates_to_sigkill_after_grace(server: SandboxProcess) -> None:
@@ -106,7 +106,7 @@ def test_timeout_escalates_to_sigkill_after_grace(server: SandboxProcess) -> Non
     out = server.bash("trap '' TERM; echo stubborn; sleep 30", timeout=0.5, graceful_termination_timeout=1.0)
     elapsed = time.monotonic() - started
     assert out["timed_out"] and out["stdout"] == "stubborn\n"
-    assert 1.4 <= elapsed < 0.5 + 1.0 + 0.5
+    assert 1.4 <= elapsed < 15  # the grace period was given, then SIGKILL (not the 30 s sleep)
 
 
 def test_background_children_holding_pipes_do_not_hang_a_timeout(server: SandboxProcess, tmp_path: Path) -> None:
@@ -116,7 +116,7 @@ def test_background_children_holding_pipes_do_not_hang_a_timeout(server: Sandbox
     out = server.bash(f"setsid bash -c 'echo $$ > {pidfile}; exec sleep 60' & sleep 30",
                       timeout=0.5, graceful_termination_timeout=0.5)
     assert out["timed_out"]
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 15  # not held by the child's 60 s nor the 30 s sleep, at any load
     bg = int(pidfile.read_text())
     assert wait_until(lambda: not process_alive(bg), 3), "pipe-holding background child survived the timeout"
 

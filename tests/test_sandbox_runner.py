@@ -115,7 +115,10 @@ def test_time_limit_sets_timed_out(runner: SandboxProcess) -> None:
     body = runner.post("/execute", {"language": "python", "code": "import time\nprint('go', flush=True)\n"
                                                                   "time.sleep(30)", "timeout": 0.5}).json()
     assert body["timedOut"] is True and body["stdout"] == "go\n"
-    assert time.monotonic() - started < 3
+    # Ended by the limit, not by the sleep: far from its 30 s whatever the host's load (a bound of
+    # 3 s failed at load 45, where a run's start alone took seconds), and not before the limit.
+    assert time.monotonic() - started < 15
+    assert 500 <= body["timings"]["total"] < 15_000, body["timings"]
 
 
 def test_run_directory_is_fresh_and_removed(runner: SandboxProcess) -> None:
@@ -394,7 +397,7 @@ def test_an_isolated_run_is_held_to_its_limits(isolated: SandboxProcess) -> None
     started = time.monotonic()
     body = isolated.post("/execute", {"language": "python", "code": code, "timeout": 1}).json()
     assert body["timedOut"] is True and body["exitCode"] == 124, {k: v for k, v in body.items() if k != "stdout"}
-    assert time.monotonic() - started < 6
+    assert time.monotonic() - started < 20  # ended by the limit, not held by the daemon, at any load
     assert (1 << 20) <= len(body["stdout"]) <= (1 << 20) + (64 << 10), len(body["stdout"])
     deadline = time.monotonic() + 5
     while _marked(marker) and time.monotonic() < deadline:
