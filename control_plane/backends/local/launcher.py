@@ -290,8 +290,12 @@ class Launcher:
         after ``delete_timeout`` (one stuck in the kernel holds only its own thread, not a turn)."""
         await self._turns.acquire()
         steps = ["starting"]
-        teardown = self._teardowns[key] = _Teardown(_in_thread(work, space, name, data, steps.append),
-                                                    asyncio.get_running_loop().time(), steps)
+        try:
+            future = _in_thread(work, space, name, data, steps.append)
+        except BaseException:
+            self._turns.release()
+            raise
+        teardown = self._teardowns[key] = _Teardown(future, asyncio.get_running_loop().time(), steps)
 
         def done(finished: asyncio.Future) -> None:
             self._teardowns.pop(key, None)
