@@ -9,8 +9,10 @@ Servers::
                 │
     any non-terminal ──► STOPPED | KILLED | CRASHED | DELETION_FAILED | RESTART_FAILED
     ALIVE (while starting) ──► FAILED_TO_START
+    DELETION_FAILED ──stopped again──► STOPPED (or DELETION_FAILED, with the new reason)
 
-Terminal statuses never change again; usable ones (ALIVE, REUSED) accept forwarded calls.
+Terminal statuses never change again, but for a retried delete's (servers and clients alike: a
+sandbox that was not deleted may still be); usable ones (ALIVE, REUSED) accept forwarded calls.
 The store applies every change as a compare-and-set guarded by ``server_guard``/``client_guard``
 (so two replicas cannot both claim one FINISHED server); the changes the store makes on its own
 (a claim, activity on a REUSED server) are named here as ``CLAIM`` and ``ON_ACTIVITY``.
@@ -33,6 +35,7 @@ SERVER_TRANSITIONS: dict[A, frozenset[A]] = {
     A.REUSED: frozenset({A.ALIVE, A.REUSED, A.FINISHED, A.RESTART_FAILED} | _ENDINGS),
     A.FINISHED: frozenset({A.REUSED} | _ENDINGS),
     **{t: frozenset() for t in TERMINAL},
+    A.DELETION_FAILED: frozenset({A.STOPPED, A.DELETION_FAILED}),  # its sandbox deleted on a retry, or not
 }
 
 CLIENT_TRANSITIONS: dict[A, frozenset[A]] = {
@@ -40,6 +43,7 @@ CLIENT_TRANSITIONS: dict[A, frozenset[A]] = {
     A.FINISHED: frozenset({A.ALIVE, A.FINISHED, A.STOPPED, A.KILLED, A.DELETION_FAILED}),
     A.REUSED: frozenset(),
     **{t: frozenset() for t in TERMINAL},
+    A.DELETION_FAILED: frozenset({A.STOPPED, A.DELETION_FAILED}),
 }
 
 

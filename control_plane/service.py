@@ -190,16 +190,30 @@ class ControlPlane:
         return self.client(client_id, tenant)
 
     async def stop_client(self, row: ClientRow) -> RegisteredClientResponse:
+        """Delete the sandbox of every server of the client (its finished ones too: nobody can reuse
+        them once it is stopped), and again those an earlier stop failed to delete: asking again
+        finishes the job. A failure names how many failed, the first one's reason, and the others."""
         client_id = row.id
-        servers = self.store.servers(client_id=client_id, availability=lifecycle.USABLE)
+        servers = sorted((s for s in self.store.servers(client_id=client_id,
+                                                         availability=lifecycle.LIVE | {A.DELETION_FAILED})
+                          if s.availability != A.DELETION_FAILED or s.handle), key=lambda s: s.id)
         results = await asyncio.gather(*(self.stop(s, A.STOPPED, "stopped with its client") for s in servers),
                                        return_exceptions=True)
-        failed = [s.id for s, r in zip(servers, results, strict=True) if isinstance(r, BaseException) or r is False]
-        target = A.DELETION_FAILED if failed else A.STOPPED
-        self.store.set_client_status(client_id, target)
+        failed: dict[int, str] = {}
+        for server, result in zip(servers, results, strict=True):
+            if isinstance(result, BaseException):
+                failed[server.id] = f"{type(result).__name__}: {result}"
+            elif (fresh := self.store.get_server(server.id)) is not None and fresh.availability == A.DELETION_FAILED:
+                failed[server.id] = fresh.details or "deletion failed"
+        self.store.set_client_status(client_id, A.DELETION_FAILED if failed else A.STOPPED)
         await self._release_nodes(self.client(client_id, row.tenant))
         if failed:
-            raise ApiError(f"could not delete servers {failed} of client {client_id}")
+            (first, reason), *others = failed.items()
+            more = f"; and {len(others)} more, servers {[sid for sid, _ in others]} (each one's status says why)" \
+                if others else ""
+            raise BackendError(f"could not delete {len(failed)} of {len(servers)} servers of client {client_id}: "
+                               f"server {first}: {reason}{more}. What was not deleted stays DELETION_FAILED; "
+                               "stopping the client again retries it", 500)
         return self.client_response(self.client(client_id, row.tenant))
 
     # -- starting -------------------------------------------------------------------------------
@@ -355,14 +369,15 @@ class ControlPlane:
             self.spawn(self.delete_handle(old))
 
     async def stop_server(self, row: ServerRow) -> ServerActionResponse:
-        if lifecycle.is_terminal(row.availability):
+        """Delete the server's sandbox; one an earlier stop failed to delete is tried again."""
+        if lifecycle.is_terminal(row.availability) and not (row.availability == A.DELETION_FAILED and row.handle):
             return ServerActionResponse(server_name=row.generated_name,
                                         message=f"{row.generated_name} is already {row.availability.value}")
         await self.stop(row, A.STOPPED, "stopped by its client")
         fresh = self.store.get_server(row.id)
         assert fresh is not None
         if fresh.availability == A.DELETION_FAILED:
-            raise ApiError(f"Stopping {row.generated_name} failed: {fresh.details}")
+            raise BackendError(f"Stopping {row.generated_name} failed: {fresh.details}", 500)
         return ServerActionResponse(server_name=row.generated_name, message=f"Stopped {row.generated_name}")
 
     async def stop(self, row: ServerRow, target: A, details: str) -> bool:
