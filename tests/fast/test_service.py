@@ -204,10 +204,12 @@ def test_a_server_stopped_while_it_starts_does_not_leak_its_sandbox(tmp_path: Pa
 
 def test_a_client_over_its_limit_waits_for_its_turn_then_gets_429(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with harness(tmp_path, sharing=SharingConfig(client_max_servers=1, queue_timeout=0.5)) as h:
+        # The refused start waits 1 s (its own timeout); the waiting one up to the queue's 10 s, so
+        # that a loaded host's slow stop does not time it out (0.5 s for both failed at load ~30).
+        async with harness(tmp_path, sharing=SharingConfig(client_max_servers=1, queue_timeout=10)) as h:
             first = await h.start()
             with pytest.raises(ApiError, match="client") as raised:
-                await h.start(reuse_strategy=ServerReuseStrategy.NONE)
+                await h.start(reuse_strategy=ServerReuseStrategy.NONE, server_start_wait_timeout_in_seconds=1)
             assert raised.value.status == 429
             assert len(h.backend.created) == 1
             waiting = asyncio.create_task(h.start(reuse_strategy=ServerReuseStrategy.NONE,
