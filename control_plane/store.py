@@ -107,8 +107,9 @@ class SQLiteStore:
         self._usable: dict[tuple[str, int, str], str] = {}
         self._usable_seen: tuple[int, int] = (-1, -1)
         # Ended operations not written yet (``defer_record``): each produces record_operation's arguments
-        # and ``finished``.
+        # and ``finished``; ``deferred_bytes`` is what they hold, as their callers count it.
         self._deferred: list[Callable[[], dict[str, Any]]] = []
+        self.deferred_bytes = 0
         self.on_release: Callable[[], None] | None = None  # called when a server stops counting as live
 
     def close(self) -> None:
@@ -116,14 +117,16 @@ class SQLiteStore:
             self.flush()
             self._db.close()
 
-    def defer_record(self, produce: Callable[[], dict[str, Any]]) -> None:
+    def defer_record(self, produce: Callable[[], dict[str, Any]], held: int = 0) -> None:
         """Record an ended operation later: at the next ``flush`` (the forward path calls it within
         ``forward_calls.RECORD_DELAY``), or before anything else reads or writes the database,
         whichever comes first, so nothing reads a history without it. Calls answered inline are
         then not held up by a transaction each (and the arguments, JSON included, are made only
-        then); a control plane killed with SIGKILL loses the records of its last such instant."""
+        then); a control plane killed with SIGKILL loses the records of its last such interval.
+        ``held``: the bytes ``produce`` keeps alive until then (``deferred_bytes``)."""
         with self._lock:
             self._deferred.append(produce)
+            self.deferred_bytes += held
 
     def flush(self) -> None:
         """Write the deferred records (one transaction); a failure is logged, never raised: the
@@ -141,6 +144,7 @@ class SQLiteStore:
         """The deferred records, and one touch a server: its last activity is the latest of its
         records (a touch per record was a third of the flush's database time)."""
         produced, self._deferred = self._deferred, []
+        self.deferred_bytes = 0
         touched: dict[int, int] = {}
         for produce in produced:
             try:

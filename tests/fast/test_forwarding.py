@@ -9,11 +9,13 @@ import asyncio
 import base64
 import json
 import os
+import tracemalloc
 import uuid
 from pathlib import Path
 
 import pytest
 
+from control_plane import forward_calls
 from control_plane.constants import FORWARD_FAILED, PREFER_HEADER
 from control_plane.forward_calls import ForwardedCall, Forwards
 from control_plane.metrics import Metrics
@@ -97,6 +99,49 @@ def test_prefer_wait_answers_inline_and_records_the_call(tmp_path: Path) -> None
             assert "s3cret" not in (row.request or "") and "TOKEN" in (row.request or "")
 
     run(scenario())
+
+
+def test_records_waiting_to_be_written_hold_no_large_body(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inline answers' records wait to be written together, holding only what the history keeps
+    of a large body: 24 concurrent forwards of 1 MiB bodies leave less than 3 MiB held once all
+    are answered (what waits is written once it holds 1 MiB), and every record is there, its body
+    truncated.
+
+    Can fail: on main each waiting record held its call's whole body until the timed flush
+    (here never: the delay is an hour), 24 MiB and more.
+    """
+    monkeypatch.setattr(forward_calls, "RECORD_DELAY", 3600.0)
+    mib = 1 << 20
+
+    async def scenario() -> None:
+        async with harness(tmp_path) as h:
+            started = await h.start()
+            endpoint = h.cp.forward_endpoint(h.client.id, started.server_id, h.client.tenant)
+            forwards = Forwards(h.cp, Metrics())
+            headers = {"content-type": "application/json", PREFER_HEADER: "wait=60"}
+
+            async def one(i: int) -> int:
+                body = b'{"content": "' + bytes([97 + i % 26]) * mib + b'"}'
+                call = ForwardedCall(uuid.UUID(h.client.id), started.server_id, "POST", "api/no/such/route", headers,
+                                     body)
+                answer = await forwards.forward(call, endpoint)
+                assert isinstance(answer.value, Reply) and answer.value.status == 404
+                return answer.operation_id
+
+            tracemalloc.start()
+            try:
+                base = tracemalloc.get_traced_memory()[0]
+                ids = await asyncio.gather(*(one(i) for i in range(24)))
+                held = tracemalloc.get_traced_memory()[0] - base
+            finally:
+                tracemalloc.stop()
+            assert held < 3 * mib, f"{held / mib:.1f} MiB held after the calls were answered"
+            for op_id in ids:
+                row = h.store.get_operation(op_id)
+                assert row is not None and row.status == AsyncOperationStatus.FAILED
+                assert f"[{mib + 15} bytes; truncated in the request history]" in (row.request or "")
+
+    run(scenario(), timeout=120)
 
 
 def test_a_call_longer_than_its_wait_becomes_an_operation_that_ends_with_the_answer(tmp_path: Path) -> None:
