@@ -81,6 +81,8 @@ class StoreError(Unavailable):
 
 
 OPERATION_ID_BLOCK = 256
+# Operation records kept while the database takes no write (a full disk), the oldest dropped beyond.
+MAX_DEFERRED = 10_000
 
 
 class SQLiteStore:
@@ -110,6 +112,7 @@ class SQLiteStore:
         # and ``finished``; ``deferred_bytes`` is what they hold, as their callers count it.
         self._deferred: list[Callable[[], dict[str, Any]]] = []
         self.deferred_bytes = 0
+        self._flush_failing = False
         self.on_release: Callable[[], None] | None = None  # called when a server stops counting as live
 
     def close(self) -> None:
@@ -130,7 +133,8 @@ class SQLiteStore:
 
     def flush(self) -> None:
         """Write the deferred records (one transaction); a failure is logged, never raised: the
-        callers had their answers, only the history misses them."""
+        callers had their answers. The records are kept for the next write (a full disk must not
+        lose the history of calls answered just before it filled), ``MAX_DEFERRED`` at most."""
         with self._lock:
             if not self._deferred:
                 return
@@ -138,7 +142,14 @@ class SQLiteStore:
                 with self.tx(servers_unchanged=True):
                     pass  # tx writes what is deferred first
             except StoreError as exc:
-                log.error("operations not recorded: %s", exc)
+                if not self._flush_failing:
+                    log.error("operation records not written yet (%d kept for the next write): %s",
+                              len(self._deferred), exc)
+                self._flush_failing = True
+            else:
+                if self._flush_failing:
+                    log.warning("operation records written again")
+                self._flush_failing = False
 
     def _write_deferred(self, db: sqlite3.Connection) -> None:
         """The deferred records, and one touch a server: its last activity is the latest of its
@@ -148,7 +159,7 @@ class SQLiteStore:
         touched: dict[int, int] = {}
         for produce in produced:
             try:
-                record = produce()
+                record = dict(produce())  # a copy: a record kept after a failed write is made again
                 touch, finished = record.pop("touch_server", None), record.pop("finished", None)
                 finished = now_ms() if finished is None else finished
                 db.execute(_RECORD_SQL, _record_row(finished=finished, **record))
@@ -162,6 +173,19 @@ class SQLiteStore:
         for server_id, when in touched.items():
             _touch(db, server_id, when)
 
+    def _keep_deferred(self, records: list[Callable[[], dict[str, Any]]], held: int) -> None:
+        """Records a failed transaction did not write go back in front of those deferred since,
+        the oldest dropped (and said) beyond ``MAX_DEFERRED``."""
+        if not records or records is self._deferred:  # none were taken for this transaction
+            return
+        kept = records + self._deferred
+        if len(kept) > MAX_DEFERRED:
+            log.error("%d operation records dropped: the state database took no write while %d waited",
+                      len(kept) - MAX_DEFERRED, len(kept))
+            kept = kept[-MAX_DEFERRED:]
+        self._deferred = kept
+        self.deferred_bytes += held
+
     @contextmanager
     def tx(self, *, servers_unchanged: bool = False) -> Iterator[sqlite3.Connection]:
         """One write transaction (BEGIN IMMEDIATE: writers queue instead of failing).
@@ -173,12 +197,14 @@ class SQLiteStore:
                 self._db.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
                 raise StoreError(f"cannot write the state database {self.path}: {exc}") from exc
+            deferred, deferred_bytes = self._deferred, self.deferred_bytes
             try:
                 if self._deferred:
                     self._write_deferred(self._db)
                 yield self._db
                 self._db.execute("COMMIT")
             except BaseException as exc:
+                self._keep_deferred(deferred, deferred_bytes)
                 # SQLite itself rolls back on some errors (SQLITE_FULL, SQLITE_IOERR): a second
                 # ROLLBACK would fail and hide the real error.
                 if self._db.in_transaction:

@@ -6,8 +6,11 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
+
+from control_plane import store as store_module
 from control_plane.models import AsyncOperationStatus, AsyncOperationType, AvailabilityStatus
-from control_plane.store import OPERATION_ID_BLOCK, ClientRow, ServerRow, SQLiteStore
+from control_plane.store import OPERATION_ID_BLOCK, ClientRow, ServerRow, SQLiteStore, StoreError
 
 FORWARD = AsyncOperationType.FORWARD_REQUEST
 A = AvailabilityStatus
@@ -209,6 +212,47 @@ def test_deferred_records_touch_each_server_once_with_its_latest_activity(tmp_pa
         assert after[alive].availability == A.ALIVE and after[alive].last_activity_at == 40  # type: ignore[union-attr]
         assert after[finished].availability == A.FINISHED and after[finished].last_activity_at == 0  # type: ignore[union-attr]
         assert [store.get_operation(op_id).finished_at for op_id in ids] == [20, 40, 30, 50, 35, 25]  # type: ignore[union-attr]
+    finally:
+        store.close()
+
+
+def test_deferred_records_outlive_a_failed_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transaction that fails (a full disk: SQLITE_FULL) takes the deferred records it was to
+    write with it only until the next write: they are kept, made again as they were (a record
+    made at once, ``lambda: made``, keeps its server's touch), and the oldest are dropped only
+    beyond ``MAX_DEFERRED``.
+
+    Can fail: when a failed write dropped its records (as on main), the calls answered just before
+    a disk filled were missing from the history after it was freed (``test_faults.py``'s
+    ``test_state_disk_full`` with the history written every 0.25 s); without the copy in
+    ``_write_deferred`` the record made again had lost its touch.
+    """
+    monkeypatch.setattr(store_module, "MAX_DEFERRED", 3)
+    store = SQLiteStore(tmp_path / "s.db")
+    try:
+        client = str(uuid.uuid4())
+        store.add_client(ClientRow(client, "c", "ns", 0, A.ALIVE, 0, 0))
+        server = _server(store, client, A.REUSED, '{"h": 1}')
+        ids = [store.reserve_operation_id() for _ in range(4)]
+        for op_id in ids[:2]:
+            made = dict(request_type=FORWARD, request="{}", client_id=client, server_id=server, pod=None, started=1,
+                        status=AsyncOperationStatus.SUCCEEDED, result="{}", touch_server=server, op_id=op_id,
+                        finished=10 + op_id % 1000)
+            store.defer_record(lambda made=made: made)
+        with pytest.raises(StoreError, match="free disk space"):
+            with store.tx() as db:
+                db.execute("INSERT INTO no_such_table VALUES (1)")  # any failure of the transaction
+        assert store.get_operation(ids[0]) is not None and store.get_operation(ids[1]) is not None
+        assert store.get_server(server).availability == A.ALIVE  # type: ignore[union-attr]
+        for op_id in ids:  # four waiting where three are kept: the oldest goes
+            store.defer_record(lambda op_id=op_id: dict(
+                request_type=FORWARD, request="{}", client_id=None, server_id=None, pod=None, started=1,
+                status=AsyncOperationStatus.SUCCEEDED, result="{}", op_id=op_id + 10_000, finished=2))
+        with pytest.raises(StoreError):
+            with store.tx() as db:
+                db.execute("INSERT INTO no_such_table VALUES (1)")
+        store.flush()
+        assert [store.get_operation(op_id + 10_000) is not None for op_id in ids] == [False, True, True, True]
     finally:
         store.close()
 
