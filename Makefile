@@ -226,8 +226,11 @@ test-deps:  ## everything the tests need (the venvs are made in parallel; strace
 	@$(MAKE) --no-print-directory -j3 venv client-venv harbor-venv nemo-gym-venv verl-venv verifiers-venv
 	@$(MAKE) --no-print-directory gym-versions
 
-test: test-deps lint typecheck bytecode  ## lint, type check, then the test suite (everything but `slow`) on two workers
-	@$(VENV)/bin/pytest -m "not slow" -n 2 $(PYTEST_ARGS)
+# Three workers on two cores: with two, a quiet run kept the CPU ~70 % busy (the tests wait on
+# image builds' downloads, timeouts and sandboxes' starts) and pytest took 16:01.
+TEST_WORKERS ?= 3
+test: test-deps lint typecheck bytecode  ## lint, type check, then the test suite (everything but `slow`) on TEST_WORKERS (3) workers
+	@$(VENV)/bin/pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 test-slow: test-deps  ## only the long-running tests
 	@$(VENV)/bin/pytest -m slow $(PYTEST_ARGS)

@@ -81,7 +81,7 @@ RAY_FILES = ("tests/test_ray_vector.py", "tests/test_fork_vector.py", "tests/tes
 # workers (each worker starts the module's control plane): by source, e.g. `[swe:…]`.
 SPLIT_BY_SOURCE = ("tests/test_reward_integrity.py",)
 
-# Modules of a few long, independent tests (each ~15-30 s): a scope each, so that the two workers
+# Modules of a few long, independent tests (each ~15-30 s): a scope each, so that the workers
 # share them instead of one running them all at the end.
 SPLIT_BY_TEST = ("tests/test_doc_snippets.py",)
 # ... except tests whose documented servers listen on the same host port: one scope, one at a time.
