@@ -335,7 +335,6 @@ static void reap(void) {
         if (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) return;
         int status = info.si_code == CLD_EXITED ? (info.si_status & 0xff) << 8
                    : info.si_code == CLD_DUMPED ? info.si_status | 0x80 : info.si_status;
-        send_message(EXITED, info.si_pid, status, NULL);
         for (size_t i = 0; i < tool_count; i++) {
             if (tools[i].pid != info.si_pid) continue;
             close(tools[i].out);
@@ -343,6 +342,7 @@ static void reap(void) {
             tools[i] = tools[--tool_count];
             break;
         }
+        send_message(EXITED, info.si_pid, status, NULL);
         waitpid(info.si_pid, &status, 0);
     }
 }
