@@ -46,7 +46,7 @@ from .output import BoundedOutput
 from .pipe_watch import PipeWatch
 from .polling import until
 from .run_template import RunReport
-from .spawner import SPAWNER, Spawner, SpawnRefused
+from .spawner import ANSWER_HOLD, SPAWNER, Spawner, SpawnRefused
 from .spawner import available as spawner_available
 from .tool_cgroups import ToolCgroups
 from .trees import freeze_trees, marked_processes, pipe_holders, signal_group_and_holders
@@ -293,7 +293,10 @@ class Supervisor:
             else:
                 if spawner is not None:
                     try:
-                        pid, exit_status = await spawner.spawn(argv, env, cwd, in_r, out_w, err_w)
+                        # A caller that waits for the pid (on_start) has it at once; a bash call
+                        # waits for the end anyway, which a quick tool's answer then comes with.
+                        pid, exit_status = await spawner.spawn(argv, env, cwd, in_r, out_w, err_w,
+                                                               ANSWER_HOLD if on_start is None else 0.0)
                     except SpawnRefused as refused:
                         if refused.errno in (errno.EAGAIN, errno.ENOMEM):
                             raise OSError(refused.errno, os.strerror(refused.errno)) from refused
