@@ -13,6 +13,7 @@ import fcntl
 import os
 import resource
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -111,6 +112,31 @@ def test_the_spawner_dies_with_the_server(server: SandboxProcess) -> None:
     spawner = spawner_of(server)
     os.kill(server.pid, signal.SIGKILL)
     assert wait_until(lambda: not process_alive(spawner), 5), Path(f"/proc/{spawner}/status").read_text()
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="counts system calls with strace")
+def test_a_quick_tool_s_pipes_are_read_at_their_end_never_watched(server: SandboxProcess, tmp_path: Path) -> None:
+    """A tool that ends within its answer's hold is answered and told ended at once, its pipes at
+    their end: the server reads them there and then, with no watcher to add or remove (an
+    ``epoll_ctl`` each, and a wake-up of the loop for their end). Counted by strace over calls
+    in a row; a call whose tool a loaded host held up past the hold watches them as before.
+
+    Can fail: on main every call added and removed a watcher for both of its pipes (4 a call)."""
+    assert server.bash("echo warm")["stdout"] == "warm\n"
+    trace = tmp_path / "epoll.trace"
+    strace = subprocess.Popen(["strace", "-f", "-qq", "-e", "trace=epoll_ctl", "-o", str(trace), "-p",
+                               str(server.pid)], stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: trace.exists() and all(
+            "TracerPid:\t0\n" not in (task / "status").read_text()
+            for task in Path(f"/proc/{server.pid}/task").iterdir()), 10), "strace did not attach"
+        results = [server.bash("echo out; echo err >&2") for _ in range(20)]
+    finally:
+        strace.send_signal(signal.SIGINT)
+        strace.wait(10)
+    assert all((r["stdout"], r["stderr"], r["exit_code"]) == ("out\n", "err\n", 0) for r in results), results
+    calls = [line for line in trace.read_text().splitlines() if "epoll_ctl(" in line]
+    assert len(calls) <= 20, f"{len(calls)} epoll_ctl calls in 20 bash calls: {calls[:8]}"
 
 
 def own_status_or_interrupted(result: dict, code: int, stdout: str) -> bool:
