@@ -293,10 +293,11 @@ class Supervisor:
             else:
                 if spawner is not None:
                     try:
-                        # A caller that waits for the pid (on_start) has it at once; a bash call
-                        # waits for the end anyway, which a quick tool's answer then comes with.
-                        pid, exit_status = await spawner.spawn(argv, env, cwd, in_r, out_w, err_w,
-                                                               ANSWER_HOLD if on_start is None else 0.0)
+                        # A bash call waits for the tool's end anyway: a quick tool's answer may
+                        # come with it. Not so a caller that waits for the pid (on_start), nor
+                        # a tool that waits for the stdin fed once it is answered.
+                        hold = ANSWER_HOLD if on_start is None and in_w is None else 0.0
+                        pid, exit_status = await spawner.spawn(argv, env, cwd, in_r, out_w, err_w, hold)
                     except SpawnRefused as refused:
                         if refused.errno in (errno.EAGAIN, errno.ENOMEM):
                             raise OSError(refused.errno, os.strerror(refused.errno)) from refused
