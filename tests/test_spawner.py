@@ -433,7 +433,7 @@ def test_the_spawner_tells_each_tool_s_end_as_a_wait_status_on_its_socket(
 
 
 def test_a_tool_s_output_ends_only_once_its_end_is_told(native: tuple[int, Replies]) -> None:
-    """The spawner holds a copy of a running tool's stdout and stderr until it has told how the
+    """The spawner holds a copy of a running tool's stdout and stderr until it tells how the
     tool ended: the server sees the pipes end with the message, in one wake-up, not one for the
     pipes and another for the status. Held still, the spawner keeps both back; a tool's own
     background child that holds the pipes keeps them open as before.

@@ -33,9 +33,9 @@
  * same socket: kind EXITED, its pid and its wait status (native int). It keeps its own copies of
  * a running tool's stdout and stderr and closes them just before that message, so the pipes end
  * with it, not a wake-up of the server before, and a server told a tool's end finds its pipes
- * at their end (but for what a background child of the tool holds). A tool is reaped only once its end is sent: a
- * spawner killed in between leaves a zombie, re-parented to the server, that the server reaps
- * with the same status. A malformed request is answered with an error (EINVAL, EMSGSIZE)
+ * at their end (but for what a background child of the tool holds). A tool is reaped only once
+ * its end is sent: a spawner killed in between leaves a zombie, re-parented to the server, that
+ * the server reaps with the same status. A malformed request is answered with an error (EINVAL, EMSGSIZE)
  * and changes nothing. The spawner exits when the server closes the socket; its tools go on,
  * re-parented to the server.
  */
@@ -82,8 +82,8 @@ struct message {
     char text[MAX_TEXT];
 };
 
-/* A running tool and the spawner's copies of its stdout and stderr, closed as its end is told:
- * the server then sees the pipes' end with (not before) the message, in one wake-up. */
+/* A running tool and the spawner's copies of its stdout and stderr, closed just before its end is
+ * told: the pipes end with the message, not a wake-up of the server earlier. */
 struct tool {
     pid_t pid;
     int out, err;
