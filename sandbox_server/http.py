@@ -89,6 +89,15 @@ def too_deep() -> Unprocessable:
 def parse_model(raw: bytes, model: type[M]) -> M:
     """Validate a JSON body; an empty body counts as ``{}``. Raises ``Unprocessable`` (422), also
     for a body nested deeper than ``MAX_JSON_DEPTH`` (validators recurse: it would be a 500)."""
+    # A body with no more brackets than the limit cannot nest deeper (most bodies: no walk).
+    shallow = raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH
+    if shallow:
+        # Parsed and validated in one go by pydantic; what it refuses (invalid JSON, a lone
+        # surrogate, a field's error) is parsed again below, for the same 422 as ever.
+        try:
+            return model.model_validate_json(raw or b"{}")
+        except ValidationError:
+            pass
     if raw.strip():
         try:
             data = json.loads(raw)
@@ -97,8 +106,7 @@ def parse_model(raw: bytes, model: type[M]) -> M:
         except (ValueError, UnicodeDecodeError) as exc:
             item = {"loc": ["body"], "msg": f"JSON decode error: {exc}", "type": "json_invalid"}
             raise Unprocessable("request body is not valid JSON: " + str(exc), [item]) from exc
-        # A body with no more brackets than the limit cannot nest deeper (most bodies: no walk).
-        if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and json_depth_exceeds(data):
+        if not shallow and json_depth_exceeds(data):
             raise too_deep()
     else:
         data = {}

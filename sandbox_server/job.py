@@ -37,13 +37,26 @@ class Job:
         self.mark = ""  # the command's CALL_ENV value
         self.open_pipes = set(pipes)
         self._pipe_ids: set[int] | None = None
+        self.pidfd: int | None = None
+        self._linger: asyncio.TimerHandle | None = None
+        self._adoption_wait = 0.0  # while it is not our child yet: the next wait before looking again
+        # Told ended already (a quick tool of a spawner, which closes its copies of the pipes
+        # before it tells): what the pipes hold is read now, and a pipe at its end is never
+        # watched; one a background child still holds is.
+        ended = exit_status is not None and exit_status.done() and not exit_status.cancelled() \
+            and exit_status.result() is not None
         for fd, sink in pipes.items():
             os.set_blocking(fd, False)
-            watch.add(fd, self._reader(fd, sink))
-        self.pidfd: int | None = None
-        self._adoption_wait = 0.0  # while it is not our child yet: the next wait before looking again
+            if ended and _read_to_end(fd, sink):
+                os.close(fd)
+                self.open_pipes.discard(fd)
+            else:
+                watch.add(fd, self._reader(fd, sink))
         if exit_status is not None:  # someone else's child: its parent tells us how it ended
-            exit_status.add_done_callback(self._told)
+            if ended:
+                self._told(exit_status)
+            else:
+                exit_status.add_done_callback(self._told)
             return
         self._watch()
 
@@ -149,9 +162,12 @@ class Job:
         if not self.open_pipes:
             self._finish()
         else:  # a background child may hold the pipes: give them a moment, then stop waiting
-            self.loop.call_later(EXIT_LINGER, self._finish)
+            self._linger = self.loop.call_later(EXIT_LINGER, self._finish)
 
     def _finish(self) -> None:
+        if self._linger is not None:
+            self._linger.cancel()  # no wake-up later for a call that is over
+            self._linger = None
         if not self.done.done():
             self.done.set_result(None)
 
@@ -159,6 +175,18 @@ class Job:
         if not self.done.done():
             self.timed_out = True
             self.done.set_result(None)
+
+
+def _read_to_end(fd: int, sink: BoundedOutput) -> bool:
+    """What a non-blocking pipe holds, into ``sink``; True when it is at its end (no writer left)."""
+    for _ in range(64):
+        data = read_available(fd, READ_CHUNK)
+        if data is None:
+            return False
+        if not data:
+            return True
+        sink.feed(data)
+    return False
 
 
 def grow_pipe(fd: int) -> None:

@@ -23,6 +23,7 @@ class MemoryEvents:
         candidates = [str(path)] if path else list(self.DEFAULT_PATHS)
         self.path = next((p for p in candidates if _read_path(p) is not None), None)
         self._v1 = self.path is not None and os.path.basename(self.path) == "memory.oom_control"
+        self._group = os.path.dirname(self.path) if self.path is not None else ""
 
     def count(self) -> int | None:
         if self.path is None:
@@ -30,7 +31,7 @@ class MemoryEvents:
         total = self._read_own()
         # v1 counts a kill in the victim's own group (e.g. a stage's): the child groups' files too.
         # A directory's link count is 2 plus its subdirectories: one stat, not a walk, per call.
-        parent = os.path.dirname(self.path)
+        parent = self._group
         if self._v1 and _subdirectories(parent):
             for root, _, _ in os.walk(parent):
                 if root != parent and (more := _read_path(os.path.join(root, "memory.oom_control"))) is not None:
@@ -71,15 +72,23 @@ def _read_path(path: str) -> int | None:
         os.close(fd)
 
 
+_OOM_KILL = b"oom_kill "
+
+
 def _oom_kill(data: bytes) -> int | None:
-    for line in data.splitlines():
-        key, _, value = line.partition(b" ")
-        if key == b"oom_kill":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
+    """The value of the ``oom_kill`` line (found, not split into lines: twice on every call's path)."""
+    if data.startswith(_OOM_KILL):
+        at = len(_OOM_KILL)
+    else:
+        at = data.find(b"\n" + _OOM_KILL)
+        if at < 0:
+            return None
+        at += 1 + len(_OOM_KILL)
+    end = data.find(b"\n", at)
+    try:
+        return int(data[at:end] if end >= 0 else data[at:])
+    except ValueError:
+        return None
 
 
 def _subdirectories(path: str) -> bool:

@@ -46,7 +46,7 @@ from .output import BoundedOutput
 from .pipe_watch import PipeWatch
 from .polling import until
 from .run_template import RunReport
-from .spawner import SPAWNER, Spawner, SpawnRefused
+from .spawner import ANSWER_HOLD, SPAWNER, Spawner, SpawnRefused
 from .spawner import available as spawner_available
 from .tool_cgroups import ToolCgroups
 from .trees import freeze_trees, marked_processes, pipe_holders, signal_group_and_holders
@@ -256,7 +256,7 @@ class Supervisor:
         out, err = sinks if sinks is not None else (BoundedOutput(max_output), BoundedOutput(max_output))
         kwargs: dict = {}
         spawner: Spawner | None = None
-        long_way = argv
+        switch: list[int] | None = None  # the groups of another user the long way switches to
         if isolation is not None:
             if self.jails is None:
                 raise JailError("isolated runs are unavailable in this sandbox")
@@ -264,10 +264,8 @@ class Supervisor:
             groups = groups_of(user)
             spawner = await self._spawner_for(user, groups) if via_spawner else None
             if self._switch is not None:
-                # Popen(user=...) cannot vfork: forking this server costs ~2 ms, a helper's exec less.
-                long_way = self._switch(user, groups, argv, env.get("PATH"))
+                switch = groups
             else:
-                long_way = list(argv)
                 kwargs.update(user=user.uid, group=user.gid, extra_groups=groups)
         if (user.uid if user is not None else os.getuid()) == 0 and not self.root_tools_confined:
             err.feed(b"idegym: root tools are refused: the server could not drop CAP_SYS_ADMIN/CAP_SYS_PTRACE\n")
@@ -295,7 +293,11 @@ class Supervisor:
             else:
                 if spawner is not None:
                     try:
-                        pid, exit_status = await spawner.spawn(argv, env, cwd, in_r, out_w, err_w)
+                        # A bash call waits for the tool's end anyway: a quick tool's answer may
+                        # come with it. Not so a caller that waits for the pid (on_start), nor
+                        # a tool that waits for the stdin fed once it is answered.
+                        hold = ANSWER_HOLD if on_start is None and in_w is None else 0.0
+                        pid, exit_status = await spawner.spawn(argv, env, cwd, in_r, out_w, err_w, hold)
                     except SpawnRefused as refused:
                         if refused.errno in (errno.EAGAIN, errno.ENOMEM):
                             raise OSError(refused.errno, os.strerror(refused.errno)) from refused
@@ -309,8 +311,12 @@ class Supervisor:
                             return ProcessResult(126, out, err, False, time.monotonic() - started)
                         log.debug("the spawner refused a tool (%s): started the long way", refused)
                 if exit_status is None:
+                    long_way = list(argv)
+                    if switch is not None and user is not None and self._switch is not None:
+                        # Popen(user=...) cannot vfork: forking this server costs ~2 ms, a helper's exec less.
+                        long_way = self._switch(user, switch, argv, env.get("PATH"))
                     proc = await self._spawn(functools.partial(
-                        subprocess.Popen, list(long_way), cwd=cwd, env=dict(env), stdin=in_r, stdout=out_w,
+                        subprocess.Popen, long_way, cwd=cwd, env=dict(env), stdin=in_r, stdout=out_w,
                         stderr=err_w, start_new_session=True, close_fds=True, **kwargs))
                     pid = proc.pid
         except BaseException as exc:
@@ -338,11 +344,12 @@ class Supervisor:
             job.mark = mark
             if in_w is not None:
                 asyncio.ensure_future(feed_stdin(loop, in_w, stdin or b""))
-            timer = loop.call_later(timeout, job.expire)
-            try:
-                await job.done
-            finally:
-                timer.cancel()
+            if not job.done.done():  # (a quick tool of a spawner may be done already: no timer to set)
+                timer = loop.call_later(timeout, job.expire)
+                try:
+                    await job.done
+                finally:
+                    timer.cancel()
             if init_pid is not None:
                 try:
                     job.pid = await init_pid
@@ -370,6 +377,10 @@ class Supervisor:
         cannot be started or failed its set-up is reported once, and no other is tried."""
         if self._spawners is None or self._staged or self._loop is None:
             return None
+        spawner = self._spawners.get(user.uid)
+        if (spawner is not None and spawner.alive and spawner.key == (user.uid, user.gid, tuple(groups))
+                and not self._spawner_lock.locked()):
+            return spawner  # it runs and no start is under way: no lock to take on every call
         async with self._spawner_lock:
             if self._spawners is None or self._staged:  # while waiting: the start under way failed, or a stage began
                 return None

@@ -12,8 +12,9 @@ the tool user's oom_score_adj while still root, then becomes the user (groups, g
 capability left), dies with the server (parent-death signal, set after the uid change that would
 clear it) and is made non-dumpable, so that the user's own processes can neither ptrace it nor
 read its memory, environment or descriptors. It keeps no descriptor but its socket (and a copy of
-each running tool's stdout and stderr, closed just after it told the tool's end: the server then
-sees the pipes end with that message, in one wake-up; a timeout spares it as their holder). It starts
+each running tool's stdout and stderr, closed just before it tells the tool's end: the server then
+sees the pipes end with that message, in one wake-up, and finds them at their end when it reads
+it, with nothing to watch; a timeout spares it as their holder). It starts
 each tool with ``posix_spawn`` (vfork and exec) in a new session, so a tool is born in the tools'
 groups as the user; the server watches it as before (its pid, its process group, its call mark)
 and learns its wait status from the spawner, on the same socket (no descriptor of its own per
@@ -44,7 +45,9 @@ The protocol (both ends are ours; ``native/spawner.c`` has the details): the spa
 message says it is ready (or why not); then each request (cwd, argv and environment as
 NUL-terminated strings after their counts, with stdin, stdout and stderr as SCM_RIGHTS
 descriptors) is answered in order with the tool's pid, or an errno and why not; each tool's end
-is told after its answer, with its pid and wait status. A request longer than the socket takes
+is told after its answer, with its pid and wait status. A bash call, which waits for the tool's
+end anyway, lets its answer wait for it (``ANSWER_HOLD``): a quick tool's answer and end then come
+together, one wake-up of the server instead of two. A request longer than the socket takes
 (``Spawner.max_request``: its send buffer, raised to ``MAX_REQUEST`` as far as the kernel allows)
 is not sent: that tool starts the long way.
 """
@@ -73,7 +76,10 @@ SOCKET_FD = 3  # the spawner's end of the socket, as spawner.c expects it
 MAX_REQUEST = 2 << 20  # the longest request spawner.c reads (its MAX_REQUEST)
 MESSAGE = struct.Struct("=iii")  # kind, pid, errno (ANSWERED) or wait status (EXITED); then a short text
 ANSWERED, EXITED = 0, 1
-COUNTS = struct.Struct("=II")  # a request's argc and envc
+COUNTS = struct.Struct("=III")  # a request's argc, envc and hold (microseconds)
+# How long a tool's answer may wait for its end (spawner.c holds it back): a tool that ends
+# sooner has its answer and its end reach the server together, one wake-up of it, not two.
+ANSWER_HOLD = 0.005
 SIOCOUTQ = 0x5411  # bytes sent on a socket and not yet read by its peer
 ANSWER_TIMEOUT = 2.0  # a spawner stopped by its user: the call goes the long way after this
 # A spawner that runs (it is not stopped) but has not answered is slow, on a loaded host: it is
@@ -180,12 +186,13 @@ class Spawner:
             return False
 
     async def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, stdin: int, stdout: int,
-                    stderr: int) -> tuple[int, asyncio.Future[int | None]]:
+                    stderr: int, hold: float = 0.0) -> tuple[int, asyncio.Future[int | None]]:
         """Start a tool: its pid, and a future of its wait status (``None`` when the spawner died
-        first: the tool, if it still runs, is then this process's child, re-parented to it)."""
+        first: the tool, if it still runs, is then this process's child, re-parented to it).
+        With ``hold`` (seconds) the answer may come that much later, with the tool's end."""
         if self._sock is None or self._loop is None or self._null is None:
             raise SpawnRefused("the spawner is gone")
-        request = _request(argv, env, cwd)
+        request = _request(argv, env, cwd, hold)
         if len(request) > self.max_request:
             raise SpawnRefused(f"a request of {len(request)} bytes, over the spawner's {self.max_request}")
         loop = self._loop
@@ -354,14 +361,14 @@ class Spawner:
         self._exits.clear()
 
 
-def _request(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> bytes:
+def _request(argv: Sequence[str], env: Mapping[str, str], cwd: str, hold: float = 0.0) -> bytes:
     """cwd, argv and the environment as spawner.c reads them (a NUL of their own is refused, as
     ``posix_spawn`` refuses it: the long way then says so). Encoded as ``os.fsencode`` would."""
     strings = [cwd, *argv, *[f"{name}={value}" for name, value in env.items()]]
     body = "\0".join(strings) + "\0"
     if body.count("\0") != len(strings) or not argv or not argv[0] or any(not n or "=" in n for n in env):
         raise SpawnRefused("a NUL byte, an empty program or a malformed variable name: not for the spawner")
-    return COUNTS.pack(len(argv), len(env)) + body.encode(_FS_ENCODING, _FS_ERRORS)
+    return COUNTS.pack(len(argv), len(env), round(hold * 1e6)) + body.encode(_FS_ENCODING, _FS_ERRORS)
 
 
 def _attributes(pid: int) -> tuple:

@@ -13,6 +13,7 @@ import fcntl
 import os
 import resource
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -111,6 +112,31 @@ def test_the_spawner_dies_with_the_server(server: SandboxProcess) -> None:
     spawner = spawner_of(server)
     os.kill(server.pid, signal.SIGKILL)
     assert wait_until(lambda: not process_alive(spawner), 5), Path(f"/proc/{spawner}/status").read_text()
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="counts system calls with strace")
+def test_a_quick_tool_s_pipes_are_read_at_their_end_never_watched(server: SandboxProcess, tmp_path: Path) -> None:
+    """A tool that ends within its answer's hold is answered and told ended at once, its pipes at
+    their end: the server reads them there and then, with no watcher to add or remove (an
+    ``epoll_ctl`` each, and a wake-up of the loop for their end). Counted by strace over calls
+    in a row; a call whose tool a loaded host held up past the hold watches them as before.
+
+    Can fail: on main every call added and removed a watcher for both of its pipes (4 a call)."""
+    assert server.bash("echo warm")["stdout"] == "warm\n"
+    trace = tmp_path / "epoll.trace"
+    strace = subprocess.Popen(["strace", "-f", "-qq", "-e", "trace=epoll_ctl", "-o", str(trace), "-p",
+                               str(server.pid)], stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: trace.exists() and all(
+            "TracerPid:\t0\n" not in (task / "status").read_text()
+            for task in Path(f"/proc/{server.pid}/task").iterdir()), 10), "strace did not attach"
+        results = [server.bash("echo out; echo err >&2") for _ in range(20)]
+    finally:
+        strace.send_signal(signal.SIGINT)
+        strace.wait(10)
+    assert all((r["stdout"], r["stderr"], r["exit_code"]) == ("out\n", "err\n", 0) for r in results), results
+    calls = [line for line in trace.read_text().splitlines() if "epoll_ctl(" in line]
+    assert len(calls) <= 20, f"{len(calls)} epoll_ctl calls in 20 bash calls: {calls[:8]}"
 
 
 def own_status_or_interrupted(result: dict, code: int, stdout: str) -> bool:
@@ -407,7 +433,7 @@ def test_the_spawner_tells_each_tool_s_end_as_a_wait_status_on_its_socket(
 
 
 def test_a_tool_s_output_ends_only_once_its_end_is_told(native: tuple[int, Replies]) -> None:
-    """The spawner holds a copy of a running tool's stdout and stderr until it has told how the
+    """The spawner holds a copy of a running tool's stdout and stderr until it tells how the
     tool ended: the server sees the pipes end with the message, in one wake-up, not one for the
     pipes and another for the status. Held still, the spawner keeps both back; a tool's own
     background child that holds the pipes keeps them open as before.
@@ -437,6 +463,43 @@ def test_a_tool_s_output_ends_only_once_its_end_is_told(native: tuple[int, Repli
     os.close(daemon.out_r)
 
 
+def test_a_quick_tool_s_answer_comes_with_its_end_and_a_slow_one_s_when_the_hold_is_over(
+        native: tuple[int, Replies]) -> None:
+    """A request may let its answer wait (a hold) for the tool's end: a tool that ends sooner is
+    answered and told ended together, its pipes already at their end (the server wakes once for
+    all of it, and never watches the pipes); one that runs on is answered once the hold is over.
+    Answers keep their requests' order: one that goes at once takes the held ones with it.
+
+    Can fail: on main a request had no hold; every answer went at once, the tool's end a wake-up
+    later, and the pipes ended only after that."""
+    _, replies = native
+    quick = Tool()
+    send(replies.sock, _request(["/bin/true"], {}, "/tmp", hold=1.0), quick.fds())
+    quick.handed_over()
+    pid = replies.answer()[0]
+    assert pid > 0
+    MESSAGE.unpack_from(replies.sock.recv(4096, socket.MSG_DONTWAIT))  # its end is there already
+    assert select.select([quick.out_r], [], [], 0)[0] == [quick.out_r] and os.read(quick.out_r, 10) == b""
+    os.close(quick.out_r)
+    slow, slower, then = Tool(), Tool(), Tool()
+    send(replies.sock, _request(["/bin/sleep", "30"], {}, "/tmp", hold=0.2), slow.fds())
+    slow.handed_over()
+    sleeper = replies.answer()[0]  # the hold is over, the tool still runs
+    assert procfs.alive(sleeper) and sleeper not in replies.exits
+    send(replies.sock, _request(["/bin/sleep", "30"], {}, "/tmp", hold=1.0), slower.fds())
+    send(replies.sock, _request(["/bin/true"], {}, "/tmp"), then.fds())
+    slower.handed_over()
+    then.handed_over()
+    held, at_once = replies.answer()[0], replies.answer()[0]  # in their requests' order
+    assert procfs.alive(held) and at_once not in (held, sleeper) and at_once > 0
+    assert then.ending(replies, at_once) == (b"", 0)
+    for pid in (sleeper, held):
+        os.kill(pid, signal.SIGKILL)
+        assert replies.exit_status(pid) == signal.SIGKILL
+    os.close(slow.out_r)
+    os.close(slower.out_r)
+
+
 def test_malformed_requests_are_refused_and_change_nothing(native: tuple[int, Replies]) -> None:
     """Requests come from the root server only, yet none crashes or confuses the spawner: each
     malformed one is answered with an error, and its descriptors are closed."""
@@ -447,18 +510,18 @@ def test_malformed_requests_are_refused_and_change_nothing(native: tuple[int, Re
     body = good[COUNTS.size:]
     malformed = {
         "too short": b"\1\0\0",
-        "counts alone": COUNTS.pack(1, 0),
+        "counts alone": COUNTS.pack(1, 0, 0),
         "not NUL-terminated": good[:-1],
         "bytes after the last string": good + b"junk",
         "a string more than counted": good + b"junk\0",
-        "fewer strings than counted": COUNTS.pack(3, 5) + body,
-        "huge counts": COUNTS.pack(0xFFFFFFFF, 0xFFFFFFFF) + body,
-        "counts that wrap": COUNTS.pack(0xFFFFFFFF, 3) + body,
-        "no program": COUNTS.pack(0, 0) + b"/tmp\0",
-        "an empty program": COUNTS.pack(1, 0) + b"/tmp\0\0",
-        "a relative cwd": COUNTS.pack(1, 0) + b"tmp\0/bin/true\0",
-        "a variable without =": COUNTS.pack(1, 1) + b"/tmp\0/bin/true\0PATH\0",
-        "a variable without a name": COUNTS.pack(1, 1) + b"/tmp\0/bin/true\0=x\0",
+        "fewer strings than counted": COUNTS.pack(3, 5, 0) + body,
+        "huge counts": COUNTS.pack(0xFFFFFFFF, 0xFFFFFFFF, 0) + body,
+        "counts that wrap": COUNTS.pack(0xFFFFFFFF, 3, 0) + body,
+        "no program": COUNTS.pack(0, 0, 0) + b"/tmp\0",
+        "an empty program": COUNTS.pack(1, 0, 0) + b"/tmp\0\0",
+        "a relative cwd": COUNTS.pack(1, 0, 0) + b"tmp\0/bin/true\0",
+        "a variable without =": COUNTS.pack(1, 1, 0) + b"/tmp\0/bin/true\0PATH\0",
+        "a variable without a name": COUNTS.pack(1, 1, 0) + b"/tmp\0/bin/true\0=x\0",
         "nothing but NULs": b"\0" * 64,
     }
     for what, data in malformed.items():

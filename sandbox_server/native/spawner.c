@@ -16,20 +16,26 @@
  * it is ready (or why it could not be: an answer of pid 0, an errno, a text) and exits on a failed
  * step. Then, per request, in order:
  *
- *   request: uint32 argc, uint32 envc, then cwd, argv[0..argc) and envp[0..envc) ("NAME=value"),
- *            each NUL-terminated, nothing after; with exactly three descriptors (SCM_RIGHTS):
- *            the tool's stdin, stdout and stderr;
- *   answer:  kind ANSWER, the tool's pid and errno 0, or pid 0 with an errno and why not.
+ *   request: uint32 argc, uint32 envc, uint32 hold (microseconds, at most MAX_HOLD_US), then
+ *            cwd, argv[0..argc) and envp[0..envc) ("NAME=value"), each NUL-terminated, nothing
+ *            after; with exactly three descriptors (SCM_RIGHTS): the tool's stdin, stdout and
+ *            stderr;
+ *   answer:  kind ANSWER, the tool's pid and errno 0, or pid 0 with an errno and why not. A
+ *            started tool's answer may wait up to its hold for the tool's end, and then goes
+ *            just before it: a quick tool's answer and end reach the server together, in one
+ *            wake-up of it, not two. Answers keep their requests' order (one that goes takes
+ *            those held before it along).
  *
  * A tool is started with posix_spawn (vfork and exec) in a new session, every signal at its
  * default, an empty signal mask, only the three descriptors, in cwd, with envp; a bare program
  * name is looked up on envp's PATH as execvp would (as the tool user: its access rights). When a
  * tool exits (after its answer: it is reaped only between requests), the spawner says so on the
  * same socket: kind EXITED, its pid and its wait status (native int). It keeps its own copies of
- * a running tool's stdout and stderr and closes them just after that message, so the server sees
- * the pipes end with it, not a wake-up before. A tool is reaped only once its end is sent: a
- * spawner killed in between leaves a zombie, re-parented to the server, that the server reaps
- * with the same status. A malformed request is answered with an error (EINVAL, EMSGSIZE)
+ * a running tool's stdout and stderr and closes them just before that message, so the pipes end
+ * with it, not a wake-up of the server before, and a server told a tool's end finds its pipes
+ * at their end (but for what a background child of the tool holds). A tool is reaped only once
+ * its end is sent: a spawner killed in between leaves a zombie, re-parented to the server, that
+ * the server reaps with the same status. A malformed request is answered with an error (EINVAL, EMSGSIZE)
  * and changes nothing. The spawner exits when the server closes the socket; its tools go on,
  * re-parented to the server.
  */
@@ -55,6 +61,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define SOCK 3
@@ -62,6 +69,8 @@
 #define KEEP_RESIDENT (64 << 10)    /* of the request buffer: returned to the kernel beyond this */
 #define MAX_GROUPS 1024
 #define MAX_TEXT 200
+#define MAX_HOLD_US 1000000         /* the longest an answer waits for its tool's end */
+#define MAX_HELD 64                 /* answers held back at once; past that, they go at once */
 #define DEFAULT_PATH "/bin:/usr/bin" /* Python's os.defpath, as the server's own lookup */
 
 enum { ANSWER = 0, EXITED = 1 }; /* spawner.py: ANSWERED, EXITED */
@@ -73,14 +82,19 @@ struct message {
     char text[MAX_TEXT];
 };
 
-/* A running tool and the spawner's copies of its stdout and stderr, closed once its end is told:
- * the server then sees the pipes' end with (not before) the message, in one wake-up. */
+/* A running tool and the spawner's copies of its stdout and stderr, closed just before its end is
+ * told: the pipes end with the message, not a wake-up of the server earlier. */
 struct tool {
     pid_t pid;
     int out, err;
 };
 
 static char *request;               /* MAX_REQUEST bytes, touched only as far as requests go */
+/* Answers held back (the pids of their tools, in request order) until their tools end or the
+ * earliest hold is over: a quick tool's answer and end then reach the server in one wake-up. */
+static pid_t held[MAX_HELD];
+static size_t held_count;
+static struct timespec held_until;
 static struct tool *tools;
 static size_t tool_count, tool_room;
 static sigset_t every_signal; /* a tool's signals: every one at its default (jail.RESET_SIGNALS and more) */
@@ -94,6 +108,11 @@ static void send_message(int kind, pid_t pid, int value, const char *what) {
 }
 
 static void say(pid_t pid, int error, const char *what) { send_message(ANSWER, pid, error, what); }
+
+static void send_held(void) {
+    for (size_t i = 0; i < held_count; i++) say(held[i], 0, NULL);
+    held_count = 0;
+}
 
 static void setup_failed(const char *what) {
     say(0, errno ? errno : EINVAL, what);
@@ -221,14 +240,15 @@ static int room_for_one(void) {
 }
 
 /* The tool of a request of `size` bytes: its pid, or 0 with *error and *why saying why not. */
-static pid_t start(size_t size, const int fds[3], int *error, const char **why) {
-    uint32_t counts[2];
+static pid_t start(size_t size, const int fds[3], int *error, const char **why, long *hold_us) {
+    uint32_t counts[3];
     size_t strings = 0;
     *why = "malformed request";
     *error = EINVAL;
     if (size < sizeof counts + 1 || request[size - 1] != '\0') return 0;
     memcpy(counts, request, sizeof counts);
     size_t argc = counts[0], envc = counts[1];
+    *hold_us = counts[2] > MAX_HOLD_US ? MAX_HOLD_US : counts[2];
     if (argc < 1 || argc > size || envc > size) return 0;
     for (const char *p = request + sizeof counts, *end = request + size; p < end;
          p = (const char *)memchr(p, '\0', (size_t)(end - p)) + 1)
@@ -308,6 +328,7 @@ static int serve_one(void) {
     pid_t pid = 0;
     int error;
     const char *why;
+    long hold_us = 0;
     if (msg.msg_flags & MSG_TRUNC) {
         why = "request too long";
         error = EMSGSIZE;
@@ -315,12 +336,25 @@ static int serve_one(void) {
         why = "a tool needs stdin, stdout and stderr, nothing else";
         error = EINVAL;
     } else {
-        pid = start((size_t)size, fds, &error, &why);
+        pid = start((size_t)size, fds, &error, &why, &hold_us);
     }
     for (int i = 0; i < count; i++)
         if (!pid || i == 0) close(fds[i]);
     if (pid) tools[tool_count++] = (struct tool){pid, fds[1], fds[2]};
     if (size > KEEP_RESIDENT) madvise(request + KEEP_RESIDENT, (size_t)size - KEEP_RESIDENT, MADV_DONTNEED);
+    if (pid && hold_us > 0 && held_count < MAX_HELD) {
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_nsec += hold_us * 1000;
+        until.tv_sec += until.tv_nsec / 1000000000;
+        until.tv_nsec %= 1000000000;
+        if (!held_count || until.tv_sec < held_until.tv_sec ||
+            (until.tv_sec == held_until.tv_sec && until.tv_nsec < held_until.tv_nsec))
+            held_until = until;
+        held[held_count++] = pid;
+        return 1;
+    }
+    send_held(); /* answers go in request order */
     if (pid) say(pid, 0, NULL);
     else say(0, error, why);
     return 1;
@@ -335,7 +369,8 @@ static void reap(void) {
         if (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) return;
         int status = info.si_code == CLD_EXITED ? (info.si_status & 0xff) << 8
                    : info.si_code == CLD_DUMPED ? info.si_status | 0x80 : info.si_status;
-        send_message(EXITED, info.si_pid, status, NULL);
+        for (size_t i = 0; i < held_count; i++)
+            if (held[i] == info.si_pid) send_held(); /* its answer before its end */
         for (size_t i = 0; i < tool_count; i++) {
             if (tools[i].pid != info.si_pid) continue;
             close(tools[i].out);
@@ -343,6 +378,7 @@ static void reap(void) {
             tools[i] = tools[--tool_count];
             break;
         }
+        send_message(EXITED, info.si_pid, status, NULL);
         waitpid(info.si_pid, &status, 0);
     }
 }
@@ -363,7 +399,18 @@ int main(int argc, char **argv) {
     int signals = become(argv);
     struct pollfd ready[2] = {{SOCK, POLLIN, 0}, {signals, POLLIN, 0}};
     for (;;) {
-        if (poll(ready, 2, -1) < 0) {
+        struct timespec left, now;
+        if (held_count) {
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            left.tv_sec = held_until.tv_sec - now.tv_sec;
+            left.tv_nsec = held_until.tv_nsec - now.tv_nsec;
+            if (left.tv_nsec < 0) {
+                left.tv_sec--;
+                left.tv_nsec += 1000000000;
+            }
+            if (left.tv_sec < 0) send_held(); /* the hold is over: the answers of tools that still run */
+        }
+        if (ppoll(ready, 2, held_count ? &left : NULL, NULL) < 0) {
             if (errno == EINTR) continue;
             return 1;
         }
