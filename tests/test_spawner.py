@@ -118,25 +118,31 @@ def test_the_spawner_dies_with_the_server(server: SandboxProcess) -> None:
 def test_a_quick_tool_s_pipes_are_read_at_their_end_never_watched(server: SandboxProcess, tmp_path: Path) -> None:
     """A tool that ends within its answer's hold is answered and told ended at once, its pipes at
     their end: the server reads them there and then, with no watcher to add or remove (an
-    ``epoll_ctl`` each, and a wake-up of the loop for their end). Counted by strace over calls
-    in a row; a call whose tool a loaded host held up past the hold watches them as before.
+    ``epoll_ctl`` each, and a wake-up of the loop for their end). Counted by strace over 20 calls
+    in a row; a call whose tool a loaded host held up past the hold watches them as before (4
+    ``epoll_ctl``), so a round passes when a quarter of its calls watched nothing, and up to three
+    rounds are made (a fresh-clone run on three workers had 11 of 20 held up in one round).
 
     Can fail: on main every call added and removed a watcher for both of its pipes (4 a call)."""
     assert server.bash("echo warm")["stdout"] == "warm\n"
-    trace = tmp_path / "epoll.trace"
-    strace = subprocess.Popen(["strace", "-f", "-qq", "-e", "trace=epoll_ctl", "-o", str(trace), "-p",
-                               str(server.pid)], stderr=subprocess.DEVNULL)
-    try:
-        assert wait_until(lambda: trace.exists() and all(
-            "TracerPid:\t0\n" not in (task / "status").read_text()
-            for task in Path(f"/proc/{server.pid}/task").iterdir()), 10), "strace did not attach"
-        results = [server.bash("echo out; echo err >&2") for _ in range(20)]
-    finally:
-        strace.send_signal(signal.SIGINT)
-        strace.wait(10)
-    assert all((r["stdout"], r["stderr"], r["exit_code"]) == ("out\n", "err\n", 0) for r in results), results
-    calls = [line for line in trace.read_text().splitlines() if "epoll_ctl(" in line]
-    assert len(calls) <= 20, f"{len(calls)} epoll_ctl calls in 20 bash calls: {calls[:8]}"
+    counts = []
+    for round_ in range(3):
+        trace = tmp_path / f"epoll-{round_}.trace"
+        strace = subprocess.Popen(["strace", "-f", "-qq", "-e", "trace=epoll_ctl", "-o", str(trace), "-p",
+                                   str(server.pid)], stderr=subprocess.DEVNULL)
+        try:
+            assert wait_until(lambda trace=trace: trace.exists() and all(
+                "TracerPid:\t0\n" not in (task / "status").read_text()
+                for task in Path(f"/proc/{server.pid}/task").iterdir()), 10), "strace did not attach"
+            results = [server.bash("echo out; echo err >&2") for _ in range(20)]
+        finally:
+            strace.send_signal(signal.SIGINT)
+            strace.wait(10)
+        assert all((r["stdout"], r["stderr"], r["exit_code"]) == ("out\n", "err\n", 0) for r in results), results
+        counts.append(sum("epoll_ctl(" in line for line in trace.read_text().splitlines()))
+        if counts[-1] <= 4 * 15:
+            return
+    pytest.fail(f"epoll_ctl calls in each round of 20 bash calls: {counts} (4 a call that watched its pipes)")
 
 
 def own_status_or_interrupted(result: dict, code: int, stdout: str) -> bool:
