@@ -227,7 +227,8 @@ test-deps:  ## everything the tests need (the venvs are made in parallel; strace
 	@$(MAKE) --no-print-directory gym-versions
 
 # Three workers on two cores: with two, a quiet run kept the CPU ~70 % busy (the tests wait on
-# image builds' downloads, timeouts and sandboxes' starts) and pytest took 16:01.
+# image builds' downloads, timeouts and sandboxes' starts) and pytest took 16:01; with three,
+# quiet fresh-clone runs took 12:53 and 13:16.
 TEST_WORKERS ?= 3
 test: test-deps lint typecheck bytecode  ## lint, type check, then the test suite (everything but `slow`) on TEST_WORKERS (3) workers
 	@$(VENV)/bin/pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS)
