@@ -43,12 +43,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--image", action="append", default=[], metavar="TAG=DIR",
                         help="the image's project directory (sandbox server --project-source)")
     parser.add_argument("--kubeconfig", type=Path, help="write a kubeconfig for the simulator here")
+    parser.add_argument("--latency", type=float, default=0.0, metavar="SECONDS",
+                        help="added to every API request but a watch, as a remote API server's round trip (default 0)")
     args = parser.parse_args(argv)
     args.state_dir.mkdir(parents=True, exist_ok=True)
     images = ImageCatalog(projects={t: Path(d) for t, _, d in (i.partition("=") for i in args.image)})
     sim = Simulator(args.state_dir, token=args.token, nodes=args.nodes,
                     node_labels=dict(kv.split("=", 1) for kv in args.node_label), snapshots=args.snapshots,
-                    namespaces=tuple(args.namespace) or ("default", "idegym"), images=images)
+                    namespaces=tuple(args.namespace) or ("default", "idegym"), images=images,
+                    latency=args.latency)
 
     async def run() -> None:
         loop = asyncio.get_running_loop()

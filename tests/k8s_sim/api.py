@@ -101,6 +101,9 @@ class ApiServer:
         if token and not request.path.startswith("/_sim/") and \
                 request.headers.get("Authorization") != f"Bearer {token}":
             return self.status(ApiError(401, "Unauthorized", "Unauthorized"))
+        if self.sim.latency and not request.path.startswith("/_sim/") and \
+                request.query.get("watch") not in ("true", "1"):
+            await asyncio.sleep(self.sim.latency)
         try:
             return await handler(request)
         except ApiError as exc:

@@ -36,13 +36,15 @@ class SimulatorProcess:
     """``python -m tests.k8s_sim`` in its own process group; ``stop`` ends it and all its pods."""
 
     def __init__(self, tmp: Path, *, snapshots: bool = True, nodes: int = 3, token: str = "sim-token",
-                 images: dict[str, Path] | None = None, namespaces: tuple[str, ...] = ("default", "idegym")) -> None:
+                 images: dict[str, Path] | None = None, namespaces: tuple[str, ...] = ("default", "idegym"),
+                 latency: float = 0.0) -> None:
         self.tmp = tmp
         self.token = token
         self.kubeconfig = tmp / "kubeconfig"
         argv = [sys.executable, "-m", "tests.k8s_sim", "--state-dir", str(tmp / "state"), "--token", token,
                 "--kubeconfig", str(self.kubeconfig), "--nodes", str(nodes)]
         argv += ["--snapshots"] if snapshots else []
+        argv += ["--latency", str(latency)] if latency else []
         for ns in namespaces:
             argv += ["--namespace", ns]
         for tag, project in (images or {}).items():

@@ -25,9 +25,10 @@ class Simulator:
     def __init__(self, state_dir: Path, *, token: str | None = None, nodes: int = 3,
                  node_labels: dict[str, str] | None = None, snapshots: bool = False,
                  namespaces: tuple[str, ...] = ("default", "idegym"),
-                 images: ImageCatalog | None = None) -> None:
+                 images: ImageCatalog | None = None, latency: float = 0.0) -> None:
         self.state_dir = state_dir
         self.token = token
+        self.latency = latency  # added to every API request but a watch: a remote API server's round trip
         self.store = Store()
         self.images = images or ImageCatalog()
         self._nodes = nodes

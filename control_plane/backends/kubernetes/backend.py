@@ -243,7 +243,7 @@ class KubernetesBackend(Backend):
                         return ("fatal", pod, verdict)
             return None
 
-        result = await informer.wait_for(check, max(timeout, 0.0))
+        result = await informer.wait_for(check, max(timeout, 0.0), app=name)
         if result is not None and result[0] == "ready":
             return result[1]
         if result is None:
@@ -277,7 +277,8 @@ class KubernetesBackend(Backend):
         if not wait:
             return
         informer = self._informer(ns)
-        gone = await informer.wait_for(lambda: True if not informer.pods(name) else None, self.config.delete_timeout)
+        gone = await informer.wait_for(lambda: True if not informer.pods(name) else None,
+                                       self.config.delete_timeout, app=name)
         if gone is None:
             left = ", ".join(p["metadata"]["name"] for p in informer.pods(name))
             raise BackendError(
@@ -431,7 +432,7 @@ class KubernetesBackend(Backend):
             ready = [p for p in informer.pods(name) if podstate.is_ready(p)]
             return True if len(ready) >= count else None
 
-        if await informer.wait_for(enough, timeout) is None:
+        if await informer.wait_for(enough, timeout, app=name) is None:
             waiting = [p for p in informer.pods(name) if not podstate.is_ready(p)]
             verdict = podstate.diagnose(waiting[0]) if waiting else None
             raise BackendError(f"{count} node(s) for {client_name!r} not ready within {timeout:g}s: "
