@@ -12,6 +12,7 @@ One pass every ``interval`` seconds:
 * Backend resources with no database row (and no pool membership) are deleted once they have
   been seen orphaned on two consecutive passes, so a sandbox being created is never swept (at
   start-up and at an ephemeral shutdown, when nothing is being created, on the first sight).
+  A DELETION_FAILED server's sandbox is deleted the same way, as a retry of its stop.
 * Operations older than the retention are purged; one stuck in progress too long is failed.
 * Uploads no build used for ``upload_retention`` are dropped (``uploads.py``).
 """
@@ -27,6 +28,7 @@ from .backends.base import SandboxHandle
 from .config import WatcherConfig
 from .models import AsyncOperationStatus, ErrorResponse
 from .models import AvailabilityStatus as A
+from .records import ServerRow
 from .service import ControlPlane
 from .store import now_ms
 
@@ -112,16 +114,24 @@ class Watcher:
     async def sweep_orphans(self, at_once: bool = False) -> None:
         """Delete what the backend holds and no record names, once seen on two passes in a row;
         ``at_once`` deletes on the first sight, for when nothing is being created: at start-up
-        (the leftovers of a killed control plane) and at an ephemeral shutdown."""
+        (the leftovers of a killed control plane) and at an ephemeral shutdown. The sandbox of a
+        server whose delete failed (DELETION_FAILED) is deleted as its stop is retried: with its
+        handle, and the server recorded STOPPED once it is gone."""
         try:
             present = await self.cp.backend.list_names()
         except Exception:  # noqa: BLE001
             log.exception("could not list backend resources")
             return
         known = set(self.cp.pool.member_names())
+        failed: dict[str, ServerRow] = {}
         for row in self.cp.store.servers():
-            if row.handle and not lifecycle.is_terminal(row.availability):
-                known.add(SandboxHandle.from_json(json.loads(row.handle)).name)
+            if not row.handle:
+                continue
+            name = SandboxHandle.from_json(json.loads(row.handle)).name
+            if not lifecycle.is_terminal(row.availability) or self.cp.is_busy(row.id):
+                known.add(name)
+            elif row.availability == A.DELETION_FAILED:
+                failed[name] = row
         for member in self.cp.store.pool_members():
             known.add(member.name)
         known |= self.cp.creating | self.cp.leased
@@ -129,6 +139,11 @@ class Watcher:
         confirmed = orphans if at_once else orphans & self._suspects
         self._suspects = orphans - confirmed
         for name in confirmed:
+            retry = failed.get(name)
+            if retry is not None:
+                log.warning("deleting sandbox %s of server %d again (its delete had failed)", name, retry.id)
+                await self.cp.stop(retry, A.STOPPED, "stopped: its sandbox was deleted on the watcher's retry")
+                continue
             log.warning("deleting orphaned sandbox %s (no server or pool record)", name)
             try:
                 await self.cp.backend.delete_name(name)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from control_plane.backends.base import BackendError
 from control_plane.config import WatcherConfig
 from control_plane.models import AvailabilityStatus as A
@@ -176,5 +178,25 @@ def test_two_whole_passes_sweep_an_orphan(tmp_path: Path) -> None:
             await h.watcher.run_once()
             await h.watcher.run_once()
             assert h.backend.deleted == ["sbx-orphan"]
+
+    run(scenario())
+
+
+def test_a_failed_delete_is_retried_by_the_sweep_and_the_server_recorded_stopped(tmp_path: Path) -> None:
+    """A server whose delete failed keeps its sandbox; the sweep deletes it by its handle, and
+    the server is STOPPED (it stayed DELETION_FAILED with its sandbox gone)."""
+    async def scenario() -> None:
+        async with harness(tmp_path) as h:
+            sid = (await h.start()).server_id
+            sandbox = h.sandbox_of(sid)
+            h.backend.fail_deletes = 1
+            with pytest.raises(BackendError, match="deletion failed"):
+                await h.cp.stop_server(h.server(sid))
+            assert h.server(sid).availability == A.DELETION_FAILED and sandbox in h.backend.alive()
+            await h.watcher.sweep_orphans()
+            assert sandbox in h.backend.alive()  # once: as for any orphan
+            await h.watcher.sweep_orphans()
+            assert sandbox not in h.backend.alive() and h.backend.deleted == [sandbox]
+            assert h.server(sid).availability == A.STOPPED and "watcher's retry" in (h.server(sid).details or "")
 
     run(scenario())
