@@ -593,7 +593,8 @@ def test_deleting_a_sandbox_gives_its_layer_back_while_neighbours_run(loop: Loop
 def test_a_stuck_stop_ends_deletion_failed_and_the_watcher_retries(tmp_path: Path) -> None:
     """Through the control plane: stopping a server whose sandbox holds a process that cannot
     die ends DELETION_FAILED with the reason (the process and its state), within the backend's
-    bound; once the process can die, the watcher's sweep removes what was left."""
+    bound; once the process can die, the watcher's sweep removes what was left, and the server
+    is STOPPED."""
     from tests.cp_helpers import ControlPlaneProcess
 
     freezer = controller_mounts().get("freezer")
@@ -625,6 +626,7 @@ def test_a_stuck_stop_ends_deletion_failed_and_the_watcher_retries(tmp_path: Pat
         assert sandbox.exists()  # kept for the retry, with its record
         (group / "freezer.state").write_text("THAWED")
         assert wait_for(lambda: not sandbox.exists() and not pids.exists(), 30), "the watcher did not retry the delete"
+        assert wait_for(lambda: cp.status(client, sid)["availability"] == "STOPPED", 10), cp.status(client, sid)
     finally:
         if group.exists():
             (group / "freezer.state").write_text("THAWED")
