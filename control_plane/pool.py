@@ -9,12 +9,12 @@ control plane adopts them instead of leaking them. Fills are background work: th
 makes them at a lower priority than the sandboxes that serve (``Backend.create(background=True)``)
 and gives a member its full share when it is claimed. A claim that finds none ready while fills
 are under way takes whichever is ready first, the next fill to land or a sandbox made for it
-(the other becomes a member), and hurries the oldest fill: a start waits for it now, so the rest
-of it is made at the normal priority (``Backend.hurry``). So does a claim that takes the last
-member: the next claim would wait for that fill. At most ``parallel`` fills are made at once, of
-every key; but while a key's claims outrun its fills (one found none ready, or took the last, and
-no member has landed since), its fills start at once up to its target: each will be claimed as
-it lands, and a turn waited for is a claim's wait.
+(the other becomes a member). At most ``parallel`` fills are made at once, of every key; but
+once a key's claims outrun its fills (a claim found none ready, or took the last, and no member
+has landed since), its fills start at once up to its target, and a claim that outruns them
+hurries those under way: claims wait for them now, so the rest of each is made at the normal
+priority (``Backend.hurry``). Each will be claimed as it lands: a turn waited for, or a fill left
+at the background weight, is a claim's wait.
 """
 
 from __future__ import annotations
@@ -111,9 +111,8 @@ class WarmPool:
             if observed.running and observed.ready:
                 self.backend.claim(handle)
                 self._refill(key)
-                if not ready:  # the last one: the next claim would wait for the oldest fill
+                if not ready:  # the last one: the next claim would wait for a fill
                     self._outrun_by(key)
-                    self._hurry_oldest(key)
                 self._count(spec, "ready")
                 return handle, True
             self._spawn(self._discard(handle))  # died while waiting: never hand it out
@@ -156,7 +155,6 @@ class WarmPool:
         self._tasks.add(own)
         own.add_done_callback(self._tasks.discard)
         self._refill(key)  # after: this claim's own start comes first
-        self._hurry_oldest(key)
         try:
             await asyncio.wait({landed, own}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
@@ -177,9 +175,17 @@ class WarmPool:
         return handle, False
 
     def _outrun_by(self, key: tuple) -> None:
-        """A claim of ``key`` found none ready, or took the last: its queued fills start now."""
+        """A claim of ``key`` found none ready, or took the last: its queued fills start now, and
+        those under way are no longer ahead of demand: claims wait for them (``Backend.hurry``;
+        hurrying only the oldest left the others at the background weight until the claims
+        caught up with each)."""
         self._outrun.add(key)
         self._wake()
+        making = self._making.get(key, {})
+        for name, hurried in making.items():
+            if not hurried:
+                making[name] = True
+                self.backend.hurry(name)
 
     def _wake(self) -> None:
         self._turns.set()
@@ -202,15 +208,6 @@ class WarmPool:
         finally:
             self._running -= 1
             self._wake()
-
-    def _hurry_oldest(self, key: tuple) -> None:
-        """The oldest fill of ``key`` no start hurried yet is no longer ahead of demand: a start
-        waits for it (``Backend.hurry``)."""
-        making = self._making.get(key, {})
-        oldest = next((name for name, hurried in making.items() if not hurried), None)
-        if oldest is not None:
-            making[oldest] = True
-            self.backend.hurry(oldest)
 
     def _give_up(self, key: tuple, landed: asyncio.Future[SandboxHandle], own: asyncio.Future[SandboxHandle]) -> None:
         """A claim cancelled while it waited: what it was handed, or made, goes to the pool."""
