@@ -181,7 +181,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: ControlPlaneSettin
                         help="ceiling of the warm pool per image")
     parser.add_argument("--warm-pool-parallel", type=int,
                         default=_default("warm_pool_parallel", cfg.warm_pool_parallel),
-                        help="pool sandboxes made at once (refill rate under demand)")
+                        help="pool sandboxes made at once ahead of demand (a kind whose claims outrun its fills: up to "
+                             "its target)")
     parser.add_argument("--pool-image", action="append", default=list(_default("pool_image", ())),
                         help="keep this image warm from start-up (repeatable; comma-separated in the variable)")
     parser.add_argument("--max-servers", type=int, default=_default("max_servers", cfg.max_servers),

@@ -81,6 +81,7 @@ class ControlPlaneConfig:
     warm_pool_max: int = 8
     # Pool sandboxes made at once. Starts mostly wait in the kernel (cgroup moves, mounts), not on a
     # CPU: env_step's RESTART resets on 2 CPUs, reset p95 117 ms with 2 at once, 30-31 with 4, 25-35 with 6.
+    # A kind whose claims outrun its fills makes up to its target at once (pool.py).
     warm_pool_parallel: int = 4
     pool_images: list[str] = field(default_factory=list)  # images to keep warm from start-up
     max_servers: int = 200  # sandboxes at once for any route (admission.py); more wait their turn, then 429

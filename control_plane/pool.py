@@ -9,20 +9,25 @@ control plane adopts them instead of leaking them. Fills are background work: th
 makes them at a lower priority than the sandboxes that serve (``Backend.create(background=True)``)
 and gives a member its full share when it is claimed. A claim that finds none ready while fills
 are under way takes whichever is ready first, the next fill to land or a sandbox made for it
-(the other becomes a member), and hurries the oldest fill: a start waits for it now, so the rest
-of it is made at the normal priority (``Backend.hurry``). So does a claim that takes the last
-member: the next claim would wait for that fill.
+(the other becomes a member). At most ``parallel`` fills are made at once, of every key; but
+once a key's claims outrun its fills (a claim found none ready, or took the last, and no member
+has landed since), its fills start at once up to its target, and a claim that outruns them
+hurries those under way: claims wait for them now, so the rest of each is made at the normal
+priority (``Backend.hurry``). Each will be claimed as it lands: a turn waited for, or a fill left
+at the background weight, is a claim's wait.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
 import secrets
 import time
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from .backends.base import Backend, BackendError, SandboxHandle, SandboxSpec
@@ -71,7 +76,10 @@ class WarmPool:
         self._last_used: dict[tuple, float] = {}
         self._failures: dict[tuple, int] = {}
         self._fill_seconds: dict[tuple, float] = {}  # how long a fill takes (moving average)
-        self._slots = asyncio.Semaphore(parallel)
+        self.parallel = parallel
+        self._running = 0  # fills being made, of every key
+        self._outrun: set[tuple] = set()  # keys whose claims outran their fills (none ready since)
+        self._turns = asyncio.Event()  # set when a fill may start that could not (then replaced)
         self._held_off: dict[tuple, asyncio.TimerHandle] = {}  # key -> when its fills may start again
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
@@ -103,11 +111,12 @@ class WarmPool:
             if observed.running and observed.ready:
                 self.backend.claim(handle)
                 self._refill(key)
-                if not ready:  # the last one: the next claim would wait for the oldest fill
-                    self._hurry_oldest(key)
+                if not ready:  # the last one: the next claim would wait for a fill
+                    self._outrun_by(key)
                 self._count(spec, "ready")
                 return handle, True
             self._spawn(self._discard(handle))  # died while waiting: never hand it out
+        self._outrun_by(key)
         if self._filling.get(key):
             # made as a member is (from the kind's template, not this request): it may become one
             racer = replace(self._templates[key], generated_name=new_sandbox_name(RACER_PREFIX))
@@ -146,7 +155,6 @@ class WarmPool:
         self._tasks.add(own)
         own.add_done_callback(self._tasks.discard)
         self._refill(key)  # after: this claim's own start comes first
-        self._hurry_oldest(key)
         try:
             await asyncio.wait({landed, own}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
@@ -166,14 +174,40 @@ class WarmPool:
         self._count(spec, "own")
         return handle, False
 
-    def _hurry_oldest(self, key: tuple) -> None:
-        """The oldest fill of ``key`` no start hurried yet is no longer ahead of demand: a start
-        waits for it (``Backend.hurry``)."""
+    def _outrun_by(self, key: tuple) -> None:
+        """A claim of ``key`` found none ready, or took the last: its queued fills start now, and
+        those under way are no longer ahead of demand: claims wait for them (``Backend.hurry``;
+        hurrying only the oldest left the others at the background weight until the claims
+        caught up with each)."""
+        self._outrun.add(key)
+        self._wake()
         making = self._making.get(key, {})
-        oldest = next((name for name, hurried in making.items() if not hurried), None)
-        if oldest is not None:
-            making[oldest] = True
-            self.backend.hurry(oldest)
+        for name, hurried in making.items():
+            if not hurried:
+                making[name] = True
+                self.backend.hurry(name)
+
+    def _wake(self) -> None:
+        self._turns.set()
+        self._turns = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, key: tuple) -> AsyncIterator[None]:
+        """A turn to make a fill of ``key``: one of ``parallel``, or, while the key's claims outrun
+        its fills, one of its target's (``_outrun``)."""
+        def may_start() -> bool:
+            if self._running < self.parallel:
+                return True
+            return key in self._outrun and len(self._making.get(key, ())) < self.target(key)
+
+        while not may_start():
+            await self._turns.wait()
+        self._running += 1
+        try:
+            yield
+        finally:
+            self._running -= 1
+            self._wake()
 
     def _give_up(self, key: tuple, landed: asyncio.Future[SandboxHandle], own: asyncio.Future[SandboxHandle]) -> None:
         """A claim cancelled while it waited: what it was handed, or made, goes to the pool."""
@@ -198,6 +232,7 @@ class WarmPool:
             return
         self.store.add_pool_member(handle.name, json.dumps(list(map(str, key))), json.dumps(handle.to_json()))
         self._ready.setdefault(key, deque()).append(handle)
+        self._outrun.discard(key)  # ahead of the claims again: its fills take turns
 
     def take(self, spec: SandboxSpec, count: int) -> list[SandboxHandle]:
         """Up to ``count`` ready members of ``spec``'s kind, creating none (a fork turns them into
@@ -290,7 +325,7 @@ class WarmPool:
 
     async def _fill_one(self, key: tuple) -> None:
         try:
-            async with self._slots:
+            async with self._turn(key):
                 if self._closed:
                     return
                 spec = replace(self._templates[key], generated_name=new_sandbox_name(MEMBER_PREFIX))

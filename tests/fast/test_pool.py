@@ -286,3 +286,42 @@ def test_a_claim_cancelled_while_it_waits_leaves_its_sandboxes_to_the_pool(tmp_p
                 own.set()
 
     run(scenario())
+
+
+def test_fills_take_turns_until_claims_outrun_them_then_all_start_and_are_hurried(tmp_path: Path) -> None:
+    """At most ``parallel`` fills are made at once while the pool is ahead of its claims. Back-to-back
+    RESTART resets outran the fills: at nearly every claim that found one member or none ready,
+    3-4 more fills of the kind waited for one of the 4 turns (0.2-0.45 s each at load 9-15, in
+    ``benchmarks/env_step.py``'s loop), and of those under way only the oldest was hurried, while
+    the claims waited for fills. Once a claim finds none ready, the kind's fills start at once, up
+    to its target, and the next claim hurries every one under way.
+
+    Can fail: it did: one fill at a time (``parallel`` 1) while three claims waited; and, with the
+    fills started, a claim hurried only the oldest one not hurried yet."""
+
+    def making(h: Harness) -> set[str]:  # the fills under way (a claim's own is pool-s-…)
+        return {name for name in h.backend.creating if not name.startswith("pool-s-")}
+
+    async def scenario() -> None:
+        async with harness(tmp_path, warm_pool=2, warm_pool_max=4, warm_pool_parallel=1) as h:
+            fills = asyncio.Event()
+            h.backend.hold_named = {"pool-": fills}
+            pool = h.cp.pool
+            try:
+                pool.watch(spec())
+                await h.backend.wait_for(lambda: len(making(h)) == 1)
+                for _ in range(5):  # every task that is ready to run has run (the second fill's too)
+                    await asyncio.sleep(0)
+                assert len(making(h)) == 1, "ahead of the claims, fills take turns"
+                assert h.backend.hurried == []
+                claims = [asyncio.ensure_future(pool.acquire(spec(), 10)) for _ in range(3)]
+                await h.backend.wait_for(lambda: len(making(h)) == 4)  # the target (the ceiling)
+                claims.append(asyncio.ensure_future(pool.acquire(spec(), 10)))
+                await h.backend.wait_for(lambda: making(h) <= set(h.backend.hurried))
+                fills.set()
+                served = await asyncio.gather(*claims)
+                assert len({handle.name for handle, _warm in served}) == 4
+            finally:
+                fills.set()
+
+    run(scenario())
