@@ -223,14 +223,18 @@ test-deps:  ## everything the tests need (the venvs are made in parallel; strace
 	  (apt-get install -y -q strace >/dev/null 2>&1 || \
 	   (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q strace >/dev/null)); } || \
 	  echo "WARNING: no strace: the tests that count a launch's system calls will be skipped"
-	@$(MAKE) --no-print-directory -j3 venv client-venv harbor-venv nemo-gym-venv verl-venv verifiers-venv
+	@$(MAKE) --no-print-directory -j3 venv $(BESIDE_VENVS) client-venv harbor-venv nemo-gym-venv verl-venv verifiers-venv
 	@$(MAKE) --no-print-directory gym-versions
 
 # Three workers on two cores: with two, a quiet run kept the CPU ~70 % busy (the tests wait on
 # image builds' downloads, timeouts and sandboxes' starts) and pytest took 16:01; with three,
 # quiet fresh-clone runs took 12:53 and 13:16.
 TEST_WORKERS ?= 3
-test: test-deps lint typecheck bytecode  ## lint, type check, then the test suite (everything but `slow`) on TEST_WORKERS (3) workers
+# Lint and type check start as soon as the main venv is there, beside the other venvs' installs:
+# on a fresh clone those went on 80 s after it, and the type check took 41 s after them all.
+test:  ## lint, type check, then the test suite (everything but `slow`) on TEST_WORKERS (3) workers
+	@$(MAKE) --no-print-directory test-deps BESIDE_VENVS="lint typecheck"
+	@$(MAKE) --no-print-directory bytecode
 	@$(VENV)/bin/pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 test-slow: test-deps  ## only the long-running tests
