@@ -231,7 +231,8 @@ test-deps:  ## everything the tests need (the venvs are made in parallel; strace
 # quiet fresh-clone runs took 12:53 and 13:16.
 TEST_WORKERS ?= 3
 # Lint and type check start as soon as the main venv is there, beside the other venvs' installs:
-# on a fresh clone those went on 80 s after it, and the type check took 41 s after them all.
+# in four fresh clones those went on 60-130 s after it, and lint and type check then took 22-41 s
+# after them all (1-3 s with them beside).
 test:  ## lint, type check, then the test suite (everything but `slow`) on TEST_WORKERS (3) workers
 	@$(MAKE) --no-print-directory test-deps BESIDE_VENVS="lint typecheck"
 	@$(MAKE) --no-print-directory bytecode
