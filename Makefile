@@ -231,8 +231,8 @@ test-deps:  ## everything the tests need (the venvs are made in parallel; strace
 # quiet fresh-clone runs took 12:53 and 13:16.
 TEST_WORKERS ?= 3
 # The tests' modules as pytest runs them (assertions rewritten), compiled ahead by one collection:
-# under PYTHONDONTWRITEBYTECODE every worker rewrote them all again (its collection took 8.6-8.8 s
-# of CPU, 3.8 s with these).
+# under PYTHONDONTWRITEBYTECODE every worker rewrote them all again (its collection took 9.0-9.2 s
+# of CPU, 4.0-4.2 s with these).
 test-bytecode: $(VENV)/.stamp
 	@out=$$(env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/pytest --collect-only -q -p no:cacheprovider -m "not slow" 2>&1) \
 	  || { echo "$$out" | tail -n 40; exit 1; }
