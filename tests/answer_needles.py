@@ -14,6 +14,7 @@ sandbox of it).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from itertools import chain
 from pathlib import Path
 
 from idegym_env.tasks import Task, TaskSet
@@ -45,11 +46,11 @@ def _strings(value: object) -> Iterator[str]:
             yield from _strings(item)
 
 
-def _tree(path: Path | None, pattern: str = "*") -> Iterator[str]:
+def _tree(path: Path | None, pattern: str = "*") -> Iterator[bytes]:
     if path is not None and path.is_dir():
         for file in sorted(path.rglob(pattern)):
             if file.is_file() and not file.is_symlink():
-                yield file.read_bytes().decode(errors="replace")
+                yield file.read_bytes()
 
 
 def answers(task: Task) -> Iterator[str]:
@@ -60,17 +61,17 @@ def answers(task: Task) -> Iterator[str]:
             yield content.decode(errors="replace")
 
 
-def shown(task: Task) -> Iterator[str]:
-    yield task.instruction
-    yield from task.files.values()
+def shown(task: Task) -> Iterator[bytes]:
+    yield task.instruction.encode()
+    yield from (text.encode() for text in task.files.values())
     yield from _tree(task.project)
     environment = getattr(task, "environment", None)
     if environment is not None:
-        yield environment.dockerfile or ""
+        yield (environment.dockerfile or "").encode()
         yield from _tree(environment.context)
 
 
-def our_code() -> Iterator[str]:
+def our_code() -> Iterator[bytes]:
     """Our packages' modules: public, and the templates of generated hidden files (a HumanEval
     test's harness, the SWE unittest runner) are there."""
     import control_plane
@@ -79,10 +80,10 @@ def our_code() -> Iterator[str]:
 
     for package in (idegym_env, control_plane, sandbox_server):
         for file in sorted(Path(package.__file__).parent.rglob("*.py")):
-            yield file.read_text(errors="replace")
+            yield file.read_bytes()
 
 
-def in_every_sandbox() -> Iterator[str]:
+def in_every_sandbox() -> Iterator[bytes]:
     """The server interpreter's standard library and the built-in image's own layers."""
     import sysconfig
 
@@ -94,7 +95,12 @@ def in_every_sandbox() -> Iterator[str]:
 
 def needles(tasks: Iterable[Task]) -> set[str]:
     tasks = list(tasks)
-    visible = {n for text in [*our_code(), *in_every_sandbox()] for n in _lines(text)}
-    visible |= {n for task in tasks for text in shown(task) for n in _lines(text)}
-    return {n for task in tasks for text in answers(task) for n in _lines(text)
-            if len(n) >= MIN_LENGTH and "\\" not in n and n not in visible}
+    wanted = {n.encode(): n for task in tasks for text in answers(task) for n in _lines(text)
+              if len(n) >= MIN_LENGTH and "\\" not in n}
+    # What a sandbox shows is ~200 MB (the standard library, the built-in image): its lines are
+    # split and normalized as the scanner reads them, in C, and only struck off the answers' lines
+    # (a set of every visible line took ~10 s a run, twice a suite).
+    left = set(wanted)
+    for text in chain(our_code(), in_every_sandbox(), *(shown(task) for task in tasks)):
+        left.difference_update(map(line, text.split(b"\n")))
+    return {wanted[n] for n in left}

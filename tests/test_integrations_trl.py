@@ -9,24 +9,25 @@ is a whole tool call; after that token: end the turn), so which tool call TRL ex
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-trl = pytest.importorskip("trl")
+from idegym_env.integrations._episode import close_shared_clients
+from idegym_env.integrations.trl import IdeGymTRLEnv, task_dataset
+from tests.integration_helpers import TASK, alive, control_plane, fix_arguments  # noqa: F401
 
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
-from transformers.utils import get_json_schema  # noqa: E402
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
-from idegym_env.integrations._episode import close_shared_clients  # noqa: E402
-from idegym_env.integrations.trl import IdeGymTRLEnv, task_dataset  # noqa: E402
-from tests.integration_helpers import TASK, alive, control_plane, fix_arguments  # noqa: E402,F401
-
-pytestmark = pytest.mark.timeout(600)
+# torch, TRL and the transformers model are imported where they are used: ~5 s of CPU, which every
+# worker paid at collection (importorskip) though one runs these tests.
+pytestmark = [pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("torch", "trl")),
+                                 reason="needs the [trl] extra (torch, TRL)"), pytest.mark.timeout(600)]
 TOOLS = ["bash", "edit_file", "list_files", "patch_file", "read_file", "run_checks", "write_file"]
 
 
@@ -40,7 +41,9 @@ def _clients():  # type: ignore[no-untyped-def]
 def tiny_policy(completion: str) -> tuple[PreTrainedTokenizerFast, Qwen3ForCausalLM]:
     """A byte-level tokenizer plus one token for ``completion``, and a model that always answers
     the generation prompt with that token and then ends its turn."""
+    import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
     from trl.chat_template_utils import qwen3_chat_template
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -73,6 +76,8 @@ def tiny_policy(completion: str) -> tuple[PreTrainedTokenizerFast, Qwen3ForCausa
 
 
 def grpo_step(tmp_path, completion: str, factory: Any) -> tuple[Any, dict[str, float]]:  # type: ignore[no-untyped-def]
+    import trl
+
     tokenizer, model = tiny_policy(completion)
     args = trl.GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, num_generations=2,
                           max_completion_length=64, max_steps=1, max_tool_calling_iterations=1, report_to="none",
@@ -121,6 +126,8 @@ def test_a_malformed_call_is_a_tool_failure_with_our_message(tmp_path, control_p
 
 
 def test_tool_schemas_come_from_signatures_and_docstrings() -> None:
+    from transformers.utils import get_json_schema
+
     members = [name for name, _ in inspect.getmembers(IdeGymTRLEnv, predicate=inspect.isfunction)
                if not name.startswith("_") and name not in ("reset", "get_reward")]
     assert sorted(members) == TOOLS  # what TRL exposes (no stray public helper becomes a tool)

@@ -18,17 +18,15 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("openenv.core", reason="needs the [openenv] extra (openenv-core)")
-
-from idegym_env.tasks import load_task  # noqa: E402
-from tests.cp_helpers import ControlPlaneProcess  # noqa: E402
-from tests.helpers import REPO  # noqa: E402
-from tests.integration_helpers import TASK, alive, control_plane  # noqa: E402,F401 - fixture
-from tests.test_openenv import OpenEnvServer  # noqa: E402
+from idegym_env.tasks import load_task
+from tests.cp_helpers import ControlPlaneProcess
+from tests.helpers import REPO
+from tests.integration_helpers import TASK, alive, control_plane  # noqa: F401 - fixture
+from tests.test_openenv import OpenEnvServer, needs_openenv
 
 VF_EVAL = REPO / ".venv-verifiers" / "bin" / "vf-eval"
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.heavy]
+pytestmark = [needs_openenv, pytest.mark.timeout(600), pytest.mark.heavy]
 
 
 @pytest.fixture(scope="module", autouse=True)

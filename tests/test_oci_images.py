@@ -101,6 +101,65 @@ def test_debian_mirror_comes_from_apts_sources(tmp_path: Path) -> None:
         find_debian_mirror(root=tmp_path / "nothing")
 
 
+def test_a_base_being_built_holds_up_no_other_base(debian_base: str, image_cache: Path) -> None:
+    """While one base is being built (here mmdebstrap waits on an archive that does not answer), a
+    cached base is ready at once, in the same cache; the stalled build fails when the archive
+    answers 404, and leaves nothing.
+
+    Can fail: one lock over every base made a build whose base was cached wait for the whole build
+    of another (a full ``python:3.13`` took 57 s on a fresh clone, during which every worker's
+    builds waited)."""
+    import asyncio
+    import socket
+    import threading
+
+    from control_plane.backends.local.oci.bases import BaseCache
+    from control_plane.backends.local.oci.settings import OciSettings
+
+    archive = socket.create_server(("127.0.0.1", 0))  # takes connections (its backlog), answers none yet
+    archive.settimeout(0.1)
+    mirror = f"http://127.0.0.1:{archive.getsockname()[1]}/debian"
+    stalled_lines: list[str] = []
+    failed = threading.Event()
+
+    def not_found() -> None:
+        while not failed.is_set():
+            try:
+                conn, _ = archive.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+    async def both() -> float:
+        stalled = asyncio.create_task(BaseCache(OciSettings(cache_dir=image_cache, debian_mirror=mirror)).ensure(
+            bases.resolve("debian:bookworm-slim"), stalled_lines.append, timeout=120))
+        answering = threading.Thread(target=not_found)
+        try:
+            while not any("running apt-get update" in line for line in stalled_lines):  # under the base's lock
+                assert not stalled.done(), stalled_lines
+                await asyncio.sleep(0.05)
+            started = time.monotonic()
+            cached = await asyncio.wait_for(BaseCache(OciSettings(cache_dir=image_cache)).ensure(
+                bases.resolve(debian_base), lambda line: None), 30)
+            took = time.monotonic() - started
+            assert cached.cached and not stalled.done(), stalled_lines
+        finally:
+            answering.start()
+            try:
+                with pytest.raises(OciError, match="mmdebstrap failed"):
+                    await stalled
+            finally:
+                failed.set()
+                answering.join()
+                archive.close()
+        return took
+
+    assert asyncio.run(both()) < 10
+    key = bases.resolve("debian:bookworm-slim").key(find_debian_mirror(mirror).archive)
+    assert not list((image_cache / "bases").glob(f"tmp-{key}-*")), "the failed build left its work directory"
+
+
 # -- builds through the control plane ---------------------------------------------------------------
 
 

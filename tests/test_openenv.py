@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import select
@@ -18,14 +19,16 @@ import pytest
 import yaml
 from websockets.sync.client import connect as ws_connect
 
-pytest.importorskip("openenv.core", reason="needs the [openenv] extra (openenv-core)")
+from idegym_env.client import IdeGymClient, Sandbox
+from idegym_env.env import IdeGymEnv
+from idegym_env.tasks import TaskSet, load_task
+from tests.helpers import REPO, SandboxProcess, wait_until
 
-from openenv.core import GenericEnvClient  # noqa: E402
-
-from idegym_env.client import IdeGymClient, Sandbox  # noqa: E402
-from idegym_env.env import IdeGymEnv  # noqa: E402
-from idegym_env.tasks import TaskSet, load_task  # noqa: E402
-from tests.helpers import REPO, SandboxProcess, wait_until  # noqa: E402
+# openenv-core is imported where it is used: its import takes ~4 s of CPU, which every worker
+# paid at collection (importorskip) though one runs these tests.
+needs_openenv = pytest.mark.skipif(importlib.util.find_spec("openenv.core") is None,
+                                   reason="needs the [openenv] extra (openenv-core)")
+pytestmark = needs_openenv
 
 TASK = "python-roman-numerals"
 OBSERVATION_FIELDS = {"text", "task_id", "episode_id", "step", "max_steps", "tool", "exit_code", "timed_out",
@@ -35,6 +38,8 @@ OBSERVATION_FIELDS = {"text", "task_id", "episode_id", "step", "max_steps", "too
 
 def client(url: str):
     """openenv-core's generic client (the stock EnvClient over /ws), synchronous."""
+    from openenv.core import GenericEnvClient
+
     return GenericEnvClient(base_url=url, message_timeout_s=300).sync()
 
 
