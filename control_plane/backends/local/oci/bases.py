@@ -144,10 +144,9 @@ class BaseCache:
         key = spec.key(mirror.archive)
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
-            # A lock per name: a cached base is not held up by another one's build (a minute or more);
-            # not per key, which a mirror's address is part of (a lock file for every mirror ever used).
-            name = hashlib.sha256(spec.name.encode()).hexdigest()[:16]
-            fd = await loop.run_in_executor(None, _flock, self.root / "bases" / f".{name}.lock")
+            # A lock per base (its key, as its record): a cached base is not held up by another
+            # one's build (a minute or more), and one base is built once, its record written by one.
+            fd = await loop.run_in_executor(None, _flock, self.root / "bases" / f".{key}.lock")
             try:
                 return await self._ensure_locked(spec, key, mirror, emit, timeout)
             finally:
