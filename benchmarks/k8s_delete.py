@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -102,7 +103,7 @@ def run() -> Result:
         f"{SERVERS / default * 1e3:.1f} / {SERVERS / ours * 1e3:.1f}"
     result.figures["own threads / default executor, deletes per second"] = round(default / ours, 2)
     for side in sides:
-        result.figures[f"the loop's CPU seconds, {side} (median)"] = round(sorted(cpu[side])[len(cpu[side]) // 2], 3)
+        result.figures[f"the loop's CPU seconds, {side} (median)"] = round(statistics.median(cpu[side]), 3)
     print(stats_table(result.stats, baseline=result.stats[0].label))
     print(table(["figure", "value"], list(result.figures.items())))
     return result

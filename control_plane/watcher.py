@@ -125,12 +125,13 @@ class Watcher:
         known = set(self.cp.pool.member_names())
         failed: dict[str, ServerRow] = {}
         for row in self.cp.store.servers():
-            if not row.handle:
-                continue
+            live = not lifecycle.is_terminal(row.availability)
+            if not row.handle or not (live or row.availability == A.DELETION_FAILED):
+                continue  # a server that ended holds no sandbox: its handle is not parsed every pass
             name = SandboxHandle.from_json(json.loads(row.handle)).name
-            if not lifecycle.is_terminal(row.availability) or self.cp.is_busy(row.id):
+            if live or self.cp.is_busy(row.id):
                 known.add(name)
-            elif row.availability == A.DELETION_FAILED:
+            else:
                 failed[name] = row
         for member in self.cp.store.pool_members():
             known.add(member.name)
