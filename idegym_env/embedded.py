@@ -34,6 +34,7 @@ from .ready_pipe import read_ready
 from .settings import ClientSettings
 
 START_TIMEOUT = 60.0
+STOP_TIMEOUT = 60.0  # from SIGTERM; the control plane's own shutdown takes at most ~10 s
 STATE_PREFIX = "idegym-embedded-"
 LAPSE_MARGIN = 60.0  # seconds past a lease's TTL before its directory counts as abandoned
 KEPT_LOGS_RETENTION = 7 * 86400.0  # a failed run's kept logs (no lease left) are swept after this
@@ -117,22 +118,25 @@ class EmbeddedControlPlane:
             if getattr(self, "_closed", False):
                 return
             self._closed = True
+        why = ""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
-                self.process.wait(60)
+                self.process.wait(STOP_TIMEOUT)
             except subprocess.TimeoutExpired:
+                why = f"it did not stop within {STOP_TIMEOUT:g} s of SIGTERM and was killed"
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         self._log.close()
         if self._owns_state:
             # The control plane removed its state (--remove-state), but for the logs an error named;
             # killed, or ended by a signal it did not handle, it left the state here.
-            failed = self.process.returncode not in (0, -signal.SIGTERM)
-            if failed or ephemeral_state.only_logs_left(self.state_dir):
+            if not why and self.process.returncode not in (0, -signal.SIGTERM):
+                why = f"it exited with status {self.process.returncode}"
+            if why or ephemeral_state.only_logs_left(self.state_dir):
                 ephemeral_state.remove(self.state_dir, keep_logs=True)
-                print(f"idegym: something failed in the embedded control plane; its logs are kept in "
-                      f"{self.state_dir}", file=sys.stderr)
+                print(f"idegym: something failed in the embedded control plane ({why or 'an error named its logs'}); "
+                      f"its logs are kept in {self.state_dir}", file=sys.stderr)
             else:
                 shutil.rmtree(self.state_dir, ignore_errors=True)
 

@@ -63,11 +63,11 @@ class Seen:
 
     def __init__(self) -> None:
         self.pids: dict[int, str] = {}
-        self.dirs: set[str] = set()
+        self.dirs: dict[str, str] = {}
 
     def planes(self, planes: dict[str, dict[str, Any]]) -> None:
         for node, plane in planes.items():
-            self.dirs.add(plane["state_dir"])
+            self.dirs[plane["state_dir"]] = f"state directory of {node[:8]}'s control plane"
             self.pids[plane["pid"]] = f"control plane of {node[:8]}"
             for key in ("keeper_pid", "actor_pid"):
                 if plane.get(key):
@@ -77,7 +77,23 @@ class Seen:
 
     def left(self) -> list[str]:
         return [f"{what} (pid {pid})" for pid, what in self.pids.items() if alive(pid)] + \
-               [f"state directory {d}" for d in self.dirs if os.path.exists(d)]
+               [f"{what} {d} holding {_listing(d)}" for d, what in self.dirs.items() if os.path.exists(d)]
+
+
+def _listing(path: str) -> str:
+    """What a state directory still holds (a few levels down) and its log's last lines: why it stayed."""
+    found = []
+    for top, dirs, files in os.walk(path):
+        depth = len(Path(top).relative_to(path).parts)
+        found += [os.path.join(top, n)[len(path) + 1:] for n in dirs + files]
+        if depth >= 2:
+            dirs.clear()
+    found.sort()
+    try:
+        log = Path(path, "control-plane.log").read_text(errors="replace").splitlines()[-15:]
+    except OSError:
+        log = []
+    return f"{found[:30]}; the end of its log:\n" + "\n".join(log)
 
 
 @pytest.fixture(scope="module")
