@@ -380,6 +380,14 @@ class ControlPlane:
             raise BackendError(f"Stopping {row.generated_name} failed: {fresh.details}", 500)
         return ServerActionResponse(server_name=row.generated_name, message=f"Stopped {row.generated_name}")
 
+    def settle_client(self, client_id: str) -> None:
+        """A client its stop left DELETION_FAILED is STOPPED once none of its servers is (a retry
+        deleted what was left)."""
+        client = self.store.get_client(client_id)
+        if client is not None and client.availability == A.DELETION_FAILED and \
+                not self.store.servers(client_id=client_id, availability=[A.DELETION_FAILED]):
+            self.store.set_client_status(client_id, A.STOPPED)
+
     async def stop(self, row: ServerRow, target: A, details: str) -> bool:
         """Delete the sandbox, then record ``target`` (or DELETION_FAILED: never claim a stop that
         did not happen)."""

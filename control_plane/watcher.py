@@ -116,7 +116,8 @@ class Watcher:
         ``at_once`` deletes on the first sight, for when nothing is being created: at start-up
         (the leftovers of a killed control plane) and at an ephemeral shutdown. The sandbox of a
         server whose delete failed (DELETION_FAILED) is deleted as its stop is retried: with its
-        handle, and the server recorded STOPPED once it is gone."""
+        handle, and the server recorded STOPPED once it is gone (its client too, once it has no
+        server left DELETION_FAILED)."""
         try:
             present = await self.cp.backend.list_names()
         except Exception:  # noqa: BLE001
@@ -143,7 +144,8 @@ class Watcher:
             retry = failed.get(name)
             if retry is not None:
                 log.warning("deleting sandbox %s of server %d again (its delete had failed)", name, retry.id)
-                await self.cp.stop(retry, A.STOPPED, "stopped: its sandbox was deleted on the watcher's retry")
+                if await self.cp.stop(retry, A.STOPPED, "stopped: its sandbox was deleted on the watcher's retry"):
+                    self.cp.settle_client(retry.client_id)
                 continue
             log.warning("deleting orphaned sandbox %s (no server or pool record)", name)
             try:

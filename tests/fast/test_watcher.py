@@ -200,3 +200,23 @@ def test_a_failed_delete_is_retried_by_the_sweep_and_the_server_recorded_stopped
             assert h.server(sid).availability == A.STOPPED and "watcher's retry" in (h.server(sid).details or "")
 
     run(scenario())
+
+
+def test_a_client_stopped_but_for_a_failed_delete_is_stopped_once_the_sweep_deletes_it(tmp_path: Path) -> None:
+    """Can fail: the client stayed DELETION_FAILED after the watcher's retry had deleted what was left."""
+    async def scenario() -> None:
+        async with harness(tmp_path) as h:
+            kept, failing = (await h.start()).server_id, (await h.start()).server_id
+            h.backend.fail_deletes = 1
+            with pytest.raises(BackendError, match="could not delete 1 of 2 servers"):
+                await h.cp.stop_client(h.store.get_client(h.client.id))
+            assert h.store.get_client(h.client.id).availability == A.DELETION_FAILED
+            failed = [s for s in (kept, failing) if h.server(s).availability == A.DELETION_FAILED]
+            assert len(failed) == 1
+            await h.watcher.sweep_orphans()
+            assert h.store.get_client(h.client.id).availability == A.DELETION_FAILED  # once: as for any orphan
+            await h.watcher.sweep_orphans()
+            assert h.server(failed[0]).availability == A.STOPPED
+            assert h.store.get_client(h.client.id).availability == A.STOPPED
+
+    run(scenario())
