@@ -42,6 +42,17 @@ def _timed(name: str, fn: Any) -> Any:
     return run
 
 
+def _timed_async(name: str, fn: Any) -> Any:
+    @functools.wraps(fn)
+    async def run(*args: Any, **kwargs: Any) -> Any:
+        wall = time.perf_counter()
+        try:
+            return await fn(*args, **kwargs)
+        finally:
+            _steps[name]["wall"].append((time.perf_counter() - wall) * 1e3)
+    return run
+
+
 def _queued_spawn(fn: Any) -> Any:
     """The launch thread's queue: from the end of the step before (the lease monitor's start,
     or the preparation) to this step's start on its thread."""
@@ -55,22 +66,29 @@ def _queued_spawn(fn: Any) -> Any:
 
 
 def _mark_submitted(fn: Any) -> Any:
+    """The last of the steps before the spawn to end (the preparation, or the lease monitor's
+    start, which runs during it or after it) marks when the spawn was asked for."""
     @functools.wraps(fn)
     def run(self: Any, plan: Any, data: LocalHandleData, *args: Any) -> Any:
         try:
             return fn(self, plan, data, *args)
         finally:
-            _submitted[id(data)] = time.perf_counter()
+            _submitted[id(data)] = max(time.perf_counter(), _submitted.get(id(data), 0.0))
     return run
 
 
 def _instrument() -> None:
     cls = launcher.Launcher
-    cls._prepare = _timed("prepare", cls._prepare)  # type: ignore[method-assign]
+    cls._prepare = _mark_submitted(_timed("prepare", cls._prepare))  # type: ignore[method-assign]
     cls._watch = _mark_submitted(_timed("lease monitor start", cls._watch))  # type: ignore[method-assign]
     cls._spawn = _queued_spawn(_timed("spawn", cls._spawn))  # type: ignore[method-assign]
     cls._record = _timed("record", cls._record)  # type: ignore[method-assign]
     launcher.fork_server = _timed("zygote fork", zygote.fork_server)
+    launcher.rootfs.prepare_layers = _timed("  prepare: layers", launcher.rootfs.prepare_layers)
+    launcher.cgroups.Cgroups.create = _timed("  prepare: cgroups", launcher.cgroups.Cgroups.create)  # type: ignore[method-assign]
+    launcher.readiness.wait_ready = _timed_async("ready (server start)", readiness.wait_ready)
+    launcher.readiness.warm_up = _timed_async("warm-up call", readiness.warm_up)
+    launcher.priority.settle = _timed("settle (nice 0)", launcher.priority.settle)
     launcher.readiness.attach = _timed("attach", readiness.attach)
     launcher.readiness.publish_socket = _timed("publish socket", readiness.publish_socket)
 
@@ -111,6 +129,8 @@ async def main(n: int, at_once: int) -> None:
         try:
             await backend.delete(await backend.create(spec("warm-zygote"), 120))  # the zygote, the runtime
             _steps.clear()
+            zygote_pids = [z.pid for z in backend.launcher._zygote_of.values() if z.pid]
+            zygote_before = sum(_run_ns(p) or 0.0 for p in zygote_pids)
             for batch in range(0, n, at_once):
                 names = [f"b{i}" for i in range(batch, min(batch + at_once, n))]
 
@@ -128,12 +148,14 @@ async def main(n: int, at_once: int) -> None:
                     for label, ms in _processes(LocalHandleData.of(handle.data)).items():
                         procs[label].append(ms)
                 await asyncio.gather(*(backend.delete(h) for h in handles))
+            procs["zygote (its fork, per start)"].append(
+                (sum(_run_ns(p) or 0.0 for p in zygote_pids) - zygote_before) / n)
         finally:
             await backend.close()
     print(f"{n} starts, {at_once} at once; load {os.getloadavg()[0]:.1f}")
     print(f"{'step':28} {'wall p50':>9} {'wall p90':>9} {'cpu p50':>8} {'queued p50':>11} {'queued p90':>11}")
     for name, fields in _steps.items():
-        wall, cpu, queued = fields["wall"], fields["cpu"], fields.get("queued", [])
+        wall, cpu, queued = fields["wall"], fields.get("cpu") or [float("nan")], fields.get("queued", [])
         q = (f"{statistics.median(queued):11.2f} {statistics.quantiles(queued, n=10)[-1]:11.2f}"
              if len(queued) >= 2 else "")
         print(f"{name:28} {statistics.median(wall):9.2f} {statistics.quantiles(wall, n=10)[-1]:9.2f} "
