@@ -121,7 +121,6 @@ class Launcher:
             LAUNCH_THREADS, thread_name_prefix="idegym-launch-bg", initializer=priority.lower_this_thread)
         self._background = concurrent.futures.ThreadPoolExecutor(
             4, thread_name_prefix="idegym-bg", initializer=priority.lower_this_thread)
-        self._lease_starts = concurrent.futures.ThreadPoolExecutor(LAUNCH_THREADS, thread_name_prefix="idegym-lease")
         self._runtimes: dict[str, Runtime] = {}
         # The foreground and background launch threads both make runtimes and zygotes on first use.
         self._runtime_lock = threading.RLock()
@@ -331,7 +330,7 @@ class Launcher:
             queued.cancel()
         for held in list(self._turns_held):
             held.cancel()
-        for executor in (self._thread, self._background_thread, self._background, self._lease_starts):
+        for executor in (self._thread, self._background_thread, self._background):
             executor.shutdown(wait=True)
         for zygote in self._zygote_of.values():
             zygote.close()
@@ -368,6 +367,11 @@ class Launcher:
 
         try:
             await host(self._prepare, plan, data, behind())
+            if self.lease is not None:
+                # From now on the sandbox ends itself if we stop renewing, even one we are killed
+                # while making (a SIGKILLed control plane left a bubblewrap waiting for good). On
+                # a thread of the normal priority: the monitor inherits it.
+                await loop.run_in_executor(None, self._watch, plan, data)
             prepared = time.perf_counter()
             ready_fd, pending = await host(self._spawn, plan, data, thread=self._thread)
             if pending is not None:
@@ -433,20 +437,6 @@ class Launcher:
             raise BackendError(f"a sandbox named {plan.name!r} already exists", 409) from None
         data.owned = True
         write_meta(plan.sb, plan.name, data)
-        # From now on the sandbox ends itself if we stop renewing, even one we are killed while
-        # making (a SIGKILLed control plane left a bubblewrap waiting for good): its monitor starts
-        # while the rest is prepared (3 ms p50, 8 ms p90 of a start's wall, after it, under load).
-        # On a thread of the normal priority: the monitor inherits it.
-        watching = self._lease_starts.submit(self._watch, plan, data) if self.lease is not None else None
-        try:
-            self._prepare_rest(plan, data, background)
-        finally:
-            if watching is not None:
-                watching.result()  # started (or failed) before the launch goes on either way
-        write_meta(plan.sb, plan.name, data)
-
-    def _prepare_rest(self, plan: Plan, data: LocalHandleData, background: bool) -> None:
-        """The sandbox's run directory, layers and cgroups, once its directory is made."""
         if plan.forks is not None:  # released when the sandbox is removed (teardown.destroy)
             ForkLayers(self.state_dir).hold(plan.forks.ids, sandbox_holder(plan.name))
         for attempt in range(3):  # a concurrent delete may remove an empty run root meanwhile
@@ -470,12 +460,11 @@ class Launcher:
             say_once("limits-ignored", logging.WARNING,
                      "local backend: resource limits requested but cgroups are unavailable (%s): not enforced",
                      cg.reason)
+        write_meta(plan.sb, plan.name, data)
 
     def _watch(self, plan: Plan, data: LocalHandleData) -> None:
-        """Start the sandbox's lease monitor, with the groups its preparation is making meanwhile."""
         assert self.lease is not None
-        cg = plan.space.cgroups
-        monitor = self.lease.watch(data, list(cg.paths(plan.name).values()) if cg.available else [])
+        monitor = self.lease.watch(data)
         self._children[monitor.pid] = monitor
         # Recorded at once: a delete by name (of what a killed control plane left) ends the
         # monitors it finds in the record, and one it misses holds the space's bind for its sleep.

@@ -39,9 +39,6 @@ log = logging.getLogger(__name__)
 # lease still fresh after a clean stop belongs to nobody then (``idegym sandboxes prune``).
 OWNER_LOCK = "lease.lock"
 PIDS_FILE = "lease-pids"  # in the sandbox's directory: what it runs, for its monitor
-# In the sandbox's directory, not in its layers (the server's log): the monitor starts while
-# they are being made.
-LOG_FILE = "lease.log"
 
 MONITOR = r"""
 lease=$1 ttl=$2 interval=$3 sb=$4 run=$5 step_ms=$6
@@ -54,7 +51,8 @@ procs() { for g in $groups; do find "$g" -name cgroup.procs -exec cat {} + 2>/de
 release_space() {
   # The space's bind of itself (layer_mounts.py): the last monitor out removes it, once nothing
   # is mounted below it. A plain umount fails while anything holds a file below it (another
-  # monitor's directory or its log): this one lets go of its own, then tries for a while.
+  # monitor's directory or its log, which is in its layer and keeps that layer's loop device and
+  # image open): this one lets go of its own, then tries for a while.
   cd /
   exec 2>/dev/null
   root=${sb%/*}
@@ -200,14 +198,14 @@ class Lease:
         except OSError:
             return None
 
-    def watch(self, data: LocalHandleData, groups: list[str]) -> subprocess.Popen:
+    def watch(self, data: LocalHandleData) -> subprocess.Popen:
         """Start the monitor of a sandbox (``data``: its handle's data, with the pids recorded so
-        far; ``groups``: its cgroups, which may not be made yet); records it in ``data``. The
-        caller reaps the returned process."""
+        far); records it in ``data``. The caller reaps the returned process."""
         records = [f"{pid}:{start}" for pid, start in data.processes().values()]
+        groups = list(data.cgroups.values())
         argv = ["sh", "-c", MONITOR, "idegym-lease", str(self.path), str(int(self.ttl)), f"{self.interval:g}",
                 data.dir, data.run_dir, str(max(int(self.interval * 1000), 1)), *records, "--", *groups]
-        with open(Path(data.dir) / LOG_FILE, "ab") as logf:
+        with open(data.log, "ab") as logf:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=logf,
                                     start_new_session=True, cwd="/",
                                     env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"})
