@@ -115,9 +115,9 @@ class Launcher:
         self.bwrap_host = bwrap.BwrapHost(state_dir, rootfs.usr_links(), tmp_bytes, shm_bytes)
         # Spawns run on threads of their own: each gives itself a private mount namespace and
         # working directory (bwrap.py), which no other work of this process may share.
-        self._thread = concurrent.futures.ThreadPoolExecutor(LAUNCH_THREADS, thread_name_prefix="idegym-launch")
+        self._spawns = concurrent.futures.ThreadPoolExecutor(LAUNCH_THREADS, thread_name_prefix="idegym-launch")
         # Sandboxes made ahead of demand (priority.py): their own threads, at a low priority.
-        self._background_thread = concurrent.futures.ThreadPoolExecutor(
+        self._background_spawns = concurrent.futures.ThreadPoolExecutor(
             LAUNCH_THREADS, thread_name_prefix="idegym-launch-bg", initializer=priority.lower_this_thread)
         self._background = concurrent.futures.ThreadPoolExecutor(
             4, thread_name_prefix="idegym-bg", initializer=priority.lower_this_thread)
@@ -332,7 +332,7 @@ class Launcher:
             queued.cancel()
         for held in list(self._turns_held):
             held.cancel()
-        for executor in (self._thread, self._background_thread, self._background):
+        for executor in (self._spawns, self._background_spawns, self._background):
             executor.shutdown(wait=True)
         for zygote in self._zygote_of.values():
             zygote.close()
@@ -363,7 +363,7 @@ class Launcher:
         def host(work: Callable[..., Any], *args: Any, thread: concurrent.futures.Executor | None = None) -> Any:
             """A host-side step: on the background threads while no start waits for the sandbox."""
             if behind():
-                return loop.run_in_executor(self._background if thread is None else self._background_thread,
+                return loop.run_in_executor(self._background if thread is None else self._background_spawns,
                                             self._background_step, plan.name, work, *args)
             return loop.run_in_executor(thread, work, *args)
 
@@ -375,7 +375,7 @@ class Launcher:
                 # a thread of the normal priority: the monitor inherits it.
                 await loop.run_in_executor(None, self._watch, plan, data)
             prepared = time.perf_counter()
-            ready_fd, pending = await host(self._spawn, plan, data, thread=self._thread)
+            ready_fd, pending = await host(self._spawn, plan, data, thread=self._spawns)
             if pending is not None:
                 nice = priority.BACKGROUND_NICE if behind() else priority.NORMAL_NICE
                 try:
@@ -400,7 +400,9 @@ class Launcher:
                 if isinstance(result, BaseException):
                     raise result
             await host(readiness.publish_socket, data)
-            if data.forked and behind():  # a sandbox server (no other kind) sharing the zygote's pages
+            # Still made ahead of demand (not hurried: see ``hurry``), its server the zygote's fork
+            # (no other kind) sharing the zygote's pages.
+            if data.forked and behind():
                 await readiness.warm_up(data, max(deadline - time.monotonic(), 0.1))
             if background:
                 await host(priority.settle, data)
