@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.backends.base import ForkChild
+from control_plane.backends.base import ForkChild, SandboxHandle
 from control_plane.backends.local import LocalBackend
 from control_plane.backends.local.cgroups import BACKGROUND_SHARES, CPU_SHARES_PER_CORE
 from control_plane.backends.local.handle_data import LocalHandleData
 from control_plane.backends.local.launcher import _Behind
 from control_plane.backends.local.layout import read_meta
 from control_plane.backends.local.priority import BACKGROUND_NICE
+from sandbox_server import procfs
 
 from .cp_helpers import ControlPlaneProcess
 from .local_helpers import LoopThread, delete_sandboxes, loop_thread, ok, spec, start_backend, wait_for
@@ -202,6 +203,39 @@ def test_a_background_sandbox_a_start_waits_for_is_made_at_the_normal_priority(l
     assert data["server"][0] in tasks
     assert _shares(data) == CPU_SHARES_PER_CORE
     assert {_nice(t) for t in tasks} == {0}
+
+
+def _tools_run(data: dict) -> int:
+    """Minor faults of the tools the sandbox's spawner has run and reaped (none ran: 0). The
+    server starts its spawner in the background as it starts: waited for."""
+    assert wait_for(lambda: procfs.children(data["server"][0]), 10)
+    spawner = procfs.children(data["server"][0])[0]
+    return int(Path(f"/proc/{spawner}/stat").read_text().rsplit(")", 1)[1].split()[8])
+
+
+def test_a_hurried_background_sandbox_is_handed_out_without_the_warm_up_call(loop: LoopThread,
+                                                                            backend: LocalBackend) -> None:
+    """A sandbox made ahead of demand answers one tool call before it is handed out (its pages
+    then copied at the background weight); a hurried one does not: a start waits for it, and the
+    call's round trip and tool cost that start more wall time (8.6 ms p50, 17.7 p90 under load)
+    than the ~1.5 ms of CPU it saves the start's first call.
+
+    Can fail: on main a hurried launch still made the warm-up call (its spawner had run a tool)."""
+    if not backend.launcher:
+        pytest.skip("needs the local backend")
+
+    async def hurried_at_once() -> SandboxHandle:
+        made = asyncio.ensure_future(backend.create(spec("bg-no-warm-up"), 60, background=True))
+        await asyncio.sleep(0)  # the create has asked for its launch, which has not run yet
+        backend.hurry("bg-no-warm-up")
+        return await made
+
+    warmed = loop.run(backend.create(spec("bg-warm-up"), 60, background=True))
+    assert _tools_run(warmed.data) > 0
+    hurried = loop.run(hurried_at_once())
+    assert _tools_run(hurried.data) == 0
+    assert ok(hurried, "echo served") == "served\n"
+    assert _tools_run(hurried.data) > 0  # (what the count shows: a tool the spawner ran)
 
 
 def test_a_hurry_as_soon_as_a_background_create_is_asked_is_not_lost(loop: LoopThread,

@@ -1,6 +1,6 @@
 """Starting a sandbox's server in bubblewrap (see ``backend.py`` for what a sandbox is).
 
-Runs on the backend's launcher thread: it gives itself a private mount namespace, mounts the
+Runs on one of the backend's launch threads: it gives itself a private mount namespace, mounts the
 sandbox's root there (``rootfs.mount_root``), starts bwrap (which inherits that namespace),
 writes the new user namespace's id maps while bwrap waits for them, and returns to its own
 namespace. The server's readiness is reported on a pipe (``readiness.py``).
