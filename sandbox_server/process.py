@@ -274,7 +274,7 @@ class Supervisor:
             return ProcessResult(126, out, err, False, 0.0)
         self._calls += 1
         mark = f"{os.getpid()}.{self._calls}"
-        env = {**env, CALL_ENV: mark}
+        given, env = env, {**env, CALL_ENV: mark}
         ooms = self.memory_events.count()
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -297,7 +297,11 @@ class Supervisor:
                         # come with it. Not so a caller that waits for the pid (on_start), nor
                         # a tool that waits for the stdin fed once it is answered.
                         hold = ANSWER_HOLD if on_start is None and in_w is None else 0.0
-                        pid, exit_status = await spawner.spawn(argv, env, cwd, in_r, out_w, err_w, hold)
+                        if CALL_ENV in given:  # the mark is the only one
+                            pid, exit_status = await spawner.spawn(argv, env, cwd, in_r, out_w, err_w, hold)
+                        else:  # a user's environment as it is (encoded once), and the mark
+                            pid, exit_status = await spawner.spawn(argv, given, cwd, in_r, out_w, err_w, hold,
+                                                                   {CALL_ENV: mark})
                     except SpawnRefused as refused:
                         if refused.errno in (errno.EAGAIN, errno.ENOMEM):
                             raise OSError(refused.errno, os.strerror(refused.errno)) from refused
