@@ -383,6 +383,9 @@ class ToolEnv(Mapping[str, str]):
     def __len__(self) -> int:
         return len(self._variables)
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._variables
+
     def encoded(self) -> bytes:
         if self._encoded is None:
             self._encoded = _encoded_env(self._variables)
