@@ -34,6 +34,7 @@ from .records import (  # noqa: F401 - the store's row types, imported from here
     from_db,
     now_ms,
 )
+from .wal_header import WalHeader
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +105,12 @@ class SQLiteStore:
         self._operation_ids: Iterator[int] = iter(())
         # Forwards look up (client, server) → handle; the answers stay good until the database
         # changes: by us (``_generation``, bumped by every write but a forward's own record) or
-        # by another connection (SQLite's data_version), e.g. a replica sharing the file.
+        # by another connection, e.g. a replica sharing the file (its WAL-index header: any
+        # commit, ours too, changes it; SQLite's data_version where there is none).
         self._generation = 0
+        self._wal = WalHeader(path)
         self._usable: dict[tuple[str, int, str], str] = {}
-        self._usable_seen: tuple[int, int] = (-1, -1)
+        self._usable_seen: tuple[bytes | int, int] | None = None
         # Ended operations not written yet (``defer_record``): each produces record_operation's arguments
         # and ``finished``; ``deferred_bytes`` is what they hold, as their callers count it.
         self._deferred: list[Callable[[], dict[str, Any]]] = []
@@ -119,6 +122,7 @@ class SQLiteStore:
         with self._lock:
             self.flush()
             self._db.close()
+            self._wal.close()
 
     def defer_record(self, produce: Callable[[], dict[str, Any]], held: int = 0) -> None:
         """Record an ended operation later: at the next ``flush`` (the forward path calls it within
@@ -294,7 +298,10 @@ class SQLiteStore:
         REUSED), as a forward needs it: remembered until the database changes. None says only
         that something is wrong, not what."""
         with self._lock:
-            seen = (self._db.execute("PRAGMA data_version").fetchall()[0][0], self._generation)
+            changes = self._wal.read()
+            if changes is None:
+                changes = self._db.execute("PRAGMA data_version").fetchall()[0][0]
+            seen = (changes, self._generation)
             if seen != self._usable_seen:
                 self._usable.clear()
                 self._usable_seen = seen

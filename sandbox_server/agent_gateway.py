@@ -74,7 +74,7 @@ class AgentGateway:
     _exited: asyncio.Event = field(default_factory=asyncio.Event)
     calls: int = 0
     port: int = 0
-    _back: tuple[asyncio.StreamWriter, asyncio.Task[None]] | None = None
+    _back: tuple[asyncio.BaseTransport, asyncio.Task[None]] | None = None
 
     async def open(self) -> int:
         app = _Endpoint(self)
@@ -88,13 +88,10 @@ class AgentGateway:
         exchange route) on that connection. Returns why it could not (the caller falls back to
         the control plane), or None."""
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path, limit=web.READ_CHUNK),
-                                                    CONNECT_BACK_TIMEOUT)
-            writer.write(secret.encode() + b"\n")
-            await writer.drain()
+            self._back = await asyncio.wait_for(web.connect_unix(app, path, secret.encode() + b"\n"),
+                                                CONNECT_BACK_TIMEOUT)
         except (OSError, TimeoutError) as exc:
             return f"{type(exc).__name__}: {exc}"
-        self._back = (writer, asyncio.ensure_future(web.serve_connection(app, reader, writer)))
         return None
 
     def run(self, start: Callable[[], Awaitable[ProcessResult]]) -> None:
@@ -203,9 +200,9 @@ class AgentGateway:
         if server is not None:
             await server.close()
         if self._back is not None:
-            writer, serving = self._back
+            transport, serving = self._back
             self._back = None
-            writer.close()
+            transport.close()
             serving.cancel()
         # the harness itself ends with the tool processes (every caller ends them next)
 

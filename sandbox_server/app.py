@@ -81,6 +81,7 @@ from .process import ProcessResult, Supervisor
 from .project import CopyProject, OverlayProject, Project, prepare_pristine
 from .runner import CodeRunner, forked_runs_template
 from .sessions import Sessions
+from .spawner import ToolEnv
 from .tool_cgroups import ToolCgroups
 from .users import UserSpec
 
@@ -103,6 +104,7 @@ class SandboxState:
     reset_lock: asyncio.Lock | None = None
     agent: AgentGateway | None = None  # the running episode's harness and model endpoint
     sessions: Sessions = field(default_factory=Sessions)  # background processes and terminals
+    _tool_envs: dict[tuple[str, str, str], ToolEnv] = field(default_factory=dict, init=False, repr=False)
 
     async def close_agent(self) -> None:
         agent, self.agent = self.agent, None
@@ -114,8 +116,15 @@ class SandboxState:
         self.bash = shutil.which("bash", path=self.base_env.get("PATH")) or "bash"
 
     def env_for(self, user: UserSpec) -> dict[str, str]:
-        env = dict(self.base_env)
-        env.update(HOME=user.home, USER=user.name, LOGNAME=user.name, SHELL=user.shell)
+        return dict(self.tool_env(user))
+
+    def tool_env(self, user: UserSpec) -> ToolEnv:
+        """The environment of ``user``'s tools (made once per user: the spawner gets it encoded)."""
+        key = (user.name, user.home, user.shell)
+        env = self._tool_envs.get(key)
+        if env is None:
+            env = self._tool_envs[key] = ToolEnv(
+                {**self.base_env, "HOME": user.home, "USER": user.name, "LOGNAME": user.name, "SHELL": user.shell})
         return env
 
     def resolve_user(self, name: str | None) -> UserSpec:
@@ -152,13 +161,10 @@ class SandboxState:
         via_spawner: bool = True,
     ) -> ProcessResult:
         who = user or self.user
-        run_env = self.env_for(who)
-        if env:
-            run_env.update(env)
         return await self.supervisor.run(
             [self.bash, "-c", script],
             cwd=self.resolve_cwd(cwd),
-            env=run_env,
+            env={**self.tool_env(who), **env} if env else self.tool_env(who),
             user=who,
             timeout=min(timeout, self.config.max_timeout),
             grace=min(grace, 60.0),

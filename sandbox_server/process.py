@@ -274,7 +274,7 @@ class Supervisor:
             return ProcessResult(126, out, err, False, 0.0)
         self._calls += 1
         mark = f"{os.getpid()}.{self._calls}"
-        env = {**env, CALL_ENV: mark}
+        marked = {**env, CALL_ENV: mark} if spawner is None or CALL_ENV in env else None
         ooms = self.memory_events.count()
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -287,7 +287,8 @@ class Supervisor:
         reports: list[RunReport] = []
         try:
             if isolation is not None:
-                init_pid, exit_status = self._spawn_isolated(argv, cwd, env, user, isolation, in_r, out_w, err_w,
+                assert marked is not None
+                init_pid, exit_status = self._spawn_isolated(argv, cwd, marked, user, isolation, in_r, out_w, err_w,
                                                              reports.append)
                 pid = 0  # known once the zygote answers; the run goes on meanwhile
             else:
@@ -297,7 +298,11 @@ class Supervisor:
                         # come with it. Not so a caller that waits for the pid (on_start), nor
                         # a tool that waits for the stdin fed once it is answered.
                         hold = ANSWER_HOLD if on_start is None and in_w is None else 0.0
-                        pid, exit_status = await spawner.spawn(argv, env, cwd, in_r, out_w, err_w, hold)
+                        if marked is not None:  # the caller's own mark gives way to ours
+                            pid, exit_status = await spawner.spawn(argv, marked, cwd, in_r, out_w, err_w, hold)
+                        else:  # a user's environment as it is (a ToolEnv: encoded once), and the mark
+                            pid, exit_status = await spawner.spawn(argv, env, cwd, in_r, out_w, err_w, hold,
+                                                                   {CALL_ENV: mark})
                     except SpawnRefused as refused:
                         if refused.errno in (errno.EAGAIN, errno.ENOMEM):
                             raise OSError(refused.errno, os.strerror(refused.errno)) from refused
@@ -311,6 +316,7 @@ class Supervisor:
                             return ProcessResult(126, out, err, False, time.monotonic() - started)
                         log.debug("the spawner refused a tool (%s): started the long way", refused)
                 if exit_status is None:
+                    env = marked if marked is not None else {**env, CALL_ENV: mark}
                     long_way = list(argv)
                     if switch is not None and user is not None and self._switch is not None:
                         # Popen(user=...) cannot vfork: forking this server costs ~2 ms, a helper's exec less.

@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl
 
 from .errors import ApiError, NotFound, PayloadTooLarge, render
@@ -125,31 +125,103 @@ class App:
         return response
 
 
-class _Connection:
+class _Connection(asyncio.Protocol):
     """One client connection: requests parsed as they arrive (``request_head.py``), answers
-    written in one piece, one request at a time (pipelined ones wait in the buffer)."""
+    written in one piece, one request at a time (pipelined ones wait in the buffer).
 
-    def __init__(self, app: App, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 header_timeout: float) -> None:
+    A protocol whose bytes go straight into the one buffer the parser reads, not a stream
+    reader's buffer and then a copy into it: ~15 us less of the server's CPU a call."""
+
+    def __init__(self, app: App, header_timeout: float, on_serving: Callable[[asyncio.Task], None] | None = None,
+                 greeting: bytes = b"") -> None:
         self.app = app
-        self.reader = reader
-        self.writer = writer
         # A request's head must be complete this many seconds after the connection opens, or after
         # the first byte of a later request: slow-header connections are closed. An idle kept-alive
         # connection between requests is not timed (the control plane's pool keeps them).
         self.header_timeout = header_timeout
         self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self._on_serving = on_serving
+        self._greeting = greeting
+        self._waiter: asyncio.Future[None] | None = None  # the serving task, waiting for bytes
+        self._drained: asyncio.Future[None] | None = None  # the serving task, waiting for room to write
+        self._ended = False  # the client closed its end, or the connection is gone
+        self._lost: BaseException | None = None
+        self._reading_paused = False
+
+    # -- asyncio.Protocol -------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # a stream's (uvloop's are no subclass)
+        if self._greeting:
+            self.transport.write(self._greeting)
+        task = asyncio.ensure_future(self.serve())
+        if self._on_serving is not None:
+            self._on_serving(task)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if self._waiter is not None:
+            self._wake(self._waiter)
+        elif len(self.buf) > 2 * READ_CHUNK and self.transport is not None:
+            # a client that sends on while its request is handled waits: the buffer stays bounded
+            self.transport.pause_reading()
+            self._reading_paused = True
+
+    def eof_received(self) -> bool:
+        self._ended = True
+        if self._waiter is not None:
+            self._wake(self._waiter)
+        return True  # the answer under way may still be written
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._ended = True
+        self._lost = exc or ConnectionResetError("the connection is closed")
+        for waiter in (self._waiter, self._drained):
+            if waiter is not None:
+                self._wake(waiter)
+        self._drained = None
+
+    def pause_writing(self) -> None:
+        if self._drained is None:
+            self._drained = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._drained is not None:
+            self._wake(self._drained)
+            self._drained = None
+
+    @staticmethod
+    def _wake(waiter: asyncio.Future[None]) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    # -- reading ----------------------------------------------------------------------------------
 
     async def _fill(self, deadline: float | None = None) -> bool:
-        """More of what the client sent into the buffer (by ``deadline``, loop time); False once
-        it closed its end."""
-        if deadline is None:
-            data = await self.reader.read(READ_CHUNK)
-        else:
-            remaining = max(deadline - asyncio.get_running_loop().time(), 0)
-            data = await asyncio.wait_for(self.reader.read(READ_CHUNK), remaining)
-        self.buf += data
-        return bool(data)
+        """More of what the client sent into the buffer (by ``deadline``, loop time, else
+        ``TimeoutError``); False once it closed its end."""
+        if self._ended:
+            return False
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        if self._reading_paused and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        timer = None if deadline is None else loop.call_at(deadline, waiter.cancel)
+        had = len(self.buf)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if timer is None or (task is not None and task.cancelling()):
+                raise
+            raise TimeoutError from None  # the timer cancelled the wait, not someone the task
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+        return len(self.buf) > had  # bytes that came with the end are still read
 
     async def _next_head(self, timed: bool) -> RequestHead | None:
         """The next request's head, within ``header_timeout`` of now (``timed``) or of the
@@ -244,7 +316,8 @@ class _Connection:
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         finally:
-            self.writer.close()
+            if self.transport is not None:
+                self.transport.close()
 
     async def _too_large(self, size: int) -> None:
         limit = self.app.client_max_size
@@ -270,8 +343,13 @@ class _Connection:
             lines.append("connection: close\r\n")
         lines.append("\r\n")
         data = "".join(lines).encode("latin-1")
-        self.writer.write(data + response.body if response.body and not head else data)
-        await self.writer.drain()
+        if self._lost is not None or self.transport is None:
+            raise ConnectionResetError("the connection is closed")
+        self.transport.write(data + response.body if response.body and not head else data)
+        while self._drained is not None:  # the client reads slower than we write: wait for room
+            await self._drained
+        if self._lost is not None:
+            raise ConnectionResetError("the connection is closed")
         return close
 
 
@@ -296,10 +374,14 @@ def _unsendable(response: Response) -> str:
     return ""
 
 
-async def serve_connection(app: App, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                           header_timeout: float = DEFAULT_HEADER_TIMEOUT) -> None:
-    """Serve ``app`` on one connection made some other way (e.g. one this process opened)."""
-    await _Connection(app, reader, writer, header_timeout).serve()
+async def connect_unix(app: App, path: str, greeting: bytes,
+                       header_timeout: float = DEFAULT_HEADER_TIMEOUT) -> tuple[asyncio.BaseTransport, asyncio.Task]:
+    """Connect to the socket at ``path``, write ``greeting``, then serve ``app`` on that
+    connection; its transport (to close it) and the task serving it."""
+    served: list[asyncio.Task] = []
+    transport, _ = await asyncio.get_running_loop().create_unix_connection(
+        lambda: _Connection(app, header_timeout, served.append, greeting), path)
+    return transport, served[0]
 
 
 class Server:
@@ -312,26 +394,25 @@ class Server:
         self._contexts: list[AsyncIterator[None]] = []
         self._connections: set[asyncio.Task] = set()
 
-    async def start(self, *, host: str | None = None, port: int | None = None, unix_socket: str | None = None) -> None:
+    async def start(self, *, host: str | None = None, port: int = 0, unix_socket: str | None = None) -> None:
         for factory in self.app.cleanup_ctx:
             context = factory(self.app)
             await context.__anext__()
             self._contexts.append(context)
+        loop = asyncio.get_running_loop()
         if unix_socket is not None:
             if os.path.exists(unix_socket):
                 os.unlink(unix_socket)
-            self._server = await asyncio.start_unix_server(self._handle, path=unix_socket, limit=READ_CHUNK)
+            self._server = await loop.create_unix_server(self._connection, path=unix_socket)
         else:
-            self._server = await asyncio.start_server(self._handle, host, port, reuse_address=True, limit=READ_CHUNK)
+            self._server = await loop.create_server(self._connection, host, port, reuse_address=True)
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
+    def _connection(self) -> _Connection:
+        return _Connection(self.app, self.header_timeout, self._serving)
+
+    def _serving(self, task: asyncio.Task) -> None:
         self._connections.add(task)
-        try:
-            await _Connection(self.app, reader, writer, self.header_timeout).serve()
-        finally:
-            self._connections.discard(task)
+        task.add_done_callback(self._connections.discard)
 
     @property
     def address(self) -> str:

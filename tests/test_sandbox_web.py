@@ -13,8 +13,10 @@ Latin-1: before this check, such an answer ended the connection unanswered).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,7 +45,12 @@ def server(loop: LoopThread, tmp_path: Path) -> Iterator[str]:
     async def wide(request: web.Request) -> web.Response:
         return web.Response(b"{}", content_type="text/plain; charset=\u20ac")
 
+    async def hold(request: web.Request) -> web.Response:
+        await HELD.wait()
+        return web.json_response({})
+
     app.add_route("POST", "/echo", echo)
+    app.add_get("/hold", hold)
     app.add_get("/echo", echo)
     app.add_get("/injected", injected)
     app.add_get("/wide", wide)
@@ -52,6 +59,13 @@ def server(loop: LoopThread, tmp_path: Path) -> Iterator[str]:
     loop.run(srv.start(unix_socket=path))
     yield path
     loop.run(srv.close())
+
+
+HELD = asyncio.Event()  # what ``/hold`` waits for (set on the server's loop)
+
+
+async def _release() -> None:
+    HELD.set()
 
 
 def _connect(path: str) -> socket.socket:
@@ -102,6 +116,36 @@ def test_kept_alive_and_pipelined_requests_each_get_their_answer(server: str) ->
         sock.sendall(b"ee")
         (answer,), _ = _answers(sock, 1)
         assert json.loads(answer[2])["body"] == "three"
+
+
+def test_pipelined_requests_past_what_the_connection_buffers_are_each_answered(server: str, loop: LoopThread) -> None:
+    """4.8 MB of requests sent behind one the server holds, their answers as large: the server
+    stops reading while it holds more than it buffers (the client's writes wait), and waits for
+    room to write while the client is busy sending; every answer comes, whole and in order."""
+    bodies = [bytes([ord("a") + i % 26]) * (400 << 10) for i in range(12)]
+    data = b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n" + b"".join(
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(b), b) for b in bodies)
+    sent = threading.Semaphore(0)
+
+    def send(sock: socket.socket) -> None:
+        for at in range(0, len(data), 64 << 10):
+            sock.sendall(data[at:at + (64 << 10)])
+            if at >= 2 << 20:
+                sent.release()  # past what the server buffers while it holds /hold
+
+    with _connect(server) as sock:
+        sender = threading.Thread(target=send, args=(sock,))
+        sender.start()
+        assert sent.acquire(timeout=30)
+        loop.run(_release())
+        answers, rest = _answers(sock, 1 + len(bodies))
+        sender.join(30)
+        assert not sender.is_alive()
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nnext")
+        (last,), _ = _answers(sock, 1)
+    assert rest == b"" and answers[0][0] == "HTTP/1.1 200 OK"
+    assert [json.loads(body)["body"] for _, _, body in answers[1:]] == [b.decode() for b in bodies]
+    assert json.loads(last[2])["body"] == "next"
 
 
 @pytest.mark.parametrize("request_bytes", [

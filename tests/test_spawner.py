@@ -11,6 +11,7 @@ import asyncio
 import errno
 import fcntl
 import os
+import pwd
 import resource
 import select
 import shutil
@@ -293,6 +294,22 @@ def test_a_large_environment_is_carried_whole_and_a_larger_one_goes_the_long_way
         assert [line.split() for line in lines] == [[str(count), "7", str(value)]], result["stdout"][:300]
         spawner = spawner_of(server)
         assert (int(ppid) == spawner) is via_spawner and (int(ppid) == server.pid) is not via_spawner, (total, ppid)
+
+
+def test_a_tool_s_environment_is_its_user_s_and_the_call_s_with_the_server_s_mark(server: SandboxProcess) -> None:
+    """The user's environment goes to the spawner encoded once, the call's mark after it: a call's
+    own variables come through, and one naming the mark does not replace it nor stand beside it
+    in what the tool was started with (the server finds a command's processes by their mark)."""
+    script = ('echo "$PPID $IDEGYM_CALL $HOME ${GREETING:-none}"; '
+              'tr "\\0" "\\n" < /proc/$$/environ | grep -c ^IDEGYM_CALL=')
+    marks = set()
+    for env in (None, {"GREETING": "hi"}, {"IDEGYM_CALL": "forged", "GREETING": "hi"}, None):
+        result = server.bash(script, env=env)
+        (ppid, mark, home, greeting), count = (line.split() for line in result["stdout"].splitlines())
+        assert int(ppid) == spawner_of(server) and count == ["1"], result
+        assert mark.startswith(f"{server.pid}.") and mark not in marks, mark
+        assert home == pwd.getpwnam("nobody").pw_dir and greeting == ((env or {}).get("GREETING") or "none"), result
+        marks.add(mark)
 
 
 # -- the protocol, spoken to the program directly ---------------------------------------------------

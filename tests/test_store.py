@@ -114,6 +114,36 @@ def test_a_remembered_handle_is_dropped_when_this_or_another_connection_changes_
         other.close()
 
 
+def test_the_wal_header_changes_with_every_commit_of_any_connection_and_only_then(tmp_path: Path) -> None:
+    """What forwards check instead of a statement (``wal_header.py``): another connection's
+    commit, even one that leaves the file as large as before, changes the header's bytes; reads
+    do not. A database with no WAL-index header falls back to SQLite's data_version."""
+    import sqlite3
+
+    from control_plane.wal_header import WalHeader
+
+    path = tmp_path / "w.db"
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("PRAGMA journal_mode=WAL")
+    writer.execute("CREATE TABLE t (v INTEGER)")
+    writer.execute("INSERT INTO t VALUES (0)")
+    header = WalHeader(path)
+    try:
+        seen = header.read()
+        assert seen is not None
+        for value in range(1, 4):
+            writer.execute("UPDATE t SET v=?", (value,))  # the same pages, rewritten
+            now = header.read()
+            assert now is not None and now != seen, f"commit {value} went unseen"
+            seen = now
+        assert writer.execute("SELECT v FROM t").fetchall() == [(3,)]
+        assert header.read() == seen
+    finally:
+        header.close()
+        writer.close()
+    assert WalHeader(tmp_path / "no.db").read() is None
+
+
 def test_every_status_change_follows_the_lifecycle(tmp_path: Path) -> None:
     """The store's own changes (a claim, activity on a REUSED server) are the lifecycle's, and a
     change the state machine never allows is refused loudly instead of silently ignored."""
