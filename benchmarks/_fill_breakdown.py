@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import os
 import statistics
 import sys
@@ -25,6 +26,8 @@ from control_plane.backends.local import LocalBackend, launcher, readiness, zygo
 from control_plane.backends.local.handle_data import LocalHandleData
 from sandbox_server import procfs
 from tests.local_helpers import spec
+
+from ._common import RESULTS
 
 _steps: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
 _submitted: dict[int, float] = {}
@@ -165,6 +168,14 @@ async def main(n: int, at_once: int) -> None:
         p90 = statistics.quantiles(values, n=10)[-1] if len(values) >= 2 else values[0]
         print(f"{label:28} {statistics.median(values):10.2f} {p90:9.2f}")
     print(f"batch wall p50 {statistics.median(totals):.1f} ms")
+    out = RESULTS / "fill_breakdown.json"
+    out.write_text(json.dumps({
+        "starts": n, "at_once": at_once, "load": os.getloadavg()[0],
+        "steps": {name: {key: {"p50": statistics.median(v), "n": len(v)} for key, v in fields.items() if v}
+                  for name, fields in _steps.items()},
+        "processes_cpu_ms": {label: {"p50": statistics.median(v), "n": len(v)} for label, v in procs.items()},
+        "batch_wall_p50_ms": statistics.median(totals)}, indent=1))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
