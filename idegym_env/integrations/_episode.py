@@ -270,7 +270,7 @@ class ToolCallEpisode:
 
     # -- helpers ------------------------------------------------------------------------------------
 
-    def _step(self, action: dict[str, Any]) -> ToolCallOutcome:
+    def _step(self, action: dict[str, Any] | ToolCall) -> ToolCallOutcome:
         env = self._require_active()
         try:
             result = env.step(action)

@@ -204,7 +204,8 @@ class _Tool:
         model = self.arguments.model_validate(arguments)
         if self.call is None:
             return None, model
-        return model.episode_id, model.model_dump(exclude={"episode_id"}, exclude_none=True) or None
+        values = model.model_dump(exclude_none=True)
+        return values.pop("episode_id", None), values or None
 
     def refusal(self, exc: ValidationError) -> str:
         """Why the arguments were refused and what the tool takes, in a line for the model."""
