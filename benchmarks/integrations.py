@@ -24,6 +24,9 @@ over stdio costs with the SDK's client; the null server making the direct call i
 The same split is made of the CPU time each server process spends per call (the refused calls go
 to a second ``idegym mcp serve`` of their own): unlike a latency, it hardly moves with what else
 loads the machine.
+
+``BENCH_INTEGRATIONS=mcp`` runs only the direct calls' and MCP's rows (``integrations_mcp``);
+``BENCH_INTEGRATIONS=plugins`` only the framework plug-ins' (``integrations_plugins``).
 """
 
 from __future__ import annotations
@@ -68,17 +71,21 @@ LOOP_PART = "the call made from an event loop (async client) instead of blocking
 def run() -> Result:
     from idegym_env.integrations._episode import close_shared_clients
 
-    if os.environ.get("BENCH_INTEGRATIONS") == "plugins":  # only the framework plug-ins' rows
+    only = os.environ.get("BENCH_INTEGRATIONS")
+    if only == "plugins":  # only the framework plug-ins' rows
         return _plugins_only()
-    result = Result("integrations", "Trainer adapters (TRL, SkyRL, MCP, Harbor) against direct client calls")
+    mcp_only = only == "mcp"  # only the direct call's and MCP's rows (results/integrations_mcp.json)
+    result = Result("integrations_mcp" if mcp_only else "integrations",
+                    "MCP against direct client calls" if mcp_only else
+                    "Trainer adapters (TRL, SkyRL, MCP, Harbor) against direct client calls")
     result.notes.append("load average at start: " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
     with tempfile.TemporaryDirectory() as tmp, control_plane(Path(tmp) / "cp", ["--warm-pool", "0"]) as url:
         try:
-            samples, cpu = asyncio.run(_measure(url, 20 * N))
+            samples, cpu = asyncio.run(_measure(url, 20 * N, trainers=not mcp_only))
         finally:
             close_shared_clients()
-        harbor = _harbor(url)
-        plugins = _plugins(url)
+        harbor = None if mcp_only else _harbor(url)
+        plugins = {} if mcp_only else _plugins(url)
     stats = [Stats.of(label, s) for label, s in samples.items()]
     ours = len(stats)
     if harbor is not None:
@@ -94,7 +101,7 @@ def run() -> Result:
     def over(label: str) -> float:
         return (medians[label] / base - 1) * 100
 
-    for label, name in ((TRL, "TRL"), (SKYRL, "SkyRL")):
+    for label, name in ((TRL, "TRL"), (SKYRL, "SkyRL")) if not mcp_only else ():
         result.figures[f"{name} overhead %"] = round(over(label), 2)
         result.targets[name] = check_target(f"{name} adapter overhead over the direct call", over(label), 10.0,
                                             unit="%")
@@ -141,7 +148,7 @@ def run() -> Result:
         pct = (hexec / hdirect - 1) * 100
         result.figures["Harbor overhead %"] = round(pct, 2)
         result.targets["Harbor"] = check_target("Harbor adapter overhead over the direct call", pct, 10.0, unit="%")
-    else:
+    elif not mcp_only:
         result.notes.append("Harbor not measured: .venv-harbor is missing (make harbor-venv)")
     _add_plugins(result, plugins)
     result.notes.append("One asyncio loop times every row but Harbor's: the synchronous calls inline, the MCP "
@@ -173,8 +180,9 @@ async def _interleaved(calls: dict[str, Callable[[], Any]], n: int, warmup: int 
     return samples
 
 
-async def _measure(url: str, steps: int) -> tuple[dict[str, list[float]], dict[str, float]]:
-    """The rows' samples, and the CPU seconds per call of each MCP row's server process."""
+async def _measure(url: str, steps: int, trainers: bool = True) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """The rows' samples, and the CPU seconds per call of each MCP row's server process
+    (``trainers``: TRL's and SkyRL's rows too)."""
     from contextlib import AsyncExitStack
 
     from mcp.client import Client
@@ -189,12 +197,14 @@ async def _measure(url: str, steps: int) -> tuple[dict[str, list[float]], dict[s
     with IdeGymClient(url, name="bench-direct") as client:
         image = IdeGymEnv(TASK, client=client).image  # the task's image, built once
         direct = client.start(image, server_name="bench-direct", reuse="NONE")
-        trl_env = IdeGymTRLEnv(control_plane_url=url, max_steps=steps)
-        trl_env.reset(task=TASK)
-        sky = IdeGymTextEnv(env_config={"control_plane_url": url, "max_steps": steps},
-                            extras={"task": TASK, "max_turns": steps})
-        sky.init([{"role": "user", "content": "go"}])
-        sky_action = '<tool_call>{"name": "bash", "arguments": {"command": "echo hello"}}</tool_call>'
+        rows: dict[str, Callable[[], Any]] = {DIRECT: lambda: direct.bash("echo hello", timeout=120)}
+        if trainers:
+            trl_env = IdeGymTRLEnv(control_plane_url=url, max_steps=steps)
+            trl_env.reset(task=TASK)
+            sky = IdeGymTextEnv(env_config={"control_plane_url": url, "max_steps": steps},
+                                extras={"task": TASK, "max_turns": steps})
+            sky.init([{"role": "user", "content": "go"}])
+            sky_action = '<tool_call>{"name": "bash", "arguments": {"command": "echo hello"}}</tool_call>'
         server = StdioServerParameters(command=sys.executable, env={**os.environ}, args=[
             "-m", "idegym_env.cli", "mcp", "serve", "--task", TASK, "--control-plane-url", url,
             "--max-steps", str(steps)])
@@ -230,11 +240,11 @@ async def _measure(url: str, steps: int) -> tuple[dict[str, list[float]], dict[s
 
             cpu_before = seconds_of(pids)
             try:
+                rows[ASYNC_DIRECT] = lambda: adirect.bash("echo hello", timeout=120)
+                if trainers:
+                    rows.update({TRL: lambda: trl_env.bash("echo hello"), SKYRL: lambda: sky.step(sky_action)})
                 samples = await _interleaved({
-                    DIRECT: lambda: direct.bash("echo hello", timeout=120),
-                    ASYNC_DIRECT: lambda: adirect.bash("echo hello", timeout=120),
-                    TRL: lambda: trl_env.bash("echo hello"),
-                    SKYRL: lambda: sky.step(sky_action),
+                    **rows,
                     MCP: lambda: bash_through(mcp),
                     MCP_LOCAL: lambda: bash_through(local),
                     MCP_FLOOR: refused,
@@ -246,8 +256,9 @@ async def _measure(url: str, steps: int) -> tuple[dict[str, list[float]], dict[s
                 await adirect.stop()
             cpu = {label: s / (N + WARMUP) for label, s in spent(cpu_before, seconds_of(pids)).items()}
         in_process.close()
-        trl_env.get_reward()
-        sky.close()
+        if trainers:
+            trl_env.get_reward()
+            sky.close()
         direct.stop()
     return samples, cpu
 

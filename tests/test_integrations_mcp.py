@@ -459,6 +459,51 @@ def test_malformed_calls_are_tool_errors_with_our_message() -> None:
     assert server.session_count == 0
 
 
+CALLS = [  # (tool, the arguments a client sends)
+    ("bash", {"command": "ls"}),
+    ("bash", {"command": "ls", "timeout": "4"}),  # lax: a quoted number is a number
+    ("bash", {"command": "ls", "timeout": "null", "episode_id": "e1"}),  # JSON null quoted
+    ("bash", {"command": "ls", "timeout": None, "cwd": "/"}),  # names the tool does not take are ignored
+    ("read_file", {"path": "a.py", "offset": 2.0, "length": "3"}),
+    ("edit_file", {"path": "a.py", "start_line": 2, "end_line": 1, "new_content": "x"}),  # an insertion
+    ("run_checks", {}),
+    ("submit", {"episode_id": None}),
+]
+
+
+@pytest.mark.parametrize(("name", "arguments"), CALLS)
+def test_a_call_is_read_once_as_the_arguments_model_and_the_env_read_it(name: str, arguments: dict) -> None:
+    """The call goes to the env as a ``ToolCall`` read in one go: the same call, and the same
+    episode, as the arguments' model and then the env's strict reading of its dump gave."""
+    from idegym_env.integrations.mcp import TOOLS
+    from idegym_env.spaces.parsing import parse_tool_call
+
+    episode_id, call = TOOLS[name].parse(arguments)
+    model = TOOLS[name].arguments.model_validate({k: v if v != "null" else None for k, v in arguments.items()})
+    dumped = model.model_dump(exclude={"episode_id"}, exclude_none=True)
+    assert call == parse_tool_call({"tool": name, "arguments": dumped}, (name,))
+    assert episode_id == model.episode_id
+
+
+def test_a_call_the_env_refuses_goes_to_it_as_the_client_sent_it() -> None:
+    """A call the arguments' model takes but the env's model refuses (lines that run backwards)
+    reaches the env as arguments, and its message is the env's; one the arguments' model refuses
+    raises, for our message."""
+    from pydantic import ValidationError
+
+    from idegym_env.integrations.mcp import TOOLS
+    from idegym_env.spaces.parsing import parse_tool_call
+    from idegym_env.tools import InvalidAction
+
+    episode_id, arguments = TOOLS["edit_file"].parse({"path": "a.py", "start_line": "4", "end_line": 1,
+                                                      "new_content": "x", "episode_id": "e1"})
+    assert episode_id == "e1" and arguments == {"path": "a.py", "start_line": 4, "end_line": 1, "new_content": "x"}
+    with pytest.raises(InvalidAction, match=r"end_line \(1\) is before start_line \(4\)"):
+        parse_tool_call({"tool": "edit_file", "arguments": arguments}, ("edit_file",))
+    with pytest.raises(ValidationError, match="episode_id"):
+        TOOLS["bash"].parse({"command": "ls", "episode_id": 5})
+
+
 def test_tool_schemas_come_from_the_argument_models() -> None:
     from idegym_env.integrations.mcp import TOOLS, EpisodeResetResult, EpisodeServer, SubmitResult
 

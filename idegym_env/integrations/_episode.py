@@ -39,7 +39,7 @@ from ..errors import InfrastructureError, ServiceError, ToolCallError
 from ..settings import chosen_control_plane
 from ..spaces.parsing import parse_tool_call
 from ..tasks import Task
-from ..tools import TOOLS, InvalidAction
+from ..tools import TOOLS, InvalidAction, ToolCall
 from ..tools.schemas import tool_guide as _tool_guide
 
 log = logging.getLogger(__name__)
@@ -193,7 +193,7 @@ class ToolCallEpisode:
 
     # -- tools --------------------------------------------------------------------------------------
 
-    def call(self, tool: str, arguments: dict[str, Any] | None = None) -> ToolCallOutcome:
+    def call(self, tool: str, arguments: dict[str, Any] | ToolCall | None = None) -> ToolCallOutcome:
         """Run one tool (a name of :data:`TOOL_NAMES`) with its arguments.
 
         A command that fails is a result; a malformed call raises :class:`ToolCallError`; a dead
@@ -204,7 +204,7 @@ class ToolCallEpisode:
             return action
         return self._step(action)
 
-    async def call_async(self, tool: str, arguments: dict[str, Any] | None = None,
+    async def call_async(self, tool: str, arguments: dict[str, Any] | ToolCall | None = None,
                          sessions: AsyncSessions | None = None) -> ToolCallOutcome:
         """:meth:`call` on the running event loop (``IdeGymEnv.step_async`` over ``sessions``, by
         default the episode's own for that loop, closed at :meth:`end`): the same outcomes and
@@ -224,17 +224,23 @@ class ToolCallEpisode:
             return await asyncio.to_thread(self._stepped, result, None)
         return self._stepped(result, None)
 
-    def _action(self, tool: str, arguments: dict[str, Any] | None) -> dict[str, Any] | ToolCallOutcome:
-        """The env's action for a call, or the outcome of one that answers itself."""
+    def _action(self, tool: str, arguments: dict[str, Any] | ToolCall | None
+                ) -> dict[str, Any] | ToolCall | ToolCallOutcome:
+        """The env's action for a call, or the outcome of one that answers itself. ``arguments``
+        may be the call already validated (MCP's), which the env takes as it is."""
         env = self._require_active()
         kind = TOOLS.get(tool)
         if kind is None:
             raise ToolCallError(f"unknown tool {tool!r}; the tools are {', '.join(TOOL_NAMES)}")
-        if arguments is not None and not isinstance(arguments, dict):
+        action: dict[str, Any] | ToolCall
+        if isinstance(arguments, ToolCall) and arguments.tool == tool:
+            action = arguments
+        elif arguments is not None and not isinstance(arguments, dict):
             raise ToolCallError(f"the arguments of {tool} must be an object, got {type(arguments).__name__}")
-        action: dict[str, Any] = {"tool": tool}
-        if arguments:
-            action["arguments"] = {k: v for k, v in arguments.items() if v is not None}
+        else:
+            action = {"tool": tool}
+            if arguments:
+                action["arguments"] = {k: v for k, v in arguments.items() if v is not None}
         if kind.in_space:
             return action  # the env reads the call (an invalid one is a step too)
         try:  # a tool the action space leaves out (run_checks): the call stands for another, or answers itself
@@ -264,7 +270,7 @@ class ToolCallEpisode:
 
     # -- helpers ------------------------------------------------------------------------------------
 
-    def _step(self, action: dict[str, Any]) -> ToolCallOutcome:
+    def _step(self, action: dict[str, Any] | ToolCall) -> ToolCallOutcome:
         env = self._require_active()
         try:
             result = env.step(action)

@@ -159,6 +159,7 @@ class _Tool:
     summary: str
     arguments: type[_Arguments]
     result: type[BaseModel] | None = None
+    call: type[tools.ToolCall] | None = None  # the env's model of the call (None: reset)
 
     def definition(self) -> types.Tool:
         fields = self.arguments.model_fields
@@ -172,10 +173,14 @@ class _Tool:
         return types.Tool(name=self.name, description=description, input_schema=self.arguments.model_json_schema(),
                           output_schema=output)
 
-    def parse(self, arguments: dict[str, Any]) -> Any:
-        """The call's arguments, validated (lax: ``"4"`` is 4). As the SDK's ``MCPServer`` did for
-        clients that quote everything, a string that is JSON ``null``, an object or an array is read
-        as such for an argument that takes no string."""
+    def parse(self, arguments: dict[str, Any]) -> tuple[str | None, Any]:
+        """The episode the call names (its ``episode_id``) and what the episode gets: for ``reset``
+        its arguments' model; else the env's ``ToolCall``, validated laxly (``"4"`` is 4) in one go,
+        or, when that fails and :attr:`arguments` takes the call, those arguments as a dict, which
+        the env refuses with its own message (a range of lines that runs backwards, say). Raises
+        ``ValidationError`` when :attr:`arguments` refuses the call. As the SDK's ``MCPServer`` did
+        for clients that quote everything, a string that is JSON ``null``, an object or an array is
+        read as such for an argument that takes no string."""
         fields = self.arguments.model_fields
         for key, value in arguments.items():
             if isinstance(value, str) and key in fields and key not in _TAKES_STR[self.name]:
@@ -185,7 +190,22 @@ class _Tool:
                     continue
                 if not isinstance(parsed, str | int | float):
                     arguments = {**arguments, key: parsed}
-        return self.arguments.model_validate(arguments)
+        if self.call is not None:
+            episode_id = arguments.get("episode_id")
+            if episode_id is None or isinstance(episode_id, str):
+                # What the arguments' model and then the env's strict reading of its dump accept,
+                # read once (the two checks, and dumping the model in between, cost each call).
+                try:
+                    return episode_id, self.call.model_validate({"tool": self.name, "arguments": {
+                        key: value for key, value in arguments.items()
+                        if value is not None and key != "episode_id" and key in fields}}, strict=False)
+                except ValidationError:
+                    pass
+        model = self.arguments.model_validate(arguments)
+        if self.call is None:
+            return None, model
+        values = model.model_dump(exclude_none=True)
+        return values.pop("episode_id", None), values or None
 
     def refusal(self, exc: ValidationError) -> str:
         """Why the arguments were refused and what the tool takes, in a line for the model."""
@@ -203,18 +223,21 @@ class _Tool:
             parts.append(f"{name}{'' if name in schema.get('required', ()) else '?'}: {kind}")
         return f"{self.name}({', '.join(parts)})"
 
-    def answer(self, value: Any) -> types.CallToolResult:
+    def answer(self, value: Any) -> dict[str, Any]:
+        """The ``CallToolResult`` of ``value``, in its wire form: the SDK validates a handler's
+        result against the protocol's model either way, and a dict spares building the models and
+        dumping them again (a few µs of every call)."""
         if isinstance(value, BaseModel):
-            return types.CallToolResult(content=[types.TextContent(type="text", text=pydantic_core.to_json(
-                value, indent=2).decode())], structured_content=value.model_dump(mode="json"))
-        return types.CallToolResult(content=[types.TextContent(type="text", text=value)],
-                                    structured_content={"result": value})
+            return {"content": [{"type": "text", "text": pydantic_core.to_json(value, indent=2).decode()}],
+                    "structuredContent": value.model_dump(mode="json"), "isError": False, "resultType": "complete"}
+        return {"content": [{"type": "text", "text": value}], "structuredContent": {"result": value}, "isError": False,
+                "resultType": "complete"}
 
 
 TOOLS = {tool.name: tool for tool in (
     _Tool("reset", "Start an episode (ending the one it replaces) and return its id and the task's instruction.",
           ResetArguments, EpisodeResetResult),
-    *(_Tool(tool.name, tool.description, _arguments(tool), SubmitResult if tool.ends_episode else None)
+    *(_Tool(tool.name, tool.description, _arguments(tool), SubmitResult if tool.ends_episode else None, tool)
       for tool in tools.TOOLS.values()),
 )}
 _SIGNATURES = {name: tool.signature() for name, tool in TOOLS.items()}
@@ -223,8 +246,8 @@ _TAKES_STR = {name: {key for key, field in tool.arguments.model_fields.items()
               for name, tool in TOOLS.items()}
 
 
-def _tool_error(text: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+def _tool_error(text: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "isError": True, "resultType": "complete"}
 
 
 def _tracing() -> bool:
@@ -288,11 +311,13 @@ class EpisodeServer:
         self._input_schemas = {tool.name: tool.input_schema for tool in self._tools.tools}
         self.mcp: Server[Any] = Server(
             "idegym", instructions=_INSTRUCTIONS, get_tool_input_schema=self._input_schemas.get,
-            on_list_tools=self._list_tools, on_call_tool=self._call_tool,
+            on_list_tools=self._list_tools,
             # Empty, as MCPServer answered them, for clients that list everything without asking.
             on_list_resources=_empty(types.ListResourcesResult(resources=[])),
             on_list_resource_templates=_empty(types.ListResourceTemplatesResult(resource_templates=[])),
             on_list_prompts=_empty(types.ListPromptsResult(prompts=[])), lifespan=self._serving_loop)
+        # Registered as a plain request handler: its answers are wire dicts (_Tool.answer).
+        self.mcp.add_request_handler("tools/call", types.CallToolRequestParams, self._call_tool)
         if not _tracing():
             # The SDK's OpenTelemetry middleware makes a span per message even with no exporter
             # (~40 µs of a call here); it stays when the process traces.
@@ -428,20 +453,19 @@ class EpisodeServer:
     async def _list_tools(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
         return self._tools
 
-    async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) \
-            -> types.CallToolResult:
+    async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> dict[str, Any]:
         name = params.name
         tool = TOOLS.get(name)
         if tool is None:
             return _tool_error(f"Unknown tool: {name}")
         try:
-            arguments = tool.parse(params.arguments or {})
+            episode_id, action = tool.parse(params.arguments or {})
         except ValidationError as exc:
             return _tool_error(f"Error executing tool {name}: {tool.refusal(exc)}")
         try:
-            key, slot = self._slot(ctx, getattr(arguments, "episode_id", None), new=getattr(arguments, "new", False))
+            key, slot = self._slot(ctx, episode_id, new=isinstance(action, ResetArguments) and action.new)
             try:
-                value = await self._in_episode_async(slot, key, name, arguments)
+                value = await self._in_episode_async(slot, key, name, action)
             finally:
                 self._settle(key, slot)
         except ToolCallError as exc:
@@ -459,38 +483,37 @@ class EpisodeServer:
         ``anyio.to_thread`` (which also works under trio; every server here runs on asyncio)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def _in_episode_async(self, slot: _Slot, key: str, name: str, arguments: Any) -> Any:
+    async def _in_episode_async(self, slot: _Slot, key: str, name: str, action: Any) -> Any:
         """A tool call of a running episode on the serving loop (``ToolCallEpisode.call_async``:
         no thread hop); anything else (reset, submit, the first call of a default task's episode,
         a call while another of the episode's is in flight) on a worker thread."""
         sessions = self._sessions
         if (sessions is None or sessions.loop is not asyncio.get_running_loop() or name == "reset"
                 or tools.TOOLS[name].ends_episode or not slot.lock.acquire(blocking=False)):
-            return await self._in_thread(self._in_episode, slot, key, name, arguments)
+            return await self._in_thread(self._in_episode, slot, key, name, action)
         try:
             if not slot.episode.active:
-                return await self._in_thread(self._in_episode_locked, slot, key, name, arguments)
-            outcome = await slot.episode.call_async(name, arguments.model_dump(exclude={"episode_id"}) or None,
-                                                    sessions)
+                return await self._in_thread(self._in_episode_locked, slot, key, name, action)
+            outcome = await slot.episode.call_async(name, action, sessions)
         finally:
             slot.lock.release()
         if outcome.error is not None:  # the tool failed (a missing file...): a tool error
             raise ToolCallError(outcome.text)
         return outcome.text
 
-    def _in_episode(self, slot: _Slot, key: str, name: str, arguments: Any) -> Any:
+    def _in_episode(self, slot: _Slot, key: str, name: str, action: Any) -> Any:
         with slot.lock:
-            return self._in_episode_locked(slot, key, name, arguments)
+            return self._in_episode_locked(slot, key, name, action)
 
-    def _in_episode_locked(self, slot: _Slot, key: str, name: str, arguments: Any) -> Any:
+    def _in_episode_locked(self, slot: _Slot, key: str, name: str, action: Any) -> Any:
         episode = slot.episode
         if name == "reset":
-            return self._reset(key, episode, arguments)
+            return self._reset(key, episode, action)
         if episode.env is None and not episode.done and self.default_task is not None:
             episode.start(self.default_task)
         if tools.TOOLS[name].ends_episode:
             return self._submit(key, episode)
-        outcome: ToolCallOutcome = episode.call(name, arguments.model_dump(exclude={"episode_id"}) or None)
+        outcome: ToolCallOutcome = episode.call(name, action)
         if outcome.error is not None:  # the tool failed (a missing file...): a tool error
             raise ToolCallError(outcome.text)
         return outcome.text
