@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import SandboxProcess, processes_mentioning
+from tests.helpers import SandboxProcess, process_alive, processes_mentioning
 
 SUREFIRE = """<?xml version="1.0" encoding="UTF-8"?>
 <testsuite name="com.example.CalcTest" time="0.05" tests="4" errors="1" skipped="1" failures="1">
@@ -143,24 +143,36 @@ def test_a_checks_leftovers_end_with_it_without_tool_cgroups(server: SandboxProc
     (re-parented to the server) is gone when the check answers; the caller's own daemon, started
     by a tool call, is not the check's; ``keep_processes`` keeps a check's service running.
 
-    Can fail: before checks ended their leftovers, the daemon was alive after the check
-    (``processes_mentioning`` found it)."""
+    Can fail: before checks ended their leftovers, the daemon was alive after the check."""
     marker = f"idegym-check-daemon-{os.getpid()}"
     agents = f"idegym-agent-daemon-{os.getpid()}"
     kept = f"idegym-kept-service-{os.getpid()}"
+
+    def daemon(name: str, pidfile: str, prefix: str = "") -> str:
+        # Each daemon writes its pid before it execs, and the script waits for that: a process
+        # found by its command line could be missed while it execs (the kernel shows an empty one).
+        return (f"(setsid {prefix}bash -c 'echo $$ > {pidfile}; exec -a {name} sleep 300' </dev/null >/dev/null 2>&1 &)"
+                f"; until [ -s {pidfile} ]; do sleep 0.01; done")
+
+    def pid_in(pidfile: str) -> int:
+        return int((project / pidfile).read_text())
+
     try:
-        server.bash(f"(setsid bash -c 'exec -a {agents} sleep 300' </dev/null >/dev/null 2>&1 &)")
-        body = server.post("/api/rewards/setup", {"setup_check_script": (
-            f"(setsid env -i PATH=/usr/bin:/bin bash -c 'exec -a {marker} sleep 300' </dev/null >/dev/null 2>&1 &)"
-            "; true")}).json()
+        server.bash(daemon(agents, ".agent.pid"))
+        body = server.post("/api/rewards/setup", {
+            "setup_check_script": daemon(marker, ".check.pid", "env -i PATH=/usr/bin:/bin ") + "; true"}).json()
         assert body["status"] == "success", body
-        assert not processes_mentioning(marker.encode()), "the check's daemon outlived it"
-        assert processes_mentioning(agents.encode()), "a check ended a process the caller started"
-        body = server.post("/api/rewards/compilation", {"keep_processes": True, "compilation_script": (
-            f"(setsid bash -c 'exec -a {kept} sleep 300' </dev/null >/dev/null 2>&1 &); true")}).json()
+        assert not process_alive(pid_in(".check.pid")), "the check's daemon outlived it"
+        assert process_alive(pid_in(".agent.pid")), "a check ended a process the caller started"
+        body = server.post("/api/rewards/compilation", {
+            "keep_processes": True, "compilation_script": daemon(kept, ".kept.pid") + "; true"}).json()
         assert body["status"] == "success", body
-        assert processes_mentioning(kept.encode()), "keep_processes did not keep the check's service"
+        assert process_alive(pid_in(".kept.pid")), "keep_processes did not keep the check's service"
     finally:
-        for pid in [*processes_mentioning(marker.encode()), *processes_mentioning(agents.encode()),
-                    *processes_mentioning(kept.encode())]:
-            os.kill(pid, 9)
+        pids = {int(text) for f in (".agent.pid", ".check.pid", ".kept.pid")
+                if (project / f).exists() and (text := (project / f).read_text().strip())}
+        for name in (marker, agents, kept):
+            pids.update(processes_mentioning(name.encode()))
+        for pid in pids:
+            if process_alive(pid):
+                os.kill(pid, 9)
