@@ -401,10 +401,13 @@ def test_the_next_fork_copies_into_a_filesystem_made_before_it_was_asked_for(
     try:
         ok(parent, "echo one > one.txt")
         children += _fork(loop, own, parent, ["c-spare-1"])
-        # the spare made and the new layer detached (both due at the same moment, on two threads)
-        assert wait_for(lambda: [p for p in _mounts_under(forks) if "/.spare-" in p] == _mounts_under(forks) != [],
-                        timeout=30), _mounts_under(forks)
+        # the spare made and the new layer detached (both due at the same moment, on two threads);
+        # a spare is mounted before it is handed out: the next fork takes it once it is listed
+        assert wait_for(lambda: len(own.fork_layers.spares()) == 1
+                        and [p for p in _mounts_under(forks) if "/.spare-" in p] == _mounts_under(forks) != [],
+                        timeout=30), (_mounts_under(forks), own.fork_layers.spares())
         (spare,) = [Path(p).parent for p in _mounts_under(forks)]
+        assert own.fork_layers.spares() == [spare]
         assert spare.name.startswith(f".spare-{os.getpid()}-f-")
         children += _fork(loop, own, parent, ["c-spare-2"])
         assert children[-1].data["forks"][0] == spare.name.split("-", 2)[2]  # .spare-<pid>-<layer id>
