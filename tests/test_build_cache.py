@@ -1,0 +1,231 @@
+"""The host's build cache (``control_plane/backends/local/oci/build_cache.py``): an OCI image one
+control plane built is taken, not built again, by another control plane of the host with the same
+inputs; its layers stay in the cache's store.
+
+Real buildah, real control planes (two state directories), one build cache of the test's own
+(``IDEGYM_BUILD_CACHE_DIR``), so what the suite's other tests published does not count; the
+bases are the suite's (``tests.oci_fixtures``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from control_plane.backends.local.oci.build_cache import BuildInputs, build_key
+from tests.cp_helpers import ControlPlaneProcess, wait_job
+
+HIT = "image from the host's build cache"
+BUILT = "buildah bud"
+
+
+# -- the key (no builds) ---------------------------------------------------------------------------
+
+
+def _context(root: Path) -> Path:
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "a.py").write_text("A = 1\n")
+    (root / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    os.chmod(root / "run.sh", 0o755)
+    (root / "link").symlink_to("src/a.py")
+    return root
+
+
+def test_the_key_differs_for_every_input_and_not_for_times(tmp_path: Path) -> None:
+    """Varies, one at a time: the Dockerfile, a file's content, a file's mode, a file's name, a
+    link's target, a new empty directory, the build arguments, the labels, the bases' ids, the
+    RUN network, the host configuration's files and proxies, buildah's version."""
+    ctx = _context(tmp_path / "ctx")
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "pip.conf").write_text("[global]\nindex-url = http://mirror/simple\n")
+    inputs = BuildInputs("FROM 0123\nRUN true\n", ctx, {"V": "1"}, {"l": "x"}, ("0123",), False, None, None)
+    keys = {"as is": build_key(inputs, "buildah 1.28")}
+
+    def vary(name: str, change: object) -> None:
+        keys[name] = build_key(change if isinstance(change, BuildInputs) else inputs, "buildah 1.28")
+
+    def edited(name: str, edit) -> None:  # type: ignore[no-untyped-def]
+        copy = tmp_path / f"ctx-{name}"
+        shutil.copytree(ctx, copy, symlinks=True)
+        edit(copy)
+        keys[name] = build_key(BuildInputs(**{**inputs.__dict__, "context": copy}), "buildah 1.28")
+
+    vary("dockerfile", BuildInputs(**{**inputs.__dict__, "dockerfile": "FROM 0123\nRUN true \n"}))
+    edited("content", lambda c: (c / "src" / "a.py").write_text("A = 2\n"))
+    edited("mode", lambda c: os.chmod(c / "run.sh", 0o644))
+    edited("name", lambda c: (c / "src" / "a.py").rename(c / "src" / "b.py"))
+    edited("link", lambda c: ((c / "link").unlink(), (c / "link").symlink_to("run.sh")))
+    edited("empty dir", lambda c: (c / "new").mkdir())
+    vary("build args", BuildInputs(**{**inputs.__dict__, "build_args": {"V": "2"}}))
+    vary("labels", BuildInputs(**{**inputs.__dict__, "labels": {"l": "y"}}))
+    vary("bases", BuildInputs(**{**inputs.__dict__, "bases": ("4567",)}))
+    vary("network", BuildInputs(**{**inputs.__dict__, "network": True}))
+    networked = BuildInputs(**{**inputs.__dict__, "network": True, "host_files": host, "host_proxies": {}})
+    vary("host files", networked)
+    other_host = tmp_path / "host2"
+    shutil.copytree(host, other_host)
+    (other_host / "pip.conf").write_text("[global]\nindex-url = http://other/simple\n")
+    vary("other host files", BuildInputs(**{**networked.__dict__, "host_files": other_host}))
+    vary("proxies", BuildInputs(**{**networked.__dict__, "host_proxies": {"http_proxy": "http://p:3128"}}))
+    keys["buildah"] = build_key(inputs, "buildah 1.33")
+    assert len(set(keys.values())) == len(keys), keys
+    # the same inputs: the same key, whenever the files were written
+    os.utime(ctx / "src" / "a.py", (1, 1))
+    twin = tmp_path / "twin"
+    shutil.copytree(ctx, twin, symlinks=True)
+    assert build_key(BuildInputs(**{**inputs.__dict__, "context": twin}), "buildah 1.28") == keys["as is"]
+
+
+# -- real control planes ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def build_cache(tmp_path: Path, debian_base: str) -> Path:
+    return tmp_path / "build-cache"
+
+
+def _cp(root: Path, name: str, cache: Path, **env: str) -> ControlPlaneProcess:
+    environment = {**os.environ, "IDEGYM_BUILD_CACHE_DIR": str(cache), **env}
+    (root / name).mkdir()
+    return ControlPlaneProcess(root / name / "state", ["--warm-pool", "0", "--ephemeral"], env=environment)
+
+
+@pytest.fixture
+def two(tmp_path: Path, build_cache: Path) -> Iterator[tuple[ControlPlaneProcess, ControlPlaneProcess]]:
+    first, second = _cp(tmp_path, "a", build_cache), _cp(tmp_path, "b", build_cache)
+    yield first, second
+    for cp in (first, second):
+        cp.stop()
+
+
+def _image_context(root: Path, text: str = "one") -> Path:
+    (root / "files").mkdir(parents=True)
+    (root / "files" / "data.txt").write_text(text + "\n")
+    (root / "Dockerfile").write_text(
+        "FROM debian:bookworm\n"
+        "COPY files/ /opt/files/\n"
+        # a RUN step whose result differs with every build (a fresh random token): a sandbox of
+        # the cached image sees the same token as the one built, not one of a second build
+        "RUN head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n' > /opt/built-token\n"
+        "WORKDIR /opt/files\n")
+    return root
+
+
+def _yaml(name: str, context: Path) -> str:
+    return f"images:\n  - name: {name}\n    dockerfile: Dockerfile\n    context: {context}\n"
+
+
+def _build(cp: ControlPlaneProcess, yaml_text: str) -> list[dict]:
+    resp = cp.http.post("/api/build-push-images", json={"yaml_content": yaml_text})
+    assert resp.status_code == 200, resp.text
+    return [wait_job(cp, name, 600, 0.2) for name in resp.json()["job_names"]]
+
+
+def _run(cp: ControlPlaneProcess, tag: str, command: str) -> str:
+    client = cp.register()
+    sid = cp.start_server(client, image_tag=tag)["server_id"]
+    out = cp.bash(client, sid, command)
+    assert out["exit_code"] == 0, out
+    return str(out["stdout"])
+
+
+def _layers(cp: ControlPlaneProcess, tag: str) -> list[str]:
+    from control_plane.backends.local.images import ImageStore
+
+    meta = ImageStore(cp.state_dir / "images").meta(tag)
+    assert meta is not None, tag
+    return list(meta["oci"]["layers"])
+
+
+def test_a_second_control_plane_takes_the_image_and_outlives_the_first(
+        two: tuple[ControlPlaneProcess, ControlPlaneProcess], build_cache: Path, tmp_path: Path) -> None:
+    first, second = two
+    context = _image_context(tmp_path / "ctx")
+    (built,) = _build(first, _yaml("cached-one", context))
+    assert built["status"] == "success" and BUILT in built["details"] and HIT not in built["details"], built
+    assert "published to the host's build cache" in built["details"], built["details"]
+    (taken,) = _build(second, _yaml("cached-one", context))
+    assert taken["status"] == "success", taken["details"]
+    assert HIT in taken["details"] and BUILT not in taken["details"], taken["details"]
+    # its layers are the caches' (the base's may be read from the bases' store), none in its state directory
+    layers = _layers(second, taken["tag"])
+    assert layers[0].startswith(str(build_cache)) and not any(str(second.state_dir) in p for p in layers), layers
+    command = "cat /opt/built-token; echo; cat data.txt; sha256sum /usr/bin/bash /etc/debian_version"
+    seen = _run(first, built["tag"], command)
+    assert _run(second, taken["tag"], command) == seen
+    # the first control plane and its state directory gone: the second's image still starts
+    first.stop()
+    shutil.rmtree(first.state_dir)
+    assert _run(second, taken["tag"], command) == seen
+    # another context (one byte): built, not taken
+    other = _image_context(tmp_path / "ctx2", "two")
+    (changed,) = _build(second, _yaml("cached-two", other))
+    assert changed["status"] == "success" and BUILT in changed["details"] and HIT not in changed["details"], changed
+    assert _run(second, changed["tag"], "cat data.txt").strip() == "two"
+
+
+def test_builds_of_one_key_at_once_build_it_once(two: tuple[ControlPlaneProcess, ControlPlaneProcess],
+                                                 tmp_path: Path) -> None:
+    context = _image_context(tmp_path / "ctx")
+    jobs: dict[int, dict] = {}
+
+    def build(index: int) -> None:
+        (jobs[index],) = _build(two[index], _yaml(f"at-once-{index}", context))
+
+    threads = [threading.Thread(target=build, args=(i,)) for i in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(job["status"] == "success" for job in jobs.values()), jobs
+    assert sorted(BUILT in job["details"] for job in jobs.values()) == [False, True], jobs
+    assert sorted(HIT in job["details"] for job in jobs.values()) == [False, True], jobs
+    tokens = {_run(two[i], jobs[i]["tag"], "cat /opt/built-token") for i in (0, 1)}
+    assert len(tokens) == 1, tokens
+
+
+def test_a_partial_entry_is_not_taken(two: tuple[ControlPlaneProcess, ControlPlaneProcess], build_cache: Path,
+                                      tmp_path: Path) -> None:
+    """What a control plane killed while publishing leaves: the image in the cache's store without
+    its record (killed before the rename), or a record whose image is not there."""
+    first, second = two
+    context = _image_context(tmp_path / "ctx")
+    (built,) = _build(first, _yaml("partial", context))
+    assert "published to the host's build cache" in built["details"], built["details"]
+    (record,) = build_cache.glob("*.json")
+    kept = json.loads(record.read_text())
+    record.unlink()  # the image is in the store, its record is not
+    (again,) = _build(second, _yaml("partial", context))
+    assert again["status"] == "success" and BUILT in again["details"] and HIT not in again["details"], again
+    # a record naming an image the store does not have
+    record.write_text(json.dumps({**kept, "image_id": "0" * 64}))
+    third = _cp(tmp_path, "c", build_cache)
+    try:
+        (fresh,) = _build(third, _yaml("partial", context))
+        assert fresh["status"] == "success" and BUILT in fresh["details"] and HIT not in fresh["details"], fresh
+    finally:
+        third.stop()
+
+
+def test_sharing_off_builds(tmp_path: Path, build_cache: Path) -> None:
+    context = _image_context(tmp_path / "ctx")
+    on = _cp(tmp_path, "on", build_cache)
+    try:
+        (built,) = _build(on, _yaml("shared", context))
+        assert "published to the host's build cache" in built["details"], built["details"]
+    finally:
+        on.stop()
+    off = _cp(tmp_path, "off", build_cache, IDEGYM_BUILD_CACHE="0")
+    try:
+        (again,) = _build(off, _yaml("shared", context))
+        assert again["status"] == "success" and BUILT in again["details"], again["details"]
+        assert HIT not in again["details"] and "published" not in again["details"], again["details"]
+    finally:
+        off.stop()
