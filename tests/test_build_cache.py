@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.backends.local.oci.build_cache import BuildInputs, build_key
 from tests.cp_helpers import ControlPlaneProcess, wait_job
 
 HIT = "image from the host's build cache"
@@ -41,6 +40,8 @@ def test_the_key_differs_for_every_input_and_not_for_times(tmp_path: Path) -> No
     """Varies, one at a time: the Dockerfile, a file's content, a file's mode, a file's name, a
     link's target, a new empty directory, the build arguments, the labels, the bases' ids, the
     RUN network, the host configuration's files and proxies, buildah's version."""
+    from control_plane.backends.local.oci.build_cache import BuildInputs, build_key
+
     ctx = _context(tmp_path / "ctx")
     host = tmp_path / "host"
     host.mkdir()
@@ -86,9 +87,9 @@ def test_the_key_differs_for_every_input_and_not_for_times(tmp_path: Path) -> No
 # -- real control planes ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def build_cache(tmp_path: Path, debian_base: str) -> Path:
-    return tmp_path / "build-cache"
+@pytest.fixture(scope="module")
+def build_cache(tmp_path_factory: pytest.TempPathFactory, debian_base: str) -> Path:
+    return tmp_path_factory.mktemp("build-cache")
 
 
 def _cp(root: Path, name: str, cache: Path, **env: str) -> ControlPlaneProcess:
@@ -97,15 +98,18 @@ def _cp(root: Path, name: str, cache: Path, **env: str) -> ControlPlaneProcess:
     return ControlPlaneProcess(root / name / "state", ["--warm-pool", "0", "--ephemeral"], env=environment)
 
 
-@pytest.fixture
-def two(tmp_path: Path, build_cache: Path) -> Iterator[tuple[ControlPlaneProcess, ControlPlaneProcess]]:
-    first, second = _cp(tmp_path, "a", build_cache), _cp(tmp_path, "b", build_cache)
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory,
+        build_cache: Path) -> Iterator[tuple[ControlPlaneProcess, ControlPlaneProcess]]:
+    """Two control planes of the module sharing its build cache (each test builds contexts of its own)."""
+    root = tmp_path_factory.mktemp("cps")
+    first, second = _cp(root, "a", build_cache), _cp(root, "b", build_cache)
     yield first, second
     for cp in (first, second):
         cp.stop()
 
 
-def _image_context(root: Path, text: str = "one") -> Path:
+def _image_context(root: Path, text: str) -> Path:
     (root / "files").mkdir(parents=True)
     (root / "files" / "data.txt").write_text(text + "\n")
     (root / "Dockerfile").write_text(
@@ -128,6 +132,13 @@ def _build(cp: ControlPlaneProcess, yaml_text: str) -> list[dict]:
     return [wait_job(cp, name, 600, 0.2) for name in resp.json()["job_names"]]
 
 
+def _built(job: dict) -> bool:
+    """Whether the job built its image (True) or took it from the build cache (False)."""
+    assert job["status"] == "success", job["details"]
+    assert (BUILT in job["details"]) != (HIT in job["details"]), job["details"]
+    return BUILT in job["details"]
+
+
 def _run(cp: ControlPlaneProcess, tag: str, command: str) -> str:
     client = cp.register()
     sid = cp.start_server(client, image_tag=tag)["server_id"]
@@ -144,36 +155,37 @@ def _layers(cp: ControlPlaneProcess, tag: str) -> list[str]:
     return list(meta["oci"]["layers"])
 
 
-def test_a_second_control_plane_takes_the_image_and_outlives_the_first(
+COMMAND = "cat /opt/built-token; echo; cat data.txt; sha256sum /usr/bin/bash /etc/debian_version"
+
+
+def test_another_control_plane_takes_the_image_and_outlives_the_first(
         two: tuple[ControlPlaneProcess, ControlPlaneProcess], build_cache: Path, tmp_path: Path) -> None:
-    first, second = two
-    context = _image_context(tmp_path / "ctx")
-    (built,) = _build(first, _yaml("cached-one", context))
-    assert built["status"] == "success" and BUILT in built["details"] and HIT not in built["details"], built
-    assert "published to the host's build cache" in built["details"], built["details"]
+    _, second = two
+    context = _image_context(tmp_path / "ctx", "one")
+    first = _cp(tmp_path, "first", build_cache)
+    try:
+        (built,) = _build(first, _yaml("cached-one", context))
+        assert _built(built) and "published to the host's build cache" in built["details"], built["details"]
+        seen = _run(first, built["tag"], COMMAND)
+    finally:
+        first.stop()
     (taken,) = _build(second, _yaml("cached-one", context))
-    assert taken["status"] == "success", taken["details"]
-    assert HIT in taken["details"] and BUILT not in taken["details"], taken["details"]
+    assert not _built(taken)
     # its layers are the caches' (the base's may be read from the bases' store), none in its state directory
     layers = _layers(second, taken["tag"])
     assert layers[0].startswith(str(build_cache)) and not any(str(second.state_dir) in p for p in layers), layers
-    command = "cat /opt/built-token; echo; cat data.txt; sha256sum /usr/bin/bash /etc/debian_version"
-    seen = _run(first, built["tag"], command)
-    assert _run(second, taken["tag"], command) == seen
-    # the first control plane and its state directory gone: the second's image still starts
-    first.stop()
+    # the first control plane and its state directory gone: the second's sandbox is the same image
     shutil.rmtree(first.state_dir)
-    assert _run(second, taken["tag"], command) == seen
+    assert _run(second, taken["tag"], COMMAND) == seen
     # another context (one byte): built, not taken
-    other = _image_context(tmp_path / "ctx2", "two")
-    (changed,) = _build(second, _yaml("cached-two", other))
-    assert changed["status"] == "success" and BUILT in changed["details"] and HIT not in changed["details"], changed
+    (changed,) = _build(second, _yaml("cached-two", _image_context(tmp_path / "ctx2", "two")))
+    assert _built(changed)
     assert _run(second, changed["tag"], "cat data.txt").strip() == "two"
 
 
 def test_builds_of_one_key_at_once_build_it_once(two: tuple[ControlPlaneProcess, ControlPlaneProcess],
                                                  tmp_path: Path) -> None:
-    context = _image_context(tmp_path / "ctx")
+    context = _image_context(tmp_path / "ctx", "at once")
     jobs: dict[int, dict] = {}
 
     def build(index: int) -> None:
@@ -184,9 +196,7 @@ def test_builds_of_one_key_at_once_build_it_once(two: tuple[ControlPlaneProcess,
         thread.start()
     for thread in threads:
         thread.join()
-    assert all(job["status"] == "success" for job in jobs.values()), jobs
-    assert sorted(BUILT in job["details"] for job in jobs.values()) == [False, True], jobs
-    assert sorted(HIT in job["details"] for job in jobs.values()) == [False, True], jobs
+    assert sorted(_built(job) for job in jobs.values()) == [False, True], jobs
     tokens = {_run(two[i], jobs[i]["tag"], "cat /opt/built-token") for i in (0, 1)}
     assert len(tokens) == 1, tokens
 
@@ -196,36 +206,29 @@ def test_a_partial_entry_is_not_taken(two: tuple[ControlPlaneProcess, ControlPla
     """What a control plane killed while publishing leaves: the image in the cache's store without
     its record (killed before the rename), or a record whose image is not there."""
     first, second = two
-    context = _image_context(tmp_path / "ctx")
+    context = _image_context(tmp_path / "ctx", "partial")
+    before = set(build_cache.glob("*.json"))
     (built,) = _build(first, _yaml("partial", context))
-    assert "published to the host's build cache" in built["details"], built["details"]
-    (record,) = build_cache.glob("*.json")
+    assert _built(built)
+    (record,) = set(build_cache.glob("*.json")) - before
     kept = json.loads(record.read_text())
     record.unlink()  # the image is in the store, its record is not
     (again,) = _build(second, _yaml("partial", context))
-    assert again["status"] == "success" and BUILT in again["details"] and HIT not in again["details"], again
-    # a record naming an image the store does not have
-    record.write_text(json.dumps({**kept, "image_id": "0" * 64}))
-    third = _cp(tmp_path, "c", build_cache)
-    try:
-        (fresh,) = _build(third, _yaml("partial", context))
-        assert fresh["status"] == "success" and BUILT in fresh["details"] and HIT not in fresh["details"], fresh
-    finally:
-        third.stop()
+    assert _built(again)
+    record.write_text(json.dumps({**kept, "image_id": "0" * 64}))  # a record naming an image the store lacks
+    (fresh,) = _build(first, _yaml("partial-again", context))  # another tag: not in its image store
+    assert _built(fresh)
+    assert json.loads(record.read_text())["image_id"] != "0" * 64  # the build published itself again
 
 
-def test_sharing_off_builds(tmp_path: Path, build_cache: Path) -> None:
-    context = _image_context(tmp_path / "ctx")
-    on = _cp(tmp_path, "on", build_cache)
-    try:
-        (built,) = _build(on, _yaml("shared", context))
-        assert "published to the host's build cache" in built["details"], built["details"]
-    finally:
-        on.stop()
+def test_sharing_off_builds(two: tuple[ControlPlaneProcess, ControlPlaneProcess], build_cache: Path,
+                            tmp_path: Path) -> None:
+    context = _image_context(tmp_path / "ctx", "off")
+    (built,) = _build(two[0], _yaml("shared", context))
+    assert _built(built) and "published to the host's build cache" in built["details"], built["details"]
     off = _cp(tmp_path, "off", build_cache, IDEGYM_BUILD_CACHE="0")
     try:
         (again,) = _build(off, _yaml("shared", context))
-        assert again["status"] == "success" and BUILT in again["details"], again["details"]
-        assert HIT not in again["details"] and "published" not in again["details"], again["details"]
+        assert _built(again) and "published" not in again["details"], again["details"]
     finally:
         off.stop()

@@ -239,14 +239,14 @@ class OciBuilder:
                     return record["image_id"], True
             started = time.monotonic()
             image_id = await self._bud(definition, dockerfile, inputs, host, emit, timeout)
+            built = time.monotonic()
             try:
-                await self.builds.publish(key, self.buildah, image_id, definition.tag, time.monotonic() - started,
-                                          work)
+                await self.builds.publish(key, self.buildah, image_id, definition.tag, built - started, work)
             except OciError as exc:  # the build stands; the next control plane builds it too
                 log.warning("image %s not published to the host's build cache: %s", definition.tag, exc.message)
                 emit(f"not published to the host's build cache: {exc.message}")
             else:
-                emit(f"published to the host's build cache (key {key})")
+                emit(f"published to the host's build cache (key {key}) in {time.monotonic() - built:.1f} s")
             return image_id, False
 
     async def _bud(self, definition: ImageDefinition, dockerfile: Path, inputs: BuildInputs,
