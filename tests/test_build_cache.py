@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.cp_helpers import ControlPlaneProcess, wait_job
+from tests.cp_helpers import REPO, ControlPlaneProcess, wait_job
 
 HIT = "image from the host's build cache"
 BUILT = "buildah bud"
@@ -232,3 +233,51 @@ def test_sharing_off_builds(two: tuple[ControlPlaneProcess, ControlPlaneProcess]
         assert _built(again) and "published" not in again["details"], again["details"]
     finally:
         off.stop()
+
+
+def test_prune_removes_what_no_state_directory_reads(two: tuple[ControlPlaneProcess, ControlPlaneProcess],
+                                                     build_cache: Path, tmp_path: Path) -> None:
+    """``idegym images prune-builds``: an unused image no image store reads goes (its builder's
+    state directory is gone; a builder reads its own copy anyway); one a live control plane took
+    from the cache stays, however long unused, and still starts."""
+    first, second = two
+    gone = _cp(tmp_path, "gone", build_cache)
+    try:
+        (orphan,) = _build(gone, _yaml("orphan", _image_context(tmp_path / "ctx", "orphan")))
+        assert _built(orphan)
+    finally:
+        gone.stop()
+    (orphan_id,) = _image_ids(gone)
+    shutil.rmtree(gone.state_dir)
+    context = _image_context(tmp_path / "ctx2", "kept")
+    (made,) = _build(first, _yaml("kept", context))
+    (kept,) = _build(second, _yaml("kept", context))
+    assert _built(made) and not _built(kept)
+    kept_id = _image_meta_id(second, kept["tag"])
+    for path in build_cache.glob("*.json"):
+        os.utime(path, (1, 1))  # unused for decades
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "idegym"), "images", "prune-builds", "--unused-days", "1"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "IDEGYM_BUILD_CACHE_DIR": str(build_cache)})
+    assert proc.returncode == 0, proc.stderr
+    removed = [json.loads(line)["removed"]["image_id"] for line in proc.stdout.splitlines()]
+    assert orphan_id in removed and kept_id not in removed, (removed, proc.stderr)
+    assert kept_id in {json.loads(p.read_text())["image_id"] for p in build_cache.glob("*.json")}
+    assert _run(second, kept["tag"], "cat data.txt").strip() == "kept"
+    (again,) = _build(second, _yaml("orphan-again", _image_context(tmp_path / "ctx3", "orphan")))
+    assert _built(again)  # the orphan's inputs: its record went with it, built again
+
+
+def _image_meta_id(cp: ControlPlaneProcess, tag: str) -> str:
+    from control_plane.backends.local.images import ImageStore
+
+    meta = ImageStore(cp.state_dir / "images").meta(tag)
+    assert meta is not None, tag
+    return str(meta["oci"]["image_id"])
+
+
+def _image_ids(cp: ControlPlaneProcess) -> set[str]:
+    from control_plane.backends.local.images import ImageStore
+
+    store = ImageStore(cp.state_dir / "images")
+    return {meta["oci"]["image_id"] for tag in store.tags() if (meta := store.meta(tag) or {}).get("kind") == "oci"}

@@ -160,6 +160,7 @@ class BuildCache:
         ident = record.get("image_id") if isinstance(record, dict) else None
         if not isinstance(ident, str) or self.buildah.image_id(ident) != ident:
             return None
+        os.utime(self.root / f"{key}.json")  # used now (``prune``)
         return record
 
     async def publish(self, key: str, source: Buildah, image_id: str, tag: str, seconds: float, work: Path) -> None:
@@ -182,6 +183,47 @@ class BuildCache:
         await loop.run_in_executor(None, self.buildah.tag, image_id, f"{NAME}:{key}")
         record = {"key": key, "image_id": image_id, "tag": tag, "seconds": round(seconds, 1), "built": time.time()}
         await loop.run_in_executor(None, _save, self.root / f"{key}.json", record)
+
+
+    def prune(self, unused_for: float, keep: set[str], dry_run: bool = False) -> list[dict[str, Any]]:
+        """Remove the published images no control plane took or published for ``unused_for``
+        seconds, but those whose top layer is in ``keep`` (the layer directories an image store of
+        this host reads: an image built on a published one reads its layers too), each under its
+        key's lock, its record first (nobody takes it meanwhile); and images a publication killed
+        before its record was written. What was (or would be) removed (blocking)."""
+        removed: list[dict[str, Any]] = []
+        if not (self.root / "store").is_dir():
+            return removed
+        self.buildah.ensure()
+        now = time.time()
+        published = {name.rsplit(":", 1)[1]: image["id"]
+                     for image in json.loads(self.buildah.query(["images", "--json"]) or "null") or []
+                     for name in image.get("names") or [] if name.startswith(f"{NAME}:")}
+        records = {path.stem for path in self.root.glob("*.json")}
+        for key in sorted(records | set(published)):
+            fd = os.open(self.root / f".{key}.lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                record_path = self.root / f"{key}.json"
+                try:
+                    used, record = record_path.stat().st_mtime, json.loads(record_path.read_text())
+                except (OSError, ValueError):
+                    used, record = None, {}
+                ident = record.get("image_id") or published.get(key)
+                present = bool(ident) and self.buildah.image_id(ident) == ident
+                if (used is not None and used > now - unused_for) or \
+                        (present and str(self.buildah.inspect(ident).layers[0]) in keep):
+                    continue
+                removed.append({"key": key, "image_id": ident, "tag": record.get("tag"),
+                                "unused_days": round((now - used) / 86400, 1) if used else None})
+                if dry_run:
+                    continue
+                record_path.unlink(missing_ok=True)
+                if present:
+                    self.buildah.query(["rmi", "--force", ident])  # (named after its key and its layout)
+            finally:
+                os.close(fd)  # (lock files stay: one removed while another process waits on it would let a third in)
+        return removed
 
 
 def _save(path: Path, record: dict[str, Any]) -> None:
