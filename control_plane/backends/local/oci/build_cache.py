@@ -169,6 +169,7 @@ class BuildCache:
         ``work``: one buildah process cannot have the cache's store both as ``source``'s
         read-only additional store (its bases may be there) and as the destination."""
         loop = asyncio.get_running_loop()
+        started = time.monotonic()
         layout = f"idegym-build-{key}"  # pulled by a relative path: buildah names the image after it
         result = await source.run(["push", "--disable-compression", "--signature-policy", source.policy, image_id,
                                    f"oci:{work / layout}:{key}"], network=False, timeout=1800)
@@ -181,7 +182,8 @@ class BuildCache:
         if published != image_id:
             raise OciError(f"the host's build cache holds {published} for {image_id} after publishing it", 500)
         await loop.run_in_executor(None, self.buildah.tag, image_id, f"{NAME}:{key}")
-        record = {"key": key, "image_id": image_id, "tag": tag, "seconds": round(seconds, 1), "built": time.time()}
+        record = {"key": key, "image_id": image_id, "tag": tag, "seconds": round(seconds, 1), "built": time.time(),
+                  "publish_seconds": round(time.monotonic() - started, 2)}
         await loop.run_in_executor(None, _save, self.root / f"{key}.json", record)
 
 
