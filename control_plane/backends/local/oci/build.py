@@ -4,7 +4,8 @@ The bases the Dockerfile names are provided first (Debian/Python bases from the 
 images of this store, or pulled through the operator's registry mirror), then ``buildah bud
 --isolation chroot --layers --pull=never`` runs without network unless the definition allows
 it (``network`` or the build-only ``build_network``; an unchanged Dockerfile and context rebuild
-from buildah's layer cache). The result enters
+from buildah's layer cache), unless the host's build cache (``build_cache``) has the result of the
+same inputs, which any control plane of the host published. The result enters
 the local image store as an OCI image (see ``rootfs``); its id is the image's, so importing the
 same image again is free.
 """
