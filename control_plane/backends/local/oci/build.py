@@ -32,7 +32,7 @@ from ..image_trees import OPT_SKELETON, chown_tree, host_files
 from ..images import ImageStore
 from . import bases as base_catalog
 from . import catalog, refs
-from .build_cache import BuildCache, BuildInputs, build_key
+from .build_cache import NAME, BuildCache, BuildInputs, build_key
 from .buildah import Buildah, available, storage_name
 from .rootfs import ADAPT_VERSION, read_image, write_adapt_layer
 from .settings import OciError, OciSettings
@@ -53,7 +53,7 @@ class OciBuilder:
         self.host_config = host_config  # where the host's package configuration is written (None: not used)
         self.settings = settings or OciSettings.from_env()
         self.cache = base_catalog.BaseCache(self.settings)
-        self.builds = BuildCache(self.settings)
+        self.builds = BuildCache(self.settings, self.cache.store_home)
         shared = (self.cache.store_home, *((self.builds.store_home,) if self.settings.share_builds else ()))
         self.buildah = Buildah(images_dir / "buildah", self.settings, additional=shared)
         self.work_root = images_dir / "oci-work"
@@ -117,7 +117,7 @@ class OciBuilder:
             inputs = BuildInputs(dockerfile.read_text(), context[0], dict(definition.build_args),
                                  _base_labels(mapping), tuple(rewrites.values()), network,
                                  host.directory if host else None, host.proxies if host else None)
-            image_id, cached = await self._cached_or_built(definition, inputs, dockerfile, host, emit, timeout, work)
+            image_id, cached = await self._cached_or_built(definition, inputs, dockerfile, host, emit, timeout)
             notes = [m["note"] for m in mapping if m.get("note")]
             ident = await loop.run_in_executor(None, self._import, definition, image_id, work, notes, mapping)
             emit(f"{'took' if cached else 'built'} {definition.tag} (image {image_id[:12]}, store id {ident}"
@@ -223,8 +223,7 @@ class OciBuilder:
         return host
 
     async def _cached_or_built(self, definition: ImageDefinition, inputs: BuildInputs, dockerfile: Path,
-                               host: hostconfig.HostConfig | None, emit: Emit, timeout: float,
-                               work: Path) -> tuple[str, bool]:
+                               host: hostconfig.HostConfig | None, emit: Emit, timeout: float) -> tuple[str, bool]:
         """The image's id, and whether it came from the host's build cache: built (and published
         there) unless a control plane of this host built the same inputs before."""
         if not self.settings.share_builds:
@@ -238,25 +237,30 @@ class OciBuilder:
                     emit(f"image from the host's build cache (key {key}; built in {record.get('seconds')} s as "
                          f"{record.get('tag')}): not built again")
                     return record["image_id"], True
+            if not await loop.run_in_executor(None, self.builds.sees, inputs.bases):
+                emit("built in this state directory, not in the host's build cache: it builds on an image only this "
+                     "state directory has")
+                return await self._bud(definition, dockerfile, inputs, host, emit, timeout), False
             started = time.monotonic()
-            image_id = await self._bud(definition, dockerfile, inputs, host, emit, timeout)
-            built = time.monotonic()
-            try:
-                await self.builds.publish(key, self.buildah, image_id, definition.tag, built - started, work)
-            except OciError as exc:  # the build stands; the next control plane builds it too
-                log.warning("image %s not published to the host's build cache: %s", definition.tag, exc.message)
-                emit(f"not published to the host's build cache: {exc.message}")
-            else:
-                emit(f"published to the host's build cache (key {key}) in {time.monotonic() - built:.1f} s")
+            image_id = await self._bud(definition, dockerfile, inputs, host, emit, timeout,
+                                       into=self.builds.buildah, name=f"{NAME}:{key}")
+            await loop.run_in_executor(None, self.builds.publish, key, image_id, definition.tag,
+                                       time.monotonic() - started)
+            emit(f"published to the host's build cache (key {key}): built in its store, nothing copied")
             return image_id, False
 
     async def _bud(self, definition: ImageDefinition, dockerfile: Path, inputs: BuildInputs,
-                   host: hostconfig.HostConfig | None, emit: Emit, timeout: float) -> str:
+                   host: hostconfig.HostConfig | None, emit: Emit, timeout: float, *, into: Buildah | None = None,
+                   name: str | None = None) -> str:
+        """Build into this state directory's store, or ``into`` another (the host's build cache)
+        as ``name``."""
         loop = asyncio.get_running_loop()
+        store = into or self.buildah
         network, context = inputs.network, inputs.context
         iidfile = dockerfile.with_name("iid")
-        args = ["bud", "--isolation", "chroot", "--layers", "--pull=never", "--signature-policy", self.buildah.policy,
-                "--force-rm", "-f", str(dockerfile), "-t", storage_name(definition.tag), "--iidfile", str(iidfile)]
+        args = ["bud", "--isolation", "chroot", "--layers", "--pull=never", "--signature-policy", store.policy,
+                "--force-rm", "-f", str(dockerfile), "-t", name or storage_name(definition.tag), "--iidfile",
+                str(iidfile)]
         for key, value in definition.build_args.items():
             args += ["--build-arg", f"{key}={value}"]
         for key, value in inputs.labels.items():
@@ -269,13 +273,17 @@ class OciBuilder:
         emit(f"buildah bud (RUN network {'on' if network else 'off'}), context {context}")
         batch = _Batcher(emit)
         async with self._lock:
-            before = await loop.run_in_executor(None, self.buildah.containers)
+            # A build killed mid-way leaves its working containers: removed in this state
+            # directory's store, where this lock orders every build; in the shared one, where
+            # other control planes build at once, --force-rm is what removes them.
+            before = await loop.run_in_executor(None, store.containers) if into is None else set()
             try:
-                result = await self.buildah.run(args, network=network, emit=batch.add, timeout=timeout)
+                result = await store.run(args, network=network, emit=batch.add, timeout=timeout)
             finally:
                 batch.flush()
-                left = await loop.run_in_executor(None, self.buildah.containers)
-                await loop.run_in_executor(None, self.buildah.remove_containers, left - before)
+                if into is None:
+                    left = await loop.run_in_executor(None, store.containers)
+                    await loop.run_in_executor(None, store.remove_containers, left - before)
         if result.returncode != 0:
             why = "timed out" if result.timed_out else f"exit {result.returncode}"
             raise OciError(f"buildah could not build {definition.tag} ({why}):\n{result.message()}")

@@ -2,19 +2,18 @@
 
 Every state directory has a buildah store of its own; a Dockerfile image one control plane built
 would be built again, from scratch, by the next (an embedded one per trainer, one per test).
-Instead a build's result is *published* here, under a key of everything it depends on
-(``build_key``), and a control plane that finds the key takes the image as it takes the bases:
-its layers stay in this cache's buildah store, which every state directory reads as an
-*additional image store* (nothing is copied per state directory but our small adaptation layer
-and the project's copy, ``build.OciBuilder._import``).
+Instead a build runs in this cache's buildah store (``<cache>/store``, which reads the bases'
+store as the state directories do) under a key of everything its result depends on
+(``build_key``), and every state directory reads that store as an *additional image store*, as
+the bases': the control plane that built the image and any that find its key later take it from
+there, its layers read where they are (only our small adaptation layer and the project's copy are
+made per state directory, ``build.OciBuilder._import``). buildah's own layer cache is then shared
+too: a step another control plane ran is ``Using cache`` here.
 
-``<cache>/store``: the buildah store of published images (``localhost/idegym-build:<key>``),
-self-contained (a base layer is copied in once, so pruning bases never breaks a build);
-``<cache>/<key>.json``: the record, renamed into place only once the image is whole in the
-store, so a control plane killed while publishing leaves nothing another one takes as complete
-(an image without a record, or a record whose image is gone, is a miss); ``.<key>.lock``: held
-while a key is looked up, built and published, so two control planes building one key at once
-build it once.
+``<cache>/<key>.json``: the record, renamed into place only once the build committed its image,
+so a control plane killed while building leaves nothing another one takes as complete (an image
+without a record, or a record whose image is gone, is a miss); ``.<key>.lock``: held while a key
+is looked up, built and recorded, so two control planes building one key at once build it once.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from typing import Any
 
 from .buildah import Buildah
 from .rootfs import ADAPT_VERSION
-from .settings import OciError, OciSettings
+from .settings import OciSettings
 
 # What the key is made of changes: old records must not match (bump with build_key's inputs).
 KEY_VERSION = 1
@@ -110,9 +109,10 @@ def tree_digest(root: Path) -> str:
 class BuildCache:
     """Published builds: looked up and published under a key's lock (``claim``)."""
 
-    def __init__(self, settings: OciSettings) -> None:
+    def __init__(self, settings: OciSettings, bases: Path) -> None:
+        """``bases``: the home of the bases' store, which builds here build on."""
         self.root = settings.builds_dir
-        self.buildah = Buildah(self.root / "store", settings)
+        self.buildah = Buildah(self.root / "store", settings, additional=(bases,))
         self._version: str | None = None
 
     @property
@@ -163,36 +163,23 @@ class BuildCache:
         os.utime(self.root / f"{key}.json")  # used now (``prune``)
         return record
 
-    async def publish(self, key: str, source: Buildah, image_id: str, tag: str, seconds: float, work: Path) -> None:
-        """Copy the image from ``source`` (a state directory's store) into the cache's, then write
-        its record: the record is the mark that the image is whole. Through an OCI layout in
-        ``work``: one buildah process cannot have the cache's store both as ``source``'s
-        read-only additional store (its bases may be there) and as the destination."""
-        loop = asyncio.get_running_loop()
-        started = time.monotonic()
-        layout = f"idegym-build-{key}"  # pulled by a relative path: buildah names the image after it
-        result = await source.run(["push", "--disable-compression", "--signature-policy", source.policy, image_id,
-                                   f"oci:{work / layout}:{key}"], network=False, timeout=1800)
-        if result.returncode == 0:
-            result = await self.buildah.run(["pull", "--quiet", "--signature-policy", self.buildah.policy,
-                                             f"oci:{layout}:{key}"], network=False, timeout=1800, cwd=work)
-        if result.returncode != 0:
-            raise OciError(f"publishing the image to the host's build cache failed:\n{result.message(8)}", 500)
-        published = await loop.run_in_executor(None, self.buildah.image_id, image_id)
-        if published != image_id:
-            raise OciError(f"the host's build cache holds {published} for {image_id} after publishing it", 500)
-        await loop.run_in_executor(None, self.buildah.tag, image_id, f"{NAME}:{key}")
-        record = {"key": key, "image_id": image_id, "tag": tag, "seconds": round(seconds, 1), "built": time.time(),
-                  "publish_seconds": round(time.monotonic() - started, 2)}
-        await loop.run_in_executor(None, _save, self.root / f"{key}.json", record)
+    def sees(self, image_ids: tuple[str, ...]) -> bool:
+        """Whether a build in the cache's store finds these bases (an image only a state directory
+        has, built before its control plane shared builds, is not there) (blocking)."""
+        return all(self.buildah.image_id(ident) == ident for ident in image_ids)
 
+    def publish(self, key: str, image_id: str, tag: str, seconds: float) -> None:
+        """Write the record of an image built into the cache's store as ``NAME:key``: it is whole (blocking)."""
+        record = {"key": key, "image_id": image_id, "tag": tag, "seconds": round(seconds, 1), "built": time.time()}
+        _save(self.root / f"{key}.json", record)
 
     def prune(self, unused_for: float, keep: set[str], dry_run: bool = False) -> list[dict[str, Any]]:
         """Remove the published images no control plane took or published for ``unused_for``
         seconds, but those whose top layer is in ``keep`` (the layer directories an image store of
         this host reads: an image built on a published one reads its layers too), each under its
-        key's lock, its record first (nobody takes it meanwhile); and images a publication killed
-        before its record was written. What was (or would be) removed (blocking)."""
+        key's lock, its record first (nobody takes it meanwhile); and images a build killed before
+        its record was written left. What was (or would be) removed (blocking). buildah's layer
+        cache (the steps' unnamed images) stays."""
         removed: list[dict[str, Any]] = []
         if not (self.root / "store").is_dir():
             return removed
@@ -222,7 +209,7 @@ class BuildCache:
                     continue
                 record_path.unlink(missing_ok=True)
                 if present:
-                    self.buildah.query(["rmi", "--force", ident])  # (named after its key and its layout)
+                    self.buildah.query(["rmi", "--force", ident])  # (its name and a tag's it was built as)
             finally:
                 os.close(fd)  # (lock files stay: one removed while another process waits on it would let a third in)
         return removed

@@ -134,7 +134,10 @@ def prune_builds(unused_days: float, dry_run: bool) -> int:
             meta = store.meta(tag) or {}
             if meta.get("kind") == "oci":
                 keep.update(meta["oci"]["layers"])
-    cache = BuildCache(OciSettings.from_env())
+    from .bases import BaseCache
+
+    settings = OciSettings.from_env()
+    cache = BuildCache(settings, BaseCache(settings).store_home)
     removed = cache.prune(unused_days * 86400, keep, dry_run)
     for entry in removed:
         print(json.dumps({"removed" if not dry_run else "would_remove": entry}))
