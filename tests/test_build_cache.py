@@ -204,8 +204,9 @@ def test_builds_of_one_key_at_once_build_it_once(two: tuple[ControlPlaneProcess,
 
 def test_a_partial_entry_is_not_taken(two: tuple[ControlPlaneProcess, ControlPlaneProcess], build_cache: Path,
                                       tmp_path: Path) -> None:
-    """What a control plane killed while publishing leaves: the image in the cache's store without
-    its record (killed before the rename), or a record whose image is not there."""
+    """What a control plane killed while building leaves: the image in the cache's store without
+    its record (killed after buildah's commit, before the rename), or a record whose image is not
+    there (removed by hand)."""
     first, second = two
     context = _image_context(tmp_path / "ctx", "partial")
     before = set(build_cache.glob("*.json"))
