@@ -198,12 +198,12 @@ class BuildCache:
                     used, record = record_path.stat().st_mtime, json.loads(record_path.read_text())
                 except (OSError, ValueError):
                     used, record = None, {}
-                ident = record.get("image_id") or published.get(key)
+                ident = str(record.get("image_id") or published.get(key) or "")
                 present = bool(ident) and self.buildah.image_id(ident) == ident
                 if (used is not None and used > now - unused_for) or \
                         (present and str(self.buildah.inspect(ident).layers[0]) in keep):
                     continue
-                removed.append({"key": key, "image_id": ident, "tag": record.get("tag"),
+                removed.append({"key": key, "image_id": ident or None, "tag": record.get("tag"),
                                 "unused_days": round((now - used) / 86400, 1) if used else None})
                 if dry_run:
                     continue
