@@ -169,6 +169,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: ControlPlaneSettin
     parser.add_argument("--image-cache", type=Path, default=env.image_cache,
                         help="local backend: the shared cache of OCI bases [$IDEGYM_IMAGE_CACHE, "
                              "default ~/.cache/idegym/images]")
+    parser.add_argument("--build-cache", action=argparse.BooleanOptionalAction,
+                        default=_default("build_cache", local.build_cache),
+                        help="local backend: an OCI image built here is published to the host's build cache "
+                             "($IDEGYM_BUILD_CACHE_DIR, default <image cache>/builds), and a build of the same inputs "
+                             "(Dockerfile, context, arguments, bases, network) by any control plane of the host takes "
+                             "it from there instead of building again [$IDEGYM_BUILD_CACHE, default on]")
     parser.add_argument("--host-package-config", action=argparse.BooleanOptionalAction,
                         default=_default("host_package_config", local.host_package_config),
                         help="local backend: builds whose RUN steps have the network, and networked sandboxes, get "
@@ -246,7 +252,7 @@ def backend_config_from_args(args: argparse.Namespace, env: ControlPlaneSettings
         return LocalBackendConfig(
             state_dir=args.state_dir, isolation=args.isolation, network=args.network,
             sandbox_storage=args.sandbox_storage, sandbox_inodes=args.sandbox_inodes, orphan_ttl=args.orphan_ttl,
-            image_registry=args.image_registry, image_cache=args.image_cache,
+            image_registry=args.image_registry, image_cache=args.image_cache, build_cache=args.build_cache,
             host_package_config=args.host_package_config)
     given = {name: value for name in KubernetesBackendConfig.settings()
              if (value := getattr(args, f"k8s_{name}")) is not None}

@@ -71,6 +71,10 @@ class ControlPlaneSettings(EnvSettings):
         "IDEGYM_IMAGE_REGISTRY_INSECURE", "plain HTTP, no TLS check, for `--image-registry` (an `http://` "
         "registry is so anyway)", False)
     image_cache: Path | None = _flag("IDEGYM_IMAGE_CACHE", "--image-cache")
+    build_cache: bool | None = _flag("IDEGYM_BUILD_CACHE", "--build-cache")
+    build_cache_dir: Path | None = variable(
+        "IDEGYM_BUILD_CACHE_DIR", "where the host's build cache keeps the images control planes built (with "
+        "`--build-cache`)", shown="`<image cache>/builds`")
     debian_mirror: str | None = variable(
         "IDEGYM_DEBIAN_MIRROR", "the Debian archive OCI bases are made from", shown="the one apt uses on this host")
     ubuntu_mirror: str | None = variable(

@@ -2,7 +2,9 @@
 
 The base lives in the repository's ``.cache/images`` (git-ignored; ``IDEGYM_IMAGE_CACHE`` for
 every control plane the tests start): the first run builds it with mmdebstrap (~40 s), later
-runs find it there.
+runs find it there. The host's build cache (``IDEGYM_BUILD_CACHE_DIR``) is the run's own, shared
+by its workers: an image is built once per run, and every run builds (what a test says of a
+build holds whatever ran before).
 """
 
 from __future__ import annotations
@@ -21,17 +23,21 @@ CACHE = REPO / ".cache" / "images"
 
 
 @pytest.fixture(scope="session", autouse=True)
-def suite_image_cache() -> Iterator[Path]:
+def suite_image_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Every control plane of the run, from its first test on, builds and finds its bases in the
     suite's cache: not in the user's (``~/.cache``), where a test that ran before any asked for
     ``image_cache`` built its own copy of a base (a fresh machine built ``debian:bookworm`` twice)."""
-    previous = os.environ.get("IDEGYM_IMAGE_CACHE")
-    os.environ["IDEGYM_IMAGE_CACHE"] = str(CACHE)
+    base = tmp_path_factory.getbasetemp()
+    run_root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common root
+    settings = {"IDEGYM_IMAGE_CACHE": str(CACHE), "IDEGYM_BUILD_CACHE_DIR": str(run_root / "build-cache")}
+    previous = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
     yield CACHE
-    if previous is None:
-        os.environ.pop("IDEGYM_IMAGE_CACHE", None)
-    else:
-        os.environ["IDEGYM_IMAGE_CACHE"] = previous
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")

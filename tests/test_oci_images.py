@@ -173,8 +173,9 @@ def _build(cp: ControlPlaneProcess, yaml_text: str, timeout: float = 600) -> lis
     return [_wait_job(cp, name, timeout) for name in resp.json()["job_names"]]
 
 
-def _buildah(state: Path, *args: str) -> str:
-    env = {"PATH": os.environ["PATH"], "CONTAINERS_STORAGE_CONF": str(state / "images" / "buildah" / "storage.conf")}
+def _buildah(home: Path, *args: str) -> str:
+    """buildah on the store ``home`` (a state directory's is ``<state>/images/buildah``)."""
+    env = {"PATH": os.environ["PATH"], "CONTAINERS_STORAGE_CONF": str(home / "storage.conf")}
     return subprocess.run(["buildah", *args], capture_output=True, text=True, env=env, check=True).stdout
 
 
@@ -199,8 +200,11 @@ def _task_context(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def oci_cp(debian_base: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlaneProcess]:
-    """One control plane for this module's builds and sandboxes (a warm pool of 1 per image)."""
-    proc = ControlPlaneProcess(tmp_path_factory.mktemp("oci") / "state", ["--warm-pool", "1", "--ephemeral"])
+    """One control plane for this module's builds and sandboxes (a warm pool of 1 per image), with a
+    build cache of its own (what its failed builds leave is looked for there)."""
+    root = tmp_path_factory.mktemp("oci")
+    proc = ControlPlaneProcess(root / "state", ["--warm-pool", "1", "--ephemeral"],
+                               env={**os.environ, "IDEGYM_BUILD_CACHE_DIR": str(root / "build-cache")})
     yield proc
     proc.stop()
 
@@ -244,8 +248,10 @@ images:
         and "python:3.10 to python:3.14" in dotnet["details"] and "--image-registry" in dotnet["details"], dotnet
     assert failing["status"] == "failure" and "about to fail" in failing["details"] \
         and 'building at STEP "RUN echo about to fail >&2; exit 7": exit status 7' in failing["details"], failing
-    # nothing left: no build containers, no mounts, no work directories
-    assert _buildah(cp.state_dir, "containers", "--quiet").strip() == ""
+    # nothing left: no build containers (in its store, nor in the build cache's, where it builds), no mounts,
+    # no work directories
+    for home in (cp.state_dir / "images" / "buildah", cp.state_dir.parent / "build-cache" / "store"):
+        assert _buildah(home, "containers", "--quiet").strip() == "", home
     assert _mounts_under(cp.state_dir) == []
     assert not any((cp.state_dir / "images" / "oci-work").iterdir())
 

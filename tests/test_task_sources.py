@@ -592,7 +592,7 @@ def test_a_second_env_finds_the_environment_image_without_building(control_plane
 
     task = load_task(f"swe/{SWE_SAMPLE[0]}")
     IdeGymEnv(task, control_plane_url=control_plane.url).close()  # built here or by an earlier test
-    assert "image build: buildah bud" in control_plane.log_path.read_text(errors="replace")  # (it logs builds)
+    assert "image build:" in control_plane.log_path.read_text(errors="replace")  # (it logs builds, or cache hits)
     tags = [e["tag"] for e in environment.image_entries(task)]
     images = control_plane.state_dir / "images"
     created = {tag: _store_meta(images, tag)["created"] for tag in tags}

@@ -44,6 +44,7 @@ class LocalBackendConfig(BaseModel):
     orphan_ttl: float = DEFAULT_ORPHAN_TTL  # a sandbox whose lease is this stale ends itself
     image_registry: str | None = None  # a registry mirror buildah may pull other bases from
     image_cache: Path | None = None  # the shared cache of OCI bases (default ~/.cache/idegym/images)
+    build_cache: bool = True  # builds are published to, and taken from, the host's build cache
     host_package_config: bool = True  # builds and networked sandboxes get the host's package sources
 
     def build(self) -> LocalBackend:
@@ -53,7 +54,8 @@ class LocalBackendConfig(BaseModel):
         if self.state_dir is None:
             raise ValueError("LocalBackendConfig.state_dir is not set: the local backend keeps its images, "
                              "sandboxes and snapshots there")
-        oci = OciSettings.from_env(registry=self.image_registry, cache_dir=self.image_cache)
+        oci = OciSettings.from_env(registry=self.image_registry, cache_dir=self.image_cache,
+                                   share_builds=self.build_cache)
         return LocalBackend(self.state_dir, isolation=self.isolation, network=self.network,
                             storage_bytes=self.sandbox_storage, storage_inodes=self.sandbox_inodes,
                             orphan_ttl=self.orphan_ttl, oci=oci, host_package_config=self.host_package_config)

@@ -4,7 +4,8 @@ The bases the Dockerfile names are provided first (Debian/Python bases from the 
 images of this store, or pulled through the operator's registry mirror), then ``buildah bud
 --isolation chroot --layers --pull=never`` runs without network unless the definition allows
 it (``network`` or the build-only ``build_network``; an unchanged Dockerfile and context rebuild
-from buildah's layer cache). The result enters
+from buildah's layer cache), unless the host's build cache (``build_cache``) has the result of the
+same inputs, which any control plane of the host published. The result enters
 the local image store as an OCI image (see ``rootfs``); its id is the image's, so importing the
 same image again is free.
 """
@@ -31,6 +32,7 @@ from ..image_trees import OPT_SKELETON, chown_tree, host_files
 from ..images import ImageStore
 from . import bases as base_catalog
 from . import catalog, refs
+from .build_cache import NAME, BuildCache, BuildInputs, build_key
 from .buildah import Buildah, available, storage_name
 from .rootfs import ADAPT_VERSION, read_image, write_adapt_layer
 from .settings import OciError, OciSettings
@@ -51,7 +53,9 @@ class OciBuilder:
         self.host_config = host_config  # where the host's package configuration is written (None: not used)
         self.settings = settings or OciSettings.from_env()
         self.cache = base_catalog.BaseCache(self.settings)
-        self.buildah = Buildah(images_dir / "buildah", self.settings, additional=(self.cache.store_home,))
+        self.builds = BuildCache(self.settings, self.cache.store_home)
+        shared = (self.cache.store_home, *((self.builds.store_home,) if self.settings.share_builds else ()))
+        self.buildah = Buildah(images_dir / "buildah", self.settings, additional=shared)
         self.work_root = images_dir / "oci-work"
         self._lock = asyncio.Lock()  # one bud at a time: leftovers of a failed one are removed safely
         self._tags: dict[str, asyncio.Lock] = {}  # concurrent jobs of one tag: the first builds it
@@ -109,18 +113,23 @@ class OciBuilder:
             rewrites = {m["ref"]: m["image"] for m in mapping if m.get("image")}
             if rewrites:  # by image id: a tag or a digest the base built here cannot have is not looked up
                 dockerfile.write_text(rewrite_bases(text, definition.build_args, rewrites))
-            image_id = await self._bud(definition, dockerfile, context[0], network, emit, timeout,
-                                       labels=_base_labels(mapping))
+            host = await self._host_config(dockerfile, network, emit)
+            inputs = BuildInputs(dockerfile.read_text(), context[0], dict(definition.build_args),
+                                 _base_labels(mapping), tuple(rewrites.values()), network,
+                                 host.directory if host else None, host.proxies if host else None)
+            image_id, cached = await self._cached_or_built(definition, inputs, dockerfile, host, emit, timeout)
             notes = [m["note"] for m in mapping if m.get("note")]
             ident = await loop.run_in_executor(None, self._import, definition, image_id, work, notes, mapping)
-            emit(f"built {definition.tag} (image {image_id[:12]}, store id {ident}) in "
-                 f"{time.monotonic() - started:.1f} s")
+            emit(f"{'took' if cached else 'built'} {definition.tag} (image {image_id[:12]}, store id {ident}"
+                 f"{', from the host build cache' if cached else ''}) in {time.monotonic() - started:.1f} s")
             return definition.tag
         finally:
             await loop.run_in_executor(None, shutil.rmtree, work, True)
 
     def _ensure_dirs(self) -> None:
         self.cache.ensure_dirs()
+        if self.settings.share_builds:
+            self.builds.ensure_dirs()
         self.buildah.ensure()
         self.work_root.mkdir(parents=True, exist_ok=True)
 
@@ -148,9 +157,10 @@ class OciBuilder:
                 raise OciError(f"base {ref!r} is an image of the host's userland (the built-in image or one built "
                                "on it), not an OCI image: a Dockerfile cannot build on it. Use a Debian base "
                                f"({catalog.supported_text()})")
-            if not await loop.run_in_executor(None, self.buildah.image_id, storage_name(ref)):
+            image_id = meta["oci"]["image_id"]  # by id: one the host's build cache gave has no name here
+            if not await loop.run_in_executor(None, self.buildah.image_id, image_id):
                 raise OciError(f"base {ref!r} is in the local image store but not in buildah's: build it again")
-            return {"ref": ref, "local": meta["id"]}
+            return {"ref": ref, "local": meta["id"], "image": image_id}
         try:
             image = refs.parse(ref)
         except refs.RefError as exc:
@@ -200,36 +210,80 @@ class OciBuilder:
             f"{image.registry}/{image.path}" in catalog.DERIVED
         return wants and self.cache.ubuntu_archive() is not None
 
-    async def _bud(self, definition: ImageDefinition, dockerfile: Path, context: Path, network: bool, emit: Emit,
-                   timeout: float, labels: dict[str, str] | None = None) -> str:
+    async def _host_config(self, dockerfile: Path, network: bool, emit: Emit) -> hostconfig.HostConfig | None:
+        """The host's package configuration for RUN steps with the network (one ARG step per stage
+        names it in ``dockerfile``), or None."""
+        if not network or self.host_config is None:
+            return None
+        host = await asyncio.get_running_loop().run_in_executor(None, hostconfig.collect, self.host_config)
+        if host.env:
+            dockerfile.write_text(add_stage_args(dockerfile.read_text(), host.env))
+        emit(f"the host's package configuration reaches RUN steps at {hostconfig.MOUNT} (read-only, not in any "
+             f"layer; one ARG step per stage names it): {host.describe()}")
+        return host
+
+    async def _cached_or_built(self, definition: ImageDefinition, inputs: BuildInputs, dockerfile: Path,
+                               host: hostconfig.HostConfig | None, emit: Emit, timeout: float) -> tuple[str, bool]:
+        """The image's id, and whether it came from the host's build cache: built (and published
+        there) unless a control plane of this host built the same inputs before."""
+        if not self.settings.share_builds:
+            return await self._bud(definition, dockerfile, inputs, host, emit, timeout), False
         loop = asyncio.get_running_loop()
+        key = await loop.run_in_executor(None, lambda: build_key(inputs, self.builds.buildah_version()))
+        async with self.builds.claim(key, emit):
+            if not definition.raw.get("rebuild"):
+                record = await loop.run_in_executor(None, self.builds.lookup, key)
+                if record is not None:
+                    emit(f"image from the host's build cache (key {key}; built in {record.get('seconds')} s as "
+                         f"{record.get('tag')}): not built again")
+                    return record["image_id"], True
+            if not await loop.run_in_executor(None, self.builds.sees, inputs.bases):
+                emit("built in this state directory, not in the host's build cache: it builds on an image only this "
+                     "state directory has")
+                return await self._bud(definition, dockerfile, inputs, host, emit, timeout), False
+            started = time.monotonic()
+            image_id = await self._bud(definition, dockerfile, inputs, host, emit, timeout,
+                                       into=self.builds.buildah, name=f"{NAME}:{key}")
+            await loop.run_in_executor(None, self.builds.publish, key, image_id, definition.tag,
+                                       time.monotonic() - started)
+            emit(f"published to the host's build cache (key {key}): built in its store, nothing copied")
+            return image_id, False
+
+    async def _bud(self, definition: ImageDefinition, dockerfile: Path, inputs: BuildInputs,
+                   host: hostconfig.HostConfig | None, emit: Emit, timeout: float, *, into: Buildah | None = None,
+                   name: str | None = None) -> str:
+        """Build into this state directory's store, or ``into`` another (the host's build cache)
+        as ``name``."""
+        loop = asyncio.get_running_loop()
+        store = into or self.buildah
+        network, context = inputs.network, inputs.context
         iidfile = dockerfile.with_name("iid")
-        args = ["bud", "--isolation", "chroot", "--layers", "--pull=never", "--signature-policy", self.buildah.policy,
-                "--force-rm", "-f", str(dockerfile), "-t", storage_name(definition.tag), "--iidfile", str(iidfile)]
+        args = ["bud", "--isolation", "chroot", "--layers", "--pull=never", "--signature-policy", store.policy,
+                "--force-rm", "-f", str(dockerfile), "-t", name or storage_name(definition.tag), "--iidfile",
+                str(iidfile)]
         for key, value in definition.build_args.items():
             args += ["--build-arg", f"{key}={value}"]
-        for key, value in (labels or {}).items():
+        for key, value in inputs.labels.items():
             args += ["--label", f"{key}={value}"]
-        if network and self.host_config is not None:
-            host = await loop.run_in_executor(None, hostconfig.collect, self.host_config)
+        if host is not None:
             args += ["--volume", f"{host.directory}:{hostconfig.MOUNT}:ro"]
             for key, value in host.proxies.items():  # predefined: their values stay out of the history
                 args += ["--build-arg", f"{key}={value}"]
-            if host.env:
-                dockerfile.write_text(add_stage_args(dockerfile.read_text(), host.env))
-            emit(f"the host's package configuration reaches RUN steps at {hostconfig.MOUNT} (read-only, not in any "
-                 f"layer; one ARG step per stage names it): {host.describe()}")
         args.append(str(context))
         emit(f"buildah bud (RUN network {'on' if network else 'off'}), context {context}")
         batch = _Batcher(emit)
         async with self._lock:
-            before = await loop.run_in_executor(None, self.buildah.containers)
+            # A build killed mid-way leaves its working containers: removed in this state
+            # directory's store, where this lock orders every build; in the shared one, where
+            # other control planes build at once, --force-rm is what removes them.
+            before = await loop.run_in_executor(None, store.containers) if into is None else set()
             try:
-                result = await self.buildah.run(args, network=network, emit=batch.add, timeout=timeout)
+                result = await store.run(args, network=network, emit=batch.add, timeout=timeout)
             finally:
                 batch.flush()
-                left = await loop.run_in_executor(None, self.buildah.containers)
-                await loop.run_in_executor(None, self.buildah.remove_containers, left - before)
+                if into is None:
+                    left = await loop.run_in_executor(None, store.containers)
+                    await loop.run_in_executor(None, store.remove_containers, left - before)
         if result.returncode != 0:
             why = "timed out" if result.timed_out else f"exit {result.returncode}"
             raise OciError(f"buildah could not build {definition.tag} ({why}):\n{result.message()}")

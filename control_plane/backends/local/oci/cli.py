@@ -1,4 +1,5 @@
-"""``idegym images``: the local image store from the command line (list, push)."""
+"""``idegym images``: the local image store from the command line (list, push, logs), and the host's
+build cache (prune-builds)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,14 @@ from .settings import OciError, OciSettings
 
 TRANSPORTS = {"docker", "oci", "oci-archive", "docker-archive", "dir"}
 DESCRIPTION = ("The local backend's image store: list the images, push an OCI image to a registry, "
-               "print a failed build's whole log.")
+               "print a failed build's whole log, prune the host's build cache.")
+PRUNE_EPILOG = """\
+Removes the images of the host's build cache ($IDEGYM_BUILD_CACHE_DIR, default <image cache>/builds)
+that no control plane built or took for --unused-days, and those a killed publication left
+without a record. Never one an image store of a state directory a local backend has run on
+since boot uses (every live sandbox's is among them); an image of an older state directory whose
+layers were removed says so at its next start: build it again.
+"""
 PUSH_EPILOG = """\
 The image goes with `buildah push` (its layers as they are in the store, compressed for the
 registry). DEST is REGISTRY/REPOSITORY:TAG (or any buildah destination such as oci:/dir:tag).
@@ -40,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     push.add_argument("--authfile", type=Path, help="credentials file (Docker config.json format)")
     push.add_argument("--tls-verify", default="true", choices=("true", "false"),
                       help="verify the registry's TLS certificate; false also allows plain HTTP (default: true)")
+    prune = sub.add_parser("prune-builds", help="remove unused images of the host's build cache",
+                           epilog=PRUNE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    prune.add_argument("--unused-days", type=float, default=14.0,
+                       help="remove images no control plane built or took for this long (default: %(default)g)")
+    prune.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
     logs = sub.add_parser("logs", help="a failed build's whole log (its job name: build-…)", parents=[common])
     logs.add_argument("job", help="the build job's name, as its error names it (build-1a2b3c4d)")
 
@@ -59,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
                   "is --state-dir the control plane's?)", file=sys.stderr)
             return 2
         return 0
+    if args.images_command == "prune-builds":
+        return prune_builds(args.unused_days, args.dry_run)
     store = ImageStore(Path(args.state_dir) / "images")
     if args.images_command == "list":
         for tag in store.tags():
@@ -101,4 +116,31 @@ async def push(store: ImageStore, state_dir: Path, tag: str, dest: str, *, creds
     if result.returncode != 0:
         raise OciError(f"buildah push failed:\n{result.message(10)}")
     print(f"pushed {tag} to {dest}")
+    return 0
+
+
+def prune_builds(unused_days: float, dry_run: bool) -> int:
+    from ..layout import registered_states
+    from .build_cache import BuildCache
+
+    reason = available()
+    if reason:
+        print(f"idegym images prune-builds: {reason}", file=sys.stderr)
+        return 2
+    keep: set[str] = set()
+    for state in registered_states().values():
+        store = ImageStore(state / "images")
+        for tag in store.tags() if store.refs.is_dir() else ():
+            meta = store.meta(tag) or {}
+            if meta.get("kind") == "oci":
+                keep.update(meta["oci"]["layers"])
+    from .bases import BaseCache
+
+    settings = OciSettings.from_env()
+    cache = BuildCache(settings, BaseCache(settings).store_home)
+    removed = cache.prune(unused_days * 86400, keep, dry_run)
+    for entry in removed:
+        print(json.dumps({"removed" if not dry_run else "would_remove": entry}))
+    print(f"{'would remove' if dry_run else 'removed'} {len(removed)} image(s) of {cache.root}; "
+          "those a state directory's images read kept", file=sys.stderr)
     return 0

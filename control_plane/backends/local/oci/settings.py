@@ -1,4 +1,5 @@
-"""Operator settings for OCI images: the shared cache, a registry mirror, the Debian and Ubuntu mirrors."""
+"""Operator settings for OCI images: the shared caches (bases, builds), a registry mirror, the Debian and Ubuntu
+mirrors."""
 
 from __future__ import annotations
 
@@ -31,13 +32,22 @@ class OciSettings:
     Docker Hub names resolve under it); ``insecure_registry``: plain HTTP / no TLS check for it;
     ``debian_mirror``: the Debian archive mmdebstrap uses (default: the one apt uses here);
     ``ubuntu_mirror``: the Ubuntu archive for ``ubuntu:*`` bases (default: Ubuntu's own when it
-    answers; ``none``: never, the nearest Debian release stands in)."""
+    answers; ``none``: never, the nearest Debian release stands in); ``share_builds``: a build's
+    result is published to the host's build cache and taken from it by any control plane of the
+    host that builds the same inputs (``build_cache``); ``build_cache_dir``: where (default
+    ``<cache_dir>/builds``)."""
 
     cache_dir: Path
     registry: str | None = None
     insecure_registry: bool = False
     debian_mirror: str | None = None
     ubuntu_mirror: str | None = None
+    share_builds: bool = True
+    build_cache_dir: Path | None = None
+
+    @property
+    def builds_dir(self) -> Path:
+        return self.build_cache_dir or self.cache_dir / "builds"
 
     @classmethod
     def from_env(cls, **overrides: object) -> OciSettings:
@@ -50,6 +60,8 @@ class OciSettings:
             "insecure_registry": env.image_registry_insecure,
             "debian_mirror": env.debian_mirror,
             "ubuntu_mirror": env.ubuntu_mirror,
+            "share_builds": env.build_cache is not False,
+            "build_cache_dir": env.build_cache_dir,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)
