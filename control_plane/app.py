@@ -32,11 +32,10 @@ from .forward_calls import ForwardedCall, Forwards, prefer_wait
 from .http import (
     RESERVATION,
     M,
-    auth_middleware,
-    body_budget_middleware,
-    error_middleware,
+    basic_auth,
     error_response,
     json_response,
+    middleware,
     path_int,
     path_uuid,
     query_model,
@@ -93,8 +92,7 @@ from .sandbox_http import ForwardError
 from .service import ControlPlane
 from .startup import Shutdown, lifecycle_context
 from .store import SQLiteStore
-from .tenants import Tenants, tenant_of
-from .tenants import middleware as tenants_middleware
+from .tenants import Tenants, authenticator, tenant_of
 from .watcher import Watcher
 
 log = logging.getLogger(__name__)
@@ -499,19 +497,15 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     images = ImageJobs(cp, builder, builder.parse_yaml if builder is not None else parse_build_yaml)
     meter = Metrics()
     shutdown = Shutdown()
-    middlewares = [error_middleware("control plane", meter.observe, config.max_body_bytes)]
-    credentials = None if tenants is not None else required_credentials(config)
+    authenticate = None
     if tenants is not None:
-        middlewares.append(tenants_middleware(tenants))
-    elif credentials is not None:
+        authenticate = authenticator(tenants)
+    elif (credentials := required_credentials(config)) is not None:
         hint = (f"user {TOKEN_USER!r} and the token in {token_path(config.state_dir)} as password"
                 if config.auth is None else "the credentials given to --auth")
-        middlewares.append(auth_middleware(credentials, hint))
-    # after auth (an unauthenticated caller learns nothing), before the body budget (a call
-    # waiting for its reservation is cut off too)
-    middlewares.append(shutdown.middleware())
+        authenticate = basic_auth(credentials, hint)
     budget = BodyBudget(config.body_budget_bytes or COPIES * config.max_body_bytes, config.body_wait)
-    middlewares.append(body_budget_middleware(budget, config.max_body_bytes))
+    middlewares = [middleware("control plane", meter.observe, config.max_body_bytes, authenticate, shutdown, budget)]
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[CP] = cp
     app[WATCHER] = watcher

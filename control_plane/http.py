@@ -8,7 +8,7 @@ import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from aiohttp import web
@@ -18,6 +18,9 @@ from sandbox_server.http import parse_model, summarize, validation_items
 
 from .body_budget import SMALL, BodyBudget, BodyReservation
 from .errors import ApiError, Unauthorized, Unprocessable, render
+
+if TYPE_CHECKING:
+    from .startup import Shutdown
 
 log = logging.getLogger("control_plane.http")
 M = TypeVar("M", bound=BaseModel)
@@ -69,27 +72,54 @@ _HTTP_HINTS = {
 }
 
 
-def error_middleware(service: str, observe: Callable[[web.Request, int, float], None] | None = None,
-                     max_body: int | None = None) -> Callable:
-    """Turn every failure into a JSON error; log one line per request (never bodies).
+RESERVATION = web.RequestKey("body_reservation", BodyReservation)
 
-    An ``ApiError`` (``errors.py``) answers its own status, an HTTP failure of aiohttp's (no such
-    route, 405, 413) the error of its status, anything else a 500 that says it is a bug.
-    ``observe(request, status, seconds)``
-    sees every request with the status actually answered (metrics). A body declared larger than
-    ``max_body`` is refused before any of it is read (aiohttp alone would wait for the bytes, and
-    only then say 413). One middleware, not one per concern: each layer costs every forward.
+
+def middleware(service: str, observe: Callable[[web.Request, int, float], None] | None, max_body: int,
+               authenticate: Callable[[web.Request], None] | None, shutdown: Shutdown,
+               budget: BodyBudget) -> Callable:
+    """What every request goes through, in one layer (a forward paid each of four layers: a
+    coroutine, aiohttp's wrapping, a lookup of the request's app), in this order:
+
+    * its failures as JSON errors, and one log line (never bodies): an ``ApiError``
+      (``errors.py``) answers its own status, an HTTP failure of aiohttp's (no such route, 405,
+      413) the error of its status, anything else a 500 that says it is a bug;
+      ``observe(request, status, seconds)`` sees every request with the status answered (metrics);
+    * a body declared larger than ``max_body`` refused before any of it is read (aiohttp alone
+      would wait for the bytes, and only then say 413);
+    * ``authenticate`` (raises ``Unauthorized``) on every route but ``/health``;
+    * ``shutdown``: 503 once the control plane is stopping, and calls in flight cut off then (after
+      auth: an unauthenticated caller learns nothing);
+    * the body's reservation in ``budget`` before anything reads it (a call waiting for it is cut
+      off by a shutdown too), released when the handler returns unless the handler took it over
+      (``request.pop(RESERVATION)``).
     """
 
     @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def handle(request: web.Request, handler: Handler) -> web.StreamResponse:
         started = time.perf_counter()
         status = 500
         try:
-            if (max_body is not None and request.content_length is not None and request.content_length > max_body
-                    and not streamed_to_disk(request)):
-                raise web.HTTPRequestEntityTooLarge(max_size=max_body, actual_size=request.content_length)
-            response = await handler(request)
+            streamed = streamed_to_disk(request)
+            declared = request.content_length
+            if declared is not None and declared > max_body and not streamed:
+                raise web.HTTPRequestEntityTooLarge(max_size=max_body, actual_size=declared)
+            if authenticate is not None and request.path != "/health":
+                authenticate(request)
+            task = shutdown.admit()
+            reservation = None
+            try:
+                size = max_body if declared is None else declared
+                if size >= SMALL and request.body_exists and not streamed:
+                    request[RESERVATION] = reservation = await budget.reserve(size)
+                response = await handler(request)
+            except asyncio.CancelledError:
+                shutdown.raise_if_cut(task)
+                raise
+            finally:
+                shutdown.leave(task)
+                if reservation is not None and request.get(RESERVATION) is reservation:
+                    reservation.release()
             status = response.status
             return response
         except ApiError as exc:
@@ -116,7 +146,21 @@ def error_middleware(service: str, observe: Callable[[web.Request, int, float], 
                 log.info("request", extra={"method": request.method, "path": request.path, "status": status,
                                            "ms": round(seconds * 1000, 2)})
 
-    return middleware
+    return handle
+
+
+def basic_auth(credentials: tuple[str, str], hint: str) -> Callable[[web.Request], None]:
+    """HTTP Basic auth with ``credentials`` (for ``middleware``); ``hint`` says where they are."""
+    user, password = credentials
+    expected = ("Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()).encode()
+
+    def check(request: web.Request) -> None:
+        if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
+            raise Unauthorized(f"missing or wrong credentials: send HTTP Basic auth, {hint} "
+                               "(idegym-client: IDEGYM_AUTH_USERNAME / IDEGYM_AUTH_PASSWORD)")
+
+    return check
+
 
 
 # -- request parts --------------------------------------------------------------------------------
@@ -147,45 +191,3 @@ def path_uuid(request: web.Request, name: str) -> UUID:
         return UUID(raw)
     except ValueError:
         raise Unprocessable.field(["path", name], "must be a UUID", raw, "uuid_parsing") from None
-
-
-def auth_middleware(credentials: tuple[str, str], hint: str) -> Any:
-    """HTTP Basic auth on every route but ``/health``; ``hint`` says where the credentials are."""
-    user, password = credentials
-    expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-
-    @web.middleware
-    async def middleware(request: web.Request, handler):
-        if request.path == "/health":
-            return await handler(request)
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), expected.encode()):
-            raise Unauthorized(f"missing or wrong credentials: send HTTP Basic auth, {hint} "
-                               "(idegym-client: IDEGYM_AUTH_USERNAME / IDEGYM_AUTH_PASSWORD)")
-        return await handler(request)
-
-    return middleware
-
-
-RESERVATION = web.RequestKey("body_reservation", BodyReservation)
-
-
-def body_budget_middleware(budget: BodyBudget, max_body: int) -> Any:
-    """Reserve a request's body in ``budget`` before anything reads it; released when the handler
-    returns, unless the handler took the reservation over (``request.pop(RESERVATION)``)."""
-
-    @web.middleware
-    async def middleware(request: web.Request, handler):
-        if not request.body_exists or streamed_to_disk(request):
-            return await handler(request)
-        size = request.content_length if request.content_length is not None else max_body
-        if size < SMALL:
-            return await handler(request)
-        request[RESERVATION] = reservation = await budget.reserve(size)
-        try:
-            return await handler(request)
-        finally:
-            if request.get(RESERVATION) is reservation:
-                reservation.release()
-
-    return middleware

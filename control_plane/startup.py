@@ -55,26 +55,26 @@ class Shutdown:
         spent = 0.0 if self.started is None else time.monotonic() - self.started
         return max(self.budget - spent - reserve, 0.05)
 
-    def middleware(self) -> Any:
-        @web.middleware
-        async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-            if self.started is not None:
-                raise Unavailable(SHUTTING_DOWN)
-            task = asyncio.current_task()
-            assert task is not None
-            self._inflight.add(task)
-            try:
-                return await handler(request)
-            except asyncio.CancelledError:
-                if task not in self._cut:
-                    raise
-                task.uncancel()
-                raise Unavailable(SHUTTING_DOWN) from None
-            finally:
-                self._inflight.discard(task)
-                self._cut.discard(task)
+    def admit(self) -> asyncio.Task:
+        """The calling request's task, counted in flight (cut off by ``begin``) until ``leave``;
+        ``Unavailable`` once stopping."""
+        if self.started is not None:
+            raise Unavailable(SHUTTING_DOWN)
+        task = asyncio.current_task()
+        assert task is not None
+        self._inflight.add(task)
+        return task
 
-        return middleware
+    def leave(self, task: asyncio.Task) -> None:
+        self._inflight.discard(task)
+        self._cut.discard(task)
+
+    def raise_if_cut(self, task: asyncio.Task) -> None:
+        """Called on ``task``'s cancellation: when ``begin`` cut it off, the cancellation is undone
+        and the request answers 503."""
+        if task in self._cut:
+            task.uncancel()
+            raise Unavailable(SHUTTING_DOWN) from None
 
 
 async def _bounded(what: str, work: Any, seconds: float) -> None:

@@ -32,11 +32,11 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 log = logging.getLogger(__name__)
 
@@ -161,22 +161,18 @@ class Tenants:
         return user if sep and accepted and user in self._table else None
 
 
-def middleware(tenants: Tenants) -> Middleware:
-    """HTTP Basic auth against the tenants file on every route but ``/health``; the request
-    carries its tenant (``tenant_of``)."""
+def authenticator(tenants: Tenants) -> Callable[[web.Request], None]:
+    """HTTP Basic auth against the tenants file (``http.middleware`` asks it on every route but
+    ``/health``); the request then carries its tenant (``tenant_of``)."""
     from .errors import Unauthorized
 
-    @web.middleware
-    async def check(request: web.Request, handler):
-        if request.path == "/health":
-            return await handler(request)
+    def check(request: web.Request) -> None:
         tenant = tenants.authenticate(request.headers.get("Authorization", ""))
         if tenant is None:
             raise Unauthorized("missing or wrong credentials: send HTTP Basic auth, your tenant's name as user "
                                "and its token as password (idegym-client: IDEGYM_AUTH_USERNAME / "
                                "IDEGYM_AUTH_PASSWORD)")
         request[TENANT] = tenant
-        return await handler(request)
 
     return check
 
