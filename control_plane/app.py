@@ -9,6 +9,7 @@ in the same response, and the call is still recorded as an operation.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from uuid import UUID
 
 from aiohttp import web
@@ -22,13 +23,14 @@ from sandbox_server.openapi import Route, build_openapi
 from . import __version__
 from . import fork as forking
 from .auth import TOKEN_USER, token_credentials, token_path
-from .backends.base import Backend
-from .body_budget import COPIES, BodyBudget
+from .backends.base import Backend, SandboxAddress
+from .body_budget import COPIES, BodyBudget, BodyReservation
 from .code_runner import CodeRunnerPool
 from .config import ControlPlaneConfig
 from .constants import OPERATION_HEADER, PREFERENCE_APPLIED_HEADER, SANDBOX_HEADER
-from .errors import ApiError, BadRequest, NotFound
+from .errors import ApiError, BadRequest, NotFound, render
 from .forward_calls import ForwardedCall, Forwards, prefer_wait
+from .forward_protocol import Forwarding
 from .http import (
     RESERVATION,
     M,
@@ -107,6 +109,7 @@ RUNNER = web.AppKey("runner", CodeRunnerPool)
 FORWARDS = web.AppKey("forwards", Forwards)
 SHUTDOWN = web.AppKey("shutdown", Shutdown)
 TENANTS = web.AppKey("tenants", Tenants)
+FORWARDING = web.AppKey("forwarding", Forwarding)
 
 def _cp(request: web.Request) -> ControlPlane:
     return request.app[CP]
@@ -348,6 +351,40 @@ async def snapshot_exists(request: web.Request) -> web.Response:
 # -- forwarding -----------------------------------------------------------------------------------
 
 
+@dataclass
+class Relayed:
+    """A forward's answer, for aiohttp's handler and ``forward_protocol`` alike."""
+
+    status: int
+    headers: dict[str, str]  # but Content-Type
+    body: bytes
+    content_type: str
+
+
+async def relay(app: web.Application, endpoint: SandboxAddress, call: ForwardedCall,
+                reservation: BodyReservation | None = None) -> Relayed:
+    """Forward ``call`` to its sandbox at ``endpoint``: the sandbox's answer, the 202 of an
+    operation, or the forward's failure. ``reservation`` is held until the sandbox has answered."""
+    try:
+        answer = await app[FORWARDS].forward(call, endpoint, reservation.release if reservation else None)
+    except BaseException:
+        if reservation is not None:
+            reservation.release()
+        raise
+    if answer.value is None:
+        accepted = ForwardRequestResponse(async_operation_id=answer.operation_id)
+        return Relayed(202, {}, accepted.model_dump_json(by_alias=True).encode(), "application/json")
+    extra = {OPERATION_HEADER: str(answer.operation_id), PREFERENCE_APPLIED_HEADER: f"wait={answer.waited:g}"}
+    value = answer.value
+    if isinstance(value, ForwardError):
+        return Relayed(value.status, extra, render(value), "application/json")
+    headers = {k: v for k, v in value.headers.items() if k != "content-type"}
+    headers.update(extra)
+    headers[SANDBOX_HEADER] = "sandbox"
+    return Relayed(value.status, headers, value.body,
+                   value.headers.get("content-type", "application/json").split(";")[0])
+
+
 async def forward(request: web.Request) -> web.StreamResponse:
     cp = _cp(request)
     client_id = path_uuid(request, "client_id")
@@ -358,24 +395,9 @@ async def forward(request: web.Request) -> web.StreamResponse:
     endpoint = cp.forward_endpoint(client_id, server_id, tenant_of(request))
     body = await read_body(request, cp.config.max_body_bytes)
     call = ForwardedCall(client_id, server_id, request.method, path, request.headers, body)
-    reservation = request.pop(RESERVATION, None)  # held until the sandbox has answered
-    try:
-        answer = await request.app[FORWARDS].forward(call, endpoint, reservation.release if reservation else None)
-    except BaseException:
-        if reservation is not None:
-            reservation.release()
-        raise
-    if answer.value is None:
-        return _accepted(ForwardRequestResponse(async_operation_id=answer.operation_id))
-    extra = {OPERATION_HEADER: str(answer.operation_id), PREFERENCE_APPLIED_HEADER: f"wait={answer.waited:g}"}
-    value = answer.value
-    if isinstance(value, ForwardError):
-        return error_response(value, extra)
-    headers = {k: v for k, v in value.headers.items() if k != "content-type"}
-    headers.update(extra)
-    headers[SANDBOX_HEADER] = "sandbox"
-    return web.Response(body=value.body, status=value.status, headers=headers,
-                        content_type=value.headers.get("content-type", "application/json").split(";")[0])
+    answer = await relay(request.app, endpoint, call, request.pop(RESERVATION, None))
+    return web.Response(body=answer.body, status=answer.status, headers=answer.headers,
+                        content_type=answer.content_type)
 
 
 async def ws_forward(request: web.Request) -> web.StreamResponse:
@@ -516,6 +538,7 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     app[FORWARDS] = Forwards(cp, meter)
     app[OPENAPI] = build_openapi(ROUTES, title="IdeGym control plane", version=__version__)
     app[SHUTDOWN] = shutdown
+    app[FORWARDING] = Forwarding(app, cp, meter, shutdown, authenticate)
     if tenants is not None:
         app[TENANTS] = tenants
     app.cleanup_ctx.append(lifecycle_context(cp, watcher, images, shutdown))

@@ -7,7 +7,7 @@ import base64
 import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
@@ -18,6 +18,7 @@ from sandbox_server.http import parse_model, summarize, validation_items
 
 from .body_budget import SMALL, BodyBudget, BodyReservation
 from .errors import ApiError, Unauthorized, Unprocessable, render
+from .tenants import SINGLE, TENANT
 
 if TYPE_CHECKING:
     from .startup import Shutdown
@@ -76,7 +77,7 @@ RESERVATION = web.RequestKey("body_reservation", BodyReservation)
 
 
 def middleware(service: str, observe: Callable[[web.Request, int, float], None] | None, max_body: int,
-               authenticate: Callable[[web.Request], None] | None, shutdown: Shutdown,
+               authenticate: Callable[[Mapping[str, str]], str] | None, shutdown: Shutdown,
                budget: BodyBudget) -> Callable:
     """What every request goes through, in one layer (a forward paid each of four layers: a
     coroutine, aiohttp's wrapping, a lookup of the request's app), in this order:
@@ -87,7 +88,8 @@ def middleware(service: str, observe: Callable[[web.Request, int, float], None] 
       ``observe(request, status, seconds)`` sees every request with the status answered (metrics);
     * a body declared larger than ``max_body`` refused before any of it is read (aiohttp alone
       would wait for the bytes, and only then say 413);
-    * ``authenticate`` (raises ``Unauthorized``) on every route but ``/health``;
+    * ``authenticate`` (the request's tenant, ``tenant_of``, or ``Unauthorized``) on every route but
+      ``/health``;
     * ``shutdown``: 503 once the control plane is stopping, and calls in flight cut off then (after
       auth: an unauthenticated caller learns nothing);
     * the body's reservation in ``budget`` before anything reads it (a call waiting for it is cut
@@ -105,19 +107,15 @@ def middleware(service: str, observe: Callable[[web.Request, int, float], None] 
             if declared is not None and declared > max_body and not streamed:
                 raise web.HTTPRequestEntityTooLarge(max_size=max_body, actual_size=declared)
             if authenticate is not None and request.path != "/health":
-                authenticate(request)
-            task = shutdown.admit()
+                request[TENANT] = authenticate(request.headers)
             reservation = None
             try:
-                size = max_body if declared is None else declared
-                if size >= SMALL and request.body_exists and not streamed:
-                    request[RESERVATION] = reservation = await budget.reserve(size)
-                response = await handler(request)
-            except asyncio.CancelledError:
-                shutdown.raise_if_cut(task)
-                raise
+                with shutdown.in_flight():
+                    size = max_body if declared is None else declared
+                    if size >= SMALL and request.body_exists and not streamed:
+                        request[RESERVATION] = reservation = await budget.reserve(size)
+                    response = await handler(request)
             finally:
-                shutdown.leave(task)
                 if reservation is not None and request.get(RESERVATION) is reservation:
                     reservation.release()
             status = response.status
@@ -135,29 +133,39 @@ def middleware(service: str, observe: Callable[[web.Request, int, float], None] 
                 message = f"{request.method} {request.path}: {exc.text or hint}; send smaller chunks"
             return error_response(ApiError.for_status(exc.status, message))
         except Exception as exc:  # a bug: say so, keep the server up
-            log.exception("unhandled error in %s %s", request.method, request.path)
-            return error_response(ApiError(
-                f"{service} hit an unexpected {type(exc).__name__}: {exc}. This is a bug; please report it."))
+            return error_response(unexpected(service, request.method, request.path, exc))
         finally:
             seconds = time.perf_counter() - started
             if observe is not None:  # after the answer is written: metrics cost the caller nothing
                 asyncio.get_running_loop().call_soon(observe, request, status, seconds)
-            if log.isEnabledFor(logging.INFO):
-                log.info("request", extra={"method": request.method, "path": request.path, "status": status,
-                                           "ms": round(seconds * 1000, 2)})
+            log_request(request.method, request.path, status, seconds)
 
     return handle
 
 
-def basic_auth(credentials: tuple[str, str], hint: str) -> Callable[[web.Request], None]:
-    """HTTP Basic auth with ``credentials`` (for ``middleware``); ``hint`` says where they are."""
+def unexpected(service: str, method: str, path: str, exc: Exception) -> ApiError:
+    """A failure no handler meant (a bug), logged: the 500 that says so, the server kept up."""
+    log.exception("unhandled error in %s %s", method, path)
+    return ApiError(f"{service} hit an unexpected {type(exc).__name__}: {exc}. This is a bug; please report it.")
+
+
+def log_request(method: str, path: str, status: int, seconds: float) -> None:
+    """One line per request (never bodies)."""
+    if log.isEnabledFor(logging.INFO):
+        log.info("request", extra={"method": method, "path": path, "status": status, "ms": round(seconds * 1000, 2)})
+
+
+def basic_auth(credentials: tuple[str, str], hint: str) -> Callable[[Mapping[str, str]], str]:
+    """HTTP Basic auth with ``credentials``: the one tenant (``SINGLE``) of a request's headers, or
+    ``Unauthorized``; ``hint`` says where the credentials are."""
     user, password = credentials
     expected = ("Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()).encode()
 
-    def check(request: web.Request) -> None:
-        if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
+    def check(headers: Mapping[str, str]) -> str:
+        if not hmac.compare_digest(headers.get("Authorization", "").encode(), expected):
             raise Unauthorized(f"missing or wrong credentials: send HTTP Basic auth, {hint} "
                                "(idegym-client: IDEGYM_AUTH_USERNAME / IDEGYM_AUTH_PASSWORD)")
+        return SINGLE
 
     return check
 
@@ -175,7 +183,11 @@ def query_model(request: web.Request, model: type[BaseModel]) -> Any:
 
 
 def path_int(request: web.Request, name: str) -> int:
-    raw = request.match_info[name]
+    return int_param(request.match_info[name], name)
+
+
+def int_param(raw: str, name: str) -> int:
+    """A path parameter that must be an integer (422 when it is not one)."""
     try:
         value = int(raw)
     except ValueError:
@@ -186,7 +198,11 @@ def path_int(request: web.Request, name: str) -> int:
 
 
 def path_uuid(request: web.Request, name: str) -> UUID:
-    raw = request.match_info[name]
+    return uuid_param(request.match_info[name], name)
+
+
+def uuid_param(raw: str, name: str) -> UUID:
+    """A path parameter that must be a UUID (422 when it is not one)."""
     try:
         return UUID(raw)
     except ValueError:

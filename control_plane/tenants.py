@@ -32,7 +32,7 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,18 +161,19 @@ class Tenants:
         return user if sep and accepted and user in self._table else None
 
 
-def authenticator(tenants: Tenants) -> Callable[[web.Request], None]:
-    """HTTP Basic auth against the tenants file (``http.middleware`` asks it on every route but
-    ``/health``); the request then carries its tenant (``tenant_of``)."""
+def authenticator(tenants: Tenants) -> Callable[[Mapping[str, str]], str]:
+    """HTTP Basic auth against the tenants file: the tenant of a request's headers, or
+    ``Unauthorized`` (``http.middleware`` and ``forward_protocol`` ask it on every route but
+    ``/health``; the request then carries its tenant, ``tenant_of``)."""
     from .errors import Unauthorized
 
-    def check(request: web.Request) -> None:
-        tenant = tenants.authenticate(request.headers.get("Authorization", ""))
+    def check(headers: Mapping[str, str]) -> str:
+        tenant = tenants.authenticate(headers.get("Authorization", ""))
         if tenant is None:
             raise Unauthorized("missing or wrong credentials: send HTTP Basic auth, your tenant's name as user "
                                "and its token as password (idegym-client: IDEGYM_AUTH_USERNAME / "
                                "IDEGYM_AUTH_PASSWORD)")
-        request[TENANT] = tenant
+        return tenant
 
     return check
 
