@@ -73,9 +73,9 @@ class Forwarding:
                 or head.length > self.cp.config.max_body_bytes or len(headers) != lines
                 or "expect" in headers or "upgrade" in headers or not head.target.startswith(PREFIX)):
             return None
+        if any(c in head.target for c in "%+#") or "//" in head.target or "/." in head.target:
+            return None  # aiohttp decodes (a query's + too) and normalises such targets before routing them
         path, mark, query = head.target.partition("?")
-        if "%" in path or "//" in path or "/." in path or "#" in head.target:
-            return None  # aiohttp decodes and normalises such paths before routing them
         parts = path[len(PREFIX):].split("/", 2)
         if len(parts) < 3 or not parts[0] or not parts[1]:
             return None

@@ -108,7 +108,7 @@ def middleware(service: str, observe: Callable[[web.Request, int, float], None] 
                 raise web.HTTPRequestEntityTooLarge(max_size=max_body, actual_size=declared)
             if authenticate is not None and request.path != "/health":
                 request[TENANT] = authenticate(request.headers)
-            reservation = None
+            reservation: BodyReservation | None = None
             try:
                 with shutdown.in_flight():
                     size = max_body if declared is None else declared
@@ -116,7 +116,7 @@ def middleware(service: str, observe: Callable[[web.Request, int, float], None] 
                         request[RESERVATION] = reservation = await budget.reserve(size)
                     response = await handler(request)
             finally:
-                if reservation is not None and request.get(RESERVATION) is reservation:
+                if request.get(RESERVATION) is reservation and reservation is not None:
                     reservation.release()
             status = response.status
             return response
