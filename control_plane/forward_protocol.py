@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from email.utils import formatdate
@@ -47,6 +48,9 @@ log = logging.getLogger(__name__)
 
 PREFIX = "/api/forward/"
 ROUTE = "/api/forward/{client_id}/{server_id}/{path}"  # as aiohttp names the route in the metrics
+# RFC 3986's unreserved and sub-delimiting characters but "+", and ":@/?": nothing aiohttp would
+# decode, and no "#", "%" or character it might refuse
+PLAIN_TARGET = re.compile(r"[A-Za-z0-9._~!$&'()*,;=:@/?-]+")
 METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH"})
 MAX_HEAD = 8190  # aiohttp's limit of a line: a longer head is left to it
 PENDING_LIMIT = 1 << 20  # bytes read ahead of the request being served before reading pauses
@@ -73,7 +77,7 @@ class Forwarding:
                 or head.length > self.cp.config.max_body_bytes or len(headers) != lines
                 or "expect" in headers or "upgrade" in headers or not head.target.startswith(PREFIX)):
             return None
-        if any(c in head.target for c in "%+#") or "//" in head.target or "/." in head.target:
+        if not PLAIN_TARGET.fullmatch(head.target) or "//" in head.target or "/." in head.target:
             return None  # aiohttp decodes (a query's + too) and normalises such targets before routing them
         path, mark, query = head.target.partition("?")
         parts = path[len(PREFIX):].split("/", 2)
