@@ -1,11 +1,13 @@
 """Forwards served below aiohttp: a tool call's route without aiohttp's request machinery.
 
-In a whole tool call on this 2-core host, aiohttp's share of a forward (its request objects, a
-task and two turns of the loop, routing, the middleware's wrapping, the answer's headers) was
-~290 us of the control plane's ~600 us of CPU per call (thread CPU stamped along 1,800 calls,
-load 3.5), and answering through it cost ~150 us of CPU and ~170 us of time more than our own
-HTTP code did (``benchmarks/forward_http.py``): every call runs with caches the sandbox's
-processes have just used, where each object touched costs.
+In a whole tool call, aiohttp's share of a forward (its request objects, a task and a turn of
+the loop more, routing, the middleware's wrapping, the answer's headers) was ~330 us of the
+control plane's ~600 us of CPU per call (its thread's CPU time stamped along 1,800 calls, load
+3.5): each call runs with caches the caller's and the sandbox's processes have just used, where
+every object touched costs. With a bash call between requests, a route answering a fixed body
+cost the server 400 us of CPU through aiohttp and 250 us through ``sandbox_server/web.py``
+(medians of 5 rounds, load 3.3). ``benchmarks/forward_http.py`` compares the two ways of a
+forward on one control plane.
 
 Each connection is served here until a request comes that is not a plain forward (another
 route, a body chunked or of ``SMALL`` bytes or more, ``Expect``, an upgrade, a header given twice,

@@ -170,7 +170,6 @@ def basic_auth(credentials: tuple[str, str], hint: str) -> Callable[[Mapping[str
     return check
 
 
-
 # -- request parts --------------------------------------------------------------------------------
 
 

@@ -285,7 +285,7 @@ class IdeGymClient:
         self._http = HTTPSession(self.settings.url, unix_socket=self.settings.unix_socket, auth=self.settings.auth)
         # Sandboxes' calls go on connections of their own, which carry only forwards: the control
         # plane serves those below aiohttp until a connection carries anything else
-        # (``control_plane/forward_protocol.py``), ~0.2 ms a call less.
+        # (``control_plane/forward_protocol.py``, ``benchmarks/forward_http.py``).
         self._sandbox_http = HTTPSession(self.settings.url, unix_socket=self.settings.unix_socket,
                                          auth=self.settings.auth)
         self._client_id: str | None = None
