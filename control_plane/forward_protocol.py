@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from multidict import CIMultiDict
 
-from sandbox_server.request_head import HEAD_LIMIT, MalformedRequest, RequestHead, head_end, parse_head
+from sandbox_server.request_head import MalformedRequest, RequestHead, head_end, parse_head
 
 from .body_budget import SMALL
 from .errors import ApiError
@@ -223,8 +223,8 @@ class Connection(asyncio.Protocol):
         buf = self._buf
         end = head_end(buf)
         if end is None:
-            if len(buf) > HEAD_LIMIT:
-                self._hand_over()
+            if len(buf) > MAX_HEAD:
+                self._hand_over()  # aiohttp says what is wrong with it
             return
         raw = bytes(buf[:end[0]])
         if end[0] > MAX_HEAD or not raw.split(b"\n", 1)[0].rstrip(b"\r").endswith(b" HTTP/1.1"):
