@@ -97,7 +97,7 @@ class Served:
 
 
 @asynccontextmanager
-async def served(tmp_path: Path, *, tcp: bool = False) -> AsyncIterator[Served]:
+async def served(tmp_path: Path, *, tcp: bool = False, header_timeout: float = 15.0) -> AsyncIterator[Served]:
     """The whole control plane (routes, middlewares, watcher) serving on a socket, without auth."""
     from aiohttp import web
 
@@ -105,7 +105,8 @@ async def served(tmp_path: Path, *, tcp: bool = False) -> AsyncIterator[Served]:
     from control_plane.forward_protocol import Sites
 
     backend = InProcessBackend(make_project(tmp_path / "project"))
-    config = ControlPlaneConfig(state_dir=tmp_path / "state", no_auth=True, warm_pool=0, ephemeral=True)
+    config = ControlPlaneConfig(state_dir=tmp_path / "state", no_auth=True, warm_pool=0, ephemeral=True,
+                                header_timeout=header_timeout)
     app = create_app(config, backend)
     runner = web.AppRunner(app)
     await runner.setup()

@@ -102,3 +102,33 @@ def test_a_forward_gets_the_same_answer_from_either_server(tmp_path: Path) -> No
                 assert [a[0][0] for a in answers["ours"]] == [200, 422, 422, 404, 200]
 
     run(scenario())
+
+
+def test_a_connection_of_forwards_waits_for_a_head_no_longer_than_the_header_timeout(tmp_path: Path) -> None:
+    """After an answer, and with a head that never ends, the connection is closed once the header
+    timeout has passed (as aiohttp's keep-alive timer closes its own); while a forward is being
+    answered it is not."""
+    async def scenario() -> None:
+        async with served(tmp_path, header_timeout=0.5) as cp:
+            from idegym_env.client import AsyncIdeGymClient
+
+            async with AsyncIdeGymClient(cp.url, unix_socket=cp.unix_socket) as client:
+                sandbox = await client.start(IMAGE)
+                bash = f"/api/forward/{client.client_id}/{sandbox.server_id}/api/tools/bash"
+                reader, writer = await asyncio.open_unix_connection(cp.unix_socket)
+                [(status, _, body)] = await _exchange(reader, writer, _post(bash, b'{"command": "sleep 0.8; echo late"}'))
+                assert status == 200 and json.loads(body)["stdout"] == "late\n"  # longer than the timeout
+                loop = asyncio.get_running_loop()
+                idle_since = loop.time()
+                assert await asyncio.wait_for(reader.read(), 5) == b""
+                assert 0.4 <= loop.time() - idle_since < 2
+                writer.close()
+                reader, writer = await asyncio.open_unix_connection(cp.unix_socket)
+                writer.write(_post(bash, b"{}")[:40])
+                started = loop.time()
+                assert await asyncio.wait_for(reader.read(), 5) == b""
+                assert 0.4 <= loop.time() - started < 2
+                writer.close()
+                assert cp.app[FORWARDING].connections == set()
+
+    run(scenario())
