@@ -21,7 +21,7 @@ this small is not counted in the body budget there either.
 from __future__ import annotations
 
 import asyncio
-import logging
+import functools
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -45,8 +45,6 @@ if TYPE_CHECKING:
     from .metrics import Metrics
     from .service import ControlPlane
     from .startup import Shutdown
-
-log = logging.getLogger(__name__)
 
 PREFIX = "/api/forward/"
 ROUTE = "/api/forward/{client_id}/{server_id}/{path}"  # as aiohttp names the route in the metrics
@@ -133,14 +131,9 @@ def _failure(error: ApiError) -> Relayed:
     return Relayed(error.status, {}, render(error), "application/json")
 
 
-_DATE: list = [0, ""]
-
-
-def _date() -> str:
-    now = int(time.time())
-    if _DATE[0] != now:
-        _DATE[0], _DATE[1] = now, formatdate(now, usegmt=True)
-    return _DATE[1]
+@functools.lru_cache(maxsize=2)
+def _date(second: int) -> str:
+    return formatdate(second, usegmt=True)
 
 
 def encode_answer(relayed: Relayed, keep_alive: bool) -> bytes:
@@ -151,7 +144,7 @@ def encode_answer(relayed: Relayed, keep_alive: bool) -> bytes:
     except ValueError:
         reason = ""
     lines = [f"HTTP/1.1 {relayed.status} {reason}", f"Content-Type: {relayed.content_type}",
-             f"Content-Length: {len(relayed.body)}", f"Date: {_date()}"]
+             f"Content-Length: {len(relayed.body)}", f"Date: {_date(int(time.time()))}"]
     for name, value in relayed.headers.items():
         if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
             raise ValueError(f"header {name!r} of the answer holds a line break")
