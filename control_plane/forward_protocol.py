@@ -189,7 +189,7 @@ class Connection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def eof_received(self) -> bool:
-        return False  # the client is done: close once what it asked is answered (or at once)
+        return False  # the client sent all it will: the transport closes (as aiohttp lets it)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.forwarding.connections.discard(self)
