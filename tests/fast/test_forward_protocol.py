@@ -116,7 +116,8 @@ def test_a_connection_of_forwards_waits_for_a_head_no_longer_than_the_header_tim
                 sandbox = await client.start(IMAGE)
                 bash = f"/api/forward/{client.client_id}/{sandbox.server_id}/api/tools/bash"
                 reader, writer = await asyncio.open_unix_connection(cp.unix_socket)
-                [(status, _, body)] = await _exchange(reader, writer, _post(bash, b'{"command": "sleep 0.8; echo late"}'))
+                late = _post(bash, b'{"command": "sleep 0.8; echo late"}')
+                [(status, _, body)] = await _exchange(reader, writer, late)
                 assert status == 200 and json.loads(body)["stdout"] == "late\n"  # longer than the timeout
                 loop = asyncio.get_running_loop()
                 idle_since = loop.time()
