@@ -5,8 +5,9 @@ For a block of calls made one after another by one caller:
 * the caller's own CPU (``time.thread_time``): building and serialising the request, its HTTP,
   parsing and validating the answer;
 * the control plane's handler time and its round trip to the sandbox: the sums of its own
-  Prometheus histograms (``idegym_http_request_seconds`` of the forward route, measured by its
-  outermost middleware; ``idegym_forward_seconds``), read from ``/metrics`` before and after;
+  Prometheus histograms (``idegym_http_request_seconds`` of the forward route, measured by
+  ``forward_protocol`` from a whole request to its answer, or by the middleware on a connection
+  aiohttp serves; ``idegym_forward_seconds``), read from ``/metrics`` before and after;
 * the command's time in the sandbox (``duration_seconds`` of each answer: from the server asking
   the tool user's spawner to start it until it exited and its pipes closed);
 * the CPU each process spent per call (``_cpu.seconds_of``): control plane, sandbox server,

@@ -9,6 +9,7 @@ in the same response, and the call is still recorded as an operation.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from uuid import UUID
 
 from aiohttp import web
@@ -22,21 +23,21 @@ from sandbox_server.openapi import Route, build_openapi
 from . import __version__
 from . import fork as forking
 from .auth import TOKEN_USER, token_credentials, token_path
-from .backends.base import Backend
-from .body_budget import COPIES, BodyBudget
+from .backends.base import Backend, SandboxAddress
+from .body_budget import COPIES, BodyBudget, BodyReservation
 from .code_runner import CodeRunnerPool
 from .config import ControlPlaneConfig
 from .constants import OPERATION_HEADER, PREFERENCE_APPLIED_HEADER, SANDBOX_HEADER
-from .errors import ApiError, BadRequest, NotFound
+from .errors import ApiError, BadRequest, NotFound, render
 from .forward_calls import ForwardedCall, Forwards, prefer_wait
+from .forward_protocol import Forwarding
 from .http import (
     RESERVATION,
     M,
-    auth_middleware,
-    body_budget_middleware,
-    error_middleware,
+    basic_auth,
     error_response,
     json_response,
+    middleware,
     path_int,
     path_uuid,
     query_model,
@@ -93,8 +94,7 @@ from .sandbox_http import ForwardError
 from .service import ControlPlane
 from .startup import Shutdown, lifecycle_context
 from .store import SQLiteStore
-from .tenants import Tenants, tenant_of
-from .tenants import middleware as tenants_middleware
+from .tenants import Tenants, authenticator, tenant_of
 from .watcher import Watcher
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,7 @@ RUNNER = web.AppKey("runner", CodeRunnerPool)
 FORWARDS = web.AppKey("forwards", Forwards)
 SHUTDOWN = web.AppKey("shutdown", Shutdown)
 TENANTS = web.AppKey("tenants", Tenants)
+FORWARDING = web.AppKey("forwarding", Forwarding)
 
 def _cp(request: web.Request) -> ControlPlane:
     return request.app[CP]
@@ -350,6 +351,40 @@ async def snapshot_exists(request: web.Request) -> web.Response:
 # -- forwarding -----------------------------------------------------------------------------------
 
 
+@dataclass
+class Relayed:
+    """A forward's answer, for aiohttp's handler and ``forward_protocol`` alike."""
+
+    status: int
+    headers: dict[str, str]  # but Content-Type
+    body: bytes
+    content_type: str
+
+
+async def relay(app: web.Application, endpoint: SandboxAddress, call: ForwardedCall,
+                reservation: BodyReservation | None = None) -> Relayed:
+    """Forward ``call`` to its sandbox at ``endpoint``: the sandbox's answer, the 202 of an
+    operation, or the forward's failure. ``reservation`` is held until the sandbox has answered."""
+    try:
+        answer = await app[FORWARDS].forward(call, endpoint, reservation.release if reservation else None)
+    except BaseException:
+        if reservation is not None:
+            reservation.release()
+        raise
+    if answer.value is None:
+        accepted = ForwardRequestResponse(async_operation_id=answer.operation_id)
+        return Relayed(202, {}, accepted.model_dump_json(by_alias=True).encode(), "application/json")
+    extra = {OPERATION_HEADER: str(answer.operation_id), PREFERENCE_APPLIED_HEADER: f"wait={answer.waited:g}"}
+    value = answer.value
+    if isinstance(value, ForwardError):
+        return Relayed(value.status, extra, render(value), "application/json")
+    headers = {k: v for k, v in value.headers.items() if k != "content-type"}
+    headers.update(extra)
+    headers[SANDBOX_HEADER] = "sandbox"
+    return Relayed(value.status, headers, value.body,
+                   value.headers.get("content-type", "application/json").split(";")[0])
+
+
 async def forward(request: web.Request) -> web.StreamResponse:
     cp = _cp(request)
     client_id = path_uuid(request, "client_id")
@@ -360,24 +395,9 @@ async def forward(request: web.Request) -> web.StreamResponse:
     endpoint = cp.forward_endpoint(client_id, server_id, tenant_of(request))
     body = await read_body(request, cp.config.max_body_bytes)
     call = ForwardedCall(client_id, server_id, request.method, path, request.headers, body)
-    reservation = request.pop(RESERVATION, None)  # held until the sandbox has answered
-    try:
-        answer = await request.app[FORWARDS].forward(call, endpoint, reservation.release if reservation else None)
-    except BaseException:
-        if reservation is not None:
-            reservation.release()
-        raise
-    if answer.value is None:
-        return _accepted(ForwardRequestResponse(async_operation_id=answer.operation_id))
-    extra = {OPERATION_HEADER: str(answer.operation_id), PREFERENCE_APPLIED_HEADER: f"wait={answer.waited:g}"}
-    value = answer.value
-    if isinstance(value, ForwardError):
-        return error_response(value, extra)
-    headers = {k: v for k, v in value.headers.items() if k != "content-type"}
-    headers.update(extra)
-    headers[SANDBOX_HEADER] = "sandbox"
-    return web.Response(body=value.body, status=value.status, headers=headers,
-                        content_type=value.headers.get("content-type", "application/json").split(";")[0])
+    answer = await relay(request.app, endpoint, call, request.pop(RESERVATION, None))
+    return web.Response(body=answer.body, status=answer.status, headers=answer.headers,
+                        content_type=answer.content_type)
 
 
 async def ws_forward(request: web.Request) -> web.StreamResponse:
@@ -499,19 +519,15 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     images = ImageJobs(cp, builder, builder.parse_yaml if builder is not None else parse_build_yaml)
     meter = Metrics()
     shutdown = Shutdown()
-    middlewares = [error_middleware("control plane", meter.observe, config.max_body_bytes)]
-    credentials = None if tenants is not None else required_credentials(config)
+    authenticate = None
     if tenants is not None:
-        middlewares.append(tenants_middleware(tenants))
-    elif credentials is not None:
+        authenticate = authenticator(tenants)
+    elif (credentials := required_credentials(config)) is not None:
         hint = (f"user {TOKEN_USER!r} and the token in {token_path(config.state_dir)} as password"
                 if config.auth is None else "the credentials given to --auth")
-        middlewares.append(auth_middleware(credentials, hint))
-    # after auth (an unauthenticated caller learns nothing), before the body budget (a call
-    # waiting for its reservation is cut off too)
-    middlewares.append(shutdown.middleware())
+        authenticate = basic_auth(credentials, hint)
     budget = BodyBudget(config.body_budget_bytes or COPIES * config.max_body_bytes, config.body_wait)
-    middlewares.append(body_budget_middleware(budget, config.max_body_bytes))
+    middlewares = [middleware("control plane", meter.observe, config.max_body_bytes, authenticate, shutdown, budget)]
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[CP] = cp
     app[WATCHER] = watcher
@@ -522,6 +538,7 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     app[FORWARDS] = Forwards(cp, meter)
     app[OPENAPI] = build_openapi(ROUTES, title="IdeGym control plane", version=__version__)
     app[SHUTDOWN] = shutdown
+    app[FORWARDING] = Forwarding(app, cp, meter, shutdown, authenticate)
     if tenants is not None:
         app[TENANTS] = tenants
     app.cleanup_ctx.append(lifecycle_context(cp, watcher, images, shutdown))

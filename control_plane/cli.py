@@ -311,7 +311,8 @@ async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
 
 async def serve(config: ControlPlaneConfig, ready_fd: int | None = None, parent_pid: int | None = None,
                 remove_state: bool = False) -> None:
-    from .app import SHUTDOWN, TENANTS, create_app
+    from .app import FORWARDING, SHUTDOWN, TENANTS, create_app
+    from .forward_protocol import Sites
 
     app = create_app(config)
     # aiohttp's keep-alive timer runs from the connection's start and from each answer until the next
@@ -319,14 +320,12 @@ async def serve(config: ControlPlaneConfig, ready_fd: int | None = None, parent_
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0,
                            keepalive_timeout=config.header_timeout)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
-    await site.start()
-    # aiohttp types its server as an AbstractServer; it is the asyncio.Server start_server made
-    port = site._server.sockets[0].getsockname()[1] if site._server else config.port  # type: ignore[attr-defined]
+    sites = Sites(runner, app[FORWARDING], config.header_timeout)
+    port = await sites.tcp(config.host, config.port)
     if config.unix_socket is not None:
         if config.unix_socket.exists():
             config.unix_socket.unlink()
-        await web.UnixSite(runner, str(config.unix_socket)).start()
+        await sites.unix(str(config.unix_socket))
     if config.tenants is not None:
         credentials = f"tenants {', '.join(app[TENANTS].names)} of {config.tenants}"
     elif config.no_auth:
@@ -349,6 +348,7 @@ async def serve(config: ControlPlaneConfig, ready_fd: int | None = None, parent_
     watcher = asyncio.ensure_future(_watch_parent(parent_pid, stop)) if parent_pid else None
     await stop.wait()
     app[SHUTDOWN].begin()  # calls in flight answer 503 now
+    sites.close()
     if watcher is not None:
         watcher.cancel()
     await runner.cleanup()

@@ -7,8 +7,8 @@ import base64
 import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from aiohttp import web
@@ -18,6 +18,10 @@ from sandbox_server.http import parse_model, summarize, validation_items
 
 from .body_budget import SMALL, BodyBudget, BodyReservation
 from .errors import ApiError, Unauthorized, Unprocessable, render
+from .tenants import SINGLE, TENANT
+
+if TYPE_CHECKING:
+    from .startup import Shutdown
 
 log = logging.getLogger("control_plane.http")
 M = TypeVar("M", bound=BaseModel)
@@ -69,27 +73,51 @@ _HTTP_HINTS = {
 }
 
 
-def error_middleware(service: str, observe: Callable[[web.Request, int, float], None] | None = None,
-                     max_body: int | None = None) -> Callable:
-    """Turn every failure into a JSON error; log one line per request (never bodies).
+RESERVATION = web.RequestKey("body_reservation", BodyReservation)
 
-    An ``ApiError`` (``errors.py``) answers its own status, an HTTP failure of aiohttp's (no such
-    route, 405, 413) the error of its status, anything else a 500 that says it is a bug.
-    ``observe(request, status, seconds)``
-    sees every request with the status actually answered (metrics). A body declared larger than
-    ``max_body`` is refused before any of it is read (aiohttp alone would wait for the bytes, and
-    only then say 413). One middleware, not one per concern: each layer costs every forward.
+
+def middleware(service: str, observe: Callable[[web.Request, int, float], None] | None, max_body: int,
+               authenticate: Callable[[Mapping[str, str]], str] | None, shutdown: Shutdown,
+               budget: BodyBudget) -> Callable:
+    """What every request goes through, in one layer (a forward paid each of four layers: a
+    coroutine, aiohttp's wrapping, a lookup of the request's app), in this order:
+
+    * its failures as JSON errors, and one log line (never bodies): an ``ApiError``
+      (``errors.py``) answers its own status, an HTTP failure of aiohttp's (no such route, 405,
+      413) the error of its status, anything else a 500 that says it is a bug;
+      ``observe(request, status, seconds)`` sees every request with the status answered (metrics);
+    * a body declared larger than ``max_body`` refused before any of it is read (aiohttp alone
+      would wait for the bytes, and only then say 413);
+    * ``authenticate`` (the request's tenant, ``tenant_of``, or ``Unauthorized``) on every route but
+      ``/health``;
+    * ``shutdown``: 503 once the control plane is stopping, and calls in flight cut off then (after
+      auth: an unauthenticated caller learns nothing);
+    * the body's reservation in ``budget`` before anything reads it (a call waiting for it is cut
+      off by a shutdown too), released when the handler returns unless the handler took it over
+      (``request.pop(RESERVATION)``).
     """
 
     @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def handle(request: web.Request, handler: Handler) -> web.StreamResponse:
         started = time.perf_counter()
         status = 500
         try:
-            if (max_body is not None and request.content_length is not None and request.content_length > max_body
-                    and not streamed_to_disk(request)):
-                raise web.HTTPRequestEntityTooLarge(max_size=max_body, actual_size=request.content_length)
-            response = await handler(request)
+            streamed = streamed_to_disk(request)
+            declared = request.content_length
+            if declared is not None and declared > max_body and not streamed:
+                raise web.HTTPRequestEntityTooLarge(max_size=max_body, actual_size=declared)
+            if authenticate is not None and request.path != "/health":
+                request[TENANT] = authenticate(request.headers)
+            reservation: BodyReservation | None = None
+            try:
+                with shutdown.in_flight():
+                    size = max_body if declared is None else declared
+                    if size >= SMALL and request.body_exists and not streamed:
+                        request[RESERVATION] = reservation = await budget.reserve(size)
+                    response = await handler(request)
+            finally:
+                if request.get(RESERVATION) is reservation and reservation is not None:
+                    reservation.release()
             status = response.status
             return response
         except ApiError as exc:
@@ -105,18 +133,41 @@ def error_middleware(service: str, observe: Callable[[web.Request, int, float], 
                 message = f"{request.method} {request.path}: {exc.text or hint}; send smaller chunks"
             return error_response(ApiError.for_status(exc.status, message))
         except Exception as exc:  # a bug: say so, keep the server up
-            log.exception("unhandled error in %s %s", request.method, request.path)
-            return error_response(ApiError(
-                f"{service} hit an unexpected {type(exc).__name__}: {exc}. This is a bug; please report it."))
+            return error_response(unexpected(service, request.method, request.path, exc))
         finally:
             seconds = time.perf_counter() - started
             if observe is not None:  # after the answer is written: metrics cost the caller nothing
                 asyncio.get_running_loop().call_soon(observe, request, status, seconds)
-            if log.isEnabledFor(logging.INFO):
-                log.info("request", extra={"method": request.method, "path": request.path, "status": status,
-                                           "ms": round(seconds * 1000, 2)})
+            log_request(request.method, request.path, status, seconds)
 
-    return middleware
+    return handle
+
+
+def unexpected(service: str, method: str, path: str, exc: Exception) -> ApiError:
+    """A failure no handler meant (a bug), logged: the 500 that says so, the server kept up."""
+    log.exception("unhandled error in %s %s", method, path)
+    return ApiError(f"{service} hit an unexpected {type(exc).__name__}: {exc}. This is a bug; please report it.")
+
+
+def log_request(method: str, path: str, status: int, seconds: float) -> None:
+    """One line per request (never bodies)."""
+    if log.isEnabledFor(logging.INFO):
+        log.info("request", extra={"method": method, "path": path, "status": status, "ms": round(seconds * 1000, 2)})
+
+
+def basic_auth(credentials: tuple[str, str], hint: str) -> Callable[[Mapping[str, str]], str]:
+    """HTTP Basic auth with ``credentials``: the one tenant (``SINGLE``) of a request's headers, or
+    ``Unauthorized``; ``hint`` says where the credentials are."""
+    user, password = credentials
+    expected = ("Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()).encode()
+
+    def check(headers: Mapping[str, str]) -> str:
+        if not hmac.compare_digest(headers.get("Authorization", "").encode(), expected):
+            raise Unauthorized(f"missing or wrong credentials: send HTTP Basic auth, {hint} "
+                               "(idegym-client: IDEGYM_AUTH_USERNAME / IDEGYM_AUTH_PASSWORD)")
+        return SINGLE
+
+    return check
 
 
 # -- request parts --------------------------------------------------------------------------------
@@ -131,7 +182,11 @@ def query_model(request: web.Request, model: type[BaseModel]) -> Any:
 
 
 def path_int(request: web.Request, name: str) -> int:
-    raw = request.match_info[name]
+    return int_param(request.match_info[name], name)
+
+
+def int_param(raw: str, name: str) -> int:
+    """A path parameter that must be an integer (422 when it is not one)."""
     try:
         value = int(raw)
     except ValueError:
@@ -142,50 +197,12 @@ def path_int(request: web.Request, name: str) -> int:
 
 
 def path_uuid(request: web.Request, name: str) -> UUID:
-    raw = request.match_info[name]
+    return uuid_param(request.match_info[name], name)
+
+
+def uuid_param(raw: str, name: str) -> UUID:
+    """A path parameter that must be a UUID (422 when it is not one)."""
     try:
         return UUID(raw)
     except ValueError:
         raise Unprocessable.field(["path", name], "must be a UUID", raw, "uuid_parsing") from None
-
-
-def auth_middleware(credentials: tuple[str, str], hint: str) -> Any:
-    """HTTP Basic auth on every route but ``/health``; ``hint`` says where the credentials are."""
-    user, password = credentials
-    expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-
-    @web.middleware
-    async def middleware(request: web.Request, handler):
-        if request.path == "/health":
-            return await handler(request)
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), expected.encode()):
-            raise Unauthorized(f"missing or wrong credentials: send HTTP Basic auth, {hint} "
-                               "(idegym-client: IDEGYM_AUTH_USERNAME / IDEGYM_AUTH_PASSWORD)")
-        return await handler(request)
-
-    return middleware
-
-
-RESERVATION = web.RequestKey("body_reservation", BodyReservation)
-
-
-def body_budget_middleware(budget: BodyBudget, max_body: int) -> Any:
-    """Reserve a request's body in ``budget`` before anything reads it; released when the handler
-    returns, unless the handler took the reservation over (``request.pop(RESERVATION)``)."""
-
-    @web.middleware
-    async def middleware(request: web.Request, handler):
-        if not request.body_exists or streamed_to_disk(request):
-            return await handler(request)
-        size = request.content_length if request.content_length is not None else max_body
-        if size < SMALL:
-            return await handler(request)
-        request[RESERVATION] = reservation = await budget.reserve(size)
-        try:
-            return await handler(request)
-        finally:
-            if request.get(RESERVATION) is reservation:
-                reservation.release()
-
-    return middleware

@@ -45,10 +45,13 @@ class Metrics:
         self.forward_latency.observe(seconds)
 
     def observe(self, request: web.Request, status: int, seconds: float) -> None:
-        """One answered request (called by the control plane's error middleware, outermost)."""
+        """One answered request (called by the control plane's middleware)."""
         resource = request.match_info.route.resource
-        route = resource.canonical if resource else "?"
-        self._child(self.requests, request.method, route, str(status)).inc()
+        self.observe_route(request.method, resource.canonical if resource else "?", status, seconds)
+
+    def observe_route(self, method: str, route: str, status: int, seconds: float) -> None:
+        """One answered request of ``route`` (its template, no ids)."""
+        self._child(self.requests, method, route, str(status)).inc()
         self._child(self.latency, route).observe(seconds)
 
     def render(self, cp: ControlPlane, tenant: str) -> web.Response:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from aiohttp import web
@@ -55,26 +56,25 @@ class Shutdown:
         spent = 0.0 if self.started is None else time.monotonic() - self.started
         return max(self.budget - spent - reserve, 0.05)
 
-    def middleware(self) -> Any:
-        @web.middleware
-        async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-            if self.started is not None:
-                raise Unavailable(SHUTTING_DOWN)
-            task = asyncio.current_task()
-            assert task is not None
-            self._inflight.add(task)
-            try:
-                return await handler(request)
-            except asyncio.CancelledError:
-                if task not in self._cut:
-                    raise
-                task.uncancel()
-                raise Unavailable(SHUTTING_DOWN) from None
-            finally:
-                self._inflight.discard(task)
-                self._cut.discard(task)
-
-        return middleware
+    @contextmanager
+    def in_flight(self) -> Iterator[None]:
+        """Around a request's work: ``Unavailable`` once stopping; until it ends, ``begin`` cuts it
+        off (its cancellation undone, the request answers 503)."""
+        if self.started is not None:
+            raise Unavailable(SHUTTING_DOWN)
+        task = asyncio.current_task()
+        assert task is not None
+        self._inflight.add(task)
+        try:
+            yield
+        except asyncio.CancelledError:
+            if task not in self._cut:
+                raise
+            task.uncancel()
+            raise Unavailable(SHUTTING_DOWN) from None
+        finally:
+            self._inflight.discard(task)
+            self._cut.discard(task)
 
 
 async def _bounded(what: str, work: Any, seconds: float) -> None:

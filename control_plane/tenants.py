@@ -32,11 +32,11 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 log = logging.getLogger(__name__)
 
@@ -161,22 +161,19 @@ class Tenants:
         return user if sep and accepted and user in self._table else None
 
 
-def middleware(tenants: Tenants) -> Middleware:
-    """HTTP Basic auth against the tenants file on every route but ``/health``; the request
-    carries its tenant (``tenant_of``)."""
+def authenticator(tenants: Tenants) -> Callable[[Mapping[str, str]], str]:
+    """HTTP Basic auth against the tenants file: the tenant of a request's headers, or
+    ``Unauthorized`` (``http.middleware`` and ``forward_protocol`` ask it on every route but
+    ``/health``; the request then carries its tenant, ``tenant_of``)."""
     from .errors import Unauthorized
 
-    @web.middleware
-    async def check(request: web.Request, handler):
-        if request.path == "/health":
-            return await handler(request)
-        tenant = tenants.authenticate(request.headers.get("Authorization", ""))
+    def check(headers: Mapping[str, str]) -> str:
+        tenant = tenants.authenticate(headers.get("Authorization", ""))
         if tenant is None:
             raise Unauthorized("missing or wrong credentials: send HTTP Basic auth, your tenant's name as user "
                                "and its token as password (idegym-client: IDEGYM_AUTH_USERNAME / "
                                "IDEGYM_AUTH_PASSWORD)")
-        request[TENANT] = tenant
-        return await handler(request)
+        return tenant
 
     return check
 

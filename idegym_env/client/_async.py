@@ -328,6 +328,11 @@ class AsyncIdeGymClient:
         self.namespace = namespace
         self.heartbeat_interval = heartbeat_interval
         self._http = AsyncHTTPSession(self.settings.url, unix_socket=self.settings.unix_socket, auth=self.settings.auth)
+        # Sandboxes' calls go on connections of their own, which carry only forwards: the control
+        # plane serves those below aiohttp until a connection carries anything else
+        # (``control_plane/forward_protocol.py``, ``benchmarks/forward_http.py``).
+        self._sandbox_http = AsyncHTTPSession(self.settings.url, unix_socket=self.settings.unix_socket,
+                                              auth=self.settings.auth)
         self._client_id: str | None = None
         self._release: Callable[[], None] | None = None  # hands an embedded control plane back
         self._heartbeat: asyncio.Task[None] | None = None
@@ -388,7 +393,7 @@ class AsyncIdeGymClient:
                                  server_name=server_name, reuse_strategy=ServerReuseStrategy(reuse),
                                  run_as_root=run_as_root, server_start_wait_timeout_in_seconds=timeout, **fields)
         info = await self._run(_plans.start(req))
-        return AsyncSandbox(self._http, Target.forwarded(self.client_id, int(info.server_id or 0)), self, info)
+        return AsyncSandbox(self._sandbox_http, Target.forwarded(self.client_id, int(info.server_id or 0)), self, info)
 
     async def build_images(self, yaml_text: str, timeout: float = 3600.0, *, upload: bool = True
                            ) -> list[JobStatusResponse]:
@@ -448,6 +453,7 @@ class AsyncIdeGymClient:
         finally:
             self._client_id = None
             await self._http.aclose()
+            await self._sandbox_http.aclose()
             release, self._release = self._release, None
             if release is not None:
                 release()

@@ -283,6 +283,11 @@ class IdeGymClient:
         self.namespace = namespace
         self.heartbeat_interval = heartbeat_interval
         self._http = HTTPSession(self.settings.url, unix_socket=self.settings.unix_socket, auth=self.settings.auth)
+        # Sandboxes' calls go on connections of their own, which carry only forwards: the control
+        # plane serves those below aiohttp until a connection carries anything else
+        # (``control_plane/forward_protocol.py``, ``benchmarks/forward_http.py``).
+        self._sandbox_http = HTTPSession(self.settings.url, unix_socket=self.settings.unix_socket,
+                                         auth=self.settings.auth)
         self._client_id: str | None = None
         self._release: Callable[[], None] | None = None  # hands an embedded control plane back
         self._stop_heartbeat = threading.Event()
@@ -345,7 +350,7 @@ class IdeGymClient:
                                  server_name=server_name, reuse_strategy=ServerReuseStrategy(reuse),
                                  run_as_root=run_as_root, server_start_wait_timeout_in_seconds=timeout, **fields)
         info = self._run(_plans.start(req))
-        return Sandbox(self._http, Target.forwarded(self.client_id, int(info.server_id or 0)), self, info)
+        return Sandbox(self._sandbox_http, Target.forwarded(self.client_id, int(info.server_id or 0)), self, info)
 
     def build_images(self, yaml_text: str, timeout: float = 3600.0, *, upload: bool = True) -> list[JobStatusResponse]:
         """Build the images of a build YAML (see ``control_plane.images``); waits for every job and
@@ -400,6 +405,7 @@ class IdeGymClient:
         finally:
             self._client_id = None
             self._http.close()
+            self._sandbox_http.close()
             release, self._release = self._release, None
             if release is not None:
                 release()

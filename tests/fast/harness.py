@@ -93,30 +93,34 @@ class Served:
     backend: InProcessBackend
     url: str
     unix_socket: str | None
+    app: Any = None  # the aiohttp application
 
 
 @asynccontextmanager
-async def served(tmp_path: Path, *, tcp: bool = False) -> AsyncIterator[Served]:
+async def served(tmp_path: Path, *, tcp: bool = False, header_timeout: float = 15.0) -> AsyncIterator[Served]:
     """The whole control plane (routes, middlewares, watcher) serving on a socket, without auth."""
     from aiohttp import web
 
-    from control_plane.app import create_app
+    from control_plane.app import FORWARDING, create_app
+    from control_plane.forward_protocol import Sites
 
     backend = InProcessBackend(make_project(tmp_path / "project"))
-    config = ControlPlaneConfig(state_dir=tmp_path / "state", no_auth=True, warm_pool=0, ephemeral=True)
-    runner = web.AppRunner(create_app(config, backend))
+    config = ControlPlaneConfig(state_dir=tmp_path / "state", no_auth=True, warm_pool=0, ephemeral=True,
+                                header_timeout=header_timeout)
+    app = create_app(config, backend)
+    runner = web.AppRunner(app)
     await runner.setup()
+    sites = Sites(runner, app[FORWARDING], config.header_timeout)
     try:
         if tcp:
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            host, port = runner.addresses[0][:2]
-            yield Served(backend, f"http://{host}:{port}", None)
+            port = await sites.tcp("127.0.0.1", 0)
+            yield Served(backend, f"http://127.0.0.1:{port}", None, app)
         else:
             sock = str(backend.root / "cp.sock")
-            await web.UnixSite(runner, sock).start()
-            yield Served(backend, "http://control-plane", sock)
+            await sites.unix(sock)
+            yield Served(backend, "http://control-plane", sock, app)
     finally:
+        sites.close()
         await runner.cleanup()
         await backend.destroy()
 
