@@ -172,9 +172,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: ControlPlaneSettin
     parser.add_argument("--build-cache", action=argparse.BooleanOptionalAction,
                         default=_default("build_cache", local.build_cache),
                         help="local backend: an OCI image built here is published to the host's build cache "
-                             "($IDEGYM_BUILD_CACHE_DIR, default <image cache>/builds), and a build of the same inputs "
-                             "(Dockerfile, context, arguments, bases, network) by any control plane of the host takes "
-                             "it from there instead of building again [$IDEGYM_BUILD_CACHE, default on]")
+                             "(where IDEGYM_BUILD_CACHE_DIR says, default <image cache>/builds), and a build of the "
+                             "same inputs (Dockerfile, context, arguments, bases, network) by any control plane of the "
+                             "host takes it from there instead of building again [$IDEGYM_BUILD_CACHE, default on]")
     parser.add_argument("--host-package-config", action=argparse.BooleanOptionalAction,
                         default=_default("host_package_config", local.host_package_config),
                         help="local backend: builds whose RUN steps have the network, and networked sandboxes, get "

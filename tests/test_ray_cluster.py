@@ -30,6 +30,9 @@ from tests.helpers import bash_action as bash  # noqa: E402
 pytestmark = pytest.mark.ray
 
 TASK = "python-roman-numerals"
+# In the environment of this module's cluster (its raylets, workers and keepers), so that the last
+# test counts only the keepers it started, not another test run's on the same host.
+CLUSTER_MARK = ("IDEGYM_TEST_CLUSTER", uuid.uuid4().hex)
 FIXTURES = "tests.eval_fixtures.agents"
 
 
@@ -72,6 +75,8 @@ class Seen:
             for key in ("keeper_pid", "actor_pid"):
                 if plane.get(key):
                     self.pids[plane[key]] = f"{key} of {node[:8]}"
+            if plane.get("keeper_pid"):  # the last test finds this cluster's keepers by the mark
+                assert "=".join(CLUSTER_MARK).encode() in _environ(Path(f"/proc/{plane['keeper_pid']}")), plane
             for pid in sandbox_pids(plane["state_dir"]):
                 self.pids[pid] = f"sandbox of {node[:8]}"
 
@@ -99,8 +104,9 @@ def _listing(path: str) -> str:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SimulatedCluster]:
     # The raylets pass their environment to the workers: the eval agents of tests/ must import there.
-    before = {k: os.environ.get(k) for k in ("PYTHONPATH", "IDEGYM_EMBEDDED_GRACE")}
+    before = {k: os.environ.get(k) for k in ("PYTHONPATH", "IDEGYM_EMBEDDED_GRACE", CLUSTER_MARK[0])}
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), before["PYTHONPATH"]]))
+    os.environ[CLUSTER_MARK[0]] = CLUSTER_MARK[1]
     # The head node's plane is this process's shared embedded control plane: the last test waits
     # for it to end, so it must not outlive its last env by the default minute.
     os.environ["IDEGYM_EMBEDDED_GRACE"] = "1"
@@ -262,8 +268,17 @@ def test_nothing_is_left_behind(cluster: SimulatedCluster, vec: Any, seen: Seen)
     vec.close()
     assert wait_until(lambda: not seen.left(), 60, interval=0.2), f"left behind: {seen.left()}"
     # No control plane or keeper process at all that this cluster's nodes started.
-    keepers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).count("node_keeper")]
+    mark = "=".join(CLUSTER_MARK).encode()
+    keepers = [p for p in Path("/proc").iterdir()
+               if p.name.isdigit() and _cmdline(p).count("node_keeper") and mark in _environ(p)]
     assert [k for k in keepers if alive(int(k.name))] == [], "a node keeper outlived its node and its env"
+
+
+def _environ(proc: Path) -> list[bytes]:
+    try:
+        return (proc / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
 
 
 def _cmdline(proc: Path) -> str:
