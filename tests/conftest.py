@@ -81,6 +81,11 @@ RAY_FILES = ("tests/test_ray_vector.py", "tests/test_fork_vector.py", "tests/tes
 # workers (each worker starts the module's control plane): by source, e.g. `[swe:…]`.
 SPLIT_BY_SOURCE = ("tests/test_reward_integrity.py",)
 
+# The tests whose tasks build the default SWE environment (an apt-get build of about a minute, once
+# per run in the run's build cache): one scope, so that one worker builds it and the others run other
+# tests meanwhile, instead of two of three workers waiting on the build cache's lock for that minute.
+SWE_IMAGE = ("tests/test_swe_family.py", "tests/test_task_sources.py")
+
 # Modules of a few long, independent tests (each ~15-30 s): a scope each, so that the workers
 # share them instead of one running them all at the end.
 SPLIT_BY_TEST = ("tests/test_doc_snippets.py",)
@@ -94,8 +99,11 @@ def xdist_group(nodeid: str) -> str:
         return "ray"
     if path.startswith("tests/test_k8s_") or "[kubernetes" in name:
         return "kubernetes"
+    if path in SWE_IMAGE:
+        return "swe-image"
     if path in SPLIT_BY_SOURCE and "[" in name and ":" in name.split("[", 1)[1]:
-        return f"{path}::{name.split('[', 1)[1].split(':', 1)[0]}"
+        source = name.split("[", 1)[1].split(":", 1)[0]
+        return "swe-image" if source == "swe" else f"{path}::{source}"
     if path in SPLIT_BY_TEST:
         test = name.split("[", 1)[0]
         return f"{path}::{SAME_PORT.get(test, test)}"
