@@ -19,6 +19,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 from ._common import Result, check_target, table
 
@@ -54,7 +55,8 @@ def _first_episode(build_cache: Path) -> tuple[float, float, float]:
 def run() -> Result:
     result = Result("build_cache", "The host's build cache: an SWE task's first episode on a new control plane")
     root = Path(tempfile.mkdtemp(prefix="idegym-bench-build-cache-"))
-    previous = os.environ.get("IDEGYM_BUILD_CACHE_DIR")
+    environment = mock.patch.dict(os.environ)  # each episode points IDEGYM_BUILD_CACHE_DIR at its cache
+    environment.start()
     rows: dict[str, list[tuple[float, float]]] = {"cold": [], "warm": []}
     built: list[dict] = []  # what the cold episodes built, in how many seconds
     try:
@@ -69,10 +71,7 @@ def run() -> Result:
                       flush=True)
             built += [json.loads(p.read_text()) for p in sorted(cache.glob("*.json"))]
     finally:
-        if previous is None:
-            os.environ.pop("IDEGYM_BUILD_CACHE_DIR", None)
-        else:
-            os.environ["IDEGYM_BUILD_CACHE_DIR"] = previous
+        environment.stop()
         shutil.rmtree(root, ignore_errors=True)
 
     def median(label: str, part: int | None = None) -> float:

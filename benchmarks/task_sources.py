@@ -22,6 +22,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from unittest import mock
 
 from ._common import Result, table
 
@@ -100,8 +101,8 @@ def run() -> Result:
     result.notes.append(f"load average after HumanEval: {_load()}")
 
     # The SWE-style set: preparation from a cold cache, then each instance's oracle in a venv.
-    old = os.environ.get("IDEGYM_TASK_CACHE")
-    os.environ["IDEGYM_TASK_CACHE"] = str(scratch / "task-cache")
+    task_cache = mock.patch.dict(os.environ, {"IDEGYM_TASK_CACHE": str(scratch / "task-cache")})
+    task_cache.start()
     try:
         started = time.perf_counter()
         swe_tasks = swe.SweSet(swe.shipped_instances()).tasks()
@@ -137,10 +138,7 @@ def run() -> Result:
         finally:
             cp.close()
     finally:
-        if old is None:
-            os.environ.pop("IDEGYM_TASK_CACHE", None)
-        else:
-            os.environ["IDEGYM_TASK_CACHE"] = old
+        task_cache.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     result.notes.append(f"load average at the end: {_load()}")
 
