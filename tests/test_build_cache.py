@@ -269,6 +269,47 @@ def test_prune_removes_what_no_state_directory_reads(two: tuple[ControlPlaneProc
     assert _built(again)  # the orphan's inputs: its record went with it, built again
 
 
+def test_a_killed_builds_working_container_goes_with_the_next_build_none_runs_beside(
+        two: tuple[ControlPlaneProcess, ControlPlaneProcess], build_cache: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build killed mid-way leaves its working container in the cache's store (buildah removes its
+    own unless it is killed; here one made with ``buildah from`` in that store). The next build that
+    finds no other build running removes it; one that runs beside another build (here: the test
+    holds the lock as a running build does) leaves it, since it could be that build's."""
+    import fcntl
+
+    from control_plane.backends.local.oci.bases import BaseCache
+    from control_plane.backends.local.oci.build_cache import BuildCache
+    from control_plane.backends.local.oci.settings import OciSettings
+
+    first, _ = two
+    monkeypatch.setenv("IDEGYM_BUILD_CACHE_DIR", str(build_cache))
+    settings = OciSettings.from_env()
+    cache = BuildCache(settings, BaseCache(settings).store_home)
+    (job,) = _build(first, _yaml("leftover-base", _image_context(tmp_path / "ctx", "base")))
+    assert _built(job)
+    image = _image_meta_id(first, job["tag"])
+    leftover = cache.buildah.query(["from", "--pull=never", "--signature-policy", cache.buildah.policy,
+                                    image]).strip()
+    assert leftover in {name for name in _container_names(cache)}, leftover
+    fd = os.open(build_cache / ".builds.lock", os.O_CREAT | os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # a build running beside
+        (beside,) = _build(first, _yaml("leftover-beside", _image_context(tmp_path / "ctx2", "beside")))
+        assert _built(beside)
+        assert leftover in _container_names(cache)
+    finally:
+        os.close(fd)
+    (alone,) = _build(first, _yaml("leftover-alone", _image_context(tmp_path / "ctx3", "alone")))
+    assert _built(alone)
+    assert _container_names(cache) == set()
+
+
+def _container_names(cache: object) -> set[str]:
+    data = json.loads(cache.buildah.query(["containers", "--json"]) or "null") or []  # type: ignore[attr-defined]
+    return {c["containername"] for c in data}
+
+
 def _image_meta_id(cp: ControlPlaneProcess, tag: str) -> str:
     from control_plane.backends.local.images import ImageStore
 

@@ -13,6 +13,7 @@ same image again is free.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -272,10 +273,10 @@ class OciBuilder:
         args.append(str(context))
         emit(f"buildah bud (RUN network {'on' if network else 'off'}), context {context}")
         batch = _Batcher(emit)
-        async with self._lock:
+        async with self._lock, (self.builds.building() if into is not None else contextlib.nullcontext()):
             # A build killed mid-way leaves its working containers: removed in this state
-            # directory's store, where this lock orders every build; in the shared one, where
-            # other control planes build at once, --force-rm is what removes them.
+            # directory's store, where this lock orders every build, and in the shared one when no
+            # build runs there (``BuildCache.building``).
             before = await loop.run_in_executor(None, store.containers) if into is None else set()
             try:
                 result = await store.run(args, network=network, emit=batch.add, timeout=timeout)

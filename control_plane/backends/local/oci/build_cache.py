@@ -13,7 +13,10 @@ too: a step another control plane ran is ``Using cache`` here.
 ``<cache>/<key>.json``: the record, renamed into place only once the build committed its image,
 so a control plane killed while building leaves nothing another one takes as complete (an image
 without a record, or a record whose image is gone, is a miss); ``.<key>.lock``: held while a key
-is looked up, built and recorded, so two control planes building one key at once build it once.
+is looked up, built and recorded, so two control planes building one key at once build it once;
+``.builds.lock``: held shared by every build running here, so that the working containers of a
+build that was killed (``buildah bud`` removes its own unless it is killed) are removed when no
+build is running (``building``).
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from .settings import OciSettings
 
 # What the key is made of changes: old records must not match (bump with build_key's inputs).
 KEY_VERSION = 1
-LOCK_POLL = 0.2  # seconds between tries of a key's lock another control plane holds
+LOCK_POLL = 0.2  # seconds between tries of a lock another control plane holds
+BUILDS_LOCK = ".builds.lock"
 NAME = "localhost/idegym-build"
 
 
@@ -133,23 +137,41 @@ class BuildCache:
     @asynccontextmanager
     async def claim(self, key: str, emit: Callable[[str], None]) -> AsyncIterator[None]:
         """The key's lock, for the lookup, a build and its publication: another control plane
-        building the same key waits, then finds it published. Polled (not a blocking ``flock`` on
-        a thread): a cancelled build leaves no thread waiting to take the lock for nobody."""
+        building the same key waits, then finds it published."""
         fd = os.open(self.root / f".{key}.lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
         try:
-            told = False
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if not told:
-                        emit(f"waiting for another build of the same image (the host's build cache, key {key})")
-                        told = True
-                    await asyncio.sleep(LOCK_POLL)
+            await _flock(fd, fcntl.LOCK_EX, lambda: emit(
+                f"waiting for another build of the same image (the host's build cache, key {key})"))
             yield
         finally:
             os.close(fd)
+
+    @asynccontextmanager
+    async def building(self) -> AsyncIterator[None]:
+        """Held, shared, by every build in the cache's store. A build that finds none running holds
+        it alone first and removes the working containers that builds killed mid-way left: with no
+        build running, every container in this store is one (state directories only read it)."""
+        fd = os.open(self.root / BUILDS_LOCK, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        try:
+            if _try_flock(fd, fcntl.LOCK_EX):
+                await asyncio.to_thread(self._remove_leftovers)
+            await _flock(fd, fcntl.LOCK_SH)  # (from exclusive: not atomic; a build between cleans again)
+            yield
+        finally:
+            os.close(fd)
+
+    def remove_leftovers(self) -> int:
+        """The working containers killed builds left, removed unless a build is running; how many (blocking)."""
+        fd = os.open(self.root / BUILDS_LOCK, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        try:
+            return self._remove_leftovers() if _try_flock(fd, fcntl.LOCK_EX) else 0
+        finally:
+            os.close(fd)
+
+    def _remove_leftovers(self) -> int:
+        left = self.buildah.containers()
+        self.buildah.remove_containers(left)
+        return len(left)
 
     def lookup(self, key: str) -> dict[str, Any] | None:
         """The published record of ``key`` whose image is whole in the store, or None (blocking)."""
@@ -213,6 +235,25 @@ class BuildCache:
             finally:
                 os.close(fd)  # (lock files stay: one removed while another process waits on it would let a third in)
         return removed
+
+
+def _try_flock(fd: int, operation: int) -> bool:
+    try:
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+async def _flock(fd: int, operation: int, on_wait: Callable[[], None] | None = None) -> None:
+    """Polled, not a blocking ``flock`` on a thread: a cancelled build leaves no thread waiting to
+    take the lock for nobody."""
+    if _try_flock(fd, operation):
+        return
+    if on_wait is not None:
+        on_wait()
+    while not _try_flock(fd, operation):
+        await asyncio.sleep(LOCK_POLL)
 
 
 def _save(path: Path, record: dict[str, Any]) -> None:

@@ -139,6 +139,11 @@ def prune_builds(unused_days: float, dry_run: bool) -> int:
     settings = OciSettings.from_env()
     cache = BuildCache(settings, BaseCache(settings).store_home)
     removed = cache.prune(unused_days * 86400, keep, dry_run)
+    if not dry_run and cache.root.is_dir():
+        left = cache.remove_leftovers()
+        print(f"removed {left} working container(s) of builds that were killed" if left else
+              "no working container of a killed build (or a build is running: the next one removes them)",
+              file=sys.stderr)
     for entry in removed:
         print(json.dumps({"removed" if not dry_run else "would_remove": entry}))
     print(f"{'would remove' if dry_run else 'removed'} {len(removed)} image(s) of {cache.root}; "
