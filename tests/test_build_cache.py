@@ -16,10 +16,14 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.cp_helpers import REPO, ControlPlaneProcess, wait_job
+
+if TYPE_CHECKING:
+    from control_plane.backends.local.oci.build_cache import BuildCache
 
 HIT = "image from the host's build cache"
 BUILT = "buildah bud"
@@ -305,8 +309,8 @@ def test_a_killed_builds_working_container_goes_with_the_next_build_none_runs_be
     assert _container_names(cache) == set()
 
 
-def _container_names(cache: object) -> set[str]:
-    data = json.loads(cache.buildah.query(["containers", "--json"]) or "null") or []  # type: ignore[attr-defined]
+def _container_names(cache: BuildCache) -> set[str]:
+    data = json.loads(cache.buildah.query(["containers", "--json"]) or "null") or []
     return {c["containername"] for c in data}
 
 
