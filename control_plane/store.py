@@ -13,6 +13,7 @@ import json
 import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,6 +85,9 @@ class StoreError(Unavailable):
 OPERATION_ID_BLOCK = 256
 # Operation records kept while the database takes no write (a full disk), the oldest dropped beyond.
 MAX_DEFERRED = 10_000
+# While it takes none, a read tries to write them again at most this often (every write still tries):
+# each read (a forward makes one) paid a failing write transaction.
+FLUSH_RETRY_S = 1.0
 
 
 class SQLiteStore:
@@ -116,6 +120,7 @@ class SQLiteStore:
         self._deferred: list[Callable[[], dict[str, Any]]] = []
         self.deferred_bytes = 0
         self._flush_failing = False
+        self._flush_failed_at = 0.0  # (monotonic) the last failed flush
         self.on_release: Callable[[], None] | None = None  # called when a server stops counting as live
 
     def close(self) -> None:
@@ -127,7 +132,8 @@ class SQLiteStore:
     def defer_record(self, produce: Callable[[], dict[str, Any]], held: int = 0) -> None:
         """Record an ended operation later: at the next ``flush`` (the forward path calls it within
         ``forward_calls.RECORD_DELAY``), or before anything else reads or writes the database,
-        whichever comes first, so nothing reads a history without it. Calls answered inline are
+        whichever comes first, so nothing reads a history without it (while the database takes no
+        write, a read tries again only every ``FLUSH_RETRY_S``). Calls answered inline are
         then not held up by a transaction each (and the arguments, JSON included, are made only
         then); a control plane killed with SIGKILL loses the records of its last such interval.
         ``held``: the bytes ``produce`` keeps alive until then (``deferred_bytes``)."""
@@ -150,6 +156,7 @@ class SQLiteStore:
                     log.error("operation records not written yet (%d kept for the next write): %s",
                               len(self._deferred), exc)
                 self._flush_failing = True
+                self._flush_failed_at = time.monotonic()
             else:
                 if self._flush_failing:
                     log.warning("operation records written again")
@@ -224,7 +231,8 @@ class SQLiteStore:
 
     def _query(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
-            self.flush()
+            if not self._flush_failing or time.monotonic() - self._flush_failed_at >= FLUSH_RETRY_S:
+                self.flush()
             return self._db.execute(sql, tuple(args)).fetchall()
 
     def _write(self, sql: str, args: Iterable[Any] = ()) -> sqlite3.Cursor:

@@ -287,6 +287,45 @@ def test_deferred_records_outlive_a_failed_write(tmp_path: Path, monkeypatch: py
         store.close()
 
 
+def test_reads_while_writes_fail_try_the_deferred_records_again_only_now_and_then(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the database takes no write (a full disk), a read does not try the deferred records'
+    write again each time (every forward reads): once per ``FLUSH_RETRY_S``; once it takes writes
+    again, the next try writes them.
+
+    Can fail: with every read flushing (as on main), 50 reads made 50 failing write transactions.
+    """
+    import sqlite3
+
+    store = SQLiteStore(tmp_path / "s.db")
+    try:
+        client = str(uuid.uuid4())
+        store.add_client(ClientRow(client, "c", "ns", 0, A.ALIVE, 0, 0))
+        server = _server(store, client, A.REUSED, '{"h": 1}')
+        op_id = store.reserve_operation_id()
+        store.defer_record(lambda: dict(request_type=FORWARD, request="{}", client_id=client, server_id=server,
+                                        pod=None, started=1, status=AsyncOperationStatus.SUCCEEDED, result="{}",
+                                        op_id=op_id, finished=10))
+        tries = []
+        write = store._write_deferred
+
+        def full(db: sqlite3.Connection) -> None:
+            tries.append(1)
+            raise sqlite3.OperationalError("database or disk is full")
+
+        monkeypatch.setattr(store, "_write_deferred", full)
+        for _ in range(50):
+            assert store.get_server(server) is not None
+        assert len(tries) == 1
+        monkeypatch.setattr(store_module, "FLUSH_RETRY_S", 0.0)
+        store.get_server(server)  # the first read after the retry interval tries again
+        assert len(tries) == 2
+        monkeypatch.setattr(store, "_write_deferred", write)  # the disk has room again
+        assert store.get_operation(op_id) is not None
+    finally:
+        store.close()
+
+
 def test_a_state_directory_made_before_tenants_is_migrated(tmp_path: Path) -> None:
     """A database made before the tenant columns gets them (its rows belong to the single
     tenant), and a tenant's operation is found only for that tenant."""
