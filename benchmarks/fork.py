@@ -28,6 +28,10 @@ and the fork layer, which all children of one fork share, separately.
 
 ``BENCH_FORK_N`` repetitions per row (default 5), ``BENCH_FORK_SIZES`` (default ``5000,50000``),
 ``BENCH_FORK_COUNTS`` (default ``1,8,32``: the warm-pool rows; the default configuration's is 8).
+``BENCH_FORK_WARM_ONLY=1``: the warm-pool fork rows alone (no fresh + replay, no fork without a
+pool, no default configuration), from a pool as large as the full run's (``BENCH_FORK_POOL``,
+default the largest count): with ``BENCH_FORK_COUNTS=8``, an A/B round of the warm-pool target
+in a minute or two.
 Writes ``results/fork.json`` and ``results/fork.png``.
 """
 
@@ -54,6 +58,8 @@ N = int(os.environ.get("BENCH_FORK_N", "5"))
 SIZES = [int(s) for s in os.environ.get("BENCH_FORK_SIZES", "5000,50000").split(",")]
 COUNTS = tuple(int(c) for c in os.environ.get("BENCH_FORK_COUNTS", "1,8,32").split(",") if c)
 COLD_COUNTS = tuple(c for c in (1, 8) if c in COUNTS)
+WARM_ONLY = os.environ.get("BENCH_FORK_WARM_ONLY") == "1"
+POOL = int(os.environ.get("BENCH_FORK_POOL") or max(COUNTS, default=0))
 EVERY = float(os.environ.get("BENCH_FORK_EVERY", "1.5"))
 GROUP = 8
 CHANGED = 100
@@ -180,7 +186,7 @@ def _measure_warm_and_cold(files: int, project: Path, tag: str, change: str, tmp
     changes; then fork without a warm pool."""
     from idegym_env.client import IdeGymClient
 
-    pool = max(COUNTS)
+    pool = POOL
     state = tmp / f"cp{files}"
     with control_plane(state, ["--warm-pool", str(pool), "--warm-pool-max", str(pool),
                                "--max-servers", str(4 * pool + 10)]) as url:
@@ -190,7 +196,7 @@ def _measure_warm_and_cold(files: int, project: Path, tag: str, change: str, tmp
             assert parent.bash(change).exit_code == 0
             for count in COUNTS:
                 fork_s, fresh_s = [], []
-                progress = Progress(f"{files} files: fork / fresh+replay into {count}", 2 * N)
+                progress = Progress(f"{files} files: fork / fresh+replay into {count}", (1 if WARM_ONLY else 2) * N)
                 for _ in range(N):
                     _wait_pool(url, tag, pool, state)
                     t = time.perf_counter()
@@ -211,6 +217,8 @@ def _measure_warm_and_cold(files: int, project: Path, tag: str, change: str, tmp
                         for key, value in _disk(state, client, tag, children).items():
                             result.figures[f"{files} files: {key}"] = value
                     _stop_all(children)
+                    if WARM_ONLY:
+                        continue
                     _wait_pool(url, tag, pool, state)
                     t = time.perf_counter()
                     with concurrent.futures.ThreadPoolExecutor(count) as threads:
@@ -221,8 +229,11 @@ def _measure_warm_and_cold(files: int, project: Path, tag: str, change: str, tmp
                     progress.step()
                     _stop_all(fresh)
                 samples[f"{files} files: fork into {count} (warm pool)"] = fork_s
-                samples[f"{files} files: {count} fresh + replay 100 changes (warm pool)"] = fresh_s
+                if fresh_s:
+                    samples[f"{files} files: {count} fresh + replay 100 changes (warm pool)"] = fresh_s
             parent.stop()
+    if WARM_ONLY:
+        return
     with control_plane(tmp / f"cold{files}", ["--warm-pool", "0", "--warm-pool-max", "0"]) as url:
         _register(url, project, tag)
         with IdeGymClient(url, name=f"bench-fork-cold-{files}") as client:
@@ -351,8 +362,9 @@ def run() -> Result:
         for files in SIZES if COUNTS else ():  # no counts: the default configuration's rows alone
             _measure_warm_and_cold(files, *_project(files, Path(tmpdir)), Path(tmpdir), result, samples, parts)
             loads.append(f"after {files} files {_load()}")
-        _measure_default(Path(tmpdir), result, samples, parts)
-        loads.append(f"after the default configuration {_load()}")
+        if not WARM_ONLY:
+            _measure_default(Path(tmpdir), result, samples, parts)
+            loads.append(f"after the default configuration {_load()}")
     stats = [Stats.of(label, s) for label, s in samples.items()]
     result.stats = stats
     by = {s.label: s for s in stats}
@@ -362,6 +374,8 @@ def run() -> Result:
     print()
     print(stats_table(stats))
     print()
+    if WARM_ONLY:
+        return _warm_only(result, by)
     rows = []
     for files in SIZES:
         for n in COUNTS:
@@ -408,10 +422,7 @@ def run() -> Result:
         result.targets[f"first_call{files}"] = check_target(
             f"a new child's first call / its next ({files} files)",
             result.figures[f"{files} files: a child's first call / its next"], 1.5, unit="x")
-        if GROUP in COUNTS:
-            result.targets[f"warm{files}"] = check_target(
-                f"8 children ready p50, warm pool ({files} files)",
-                by[f"{files} files: fork into {GROUP} (warm pool)"].median_ms, 50.0)
+    _warm_targets(result, by)
     if large != small:
         result.targets["flat"] = check_target(
             f"8 children, default configuration, {large} vs {small} files",
@@ -422,14 +433,38 @@ def run() -> Result:
         if extra is not None:
             result.targets[f"disk{files}"] = check_target(
                 f"extra disk per child, no writes of its own ({files} files)", extra / 1024, 1.0, unit="MiB")
+    _print_targets(result)
+    if COUNTS:
+        _plot(by)
+    return result
+
+
+def _warm_targets(result: Result, by: dict[str, Stats]) -> None:
+    if GROUP in COUNTS:
+        for files in SIZES:
+            result.targets[f"warm{files}"] = check_target(
+                f"8 children ready p50, warm pool ({files} files)",
+                by[f"{files} files: fork into {GROUP} (warm pool)"].median_ms, 50.0)
+
+
+def _print_targets(result: Result) -> None:
     print()
     for target in result.targets.values():
         print(target["text"])
     print(f"load average (1, 5, 15 min): {result.figures['load average (1, 5, 15 min)']}")
     result.notes.append("2-core host shared with other agents' test runs; load average (1, 5, 15 min) "
                         f"{result.figures['load average (1, 5, 15 min)']}")
-    if COUNTS:
-        _plot(by)
+
+
+def _warm_only(result: Result, by: dict[str, Stats]) -> Result:
+    """``BENCH_FORK_WARM_ONLY``'s report: the warm-pool rows' parts and their targets."""
+    for files in SIZES:
+        for n in COUNTS:
+            row = f"{files} files: fork into {n}"
+            print(table([f"{row} (warm pool of {POOL}): where the time goes (p50 ms)", ""],
+                        [[key, result.figures.get(f"{row}: {key} p50 ms", float("nan"))] for key in BREAKDOWN]))
+    _warm_targets(result, by)
+    _print_targets(result)
     return result
 
 

@@ -63,16 +63,11 @@ async def fork_server(cp: ControlPlane, parent: ServerRow, req: ForkServerReques
         (owner.tenant if owner else "", parent.client_id), req.count,
         cp.queue_timeout(child_req.server_start_wait_timeout_in_seconds))
     now = now_ms()
-    rows: list[ServerRow] = []
-    try:
-        for _ in range(req.count):
-            server_id = cp.store.add_server(replace(
-                parent, id=0, server_name=child_req.server_name, generated_name="", availability=A.ALIVE,
-                details=f"forking from server {parent.id}", created_at=now, last_activity_at=now,
-                keepalive_until=None, restarts=0, request=child_req.model_dump_json(), handle=None))
-            row = cp.store.get_server(server_id)
-            assert row is not None
-            rows.append(row)
+    try:  # one transaction for all the children's rows
+        rows = cp.store.add_servers(replace(
+            parent, id=0, server_name=child_req.server_name, generated_name="", availability=A.ALIVE,
+            details=f"forking from server {parent.id}", created_at=now, last_activity_at=now,
+            keepalive_until=None, restarts=0, request=child_req.model_dump_json(), handle=None), req.count)
     finally:
         grant.release()  # the children's rows count from here
     specs = [replace(SandboxSpec.from_request(child_req, row.id, row.generated_name), generated_name=new_sandbox_name())
@@ -83,26 +78,28 @@ async def fork_server(cp: ControlPlane, parent: ServerRow, req: ForkServerReques
     names = {s.generated_name for s in specs} | {h.name for h in warm}
     cp.creating.update(names)  # the orphan sweep leaves them alone until they are recorded
     assert parent.handle
+    ids = [row.id for row in rows]
     timeout = child_req.server_start_wait_timeout_in_seconds or 300
     try:
         handles = await cp.backend.fork(SandboxHandle.from_json(json.loads(parent.handle)), children, timeout)
     except BackendError as exc:
-        for row in rows:
-            cp.store.set_server_status(row.id, A.FAILED_TO_START, f"fork of server {parent.id} failed: {exc.message}")
+        cp.store.set_servers_status(dict.fromkeys(ids, {}), A.FAILED_TO_START,
+                                    f"fork of server {parent.id} failed: {exc.message}")
         raise ApiError.for_status(exc.status, f"Forking server {parent.id} ({parent.generated_name}) failed: "
                                              f"{exc.message}") from exc
     except asyncio.CancelledError:
-        for row in rows:
-            cp.store.set_server_status(row.id, A.FAILED_TO_START, "fork cancelled")
+        cp.store.set_servers_status(dict.fromkeys(ids, {}), A.FAILED_TO_START, "fork cancelled")
         raise
     finally:
         cp.creating.difference_update(names)
         if warm:
             cp.pool.refill(template, after=HOLD_OFF_AFTER_FORK)
     servers = []
+    now = now_ms()
+    alive = cp.store.set_servers_status({row.id: {"handle": json.dumps(handle.to_json()), "last_activity_at": now}
+                                         for row, handle in zip(rows, handles, strict=True)}, A.ALIVE, "")
     for row, handle in zip(rows, handles, strict=True):
-        if cp.store.set_server_status(row.id, A.ALIVE, "", handle=json.dumps(handle.to_json()),
-                                      last_activity_at=now_ms()):
+        if alive[row.id]:
             servers.append(ForkedServer(server_id=row.id, generated_name=row.generated_name,
                                         service_name=handle.name))
         else:  # stopped while forking (its client went away): do not leak the sandbox

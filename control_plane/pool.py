@@ -252,9 +252,9 @@ class WarmPool:
             # would compete with the children being made. The limit only covers a fork that never says.
             self.refill(spec, after=FORK_HOLD_LIMIT)
         while ready and len(taken) < count:
-            handle = ready.popleft()
-            self.store.remove_pool_member(handle.name)
-            taken.append(handle)
+            taken.append(ready.popleft())
+        if taken:
+            self.store.remove_pool_members(h.name for h in taken)  # one transaction for all
         return taken
 
     def refill(self, spec: SandboxSpec, after: float = 0.0) -> None:

@@ -14,8 +14,9 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -280,22 +281,27 @@ class SQLiteStore:
     # -- servers ------------------------------------------------------------------------------
 
     def add_server(self, server: ServerRow) -> int:
+        return self.add_servers(server, 1)[0].id
+
+    def add_servers(self, server: ServerRow, count: int) -> list[ServerRow]:
+        """``count`` new servers like ``server`` (its id and generated name aside) in one transaction
+        (a fork's children: one commit, not one each); each row as stored, with its id and name."""
+        ids = []
         with self.tx() as db:
-            cur = db.execute(
-                "INSERT INTO servers (client_id, client_name, server_name, generated_name, namespace, image_tag, "
-                "runtime_class_name, run_as_root, server_kind, service_port, container_port, availability, details, "
-                "created_at, last_activity_at, keepalive_until, max_restarts, restarts, request, handle) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (server.client_id, server.client_name, server.server_name, "", server.namespace, server.image_tag,
-                 server.runtime_class_name, int(server.run_as_root), server.server_kind, server.service_port,
-                 server.container_port, server.availability.value, server.details, server.created_at,
-                 server.last_activity_at, server.keepalive_until, server.max_restarts, server.restarts,
-                 server.request, server.handle),
-            )
-            server_id = _row_id(cur)
-            db.execute("UPDATE servers SET generated_name=? WHERE id=?",
-                       (f"{server.server_name}-{server_id}", server_id))
-        return server_id
+            for _ in range(count):
+                ids.append(_row_id(db.execute(
+                    "INSERT INTO servers (client_id, client_name, server_name, generated_name, namespace, image_tag, "
+                    "runtime_class_name, run_as_root, server_kind, service_port, container_port, availability, "
+                    "details, created_at, last_activity_at, keepalive_until, max_restarts, restarts, request, handle) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (server.client_id, server.client_name, server.server_name, "", server.namespace,
+                     server.image_tag, server.runtime_class_name, int(server.run_as_root), server.server_kind,
+                     server.service_port, server.container_port, server.availability.value, server.details,
+                     server.created_at, server.last_activity_at, server.keepalive_until, server.max_restarts,
+                     server.restarts, server.request, server.handle))))
+            db.executemany("UPDATE servers SET generated_name=? WHERE id=?",
+                           [(f"{server.server_name}-{i}", i) for i in ids])
+        return [replace(server, id=i, generated_name=f"{server.server_name}-{i}") for i in ids]
 
     def get_server(self, server_id: int) -> ServerRow | None:
         rows = self._query("SELECT * FROM servers WHERE id=?", (server_id,))
@@ -350,25 +356,28 @@ class SQLiteStore:
         """Move a server to ``target`` if the lifecycle allows it from its current status (CAS).
 
         Returns False, changing nothing, when it does not (e.g. the server is already terminal)."""
+        return self.set_servers_status({server_id: extra}, target, details, only_from=only_from)[server_id]
+
+    def set_servers_status(self, changes: Mapping[int, Mapping[str, Any]], target: AvailabilityStatus,
+                           details: str | None = None, *,
+                           only_from: Iterable[AvailabilityStatus] | None = None) -> dict[int, bool]:
+        """``set_server_status`` of each server in ``changes`` (its id -> its other columns to set)
+        in one transaction; whether each one moved."""
         sources = lifecycle.server_guard(target, only_from)
         if not sources:
-            return False
-        sets: list[str] = ["availability=?"]
-        args: list[str | int | None] = [target.value]
-        if details is not None:
-            sets.append("details=?")
-            args.append(details)
-        for column, value in extra.items():
-            sets.append(f"{column}=?")
-            args.append(value)
+            return dict.fromkeys(changes, False)
         src = [s.value for s in sources]
-        cur = self._write(
-            f"UPDATE servers SET {', '.join(sets)} WHERE id=? AND availability IN ({','.join('?' * len(src))})",
-            [*args, server_id, *src],
-        )
-        if cur.rowcount == 1 and target not in lifecycle.LIVE and self.on_release is not None:
+        moved = {}
+        with self.tx() as db:
+            for server_id, extra in changes.items():
+                values = {"availability": target.value, **({"details": details} if details is not None else {}),
+                          **extra}
+                cur = db.execute(f"UPDATE servers SET {', '.join(f'{c}=?' for c in values)} WHERE id=? AND "
+                                 f"availability IN ({','.join('?' * len(src))})", [*values.values(), server_id, *src])
+                moved[server_id] = cur.rowcount == 1
+        if any(moved.values()) and target not in lifecycle.LIVE and self.on_release is not None:
             self.on_release()
-        return cur.rowcount == 1
+        return moved
 
     def claim_finished(self, client_id: str, key: tuple) -> ServerRow | None:
         """Atomically take the newest FINISHED server of ``client_id`` matching ``key``: → REUSED
@@ -611,7 +620,12 @@ class SQLiteStore:
         self._write("INSERT OR REPLACE INTO pool VALUES (?,?,?,?)", (name, key, handle, now_ms()))
 
     def remove_pool_member(self, name: str) -> bool:
-        return self._write("DELETE FROM pool WHERE name=?", (name,)).rowcount == 1
+        return self.remove_pool_members([name]) == 1
+
+    def remove_pool_members(self, names: Iterable[str]) -> int:
+        """Drop the members ``names`` in one transaction (a fork takes several); how many were there."""
+        with self.tx() as db:
+            return sum(db.execute("DELETE FROM pool WHERE name=?", (name,)).rowcount for name in names)
 
     def pool_members(self) -> list[PoolRow]:
         return [from_db(PoolRow, r) for r in self._query("SELECT * FROM pool ORDER BY created_at")]

@@ -355,3 +355,37 @@ def test_a_state_directory_made_before_tenants_is_migrated(tmp_path: Path) -> No
         assert store.get_job("build-1", "alice") is not None and store.get_job("build-1", "bob") is None
     finally:
         store.close()
+
+
+def test_a_fork_s_children_are_added_and_made_alive_in_one_transaction_each(tmp_path: Path) -> None:
+    """A fork into 8 writes its children's rows in one transaction and their handles in one more
+    (``control_plane/fork.py``), each row as ``get_server`` reads it; the status change is still
+    a compare-and-set per row: a child stopped meanwhile stays stopped.
+
+    Can fail: on main each child was a transaction of its own, twice (add, then its handle): 16
+    commits where 2 do (each a lock of the database beside every forward's lookups)."""
+    store = SQLiteStore(tmp_path / "s.db")
+    try:
+        client = str(uuid.uuid4())
+        store.add_client(ClientRow(client, "c", "ns", 0, A.ALIVE, 0, 0))
+        like = ServerRow(0, client, "c", "child", "", "ns", "img", None, False, "idegym", 80, 8000, A.ALIVE,
+                         "forking", 5, 5, None, 0, 0, "{}", None)
+        statements: list[str] = []
+        store._db.set_trace_callback(statements.append)
+        rows = store.add_servers(like, 8)
+        assert statements.count("BEGIN IMMEDIATE") == 1
+        assert len({row.id for row in rows}) == 8
+        assert rows == [store.get_server(row.id) for row in rows]
+        assert [row.generated_name for row in rows] == [f"child-{row.id}" for row in rows]
+        assert store.set_server_status(rows[3].id, A.STOPPED)
+        statements.clear()
+        moved = store.set_servers_status({row.id: {"handle": f'{{"h": {row.id}}}', "last_activity_at": 9}
+                                          for row in rows}, A.ALIVE, "")
+        store._db.set_trace_callback(None)
+        assert statements.count("BEGIN IMMEDIATE") == 1
+        assert moved == {row.id: row is not rows[3] for row in rows}
+        after = [store.get_server(row.id) for row in rows]
+        assert [(r.availability, r.handle, r.details) for r in after if r is not None] == [
+            (A.STOPPED, None, "forking") if row is rows[3] else (A.ALIVE, f'{{"h": {row.id}}}', "") for row in rows]
+    finally:
+        store.close()

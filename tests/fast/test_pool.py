@@ -325,3 +325,25 @@ def test_fills_take_turns_until_claims_outrun_them_then_all_start_and_are_hurrie
                 fills.set()
 
     run(scenario())
+
+
+def test_a_fork_takes_its_members_out_of_the_store_in_one_transaction(tmp_path: Path) -> None:
+    """A fork takes up to 8 members at once: one transaction drops their records, not one each.
+
+    Can fail: on main each member taken was a commit of its own (8 for a fork into 8), on the
+    event loop, before the backend began the fork."""
+
+    async def scenario() -> None:
+        async with harness(tmp_path, warm_pool=8, warm_pool_max=8) as h:
+            pool = h.cp.pool
+            pool.watch(spec())
+            await h.backend.wait_for(lambda: len(members(h)) == 8)
+            statements: list[str] = []
+            h.store._db.set_trace_callback(statements.append)
+            taken = pool.take(spec(), 8)
+            h.store._db.set_trace_callback(None)
+            assert len(taken) == 8 and statements.count("BEGIN IMMEDIATE") == 1
+            assert not {t.name for t in taken} & {row.name for row in h.store.pool_members()}
+            await asyncio.gather(*(h.backend.delete(t) for t in taken))
+
+    run(scenario())

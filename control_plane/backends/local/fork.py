@@ -96,26 +96,17 @@ async def fork(site: LocalForkSite, parent: SandboxHandle, children: list[ForkCh
     began = time.perf_counter()
     own: dict[str, float] = {}  # each child's own time (ms), by name
     try:
-        await loop.run_in_executor(_threads, _hold_and_enter, layers, below, op)  # nothing below goes meanwhile
+        adopters = [c.warm.name for c in children if c.warm is not None]
+        layer_id, stack, timings = await loop.run_in_executor(_threads, _take, layers, record, op, launcher.storage,
+                                                              below, adopters)
         try:
-            # As deep as a stack may be: the layers below are merged into the new one (fork_layers.py).
-            merge = layers.stack(below) if len(below) + 1 > layers.max_stack else None
-            took = time.perf_counter()
-            adopters = [c.warm.name for c in children if c.warm is not None]
-            layer_id, timings = await loop.run_in_executor(_threads, _take, layers, record, op, launcher.storage,
-                                                           merge, below, adopters)
-            timings["layers below"] = (took - began) * 1e3
-            timings["snapshot"] = timings.pop("total", 0.0)
-            try:
-                stack = layers.stack(_stack_ids(layer_id, below, merge))
-                started = time.perf_counter()
-                results = await asyncio.gather(*(_child(site, image, record, stack, c, timeout, own)
-                                                 for c in children), return_exceptions=True)
-                timings["children"] = (time.perf_counter() - started) * 1e3
-            finally:
-                _leave_later(layers, layer_id)
-                _spare_later(layers, launcher.storage)
+            started = time.perf_counter()
+            results = await asyncio.gather(*(_child(site, image, record, stack, c, timeout, own)
+                                             for c in children), return_exceptions=True)
+            timings["children"] = (time.perf_counter() - started) * 1e3
         finally:
+            _leave_later(layers, layer_id)
+            _spare_later(layers, launcher.storage)
             _in_background(layers.leave, below)
         made = [r for r in results if isinstance(r, SandboxHandle)]
         failed = [r for r in results if isinstance(r, BaseException)]
@@ -183,22 +174,34 @@ def _stack_ids(layer_id: str, below: list[str], merge: ForkStack | None) -> list
 
 
 def _take(layers: ForkLayers, record: LocalHandleData, op: str, storage: LayerStorage | None,
-          merge: ForkStack | None, below: list[str], adopters: list[str]) -> tuple[str, dict[str, float]]:
-    """The fork's new layer (``ForkLayers.take``), held at once by the warm sandboxes ``adopters``
-    that may become its children: one turn of the layers' lock, where each child's own hold took
-    turns on it. One not made a child is deleted, which lets go of what it holds."""
-    layer_id, timings = layers.take(record, op, storage, merge)
-    try:
-        layers.hold(_stack_ids(layer_id, below, merge), *map(sandbox_holder, adopters))
-    except BaseException:
-        layers.leave([layer_id])
-        raise
-    return layer_id, timings
-
-
-def _hold_and_enter(layers: ForkLayers, below: list[str], op: str) -> None:
+          below: list[str], adopters: list[str]) -> tuple[str, ForkStack, dict[str, float]]:
+    """The fork's new layer (``ForkLayers.take``) and the stack its children stand on, one job on
+    a thread (each hop to one waited for the scheduler on a busy host). The layers ``below`` are
+    held by the fork (``op``: none goes meanwhile) and reachable until the caller leaves them (left
+    here when this fails); the new layer is held at once by the warm sandboxes ``adopters`` that
+    may become its children: one turn of the layers' lock, where each child's own hold took turns
+    on it. One not made a child is deleted, which lets go of what it holds."""
+    began = time.perf_counter()
     layers.hold(below, op)
     layers.enter(below)
+    try:
+        # As deep as a stack may be: the layers below are merged into the new one (fork_layers.py).
+        merge = layers.stack(below) if len(below) + 1 > layers.max_stack else None
+        took = time.perf_counter()
+        layer_id, timings = layers.take(record, op, storage, merge)
+        try:
+            ids = _stack_ids(layer_id, below, merge)
+            layers.hold(ids, *map(sandbox_holder, adopters))
+            stack = layers.stack(ids)
+        except BaseException:
+            layers.leave([layer_id])
+            raise
+    except BaseException:
+        layers.leave(below)
+        raise
+    timings["layers below"] = (took - began) * 1e3
+    timings["snapshot"] = timings.pop("total", 0.0)
+    return layer_id, stack, timings
 
 
 def _adopt(site: LocalForkSite, warm: LocalHandleData, image: ResolvedImage, stack: ForkStack) -> None:

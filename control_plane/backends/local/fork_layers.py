@@ -50,8 +50,8 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -97,13 +97,25 @@ class ForkStack:
 
     ids: tuple[str, ...]
     levels: tuple[Path, ...]  # each level holds ``<tree>/`` and maybe ``project/``, top first
-    tmp: Path | None = None  # the parent's /tmp at the fork
+    tmp: Path | None  # the parent's /tmp at the fork
+    # Which levels hold each tree and the project, read once (``read``), not by each of a fork's
+    # children (their remounts ran the same scans 8 times over, on 2 cores).
+    _trees: Mapping[str, tuple[str, ...]] = field(compare=False)
+    _projects: tuple[Path, ...] = field(compare=False)
+
+    @classmethod
+    def read(cls, ids: tuple[str, ...], levels: tuple[Path, ...], tmp: Path | None) -> ForkStack:
+        """The stack of ``levels``, which are reachable and change no more."""
+        return cls(ids, levels, tmp,
+                   {tree: tuple(str(level / tree) for level in levels if not is_empty(level / tree))
+                    for tree in ALL_TREES},
+                   tuple(level / "project" for level in levels if (level / "project").is_dir()))
 
     def tree_levels(self, tree: str) -> list[str]:
-        return [str(level / tree) for level in self.levels if not is_empty(level / tree)]
+        return list(self._trees[tree])
 
     def project_levels(self) -> list[Path]:
-        return [level / "project" for level in self.levels if (level / "project").is_dir()]
+        return list(self._projects)
 
 
 class ForkLayers:
@@ -271,7 +283,7 @@ class ForkLayers:
             levels += [root / str(n) for n in numbers]
         top = self.path(ids[0]) if ids else None
         tmp = next((p for p in (top / FS / "tmp", top / "tmp") if p.is_dir()), None) if top else None
-        return ForkStack(ids, tuple(levels), tmp)
+        return ForkStack.read(ids, tuple(levels), tmp)
 
     # -- taking a layer -------------------------------------------------------------------------------
 
