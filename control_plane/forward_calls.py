@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from sandbox_server import eager, routes
+from sandbox_server import routes
 from sandbox_server.http import Reply
 
 from .backends.base import SandboxAddress
@@ -144,12 +144,10 @@ class Forwards:
         started_ms, started = now_ms(), time.perf_counter()
         loop = asyncio.get_running_loop()
         settled = loop.create_future()  # the answer, or ``wait`` seconds
-        task = asyncio.current_task()
 
         def wake() -> None:
             if not settled.done():
                 settled.set_result(None)
-                eager.resume(task)  # a forward served below aiohttp answers in this turn of the loop
 
         try:
             # woken in the very turn the answer arrives: a callback of the reply's future would

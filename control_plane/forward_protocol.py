@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from multidict import CIMultiDict
 
-from sandbox_server import eager
 from sandbox_server.request_head import MalformedRequest, RequestHead, head_end, parse_head
 
 from .body_budget import SMALL
@@ -238,8 +237,7 @@ class Connection(asyncio.Protocol):
             return  # the rest of the body is on its way
         body = bytes(buf[end[1]:end[1] + head.length])
         del buf[:end[1] + head.length]
-        self._serving = serving = eager.task(self._serve(head, target, body))
-        eager.resume(serving)  # the forward goes to its sandbox in this turn of the loop
+        self._serving = asyncio.get_running_loop().create_task(self._serve(head, target, body))
 
     async def _serve(self, head: RequestHead, target: tuple[str, str, str], body: bytes) -> None:
         try:

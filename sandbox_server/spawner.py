@@ -68,7 +68,7 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 
-from . import eager, procfs
+from . import procfs
 from .run_template import RESET_SIGNALS
 
 SPAWNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "idegym-spawner")
@@ -119,8 +119,7 @@ class Spawner:
         self._ready = False  # it said so: from then on, it may have read what was sent
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        # in request order, with the task awaiting each answer (stepped on as the answer is read)
-        self._answers: list[tuple[asyncio.Future[int], asyncio.Future[int | None], asyncio.Task | None]] = []
+        self._answers: list[tuple[asyncio.Future[int], asyncio.Future[int | None]]] = []  # in request order
         self._exits: dict[int, asyncio.Future[int | None]] = {}  # tools started, by pid, until their end is told
         self._null: int | None = None  # /dev/null for tools without stdin, opened once (an open per call shows)
         self._parent = 0  # the thread that started it, whose priority, limits and affinity it inherited
@@ -212,7 +211,7 @@ class Spawner:
                     errno.EMSGSIZE, errno.ENOBUFS, errno.ENOMEM):
                 self.stop()
             raise SpawnRefused(f"the spawner cannot be sent the request: {exc}") from exc
-        self._answers.append((answer, exit_status, asyncio.current_task()))
+        self._answers.append((answer, exit_status))
         timer = loop.call_later(ANSWER_TIMEOUT, self._unanswered, answer)
         try:
             pid = await answer
@@ -294,23 +293,19 @@ class Spawner:
 
     def _on_message(self) -> None:
         assert self._sock is not None
-        answered: list[asyncio.Task | None] = []
         while self._sock is not None:
             try:
                 data = self._sock.recv(4096)
             except BlockingIOError:
-                break
+                return
             except OSError:
                 data = b""
-            if not self._told(data, answered):  # its end closed (or a message of no spawner of ours)
+            if not self._told(data):  # its end closed (or a message of no spawner of ours)
                 self.stop()
-                break
-        for task in answered:  # the calls go on now, with the ends of the tools that came along read
-            eager.resume(task)
+                return
 
-    def _told(self, data: bytes, answered: list[asyncio.Task | None] | None = None) -> bool:
-        """Take one message of the spawner; False when it is none (its end closed) or it failed.
-        The task awaiting an answer given is added to ``answered``."""
+    def _told(self, data: bytes) -> bool:
+        """Take one message of the spawner; False when it is none (its end closed) or it failed."""
         if len(data) < MESSAGE.size:
             return False
         kind, pid, value = MESSAGE.unpack_from(data)
@@ -324,14 +319,12 @@ class Spawner:
                 return False
             self._ready = True
         elif self._answers:
-            answer, exit_status, task = self._answers.pop(0)
+            answer, exit_status = self._answers.pop(0)
             if pid > 0:
                 # Known now, before any other message: its end may be the next one.
                 self._exits[pid] = exit_status
                 if not answer.done():
                     answer.set_result(pid)
-                    if answered is not None:
-                        answered.append(task)
             elif not answer.done():
                 answer.set_exception(SpawnRefused(data[MESSAGE.size:].decode(errors="replace"), value))
         return True
@@ -360,7 +353,7 @@ class Spawner:
             os.close(self._null)
             self._null = None
         # Requests it had: once it was ready, it may have started their tools.
-        for answer, _, _ in self._answers:
+        for answer, _ in self._answers:
             if not answer.done():
                 answer.set_exception(SpawnRefused("the spawner was killed", maybe_started=self._ready))
         self._answers.clear()

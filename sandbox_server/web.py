@@ -24,7 +24,6 @@ from http import HTTPStatus
 from typing import Any, cast
 from urllib.parse import parse_qsl
 
-from . import eager
 from .errors import ApiError, NotFound, PayloadTooLarge, render
 from .request_head import HEAD_LIMIT, MalformedRequest, RequestHead, chunk_size, head_end, parse_head, trailers_end
 from .settings import DEFAULT_HEADER_TIMEOUT
@@ -144,7 +143,6 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._on_serving = on_serving
         self._greeting = greeting
-        self._serving: asyncio.Task[None] | None = None
         self._waiter: asyncio.Future[None] | None = None  # the serving task, waiting for bytes
         self._drained: asyncio.Future[None] | None = None  # the serving task, waiting for room to write
         self._ended = False  # the client closed its end, or the connection is gone
@@ -157,15 +155,14 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # a stream's (uvloop's are no subclass)
         if self._greeting:
             self.transport.write(self._greeting)
-        self._serving = eager.task(self.serve())
+        task = asyncio.ensure_future(self.serve())
         if self._on_serving is not None:
-            self._on_serving(self._serving)
+            self._on_serving(task)
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
         if self._waiter is not None:
             self._wake(self._waiter)
-            eager.resume(self._serving)  # the request is read, and handled, in this turn of the loop
         elif len(self.buf) > 2 * READ_CHUNK and self.transport is not None:
             # a client that sends on while its request is handled waits: the buffer stays bounded
             self.transport.pause_reading()

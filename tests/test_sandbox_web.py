@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,11 +49,7 @@ def server(loop: LoopThread, tmp_path: Path) -> Iterator[str]:
         await HELD.wait()
         return web.json_response({})
 
-    async def turn(request: web.Request) -> web.Response:
-        return web.json_response({"callbacks": _callbacks()})
-
     app.add_route("POST", "/echo", echo)
-    app.add_get("/turn", turn)
     app.add_get("/hold", hold)
     app.add_get("/echo", echo)
     app.add_get("/injected", injected)
@@ -67,16 +62,6 @@ def server(loop: LoopThread, tmp_path: Path) -> Iterator[str]:
 
 
 HELD = asyncio.Event()  # what ``/hold`` waits for (set on the server's loop)
-
-
-def _callbacks() -> list[str]:
-    """The protocol callbacks of ``web.py`` the caller runs in (none in a task's own step)."""
-    frame, names = sys._getframe(1), []
-    while frame is not None:
-        if frame.f_code.co_filename == web.__file__ and frame.f_code.co_name in ("data_received", "connection_made"):
-            names.append(frame.f_code.co_name)
-        frame = frame.f_back
-    return names
 
 
 async def _release() -> None:
@@ -161,18 +146,6 @@ def test_pipelined_requests_past_what_the_connection_buffers_are_each_answered(s
     assert rest == b"" and answers[0][0] == "HTTP/1.1 200 OK"
     assert [json.loads(body)["body"] for _, _, body in answers[1:]] == [b.decode() for b in bodies]
     assert json.loads(last[2])["body"] == "next"
-
-
-def test_a_request_on_a_kept_alive_connection_is_handled_in_the_turn_its_bytes_arrive(server: str) -> None:
-    """Can fail: the serving task, woken by the request's bytes, handled it at the loop's next turn
-    (on main: no callback of the connection below the handler)."""
-    with _connect(server) as sock:
-        for _ in range(3):  # kept alive: the serving task waits for each next request's bytes
-            sock.sendall(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
-            _answers(sock, 1)
-            sock.sendall(b"GET /turn HTTP/1.1\r\nHost: x\r\n\r\n")
-            (answer,), _ = _answers(sock, 1)
-            assert json.loads(answer[2])["callbacks"] == ["data_received"]
 
 
 @pytest.mark.parametrize("request_bytes", [

@@ -26,18 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_server import eager, procfs
-from sandbox_server.spawner import (
-    ANSWER_HOLD,
-    COUNTS,
-    EXITED,
-    MAX_REQUEST,
-    MESSAGE,
-    SPAWNER,
-    Spawner,
-    SpawnRefused,
-    _request,
-)
+from sandbox_server import procfs
+from sandbox_server.spawner import COUNTS, EXITED, MAX_REQUEST, MESSAGE, SPAWNER, Spawner, SpawnRefused, _request
 from tests.helpers import SandboxProcess, process_alive, wait_until
 
 pytestmark = [
@@ -661,32 +651,5 @@ def test_a_tool_s_end_told_before_its_spawner_is_stopped_is_its_status() -> None
                 os.close(fd)
             if running:
                 os.kill(running, signal.SIGKILL)
-
-    asyncio.run(main())
-
-
-def test_a_call_goes_on_in_the_callback_its_spawner_answers_in() -> None:
-    """The call awaiting a tool's start, in a task of ``eager.task`` as the server's connections
-    run them, goes on inside the callback that reads the spawner's answer (with a quick tool's end,
-    which comes with it). Can fail: on main (no ``eager``), the call went on at the loop's next turn."""
-
-    async def main() -> None:
-        spawner = Spawner(NOBODY, NOBODY, [], b"500")
-        await spawner.start(asyncio.get_running_loop())
-        tool = Tool()
-        try:
-            async def call() -> list[str]:
-                await spawner.spawn(["/bin/true"], {}, "/tmp", tool.null, tool.out_w, tool.out_w, ANSWER_HOLD)
-                frame, names = sys._getframe(), []
-                while frame is not None:
-                    names.append(frame.f_code.co_name)
-                    frame = frame.f_back
-                return names
-
-            assert "_on_message" in await eager.task(call())
-        finally:
-            spawner.stop()
-            tool.handed_over()
-            os.close(tool.out_r)
 
     asyncio.run(main())

@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 from control_plane.app import FORWARDING
 
@@ -137,54 +133,3 @@ def test_a_connection_of_forwards_waits_for_a_head_no_longer_than_the_header_tim
                 assert cp.app[FORWARDING].connections == set()
 
     run(scenario())
-
-
-def test_a_forward_goes_to_its_sandbox_and_back_in_the_callbacks_its_bytes_arrive_in(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A forward served here is sent to its sandbox inside the callback that read its request, and
-    answered inside the one that read the sandbox's answer (on a kept-alive connection to it): no
-    turn of the loop for a task in between. Can fail: on main, a task sent it at the loop's next
-    turn, and was woken to answer at the turn after the sandbox's answer."""
-    from control_plane import forward_protocol
-    from control_plane.sandbox_http import Forwarder
-
-    seen: dict[str, list[set[tuple[str, str]]]] = {"sent": [], "answered": []}
-
-    def callbacks() -> set[tuple[str, str]]:
-        frame, names = sys._getframe(2), set()
-        while frame is not None:
-            names.add((Path(frame.f_code.co_filename).name, frame.f_code.co_name))
-            frame = frame.f_back
-        return names
-
-    start, encode = Forwarder.start, forward_protocol.encode_answer
-
-    def sending(self: Forwarder, *args: Any, **kwargs: Any) -> Any:
-        seen["sent"].append(callbacks())
-        return start(self, *args, **kwargs)
-
-    def answering(*args: Any) -> bytes:
-        seen["answered"].append(callbacks())
-        return encode(*args)
-
-    monkeypatch.setattr(Forwarder, "start", sending)
-    monkeypatch.setattr(forward_protocol, "encode_answer", answering)
-
-    async def scenario() -> None:
-        async with served(tmp_path) as cp:
-            from idegym_env.client import AsyncIdeGymClient
-
-            async with AsyncIdeGymClient(cp.url, unix_socket=cp.unix_socket) as client:
-                sandbox = await client.start(IMAGE)
-                bash = f"/api/forward/{client.client_id}/{sandbox.server_id}/api/tools/bash"
-                reader, writer = await asyncio.open_unix_connection(cp.unix_socket)
-                try:
-                    for _ in range(2):  # the first opens the connection to the sandbox
-                        [(status, _, _)] = await _exchange(reader, writer, _post(bash, b'{"command": "true"}'))
-                        assert status == 200
-                finally:
-                    writer.close()
-
-    run(scenario())
-    assert ("forward_protocol.py", "data_received") in seen["sent"][-1]
-    assert ("unix_http.py", "data_received") in seen["answered"][-1]
