@@ -12,7 +12,8 @@ For bash ``true``, ``echo hello`` and a 1 MB output:
   (target 1 ms); over the raw subprocess, an isolated call (targets: 1.0 ms with our client,
   1.5 ms with httpx); then where one such call's time goes (``_call_breakdown.py``: the caller's
   CPU, the control plane's handler and sandbox round trip, the command's time in the sandbox,
-  each process's CPU and sleeps per call);
+  each process's CPU and sleeps per call), and the isolated call's overhead in shares: the
+  sandbox's (its own socket over the raw subprocess), the forward's, and httpx's over our client;
 * the same through another control plane whose servers have no spawner (``IDEGYM_TOOL_SPAWNER=0``:
   each tool starts the long way, through the as-user helper), interleaved with a raw subprocess;
 * through the control plane with the published ``idegym-client`` 0.13.1 (202 and polling, as
@@ -200,6 +201,16 @@ def run() -> Result:
     for caller, parts in breakdowns.items():
         for part, value in parts.items():
             result.figures[f"breakdown, {caller}: {part} ms"] = round(value, 3)
+    # Each share the difference of two interleaved medians: what a target needs cut, and where.
+    shares = {
+        "the sandbox: its own socket, over the raw subprocess": direct - raw,
+        "the forward: through the control plane with our client, over its own socket": via - direct,
+        "httpx: a plain httpx.Client through the control plane, over our client": plain - via,
+    }
+    print("\nthe isolated call's overhead by share (bash true; differences of the interleaved rows' medians):")
+    print(table(["share", "ms"], [[share, round(value, 3)] for share, value in shares.items()]))
+    for share, value in shares.items():
+        result.figures[f"isolated call share, {share} ms"] = round(value, 3)
     print("\n" + "\n".join(t["text"] for t in (target, isolated, isolated_httpx)))
     print(f"the same without the tool spawner (each tool the long way, through the as-user helper), over the raw "
           f"subprocess interleaved with it: {long_way:.3f} ms (no target)")
