@@ -4,23 +4,24 @@ A sandbox made ahead of demand (a warm-pool fill) competes for the same cores wi
 that serve calls. On 2 cores, the 8 fills that follow a fork into 8 made the children's bash calls
 take twice as long (the children answering 8 calls: 51 -> 26 ms p50 once fills ran at nice 19,
 ``benchmarks/fork.py``). So a fill's processes (bubblewrap and all it starts) start at
-``BACKGROUND_NICE``; once they are in the sandbox's groups, the group's CPU weight is what ranks them against other
-sandboxes (a task's nice only ranks it inside its own group), and that weight is the least
-(``cgroups.BACKGROUND_SHARES``) from the moment bubblewrap, born in the groups, has set the
-sandbox up until it is claimed. Its tasks get nice 0 back at the end
-of the fill (``settle``, in the background), so a claim is one write of the group's weight
-(``restore``), not a walk of its tasks on the claim's path (3-6 ms under load for each of a
-fork's 8 children). Without a cpu group, nice is all there is: the claim gives every task nice 0.
+``BACKGROUND_NICE``; once they are in the sandbox's groups, the group's CPU weight is what ranks
+them against other sandboxes (a task's nice only ranks it inside its own group), and that weight is
+the least (``cgroups.BACKGROUND_SHARES``) from the moment bubblewrap, born in the groups, has set
+the sandbox up until it is claimed. Its tasks get nice 0 back at the end of the fill (``settle``,
+in the background), so a claim is one write of the group's weight (``restore``), not a walk of its
+tasks on the claim's path (3-6 ms under load for each of a fork's 8 children). Without a cpu group,
+nice is all there is: the claim gives every task nice 0.
 
 What stays at the normal priority, because a preempted low-priority thread would hold up others:
 the fill's host-side work on the control plane's threads (its directories, layers, cgroups, the
 start of bubblewrap): those threads take the GIL the event loop needs, and at nice 19 on a loaded
-host one was preempted while holding it, so the loop waited for it: back-to-back RESTART resets
-(``benchmarks/env_step.py``, load 16-19) found the loop's thread waiting on a futex 13 % of the
-time, and their p95 was 81 ms (65 with those threads at nice 0, alternated runs, 300 resets
-each). Also moving processes into cgroups (``readiness.attach``: it holds the lock every
-``fork()`` on the host takes) and the zygote's fork of a server (one request at a time on its
-socket). Deletes stay too: a client waits for them.
+host one was preempted while holding it, so the loop waited for it. Back-to-back RESTART resets as
+``benchmarks/env_step.py`` makes them, 8 runs of 50 alternated (load 11-17): their p95 88 -> 59 ms
+and the first step after each 62 -> 56 ms p50 once those threads ran at nice 0; the loop's thread
+was found in a futex wait (the GIL) in 8-12 % of 1 ms samples, 4.7 % after. Also moving processes
+into cgroups (``readiness.attach``: it holds the lock every ``fork()`` on the host takes) and the
+zygote's fork of a server (one request at a time on its socket). Deletes stay too: a client waits
+for them.
 """
 
 from __future__ import annotations
