@@ -21,8 +21,8 @@ and the first step after each 62 -> 56 ms p50 once those threads ran at nice 0; 
 was found in a futex wait (the GIL) in 8-12 % of 1 ms samples, 4.7 % after; ``env_step`` itself, 4
 rounds alternated at load 4-6: reset p95 45 31 47 62 ms against 61 47 49 79 (5 rounds at load 11-14
 before: 55 74 90 34 60 against 126 29 32 30 85). The warm-pool fork (``BENCH_FORK_WARM_ONLY``, 8
-children, 6 rounds alternated): 116 105 80 66 80 59 ms against 81 80 71 79 71 63 (load falling from
-9 to 3 in the first three, where it was worse). Also moving processes into cgroups
+children ready p50, 10 rounds alternated, load 9 falling to 2): 116 105 79 66 80 59 108 119 76 71
+ms against 80 80 71 78 70 63 119 131 122 81: no worse. Also moving processes into cgroups
 (``readiness.attach``: it holds the lock every ``fork()`` on the host takes) and the zygote's fork
 of a server (one request at a time on its socket). Deletes stay too: a client waits for them.
 """
