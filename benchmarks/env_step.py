@@ -6,6 +6,17 @@ Targets: step overhead at most 10 % over the direct call; reset with RESTART reu
 at most 50 ms. Where each RESTART reset's fresh sandbox came from is counted (the control plane's
 ``idegym_warm_pool_starts_total``): a member was ready, it waited for a fill under way, or one
 was made for it; the last two are the slow resets.
+
+Where the tail comes from (timestamps of the control plane's claims, fills, lands and deletes
+against each episode's, back-to-back episodes as here, 2 cores, load 11-17 from other work):
+resets that found the pool empty (8-10 %: 80-350 ms, a hurried fill's wait), and stalls of the
+control plane's event loop between the restart's end and its answer (20-55 ms, its thread in a
+futex wait for the GIL: ``backends/local/priority.py``). The pool empties because each episode
+takes a sandbox and fills do not make them as fast: fills took 0.5-1 s each at that load, the
+episodes ~0.1 s, and a ceiling of 16 instead of 8 put 15 fills in flight and emptied it as often
+(18 against 21 of 200 resets). The step after a RESTART reset is the slow part of an episode
+(p50 50-100 ms against 4 ms for a step without resets; a ``read_file`` instead 17 ms): its bash
+starts processes while 4-8 fills and 1-3 deletes are under way.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from sandbox_server import procfs
 
 from ...appuser import APPUSER
 from ..base import BackendError
-from . import cgroups, layer_mounts, mounts, usernet
+from . import cgroups, layer_mounts, mounts, priority, usernet
 from .handle_data import LocalHandleData, required
 from .hostconfig import MOUNT as HOST_CONFIG_MOUNT
 from .image_trees import HOSTNAME
@@ -142,12 +142,13 @@ def _peer_network_namespace(peer: LocalHandleData) -> int:
 
 
 def spawn(plan: Plan, data: LocalHandleData, host: BwrapHost, runtime: Runtime, kind: ServerKindEntry,
-          tool_cgroups: dict[str, str], track: Callable[[subprocess.Popen], None], *, forked: bool = False
-          ) -> tuple[int, PendingSandbox | None]:
+          tool_cgroups: dict[str, str], track: Callable[[subprocess.Popen], None], *, forked: bool = False,
+          nice: int = priority.NORMAL_NICE) -> tuple[int, PendingSandbox | None]:
     """Start bwrap for ``plan``; records ``monitor`` (bwrap) and ``init`` (the namespace's first
     process) in ``data`` and hands bwrap's Popen to ``track``. Returns the fd the server reports
     ready on, and with ``forked`` (and an image that has the placeholder) what the zygote needs to
-    fork the server: bwrap then runs only the placeholder."""
+    fork the server: bwrap then runs only the placeholder. Both run at ``nice`` before init sets
+    the sandbox up (what they start inherits it)."""
     # A sandbox that joins another's network namespace has that one's network: no slirp4netns of its own.
     slirp = usernet.require() if plan.network and plan.network_peer is None else None
     staged = stage_task(plan, kind)  # (before any descriptor is opened: nothing to close if it fails)
@@ -231,6 +232,8 @@ def spawn(plan: Plan, data: LocalHandleData, host: BwrapHost, runtime: Runtime, 
         for map_file in ("uid_map", "gid_map"):
             with open(f"/proc/{child}/{map_file}", "w") as fh:
                 fh.write(ID_MAP)
+        if nice != priority.NORMAL_NICE:
+            priority.set_tasks((popen.pid, child), nice)
         os.write(block_w, b"1")
         if slirp:  # once bwrap has set up the namespace's loopback (it fails if lo is up already)
             init = required(data.init, "init")

@@ -98,7 +98,6 @@ class _Behind:
     """A launch in the background that no start waits for (yet)."""
 
     data: LocalHandleData
-    thread: int | None = None  # the native id of the thread running its host-side step, while one runs
 
 
 class Launcher:
@@ -116,11 +115,11 @@ class Launcher:
         # Spawns run on threads of their own: each gives itself a private mount namespace and
         # working directory (bwrap.py), which no other work of this process may share.
         self._spawns = concurrent.futures.ThreadPoolExecutor(LAUNCH_THREADS, thread_name_prefix="idegym-launch")
-        # Sandboxes made ahead of demand (priority.py): their own threads, at a low priority.
+        # Sandboxes made ahead of demand (priority.py): their own threads, so that a start's steps
+        # never queue behind theirs; at the normal priority (they hold the event loop's GIL).
         self._background_spawns = concurrent.futures.ThreadPoolExecutor(
-            LAUNCH_THREADS, thread_name_prefix="idegym-launch-bg", initializer=priority.lower_this_thread)
-        self._background = concurrent.futures.ThreadPoolExecutor(
-            4, thread_name_prefix="idegym-bg", initializer=priority.lower_this_thread)
+            LAUNCH_THREADS, thread_name_prefix="idegym-launch-bg")
+        self._background = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="idegym-bg")
         self._runtimes: dict[str, Runtime] = {}
         # The foreground and background launch threads both make runtimes and zygotes on first use.
         self._runtime_lock = threading.RLock()
@@ -212,15 +211,13 @@ class Launcher:
                 self.creating.discard(name)
 
     def hurry(self, name: str) -> None:
-        """The background launch ``name`` is waited for by a start: what of it runs gets the
-        normal priority now (the host-side step under way too), and its remaining steps run at
-        it. It makes no warm-up call (``readiness.warm_up``) unless one is under way: the start
-        waits for it, and the call (its round trip, the tool it runs) took 8.6 ms p50, 17.7 p90
-        of a hurried launch (load 4-6) to save the start's first call ~1.5 ms of CPU."""
+        """The background launch ``name`` is waited for by a start: its group weighs as a serving
+        sandbox's now, and its processes not started yet start at the normal priority. It makes no
+        warm-up call (``readiness.warm_up``) unless one is under way: the start waits for it, and
+        the call (its round trip, the tool it runs) took 8.6 ms p50, 17.7 p90 of a hurried launch
+        (load 4-6) to save the start's first call ~1.5 ms of CPU."""
         with self._behind_lock:
             behind = self._behind.pop(name, None)
-            if behind is not None and behind.thread is not None:  # its step under way: normal priority now
-                os.setpriority(os.PRIO_PROCESS, behind.thread, priority.NORMAL_NICE)
         if behind is not None:
             priority.restore(behind.data)
 
@@ -234,23 +231,6 @@ class Launcher:
         with self._behind_lock:
             if name in self._behind and data.cpu_shares is not None:
                 cgroups.Cgroups.set_shares(data.cgroups, cgroups.BACKGROUND_SHARES)
-
-    def _background_step(self, name: str, work: Callable[..., Any], *args: Any) -> Any:
-        """``work`` on this background thread, which a hurry of launch ``name`` lifts until it ends."""
-        thread = threading.get_native_id()
-        with self._behind_lock:
-            behind = self._behind.get(name)
-            if behind is None:  # hurried since the step was queued
-                os.setpriority(os.PRIO_PROCESS, thread, priority.NORMAL_NICE)
-            else:
-                behind.thread = thread
-        try:
-            return work(*args)
-        finally:
-            with self._behind_lock:
-                if behind is not None:
-                    behind.thread = None
-                os.setpriority(os.PRIO_PROCESS, thread, priority.BACKGROUND_NICE)
 
     async def stop(self, space: Space, name: str, data: LocalHandleData | None) -> None:
         """End every process of the sandbox; its files and cgroups stay."""
@@ -363,8 +343,7 @@ class Launcher:
         def host(work: Callable[..., Any], *args: Any, thread: concurrent.futures.Executor | None = None) -> Any:
             """A host-side step: on the background threads while no start waits for the sandbox."""
             if behind():
-                return loop.run_in_executor(self._background if thread is None else self._background_spawns,
-                                            self._background_step, plan.name, work, *args)
+                thread = self._background if thread is None else self._background_spawns
             return loop.run_in_executor(thread, work, *args)
 
         try:
@@ -510,8 +489,10 @@ class Launcher:
 
     def _spawn(self, plan: Plan, data: LocalHandleData) -> tuple[int, bwrap.PendingSandbox | None]:
         """On a launch thread: start the server, or (``PendingSandbox``) the sandbox the zygote is to
-        fork it into; returns the fd it reports ready on."""
+        fork it into, at the background priority while no start waits for it; returns the fd it
+        reports ready on."""
         kind = entry(plan.kind)
+        nice = priority.BACKGROUND_NICE if plan.name in self._behind else priority.NORMAL_NICE
 
         def track(popen: subprocess.Popen) -> None:
             """Reap ``popen``; and, as soon as it runs, tell the sandbox's monitor (called again
@@ -521,10 +502,10 @@ class Launcher:
                 record_pids(data, procfs.record(popen.pid))
 
         if self.isolation != "bwrap":
-            return plain.spawn(plan, data, kind, track), None
+            return plain.spawn(plan, data, kind, track, nice), None
         tools = cgroups.sub(data.cgroups, cgroups.TOOLS) if data.cgroups else {}
         return bwrap.spawn(plan, data, self.bwrap_host, self._runtime(plan), kind, tools, track,
-                           forked=self._forks_server(plan))
+                           forked=self._forks_server(plan), nice=nice)
 
     async def _remove_when_settled(self, launch: asyncio.Future, space: Space, name: str) -> None:
         try:

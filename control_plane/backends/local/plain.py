@@ -13,15 +13,16 @@ from collections.abc import Callable
 
 from sandbox_server import procfs
 
-from . import cgroups
+from . import cgroups, priority
 from .handle_data import LocalHandleData
 from .layout import SOCKET_NAME, Plan
 from .server_kinds import ServerKindEntry, sandbox_server_args
 
 
-def spawn(plan: Plan, data: LocalHandleData, kind: ServerKindEntry, track: Callable[[subprocess.Popen], None]) -> int:
-    """Start the server for ``plan``; records ``server`` in ``data`` and hands its Popen to
-    ``track``. Returns the fd the server reports ready on."""
+def spawn(plan: Plan, data: LocalHandleData, kind: ServerKindEntry, track: Callable[[subprocess.Popen], None],
+          nice: int = priority.NORMAL_NICE) -> int:
+    """Start the server for ``plan`` at ``nice``; records ``server`` in ``data`` and hands its
+    Popen to ``track``. Returns the fd the server reports ready on."""
     ready_r, ready_w = os.pipe()
     tool_env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": os.environ.get("LANG", "C.UTF-8")}
     args = sandbox_server_args(plan, tool_env, str(plan.sb / "project"), ready_w, str(plan.run / SOCKET_NAME))
@@ -49,6 +50,8 @@ def spawn(plan: Plan, data: LocalHandleData, kind: ServerKindEntry, track: Calla
     finally:
         logf.close()
         os.close(ready_w)
+    if nice != priority.NORMAL_NICE:
+        priority.set_tasks((popen.pid,), nice)
     track(popen)
     data.server = procfs.record(popen.pid)
     return ready_r

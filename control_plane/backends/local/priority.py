@@ -3,20 +3,28 @@
 A sandbox made ahead of demand (a warm-pool fill) competes for the same cores with the sandboxes
 that serve calls. On 2 cores, the 8 fills that follow a fork into 8 made the children's bash calls
 take twice as long (the children answering 8 calls: 51 -> 26 ms p50 once fills ran at nice 19,
-``benchmarks/fork.py``). So a fill's host-side work (its directories, layers, cgroups and
-bubblewrap) runs on threads at ``BACKGROUND_NICE`` and its processes start at that nice; once
-they are in the sandbox's groups, the group's CPU weight is what ranks them against other
-sandboxes (a task's nice only ranks it inside its own group), and that weight is the least
-(``cgroups.BACKGROUND_SHARES``) from the moment bubblewrap, born in the groups, has set the
-sandbox up until it is claimed. Its tasks get nice 0 back at the end
-of the fill (``settle``, in the background), so a claim is one write of the group's weight
-(``restore``), not a walk of its tasks on the claim's path (3-6 ms under load for each of a
-fork's 8 children). Without a cpu group, nice is all there is: the claim gives every task nice 0.
+``benchmarks/fork.py``). So a fill's processes (bubblewrap and all it starts) start at
+``BACKGROUND_NICE``; once they are in the sandbox's groups, the group's CPU weight is what ranks
+them against other sandboxes (a task's nice only ranks it inside its own group), and that weight is
+the least (``cgroups.BACKGROUND_SHARES``) from the moment bubblewrap, born in the groups, has set
+the sandbox up until it is claimed. Its tasks get nice 0 back at the end of the fill (``settle``,
+in the background), so a claim is one write of the group's weight (``restore``), not a walk of its
+tasks on the claim's path (3-6 ms under load for each of a fork's 8 children). Without a cpu group,
+nice is all there is: the claim gives every task nice 0.
 
 What stays at the normal priority, because a preempted low-priority thread would hold up others:
-moving processes into cgroups (``readiness.attach``: it holds the lock every ``fork()`` on the host
-takes) and the zygote's fork of a server (one request at a time on its socket). Deletes stay too:
-a client waits for them.
+the fill's host-side work on the control plane's threads (its directories, layers, cgroups, the
+start of bubblewrap): those threads take the GIL the event loop needs, and at nice 19 on a loaded
+host one was preempted while holding it, so the loop waited for it. Back-to-back RESTART resets as
+``benchmarks/env_step.py`` makes them, 8 runs of 50 alternated (load 11-17): their p95 88 -> 59 ms
+and the first step after each 62 -> 56 ms p50 once those threads ran at nice 0; the loop's thread
+was found in a futex wait (the GIL) in 8-12 % of 1 ms samples, 4.7 % after; ``env_step`` itself, 4
+rounds alternated at load 4-6: reset p95 45 31 47 62 ms against 61 47 49 79 (5 rounds at load 11-14
+before: 55 74 90 34 60 against 126 29 32 30 85). The warm-pool fork (``BENCH_FORK_WARM_ONLY``, 8
+children ready p50, 10 rounds alternated, load 9 falling to 2): 116 105 79 66 80 59 108 119 76 71
+ms against 80 80 71 78 70 63 119 131 122 81: no worse. Also moving processes into cgroups
+(``readiness.attach``: it holds the lock every ``fork()`` on the host takes) and the zygote's fork
+of a server (one request at a time on its socket). Deletes stay too: a client waits for them.
 """
 
 from __future__ import annotations
@@ -31,12 +39,6 @@ from .handle_data import LocalHandleData
 
 BACKGROUND_NICE = 19
 NORMAL_NICE = 0
-
-
-def lower_this_thread() -> None:
-    """Run the calling thread, and whatever it starts, at the background priority (an executor's
-    initializer: on Linux a nice value is a thread's, and children inherit their thread's)."""
-    os.setpriority(os.PRIO_PROCESS, 0, BACKGROUND_NICE)
 
 
 def set_tasks(tids: Iterable[int], nice: int) -> None:
