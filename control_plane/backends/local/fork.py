@@ -286,7 +286,7 @@ def _spare_later(layers: ForkLayers, storage: LayerStorage | None) -> None:
     _spares_due.add(timer)
 
 
-def _in_background(work: Callable[..., None], *args: Any) -> None:
+def _in_background(work: Callable[..., object], *args: Any) -> None:
     """``work`` on an executor thread, not waited for (a failure is logged)."""
     future = asyncio.get_running_loop().run_in_executor(_threads, work, *args)
     _background.add(future)
