@@ -53,9 +53,6 @@ CPU_SHARES_PER_CORE = 1024  # v1's default weight of a group; a sandbox asking f
 BACKGROUND_SHARES = 15  # a sandbox made ahead of demand weighs as one task at nice 19 until claimed
 RUNNER_PIDS_SLACK = 16  # a code runner's processes beside its runs and their spares: the runs' zygote, the spawner
 MIN_RUN_MEMORY = 64 << 20
-# The freezer is looked at again after this many seconds (then twice as long each time, up to 2 ms):
-# the parent is paused from the freeze until the look that finds it frozen. TBD measured.
-FREEZE_FIRST_LOOK = 0.0001
 
 
 def controller_mounts() -> dict[str, Path]:
@@ -275,7 +272,7 @@ class Cgroups:
         if not path or not os.path.isdir(path):
             return None
         _write(path, "freezer.state", "FROZEN")
-        return wait_until(lambda: _read(path, "freezer.state") == "FROZEN", timeout, first=FREEZE_FIRST_LOOK, cap=0.002)
+        return wait_until(lambda: _read(path, "freezer.state") == "FROZEN", timeout, first=0.001, cap=0.002)
 
     @staticmethod
     def thaw(paths: dict[str, str], descendants: bool = False) -> None:
