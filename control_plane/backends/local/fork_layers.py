@@ -41,7 +41,6 @@ run beside the control plane).
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import fcntl
 import json
@@ -51,7 +50,7 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,10 +77,6 @@ SPARE = ".spare-"  # .spare-<pid>-<id>: a layer's filesystem made ahead of a for
 # typical episode.
 DEFAULT_MAX_STACK = 8
 OPAQUE_KEYS = {"project": "user.overlay.opaque"}  # the server mounts the project overlay with userxattr
-# A new layer's holders' files are made here while the parent's layers are copied (``take``): on
-# the host's journalled filesystem, beside other sandboxes' work, each took 0.1-0.4 ms (a fork
-# into 8 makes 9: the fork's own and its children's), where the copy goes to the layer's own.
-_HOLDS = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="idegym-fork-holds")
 # Operations of this process using a layer's filesystem (its directory -> how many): the last one
 # to finish detaches it from the host's mount tree.
 _users: dict[str, int] = {}
@@ -293,11 +288,9 @@ class ForkLayers:
     # -- taking a layer -------------------------------------------------------------------------------
 
     def take(self, data: LocalHandleData, holder: str, storage: LayerStorage | None = None,
-             merge: ForkStack | None = None, also: Sequence[str] = ()) -> tuple[str, dict[str, float]]:
-        """A new layer from the sandbox ``data`` describes, held by ``holder`` and the holders
-        ``also``: its processes are frozen while its layers (and /tmp) are copied, so every file
-        is as one instant left it. The holders' files are made on a thread of their own while the
-        copy runs (``_HOLDS``).
+             merge: ForkStack | None = None) -> tuple[str, dict[str, float]]:
+        """A new layer from the sandbox ``data`` describes, held by ``holder``: its processes are
+        frozen while its layers (and /tmp) are copied, so every file is as one instant left it.
         With ``storage`` and a parent whose layers are bounded, the copy goes to a filesystem of
         the layer's own, as large as the parent's layers and /tmp; it stays mounted for the
         caller, who says ``leave([id])`` when done with it. With ``merge`` (the parent's fork
@@ -327,19 +320,16 @@ class ForkLayers:
                 spare[1].rename(tmp)  # its filesystem mounted at fs/ comes along
             else:
                 self._blank(tmp, storage, bound)
+            (tmp / "holders" / holder).touch()
             fs = tmp / FS
             timings["prepare"] = (time.perf_counter() - started) * 1e3
             started = time.perf_counter()
             frozen = Cgroups.freeze(cgroups, FREEZE_TIMEOUT)
-            holding: concurrent.futures.Future[None] | None = None
             try:
                 if not frozen:
                     raise BackendError(f"sandbox {sb.name}: its processes did not freeze within "
                                        f"{FREEZE_TIMEOUT:g} s (stuck in the kernel?); nothing was forked", 409)
                 timings["freeze"] = (time.perf_counter() - started) * 1e3
-                # Beside the copy, not the freeze: made meanwhile, they kept the group from being
-                # frozen at the first look (1.96-2.92 ms p50 against 0.46-1.77, load 2-4).
-                holding = _HOLDS.submit(_touch_all, tmp / "holders", (holder, *also))
                 (fs / "level").mkdir(mode=0o700)
                 size += self._copy_layers(sb, fs / "level")
                 size += self._copy_tmp(data, fs / "tmp")
@@ -347,10 +337,6 @@ class ForkLayers:
                 thaw_started = time.perf_counter()
                 Cgroups.thaw(cgroups)
                 timings["frozen"] = (thaw_started - started) * 1e3
-                if holding is not None:
-                    concurrent.futures.wait([holding])  # before anything removes tmp
-            if holding is not None:
-                holding.result()
             if merge is not None:
                 started = time.perf_counter()
                 size += _merge(fs / "level", [snap / str(n) for n in snap_levels] + list(merge.levels))
@@ -495,11 +481,6 @@ def _bound(data: LocalHandleData, merged: int = 0) -> tuple[int, int] | None:
         size += tmp.f_blocks * tmp.f_frsize
         inodes += tmp.f_files
     return size * (1 + merged), inodes * (1 + merged)
-
-
-def _touch_all(directory: Path, names: Iterable[str]) -> None:
-    for name in names:
-        (directory / name).touch()
 
 
 def _remove_all(paths: list[Path]) -> None:
