@@ -159,8 +159,9 @@ def _project(files: int, tmp: Path) -> tuple[Path, str, str]:
 BESIDE = f"fork into {GROUP} (warm pool of {GROUP}, beside the default configuration)"
 # The parts of a fork's time, the same for every row that breaks one down (p50 of each).
 BREAKDOWN = ("the fork call", "control plane (the fork call less the backend's part)", "backend: prepare",
-             "backend: snapshot", "backend: frozen", "backend: children", "one child made (the slowest)",
-             "the first answers (after the call)", "a child's first call", "a child's next call")
+             "backend: snapshot", "backend: freeze", "backend: frozen", "backend: children",
+             "one child made (the slowest)", "the first answers (after the call)", "a child's first call",
+             "a child's next call")
 
 
 def _breakdown(parts: dict[str, list[float]], row: str, total: float, call: float,
@@ -171,7 +172,7 @@ def _breakdown(parts: dict[str, list[float]], row: str, total: float, call: floa
     add = lambda key, value: parts.setdefault(f"{row}: {key}", []).append(value)  # noqa: E731
     add("the fork call", call)
     add("control plane (the fork call less the backend's part)", call - ms.get("total", float("nan")) / 1e3)
-    for key in ("prepare", "snapshot", "frozen", "children", "total"):
+    for key in ("prepare", "snapshot", "freeze", "frozen", "children", "total"):
         add(f"backend: {key}", ms.get(key, float("nan")) / 1e3)
     slowest = max(r.get("fork_ms", {}).get("this child", float("nan")) for r in records)
     add("one child made (the slowest)", slowest / 1e3)

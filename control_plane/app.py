@@ -129,14 +129,13 @@ async def _accepted_or_wait(request: web.Request, op_id: int, model: BaseModel) 
     (its success model, or its error status with the ``ErrorResponse`` body)."""
     wait = prefer_wait(request.headers)
     cp = _cp(request)
-    if wait is None or not await cp.ops.wait(op_id, wait):
+    outcome = None if wait is None else await cp.ops.outcome(op_id, wait)
+    if outcome is None:
         return _accepted(model)
-    row = cp.store.get_operation(op_id)
-    assert row is not None and row.result is not None
     headers = {OPERATION_HEADER: str(op_id), PREFERENCE_APPLIED_HEADER: f"wait={wait:g}"}
-    if row.status == AsyncOperationStatus.SUCCEEDED:
-        return web.Response(text=row.result, content_type="application/json", headers=headers)
-    failed = ErrorResponse.model_validate_json(row.result)
+    if outcome.status == AsyncOperationStatus.SUCCEEDED:
+        return web.Response(text=outcome.result, content_type="application/json", headers=headers)
+    failed = ErrorResponse.model_validate_json(outcome.result)
     return error_response(ApiError.for_status(failed.status_code or 500, failed.body or ""), headers)
 
 

@@ -53,7 +53,7 @@ class Operations:
     def __init__(self, store: SQLiteStore, pod_name: str | None) -> None:
         self.store = store
         self.pod_name = pod_name
-        self._events: dict[int, asyncio.Event] = {}
+        self._ends: dict[int, asyncio.Future[OperationOutcome]] = {}
         self._tasks: set[asyncio.Task] = set()
 
     def recover(self) -> int:
@@ -68,10 +68,12 @@ class Operations:
 
     def submit(self, kind: AsyncOperationType, request: str | None, work: Work, *, client_id: str | None = None,
                server_id: int | None = None) -> int:
-        """Record a SCHEDULED operation and run ``work`` in the background. Returns its id."""
-        op_id = self.store.add_operation(kind, request, client_id, server_id, AsyncOperationStatus.SCHEDULED,
+        """Record an operation IN_PROGRESS and run ``work`` in the background. Returns its id.
+        The work starts at the loop's next turn: one commit, where SCHEDULED and then IN_PROGRESS
+        took two of a fork's six."""
+        op_id = self.store.add_operation(kind, request, client_id, server_id, AsyncOperationStatus.IN_PROGRESS,
                                          self.pod_name)
-        self._events[op_id] = asyncio.Event()
+        self._ends[op_id] = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(self._run(op_id, work), name=f"operation-{op_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -80,7 +82,6 @@ class Operations:
     async def _run(self, op_id: int, work: Work) -> None:
         outcome: OperationOutcome
         try:
-            self.store.start_operation(op_id)
             value = await work()
             outcome = value if isinstance(value, OperationOutcome) else OperationOutcome.success(value)
         except ApiError as exc:  # the work's failure: the operation ends with its status and message
@@ -99,20 +100,26 @@ class Operations:
             self.store.finish_operation(op_id, outcome.status, outcome.result, outcome.touch_server)
         except StoreError:
             log.exception("could not record the end of operation %s", op_id)
-        event = self._events.pop(op_id, None)
-        if event is not None:
-            event.set()
+        end = self._ends.pop(op_id, None)
+        if end is not None:
+            end.set_result(outcome)
+
+    async def outcome(self, op_id: int, timeout: float) -> OperationOutcome | None:
+        """The outcome of the operation ``op_id`` submitted here once it ends, waited for up to
+        ``timeout`` seconds (None: it is still running); a waiter that came late reads it from the
+        store. The outcome is what the store records, handed over without reading it back."""
+        end = self._ends.get(op_id)
+        if end is None:
+            row = self.store.get_operation(op_id)
+            return None if row is None or row.result is None else OperationOutcome(row.status, row.result)
+        try:
+            return await asyncio.wait_for(asyncio.shield(end), timeout)
+        except TimeoutError:
+            return None
 
     async def wait(self, op_id: int, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a running operation; True once it has ended."""
-        event = self._events.get(op_id)
-        if event is None:
-            return True
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
+        return op_id not in self._ends or await self.outcome(op_id, timeout) is not None
 
     async def shutdown(self, grace: float = 5.0) -> None:
         """Let running operations finish for ``grace`` seconds, then cancel the rest (CANCELLED)."""

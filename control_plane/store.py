@@ -465,10 +465,6 @@ class SQLiteStore:
                 _touch(db, touch_server, now)
             return _row_id(cur)
 
-    def start_operation(self, op_id: int) -> None:
-        self._write("UPDATE operations SET status=?, started_at=? WHERE id=? AND status=?",
-                    (AsyncOperationStatus.IN_PROGRESS.value, now_ms(), op_id, AsyncOperationStatus.SCHEDULED.value))
-
     def finish_operation(self, op_id: int, status: AsyncOperationStatus, result: str,
                          touch_server: int | None = None) -> None:
         now = now_ms()

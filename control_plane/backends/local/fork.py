@@ -122,12 +122,14 @@ async def fork(site: LocalForkSite, parent: SandboxHandle, children: list[ForkCh
             handle.data = data.dump()
             if data.adopted:
                 _record_later(site, handle.name, data)
+        # The fork's own hold goes after the answer (the children hold what they stand on): a
+        # hop to a thread and a turn of the layers' lock the answer waited for: 0.6-0.9 ms p50 (2-4 under load).
+        _in_background(layers.release, op)
         return made
     except BaseException:
         await _delete_all(site, made)
-        raise
-    finally:
         await loop.run_in_executor(_threads, layers.release, op)
+        raise
 
 
 async def _child(site: LocalForkSite, image: ResolvedImage, parent: LocalHandleData, stack: ForkStack,
@@ -281,7 +283,7 @@ def _spare_later(layers: ForkLayers, storage: LayerStorage | None) -> None:
     _spares_due.add(timer)
 
 
-def _in_background(work: Callable[..., None], *args: Any) -> None:
+def _in_background(work: Callable[..., object], *args: Any) -> None:
     """``work`` on an executor thread, not waited for (a failure is logged)."""
     future = asyncio.get_running_loop().run_in_executor(_threads, work, *args)
     _background.add(future)
