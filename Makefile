@@ -229,7 +229,8 @@ test-deps:  ## everything the tests need (the venvs are made in parallel; strace
 # Four workers on two cores: the tests wait on image builds' downloads, timeouts and sandboxes'
 # starts. With two, a quiet run kept the CPU ~70 % busy and pytest took 16:01; with three, quiet
 # fresh-clone runs took 12:53 and 13:16 as the suite was then, and 15:49 with 1,311 tests (CPU
-# 74 % busy while pytest ran: 29:04 of user+sys over 18:28, ~5:30 of it the venvs' installs).
+# 74 % busy while pytest ran: 29:04 of user+sys over 18:28, ~5:30 of it the venvs' installs); with
+# four, the next run took 14:49 (make test 17:30, 30:13 of user+sys).
 TEST_WORKERS ?= 4
 # The tests' modules as pytest runs them (assertions rewritten), compiled ahead by one collection:
 # under PYTHONDONTWRITEBYTECODE every worker rewrote them all again (its collection took 9.0-9.2 s

@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 
 from sandbox_server.polling import wait_until
+from tests import mount_leaks
 from tests.cp_helpers import ControlPlaneProcess
 
 CAN_ISOLATE = os.geteuid() == 0 and shutil.which("bwrap") is not None
 pytestmark = pytest.mark.skipif(not CAN_ISOLATE, reason="needs root and bubblewrap")
 FORK = "/api/idegym-servers/fork"
+LEFT_WITHIN = 20.0  # seconds for the last lease monitors of a stopped control plane (as conftest allows)
 
 
 @pytest.fixture(scope="module")
@@ -225,22 +227,27 @@ def test_the_pool_refills_after_a_fork_only_once_its_children_had_their_moment(c
 
 def test_nothing_is_left_when_everything_stops(cp: ControlPlaneProcess) -> None:
     """Last: every client of this module is stopped; with the control plane gone (its warm pool
-    too), no sandbox, fork layer, cgroup or mount of it is left."""
+    too), no sandbox, fork layer, cgroup or mount of it is left. A delete that found a killed
+    task still in its groups leaves the rest to the sandbox's lease monitor, which removes them and
+    the space's bind a moment later (``lease.py``): looked at within the session check's 20 s.
+    (A CI run on four workers found the bind of ``sandboxes/`` still there at once.)"""
     state = cp.state_dir
     cp.stop()
-    sandboxes = list((state / "sandboxes").iterdir())
-    assert sandboxes == [], sandboxes
+    assert wait_until(lambda: not any((state / "sandboxes").iterdir()), LEFT_WITHIN), \
+        list((state / "sandboxes").iterdir())
     for layer in _layers(state / "forks"):  # only snapshots of forked servers hold layers now (they stay)
         holders = os.listdir(state / "forks" / layer / "holders")
         assert holders and all(h.startswith("p-") and (state / "snapshots" / h[2:]).is_dir() for h in holders), \
             (layer, holders)
-    mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(state) in line]
-    assert mounts == []
+    assert mount_leaks.left_after(state, [], LEFT_WITHIN) == []
     from control_plane.backends.local.layout import state_key
 
     key = state_key(state)
-    groups = [p for p in Path("/sys/fs/cgroup").glob(f"*/idegym/{key}/*") if p.is_dir()]
-    assert groups == [], groups
+
+    def groups() -> list[Path]:
+        return [p for p in Path("/sys/fs/cgroup").glob(f"*/idegym/{key}/*") if p.is_dir()]
+
+    assert wait_until(lambda: not groups(), LEFT_WITHIN), groups()
 
 
 def _layers(root: Path) -> list[str]:
