@@ -83,7 +83,7 @@ SPLIT_BY_SOURCE = ("tests/test_reward_integrity.py",)
 
 # The tests whose tasks build the default SWE environment (an apt-get build of about a minute, once
 # per run in the run's build cache): one scope, so that one worker builds it and the others run other
-# tests meanwhile, instead of two workers waiting on the build cache's lock for that minute.
+# tests meanwhile, instead of two of three workers waiting on the build cache's lock for that minute.
 SWE_IMAGE = ("tests/test_swe_family.py", "tests/test_task_sources.py")
 
 # Modules of a few long, independent tests (each ~15-30 s): a scope each, so that the workers
