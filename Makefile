@@ -230,7 +230,8 @@ test-deps:  ## everything the tests need (the venvs are made in parallel; strace
 # starts. With two, a quiet run kept the CPU ~70 % busy and pytest took 16:01; with three, quiet
 # fresh-clone runs took 12:53 and 13:16 as the suite was then, and 15:49 with 1,311 tests (CPU 74 %
 # busy while pytest ran: 29:04 of user+sys over 18:28, ~5:30 of it the venvs' installs). Four took
-# 14:49 and 14:45 (make test 17:30 and 17:22), and each of those runs failed a test under the load
+# 14:49 and 14:45 (make test 17:30 and 17:22) — three took 14:49 (17:21) too once tests/durations.json
+# was regenerated from that run — and each run on four failed a test under the load
 # (test_fork_control_plane's leftovers, mended; test_faults' stalled sandbox: a call the control
 # plane recorded as answered 200 within 3.5 s, its answer not received in 30 s): four once understood.
 TEST_WORKERS ?= 3
