@@ -117,10 +117,6 @@ class Operations:
         except TimeoutError:
             return None
 
-    async def wait(self, op_id: int, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for a running operation; True once it has ended."""
-        return op_id not in self._ends or await self.outcome(op_id, timeout) is not None
-
     async def shutdown(self, grace: float = 5.0) -> None:
         """Let running operations finish for ``grace`` seconds, then cancel the rest (CANCELLED)."""
         if not self._tasks:

@@ -171,7 +171,7 @@ def test_without_prefer_wait_a_call_is_an_operation(tmp_path: Path) -> None:
             started = await h.start()
             op_id, value = await forward(h, started.server_id, "api/tools/bash", {"command": "echo queued"}, None)
             assert value is None
-            assert await h.cp.ops.wait(op_id, 10)
+            assert await h.cp.ops.outcome(op_id, 10) is not None
             row = h.store.get_operation(op_id)
             assert row is not None and row.status == AsyncOperationStatus.SUCCEEDED
             assert "queued" in (row.result or "")
