@@ -231,9 +231,9 @@ test-deps:  ## everything the tests need (the venvs are made in parallel; strace
 # fresh-clone runs took 12:53 and 13:16 as the suite was then, and 15:49 with 1,311 tests (CPU 74 %
 # busy while pytest ran: 29:04 of user+sys over 18:28, ~5:30 of it the venvs' installs). Four took
 # 14:49 and 14:45 (make test 17:30 and 17:22) — three took 14:49 (17:21) too once tests/durations.json
-# was regenerated from that run — and each run on four failed a test under the load
-# (test_fork_control_plane's leftovers, mended; test_faults' stalled sandbox: a call the control
-# plane recorded as answered 200 within 3.5 s, its answer not received in 30 s): four once understood.
+# was regenerated from that run: four gain nothing. (Each run on four failed a test under the load,
+# both tests' own faults, since mended: test_fork_control_plane looked at leftovers too soon, and
+# test_faults' shared httpx client lost an answer to httpcore's pool: see tests/cp_helpers.py.)
 TEST_WORKERS ?= 3
 # The tests' modules as pytest runs them (assertions rewritten), compiled ahead by one collection:
 # under PYTHONDONTWRITEBYTECODE every worker rewrote them all again (its collection took 9.0-9.2 s

@@ -60,7 +60,14 @@ class ControlPlaneProcess:
         token = self.state_dir / "token"
         self.auth = ("idegym", token.read_text().strip()) if token.exists() else None
         self.url = f"http://{self.auth[0]}:{self.auth[1]}@127.0.0.1:{self.port}" if self.auth else self.address
-        self.http = httpx.Client(base_url=self.address, timeout=120, auth=self.auth)
+        # No bound on connections, kept alive ones or their idle time: httpcore (1.0.9) may close
+        # a connection it has just handed to a waiting request (as a surplus idle one, or one idle
+        # too long) while that request is under way, and the request then waits its whole read
+        # timeout for an answer its socket will not deliver. Tests sharing this client between
+        # many threads (test_faults: 120 calls at once) never reach those closes this way.
+        self.http = httpx.Client(base_url=self.address, timeout=120, auth=self.auth,
+                                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=None,
+                                                     keepalive_expiry=None))
 
     def kill(self) -> None:
         """SIGKILL: what a crash looks like."""
