@@ -14,18 +14,21 @@ from typing import Any
 
 import httpx
 
-from tests.forked import ForkedProcess, Template, popen
+from tests.forked import ForkedProcess, Template, forkable, popen
 
 REPO = Path(__file__).resolve().parent.parent
 FAST_WATCHER = ["--watch-interval", "0.3"]
-# What a control plane imports once it runs: the template imports them once, its children share them.
-CONTROL_PLANE_MODULES = ("control_plane.cli", "control_plane.app", "control_plane.forward_protocol",
-                         "control_plane.backends.local")
+# What a control plane of each backend imports once it runs: the template imports them once, its
+# children share them.
+_SERVING = ("control_plane.cli", "control_plane.app", "control_plane.forward_protocol")
+CONTROL_PLANE_MODULES = {"local": (*_SERVING, "control_plane.backends.local"),
+                         "kubernetes": (*_SERVING, "control_plane.backends.kubernetes")}
 
 
 class ControlPlaneProcess:
     """``python -m control_plane`` on a free port with its own state directory: forked from the
-    tests' template (``tests/forked.py``) unless it has an environment of its own or a wrapper."""
+    tests' template (``tests/forked.py``) unless wrapped or given an environment of its own beyond
+    IdeGym's variables."""
 
     def __init__(self, state_dir: Path, extra: Sequence[str] = (), env: dict[str, str] | None = None,
                  backend: str = "local", build_roots: Sequence[Path] | None = None,
@@ -45,9 +48,10 @@ class ControlPlaneProcess:
         port_args = ["--port", str(self.port)] if self.port else ["--port", "0"]
         args = ["--state-dir", str(self.state_dir), *port_args, *FAST_WATCHER, *self.extra]
         self._log = open(self.log_path, "ab")
-        if self.env is None and self.wrap is None:  # the template's child: this environment, its imports
+        if self.wrap is None and forkable(self.env):  # the template's child: its imports
+            preload = CONTROL_PLANE_MODULES[self.backend]
             self.proc: subprocess.Popen | ForkedProcess = ForkedProcess("control_plane.cli", args, self.log_path,
-                                                                        CONTROL_PLANE_MODULES, Template.BARE)
+                                                                        preload, Template.BARE, self.env)
             line = self.proc.ready_line(60)
         else:
             self.proc, line = popen([sys.executable, "-m", "control_plane", *args], self._log, self.env, 60, self.wrap)

@@ -66,18 +66,20 @@ class Template:
 
 
 class ForkedProcess:
-    """``main(argv)`` of module ``main`` in a child of the template, with this process's current
-    environment and directory: ``pid``, ``poll``, ``wait``, ``send_signal``, ``kill`` and
-    ``returncode`` as ``subprocess.Popen`` has them, and what it said on its ready descriptor."""
+    """``main(argv)`` of module ``main`` in a child of the template, in this process's directory,
+    with ``env`` (default: this process's current environment): ``pid``, ``poll``, ``wait``,
+    ``send_signal``, ``kill`` and ``returncode`` as ``subprocess.Popen`` has them, and what it
+    said on its ready descriptor."""
 
     def __init__(self, main: str, argv: Sequence[str], log: Path, preload: Sequence[str] = (),
-                 kind: tuple[str, ...] = Template.SANDBOX) -> None:
+                 kind: tuple[str, ...] = Template.SANDBOX, env: dict[str, str] | None = None) -> None:
         self.returncode: int | None = None
         self._forked, self._said, self._exited = threading.Event(), threading.Event(), threading.Event()
         self.said = ""
         Template.shared(kind).fork({"name": f"{main}-{uuid.uuid4().hex}", "main": main, "argv": list(argv),
-                                "log": str(log), "preload": list(preload), "env": dict(os.environ),
-                                "cwd": os.getcwd()}, self._heard)
+                                    "log": str(log), "preload": list(preload),
+                                    "env": dict(os.environ) if env is None else env, "cwd": os.getcwd()},
+                                   self._heard)
         if not self._forked.wait(60):
             raise RuntimeError(f"the template did not fork {main}")
 
@@ -134,3 +136,13 @@ def popen(argv: list[str], log: IO[bytes], env: dict[str, str] | None, timeout: 
     line = os.read(read_fd, 64).decode() if ready else ""
     os.close(read_fd)
     return proc, line
+
+
+def forkable(env: dict[str, str] | None) -> bool:
+    """Whether a server of environment ``env`` (None: this process's) may be forked: unless it
+    differs from this process's in more than IdeGym's variables, read when a server reads its
+    settings (others are read at the interpreter's start or at import, e.g. a CA bundle's)."""
+    if env is None:
+        return True
+    changed = {key for key in env.keys() | os.environ.keys() if env.get(key) != os.environ.get(key)}
+    return all(key.startswith("IDEGYM_") for key in changed)

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from tests.forked import ForkedProcess, popen
+from tests.forked import ForkedProcess, forkable, popen
 
 REPO = Path(__file__).resolve().parent.parent
 SEEDS = REPO / "specs"  # the published API specs, vendored
@@ -28,7 +28,7 @@ def free_port() -> int:
 
 class SandboxProcess:
     """``python -m sandbox_server serve`` in its own process group, ready when it says so: forked
-    from the tests' template unless it has an environment of its own."""
+    from the tests' template unless given an environment of its own beyond IdeGym's variables."""
 
     def __init__(self, project: Path, transport: str, tmp: Path, extra: Sequence[str] = (),
                  env: dict[str, str] | None = None) -> None:
@@ -41,8 +41,8 @@ class SandboxProcess:
         args = ["serve", "--project", str(project), "--state-dir", str(tmp / "state"), *where, *extra]
         self._log = open(self.log_path, "wb")
         self.proc: subprocess.Popen | ForkedProcess
-        if env is None:  # the template's child (tests/forked.py): this environment, its imports
-            self.proc = ForkedProcess("sandbox_server.cli", args, self.log_path)
+        if forkable(env):  # the template's child (tests/forked.py): its imports
+            self.proc = ForkedProcess("sandbox_server.cli", args, self.log_path, env=env)
             line = self.proc.ready_line(30)
         else:
             self.proc, line = popen([sys.executable, "-m", "sandbox_server", *args], self._log, env, 30)

@@ -15,6 +15,7 @@ from tests.forked import ForkedProcess
 from tests.helpers import SandboxProcess
 
 # Of /proc/PID/status: what a process was given (not SigQ and SigPnd: signals queued now).
+FRESH = {"TEST_STARTED_AFRESH": "1"}  # a variable not IdeGym's: such an environment is started afresh
 STATUS = {"SigBlk", "SigIgn", "SigCgt", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp"}
 
 
@@ -46,7 +47,7 @@ def test_a_forked_control_plane_is_what_a_fresh_one_is(tmp_path: Path) -> None:
     (tmp_path / "fresh").mkdir()
     forked = ControlPlaneProcess(tmp_path / "forked" / "state", ["--warm-pool", "0", "--ephemeral"])
     fresh = ControlPlaneProcess(tmp_path / "fresh" / "state", ["--warm-pool", "0", "--ephemeral"],
-                                env=dict(os.environ))
+                                env={**os.environ, **FRESH})
     try:
         assert isinstance(forked.proc, ForkedProcess) and isinstance(fresh.proc, subprocess.Popen)
         for cp in (forked, fresh):
@@ -66,7 +67,7 @@ def test_a_forked_sandbox_server_is_what_a_fresh_one_is(project: Path, tmp_path:
     (tmp_path / "forked").mkdir()
     (tmp_path / "fresh").mkdir()
     forked = SandboxProcess(project, "unix", tmp_path / "forked")
-    fresh = SandboxProcess(project, "unix", tmp_path / "fresh", env=dict(os.environ))
+    fresh = SandboxProcess(project, "unix", tmp_path / "fresh", env={**os.environ, **FRESH})
     try:
         assert isinstance(forked.proc, ForkedProcess) and isinstance(fresh.proc, subprocess.Popen)
         for server in (forked, fresh):
