@@ -22,8 +22,9 @@ REPO = Path(__file__).resolve().parent.parent
 class Template:
     """A template process, one of each kind for every user in this test process (starting one
     costs ~0.3 s of CPU); it ends, and ends what it forked, when this process does. ``SANDBOX``
-    has served sandbox server calls, ``BARE`` has not (a control plane needs the capabilities a
-    server's start takes out of the bounding set)."""
+    has served sandbox server calls (the in-process backend's servers come from it), ``BARE`` has
+    only imported what it forks: a server's start takes CAP_SYS_ADMIN out of its bounding set
+    after it started its isolated runs' zygote, which a control plane and such a server need."""
 
     SANDBOX: ClassVar[tuple[str, ...]] = ()
     BARE: ClassVar[tuple[str, ...]] = ("--bare",)

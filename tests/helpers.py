@@ -14,10 +14,11 @@ from typing import Any
 
 import httpx
 
-from tests.forked import ForkedProcess, forkable, popen
+from tests.forked import ForkedProcess, Template, forkable, popen
 
 REPO = Path(__file__).resolve().parent.parent
 SEEDS = REPO / "specs"  # the published API specs, vendored
+SERVER_MODULES = ("sandbox_server.cli", "sandbox_server.app", "sandbox_server.web")  # a sandbox server's imports
 
 
 def free_port() -> int:
@@ -42,7 +43,7 @@ class SandboxProcess:
         self._log = open(self.log_path, "wb")
         self.proc: subprocess.Popen | ForkedProcess
         if forkable(env):  # the template's child (tests/forked.py): its imports
-            self.proc = ForkedProcess("sandbox_server.cli", args, self.log_path, env=env)
+            self.proc = ForkedProcess("sandbox_server.cli", args, self.log_path, SERVER_MODULES, Template.BARE, env)
             line = self.proc.ready_line(30)
         else:
             self.proc, line = popen([sys.executable, "-m", "sandbox_server", *args], self._log, env, 30)
