@@ -1,8 +1,8 @@
 """The ``idegym`` command: one entry point, one subcommand per job.
 
-Only the chosen subcommand's module is imported, to build its arguments and to run it: with every
-one imported before parsing, `idegym --help` took 0.93 s (0.2 s of it aiohttp, which only the
-servers use); see the commit that made this lazy for the numbers now.
+Only the chosen command's module is imported, to build its arguments and to run it. With every
+one imported before parsing, `idegym --help` took 0.91 s of CPU and `idegym tasks list humaneval`
+0.92; importing only the chosen one, 0.27 and 0.67 (medians of 5, load 6).
 """
 
 from __future__ import annotations
