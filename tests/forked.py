@@ -1,6 +1,11 @@
 """How tests start our servers: forked by the tests' template process (``tests/sandbox_template.py``;
 the template, one per test process, and a forked process as much of ``subprocess.Popen`` as tests
-use of one), or afresh (``popen``) when a test gives one an environment of its own or a wrapper."""
+use of one), or afresh (``popen``) when a test gives one an environment of its own or a wrapper.
+
+Measured (medians of 8, alternated, load 16-20): start, one call and stop of a control plane took
+1.02 s of CPU afresh and 0.19 forked, of a sandbox server 0.42 and 0.15; 54 tests of
+test_control_plane_hardening, test_sandbox_bash and test_control_plane_lifecycle took 54-59 s of
+CPU (their whole process tree), 31-36 forked."""
 
 from __future__ import annotations
 
