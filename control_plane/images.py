@@ -37,6 +37,7 @@ OCI images with buildah (see ``backends.local.oci``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -45,8 +46,6 @@ import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import yaml
 
 from sandbox_server.http import MAX_JSON_DEPTH, json_depth_exceeds
 
@@ -64,21 +63,30 @@ if TYPE_CHECKING:
 DEFAULT_NAME = "idegym-image"
 
 
-class _NoAliases(yaml.SafeLoader):
-    """Safe YAML without aliases: ten nested aliases of ten make 10^10 nodes once walked."""
+@functools.cache
+def _no_aliases() -> type:
+    """Safe YAML without aliases: ten nested aliases of ten make 10^10 nodes once walked. Made on
+    first use: importing PyYAML took 13 ms of CPU at every control plane start, builds or not."""
+    import yaml
 
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark
-            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not accepted in a build YAML", mark)
-        return super().compose_node(parent, index)
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise yaml.composer.ComposerError(None, None, "aliases (*name) are not accepted in a build YAML",
+                                                  mark)
+            return super().compose_node(parent, index)
+
+    return NoAliases
 
 
 def load_build_yaml(text: str) -> Any:
     """The YAML document; ``ValueError`` when it does not parse, uses aliases or nests deeper
     than ``MAX_JSON_DEPTH`` levels."""
+    import yaml
+
     try:
-        doc = yaml.load(text, Loader=_NoAliases)  # noqa: S506 - a SafeLoader
+        doc = yaml.load(text, Loader=_no_aliases())  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
         raise ValueError(f"the build YAML does not parse: {exc}") from exc
     except RecursionError:

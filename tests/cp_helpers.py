@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -15,12 +14,21 @@ from typing import Any
 
 import httpx
 
+from tests.forked import ForkedProcess, Template, forkable, popen
+
 REPO = Path(__file__).resolve().parent.parent
 FAST_WATCHER = ["--watch-interval", "0.3"]
+# What a control plane of each backend imports once it runs: the template imports them once, its
+# children share them.
+_SERVING = ("control_plane.cli", "control_plane.app", "control_plane.forward_protocol")
+CONTROL_PLANE_MODULES = {"local": (*_SERVING, "control_plane.backends.local"),
+                         "kubernetes": (*_SERVING, "control_plane.backends.kubernetes")}
 
 
 class ControlPlaneProcess:
-    """``python -m control_plane`` on a free port with its own state directory."""
+    """``python -m control_plane`` on a free port with its own state directory: forked from the
+    tests' template (``tests/forked.py``) unless wrapped or given an environment of its own beyond
+    IdeGym's variables."""
 
     def __init__(self, state_dir: Path, extra: Sequence[str] = (), env: dict[str, str] | None = None,
                  backend: str = "local", build_roots: Sequence[Path] | None = None,
@@ -37,20 +45,16 @@ class ControlPlaneProcess:
         self.start()
 
     def start(self) -> None:
-        read_fd, write_fd = os.pipe()
         port_args = ["--port", str(self.port)] if self.port else ["--port", "0"]
-        argv = [sys.executable, "-m", "control_plane", "--state-dir", str(self.state_dir), *port_args,
-                "--ready-fd", str(write_fd), *FAST_WATCHER, *self.extra]
-        env = self.env
-        if self.wrap is not None:
-            argv, env = self.wrap(argv)
+        args = ["--state-dir", str(self.state_dir), *port_args, *FAST_WATCHER, *self.extra]
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(argv, pass_fds=(write_fd,), stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, env=env)
-        os.close(write_fd)
-        ready, _, _ = select.select([read_fd], [], [], 60)
-        line = os.read(read_fd, 64).decode() if ready else ""
-        os.close(read_fd)
+        if self.wrap is None and forkable(self.env):  # the template's child: its imports
+            preload = CONTROL_PLANE_MODULES[self.backend]
+            self.proc: subprocess.Popen | ForkedProcess = ForkedProcess("control_plane.cli", args, self.log_path,
+                                                                        preload, Template.BARE, self.env)
+            line = self.proc.ready_line(60)
+        else:
+            self.proc, line = popen([sys.executable, "-m", "control_plane", *args], self._log, self.env, 60, self.wrap)
         if not line.startswith("ready"):
             self.kill()
             raise RuntimeError(f"control plane did not start:\n{self.log_path.read_text()[-3000:]}")

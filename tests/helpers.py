@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -15,8 +14,11 @@ from typing import Any
 
 import httpx
 
+from tests.forked import ForkedProcess, Template, forkable, popen
+
 REPO = Path(__file__).resolve().parent.parent
 SEEDS = REPO / "specs"  # the published API specs, vendored
+SERVER_MODULES = ("sandbox_server.cli", "sandbox_server.app", "sandbox_server.web")  # a sandbox server's imports
 
 
 def free_port() -> int:
@@ -26,7 +28,8 @@ def free_port() -> int:
 
 
 class SandboxProcess:
-    """``python -m sandbox_server serve`` in its own process group, ready when it says so."""
+    """``python -m sandbox_server serve`` in its own process group, ready when it says so: forked
+    from the tests' template unless given an environment of its own beyond IdeGym's variables."""
 
     def __init__(self, project: Path, transport: str, tmp: Path, extra: Sequence[str] = (),
                  env: dict[str, str] | None = None) -> None:
@@ -35,18 +38,16 @@ class SandboxProcess:
         self.socket_path = tmp / "sandbox.sock"
         self.port = free_port()
         self.log_path = tmp / "server.log"
-        read_fd, write_fd = os.pipe()
         where = ["--unix-socket", str(self.socket_path)] if transport == "unix" else ["--port", str(self.port)]
-        argv = [sys.executable, "-m", "sandbox_server", "serve", "--project", str(project),
-                "--state-dir", str(tmp / "state"), "--ready-fd", str(write_fd), *where, *extra]
+        args = ["serve", "--project", str(project), "--state-dir", str(tmp / "state"), *where, *extra]
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(argv, pass_fds=(write_fd,), stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, env=env)
-        os.close(write_fd)
-        ready, _, _ = select.select([read_fd], [], [], 30)
-        line = os.read(read_fd, 16) if ready else b""
-        os.close(read_fd)
-        if line != b"ready\n":
+        self.proc: subprocess.Popen | ForkedProcess
+        if forkable(env):  # the template's child (tests/forked.py): its imports
+            self.proc = ForkedProcess("sandbox_server.cli", args, self.log_path, SERVER_MODULES, Template.BARE, env)
+            line = self.proc.ready_line(30)
+        else:
+            self.proc, line = popen([sys.executable, "-m", "sandbox_server", *args], self._log, env, 30)
+        if line != "ready\n":
             self.stop()
             raise RuntimeError(f"sandbox server did not start: {self.log_path.read_text()}")
         if transport == "unix":

@@ -20,18 +20,14 @@ every change, for tests to wait on.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from control_plane.backends.base import (
     Backend,
@@ -43,49 +39,10 @@ from control_plane.backends.base import (
     SandboxSpec,
 )
 from sandbox_server import procfs
+from tests.forked import Template
 
 BASE_URL = "http://sandbox"
-TEMPLATE = Path(__file__).with_name("sandbox_template.py")
 STOP_GRACE = 5.0  # a deleted server's own shutdown (it ends its processes), then SIGKILL
-
-
-class _Template:
-    """The template process, one for every backend of this test process (starting one costs
-    ~0.3 s of CPU); it ends, and ends its servers, when this process does."""
-
-    _lock: ClassVar[threading.Lock] = threading.Lock()
-    _shared: ClassVar[_Template | None] = None
-
-    @classmethod
-    def shared(cls) -> _Template:
-        with cls._lock:
-            if cls._shared is None or cls._shared.proc.poll() is not None:
-                cls._shared = cls()
-            return cls._shared
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(TEMPLATE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        self._writing = threading.Lock()
-        self._routes: dict[str, Callable[[dict[str, Any]], None]] = {}
-        threading.Thread(target=self._read, name="sandbox-template", daemon=True).start()
-
-    def fork(self, request: dict[str, Any], route: Callable[[dict[str, Any]], None]) -> None:
-        """Fork a server for ``request``; what the template says of it goes to ``route``."""
-        assert self.proc.stdin is not None
-        self._routes[request["name"]] = route
-        with self._writing:
-            self.proc.stdin.write((json.dumps(request) + "\n").encode())
-            self.proc.stdin.flush()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            message = json.loads(line)
-            route = self._routes.get(message["name"])
-            if "exited" in message:
-                self._routes.pop(message["name"], None)
-            if route is not None:
-                route(message)
 
 
 @dataclass
@@ -134,7 +91,7 @@ class InProcessBackend(Backend):
         self._sandboxes: dict[str, _Sandbox] = {}
         self._deleted_while_created: set[str] = set()
         self._known: dict[str, _Sandbox] = {}  # every server not yet seen to exit, deleted ones too
-        self._template: _Template | None = None
+        self._template: Template | None = None
 
     # -- what tests use ----------------------------------------------------------------------
 
@@ -185,7 +142,7 @@ class InProcessBackend(Backend):
     # -- the contract ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._template = await asyncio.to_thread(_Template.shared)
+        self._template = await asyncio.to_thread(Template.shared)
 
     async def create(self, spec: SandboxSpec, timeout: float, *, background: bool = False) -> SandboxHandle:
         name = spec.generated_name

@@ -57,3 +57,20 @@ def test_the_env_loads_no_server(module: str) -> None:
                                    "control_plane.config", "sandbox_server.app", "sandbox_server.web",
                                    "aiohttp", "h11", "uvloop", "kubernetes"))}
     assert not servers, sorted(servers)
+
+
+# The module of each ``idegym`` command, which builds its arguments and runs it.
+COMMAND_MODULES = {
+    "sandbox": "sandbox_server.cli", "control-plane": "control_plane.cli", "openenv": "idegym_env.openenv.server",
+    "sandboxes": "control_plane.sandboxes_cli", "mcp": "idegym_env.integrations.mcp_cli",
+    "eval": "idegym_env.eval.cli", "images": "control_plane.backends.local.oci.cli",
+    "tasks": "idegym_env.tasks.sources.validate",
+}
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["tasks", "list", "--help"], ["eval", "--help"]])
+def test_the_cli_loads_only_the_module_of_its_command(argv: list[str]) -> None:
+    loaded = _loaded(f"from idegym_env.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass")
+    chosen = {COMMAND_MODULES[argv[0]]} if argv[0] in COMMAND_MODULES else set()
+    assert {module for module in COMMAND_MODULES.values() if module in loaded} == chosen
+    assert "aiohttp" not in loaded

@@ -154,6 +154,36 @@ def test_a_lease_monitor_runs_one_process_per_look(loop: LoopThread, tmp_path: P
         loop.run(backend.close())
 
 
+@needs_strace
+def test_a_start_reads_the_state_index_entries_of_the_groups_it_judges_only(loop: LoopThread,
+                                                                           tmp_path: Path) -> None:
+    """A start removes the empty cgroups of state directories that are gone, judged by the host's
+    index of state directories (``layout.states_in_use``), which grows by every backend started
+    until reboot: it reads the entries of the keys that have groups, none of the others.
+
+    Can fail: on main every start read the whole index (1,508 files, 50 ms of CPU on this host)."""
+    from control_plane.backends.local.cgroups import controller_mounts
+    from control_plane.backends.local.layout import INDEX
+
+    if not controller_mounts():
+        pytest.skip("no cgroup v1 controller")
+    INDEX.mkdir(mode=0o700, exist_ok=True)
+    stand_ins = [INDEX / f"scale-test-{os.getpid()}-{n}" for n in range(LIVE)]  # gone, their registrar too
+    for n, entry in enumerate(stand_ins):
+        entry.write_text(f"{tmp_path / f'gone-{n}'}\n1 1 pid:[0]\n")
+    backend = None
+    try:
+        with _syscalls("openat", tmp_path / "opens.trace") as calls:
+            backend = start_backend(loop, tmp_path / "state")
+        read = [call for call in calls if any(f'"{entry}"' in call for entry in stand_ins)]
+        assert not read, f"{len(read)} of {LIVE} entries of other state directories read: {read[:3]}"
+    finally:
+        if backend is not None:
+            stop_backend(loop, backend)
+        for entry in stand_ins:
+            entry.unlink(missing_ok=True)
+
+
 def calls_so_far(trace: Path) -> list[str]:
     try:
         return trace.read_text().splitlines()
