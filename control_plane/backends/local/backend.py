@@ -308,6 +308,8 @@ class LocalBackend(Backend):
 
     def claim(self, handle: SandboxHandle) -> None:
         priority.restore(LocalHandleData.of(handle.data))  # made in the background: the normal priority for all of it
+        if self.launcher is not None:
+            self.launcher.removals.touch()  # its first calls come now
 
     def hurry(self, name: str) -> None:
         if self.launcher is not None:
@@ -341,12 +343,17 @@ class LocalBackend(Backend):
         await fork.record_written(handle.name)  # a fork child's, written after the fork answered
         await self.require_started().remove(self._space(data), handle.name, data)
 
+    async def retire(self, handle: SandboxHandle) -> None:
+        data = LocalHandleData.of(handle.data)
+        await fork.record_written(handle.name)
+        await self.require_started().retire(self._space(data), handle.name, data)
+
     async def list_names(self) -> set[str]:
         launcher = self.require_started()
         assert self.sandboxes is not None
         launcher.reap()  # every exited process of every sandbox, once per watcher pass (its sweep asks)
         found = await asyncio.get_running_loop().run_in_executor(None, inventory.names, self.sandboxes)
-        return found - launcher.creating
+        return found - launcher.creating - launcher.removals.names(self.sandboxes.kind)
 
     async def delete_name(self, name: str) -> None:
         launcher = self.require_started()

@@ -35,6 +35,7 @@ from .isolation import say_once
 from .layout import NAME_RE, SOCKET_NAME, Plan, Space, tail, write_meta
 from .lease import Lease, record_pids
 from .oci.hostrt import oci_runtime
+from .removals import Removals
 from .runtime import Runtime
 from .server_kinds import entry, runtime_for
 from .storage import LayerStorage
@@ -142,6 +143,7 @@ class Launcher:
         self._teardowns: dict[tuple[str, str, str], _Teardown] = {}
         self._turns = asyncio.Semaphore(TEARDOWNS_AT_ONCE)
         self._turns_held: set[asyncio.Task] = set()
+        self.removals = Removals(TEARDOWNS_AT_ONCE)  # what retired sandboxes leave, removed off the hot path
         # The host's package configuration for networked sandboxes (hostconfig.py); None: not given them.
         self.host_config: Callable[[], HostConfig] | None = None
 
@@ -241,8 +243,30 @@ class Launcher:
 
         Bounded by ``delete_timeout``: a sandbox whose processes are stuck in the kernel raises
         ``BackendError`` saying where it is stuck, while its teardown goes on in the background;
-        asking again joins that teardown instead of starting a second one."""
-        await self._bounded("remove", space, name, self._remove_sync, data)
+        asking again joins that teardown instead of starting a second one. A retired sandbox
+        whose removal waits (``retire``) is removed now."""
+        for _ in range(2):  # twice: once more when it joined a retire's kill, which queued the rest
+            await self.removals.finish(space, name)
+            await self._bounded("remove", space, name, self._remove_sync, data)
+            if name not in self.removals.names(space.kind):
+                return
+
+    async def retire(self, space: Space, name: str, data: LocalHandleData | None) -> None:
+        """End the sandbox's processes now, bounded as ``remove`` (and failing as it does when
+        they do not end); the rest of its teardown is queued (``removals.py``)."""
+        if name in self.removals.names(space.kind):
+            return
+        loop = asyncio.get_running_loop()
+
+        def kill(space: Space, name: str, data: LocalHandleData | None, progress: teardown.Progress) -> None:
+            sb, run, groups, problems = teardown.kill(name, space, data, self.isolation, progress)
+            self.reap(data)
+            if problems:
+                raise BackendError(f"deleting sandbox {name!r} left something behind: {'; '.join(problems)}")
+            # before this teardown's end reaches the loop: a remove that joined it finds it queued
+            loop.call_soon_threadsafe(self.removals.add, space, name, data, sb, run, groups)
+
+        await self._bounded("remove", space, name, kill, data)
 
     async def _bounded(self, what: str, space: Space, name: str, work: Callable[..., None],
                        data: LocalHandleData | None) -> None:
@@ -308,6 +332,7 @@ class Launcher:
 
     async def close(self) -> None:
         await self.settle()
+        await self.removals.drain()
         for queued in list(self._queued.values()):  # never started: left to the next start's sweep
             queued.cancel()
         for held in list(self._turns_held):

@@ -101,7 +101,6 @@ def describe(pids: list[int]) -> str:
 
 def destroy(name: str, space: Space, data: LocalHandleData | None, isolation: str, progress: Progress = None) -> None:
     """Kill, unmount, remove; raises ``BackendError`` naming what was left behind."""
-    step = progress or (lambda _: None)
     if data is None and NAME_RE.match(name):
         data = read_meta(space.root / name) or LocalHandleData()
     sb, run, cgroups, problems = kill(name, space, data, isolation, progress)
@@ -109,6 +108,16 @@ def destroy(name: str, space: Space, data: LocalHandleData | None, isolation: st
         # Processes are left: its files and record stay (they may still be in use), so that the
         # next attempt (the watcher's orphan sweep) finds everything and finishes the job.
         raise BackendError(f"deleting sandbox {name!r} left something behind: {'; '.join(problems)}")
+    clear(name, space, data, sb, run, cgroups, progress)
+
+
+def clear(name: str, space: Space, data: LocalHandleData | None, sb: Path, run: Path, cgroups: dict[str, str],
+          progress: Progress = None) -> None:
+    """Remove what a killed sandbox leaves (``kill``'s directory, run directory and cgroups): its
+    cgroups, mounts and files, its holds on fork layers, then its lease monitor; raises
+    ``BackendError`` naming what was left behind."""
+    step = progress or (lambda _: None)
+    problems: list[str] = []
     step("removing the sandbox's cgroups, mounts and files")
     if cgroups:
         stuck = Cgroups.remove(cgroups)
