@@ -26,6 +26,7 @@ from pathlib import Path
 from . import teardown
 from .handle_data import LocalHandleData
 from .layout import Space
+from .remover import Remover
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ QUIET = float(os.environ.get("IDEGYM_REMOVAL_QUIET", "1.0"))  # seconds without 
 MAX_WAIT = float(os.environ.get("IDEGYM_REMOVAL_MAX_WAIT", "30"))
 MAX_PENDING = int(os.environ.get("IDEGYM_REMOVAL_MAX_PENDING", "64"))
 NICE = int(os.environ.get("IDEGYM_REMOVAL_NICE", "0"))
+PROCESS = os.environ.get("IDEGYM_REMOVAL_PROCESS", "0") == "1"
 
 
 @dataclass
@@ -60,6 +62,7 @@ class Removals:
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._draining = False
         self._busy = 0.0  # the loop's time of the last claim or retire (``touch``)
+        self._remover = Remover()
 
     def add(self, space: Space, name: str, data: LocalHandleData | None, sb: Path, run: Path,
             cgroups: dict[str, str]) -> None:
@@ -99,6 +102,7 @@ class Removals:
         if self._threads is not None:
             self._threads.shutdown(wait=True)
             self._threads = None
+        await asyncio.get_running_loop().run_in_executor(None, self._remover.close)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -119,9 +123,10 @@ class Removals:
             if self._threads is None:
                 self._threads = concurrent.futures.ThreadPoolExecutor(
                     self.at_once, thread_name_prefix="idegym-removal", initializer=_lower_priority)
+            files = self._remover.remove_files if PROCESS and not hurry else None
             first.done = asyncio.ensure_future(loop.run_in_executor(
                 self._threads, teardown.clear, first.name, first.space, first.data, first.sb, first.run,
-                first.cgroups))
+                first.cgroups, None, files))
             first.done.add_done_callback(functools.partial(self._ended, (first.space.kind, first.name)))
 
     def _ended(self, key: tuple[str, str], done: asyncio.Future) -> None:

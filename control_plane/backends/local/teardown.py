@@ -112,13 +112,28 @@ def destroy(name: str, space: Space, data: LocalHandleData | None, isolation: st
 
 
 def clear(name: str, space: Space, data: LocalHandleData | None, sb: Path, run: Path, cgroups: dict[str, str],
-          progress: Progress = None) -> None:
+          progress: Progress = None, files: Callable[[Path, Path, dict[str, str]], list[str]] | None = None) -> None:
     """Remove what a killed sandbox leaves (``kill``'s directory, run directory and cgroups): its
-    cgroups, mounts and files, its holds on fork layers, then its lease monitor; raises
-    ``BackendError`` naming what was left behind."""
+    cgroups, mounts and files (``files``: ``remove_files``, or where else it runs), its holds on
+    fork layers, then its lease monitor; raises ``BackendError`` naming what was left behind."""
+    files = files or remove_files
     step = progress or (lambda _: None)
-    problems: list[str] = []
     step("removing the sandbox's cgroups, mounts and files")
+    problems = files(sb, run, cgroups)
+    if space.kind == "sandboxes" and not sb.exists():  # the fork layers it stood on, once nobody else does
+        ForkLayers(space.state_dir).release(sandbox_holder(name))
+    if not problems:
+        end_lease_monitor(data)
+    # The last sandbox out removes the space's bind; its monitor, killed just now, may hold it a
+    # moment more (and a close that released the space before this delete ended will not again).
+    tidy(space, wait=RELEASE_WAIT)
+    if problems:
+        raise BackendError(f"deleting sandbox {name!r} left something behind: {'; '.join(problems)}")
+
+
+def remove_files(sb: Path, run: Path, cgroups: dict[str, str]) -> list[str]:
+    """Remove a killed sandbox's cgroups, mounts and directories; returns what went wrong."""
+    problems = []
     if cgroups:
         stuck = Cgroups.remove(cgroups)
         if stuck:
@@ -136,15 +151,7 @@ def clear(name: str, space: Space, data: LocalHandleData | None, sb: Path, run: 
         shutil.rmtree(base, ignore_errors=True)
         if base.exists():
             problems.append(f"{base} could not be removed")
-    if space.kind == "sandboxes" and not sb.exists():  # the fork layers it stood on, once nobody else does
-        ForkLayers(space.state_dir).release(sandbox_holder(name))
-    if not problems:
-        end_lease_monitor(data)
-    # The last sandbox out removes the space's bind; its monitor, killed just now, may hold it a
-    # moment more (and a close that released the space before this delete ended will not again).
-    tidy(space, wait=RELEASE_WAIT)
-    if problems:
-        raise BackendError(f"deleting sandbox {name!r} left something behind: {'; '.join(problems)}")
+    return problems
 
 
 def tidy(space: Space, wait: float = 0.0) -> None:
