@@ -503,19 +503,19 @@ def _groups_procs(handle: SandboxHandle) -> list[str]:
     return found
 
 
-def test_a_retired_sandbox_is_killed_at_once_and_removed_off_the_hot_path(
+def test_a_retired_sandbox_is_killed_at_once_and_removed_after_a_quiet_moment(
         loop: LoopThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A retired sandbox (a restart's old one) runs nothing once ``retire`` returns; the rest of
-    it (directory, record, cgroups, bounded layers' mount) stays until its removal's turn, and the
-    orphan sweep does not take it meanwhile. A delete of it removes it at once; close removes the
-    others before it returns, however long their removal would still have waited.
+    """A retired sandbox (a restart's old one) has its processes SIGKILLed when ``retire``
+    returns; the rest of it (directory, record, cgroups, its layer's mount) stays until a quiet
+    moment, and the orphan sweep does not take it meanwhile. A delete of it removes it at once;
+    close removes the others before it returns, however long they would still have waited.
 
-    Can fail: on main a delete nobody waited for removed everything at once (a restart's old
-    sandbox's unmounts, cgroups and files beside the next episode's first calls); there was no
-    ``retire``."""
+    Can fail: on main there was no ``retire``: a delete nobody waited for (a restart's old
+    sandbox's) waited for the processes to be gone and removed everything at once, beside the
+    next episode's first calls."""
     from control_plane.backends.local import removals
 
-    monkeypatch.setattr(removals, "QUIET", 3600.0)  # their turn would not come within the test
+    monkeypatch.setattr(removals, "QUIET", 3600.0)  # no quiet moment within the test
     monkeypatch.setattr(removals, "MAX_WAIT", 3600.0)
     b = start_backend(loop, tmp_path / "state")
     try:
@@ -523,9 +523,10 @@ def test_a_retired_sandbox_is_killed_at_once_and_removed_off_the_hot_path(
         for h in handles:
             ok(h, "(setsid nohup sleep 1000 >/dev/null 2>&1 &); echo x > /tmp/f")
             loop.run(b.retire(h))
-            assert leftovers(h)  # its directory, cgroups and mounts: not yet removed
-            assert not any(line.startswith(("monitor", "init", "server")) for line in leftovers(h)), leftovers(h)
-            assert _groups_procs(h) == []
+            assert wait_for(lambda h=h: _groups_procs(h) == [] and not any(
+                line.startswith(("monitor", "init", "server")) for line in leftovers(h)), 10), leftovers(h)
+            assert Path(h.data["dir"], "layers").is_mount()
+            assert all(os.path.isdir(p) for p in h.data["cgroups"].values())
         assert loop.run(b.list_names()) == set()  # not an orphan: its removal waits
         loop.run(b.delete_name("sb-retired-0"))
         assert leftovers(handles[0]) == []
@@ -551,8 +552,8 @@ def test_a_retired_sandbox_whose_removal_fails_is_logged_and_left_to_the_sweep(
     caplog.set_level(logging.WARNING)
     b = start_backend(loop, tmp_path / "state")
     try:
-        monkeypatch.setattr(teardown, "clear", failing)
         h = loop.run(b.create(spec("sb-unremoved"), 60))
+        monkeypatch.setattr(teardown, "destroy", failing)
         loop.run(b.retire(h))
         assert wait_for(lambda: "sb-unremoved" in loop.run(b.list_names()), 10)
         assert any("sb-unremoved" in r.getMessage() and "a test's failure" in r.getMessage() for r in caplog.records)

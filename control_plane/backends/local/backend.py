@@ -30,7 +30,8 @@ directory, for the orphan sweep): one ``LocalHandleData`` (``handle_data.py``).
 
 Where each part lives: ``launcher.py`` (a launch, start to ready), ``rootfs.py`` (layers and
 mounts), ``bwrap.py`` / ``plain.py`` (starting the server), ``server_kinds.py`` (which server),
-``readiness.py``, ``teardown.py`` (kill, unmount, remove), ``inventory.py`` (what exists, for the
+``readiness.py``, ``teardown.py`` (kill, unmount, remove), ``removals.py`` (a retired sandbox: killed
+at once, the rest removed off the hot path), ``inventory.py`` (what exists, for the
 orphan sweep), ``snapshots.py``, ``fork.py`` (fork into N: ``fork_layers.py``, ``adopt.py``),
 ``cgroups.py``, ``images.py`` (the image store; ``builtin_image.py``, ``image_trees.py``).
 """

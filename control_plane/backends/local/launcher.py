@@ -143,7 +143,7 @@ class Launcher:
         self._teardowns: dict[tuple[str, str, str], _Teardown] = {}
         self._turns = asyncio.Semaphore(TEARDOWNS_AT_ONCE)
         self._turns_held: set[asyncio.Task] = set()
-        self.removals = Removals(TEARDOWNS_AT_ONCE)  # what retired sandboxes leave, removed off the hot path
+        self.removals = Removals(self._remove_now)  # retired sandboxes, removed after a quiet moment
         # The host's package configuration for networked sandboxes (hostconfig.py); None: not given them.
         self.host_config: Callable[[], HostConfig] | None = None
 
@@ -245,26 +245,26 @@ class Launcher:
         ``BackendError`` saying where it is stuck, while its teardown goes on in the background;
         asking again joins that teardown instead of starting a second one. A retired sandbox
         whose removal waits (``retire``) is removed now."""
-        for _ in range(2):  # twice: once more when it joined a retire's kill, which queued the rest
-            await self.removals.finish(space, name)
-            await self._bounded("remove", space, name, self._remove_sync, data)
+        for _ in range(2):  # once more when it joined a retire's signals, which queued the rest
+            self.removals.drop(space, name)
+            await self._remove_now(space, name, data)
             if name not in self.removals.names(space.kind):
                 return
 
+    async def _remove_now(self, space: Space, name: str, data: LocalHandleData | None) -> None:
+        await self._bounded("remove", space, name, self._remove_sync, data)
+
     async def retire(self, space: Space, name: str, data: LocalHandleData | None) -> None:
-        """End the sandbox's processes now, bounded as ``remove`` (and failing as it does when
-        they do not end); the rest of its teardown is queued (``removals.py``)."""
+        """SIGKILL every process of the sandbox now; the rest of its teardown (the wait for them
+        to be gone included) is queued (``removals.py``)."""
         if name in self.removals.names(space.kind):
             return
         loop = asyncio.get_running_loop()
 
         def kill(space: Space, name: str, data: LocalHandleData | None, progress: teardown.Progress) -> None:
-            sb, run, groups, problems = teardown.kill(name, space, data, self.isolation, progress)
-            self.reap(data)
-            if problems:
-                raise BackendError(f"deleting sandbox {name!r} left something behind: {'; '.join(problems)}")
+            teardown.signal_all(name, space, data, self.isolation)
             # before this teardown's end reaches the loop: a remove that joined it finds it queued
-            loop.call_soon_threadsafe(self.removals.add, space, name, data, sb, run, groups)
+            loop.call_soon_threadsafe(self.removals.add, space, name, data)
 
         await self._bounded("remove", space, name, kill, data)
 
