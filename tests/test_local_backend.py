@@ -35,6 +35,7 @@ from tests.local_helpers import (
     ok,
     spec,
     start_backend,
+    stop_backend,
     wait_for,
     write_calc_project,
 )
@@ -561,7 +562,8 @@ def test_a_retired_sandbox_whose_removal_fails_is_logged_and_left_to_the_sweep(
         loop.run(b.delete_name("sb-unremoved"))
         assert leftovers(h) == []
     finally:
-        loop.run(b.close())
+        monkeypatch.undo()
+        stop_backend(loop, b)
 
 
 def test_sandboxes_outlive_a_killed_control_plane(loop: LoopThread, backend: LocalBackend, state: Path) -> None:

@@ -245,7 +245,7 @@ class Launcher:
         ``BackendError`` saying where it is stuck, while its teardown goes on in the background;
         asking again joins that teardown instead of starting a second one. A retired sandbox
         whose removal waits (``retire``) is removed now."""
-        for _ in range(2):  # once more when it joined a retire's signals, which queued the rest
+        for _ in range(2):  # once more when a retire's signals under way queued it meanwhile
             self.removals.drop(space, name)
             await self._remove_now(space, name, data)
             if name not in self.removals.names(space.kind):
@@ -263,10 +263,10 @@ class Launcher:
 
         def kill(space: Space, name: str, data: LocalHandleData | None, progress: teardown.Progress) -> None:
             teardown.signal_all(name, space, data, self.isolation)
-            # before this teardown's end reaches the loop: a remove that joined it finds it queued
             loop.call_soon_threadsafe(self.removals.add, space, name, data)
 
-        await self._bounded("remove", space, name, kill, data)
+        # a key of its own: the removal, queued before this ends, must not join it
+        await self._bounded("retire", space, name, kill, data)
 
     async def _bounded(self, what: str, space: Space, name: str, work: Callable[..., None],
                        data: LocalHandleData | None) -> None:
@@ -291,7 +291,7 @@ class Launcher:
             if teardown.future.done():  # it ended as the bound passed (a busy loop saw both at once)
                 teardown.future.result()
                 return
-            raise BackendError(f"{'deleting' if what == 'remove' else 'stopping'} sandbox {name!r} did not finish "
+            raise BackendError(f"{'stopping' if what == 'stop' else 'deleting'} sandbox {name!r} did not finish "
                                f"within {self.delete_timeout:g} s (it was {teardown.steps[-1]}); it goes on in the "
                                "background and can be retried") from None
 
