@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -48,7 +49,7 @@ class _Removal:
     space: Space
     name: str
     data: LocalHandleData | None
-    since: float  # the loop's time it was queued
+    since: float  # when it was queued (time.monotonic)
     task: asyncio.Task | None = None  # under way
 
 
@@ -61,19 +62,20 @@ class Removals:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._draining = False
-        self._busy = 0.0  # the loop's time of the last claim or retire (``touch``)
+        self._busy = 0.0  # when the last claim or retire was (``touch``; time.monotonic)
 
     def add(self, space: Space, name: str, data: LocalHandleData | None) -> None:
         """Queue the removal of the sandbox ``name``, whose processes were just SIGKILLed."""
-        self._queue.setdefault((space.kind, name), _Removal(space, name, data, asyncio.get_running_loop().time()))
+        self._queue.setdefault((space.kind, name), _Removal(space, name, data, time.monotonic()))
         self.touch()
+        self._wake.set()
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
 
     def touch(self) -> None:
-        """A sandbox is claimed or retired: its calls follow, removals wait for a quiet moment."""
-        self._busy = asyncio.get_running_loop().time()
-        self._wake.set()
+        """A sandbox is claimed or retired: its calls follow, removals wait for a quiet moment
+        (a removal already waiting sees it when its wait ends). Any thread."""
+        self._busy = time.monotonic()
 
     def names(self, kind: str) -> set[str]:
         """The sandboxes of the space ``kind`` whose removal waits or is under way."""
@@ -94,7 +96,6 @@ class Removals:
             await asyncio.wait({self._task})
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while self._queue:
             waiting = [r for r in self._queue.values() if r.task is None]
             running = {r.task for r in self._queue.values() if r.task is not None}
@@ -103,7 +104,7 @@ class Removals:
                 await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 continue
             first = waiting[0]
-            wait = min(first.since + MAX_WAIT, self._busy + QUIET) - loop.time()
+            wait = min(first.since + MAX_WAIT, self._busy + QUIET) - time.monotonic()
             if wait > 0 and not hurry:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
