@@ -404,9 +404,11 @@ class ControlPlane:
         return self.store.set_server_status(row.id, target, details)
 
     async def delete_handle(self, handle: SandboxHandle, raise_errors: bool = False) -> None:
+        """Delete the sandbox; ``raise_errors`` False: nobody waits for the outcome (it is
+        logged), and the backend may remove what is left later (``Backend.retire``)."""
         try:
             await self.forwarder.forget(self.backend.endpoint(handle))
-            await self.backend.delete(handle)
+            await (self.backend.delete(handle) if raise_errors else self.backend.retire(handle))
         except Exception:
             if raise_errors:
                 raise

@@ -35,6 +35,7 @@ from tests.local_helpers import (
     ok,
     spec,
     start_backend,
+    stop_backend,
     wait_for,
     write_calc_project,
 )
@@ -492,6 +493,77 @@ def _in_group(pgid: int) -> list[int]:
             if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
                 found.append(int(entry.name))
     return found
+
+
+def _groups_procs(handle: SandboxHandle) -> list[str]:
+    """The processes in every cgroup of the sandbox's tree."""
+    found = []
+    for path in handle.data["cgroups"].values():
+        for root, _, _ in os.walk(path):
+            found += Path(root, "cgroup.procs").read_text().split()
+    return found
+
+
+def test_a_retired_sandbox_is_killed_at_once_and_removed_after_a_quiet_moment(
+        loop: LoopThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A retired sandbox (a restart's old one) has its processes SIGKILLed when ``retire``
+    returns; the rest of it (directory, record, cgroups, its layer's mount) stays until a quiet
+    moment, and the orphan sweep does not take it meanwhile. A delete of it removes it at once;
+    close removes the others before it returns, however long they would still have waited.
+
+    Can fail: on main there was no ``retire``: a delete nobody waited for (a restart's old
+    sandbox's) waited for the processes to be gone and removed everything at once, beside the
+    next episode's first calls."""
+    from control_plane.backends.local import removals
+
+    monkeypatch.setattr(removals, "QUIET", 3600.0)  # no quiet moment within the test
+    monkeypatch.setattr(removals, "MAX_WAIT", 3600.0)
+    b = start_backend(loop, tmp_path / "state")
+    try:
+        handles = [loop.run(b.create(spec(f"sb-retired-{i}"), 60)) for i in range(2)]
+        for h in handles:
+            ok(h, "(setsid nohup sleep 1000 >/dev/null 2>&1 &); echo x > /tmp/f")
+            loop.run(b.retire(h))
+            assert wait_for(lambda h=h: _groups_procs(h) == [] and not any(
+                line.startswith(("monitor", "init", "server")) for line in leftovers(h)), 10), leftovers(h)
+            assert Path(h.data["dir"], "layers").is_mount()
+            assert all(os.path.isdir(p) for p in h.data["cgroups"].values())
+        assert loop.run(b.list_names()) == set()  # not an orphan: its removal waits
+        loop.run(b.delete_name("sb-retired-0"))
+        assert leftovers(handles[0]) == []
+        assert leftovers(handles[1]) != []
+    finally:
+        loop.run(b.close())
+    assert leftovers(handles[1]) == []
+    assert not list((tmp_path / "state" / "sandboxes").iterdir())
+
+
+def test_a_retired_sandbox_whose_removal_fails_is_logged_and_left_to_the_sweep(
+        loop: LoopThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A removal that fails after ``retire`` returned is not lost: it is logged with the reason,
+    and what is left is listed again (the orphan sweep's retry), which removes it.
+
+    Can fail: on main there was no ``retire``."""
+    from control_plane.backends.local import removals, teardown
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise BackendError("deleting sandbox 'sb-unremoved' left something behind: a test's failure")
+
+    monkeypatch.setattr(removals, "QUIET", 0.0)
+    caplog.set_level(logging.WARNING)
+    b = start_backend(loop, tmp_path / "state")
+    try:
+        h = loop.run(b.create(spec("sb-unremoved"), 60))
+        monkeypatch.setattr(teardown, "destroy", failing)
+        loop.run(b.retire(h))
+        assert wait_for(lambda: "sb-unremoved" in loop.run(b.list_names()), 10)
+        assert any("sb-unremoved" in r.getMessage() and "a test's failure" in r.getMessage() for r in caplog.records)
+        monkeypatch.undo()
+        loop.run(b.delete_name("sb-unremoved"))
+        assert leftovers(h) == []
+    finally:
+        monkeypatch.undo()
+        stop_backend(loop, b)
 
 
 def test_sandboxes_outlive_a_killed_control_plane(loop: LoopThread, backend: LocalBackend, state: Path) -> None:

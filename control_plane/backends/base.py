@@ -233,6 +233,13 @@ class Backend(abc.ABC):
     async def delete(self, handle: SandboxHandle) -> None:
         """Remove the sandbox and everything it holds (processes, mounts, files, cgroups)."""
 
+    async def retire(self, handle: SandboxHandle) -> None:
+        """Delete a sandbox whose deletion nobody waits for (a restart's old one): its processes
+        are killed once this returns, and the backend may remove the rest later, off the path of
+        the calls that follow; it does before ``close`` returns. A later failure is the backend's
+        to log, and what is left the orphan sweep's. The default deletes it now."""
+        await self.delete(handle)
+
     @abc.abstractmethod
     async def observe(self, handle: SandboxHandle) -> Observation:
         """Current state, cheaply (the watcher calls this every few seconds for every sandbox)."""

@@ -30,7 +30,8 @@ directory, for the orphan sweep): one ``LocalHandleData`` (``handle_data.py``).
 
 Where each part lives: ``launcher.py`` (a launch, start to ready), ``rootfs.py`` (layers and
 mounts), ``bwrap.py`` / ``plain.py`` (starting the server), ``server_kinds.py`` (which server),
-``readiness.py``, ``teardown.py`` (kill, unmount, remove), ``inventory.py`` (what exists, for the
+``readiness.py``, ``teardown.py`` (kill, unmount, remove), ``removals.py`` (a retired sandbox: killed
+at once, the rest removed off the hot path), ``inventory.py`` (what exists, for the
 orphan sweep), ``snapshots.py``, ``fork.py`` (fork into N: ``fork_layers.py``, ``adopt.py``),
 ``cgroups.py``, ``images.py`` (the image store; ``builtin_image.py``, ``image_trees.py``).
 """
@@ -308,6 +309,8 @@ class LocalBackend(Backend):
 
     def claim(self, handle: SandboxHandle) -> None:
         priority.restore(LocalHandleData.of(handle.data))  # made in the background: the normal priority for all of it
+        if self.launcher is not None:
+            self.launcher.removals.touch()  # its first calls come now
 
     def hurry(self, name: str) -> None:
         if self.launcher is not None:
@@ -341,12 +344,17 @@ class LocalBackend(Backend):
         await fork.record_written(handle.name)  # a fork child's, written after the fork answered
         await self.require_started().remove(self._space(data), handle.name, data)
 
+    async def retire(self, handle: SandboxHandle) -> None:
+        data = LocalHandleData.of(handle.data)
+        await fork.record_written(handle.name)
+        await self.require_started().retire(self._space(data), handle.name, data)
+
     async def list_names(self) -> set[str]:
         launcher = self.require_started()
         assert self.sandboxes is not None
         launcher.reap()  # every exited process of every sandbox, once per watcher pass (its sweep asks)
         found = await asyncio.get_running_loop().run_in_executor(None, inventory.names, self.sandboxes)
-        return found - launcher.creating
+        return found - launcher.creating - launcher.removals.names(self.sandboxes.kind)
 
     async def delete_name(self, name: str) -> None:
         launcher = self.require_started()

@@ -298,6 +298,18 @@ class Cgroups:
         return kills
 
     @classmethod
+    def signal_all(cls, paths: dict[str, str], extra: Set[int] = frozenset(), spare: Set[int] = frozenset()) -> None:
+        """SIGKILL every process in the groups (and ``extra``) but ``spare``, frozen first so
+        nothing forks; without waiting for them to be gone."""
+        freezing = cls.freeze(paths, 1.0)
+        try:
+            for pid in (cls.procs(paths) | set(extra)) - {os.getpid(), *spare}:
+                procfs.kill(pid, signal.SIGKILL)
+        finally:
+            if freezing is not None:
+                cls.thaw(paths, descendants=True)  # frozen tasks only die once thawed
+
+    @classmethod
     def kill_all(cls, paths: dict[str, str], timeout: float = 5.0, extra: Set[int] = frozenset(),
                  spare: Set[int] = frozenset()) -> list[int]:
         """SIGKILL every process in the groups (and ``extra``) but ``spare``, frozen first so
@@ -305,13 +317,7 @@ class Cgroups:
         ``spare`` left out. (Bubblewrap's monitor is spared: it reaps the namespace's init, then
         exits.)"""
         spared = {os.getpid(), *spare}
-        freezing = cls.freeze(paths, 1.0)
-        try:
-            for pid in (cls.procs(paths) | set(extra)) - spared:
-                procfs.kill(pid, signal.SIGKILL)
-        finally:
-            if freezing is not None:
-                cls.thaw(paths, descendants=True)  # frozen tasks only die once thawed
+        cls.signal_all(paths, extra, spare)
 
         def empty() -> bool:
             left = cls.procs(paths) - spared

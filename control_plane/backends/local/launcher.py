@@ -35,6 +35,7 @@ from .isolation import say_once
 from .layout import NAME_RE, SOCKET_NAME, Plan, Space, tail, write_meta
 from .lease import Lease, record_pids
 from .oci.hostrt import oci_runtime
+from .removals import Removals
 from .runtime import Runtime
 from .server_kinds import entry, runtime_for
 from .storage import LayerStorage
@@ -142,6 +143,7 @@ class Launcher:
         self._teardowns: dict[tuple[str, str, str], _Teardown] = {}
         self._turns = asyncio.Semaphore(TEARDOWNS_AT_ONCE)
         self._turns_held: set[asyncio.Task] = set()
+        self.removals = Removals(self._remove_now)  # retired sandboxes, removed after a quiet moment
         # The host's package configuration for networked sandboxes (hostconfig.py); None: not given them.
         self.host_config: Callable[[], HostConfig] | None = None
 
@@ -241,8 +243,30 @@ class Launcher:
 
         Bounded by ``delete_timeout``: a sandbox whose processes are stuck in the kernel raises
         ``BackendError`` saying where it is stuck, while its teardown goes on in the background;
-        asking again joins that teardown instead of starting a second one."""
+        asking again joins that teardown instead of starting a second one. A retired sandbox
+        whose removal waits (``retire``) is removed now."""
+        for _ in range(2):  # once more when a retire's signals under way queued it meanwhile
+            self.removals.drop(space, name)
+            await self._remove_now(space, name, data)
+            if name not in self.removals.names(space.kind):
+                return
+
+    async def _remove_now(self, space: Space, name: str, data: LocalHandleData | None) -> None:
         await self._bounded("remove", space, name, self._remove_sync, data)
+
+    async def retire(self, space: Space, name: str, data: LocalHandleData | None) -> None:
+        """SIGKILL every process of the sandbox now; the rest of its teardown (the wait for them
+        to be gone included) is queued (``removals.py``)."""
+        if name in self.removals.names(space.kind):
+            return
+        loop = asyncio.get_running_loop()
+
+        def kill(space: Space, name: str, data: LocalHandleData | None, progress: teardown.Progress) -> None:
+            teardown.signal_all(name, space, data, self.isolation)
+            loop.call_soon_threadsafe(self.removals.add, space, name, data)
+
+        # a key of its own: the removal, queued before this ends, must not join it
+        await self._bounded("retire", space, name, kill, data)
 
     async def _bounded(self, what: str, space: Space, name: str, work: Callable[..., None],
                        data: LocalHandleData | None) -> None:
@@ -267,7 +291,7 @@ class Launcher:
             if teardown.future.done():  # it ended as the bound passed (a busy loop saw both at once)
                 teardown.future.result()
                 return
-            raise BackendError(f"{'deleting' if what == 'remove' else 'stopping'} sandbox {name!r} did not finish "
+            raise BackendError(f"{'stopping' if what == 'stop' else 'deleting'} sandbox {name!r} did not finish "
                                f"within {self.delete_timeout:g} s (it was {teardown.steps[-1]}); it goes on in the "
                                "background and can be retried") from None
 
@@ -308,6 +332,7 @@ class Launcher:
 
     async def close(self) -> None:
         await self.settle()
+        await self.removals.drain()
         for queued in list(self._queued.values()):  # never started: left to the next start's sweep
             queued.cancel()
         for held in list(self._turns_held):

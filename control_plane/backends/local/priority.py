@@ -24,7 +24,8 @@ before: 55 74 90 34 60 against 126 29 32 30 85). The warm-pool fork (``BENCH_FOR
 children ready p50, 10 rounds alternated, load 9 falling to 2): 116 105 79 66 80 59 108 119 76 71
 ms against 80 80 71 78 70 63 119 131 122 81: no worse. Also moving processes into cgroups
 (``readiness.attach``: it holds the lock every ``fork()`` on the host takes) and the zygote's fork
-of a server (one request at a time on its socket). Deletes stay too: a client waits for them.
+of a server (one request at a time on its socket). Deletes stay too: a client waits for them
+(one nobody waits for, a restart's old sandbox, waits for a quiet moment instead: ``removals.py``).
 """
 
 from __future__ import annotations

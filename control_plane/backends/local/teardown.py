@@ -41,23 +41,8 @@ def kill(name: str, space: Space, data: LocalHandleData | None, isolation: str, 
     server, slirp4netns). Killing init ends its whole pid namespace. Nothing reads other processes' ``/proc``
     files: one of them stuck in the kernel must not hang this sandbox's delete, nor another's.
     Every wait is bounded; what is left is named with its state."""
-    if not NAME_RE.match(name):
-        raise BackendError(f"invalid sandbox name {name!r}", 400)
     step = progress or (lambda _: None)
-    sb = space.root / name
-    if data is None:
-        data = read_meta(sb) or LocalHandleData()
-    sb = Path(data.dir or sb)
-    run = Path(data.run_dir or space.run_dir(name))
-    cgroups = {c: p for c, p in (data.cgroups or space.cgroups.paths(name)).items() if os.path.isdir(p)}
-    recorded = {key: record[0] for key, record in data.processes().items() if procfs.recorded_alive(record)}
-    bwrap = (data.isolation or isolation) == "bwrap"
-    monitor = recorded.pop("monitor", None) if bwrap else None
-    victims = set(recorded.values())
-    if not cgroups and not bwrap and "server" in recorded:
-        # A plain server without cgroups: its tree, from its own children, stopped first so that
-        # nothing forks or re-parents meanwhile.
-        victims |= freeze_trees({recorded["server"]}, include_roots=True, children_of=procfs.children)
+    sb, run, cgroups, monitor, victims = _found(name, space, data, isolation)
     left: list[int] = []
     deadline = time.monotonic() + KILL_TIMEOUT
     if cgroups:
@@ -76,6 +61,40 @@ def kill(name: str, space: Space, data: LocalHandleData | None, isolation: str, 
             left += procfs.wait_gone([monitor], 0.5)
     problems = [f"processes {describe(left)} did not end within {KILL_TIMEOUT:g} s"] if left else []
     return sb, run, cgroups, problems
+
+
+def signal_all(name: str, space: Space, data: LocalHandleData | None, isolation: str) -> None:
+    """SIGKILL every process of a sandbox (those ``kill`` ends) without waiting for them to be
+    gone: ``kill`` waits, when the rest of the sandbox is removed (``removals.py``)."""
+    _, _, cgroups, monitor, victims = _found(name, space, data, isolation)
+    if cgroups:
+        Cgroups.signal_all(cgroups, extra=victims, spare={monitor} if monitor else frozenset())
+    for pid in victims:
+        procfs.kill(pid, signal.SIGKILL)
+
+
+def _found(name: str, space: Space, data: LocalHandleData | None, isolation: str
+           ) -> tuple[Path, Path, dict[str, str], int | None, set[int]]:
+    """A sandbox's directory, run directory, existing cgroups, bubblewrap's monitor (None: not
+    bwrap, or gone) and the other recorded processes alive (plain servers without cgroups: with
+    their trees, stopped)."""
+    if not NAME_RE.match(name):
+        raise BackendError(f"invalid sandbox name {name!r}", 400)
+    sb = space.root / name
+    if data is None:
+        data = read_meta(sb) or LocalHandleData()
+    sb = Path(data.dir or sb)
+    run = Path(data.run_dir or space.run_dir(name))
+    cgroups = {c: p for c, p in (data.cgroups or space.cgroups.paths(name)).items() if os.path.isdir(p)}
+    recorded = {key: record[0] for key, record in data.processes().items() if procfs.recorded_alive(record)}
+    bwrap = (data.isolation or isolation) == "bwrap"
+    monitor = recorded.pop("monitor", None) if bwrap else None
+    victims = set(recorded.values())
+    if not cgroups and not bwrap and "server" in recorded:
+        # A plain server without cgroups: its tree, from its own children, stopped first so that
+        # nothing forks or re-parents meanwhile.
+        victims |= freeze_trees({recorded["server"]}, include_roots=True, children_of=procfs.children)
+    return sb, run, cgroups, monitor, victims
 
 
 def end_lease_monitor(data: LocalHandleData | None) -> None:
