@@ -259,21 +259,21 @@ test:  ## lint, type check, then the test suite (everything but `slow`) on TEST_
 	@$(MAKE) --no-print-directory strace $(UV)
 	@rm -rf $(INSTALLS) && mkdir $(INSTALLS) && touch $(INSTALLS)/started; \
 	echo "installing $(SIDE_VENVS) in the background (logs: $(INSTALLS)/)"; \
+	installs=; stop() { [ -z "$$installs" ] || kill -TERM -$$installs 2>/dev/null; wait $$installs; }; \
+	trap 'stop; exit 130' INT TERM HUP; \
 	setsid sh -c '$(MAKE) --no-print-directory -k -j2 $(SIDE_VENVS:%=$(INSTALLS)/%) >$(INSTALLS)/make.log 2>&1; \
 	  echo $$? >$(INSTALLS)/done' & installs=$$!; \
-	stop() { kill -TERM -$$installs 2>/dev/null; wait $$installs; }; \
-	trap 'stop; exit 130' INT TERM HUP; \
 	$(MAKE) --no-print-directory -j3 venv lint typecheck test-bytecode && \
 	$(MAKE) --no-print-directory gym-versions bytecode && \
 	IDEGYM_BACKGROUND_INSTALLS=$(CURDIR)/$(INSTALLS) $(VENV)/bin/pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS); \
-	status=$$?; if [ $$status = 0 ]; then wait $$installs; else stop; fi; \
+	status=$$?; \
+	if [ $$status != 0 ]; then stop; else wait $$installs; [ "$$(cat $(INSTALLS)/done)" = 0 ] || \
+	  { echo "FAILED: the background installs (see $(INSTALLS)/make.log)"; status=1; }; fi; \
+	for failed in $(INSTALLS)/*.failed; do [ -e "$$failed" ] || continue; \
+	  echo "FAILED in the background: make $$(basename $$failed .failed); its log ($${failed%.failed}.log) ends:"; \
+	  tail -n 20 "$${failed%.failed}.log"; done; \
 	if [ -s $(INSTALLS)/waits ]; then echo "tests that waited for the background installs:"; cat $(INSTALLS)/waits; fi; \
-	[ $$status = 0 ] || exit $$status; \
-	[ "$$(cat $(INSTALLS)/done 2>/dev/null)" = 0 ] || { \
-	  for failed in $(INSTALLS)/*.failed; do [ -e "$$failed" ] || continue; \
-	    echo "FAILED in the background: make $$(basename $$failed .failed); its log ($${failed%.failed}.log) ends:"; \
-	    tail -n 20 "$${failed%.failed}.log"; done; \
-	  echo "the background installs failed (see $(INSTALLS)/make.log)"; exit 1; }
+	exit $$status
 
 # One side venv's install in the background of `make test`: its output in a log of its own, then
 # its outcome (tests/side_venvs.py waits for it).
