@@ -249,26 +249,30 @@ test-bytecode: $(VENV)/.stamp
 	  || { echo "$$out" | tail -n 40; exit 1; }
 
 # `make test` installs the side venvs in the background, from its start, while it makes the main
-# venv, lints, type checks and runs the suite: in four fresh clones they ended 60-130 s after the main
-# venv, which pytest waited for. A test that needs one waits for its install (tests/side_venvs.py:
-# the directory INSTALLS holds each one's log and outcome); `make test` fails if one failed.
+# venv and runs the suite: in four fresh clones they ended 60-130 s after the main venv, which
+# pytest waited for. A test that needs one waits for its install (tests/side_venvs.py: the directory
+# INSTALLS holds each one's log and outcome). The type check, too, runs beside the suite (mypy took
+# 80-100 s after the main venv on a busy host); `make test` fails if any of them failed.
 INSTALLS   := .installs
-# Their own session (setsid): Ctrl-C, which sh makes background jobs ignore, or a failure before
-# the end stops them all with one signal to the group.
-test:  ## lint, type check, then the test suite (everything but `slow`) on TEST_WORKERS (3) workers
+# Each in its own session (setsid): Ctrl-C, which sh makes background jobs ignore, or a failure
+# before the end stops each with one signal to its group.
+test:  ## lint, then the test suite (everything but `slow`) on TEST_WORKERS (3) workers, type check beside it
 	@$(MAKE) --no-print-directory strace $(UV)
 	@rm -rf $(INSTALLS) && mkdir $(INSTALLS) && touch $(INSTALLS)/started; \
 	echo "installing $(SIDE_VENVS) in the background (logs: $(INSTALLS)/)"; \
-	installs=; stop() { [ -z "$$installs" ] || kill -TERM -$$installs 2>/dev/null; wait $$installs; }; \
+	groups=; stop() { for group in $$groups; do kill -TERM -$$group 2>/dev/null; done; wait; }; \
 	trap 'stop; exit 130' INT TERM HUP; \
 	setsid sh -c '$(MAKE) --no-print-directory -k -j2 $(SIDE_VENVS:%=$(INSTALLS)/%) >$(INSTALLS)/make.log 2>&1; \
-	  echo $$? >$(INSTALLS)/done' & installs=$$!; \
-	$(MAKE) --no-print-directory -j3 venv lint typecheck test-bytecode && \
+	  echo $$? >$(INSTALLS)/done' & groups=$$!; \
+	$(MAKE) --no-print-directory -j3 venv lint test-bytecode $(VENV)/.stamp-typecheck && \
+	{ setsid sh -c '$(MAKE) --no-print-directory typecheck >$(INSTALLS)/typecheck.log 2>&1 || touch $(INSTALLS)/typecheck.failed' & \
+	  groups="$$groups $$!"; } && \
 	$(MAKE) --no-print-directory gym-versions bytecode && \
 	IDEGYM_BACKGROUND_INSTALLS=$(CURDIR)/$(INSTALLS) $(VENV)/bin/pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS); \
 	status=$$?; \
-	if [ $$status != 0 ]; then stop; else wait $$installs; [ "$$(cat $(INSTALLS)/done)" = 0 ] || \
-	  { echo "FAILED: the background installs (see $(INSTALLS)/make.log)"; status=1; }; fi; \
+	if [ $$status != 0 ]; then stop; else wait; cat $(INSTALLS)/typecheck.log; \
+	  [ "$$(cat $(INSTALLS)/done)" = 0 ] && [ ! -e $(INSTALLS)/typecheck.failed ] || \
+	  { echo "FAILED: the background installs or type check (see $(INSTALLS)/)"; status=1; }; fi; \
 	for failed in $(INSTALLS)/*.failed; do [ -e "$$failed" ] || continue; \
 	  echo "FAILED in the background: make $$(basename $$failed .failed); its log ($${failed%.failed}.log) ends:"; \
 	  tail -n 20 "$${failed%.failed}.log"; done; \
