@@ -253,7 +253,12 @@ test-bytecode: $(VENV)/.stamp
 # venv and runs the suite: in four fresh clones they ended 60-130 s after the main venv, which
 # pytest waited for. A test that needs one waits for its install (tests/side_venvs.py: the directory
 # INSTALLS holds each one's log and outcome). The type check, too, runs beside the suite (mypy took
-# 80-100 s after the main venv on a busy host); `make test` fails if any of them failed.
+# 80-100 s after the main venv on a busy host); `make test` fails if any of them failed. Fresh
+# clones on a busy host (load 10-27), alternated: pytest began at 275 and 283 s on main (91 and
+# 112 s after the main venv), at 159 and 162 s with this (35 and 30 s after it). The side venvs
+# were all there 156-161 s into pytest; in a whole run (tests/durations.json's order) the tests
+# that need one start from ~170 s in (harbor's, there before pytest) and verl's, the last one
+# there, from ~650 s: none should wait.
 INSTALLS   := .installs
 # Each in its own session (setsid): Ctrl-C, which sh makes background jobs ignore, or a failure
 # before the end stops each with one signal to its group.
