@@ -50,11 +50,14 @@ def _wait(installs: Path, target: str) -> None:
     log, ok, failed, done = (installs / name for name in (f"{target}.log", f"{target}.ok", f"{target}.failed", "done"))
     since = (installs / "started").stat().st_mtime
     began = time.monotonic()
-    if not ok.exists():
+
+    def ended() -> bool:
+        return ok.exists() or failed.exists() or done.exists()
+
+    if not ended():
         print(f"waiting for {target}, which `make test` installs in the background (log: {log})", file=sys.stderr,
               flush=True)
-        wait_until(lambda: ok.exists() or failed.exists() or done.exists(),
-                   timeout=min(WAIT, since + BOUND - time.time()), interval=0.2)
+        wait_until(ended, timeout=min(WAIT, since + BOUND - time.time()), interval=0.2)
         waited = time.monotonic() - began
         with open(installs / WAITS, "a") as record:
             record.write(f"{target} {waited:5.1f} s  {os.environ.get('PYTEST_CURRENT_TEST', '?')}\n")

@@ -56,6 +56,7 @@ def test_a_failed_install_fails_the_test_naming_its_log_and_target(installs: Pat
     (installs / "harbor-venv.failed").touch()
     with pytest.raises(pytest.fail.Exception) as failure:
         side_venv(venv)
+    assert not (installs / WAITS).exists()  # it did not wait
     message = str(failure.value)
     assert "harbor-venv failed to install" in message and str(installs / "harbor-venv.log") in message
     assert "`make harbor-venv`" in message and message.endswith("error: no solution for harbor==0.0.0")
