@@ -35,7 +35,7 @@ HARBOR_REQ := $(shell grep -o 'harbor==[0-9.]*' pyproject.toml | head -n1)
 # The published idegym-client 0.13.1 needs Python >= 3.12; pyenv keeps one off PATH.
 PYTHON312  ?= $(shell command -v python3.12 >/dev/null 2>&1 && python3.12 -c pass 2>/dev/null && echo python3.12 || ls -1d $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 2>/dev/null | head -n1)
 
-.PHONY: help bytecode test-bytecode lint typecheck demo test test-fast test-deps test-all test-slow bench system-deps net-deps venv demo-venv client-venv harbor-venv nemo-gym-venv verl-venv verifiers-venv gym-versions native clean
+.PHONY: help bytecode test-bytecode lint typecheck demo test test-fast test-deps strace test-all test-slow bench system-deps net-deps venv demo-venv client-venv harbor-venv nemo-gym-venv verl-venv verifiers-venv gym-versions native clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -218,13 +218,20 @@ FAST_TESTS := tests/fast tests/test_pool_target.py tests/test_store.py tests/tes
 test-fast: $(VENV)/.stamp  ## the fast tier: service, pool, watcher, forwarding on an in-process backend (no root)
 	@$(VENV)/bin/pytest -n 0 -p no:cacheprovider $(FAST_TESTS) $(PYTEST_ARGS)
 
-test-deps:  ## everything the tests need (the venvs are made in parallel; strace counts system calls in tests)
+# The venvs beside the main one: the published client's, and the frameworks' whose pins clash with it;
+# the longest installs first (harbor's took 100-180 s, the client's 20-30 s).
+SIDE_VENVS := harbor-venv verifiers-venv nemo-gym-venv verl-venv client-venv
+
+test-deps: strace  ## everything the tests need (the venvs are made in parallel)
+	@$(MAKE) --no-print-directory -j3 venv $(SIDE_VENVS)
+	@$(MAKE) --no-print-directory gym-versions
+
+# strace counts system calls in tests
+strace:
 	@command -v strace >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  (apt-get install -y -q strace >/dev/null 2>&1 || \
 	   (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q strace >/dev/null)); } || \
 	  echo "WARNING: no strace: the tests that count a launch's system calls will be skipped"
-	@$(MAKE) --no-print-directory -j3 venv $(BESIDE_VENVS) client-venv harbor-venv nemo-gym-venv verl-venv verifiers-venv
-	@$(MAKE) --no-print-directory gym-versions
 
 # Three workers on two cores: the tests wait on image builds' downloads, timeouts and sandboxes'
 # starts. With two, a quiet run kept the CPU ~70 % busy and pytest took 16:01; with three, quiet
@@ -242,13 +249,46 @@ test-bytecode: $(VENV)/.stamp
 	@out=$$(env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/pytest --collect-only -q -p no:cacheprovider -m "not slow" 2>&1) \
 	  || { echo "$$out" | tail -n 40; exit 1; }
 
-# Lint, type check and the tests' bytecode start as soon as the main venv is there, beside the
-# other venvs' installs: in four fresh clones those went on 60-130 s after it, and lint and type
-# check then took 22-41 s after them all (1-3 s with them beside).
-test:  ## lint, type check, then the test suite (everything but `slow`) on TEST_WORKERS (3) workers
-	@$(MAKE) --no-print-directory test-deps BESIDE_VENVS="lint typecheck test-bytecode"
-	@$(MAKE) --no-print-directory bytecode
-	@$(VENV)/bin/pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS)
+# `make test` installs the side venvs in the background, from its start, while it makes the main
+# venv and runs the suite: in four fresh clones they ended 60-130 s after the main venv, which
+# pytest waited for. A test that needs one waits for its install (tests/side_venvs.py: the directory
+# INSTALLS holds each one's log and outcome). The type check, too, runs beside the suite (mypy took
+# 80-100 s after the main venv on a busy host); `make test` fails if any of them failed. Fresh
+# clones on a busy host (load 10-27), alternated: pytest began at 275 and 283 s on main (91 and
+# 112 s after the main venv), at 159 and 162 s with this (35 and 30 s after it). The side venvs
+# were all there 156-161 s into pytest; in a whole run (tests/durations.json's order) the tests
+# that need one start from ~170 s in (harbor's, there before pytest) and verl's, the last one
+# there, from ~650 s: none should wait.
+INSTALLS   := .installs
+# Each in its own session (setsid): Ctrl-C, which sh makes background jobs ignore, or a failure
+# before the end stops each with one signal to its group.
+test:  ## lint, then the test suite (everything but `slow`) on TEST_WORKERS (3) workers, type check beside it
+	@$(MAKE) --no-print-directory strace $(UV)
+	@rm -rf $(INSTALLS) && mkdir $(INSTALLS) && touch $(INSTALLS)/started; \
+	echo "installing $(SIDE_VENVS) in the background (logs: $(INSTALLS)/)"; \
+	groups=; stop() { for group in $$groups; do kill -TERM -$$group 2>/dev/null; done; wait; }; \
+	trap 'stop; exit 130' INT TERM HUP; \
+	setsid sh -c '$(MAKE) --no-print-directory -k -j2 $(SIDE_VENVS:%=$(INSTALLS)/%) >$(INSTALLS)/make.log 2>&1; \
+	  echo $$? >$(INSTALLS)/done' & groups=$$!; \
+	$(MAKE) --no-print-directory -j3 venv lint test-bytecode $(VENV)/.stamp-typecheck && \
+	{ setsid sh -c '$(MAKE) --no-print-directory typecheck >$(INSTALLS)/typecheck.log 2>&1 || touch $(INSTALLS)/typecheck.failed' & \
+	  groups="$$groups $$!"; } && \
+	$(MAKE) --no-print-directory gym-versions bytecode && \
+	IDEGYM_BACKGROUND_INSTALLS=$(CURDIR)/$(INSTALLS) $(VENV)/bin/pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS); \
+	status=$$?; \
+	if [ $$status != 0 ]; then stop; else wait; cat $(INSTALLS)/typecheck.log; \
+	  [ "$$(cat $(INSTALLS)/done)" = 0 ] && [ ! -e $(INSTALLS)/typecheck.failed ] || \
+	  { echo "FAILED: the background installs or type check (see $(INSTALLS)/)"; status=1; }; fi; \
+	for failed in $(INSTALLS)/*.failed; do [ -e "$$failed" ] || continue; \
+	  echo "FAILED in the background: make $$(basename $$failed .failed); its log ($${failed%.failed}.log) ends:"; \
+	  tail -n 20 "$${failed%.failed}.log"; done; \
+	if [ -s $(INSTALLS)/waits ]; then echo "tests that waited for the background installs:"; cat $(INSTALLS)/waits; fi; \
+	exit $$status
+
+# One side venv's install in the background of `make test`: its output in a log of its own, then
+# its outcome (tests/side_venvs.py waits for it).
+$(INSTALLS)/%:
+	@$(MAKE) --no-print-directory $* >$@.log 2>&1 && touch $@.ok || { touch $@.failed; exit 1; }
 
 test-slow: test-deps  ## only the long-running tests
 	@$(VENV)/bin/pytest -m slow $(PYTEST_ARGS)

@@ -22,9 +22,8 @@ from idegym_env.embedded import EmbeddedControlPlane
 from sandbox_server import routes
 from sandbox_server.models import AgentExchangeRequest
 from tests import agent_policies as policies
-from tests.helpers import REPO, embedded_control_plane
-
-HARBOR_PYTHON = REPO / ".venv-harbor" / "bin" / "python"
+from tests.helpers import embedded_control_plane
+from tests.side_venvs import HARBOR_VENV, side_venv
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +208,8 @@ def _check_exports(tmp_path: Path, calls: list[dict], info: dict, reward: float)
     assert atif["agent"]["extra"]["installed"]["mini-swe-agent"] == "2.4.6"
     path = tmp_path / "trajectory.json"
     path.write_text(json.dumps(atif))
-    checked = subprocess.run([str(HARBOR_PYTHON), "-c", "import sys; from harbor.models.trajectories import "
+    harbor_python = side_venv(HARBOR_VENV) / "bin" / "python"
+    checked = subprocess.run([str(harbor_python), "-c", "import sys; from harbor.models.trajectories import "
                               "Trajectory; t = Trajectory.model_validate_json(open(sys.argv[1]).read()); "
                               "print(len(t.steps))", str(path)], capture_output=True, text=True)
     assert checked.returncode == 0 and checked.stdout.strip() == str(len(atif["steps"])), checked.stderr

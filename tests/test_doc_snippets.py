@@ -27,6 +27,7 @@ import pytest
 from tests.cp_helpers import ControlPlaneProcess
 from tests.helpers import REPO
 from tests.integration_helpers import alive, control_plane  # noqa: F401 - fixture
+from tests.side_venvs import HARBOR_VENV, INSTALLS, NEMO_VENV, VERIFIERS_VENV, VERL_VENV, side_venv
 
 pytestmark = pytest.mark.timeout(900)
 DOCS = {"integrations": REPO / "docs" / "integrations.md", "openenv": REPO / "docs" / "openenv.md"}
@@ -82,8 +83,8 @@ VF_SERVE, VF_EVAL = "integrations: verifiers / prime-rl [0]", "integrations: ver
 RUN = {HARBOR, TRL, SKYRL, MCP_SERVE, MCP_CLIENT, OPENENV_SERVE, OPENENV_CLIENT, OPENENV_CP, OPENENV_APP,
        MINI, NEMO, VERL, VF_SERVE, VF_EVAL}
 # The plug-ins whose frameworks clash with the main venv run in their own (the Makefile's).
-NEMO_PYTHON, VERL_PYTHON = REPO / ".venv-nemo-gym" / "bin" / "python", REPO / ".venv-verl" / "bin" / "python"
-VERIFIERS_BIN = REPO / ".venv-verifiers" / "bin"
+NEMO_PYTHON, VERL_PYTHON = NEMO_VENV / "bin" / "python", VERL_VENV / "bin" / "python"
+VERIFIERS_BIN = VERIFIERS_VENV / "bin"
 
 
 def test_every_block_is_run() -> None:
@@ -140,6 +141,8 @@ def server_block(environment: dict[str, str], tmp_path: Path) -> Iterator:
 @pytest.mark.heavy
 def test_harbor_block(environment: dict[str, str], control_plane: ControlPlaneProcess,  # noqa: F811
                       image_cache: Path) -> None:
+    if os.environ.get(INSTALLS):  # the block runs `make harbor-venv`: not beside `make test`'s own
+        side_venv(HARBOR_VENV)
     jobs = REPO / "jobs"  # where `harbor run` puts its jobs by default
     before = set(jobs.iterdir()) if jobs.exists() else None
     try:
@@ -216,12 +219,14 @@ def test_mini_swe_agent_block(environment: dict[str, str], control_plane: Contro
 
 def test_nemo_gym_block(environment: dict[str, str], control_plane: ControlPlaneProcess,  # noqa: F811
                         tmp_path: Path) -> None:
+    side_venv(NEMO_VENV)
     out = run(NEMO, environment, tmp_path, python=NEMO_PYTHON).splitlines()
     assert "roman.py" in out and 0 <= float(out[-1]) < 1, out
     assert alive(control_plane) == 0
 
 
 def test_verl_block(environment: dict[str, str], tmp_path: Path) -> None:
+    side_venv(VERL_VENV)
     run(VERL, environment, tmp_path, python=VERL_PYTHON)
     check = ("import hydra, pandas\n"
              "from omegaconf import OmegaConf\n"
@@ -245,6 +250,7 @@ def test_verifiers_blocks(environment: dict[str, str], control_plane: ControlPla
     from tests.integration_helpers import TASK
     from tests.test_integrations_verifiers import Policy, action
 
+    side_venv(VERIFIERS_VENV)
     fix = load_task(TASK).solution[0]
     Policy.scripts = [[action(fix.tool, **fix.arguments.model_dump()), action("submit")], [action("submit")]]
     Policy.episodes = {}

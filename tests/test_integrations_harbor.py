@@ -15,8 +15,8 @@ from idegym_env.tasks.sources.harbor import harbor_dirs, shipped_tasks
 from tests.cp_helpers import ControlPlaneProcess
 from tests.helpers import REPO, processes_mentioning, wait_until
 from tests.integration_helpers import alive, control_plane  # noqa: F401 - fixture
+from tests.side_venvs import HARBOR_VENV, side_venv
 
-HARBOR_VENV = REPO / ".venv-harbor"
 HARBOR = HARBOR_VENV / "bin" / "harbor"
 IMPORT_PATH = "idegym_env.integrations.harbor:IdeGymEnvironment"
 SHIPPED = shipped_tasks()
@@ -33,8 +33,7 @@ def harbor_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module", autouse=True)
 def _harbor_installed(image_cache: Path) -> None:
-    # Fails (not skips) without the venv: `make test` creates it.
-    assert HARBOR.exists(), f"{HARBOR} is missing: run `make harbor-venv`"
+    side_venv(HARBOR_VENV)  # fails (not skips) without it: `make test` installs it
 
 
 def write_task(root: Path, name: str, *, network: str | None = "no-network") -> Path:

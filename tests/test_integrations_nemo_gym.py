@@ -13,8 +13,8 @@ import pytest
 
 from tests.helpers import REPO, process_alive
 from tests.integration_helpers import alive, control_plane  # noqa: F401 - fixture
+from tests.side_venvs import NEMO_VENV, side_venv
 
-NEMO_VENV = REPO / ".venv-nemo-gym"
 PYTHON = NEMO_VENV / "bin" / "python"
 
 pytestmark = pytest.mark.timeout(600)
@@ -22,8 +22,7 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture(scope="module", autouse=True)
 def _nemo_gym_installed() -> None:
-    # Fails (not skips) without the venv: `make test` creates it.
-    assert PYTHON.exists(), f"{PYTHON} is missing: run `make nemo-gym-venv`"
+    side_venv(NEMO_VENV)  # fails (not skips) without it: `make test` installs it
 
 
 def test_provider_through_nemo_gyms_registry_api_and_agent_episode(control_plane) -> None:  # noqa: F811

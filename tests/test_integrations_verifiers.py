@@ -22,17 +22,17 @@ from idegym_env.tasks import load_task
 from tests.cp_helpers import ControlPlaneProcess
 from tests.helpers import REPO
 from tests.integration_helpers import TASK, alive, control_plane  # noqa: F401 - fixture
+from tests.side_venvs import VERIFIERS_VENV, side_venv
 from tests.test_openenv import OpenEnvServer, needs_openenv
 
-VF_EVAL = REPO / ".venv-verifiers" / "bin" / "vf-eval"
+VF_EVAL = VERIFIERS_VENV / "bin" / "vf-eval"
 
 pytestmark = [needs_openenv, pytest.mark.timeout(600), pytest.mark.heavy]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _verifiers_installed() -> None:
-    # Fails (not skips) without the venv: `make test` creates it.
-    assert VF_EVAL.exists(), f"{VF_EVAL} is missing: run `make verifiers-venv`"
+    side_venv(VERIFIERS_VENV)  # fails (not skips) without it: `make test` installs it
 
 
 def action(tool: str, **arguments: Any) -> str:

@@ -13,16 +13,16 @@ import pytest
 
 from tests.helpers import REPO
 from tests.integration_helpers import alive, control_plane  # noqa: F401 - fixture
+from tests.side_venvs import VERL_VENV, side_venv
 
-PYTHON = REPO / ".venv-verl" / "bin" / "python"
+PYTHON = VERL_VENV / "bin" / "python"
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.heavy]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _verl_installed() -> None:
-    # Fails (not skips) without the venv: `make test` creates it.
-    assert PYTHON.exists(), f"{PYTHON} is missing: run `make verl-venv`"
+    side_venv(VERL_VENV)  # fails (not skips) without it: `make test` installs it
 
 
 def test_agent_loop_through_verls_worker(control_plane) -> None:  # noqa: F811

@@ -22,6 +22,7 @@ from control_plane.backends.local.oci import catalog as bases
 from control_plane.backends.local.oci.settings import OciError, find_debian_mirror
 from control_plane.dockerfile import base_images
 from tests.cp_helpers import ControlPlaneProcess, wait_job
+from tests.side_venvs import CLIENT_VENV, side_venv
 
 # -- the catalogue of bases (no builds) ------------------------------------------------------------
 
@@ -344,13 +345,13 @@ images:
 
 # -- the built-in image runs the API's default scripts ------------------------------------------
 
-CLIENT_PYTHON = Path(__file__).resolve().parent.parent / ".venv-client" / "bin" / "python"
+CLIENT_PYTHON = CLIENT_VENV / "bin" / "python"
 REWARD_SCRIPT = Path(__file__).with_name("published_client_test_reward.py")
 SEED_TEST_SCRIPT = "python -m pytest --junitxml=test-results.xml"  # specs/sandbox-server-api.yaml's default
 
 
 def _published_test_reward(cp: ControlPlaneProcess, image: str, script: str, *, write_tests: bool) -> dict:
-    assert CLIENT_PYTHON.exists(), f"{CLIENT_PYTHON} is missing: run `make client-venv`"
+    side_venv(CLIENT_VENV)
     argv = [str(CLIENT_PYTHON), str(REWARD_SCRIPT), cp.address, image, script,
             *(["--write-tests"] if write_tests else [])]
     credentials = {"IDEGYM_AUTH_USERNAME": cp.auth[0], "IDEGYM_AUTH_PASSWORD": cp.auth[1]} if cp.auth else {}

@@ -8,16 +8,15 @@ import subprocess
 from pathlib import Path
 
 from tests.cp_helpers import ControlPlaneProcess
-from tests.helpers import REPO
+from tests.side_venvs import CLIENT_VENV, side_venv
 
-CLIENT_PYTHON = REPO / ".venv-client" / "bin" / "python"
+CLIENT_PYTHON = CLIENT_VENV / "bin" / "python"
 SCRIPT = Path(__file__).with_name("published_client_lifecycle.py")
 
 
 def test_published_client_whole_life_cycle(cp_local: ControlPlaneProcess) -> None:
     cp = cp_local
-    # Fails (not skips) without the client venv: `make test` creates it.
-    assert CLIENT_PYTHON.exists(), f"{CLIENT_PYTHON} is missing: run `make client-venv`"
+    side_venv(CLIENT_VENV)  # fails (not skips) without it: `make test` installs it
     deps = subprocess.run([str(CLIENT_PYTHON), "-c", "import idegym.client, diff_match_patch"],
                           capture_output=True, text=True)
     assert deps.returncode == 0, deps.stderr

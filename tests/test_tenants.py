@@ -33,11 +33,12 @@ import pytest
 from control_plane import tenants, tree_pack
 from tests.cp_helpers import ControlPlaneProcess
 from tests.helpers import REPO
+from tests.side_venvs import CLIENT_VENV, side_venv
 
 pytestmark = pytest.mark.security
 
 BUILTIN = "idegym/builtin:latest"
-CLIENT_PYTHON = REPO / ".venv-client" / "bin" / "python"
+CLIENT_PYTHON = CLIENT_VENV / "bin" / "python"
 
 
 @dataclass
@@ -462,7 +463,7 @@ def test_a_bad_tenants_file_refuses_to_start(tmp_path: Path) -> None:
 
 def test_the_published_client_works_as_a_tenant(world: World) -> None:
     """idegym-client 0.13.1, unchanged, with a tenant's name and token as its credentials."""
-    assert CLIENT_PYTHON.exists(), f"{CLIENT_PYTHON} is missing: run `make client-venv`"
+    side_venv(CLIENT_VENV)
     credentials = {"IDEGYM_AUTH_USERNAME": "bob", "IDEGYM_AUTH_PASSWORD": world.tokens["bob"]}
     proc = subprocess.run([str(CLIENT_PYTHON), str(Path(__file__).with_name("published_client_lifecycle.py")),
                            world.cp.address], capture_output=True, text=True, timeout=600,
