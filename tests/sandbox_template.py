@@ -58,6 +58,10 @@ def _fork_server(request: dict, keep: set[int]) -> tuple[int, int]:
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
+        for fd in (0, 1, 2):  # a dup2 onto itself keeps os.open's close-on-exec: children would lack it
+            os.set_inheritable(fd, True)
+        for fd in {null, log} - {0, 1, 2}:
+            os.close(fd)
         if "env" in request:
             os.environ.clear()
             os.environ.update(request["env"])

@@ -20,15 +20,18 @@ STATUS = {"SigBlk", "SigIgn", "SigCgt", "CapInh", "CapPrm", "CapEff", "CapBnd", 
 
 
 def _shape(pid: int, root: Path) -> tuple[Counter[str], dict[str, str], str, str]:
-    """What process ``pid`` holds: its descriptors (the paths below ``root`` relative to it), its
-    signal dispositions and capabilities, its directory and its limits."""
+    """What process ``pid`` holds: its descriptors (the paths below ``root`` relative to it, and
+    which of them its children inherit), its signal dispositions and capabilities, its directory
+    and its limits."""
     fds: Counter[str] = Counter()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:  # closed meanwhile
             continue
-        fds[target.split(":")[0] if target.startswith(("socket:", "pipe:")) else target.replace(str(root), "…")] += 1
+        flags = int(Path(f"/proc/{pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0], 8)
+        name = target.split(":")[0] if target.startswith(("socket:", "pipe:")) else target.replace(str(root), "…")
+        fds[f"{name}{' (close-on-exec)' if flags & os.O_CLOEXEC else ''}"] += 1
     status = {key: value.strip() for key, _, value in (line.partition(":") for line in
                                                         Path(f"/proc/{pid}/status").read_text().splitlines())
               if key in STATUS}
