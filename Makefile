@@ -263,20 +263,23 @@ test-bytecode: $(VENV)/.stamp
 # that need one start from ~170 s in (harbor's, there before pytest) and verl's, the last one
 # there, from ~650 s: none should wait.
 INSTALLS   := .installs
+# The test recipe's sub-makes go through SUBMAKE: a line that names $(MAKE) itself runs even
+# under `make -n`, which would have run the suite.
+SUBMAKE     = $(MAKE)
 # Each in its own session (setsid): Ctrl-C, which sh makes background jobs ignore, or a failure
 # before the end stops each with one signal to its group.
 test:  ## lint, then the test suite (everything but `slow`) on TEST_WORKERS (3) workers, type check beside it
-	@$(MAKE) --no-print-directory strace $(UV)
+	@$(SUBMAKE) --no-print-directory strace $(UV)
 	@rm -rf $(INSTALLS) && mkdir $(INSTALLS) && touch $(INSTALLS)/started; \
 	echo "installing $(SIDE_VENVS) in the background (logs: $(INSTALLS)/)"; \
 	groups=; stop() { for group in $$groups; do kill -TERM -$$group 2>/dev/null; done; wait; }; \
 	trap 'stop; exit 130' INT TERM HUP; \
-	setsid sh -c '$(MAKE) --no-print-directory -k -j2 $(SIDE_VENVS:%=$(INSTALLS)/%) >$(INSTALLS)/make.log 2>&1; \
+	setsid sh -c '$(SUBMAKE) --no-print-directory -k -j2 $(SIDE_VENVS:%=$(INSTALLS)/%) >$(INSTALLS)/make.log 2>&1; \
 	  echo $$? >$(INSTALLS)/done' & groups=$$!; \
-	$(MAKE) --no-print-directory -j3 venv lint test-bytecode $(VENV)/.stamp-typecheck && \
-	{ setsid sh -c '$(MAKE) --no-print-directory typecheck >$(INSTALLS)/typecheck.log 2>&1 || touch $(INSTALLS)/typecheck.failed' & \
+	$(SUBMAKE) --no-print-directory -j3 venv lint test-bytecode $(VENV)/.stamp-typecheck && \
+	{ setsid sh -c '$(SUBMAKE) --no-print-directory typecheck >$(INSTALLS)/typecheck.log 2>&1 || touch $(INSTALLS)/typecheck.failed' & \
 	  groups="$$groups $$!"; } && \
-	$(MAKE) --no-print-directory gym-versions bytecode && \
+	$(SUBMAKE) --no-print-directory gym-versions bytecode && \
 	IDEGYM_BACKGROUND_INSTALLS=$(CURDIR)/$(INSTALLS) $(VENV)/bin/pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS); \
 	status=$$?; \
 	if [ $$status != 0 ]; then stop; else wait; cat $(INSTALLS)/typecheck.log; \
