@@ -15,18 +15,23 @@ from __future__ import annotations
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from idegym_env.agents import Harness, LayerSpec
 from idegym_env.agents.env import IdeGymAgentEnv
 from idegym_env.embedded import EmbeddedControlPlane
+from sandbox_server.models import AgentExchangeRequest, AgentExchangeResponse
 from tests import agent_policies as policies
 
-from ._common import Result, Stats, check_target, stats_table
+from ._call_breakdown import processes, sleeps
+from ._common import Result, Stats, check_target, stats_table, table
+from ._cpu import seconds_of
 
 N = int(os.environ.get("BENCH_N", "200"))
 AGENTS = int(os.environ.get("BENCH_AGENTS", "8"))
@@ -40,14 +45,16 @@ url = urllib.parse.urlparse(os.environ["OPENAI_BASE_URL"])
 conn = http.client.HTTPConnection(url.hostname, url.port)
 body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
 headers = {"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
-times = []
+times, stamps = [], []
 for _ in range(int(sys.argv[1])):
     t = time.perf_counter()
     conn.request("POST", url.path + "/chat/completions", body, headers)
     resp = conn.getresponse(); resp.read()
     assert resp.status == 200, resp.status
     times.append(time.perf_counter() - t)
+    stamps.append((t, t + times[-1]))
 print("TIMES " + json.dumps(times))
+print("STAMPS " + json.dumps(stamps))
 """
 
 ANSWER = json.dumps({"id": "c", "object": "chat.completion", "model": "m",
@@ -75,9 +82,87 @@ class _Model(BaseHTTPRequestHandler):
         pass
 
 
+WARM = 20  # the first calls of a round warm up
+
+
+def _printed(stdout: str, what: str) -> list:
+    line = next(x for x in stdout.splitlines() if x.startswith(what + " "))
+    return json.loads(line[len(what) + 1:])[WARM:]
+
+
 def _times(stdout: str) -> list[float]:
-    line = next(x for x in stdout.splitlines() if x.startswith("TIMES "))
-    return json.loads(line[6:])[20:]  # the first calls warm up
+    return _printed(stdout, "TIMES")
+
+
+class _Hops:
+    """Where a call through the gateway spends its time, from timestamps the client (in the
+    sandbox) and the env take on one clock (``perf_counter`` is ``CLOCK_MONOTONIC`` in every
+    process of the host), and the CPU the sandbox server and the env's thread spend per call."""
+
+    PARTS = ("client -> endpoint -> exchange's answer -> env (sandbox server, Unix socket, env's parse)",
+             "env: the call's body decoded and parsed, the payload built",
+             "env <-> model server (its round trip, as the direct client's)",
+             "env: recorded, the answer encoded",
+             "env's reply -> sandbox server -> client (Unix socket, the server's parse, the endpoint's answer)")
+
+    def __init__(self, env: IdeGymAgentEnv) -> None:
+        self.arrived: list[float] = []  # a call's exchange returned
+        self.replied: list[float] = []  # an exchange with its reply began
+        self.upstream: list[tuple[float, float]] = []
+        self.cpu: list[dict[str, float]] = []
+        self.pids: dict[str, int] = {}
+        exchange, upstream = env._call_exchange, env._upstream
+        assert upstream is not None
+        chat = upstream.chat
+
+        def timed_exchange(request: AgentExchangeRequest) -> AgentExchangeResponse:
+            if request.reply is not None:
+                self.replied.append(time.perf_counter())
+            answer = exchange(request)
+            if answer.call is not None:
+                self.arrived.append(time.perf_counter())
+                if len(self.arrived) in (WARM, WARM + self.n):
+                    self._snapshot()
+            return answer
+
+        def timed_chat(payload: dict) -> Any:
+            started = time.perf_counter()
+            answer = chat(payload)
+            self.upstream.append((started, time.perf_counter()))
+            return answer
+
+        env._call_exchange = timed_exchange  # type: ignore[method-assign]
+        upstream.chat = timed_chat  # type: ignore[method-assign]
+        self.n = 0
+
+    def _snapshot(self) -> None:
+        if len(self.cpu) % 2 == 0:  # a round's first: its episode's sandbox server
+            self.pids = {k: v for k, v in processes().items() if k == "sandbox server"}
+        self.cpu.append({"env's thread": time.thread_time(), **seconds_of(self.pids),
+                         **{f"{name} sleeps": sleeps(pid) for name, pid in self.pids.items()}})
+
+    def round(self, stdout: str, calls: int) -> list[list[float]]:
+        """Each part's time (seconds) of every call of a round after the warm-up; and the CPU."""
+        stamps = _printed(stdout, "STAMPS")
+        arrived, replied, upstream = self.arrived[WARM:], self.replied[WARM:], self.upstream[WARM:]
+        assert len(stamps) == len(arrived) == len(upstream) == len(replied) == calls - WARM, \
+            (len(stamps), len(arrived), len(upstream), len(replied))
+        parts = [[a - c0 for (c0, _), a in zip(stamps, arrived, strict=True)],
+                 [u0 - a for a, (u0, _) in zip(arrived, upstream, strict=True)],
+                 [u1 - u0 for u0, u1 in upstream],
+                 [r - u1 for (_, u1), r in zip(upstream, replied, strict=True)],
+                 [c1 - r for (_, c1), r in zip(stamps, replied, strict=True)]]
+        self.arrived, self.replied, self.upstream = [], [], []
+        return parts
+
+    def cpu_per_call(self) -> dict[str, float]:
+        """ms (sleeps: count) per call, between the snapshots of each round."""
+        out: dict[str, float] = {}
+        for before, after in zip(self.cpu[::2], self.cpu[1::2], strict=True):
+            for name in before:
+                out[name] = out.get(name, 0.0) + after[name] - before[name]
+        rounds = len(self.cpu) // 2
+        return {name: v / (self.n * rounds) * (1 if "sleeps" in name else 1e3) for name, v in out.items()}
 
 
 def latency(url: str, result: Result) -> None:
@@ -88,18 +173,23 @@ def latency(url: str, result: Result) -> None:
     model_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     per_round = max(N // ROUNDS, 1)
     client = Harness(name="latency-client", layer=LayerSpec("tmux-agent", drivers=("tmux_agent.py",)),
-                     command=lambda inside: ["python3", "-c", CLIENT, str(per_round + 20)], api="chat", version="1")
+                     command=lambda inside: ["python3", "-c", CLIENT, str(per_round + WARM)], api="chat", version="1")
     env = IdeGymAgentEnv(policies.TASK, harness=client, control_plane_url=url, model_url=model_url,
                          upstream_params={}, max_calls=per_round + 100)
     direct: list[float] = []
     through: list[float] = []
+    hops = _Hops(env)
+    hops.n = per_round
+    parts: list[list[float]] = [[] for _ in _Hops.PARTS]
     try:
         for _ in range(ROUNDS):
-            out = subprocess.run(["python3", "-c", CLIENT, str(per_round + 20)], capture_output=True, text=True,
+            out = subprocess.run(["python3", "-c", CLIENT, str(per_round + WARM)], capture_output=True, text=True,
                                  check=True, env={**os.environ, "OPENAI_BASE_URL": model_url, "OPENAI_API_KEY": "x"})
             direct += _times(out.stdout)
             _, info = env.run_episode()
             through += _times(info["agent"]["stdout"])
+            for into, part in zip(parts, hops.round(info["agent"]["stdout"], per_round + WARM), strict=True):
+                into += part
             result.figures["exchange"] = info.get("exchange")
     finally:
         env.close()
@@ -114,6 +204,14 @@ def latency(url: str, result: Result) -> None:
     result.figures["load_average"] = os.getloadavg()[0]
     result.targets["added_latency"] = check_target("gateway's added latency per model call (median)", added, 1.0)
     print(stats_table(stats, baseline=stats[0].label))
+    medians = {name: statistics.median(p) * 1e3 for name, p in zip(_Hops.PARTS, parts, strict=True)}
+    cpu = hops.cpu_per_call()
+    rows = [[name, ms] for name, ms in medians.items()]
+    rows.append(["(the parts' medians added up)", sum(medians.values())])
+    rows += [[f"CPU of the {name} (ms)" if "sleeps" not in name else f"{name} (count)", v] for name, v in cpu.items()]
+    print(table(["where a call through the gateway goes (median per call)", "ms"], rows))
+    for name, v in [*medians.items(), *cpu.items()]:
+        result.figures[f"breakdown: {name}"] = round(v, 4)
     print(f"added per call: median {added:.3f} ms, floor (min - min) "
           f"{result.figures['added_latency_ms_per_call_min']:.3f} ms; model calls went {result.figures['exchange']}; "
           f"load average {result.figures['load_average']:.1f}")
