@@ -3,6 +3,7 @@ in each harness's own format; pass-through mode against a model server of the te
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import subprocess
@@ -240,6 +241,56 @@ def test_pass_through_runs_mini_swe_agent_against_a_model_server(control_plane: 
         assert _ScriptedModel.seen[0]["logprobs"] is True and _ScriptedModel.seen[0]["model"] == "scripted"
         assert _ScriptedModel.seen[0]["tools"][0]["function"]["name"] == "bash"
         _check_exports(tmp_path, calls, info, reward)
+    finally:
+        env.close()
+        server.shutdown()
+        server.server_close()
+
+
+class _ByteModel(BaseHTTPRequestHandler):
+    """Answers with JSON as a server may write it: compact, not ASCII."""
+
+    protocol_version = "HTTP/1.1"
+    answer = ('{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":'
+              '{"role":"assistant","content":"café ✓"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,'
+              '"completion_tokens":1,"total_tokens":2}}').encode()
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.answer)))
+        self.end_headers()
+        self.wfile.write(self.answer)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+# A harness that asks once and prints the answer's body as it came, in base64.
+ASK_ONCE = r"""
+import base64, http.client, os, urllib.parse
+url = urllib.parse.urlparse(os.environ["OPENAI_BASE_URL"])
+conn = http.client.HTTPConnection(url.hostname, url.port)
+conn.request("POST", url.path + "/chat/completions", '{"model": "m", "messages": [{"role": "user", "content": "hi"}]}',
+             {"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+print("BODY", base64.b64encode(conn.getresponse().read()).decode())
+"""
+
+
+def test_pass_through_hands_the_agent_the_model_servers_answer_as_it_came(
+        control_plane: EmbeddedControlPlane) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ByteModel)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    harness = Harness(name="ask-once", layer=LayerSpec("tmux-agent", drivers=("tmux_agent.py",)),
+                      command=lambda inside: ["python3", "-c", ASK_ONCE], api="chat", version="1")
+    env = IdeGymAgentEnv(policies.TASK, harness=harness, control_plane_url=control_plane.url,
+                         model_url=f"http://127.0.0.1:{server.server_address[1]}/v1")
+    try:
+        _, info = env.run_episode()
+        printed = info["agent"]["stdout"].split("BODY ", 1)[1].strip()
+        assert base64.b64decode(printed) == _ByteModel.answer
+        assert info["trajectory"][0]["message"]["content"] == "café ✓"
     finally:
         env.close()
         server.shutdown()
