@@ -4,6 +4,17 @@
   model endpoint, which the env (pass-through mode) forwards to a local OpenAI-compatible server;
   the same client on the host calls that server directly, in alternating rounds. Each side times
   its own calls; the difference of the medians is what the gateway adds (target <= 1 ms);
+* where a call through the gateway goes (``_Hops``): the client and the env stamp each call on
+  one clock, so each hop's median is printed and kept (``breakdown: ...`` figures), with the CPU
+  the env's thread and the sandbox server spend per call and how often the server sleeps. What
+  it showed (load 1.5-2.6): the env's thread spent 0.40-0.45 ms of CPU a call, ``http.client``
+  (headers parsed by the ``email`` package; a request's head and body written apart, which woke
+  the sandbox server twice: 6 writes for 3 exchanges) on both of its hops; the client's own HTTP
+  connection (``client/_http.py``) made it 0.25-0.30 ms and the added median 0.88 -> 0.67 ms.
+  The hops now (load ~2): client -> env 0.25 ms, the env's own work 0.05, its model-server round
+  trip 0.21 (the direct client's: 0.18), env -> client 0.26. What is left is mostly four wake-ups
+  a call the direct path does not have (the sandbox server's and the env's, each way): under
+  load each waits for a core, so the added time grows with the load average;
 * episodes per minute with 8 agents in parallel: 8 envs (mini-swe-agent, a scripted policy that
   fixes python-roman-numerals and submits), each on a thread of its own, graded.
 

@@ -247,26 +247,6 @@ def test_pass_through_runs_mini_swe_agent_against_a_model_server(control_plane: 
         server.server_close()
 
 
-class _ByteModel(BaseHTTPRequestHandler):
-    """Answers with JSON as a server may write it: compact, not ASCII."""
-
-    protocol_version = "HTTP/1.1"
-    answer = ('{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":'
-              '{"role":"assistant","content":"café ✓"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,'
-              '"completion_tokens":1,"total_tokens":2}}').encode()
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        self.rfile.read(int(self.headers["Content-Length"]))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(self.answer)))
-        self.end_headers()
-        self.wfile.write(self.answer)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 # A harness that asks once and prints the answer's body as it came, in base64.
 ASK_ONCE = r"""
 import base64, http.client, os, urllib.parse
@@ -280,21 +260,17 @@ print("BODY", base64.b64encode(conn.getresponse().read()).decode())
 
 def test_pass_through_hands_the_agent_the_model_servers_answer_as_it_came(
         control_plane: EmbeddedControlPlane) -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _ByteModel)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     harness = Harness(name="ask-once", layer=LayerSpec("tmux-agent", drivers=("tmux_agent.py",)),
                       command=lambda inside: ["python3", "-c", ASK_ONCE], api="chat", version="1")
-    env = IdeGymAgentEnv(policies.TASK, harness=harness, control_plane_url=control_plane.url,
-                         model_url=f"http://127.0.0.1:{server.server_address[1]}/v1")
-    try:
-        _, info = env.run_episode()
-        printed = info["agent"]["stdout"].split("BODY ", 1)[1].strip()
-        assert base64.b64decode(printed) == _ByteModel.answer
-        assert info["trajectory"][0]["message"]["content"] == "café ✓"
-    finally:
-        env.close()
-        server.shutdown()
-        server.server_close()
+    with policies.fixed_model() as url:
+        env = IdeGymAgentEnv(policies.TASK, harness=harness, control_plane_url=control_plane.url, model_url=url)
+        try:
+            _, info = env.run_episode()
+        finally:
+            env.close()
+    printed = info["agent"]["stdout"].split("BODY ", 1)[1].strip()
+    assert base64.b64decode(printed) == policies.FixedModel.answer
+    assert info["trajectory"][0]["message"]["content"] == "café ✓"
 
 
 def test_fork_gives_a_group_of_rollouts_from_one_state(control_plane: EmbeddedControlPlane) -> None:

@@ -4,12 +4,10 @@ the server twice (``benchmarks/agent_gateway.py``)."""
 
 from __future__ import annotations
 
-import json
 import socket
 import tempfile
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ import pytest
 from idegym_env.agents.channel import DirectChannel
 from idegym_env.agents.upstream import Upstream
 from sandbox_server.models import AgentExchangeRequest, AgentExchangeResponse, AgentState, ModelReply
+from tests import agent_policies as policies
 
 
 class _Counted(socket.socket):
@@ -45,31 +44,10 @@ class _CountedListener(socket.socket):
         return self.accepted, address
 
 
-class _Model(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        self.rfile.read(int(self.headers["Content-Length"]))
-        data = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def model_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Model)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with policies.fixed_model() as url:
+        yield url
 
 
 def test_a_request_to_the_model_server_is_one_write(model_url: str, monkeypatch: pytest.MonkeyPatch) -> None:

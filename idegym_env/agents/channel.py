@@ -8,7 +8,8 @@ connect to it (0600). ``POST /api/agent/start`` (through the control plane) name
 secret; the sandbox server connects, says the secret, and serves ``POST /api/agent/exchange``
 (and nothing else) on the connection. A connection that does not say the secret is dropped; the
 socket's name is unlinked once the right one is accepted. Anything wrong: the env goes through the
-control plane as before.
+control plane as before. The exchanges go over the client's own HTTP connection (``client/_http.py``):
+a request in one write, which wakes the server once (``http.client`` wrote head and body apart).
 """
 
 from __future__ import annotations
