@@ -108,7 +108,8 @@ def _times(stdout: str) -> list[float]:
 class _Hops:
     """Where a call through the gateway spends its time, from timestamps the client (in the
     sandbox) and the env take on one clock (``perf_counter`` is ``CLOCK_MONOTONIC`` in every
-    process of the host), and the CPU the sandbox server and the env's thread spend per call."""
+    process of the host), and the CPU the sandbox server and the env's thread spend per call (user and
+    system: a send on loopback runs the receiver's side of TCP too)."""
 
     PARTS = ("client -> endpoint -> exchange's answer -> env (sandbox server, Unix socket, env's parse)",
              "env: the call's body decoded and parsed, the payload built",
@@ -116,7 +117,8 @@ class _Hops:
              "env: recorded, the answer encoded",
              "env's reply -> sandbox server -> client (Unix socket, the server's parse, the endpoint's answer)")
 
-    def __init__(self, env: IdeGymAgentEnv) -> None:
+    def __init__(self, env: IdeGymAgentEnv, n: int) -> None:
+        self.n = n  # calls a round times (after the warm-up)
         self.arrived: list[float] = []  # a call's exchange returned
         self.replied: list[float] = []  # an exchange with its reply began
         self.upstream: list[tuple[float, float]] = []
@@ -144,7 +146,6 @@ class _Hops:
 
         env._call_exchange = timed_exchange  # type: ignore[method-assign]
         upstream.chat = timed_chat  # type: ignore[method-assign]
-        self.n = 0
 
     def _snapshot(self) -> None:
         if len(self.cpu) % 2 == 0:  # a round's first: its episode's sandbox server
@@ -153,7 +154,7 @@ class _Hops:
                          **{f"{name} sleeps": sleeps(pid) for name, pid in self.pids.items()}})
 
     def round(self, stdout: str, calls: int) -> list[list[float]]:
-        """Each part's time (seconds) of every call of a round after the warm-up; and the CPU."""
+        """Each part's time (seconds) of every call of a round after the warm-up."""
         stamps = _printed(stdout, "STAMPS")
         arrived, replied, upstream = self.arrived[WARM:], self.replied[WARM:], self.upstream[WARM:]
         assert len(stamps) == len(arrived) == len(upstream) == len(replied) == calls - WARM, \
@@ -189,8 +190,7 @@ def latency(url: str, result: Result) -> None:
                          upstream_params={}, max_calls=per_round + 100)
     direct: list[float] = []
     through: list[float] = []
-    hops = _Hops(env)
-    hops.n = per_round
+    hops = _Hops(env, per_round)
     parts: list[list[float]] = [[] for _ in _Hops.PARTS]
     try:
         for _ in range(ROUNDS):
@@ -215,14 +215,12 @@ def latency(url: str, result: Result) -> None:
     result.figures["load_average"] = os.getloadavg()[0]
     result.targets["added_latency"] = check_target("gateway's added latency per model call (median)", added, 1.0)
     print(stats_table(stats, baseline=stats[0].label))
-    medians = {name: statistics.median(p) * 1e3 for name, p in zip(_Hops.PARTS, parts, strict=True)}
-    cpu = hops.cpu_per_call()
-    rows = [[name, ms] for name, ms in medians.items()]
-    rows.append(["(the parts' medians added up)", sum(medians.values())])
-    rows += [[f"CPU of the {name} (ms)" if "sleeps" not in name else f"{name} (count)", v] for name, v in cpu.items()]
-    print(table(["where a call through the gateway goes (median per call)", "ms"], rows))
-    for name, v in [*medians.items(), *cpu.items()]:
-        result.figures[f"breakdown: {name}"] = round(v, 4)
+    rows = {name: statistics.median(p) * 1e3 for name, p in zip(_Hops.PARTS, parts, strict=True)}
+    rows["(the parts' medians added up)"] = sum(rows.values())
+    rows.update({f"{name} (count)" if "sleeps" in name else f"CPU of the {name}": v
+                 for name, v in hops.cpu_per_call().items()})
+    print(table(["where a call through the gateway goes (per call)", "ms"], [[k, v] for k, v in rows.items()]))
+    result.figures.update({f"breakdown: {name}": round(v, 4) for name, v in rows.items()})
     print(f"added per call: median {added:.3f} ms, floor (min - min) "
           f"{result.figures['added_latency_ms_per_call_min']:.3f} ms; model calls went {result.figures['exchange']}; "
           f"load average {result.figures['load_average']:.1f}")
