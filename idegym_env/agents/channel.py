@@ -25,7 +25,7 @@ from sandbox_server import routes
 from sandbox_server.models import AgentExchangeRequest, AgentExchangeResponse
 
 from ..client._exceptions import error_for
-from ..client._http import Connection
+from ..client._http import ClientConnection
 
 GATEWAYS = ".gw"
 SLACK = 30.0
@@ -62,7 +62,7 @@ class DirectChannel:
         self._listener.bind(str(self.path))
         os.chmod(self.path, 0o600)
         self._listener.listen(8)
-        self._conn: Connection | None = None
+        self._conn: ClientConnection | None = None
 
     def accept(self) -> bool:
         """Take the sandbox server's connection (it connected during the start); False without it."""
@@ -76,7 +76,7 @@ class DirectChannel:
                 except (TimeoutError, OSError):
                     return False
                 if self._said_secret(sock, deadline):
-                    self._conn = Connection(lambda: sock, "localhost")  # noqa: B023 - called at once
+                    self._conn = ClientConnection(lambda: sock, "localhost")  # noqa: B023 - called at once
                     self._conn.connect()
                     return True
                 sock.close()
