@@ -142,7 +142,7 @@ class AgentGateway:
                      asyncio.get_running_loop().create_future(), len(request.body))
         self._waiting.append(call)
         self._wake()
-        # The answer awaited as it is, with a timer: wait_for and shield took three more turns of
+        # The answer awaited as it is, with a timer: wait_for over shield took two more turns of
         # the loop between the reply and the agent's answer.
         timer = asyncio.get_running_loop().call_later(self.call_timeout, call.expire)
         try:
