@@ -75,7 +75,7 @@ def _below(pid: int, ancestor: int) -> bool:
     return False
 
 
-def _sleeps(pid: int) -> int:
+def sleeps(pid: int) -> int:
     """How often the process went to sleep so far (its threads' voluntary context switches)."""
     total = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -106,7 +106,7 @@ def breakdown(call: Callable[[], float], n: int, url: str, auth: tuple[str, str]
     for _ in range(20):
         call()
     pids = processes()
-    cpu_before, sleeps_before = _cpu.seconds_of(pids), {name: _sleeps(pid) for name, pid in pids.items()}
+    cpu_before, sleeps_before = _cpu.seconds_of(pids), {name: sleeps(pid) for name, pid in pids.items()}
     handler_before, forward_before = _metrics(url, auth)
     own_before, wall_before = time.thread_time(), time.perf_counter()
     command = 0.0
@@ -114,7 +114,7 @@ def breakdown(call: Callable[[], float], n: int, url: str, auth: tuple[str, str]
         command += call()
     wall, own = time.perf_counter() - wall_before, time.thread_time() - own_before
     handler_after, forward_after = _metrics(url, auth)
-    cpu_after, sleeps_after = _cpu.seconds_of(pids), {name: _sleeps(pid) for name, pid in pids.items()}
+    cpu_after, sleeps_after = _cpu.seconds_of(pids), {name: sleeps(pid) for name, pid in pids.items()}
     calls = handler_after[1] - handler_before[1]
     assert calls >= n, f"the control plane counted {calls} forwards of the {n} made"
     ms = 1e3 / n

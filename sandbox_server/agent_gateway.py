@@ -56,6 +56,11 @@ class _Call:
     model: ModelCall
     answer: asyncio.Future[web.Response]
     size: int = 0
+    expired: bool = False  # its agent stopped waiting for it (call_timeout)
+
+    def expire(self) -> None:
+        self.expired = True
+        self.answer.cancel()
 
 
 @dataclass
@@ -137,15 +142,21 @@ class AgentGateway:
                      asyncio.get_running_loop().create_future(), len(request.body))
         self._waiting.append(call)
         self._wake()
+        # The answer awaited as it is, with a timer: wait_for over shield took two more turns of
+        # the loop between the reply and the agent's answer.
+        timer = asyncio.get_running_loop().call_later(self.call_timeout, call.expire)
         try:
-            return await asyncio.wait_for(asyncio.shield(call.answer), self.call_timeout)
-        except TimeoutError:
-            self._handed.pop(call.model.id, None)
-            return _error(504, f"no answer from the policy within {self.call_timeout:g} s", "timeout")
+            return await call.answer
         except asyncio.CancelledError:
-            if call.answer.cancelled():
-                return _error(503, "the episode's model endpoint was closed", "unavailable")
-            raise
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the connection's own end, not the call's
+            if call.expired:
+                self._handed.pop(call.model.id, None)
+                return _error(504, f"no answer from the policy within {self.call_timeout:g} s", "timeout")
+            return _error(503, "the episode's model endpoint was closed", "unavailable")
+        finally:
+            timer.cancel()
 
     def answer(self, reply: ModelReply) -> None:
         call = self._handed.pop(reply.call_id, None)
@@ -173,21 +184,21 @@ class AgentGateway:
             left = deadline - loop.time()
             if self._exited.is_set() or left <= 0:
                 return None
-            self._wakeup = loop.create_future()
+            self._wakeup = wakeup = loop.create_future()
+            timer = loop.call_at(deadline, _wake, wakeup)
             try:
-                await asyncio.wait_for(self._wakeup, left)
-            except TimeoutError:
-                pass
+                await wakeup
             finally:
                 self._wakeup = None
+                timer.cancel()
 
     def _on_exit(self, _: asyncio.Future[ProcessResult]) -> None:
         self._exited.set()
         self._wake()
 
     def _wake(self) -> None:
-        if self._wakeup is not None and not self._wakeup.done():
-            self._wakeup.set_result(None)
+        if self._wakeup is not None:
+            _wake(self._wakeup)
 
     async def close(self) -> None:
         server, self._server = self._server, None
@@ -205,6 +216,11 @@ class AgentGateway:
             transport.close()
             serving.cancel()
         # the harness itself ends with the tool processes (every caller ends them next)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class _Endpoint(web.App):

@@ -4,7 +4,10 @@ own format (a mini-swe-agent bash tool call, a tmux agent's JSON keystrokes, a C
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 TASK = "python-roman-numerals"
@@ -101,3 +104,35 @@ while True:
             results.append({"type": "tool_result", "tool_use_id": block["id"], "content": out.stdout + out.stderr})
     messages.append({"role": "user", "content": results})
 """
+
+
+class FixedModel(BaseHTTPRequestHandler):
+    """A model server with one answer, JSON as a server may write it: compact, not ASCII."""
+
+    protocol_version = "HTTP/1.1"
+    answer = ('{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":'
+              '{"role":"assistant","content":"café ✓"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,'
+              '"completion_tokens":1,"total_tokens":2}}').encode()
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.answer)))
+        self.end_headers()
+        self.wfile.write(self.answer)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def fixed_model() -> Iterator[str]:
+    """A ``FixedModel`` server on a loopback port; its base URL (``.../v1``)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FixedModel)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -3,6 +3,7 @@ in each harness's own format; pass-through mode against a model server of the te
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import subprocess
@@ -244,6 +245,32 @@ def test_pass_through_runs_mini_swe_agent_against_a_model_server(control_plane: 
         env.close()
         server.shutdown()
         server.server_close()
+
+
+# A harness that asks once and prints the answer's body as it came, in base64.
+ASK_ONCE = r"""
+import base64, http.client, os, urllib.parse
+url = urllib.parse.urlparse(os.environ["OPENAI_BASE_URL"])
+conn = http.client.HTTPConnection(url.hostname, url.port)
+conn.request("POST", url.path + "/chat/completions", '{"model": "m", "messages": [{"role": "user", "content": "hi"}]}',
+             {"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+print("BODY", base64.b64encode(conn.getresponse().read()).decode())
+"""
+
+
+def test_pass_through_hands_the_agent_the_model_servers_answer_as_it_came(
+        control_plane: EmbeddedControlPlane) -> None:
+    harness = Harness(name="ask-once", layer=LayerSpec("tmux-agent", drivers=("tmux_agent.py",)),
+                      command=lambda inside: ["python3", "-c", ASK_ONCE], api="chat", version="1")
+    with policies.fixed_model() as url:
+        env = IdeGymAgentEnv(policies.TASK, harness=harness, control_plane_url=control_plane.url, model_url=url)
+        try:
+            _, info = env.run_episode()
+        finally:
+            env.close()
+    printed = info["agent"]["stdout"].split("BODY ", 1)[1].strip()
+    assert base64.b64decode(printed) == policies.FixedModel.answer
+    assert info["trajectory"][0]["message"]["content"] == "café ✓"
 
 
 def test_fork_gives_a_group_of_rollouts_from_one_state(control_plane: EmbeddedControlPlane) -> None:

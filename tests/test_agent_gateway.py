@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.helpers import SandboxProcess
+from tests.helpers import SandboxProcess, wait_until
 
 KEY = "k" * 16 + "episode-one"
 
@@ -89,6 +89,25 @@ def test_an_unanswered_call_is_a_504_to_the_agent_and_the_wait_returns(server: S
     assert done["agent"]["stdout"].startswith("504 ") and "no answer from the policy" in done["agent"]["stdout"]
     late = server.client.post("/api/agent/exchange", json={"reply": _answer(first["call"]["id"], "late")})
     assert late.status_code == 409 and "no model call" in late.json()["message"]
+
+
+def test_a_call_its_agent_gave_up_on_is_not_handed_out(server: SandboxProcess) -> None:
+    (server.project / "once.py").write_text(textwrap.dedent("""
+        import os, urllib.request, urllib.error
+        req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", method="POST",
+                                     data=b"{}", headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+        try:
+            urllib.request.urlopen(req, timeout=30)
+        except urllib.error.HTTPError as exc:
+            open("gave-up", "w").write(str(exc.code))
+    """))
+    r = server.client.post("/api/agent/start", json={"command": [sys.executable, "once.py"], "key": KEY,
+                                                     "call_timeout": 0.3})
+    assert r.status_code == 200
+    assert wait_until(lambda: (server.project / "gave-up").exists(), 30)  # nobody collected its call
+    done = _exchange(server, wait=30)
+    assert done["call"] is None and done["agent"]["exit_code"] == 0
+    assert (server.project / "gave-up").read_text() == "504"
 
 
 def test_a_wait_without_a_call_returns_when_it_runs_out(server: SandboxProcess) -> None:

@@ -208,12 +208,15 @@ def completion(message: dict[str, Any], model: str, usage: dict[str, int] | None
             "usage": usage or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
 
 
-def reply_body(call: ParsedCall, chat_completion: dict[str, Any]) -> tuple[bytes, str]:
-    """The answer to ``call`` in its API (body, content type) from a chat completion."""
+def reply_body(call: ParsedCall, chat_completion: dict[str, Any], raw: bytes | None = None) -> tuple[bytes, str]:
+    """The answer to ``call`` in its API (body, content type) from a chat completion; ``raw``, the
+    completion's JSON as a model server sent it, is the answer itself to an unstreamed chat call."""
     message = chat_completion["choices"][0]["message"]
     usage = chat_completion.get("usage") or {}
     if call.api == CHAT:
-        return _sse_chat(chat_completion) if call.stream else (json.dumps(chat_completion).encode(), "application/json")
+        if call.stream:
+            return _sse_chat(chat_completion)
+        return raw if raw is not None else json.dumps(chat_completion).encode(), "application/json"
     if call.api == ANTHROPIC:
         body = _anthropic_message(message, call.model, usage)
         return _sse_anthropic(body) if call.stream else (json.dumps(body).encode(), "application/json")

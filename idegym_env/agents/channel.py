@@ -8,12 +8,12 @@ connect to it (0600). ``POST /api/agent/start`` (through the control plane) name
 secret; the sandbox server connects, says the secret, and serves ``POST /api/agent/exchange``
 (and nothing else) on the connection. A connection that does not say the secret is dropped; the
 socket's name is unlinked once the right one is accepted. Anything wrong: the env goes through the
-control plane as before.
+control plane as before. The exchanges go over the client's own HTTP connection (``client/_http.py``):
+a request in one write, which wakes the server once (``http.client`` wrote head and body apart).
 """
 
 from __future__ import annotations
 
-import http.client
 import os
 import secrets
 import socket
@@ -25,10 +25,12 @@ from sandbox_server import routes
 from sandbox_server.models import AgentExchangeRequest, AgentExchangeResponse
 
 from ..client._exceptions import error_for
+from ..client._http import ClientConnection
 
 GATEWAYS = ".gw"
 SLACK = 30.0
 ACCEPT_FOR = 2.0
+JSON = {"Content-Type": "application/json"}
 
 
 STALE = 3600.0  # a socket this old was left by an env killed while it started an agent
@@ -42,15 +44,6 @@ def _sweep(gw: Path) -> None:
                 entry.unlink()
         except OSError:
             pass
-
-
-class _Connected(http.client.HTTPConnection):
-    def __init__(self, sock: socket.socket) -> None:
-        super().__init__("sandbox")
-        self.sock = sock
-
-    def connect(self) -> None:
-        raise ConnectionError("the sandbox server's exchange connection is closed")
 
 
 class DirectChannel:
@@ -69,7 +62,7 @@ class DirectChannel:
         self._listener.bind(str(self.path))
         os.chmod(self.path, 0o600)
         self._listener.listen(8)
-        self._conn: _Connected | None = None
+        self._conn: ClientConnection | None = None
 
     def accept(self) -> bool:
         """Take the sandbox server's connection (it connected during the start); False without it."""
@@ -83,7 +76,8 @@ class DirectChannel:
                 except (TimeoutError, OSError):
                     return False
                 if self._said_secret(sock, deadline):
-                    self._conn = _Connected(sock)
+                    self._conn = ClientConnection(lambda: sock, "localhost")  # noqa: B023 - called at once
+                    self._conn.connect()
                     return True
                 sock.close()
             return False
@@ -107,13 +101,13 @@ class DirectChannel:
         """One exchange; the client's typed errors for an error answer, ``OSError`` or
         ``http.client.HTTPException`` when the connection is gone."""
         assert self._conn is not None
+        if self._conn.sock is None:
+            raise ConnectionError("the sandbox server's exchange connection is closed")
         self._conn.sock.settimeout(request.wait + SLACK)
-        self._conn.request("POST", routes.AGENT_EXCHANGE.path, request.model_dump_json().encode(),
-                           {"Content-Type": "application/json"})
-        resp = self._conn.getresponse()
-        body = resp.read()
-        if resp.status != 200:
-            raise error_for(resp.status, body.decode("utf-8", "replace"), "sandbox")
+        status, _, body, _ = self._conn.exchange("POST", routes.AGENT_EXCHANGE.path, JSON,
+                                                 request.model_dump_json().encode())
+        if status != 200:
+            raise error_for(status, body.decode("utf-8", "replace"), "sandbox")
         return AgentExchangeResponse.model_validate_json(body)
 
     def _stop_listening(self) -> None:

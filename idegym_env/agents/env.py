@@ -278,9 +278,9 @@ class IdeGymAgentEnv(IdeGymEnv):
     def _next_call(self) -> str | None:
         return self._exchange(None)
 
-    def _answer_and_next(self, completion: dict[str, Any]) -> str | None:
+    def _answer_and_next(self, completion: dict[str, Any], raw: bytes | None = None) -> str | None:
         assert self._pending is not None
-        body, content_type = apis.reply_body(self._pending, completion)
+        body, content_type = apis.reply_body(self._pending, completion, raw)
         reply = ModelReply(call_id=self._pending_id, content_type=content_type,
                            body_base64=base64.b64encode(body).decode("ascii"))
         self._pending = None
@@ -295,12 +295,12 @@ class IdeGymAgentEnv(IdeGymEnv):
             payload = {**self._pending.request, **self.upstream_params, "stream": False,
                        "model": self.model_name or self._pending.model or "default"}
             try:
-                completion = self._upstream.chat(payload)
+                completion, raw = self._upstream.chat(payload)
             except UpstreamError as exc:
                 return f"model: the model server at {self.model_url} failed: {exc}"
             self._steps += 1
             self._record(completion, started)
-            outcome = self._answer_and_next(completion)
+            outcome = self._answer_and_next(completion, raw)
             if outcome is None and self._steps >= self.max_calls:
                 outcome = "max_calls"
             if outcome is not None:

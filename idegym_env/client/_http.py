@@ -3,7 +3,7 @@
 httpx spends about 0.5 ms a request in its own layers (URL parsing and merging, header models,
 httpcore's pool and h11's state machine, measured: ``benchmarks/tool_call.py``, the rows "control
 plane via httpx" against "control plane, Prefer: wait"), a fifth of an isolated tool call, and
-``http.client`` ~50 µs (see ``_Connection``). Plans (``_protocol.py``) need little of it: a
+``http.client`` ~50 µs (see ``ClientConnection``). Plans (``_protocol.py``) need little of it: a
 method, a path below one base URL, a JSON body, a timeout, and the status, headers and body back.
 Failures are ``http.client``'s exceptions. The async client's session (``_http_async.py``)
 writes the same bytes and reads answers with the same parser (``read_answer``).
@@ -149,7 +149,7 @@ def _read_chunked() -> Generator[Line | Exactly, bytes, bytes]:
     return b"".join(chunks)
 
 
-class _Connection:
+class ClientConnection:
     """One kept-alive HTTP/1.1 connection: a request written in one piece, its answer read from a
     buffered reader. ``http.client`` took ~50 µs a call more (it parses headers with the ``email``
     package) and wrote a request's head and body apart, which woke the server twice."""
@@ -279,7 +279,7 @@ class HTTPSession:
         if self.authorization is not None:
             self._headers["Authorization"] = self.authorization
         self._ssl: ssl.SSLContext | None = None
-        self._idle: list[_Connection] = []
+        self._idle: list[ClientConnection] = []
         self._max_idle = max_idle
         self._lock = threading.Lock()
         self._closed = False
@@ -308,7 +308,7 @@ class HTTPSession:
             conn.close()
         return Response(status, got, answer)
 
-    def _checkout(self) -> _Connection:
+    def _checkout(self) -> ClientConnection:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the client is closed")
@@ -319,13 +319,13 @@ class HTTPSession:
                     return conn
                 conn.close()
         if self.unix_socket:
-            return _Connection(functools.partial(_unix_socket, self.unix_socket), self._base.host_header)
+            return ClientConnection(functools.partial(_unix_socket, self.unix_socket), self._base.host_header)
         if self._base.scheme == "https" and self._ssl is None:
             self._ssl = ssl.create_default_context()
-        return _Connection(functools.partial(_tcp_socket, self._base.host, self._base.port, self._ssl),
+        return ClientConnection(functools.partial(_tcp_socket, self._base.host, self._base.port, self._ssl),
                            self._base.host_header)
 
-    def _checkin(self, conn: _Connection) -> None:
+    def _checkin(self, conn: ClientConnection) -> None:
         with self._lock:
             if not self._closed and len(self._idle) < self._max_idle:
                 self._idle.append(conn)
