@@ -18,10 +18,12 @@ side, their forks alternated: the sizes' ratio is of the same moments), with whe
 (the fork call less the backend's part), the layer's copy (the parent frozen in it), making the
 children (remounting warm sandboxes or launching new ones: how many of each), and the children's
 first answers; and each child's first call against its next (a new child must not pay for
-what a later call does not). Beside each default control plane, one with a warm pool of 8
-filled before each of its forks, their forks alternated: the two configurations' ratio is of
-the same moments (the warm-pool rows above run at another part's load), and both are broken
-down the same way.
+what a later call does not); in the warm-pool rows also against the same call once the host is
+as quiet as when the fork began (the pool full again): a call to a child that is only idle, not
+new, as a new child's processes sat idle since its warm-up. Beside each default control plane,
+one with a warm pool of 8 filled before each of its forks, their forks alternated: the two
+configurations' ratio is of the same moments (the warm-pool rows above run at another part's
+load), and both are broken down the same way.
 
 Disk: a child's own directory (its writable layers, log, record) against an unused sandbox's,
 and the fork layer, which all children of one fork share, separately.
@@ -157,11 +159,12 @@ def _project(files: int, tmp: Path) -> tuple[Path, str, str]:
 
 
 BESIDE = f"fork into {GROUP} (warm pool of {GROUP}, beside the default configuration)"
+IDLE = "a child's call after idle (the pool full again)"
 # The parts of a fork's time, the same for every row that breaks one down (p50 of each).
 BREAKDOWN = ("the fork call", "control plane (the fork call less the backend's part)", "backend: prepare",
              "backend: snapshot", "backend: freeze", "backend: frozen", "backend: children",
              "one child made (the slowest)", "the first answers (after the call)", "a child's first call",
-             "a child's next call")
+             "a child's next call", IDLE)
 
 
 def _breakdown(parts: dict[str, list[float]], row: str, total: float, call: float,
@@ -213,6 +216,11 @@ def _measure_warm_and_cold(files: int, project: Path, tag: str, change: str, tmp
                         time.perf_counter() - t_again)
                     _breakdown(parts, f"{files} files: fork into {count}", fork_s[-1], returned - t,
                                _records(state, children), first, later)
+                    # Once the host is as quiet as when the fork began (the pool full again, then
+                    # EVERY seconds), the same calls once more: what a call costs on a child
+                    # that is not new, only idle (docs/fork.md: the first call costs as much).
+                    _wait_pool(url, tag, pool, state, live=1 + count)
+                    parts.setdefault(f"{files} files: fork into {count}: {IDLE}", []).extend(_all_answer(children))
                     progress.step()
                     if count == 8 and f"{files} files: extra disk per child KiB" not in result.figures:
                         for key, value in _disk(state, client, tag, children).items():
