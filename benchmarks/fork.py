@@ -454,6 +454,13 @@ def _warm_targets(result: Result, by: dict[str, Stats]) -> None:
             result.targets[f"warm{files}"] = check_target(
                 f"8 children ready p50, warm pool ({files} files)",
                 by[f"{files} files: fork into {GROUP} (warm pool)"].median_ms, 50.0)
+            # A figure beside the first/next target: a new child's first call against a call to a
+            # child that is only idle as long (docs/fork.md: the first call costs what that costs).
+            row = f"{files} files: fork into {GROUP}"
+            ratio = round(result.figures[f"{row}: a child's first call p50 ms"]
+                          / result.figures[f"{row}: {IDLE} p50 ms"], 3)
+            result.figures[f"{files} files: a child's first call / a call after idle (warm pool)"] = ratio
+            print(f"{files} files, fork into {GROUP} (warm pool): a child's first call / a call after idle: {ratio}x")
 
 
 def _print_targets(result: Result) -> None:
