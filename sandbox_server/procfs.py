@@ -154,9 +154,8 @@ def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
 
     Each is waited for through a pidfd, one after the other: the wait wakes as the process exits
     (a zombie has), with no look at ``/proc`` meanwhile and one descriptor open however many are
-    waited for (a stop's 40 looks at a sandbox's groups while its killed processes died took
-    13 ms of the control plane's CPU at load 19-38: ``cgroups.py``). Where pidfds are refused
-    (a seccomp filter) ``/proc`` is looked at, less often as time goes."""
+    waited for (what a stop's wait costs: ``control_plane/backends/local/teardown.py``). Where
+    pidfds are refused (a seccomp filter) ``/proc`` is looked at, less often as time goes."""
     deadline = time.monotonic() + timeout
     return sorted(pid for pid in set(pids) if not _wait_exit(pid, deadline))
 
