@@ -13,9 +13,10 @@ from collections import deque
 from datetime import UTC, datetime
 from pathlib import Path
 
-BENCHMARKS = ["cgroup_moves", "bash_roundtrip", "tool_call", "sandbox_http", "forward_http", "lifecycle", "env_step",
-              "vector_throughput", "vector_cluster", "code_runner", "scale", "soak", "images", "build_cache",
-              "task_sources", "integrations", "neighbours", "fork", "agent_gateway", "remote", "k8s_delete", "grpo"]
+BENCHMARKS = ["cgroup_moves", "bash_roundtrip", "tool_call", "sandbox_http", "forward_http", "lifecycle", "stop",
+              "env_step", "vector_throughput", "vector_cluster", "code_runner", "scale", "soak", "images",
+              "build_cache", "task_sources", "integrations", "neighbours", "fork", "agent_gateway", "remote",
+              "k8s_delete", "grpo"]
 
 
 def main() -> None:

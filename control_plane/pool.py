@@ -339,7 +339,7 @@ class WarmPool:
                 took = time.monotonic() - started
                 self._fill_seconds[key] = 0.7 * self._fill_seconds.get(key, took) + 0.3 * took
             if self._closed:
-                await self.backend.delete(handle)
+                await self._discard(handle)
                 return
             self._land(key, handle)
             self._failures[key] = 0
@@ -353,8 +353,11 @@ class WarmPool:
             self._filling[key] = self._filling.get(key, 1) - 1
 
     async def _discard(self, handle: SandboxHandle) -> None:
+        """Delete a member nobody will claim (the pool shrank or closes, a previous run's): nobody
+        waits for it, so it is retired (``Backend.retire``: its processes killed now, the rest
+        removed at a quiet moment, and before the backend's close returns)."""
         try:
-            await self.backend.delete(handle)
+            await self.backend.retire(handle)
         except Exception:
             log.exception("could not delete pool sandbox %s", handle.name)
 

@@ -305,6 +305,52 @@ def test_a_stuck_delete_is_bounded_and_never_delays_another(loop: LoopThread, ba
             group.rmdir()
 
 
+def test_a_delete_reads_the_groups_twice_however_long_a_killed_process_takes_to_die(
+        loop: LoopThread, backend: LocalBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the sandbox's processes are killed, the delete waits for them to exit (their pidfds)
+    and reads its groups once more, not again and again while they die: one that takes a second
+    (frozen outside the sandbox's freezer group, thawed a second later) costs no more looks.
+
+    Can fail: on main the groups' ``cgroup.procs`` (every group of every controller) were read
+    every 1-10 ms until they were empty."""
+    freezer = controller_mounts().get("freezer")
+    if freezer is None:
+        pytest.skip("no freezer controller")
+    h = _create(loop, backend, "iso-slow-death")
+    group = freezer / f"idegym-test-slow-{os.getpid()}"
+    reads: list[int] = []  # how many processes each read of the groups found
+    procs = Cgroups.procs
+
+    def counted(paths: dict[str, str]) -> set[int]:
+        found = procs(paths)
+        reads.append(len(found))
+        return found
+
+    def sleepers() -> list[int]:
+        return [p for p in procs(h.data["cgroups"]) if Path(f"/proc/{p}/comm").read_text().strip() == "sleep"]
+
+    try:
+        ok(h, "sleep 1000 >/dev/null 2>&1 &")
+        assert wait_for(sleepers, 5)
+        _freeze_elsewhere(sleepers()[0], group)
+        thaw = threading.Timer(1.0, lambda: (group / "freezer.state").write_text("THAWED"))
+        monkeypatch.setattr(Cgroups, "procs", staticmethod(counted))
+        started = time.monotonic()
+        thaw.start()
+        loop.run(backend.delete(h))
+        took = time.monotonic() - started
+        monkeypatch.undo()
+        assert took >= 1.0, took  # it waited for the frozen process
+        assert len(reads) == 2, reads
+        assert leftovers(h) == []
+    finally:
+        monkeypatch.undo()
+        if group.exists():
+            (group / "freezer.state").write_text("THAWED")
+            wait_for(lambda: not (group / "cgroup.procs").read_text().split(), 5)
+            group.rmdir()
+
+
 @pytest.mark.security
 def test_a_fork_bomb_is_gone_within_five_seconds_of_its_sandbox_being_stopped(loop: LoopThread,
                                                                                backend: LocalBackend) -> None:

@@ -566,6 +566,58 @@ def test_a_retired_sandbox_whose_removal_fails_is_logged_and_left_to_the_sweep(
         stop_backend(loop, b)
 
 
+def test_the_warm_pool_s_own_deletes_are_retires(loop: LoopThread, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Members the warm pool sheds (its target fell) or deletes as it closes are deleted as a
+    restart's old sandbox is: their processes SIGKILLed at once, the rest removed at a quiet
+    moment, and before the backend's close returns.
+
+    Can fail: on main the pool deleted them in full on the control plane's path (each waited for
+    its processes to be gone, then removed its groups, mounts and files)."""
+    from control_plane.backends.local import removals
+    from control_plane.pool import WarmPool
+    from control_plane.store import SQLiteStore
+
+    monkeypatch.setattr(removals, "QUIET", 3600.0)  # no quiet moment within the test
+    monkeypatch.setattr(removals, "MAX_WAIT", 3600.0)
+    b = start_backend(loop, tmp_path / "state")
+    store = SQLiteStore(tmp_path / "pool.db")
+    pool = WarmPool(b, store, floor=2, ceiling=2)
+
+    async def ready() -> list[SandboxHandle]:
+        return [h for q in pool._ready.values() for h in q]
+
+    async def watch() -> None:
+        pool.watch(spec("pool"))
+
+    async def shrink() -> None:
+        pool.floor = 1
+        await pool.maintain()
+        await asyncio.gather(*pool._tasks)
+
+    def retired(h: SandboxHandle) -> bool:
+        return _groups_procs(h) == [] and not any(
+            line.startswith(("monitor", "init", "server")) for line in leftovers(h))
+
+    try:
+        loop.run(watch())
+        assert wait_for(lambda: len(loop.run(ready())) == 2, 60)
+        members = loop.run(ready())
+        loop.run(shrink())
+        (shed,) = [h for h in members if h not in loop.run(ready())]
+        assert wait_for(lambda: retired(shed), 10), leftovers(shed)
+        assert Path(shed.data["dir"]).is_dir()  # its removal waits for a quiet moment
+        loop.run(pool.close(delete_members=True))
+        (kept,) = [h for h in members if h is not shed]
+        assert wait_for(lambda: retired(kept), 10), leftovers(kept)
+        assert Path(kept.data["dir"]).is_dir()
+    finally:
+        loop.run(pool.close(delete_members=True))
+        loop.run(b.close())
+        store.close()
+    assert [leftovers(h) for h in members] == [[], []]
+
+
 def test_sandboxes_outlive_a_killed_control_plane(loop: LoopThread, backend: LocalBackend, state: Path) -> None:
     from control_plane.backends.base import SandboxHandle as Handle
     from tests.helpers import REPO

@@ -234,9 +234,10 @@ class Backend(abc.ABC):
         """Remove the sandbox and everything it holds (processes, mounts, files, cgroups)."""
 
     async def retire(self, handle: SandboxHandle) -> None:
-        """Delete a sandbox whose deletion nobody waits for (a restart's old one): its processes
-        are killed once this returns, and the backend may remove the rest later, off the path of
-        the calls that follow; it does before ``close`` returns. A later failure is the backend's
+        """Delete a sandbox whose deletion nobody waits for (a restart's old one, a member the warm
+        pool sheds or deletes as it closes): its processes are killed once this returns, and the
+        backend may remove the rest later, off the path of the calls that follow; it does before
+        ``close`` returns. A later failure is the backend's
         to log, and what is left the orphan sweep's. The default deletes it now."""
         await self.delete(handle)
 

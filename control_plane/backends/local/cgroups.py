@@ -298,16 +298,19 @@ class Cgroups:
         return kills
 
     @classmethod
-    def signal_all(cls, paths: dict[str, str], extra: Set[int] = frozenset(), spare: Set[int] = frozenset()) -> None:
+    def signal_all(cls, paths: dict[str, str], extra: Set[int] = frozenset(), spare: Set[int] = frozenset()
+                   ) -> set[int]:
         """SIGKILL every process in the groups (and ``extra``) but ``spare``, frozen first so
-        nothing forks; without waiting for them to be gone."""
+        nothing forks; without waiting for them to be gone. Returns those it signalled."""
         freezing = cls.freeze(paths, 1.0)
         try:
-            for pid in (cls.procs(paths) | set(extra)) - {os.getpid(), *spare}:
+            victims = (cls.procs(paths) | set(extra)) - {os.getpid(), *spare}
+            for pid in victims:
                 procfs.kill(pid, signal.SIGKILL)
         finally:
             if freezing is not None:
                 cls.thaw(paths, descendants=True)  # frozen tasks only die once thawed
+        return victims
 
     @classmethod
     def kill_all(cls, paths: dict[str, str], timeout: float = 5.0, extra: Set[int] = frozenset(),
@@ -315,19 +318,22 @@ class Cgroups:
         """SIGKILL every process in the groups (and ``extra``) but ``spare``, frozen first so
         nothing forks; returns those still there after ``timeout`` (e.g. stuck in the kernel),
         ``spare`` left out. (Bubblewrap's monitor is spared: it reaps the namespace's init, then
-        exits.)"""
-        spared = {os.getpid(), *spare}
-        cls.signal_all(paths, extra, spare)
+        exits.)
 
-        def empty() -> bool:
+        The groups are read once more after those signalled have exited (each waited for by its
+        pidfd, ``procfs.wait_gone``), not looked at again and again while they die: whatever is
+        in them then (a process that got in meanwhile) is killed and waited for in turn."""
+        deadline = time.monotonic() + timeout
+        spared = {os.getpid(), *spare}
+        killed = cls.signal_all(paths, extra, spare)
+        while True:
+            procfs.wait_gone(killed, max(deadline - time.monotonic(), 0.0))
             left = cls.procs(paths) - spared
+            if not left or time.monotonic() >= deadline:
+                return sorted(left)
             for pid in left:
                 procfs.kill(pid, signal.SIGKILL)
-                procfs.reap(pid)
-            return not left
-
-        wait_until(empty, timeout, first=0.001, cap=0.01)
-        return sorted(cls.procs(paths) - spared)
+            killed = left
 
     @staticmethod
     def remove(paths: dict[str, str], timeout: float = 2.0) -> list[str]:

@@ -1,17 +1,17 @@
 """Removals: a retired sandbox's teardown, after a quiet moment.
 
-A sandbox nobody waits on (a restart's old one, ``Backend.retire``) has every process SIGKILLed at
-once (``teardown.signal_all``: one pass, no wait) and the rest of its teardown, the wait for its
-processes to be gone included (``teardown.destroy``), waits here for a quiet moment: ``QUIET``
-seconds without a claim or a retire (the calls of the episode that follows come then), at most
-``MAX_WAIT`` seconds, and at once for all but ``MAX_PENDING`` of them (each keeps its layer mounted,
-and every mount namespace a launch copies carries it). One at a time, through the launcher's
-bounded teardowns (a stuck one fails, logged, and the next goes on). Until it is removed its
-directory and record stay and its lease monitor runs: a control plane killed meanwhile leaves it
-to the next start's orphan sweep, or to the monitor once the lease lapses, as a delete cut off
-half-way. The running control plane's sweep leaves it alone (``names``); a delete of it removes it
-at once (``drop``); ``drain`` (the launcher's close) removes every one before it returns. A removal
-that fails is logged with what was left, which the orphan sweep takes again.
+A sandbox nobody waits on (``Backend.retire``: a restart's old one, the warm pool's own deletes)
+has every process SIGKILLed at once (``teardown.signal_all``: one pass, no wait) and the rest of its
+teardown, the wait for its processes to be gone included (``teardown.destroy``), waits here for a
+quiet moment: ``QUIET`` seconds without a claim or a retire (the calls of the episode that follows
+come then), at most ``MAX_WAIT`` seconds, and at once for all but ``MAX_PENDING`` of them (each keeps
+its layer mounted, and every mount namespace a launch copies carries it). One at a time, through
+the launcher's bounded teardowns (a stuck one fails, logged, and the next goes on). Until it is
+removed its directory and record stay and its lease monitor runs: a control plane killed meanwhile
+leaves it to the next start's orphan sweep, or to the monitor once the lease lapses, as a delete
+cut off half-way. The running control plane's sweep leaves it alone (``names``); a delete of it
+removes it at once (``drop``); ``drain`` (the launcher's close) removes every one before it
+returns. A removal that fails is logged with what was left, which the orphan sweep takes again.
 
 Measured with back-to-back RESTART resets as ``benchmarks/env_step.py`` makes them (4 rounds of
 200 alternated with a delete that waited and removed at once, 2 cores, load 19-38): that delete's

@@ -2,6 +2,17 @@
 
 Every step works from what is left, so a half-created sandbox, one whose control plane died,
 or one deleted twice ends the same way.
+
+A kill waits for the processes it signalled through their pidfds (``procfs.wait_gone``: it wakes
+as each exits) and then reads the sandbox's groups once more (``Cgroups.kill_all``), as it waits
+for bubblewrap's monitor. It used to read every group of every controller (16 ``cgroup.procs``,
+0.4 ms of CPU a read) every 1-10 ms until they were empty, and ``/proc`` for the monitor every
+0.5-20 ms. ``benchmarks/stop.py`` alternated with that (12 sandboxes each leaving a ``sleep`` and
+a 64 MiB ``python3``, 3 rounds a run, 2 cores): at load 3-4, 4 runs each, the control plane's
+CPU per stop one at a time 10.8 10.0 10.0 9.7 -> 8.1 6.7 6.7 6.9 ms, 12 at once 13.6 15.8 13.9
+12.5 -> 8.3 8.1 8.9 7.2 ms; a stop's p50 32 28 26 32 -> 22 23 20 21 ms, 12 at once until the last
+ended 331 264 245 269 -> 199 166 185 192 ms. At load 20 falling to 7 (3 runs each), a stop's p95
+157 121 83 -> 90 41 32 ms.
 """
 
 from __future__ import annotations
