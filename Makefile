@@ -7,7 +7,7 @@ CLIENT_VENV:= .venv-client
 PY         := $(VENV)/bin/python
 AS_USER    := sandbox_server/native/idegym-as-user
 SPAWNER    := sandbox_server/native/idegym-spawner
-REMOUNT    := sandbox_server/native/idegym-remount
+REMOUNT    := control_plane/backends/local/native/idegym-remount
 PIP        := $(PY) -m pip --quiet --disable-pip-version-check
 EXTRAS     ?= dev,kubernetes,openenv,ray,trl,skyrl,mcp,mini-swe-agent
 HARBOR_VENV:= .venv-harbor
@@ -128,9 +128,9 @@ $(AS_USER): sandbox_server/native/as_user.c
 $(SPAWNER): sandbox_server/native/spawner.c
 	$(call build_native,tools of the tool user start the long way (slower))
 
-# The control plane's remount of a fork's warm children (sandbox_server/native/remount.c, the
+# The control plane's remount of a fork's warm children (control_plane/backends/local/native/remount.c, the
 # caller in control_plane/backends/local/adopt.py): without it each is remounted in Python (slower).
-$(REMOUNT): sandbox_server/native/remount.c
+$(REMOUNT): control_plane/backends/local/native/remount.c
 	$(call build_native,a fork's warm children are remounted in Python (slower))
 
 $(CLIENT_VENV)/.stamp: | $(UV)

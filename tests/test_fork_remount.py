@@ -1,4 +1,4 @@
-"""The native remount of a fork's warm children (``sandbox_server/native/remount.c``, called by
+"""The native remount of a fork's warm children (``control_plane/backends/local/native/remount.c``, called by
 ``adopt.adopt_all``). It runs with the control plane's privilege, so a malformed request is
 refused whole and changes nothing, and a sandbox whose recorded server is not the process its pid
 names now is refused before anything of it is touched. (Remounts themselves: tests/test_fork_local.py.)"""

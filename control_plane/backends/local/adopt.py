@@ -26,7 +26,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import sandbox_server
 from sandbox_server import procfs
 from sandbox_server.project import FORK_LAYERS
 
@@ -42,7 +41,7 @@ from .rootfs import fork_inside
 # started per child waited for the scheduler on a busy host).
 THREADS = ns_threads.NamespaceThreads("idegym-adopt")
 # ``adopt_all``'s native helper (``make native``; without it each member is remounted by ``adopt``).
-REMOUNT = Path(sandbox_server.__file__).parent / "native" / "idegym-remount"
+REMOUNT = Path(__file__).parent / "native" / "idegym-remount"
 
 
 def unsuitable(warm: LocalHandleData, image: ResolvedImage, parent: LocalHandleData) -> str | None:

@@ -5,7 +5,8 @@
  * own (forked from this one: 2 cores serve them side by side). The control plane (root) runs it;
  * nothing of a sandbox runs it or writes its request. The 8 remounts of a fork into 8 took 8 jobs
  * of about 2 ms of Python each, on threads that joined the sandboxes' namespaces and took turns on
- * the interpreter lock (docs/fork.md).
+ * the interpreter lock (docs/fork.md). It lives with the control plane, not with the sandbox
+ * server's helpers, which every sandbox's runtime holds.
  *
  * The request (stdin) is NUL-terminated fields, numbers in decimal:
  *   "idegym-remount/1", STATE_DIR (absolute; the overlays' paths are relative to it, so a
