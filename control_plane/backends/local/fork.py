@@ -149,13 +149,14 @@ async def _children(site: LocalForkSite, image: ResolvedImage, parent: LocalHand
 
     async def one(child: ForkChild) -> SandboxHandle:
         if child.warm is not None:
-            failure = (await adopting).get(child.warm.name) if child.warm in suitable else None
-            if child.warm in suitable and failure is None:
-                own[child.warm.name] = (time.perf_counter() - started) * 1e3
+            name = child.warm.name
+            outcomes = await adopting if any(w is child.warm for w in suitable) else {}
+            if name in outcomes and outcomes[name] is None:
+                own[name] = (time.perf_counter() - started) * 1e3
                 return child.warm
-            if failure is not None:
-                log.warning("turning warm sandbox %s into a fork child failed (%s); launching one",
-                            child.warm.name, failure)
+            if outcomes.get(name) is not None:
+                log.warning("turning warm sandbox %s into a fork child failed (%s); launching one", name,
+                            outcomes[name])
             await _delete_all(site, [child.warm])
         return await _launch(site, image, parent, stack, child, timeout, own)
 
