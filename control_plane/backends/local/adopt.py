@@ -12,6 +12,10 @@ only the top one). Nothing is unmounted: an unmount waits for an RCU grace perio
 keeps running: every path it and the tools it starts look up from then on resolves in the new
 trees, exactly as in a child launched on the fork's layers (``rootfs.lower_layers``).
 
+A fork's members are remounted all at once by a native helper (``native/remount.c``, ``adopt_all``:
+each in a process of its own, none under the interpreter lock), or, where it is not built, one by
+one in Python on threads that join the sandbox's namespace (``adopt``); both follow one plan.
+
 Not for an OCI image: its root is one overlay mounted as ``/``, which a running process cannot
 be moved off. Such a child is launched instead.
 """
