@@ -90,16 +90,9 @@ def adopt_all(state_dir: Path, members: list[LocalHandleData], image: ResolvedIm
         request += [str(len(plan.project)).encode(), *map(os.fsencode, plan.project), str(len(plan.binds)).encode()]
         for source, target in plan.binds:
             request += [os.fsencode(source), target.encode()]
-    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    helper = subprocess.Popen([REMOUNT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        helper = subprocess.Popen([REMOUNT], stdin=read_end, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    except BaseException:
-        os.close(write_end)
-        raise
-    finally:
-        os.close(read_end)
-    try:
-        with open(write_end, "wb") as stdin:  # it reads all of it before it writes
+        with helper.stdin as stdin:  # type: ignore[union-attr]  # a pipe: it reads all before it writes
             stdin.write(b"".join(f + b"\0" for f in request))
         meanwhile()
     finally:
