@@ -26,7 +26,7 @@ import json
 import os
 import stat
 import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,11 +74,10 @@ def adopt(state_dir: Path, data: LocalHandleData, image: ResolvedImage, stack: F
     _remount(state_dir, _plan(state_dir, data, image, stack))
 
 
-def adopt_all(state_dir: Path, members: list[LocalHandleData], image: ResolvedImage, stack: ForkStack,
-              meanwhile: Callable[[], object]) -> list[BaseException | None]:
+def adopt_all(state_dir: Path, members: list[LocalHandleData], image: ResolvedImage,
+              stack: ForkStack) -> list[BaseException | None]:
     """``adopt`` for each of ``members`` at once, by ``REMOUNT`` (a native helper: each member in a
-    process of its own, no interpreter lock), ``meanwhile`` called while it works (its failure is
-    every member's); each member's failure, or None. Any thread."""
+    process of its own, no interpreter lock); each member's failure, or None. Any thread."""
     plans = [_plan(state_dir, data, image, stack) for data in members]
     request = [b"idegym-remount/1", str(state_dir).encode(), FORK_LAYERS.encode(), str(len(plans)).encode()]
     for plan in plans:
@@ -90,21 +89,15 @@ def adopt_all(state_dir: Path, members: list[LocalHandleData], image: ResolvedIm
         request += [str(len(plan.project)).encode(), *map(os.fsencode, plan.project), str(len(plan.binds)).encode()]
         for source, target in plan.binds:
             request += [os.fsencode(source), target.encode()]
-    helper = subprocess.Popen([REMOUNT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        with helper.stdin as stdin:  # type: ignore[union-attr]  # a pipe: it reads all before it writes
-            stdin.write(b"".join(f + b"\0" for f in request))
-        meanwhile()
-    finally:
-        stdout, stderr = helper.communicate()
-    if helper.returncode not in (0, 1):
-        raise BackendError(f"{REMOUNT} refused the remount ({helper.returncode}): "
-                           f"{stderr.decode(errors='replace').strip()}", 500)
+    done = subprocess.run([REMOUNT], input=b"".join(f + b"\0" for f in request), capture_output=True, check=False)
+    if done.returncode not in (0, 1):
+        raise BackendError(f"{REMOUNT} refused the remount ({done.returncode}): "
+                           f"{done.stderr.decode(errors='replace').strip()}", 500)
     failures: list[BaseException | None] = [None] * len(plans)
-    for line in stdout.decode(errors="replace").splitlines():
+    for line in done.stdout.decode(errors="replace").splitlines():
         index, err, what = line.split(" ", 2)
         failures[int(index)] = OSError(int(err), what)
-    if helper.returncode == 1 and all(f is None for f in failures):
+    if done.returncode == 1 and all(f is None for f in failures):
         raise BackendError(f"{REMOUNT} failed without saying why", 500)
     return failures
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import logging
 import os
 import secrets
@@ -97,8 +96,9 @@ async def fork(site: LocalForkSite, parent: SandboxHandle, children: list[ForkCh
     began = time.perf_counter()
     own: dict[str, float] = {}  # each child's own time (ms), by name
     try:
+        adopters = [c.warm.name for c in children if c.warm is not None]
         layer_id, stack, timings = await loop.run_in_executor(_threads, _take, layers, record, op, launcher.storage,
-                                                              below)
+                                                              below, adopters)
         try:
             started = time.perf_counter()
             results = await _children(site, image, record, stack, children, timeout, own)
@@ -176,13 +176,11 @@ async def _adopt_all(site: LocalForkSite, image: ResolvedImage, stack: ForkStack
         return {}
     loop = asyncio.get_running_loop()
     records = [LocalHandleData.of(handle.data) for handle in warm]
-    hold = functools.partial(site.layers.hold, stack.ids, *(sandbox_holder(h.name) for h in warm))
     failures: list[BaseException | None]
     try:
         if adopt.REMOUNT.exists():
-            failures = await loop.run_in_executor(_threads, _adopt_natively, site, records, image, stack, hold)
+            failures = await loop.run_in_executor(_threads, _adopt_natively, site, records, image, stack)
         else:
-            await loop.run_in_executor(_threads, hold)
             jobs = (asyncio.wrap_future(adopt.THREADS.submit(_adopt, site, r, image, stack)) for r in records)
             failures = list(await asyncio.gather(*jobs, return_exceptions=True))
     except Exception as exc:  # noqa: BLE001 - each is launched instead
@@ -194,12 +192,11 @@ async def _adopt_all(site: LocalForkSite, image: ResolvedImage, stack: ForkStack
 
 
 def _adopt_natively(site: LocalForkSite, warm: list[LocalHandleData], image: ResolvedImage,
-                    stack: ForkStack, hold: Callable[[], object]) -> list[BaseException | None]:
-    """``_adopt`` for all of ``warm`` in one job, their remounts by ``adopt.adopt_all``, ``hold``
-    (their holds on the stack's layers: files on the host's journalled filesystem) made meanwhile."""
+                    stack: ForkStack) -> list[BaseException | None]:
+    """``_adopt`` for all of ``warm`` in one job, their remounts by ``adopt.adopt_all``."""
     for data in warm:
         priority.restore(data)
-    failures = adopt.adopt_all(site.state_dir, warm, image, stack, hold)
+    failures = adopt.adopt_all(site.state_dir, warm, image, stack)
     for i, data in enumerate(warm):
         if failures[i] is None:
             try:
@@ -233,11 +230,13 @@ def _stack_ids(layer_id: str, below: list[str], merge: ForkStack | None) -> list
 
 
 def _take(layers: ForkLayers, record: LocalHandleData, op: str, storage: LayerStorage | None,
-          below: list[str]) -> tuple[str, ForkStack, dict[str, float]]:
+          below: list[str], adopters: list[str]) -> tuple[str, ForkStack, dict[str, float]]:
     """The fork's new layer (``ForkLayers.take``) and the stack its children stand on, one job on
     a thread (each hop to one waited for the scheduler on a busy host). The layers ``below`` are
     held by the fork (``op``: none goes meanwhile) and reachable until the caller leaves them (left
-    here when this fails)."""
+    here when this fails); the new layer is held at once by the warm sandboxes ``adopters`` that
+    may become its children: one turn of the layers' lock, where each child's own hold took turns
+    on it. One not made a child is deleted, which lets go of what it holds."""
     began = time.perf_counter()
     layers.hold(below, op)
     layers.enter(below)
@@ -247,7 +246,9 @@ def _take(layers: ForkLayers, record: LocalHandleData, op: str, storage: LayerSt
         took = time.perf_counter()
         layer_id, timings = layers.take(record, op, storage, merge)
         try:
-            stack = layers.stack(_stack_ids(layer_id, below, merge))
+            ids = _stack_ids(layer_id, below, merge)
+            layers.hold(ids, *map(sandbox_holder, adopters))
+            stack = layers.stack(ids)
         except BaseException:
             layers.leave([layer_id])
             raise
