@@ -169,9 +169,10 @@ async def _children(site: LocalForkSite, image: ResolvedImage, parent: LocalHand
 async def _adopt_all(site: LocalForkSite, image: ResolvedImage, stack: ForkStack,
                      warm: list[SandboxHandle]) -> dict[str, BaseException | None]:
     """The warm sandboxes ``warm`` claimed and remounted onto ``stack`` (``_adopt``), each one's
-    failure or None, by name. One job of the native helper for all (``adopt.adopt_all``: a fork
-    into 8, alternated with the Python remounts, load 1-3: making the 8 children 13-14 -> X ms), else one
-    job each on threads that may join a sandbox's mount namespace (``adopt.THREADS``)."""
+    failure or None, by name. One job of the native helper for all (``adopt.adopt_all``; a fork
+    into 8 alternated with the Python remounts, 4 rounds at load 1.7-4.4: making the 8 children
+    14.8/15.4/15.9/21.8 -> 14.4/10.1/12.6/16.0 ms: docs/fork.md), else one job each on threads
+    that may join a sandbox's mount namespace (``adopt.THREADS``)."""
     if not warm:
         return {}
     loop = asyncio.get_running_loop()
