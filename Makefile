@@ -7,6 +7,7 @@ CLIENT_VENV:= .venv-client
 PY         := $(VENV)/bin/python
 AS_USER    := sandbox_server/native/idegym-as-user
 SPAWNER    := sandbox_server/native/idegym-spawner
+REMOUNT    := control_plane/backends/local/native/idegym-remount
 PIP        := $(PY) -m pip --quiet --disable-pip-version-check
 EXTRAS     ?= dev,kubernetes,openenv,ray,trl,skyrl,mcp,mini-swe-agent
 HARBOR_VENV:= .venv-harbor
@@ -104,9 +105,9 @@ venv: system-deps net-deps $(VENV)/.stamp native  ## create .venv with everythin
 
 demo-venv: system-deps $(VENV)/.stamp-demo native  ## create .venv with what the demo needs
 
-native: $(AS_USER) $(SPAWNER)  ## the sandbox server's two small C programs (each optional: see below)
+native: $(AS_USER) $(SPAWNER) $(REMOUNT)  ## the small C programs (each optional: see below)
 
-# A small C program of the sandbox server, static where the libc allows; $(1) says what the server
+# A small C program of the project, static where the libc allows; $(1) says what the project
 # does without it (each is optional).
 define build_native
 	@mkdir -p $(@D)
@@ -126,6 +127,11 @@ $(AS_USER): sandbox_server/native/as_user.c
 # (through the helper above; benchmarks/tool_call.py measures both).
 $(SPAWNER): sandbox_server/native/spawner.c
 	$(call build_native,tools of the tool user start the long way (slower))
+
+# The control plane's remount of a fork's warm children (control_plane/backends/local/native/remount.c, the
+# caller in control_plane/backends/local/adopt.py): without it each is remounted in Python (slower).
+$(REMOUNT): control_plane/backends/local/native/remount.c
+	$(call build_native,a fork's warm children are remounted in Python (slower))
 
 $(CLIENT_VENV)/.stamp: | $(UV)
 	@test -n "$(PYTHON312)" || { echo "ERROR: Python 3.12 not found (needed for the published idegym-client)"; exit 1; }

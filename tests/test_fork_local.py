@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from control_plane.backends.base import BackendError, ForkChild, Limits, SandboxHandle
-from control_plane.backends.local import LocalBackend
+from control_plane.backends.local import LocalBackend, adopt
 from control_plane.backends.local import fork as local_fork
 from control_plane.backends.local.cgroups import Cgroups
 from control_plane.backends.local.fork_layers import ForkLayers
@@ -487,3 +487,30 @@ def test_an_adopted_child_s_record_is_written_after_the_answer_and_before_its_de
             assert not Path(child.data["dir"]).exists()
     finally:
         _remove(loop, backend, parent)
+
+
+@pytest.mark.parametrize("remount", ["native", "python"])
+def test_a_warm_member_that_cannot_be_remounted_is_launched_and_the_others_are_adopted(
+        loop: LoopThread, backend: LocalBackend, image: str, remount: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warm members of a fork are remounted in one job (``adopt.adopt_all``, the native
+    helper, each member in a process of its own) or, without the helper, one job each: a member
+    whose remount fails is deleted and a child launched in its place; the others are adopted."""
+    if remount == "python":
+        monkeypatch.setattr(adopt, "REMOUNT", Path("/nonexistent/idegym-remount"))
+    elif not os.access(adopt.REMOUNT, os.X_OK):
+        pytest.skip("the helper is not built (make native)")
+    parent = loop.run(backend.create(spec("p-part", image), 120))
+    names = ["w-part0", "w-part1", "w-part2"]
+    warm = {n: loop.run(backend.create(spec(n, image), 120, background=True)) for n in names}
+    ok(parent, "echo at-fork > parent-file")
+    # Its project layer cannot take a fresh upper: the one it has cannot be set aside.
+    (Path(warm["w-part1"].data["dir"]) / "layers/project/.warm-upper/kept").mkdir(parents=True)
+    children = _fork(loop, backend, parent, names, warm)
+    try:
+        assert [c.name for c in children] == names
+        assert [bool(c.data.get("adopted")) for c in children] == [True, False, True]
+        for child in children:
+            assert ok(child, "cat parent-file; echo mine > own-file") == "at-fork\n", child.name
+        assert ok(parent, "ls own-file 2>&1 | grep -c 'No such'") == "1\n"
+    finally:
+        _remove(loop, backend, parent, *children)

@@ -12,6 +12,10 @@ only the top one). Nothing is unmounted: an unmount waits for an RCU grace perio
 keeps running: every path it and the tools it starts look up from then on resolves in the new
 trees, exactly as in a child launched on the fork's layers (``rootfs.lower_layers``).
 
+A fork's members are remounted all at once by a native helper (``native/remount.c``, ``adopt_all``:
+each in a process of its own, none under the interpreter lock), or, where it is not built, one by
+one in Python on threads that join the sandbox's namespace (``adopt``); both follow one plan.
+
 Not for an OCI image: its root is one overlay mounted as ``/``, which a running process cannot
 be moved off. Such a child is launched instead.
 """
@@ -21,6 +25,9 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox_server import procfs
@@ -37,6 +44,8 @@ from .rootfs import fork_inside
 # Where adopt runs: threads that join a sandbox's mount namespace and come back (a thread
 # started per child waited for the scheduler on a busy host).
 THREADS = ns_threads.NamespaceThreads("idegym-adopt")
+# ``adopt_all``'s native helper (``make native``; without it each member is remounted by ``adopt``).
+REMOUNT = Path(__file__).parent / "native" / "idegym-remount"
 
 
 def unsuitable(warm: LocalHandleData, image: ResolvedImage, parent: LocalHandleData) -> str | None:
@@ -61,46 +70,95 @@ def adopt(state_dir: Path, data: LocalHandleData, image: ResolvedImage, stack: F
     """Remount the trees and project of the sandbox ``data`` describes onto ``stack`` (see the
     module doc); ``data`` records the stack, which the caller made the sandbox a holder of
     (released when it is deleted). Runs on ``THREADS``: it joins the sandbox's mount namespace."""
+    ns_threads.require()
+    _remount(state_dir, _plan(state_dir, data, image, stack))
+
+
+def adopt_all(state_dir: Path, members: list[LocalHandleData], image: ResolvedImage,
+              stack: ForkStack) -> list[BaseException | None]:
+    """``adopt`` for each of ``members`` at once, by ``REMOUNT`` (a native helper: each member in a
+    process of its own, no interpreter lock); each member's failure, or None. Any thread."""
+    plans = [_plan(state_dir, data, image, stack) for data in members]
+    request = [b"idegym-remount/1", str(state_dir).encode(), FORK_LAYERS.encode(), str(len(plans)).encode()]
+    for plan in plans:
+        request += [str(plan.server[0]).encode(), str(plan.server[1]).encode(), plan.layers.encode(),
+                    plan.project_dir.encode(), plan.record.encode(), str(plan.like or "").encode(),
+                    str(len(plan.trees)).encode()]
+        for tree, lowers in plan.trees:
+            request += [tree.encode(), str(len(lowers)).encode(), *map(os.fsencode, lowers)]
+        request += [str(len(plan.project)).encode(), *map(os.fsencode, plan.project), str(len(plan.binds)).encode()]
+        for source, target in plan.binds:
+            request += [os.fsencode(source), target.encode()]
+    done = subprocess.run([REMOUNT], input=b"".join(f + b"\0" for f in request), capture_output=True, check=False)
+    if done.returncode not in (0, 1):
+        raise BackendError(f"{REMOUNT} refused the remount ({done.returncode}): "
+                           f"{done.stderr.decode(errors='replace').strip()}", 500)
+    failures: list[BaseException | None] = [None] * len(plans)
+    for line in done.stdout.decode(errors="replace").splitlines():
+        index, err, what = line.split(" ", 2)
+        failures[int(index)] = OSError(int(err), what)
+    if done.returncode == 1 and all(f is None for f in failures):
+        raise BackendError(f"{REMOUNT} failed without saying why", 500)
+    return failures
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One remount: paths on the host relative to the state directory where they are below it
+    (the sandbox's /proc/mounts shows no host path)."""
+
+    server: list[int]
+    layers: str  # the sandbox's layer directory
+    trees: list[tuple[str, list[str]]]  # each tree the fork changed, with its lower directories, top first
+    project: list[str]  # the project's lower directories, top first
+    binds: list[tuple[Path, str]]  # each fork level of the project and where the sandbox sees it
+    record: str  # the FORK_LAYERS list
+    like: Path | None  # whose owner, mode and times the project's upper takes
+    project_dir: str
+
+
+def _plan(state_dir: Path, data: LocalHandleData, image: ResolvedImage, stack: ForkStack) -> _Plan:
+    """The remount of the sandbox ``data`` describes onto ``stack``, which ``data`` records."""
     data.forks = list(stack.ids)
     data.adopted = True
-    _remount(state_dir, data, image, stack)
-
-
-def _remount(state_dir: Path, data: LocalHandleData, image: ResolvedImage, stack: ForkStack) -> None:
-    ns_threads.require()
-    os.chdir(state_dir)  # lower paths relative to it: the sandbox's /proc/mounts shows no host path
     state = f"{state_dir}/"
 
     def rel(path: str | Path) -> str:
         text = str(path)
         return text[len(state):] if text.startswith(state) else text
 
-    layers = Path(data.dir) / "layers"
-    server = required(data.server, "server")[0]
-    project_dir = image.project_dir
-    trees = [t for t in TREES if stack.tree_levels(t)]
+    project_levels = stack.project_levels()
+    return _Plan(server=required(data.server, "server"), layers=rel(Path(data.dir) / "layers"),
+                 trees=[(t, [rel(p) for p in [*stack.tree_levels(t), *image.lowers[t]]])
+                        for t in TREES if stack.tree_levels(t)],
+                 project=[*map(rel, project_levels), rel(image.project)],
+                 binds=[(level, fork_inside(i)) for i, level in enumerate(project_levels)],
+                 record=json.dumps([fork_inside(i) for i in range(len(project_levels))]),
+                 like=project_levels[0] if project_levels else None, project_dir=image.project_dir)
+
+
+def _remount(state_dir: Path, plan: _Plan) -> None:
+    os.chdir(state_dir)  # the plan's paths are relative to it
+    layers = Path(plan.layers)
     fds: list[int] = []
     try:
         tree_fds = {}
-        for tree in trees:
+        for tree, lowers in plan.trees:
             upper, work = _fresh_layer(layers / tree)
-            fd = mount_api.overlay([rel(p) for p in [*stack.tree_levels(tree), *image.lowers[tree]]], rel(upper),
-                                   rel(work), attrs=mount_api.MOUNT_ATTR_NOSUID | mount_api.MOUNT_ATTR_NODEV)
+            fd = mount_api.overlay(lowers, str(upper), str(work),
+                                   attrs=mount_api.MOUNT_ATTR_NOSUID | mount_api.MOUNT_ATTR_NODEV)
             fds.append(fd)
             tree_fds[tree] = fd
-        project_levels = stack.project_levels()
-        upper, work = _fresh_layer(layers / "project", like=project_levels[0] if project_levels else None)
-        (layers / "project" / FORK_LAYERS).write_text(json.dumps([fork_inside(i) for i in
-                                                                  range(len(project_levels))]))
-        project_fd = mount_api.overlay([*map(rel, project_levels), rel(image.project)], rel(upper), rel(work),
-                                       userxattr=True)
+        upper, work = _fresh_layer(layers / "project", like=plan.like)
+        (layers / "project" / FORK_LAYERS).write_text(plan.record)
+        project_fd = mount_api.overlay(plan.project, str(upper), str(work), userxattr=True)
         fds.append(project_fd)
         binds = []
-        for level in project_levels:
+        for level, _inside in plan.binds:
             binds.append(mount_api.clone(level, recursive=False, readonly=True))
             fds.append(binds[-1])
-        keep = _submounts(server, trees, project_dir)
-        ns = os.open(f"/proc/{server}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        keep = _submounts(plan.server[0], tree_fds, plan.project_dir)
+        ns = os.open(f"/proc/{plan.server[0]}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         try:
             ns_threads.enter(ns)  # from here on, paths are the sandbox's (until the leave below)
         finally:
@@ -111,15 +169,15 @@ def _remount(state_dir: Path, data: LocalHandleData, image: ResolvedImage, stack
             fds.append(moved[-1][1])
         # The old project overlay is covered, not unmounted: an unmount waits for an RCU grace
         # period (~2 ms, most of a remount's time), and nothing reaches what is covered.
-        for tree in trees:
-            mount_api.attach(tree_fds[tree], f"/{tree}")
+        for tree, fd in tree_fds.items():
+            mount_api.attach(fd, f"/{tree}")
         for point, fd in moved:
             os.makedirs(point, exist_ok=True)
             mount_api.attach(fd, point)
-        for i, fd in enumerate(binds):
-            os.makedirs(fork_inside(i), exist_ok=True)
-            mount_api.attach(fd, fork_inside(i))
-        mount_api.attach(project_fd, project_dir)
+        for fd, (_level, inside) in zip(binds, plan.binds, strict=True):
+            os.makedirs(inside, exist_ok=True)
+            mount_api.attach(fd, inside)
+        mount_api.attach(project_fd, plan.project_dir)
     finally:
         for fd in fds:
             os.close(fd)
@@ -144,7 +202,7 @@ def _fresh_layer(layer: Path, like: Path | None = None) -> tuple[Path, Path]:
     return upper, work
 
 
-def _submounts(pid: int, trees: list[str], project_dir: str) -> list[str]:
+def _submounts(pid: int, trees: Iterable[str], project_dir: str) -> list[str]:
     """Mount points mounted directly inside the trees about to be covered (their contents are
     carried along by a recursive clone), the project's own mount excepted."""
     try:

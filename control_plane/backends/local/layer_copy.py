@@ -158,15 +158,16 @@ class _Copier:
             if first is not None:
                 os.link(first[1], name, src_dir_fd=first[0], dst_dir_fd=dfd, follow_symlinks=False)
                 return
-        if stat.S_ISLNK(mode):
-            os.symlink(os.readlink(name, dir_fd=sfd), name, dir_fd=dfd)
-        elif stat.S_ISREG(mode):
+        if stat.S_ISREG(mode):
             self._file(sfd, dfd, name, st)
-        elif stat.S_ISFIFO(mode):
-            os.mkfifo(name, 0o600, dir_fd=dfd)
-        else:  # character/block devices (whiteouts), sockets
-            os.mknod(name, stat.S_IFMT(mode) | 0o600, st.st_rdev, dir_fd=dfd)
-        self.attributes(sfd, dfd, name, st)
+        else:
+            if stat.S_ISLNK(mode):
+                os.symlink(os.readlink(name, dir_fd=sfd), name, dir_fd=dfd)
+            elif stat.S_ISFIFO(mode):
+                os.mkfifo(name, 0o600, dir_fd=dfd)
+            else:  # character/block devices (whiteouts), sockets
+                os.mknod(name, stat.S_IFMT(mode) | 0o600, st.st_rdev, dir_fd=dfd)
+            self.attributes(sfd, dfd, name, st)
         if not stat.S_ISLNK(mode) and st.st_nlink > 1:
             keep = os.dup(dfd)
             self._kept.append(keep)
@@ -190,6 +191,8 @@ class _Copier:
                         break
                     left -= n
                     self.bytes += n
+                # Through the two descriptors: a path through /proc/self/fd is looked up anew by each call.
+                self.attributes(src, dst, None, st)
             finally:
                 os.close(dst)
         finally:
@@ -198,7 +201,7 @@ class _Copier:
     @staticmethod
     def attributes(sfd: int, dfd: int, name: str | None, st: os.stat_result) -> None:
         """Owner, extended attributes, mode and times of ``name`` in the two directories (None:
-        of the directories themselves, through their descriptors)."""
+        of what the descriptors ``sfd`` and ``dfd`` are themselves)."""
         if name is None:
             src: int | str = sfd
             dst: int | str = dfd
