@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -34,6 +35,10 @@ def main() -> None:
 
         report()
         return
+    # A stop by signal unwinds like Ctrl-C: each benchmark's servers (control planes started in a
+    # session of their own, so they outlive a killed parent) are stopped by its cleanup.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
     names = args.names or BENCHMARKS
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
