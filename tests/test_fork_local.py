@@ -514,3 +514,34 @@ def test_a_warm_member_that_cannot_be_remounted_is_launched_and_the_others_are_a
         assert ok(parent, "ls own-file 2>&1 | grep -c 'No such'") == "1\n"
     finally:
         _remove(loop, backend, parent, *children)
+
+
+def test_a_remount_helper_that_hangs_is_killed_with_its_processes_and_the_members_are_launched(
+        loop: LoopThread, backend: LocalBackend, image: str, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """``adopt_all``'s helper is bounded (``adopt.REMOUNT_TIMEOUT``, within the fork's timeout):
+    one that hangs, as a mount call stuck in the kernel would, is killed with every process of its
+    group, and the members it was to remount are deleted and launched instead. A stand-in helper
+    hangs here: it reads the request, starts a process of its own and waits for it."""
+    pids = tmp_path / "pids"
+    hang = tmp_path / "idegym-remount"
+    hang.write_text(f"#!/bin/sh\ncat >/dev/null\nsleep 40 &\necho $$ $! > {pids}\nwait\n")
+    hang.chmod(0o755)
+    monkeypatch.setattr(adopt, "REMOUNT", hang)
+    monkeypatch.setattr(adopt, "REMOUNT_TIMEOUT", 1.0)
+    parent = loop.run(backend.create(spec("p-hang", image), 120))
+    names = ["w-hang0", "w-hang1"]
+    warm = {n: loop.run(backend.create(spec(n, image), 120, background=True)) for n in names}
+    ok(parent, "echo at-fork > parent-file")
+    began = time.monotonic()
+    children = _fork(loop, backend, parent, names, warm)
+    took = time.monotonic() - began
+    try:
+        assert took < 20, f"the fork waited {took:.1f} s for a helper bounded at 1 s"
+        helper, member = map(int, pids.read_text().split())
+        assert procfs.wait_gone([helper, member], timeout=10) == []
+        assert [bool(c.data.get("adopted")) for c in children] == [False, False]
+        for child in children:
+            assert ok(child, "cat parent-file") == "at-fork\n", child.name
+    finally:
+        _remove(loop, backend, parent, *children)

@@ -22,8 +22,10 @@ be moved off. Such a child is launched instead.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import stat
 import subprocess
 from collections.abc import Iterable
@@ -46,6 +48,9 @@ from .rootfs import fork_inside
 THREADS = ns_threads.NamespaceThreads("idegym-adopt")
 # ``adopt_all``'s native helper (``make native``; without it each member is remounted by ``adopt``).
 REMOUNT = Path(__file__).parent / "native" / "idegym-remount"
+# Its bound (within the fork's own): a fork's remounts take milliseconds; one that hangs (a mount
+# call stuck in the kernel) is killed with its member processes, and its members are launched instead.
+REMOUNT_TIMEOUT = 30.0
 
 
 def unsuitable(warm: LocalHandleData, image: ResolvedImage, parent: LocalHandleData) -> str | None:
@@ -75,9 +80,10 @@ def adopt(state_dir: Path, data: LocalHandleData, image: ResolvedImage, stack: F
 
 
 def adopt_all(state_dir: Path, members: list[LocalHandleData], image: ResolvedImage,
-              stack: ForkStack) -> list[BaseException | None]:
+              stack: ForkStack, timeout: float) -> list[BaseException | None]:
     """``adopt`` for each of ``members`` at once, by ``REMOUNT`` (a native helper: each member in a
-    process of its own, no interpreter lock); each member's failure, or None. Any thread."""
+    process of its own, no interpreter lock); each member's failure, or None. Any thread. The
+    helper runs in a process group of its own, killed whole after ``timeout`` seconds."""
     plans = [_plan(state_dir, data, image, stack) for data in members]
     request = [b"idegym-remount/1", str(state_dir).encode(), FORK_LAYERS.encode(), str(len(plans)).encode()]
     for plan in plans:
@@ -89,7 +95,7 @@ def adopt_all(state_dir: Path, members: list[LocalHandleData], image: ResolvedIm
         request += [str(len(plan.project)).encode(), *map(os.fsencode, plan.project), str(len(plan.binds)).encode()]
         for source, target in plan.binds:
             request += [os.fsencode(source), target.encode()]
-    done = subprocess.run([REMOUNT], input=b"".join(f + b"\0" for f in request), capture_output=True, check=False)
+    done = _run_bounded([str(REMOUNT)], b"".join(f + b"\0" for f in request), timeout)
     if done.returncode not in (0, 1):
         raise BackendError(f"{REMOUNT} refused the remount ({done.returncode}): "
                            f"{done.stderr.decode(errors='replace').strip()}", 500)
@@ -100,6 +106,24 @@ def adopt_all(state_dir: Path, members: list[LocalHandleData], image: ResolvedIm
     if done.returncode == 1 and all(f is None for f in failures):
         raise BackendError(f"{REMOUNT} failed without saying why", 500)
     return failures
+
+
+def _run_bounded(argv: list[str], stdin: bytes, timeout: float) -> subprocess.CompletedProcess[bytes]:
+    """``argv`` fed ``stdin``, in a session of its own; past ``timeout`` seconds (or when the
+    caller is interrupted) its whole process group is killed, its children too."""
+    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(stdin, timeout=timeout)
+        except BaseException as exc:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()  # not its pipes: a member process stuck in the kernel may hold them
+            if isinstance(exc, subprocess.TimeoutExpired):
+                raise BackendError(f"{argv[0]} did not finish within {timeout:g} s: it was killed with its "
+                                   "processes", 504) from None
+            raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 @dataclass(frozen=True)

@@ -145,7 +145,7 @@ async def _children(site: LocalForkSite, image: ResolvedImage, parent: LocalHand
                 suitable.append(child.warm)
             else:
                 log.debug("warm sandbox %s not used for a fork: %s", child.warm.name, why_not)
-    adopting = asyncio.ensure_future(_adopt_all(site, image, stack, suitable))
+    adopting = asyncio.ensure_future(_adopt_all(site, image, stack, suitable, timeout))
 
     async def one(child: ForkChild) -> SandboxHandle:
         if child.warm is not None:
@@ -167,7 +167,7 @@ async def _children(site: LocalForkSite, image: ResolvedImage, parent: LocalHand
 
 
 async def _adopt_all(site: LocalForkSite, image: ResolvedImage, stack: ForkStack,
-                     warm: list[SandboxHandle]) -> dict[str, BaseException | None]:
+                     warm: list[SandboxHandle], timeout: float) -> dict[str, BaseException | None]:
     """The warm sandboxes ``warm`` claimed and remounted onto ``stack`` (``_adopt``), each one's
     failure or None, by name. One job of the native helper for all (``adopt.adopt_all``; a fork
     into 8 alternated with the Python remounts, 4 rounds at load 1.7-4.4: making the 8 children
@@ -180,7 +180,8 @@ async def _adopt_all(site: LocalForkSite, image: ResolvedImage, stack: ForkStack
     failures: list[BaseException | None]
     try:
         if adopt.REMOUNT.exists():
-            failures = await loop.run_in_executor(_threads, _adopt_natively, site, records, image, stack)
+            failures = await loop.run_in_executor(_threads, _adopt_natively, site, records, image, stack,
+                                                  min(timeout, adopt.REMOUNT_TIMEOUT))
         else:
             jobs = (asyncio.wrap_future(adopt.THREADS.submit(_adopt, site, r, image, stack)) for r in records)
             failures = list(await asyncio.gather(*jobs, return_exceptions=True))
@@ -193,11 +194,11 @@ async def _adopt_all(site: LocalForkSite, image: ResolvedImage, stack: ForkStack
 
 
 def _adopt_natively(site: LocalForkSite, warm: list[LocalHandleData], image: ResolvedImage,
-                    stack: ForkStack) -> list[BaseException | None]:
+                    stack: ForkStack, timeout: float) -> list[BaseException | None]:
     """``_adopt`` for all of ``warm`` in one job, their remounts by ``adopt.adopt_all``."""
     for data in warm:
         priority.restore(data)
-    failures = adopt.adopt_all(site.state_dir, warm, image, stack)
+    failures = adopt.adopt_all(site.state_dir, warm, image, stack, timeout)
     for i, data in enumerate(warm):
         if failures[i] is None:
             try:
