@@ -545,3 +545,42 @@ def test_a_remount_helper_that_hangs_is_killed_with_its_processes_and_the_member
             assert ok(child, "cat parent-file") == "at-fork\n", child.name
     finally:
         _remove(loop, backend, parent, *children)
+
+
+def test_a_fork_cancelled_while_its_layer_is_taken_leaves_no_layer_held_or_mounted(
+        loop: LoopThread, backend: LocalBackend, image: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork cancelled (its client gone) while its new layer is being taken: the take runs on in
+    its thread; once it ends, what it did is undone (the layers it entered left, its holds and the
+    warm members' let go), so the new layer goes while the warm sandboxes live on."""
+    import asyncio
+    import threading
+
+    taken: list[str] = []
+    gate, in_take = threading.Event(), threading.Event()
+    real_take = local_fork._take
+
+    def take_then_wait(*args: object, **kwargs: object) -> object:
+        result = real_take(*args, **kwargs)  # type: ignore[arg-type]
+        taken.append(result[0])
+        in_take.set()
+        gate.wait(30)  # the fork is cancelled meanwhile
+        return result
+
+    monkeypatch.setattr(local_fork, "_take", take_then_wait)
+    parent = loop.run(backend.create(spec("p-cancel", image), 120))
+    warm = loop.run(backend.create(spec("w-cancel", image), 120, background=True))
+    try:
+        forking = asyncio.run_coroutine_threadsafe(
+            backend.fork(parent, [ForkChild(spec("w-cancel", image), warm)], 120), loop.loop)
+        assert in_take.wait(30)
+        forking.cancel()
+        gate.set()
+        (layer_id,) = taken
+        layer = backend.fork_layers.path(layer_id)
+        assert wait_for(lambda: layer_id not in backend.fork_layers.layer_ids(), timeout=10), \
+            backend.fork_layers.holders(layer_id)
+        assert [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(layer) in line] == []
+        assert ok(warm, "echo alive") == "alive\n"
+    finally:
+        gate.set()
+        _remove(loop, backend, parent, warm)

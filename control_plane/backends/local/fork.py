@@ -97,8 +97,13 @@ async def fork(site: LocalForkSite, parent: SandboxHandle, children: list[ForkCh
     own: dict[str, float] = {}  # each child's own time (ms), by name
     try:
         adopters = [c.warm.name for c in children if c.warm is not None]
-        layer_id, stack, timings = await loop.run_in_executor(_threads, _take, layers, record, op, launcher.storage,
-                                                              below, adopters)
+        taking = loop.run_in_executor(_threads, _take, layers, record, op, launcher.storage, below, adopters)
+        try:
+            layer_id, stack, timings = await asyncio.shield(taking)
+        except asyncio.CancelledError:  # the take runs on in its thread: undone when it ends
+            taking.add_done_callback(lambda f: _in_background(
+                _undo_take, layers, None if f.cancelled() or f.exception() else f.result()[0], below, op, adopters))
+            raise
         try:
             started = time.perf_counter()
             results = await _children(site, image, record, stack, children, timeout, own)
@@ -260,6 +265,16 @@ def _take(layers: ForkLayers, record: LocalHandleData, op: str, storage: LayerSt
     timings["layers below"] = (took - began) * 1e3
     timings["snapshot"] = timings.pop("total", 0.0)
     return layer_id, stack, timings
+
+
+def _undo_take(layers: ForkLayers, layer_id: str | None, below: list[str], op: str, adopters: list[str]) -> None:
+    """What ``_take`` did for a fork cancelled while it ran, undone once it ended: the layers'
+    filesystems it entered left, its holds and the would-be children's let go, so the new layer
+    (``layer_id``; None when the take failed, which left what it entered) goes."""
+    if layer_id is not None:
+        layers.leave([layer_id, *below])
+        layers.unhold([layer_id], *map(sandbox_holder, adopters))
+    layers.release(op)
 
 
 def _adopt(site: LocalForkSite, warm: LocalHandleData, image: ResolvedImage, stack: ForkStack) -> None:

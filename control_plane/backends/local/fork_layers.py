@@ -163,15 +163,23 @@ class ForkLayers:
         """``holder`` lets go of every layer it holds; returns the layers that are removed."""
         if not self.root.is_dir():
             return []
+        return self._let_go(None, [holder])
+
+    def unhold(self, layer_ids: Iterable[str], *holders: str) -> list[str]:
+        """``hold`` undone: each of ``holders`` lets go of ``layer_ids`` (only); returns the
+        layers that are removed."""
+        return self._let_go([self.path(i) for i in layer_ids], holders)
+
+    def _let_go(self, layers: list[Path] | None, holders: Iterable[str]) -> list[str]:
         freed, trash = [], []
         with self._locked():
-            for layer in self._layers():
-                mark = layer / "holders" / holder
-                if os.path.lexists(mark):
+            for layer in self._layers() if layers is None else layers:
+                marks = [layer / "holders" / h for h in holders if os.path.lexists(layer / "holders" / h)]
+                for mark in marks:
                     mark.unlink()
-                    if is_empty(layer / "holders"):
-                        freed.append(layer.name)
-                        trash += self._retire(layer)
+                if marks and is_empty(layer / "holders"):
+                    freed.append(layer.name)
+                    trash += self._retire(layer)
         _remove_all(trash)
         return freed
 
