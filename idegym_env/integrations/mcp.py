@@ -181,9 +181,9 @@ class _Tool:
         ``ValidationError`` when :attr:`arguments` refuses the call. As the SDK's ``MCPServer`` did
         for clients that quote everything, a string that is JSON ``null``, an object or an array is
         read as such for an argument that takes no string."""
-        fields = self.arguments.model_fields
+        fields, takes_str = _FIELDS[self.name], _TAKES_STR[self.name]
         for key, value in arguments.items():
-            if isinstance(value, str) and key in fields and key not in _TAKES_STR[self.name]:
+            if isinstance(value, str) and key in fields and key not in takes_str:
                 try:
                     parsed = json.loads(value)
                 except (ValueError, RecursionError):
@@ -241,6 +241,7 @@ TOOLS = {tool.name: tool for tool in (
       for tool in tools.TOOLS.values()),
 )}
 _SIGNATURES = {name: tool.signature() for name, tool in TOOLS.items()}
+_FIELDS = {name: frozenset(tool.arguments.model_fields) for name, tool in TOOLS.items()}
 _TAKES_STR = {name: {key for key, field in tool.arguments.model_fields.items()
                      if field.annotation is str or str in getattr(field.annotation, "__args__", ())}
               for name, tool in TOOLS.items()}
@@ -377,6 +378,8 @@ class EpisodeServer:
         """After a call: an extra episode (``reset(new=true)``'s) that is no longer running gives
         its place back; the connection's own stays, so that its calls say it has ended."""
         slot.used = time.monotonic()
+        if slot.episode.active:  # the common case: nothing to give back, no lock taken
+            return
         with self._lock:
             if not slot.episode.active and self._main.get(slot.owner) != key and self._slots.get(key) is slot:
                 del self._slots[key]
