@@ -122,7 +122,7 @@ class IdeGymVerifiersEnvConfig(vf.EnvConfig):
 class IdeGymVerifiersEnv(vf.Env[IdeGymVerifiersEnvConfig]):
     taskset: IdeGymTaskset
 
-    async def run(self, task: IdeGymTask, agents: vf.Agents) -> None:  # type: ignore[override]
+    async def run(self, task: IdeGymTask, agents: vf.Agents) -> None:
         assert task.data.id is not None
         config = self.taskset.config
         episode = ToolCallEpisode(control_plane_url=config.control_plane_url, **config.env_kwargs())
