@@ -100,13 +100,14 @@ def served(tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane
     assert server.stop() == 0, server.log_path.read_text()[-3000:]
 
 
-def vf_eval(tmp: Path, taskset: str, policy: str, scripts: list[list[Any]], player: str = "") -> list[dict]:
+def vf_eval(tmp: Path, taskset: str, policy: str, scripts: list[list[Any]], player: str = "", env_table: str = ""
+            ) -> list[dict]:
     """``vf-eval`` on ``taskset`` (its TOML table's body), one rollout per script, one at a time;
-    its traces."""
+    its episodes, in script order (a rollout's ``traces``: one, none for a cancelled one)."""
     Policy.play(scripts)
     config = tmp / "eval.toml"
     config.write_text(f'model = "policy"\npush = false\noutput_dir = "{tmp / "out"}"\nnum_rollouts = {len(scripts)}\n'
-                      f'max_concurrent = 1\n[env.taskset]\n{taskset}\n{player}'
+                      f'max_concurrent = 1\n{env_table}[env.taskset]\n{taskset}\n{player}'
                       f'[client]\nbase_url = "{policy}"\napi_key_var = "POLICY_KEY"\n')
     # verifiers runs its chat program with uv; ours, first on PATH, keeps it from installing one.
     env = {**os.environ, "POLICY_KEY": "unused", "PATH": f"{REPO / '.venv-uv' / 'bin'}:{os.environ['PATH']}"}
@@ -114,7 +115,7 @@ def vf_eval(tmp: Path, taskset: str, policy: str, scripts: list[list[Any]], play
                           timeout=400, env=env, cwd=tmp)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (traces,) = (tmp / "out").glob("*/traces.jsonl")
-    return [trace for line in traces.read_text().splitlines() for trace in json.loads(line)["traces"]]
+    return [json.loads(line) for line in traces.read_text().splitlines()]
 
 
 def delete_server(control_plane: ControlPlaneProcess, sid: int) -> None:  # noqa: F811
@@ -127,15 +128,22 @@ def delete_server(control_plane: ControlPlaneProcess, sid: int) -> None:  # noqa
     assert answer.status_code < 300, answer.text
 
 
-def test_native_taskset_scores_idegym_episodes_and_fails_a_dead_one(tmp_path: Path, policy: str,
-                                                                     control_plane: ControlPlaneProcess  # noqa: F811
-                                                                     ) -> None:
+def test_native_taskset_scores_episodes_fails_a_dead_one_and_hands_back_a_cancelled_one(
+        tmp_path: Path, policy: str, control_plane: ControlPlaneProcess) -> None:  # noqa: F811
     """``idegym-verifiers``: verifiers' default player for it (no harness or runtime given), the
     task's instruction as the prompt, each reply one action in verifiers' process."""
     db = control_plane.state_dir / "control-plane.db"
 
+    released = threading.Event()
+
+    def hang(users: list[str]) -> str:
+        """No reply until the test ends: verifiers' episode deadline cancels the rollout."""
+        released.wait()
+        return action("submit")
+
     def kill_sandbox(users: list[str]) -> str:
-        """The rollout's sandbox (the one handed out: rollouts run one at a time) goes away."""
+        """The rollout's sandbox goes away. It is the one sandbox handed out (rollouts run one at a
+        time), so every earlier rollout's was handed back, the cancelled one's too."""
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
         (sid,), = conn.execute("SELECT id FROM servers WHERE client_name = 'idegym-integrations' "
                                "AND availability IN ('ALIVE', 'REUSED')").fetchall()
@@ -150,9 +158,12 @@ def test_native_taskset_scores_idegym_episodes_and_fails_a_dead_one(tmp_path: Pa
            action("submit")]
     taskset = f'id = "idegym-verifiers"\ntasks = ["{TASK}"]\ncontrol_plane_url = "{control_plane.url}"\n'
     dies = [action("bash", command="true"), kill_sandbox]
-    traces = vf_eval(tmp_path, taskset, policy, [solve, [action("submit")], bad, dies])
-    assert len(traces) == 4
-    solved, untouched, fumbled, killed = traces  # one at a time: in script order
+    try:
+        episodes = vf_eval(tmp_path, taskset, policy, [solve, [action("submit")], bad, [hang], dies],
+                           env_table="[env.timeout]\nepisode = 20\n")
+    finally:
+        released.set()
+    (solved,), (untouched,), (fumbled,), cancelled, (killed,) = (episode["traces"] for episode in episodes)
     assert solved["ok"] and solved["rewards"]["idegym_reward"]["score"] == 1.0, solved
     assert untouched["ok"] and untouched["rewards"]["idegym_reward"]["score"] < 1.0, untouched
     # The prompt is the task's instruction (no checks of it); a reply that is no tool call, or a call
@@ -166,6 +177,9 @@ def test_native_taskset_scores_idegym_episodes_and_fails_a_dead_one(tmp_path: Pa
     assert not killed["ok"] and "idegym_reward" not in (killed["rewards"] or {}), killed
     (error,) = killed["errors"]
     assert error["type"] == "InfrastructureError" and "the sandbox is gone" in error["message"], error
+    # The rollout cancelled at verifiers' deadline failed (no trace is kept of it); kill_sandbox saw
+    # its sandbox handed back.
+    assert cancelled == [] and episodes[3]["is_timeout"] and "deadline" in episodes[3]["errors"][0]["message"]
     assert alive(control_plane) == 0  # every sandbox handed back; vf-eval's exit stopped them
     assert server_counts(control_plane).get("FINISHED", 0) == 0, server_counts(control_plane)
 
@@ -181,9 +195,10 @@ def test_openenv_taskset_scores_idegym_episodes_and_fails_a_dead_one(tmp_path: P
     fix = load_task(TASK).solution[0]
     solve = [action("bash", command="cat -n roman.py"), action(fix.tool, **fix.arguments.model_dump()),
              action("submit")]
-    traces = vf_eval(tmp_path, f'id = "openenv"\nbase_url = "{served.url}"\n', policy,
-                     [solve, [action("submit")], [action("bash", command="true"), kill_sandbox]],
-                     player='[env.player.runtime]\ntype = "subprocess"\n[env.player.harness]\nid = "null"\n')
+    episodes = vf_eval(tmp_path, f'id = "openenv"\nbase_url = "{served.url}"\n', policy,
+                       [solve, [action("submit")], [action("bash", command="true"), kill_sandbox]],
+                       player='[env.player.runtime]\ntype = "subprocess"\n[env.player.harness]\nid = "null"\n')
+    traces = [trace for episode in episodes for trace in episode["traces"]]
     assert len(traces) == 3
     failed = [t for t in traces if not t["ok"]]
     scored = [t for t in traces if t["ok"]]

@@ -146,6 +146,7 @@ class IdeGymVerifiersEnv(vf.Env[IdeGymVerifiersEnvConfig]):
         finally:
             with contextlib.suppress(BaseException):
                 await asyncio.wait([starting])
+                starting.exception()  # retrieved: it was raised above, or the rollout failed before
             await asyncio.shield(asyncio.to_thread(episode.end))
         assert episode.reward is not None
         interaction.trace.record_reward("idegym_reward", episode.reward)
