@@ -184,6 +184,23 @@ def test_native_taskset_scores_episodes_fails_a_dead_one_and_hands_back_a_cancel
     assert server_counts(control_plane).get("FINISHED", 0) == 0, server_counts(control_plane)
 
 
+def test_native_taskset_without_a_control_plane_fails_its_rollouts(tmp_path: Path, policy: str) -> None:
+    """Named on the command line alone (no config file); no control plane answers at its URL."""
+    Policy.play([[action("submit")]])
+    env = {**os.environ, "POLICY_KEY": "unused", "PATH": f"{REPO / '.venv-uv' / 'bin'}:{os.environ['PATH']}"}
+    proc = subprocess.run([str(VF_EVAL), "idegym-verifiers", "--env.taskset.tasks", json.dumps([TASK]),
+                           "--env.taskset.control-plane-url", "http://127.0.0.1:1", "-m", "policy",
+                           "--client.base-url", policy, "--client.api-key-var", "POLICY_KEY", "-n", "1", "-r", "1",
+                           "--output-dir", str(tmp_path / "out"), "--push", "false", "--no-rich"],
+                          capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (traces,) = (tmp_path / "out").glob("*/traces.jsonl")
+    ((trace,),) = (json.loads(line)["traces"] for line in traces.read_text().splitlines())
+    assert not trace["ok"] and "idegym_reward" not in (trace["rewards"] or {}), trace
+    (error,) = trace["errors"]
+    assert error["type"] == "InfrastructureError" and "no control plane answers" in error["message"], error
+
+
 def test_openenv_taskset_scores_idegym_episodes_and_fails_a_dead_one(tmp_path: Path, served: OpenEnvServer,
                                                                       policy: str,
                                                                       control_plane: ControlPlaneProcess  # noqa: F811
