@@ -159,11 +159,12 @@ def test_native_taskset_scores_episodes_fails_a_dead_one_and_hands_back_a_cancel
     taskset = f'id = "idegym-verifiers"\ntasks = ["{TASK}"]\ncontrol_plane_url = "{control_plane.url}"\n'
     dies = [action("bash", command="true"), kill_sandbox]
     try:
-        episodes = vf_eval(tmp_path, taskset, policy, [solve, [action("submit")], bad, [hang], dies],
-                           env_table="[env.timeout]\nepisode = 20\n")
+        busy = [action("bash", command="true")] * 5
+        episodes = vf_eval(tmp_path, taskset, policy, [solve, [action("submit")], bad, busy, [hang], dies],
+                           player="[env.player]\nmax_turns = 4\n", env_table="[env.timeout]\nepisode = 20\n")
     finally:
         released.set()
-    (solved,), (untouched,), (fumbled,), cancelled, (killed,) = (episode["traces"] for episode in episodes)
+    (solved,), (untouched,), (fumbled,), (limited,), cancelled, (killed,) = (e["traces"] for e in episodes)
     assert solved["ok"] and solved["rewards"]["idegym_reward"]["score"] == 1.0, solved
     assert untouched["ok"] and untouched["rewards"]["idegym_reward"]["score"] < 1.0, untouched
     # The prompt is the task's instruction (no checks of it); a reply that is no tool call, or a call
@@ -177,9 +178,11 @@ def test_native_taskset_scores_episodes_fails_a_dead_one_and_hands_back_a_cancel
     assert not killed["ok"] and "idegym_reward" not in (killed["rewards"] or {}), killed
     (error,) = killed["errors"]
     assert error["type"] == "InfrastructureError" and "the sandbox is gone" in error["message"], error
+    # One that verifiers ended (its max_turns) before submit is graded as it stands.
+    assert len(Policy.seen[3]) == 4 and limited["ok"] and limited["rewards"]["idegym_reward"]["score"] < 1.0, limited
     # The rollout cancelled at verifiers' deadline failed (no trace is kept of it); kill_sandbox saw
     # its sandbox handed back.
-    assert cancelled == [] and episodes[3]["is_timeout"] and "deadline" in episodes[3]["errors"][0]["message"]
+    assert cancelled == [] and episodes[4]["is_timeout"] and "deadline" in episodes[4]["errors"][0]["message"]
     assert alive(control_plane) == 0  # every sandbox handed back; vf-eval's exit stopped them
     assert server_counts(control_plane).get("FINISHED", 0) == 0, server_counts(control_plane)
 
