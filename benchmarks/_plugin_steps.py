@@ -1,7 +1,7 @@
 """Run by ``benchmarks/integrations.py``, each plug-in in its own venv: one bash call (``echo hello``)
 through the plug-in's per-call path, interleaved with the same call made with our client directly
-on the plug-in's own sandbox (verifiers: on a sandbox of the same image, as its episode lives in
-the OpenEnv server's process); prints the samples (ms) as JSON.
+on the plug-in's own sandbox (verifiers' OpenEnv rows: on sandboxes of the same image, as their
+episodes live in the OpenEnv servers' processes); prints the samples (ms) as JSON.
 
 ``python -m benchmarks._plugin_steps PLUGIN URL N`` with PLUGIN one of ``mini-swe-agent``
 (``IdeGymEnvironment.execute``), ``nemo-gym`` (NeMo Gym's ``AsyncSandbox.exec`` on the provider),
@@ -10,8 +10,7 @@ native taskset's per-action work, ``IdeGymVerifiersEnv.act``: what its ``run()``
 model reply; then the second route, the OpenEnv client's ``step``, what verifiers' OpenEnv taskset
 sends per action, against ``idegym openenv serve``; also the client's ``state``, a message and its
 answer with no step: OpenEnv's own round trip, the floor any OpenEnv server has; and the step
-through a null OpenEnv server, ``_openenv_null_server.py``, that makes the direct call itself).
-The OpenEnv rows' sandboxes are of the same image as the direct call's."""
+through a null OpenEnv server, ``_openenv_null_server.py``, that makes the direct call itself)."""
 
 from __future__ import annotations
 

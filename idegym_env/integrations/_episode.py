@@ -216,7 +216,7 @@ class ToolCallEpisode:
 
     async def act_async(self, reply: Any, sessions: AsyncSessions | None = None) -> ToolCallOutcome:
         """A model's reply (JSON text, optionally fenced, or a dict: the shapes ``parse_tool_call``
-        reads) as one :meth:`call_async`. One that names no tool of :data:`TOOL_NAMES` is still a
+        reads) as one :meth:`call_async`. One that is no valid call of :data:`TOOL_NAMES` is still a
         step, the env's invalid action (counted against ``max_steps``): :class:`ToolCallError`
         with the env's message, as for any invalid call."""
         self._require_active()
