@@ -1,15 +1,16 @@
 """Run by ``benchmarks/integrations.py``, each plug-in in its own venv: one bash call (``echo hello``)
 through the plug-in's per-call path, interleaved with the same call made with our client directly
-on the plug-in's own sandbox (verifiers: on a sandbox of the same image, as its episode lives in
-the OpenEnv server's process); prints the samples (ms) as JSON.
+on the plug-in's own sandbox (verifiers' OpenEnv rows: on sandboxes of the same image, as their
+episodes live in the OpenEnv servers' processes); prints the samples (ms) as JSON.
 
 ``python -m benchmarks._plugin_steps PLUGIN URL N`` with PLUGIN one of ``mini-swe-agent``
 (``IdeGymEnvironment.execute``), ``nemo-gym`` (NeMo Gym's ``AsyncSandbox.exec`` on the provider),
-``verl`` (``IdeGymAgentLoop``'s bash tool: a verl ``BaseTool.execute``) and ``verifiers`` (the
-OpenEnv client's ``step``, what verifiers' OpenEnv taskset sends per action, against
-``idegym openenv serve``; also the client's ``state``, a message and its answer with no step:
-OpenEnv's own round trip, the floor any OpenEnv server has; and the step through a null OpenEnv
-server, ``_openenv_null_server.py``, that makes the direct call itself)."""
+``verl`` (``IdeGymAgentLoop``'s bash tool: a verl ``BaseTool.execute``) and ``verifiers`` (our
+native taskset's per-action work, ``IdeGymVerifiersEnv.act``: what its ``run()`` does with each
+model reply; then the second route, the OpenEnv client's ``step``, what verifiers' OpenEnv taskset
+sends per action, against ``idegym openenv serve``; also the client's ``state``, a message and its
+answer with no step: OpenEnv's own round trip, the floor any OpenEnv server has; and the step
+through a null OpenEnv server, ``_openenv_null_server.py``, that makes the direct call itself)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from ._cpu import seconds_of
 from ._servers import _wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
+VERIFIERS_NATIVE = "verifiers: IdeGymVerifiersEnv.act (the native taskset's action)"
 VERIFIERS_STEP = "verifiers: OpenEnv client step (its OpenEnv taskset's call)"
 VERIFIERS_FLOOR = "verifiers: OpenEnv client state (OpenEnv's round trip, no step)"
 SERVER_CPU = "server CPU ms per call: "
@@ -124,12 +126,14 @@ def _stop(proc: subprocess.Popen) -> None:
 async def verifiers(url: str, n: int) -> dict[str, list[float]]:
     from openenv import GenericEnvClient
 
-    from idegym_env.client import IdeGymClient
-    from idegym_env.env import IdeGymEnv
+    from idegym_env.integrations._episode import ToolCallEpisode
+    from idegym_env.integrations.verifiers import IdeGymVerifiersEnv
 
     python = str(REPO / ".venv" / "bin" / "python")
-    with IdeGymClient(url, name="bench-verifiers-direct") as client:
-        image = IdeGymEnv(TASK, client=client).image
+    episode = ToolCallEpisode(control_plane_url=url, max_steps=10 * n)
+    episode.start(TASK)
+    try:
+        image = episode.env.image
         server, port = _ready_port(lambda fd: [python, "-m", "idegym_env.cli", "openenv", "serve", "--task", TASK,
                                                "--control-plane-url", url, "--port", "0", "--ready-fd", str(fd),
                                                "--max-steps", str(10 * n)])
@@ -140,23 +144,25 @@ async def verifiers(url: str, n: int) -> dict[str, list[float]]:
             _stop(server)
             raise
         try:
-            direct = client.start(image, server_name="bench-verifiers", reuse="NONE")
+            sandbox = episode.env.sandbox
             async with GenericEnvClient(base_url=f"http://127.0.0.1:{port}", message_timeout_s=120) as env, \
                     GenericEnvClient(base_url=f"http://127.0.0.1:{null_port}", message_timeout_s=120) as floor:
                 await env.reset()
                 await floor.reset()
                 action = {"tool": "bash", "arguments": {"command": "echo hello"}}
-                samples = await interleaved({"verifiers: Sandbox.bash (direct)": lambda: direct.bash("echo hello"),
-                                             VERIFIERS_STEP: lambda: env.step(action),
-                                             VERIFIERS_FLOOR: lambda: env.state(),
-                                             VERIFIERS_NULL: lambda: floor.step(action)}, n,
-                                            cpu_of={VERIFIERS_STEP: server.pid, VERIFIERS_FLOOR: server.pid,
-                                                    VERIFIERS_NULL: null.pid})
-            direct.stop()
-            return samples
+                reply = json.dumps(action)  # a model's reply, as the native taskset reads it
+                return await interleaved({"verifiers: Sandbox.bash (direct)": lambda: sandbox.bash("echo hello"),
+                                          VERIFIERS_NATIVE: lambda: IdeGymVerifiersEnv.act(episode, reply),
+                                          VERIFIERS_STEP: lambda: env.step(action),
+                                          VERIFIERS_FLOOR: lambda: env.state(),
+                                          VERIFIERS_NULL: lambda: floor.step(action)}, n,
+                                         cpu_of={VERIFIERS_STEP: server.pid, VERIFIERS_FLOOR: server.pid,
+                                                 VERIFIERS_NULL: null.pid})
         finally:
             _stop(null)
             _stop(server)
+    finally:
+        episode.end()
 
 
 PLUGINS: dict[str, Callable[[str, int], Awaitable[dict[str, list[float]]]]] = {

@@ -79,9 +79,10 @@ OPENENV_APP = "openenv: In Python [0]"
 MINI = "integrations: mini-swe-agent [0]"
 NEMO = "integrations: NeMo Gym [0]"
 VERL = "integrations: verl [0]"
-VF_SERVE, VF_EVAL = "integrations: verifiers / prime-rl [0]", "integrations: verifiers / prime-rl [1]"
+VF_NATIVE = "integrations: verifiers / prime-rl [0]"
+VF_SERVE, VF_EVAL = "integrations: verifiers through OpenEnv [0]", "integrations: verifiers through OpenEnv [1]"
 RUN = {HARBOR, TRL, SKYRL, MCP_SERVE, MCP_CLIENT, OPENENV_SERVE, OPENENV_CLIENT, OPENENV_CP, OPENENV_APP,
-       MINI, NEMO, VERL, VF_SERVE, VF_EVAL}
+       MINI, NEMO, VERL, VF_NATIVE, VF_SERVE, VF_EVAL}
 # The plug-ins whose frameworks clash with the main venv run in their own (the Makefile's).
 NEMO_PYTHON, VERL_PYTHON = NEMO_VENV / "bin" / "python", VERL_VENV / "bin" / "python"
 VERIFIERS_BIN = VERIFIERS_VENV / "bin"
@@ -252,21 +253,23 @@ def test_verifiers_blocks(environment: dict[str, str], control_plane: ControlPla
 
     side_venv(VERIFIERS_VENV)
     fix = load_task(TASK).solution[0]
-    Policy.scripts = [[action(fix.tool, **fix.arguments.model_dump()), action("submit")], [action("submit")]]
-    Policy.episodes = {}
+    scripts = [[action(fix.tool, **fix.arguments.model_dump()), action("submit")], [action("submit")]]
     policy = ThreadingHTTPServer(("127.0.0.1", 0), Policy)
     Thread(target=policy.serve_forever, daemon=True).start()
-    server = server_block(VF_SERVE, 8000)
+    # vf-eval from verifiers' venv; uv on PATH keeps verifiers from installing one for its chat program
+    vf_environment = {**environment, "OPENAI_BASE_URL": f"http://127.0.0.1:{policy.server_address[1]}/v1",
+                      "OPENAI_API_KEY": "unused",
+                      "PATH": f"{VERIFIERS_BIN}:{REPO / '.venv-uv' / 'bin'}:{environment['PATH']}"}
     try:
-        # vf-eval from verifiers' venv; uv on PATH keeps verifiers from installing one for its chat program
-        out = run(VF_EVAL, {**environment, "OPENAI_BASE_URL": f"http://127.0.0.1:{policy.server_address[1]}/v1",
-                            "OPENAI_API_KEY": "unused",
-                            "PATH": f"{VERIFIERS_BIN}:{REPO / '.venv-uv' / 'bin'}:{environment['PATH']}"},
-                  tmp_path, timeout=400)
+        for block, reward, serve in ((VF_NATIVE, "idegym_reward", None), (VF_EVAL, "openenv_reward", VF_SERVE)):
+            Policy.play(scripts)
+            server = server_block(serve, 8000) if serve else None
+            out = run(block, vf_environment, tmp_path, timeout=400)
+            scores = sorted(float(x) for x in re.findall(rf'"{reward}": \{{\s*"score": ([0-9.]+)', out))
+            assert len(scores) == 2 and scores[0] < 1.0 and scores[1] == 1.0, out[-3000:]  # gave up; solved
+            if server is not None:
+                os.killpg(server.pid, signal.SIGTERM)
+                server.wait(60)
+            assert alive(control_plane) == 0
     finally:
         policy.shutdown()
-    scores = sorted(float(x) for x in re.findall(r'"openenv_reward": \{\s*"score": ([0-9.]+)', out))
-    assert len(scores) == 2 and scores[0] < 1.0 and scores[1] == 1.0, out[-3000:]  # gave up; solved
-    os.killpg(server.pid, signal.SIGTERM)
-    server.wait(60)
-    assert alive(control_plane) == 0

@@ -18,11 +18,13 @@ NeMo Gym                    :class:`.nemo_gym.IdeGymSandboxProvider`, the    ``i
                             ``idegym``
 verl                        :class:`.verl.IdeGymAgentLoop`, an agent loop    ``idegym[verl]``
                             (``agent_loop_config_path``)
-verifiers                   ``idegym openenv serve`` behind verifiers'       ``idegym[openenv]``
-                            OpenEnv taskset (no module here)
+verifiers                   :mod:`.verifiers`, a taskset (id                 ``idegym[verifiers]``
+                            ``idegym-verifiers``: the alias package
+                            ``idegym_verifiers``); or ``idegym openenv
+                            serve`` behind verifiers' OpenEnv taskset
 ==========================  ===============================================  ====================
 
-TRL, SkyRL, MCP, mini-swe-agent, verl and NeMo Gym's task sandboxes share
+TRL, SkyRL, MCP, mini-swe-agent, verl, verifiers and NeMo Gym's task sandboxes share
 :class:`._episode.ToolCallEpisode` (one episode's tool calls through ``IdeGymEnv.step``, its grading);
 Harbor's provider drives sandboxes through the async client. None of them
 grades or runs an episode by itself. Each module imports its framework on import, so importing

@@ -212,6 +212,21 @@ class ToolCallEpisode:
         action = self._action(tool, arguments)
         if isinstance(action, ToolCallOutcome):
             return action
+        return await self._step_async(action, sessions)
+
+    async def act_async(self, reply: Any, sessions: AsyncSessions | None = None) -> ToolCallOutcome:
+        """A model's reply (JSON text, optionally fenced, or a dict: the shapes ``parse_tool_call``
+        reads) as one :meth:`call_async`. One that is no valid call of :data:`TOOL_NAMES` is still a
+        step, the env's invalid action (counted against ``max_steps``): :class:`ToolCallError`
+        with the env's message, as for any invalid call."""
+        self._require_active()
+        try:
+            call = parse_tool_call(reply, TOOL_NAMES)
+        except InvalidAction:
+            return await self._step_async(reply, sessions)
+        return await self.call_async(call.tool, call, sessions)
+
+    async def _step_async(self, action: Any, sessions: AsyncSessions | None) -> ToolCallOutcome:
         env = self._require_active()
         if sessions is None:
             sessions = self._sessions = AsyncSessions.on_running_loop(self._sessions)
