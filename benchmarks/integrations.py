@@ -34,9 +34,10 @@ sandbox round trip is the bare one's (within 0.04 ms). The SDK's path before and
 costs the refused call as much (0.55 and 0.25 ms). The rest is outside the server: the client
 reads and returns an answer of ours 0.02-0.06 ms later than the null server's. A test build whose
 handler makes only the bare call left 0.03-0.10 ms (beyond the SDK's round trip 10.8-13.5 % with
-the second-process part at 0.24-0.30 ms); a call started when its line is read, before the SDK's
-0.55 ms of dispatch, took 0.4 ms off in 3 of 4 rounds (a prototype: a request the SDK would
-refuse has then already run).
+the second-process part at 0.24-0.30 ms). Over stdio a running episode's call now starts as soon as
+the SDK's own checks pass for it (``idegym_env/integrations/_mcp_early.py``), so its sandbox round
+trip overlaps the SDK's dispatch: "our handler's own work" is then what the overlap leaves, and can
+come out below zero.
 
 ``BENCH_INTEGRATIONS=mcp`` runs only the direct calls' and MCP's rows (``integrations_mcp``);
 ``BENCH_INTEGRATIONS=plugins`` only the framework plug-ins' (``integrations_plugins``).

@@ -44,9 +44,11 @@ asyncio loop), a tool call of a running episode is made on the serving event loo
 (``ToolCallEpisode.call_async``: the env's step as a plan, its sandbox call over the async
 client's connections, made for each run of the server in the SDK's lifespan); ``reset``,
 ``submit``, grading and handing a sandbox back, which the synchronous client makes, run on a
-worker thread. Calls on
-different episodes run at once, an episode's one at a time. ``python -m benchmarks integrations``
-says what a call costs over the same call made with the client directly, and where that goes.
+worker thread. Over stdio such a call starts as soon as the SDK's own checks pass for it, before
+the SDK's dispatch reaches the handler, which then awaits it (:mod:`._mcp_early` says when). Calls
+on different episodes run at once, an episode's one at a time. ``python -m benchmarks
+integrations`` says what a call costs over the same call made with the client directly, and where
+that goes.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ import mcp_types as types
 import pydantic_core
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -83,6 +86,7 @@ from ..client._async import AsyncSessions
 from ..settings import chosen_control_plane
 from ..tasks import BUNDLED_DIR, Task, load_task
 from ._episode import InfrastructureError, ToolCallEpisode, ToolCallError, ToolCallOutcome, close_shared_clients
+from ._mcp_early import EarlyStarts
 from ._mcp_http import SESSION_HEADER, guard
 from .mcp_cli import (
     DEFAULT_IDLE_TIMEOUT,
@@ -98,6 +102,9 @@ INTERNAL_ERROR = -32603
 LOCAL = "local"  # the connection of stdio's one client (and of an in-process one)
 #: Threads that run the episodes' (synchronous) calls: one per call in flight, made as needed.
 MAX_WORKERS = 64
+#: Calls started early whose handler has not come yet (a request cancelled before the SDK
+#: dispatched it never comes): past this many, no call starts early.
+MAX_EARLY = 64
 
 
 # -- the tools' arguments and results ----------------------------------------------------------------
@@ -274,6 +281,15 @@ class _Slot:
         self.used = time.monotonic()
 
 
+@dataclass(frozen=True)
+class _Early:
+    """A call started before the SDK called its handler (:mod:`._mcp_early`): the handler awaits it."""
+
+    task: asyncio.Task[ToolCallOutcome]
+    key: str
+    slot: _Slot
+
+
 class EpisodeServer:
     """The MCP server (:attr:`mcp`, the SDK's lowlevel ``Server``) and the episodes of its sessions.
 
@@ -308,6 +324,8 @@ class EpisodeServer:
         # for the calls made on it, and how many runs of the server share them (_serving).
         self._sessions: AsyncSessions | None = None
         self._serving = 0
+        self._early: dict[Any, _Early] = {}  # a request's id -> its call, started early (stdio)
+        self.early_started = 0  # how many calls started early
         self._tools = types.ListToolsResult(tools=[tool.definition() for tool in TOOLS.values()])
         self._input_schemas = {tool.name: tool.input_schema for tool in self._tools.tools}
         self.mcp: Server[Any] = Server(
@@ -458,19 +476,24 @@ class EpisodeServer:
 
     async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> dict[str, Any]:
         name = params.name
+        early = self._early.pop(coerce_request_id(ctx.request_id), None) \
+            if self._early and ctx.request_id is not None else None
         tool = TOOLS.get(name)
         if tool is None:
             return _tool_error(f"Unknown tool: {name}")
         try:
-            episode_id, action = tool.parse(params.arguments or {})
-        except ValidationError as exc:
-            return _tool_error(f"Error executing tool {name}: {tool.refusal(exc)}")
-        try:
-            key, slot = self._slot(ctx, episode_id, new=isinstance(action, ResetArguments) and action.new)
-            try:
-                value = await self._in_episode_async(slot, key, name, action)
-            finally:
-                self._settle(key, slot)
+            if early is not None:
+                value = await self._claim(early)
+            else:
+                try:
+                    episode_id, action = tool.parse(params.arguments or {})
+                except ValidationError as exc:
+                    return _tool_error(f"Error executing tool {name}: {tool.refusal(exc)}")
+                key, slot = self._slot(ctx, episode_id, new=isinstance(action, ResetArguments) and action.new)
+                try:
+                    value = await self._in_episode_async(slot, key, name, action)
+                finally:
+                    self._settle(key, slot)
         except ToolCallError as exc:
             return _tool_error(f"Error executing tool {name}: {exc}")
         except InfrastructureError as exc:
@@ -480,6 +503,67 @@ class EpisodeServer:
             log.exception("MCP tool %s failed", name)
             return _tool_error(f"Error executing tool {name}: {exc}")
         return tool.answer(value)
+
+    def _wants_early(self, name: str) -> bool:
+        """Whether a call of ``name`` could start early: a tool call of an episode's, while this
+        loop serves and the connection has an episode (a look, without the lock: ``_start_early``
+        makes sure)."""
+        tool = TOOLS.get(name)
+        return tool is not None and tool.call is not None and not tool.call.ends_episode \
+            and self._sessions is not None and bool(self._slots)
+
+    def _start_early(self, request_id: Any, name: str, arguments: dict[str, Any]) -> None:
+        """Start a running episode's call before the SDK calls its handler (:mod:`._mcp_early` made
+        the SDK's checks): only where the handler would make it on the loop at once, so the same
+        call starts, on the same episode, as the handler would start."""
+        tool = TOOLS[name]
+        sessions = self._sessions
+        if sessions is None or len(self._early) >= MAX_EARLY:
+            return
+        try:
+            episode_id, action = tool.parse(arguments)
+        except ValidationError:
+            return
+        with self._lock:
+            key = episode_id if episode_id is not None else self._main.get(LOCAL)
+            slot = self._slots.get(key) if key is not None else None
+        if key is None or slot is None or slot.owner != LOCAL or sessions.loop is not asyncio.get_running_loop():
+            return
+        if not slot.lock.acquire(blocking=False):
+            return
+        if not slot.episode.active:
+            slot.lock.release()
+            return
+        slot.used = time.monotonic()
+        task = asyncio.ensure_future(slot.episode.call_async(name, action, sessions))
+        task.add_done_callback(lambda _: slot.lock.release())
+        self._early[request_id] = _Early(task, key, slot)
+        self.early_started += 1
+
+    def _cancel_early(self, request_id: Any) -> None:
+        """The client cancelled a request: its call, if it started early, is cancelled (its handler may
+        never come; if it does, it finds the call cancelled, as its own would be)."""
+        early = self._early.get(request_id)
+        if early is not None:
+            early.task.cancel()
+
+    def _forget_early(self, request_id: Any) -> None:
+        """A new request reuses ``request_id``: a call started early under it (cancelled, its handler
+        never came) is dropped, so that the new request's handler does not take it for its own."""
+        if self._early:
+            early = self._early.pop(request_id, None)
+            if early is not None:
+                early.task.cancel()
+
+    async def _claim(self, early: _Early) -> str:
+        """The handler's part of a call started early: its outcome (a cancelled handler cancels it)."""
+        try:
+            outcome = await early.task
+        finally:
+            self._settle(early.key, early.slot)
+        if outcome.error is not None:  # the tool failed (a missing file...): a tool error
+            raise ToolCallError(outcome.text)
+        return outcome.text
 
     async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on a worker thread: asyncio's executor hand-off, ~15 µs a call cheaper here than
@@ -559,7 +643,7 @@ class EpisodeServer:
                 previous = None
             try:
                 async with stdio_streams() as (read, write):
-                    await self.mcp.run(read, write, self.mcp.create_initialization_options())
+                    await self.serve_streams(read, write)
             finally:
                 if previous is not None:
                     loop.remove_signal_handler(signal.SIGTERM)
@@ -571,6 +655,21 @@ class EpisodeServer:
             pass
         finally:
             self.close()
+
+    async def serve_streams(self, read: Any, write: Any) -> None:
+        """Serve one client over a transport's streams (stdio's), its calls started early where they may
+        (:mod:`._mcp_early`); a call started early whose handler never came is cancelled at the end."""
+        early = EarlyStarts(self.mcp, wants=self._wants_early, start=self._start_early, cancel=self._cancel_early,
+                            forget=self._forget_early)
+        read, write = early.wrap(read, write)
+        try:
+            await self.mcp.run(read, write, self.mcp.create_initialization_options())
+        finally:
+            left, self._early = list(self._early.values()), {}
+            for call in left:
+                call.task.cancel()
+            if left:
+                await asyncio.gather(*(call.task for call in left), return_exceptions=True)
 
     def http_app(self, *, token: str | None, path: str = "/mcp", host: str = "127.0.0.1",
                  credentials_hint: str = "the server's token") -> Any:
