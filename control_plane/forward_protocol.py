@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
+import select
 import time
 from collections.abc import Callable, Mapping
 from email.utils import formatdate
@@ -54,6 +55,10 @@ PLAIN_TARGET = re.compile(r"[A-Za-z0-9._~!$&'()*,;=:@/?-]+")
 METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH"})
 MAX_HEAD = 8190  # aiohttp's limit of a line: a longer head is left to it
 PENDING_LIMIT = 1 << 20  # bytes read ahead of the request being served before reading pauses
+#: Connections waiting to be accepted (Python's default is 100: a trainer's burst of new connections
+#: overflowed it; the kernel caps it at net.core.somaxconn).
+LISTEN_BACKLOG = 1024
+UNREAD_GRACE = 0.5  # seconds until an idle connection with bytes unread at its deadline is looked at again
 
 
 class Forwarding:
@@ -284,10 +289,25 @@ class Connection(asyncio.Protocol):
         self._timer = None
         if self._serving is not None or self._closing:
             return
-        if asyncio.get_running_loop().time() >= self._deadline:
-            self._close()
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._deadline:
+            self._timer = loop.call_at(self._deadline, self._check_idle)
+        elif self._unread():
+            # Bytes the loop has not delivered yet (a busy loop runs this timer before reading them):
+            # closing now would reset a request the client sent in time. Look again once they are read.
+            self._timer = loop.call_later(UNREAD_GRACE, self._check_idle)
         else:
-            self._timer = asyncio.get_running_loop().call_at(self._deadline, self._check_idle)
+            self._close()
+
+    def _unread(self) -> bool:
+        """Whether the socket holds bytes (or the client's end) not yet read."""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        try:
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)  # type: ignore[arg-type]
+            return bool(poller.poll(0))
+        except (OSError, TypeError, ValueError):  # no socket, or closed meanwhile
+            return False
 
     def close_when_idle(self) -> None:
         if self._serving is None:
@@ -316,12 +336,14 @@ class Sites:
 
     async def tcp(self, host: str | None, port: int) -> int:
         """Listen on ``host:port`` (0: a free port); returns the port."""
-        server = await asyncio.get_running_loop().create_server(self._protocol, host, port, reuse_address=True)
+        server = await asyncio.get_running_loop().create_server(self._protocol, host, port, reuse_address=True,
+                                                                backlog=LISTEN_BACKLOG)
         self._servers.append(server)
         return int(server.sockets[0].getsockname()[1])
 
     async def unix(self, path: str) -> None:
-        self._servers.append(await asyncio.get_running_loop().create_unix_server(self._protocol, path))
+        self._servers.append(await asyncio.get_running_loop().create_unix_server(self._protocol, path,
+                                                                                 backlog=LISTEN_BACKLOG))
 
     def close(self) -> None:
         """Stop listening and close the connections served here (those answering, once they have

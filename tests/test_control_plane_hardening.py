@@ -312,6 +312,58 @@ def test_slow_header_connections_are_closed(tmp_path: Path, project: Path) -> No
         cp.stop()
 
 
+def test_a_request_that_arrives_as_its_connection_idles_out_is_served_not_reset() -> None:
+    """The idle timer and a request's bytes can fall in one turn of a busy event loop, the timer
+    first: the request, sent in time, sits unread when the connection's deadline is checked. It is
+    served. Can fail: closing then (as before) resets it (``ConnectionResetError`` in the client,
+    seen at 128 rollouts in flight in ``benchmarks/grpo.py``)."""
+    import asyncio
+
+    from aiohttp import web
+
+    from control_plane.forward_protocol import Forwarding, Sites
+
+    async def main() -> bytes:
+        app = web.Application()
+
+        async def health(request: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        app.router.add_get("/health", health)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        # A HEAD request is never a forward (it goes to aiohttp as it comes), so no control plane is asked.
+        forwarding = Forwarding(app, None, None, None, None)  # type: ignore[arg-type]
+        sites = Sites(runner, forwarding, header_timeout=0.5)
+        port = await sites.tcp("127.0.0.1", 0)
+        loop = asyncio.get_running_loop()
+        client = socket.create_connection(("127.0.0.1", port))
+        try:
+            while not forwarding.connections:
+                await asyncio.sleep(0.01)
+            (conn,) = forwarding.connections
+            deadline = conn._deadline
+
+            def busy() -> None:  # the loop stalls through the deadline; nothing is sent yet
+                time.sleep(deadline - loop.time() + 0.05)
+
+            def send() -> None:  # due with the idle timer in the next turn, ahead of it
+                client.sendall(b"HEAD /health HTTP/1.1\r\nHost: cp\r\n\r\n")
+                time.sleep(0.02)  # in the server's socket before the timer runs
+
+            loop.call_at(deadline - 0.2, busy)
+            loop.call_at(deadline - 0.01, send)
+            client.settimeout(10)
+            return await loop.run_in_executor(None, client.recv, 4096)
+        finally:
+            client.close()
+            sites.close()
+            await runner.cleanup()
+
+    answer = asyncio.run(main())
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
+
+
 # -- the network of a sandbox allowed one -----------------------------------------------------------
 
 PROBE = r'''python3 - <<'EOF'

@@ -42,7 +42,7 @@ class AsyncSession:
     def wait_until_idle_dropped(self) -> None:
         """Until the server's close has reached the (one) idle connection."""
         deadline = time.monotonic() + 5
-        while self.session._idle[0].idle_usable:
+        while self.session._idle[0].idle_usable(self._runner.get_loop().time()):
             assert time.monotonic() < deadline, "the server's close never reached the idle connection"
             self._runner.run(asyncio.sleep(0.01))
 
@@ -140,6 +140,24 @@ def test_connections_are_kept_alive_and_one_the_server_dropped_is_not_reused(ser
         session.wait_until_idle_dropped()
         after = json.loads(session.request("POST", "/x", json={"n": 3}).content)
         assert after["got"] == {"n": 3} and after["peer"] != second["peer"]
+    finally:
+        session.close()
+
+
+def test_a_connection_idle_past_the_expiry_is_not_reused(server, make, monkeypatch) -> None:
+    """A server closes a connection idle past its own limit; one reused just as it does is reset
+    under the request. Can fail: without the expiry, the call after the idle goes out on the same
+    connection."""
+    import idegym_env.client._http as sync_http
+    import idegym_env.client._http_async as async_http
+    for module in (sync_http, async_http):
+        monkeypatch.setattr(module, "KEEPALIVE_EXPIRY", 0.3)
+    session = make(f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        peers = [json.loads(session.request("POST", "/x", json={"n": n}).content)["peer"] for n in (1, 2)]
+        time.sleep(0.5)  # idle past the expiry (the server keeps the connection open)
+        peers.append(json.loads(session.request("POST", "/x", json={"n": 3}).content)["peer"])
+        assert peers[0] == peers[1] != peers[2], peers
     finally:
         session.close()
 

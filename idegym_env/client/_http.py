@@ -20,6 +20,7 @@ import select
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, NamedTuple
@@ -27,6 +28,11 @@ from urllib.parse import urlencode, urlsplit
 
 CONNECT_TIMEOUT = 10.0
 MAX_IDLE = 32
+#: A connection idle this long is closed, not reused: a server closes the ones idle past its own
+#: limit (the control plane's header timeout, 15 s by default), and one reused as it closes is reset
+#: under the request (``ConnectionResetError``, ``RemoteDisconnected``) with no way to tell whether
+#: the server saw it. As httpx's default.
+KEEPALIVE_EXPIRY = 5.0
 MAX_LINE = 65536  # as http.client: a status or header line
 MAX_HEADERS = 100
 _UNSAFE_TARGET = re.compile(r"[\x00-\x20\x7f]")  # http.client refuses these in a request target
@@ -159,6 +165,16 @@ class ClientConnection:
         self._host = host  # the Host header
         self.sock: socket.socket | None = None
         self._file: Any = None
+        self.idle_since = 0.0  # time.monotonic() when it went back to the pool
+
+    def idle_usable(self, now: float) -> bool:
+        """Not idle past ``KEEPALIVE_EXPIRY``, and nothing arrived while idle (the server did not
+        close it, nor send what nobody asked for); ``poll``, as a descriptor may be past select's 1024."""
+        if self.sock is None or now - self.idle_since > KEEPALIVE_EXPIRY:
+            return False
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        return not poller.poll(0)
 
     def connect(self) -> None:
         self.sock = self._connect()
@@ -312,10 +328,10 @@ class HTTPSession:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the client is closed")
+            now = time.monotonic()
             while self._idle:
                 conn = self._idle.pop()
-                # Readable while idle: the server closed it (or sent what nobody asked for).
-                if conn.sock is not None and not select.select([conn.sock], [], [], 0)[0]:
+                if conn.idle_usable(now):
                     return conn
                 conn.close()
         if self.unix_socket:
@@ -328,6 +344,7 @@ class HTTPSession:
     def _checkin(self, conn: ClientConnection) -> None:
         with self._lock:
             if not self._closed and len(self._idle) < self._max_idle:
+                conn.idle_since = time.monotonic()
                 self._idle.append(conn)
                 return
         conn.close()

@@ -17,6 +17,7 @@ from typing import IO, Any, cast
 
 from ._http import (
     CONNECT_TIMEOUT,
+    KEEPALIVE_EXPIRY,
     MAX_IDLE,
     MAX_LINE,
     Answer,
@@ -42,6 +43,7 @@ class _Connection(asyncio.Protocol):
         self._lost: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._drained: asyncio.Future[None] | None = None  # set while the transport's buffer is full
+        self.idle_since = 0.0  # the loop's time when it went back to the pool
 
     # -- asyncio's calls ----------------------------------------------------------------------------
 
@@ -78,10 +80,11 @@ class _Connection(asyncio.Protocol):
 
     # -- ours ---------------------------------------------------------------------------------------
 
-    @property
-    def idle_usable(self) -> bool:
-        """Nothing arrived while idle (the server did not close it, nor send what nobody asked for)."""
-        return not self._eof and not self._buffer and self.transport is not None and not self.transport.is_closing()
+    def idle_usable(self, now: float) -> bool:
+        """Not idle past ``KEEPALIVE_EXPIRY`` (see there), and nothing arrived while idle (the server
+        did not close it, nor send what nobody asked for)."""
+        return now - self.idle_since <= KEEPALIVE_EXPIRY and not self._eof and not self._buffer \
+            and self.transport is not None and not self.transport.is_closing()
 
     def close(self) -> None:
         if self.transport is not None:
@@ -196,6 +199,7 @@ class AsyncHTTPSession:
                 conn.close()
             raise
         if reusable and not self._closed and len(self._idle) < self._max_idle:
+            conn.idle_since = asyncio.get_running_loop().time()
             self._idle.append(conn)
         else:
             conn.close()
@@ -215,9 +219,10 @@ class AsyncHTTPSession:
         return await conn.answer(method)
 
     def _checkout(self) -> _Connection | None:
+        now = asyncio.get_running_loop().time() if self._idle else 0.0
         while self._idle:
             conn = self._idle.pop()
-            if conn.idle_usable:
+            if conn.idle_usable(now):
                 return conn
             conn.close()
         return None
