@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -31,7 +32,7 @@ from .config import ControlPlaneConfig
 from .constants import OPERATION_HEADER, PREFERENCE_APPLIED_HEADER, SANDBOX_HEADER
 from .errors import ApiError, BadRequest, NotFound, render
 from .forward_calls import ForwardedCall, Forwards, prefer_wait
-from .forward_protocol import Forwarding
+from .forward_protocol import Forwarding, keep_alive_value
 from .http import (
     RESERVATION,
     M,
@@ -554,7 +555,19 @@ def create_app(config: ControlPlaneConfig, backend: Backend | None = None) -> we
     app.router.add_get("/api/ws-forward/{client_id}/{server_id}/ws", ws_forward)
     app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/metrics", metrics)
+    app.on_response_prepare.append(_say_keep_alive(config.header_timeout))
     return app
+
+
+def _say_keep_alive(idle: float) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+    """aiohttp's answers say how long their connection may idle (``Keep-Alive``), as the forwards' do."""
+    value = keep_alive_value(idle)
+
+    async def say(request: web.Request, response: web.StreamResponse) -> None:
+        if request.keep_alive and not isinstance(response, web.WebSocketResponse):
+            response.headers.setdefault("Keep-Alive", value)
+
+    return say
 
 
 __all__ = ["create_app", "ROUTES", "CP"]

@@ -209,8 +209,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: ControlPlaneSettin
     parser.add_argument("--header-timeout", type=float, default=_default("header_timeout", cfg.header_timeout),
                         help="close a connection whose request head is not complete this many seconds after it "
                              "opened or after its last answer (slow-header clients, idle keep-alive; a request "
-                             "already in the socket then is served; our clients reuse no connection idle over 5 s, "
-                             f"so keep it above that) [default {cfg.header_timeout:g}]")
+                             "already in the socket then is served; answers say it in Keep-Alive, and our clients "
+                             f"reuse a connection only 2 s less) [default {cfg.header_timeout:g}]")
     _add_config_flags(parser, watch, _default)
     parser.add_argument("--ephemeral", action="store_true", default=_default("ephemeral", cfg.ephemeral),
                         help="delete every sandbox on shutdown (for embedded use)")

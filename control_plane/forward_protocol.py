@@ -110,11 +110,12 @@ class Forwarding:
             except Exception as exc:  # a bug: say so, keep the server up
                 relayed = _failure(unexpected("control plane", head.method, head.target, exc))
             keep_alive = head.keep_alive and not self.closing
+            idle = self.cp.config.header_timeout if keep_alive else None
             try:
-                answer = encode_answer(relayed, keep_alive)
+                answer = encode_answer(relayed, idle)
             except ValueError as exc:
                 relayed = _failure(unexpected("control plane", head.method, head.target, exc))
-                answer = encode_answer(relayed, keep_alive)
+                answer = encode_answer(relayed, idle)
             status = relayed.status
             return answer
         finally:
@@ -137,13 +138,21 @@ def _failure(error: ApiError) -> Relayed:
 
 
 @functools.lru_cache(maxsize=2)
+def keep_alive_value(idle: float) -> str:
+    """The ``Keep-Alive`` header's value, ``timeout=N``: how long a kept-alive connection may idle
+    here, so that a client reuses it only well within that (one reused as it is closed is reset
+    under its request)."""
+    return f"timeout={max(int(idle), 1)}"
+
+
 def _date(second: int) -> str:
     return formatdate(second, usegmt=True)
 
 
-def encode_answer(relayed: Relayed, keep_alive: bool) -> bytes:
+def encode_answer(relayed: Relayed, keep_alive: float | None) -> bytes:
     """The answer's bytes: status line, headers, body (a header that would break the framing is a
-    ``ValueError``, as aiohttp refuses it)."""
+    ``ValueError``, as aiohttp refuses it). ``keep_alive``: how long the connection may idle before
+    it is closed (said in ``Keep-Alive``), or None to close it after this answer."""
     try:
         reason = HTTPStatus(relayed.status).phrase
     except ValueError:
@@ -154,8 +163,10 @@ def encode_answer(relayed: Relayed, keep_alive: bool) -> bytes:
         if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
             raise ValueError(f"header {name!r} of the answer holds a line break")
         lines.append(f"{name}: {value}")
-    if not keep_alive:
+    if keep_alive is None:
         lines.append("Connection: close")
+    else:
+        lines.append(f"Keep-Alive: {keep_alive_value(keep_alive)}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + relayed.body
 
 

@@ -302,7 +302,9 @@ def test_slow_header_connections_are_closed(tmp_path: Path, project: Path) -> No
         for address in (("127.0.0.1", cp.port), ("127.0.0.1", sandbox.port)):
             seconds = _slow_head(address, limit=30)
             assert 1.5 <= seconds < 15, (address, seconds)
-        assert cp.http.get("/health").status_code == 200  # a new, normal request is answered
+        health = cp.http.get("/health")  # a new, normal request is answered
+        assert health.status_code == 200
+        assert health.headers["keep-alive"] == "timeout=2"  # how long it may idle, for clients to stay within
         assert sandbox.client.get("/api/health").status_code == 200
         time.sleep(3)  # idle past the timeout: the next call reconnects or reuses, never fails
         assert cp.http.get("/health").status_code == 200
@@ -362,6 +364,17 @@ def test_a_request_that_arrives_as_its_connection_idles_out_is_served_not_reset(
 
     answer = asyncio.run(main())
     assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
+
+
+def test_a_forwards_answer_says_how_long_its_connection_may_idle() -> None:
+    from control_plane.app import Relayed
+    from control_plane.forward_protocol import encode_answer
+
+    relayed = Relayed(200, {"X-Exit-Code": "0"}, b"{}", "application/json")
+    kept = encode_answer(relayed, 15.0).split(b"\r\n\r\n")[0].split(b"\r\n")
+    assert b"Keep-Alive: timeout=15" in kept and b"Connection: close" not in kept
+    closed = encode_answer(relayed, None).split(b"\r\n\r\n")[0].split(b"\r\n")
+    assert b"Connection: close" in closed and not any(line.startswith(b"Keep-Alive") for line in closed)
 
 
 # -- the network of a sandbox allowed one -----------------------------------------------------------

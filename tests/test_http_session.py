@@ -90,6 +90,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(out)))
         self.send_header("X-Mixed-Case", "yes")
+        if body.get("keep_alive"):
+            self.send_header("Keep-Alive", body["keep_alive"])
         self.end_headers()
         self.wfile.write(out)
         if body.get("then_close"):  # keep-alive promised, then the connection dropped while idle
@@ -157,6 +159,27 @@ def test_a_connection_idle_past_the_expiry_is_not_reused(server, make, monkeypat
         peers = [json.loads(session.request("POST", "/x", json={"n": n}).content)["peer"] for n in (1, 2)]
         time.sleep(0.5)  # idle past the expiry (the server keeps the connection open)
         peers.append(json.loads(session.request("POST", "/x", json={"n": 3}).content)["peer"])
+        assert peers[0] == peers[1] != peers[2], peers
+    finally:
+        session.close()
+
+
+def test_a_connection_is_reused_within_the_idle_limit_its_server_says(server, make, monkeypatch) -> None:
+    """``Keep-Alive: timeout=3``, less the margin (here 2.6 s): reused for 0.4 s of idle, not past it,
+    whatever the default. Can fail: with the header ignored, the default (100 s here) reuses it."""
+    import idegym_env.client._http as sync_http
+    import idegym_env.client._http_async as async_http
+    for module in (sync_http, async_http):
+        monkeypatch.setattr(module, "KEEPALIVE_EXPIRY", 100.0)
+    monkeypatch.setattr(sync_http, "KEEPALIVE_MARGIN", 2.6)
+    session = make(f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        def peer() -> str:
+            return json.loads(session.request("POST", "/x", json={"keep_alive": "timeout=3, max=100"}).content)["peer"]
+
+        peers = [peer(), peer()]
+        time.sleep(0.8)  # idle past what the server said, less the margin
+        peers.append(peer())
         assert peers[0] == peers[1] != peers[2], peers
     finally:
         session.close()

@@ -28,11 +28,22 @@ from urllib.parse import urlencode, urlsplit
 
 CONNECT_TIMEOUT = 10.0
 MAX_IDLE = 32
-#: A connection idle this long is closed, not reused: a server closes the ones idle past its own
-#: limit (the control plane's header timeout, 15 s by default), and one reused as it closes is reset
-#: under the request (``ConnectionResetError``, ``RemoteDisconnected``) with no way to tell whether
-#: the server saw it. As httpx's default.
+#: How long a connection may idle and still be reused when its server does not say (``Keep-Alive:
+#: timeout=N``; the control plane says its header timeout, 15 s by default): a server closes the
+#: ones idle past its own limit, and one reused as it closes is reset under the request
+#: (``ConnectionResetError``, ``RemoteDisconnected``) with no way to tell whether the server saw it.
+#: As httpx's default.
 KEEPALIVE_EXPIRY = 5.0
+#: Reuse a connection only this long before the limit its server says (the server's timer and our
+#: checkout are not one clock, and a busy server's timer runs late or early by its loop's lag).
+KEEPALIVE_MARGIN = 2.0
+_KEEP_ALIVE_TIMEOUT = re.compile(r"(?:^|[,;\s])timeout\s*=\s*(\d+)", re.IGNORECASE)
+
+
+def keepalive_expiry(headers: Mapping[str, str]) -> float:
+    """How long a connection that carried an answer with ``headers`` may idle and be reused."""
+    said = _KEEP_ALIVE_TIMEOUT.search(headers.get("keep-alive", ""))
+    return KEEPALIVE_EXPIRY if said is None else max(int(said.group(1)) - KEEPALIVE_MARGIN, 0.0)
 MAX_LINE = 65536  # as http.client: a status or header line
 MAX_HEADERS = 100
 _UNSAFE_TARGET = re.compile(r"[\x00-\x20\x7f]")  # http.client refuses these in a request target
@@ -166,11 +177,12 @@ class ClientConnection:
         self.sock: socket.socket | None = None
         self._file: Any = None
         self.idle_since = 0.0  # time.monotonic() when it went back to the pool
+        self.expiry = KEEPALIVE_EXPIRY  # how long it may idle (keepalive_expiry of its last answer)
 
     def idle_usable(self, now: float) -> bool:
-        """Not idle past ``KEEPALIVE_EXPIRY``, and nothing arrived while idle (the server did not
-        close it, nor send what nobody asked for); ``poll``, as a descriptor may be past select's 1024."""
-        if self.sock is None or now - self.idle_since > KEEPALIVE_EXPIRY:
+        """Not idle past its expiry, and nothing arrived while idle (the server did not close it,
+        nor send what nobody asked for); ``poll``, as a descriptor may be past select's 1024."""
+        if self.sock is None or now - self.idle_since > self.expiry:
             return False
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
@@ -319,6 +331,7 @@ class HTTPSession:
             conn.close()
             raise
         if reusable:
+            conn.expiry = keepalive_expiry(got)
             self._checkin(conn)
         else:
             conn.close()

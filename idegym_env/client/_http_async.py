@@ -26,6 +26,7 @@ from ._http import (
     Line,
     Response,
     basic_authorization,
+    keepalive_expiry,
     outgoing,
     read_answer,
     request_head,
@@ -44,6 +45,7 @@ class _Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._drained: asyncio.Future[None] | None = None  # set while the transport's buffer is full
         self.idle_since = 0.0  # the loop's time when it went back to the pool
+        self.expiry = KEEPALIVE_EXPIRY  # how long it may idle (keepalive_expiry of its last answer)
 
     # -- asyncio's calls ----------------------------------------------------------------------------
 
@@ -81,9 +83,9 @@ class _Connection(asyncio.Protocol):
     # -- ours ---------------------------------------------------------------------------------------
 
     def idle_usable(self, now: float) -> bool:
-        """Not idle past ``KEEPALIVE_EXPIRY`` (see there), and nothing arrived while idle (the server
-        did not close it, nor send what nobody asked for)."""
-        return now - self.idle_since <= KEEPALIVE_EXPIRY and not self._eof and not self._buffer \
+        """Not idle past its expiry (``_http.keepalive_expiry``), and nothing arrived while idle (the
+        server did not close it, nor send what nobody asked for)."""
+        return now - self.idle_since <= self.expiry and not self._eof and not self._buffer \
             and self.transport is not None and not self.transport.is_closing()
 
     def close(self) -> None:
@@ -200,6 +202,7 @@ class AsyncHTTPSession:
             raise
         if reusable and not self._closed and len(self._idle) < self._max_idle:
             conn.idle_since = asyncio.get_running_loop().time()
+            conn.expiry = keepalive_expiry(got)
             self._idle.append(conn)
         else:
             conn.close()
