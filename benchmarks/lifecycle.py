@@ -28,7 +28,8 @@ from ._servers import control_plane, make_project
 
 N = int(os.environ.get("BENCH_LIFECYCLE_N", "20"))
 LIVE = int(os.environ.get("BENCH_LIVE_SANDBOXES", "100"))
-CHANGE = ("for i in 1 2 3 4 5 6 7 8 9 10; do echo changed >> pkg0$i/mod1/file$((i*7+1)).py 2>/dev/null "
+# Nine files changed and one made (pkg010 does not exist; the redirect's error is silenced before it is made).
+CHANGE = ("for i in 1 2 3 4 5 6 7 8 9 10; do echo changed 2>/dev/null >> pkg0$i/mod1/file$((i*7+1)).py "
           "|| echo new > new$i.py; done; rm -f pkg00/mod0/file0.py; (sleep 300 &)")
 
 

@@ -162,6 +162,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: ControlPlaneSettin
                         "renews; one not renewed for this long (the control plane died and did not come back) "
                         "ends itself, processes, mounts and cgroups [$IDEGYM_CONTROL_PLANE_ORPHAN_TTL, default "
                         f"{local.orphan_ttl:g}]")
+    parser.add_argument("--delete-timeout", type=float, default=_default("delete_timeout", local.delete_timeout),
+                        metavar="SECONDS", help="local backend: a sandbox's stop or delete fails after this long, "
+                        "naming the process that did not end and its state (it goes on in the background and can "
+                        "be retried; the watcher retries it); until a second before it, killed processes are "
+                        "waited for (one in the kernel under heavy disk load may take seconds) "
+                        f"[$IDEGYM_CONTROL_PLANE_DELETE_TIMEOUT, default {local.delete_timeout:g}]")
     parser.add_argument("--image-registry", default=env.image_registry,
                         metavar="HOST[:PORT][/PREFIX]",
                         help="local backend: a registry mirror OCI builds may pull bases other than Debian/Python "
@@ -210,7 +216,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: ControlPlaneSettin
                         help="close a connection whose request head is not complete this many seconds after it "
                              "opened or after its last answer (slow-header clients, idle keep-alive; a request "
                              "already in the socket then is served; answers say it in Keep-Alive, and our clients "
-                             f"reuse a connection only 2 s less) [default {cfg.header_timeout:g}]")
+                             "reuse a connection for that less 2 s, or for half of it below 4 s) "
+                             f"[default {cfg.header_timeout:g}]")
     _add_config_flags(parser, watch, _default)
     parser.add_argument("--ephemeral", action="store_true", default=_default("ephemeral", cfg.ephemeral),
                         help="delete every sandbox on shutdown (for embedded use)")
@@ -250,11 +257,18 @@ def add_kubernetes_arguments(parser: argparse.ArgumentParser) -> None:
 def backend_config_from_args(args: argparse.Namespace, env: ControlPlaneSettings) -> BackendConfig:
     """The backend ``--backend`` names, with its settings: flags, else variables, else defaults."""
     if args.backend == "local":
-        return LocalBackendConfig(
-            state_dir=args.state_dir, isolation=args.isolation, network=args.network,
-            sandbox_storage=args.sandbox_storage, sandbox_inodes=args.sandbox_inodes, orphan_ttl=args.orphan_ttl,
-            image_registry=args.image_registry, image_cache=args.image_cache, build_cache=args.build_cache,
-            host_package_config=args.host_package_config)
+        try:
+            return LocalBackendConfig(
+                state_dir=args.state_dir, isolation=args.isolation, network=args.network,
+                sandbox_storage=args.sandbox_storage, sandbox_inodes=args.sandbox_inodes, orphan_ttl=args.orphan_ttl,
+                delete_timeout=args.delete_timeout, image_registry=args.image_registry,
+                image_cache=args.image_cache, build_cache=args.build_cache,
+                host_package_config=args.host_package_config)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            name = str(error["loc"][0])
+            raise SystemExit(f"idegym control-plane: --{name.replace('_', '-')} {getattr(args, name)!r}: "
+                             f"{error['msg']}") from None
     given = {name: value for name in KubernetesBackendConfig.settings()
              if (value := getattr(args, f"k8s_{name}")) is not None}
     try:

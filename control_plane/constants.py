@@ -34,6 +34,7 @@ DEFAULT_PORT = 8000
 BUILTIN_IMAGE = "idegym/builtin:latest"  # the host's toolchains and an empty project
 STATE_DIR_NAME = "idegym"  # under $XDG_STATE_HOME (default ~/.local/state)
 DEFAULT_ORPHAN_TTL = 600.0  # seconds a local sandbox outlives the last renewal of its lease
+DEFAULT_DELETE_TIMEOUT = 20.0  # seconds a local sandbox's stop or delete may take before it fails
 LEASE_FILE = "lease"  # in the state directory: the lease local sandboxes end by
 DEFAULT_STORAGE_BYTES = 8 << 30  # what a local sandbox may write when its request says nothing
 DEFAULT_STORAGE_INODES = 262_144

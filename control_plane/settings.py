@@ -66,6 +66,7 @@ class ControlPlaneSettings(EnvSettings):
     sandbox_storage: Bytes | None = _flag("IDEGYM_CONTROL_PLANE_SANDBOX_STORAGE", "--sandbox-storage")
     sandbox_inodes: int | None = _flag("IDEGYM_CONTROL_PLANE_SANDBOX_INODES", "--sandbox-inodes")
     orphan_ttl: float | None = _flag("IDEGYM_CONTROL_PLANE_ORPHAN_TTL", "--orphan-ttl")
+    delete_timeout: float | None = _flag("IDEGYM_CONTROL_PLANE_DELETE_TIMEOUT", "--delete-timeout")
     image_registry: str | None = _flag("IDEGYM_IMAGE_REGISTRY", "--image-registry")
     image_registry_insecure: bool = variable(
         "IDEGYM_IMAGE_REGISTRY_INSECURE", "plain HTTP, no TLS check, for `--image-registry` (an `http://` "

@@ -114,6 +114,42 @@ def _freeze_elsewhere(pid: int, group: Path) -> None:
     assert wait_for(lambda: (group / "freezer.state").read_text().strip() == "FROZEN", 5)
 
 
+def test_a_process_slow_to_die_is_waited_for_within_the_bound(loop: LoopThread, backend: LocalBackend) -> None:
+    """A killed process that ends only after 6 s (as one in the kernel under heavy disk load, state D,
+    did at load 100): the delete waits for it within its bound and removes everything. Can fail: with
+    the kill's own 5 s as the wait, the delete failed with "processes [... (D)] did not end within 5 s"."""
+    freezer = controller_mounts().get("freezer")
+    if freezer is None:
+        pytest.skip("no freezer controller")
+    launcher = backend.require_started()
+    bound, launcher.delete_timeout = launcher.delete_timeout, 30.0
+    (handle,) = _create_many(loop, backend, "slow", 1)
+    group = freezer / f"idegym-test-slow-{os.getpid()}"
+    thaw = threading.Timer(6.0, lambda: (group / "freezer.state").write_text("THAWED"))
+    try:
+        ok(handle, "sleep 1000 >/dev/null 2>&1 &")
+        pids = Path(handle.data["cgroups"]["pids"])
+
+        def sleepers() -> list[int]:
+            procs = [int(p) for root, _, _ in os.walk(pids) for p in Path(root, "cgroup.procs").read_text().split()]
+            return [p for p in procs if Path(f"/proc/{p}/comm").read_text().strip() == "sleep"]
+
+        assert wait_for(sleepers, 5)
+        _freeze_elsewhere(sleepers()[0], group)
+        thaw.start()
+        (took,) = _delete_all(loop, backend, [handle])
+        assert isinstance(took, float), took
+        assert took >= 5.5, took  # it waited for the process, past the kill's own 5 s
+        assert leftovers(handle) == []
+    finally:
+        thaw.cancel()
+        launcher.delete_timeout = bound
+        if group.exists():
+            (group / "freezer.state").write_text("THAWED")
+            wait_for(lambda: not (group / "cgroup.procs").read_text().split(), 5)
+            group.rmdir()
+
+
 def test_a_stuck_teardown_fails_after_its_own_bound_while_the_others_go(loop: LoopThread,
                                                                         backend: LocalBackend) -> None:
     """A sandbox holding a process that cannot die, deleted after a turn's worth of others: it

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from sandbox_server.env_settings import SettingsError
 
-from ..constants import DEFAULT_ORPHAN_TTL, DEFAULT_STORAGE_BYTES, DEFAULT_STORAGE_INODES
+from ..constants import DEFAULT_DELETE_TIMEOUT, DEFAULT_ORPHAN_TTL, DEFAULT_STORAGE_BYTES, DEFAULT_STORAGE_INODES
 from ..settings import ControlPlaneSettings
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ class LocalBackendConfig(BaseModel):
     sandbox_storage: int = DEFAULT_STORAGE_BYTES  # bound of a sandbox's writes without ephemeral-storage (0: none)
     sandbox_inodes: int = DEFAULT_STORAGE_INODES  # bound of the files a sandbox makes (0: none)
     orphan_ttl: float = DEFAULT_ORPHAN_TTL  # a sandbox whose lease is this stale ends itself
+    delete_timeout: float = Field(DEFAULT_DELETE_TIMEOUT, gt=0)  # a stop or delete taking longer fails
     image_registry: str | None = None  # a registry mirror buildah may pull other bases from
     image_cache: Path | None = None  # the shared cache of OCI bases (default ~/.cache/idegym/images)
     build_cache: bool = True  # builds are published to, and taken from, the host's build cache
@@ -58,7 +59,8 @@ class LocalBackendConfig(BaseModel):
                                    share_builds=self.build_cache)
         return LocalBackend(self.state_dir, isolation=self.isolation, network=self.network,
                             storage_bytes=self.sandbox_storage, storage_inodes=self.sandbox_inodes,
-                            orphan_ttl=self.orphan_ttl, oci=oci, host_package_config=self.host_package_config)
+                            orphan_ttl=self.orphan_ttl, delete_timeout=self.delete_timeout, oci=oci,
+                            host_package_config=self.host_package_config)
 
 
 class KubernetesBackendConfig(BaseModel):

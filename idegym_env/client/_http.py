@@ -35,7 +35,8 @@ MAX_IDLE = 32
 #: As httpx's default.
 KEEPALIVE_EXPIRY = 5.0
 #: Reuse a connection only this long before the limit its server says (the server's timer and our
-#: checkout are not one clock, and a busy server's timer runs late or early by its loop's lag).
+#: checkout are not one clock, and a busy server's timer runs late or early by its loop's lag); half
+#: the limit when that is shorter, so a server that says 2 s or less still has its connections reused.
 KEEPALIVE_MARGIN = 2.0
 _KEEP_ALIVE_TIMEOUT = re.compile(r"(?:^|[,;\s])timeout\s*=\s*(\d+)", re.IGNORECASE)
 
@@ -43,7 +44,10 @@ _KEEP_ALIVE_TIMEOUT = re.compile(r"(?:^|[,;\s])timeout\s*=\s*(\d+)", re.IGNORECA
 def keepalive_expiry(headers: Mapping[str, str]) -> float:
     """How long a connection that carried an answer with ``headers`` may idle and be reused."""
     said = _KEEP_ALIVE_TIMEOUT.search(headers.get("keep-alive", ""))
-    return KEEPALIVE_EXPIRY if said is None else max(int(said.group(1)) - KEEPALIVE_MARGIN, 0.0)
+    if said is None:
+        return KEEPALIVE_EXPIRY
+    limit = int(said.group(1))
+    return limit - min(KEEPALIVE_MARGIN, limit / 2)
 MAX_LINE = 65536  # as http.client: a status or header line
 MAX_HEADERS = 100
 _UNSAFE_TARGET = re.compile(r"[\x00-\x20\x7f]")  # http.client refuses these in a request target

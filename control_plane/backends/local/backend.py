@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 
 from sandbox_server import procfs
 
+from ...constants import DEFAULT_DELETE_TIMEOUT
 from ...images import BUILTIN_IMAGE
 from ..base import (
     Backend,
@@ -68,7 +69,7 @@ from .handle_data import LocalHandleData
 from .image_trees import ImageError
 from .images import ImageStore, ResolvedImage
 from .isolation import ISOLATIONS, choose_isolation, say_once
-from .launcher import BACKEND_NAME, DEFAULT_DELETE_TIMEOUT, Launcher
+from .launcher import BACKEND_NAME, Launcher
 from .layout import Space, pick_run_root, register_state, state_key, states_in_use, tail
 from .lease import DEFAULT_ORPHAN_TTL, Lease
 from .oci.settings import OciSettings

@@ -23,6 +23,7 @@ from typing import Any
 
 from sandbox_server import procfs
 
+from ...constants import DEFAULT_DELETE_TIMEOUT
 from ...models import ServerKind
 from ..base import BackendError, Limits, SandboxAddress, SandboxHandle
 from . import bwrap, cgroups, plain, priority, readiness, rootfs, teardown
@@ -44,7 +45,6 @@ from .zygote import Zygote, fork_server
 log = logging.getLogger(__name__)
 
 BACKEND_NAME = "local"
-DEFAULT_DELETE_TIMEOUT = 20.0
 # Teardowns under way at once; more wait for a turn, and their bound starts with it. 200 deleted
 # at once on the 2-core host (shared, load 17-46): 8 -> ~38/s, each 0.1-0.3 s; 16 -> ~42/s, each
 # 0.2-0.7 s; 32 and 64 no faster, each ~1 s; all at once ~65/s (by taking the CPU of everything
@@ -547,9 +547,16 @@ class Launcher:
 
     # -- ending ---------------------------------------------------------------------------------
 
+    @property
+    def _kill_timeout(self) -> float:
+        """How long a teardown waits for a sandbox's killed processes: until a second before its own
+        bound (``teardown.KILL_TIMEOUT`` at least), so that one slow to die is waited for and one that
+        does not die is named, with its state, before the bound passes."""
+        return max(teardown.KILL_TIMEOUT, self.delete_timeout - 1.0)
+
     def _stop_sync(self, space: Space, name: str, data: LocalHandleData | None, progress: teardown.Progress = None
                    ) -> None:
-        *_, problems = teardown.kill(name, space, data, self.isolation, progress)
+        *_, problems = teardown.kill(name, space, data, self.isolation, progress, self._kill_timeout)
         self.reap(data)
         if problems:
             raise BackendError(f"stopping sandbox {name!r}: {'; '.join(problems)}")
@@ -557,7 +564,7 @@ class Launcher:
     def _remove_sync(self, space: Space, name: str, data: LocalHandleData | None,
                      progress: teardown.Progress = None) -> None:
         try:
-            teardown.destroy(name, space, data, self.isolation, progress)
+            teardown.destroy(name, space, data, self.isolation, progress, self._kill_timeout)
         finally:
             self.reap(data)
 

@@ -37,15 +37,18 @@ from .layout import NAME_RE, Space, read_meta
 Progress = Callable[[str], None] | None  # told each step, for a timeout's message
 
 
-KILL_TIMEOUT = 5.0  # for the sandbox's processes to end once killed
+# For the sandbox's processes to end once killed, where the caller sets no longer wait (the
+# launcher's teardowns wait until just before their bound: a process in the kernel under heavy disk
+# load, state D, took more than 5 s to end at load 100).
+KILL_TIMEOUT = 5.0
 MONITOR_TIMEOUT = 2.0  # for bwrap's monitor to exit once the namespace's init has
 RELEASE_WAIT = 2.0  # for what holds an emptied space's bind (a killed lease monitor) to let go
 
 
-def kill(name: str, space: Space, data: LocalHandleData | None, isolation: str, progress: Progress = None
-         ) -> tuple[Path, Path, dict[str, str], list[str]]:
-    """End every process of a sandbox; files and groups stay. Returns its directory, run
-    directory, existing cgroups and what went wrong.
+def kill(name: str, space: Space, data: LocalHandleData | None, isolation: str, progress: Progress = None,
+         timeout: float = KILL_TIMEOUT) -> tuple[Path, Path, dict[str, str], list[str]]:
+    """End every process of a sandbox, waiting ``timeout`` seconds at most for them to be gone;
+    files and groups stay. Returns its directory, run directory, existing cgroups and what went wrong.
 
     The processes are found from the sandbox's own records only: its cgroups (the whole tree)
     and the pids recorded with their start times (bwrap's monitor, the namespace's init, the
@@ -55,12 +58,12 @@ def kill(name: str, space: Space, data: LocalHandleData | None, isolation: str, 
     step = progress or (lambda _: None)
     sb, run, cgroups, monitor, victims = _found(name, space, data, isolation)
     left: list[int] = []
-    deadline = time.monotonic() + KILL_TIMEOUT
+    deadline = time.monotonic() + timeout
     if cgroups:
         step("killing the processes in the sandbox's cgroups")
         # bubblewrap's monitor, born in the groups, is left to reap init (else init, a zombie, would
         # be nobody's): it exits once init has, and is killed below if it does not
-        left = Cgroups.kill_all(cgroups, KILL_TIMEOUT, extra=victims, spare={monitor} if monitor else frozenset())
+        left = Cgroups.kill_all(cgroups, timeout, extra=victims, spare={monitor} if monitor else frozenset())
     for pid in victims:  # init first among them: the kernel then ends the rest of its namespace
         procfs.kill(pid, signal.SIGKILL)
     step("waiting for the sandbox's processes to end")
@@ -70,7 +73,7 @@ def kill(name: str, space: Space, data: LocalHandleData | None, isolation: str, 
         if procfs.wait_gone([monitor], MONITOR_TIMEOUT if not left else 0.05):
             procfs.kill(monitor, signal.SIGKILL)
             left += procfs.wait_gone([monitor], 0.5)
-    problems = [f"processes {describe(left)} did not end within {KILL_TIMEOUT:g} s"] if left else []
+    problems = [f"processes {describe(left)} did not end within {timeout:g} s"] if left else []
     return sb, run, cgroups, problems
 
 
@@ -129,12 +132,14 @@ def describe(pids: list[int]) -> str:
     return "[" + ", ".join(out) + "]"
 
 
-def destroy(name: str, space: Space, data: LocalHandleData | None, isolation: str, progress: Progress = None) -> None:
-    """Kill, unmount, remove; raises ``BackendError`` naming what was left behind."""
+def destroy(name: str, space: Space, data: LocalHandleData | None, isolation: str, progress: Progress = None,
+            kill_timeout: float = KILL_TIMEOUT) -> None:
+    """Kill (``kill_timeout``: as ``kill``'s), unmount, remove; raises ``BackendError`` naming what
+    was left behind."""
     step = progress or (lambda _: None)
     if data is None and NAME_RE.match(name):
         data = read_meta(space.root / name) or LocalHandleData()
-    sb, run, cgroups, problems = kill(name, space, data, isolation, progress)
+    sb, run, cgroups, problems = kill(name, space, data, isolation, progress, kill_timeout)
     if problems:
         # Processes are left: its files and record stay (they may still be in use), so that the
         # next attempt (the watcher's orphan sweep) finds everything and finishes the job.
