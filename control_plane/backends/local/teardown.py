@@ -124,11 +124,21 @@ def end_lease_monitor(data: LocalHandleData | None) -> None:
 
 
 def describe(pids: list[int]) -> str:
-    """``[pid (state), …]``: a process in state D is stuck in the kernel, T stopped or frozen."""
+    """``[pid (state, parent, where it waits), …]``: a process in state D is stuck in the kernel, T
+    stopped or frozen; one in S after a SIGKILL waits for something else (a namespace's init, in
+    ``zap_pid_ns_processes``, for every process of its namespace to be reaped)."""
     out = []
     for pid in pids:
         st = procfs.stat(pid)
-        out.append(f"{pid} ({st.state})" if st else str(pid))
+        if st is None:
+            out.append(str(pid))
+            continue
+        try:
+            with open(f"/proc/{pid}/wchan") as fh:
+                waits = fh.read().strip()
+        except OSError:
+            waits = ""
+        out.append(f"{pid} ({st.state}, parent {st.ppid}{f', in {waits}' if waits not in ('', '0') else ''})")
     return "[" + ", ".join(out) + "]"
 
 
