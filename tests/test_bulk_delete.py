@@ -105,6 +105,19 @@ def test_many_deleted_at_once_take_turns_and_are_all_deleted(loop: LoopThread, b
     assert loop.run(backend.list_names()) == set()
 
 
+def _freeze_a_sleep(handle: SandboxHandle, group: Path) -> None:
+    """Start a ``sleep`` in the sandbox and freeze it in ``group`` (``_freeze_elsewhere``)."""
+    ok(handle, "sleep 1000 >/dev/null 2>&1 &")
+    pids = Path(handle.data["cgroups"]["pids"])
+
+    def sleepers() -> list[int]:
+        procs = [int(p) for root, _, _ in os.walk(pids) for p in Path(root, "cgroup.procs").read_text().split()]
+        return [p for p in procs if Path(f"/proc/{p}/comm").read_text().strip() == "sleep"]
+
+    assert wait_for(sleepers, 5)
+    _freeze_elsewhere(sleepers()[0], group)
+
+
 def _freeze_elsewhere(pid: int, group: Path) -> None:
     """Move ``pid`` into a frozen freezer group of the test's: like a process stuck in the kernel,
     it cannot die until thawed."""
@@ -127,15 +140,7 @@ def test_a_process_slow_to_die_is_waited_for_within_the_bound(loop: LoopThread, 
     group = freezer / f"idegym-test-slow-{os.getpid()}"
     thaw = threading.Timer(6.0, lambda: (group / "freezer.state").write_text("THAWED"))
     try:
-        ok(handle, "sleep 1000 >/dev/null 2>&1 &")
-        pids = Path(handle.data["cgroups"]["pids"])
-
-        def sleepers() -> list[int]:
-            procs = [int(p) for root, _, _ in os.walk(pids) for p in Path(root, "cgroup.procs").read_text().split()]
-            return [p for p in procs if Path(f"/proc/{p}/comm").read_text().strip() == "sleep"]
-
-        assert wait_for(sleepers, 5)
-        _freeze_elsewhere(sleepers()[0], group)
+        _freeze_a_sleep(handle, group)
         thaw.start()
         (took,) = _delete_all(loop, backend, [handle])
         assert isinstance(took, float), took
@@ -165,15 +170,7 @@ def test_a_stuck_teardown_fails_after_its_own_bound_while_the_others_go(loop: Lo
     stuck = handles[-1]  # the last asked for: it waits for a turn before its bound starts
     group = freezer / f"idegym-test-bulk-{os.getpid()}"
     try:
-        ok(stuck, "sleep 1000 >/dev/null 2>&1 &")
-        pids = Path(stuck.data["cgroups"]["pids"])
-
-        def sleepers() -> list[int]:
-            procs = [int(p) for root, _, _ in os.walk(pids) for p in Path(root, "cgroup.procs").read_text().split()]
-            return [p for p in procs if Path(f"/proc/{p}/comm").read_text().strip() == "sleep"]
-
-        assert wait_for(sleepers, 5)
-        _freeze_elsewhere(sleepers()[0], group)
+        _freeze_a_sleep(stuck, group)
         results = _delete_all(loop, backend, handles)
         error = results[-1]
         assert isinstance(error, BackendError), error
