@@ -125,8 +125,8 @@ def end_lease_monitor(data: LocalHandleData | None) -> None:
 
 def describe(pids: list[int]) -> str:
     """``[pid (state, parent, where it waits), …]``: a process in state D is stuck in the kernel, T
-    stopped or frozen; one in S after a SIGKILL waits for something else (a namespace's init, in
-    ``zap_pid_ns_processes``, for every process of its namespace to be reaped)."""
+    stopped or frozen; one in S after a SIGKILL waits for something else (such as a namespace's
+    init in ``zap_pid_ns_processes``, which waits until every process of its namespace is reaped)."""
     out = []
     for pid in pids:
         st = procfs.stat(pid)
