@@ -265,18 +265,20 @@ def backend_config_from_args(args: argparse.Namespace, env: ControlPlaneSettings
                 image_cache=args.image_cache, build_cache=args.build_cache,
                 host_package_config=args.host_package_config)
         except ValidationError as exc:
-            error = exc.errors()[0]
-            name = str(error["loc"][0])
-            raise SystemExit(f"idegym control-plane: --{name.replace('_', '-')} {getattr(args, name)!r}: "
-                             f"{error['msg']}") from None
+            raise _refused(exc, lambda name: ("--" + name.replace("_", "-"), getattr(args, name))) from None
     given = {name: value for name in KubernetesBackendConfig.settings()
              if (value := getattr(args, f"k8s_{name}")) is not None}
     try:
         return KubernetesBackendConfig.from_env(env.kubernetes, **given)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        flag = "--k8s-" + str(error["loc"][0]).replace("_", "-")
-        raise SystemExit(f"idegym control-plane: {flag} {given.get(str(error['loc'][0]))!r}: {error['msg']}") from None
+        raise _refused(exc, lambda name: ("--k8s-" + name.replace("_", "-"), given.get(name))) from None
+
+
+def _refused(exc: ValidationError, flag_of: Callable[[str], tuple[str, Any]]) -> SystemExit:
+    """A backend setting's first refusal, as the flag (and value, by ``flag_of``) that set it."""
+    error = exc.errors()[0]
+    flag, value = flag_of(str(error["loc"][0]))
+    return SystemExit(f"idegym control-plane: {flag} {value!r}: {error['msg']}")
 
 
 def config_from_args(args: argparse.Namespace, env: ControlPlaneSettings | None = None) -> ControlPlaneConfig:
