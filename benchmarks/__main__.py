@@ -14,6 +14,8 @@ from collections import deque
 from datetime import UTC, datetime
 from pathlib import Path
 
+from . import _host_state
+
 BENCHMARKS = ["cgroup_moves", "bash_roundtrip", "tool_call", "sandbox_http", "forward_http", "lifecycle", "stop",
               "env_step", "vector_throughput", "vector_cluster", "code_runner", "scale", "soak", "images",
               "build_cache", "task_sources", "integrations", "neighbours", "fork", "agent_gateway", "remote",
@@ -51,18 +53,20 @@ def main() -> None:
         print(f"\n=== [{i}/{len(names)}] {name} ===", flush=True)
         if i > 1:
             _settle()
+        host = _host_state.snapshot()
+        print(_host_state.line(host), flush=True)
         started = time.monotonic()
         module = importlib.import_module(f"benchmarks.{name}")
         result = module.run()
         path = result.write()
         seconds = time.monotonic() - started
-        done[name] = {"seconds": round(seconds, 1), "targets": list(result.targets.values())}
+        done[name] = {"seconds": round(seconds, 1), "host": host, "targets": list(result.targets.values())}
         print(f"--- {name}: {seconds:.1f}s, results in {path}", flush=True)
     if not args.names:
         from ._common import RESULTS
 
         run = {"started": began, "ended": _now(), "commit": commit, "load_start": load_start,
-               "load_end": os.getloadavg(), "benchmarks": done}
+               "load_end": os.getloadavg(), "host_end": _host_state.snapshot(), "benchmarks": done}
         runs = RESULTS / "runs"
         runs.mkdir(parents=True, exist_ok=True)
         record = runs / f"{began.replace(':', '')}.json"

@@ -65,6 +65,10 @@ def _full_runs() -> list[str]:
         load = ", ".join(f"{x:.1f}" for x in r["load_start"]) + " → " + ", ".join(f"{x:.1f}" for x in r["load_end"])
         lines.append(f"- run {i}: {r['started']} to {r['ended']} ({seconds / 60:.0f} min), commit "
                      f"`{r['commit']}`, load average (1, 5, 15 min) {load}")
+        # what the kernel kept from earlier work (benchmarks/_host_state.py), at the start and later
+        for name in (next(iter(r["benchmarks"]), None), "fork"):
+            if (host := r["benchmarks"].get(name or "", {}).get("host")):
+                lines.append(f"  - before {name}: " + ", ".join(f"{k} {v:,}" for k, v in host.items()))
     lines += ["", "| benchmark | target | " + " | ".join(f"run {i}" for i in range(1, len(runs) + 1)) + " |",
               "|---|---|" + "---:|" * len(runs)]
     rows: dict[tuple[str, str], list[str]] = {}
