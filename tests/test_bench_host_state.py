@@ -13,7 +13,7 @@ import pytest
 from benchmarks import _host_state
 
 hierarchy = _host_state._memory_hierarchy()
-if os.geteuid() != 0 or hierarchy is None or (hierarchy / "cgroup.stat").exists():  # pragma: no cover
+if os.geteuid() != 0 or hierarchy is None:  # pragma: no cover
     pytest.skip("needs root and a cgroup v1 memory hierarchy (this host's)", allow_module_level=True)
 
 
