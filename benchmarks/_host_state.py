@@ -1,11 +1,12 @@
 """What the kernel has kept from earlier work, recorded before each benchmark of a run.
 
-A fork into 8 from a warm pool measured right after a full run took 131 ms (p50 of 5); with the
-kernel's reclaimable slab dropped (2.7 M cached dentries, 2.65 M ext4 inodes) 59 ms, and with its
-page cache dropped too (1,221 memory cgroups, all but 3 of them removed and not yet freed because
-page cache was still charged to them, became 155) 47 ms. Nothing but the host's state differed,
-so each benchmark's figures are recorded beside the state it ran in. (A full run started with those
-caches dropped still missed the fork's 50 ms: they explain the worst figures, not every miss.)
+The same warm-pool fork into 8 (p50 of 5-10, 5,000 files) took 82-203 ms in the minutes after a
+full run (2.7 M cached dentries, 1,221 memory cgroups removed and not yet freed, the disk's I/O
+pressure at 46 %), and 47-59 ms once the dirty pages were synced and the caches dropped. An hour
+later, alternated at load ~1, the code of a run that had measured 41 ms and the code of today both
+took 46-68 ms. A later pair at 1.09 M dentries measured 55.7 ms before a
+slab drop and 61.4 after, so the caches alone do not decide it; they are recorded beside each
+benchmark's figures so that runs can be compared by the state they ran in.
 """
 
 from __future__ import annotations
