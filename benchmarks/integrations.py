@@ -45,7 +45,7 @@ start take 0.17-0.21 ms, the call's own path to its request written 0.24-0.29 ms
 back: cold caches again), so the request leaves 0.45 ms after the message; the SDK reaches the
 handler 0.34 ms after that, and the sandbox answers 2.3-2.5 ms after it; the answer is written
 0.18-0.21 ms later. Only those 0.34 ms overlap. Across full runs the target's figure was 18.5, 16.2 %
-before the early start and 13.2, 5.0, 12.4, 9.8 % since: the part that decides it is the direct call
+before the early start and 13.2, 5.0, 12.4, 9.8, 5.8, 11.5 % since: the part that decides it is the direct call
 made from a second process (8-10 %), which a null server making the same call pays too.
 
 ``BENCH_INTEGRATIONS=mcp`` runs only the direct calls' and MCP's rows (``integrations_mcp``);

@@ -48,6 +48,8 @@ def keepalive_expiry(headers: Mapping[str, str]) -> float:
         return KEEPALIVE_EXPIRY
     limit = int(said.group(1))
     return limit - min(KEEPALIVE_MARGIN, limit / 2)
+
+
 MAX_LINE = 65536  # as http.client: a status or header line
 MAX_HEADERS = 100
 _UNSAFE_TARGET = re.compile(r"[\x00-\x20\x7f]")  # http.client refuses these in a request target
