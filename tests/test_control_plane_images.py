@@ -131,7 +131,9 @@ def test_every_route_that_makes_a_sandbox_counts_against_max_servers(tmp_path: P
     Can fail: it did on main, where only servers counted: with ``--max-servers 1`` a preparation
     of six ran six sandboxes at once, beside a live server.
     """
-    cp = _limited(tmp_path, "--max-servers", "1", "--queue-timeout", "3")
+    # The three preparations take turns: the last waits for the other two, which under the suite's
+    # load took more than a 3 s --queue-timeout (2 of 3 succeeded), so they get a queue of their own.
+    cp = _limited(tmp_path / "queued", "--max-servers", "1", "--queue-timeout", "120")
     sandboxes = cp.state_dir / "sandboxes"
     try:
         client = cp.register()
@@ -141,10 +143,17 @@ def test_every_route_that_makes_a_sandbox_counts_against_max_servers(tmp_path: P
         while (status := cp.http.get(f"/api/snapshots/prepare/{request_id}").json())["status"] != "READY":
             most = max(most, len([p for p in sandboxes.iterdir() if p.name.startswith("prep-")]))
             time.sleep(0.02)
-        assert status["succeeded"] == 3, status
+        assert status["succeeded"] == 3, status["results"]
         assert most == 1, f"{most} preparation sandboxes at once under --max-servers 1"
+    finally:
+        cp.stop()
+    cp = _limited(tmp_path / "refused", "--max-servers", "1", "--queue-timeout", "3")
+    sandboxes = cp.state_dir / "sandboxes"
+    try:
+        client = cp.register()
         sid = cp.start_server(client)["server_id"]
-        request_id = cp.http.post("/api/snapshots/prepare", json={"requests": three[:1]}).json()["request_id"]
+        one = [{"client_id": client, "image_tag": "idegym/builtin:latest", "server_name": "p"}]
+        request_id = cp.http.post("/api/snapshots/prepare", json={"requests": one}).json()["request_id"]
         assert wait_until(lambda: cp.http.get(f"/api/snapshots/prepare/{request_id}").json()["status"] == "READY",
                           30)
         (failed,) = cp.http.get(f"/api/snapshots/prepare/{request_id}").json()["results"]
