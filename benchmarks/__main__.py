@@ -54,7 +54,7 @@ def main() -> None:
         if i > 1:
             _settle()
         host = _host_state.snapshot()
-        print(_host_state.line(host), flush=True)
+        print("host: " + _host_state.describe(host), flush=True)
         started = time.monotonic()
         module = importlib.import_module(f"benchmarks.{name}")
         result = module.run()

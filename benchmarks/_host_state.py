@@ -59,5 +59,6 @@ def snapshot() -> dict[str, int]:
     return out
 
 
-def line(state: dict[str, int]) -> str:
-    return "host: " + ", ".join(f"{key} {value:,}" for key, value in state.items())
+def describe(state: dict[str, int]) -> str:
+    """``state`` (a ``snapshot``) as one line's text."""
+    return ", ".join(f"{key} {value:,}" for key, value in state.items())

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from . import _host_state
 from ._common import RESULTS
 
 REPORT = Path(__file__).resolve().parent / "REPORT.md"
@@ -68,7 +69,7 @@ def _full_runs() -> list[str]:
         # what the kernel kept from earlier work (benchmarks/_host_state.py), at the start and later
         for name in (next(iter(r["benchmarks"]), None), "fork"):
             if (host := r["benchmarks"].get(name or "", {}).get("host")):
-                lines.append(f"  - before {name}: " + ", ".join(f"{k} {v:,}" for k, v in host.items()))
+                lines.append(f"  - before {name}: " + _host_state.describe(host))
     lines += ["", "| benchmark | target | " + " | ".join(f"run {i}" for i in range(1, len(runs) + 1)) + " |",
               "|---|---|" + "---:|" * len(runs)]
     rows: dict[tuple[str, str], list[str]] = {}

@@ -131,8 +131,8 @@ def test_every_route_that_makes_a_sandbox_counts_against_max_servers(tmp_path: P
     Can fail: it did on main, where only servers counted: with ``--max-servers 1`` a preparation
     of six ran six sandboxes at once, beside a live server.
     """
-    # The three preparations take turns: the last waits for the other two, which under the suite's
-    # load took more than a 3 s --queue-timeout (2 of 3 succeeded), so they get a queue of their own.
+    # The three preparations take turns: the last waits for the other two. With a 3 s --queue-timeout
+    # 2 of 3 succeeded once under the suite's load (likely that wait), so they get a queue of their own.
     cp = _limited(tmp_path / "queued", "--max-servers", "1", "--queue-timeout", "120")
     sandboxes = cp.state_dir / "sandboxes"
     try:
